@@ -1,0 +1,65 @@
+"""Backend registry behind :func:`fp8kv.decode`.
+
+Each backend is ``fn(q, cache, *, mode, **kwargs) -> (out [B, Hq, D], lse [B, Hq])``. FlashInfer is
+imported only when asked for, so fp8kv imports on machines without it.
+"""
+
+from __future__ import annotations
+
+from ..capability import UnsupportedError, check, choose_backend, choose_mode
+from ..reference import check_decode_inputs
+
+__all__ = ["decode", "BACKENDS"]
+
+
+def _reference(q, cache, *, mode="dequant", sm_scale=None):
+    from ..reference import decode as ref_decode
+
+    return ref_decode(q, cache, sm_scale=sm_scale)
+
+
+def _triton(q, cache, *, mode="dequant", **kwargs):
+    from ..ops import paged_decode
+
+    return paged_decode(q, cache, mode=mode, **kwargs)
+
+
+def _flashinfer(q, cache, *, mode="dequant", **kwargs):
+    from .flashinfer import decode as fi_decode
+
+    return fi_decode(q, cache, mode=mode, **kwargs)
+
+
+BACKENDS = {"reference": _reference, "triton": _triton, "flashinfer": _flashinfer}
+
+
+def decode(q, cache, backend: str = "auto", mode: str = "auto", **kwargs):
+    """Paged decode attention through the chosen backend.
+
+    Parameters
+    ----------
+    q : ``[B, Hq, D]`` query, one token per sequence (bf16/fp16; the reference also takes fp32).
+    cache : :class:`~fp8kv.cache.PagedKVCache`.
+    backend : ``"auto"``, ``"reference"``, ``"triton"`` or ``"flashinfer"``. ``auto`` picks per
+        :mod:`fp8kv.capability` for this device (Triton on a GPU, else the reference).
+    mode : ``"auto"``, ``"dequant"`` or ``"fp8"``.
+    kwargs : passed to the backend (e.g. ``sm_scale``, launch overrides for Triton).
+
+    Raises :class:`~fp8kv.capability.UnsupportedError` (a ValueError) with the capability table's
+    reason when the combination cannot run here.
+    """
+    check_decode_inputs(q, cache)
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; expected 'auto' or one of {tuple(BACKENDS)}")
+    if mode not in ("auto", "dequant", "fp8"):
+        raise ValueError(f"mode={mode!r}; expected 'auto', 'dequant' or 'fp8'")
+    if backend == "auto":
+        backend = choose_backend(cache.kv_dtype, "dequant" if mode == "auto" else mode, None,
+                                 cache.granularity, cache.head_dim)
+    if mode == "auto":
+        mode = choose_mode(backend, cache.kv_dtype, None, cache.granularity)
+    ok, why = check(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
+    if not ok:
+        raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={cache.kv_dtype}, "
+                               f"granularity={cache.granularity}: {why}")
+    return BACKENDS[backend](q, cache, mode=mode, **kwargs)

@@ -1,0 +1,381 @@
+"""A paged KV cache, as serving engines lay it out.
+
+Pages hold ``block_size`` tokens each; a sequence's tokens live in the pages its block-table row
+names, in order. Token ``t`` of sequence ``b`` is at slot ``block_table[b, t // bs] * bs + t % bs``.
+
+==============  =============================================  ======================================
+tensor          shape                                          dtype
+==============  =============================================  ======================================
+k_pages/v_pages ``[num_blocks, block_size, Hkv, D]`` (NHD) or  bf16 / fp16 / float8_e4m3fn /
+                ``[num_blocks, Hkv, block_size, D]`` (HND)     float8_e5m2
+block_table     ``[batch, max_blocks_per_seq]``                int32
+seq_lens        ``[batch]``                                    int32
+k_scale/v_scale tensor ``[]``, head ``[Hkv]``, channel            float32 (FP8 only; 16-bit caches carry
+                ``[Hkv, D]``, token_head                       a scale of 1.0)
+                ``[num_blocks, block_size, Hkv]``
+==============  =============================================  ======================================
+
+Quantization follows ``fp8kv.quant`` (stored = Q(x / scale), dequantized = stored × scale).
+Tensor / head / channel scales are static: fixed when the cache is built and applied to every
+write, as engines do. Token-head scales are computed per written token and stored beside it.
+"""
+
+from __future__ import annotations
+
+import math
+import torch
+
+from .formats import kv_dtype_info
+from .quant import GRANULARITIES, SCALE_BYTES, broadcast_scale, cast_saturating, compute_scale, quantize
+
+__all__ = ["PagedKVCache"]
+
+LAYOUTS = ("NHD", "HND")
+
+
+def _fail(msg: str, exc=ValueError):
+    raise exc(msg)
+
+
+class PagedKVCache:
+    """Paged K/V storage with block tables (see the module docstring for shapes).
+
+    Build one with :meth:`from_dense` (ragged sequences scattered into shuffled pages) or
+    :meth:`empty`; add tokens with :meth:`write` / :meth:`append`; read back with :meth:`gather`.
+    The constructor validates everything (one host sync); decode paths trust a built cache.
+    """
+
+    def __init__(self, k_pages, v_pages, block_table, seq_lens, kv_dtype="fp8_e4m3",
+                 granularity="tensor", k_scale=None, v_scale=None, layout="NHD"):
+        self.kv_dtype, self.dtype, self.fmt = kv_dtype_info(kv_dtype)
+        if layout not in LAYOUTS:
+            _fail(f"layout={layout!r}; expected one of {LAYOUTS}")
+        if granularity not in GRANULARITIES:
+            _fail(f"granularity={granularity!r}; expected one of {GRANULARITIES}")
+        self.layout = layout
+        self.granularity = granularity if self.fmt is not None else "tensor"
+        self.k_pages, self.v_pages = k_pages, v_pages
+        self.block_table, self.seq_lens = block_table, seq_lens
+        self._validate_pages()
+        dev = k_pages.device
+        self.k_scale = self._init_scale(k_scale, "k_scale", dev)
+        self.v_scale = self._init_scale(v_scale, "v_scale", dev)
+        self.saturated = 0  # elements clamped to ±max by writes into this cache
+        self.validate_tables()
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def num_blocks(self) -> int:
+        return self.k_pages.shape[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.k_pages.shape[1 if self.layout == "NHD" else 2]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k_pages.shape[2 if self.layout == "NHD" else 1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k_pages.shape[3]
+
+    @property
+    def batch_size(self) -> int:
+        return self.block_table.shape[0]
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return self.block_table.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k_pages.device
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.fmt is not None
+
+    def scale_shape(self) -> tuple:
+        return {
+            "tensor": (),
+            "head": (self.num_kv_heads,),
+            "channel": (self.num_kv_heads, self.head_dim),
+            "token_head": (self.num_blocks, self.block_size, self.num_kv_heads),
+        }[self.granularity]
+
+    # -------------------------------------------------------------- validation
+    def _validate_pages(self):
+        k, v = self.k_pages, self.v_pages
+        for name, t in (("k_pages", k), ("v_pages", v)):
+            if not isinstance(t, torch.Tensor):
+                _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
+            if t.dtype != self.dtype:
+                _fail(f"{name} has dtype {t.dtype}, but kv_dtype={self.kv_dtype!r} stores {self.dtype}",
+                      TypeError)
+            if t.ndim != 4:
+                _fail(f"{name} must be 4-D ({'[blocks, block_size, Hkv, D]' if self.layout == 'NHD' else '[blocks, Hkv, block_size, D]'}"
+                      f" for layout {self.layout}); got shape {tuple(t.shape)}")
+            if not t.is_contiguous():
+                _fail(f"{name} must be contiguous; call .contiguous() first")
+        if k.shape != v.shape:
+            _fail(f"k_pages {tuple(k.shape)} and v_pages {tuple(v.shape)} must have the same shape")
+        if v.device != k.device:
+            _fail(f"v_pages is on {v.device} but k_pages is on {k.device}")
+        bs = self.block_size
+        if bs < 8 or bs & (bs - 1):
+            _fail(f"block_size={bs} must be a power of two >= 8 (kernels state their own limits)")
+        bt, sl = self.block_table, self.seq_lens
+        for name, t, nd in (("block_table", bt, 2), ("seq_lens", sl, 1)):
+            if not isinstance(t, torch.Tensor):
+                _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
+            if t.dtype != torch.int32:
+                _fail(f"{name} must be int32, got {t.dtype}; use .to(torch.int32)", TypeError)
+            if t.ndim != nd:
+                _fail(f"{name} must be {nd}-D, got shape {tuple(t.shape)}")
+            if t.device != k.device:
+                _fail(f"{name} is on {t.device} but the pages are on {k.device}; move it with .to()")
+            if not t.is_contiguous():
+                _fail(f"{name} must be contiguous; call .contiguous() first")
+        if sl.shape[0] != bt.shape[0]:
+            _fail(f"seq_lens has {sl.shape[0]} entries but block_table has {bt.shape[0]} rows")
+
+    def validate_tables(self):
+        """Check seq_lens against capacity and the used block-table entries against num_blocks."""
+        sl = self.seq_lens.cpu().to(torch.int64)
+        cap = self.max_blocks_per_seq * self.block_size
+        if (sl < 0).any():
+            i = int((sl < 0).nonzero()[0])
+            _fail(f"seq_lens[{i}]={int(sl[i])} is negative")
+        if (sl > cap).any():
+            i = int((sl > cap).nonzero()[0])
+            _fail(f"seq_lens[{i}]={int(sl[i])} exceeds the capacity of its block-table row "
+                  f"({self.max_blocks_per_seq} blocks x {self.block_size} = {cap} tokens)")
+        used = torch.arange(self.max_blocks_per_seq)[None, :] < ((sl + self.block_size - 1)
+                                                                  // self.block_size)[:, None]
+        bt = self.block_table.cpu().to(torch.int64)
+        bad = used & ((bt < 0) | (bt >= self.num_blocks))
+        if bad.any():
+            b, j = (int(i) for i in bad.nonzero()[0])
+            _fail(f"block_table[{b}, {j}]={int(bt[b, j])} is out of range [0, {self.num_blocks})")
+
+    def _init_scale(self, scale, name, device):
+        shape = self.scale_shape()
+        if not self.is_fp8:
+            if scale is not None and not torch.all(torch.as_tensor(scale) == 1):
+                _fail(f"{name} must be 1.0 (or None) for 16-bit kv_dtype={self.kv_dtype!r}")
+            return torch.ones((), dtype=torch.float32, device=device)
+        if scale is None:
+            scale = 1.0
+        s = torch.as_tensor(scale, dtype=torch.float32, device=device)
+        if s.device != device:
+            s = s.to(device)
+        try:
+            s = torch.broadcast_to(s, shape).clone()  # owned: token_head writes update it in place
+        except RuntimeError:
+            _fail(f"{name} of shape {tuple(s.shape)} does not fit granularity {self.granularity!r}: "
+                  f"expected shape {shape}")
+        if not torch.isfinite(s).all() or (s <= 0).any():
+            _fail(f"{name} must be positive and finite")
+        return s
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def empty(cls, batch_size, max_seq_len, num_kv_heads, head_dim, *, block_size=16,
+              kv_dtype="fp8_e4m3", granularity="tensor", k_scale=1.0, v_scale=1.0, layout="NHD",
+              num_blocks=None, device="cpu", seed=0):
+        """A cache with ``seq_lens = 0`` and every sequence's pages reserved (shuffled) up front."""
+        name, dtype, fmt = kv_dtype_info(kv_dtype)
+        bpseq = max(1, math.ceil(max_seq_len / block_size))
+        need = batch_size * bpseq
+        num_blocks = need if num_blocks is None else num_blocks
+        if num_blocks < need:
+            _fail(f"num_blocks={num_blocks} is too few: {batch_size} sequences x {bpseq} blocks need {need}")
+        g = torch.Generator().manual_seed(seed)
+        perm = torch.randperm(num_blocks, generator=g)[:need].to(torch.int32)
+        block_table = perm.reshape(batch_size, bpseq).to(device)
+        shape = ((num_blocks, block_size, num_kv_heads, head_dim) if layout == "NHD"
+                 else (num_blocks, num_kv_heads, block_size, head_dim))
+        k_pages = torch.zeros(shape, dtype=dtype, device=device)
+        v_pages = torch.zeros(shape, dtype=dtype, device=device)
+        seq_lens = torch.zeros(batch_size, dtype=torch.int32, device=device)
+        if fmt is not None and granularity == "token_head":
+            k_scale = v_scale = torch.ones(num_blocks, block_size, num_kv_heads)
+        return cls(k_pages, v_pages, block_table, seq_lens, name, granularity,
+                   k_scale if fmt is not None else None, v_scale if fmt is not None else None, layout)
+
+    @classmethod
+    def from_dense(cls, k, v, seq_lens, block_size=16, kv_dtype="fp8_e4m3", granularity="tensor",
+                   scale=None, seed=0, *, k_scale=None, v_scale=None, layout="NHD", max_seq_len=None,
+                   num_blocks=None, percentile=99.9):
+        """Scatter ragged sequences into shuffled pages, quantizing on the way in.
+
+        Parameters
+        ----------
+        k, v : ``[B, max_len, Hkv, D]`` padded tensors, or sequences of ``[L_i, Hkv, D]`` tensors.
+        seq_lens : ints ``[B]``; only the first ``seq_lens[i]`` tokens of sequence i are stored.
+        scale : how both scales are found (see ``fp8kv.quant.quantize``): None/"amax", "percentile",
+            a float, or a tensor. ``k_scale`` / ``v_scale`` override it for K or V alone
+            (e.g. ``k_scale="vllm_k", v_scale="vllm_v"``). Static scales are computed over the
+            valid tokens only. For token_head they are always computed per token.
+        max_seq_len : reserve pages for this many tokens per sequence (room for appends).
+        """
+        ks = list(k) if not isinstance(k, torch.Tensor) else [k[i] for i in range(k.shape[0])]
+        vs = list(v) if not isinstance(v, torch.Tensor) else [v[i] for i in range(v.shape[0])]
+        lens = [int(x) for x in (seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens)]
+        if not (len(ks) == len(vs) == len(lens)):
+            _fail(f"k ({len(ks)}), v ({len(vs)}) and seq_lens ({len(lens)}) must have the same batch size")
+        if not lens:
+            _fail("seq_lens is empty: need at least one sequence")
+        for i, (ki, vi, n) in enumerate(zip(ks, vs, lens)):
+            if ki.ndim != 3 or vi.shape != ki.shape:
+                _fail(f"sequence {i}: k and v must be [len, Hkv, D] with equal shapes; got "
+                      f"{tuple(ki.shape)} and {tuple(vi.shape)}")
+            if n < 0 or n > ki.shape[0]:
+                _fail(f"seq_lens[{i}]={n} is outside [0, {ki.shape[0]}] (the tokens given)")
+        hkv, d = ks[0].shape[1:]
+        device = ks[0].device
+        cap = max(max(lens), max_seq_len or 0, 1)
+        cache = cls.empty(len(lens), cap, hkv, d, block_size=block_size, kv_dtype=kv_dtype,
+                          granularity=granularity, layout=layout, num_blocks=num_blocks, device=device,
+                          seed=seed)
+        k_all = torch.cat([ki[:n] for ki, n in zip(ks, lens)])
+        v_all = torch.cat([vi[:n] for vi, n in zip(vs, lens)])
+        if cache.is_fp8 and cache.granularity != "token_head":
+            ksc = scale if k_scale is None else k_scale
+            vsc = scale if v_scale is None else v_scale
+            cache.k_scale = cache._init_scale(quantize(k_all, cache.fmt, cache.granularity, ksc,
+                                                       percentile=percentile).scale, "k_scale", device)
+            cache.v_scale = cache._init_scale(quantize(v_all, cache.fmt, cache.granularity, vsc,
+                                                       percentile=percentile).scale, "v_scale", device)
+        cache.append_tokens(k_all, v_all, torch.tensor(lens, dtype=torch.int32))
+        return cache
+
+    # ------------------------------------------------------------------ writes
+    def slots(self, seq: int, positions: torch.Tensor) -> torch.Tensor:
+        """Slot ids (``block * block_size + offset``) of ``positions`` in sequence ``seq``."""
+        positions = positions.to(self.block_table.device, torch.int64)
+        blocks = self.block_table[seq].to(torch.int64)[positions // self.block_size]
+        return blocks * self.block_size + positions % self.block_size
+
+    def append_tokens(self, k_new, v_new, counts):
+        """Append ``counts[i]`` tokens to each sequence i (``k_new``: their rows, concatenated in order)."""
+        counts = torch.as_tensor(counts, dtype=torch.int64).cpu()
+        start = self.seq_lens.cpu().to(torch.int64)
+        cap = self.max_blocks_per_seq * self.block_size
+        if (start + counts > cap).any():
+            i = int((start + counts > cap).nonzero()[0])
+            _fail(f"sequence {i}: seq_len {int(start[i])} + {int(counts[i])} new tokens exceeds its "
+                  f"capacity of {cap} tokens; build the cache with a larger max_seq_len")
+        slot_mapping = torch.cat([self.slots(i, torch.arange(int(start[i]), int(start[i] + counts[i])))
+                                  for i in range(len(counts))])
+        n = self.write(k_new, v_new, slot_mapping)
+        self.seq_lens += counts.to(self.seq_lens.device, torch.int32)
+        return n
+
+    def append(self, k_new, v_new):
+        """Append one token per sequence: ``k_new``, ``v_new`` ``[B, Hkv, D]``. Returns saturations."""
+        return self.append_tokens(k_new, v_new, torch.ones(self.batch_size, dtype=torch.int64))
+
+    def _check_rows(self, name, t):
+        exp = (self.num_kv_heads, self.head_dim)
+        if not isinstance(t, torch.Tensor):
+            _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
+        if t.ndim != 3 or tuple(t.shape[1:]) != exp:
+            _fail(f"{name} must be [N, {exp[0]}, {exp[1]}] (tokens, Hkv, D); got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            _fail(f"{name} must be a float tensor, got {t.dtype}", TypeError)
+        if t.device != self.device:
+            _fail(f"{name} is on {t.device} but the cache is on {self.device}")
+        if not torch.isfinite(t).all():
+            bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+            _fail(f"{name} has non-finite values (first at index {tuple(bad)}); the cache stores finite values only")
+
+    def _nhd(self, pages):
+        """[blocks, block_size, Hkv, D] view of pages, whatever the layout."""
+        return pages if self.layout == "NHD" else pages.transpose(1, 2)
+
+    def write(self, k_new, v_new, slot_mapping) -> int:
+        """Quantize ``k_new``/``v_new`` (``[N, Hkv, D]``) into the slots named by ``slot_mapping``.
+
+        Slots < 0 are skipped (the engines' padding convention). Static scales are used for
+        tensor / head / channel granularity; token_head computes one scale per token and head
+        (amax / fmt.max) and stores it beside the token. Returns the number of saturated elements
+        (also accumulated in ``self.saturated``). The torch path; ``fp8kv.ops.write_cache`` fuses it.
+        """
+        self._check_rows("k_new", k_new)
+        self._check_rows("v_new", v_new)
+        slot_mapping = torch.as_tensor(slot_mapping, device=self.device).to(torch.int64)
+        if slot_mapping.shape != (k_new.shape[0],) or v_new.shape != k_new.shape:
+            _fail(f"slot_mapping {tuple(slot_mapping.shape)}, k_new {tuple(k_new.shape)} and v_new "
+                  f"{tuple(v_new.shape)} must agree on N")
+        keep = slot_mapping >= 0
+        slot_mapping, k_new, v_new = slot_mapping[keep], k_new[keep], v_new[keep]
+        total = self.num_blocks * self.block_size
+        if slot_mapping.numel() and int(slot_mapping.max()) >= total:
+            _fail(f"slot_mapping has slot {int(slot_mapping.max())} >= num_blocks x block_size = {total}")
+        blk, off = slot_mapping // self.block_size, slot_mapping % self.block_size
+        n_sat = 0
+        for pages, scale_name, new in ((self.k_pages, "k_scale", k_new), (self.v_pages, "v_scale", v_new)):
+            if not self.is_fp8:
+                # Clamp like the FP8 path: a bare cast turns fp16 overflow (|x| >= 65520) into inf.
+                fi = torch.finfo(self.dtype)
+                overflow = fi.max + 2.0 ** math.floor(math.log2(fi.max)) * fi.eps / 2
+                n_sat += int((new.abs() >= overflow).sum())
+                self._nhd(pages)[blk, off] = new.clamp(-fi.max, fi.max).to(self.dtype)
+                continue
+            scale = getattr(self, scale_name)
+            if self.granularity == "token_head":
+                s = compute_scale(new, self.fmt, "token_head", "amax")
+                scale[blk, off] = s
+                y = new.to(torch.float32) / s.unsqueeze(-1)
+            else:
+                y = new.to(torch.float32) / broadcast_scale(scale, 3, self.granularity)
+            data, sat = cast_saturating(y, self.fmt)
+            self._nhd(pages)[blk, off] = data
+            n_sat += sat
+        self.saturated += n_sat
+        return n_sat
+
+    # ------------------------------------------------------------------- reads
+    def gather(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized K, V of sequence ``i``: fp32 ``[seq_lens[i], Hkv, D]``."""
+        if not 0 <= i < self.batch_size:
+            _fail(f"sequence index {i} is out of range [0, {self.batch_size})")
+        n = int(self.seq_lens[i])
+        pos = torch.arange(n, device=self.device)
+        slot = self.slots(i, pos)
+        blk, off = slot // self.block_size, slot % self.block_size
+        out = []
+        for pages, scale in ((self.k_pages, self.k_scale), (self.v_pages, self.v_scale)):
+            x = self._nhd(pages)[blk, off].to(torch.float32)
+            if self.granularity == "token_head":
+                x = x * scale[blk, off].unsqueeze(-1)
+            else:
+                x = x * broadcast_scale(scale, 3, self.granularity)
+            out.append(x)
+        return out[0], out[1]
+
+    # ------------------------------------------------------------------- sizes
+    @property
+    def scale_nbytes(self) -> int:
+        if not self.is_fp8:
+            return 0
+        return (self.k_scale.numel() + self.v_scale.numel()) * SCALE_BYTES
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the allocated pages plus scales (block tables and seq_lens not counted)."""
+        return (self.k_pages.numel() * self.k_pages.element_size() * 2) + self.scale_nbytes
+
+    def bytes_per_token(self) -> float:
+        """Bytes of K+V (+ per-token scales) per cached token in one layer."""
+        per = 2 * self.num_kv_heads * self.head_dim * self.k_pages.element_size()
+        if self.is_fp8 and self.granularity == "token_head":
+            per += 2 * self.num_kv_heads * SCALE_BYTES
+        return per
+
+    def __repr__(self) -> str:
+        return (f"PagedKVCache(kv_dtype={self.kv_dtype}, granularity={self.granularity}, layout={self.layout}, "
+                f"batch={self.batch_size}, blocks={self.num_blocks}x{self.block_size}, Hkv={self.num_kv_heads}, "
+                f"D={self.head_dim}, seq_lens={self.seq_lens.tolist() if self.batch_size <= 8 else '...'})")

@@ -1,0 +1,187 @@
+"""What runs where: arch × backend × KV dtype × mode → supported, with the reason.
+
+Modes: ``dequant`` stores FP8 and does the arithmetic in 16 bits (the cache is converted to the
+query's dtype in registers); ``fp8`` quantizes the query (and the probabilities) to FP8 and feeds
+FP8 tensor cores. For a 16-bit cache only ``dequant`` applies.
+
+The facts, each with its source:
+
+* FP8 *storage* works on every GPU from sm80 on: a byte is a byte; a kernel that cannot convert
+  in hardware loads uint8 and decodes the bits in software (``fp8kv/kernels/fp8_decode.py``).
+* FP8 tensor-core arithmetic (``mma ... .e4m3/.e5m2``) needs sm89 or newer (PTX ISA, "Warp-level
+  matrix instructions: mma", FP8 types require sm_89).
+* Triton compiles ``fp8e4nv`` (e4m3fn) only on sm89+; below that it offers ``fp8e5`` and
+  ``fp8e4b15`` (triton ``python/triton/language/semantic.py`` / the CUDA backend's
+  ``supported_fp8_dtypes``). So on sm80/86 fp8kv's Triton kernel reads e4m3 as uint8 and decodes it.
+* Triton's FP8 ``tl.dot`` needs at least 32 along K (the mma k-size for 8-bit types); fp8kv's
+  fp8 mode uses head_dim (≥ 64) for QKᵀ and a KV tile of ≥ 32 for P·V.
+* FlashInfer's FA2 decode (``BatchDecodeWithPagedKVCacheWrapper``) reads FP8 KV on sm80+ and takes
+  only scalar ``k_scale``/``v_scale`` (flashinfer/decode.py); fp8kv folds per-head and per-channel
+  scales exactly into the query (K) and the output (V). Per-token scales cannot be folded.
+* FlashInfer takes an FP8 *query* only in its TRT-LLM-generated kernels, built for sm100
+  (flashinfer ``trtllm_batch_decode_with_kv_cache``); elsewhere ``q_data_type`` must be 16-bit.
+* FlashInfer decode builds head_dim 64, 128, 256.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+__all__ = ["ARCHS", "BACKENDS", "MODES", "UnsupportedError", "check", "capability", "current_arch",
+           "choose_backend", "choose_mode", "flashinfer_installed"]
+
+ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
+BACKENDS = ("reference", "triton", "flashinfer")
+MODES = ("dequant", "fp8")
+KV_DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+TRITON_MAX_HEAD_DIM = 256
+
+
+class UnsupportedError(ValueError):
+    """A backend/mode/dtype combination this machine (or the asked arch) cannot run; says why."""
+
+
+def flashinfer_installed() -> bool:
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def current_arch() -> str | None:
+    """``"sm90"``-style arch of the current CUDA device, or None without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm{major}{minor}"
+
+
+def _arch_num(arch: str) -> int:
+    if not (isinstance(arch, str) and arch.startswith("sm") and arch[2:].isdigit()):
+        raise ValueError(f"arch={arch!r}; expected an 'smNN' string such as {ARCHS}")
+    return int(arch[2:])
+
+
+def _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim) -> tuple[bool, str]:
+    """Support on ``arch`` by hardware and library facts alone (ignores what is installed here)."""
+    n = _arch_num(arch)
+    fp8_kv = kv_dtype.startswith("fp8")
+    if mode == "fp8" and not fp8_kv:
+        return False, "fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode"
+    if backend == "reference":
+        if mode == "fp8":
+            return False, "the reference is the fp32 oracle: it has no FP8-arithmetic mode"
+        return True, "fp32 torch oracle: dequantizes the cache and computes in fp32"
+    if n < 80:
+        return False, f"{arch} predates sm80; fp8kv targets sm80 and newer"
+    if backend == "triton":
+        if head_dim is not None and head_dim > TRITON_MAX_HEAD_DIM:
+            return False, f"head_dim {head_dim} > {TRITON_MAX_HEAD_DIM} is not built"
+        if mode == "fp8":
+            if n < 89:
+                return False, f"FP8 tensor-core arithmetic needs sm89+; {arch} has none (use dequant mode)"
+            if granularity == "token_head":
+                return False, "fp8 mode takes tensor, head and channel scales; token_head needs dequant mode"
+            return True, "FP8 query and probabilities, FP8 x FP8 tl.dot (fp32 accumulate)"
+        if not fp8_kv:
+            return True, "16-bit KV, 16-bit tl.dot (the BF16 baseline through the same kernel)"
+        if n < 89:
+            return True, (f"FP8 KV loaded as uint8 and decoded in software ({arch} has no FP8 conversion "
+                          "instructions; Triton has no e4m3 there), 16-bit tl.dot")
+        return True, "FP8 KV converted in hardware to the query's 16-bit type, 16-bit tl.dot"
+    # flashinfer
+    if head_dim is not None and head_dim not in FLASHINFER_HEAD_DIMS:
+        return False, f"FlashInfer decode builds head_dim {FLASHINFER_HEAD_DIMS}, not {head_dim}"
+    if fp8_kv and granularity == "token_head":
+        return False, ("FlashInfer takes scalar k_scale/v_scale only; per-token-head scales cannot be "
+                       "folded into the query or output")
+    if mode == "fp8":
+        if n != 100:
+            return False, (f"FlashInfer takes an FP8 query only in its TRT-LLM kernels (sm100); {arch} "
+                           "runs FP8 KV with a 16-bit query (dequant mode)")
+        return True, "TRT-LLM-generated decode with FP8 query (sm100)"
+    if not fp8_kv:
+        return True, "FA2 paged decode, 16-bit KV"
+    return True, "FA2 paged decode reads FP8 KV, scalar scales (per-head/channel folded into q and out)"
+
+
+def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None = None,
+          granularity: str = "tensor", head_dim: int | None = None) -> tuple[bool, str]:
+    """Whether ``backend`` runs ``kv_dtype`` in ``mode``, and why (not).
+
+    With ``arch=None`` the question is about *this* machine: the current GPU, what is installed,
+    and (on CPU) whether the Triton interpreter is on. With an explicit arch it is about that arch.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}; expected one of {MODES}")
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype={kv_dtype!r}; expected one of {KV_DTYPES}")
+    if arch is not None:
+        return _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim)
+    here = current_arch()
+    if here is None:  # CPU machine
+        if backend == "reference":
+            return _arch_facts(backend, kv_dtype, mode, "sm90", granularity, head_dim)
+        if backend == "flashinfer":
+            return False, ("no GPU: FlashInfer runs only on CUDA GPUs"
+                           + ("" if flashinfer_installed() else " (and it is not installed)"))
+        if not interpreter_on():
+            return False, "no GPU: Triton kernels run on CPU only under TRITON_INTERPRET=1"
+        if mode == "fp8" and granularity == "token_head":
+            return False, "fp8 mode takes tensor, head and channel scales; token_head needs dequant mode"
+        return True, "CPU: Triton interpreter (TRITON_INTERPRET=1), for correctness only"
+    ok, why = _arch_facts(backend, kv_dtype, mode, here, granularity, head_dim)
+    if ok and backend == "flashinfer" and not flashinfer_installed():
+        return False, "FlashInfer is not installed (pip install 'fp8kv[gpu]')"
+    return ok, why
+
+
+def capability(arch: str | None = None):
+    """Table of backend × kv_dtype × mode for ``arch`` (current device when None).
+
+    Returns a pandas DataFrame with columns arch, backend, kv_dtype, mode, supported,
+    granularities (those supported, comma-separated) and reason.
+    """
+    import pandas as pd
+
+    label = arch or current_arch() or "cpu"
+    rows = []
+    for backend in BACKENDS:
+        for kv in KV_DTYPES:
+            for mode in MODES:
+                ok, why = check(backend, kv, mode, arch)
+                grans = [g for g in ("tensor", "head", "token_head", "channel")
+                         if check(backend, kv, mode, arch, granularity=g)[0]] if kv.startswith("fp8") else []
+                rows.append(dict(arch=label, backend=backend, kv_dtype=kv, mode=mode, supported=ok,
+                                 granularities=",".join(grans) if ok else "", reason=why))
+    return pd.DataFrame(rows)
+
+
+def choose_mode(backend: str, kv_dtype: str, arch: str | None = None, granularity: str = "tensor") -> str:
+    """``auto`` mode: dequant. It is the accurate mode and, for decode (memory-bound), as fast;
+    fp8 mode is asked for explicitly when its tensor-core arithmetic is the subject."""
+    ok, why = check(backend, kv_dtype, "dequant", arch, granularity)
+    if not ok:
+        raise UnsupportedError(f"{backend} cannot run kv_dtype={kv_dtype} here: {why}")
+    return "dequant"
+
+
+def choose_backend(kv_dtype: str, mode: str = "dequant", arch: str | None = None,
+                   granularity: str = "tensor", head_dim: int | None = None) -> str:
+    """``auto`` backend: Triton where it runs compiled (a GPU), else FlashInfer, else the reference."""
+    on_gpu = current_arch() is not None or arch is not None
+    order = ("triton", "flashinfer", "reference") if on_gpu else ("reference",)
+    reasons = []
+    for b in order:
+        ok, why = check(b, kv_dtype, mode, arch, granularity, head_dim)
+        if ok:
+            return b
+        reasons.append(f"{b}: {why}")
+    raise UnsupportedError(f"no backend runs kv_dtype={kv_dtype} mode={mode} here: " + "; ".join(reasons))

@@ -1,0 +1,460 @@
+"""KV-cache capacity planner: how many tokens fit, in bf16 vs FP8, on a given GPU.
+
+The accounting follows the paged engines (vLLM's block manager):
+
+1. memory for the KV cache, in bytes: either given (``kv_memory_gib``) or
+   ``gpu_memory x utilization - weights``;
+2. minus the fixed scale bytes (per-tensor / per-head / per-channel scales live
+   beside the pages, once per layer);
+3. ``blocks = floor(kv_memory / (block_size x bytes_per_token))``, where one token
+   costs ``layers x 2 (K and V) x Hkv x head_dim x element_size`` bytes, plus its own
+   scales under ``token_head`` granularity;
+4. ``tokens = blocks x block_size`` and ``max_concurrency = tokens / max_model_len``.
+
+Scales are fp32 (4 bytes), as ``fp8kv.quant`` stores them. Scale shapes per layer and
+per K/V (see ``fp8kv.quant.scale_shape``): ``tensor`` one scalar, ``head`` ``[Hkv]``,
+``channel`` ``[Hkv, D]``, ``token_head`` ``[tokens, Hkv]``; 16-bit caches have none.
+
+What the planner leaves out (so it is an upper bound on what an engine reports):
+activation and CUDA-graph memory, which engines subtract after a profiling run, and
+sliding-window layers (Gemma 3 keeps only a window on 5 of 6 layers; every layer is
+counted here as full attention).
+
+GPU memory sizes
+----------------
+Vendors print memory capacity in "GB" following the JEDEC convention for memory
+devices, where 1 GB = 2**30 bytes (JEDEC JESD100B.01). The driver confirms it: an
+"A100 40GB" reports exactly 40960 MiB. Reading the datasheet "GB" as 10**9 bytes
+would undercount an 80 GB card by 7 % (74.5 GiB). The planner uses the total that
+``nvidia-smi`` reports (``memory.total``), slightly below the datasheet figure
+because the driver and ECC reserve some; pass ``gpu_memory_gib`` as a number (e.g.
+``torch.cuda.mem_get_info()[1] / 2**30``) for a measured value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+
+import torch
+
+from fp8kv.formats import kv_dtype_info
+from fp8kv.quant import GRANULARITIES
+
+__all__ = ["ModelShape", "MODELS", "GPU", "GPUS", "CapacityError", "get_model", "get_gpu",
+           "load_hf_config", "plan_capacity", "capacity_table", "model_table", "gpu_table"]
+
+GIB = 2**30
+SCALE_BYTES = 4  # fp32 scales, as stored by fp8kv.quant
+WEIGHT_BYTES = 2  # bf16/fp16 weights: vLLM's dtype="auto" serves fp32 checkpoints in 16-bit too
+
+
+class CapacityError(ValueError):
+    """The inputs are valid but leave no room for a single KV block (e.g. weights do not fit)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape facts of a decoder that set its KV-cache size and weight memory.
+
+    ``num_params`` counts every stored parameter once (tied embeddings once); it gives
+    the weight bytes (``num_params x 2``). ``source`` is where the numbers come from.
+    """
+
+    name: str
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int | None = None
+    max_position_embeddings: int | None = None
+    num_params: int | None = None
+    torch_dtype: str = "bfloat16"
+    source: str = ""
+
+    def __post_init__(self):
+        for f in ("num_layers", "num_q_heads", "num_kv_heads", "head_dim"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"ModelShape {self.name!r}: {f}={v!r} must be a positive int")
+        for f in ("hidden_size", "max_position_embeddings", "num_params"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise ValueError(f"ModelShape {self.name!r}: {f}={v!r} must be a positive int or None")
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(f"ModelShape {self.name!r}: num_q_heads={self.num_q_heads} is not a multiple "
+                             f"of num_kv_heads={self.num_kv_heads} (grouped-query attention needs it)")
+
+
+# Shapes from each model's Hugging Face config.json (URL in ``source``). num_params is counted
+# from the same config: embeddings (x2 when untied) + per layer (q, k, v, o, gated MLP, norms,
+# q/k norms where the architecture has them) + final norm; each matches the model card's total.
+MODELS: dict[str, ModelShape] = {m.name: m for m in (
+    # https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json (tied embeddings, q/k norm)
+    ModelShape("Qwen3-0.6B", 28, 16, 8, 128, 1024, 40960, 596_049_920,
+               source="https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json"),
+    # https://huggingface.co/Qwen/Qwen3-4B/blob/main/config.json (tied embeddings, q/k norm)
+    ModelShape("Qwen3-4B", 36, 32, 8, 128, 2560, 40960, 4_022_468_096,
+               source="https://huggingface.co/Qwen/Qwen3-4B/blob/main/config.json"),
+    # https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (untied embeddings, q/k norm)
+    ModelShape("Qwen3-8B", 36, 32, 8, 128, 4096, 40960, 8_190_735_360,
+               source="https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json"),
+    # https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json (head_dim = 4096 / 32)
+    ModelShape("Llama-3.1-8B", 32, 32, 8, 128, 4096, 131072, 8_030_261_248,
+               source="https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json"),
+    # https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json (head_dim = 8192 / 64)
+    ModelShape("Llama-3.1-70B", 80, 64, 8, 128, 8192, 131072, 70_553_706_496,
+               source="https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json"),
+    # https://huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json (sliding_window null)
+    ModelShape("Mistral-7B-v0.3", 32, 32, 8, 128, 4096, 32768, 7_248_023_552,
+               source="https://huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json"),
+    # https://huggingface.co/HuggingFaceTB/SmolLM2-135M/blob/main/config.json (tied embeddings)
+    ModelShape("SmolLM2-135M", 30, 9, 3, 64, 576, 8192, 134_515_008,
+               source="https://huggingface.co/HuggingFaceTB/SmolLM2-135M/blob/main/config.json"),
+    # https://huggingface.co/google/gemma-3-270m/blob/main/config.json (15 of 18 layers slide over 512)
+    ModelShape("Gemma-3-270M", 18, 4, 1, 256, 640, 32768, 268_098_176,
+               source="https://huggingface.co/google/gemma-3-270m/blob/main/config.json"),
+)}
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU's memory: the datasheet figure and the total the driver reports."""
+
+    name: str
+    datasheet_gb: float  # as printed by the vendor (JEDEC GB = 2**30 bytes)
+    total_mib: int  # nvidia-smi memory.total
+    memory: str
+    source: str
+
+    @property
+    def total_gib(self) -> float:
+        """Driver-reported total in GiB (what an engine multiplies by its utilization)."""
+        return self.total_mib / 1024
+
+
+# Datasheet capacity from the vendor product pages in ``source``; total_mib as nvidia-smi prints it
+# on these boards (e.g. "0MiB / 81559MiB" on an H100 80GB HBM3).
+GPUS: dict[str, GPU] = {g.name: g for g in (
+    GPU("H200", 141, 143771, "HBM3e", "https://www.nvidia.com/en-us/data-center/h200/"),
+    GPU("H100", 80, 81559, "HBM3", "https://www.nvidia.com/en-us/data-center/h100/"),
+    GPU("A100-80GB", 80, 81920, "HBM2e", "https://www.nvidia.com/en-us/data-center/a100/"),
+    GPU("A100-40GB", 40, 40960, "HBM2", "https://www.nvidia.com/en-us/data-center/a100/"),
+    # GDDR6 with ECC on (the default): the ECC bits take about 1/16 of the 48 GiB.
+    GPU("L40S", 48, 46068, "GDDR6", "https://www.nvidia.com/en-us/data-center/l40s/"),
+    # "1,440GB total GPU memory" for the 8 GPUs of a DGX B200.
+    GPU("B200", 180, 183359, "HBM3e", "https://www.nvidia.com/en-us/data-center/dgx-b200/"),
+    GPU("RTX 4090", 24, 24564, "GDDR6X",
+        "https://www.nvidia.com/en-us/geforce/graphics-cards/40-series/rtx-4090/"),
+    GPU("RTX 5090", 32, 32607, "GDDR7",
+        "https://www.nvidia.com/en-us/geforce/graphics-cards/50-series/rtx-5090/"),
+)}
+
+
+def _norm(name: str) -> str:
+    return "".join(c for c in name.lower() if c.isalnum() or c == ".")
+
+
+def get_gpu(gpu: str | GPU) -> GPU:
+    """Look up a GPU by name, ignoring case, spaces and dashes (``"rtx4090"``, ``"a100-80gb"``)."""
+    if isinstance(gpu, GPU):
+        return gpu
+    if not isinstance(gpu, str):
+        raise TypeError(f"gpu must be a GPU name or GPU, got {type(gpu).__name__}")
+    table = {_norm(k): v for k, v in GPUS.items()}
+    # also accept the name with its datasheet size appended ("H100-80GB", "H200 141GB")
+    table.update({_norm(f"{k}{v.datasheet_gb:g}gb"): v for k, v in GPUS.items()})
+    key = _norm(gpu)
+    if key not in table:
+        raise ValueError(f"gpu_memory_gib={gpu!r} is not a known GPU; known: {sorted(GPUS)} "
+                         "(or pass a number of GiB)")
+    return table[key]
+
+
+def get_model(name: str) -> ModelShape:
+    """Look up a registry model by name, ignoring case and an ``org/`` prefix
+    (``"meta-llama/Llama-3.1-8B"``, ``"google/gemma-3-270m"``)."""
+    table = {k.lower(): v for k, v in MODELS.items()}
+    key = name.lower()
+    if key not in table and "/" in key:
+        key = key.rsplit("/", 1)[1]
+    if key not in table:
+        raise ValueError(f"model={name!r} is not a known model; known: {sorted(MODELS)}. Pass a "
+                         "ModelShape, a dict of shape fields or a path to a config.json instead")
+    return table[key]
+
+
+_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _dense_param_count(cfg: dict, num_layers: int, hq: int, hkv: int, d: int) -> int | None:
+    """Parameter count of a dense gated-MLP decoder from its config, or None when the config
+    lacks the sizes or describes a mixture of experts (whose count this formula would miss)."""
+    hidden, inter, vocab = cfg.get("hidden_size"), cfg.get("intermediate_size"), cfg.get("vocab_size")
+    if not all(isinstance(v, int) for v in (hidden, inter, vocab)) or any(cfg.get(k) for k in _MOE_KEYS):
+        return None
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    per_layer = (2 * hidden * hq * d  # q and o projections
+                 + 2 * hidden * hkv * d  # k and v projections
+                 + 3 * hidden * inter  # gate, up, down
+                 + 2 * hidden)  # two RMSNorms
+    return vocab * hidden * (1 if tied else 2) + num_layers * per_layer + hidden
+
+
+def _shape_from_hf(cfg: dict, name: str, source: str = "") -> ModelShape:
+    """Build a ModelShape from a Hugging Face config dict (nested ``text_config`` accepted)."""
+    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
+        # multimodal configs (Gemma 3 4B+, ...) keep the decoder under text_config
+        cfg = {**{k: v for k, v in cfg.items() if k != "text_config"}, **cfg["text_config"]}
+    missing = [k for k in ("num_hidden_layers", "num_attention_heads") if k not in cfg]
+    if missing:
+        raise ValueError(f"config for {name!r} lacks {missing}; expected a Hugging Face decoder "
+                         "config with num_hidden_layers and num_attention_heads")
+    layers, hq = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    hkv = cfg.get("num_key_value_heads") or hq  # absent -> multi-head attention
+    d = cfg.get("head_dim")
+    if not d:
+        hidden = cfg.get("hidden_size")
+        if not hidden or hidden % hq:
+            raise ValueError(f"config for {name!r} has no head_dim and hidden_size={hidden!r} is not "
+                             f"a multiple of num_attention_heads={hq}")
+        d = hidden // hq
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"  # newer configs say "dtype"
+    return ModelShape(name, layers, hq, hkv, d, cfg.get("hidden_size"),
+                      cfg.get("max_position_embeddings"), _dense_param_count(cfg, layers, hq, hkv, d),
+                      str(dtype), source)
+
+
+def load_hf_config(path: str | os.PathLike) -> ModelShape:
+    """Read a Hugging Face ``config.json`` (or a folder holding one) into a ModelShape.
+
+    Reads num_hidden_layers, num_key_value_heads (else num_attention_heads), head_dim (else
+    hidden_size / num_attention_heads), max_position_embeddings and torch_dtype; num_params is
+    counted for dense decoders when vocab_size and intermediate_size are present.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    name = os.path.basename(os.path.dirname(os.path.abspath(path))) or "config"
+    return _shape_from_hf(cfg, name, source=path)
+
+
+def _resolve_model(model) -> ModelShape:
+    if isinstance(model, ModelShape):
+        return model
+    if isinstance(model, dict):
+        if "num_hidden_layers" in model or "text_config" in model:
+            return _shape_from_hf(model, str(model.get("_name_or_path", "custom")))
+        known = {f.name for f in fields(ModelShape)}
+        extra = set(model) - known
+        if extra:
+            raise ValueError(f"model dict has unknown keys {sorted(extra)}; expected ModelShape fields "
+                             f"{sorted(known)} or a Hugging Face config dict")
+        return ModelShape(**{"name": "custom", **model})
+    if isinstance(model, os.PathLike):
+        return load_hf_config(model)
+    if isinstance(model, str):
+        # a registry name wins over a same-named folder in the working directory
+        if model.lower() in {k.lower() for k in MODELS} or not os.path.exists(model):
+            if model.endswith(".json"):
+                raise ValueError(f"model={model!r}: no such config file")
+            return get_model(model)
+        return load_hf_config(model)
+    raise TypeError(f"model must be a registry name, ModelShape, dict or config.json path, "
+                    f"got {type(model).__name__}")
+
+
+def _positive_number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive finite number")
+    return float(value)
+
+
+def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, utilization=0.9,
+                  weights_gib=None, block_size=16, max_model_len=None, granularity="tensor") -> dict:
+    """Plan how many KV tokens, blocks and full-length sequences fit.
+
+    Parameters
+    ----------
+    model : str | dict | ModelShape | path
+        Registry name (see ``MODELS``), a dict of ModelShape fields or a Hugging Face config
+        dict, a ModelShape, or a path to a ``config.json`` (or its folder).
+    kv_dtype : str | torch.dtype
+        KV element type: ``"bf16"``, ``"fp16"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` (or aliases).
+    kv_memory_gib : float, optional
+        Memory given to the KV cache, GiB. Exclusive with ``gpu_memory_gib``.
+    gpu_memory_gib : float | str, optional
+        GPU memory in GiB, or a GPU name from ``GPUS`` (its driver-reported total). The KV
+        budget is then ``gpu_memory_gib x utilization - weights``.
+    utilization : float
+        Fraction of GPU memory the engine may use, in (0, 1] (vLLM's gpu_memory_utilization).
+    weights_gib : float, optional
+        Weight memory, GiB; default ``num_params x 2 bytes`` from the model.
+    block_size : int
+        Tokens per KV block (a positive power of two).
+    max_model_len : int, optional
+        Sequence length for ``max_concurrency``; default the model's max_position_embeddings.
+    granularity : str
+        FP8 scale granularity: ``"tensor"``, ``"head"``, ``"token_head"`` or ``"channel"``.
+        Ignored (reported as None) for 16-bit caches, which have no scales.
+
+    Returns
+    -------
+    dict
+        model, kv_dtype, granularity, block_size, element_size, num_layers, num_kv_heads,
+        head_dim, kv_data_bytes_per_token, scale_bytes_per_token, bytes_per_token,
+        fixed_scale_bytes, kv_budget_bytes (before fixed scales), kv_memory_bytes (after),
+        block_bytes, blocks, tokens, max_model_len, max_concurrency (float),
+        scale_overhead_bytes (all scales at full occupancy), weights_bytes, and the inputs
+        gpu, gpu_memory_gib, utilization, weights_gib, kv_memory_gib.
+
+    Raises
+    ------
+    ValueError
+        Unknown model / kv_dtype / granularity / GPU; utilization outside (0, 1]; block_size not
+        a positive power of two; both or neither of kv_memory_gib and gpu_memory_gib.
+    CapacityError (a ValueError)
+        The weights leave no memory for the KV cache, or the memory holds no single block.
+    """
+    shape = _resolve_model(model)
+    kv_name, kv_torch_dtype, fmt = kv_dtype_info(kv_dtype)
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r} is not supported; expected one of {GRANULARITIES}")
+    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) \
+            or not 0 < utilization <= 1:
+        raise ValueError(f"utilization={utilization!r} must be in (0, 1]")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 \
+            or block_size & (block_size - 1):
+        raise ValueError(f"block_size={block_size!r} must be a positive power of two (e.g. 16)")
+
+    layers, hkv, d = shape.num_layers, shape.num_kv_heads, shape.head_dim
+    elem = torch.tensor([], dtype=kv_torch_dtype).element_size()
+    data_bpt = layers * 2 * hkv * d * elem
+    scale_bpt, fixed = 0, 0
+    if fmt is None:
+        granularity = None  # 16-bit caches carry no scales
+    elif granularity == "tensor":
+        fixed = layers * 2 * SCALE_BYTES
+    elif granularity == "head":
+        fixed = layers * 2 * hkv * SCALE_BYTES
+    elif granularity == "channel":
+        fixed = layers * 2 * hkv * d * SCALE_BYTES
+    else:  # token_head: one scale per token and head, stored with the token
+        scale_bpt = layers * 2 * hkv * SCALE_BYTES
+    bpt = data_bpt + scale_bpt
+
+    gpu_name, weights_bytes = None, None
+    if (kv_memory_gib is None) == (gpu_memory_gib is None):
+        raise ValueError("pass exactly one of kv_memory_gib (memory for the KV cache) and "
+                         f"gpu_memory_gib (GPU memory or name); got kv_memory_gib={kv_memory_gib!r}, "
+                         f"gpu_memory_gib={gpu_memory_gib!r}")
+    if kv_memory_gib is not None:
+        if weights_gib is not None:
+            raise ValueError(f"weights_gib={weights_gib!r} only applies with gpu_memory_gib; "
+                             "kv_memory_gib is already the KV budget")
+        budget = math.floor(_positive_number(kv_memory_gib, "kv_memory_gib") * GIB)
+    else:
+        if isinstance(gpu_memory_gib, (str, GPU)):
+            gpu = get_gpu(gpu_memory_gib)
+            gpu_name, gpu_memory_gib = gpu.name, gpu.total_gib
+        gpu_bytes = _positive_number(gpu_memory_gib, "gpu_memory_gib") * GIB
+        if weights_gib is not None:
+            weights_bytes = math.ceil(_positive_number(weights_gib, "weights_gib") * GIB)
+        elif shape.num_params is not None:
+            weights_bytes = shape.num_params * WEIGHT_BYTES
+        else:
+            raise ValueError(f"model {shape.name!r} has no num_params; pass weights_gib")
+        budget = math.floor(gpu_bytes * utilization) - weights_bytes
+        if budget <= 0:
+            raise CapacityError(
+                f"no memory left for the KV cache{' on ' + gpu_name if gpu_name else ''}: "
+                f"gpu_memory_gib={gpu_memory_gib:.2f} x "
+                f"utilization={utilization} = {gpu_bytes * utilization / GIB:.2f} GiB, but the weights of "
+                f"{shape.name} take {weights_bytes / GIB:.2f} GiB; the weights do not fit")
+
+    kv_bytes = budget - fixed
+    block_bytes = block_size * bpt
+    blocks = kv_bytes // block_bytes if kv_bytes > 0 else 0
+    if blocks == 0:
+        raise CapacityError(f"KV memory of {budget} bytes ({fixed} of them fixed scales) holds no block "
+                            f"of {block_bytes} bytes ({block_size} tokens x {bpt} bytes/token)")
+    tokens = blocks * block_size
+
+    if max_model_len is None:
+        max_model_len = shape.max_position_embeddings
+        if max_model_len is None:
+            raise ValueError(f"model {shape.name!r} has no max_position_embeddings; pass max_model_len")
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
+        raise ValueError(f"max_model_len={max_model_len!r} must be a positive int")
+
+    return dict(
+        model=shape.name, kv_dtype=kv_name, granularity=granularity, block_size=block_size,
+        element_size=elem, num_layers=layers, num_kv_heads=hkv, head_dim=d,
+        kv_data_bytes_per_token=data_bpt, scale_bytes_per_token=scale_bpt, bytes_per_token=bpt,
+        fixed_scale_bytes=fixed, kv_budget_bytes=budget, kv_memory_bytes=kv_bytes,
+        block_bytes=block_bytes, blocks=blocks, tokens=tokens, max_model_len=max_model_len,
+        max_concurrency=tokens / max_model_len, scale_overhead_bytes=fixed + scale_bpt * tokens,
+        weights_bytes=weights_bytes, gpu=gpu_name, gpu_memory_gib=gpu_memory_gib,
+        utilization=utilization, weights_gib=weights_gib, kv_memory_gib=kv_memory_gib,
+    )
+
+
+def capacity_table(models, gpus, kv_dtypes, granularities=("tensor",), **kw):
+    """Plan every model x GPU x kv_dtype x granularity; one tidy row per plan.
+
+    ``gpus`` items are GPU names or GiB numbers; pass ``gpus=None`` with ``kv_memory_gib=`` in
+    ``kw`` for a fixed KV budget. 16-bit kv_dtypes get one row (granularity None). Combinations
+    where the model does not fit get ``fits=False``, zero blocks/tokens/concurrency and the
+    reason in ``note``; other errors propagate. ``kw`` goes to :func:`plan_capacity`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The :func:`plan_capacity` keys plus ``fits`` and ``note``.
+    """
+    import pandas as pd
+
+    # a single name is one item, not a sequence of characters
+    models, kv_dtypes, granularities = ([a] if isinstance(a, (str, dict, ModelShape, os.PathLike)) else list(a)
+                                        for a in (models, kv_dtypes, granularities))
+    if isinstance(gpus, (str, int, float, GPU)):
+        gpus = [gpus]
+    rows = []
+    for model in models:
+        for gpu in (gpus if gpus is not None else [None]):
+            for kv_dtype in kv_dtypes:
+                kv_name, _, fmt = kv_dtype_info(kv_dtype)
+                for gran in (granularities if fmt is not None else granularities[:1]):
+                    args = dict(kw, granularity=gran)
+                    if gpu is not None:
+                        args["gpu_memory_gib"] = gpu
+                    try:
+                        row = dict(plan_capacity(model, kv_dtype, **args), fits=True, note="")
+                    except CapacityError as e:
+                        g = get_gpu(gpu) if isinstance(gpu, (str, GPU)) else None
+                        row = dict(model=_resolve_model(model).name, kv_dtype=kv_name,
+                                   granularity=gran if fmt is not None else None,
+                                   gpu=g.name if g else None, gpu_memory_gib=g.total_gib if g else gpu,
+                                   blocks=0, tokens=0, max_concurrency=0.0, fits=False, note=str(e))
+                    rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def model_table():
+    """The model registry as a pandas DataFrame (one row per model, ModelShape fields as columns)."""
+    import pandas as pd
+
+    return pd.DataFrame([asdict(m) for m in MODELS.values()])
+
+
+def gpu_table():
+    """The GPU registry as a pandas DataFrame, with the driver total in GiB."""
+    import pandas as pd
+
+    return pd.DataFrame([dict(asdict(g), total_gib=g.total_gib) for g in GPUS.values()])

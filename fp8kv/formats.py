@@ -1,0 +1,199 @@
+"""FP8 format facts, as data.
+
+Four 8-bit float formats matter for KV caches:
+
+========== ========= ==== ========== =============================================
+name       exp/mant  bias max        notes
+========== ========= ==== ========== =============================================
+e4m3       4 / 3     7    448        OCP ``E4M3FN``: no inf, one NaN code per sign
+e5m2       5 / 2     15   57344      OCP / IEEE-like: has inf and NaN
+e4m3fnuz   4 / 3     8    240        AMD MI300 flavour: no -0, 0x80 is the only NaN
+e5m2fnuz   5 / 2     16   57344      AMD MI300 flavour
+========== ========= ==== ========== =============================================
+
+The "±240" quoted in some engines' documentation for "FP8 e4m3" is the
+*fnuz* range (MI300); NVIDIA GPUs use OCP e4m3fn, whose range is ±448.
+
+Every number here is derived from the format's bit layout and checked against
+torch's own decoding of all 256 codes (``tests/test_formats.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+__all__ = ["FP8Format", "FORMATS", "format", "KV_DTYPES", "kv_dtype_info"]
+
+
+@dataclass(frozen=True)
+class FP8Format:
+    """One FP8 format: its bit layout and the torch dtype that stores it."""
+
+    name: str
+    torch_dtype: torch.dtype = field(repr=False)
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    max: float  # largest finite magnitude
+    min_normal: float  # smallest positive normal
+    min_subnormal: float  # smallest positive subnormal
+    has_inf: bool
+    triton_name: str  # name of the dtype in Triton (tl.float8e4nv ...)
+
+    @property
+    def epsilon(self) -> float:
+        """Spacing of the codes just above 1.0 (one ulp at 1.0)."""
+        return 2.0 ** -self.mantissa_bits
+
+    @property
+    def overflow_threshold(self) -> float:
+        """Magnitudes at or above this round past ``max`` (max + half an ulp at max): they saturate."""
+        return self.max + 2.0 ** (math.floor(math.log2(self.max)) - self.mantissa_bits) / 2
+
+    @property
+    def unit_roundoff(self) -> float:
+        """Largest relative error of round-to-nearest for normal values: half an ulp."""
+        return 2.0 ** -(self.mantissa_bits + 1)
+
+    @cached_property
+    def code_values(self) -> torch.Tensor:
+        """fp32 value of each of the 256 codes, indexed by code (NaN where the code is NaN)."""
+        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+        return codes.view(self.torch_dtype).to(torch.float32)
+
+    @property
+    def finite_codes(self) -> int:
+        """Number of the 256 codes that decode to a finite value."""
+        return int(torch.isfinite(self.code_values).sum())
+
+    def codes(self):
+        """Table of all 256 codes: code, bits, sign, exponent field, mantissa field, value, kind.
+
+        ``kind`` is one of zero / subnormal / normal / inf / nan. Returns a pandas DataFrame.
+        """
+        import pandas as pd
+
+        vals = self.code_values.tolist()
+        m = self.mantissa_bits
+        rows = []
+        for code, v in enumerate(vals):
+            exp_field = (code >> m) & ((1 << self.exponent_bits) - 1)
+            if math.isnan(v):
+                kind = "nan"
+            elif math.isinf(v):
+                kind = "inf"
+            elif v == 0.0:
+                kind = "zero"
+            elif exp_field == 0:
+                kind = "subnormal"
+            else:
+                kind = "normal"
+            rows.append(
+                dict(
+                    code=code,
+                    bits=f"{code:08b}",
+                    sign=code >> 7,
+                    exponent=exp_field,
+                    mantissa=code & ((1 << m) - 1),
+                    value=v,
+                    kind=kind,
+                )
+            )
+        return pd.DataFrame(rows)
+
+    def summary(self) -> dict:
+        """The scalar facts as a plain dict (for tables and JSON)."""
+        return dict(
+            name=self.name,
+            exponent_bits=self.exponent_bits,
+            mantissa_bits=self.mantissa_bits,
+            bias=self.bias,
+            max=self.max,
+            min_normal=self.min_normal,
+            min_subnormal=self.min_subnormal,
+            finite_codes=self.finite_codes,
+            has_inf=self.has_inf,
+            unit_roundoff=self.unit_roundoff,
+        )
+
+
+def _make(name, dtype, e, m, bias, has_inf, triton_name, top_exp_fraction_codes):
+    """Build a format from its layout. ``top_exp_fraction_codes``: how many mantissa codes of
+    the top exponent are finite (all for fn/fnuz e4m3 but the NaN one; none for IEEE-like)."""
+    min_normal = 2.0 ** (1 - bias)
+    min_sub = min_normal * 2.0**-m
+    if top_exp_fraction_codes == 0:  # IEEE-like: top exponent is inf/nan
+        max_exp = (2**e - 2) - bias
+        max_mant = 2**m - 1
+    else:
+        max_exp = (2**e - 1) - bias
+        max_mant = top_exp_fraction_codes - 1
+    fmax = 2.0**max_exp * (1 + max_mant / 2**m)
+    return FP8Format(name, dtype, e, m, bias, fmax, min_normal, min_sub, has_inf, triton_name)
+
+
+FORMATS: dict[str, FP8Format] = {
+    f.name: f
+    for f in (
+        _make("e4m3", torch.float8_e4m3fn, 4, 3, 7, False, "fp8e4nv", 7),  # 0x7F/0xFF are NaN
+        _make("e5m2", torch.float8_e5m2, 5, 2, 15, True, "fp8e5", 0),
+        _make("e4m3fnuz", torch.float8_e4m3fnuz, 4, 3, 8, False, "fp8e4b8", 8),
+        _make("e5m2fnuz", torch.float8_e5m2fnuz, 5, 2, 16, False, "fp8e5b16", 4),
+    )
+}
+
+_ALIASES = {
+    "e4m3fn": "e4m3",
+    "fp8_e4m3": "e4m3",
+    "float8_e4m3fn": "e4m3",
+    "fp8_e5m2": "e5m2",
+    "float8_e5m2": "e5m2",
+    "float8_e4m3fnuz": "e4m3fnuz",
+    "float8_e5m2fnuz": "e5m2fnuz",
+}
+
+
+def format(name: str | FP8Format | torch.dtype) -> FP8Format:  # noqa: A001 - public name by design
+    """Look up an FP8 format by name (``"e4m3"``, ``"e5m2"``, ``"fp8_e4m3"``, ...) or torch dtype."""
+    if isinstance(name, FP8Format):
+        return name
+    if isinstance(name, torch.dtype):
+        for f in FORMATS.values():
+            if f.torch_dtype == name:
+                return f
+        raise ValueError(f"dtype {name} is not an FP8 format; expected one of "
+                         f"{[str(f.torch_dtype) for f in FORMATS.values()]}")
+    if not isinstance(name, str):
+        raise TypeError(f"fmt must be a format name or torch dtype, got {type(name).__name__}")
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key not in FORMATS:
+        raise ValueError(f"fmt={name!r} is not a known FP8 format; expected one of {sorted(FORMATS)}")
+    return FORMATS[key]
+
+
+# KV-cache element types: name -> (torch dtype, FP8 format or None for 16-bit).
+KV_DTYPES: dict[str, tuple[torch.dtype, FP8Format | None]] = {
+    "bf16": (torch.bfloat16, None),
+    "fp16": (torch.float16, None),
+    "fp8_e4m3": (torch.float8_e4m3fn, FORMATS["e4m3"]),
+    "fp8_e5m2": (torch.float8_e5m2, FORMATS["e5m2"]),
+}
+
+
+def kv_dtype_info(kv_dtype: str | torch.dtype) -> tuple[str, torch.dtype, FP8Format | None]:
+    """Normalise a KV dtype to ``(name, torch dtype, fp8 format or None)``."""
+    if isinstance(kv_dtype, torch.dtype):
+        for k, (dt, f) in KV_DTYPES.items():
+            if dt == kv_dtype:
+                return k, dt, f
+    else:
+        aliases = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "e4m3": "fp8_e4m3",
+                   "e5m2": "fp8_e5m2", "fp8": "fp8_e4m3"}
+        key = aliases.get(str(kv_dtype).lower(), str(kv_dtype).lower())
+        if key in KV_DTYPES:
+            return (key, *KV_DTYPES[key])
+    raise ValueError(f"kv_dtype={kv_dtype!r} is not supported; expected one of {list(KV_DTYPES)}")

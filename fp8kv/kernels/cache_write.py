@@ -1,0 +1,69 @@
+"""Fused cache write: quantize new K/V rows and scatter them into their pages (one program per token).
+
+The engines' ``reshape_and_cache_flash``: slot s = block * block_size + offset; slots < 0 are
+padding and skipped. Quantization matches ``fp8kv.quant`` bit for bit: y = x / scale in fp32,
+clamp to ±max, round to nearest even (software encoder, so it also runs on sm80 where Triton cannot
+cast to e4m3). Saturated elements (|y| >= max + half an ulp) are counted with one atomic add per program.
+"""
+
+import triton
+import triton.language as tl
+
+from .fp8_codec import fp32_to_fp8_bits
+
+from .paged_decode import SCALE_CHANNEL, SCALE_TOKEN_HEAD
+
+
+@triton.jit
+def cache_write_kernel(
+    x_ptr,  # [N, Hkv, D] new K (or V) rows, any float dtype, last dim contiguous
+    slot_ptr,  # [N] int64 slots; < 0 means skip
+    pages_ptr,  # pages (uint8 codes for FP8 caches), layout given by strides
+    scale_ptr,  # fp32: [Hkv] (per head), [Hkv, D] (channel) or [blocks, block_size, Hkv] (token_head)
+    sat_ptr,  # [1] int32 saturation counter (atomic add)
+    stride_xn, stride_xh,
+    stride_pb, stride_pt, stride_ph,  # page strides: block, token-in-block, head
+    num_kv_heads,
+    HKV_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    SCALE_KIND: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    MANT: tl.constexpr,
+    BIAS: tl.constexpr,
+    FMAX: tl.constexpr,
+    OVERFLOW: tl.constexpr,  # FMAX + half an ulp: values at or above it saturate
+):
+    n = tl.program_id(0)
+    slot = tl.load(slot_ptr + n)
+    offs_h = tl.arange(0, HKV_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    valid = (tl.zeros([HKV_PAD], tl.int64) + slot) >= 0  # as a tensor: scalar-bool masks trip the interpreter
+    mask = (offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < HEAD_DIM) & valid[:, None]
+    x = tl.load(x_ptr + n * stride_xn + offs_h[:, None] * stride_xh + offs_d[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    slot_safe = tl.maximum(slot, 0)
+    blk = slot_safe // BLOCK_SIZE
+    off = slot_safe % BLOCK_SIZE
+    dst = pages_ptr + blk * stride_pb + off * stride_pt + offs_h[:, None] * stride_ph + offs_d[None, :]
+    if KV_FP8:
+        h_mask = (offs_h < num_kv_heads) & valid
+        if SCALE_KIND == SCALE_TOKEN_HEAD:
+            amax = tl.max(tl.abs(x), axis=1)
+            s = amax / FMAX
+            s = tl.where(s > 0, s, 1.0)
+            tl.store(scale_ptr + (blk * BLOCK_SIZE + off) * num_kv_heads + offs_h, s, mask=h_mask)
+            y = x / s[:, None]
+        elif SCALE_KIND == SCALE_CHANNEL:
+            s = tl.load(scale_ptr + offs_h[:, None] * HEAD_DIM + offs_d[None, :],
+                        mask=(offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < HEAD_DIM), other=1.0)
+            y = x / s
+        else:
+            s = tl.load(scale_ptr + offs_h, mask=offs_h < num_kv_heads, other=1.0)
+            y = x / s[:, None]
+        n_sat = tl.sum(tl.sum(((tl.abs(y) >= OVERFLOW) & mask).to(tl.int32), axis=1), axis=0)
+        tl.atomic_add(sat_ptr, n_sat)
+        tl.store(dst, fp32_to_fp8_bits(y, MANT, BIAS, FMAX), mask=mask)
+    else:
+        tl.store(dst, x.to(pages_ptr.dtype.element_ty), mask=mask)

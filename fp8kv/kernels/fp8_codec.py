@@ -1,0 +1,50 @@
+"""FP8 <-> float conversions in integer arithmetic, for Triton kernels.
+
+Why software: Triton has no e4m3 type before sm89 (the cache must then be read as uint8), and its
+float→fp8 casts differ between the interpreter and the GPU. These helpers are exact, identical on
+every target, and bit-for-bit equal to torch's round-to-nearest-even cast of clamped values
+(tests/test_kernels.py checks every code and a dense sweep of inputs).
+
+Format parameters (constexpr): ``MANT`` mantissa bits, ``BIAS`` exponent bias.
+e4m3fn: MANT=3, BIAS=7.  e5m2: MANT=2, BIAS=15.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def fp8_bits_to_fp16(code, MANT: tl.constexpr, BIAS: tl.constexpr):
+    """uint8 FP8 codes -> float16 values (exact for every finite code; e4m3fn/e5m2 fit in fp16).
+
+    Move sign, exponent and mantissa into fp16's fields (the fp8 exponent lands unbiased-by-15),
+    then multiply by 2^(15 - BIAS) to rebias. fp16 keeps subnormals, so fp8 subnormals come out exact.
+    """
+    c = code.to(tl.uint16)
+    bits = ((c & 0x80) << 8) | ((c & 0x7F) << (10 - MANT))
+    x = bits.to(tl.float16, bitcast=True)
+    if BIAS != 15:
+        x = x * (2.0 ** (15 - BIAS))
+    return x
+
+
+@triton.jit
+def fp32_to_fp8_bits(y, MANT: tl.constexpr, BIAS: tl.constexpr, FMAX: tl.constexpr):
+    """fp32 values -> uint8 FP8 codes: clamp to ±FMAX, then round to nearest even.
+
+    Normal results: round the fp32 mantissa to MANT bits with the carry running into the
+    exponent (add 0x7FF.. plus the lowest kept bit, shift), then rebias. Subnormal results: adding
+    2^(24 - BIAS - MANT) makes the fp32 adder round ``a`` to a multiple of the fp8 subnormal step.
+    """
+    a = tl.minimum(tl.abs(y), FMAX)
+    sign = (y.to(tl.uint32, bitcast=True) >> 31) << 7  # from the bits, so -0.0 keeps its sign
+    bits = a.to(tl.uint32, bitcast=True)
+    SHIFT: tl.constexpr = 23 - MANT
+    rounded = bits + ((1 << (SHIFT - 1)) - 1) + ((bits >> SHIFT) & 1)
+    normal = (rounded >> SHIFT) - ((127 - BIAS) << MANT)
+    MAGIC: tl.constexpr = 2.0 ** (24 - BIAS - MANT)
+    STEP_INV: tl.constexpr = 2.0 ** (BIAS + MANT - 1)
+    sub = ((a + MAGIC) - MAGIC) * STEP_INV  # exact small integer, 0 .. 2^MANT
+    MIN_NORMAL: tl.constexpr = 2.0 ** (1 - BIAS)
+    code = tl.where(a < MIN_NORMAL, sub.to(tl.uint32), normal)
+    return (code | sign).to(tl.uint8)

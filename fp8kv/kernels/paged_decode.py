@@ -1,0 +1,227 @@
+"""Paged decode attention over FP8 (or 16-bit) KV pages: split-KV with a reduction step.
+
+One program handles one (sequence, KV head, split): the GROUP query heads that share the KV head
+are processed together, so each K/V byte is loaded once. It streams the split's tokens in tiles of
+BLOCK_N through the block table (a tile may span several pages: tile size and page size are
+independent), keeps an online softmax in fp32 (exp2 domain), and writes either the final output
+(NUM_SPLITS == 1) or a normalised partial output plus its log2-sum-exp for ``combine_splits_kernel``.
+
+Modes (see fp8kv/ops.py for the host side):
+
+* dequant: FP8 codes are turned into the query's 16-bit type in registers, 16-bit ``tl.dot``.
+  SOFTWARE_DECODE does it with integer ops (sm80/86, where Triton has no e4m3); otherwise the
+  hardware conversion is used.
+* fp8: the query arrives already quantized to e4m3 with a per-(sequence, head) scale (``q_scale``);
+  QKᵀ is an FP8 x FP8 dot. Probabilities p ∈ [0, 1] are multiplied by P_SCALE (= 448, the e4m3
+  max), rounded to e4m3 and multiplied with the FP8 V tile; the epilogue divides P_SCALE back out.
+
+Scales (stored = Q(x / scale)): a per-KV-head K scale multiplies the scores, a per-KV-head V scale
+the output; per-channel K scales are folded into the query by the launcher and per-channel V
+scales multiply the output here; per-token-head scales multiply score columns (K) and
+probabilities (V) inside the loop.
+"""
+
+import triton
+import triton.language as tl
+
+from .fp8_codec import fp8_bits_to_fp16, fp32_to_fp8_bits
+
+LN2 = tl.constexpr(0.6931471805599453)
+
+# SCALE_KIND values (constexpr globals: the only globals a Triton kernel may read)
+SCALE_PER_HEAD = tl.constexpr(0)  # tensor and head granularity: one scalar per KV head ([Hkv] fp32)
+SCALE_CHANNEL = tl.constexpr(1)  # [Hkv, D]: K folded into q on the host, V applied in the epilogue
+SCALE_TOKEN_HEAD = tl.constexpr(2)  # [num_blocks, block_size, Hkv]: per token, inside the loop
+
+
+@triton.jit
+def _kv_tile_to_compute(codes, COMPUTE: tl.constexpr, KV_FP8: tl.constexpr, SOFTWARE_DECODE: tl.constexpr,
+                        MANT: tl.constexpr, BIAS: tl.constexpr):
+    """A loaded K/V tile -> the dot's 16-bit type (FP8 tiles arrive as uint8 codes)."""
+    if KV_FP8:
+        if SOFTWARE_DECODE:
+            x = fp8_bits_to_fp16(codes, MANT, BIAS)
+        elif MANT == 3:
+            x = codes.to(tl.float8e4nv, bitcast=True)
+        else:
+            x = codes.to(tl.float8e5, bitcast=True)
+        return x.to(COMPUTE)
+    return codes.to(COMPUTE)
+
+
+@triton.jit
+def paged_decode_kernel(
+    q_ptr,  # [B, Hq, D]: 16-bit query (dequant) or uint8 e4m3 codes of the quantized query (fp8)
+    q_scale_ptr,  # [B, Hq] fp32: the fp8-mode query scale (unused in dequant mode)
+    k_pages_ptr,  # K pages; uint8 codes for FP8 caches, 16-bit otherwise; layout given by strides
+    v_pages_ptr,  # V pages, same layout as K
+    k_scale_ptr,  # fp32 K scales: [Hkv] (per head) or [blocks, block_size, Hkv] (token_head)
+    v_scale_ptr,  # fp32 V scales: [Hkv], [Hkv, D] (channel) or [blocks, block_size, Hkv]
+    block_table_ptr,  # [B, max_blocks] int32
+    seq_lens_ptr,  # [B] int32
+    out_ptr,  # [B, Hq, D] (NUM_SPLITS == 1) or fp32 partials [B, Hq, NUM_SPLITS, D]
+    lse_ptr,  # [B, Hq] fp32 natural-log LSE, or fp32 partials [B, Hq, NUM_SPLITS] in log2 units
+    sm_scale_log2,  # softmax scale x log2(e): scores live in the exp2 domain
+    tokens_per_split,  # tokens each split covers (a multiple of BLOCK_N)
+    num_kv_heads,  # Hkv (for token_head scale indexing)
+    stride_qb, stride_qh,  # query strides (elements); the last dim is contiguous
+    stride_kb, stride_kt, stride_kh,  # page strides: block, token-in-block, head (NHD or HND)
+    stride_btb,  # block-table row stride
+    stride_ob, stride_oh, stride_os,  # output strides: batch, head, split
+    stride_lb, stride_lh,  # LSE strides: batch, head (split stride is 1)
+    GROUP: tl.constexpr,  # query heads per KV head (Hq // Hkv)
+    GROUP_PAD: tl.constexpr,  # GROUP padded to >= 16 (tl.dot's minimum M)
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,  # HEAD_DIM padded to a power of two
+    BLOCK_SIZE: tl.constexpr,  # tokens per page
+    BLOCK_N: tl.constexpr,  # tokens per tile
+    NUM_SPLITS: tl.constexpr,
+    SCALE_KIND: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    SOFTWARE_DECODE: tl.constexpr,
+    MANT: tl.constexpr,  # FP8 KV format: mantissa bits (3 = e4m3, 2 = e5m2)
+    BIAS: tl.constexpr,  # FP8 KV format: exponent bias
+    FP8_MODE: tl.constexpr,
+    COMPUTE: tl.constexpr,  # 16-bit dot type in dequant mode (the query's dtype)
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    start = split * tokens_per_split
+    end = tl.minimum(seq_len, start + tokens_per_split)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    g_mask = offs_g < GROUP
+    heads = kvh * GROUP + offs_g
+
+    q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    qd_mask = g_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+    if FP8_MODE:
+        q = tl.load(q_ptrs, mask=qd_mask, other=0).to(tl.float8e4nv, bitcast=True)
+        row_scale = tl.load(q_scale_ptr + b * GROUP * num_kv_heads + heads, mask=g_mask, other=0.0)
+        row_scale = row_scale * sm_scale_log2
+    else:
+        q = tl.load(q_ptrs, mask=qd_mask, other=0.0).to(COMPUTE)
+        row_scale = tl.full([GROUP_PAD], 1.0, tl.float32) * sm_scale_log2
+    if SCALE_KIND != SCALE_TOKEN_HEAD:
+        row_scale = row_scale * tl.load(k_scale_ptr + kvh)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+    bt_row = block_table_ptr + b * stride_btb
+    kv_head_off = kvh * stride_kh
+
+    for n0 in range(start, end, BLOCK_N):
+        t = n0 + offs_n
+        t_mask = t < end
+        page = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        in_page = t % BLOCK_SIZE
+        row_off = page * stride_kb + in_page * stride_kt + kv_head_off
+        if D_PAD == HEAD_DIM:
+            kv_mask = t_mask[:, None]
+        else:
+            kv_mask = t_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+        kv_off = row_off[:, None] + offs_d[None, :]
+        k = tl.load(k_pages_ptr + kv_off, mask=kv_mask, other=0)
+        v = tl.load(v_pages_ptr + kv_off, mask=kv_mask, other=0)
+
+        if FP8_MODE:
+            if MANT == 3:
+                k8 = k.to(tl.float8e4nv, bitcast=True)
+            else:
+                k8 = k.to(tl.float8e5, bitcast=True)
+            s = tl.dot(q, tl.trans(k8))
+        else:
+            s = tl.dot(q, tl.trans(_kv_tile_to_compute(k, COMPUTE, KV_FP8, SOFTWARE_DECODE, MANT, BIAS)))
+        s = s * row_scale[:, None]
+        if SCALE_KIND == SCALE_TOKEN_HEAD:
+            sc_off = (page * BLOCK_SIZE + in_page) * num_kv_heads + kvh
+            s = s * tl.load(k_scale_ptr + sc_off, mask=t_mask, other=0.0)[None, :]
+        s = tl.where(t_mask[None, :], s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        m_i = m_new
+        if SCALE_KIND == SCALE_TOKEN_HEAD:
+            # Scale p by s_v / max(s_v) so the 16-bit p stays in range (e5m2 scales are ~1e-4 and
+            # would land in fp16 subnormals), and apply the tile's max(s_v) to the dot's fp32 result.
+            vs_tok = tl.load(v_scale_ptr + sc_off, mask=t_mask, other=0.0)
+            vs_max = tl.max(vs_tok, axis=0)
+            p = p * (vs_tok / vs_max)[None, :]
+        else:
+            vs_max = 1.0
+
+        if FP8_MODE:
+            p8 = fp32_to_fp8_bits(p * 448.0, 3, 7, 448.0).to(tl.float8e4nv, bitcast=True)
+            if MANT == 3:
+                v8 = v.to(tl.float8e4nv, bitcast=True)
+            else:
+                v8 = v.to(tl.float8e5, bitcast=True)
+            acc += tl.dot(p8, v8)
+        else:
+            vc = _kv_tile_to_compute(v, COMPUTE, KV_FP8, SOFTWARE_DECODE, MANT, BIAS)
+            acc += tl.dot(p.to(COMPUTE), vc) * vs_max
+
+    # Epilogue: normalise, apply the V scale (and undo P_SCALE in fp8 mode).
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    if FP8_MODE:
+        out = out * (1.0 / 448.0)
+    if SCALE_KIND == SCALE_PER_HEAD:
+        out = out * tl.load(v_scale_ptr + kvh)
+    elif SCALE_KIND == SCALE_CHANNEL:
+        vs = tl.load(v_scale_ptr + kvh * HEAD_DIM + offs_d, mask=offs_d < HEAD_DIM, other=0.0)
+        out = out * vs[None, :]
+    lse2 = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))
+
+    o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=qd_mask)
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh, lse2 * LN2, mask=g_mask)
+    else:
+        tl.store(o_ptrs + split * stride_os, out, mask=qd_mask)
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse2, mask=g_mask)
+
+
+@triton.jit
+def combine_splits_kernel(
+    part_out_ptr,  # [B, Hq, NUM_SPLITS, D] fp32 normalised partial outputs
+    part_lse_ptr,  # [B, Hq, NUM_SPLITS] fp32 partial log2-sum-exp (-inf for empty splits)
+    out_ptr,  # [B, Hq, D] output (query dtype or fp32)
+    lse_ptr,  # [B, Hq] fp32 natural-log LSE
+    stride_pb, stride_ph, stride_ps,
+    stride_ob, stride_oh,
+    stride_lb, stride_lh,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    """out = Σ_s w_s out_s / Σ_s w_s with w_s = 2^(lse_s - max lse): the flash-decoding reduction."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    s_mask = offs_s < NUM_SPLITS
+    lse = tl.load(part_lse_ptr + b * (stride_pb // HEAD_DIM) + h * (stride_ph // HEAD_DIM) + offs_s,
+                  mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse - m_safe)
+    den = tl.sum(w, axis=0)
+    parts = tl.load(part_out_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+                    mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    den_safe = tl.where(den > 0, den, 1.0)
+    out = tl.sum(parts * w[:, None], axis=0) / den_safe
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
+    lse_out = tl.where(den > 0, (m_safe + tl.math.log2(den_safe)) * LN2, float("-inf"))
+    tl.store(lse_ptr + b * stride_lb + h * stride_lh, lse_out)

@@ -1,0 +1,245 @@
+"""Host launchers for the Triton kernels: validation, scale preparation, allocation, grid, dispatch.
+
+Everything a timed call does is device work (no ``.item()``, no host sync), so :func:`paged_decode`
+and :func:`write_cache` can be captured in a CUDA graph. Validation that needs the host happens
+when the :class:`~fp8kv.cache.PagedKVCache` is built.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .cache import PagedKVCache
+from .capability import UnsupportedError, check, current_arch
+from .kernels.cache_write import cache_write_kernel
+from .kernels.paged_decode import (
+    SCALE_CHANNEL,
+    SCALE_PER_HEAD,
+    SCALE_TOKEN_HEAD,
+    combine_splits_kernel,
+    paged_decode_kernel,
+)
+from .reference import check_decode_inputs
+
+__all__ = ["paged_decode", "write_cache", "choose_num_splits", "DecodeConfig", "default_config"]
+
+_SCALE_KIND = {"tensor": SCALE_PER_HEAD.value, "head": SCALE_PER_HEAD.value, "channel": SCALE_CHANNEL.value,
+               "token_head": SCALE_TOKEN_HEAD.value}
+_COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+P_SCALE = 448.0  # fp8 mode: probabilities are scaled onto e4m3's range before rounding
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+class DecodeConfig(dict):
+    """Launch parameters of the decode kernel: block_n, num_warps, num_stages, num_splits."""
+
+
+def default_config(mode: str, kv_fp8: bool, head_dim: int) -> DecodeConfig:
+    """Tile and launch defaults. BLOCK_N >= 32 (the FP8 dot's minimum K for P·V)."""
+    block_n = 64 if head_dim <= 128 else 32
+    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3 if not _interpreting() else 1)
+
+
+def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int,
+                      waves: float = 4.0, min_tiles_per_split: int = 4) -> int:
+    """Split-KV factor from the launch shape (flash-decoding).
+
+    Enough (sequence, KV head, split) programs to fill ``waves`` x ``num_sms`` slots, but never so
+    many that a split covers fewer than ``min_tiles_per_split`` tiles (the reduction and the
+    per-program prologue would then dominate). Batch 1 therefore still fills the GPU.
+    """
+    base = batch * kv_heads
+    want = math.ceil(waves * num_sms / base)
+    most = max(1, math.ceil(capacity / (block_n * min_tiles_per_split)))
+    return int(max(1, min(want, most)))
+
+
+def _prepare_scales(q, cache: PagedKVCache, mode: str):
+    """(q for the kernel, q_scale, k_scale, v_scale, scale kind) with per-channel K scales folded into q."""
+    hkv = cache.num_kv_heads
+    group = q.shape[1] // hkv
+    kind = _SCALE_KIND[cache.granularity] if cache.is_fp8 else SCALE_PER_HEAD.value
+    ks, vs = cache.k_scale, cache.v_scale
+    if kind == SCALE_PER_HEAD.value:
+        ks = ks.reshape(-1).expand(hkv).contiguous() if ks.numel() == 1 else ks
+        vs = vs.reshape(-1).expand(hkv).contiguous() if vs.numel() == 1 else vs
+    q_work = q
+    if kind == SCALE_CHANNEL.value:
+        # Exact algebra: q · (s ⊙ k̂) = (q ⊙ s) · k̂; the product is then rounded to the dot's type.
+        q_work = q.to(torch.float32) * ks.repeat_interleave(group, dim=0)
+        ks = torch.ones(hkv, dtype=torch.float32, device=q.device)
+    if mode == "fp8":
+        qf = q_work.to(torch.float32)
+        q_scale = qf.abs().amax(dim=-1) / 448.0
+        q_scale = torch.where(q_scale > 0, q_scale, torch.ones_like(q_scale)).contiguous()
+        q_kernel = (qf / q_scale.unsqueeze(-1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    else:
+        q_kernel = q_work.to(q.dtype) if q_work is not q else q
+        q_scale = ks  # unused in dequant mode; any fp32 pointer
+    return q_kernel.contiguous(), q_scale, ks.contiguous(), vs.contiguous(), kind
+
+
+def _page_strides(cache: PagedKVCache):
+    s = cache.k_pages.stride()
+    return (s[0], s[1], s[2]) if cache.layout == "NHD" else (s[0], s[2], s[1])
+
+
+def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scale: float | None = None,
+                 num_splits: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+                 num_stages: int | None = None, software_decode: bool | None = None,
+                 out_dtype: torch.dtype | None = None):
+    """Triton paged decode attention.
+
+    Parameters
+    ----------
+    q : ``[B, Hq, D]`` bfloat16 / float16 (last dim contiguous), one query token per sequence.
+    cache : :class:`~fp8kv.cache.PagedKVCache` (bf16 / fp16 / fp8_e4m3 / fp8_e5m2; NHD or HND).
+    mode : ``"dequant"`` (FP8 → q's 16-bit type in registers) or ``"fp8"`` (FP8 query and probabilities,
+        FP8 tensor cores; sm89+, tensor / head / channel scales).
+    num_splits, block_n, num_warps, num_stages : launch overrides (defaults from the shape).
+    software_decode : decode FP8 codes with integer ops (default: only where the GPU lacks FP8
+        conversions, i.e. before sm89).
+    out_dtype : output dtype (default q's).
+
+    Returns
+    -------
+    out ``[B, Hq, D]`` (out_dtype) and lse ``[B, Hq]`` fp32 (natural log). A sequence of length 0
+    gives out = 0 and lse = -inf.
+    """
+    check_decode_inputs(q, cache)
+    if q.dtype not in _COMPUTE:
+        raise TypeError(f"q must be bfloat16 or float16 for the Triton kernel, got {q.dtype}")
+    if q.stride(-1) != 1:
+        raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
+    if mode not in ("dequant", "fp8"):
+        raise ValueError(f"mode={mode!r}; expected 'dequant' or 'fp8'")
+    if q.device.type != "cuda" and not _interpreting():
+        raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
+    arch = current_arch() if q.device.type == "cuda" else None
+    ok, why = check("triton", cache.kv_dtype, mode, arch or "sm90", cache.granularity, cache.head_dim)
+    if not ok:
+        raise UnsupportedError(f"triton backend, mode={mode}, kv_dtype={cache.kv_dtype}, "
+                               f"granularity={cache.granularity}: {why}")
+
+    b, hq, d = q.shape
+    hkv = cache.num_kv_heads
+    group = hq // hkv
+    cfg = default_config(mode, cache.is_fp8, d)
+    block_n = block_n or cfg["block_n"]
+    if mode == "fp8" and block_n < 32:
+        raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= 32 (FP8 dot minimum K)")
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n={block_n} must be a power of two >= 16")
+    capacity = cache.max_blocks_per_seq * cache.block_size
+    if num_splits is None:
+        num_splits = choose_num_splits(b, hkv, capacity, block_n, _num_sms(q.device))
+    tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
+    num_splits = max(1, triton.cdiv(capacity, tokens_per_split))
+    if software_decode is None:
+        software_decode = arch is not None and int(arch[2:]) < 89
+
+    q_kernel, q_scale, ks, vs, kind = _prepare_scales(q, cache, mode)
+    fmt = cache.fmt
+    k_pages = cache.k_pages.view(torch.uint8) if cache.is_fp8 else cache.k_pages
+    v_pages = cache.v_pages.view(torch.uint8) if cache.is_fp8 else cache.v_pages
+    out_dtype = out_dtype or q.dtype
+    out = torch.empty(b, hq, d, dtype=out_dtype, device=q.device)
+    lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
+    if num_splits == 1:
+        k_out, k_lse = out, lse
+        so = (out.stride(0), out.stride(1), 0)
+        sl = (lse.stride(0), lse.stride(1))
+    else:
+        k_out = torch.empty(b, hq, num_splits, d, dtype=torch.float32, device=q.device)
+        k_lse = torch.empty(b, hq, num_splits, dtype=torch.float32, device=q.device)
+        so = (k_out.stride(0), k_out.stride(1), k_out.stride(2))
+        sl = (k_lse.stride(0), k_lse.stride(1))
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    skb, skt, skh = _page_strides(cache)
+    grid = (b, hkv, num_splits)
+    paged_decode_kernel[grid](
+        q_kernel, q_scale, k_pages, v_pages, ks, vs, cache.block_table, cache.seq_lens, k_out, k_lse,
+        sm_scale * 1.4426950408889634, tokens_per_split, hkv,
+        q_kernel.stride(0), q_kernel.stride(1), skb, skt, skh, cache.block_table.stride(0),
+        *so, *sl,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d,
+        D_PAD=triton.next_power_of_2(d), BLOCK_SIZE=cache.block_size, BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, SCALE_KIND=kind, KV_FP8=cache.is_fp8, SOFTWARE_DECODE=bool(software_decode),
+        MANT=fmt.mantissa_bits if fmt else 0, BIAS=fmt.bias if fmt else 0, FP8_MODE=(mode == "fp8"),
+        COMPUTE=_COMPUTE[q.dtype], num_warps=num_warps or cfg["num_warps"],
+        num_stages=num_stages or cfg["num_stages"],
+    )
+    if num_splits > 1:
+        combine_splits_kernel[(b, hq)](
+            k_out, k_lse, out, lse, k_out.stride(0), k_out.stride(1), k_out.stride(2),
+            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+            HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), NUM_SPLITS=num_splits,
+            SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+        )
+    return out, lse
+
+
+def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, slot_mapping: torch.Tensor,
+                *, count_saturated: bool = True) -> torch.Tensor:
+    """Fused quantize + scatter of ``k_new``/``v_new`` ``[N, Hkv, D]`` into the cache's pages.
+
+    The Triton twin of :meth:`PagedKVCache.write` (bit-identical pages and scales). ``slot_mapping``:
+    ``[N]`` int32/int64 slots, < 0 skipped. Returns the saturation count as a device int32 tensor
+    ``[1]`` (no host sync); with ``count_saturated`` it is also added to ``cache.saturated`` (a sync).
+    Values are trusted to be finite here (the torch path checks); non-finite inputs saturate.
+    """
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 3 or tuple(t.shape[1:]) != (cache.num_kv_heads, cache.head_dim):
+            raise ValueError(f"{name} must be [N, {cache.num_kv_heads}, {cache.head_dim}]; got {tuple(t.shape)}")
+        if t.device != cache.device:
+            raise ValueError(f"{name} is on {t.device} but the cache is on {cache.device}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension; call .contiguous()")
+    if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise TypeError("slot_mapping must be an int32 or int64 tensor [N]")
+    if slot_mapping.shape != (k_new.shape[0],) or v_new.shape != k_new.shape:
+        raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)}, k_new {tuple(k_new.shape)} and v_new "
+                         f"{tuple(v_new.shape)} must agree on N")
+    if slot_mapping.device != cache.device:
+        raise ValueError(f"slot_mapping is on {slot_mapping.device} but the cache is on {cache.device}")
+    if cache.device.type != "cuda" and not _interpreting():
+        raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
+    slots = slot_mapping.to(torch.int64).contiguous()
+    sat = torch.zeros(1, dtype=torch.int32, device=cache.device)
+    n = k_new.shape[0]
+    if n == 0:
+        return sat
+    fmt = cache.fmt
+    kind = _SCALE_KIND[cache.granularity] if cache.is_fp8 else SCALE_PER_HEAD.value
+    skb, skt, skh = _page_strides(cache)
+    hkv = cache.num_kv_heads
+    for x, pages, scale in ((k_new, cache.k_pages, cache.k_scale), (v_new, cache.v_pages, cache.v_scale)):
+        if kind == SCALE_PER_HEAD.value:
+            scale = scale.reshape(-1).expand(hkv).contiguous() if scale.numel() == 1 else scale
+        cache_write_kernel[(n,)](
+            x, slots, pages.view(torch.uint8) if cache.is_fp8 else pages, scale, sat,
+            x.stride(0), x.stride(1), skb, skt, skh, hkv,
+            HKV_PAD=triton.next_power_of_2(hkv), HEAD_DIM=cache.head_dim,
+            D_PAD=triton.next_power_of_2(cache.head_dim), BLOCK_SIZE=cache.block_size, SCALE_KIND=kind,
+            KV_FP8=cache.is_fp8, MANT=fmt.mantissa_bits if fmt else 0, BIAS=fmt.bias if fmt else 0,
+            FMAX=fmt.max if fmt else 0.0, OVERFLOW=fmt.overflow_threshold if fmt else 0.0,
+        )
+    if count_saturated:
+        cache.saturated += int(sat.item())
+    return sat

@@ -1,0 +1,256 @@
+"""The FP8 quantizer.
+
+Scale convention (the one used everywhere in fp8kv)::
+
+    stored      = Q(x / scale)          # Q: clamp to ±fmt.max, then round-to-nearest-even cast
+    dequantized = stored * scale
+
+Tensors are laid out ``[..., H, D]``: the last two dims are (KV heads, head_dim), every leading
+dim indexes tokens. The granularity says which elements share one scale:
+
+============ ============================ ==================================================
+granularity  scale shape                  who uses it
+============ ============================ ==================================================
+tensor       ``[]``                       vLLM / SGLang / TRT-LLM default (one per K, one per V)
+head         ``[H]``                      per-KV-head checkpoints
+token_head   ``x.shape[:-1]`` = [..., H]  dynamic per-token quantization
+channel      ``[H, D]``                   KIVI-style keys (outlier channels)
+============ ============================ ==================================================
+
+Saturation: values whose scaled magnitude exceeds ``fmt.max`` are clamped to ±max and counted in
+``Quantized.saturated``; a bare ``.to(float8)`` is never used, because torch versions disagree on
+overflow (e5m2 overflows to inf, e4m3fn to NaN). Non-zero values that round to zero are counted
+in ``Quantized.underflow``. The caller's tensor is never modified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .formats import FP8Format, format
+
+__all__ = ["Quantized", "quantize", "compute_scale", "cast_saturating", "relative_error",
+           "GRANULARITIES", "SCALE_METHODS", "scale_shape"]
+
+GRANULARITIES = ("tensor", "head", "token_head", "channel")
+# Named ways to derive the scale from the data. vllm_k / vllm_v are vLLM's one-shot
+# heuristics (calculate_kv_scales: k_scale = amax(|k|) / 200, v_scale = amax(|v|) / 100).
+SCALE_METHODS = ("amax", "percentile", "vllm_k", "vllm_v")
+_VLLM_DIVISORS = {"vllm_k": 200.0, "vllm_v": 100.0}
+SCALE_BYTES = 4  # scales are fp32
+
+
+def scale_shape(shape: torch.Size | tuple, granularity: str) -> tuple:
+    """Shape of the scale tensor for data of ``shape`` ([..., H, D]) at ``granularity``."""
+    _check_granularity(granularity)
+    if len(shape) < 2:
+        raise ValueError(f"x must have at least 2 dims [..., heads, head_dim]; got shape {tuple(shape)}")
+    return {
+        "tensor": (),
+        "head": (shape[-2],),
+        "token_head": tuple(shape[:-1]),
+        "channel": tuple(shape[-2:]),
+    }[granularity]
+
+
+def _check_granularity(granularity):
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r} is not supported; expected one of {GRANULARITIES}")
+
+
+def _reduce_dims(ndim: int, granularity: str) -> tuple[int, ...]:
+    """Dims that are reduced over to compute one scale (the dims that share it)."""
+    return {
+        "tensor": tuple(range(ndim)),
+        "head": tuple(range(ndim - 2)) + (ndim - 1,),
+        "token_head": (ndim - 1,),
+        "channel": tuple(range(ndim - 2)),
+    }[granularity]
+
+
+def _group_stat(a: torch.Tensor, granularity: str, percentile: float | None) -> torch.Tensor:
+    """amax (or the given percentile) of |a| over each scale group, shaped like the scale."""
+    dims = _reduce_dims(a.ndim, granularity)
+    if percentile is None:
+        if not dims:
+            return a
+        return a.amax(dim=dims) if a.numel() else a.new_zeros(scale_shape(a.shape, granularity))
+    # Move the kept dims first, flatten the reduced ones, then take the k-th value.
+    keep = [d for d in range(a.ndim) if d not in dims]
+    flat = a.permute(*keep, *dims).reshape(*[a.shape[d] for d in keep], -1)
+    n = flat.shape[-1]
+    k = max(1, min(n, int(round(percentile / 100.0 * n))))
+    return flat.kthvalue(k, dim=-1).values
+
+
+def compute_scale(x: torch.Tensor, fmt="e4m3", granularity="tensor", method="amax",
+                  percentile: float = 99.9) -> torch.Tensor:
+    """Scale that maps each group's statistic onto the FP8 range (fp32, shaped per granularity).
+
+    ``amax``: amax / fmt.max (no element saturates). ``percentile``: the p-th percentile of |x|
+    maps to fmt.max (the largest values saturate). ``vllm_k`` / ``vllm_v``: amax / 200 and
+    amax / 100, independent of the format. A group that is all zeros gets scale 1.
+    """
+    f = format(fmt)
+    _check_granularity(granularity)
+    if method not in SCALE_METHODS:
+        raise ValueError(f"scale={method!r} is not a known scale method; expected one of {SCALE_METHODS}, "
+                         "a float or a tensor")
+    if method == "percentile" and not (0.0 < percentile <= 100.0):
+        raise ValueError(f"percentile={percentile} must be in (0, 100]")
+    a = x.detach().abs().to(torch.float32)
+    stat = _group_stat(a, granularity, percentile if method == "percentile" else None)
+    divisor = _VLLM_DIVISORS.get(method, f.max)
+    scale = stat / divisor
+    return torch.where(scale > 0, scale, torch.ones_like(scale)).contiguous()
+
+
+def cast_saturating(y: torch.Tensor, fmt: FP8Format) -> tuple[torch.Tensor, int]:
+    """Clamp fp32 ``y`` to ±fmt.max and cast (round-to-nearest-even). Returns (fp8, n_saturated).
+
+    Saturated counts the elements that an unclamped cast would have rounded past ±max
+    (|y| >= max + half an ulp); values just above max that round down to it are not counted.
+    """
+    saturated = int((y.abs() >= fmt.overflow_threshold).sum())
+    return y.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype), saturated
+
+
+@dataclass
+class Quantized:
+    """FP8 data plus its scale. ``dequantize()`` gives back ``data * scale``.
+
+    Attributes: ``data`` fp8 tensor (x's shape), ``scale`` fp32 (see the module table), ``fmt``,
+    ``granularity``, ``saturated`` (elements clamped to ±max), ``underflow`` (non-zero inputs that
+    became zero), ``nonfinite`` (NaN/Inf inputs replaced, only with ``nonfinite="saturate"``).
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    fmt: FP8Format
+    granularity: str
+    saturated: int = 0
+    underflow: int = 0
+    nonfinite: int = 0
+
+    @property
+    def numel(self) -> int:
+        return self.data.numel()
+
+    def scale_broadcast(self) -> torch.Tensor:
+        """The scale viewed so that it broadcasts against ``data``."""
+        return broadcast_scale(self.scale, self.data.ndim, self.granularity)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.data.to(torch.float32) * self.scale_broadcast()).to(dtype)
+
+    @property
+    def scale_nbytes(self) -> int:
+        """Bytes of scale metadata (fp32)."""
+        return self.scale.numel() * SCALE_BYTES
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of data plus scales."""
+        return self.data.numel() * self.data.element_size() + self.scale_nbytes
+
+    @property
+    def saturated_fraction(self) -> float:
+        return self.saturated / max(1, self.numel)
+
+    @property
+    def underflow_fraction(self) -> float:
+        return self.underflow / max(1, self.numel)
+
+
+def broadcast_scale(scale: torch.Tensor, ndim: int, granularity: str) -> torch.Tensor:
+    """View a granularity-shaped scale so it broadcasts against ``[..., H, D]`` data of ``ndim`` dims."""
+    if granularity == "tensor":
+        return scale.reshape(())
+    if granularity == "head":
+        return scale.reshape(scale.shape[0], 1)
+    if granularity == "token_head":
+        return scale.unsqueeze(-1)
+    return scale  # channel: [H, D] broadcasts as is
+
+
+def _check_finite(x: torch.Tensor, name: str) -> None:
+    bad = ~torch.isfinite(x)
+    n = int(bad.sum())
+    if n:
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name} has {n} non-finite value(s) (NaN/Inf); the first is at index {first} "
+                         f"(value {x[first].item()}). Clean the input, or pass nonfinite='saturate' to "
+                         "map ±Inf to ±max and NaN to 0.")
+
+
+def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=None, *,
+             percentile: float = 99.9, nonfinite: str = "raise") -> Quantized:
+    """Quantize ``x`` (``[..., H, D]``, any float dtype) to FP8.
+
+    Parameters
+    ----------
+    x : tensor ``[..., H, D]``; float16 / bfloat16 / float32. Never modified.
+    fmt : ``"e4m3"`` (OCP e4m3fn, max 448), ``"e5m2"`` (max 57344), ``"e4m3fnuz"``, ``"e5m2fnuz"``.
+    granularity : ``"tensor"``, ``"head"``, ``"token_head"`` or ``"channel"`` (see module docstring).
+    scale : None or ``"amax"`` (from the data), ``"percentile"`` (with ``percentile``), ``"vllm_k"``
+        (amax/200), ``"vllm_v"`` (amax/100), a positive float (e.g. 1.0, the engines' fallback), or
+        a positive fp32 tensor of the granularity's shape (or broadcastable to it).
+    nonfinite : ``"raise"`` (default: NaN/Inf is a ValueError naming the count and first index) or
+        ``"saturate"`` (±Inf → ±max, NaN → 0, counted in ``Quantized.nonfinite``).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point() or x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2,
+                                                torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
+        raise TypeError(f"x must be float16/bfloat16/float32, got {x.dtype}")
+    f = format(fmt)
+    shape = scale_shape(x.shape, granularity)
+    if nonfinite not in ("raise", "saturate"):
+        raise ValueError(f"nonfinite={nonfinite!r}; expected 'raise' or 'saturate'")
+    xf = x.detach().to(torch.float32)  # a copy when x is not fp32; never written in place below
+    n_nonfinite = 0
+    x_stat = xf  # what data-derived scales are computed from
+    if nonfinite == "raise":
+        _check_finite(xf, "x")
+    else:
+        bad = ~torch.isfinite(xf)
+        n_nonfinite = int(bad.sum())
+        if n_nonfinite:
+            # Scales come from the finite values only: an Inf in the amax would crush every finite
+            # value to zero. ±Inf stays ±Inf here and saturates to ±max below; NaN becomes 0.
+            x_stat = torch.where(bad, torch.zeros_like(xf), xf)
+            xf = torch.where(torch.isnan(xf), torch.zeros_like(xf), xf)
+
+    if scale is None:
+        scale = "amax"
+    if isinstance(scale, str):
+        s = compute_scale(x_stat, f, granularity, scale, percentile)
+    else:
+        s = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+        if not torch.isfinite(s).all() or (s <= 0).any():
+            raise ValueError(f"scale must be positive and finite; got {s if s.numel() < 8 else 'a tensor'} "
+                             "with non-positive or non-finite entries")
+        try:
+            s = torch.broadcast_to(s, shape).contiguous()
+        except RuntimeError:
+            raise ValueError(f"scale of shape {tuple(s.shape)} does not fit granularity {granularity!r}: "
+                             f"expected shape {shape} (or broadcastable to it)") from None
+
+    y = xf / broadcast_scale(s, x.ndim, granularity)
+    if n_nonfinite:  # ±Inf / scale is ±Inf: make it ±fp32 max so the clamp saturates (and counts) it
+        y = torch.nan_to_num(y, nan=0.0)
+    data, saturated = cast_saturating(y, f)
+    underflow = int(((data.to(torch.float32) == 0) & (xf != 0)).sum())
+    return Quantized(data, s, f, granularity, saturated, underflow, n_nonfinite)
+
+
+def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||a - ref|| / ||ref||`` in fp64 (Frobenius norms); 0 when both are zero."""
+    a64, r64 = a.detach().to(torch.float64), ref.detach().to(torch.float64)
+    den = r64.norm()
+    num = (a64 - r64).norm()
+    if den == 0:
+        return float(num)
+    return float(num / den)

@@ -1,0 +1,85 @@
+"""The fp32 oracle: paged decode attention computed plainly from the dequantized cache.
+
+Every backend (Triton, FlashInfer) is checked against :func:`decode`. It favours being obviously
+right over being fast: one sequence at a time, fp32 throughout.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .cache import PagedKVCache
+
+__all__ = ["decode", "attention", "check_decode_inputs"]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float):
+    """One query token against one sequence, GQA by head groups, in fp32.
+
+    q: ``[Hq, D]``; k, v: ``[L, Hkv, D]`` with Hq a multiple of Hkv (query head h reads KV head
+    ``h // (Hq // Hkv)``). Returns out ``[Hq, D]`` and the natural-log LSE of the scaled scores ``[Hq]``.
+    """
+    hq, hkv = q.shape[0], k.shape[1]
+    group = hq // hkv
+    qf = q.to(torch.float32).reshape(hkv, group, -1)  # [Hkv, G, D]
+    kf = k.to(torch.float32).transpose(0, 1)  # [Hkv, L, D]
+    vf = v.to(torch.float32).transpose(0, 1)
+    s = torch.einsum("hgd,hld->hgl", qf, kf) * sm_scale
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    out = torch.einsum("hgl,hld->hgd", p, vf)
+    return out.reshape(hq, -1), lse.reshape(hq)
+
+
+def check_decode_inputs(q: torch.Tensor, cache: PagedKVCache) -> None:
+    """Validate a decode query against a cache (shared by every backend's launcher)."""
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor [B, Hq, D], got {type(q).__name__}")
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}")
+    if q.ndim != 3:
+        raise ValueError(f"q must be [B, Hq, D] (one query token per sequence); got shape {tuple(q.shape)}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"q must be float16/bfloat16/float32, got {q.dtype}")
+    b, hq, d = q.shape
+    if b != cache.batch_size:
+        raise ValueError(f"q has batch {b} but the cache holds {cache.batch_size} sequences")
+    if d != cache.head_dim:
+        raise ValueError(f"q has head_dim {d} but the cache has head_dim {cache.head_dim}")
+    if hq % cache.num_kv_heads:
+        raise ValueError(f"q has {hq} heads, not a multiple of the cache's {cache.num_kv_heads} KV heads "
+                         "(GQA needs Hq = group x Hkv)")
+    if q.device != cache.device:
+        raise ValueError(f"q is on {q.device} but the cache is on {cache.device}")
+
+
+def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None):
+    """fp32 paged decode attention over the dequantized cache.
+
+    Parameters
+    ----------
+    q : ``[B, Hq, D]`` float16 / bfloat16 / float32, one query token per sequence.
+    cache : a :class:`~fp8kv.cache.PagedKVCache` with every ``seq_lens[i] >= 1``.
+    sm_scale : softmax scale; default ``1 / sqrt(D)``.
+
+    Returns
+    -------
+    out : ``[B, Hq, D]`` float32.
+    lse : ``[B, Hq]`` float32, natural-log log-sum-exp of the scaled scores.
+    """
+    check_decode_inputs(q, cache)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    lens = cache.seq_lens.tolist()
+    if min(lens) < 1:
+        raise ValueError(f"seq_lens[{lens.index(min(lens))}]=0: decode needs at least one cached token "
+                         "per sequence (empty sequences have no attention output)")
+    outs, lses = [], []
+    for i in range(q.shape[0]):
+        k, v = cache.gather(i)
+        o, lse = attention(q[i], k, v, sm_scale)
+        outs.append(o)
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)

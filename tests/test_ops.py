@@ -1,0 +1,300 @@
+"""Triton kernels (decode, fused cache write, FP8 codec) against the fp32 reference.
+
+On a CPU machine these run under the Triton interpreter (conftest sets TRITON_INTERPRET=1) with
+fp16 queries: the interpreter's bf16 arithmetic is wrong, so bf16 queries are exercised on the GPU
+only. On a GPU the same cases run compiled, plus large shapes (marker ``gpu``).
+
+Tolerances (kernel error, measured against ``reference.decode`` on the *dequantized* cache):
+
+* dequant mode: K and V convert exactly (every e4m3/e5m2 value is an fp16 and a bf16 value), scores
+  accumulate in fp32, so the error comes from rounding p to the 16-bit dot type and rounding the
+  output: each ≤ u (fp16 u = 2^-11, bf16 u = 2^-8) relative, so the norm-wise output error is
+  ≤ 2u. Per-channel K scales are folded into q and rounded once more: ≤ 3u.
+* fp8 mode: q and p are rounded to e4m3 (u = 2^-4 relative each). The errors are independent across
+  D and tokens and average out, so the norm-wise error sits near u/2; we allow 0.08 (≈ 1.3u). A
+  dropped or misapplied scale (≥ 2x) or a broken P path gives errors of order 1.
+"""
+
+import math
+
+import pytest
+import torch
+
+from fp8kv.cache import PagedKVCache
+from fp8kv.capability import UnsupportedError
+from fp8kv.quant import relative_error
+from fp8kv.reference import decode as ref_decode
+
+triton = pytest.importorskip("triton")
+from fp8kv.ops import choose_num_splits, paged_decode, write_cache  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+Q_DTYPES = [torch.float16, torch.bfloat16] if DEVICE == "cuda" else [torch.float16]
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+FP8_MODE_TOL = 0.08
+
+
+def dequant_tol(q_dtype, granularity):
+    return (3 if granularity == "channel" else 2) * UNIT_ROUNDOFF[q_dtype]
+
+
+def make_cache(lens, hkv, d, *, kv_dtype="fp8_e4m3", granularity="tensor", block_size=16, layout="NHD",
+               seed=0, k_mult=1.0, head_spread=True):
+    """Ragged K/V with structure: per-head magnitude spread and an outlier channel in K."""
+    g = torch.Generator().manual_seed(seed)
+    n = max(lens)
+    k = torch.randn(len(lens), n, hkv, d, generator=g)
+    v = torch.randn(len(lens), n, hkv, d, generator=g)
+    if head_spread:
+        k = k * torch.logspace(-0.5, 0.5, hkv)[None, None, :, None]
+        k[..., 1] *= 6.0  # an outlier channel, as in real keys
+    return PagedKVCache.from_dense((k * k_mult).to(DEVICE), v.to(DEVICE), lens, block_size=block_size,
+                                   kv_dtype=kv_dtype, granularity=granularity, layout=layout, seed=seed)
+
+
+def make_q(b, hq, d, dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, hq, d, generator=g).to(DEVICE, dtype)
+
+
+def check_against_reference(q, cache, mode, tol, **kw):
+    out, lse = paged_decode(q, cache, mode=mode, **kw)
+    ref_out, ref_lse = ref_decode(q, cache)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    err = relative_error(out.float(), ref_out)
+    assert err <= tol, f"{mode} {cache}: rel err {err:.3e} > {tol:.3e}"
+    # LSE: scores carry the same relative error as q (fp8: 2^-4; dequant channel fold: u).
+    score_scale = max(1.0, float(ref_lse.abs().max()))
+    lse_tol = (2.0**-3 if mode == "fp8" else 4 * UNIT_ROUNDOFF[q.dtype]) * score_scale
+    lse_err = float((lse - ref_lse).abs().max())
+    assert lse_err <= lse_tol, f"lse err {lse_err:.3e} > {lse_tol:.3e}"
+    return err
+
+
+# ---------------------------------------------------------------------------------------------- decode
+LENS = [1, 16, 37, 64]  # one token, a block boundary, a non-multiple, several pages
+
+
+@pytest.mark.parametrize("q_dtype", Q_DTYPES)
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("granularity", ["tensor", "head", "token_head", "channel"])
+def test_dequant_matches_reference(kv_dtype, granularity, q_dtype):
+    cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
+    q = make_q(len(LENS), 8, 64, q_dtype)
+    for splits in (1, 3):
+        check_against_reference(q, cache, "dequant", dequant_tol(q_dtype, granularity), num_splits=splits,
+                                block_n=32)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("granularity", ["tensor", "head", "channel"])
+def test_fp8_mode_matches_reference(kv_dtype, granularity):
+    cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
+    q = make_q(len(LENS), 8, 64, Q_DTYPES[-1])
+    for splits in (1, 2):
+        check_against_reference(q, cache, "fp8", FP8_MODE_TOL, num_splits=splits, block_n=32)
+
+
+def test_fp8_mode_error_exceeds_dequant_error():
+    """fp8 mode costs accuracy (q and p in e4m3); measure that it does, so the mode is really on."""
+    cache = make_cache(LENS, 2, 64)
+    q = make_q(len(LENS), 8, 64, torch.float16)
+    e_deq = check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"))
+    e_fp8 = check_against_reference(q, cache, "fp8", FP8_MODE_TOL)
+    assert e_fp8 > 4 * e_deq
+
+
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_gqa_groups_and_layouts(group, layout):
+    cache = make_cache([1, 17, 33], 2, 64, layout=layout, granularity="head", seed=group)
+    q = make_q(3, 2 * group, 64, torch.float16, seed=group)
+    check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "head"), num_splits=2, block_n=16)
+
+
+def test_mqa_sixteen_query_heads_one_kv_head():
+    cache = make_cache([5, 40], 1, 64)
+    q = make_q(2, 16, 64, torch.float16)
+    check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"))
+    check_against_reference(q, cache, "fp8", FP8_MODE_TOL)
+
+
+@pytest.mark.parametrize("head_dim", [40, 80, 128])
+def test_head_dims_padded(head_dim):
+    """Non-powers of two are padded to the next power of two inside the kernel."""
+    cache = make_cache([3, 29], 2, head_dim)
+    q = make_q(2, 4, head_dim, torch.float16)
+    check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"), block_n=16)
+
+
+@pytest.mark.parametrize("block_size,block_n", [(16, 64), (32, 32), (64, 16), (8, 32)])
+def test_tile_size_decoupled_from_page_size(block_size, block_n):
+    cache = make_cache([1, 31, 70], 2, 64, block_size=block_size)
+    q = make_q(3, 8, 64, torch.float16)
+    check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"), block_n=block_n,
+                            num_splits=2)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_software_decode_equals_hardware_path(kv_dtype):
+    """The sm80 path (uint8 codes decoded with integer ops) gives the same numbers as the cast path."""
+    cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype)
+    q = make_q(len(LENS), 8, 64, torch.float16)
+    a, la = paged_decode(q, cache, software_decode=True)
+    b, lb = paged_decode(q, cache, software_decode=False)
+    assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp16"])
+def test_sixteen_bit_kv_through_same_kernel(kv_dtype):
+    cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype)
+    q = make_q(len(LENS), 8, 64, torch.float16)
+    check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"), num_splits=2)
+
+
+@pytest.mark.parametrize("mode", ["dequant", "fp8"])
+@pytest.mark.parametrize("granularity", ["tensor", "head"])
+def test_non_unit_scales_are_honoured(mode, granularity):
+    """K x 4 stored with k_scale 4 and V x 1/4 with v_scale 1/4 hold the same codes as unit scales:
+    the scores must be identical and the output exactly 1/4 of the unit-scale output."""
+    g = torch.Generator().manual_seed(5)
+    lens = [9, 50]
+    k = torch.randn(2, 50, 2, 64, generator=g).to(DEVICE)
+    v = torch.randn(2, 50, 2, 64, generator=g).to(DEVICE)
+    unit = PagedKVCache.from_dense(k, v, lens, granularity=granularity, scale=1.0)
+    scaled = PagedKVCache.from_dense(k * 4, v / 4, lens, granularity=granularity, k_scale=4.0, v_scale=0.25)
+    assert torch.equal(unit.k_pages.view(torch.uint8), scaled.k_pages.view(torch.uint8))
+    q = make_q(2, 8, 64, torch.float16)
+    o1, l1 = paged_decode(q, unit, mode=mode)
+    o2, l2 = paged_decode(q, scaled, mode=mode)
+    ref_o2, ref_l2 = ref_decode(q, scaled)
+    # k_scale 4 multiplies every score, so the lse differs from the unit run: check it on the reference
+    assert float((l2 - ref_l2).abs().max()) <= (2.0**-3 if mode == "fp8" else 1e-2) * max(1.0, float(ref_l2.abs().max()))
+    tol = FP8_MODE_TOL if mode == "fp8" else dequant_tol(torch.float16, granularity)
+    assert relative_error(o2.float(), ref_o2) <= tol
+    # V scale: the same scores with V codes identical => output scales by exactly 1/4 (a power of two)
+    same_k = PagedKVCache.from_dense(k, v / 4, lens, granularity=granularity, k_scale=1.0, v_scale=0.25)
+    o3, l3 = paged_decode(q, same_k, mode=mode)
+    assert torch.equal(l3, l1)
+    assert torch.equal(o3, (o1.float() / 4).to(o1.dtype))
+
+
+def test_splits_agree_and_batch_one_fills_the_gpu():
+    cache = make_cache([200], 2, 64, seed=3)
+    q = make_q(1, 8, 64, torch.float16)
+    outs = [paged_decode(q, cache, num_splits=s, block_n=16) for s in (1, 2, 5)]
+    for o, lse in outs[1:]:
+        assert relative_error(o.float(), outs[0][0].float()) < 2 * UNIT_ROUNDOFF[torch.float16]
+        assert float((lse - outs[0][1]).abs().max()) < 1e-4
+    # the heuristic: batch 1 x 8 KV heads on 132 SMs asks for many splits; capped by context length
+    assert choose_num_splits(1, 8, 16384, 64, 132) == 64
+    assert choose_num_splits(64, 8, 16384, 64, 132) == 2
+    assert choose_num_splits(1, 8, 128, 64, 132) == 1
+
+
+def test_empty_split_ranges_are_harmless():
+    """More splits than tokens in some sequences: empty splits must not disturb the combine."""
+    cache = make_cache([1, 2, 130], 2, 64)
+    q = make_q(3, 4, 64, torch.float16)
+    check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"), num_splits=8, block_n=16)
+
+
+def test_decode_errors_are_clear():
+    cache = make_cache([4, 5], 2, 64)
+    q = make_q(2, 8, 64, torch.float16)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        paged_decode(q.float(), cache)
+    with pytest.raises(ValueError, match="mode="):
+        paged_decode(q, cache, mode="int8")
+    with pytest.raises(ValueError, match="multiple of"):
+        paged_decode(make_q(2, 7, 64, torch.float16), cache)
+    with pytest.raises(ValueError, match="head_dim"):
+        paged_decode(make_q(2, 8, 32, torch.float16), cache)
+    with pytest.raises(ValueError, match="contiguous"):
+        paged_decode(make_q(2, 8, 128, torch.float16)[..., ::2], cache)
+    with pytest.raises(ValueError, match="block_n"):
+        paged_decode(q, cache, mode="fp8", block_n=16)
+    th = make_cache([4, 5], 2, 64, granularity="token_head")
+    with pytest.raises(UnsupportedError, match="token_head needs dequant"):
+        paged_decode(q, th, mode="fp8")
+    bf = make_cache([4, 5], 2, 64, kv_dtype="bf16")
+    with pytest.raises(UnsupportedError, match="needs an FP8 KV cache"):
+        paged_decode(q, bf, mode="fp8")
+
+
+# ---------------------------------------------------------------------------------- fused cache write
+# The interpreter rounds fp32 -> bf16 differently from torch (its bf16 is emulated): bf16 pages on GPU only.
+WRITE_CASES = [(f, g) for f in ("fp8_e4m3", "fp8_e5m2") for g in ("tensor", "head", "token_head", "channel")]
+WRITE_CASES += [("fp16", "tensor")] + ([("bf16", "tensor")] if DEVICE == "cuda" else [])
+
+
+@pytest.mark.parametrize("kv_dtype,granularity", WRITE_CASES)
+def test_write_cache_bit_exact_with_torch_write(kv_dtype, granularity):
+    hkv, d = 3, 40
+    lens = [5, 20]
+    base = make_cache(lens, hkv, d, kv_dtype=kv_dtype, granularity=granularity)
+    g = torch.Generator().manual_seed(9)
+    n = 11
+    k_new = (torch.randn(n, hkv, d, generator=g) * 3).to(DEVICE)
+    v_new = torch.randn(n, hkv, d, generator=g).to(DEVICE)
+    if base.is_fp8 and granularity != "token_head":
+        k_new[0, 0, 0] = 1e6  # far past the range: must saturate, and be counted
+    free = torch.arange(base.num_blocks * base.block_size, device=DEVICE)
+    slots = free[torch.randperm(free.numel(), generator=g)[:n].to(DEVICE)]
+    slots[3] = -1  # padding slot: skipped
+    # two identical caches, then one torch write and one fused write
+    a, b = (make_cache(lens, hkv, d, kv_dtype=kv_dtype, granularity=granularity) for _ in range(2))
+    n_torch = a.write(k_new, v_new, slots)
+    sat = write_cache(b, k_new, v_new, slots)
+    assert int(sat.item()) == n_torch
+    if base.is_fp8 and granularity != "token_head":
+        assert n_torch >= 1
+    for pa, pb in ((a.k_pages, b.k_pages), (a.v_pages, b.v_pages)):
+        assert torch.equal(pa.view(torch.uint8) if a.is_fp8 else pa, pb.view(torch.uint8) if b.is_fp8 else pb)
+    assert torch.equal(a.k_scale, b.k_scale) and torch.equal(a.v_scale, b.v_scale)
+
+
+def test_write_cache_errors():
+    cache = make_cache([4], 2, 64)
+    k = torch.randn(3, 2, 64, device=DEVICE)
+    with pytest.raises(ValueError, match=r"k_new must be \[N, 2, 64\]"):
+        write_cache(cache, k[:, :1], k[:, :1], torch.zeros(3, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(TypeError, match="slot_mapping must be an int32 or int64"):
+        write_cache(cache, k, k, torch.zeros(3, device=DEVICE))
+    with pytest.raises(ValueError, match="agree on N"):
+        write_cache(cache, k, k, torch.zeros(2, dtype=torch.int64, device=DEVICE))
+
+
+# ------------------------------------------------------------------------------------------ GPU only
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kv_dtype,mode", [("fp8_e4m3", "dequant"), ("fp8_e4m3", "fp8"), ("fp8_e5m2", "dequant"),
+                                           ("bf16", "dequant")])
+def test_large_shapes_on_gpu(kv_dtype, mode):
+    torch.manual_seed(0)
+    lens = [4096, 1, 3000, 16384 - 5]
+    cache = make_cache(lens, 8, 128, kv_dtype=kv_dtype)
+    q = make_q(len(lens), 32, 128, torch.bfloat16)
+    tol = FP8_MODE_TOL if mode == "fp8" else dequant_tol(torch.bfloat16, "tensor")
+    check_against_reference(q, cache, mode, tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+def test_decode_is_cuda_graph_capturable():
+    cache = make_cache([100, 2000], 8, 128)
+    q = make_q(2, 32, 128, torch.bfloat16)
+    eager, _ = paged_decode(q, cache)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        paged_decode(q, cache)  # warm-up compiles outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        out, _ = paged_decode(q, cache)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    assert math.isfinite(float(out.float().abs().max()))
