@@ -23,9 +23,10 @@ write, as engines do. Token-head scales are computed per written token and store
 from __future__ import annotations
 
 import math
+
 import torch
 
-from .formats import kv_dtype_info
+from .formats import kv_dtype_info, saturation_bounds
 from .quant import GRANULARITIES, SCALE_BYTES, broadcast_scale, cast_saturating, compute_scale, quantize
 
 __all__ = ["PagedKVCache"]
@@ -227,7 +228,7 @@ class PagedKVCache:
             _fail(f"k ({len(ks)}), v ({len(vs)}) and seq_lens ({len(lens)}) must have the same batch size")
         if not lens:
             _fail("seq_lens is empty: need at least one sequence")
-        for i, (ki, vi, n) in enumerate(zip(ks, vs, lens)):
+        for i, (ki, vi, n) in enumerate(zip(ks, vs, lens, strict=True)):
             if ki.ndim != 3 or vi.shape != ki.shape:
                 _fail(f"sequence {i}: k and v must be [len, Hkv, D] with equal shapes; got "
                       f"{tuple(ki.shape)} and {tuple(vi.shape)}")
@@ -239,8 +240,8 @@ class PagedKVCache:
         cache = cls.empty(len(lens), cap, hkv, d, block_size=block_size, kv_dtype=kv_dtype,
                           granularity=granularity, layout=layout, num_blocks=num_blocks, device=device,
                           seed=seed)
-        k_all = torch.cat([ki[:n] for ki, n in zip(ks, lens)])
-        v_all = torch.cat([vi[:n] for vi, n in zip(vs, lens)])
+        k_all = torch.cat([ki[:n] for ki, n in zip(ks, lens, strict=True)])
+        v_all = torch.cat([vi[:n] for vi, n in zip(vs, lens, strict=True)])
         if cache.is_fp8 and cache.granularity != "token_head":
             ksc = scale if k_scale is None else k_scale
             vsc = scale if v_scale is None else v_scale
@@ -261,6 +262,8 @@ class PagedKVCache:
     def append_tokens(self, k_new, v_new, counts):
         """Append ``counts[i]`` tokens to each sequence i (``k_new``: their rows, concatenated in order)."""
         counts = torch.as_tensor(counts, dtype=torch.int64).cpu()
+        if counts.shape != (self.batch_size,):
+            _fail(f"counts must have one entry per sequence ({self.batch_size}); got shape {tuple(counts.shape)}")
         start = self.seq_lens.cpu().to(torch.int64)
         cap = self.max_blocks_per_seq * self.block_size
         if (start + counts > cap).any():
@@ -319,10 +322,9 @@ class PagedKVCache:
         for pages, scale_name, new in ((self.k_pages, "k_scale", k_new), (self.v_pages, "v_scale", v_new)):
             if not self.is_fp8:
                 # Clamp like the FP8 path: a bare cast turns fp16 overflow (|x| >= 65520) into inf.
-                fi = torch.finfo(self.dtype)
-                overflow = fi.max + 2.0 ** math.floor(math.log2(fi.max)) * fi.eps / 2
+                fmax, overflow = saturation_bounds(self.dtype)
                 n_sat += int((new.abs() >= overflow).sum())
-                self._nhd(pages)[blk, off] = new.clamp(-fi.max, fi.max).to(self.dtype)
+                self._nhd(pages)[blk, off] = new.clamp(-fmax, fmax).to(self.dtype)
                 continue
             scale = getattr(self, scale_name)
             if self.granularity == "token_head":

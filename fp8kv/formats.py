@@ -26,7 +26,7 @@ from functools import cached_property
 
 import torch
 
-__all__ = ["FP8Format", "FORMATS", "format", "KV_DTYPES", "kv_dtype_info"]
+__all__ = ["FP8Format", "FORMATS", "format", "KV_DTYPES", "kv_dtype_info", "saturation_bounds"]
 
 
 @dataclass(frozen=True)
@@ -197,3 +197,13 @@ def kv_dtype_info(kv_dtype: str | torch.dtype) -> tuple[str, torch.dtype, FP8For
         if key in KV_DTYPES:
             return (key, *KV_DTYPES[key])
     raise ValueError(f"kv_dtype={kv_dtype!r} is not supported; expected one of {list(KV_DTYPES)}")
+
+
+def saturation_bounds(dtype: torch.dtype) -> tuple[float, float]:
+    """``(max, overflow_threshold)`` of a float dtype: inputs at or above the threshold (max plus
+    half an ulp at max) would round past max, so a saturating store clamps and counts them."""
+    for f in FORMATS.values():
+        if f.torch_dtype == dtype:
+            return f.max, f.overflow_threshold
+    fi = torch.finfo(dtype)
+    return fi.max, fi.max + 2.0 ** math.floor(math.log2(fi.max)) * fi.eps / 2

@@ -1,7 +1,8 @@
 """Host launchers for the Triton kernels: validation, scale preparation, allocation, grid, dispatch.
 
-Everything a timed call does is device work (no ``.item()``, no host sync), so :func:`paged_decode`
-and :func:`write_cache` can be captured in a CUDA graph. Validation that needs the host happens
+A decode call launches the decode kernel (and the split combine) and nothing else: scales are read
+in place and the fp8-mode query is quantized inside the kernel. No ``.item()``, no host sync, so
+:func:`paged_decode` and :func:`write_cache` can be captured in a CUDA graph. Validation that needs the host happens
 when the :class:`~fp8kv.cache.PagedKVCache` is built.
 """
 
@@ -16,6 +17,7 @@ import triton.language as tl
 
 from .cache import PagedKVCache
 from .capability import UnsupportedError, check, current_arch
+from .formats import saturation_bounds
 from .kernels.cache_write import cache_write_kernel
 from .kernels.paged_decode import (
     SCALE_CHANNEL,
@@ -31,7 +33,6 @@ __all__ = ["paged_decode", "write_cache", "choose_num_splits", "DecodeConfig", "
 _SCALE_KIND = {"tensor": SCALE_PER_HEAD.value, "head": SCALE_PER_HEAD.value, "channel": SCALE_CHANNEL.value,
                "token_head": SCALE_TOKEN_HEAD.value}
 _COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-P_SCALE = 448.0  # fp8 mode: probabilities are scaled onto e4m3's range before rounding
 
 
 def _interpreting() -> bool:
@@ -66,31 +67,6 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     want = math.ceil(waves * num_sms / base)
     most = max(1, math.ceil(capacity / (block_n * min_tiles_per_split)))
     return int(max(1, min(want, most)))
-
-
-def _prepare_scales(q, cache: PagedKVCache, mode: str):
-    """(q for the kernel, q_scale, k_scale, v_scale, scale kind) with per-channel K scales folded into q."""
-    hkv = cache.num_kv_heads
-    group = q.shape[1] // hkv
-    kind = _SCALE_KIND[cache.granularity] if cache.is_fp8 else SCALE_PER_HEAD.value
-    ks, vs = cache.k_scale, cache.v_scale
-    if kind == SCALE_PER_HEAD.value:
-        ks = ks.reshape(-1).expand(hkv).contiguous() if ks.numel() == 1 else ks
-        vs = vs.reshape(-1).expand(hkv).contiguous() if vs.numel() == 1 else vs
-    q_work = q
-    if kind == SCALE_CHANNEL.value:
-        # Exact algebra: q · (s ⊙ k̂) = (q ⊙ s) · k̂; the product is then rounded to the dot's type.
-        q_work = q.to(torch.float32) * ks.repeat_interleave(group, dim=0)
-        ks = torch.ones(hkv, dtype=torch.float32, device=q.device)
-    if mode == "fp8":
-        qf = q_work.to(torch.float32)
-        q_scale = qf.abs().amax(dim=-1) / 448.0
-        q_scale = torch.where(q_scale > 0, q_scale, torch.ones_like(q_scale)).contiguous()
-        q_kernel = (qf / q_scale.unsqueeze(-1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
-    else:
-        q_kernel = q_work.to(q.dtype) if q_work is not q else q
-        q_scale = ks  # unused in dequant mode; any fp32 pointer
-    return q_kernel.contiguous(), q_scale, ks.contiguous(), vs.contiguous(), kind
 
 
 def _page_strides(cache: PagedKVCache):
@@ -152,7 +128,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     if software_decode is None:
         software_decode = arch is not None and int(arch[2:]) < 89
 
-    q_kernel, q_scale, ks, vs, kind = _prepare_scales(q, cache, mode)
+    kind = _SCALE_KIND[cache.granularity] if cache.is_fp8 else SCALE_PER_HEAD.value
     fmt = cache.fmt
     k_pages = cache.k_pages.view(torch.uint8) if cache.is_fp8 else cache.k_pages
     v_pages = cache.v_pages.view(torch.uint8) if cache.is_fp8 else cache.v_pages
@@ -172,13 +148,13 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     skb, skt, skh = _page_strides(cache)
     grid = (b, hkv, num_splits)
     paged_decode_kernel[grid](
-        q_kernel, q_scale, k_pages, v_pages, ks, vs, cache.block_table, cache.seq_lens, k_out, k_lse,
+        q, k_pages, v_pages, cache.k_scale, cache.v_scale, cache.block_table, cache.seq_lens, k_out, k_lse,
         sm_scale * 1.4426950408889634, tokens_per_split, hkv,
-        q_kernel.stride(0), q_kernel.stride(1), skb, skt, skh, cache.block_table.stride(0),
+        q.stride(0), q.stride(1), skb, skt, skh, cache.block_table.stride(0),
         *so, *sl,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d,
         D_PAD=triton.next_power_of_2(d), BLOCK_SIZE=cache.block_size, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, SCALE_KIND=kind, KV_FP8=cache.is_fp8, SOFTWARE_DECODE=bool(software_decode),
+        NUM_SPLITS=num_splits, SCALE_KIND=kind, SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1), KV_FP8=cache.is_fp8, SOFTWARE_DECODE=bool(software_decode),
         MANT=fmt.mantissa_bits if fmt else 0, BIAS=fmt.bias if fmt else 0, FP8_MODE=(mode == "fp8"),
         COMPUTE=_COMPUTE[q.dtype], num_warps=num_warps or cfg["num_warps"],
         num_stages=num_stages or cfg["num_stages"],
@@ -200,7 +176,7 @@ def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, s
     The Triton twin of :meth:`PagedKVCache.write` (bit-identical pages and scales). ``slot_mapping``:
     ``[N]`` int32/int64 slots, < 0 skipped. Returns the saturation count as a device int32 tensor
     ``[1]`` (no host sync); with ``count_saturated`` it is also added to ``cache.saturated`` (a sync).
-    Values are trusted to be finite here (the torch path checks); non-finite inputs saturate.
+    Values are trusted to be finite here (the torch path checks them; that is a host sync).
     """
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         if not isinstance(t, torch.Tensor):
@@ -229,16 +205,16 @@ def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, s
     kind = _SCALE_KIND[cache.granularity] if cache.is_fp8 else SCALE_PER_HEAD.value
     skb, skt, skh = _page_strides(cache)
     hkv = cache.num_kv_heads
+    fmax, overflow = saturation_bounds(cache.dtype)
     for x, pages, scale in ((k_new, cache.k_pages, cache.k_scale), (v_new, cache.v_pages, cache.v_scale)):
-        if kind == SCALE_PER_HEAD.value:
-            scale = scale.reshape(-1).expand(hkv).contiguous() if scale.numel() == 1 else scale
         cache_write_kernel[(n,)](
             x, slots, pages.view(torch.uint8) if cache.is_fp8 else pages, scale, sat,
             x.stride(0), x.stride(1), skb, skt, skh, hkv,
             HKV_PAD=triton.next_power_of_2(hkv), HEAD_DIM=cache.head_dim,
             D_PAD=triton.next_power_of_2(cache.head_dim), BLOCK_SIZE=cache.block_size, SCALE_KIND=kind,
+            SCALE_HEAD_STRIDE=int(scale.numel() > 1),
             KV_FP8=cache.is_fp8, MANT=fmt.mantissa_bits if fmt else 0, BIAS=fmt.bias if fmt else 0,
-            FMAX=fmt.max if fmt else 0.0, OVERFLOW=fmt.overflow_threshold if fmt else 0.0,
+            FMAX=fmax, OVERFLOW=overflow,
         )
     if count_saturated:
         cache.saturated += int(sat.item())

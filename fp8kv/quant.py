@@ -204,7 +204,7 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point() or x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2,
                                                 torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
-        raise TypeError(f"x must be float16/bfloat16/float32, got {x.dtype}")
+        raise TypeError(f"x must be a float16/bfloat16/float32/float64 tensor, got {x.dtype}")
     f = format(fmt)
     shape = scale_shape(x.shape, granularity)
     if nonfinite not in ("raise", "saturate"):

@@ -10,7 +10,6 @@ import triton
 import triton.language as tl
 
 from .fp8_codec import fp32_to_fp8_bits
-
 from .paged_decode import SCALE_CHANNEL, SCALE_TOKEN_HEAD
 
 
@@ -19,7 +18,7 @@ def cache_write_kernel(
     x_ptr,  # [N, Hkv, D] new K (or V) rows, any float dtype, last dim contiguous
     slot_ptr,  # [N] int64 slots; < 0 means skip
     pages_ptr,  # pages (uint8 codes for FP8 caches), layout given by strides
-    scale_ptr,  # fp32: [Hkv] (per head), [Hkv, D] (channel) or [blocks, block_size, Hkv] (token_head)
+    scale_ptr,  # fp32: [] or [Hkv] (per head), [Hkv, D] (channel) or [blocks, block_size, Hkv] (token_head)
     sat_ptr,  # [1] int32 saturation counter (atomic add)
     stride_xn, stride_xh,
     stride_pb, stride_pt, stride_ph,  # page strides: block, token-in-block, head
@@ -29,10 +28,11 @@ def cache_write_kernel(
     D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     SCALE_KIND: tl.constexpr,
+    SCALE_HEAD_STRIDE: tl.constexpr,  # per-head kind: 0 for one tensor-wide scale, 1 for one per KV head
     KV_FP8: tl.constexpr,
     MANT: tl.constexpr,
     BIAS: tl.constexpr,
-    FMAX: tl.constexpr,
+    FMAX: tl.constexpr,  # largest finite value of the page dtype
     OVERFLOW: tl.constexpr,  # FMAX + half an ulp: values at or above it saturate
 ):
     n = tl.program_id(0)
@@ -60,10 +60,12 @@ def cache_write_kernel(
                         mask=(offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < HEAD_DIM), other=1.0)
             y = x / s
         else:
-            s = tl.load(scale_ptr + offs_h, mask=offs_h < num_kv_heads, other=1.0)
+            s = tl.load(scale_ptr + offs_h * SCALE_HEAD_STRIDE, mask=offs_h < num_kv_heads, other=1.0)
             y = x / s[:, None]
         n_sat = tl.sum(tl.sum(((tl.abs(y) >= OVERFLOW) & mask).to(tl.int32), axis=1), axis=0)
         tl.atomic_add(sat_ptr, n_sat)
         tl.store(dst, fp32_to_fp8_bits(y, MANT, BIAS, FMAX), mask=mask)
-    else:
-        tl.store(dst, x.to(pages_ptr.dtype.element_ty), mask=mask)
+    else:  # 16-bit pages: saturate like the FP8 path (a bare cast turns fp16 overflow into inf)
+        n_sat = tl.sum(tl.sum(((tl.abs(x) >= OVERFLOW) & mask).to(tl.int32), axis=1), axis=0)
+        tl.atomic_add(sat_ptr, n_sat)
+        tl.store(dst, tl.minimum(tl.maximum(x, -FMAX), FMAX).to(pages_ptr.dtype.element_ty), mask=mask)

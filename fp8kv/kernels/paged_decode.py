@@ -11,13 +11,13 @@ Modes (see fp8kv/ops.py for the host side):
 * dequant: FP8 codes are turned into the query's 16-bit type in registers, 16-bit ``tl.dot``.
   SOFTWARE_DECODE does it with integer ops (sm80/86, where Triton has no e4m3); otherwise the
   hardware conversion is used.
-* fp8: the query arrives already quantized to e4m3 with a per-(sequence, head) scale (``q_scale``);
-  QKᵀ is an FP8 x FP8 dot. Probabilities p ∈ [0, 1] are multiplied by P_SCALE (= 448, the e4m3
+* fp8: the query is quantized here to e4m3 with a per-(sequence, head) scale amax/448 (carried
+  exactly into the fp32 scores); QKᵀ is an FP8 x FP8 dot. Probabilities p ∈ [0, 1] are multiplied by P_SCALE (= 448, the e4m3
   max), rounded to e4m3 and multiplied with the FP8 V tile; the epilogue divides P_SCALE back out.
 
 Scales (stored = Q(x / scale)): a per-KV-head K scale multiplies the scores, a per-KV-head V scale
-the output; per-channel K scales are folded into the query by the launcher and per-channel V
-scales multiply the output here; per-token-head scales multiply score columns (K) and
+the output; per-channel K scales are folded into the query (in fp32, before it is rounded) and
+per-channel V scales multiply the output; per-token-head scales multiply score columns (K) and
 probabilities (V) inside the loop.
 """
 
@@ -51,12 +51,11 @@ def _kv_tile_to_compute(codes, COMPUTE: tl.constexpr, KV_FP8: tl.constexpr, SOFT
 
 @triton.jit
 def paged_decode_kernel(
-    q_ptr,  # [B, Hq, D]: 16-bit query (dequant) or uint8 e4m3 codes of the quantized query (fp8)
-    q_scale_ptr,  # [B, Hq] fp32: the fp8-mode query scale (unused in dequant mode)
+    q_ptr,  # [B, Hq, D] 16-bit query (fp8 mode quantizes it here, per head, to e4m3)
     k_pages_ptr,  # K pages; uint8 codes for FP8 caches, 16-bit otherwise; layout given by strides
     v_pages_ptr,  # V pages, same layout as K
-    k_scale_ptr,  # fp32 K scales: [Hkv] (per head) or [blocks, block_size, Hkv] (token_head)
-    v_scale_ptr,  # fp32 V scales: [Hkv], [Hkv, D] (channel) or [blocks, block_size, Hkv]
+    k_scale_ptr,  # fp32 K scales: [] / [Hkv] (per head), [Hkv, D] (channel), [blocks, block_size, Hkv]
+    v_scale_ptr,  # fp32 V scales, same shapes as K's
     block_table_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int32
     out_ptr,  # [B, Hq, D] (NUM_SPLITS == 1) or fp32 partials [B, Hq, NUM_SPLITS, D]
@@ -77,6 +76,7 @@ def paged_decode_kernel(
     BLOCK_N: tl.constexpr,  # tokens per tile
     NUM_SPLITS: tl.constexpr,
     SCALE_KIND: tl.constexpr,
+    SCALE_HEAD_STRIDE: tl.constexpr,  # per-head kind: 0 for one tensor-wide scale, 1 for one per KV head
     KV_FP8: tl.constexpr,
     SOFTWARE_DECODE: tl.constexpr,
     MANT: tl.constexpr,  # FP8 KV format: mantissa bits (3 = e4m3, 2 = e5m2)
@@ -100,15 +100,27 @@ def paged_decode_kernel(
 
     q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     qd_mask = g_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
-    if FP8_MODE:
-        q = tl.load(q_ptrs, mask=qd_mask, other=0).to(tl.float8e4nv, bitcast=True)
-        row_scale = tl.load(q_scale_ptr + b * GROUP * num_kv_heads + heads, mask=g_mask, other=0.0)
-        row_scale = row_scale * sm_scale_log2
+    if SCALE_KIND == SCALE_CHANNEL:
+        # Exact algebra: q · (s ⊙ k̂) = (q ⊙ s) · k̂, folded in fp32 before any rounding of q.
+        qf = tl.load(q_ptrs, mask=qd_mask, other=0.0).to(tl.float32)
+        qf = qf * tl.load(k_scale_ptr + kvh * HEAD_DIM + offs_d, mask=offs_d < HEAD_DIM, other=0.0)[None, :]
+        k_head_scale = 1.0
     else:
-        q = tl.load(q_ptrs, mask=qd_mask, other=0.0).to(COMPUTE)
-        row_scale = tl.full([GROUP_PAD], 1.0, tl.float32) * sm_scale_log2
-    if SCALE_KIND != SCALE_TOKEN_HEAD:
-        row_scale = row_scale * tl.load(k_scale_ptr + kvh)
+        qf = tl.load(q_ptrs, mask=qd_mask, other=0.0)
+        if SCALE_KIND == SCALE_PER_HEAD:
+            k_head_scale = tl.load(k_scale_ptr + kvh * SCALE_HEAD_STRIDE)
+        else:
+            k_head_scale = 1.0
+    if FP8_MODE:
+        # Per-(sequence, head) query scale: amax / 448, applied exactly to the fp32 scores.
+        qf = qf.to(tl.float32)
+        q_scale = tl.max(tl.abs(qf), axis=1) / 448.0
+        q_scale = tl.where(q_scale > 0, q_scale, 1.0)
+        q = fp32_to_fp8_bits(qf / q_scale[:, None], 3, 7, 448.0).to(tl.float8e4nv, bitcast=True)
+        row_scale = q_scale * (sm_scale_log2 * k_head_scale)
+    else:
+        q = qf.to(COMPUTE)
+        row_scale = tl.full([GROUP_PAD], 1.0, tl.float32) * (sm_scale_log2 * k_head_scale)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -176,7 +188,7 @@ def paged_decode_kernel(
     if FP8_MODE:
         out = out * (1.0 / 448.0)
     if SCALE_KIND == SCALE_PER_HEAD:
-        out = out * tl.load(v_scale_ptr + kvh)
+        out = out * tl.load(v_scale_ptr + kvh * SCALE_HEAD_STRIDE)
     elif SCALE_KIND == SCALE_CHANNEL:
         vs = tl.load(v_scale_ptr + kvh * HEAD_DIM + offs_d, mask=offs_d < HEAD_DIM, other=0.0)
         out = out * vs[None, :]

@@ -1,0 +1,34 @@
+"""Shared test helpers: one error-ratio assertion and a seeded generator, both as fixtures
+(``assert_rel_err``, ``gen``) so test modules never import this file by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||a - ref|| / ||ref||`` in fp64 (absolute norm when ``ref`` is all zeros)."""
+    a64, r64 = a.detach().cpu().to(torch.float64), ref.detach().cpu().to(torch.float64)
+    den = float(r64.norm())
+    num = float((a64 - r64).norm())
+    return num / den if den > 0 else num
+
+
+def assert_rel_err(a: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "") -> None:
+    """Assert equal shapes and ``||a - ref|| / ||ref|| <= tol``, naming ``what`` on failure."""
+    assert a.shape == ref.shape, f"{what}: shape {tuple(a.shape)} != reference {tuple(ref.shape)}"
+    err = rel_err(a, ref)
+    assert err <= tol, f"{what}: relative error {err:.3e} > tolerance {tol:.1e}"
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A CPU generator seeded the same in every test, so failures reproduce."""
+    return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(name="assert_rel_err")
+def _assert_rel_err_fixture():
+    """:func:`assert_rel_err` as a fixture: ``assert_rel_err(a, ref, tol, what)``."""
+    return assert_rel_err

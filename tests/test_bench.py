@@ -1,0 +1,360 @@
+"""fp8kv.bench: grid expansion, bytes accounting, synthetic caches, run rows, speedups, saving, CLI.
+
+Runs on CPU. The reference backend runs in-process; the Triton backend and the ``smoke`` preset
+run in subprocesses with ``TRITON_INTERPRET=1`` set before triton is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from fp8kv import bench
+from fp8kv.bench import Case, bytes_moved, run, save, speedup_table, sweep, synthetic_cache
+from fp8kv.capability import check
+from fp8kv.quant import broadcast_scale
+
+REPO = Path(__file__).resolve().parents[1]
+BIG = 2**40  # a memory budget nothing exceeds
+REQUIRED = ["gpu", "gpu_slug", "arch", "torch", "triton", "flashinfer", "backend", "mode", "kv_dtype",
+            "granularity", "batch", "context", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
+            "num_splits", "time_us", "bytes", "gbps", "pct_copy_bw", "copy_gbps", "rel_err", "check_passed",
+            "status", "reason", "timestamp"]
+
+
+def _interpreted(code: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run python code in a fresh interpreter with TRITON_INTERPRET=1 (set before triton loads)."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, *(["-c", code] if code else []), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------------------------------ sweep
+def test_sweep_expands_the_grid_and_keeps_unsupported_rows_with_reasons():
+    cases = sweep([1, 3], [32, 50], heads=[(4, 2)], head_dims=[16], kv_dtypes=["fp16", "fp8_e4m3"],
+                  modes=["dequant", "fp8"], backends=["reference"], memory_budget_bytes=BIG, device="cpu")
+    # per shape: fp16 dequant, fp8 dequant, fp8 fp8 (fp16 x fp8 mode is not a combination)
+    assert len(cases) == 2 * 2 * 3
+    assert {(c.batch, c.context) for c in cases} == {(1, 32), (1, 50), (3, 32), (3, 50)}
+    assert not any(c.mode == "fp8" and c.kv_dtype == "fp16" for c in cases)
+    for c in cases:
+        ok, why = check(c.backend, c.kv_dtype, c.mode, None, c.granularity, c.head_dim)
+        assert c.status == ("ready" if ok else "unsupported"), c.label
+        assert c.reason == ("" if ok else why)
+    assert sum(c.status == "unsupported" for c in cases) == 4  # the reference has no fp8 mode
+    assert all(c.q_dtype == "fp16" for c in cases)  # CPU default: the interpreter's bf16 is wrong
+
+
+def test_sweep_variants_and_arch_specific_reasons():
+    cases = sweep([2], [64], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"],
+                  backends=["triton", "flashinfer"], flashinfer_tensor_cores=[False, True], q_dtype="bf16",
+                  memory_budget_bytes=BIG, device="cpu", arch="sm90")
+    fi = [c for c in cases if c.backend == "flashinfer"]
+    assert sorted({c.variant for c in fi}) == ["no-tc", "tc"]
+    assert len(fi) == 2 * 3 and len(cases) == len(fi) + 3
+    assert len({c.label for c in cases}) == len(cases)
+    for c in cases:
+        ok, why = check(c.backend, c.kv_dtype, c.mode, "sm90", c.granularity, c.head_dim)
+        assert (c.status == "ready") == ok and (c.reason == ("" if ok else why))
+    fp8_fi = [c for c in fi if c.mode == "fp8"]
+    assert fp8_fi and all(c.status == "unsupported" and "sm100" in c.reason for c in fp8_fi)
+    # FlashInfer pairs a 16-bit query with a cache of the same type
+    mixed = sweep([2], [64], kv_dtypes=["bf16"], modes=["dequant"], backends=["flashinfer"], q_dtype="fp16",
+                  flashinfer_tensor_cores=[True], memory_budget_bytes=BIG, device="cpu", arch="sm90")
+    assert [c.status for c in mixed] == ["unsupported"] and "pairs a fp16 query" in mixed[0].reason
+
+
+def test_sweep_collapses_granularity_of_16bit_caches_and_applies_triton_options():
+    cases = sweep([1], [16], heads=[(2, 1)], head_dims=[16], kv_dtypes=["fp16", "fp8_e4m3"], modes=["dequant"],
+                  backends=["triton"], granularities=["tensor", "head"], triton_options=[{}, {"num_splits": 2}],
+                  memory_budget_bytes=BIG, device="cpu", arch="sm90")
+    fp16 = [c for c in cases if c.kv_dtype == "fp16"]
+    assert len(fp16) == 2 and {c.granularity for c in fp16} == {"tensor"}
+    assert len([c for c in cases if c.kv_dtype == "fp8_e4m3"]) == 4
+    assert {c.variant for c in cases} == {"", "num_splits=2"}
+
+
+def test_sweep_skips_cases_over_the_memory_budget():
+    small, large = Case(1, 64, 4, 2, 16, kv_dtype="fp16"), Case(8, 4096, 4, 2, 16, kv_dtype="fp16")
+    budget = (bench.footprint_bytes(small) + bench.footprint_bytes(large)) // 2
+    cases = sweep([1, 8], [64, 4096], heads=[(4, 2)], head_dims=[16], kv_dtypes=["fp16"], modes=["dequant"],
+                  backends=["reference"], memory_budget_bytes=budget, device="cpu")
+    by = {(c.batch, c.context): c for c in cases}
+    assert by[(1, 64)].status == "ready"
+    assert by[(8, 4096)].status == "skipped" and by[(8, 4096)].reason.startswith("does not fit")
+    assert bench.footprint_bytes(large) > budget >= bench.footprint_bytes(small)
+
+
+@pytest.mark.parametrize("kwargs, arg", [(dict(batch=0), "batch"), (dict(kv_dtype="int8"), "kv_dtype"),
+                                         (dict(num_q_heads=6, num_kv_heads=4), "num_q_heads"),
+                                         (dict(mode="fast"), "mode"), (dict(backend="cuda"), "backend")])
+def test_case_rejects_bad_fields_naming_them(kwargs, arg):
+    base = dict(batch=1, context=8)
+    with pytest.raises(ValueError, match=arg):
+        Case(**{**base, **kwargs})
+
+
+# ----------------------------------------------------------------------------------------- bytes
+def test_bytes_moved_matches_hand_arithmetic():
+    c = Case(3, 100, 8, 2, 64, kv_dtype="fp8_e4m3", granularity="token_head", q_dtype="fp16")
+    by = bytes_moved(c)
+    tokens = 3 * 100
+    assert by["kv"] == tokens * 2 * 64 * 2 * 1
+    assert by["scales"] == 2 * tokens * 2 * 4  # K and V, per token and KV head, fp32
+    assert by["q"] == by["out"] == 3 * 8 * 64 * 2
+    assert by["total"] == by["kv"] + by["scales"] + by["q"] + by["out"]
+
+    ragged = bytes_moved(c, seq_lens=[10, 20, 31])
+    assert ragged["kv"] == 61 * 2 * 64 * 2 and ragged["scales"] == 2 * 61 * 2 * 4
+
+    bf16 = bytes_moved(Case(2, 50, 4, 4, 32, kv_dtype="bf16", backend="reference"))
+    assert bf16["kv"] == 2 * 50 * 4 * 32 * 2 * 2 and bf16["scales"] == 0
+    assert bf16["out"] == 2 * 4 * 32 * 4  # the reference returns fp32
+    assert bytes_moved(Case(1, 10, 4, 2, 16, kv_dtype="fp8_e5m2", granularity="channel"))["scales"] == 2 * 2 * 16 * 4
+
+
+# ---------------------------------------------------------------------------------- synthetic cache
+@pytest.mark.parametrize("granularity", ["tensor", "head", "channel", "token_head"])
+def test_synthetic_cache_scales_come_from_the_generated_data(granularity):
+    c = synthetic_cache(3, 37, 2, 16, kv_dtype="fp8_e4m3", granularity=granularity, chunk_elems=700, seed=5)
+    assert c.seq_lens.tolist() == [37] * 3 and c.num_blocks == 3 * 3
+    assert sorted(c.block_table.flatten().tolist()) == list(range(9))
+    k_pages = c.k_pages.to(torch.float32)  # [blocks, bs, H, D]; amax over every page (tokens past 37 too)
+    deq = k_pages * broadcast_scale(c.k_scale, 4, granularity) if granularity != "token_head" \
+        else k_pages * c.k_scale.unsqueeze(-1)
+    dims = {"tensor": (0, 1, 2, 3), "head": (0, 1, 3), "channel": (0, 1), "token_head": (3,)}[granularity]
+    # amax scaling maps each group's largest value exactly onto e4m3's max (448)
+    torch.testing.assert_close(deq.abs().amax(dim=dims), c.k_scale * 448.0)
+    k, v = c.gather(2)
+    assert 0.8 < float(k.std()) < 1.2 and 0.8 < float(v.std()) < 1.2  # N(0, 1) data
+    assert not torch.equal(k, v)
+
+
+def test_synthetic_cache_is_deterministic_and_layout_independent():
+    a = synthetic_cache(2, 20, 2, 8, kv_dtype="fp16", seed=3, chunk_elems=300)
+    b = synthetic_cache(2, 20, 2, 8, kv_dtype="fp16", seed=3, chunk_elems=300, layout="HND")
+    c = synthetic_cache(2, 20, 2, 8, kv_dtype="fp16", seed=4, chunk_elems=300)
+    for i in range(2):
+        torch.testing.assert_close(a.gather(i), b.gather(i), rtol=0, atol=0)
+        assert not torch.equal(a.gather(i)[0], c.gather(i)[0])
+
+
+# -------------------------------------------------------------------------------------------- run
+def test_run_reference_rows_are_checked_timed_and_consistent():
+    cases = sweep([2, 3], [24], heads=[(4, 2)], head_dims=[16], kv_dtypes=["fp16", "fp8_e4m3"],
+                  modes=["dequant", "fp8"], backends=["reference", "flashinfer"], flashinfer_tensor_cores=[True],
+                  memory_budget_bytes=BIG, device="cpu")
+    df = run(cases, copy_bandwidth=50.0, progress=False, cpu_reps=2)
+    assert list(df.columns) == bench.COLUMNS and set(REQUIRED) <= set(df.columns)
+    assert len(df) == len(cases)
+    assert df["label"].tolist() == [c.label for c in cases]  # rows keep the cases' order
+    ok = df[df["status"] == "ok"]
+    assert len(ok) == 2 * 2 and set(ok["backend"]) == {"reference"}
+    assert ok["check_passed"].all() and (ok["rel_err"] <= ok["tol"]).all()
+    assert (ok["timing"] == "cpu-wallclock").all()
+    assert ok["time_us"].map(math.isfinite).all() and (ok["time_us"] > 0).all()
+    for _, r in ok.iterrows():
+        assert r["gbps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e-6) / 1e9)
+        assert r["pct_copy_bw"] == pytest.approx(100 * r["gbps"] / 50.0)
+    assert (df["copy_gbps"] == 50.0).all() and (df["gpu_slug"] == "cpu").all()
+    assert df["timestamp"].nunique() == 1
+    rest = df[df["status"] != "ok"]
+    assert (rest["status"] == "unsupported").all() and rest["reason"].str.len().gt(0).all()
+    assert rest["time_us"].isna().all()
+
+
+def test_run_flags_a_failed_check(monkeypatch):
+    case = Case(2, 16, 2, 1, 16, kv_dtype="fp16", backend="reference", q_dtype="fp16")
+    monkeypatch.setattr(bench, "tolerance", lambda c: -1.0)  # nothing passes a negative tolerance
+    df = run([case], copy_bandwidth=False, progress=False, cpu_reps=1)
+    assert df.loc[0, "status"] == "ok" and bool(df.loc[0, "check_passed"]) is False
+    assert df.loc[0, "tol"] == -1.0 and df.loc[0, "rel_err"] >= 0
+    assert math.isnan(df.loc[0, "pct_copy_bw"])  # copy bandwidth skipped
+
+
+def test_run_plans_flashinfer_once_and_times_run_only(monkeypatch):
+    """The FlashInfer plumbing, on CPU through a stand-in decoder computing the reference."""
+    import fp8kv.backends.flashinfer as fib
+    from fp8kv.reference import decode as ref_decode
+
+    events = []
+
+    class StandIn:
+        def __init__(self, cache, *, mode, use_tensor_cores=True):
+            events.append(("init", mode, use_tensor_cores))
+            self.cache = cache
+
+        def plan(self, cache, *, num_qo_heads, q_dtype):
+            events.append(("plan", num_qo_heads, q_dtype))
+
+        def run(self, q):
+            events.append(("run",))
+            out, lse = ref_decode(q, self.cache)
+            return out.to(q.dtype), lse
+
+    monkeypatch.setattr(fib, "FlashInferDecode", StandIn)
+    monkeypatch.setattr(bench, "capability_check", lambda *a, **k: (True, "stand-in"))
+    case = Case(2, 16, 4, 2, 16, kv_dtype="fp8_e4m3", backend="flashinfer", q_dtype="fp16",
+                options={"use_tensor_cores": False})
+    df = run([case], copy_bandwidth=1.0, progress=False, cpu_reps=3)
+    assert df.loc[0, "status"] == "ok" and bool(df.loc[0, "check_passed"]) and df.loc[0, "variant"] == "no-tc"
+    assert events[:2] == [("init", "dequant", False), ("plan", 4, torch.float16)]
+    assert events[2:] == [("run",)] * (1 + 3)  # one checked call, then the timed calls: no re-planning
+
+
+TRITON_RUN = r"""
+import json, triton
+from fp8kv.bench import Case, run
+cases = [Case(2, 40, 4, 2, 32, kv_dtype=kv, mode=m, backend="triton", q_dtype="fp16")
+         for kv, m in (("fp16", "dequant"), ("fp8_e4m3", "dequant"), ("fp8_e4m3", "fp8"))]
+cases.append(Case(3, 200, 4, 2, 32, kv_dtype="fp8_e5m2", granularity="token_head", backend="triton",
+                  q_dtype="fp16", options={"num_splits": 2, "block_n": 32}))
+df = run(cases, copy_bandwidth=10.0, progress=False, cpu_reps=1, check_seqs=2)
+print("JSON" + df.to_json(orient="records"))
+"""
+
+
+def test_run_triton_under_the_interpreter():
+    proc = _interpreted(TRITON_RUN)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.split("JSON", 1)[1])
+    assert [r["status"] for r in rows] == ["ok"] * 4, [r["reason"] for r in rows]
+    for r in rows:
+        assert r["check_passed"] is True and r["rel_err"] <= r["tol"], r
+        assert r["timing"] == "cpu-wallclock" and math.isfinite(r["time_us"]) and r["time_us"] > 0
+        assert r["num_splits"] >= 1 and r["block_n"] >= 16
+    assert rows[1]["tol"] == 2 * 2.0**-11 and rows[2]["tol"] == 2.0**-4
+    assert (rows[3]["num_splits"], rows[3]["block_n"]) == (2, 32)  # overrides reach the launch and the row
+    assert rows[3]["variant"] == "block_n=32,num_splits=2"
+
+
+# -------------------------------------------------------------------------------------- analysis
+def _rows(spec):
+    shape = dict(gpu_slug="nvidia-h200", batch=16, context=4096, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                 block_size=16, granularity="tensor")
+    out = []
+    for backend, variant, kv, mode, t, status, passed in spec:
+        label = backend + (f"-{variant}" if variant else "") + f" {kv} {mode}"
+        out.append(dict(shape, backend=backend, variant=variant, label=label, kv_dtype=kv, mode=mode, time_us=t,
+                        status=status, check_passed=passed))
+    return pd.DataFrame(out)
+
+
+def test_speedup_table_against_best_bf16_and_flashinfer_fp8():
+    df = _rows([
+        ("triton", "", "bf16", "dequant", 100.0, "ok", True),
+        ("flashinfer", "tc", "bf16", "dequant", 80.0, "ok", True),
+        ("flashinfer", "no-tc", "bf16", "dequant", 90.0, "ok", True),
+        ("triton", "", "fp8_e4m3", "dequant", 50.0, "ok", True),
+        ("triton", "", "fp8_e4m3", "fp8", 40.0, "ok", True),
+        ("triton", "", "fp8_e4m3", "fp8", 44.0, "ok", True),  # a repeat: the median (42) counts
+        ("flashinfer", "tc", "fp8_e4m3", "dequant", 60.0, "ok", True),
+        ("flashinfer", "no-tc", "fp8_e4m3", "dequant", 70.0, "ok", True),
+        ("flashinfer", "tc", "fp8_e4m3", "fp8", float("nan"), "unsupported", None),
+        ("triton", "num_splits=1", "fp8_e4m3", "dequant", 5.0, "ok", False),  # wrong output: ignored
+        ("flashinfer", "tc", "bf16", "dequant", 1.0, "error", None),
+    ])
+    sp = speedup_table(df)
+    assert len(sp) == 4 and (sp["kv_dtype"] == "fp8_e4m3").all()
+    assert (sp["bf16_us"] == 80.0).all() and (sp["bf16_best"] == "flashinfer-tc bf16 dequant").all()
+    assert (sp["flashinfer_fp8_us"] == 60.0).all()
+    by = sp.set_index(["backend", "variant", "mode"])
+    assert by.loc[("triton", "", "dequant"), "speedup_vs_bf16"] == pytest.approx(80 / 50)
+    assert by.loc[("triton", "", "dequant"), "speedup_vs_flashinfer_fp8"] == pytest.approx(60 / 50)
+    assert by.loc[("triton", "", "fp8"), "time_us"] == pytest.approx(42.0)
+    assert by.loc[("triton", "", "fp8"), "speedup_vs_bf16"] == pytest.approx(80 / 42)
+    assert by.loc[("flashinfer", "no-tc", "dequant"), "speedup_vs_flashinfer_fp8"] == pytest.approx(60 / 70)
+
+
+def test_speedup_table_without_baselines_gives_nan_and_rejects_foreign_frames():
+    sp = speedup_table(_rows([("triton", "", "fp8_e4m3", "dequant", 50.0, "ok", True)]))
+    assert len(sp) == 1 and math.isnan(sp.loc[0, "speedup_vs_bf16"]) and math.isnan(sp.loc[0, "speedup_vs_flashinfer_fp8"])
+    with pytest.raises(ValueError, match="lacks columns"):
+        speedup_table(pd.DataFrame({"time_us": [1.0]}))
+
+
+# ------------------------------------------------------------------------------------------- save
+def test_save_writes_a_new_file_under_the_slug_folder_only(tmp_path):
+    other = tmp_path / "nvidia-a100"
+    other.mkdir()
+    (other / "20250101T000000Z.csv").write_text("keep me\n")
+    df = _rows([("triton", "", "bf16", "dequant", 100.0, "ok", True)])
+    df["timestamp"] = "2025-01-01T00:00:00Z"
+    df.attrs["bench"] = {"device": {"name": "NVIDIA H200"}}
+    first = save(df, tmp_path, meta={"argv": ["--preset", "target"]})
+    second = save(df, tmp_path)
+    assert first == tmp_path / "nvidia-h200" / "20250101T000000Z.csv"
+    assert second == tmp_path / "nvidia-h200" / "20250101T000000Z-2.csv"  # never overwritten
+    assert pd.read_csv(first)["time_us"].tolist() == [100.0]
+    meta = json.loads(first.with_suffix(".json").read_text())
+    assert meta["rows"] == 1 and meta["argv"] == ["--preset", "target"] and meta["device"]["name"] == "NVIDIA H200"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nvidia-a100", "nvidia-h200"]
+    assert [p.name for p in other.iterdir()] == ["20250101T000000Z.csv"]
+    assert (other / "20250101T000000Z.csv").read_text() == "keep me\n"
+
+
+def test_save_refuses_mixed_or_unsafe_slugs(tmp_path):
+    df = _rows([("triton", "", "bf16", "dequant", 1.0, "ok", True)] * 2)
+    df["timestamp"] = "2025-01-01T00:00:00Z"
+    df.loc[1, "gpu_slug"] = "nvidia-a100"
+    with pytest.raises(ValueError, match="one device"):
+        save(df, tmp_path)
+    df["gpu_slug"] = "../escape"
+    with pytest.raises(ValueError, match="folder-safe"):
+        save(df, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+# -------------------------------------------------------------------------------------------- CLI
+def test_main_in_process_with_the_reference(tmp_path, capsys):
+    rc = bench.main(["--batches", "1", "2", "--contexts", "16", "--heads", "2:1", "--head-dims", "16",
+                     "--kv-dtypes", "fp16", "--modes", "dequant", "--backends", "reference", "--out",
+                     str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "reference fp16 dequant" in out and "say nothing about any GPU" in out
+    files = list((tmp_path / "cpu").glob("*.csv"))
+    assert len(files) == 1 and len(pd.read_csv(files[0])) == 2
+
+
+def test_main_rejects_bad_arguments():
+    with pytest.raises(SystemExit):
+        bench.main(["--batches", "1"])  # no contexts and no preset
+    with pytest.raises(SystemExit):
+        bench.main(["--preset", "smoke", "--heads", "32x8"])
+
+
+def test_main_smoke_preset_as_a_module(tmp_path):
+    proc = _interpreted("", "-m", "fp8kv.bench", "--preset", "smoke", "--interpret", "--out", str(tmp_path),
+                        "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = list((tmp_path / "cpu").glob("*.csv"))
+    assert len(files) == 1 and files[0].with_suffix(".json").exists()
+    df = pd.read_csv(files[0])
+    ok = df[df["status"] == "ok"]
+    assert {"triton", "reference"} <= set(ok["backend"]) and ok["check_passed"].all()
+    assert (df[df["backend"] == "flashinfer"]["status"] == "unsupported").all()
+    assert "wrote " in proc.stdout and "unsupported" in proc.stdout
+
+
+# -------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_run_on_the_gpu_times_cold_caches_with_cuda_graphs():
+    cases = sweep([4], [1000], heads=[(8, 2)], head_dims=[128], kv_dtypes=["bf16", "fp8_e4m3"],
+                  modes=["dequant", "fp8"], backends=["triton", "flashinfer"], flashinfer_tensor_cores=[True])
+    df = run(cases, rep=20, progress=False)
+    ok = df[df["status"] == "ok"]
+    assert set(ok["backend"]) >= {"triton"}, df[["label", "status", "reason"]]
+    assert (ok["timing"] == "cuda-graph").all() and ok["check_passed"].all()
+    assert (ok["kv_copies"] > 1).all()  # a 4 x 1000-token cache is far smaller than 4 x L2: rotated
+    assert (ok["gbps"] > 0).all() and ok["copy_gbps"].gt(0).all()
+    assert (df["status"] != "error").all(), df.loc[df["status"] == "error", ["label", "reason"]]

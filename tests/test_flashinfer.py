@@ -1,0 +1,247 @@
+"""fp8kv.backends.flashinfer on CPU: page-table translation, exact scale folding, refusals.
+
+FlashInfer's kernels need a CUDA GPU (tests/test_gpu_crosscheck.py runs them); everything that
+decides *what* FlashInfer is given is pure torch and is checked here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from conftest import rel_err
+from fp8kv import reference
+from fp8kv.backends import flashinfer as fib
+from fp8kv.cache import PagedKVCache
+from fp8kv.capability import UnsupportedError, capability, check, current_arch, flashinfer_installed
+
+
+def make_cache(lens, *, hkv=2, d=16, block_size=16, kv_dtype="fp8_e4m3", granularity="tensor",
+               layout="NHD", seed=0, head_spread=True):
+    """A shuffled-page cache of ragged sequences, K/V magnitudes differing per head (and channel)."""
+    g = torch.Generator().manual_seed(seed)
+    n = max(max(lens), 1)
+    k = torch.randn(len(lens), n, hkv, d, generator=g)
+    v = torch.randn(len(lens), n, hkv, d, generator=g)
+    if head_spread:  # per-head (and a few per-channel) magnitudes, so the scales differ for real
+        k = k * (2.0 ** torch.arange(hkv, dtype=torch.float32))[:, None]
+        v = v * (0.5 ** torch.arange(hkv, dtype=torch.float32))[:, None]
+        k[..., ::5] *= 6.0
+    return PagedKVCache.from_dense(k, v, lens, block_size=block_size, kv_dtype=kv_dtype,
+                                   granularity=granularity, layout=layout, seed=seed)
+
+
+def codes_cache(cache: PagedKVCache) -> PagedKVCache:
+    """The same pages read with unit scales: gather() then returns the raw FP8 codes as fp32."""
+    ones = torch.ones(cache.scale_shape())
+    return PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table, cache.seq_lens, cache.kv_dtype,
+                        cache.granularity, ones, ones, cache.layout)
+
+
+# ------------------------------------------------------------------------------------ paged_kv_args
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_paged_kv_args_hand_built(layout):
+    # lengths: one token, exactly one block, a non-multiple, empty, one past a block boundary
+    lens = [1, 16, 37, 0, 33]
+    cache = make_cache(lens, block_size=16, layout=layout, seed=3)
+    bt = cache.block_table
+    indptr, indices, last = fib.paged_kv_args(cache)
+    for t in (indptr, indices, last):
+        assert t.dtype == torch.int32 and t.device == cache.device
+    assert indptr.tolist() == [0, 1, 2, 5, 5, 8]
+    assert last.tolist() == [1, 16, 5, 0, 1]
+    expected = [bt[0, 0], bt[1, 0], bt[2, 0], bt[2, 1], bt[2, 2], bt[4, 0], bt[4, 1], bt[4, 2]]
+    assert indices.tolist() == [int(x) for x in expected]
+    # pages are shuffled, so the table is not the identity: the test would catch an arange
+    assert indices.tolist() != sorted(indices.tolist())
+
+
+def test_paged_kv_args_address_the_right_tokens():
+    """Reading pages through (indptr, indices, last_page_len) the way FlashInfer does gives gather()."""
+    lens = [5, 32, 47, 1]
+    cache = make_cache(lens, block_size=16, kv_dtype="bf16", seed=7)
+    indptr, indices, last = fib.paged_kv_args(cache)
+    bs = cache.block_size
+    # FlashInfer's length formula (page.cuh get_length / flashinfer.get_seq_lens)
+    got_lens = (indptr[1:] - indptr[:-1] - 1).clamp(min=0) * bs + last
+    assert got_lens.tolist() == lens
+    for i, n in enumerate(lens):
+        pages = indices[int(indptr[i]):int(indptr[i + 1])].long()
+        k = cache.k_pages[pages].reshape(-1, cache.num_kv_heads, cache.head_dim)[:n].float()
+        k_ref, _ = cache.gather(i)
+        assert torch.equal(k, k_ref), f"sequence {i}"
+
+
+def test_qo_indptr():
+    assert fib.qo_indptr([3, 0, 5]).tolist() == [0, 3, 3, 8]
+    with pytest.raises(ValueError, match="qo_lens\\[1\\]=-2"):
+        fib.qo_indptr([1, -2])
+
+
+# ------------------------------------------------------------------------------------- scale folding
+@pytest.mark.parametrize("granularity", ["tensor", "head", "channel"])
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("hq_per_kv", [1, 3])
+def test_fold_scales_is_exact(granularity, kv_dtype, hq_per_kv):
+    """Attention over (q_folded, codes x k_scale, codes x v_scale) x out_mult == reference.decode."""
+    lens = [9, 16, 40]
+    hkv, d = 2, 16
+    cache = make_cache(lens, hkv=hkv, d=d, kv_dtype=kv_dtype, granularity=granularity, seed=11)
+    q = torch.randn(len(lens), hkv * hq_per_kv, d, generator=torch.Generator().manual_seed(5))
+    q_f, k_s, v_s, out_mult = fib.fold_scales(q, cache)  # fp32 q: the fold without rounding
+    assert isinstance(k_s, float) and isinstance(v_s, float)
+    assert q_f.dtype == torch.float32 and q_f.shape == q.shape
+    if granularity == "tensor":
+        assert out_mult is None and torch.equal(q_f, q)
+        assert k_s == float(cache.k_scale) and v_s == float(cache.v_scale)
+    else:
+        assert out_mult is not None and not torch.equal(q_f, q)
+    sm = 1.0 / math.sqrt(d)
+    codes = codes_cache(cache)
+    ref_out, ref_lse = reference.decode(q, cache)
+    for i in range(len(lens)):
+        kc, vc = codes.gather(i)
+        o, lse = reference.attention(q_f[i], kc * k_s, vc * v_s, sm)
+        if out_mult is not None:
+            o = o * out_mult
+        assert rel_err(o, ref_out[i]) < 2e-6, f"sequence {i}"
+        assert torch.allclose(lse, ref_lse[i], rtol=0, atol=2e-5), f"sequence {i}"
+
+
+def test_fold_without_scales_is_wrong():
+    """The same computation with the folding dropped is far off: the test above can fail."""
+    cache = make_cache([20, 33], granularity="head", seed=2)
+    q = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(1))
+    _, k_s, v_s, _ = fib.fold_scales(q, cache)
+    codes = codes_cache(cache)
+    ref_out, _ = reference.decode(q, cache)
+    kc, vc = codes.gather(0)
+    o, _ = reference.attention(q[0], kc * k_s, vc * v_s, 0.25)  # unfolded q, no output multiplier
+    assert rel_err(o, ref_out[0]) > 0.1
+
+
+def test_fold_ratio_and_shapes():
+    cache = make_cache([12], hkv=2, d=16, granularity="head", seed=4)
+    fold = fib.plan_scales(cache, 6)
+    ks, vs = cache.k_scale, cache.v_scale
+    assert fold.k_scale == float(ks.max()) and fold.v_scale == 1.0
+    assert fold.q_mult.shape == (6, 1) and fold.out_mult.shape == (6, 1)
+    assert float(fold.q_mult.max()) == 1.0 and float(fold.q_mult.min()) > 0
+    # query heads 0-2 read KV head 0, 3-5 KV head 1 (reference.attention's h // group)
+    assert torch.allclose(fold.q_mult[:, 0] * fold.k_scale, ks.repeat_interleave(3), rtol=1e-6)
+    assert torch.equal(fold.out_mult[:, 0], vs.repeat_interleave(3))
+    ch = fib.plan_scales(make_cache([12], granularity="channel"), 4)
+    assert ch.q_mult.shape == (4, 16) and ch.out_mult.shape == (4, 16)
+
+
+def test_fold_rounds_once_to_q_dtype():
+    cache = make_cache([10], granularity="head", seed=8)
+    q = torch.randn(1, 2, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    q_f, *_ = fib.fold_scales(q, cache)
+    fold = fib.plan_scales(cache, 2)
+    assert q_f.dtype == torch.bfloat16
+    assert torch.equal(q_f, (q.float() * fold.q_mult).to(torch.bfloat16))
+    # one bf16 rounding: relative error at most 2^-8 per element
+    exact = q.float() * fold.q_mult
+    assert float(((q_f.float() - exact).abs() / exact.abs().clamp_min(1e-30)).max()) <= 2.0 ** -8
+
+
+def test_sixteen_bit_cache_folds_nothing():
+    cache = make_cache([7, 3], kv_dtype="bf16")
+    q = torch.randn(2, 2, 16)
+    q_f, k_s, v_s, out_mult = fib.fold_scales(q, cache)
+    assert (k_s, v_s, out_mult) == (1.0, 1.0, None) and q_f is q
+
+
+def test_token_head_rejected_with_capability_reason():
+    cache = make_cache([5, 9], granularity="token_head")
+    why = check("flashinfer", "fp8_e4m3", "dequant", "sm90", "token_head")[1]
+    assert "per-token-head" in why
+    with pytest.raises(UnsupportedError) as e:
+        fib.fold_scales(torch.randn(2, 2, 16), cache)
+    assert why in str(e.value)
+
+
+def test_plan_scales_rejects_bad_heads():
+    cache = make_cache([5])
+    with pytest.raises(ValueError, match="num_qo_heads=3"):
+        fib.plan_scales(cache, 3)
+
+
+# ------------------------------------------------------------------------------- optional import
+no_gpu_flashinfer = pytest.mark.skipif(current_arch() is not None and flashinfer_installed(),
+                                       reason="a GPU with FlashInfer is present: nothing is refused here")
+
+
+@no_gpu_flashinfer
+def test_import_without_flashinfer_and_decode_refuses():
+    mod = importlib.import_module("fp8kv.backends.flashinfer")
+    assert callable(mod.decode) and callable(mod.paged_kv_args)
+    cache = make_cache([4, 6])
+    q = torch.randn(2, 4, 16, dtype=torch.bfloat16)
+    ok, why = check("flashinfer", cache.kv_dtype, "dequant", None, cache.granularity, cache.head_dim)
+    assert not ok
+    with pytest.raises(UnsupportedError) as e:
+        fib.decode(q, cache)
+    assert why in str(e.value)
+
+
+def test_missing_flashinfer_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(fib, "flashinfer_installed", lambda: False)
+    with pytest.raises(UnsupportedError, match=r"FlashInfer is not installed \(pip install 'fp8kv\[gpu\]'\)"):
+        fib._import_flashinfer()
+
+
+def test_broken_flashinfer_install_names_its_dependencies(monkeypatch):
+    monkeypatch.setattr(fib, "flashinfer_installed", lambda: True)
+    monkeypatch.setattr(fib, "_MODULE", "fp8kv_test_no_such_module")
+    with pytest.raises(UnsupportedError, match="apache-tvm-ffi") as e:
+        fib._import_flashinfer()
+    assert isinstance(e.value.__cause__, ImportError)
+
+
+def test_decoder_refuses_a_cpu_cache():
+    with pytest.raises(UnsupportedError, match="CUDA tensors only"):
+        fib.FlashInferDecode(make_cache([3]))
+
+
+@no_gpu_flashinfer
+def test_registry_reaches_the_flashinfer_entry():
+    import fp8kv
+
+    cache = make_cache([4, 6])
+    q = torch.randn(2, 4, 16, dtype=torch.bfloat16)
+    with pytest.raises(UnsupportedError, match="flashinfer"):
+        fp8kv.decode(q, cache, backend="flashinfer")
+
+
+def test_prefill_validates_before_needing_flashinfer():
+    cache = make_cache([4, 6])
+    q = torch.randn(5, 4, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"qo_lens\[0\]=5"):
+        fib.prefill(q, [5, 0], cache)
+    with pytest.raises(ValueError, match="sum\\(qo_lens\\) = 4"):
+        fib.prefill(q, [2, 2], cache)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        fib.prefill(q.float(), [2, 3], cache)
+
+
+# ------------------------------------------------------------------------------- capability rows
+@pytest.mark.parametrize("arch", ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"])
+def test_capability_rows_for_flashinfer(arch):
+    df = capability(arch)
+    fi = df[df.backend == "flashinfer"].set_index(["kv_dtype", "mode"])
+    for kv in ("fp8_e4m3", "fp8_e5m2"):
+        row = fi.loc[(kv, "dequant")]
+        assert bool(row.supported), f"{arch} {kv} dequant: {row.reason}"
+        assert row.granularities == "tensor,head,channel"
+        fp8 = fi.loc[(kv, "fp8")]
+        assert bool(fp8.supported) == (arch == "sm100"), f"{arch} {kv} fp8: {fp8.reason}"
+        if arch != "sm100":
+            assert "sm100" in fp8.reason
+    for kv in ("bf16", "fp16"):
+        assert bool(fi.loc[(kv, "dequant")].supported)
+        assert not bool(fi.loc[(kv, "fp8")].supported)

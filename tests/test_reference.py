@@ -1,0 +1,147 @@
+"""fp8kv.reference.decode against a plain dense softmax attention written here in float64.
+
+Tolerance: the oracle computes in fp32 and this test in fp64 on the same dequantized K/V, so the
+only difference is fp32 rounding over <= 54 tokens: 1e-5 relative (output, per sequence) and
+1e-5 x max(1, |lse|) absolute on the LSE.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fp8kv.cache import PagedKVCache
+from fp8kv.reference import attention, decode
+
+TOL = 1e-5
+LENS = [1, 15, 16, 17, 54]
+
+
+def dense_attention(q, ks, vs, sm_scale):
+    """q [B, Hq, D]; ks, vs: lists of [L_i, Hkv, D]. Returns fp64 out [B, Hq, D] and lse [B, Hq]."""
+    outs, lses = [], []
+    for i in range(q.shape[0]):
+        group = q.shape[1] // ks[i].shape[1]
+        k = ks[i].double().repeat_interleave(group, dim=1)  # [L, Hq, D]: head h reads KV head h // group
+        v = vs[i].double().repeat_interleave(group, dim=1)
+        s = torch.einsum("hd,lhd->hl", q[i].double(), k) * sm_scale
+        lses.append(torch.logsumexp(s, dim=-1))
+        outs.append(torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v))
+    return torch.stack(outs), torch.stack(lses)
+
+
+@pytest.fixture
+def check(assert_rel_err):
+    """check(out, lse, ref_out, ref_lse, what): per-sequence output and LSE within TOL."""
+
+    def _check(out, lse, ref_out, ref_lse, what):
+        assert out.dtype == lse.dtype == torch.float32
+        for i in range(out.shape[0]):
+            assert_rel_err(out[i], ref_out[i], TOL, f"{what} out[{i}]")
+        assert ((lse.double() - ref_lse).abs() <= TOL * ref_lse.abs().clamp(min=1)).all(), what
+
+    return _check
+
+
+def make_cache(lens, hkv, d, kv_dtype, gen, layout="NHD", gran="tensor", spread=1.0):
+    b, t = len(lens), max(lens)
+    k = (torch.randn(b, t, hkv, d, generator=gen) * spread).to(torch.bfloat16)
+    v = torch.randn(b, t, hkv, d, generator=gen).to(torch.bfloat16)
+    cache = PagedKVCache.from_dense(k, v, lens, block_size=16, kv_dtype=kv_dtype, granularity=gran,
+                                    layout=layout)
+    return cache, k, v
+
+
+@pytest.mark.parametrize("hq, hkv", [(4, 4), (8, 2), (16, 2), (8, 1)], ids=["mha", "g4", "g8", "mqa"])
+@pytest.mark.parametrize("kv_dtype, gran, layout, d", [("fp8_e4m3", "tensor", "NHD", 24),
+                                                       ("fp8_e5m2", "token_head", "HND", 40),
+                                                       ("fp8_e4m3", "channel", "HND", 24),
+                                                       ("fp8_e4m3", "head", "NHD", 40),
+                                                       ("bf16", "tensor", "NHD", 40)])
+def test_decode_matches_dense_softmax(hq, hkv, d, kv_dtype, gran, layout, gen, check):
+    cache, k, v = make_cache(LENS, hkv, d, kv_dtype, gen, layout, gran)
+    q = torch.randn(len(LENS), hq, d, generator=gen).to(torch.bfloat16)
+    out, lse = decode(q, cache)
+    assert out.shape == (5, hq, d) and lse.shape == (5, hq)
+    ks, vs = zip(*(cache.gather(i) for i in range(5)), strict=True)  # the dequantized cache: kernel-error tier
+    ref_out, ref_lse = dense_attention(q, ks, vs, 1 / math.sqrt(d))
+    check(out, lse, ref_out, ref_lse, f"{kv_dtype}/{gran}/{layout} Hq={hq} Hkv={hkv} D={d}")
+    if kv_dtype == "bf16":  # a 16-bit cache holds bf16 input exactly: same answer from the raw K/V
+        raw_out, raw_lse = dense_attention(q, [k[i, :n] for i, n in enumerate(LENS)],
+                                           [v[i, :n] for i, n in enumerate(LENS)], 1 / math.sqrt(d))
+        check(out, lse, raw_out, raw_lse, "bf16 cache vs raw K/V")
+
+
+@pytest.mark.parametrize("sm_scale", [0.05, 1.0, 3.0])
+def test_non_default_sm_scale(sm_scale, gen, check):
+    cache, _, _ = make_cache([54, 17, 1], 2, 40, "fp8_e4m3", gen, spread=4.0)
+    q = torch.randn(3, 8, 40, generator=gen) * 2  # fp32 query; sm_scale 3 makes peaked softmaxes
+    out, lse = decode(q, cache, sm_scale=sm_scale)
+    ks, vs = zip(*(cache.gather(i) for i in range(3)), strict=True)
+    ref_out, ref_lse = dense_attention(q, ks, vs, sm_scale)
+    check(out, lse, ref_out, ref_lse, f"sm_scale={sm_scale}")
+    default_out, _ = decode(q, cache)
+    assert not torch.allclose(default_out, out)  # the argument is really used
+
+
+def test_single_token_sequence_returns_its_value(gen):
+    cache, _, _ = make_cache([1, 1], 2, 24, "bf16", gen)
+    q = torch.randn(2, 4, 24, generator=gen)
+    out, lse = decode(q, cache, sm_scale=0.5)
+    for i in range(2):
+        k, v = cache.gather(i)
+        rep_v = v[0].repeat_interleave(2, dim=0)  # [Hq, D]
+        assert torch.allclose(out[i], rep_v, rtol=1e-6, atol=0)  # softmax over one token is 1
+        score = (q[i].double() * k[0].double().repeat_interleave(2, dim=0)).sum(-1) * 0.5
+        assert torch.allclose(lse[i].double(), score, rtol=1e-5, atol=1e-6)
+
+
+def test_gqa_head_mapping_is_grouped_not_strided(gen):
+    """Query head h must read KV head h // group: give each KV head a constant V to tell them apart."""
+    lens = [15, 17]
+    k = torch.randn(2, 17, 2, 24, generator=gen)
+    v = torch.ones(2, 17, 2, 24)
+    v[:, :, 1] = 2.0
+    cache = PagedKVCache.from_dense(k, v, lens, kv_dtype="bf16")
+    out, _ = decode(torch.randn(2, 8, 24, generator=gen), cache)
+    expected = torch.tensor([1.0] * 4 + [2.0] * 4)[None, :, None].expand(2, 8, 24)
+    assert torch.allclose(out, expected, rtol=1e-6, atol=0)
+
+
+def test_attention_helper_matches_dense(gen, check):
+    q = torch.randn(6, 40, generator=gen)
+    k = torch.randn(54, 3, 40, generator=gen)
+    v = torch.randn(54, 3, 40, generator=gen)
+    out, lse = attention(q, k, v, 0.2)
+    ref_out, ref_lse = dense_attention(q[None], [k], [v], 0.2)
+    check(out[None], lse[None], ref_out, ref_lse, "attention()")
+
+
+def test_empty_sequence_is_a_clear_error(gen):
+    k = torch.randn(3, 16, 2, 24, generator=gen)
+    cache = PagedKVCache.from_dense(k, k, [16, 0, 5])
+    with pytest.raises(ValueError, match=r"seq_lens\[1\]=0: decode needs at least one cached token"):
+        decode(torch.randn(3, 4, 24), cache)
+
+
+def test_input_errors_by_message(gen):
+    cache, _, _ = make_cache([5, 17], 2, 24, "fp8_e4m3", gen)
+    with pytest.raises(TypeError, match=r"q must be a torch.Tensor \[B, Hq, D\], got list"):
+        decode([[0.0]], cache)
+    with pytest.raises(TypeError, match=r"cache must be a fp8kv.PagedKVCache, got dict"):
+        decode(torch.zeros(2, 4, 24), {})
+    with pytest.raises(ValueError, match=r"q must be \[B, Hq, D\] .* got shape \(2, 1, 4, 24\)"):
+        decode(torch.zeros(2, 1, 4, 24), cache)
+    for dt in (torch.float64, torch.int32, torch.float8_e4m3fn):
+        with pytest.raises(TypeError, match=rf"q must be float16/bfloat16/float32, got {dt}"):
+            decode(torch.zeros(2, 4, 24).to(dt), cache)
+    with pytest.raises(ValueError, match=r"q has batch 3 but the cache holds 2 sequences"):
+        decode(torch.zeros(3, 4, 24), cache)
+    with pytest.raises(ValueError, match=r"q has head_dim 40 but the cache has head_dim 24"):
+        decode(torch.zeros(2, 4, 40), cache)
+    with pytest.raises(ValueError, match=r"q has 3 heads, not a multiple of the cache's 2 KV heads"):
+        decode(torch.zeros(2, 3, 24), cache)
+    with pytest.raises(ValueError, match=r"q is on meta but the cache is on cpu"):
+        decode(torch.empty(2, 4, 24, device="meta"), cache)
