@@ -136,14 +136,21 @@ def test_tile_size_decoupled_from_page_size(block_size, block_n):
                             num_splits=2)
 
 
+CONVERTS = ["software", "cast"]
+if DEVICE == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
+    CONVERTS.append("ptx")
+
+
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
-def test_software_decode_equals_hardware_path(kv_dtype):
-    """The sm80 path (uint8 codes decoded with integer ops) gives the same numbers as the cast path."""
+def test_fp8_conversion_paths_agree(kv_dtype):
+    """The sm80 path (uint8 codes decoded with integer ops), Triton's cast and (on sm89+ GPUs) the
+    inline-PTX conversion are all exact, so they give bit-identical outputs."""
     cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype)
     q = make_q(len(LENS), 8, 64, torch.float16)
-    a, la = paged_decode(q, cache, software_decode=True)
-    b, lb = paged_decode(q, cache, software_decode=False)
-    assert torch.equal(a, b) and torch.equal(la, lb)
+    outs = {c: paged_decode(q, cache, convert=c) for c in CONVERTS}
+    first_out, first_lse = outs[CONVERTS[0]]
+    for c in CONVERTS[1:]:
+        assert torch.equal(outs[c][0], first_out) and torch.equal(outs[c][1], first_lse), c
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp16"])
@@ -215,6 +222,8 @@ def test_decode_errors_are_clear():
         paged_decode(make_q(2, 8, 128, torch.float16)[..., ::2], cache)
     with pytest.raises(ValueError, match="block_n"):
         paged_decode(q, cache, mode="fp8", block_n=16)
+    with pytest.raises(ValueError, match="convert="):
+        paged_decode(q, cache, convert="magic")
     th = make_cache([4, 5], 2, 64, granularity="token_head")
     with pytest.raises(UnsupportedError, match="token_head needs dequant"):
         paged_decode(q, th, mode="fp8")

@@ -48,3 +48,19 @@ def fp32_to_fp8_bits(y, MANT: tl.constexpr, BIAS: tl.constexpr, FMAX: tl.constex
     MIN_NORMAL: tl.constexpr = 2.0 ** (1 - BIAS)
     code = tl.where(a < MIN_NORMAL, sub.to(tl.uint32), normal)
     return (code | sign).to(tl.uint8)
+
+
+@triton.jit
+def fp8_bits_to_fp16_ptx(code, MANT: tl.constexpr):
+    """uint8 FP8 codes -> float16 with the sm89+ PTX conversion (two codes per instruction).
+
+    Inline assembly is opaque to Triton's layout passes, so the tile is converted in registers
+    right after its global load and reaches the dot's shared-memory staging as fp16.
+    """
+    if MANT == 3:
+        asm: tl.constexpr = ("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+                             "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }")
+    else:
+        asm: tl.constexpr = ("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+                             "cvt.rn.f16x2.e5m2x2 $0, lo; cvt.rn.f16x2.e5m2x2 $1, hi; }")
+    return tl.inline_asm_elementwise(asm, "=r,=r,r", [code], dtype=tl.float16, is_pure=True, pack=4)

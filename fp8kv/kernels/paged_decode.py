@@ -9,8 +9,8 @@ independent), keeps an online softmax in fp32 (exp2 domain), and writes either t
 Modes (see fp8kv/ops.py for the host side):
 
 * dequant: FP8 codes are turned into the query's 16-bit type in registers, 16-bit ``tl.dot``.
-  SOFTWARE_DECODE does it with integer ops (sm80/86, where Triton has no e4m3); otherwise the
-  hardware conversion is used.
+  CONVERT picks how: integer ops (any arch; sm80/86, where Triton has no e4m3), Triton's cast,
+  or inline PTX ``cvt.rn.f16x2.e4m3x2`` (sm89+).
 * fp8: the query is quantized here to e4m3 with a per-(sequence, head) scale amax/448 (carried
   exactly into the fp32 scores); QKᵀ is an FP8 x FP8 dot. Probabilities p ∈ [0, 1] are multiplied by P_SCALE (= 448, the e4m3
   max), rounded to e4m3 and multiplied with the FP8 V tile; the epilogue divides P_SCALE back out.
@@ -24,7 +24,7 @@ probabilities (V) inside the loop.
 import triton
 import triton.language as tl
 
-from .fp8_codec import fp8_bits_to_fp16, fp32_to_fp8_bits
+from .fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -33,14 +33,21 @@ SCALE_PER_HEAD = tl.constexpr(0)  # tensor and head granularity: one scalar per 
 SCALE_CHANNEL = tl.constexpr(1)  # [Hkv, D]: K folded into q on the host, V applied in the epilogue
 SCALE_TOKEN_HEAD = tl.constexpr(2)  # [num_blocks, block_size, Hkv]: per token, inside the loop
 
+# CONVERT values: how dequant mode turns FP8 codes into 16-bit values
+CONVERT_CAST = tl.constexpr(0)  # Triton's fp8 cast (sm89+, and the interpreter)
+CONVERT_SOFTWARE = tl.constexpr(1)  # integer bit manipulation (any arch; sm80/86)
+CONVERT_PTX = tl.constexpr(2)  # inline cvt.rn.f16x2.e4m3x2 / e5m2x2 (sm89+)
+
 
 @triton.jit
-def _kv_tile_to_compute(codes, COMPUTE: tl.constexpr, KV_FP8: tl.constexpr, SOFTWARE_DECODE: tl.constexpr,
+def _kv_tile_to_compute(codes, COMPUTE: tl.constexpr, KV_FP8: tl.constexpr, CONVERT: tl.constexpr,
                         MANT: tl.constexpr, BIAS: tl.constexpr):
     """A loaded K/V tile -> the dot's 16-bit type (FP8 tiles arrive as uint8 codes)."""
     if KV_FP8:
-        if SOFTWARE_DECODE:
+        if CONVERT == CONVERT_SOFTWARE:
             x = fp8_bits_to_fp16(codes, MANT, BIAS)
+        elif CONVERT == CONVERT_PTX:
+            x = fp8_bits_to_fp16_ptx(codes, MANT)
         elif MANT == 3:
             x = codes.to(tl.float8e4nv, bitcast=True)
         else:
@@ -78,7 +85,7 @@ def paged_decode_kernel(
     SCALE_KIND: tl.constexpr,
     SCALE_HEAD_STRIDE: tl.constexpr,  # per-head kind: 0 for one tensor-wide scale, 1 for one per KV head
     KV_FP8: tl.constexpr,
-    SOFTWARE_DECODE: tl.constexpr,
+    CONVERT: tl.constexpr,  # CONVERT_CAST / CONVERT_SOFTWARE / CONVERT_PTX
     MANT: tl.constexpr,  # FP8 KV format: mantissa bits (3 = e4m3, 2 = e5m2)
     BIAS: tl.constexpr,  # FP8 KV format: exponent bias
     FP8_MODE: tl.constexpr,
@@ -149,7 +156,7 @@ def paged_decode_kernel(
                 k8 = k.to(tl.float8e5, bitcast=True)
             s = tl.dot(q, tl.trans(k8))
         else:
-            s = tl.dot(q, tl.trans(_kv_tile_to_compute(k, COMPUTE, KV_FP8, SOFTWARE_DECODE, MANT, BIAS)))
+            s = tl.dot(q, tl.trans(_kv_tile_to_compute(k, COMPUTE, KV_FP8, CONVERT, MANT, BIAS)))
         s = s * row_scale[:, None]
         if SCALE_KIND == SCALE_TOKEN_HEAD:
             sc_off = (page * BLOCK_SIZE + in_page) * num_kv_heads + kvh
@@ -179,7 +186,7 @@ def paged_decode_kernel(
                 v8 = v.to(tl.float8e5, bitcast=True)
             acc += tl.dot(p8, v8)
         else:
-            vc = _kv_tile_to_compute(v, COMPUTE, KV_FP8, SOFTWARE_DECODE, MANT, BIAS)
+            vc = _kv_tile_to_compute(v, COMPUTE, KV_FP8, CONVERT, MANT, BIAS)
             acc += tl.dot(p.to(COMPUTE), vc) * vs_max
 
     # Epilogue: normalise, apply the V scale (and undo P_SCALE in fp8 mode).

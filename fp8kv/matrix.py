@@ -1,0 +1,267 @@
+"""The backend matrix: every backend × KV dtype × mode × granularity, run once here and checked.
+
+::
+
+    df = backend_matrix()            # one row per combination, on this machine
+    df[df.status != "passed"]        # what failed, errored or cannot run here, and why
+
+For each combination :func:`fp8kv.capability.check` is asked first (``arch=None``: this machine,
+with what is installed and, on CPU, whether the Triton interpreter is on). Where it says no, the row
+has ``status="unsupported"`` and the table's reason. Otherwise :func:`fp8kv.decode` runs once through
+that backend and mode, and its output and LSE are compared with :func:`fp8kv.reference.decode` on
+the *same* cache (kernel error on the dequantized cache, not quantization error), with the output
+tolerance of :func:`fp8kv.bench.tolerance` and the LSE tolerance of :func:`lse_tolerance`.
+
+The sequences are ragged (by default: one token, a length that is not a multiple of the page size,
+and several pages), so the one-token and partial-page paths run in every cell. K has a per-head
+magnitude spread and an outlier channel, as real keys do, so the granularities differ.
+
+Rows
+----
+``backend, kv_dtype, mode, granularity, q_dtype, status, passed, rel_err, tol, lse_err, lse_tol,
+reason, error, seconds, batch, seq_lens, num_q_heads, num_kv_heads, head_dim, block_size, device,
+arch``. ``status`` is ``"passed"``, ``"failed"`` (ran; an error above its tolerance), ``"error"``
+(ran and raised although the capability table says it runs: the exception is in ``error``) or
+``"unsupported"`` (``reason`` = the capability table's reason). ``reason`` is always
+``capability.check``'s text: for rows that ran it says how the combination runs. ``seconds`` is the
+wall time of the one checked call, compilation included (not a benchmark).
+
+The combinations are those of :func:`fp8kv.bench.sweep`: the product of the axes minus what is not
+a combination at all. A 16-bit cache carries no scales, so its granularities collapse to one row
+per backend (``granularity="tensor"``), and it has no fp8 mode (that mode quantizes the query and
+the probabilities to meet FP8 K/V).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+
+from .cache import PagedKVCache
+from .capability import BACKENDS, KV_DTYPES, MODES
+from .capability import check as capability_check
+from .quant import GRANULARITIES
+
+__all__ = ["backend_matrix", "ragged_seq_lens", "lse_tolerance", "summarize", "COLUMNS", "STATUSES"]
+
+STATUSES = ("passed", "failed", "error", "unsupported")
+COLUMNS = ["backend", "kv_dtype", "mode", "granularity", "q_dtype", "status", "passed", "rel_err", "tol",
+           "lse_err", "lse_tol", "reason", "error", "seconds", "batch", "seq_lens", "num_q_heads",
+           "num_kv_heads", "head_dim", "block_size", "device", "arch"]
+_Q_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
+
+
+def _fail(msg: str, exc=ValueError):
+    raise exc(msg)
+
+
+def _positive_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        _fail(f"{name}={v!r}; expected a positive int")
+    return v
+
+
+def _choices(name: str, values, allowed: Sequence[str]) -> list[str]:
+    if isinstance(values, str):
+        values = [values]
+    values = list(values)
+    if not values:
+        _fail(f"{name} is empty; give at least one of {tuple(allowed)}")
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        _fail(f"{name} has {bad}; expected values among {tuple(allowed)}")
+    return list(dict.fromkeys(values))
+
+
+def ragged_seq_lens(batch: int = 4, block_size: int = 16, max_len: int = 203) -> list[int]:
+    """Ragged sequence lengths that exercise the edge paths of a paged decode.
+
+    The first sequence holds one token, the last ``max_len``; the ones between are spaced
+    geometrically and moved off multiples of ``block_size``, so partial last pages occur.
+    ``batch=1`` gives ``[max_len]``. Returns a list of ``batch`` ints in ``[1, max_len]``.
+    """
+    _positive_int("batch", batch)
+    _positive_int("block_size", block_size)
+    _positive_int("max_len", max_len)
+    if batch == 1:
+        return [max_len]
+    lens = [1]
+    for i in range(1, batch - 1):
+        n = max(2, round(max_len ** (i / (batch - 1))))
+        if n % block_size == 0 and n + 1 < max_len:
+            n += 1
+        lens.append(min(n, max_len))
+    return lens + [max_len]
+
+
+def lse_tolerance(backend: str, mode: str, q_dtype: str, ref_lse: torch.Tensor) -> float:
+    """Allowed ``max |lse - ref_lse|`` (natural log) against the fp32 reference.
+
+    The scores inherit the relative error of the query's rounding: e4m3 in fp8 mode (2^-4; we allow
+    2^-3), the query's 16-bit type in dequant mode (u; we allow 4u, which also covers per-channel K
+    scales folded into the query), none for the reference (1e-5). An absolute LSE error scales with
+    the scores, hence the factor ``max(1, max |ref_lse|)``.
+    """
+    scale = max(1.0, float(ref_lse.abs().max()))
+    if backend == "reference":
+        return 1e-5 * scale
+    if mode == "fp8":
+        return 2.0**-3 * scale
+    return 4 * _UNIT_ROUNDOFF[q_dtype] * scale
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    a, r = out.detach().to(torch.float64), ref.detach().to(torch.float64)
+    den = float(r.norm())
+    return float((a - r).norm()) / den if den > 0 else float((a - r).norm())
+
+
+def _dense_kv(seq_lens: list[int], hkv: int, d: int, seed: int, device: torch.device):
+    """K, V ``[B, max_len, Hkv, D]`` fp32; K with a per-head spread and an outlier channel."""
+    g = torch.Generator().manual_seed(seed)
+    n = max(seq_lens)
+    k = torch.randn(len(seq_lens), n, hkv, d, generator=g)
+    v = torch.randn(len(seq_lens), n, hkv, d, generator=g)
+    k = k * torch.logspace(-0.5, 0.5, hkv)[None, None, :, None]  # heads differ in magnitude ...
+    k[..., min(1, d - 1)] *= 6.0  # ... and one channel is an outlier, as in real keys
+    return k.to(device), v.to(device)
+
+
+def _default_q_dtype(kv_dtype: str, dev: torch.device) -> str:
+    # The Triton interpreter's bf16 arithmetic is wrong, so CPU runs use fp16 queries. On a GPU a
+    # 16-bit cache is read with a query of its own type (FlashInfer pairs them so), FP8 with bf16.
+    if dev.type != "cuda":
+        return "fp16"
+    return kv_dtype if kv_dtype in ("bf16", "fp16") else "bf16"
+
+
+def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: Sequence[str] = MODES,
+                   granularities: Sequence[str] = GRANULARITIES, backends: Sequence[str] = BACKENDS,
+                   batch: int | None = None, seq_lens: Sequence[int] | None = None, max_len: int = 203,
+                   heads: tuple[int, int] = (32, 8), head_dim: int = 128, block_size: int = 16,
+                   q_dtype: str | None = None, seed: int = 0) -> pd.DataFrame:
+    """Run every backend × KV dtype × mode × granularity once on this machine; check each.
+
+    Parameters
+    ----------
+    device : where the caches and queries live (``fp8kv.device.resolve_device``; default the GPU
+        if there is one). Support is asked of this machine (``capability.check(arch=None)``).
+    kv_dtypes, modes, granularities, backends : the axes (default: all of each).
+    batch, seq_lens : the sequences. ``seq_lens`` default: :func:`ragged_seq_lens` ``(batch,
+        block_size, max_len)`` with ``batch`` default 4; given both, ``batch == len(seq_lens)``.
+    heads : ``(num_q_heads, num_kv_heads)``; head_dim, block_size: the cache's shape.
+    q_dtype : "bf16", "fp16" or "fp32" for every row; default fp16 on CPU (the interpreter's bf16 is
+        wrong), on a GPU bf16 for FP8 caches and the cache's own type for 16-bit caches.
+    seed : K/V and query data.
+
+    Returns
+    -------
+    pandas.DataFrame, one row per combination (columns :data:`COLUMNS`, described in the module
+    docstring), in the order backend, kv_dtype, mode, granularity.
+    """
+    from .backends import decode
+    from .bench import Case, tolerance
+    from .device import current_arch, resolve_device
+    from .reference import decode as ref_decode
+
+    dev = resolve_device(device)
+    kv_dtypes = _choices("kv_dtypes", kv_dtypes, KV_DTYPES)
+    modes = _choices("modes", modes, MODES)
+    granularities = _choices("granularities", granularities, GRANULARITIES)
+    backends = _choices("backends", backends, BACKENDS)
+    _positive_int("head_dim", head_dim)
+    _positive_int("block_size", block_size)
+    if not (isinstance(heads, (tuple, list)) and len(heads) == 2):
+        _fail(f"heads={heads!r}; expected a (num_q_heads, num_kv_heads) pair such as (32, 8)")
+    hq, hkv = (_positive_int("heads[0]", heads[0]), _positive_int("heads[1]", heads[1]))
+    if hq % hkv:
+        _fail(f"heads={tuple(heads)!r}: num_q_heads must be a multiple of num_kv_heads")
+    if q_dtype is not None and q_dtype not in _Q_DTYPES:
+        _fail(f"q_dtype={q_dtype!r}; expected None or one of {tuple(_Q_DTYPES)}")
+    if seq_lens is None:
+        seq_lens = ragged_seq_lens(4 if batch is None else _positive_int("batch", batch), block_size, max_len)
+    else:
+        seq_lens = [_positive_int(f"seq_lens[{i}]", int(n) if not isinstance(n, bool) else n)
+                    for i, n in enumerate(seq_lens)]
+        if not seq_lens:
+            _fail("seq_lens is empty; give at least one sequence length")
+        if batch is not None and batch != len(seq_lens):
+            _fail(f"batch={batch!r} but seq_lens has {len(seq_lens)} entries; give one or make them agree")
+
+    arch = current_arch(dev)
+    k, v = _dense_kv(seq_lens, hkv, head_dim, seed, dev)
+    q32 = torch.randn(len(seq_lens), hq, head_dim, generator=torch.Generator().manual_seed(seed + 1)).to(dev)
+    shape = dict(batch=len(seq_lens), seq_lens=",".join(map(str, seq_lens)), num_q_heads=hq, num_kv_heads=hkv,
+                 head_dim=head_dim, block_size=block_size, device=str(dev), arch=arch)
+
+    # (kv_dtype, granularity, q_dtype) -> (cache, q, ref_out, ref_lse): built once, shared by backends and modes
+    caches: dict[tuple[str, str, str], tuple] = {}
+
+    def prepared(kv: str, gran: str, qd: str):
+        key = (kv, gran, qd)
+        if key not in caches:
+            cache = PagedKVCache.from_dense(k, v, seq_lens, block_size=block_size, kv_dtype=kv,
+                                            granularity=gran, seed=seed)
+            q = q32.to(_Q_DTYPES[qd])
+            caches[key] = (cache, q, *ref_decode(q, cache))
+        return caches[key]
+
+    rows = []
+    for backend in backends:
+        for kv in kv_dtypes:
+            grans = granularities if kv.startswith("fp8") else ["tensor"]  # 16-bit caches carry no scales
+            for mode in modes:
+                if mode == "fp8" and not kv.startswith("fp8"):
+                    continue  # not a combination: fp8 mode quantizes q and p against FP8 KV
+                for gran in grans:
+                    qd = q_dtype or _default_q_dtype(kv, dev)
+                    row = dict.fromkeys(COLUMNS)
+                    row.update(shape, backend=backend, kv_dtype=kv, mode=mode, granularity=gran, q_dtype=qd,
+                               error="", rel_err=math.nan, lse_err=math.nan, tol=math.nan, lse_tol=math.nan,
+                               seconds=math.nan)
+                    ok, why = capability_check(backend, kv, mode, None, gran, head_dim)
+                    row["reason"] = why
+                    if not ok:
+                        row.update(status="unsupported")
+                        rows.append(row)
+                        continue
+                    try:
+                        cache, q, ref_out, ref_lse = prepared(kv, gran, qd)
+                        case = Case(len(seq_lens), max(seq_lens), num_q_heads=hq, num_kv_heads=hkv,
+                                    head_dim=head_dim, block_size=block_size, kv_dtype=kv, mode=mode,
+                                    backend=backend, granularity=gran, q_dtype=qd)
+                        row.update(tol=tolerance(case), lse_tol=lse_tolerance(backend, mode, qd, ref_lse))
+                        t0 = time.perf_counter()
+                        out, lse = decode(q, cache, backend=backend, mode=mode)
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize(dev)
+                        row["seconds"] = time.perf_counter() - t0
+                        if tuple(out.shape) != tuple(ref_out.shape) or tuple(lse.shape) != tuple(ref_lse.shape):
+                            raise ValueError(f"output shapes {tuple(out.shape)}, {tuple(lse.shape)}; expected "
+                                             f"{tuple(ref_out.shape)}, {tuple(ref_lse.shape)}")
+                        rel = _rel_err(out, ref_out)
+                        lse_err = float((lse.double() - ref_lse.double()).abs().max())
+                        # NaN fails both comparisons, so a non-finite output never passes.
+                        passed = bool(rel <= row["tol"] and lse_err <= row["lse_tol"])
+                        row.update(rel_err=rel, lse_err=lse_err, passed=passed,
+                                   status="passed" if passed else "failed")
+                    except Exception as e:  # one broken cell must not hide the others; the row says what
+                        row.update(status="error", passed=False, error=f"{type(e).__name__}: {e}")
+                    rows.append(row)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def summarize(df: pd.DataFrame) -> dict:
+    """Counts of a :func:`backend_matrix` table: rows, ran, passed, failed, error, unsupported."""
+    missing = sorted({"status", "passed"} - set(df.columns))
+    if missing:
+        _fail(f"df lacks columns {missing}; expected the rows of fp8kv.matrix.backend_matrix()")
+    counts = df["status"].value_counts()
+    n = {s: int(counts.get(s, 0)) for s in STATUSES}
+    return {"n_rows": len(df), "n_ran": n["passed"] + n["failed"] + n["error"], "n_passed": n["passed"],
+            "n_failed": n["failed"], "n_error": n["error"], "n_unsupported": n["unsupported"]}

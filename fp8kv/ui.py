@@ -1,0 +1,155 @@
+"""ipywidgets controls over the same functions the notebooks call, with a headless fallback.
+
+A notebook cell such as::
+
+    ui.interactive(
+        lambda fmt, n: viz.fp8_code_values([fmt]),
+        {"fmt": ui.dropdown(["e4m3", "e5m2"]), "n": ui.int_slider(1, 10, value=3)},
+        show_widgets=SHOW_WIDGETS,
+    )
+
+shows controls and a figure that re-renders on every change when ``show_widgets`` is True (a
+person in JupyterLab), and just displays the figure for the default values when it is False.
+Headless runs (the notebook runner, papermill) always pass ``SHOW_WIDGETS=False``: displaying
+widgets under papermill intermittently stalls the execution, and no callback could ever run
+there anyway. In that mode ipywidgets is not even imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from IPython.display import display
+
+__all__ = ["Control", "dropdown", "int_slider", "float_slider", "checkbox", "defaults", "build_widgets",
+           "interactive"]
+
+
+@dataclass(frozen=True)
+class Control:
+    """A control's description: widget kind, default value, widget keyword arguments.
+
+    Kept apart from the widget itself so headless runs need only ``default``.
+    """
+
+    kind: str  # "dropdown" | "int_slider" | "float_slider" | "checkbox"
+    default: Any
+    options: dict = field(default_factory=dict)
+
+    def widget(self, name: str):
+        """Build the ipywidgets widget, labelled ``name``."""
+        import ipywidgets as w
+
+        cls = {"dropdown": w.Dropdown, "int_slider": w.IntSlider, "float_slider": w.FloatSlider,
+               "checkbox": w.Checkbox}[self.kind]
+        kwargs = dict(self.options)
+        kwargs.setdefault("description", name)
+        return cls(value=self.default, continuous_update=False, **kwargs) if "slider" in self.kind \
+            else cls(value=self.default, **kwargs)
+
+
+def dropdown(options: Sequence, value=None, description: str | None = None) -> Control:
+    """A choice among ``options`` (default: the first one)."""
+    options = list(options)
+    if not options:
+        raise ValueError("dropdown options must be a non-empty sequence, got an empty one")
+    value = options[0] if value is None else value
+    if value not in options:
+        raise ValueError(f"dropdown value={value!r} is not one of the options {options}")
+    opts = {"options": options}
+    if description:
+        opts["description"] = description
+    return Control("dropdown", value, opts)
+
+
+def _slider(kind, cast, lo, hi, step, value, description):
+    if not lo < hi:
+        raise ValueError(f"slider needs min < max, got min={lo!r}, max={hi!r}")
+    value = lo if value is None else value
+    if not lo <= value <= hi:
+        raise ValueError(f"slider value={value!r} is outside [{lo}, {hi}]")
+    opts = {"min": cast(lo), "max": cast(hi), "step": cast(step)}
+    if description:
+        opts["description"] = description
+    return Control(kind, cast(value), opts)
+
+
+def int_slider(min: int, max: int, step: int = 1, value: int | None = None,  # noqa: A002 - widget names
+               description: str | None = None) -> Control:
+    """An integer slider over ``[min, max]`` (default: ``min``)."""
+    return _slider("int_slider", int, min, max, step, value, description)
+
+
+def float_slider(min: float, max: float, step: float = 0.1, value: float | None = None,  # noqa: A002
+                 description: str | None = None) -> Control:
+    """A float slider over ``[min, max]`` (default: ``min``)."""
+    return _slider("float_slider", float, min, max, step, value, description)
+
+
+def checkbox(value: bool = False, description: str | None = None) -> Control:
+    """A boolean toggle."""
+    return Control("checkbox", bool(value), {"description": description} if description else {})
+
+
+def _as_control(name: str, spec) -> Control:
+    """Accept a Control, a list/tuple of options (a dropdown) or a bool (a checkbox)."""
+    if isinstance(spec, Control):
+        return spec
+    if isinstance(spec, bool):
+        return checkbox(spec)
+    if isinstance(spec, (list, tuple)):
+        return dropdown(spec)
+    raise TypeError(f"control {name!r}: expected a fp8kv.ui Control (dropdown/int_slider/float_slider/"
+                    f"checkbox), a list of options or a bool; got {type(spec).__name__} {spec!r}")
+
+
+def defaults(controls: Mapping[str, Any]) -> dict:
+    """The default value of each control, by name."""
+    if not isinstance(controls, Mapping):
+        raise TypeError(f"controls must be a dict name -> control, got {type(controls).__name__}")
+    return {name: _as_control(name, spec).default for name, spec in controls.items()}
+
+
+def build_widgets(fn: Callable[..., Any], controls: Mapping[str, Any]):
+    """Widgets for ``controls`` plus an Output that shows ``fn(**values)``, re-rendered on change.
+
+    Returns an ``ipywidgets.VBox`` (controls row, then the output). ``fn`` is called once now with
+    the defaults. The box's ``.children[0].children`` are the control widgets, in ``controls`` order.
+    """
+    import ipywidgets as w
+
+    widgets = {name: _as_control(name, spec).widget(name) for name, spec in controls.items()}
+    out = w.Output()
+
+    def render(_change=None):
+        values = {name: wid.value for name, wid in widgets.items()}
+        out.clear_output(wait=True)
+        with out:  # an exception inside is shown in the output area, not lost
+            display(fn(**values))
+
+    for wid in widgets.values():
+        wid.observe(render, names="value")
+    render()
+    return w.VBox([w.HBox(list(widgets.values())), out])
+
+
+def interactive(fn: Callable[..., Any], controls: Mapping[str, Any], show_widgets: bool = True) -> None:
+    """Display ``fn(**values)`` with controls (``show_widgets=True``) or once, for the defaults.
+
+    Parameters
+    ----------
+    fn : callable taking the control names as keyword arguments and returning something
+        displayable (a plotly Figure, a DataFrame...).
+    controls : dict name -> Control (``dropdown``, ``int_slider``, ``float_slider``, ``checkbox``),
+        a list of options (a dropdown, default the first) or a bool (a checkbox).
+    show_widgets : False in headless runs: no widget is created, the static result is displayed.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    values = defaults(controls)  # validates every control up front, in both modes
+    if not show_widgets:
+        display(fn(**values))
+        return
+    display(build_widgets(fn, controls))

@@ -1,0 +1,205 @@
+"""fp8kv.device: device resolution, description, slug, arch and the copy-bandwidth measurement.
+
+The CUDA code paths are exercised on CPU machines through a fake ``torch.cuda`` (monkeypatched
+properties of an H200); the real GPU measurement runs only where CUDA is available.
+"""
+
+import platform
+import re
+import sys
+import types
+
+import pytest
+import torch
+
+from fp8kv import device as D
+
+H200 = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=143771 * 2**20,
+                             multi_processor_count=132, gcnArchName="")
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Pretend one CUDA device is present, with the given properties (default: an H200)."""
+
+    def install(props=H200, count=1):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev=None: props)
+        monkeypatch.setattr(torch.version, "hip", None)
+        monkeypatch.setattr(D, "_nvidia_driver_version", lambda: "570.86.15")
+        return props
+
+    return install
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+# --------------------------------------------------------------------------- resolve_device
+
+
+@pytest.mark.parametrize("arg", [None, "auto", "AUTO", "cpu", torch.device("cpu")])
+def test_resolve_device_cpu(no_gpu, arg):
+    assert D.resolve_device(arg) == torch.device("cpu")
+
+
+def test_resolve_device_auto_prefers_cuda(fake_gpu):
+    fake_gpu()
+    assert D.resolve_device("auto") == torch.device("cuda", 0)
+    assert D.resolve_device("cuda") == torch.device("cuda", 0)
+    assert D.resolve_device(0) == torch.device("cuda", 0)
+
+
+def test_resolve_device_cuda_index_out_of_range(fake_gpu):
+    fake_gpu(count=1)
+    with pytest.raises(ValueError, match="index 3 out of range"):
+        D.resolve_device("cuda:3")
+
+
+def test_resolve_device_cuda_without_gpu(no_gpu):
+    with pytest.raises(ValueError, match="no CUDA device"):
+        D.resolve_device("cuda")
+
+
+@pytest.mark.parametrize("arg", ["gpu0", "meta", "mps"])
+def test_resolve_device_rejects_other_devices(arg):
+    with pytest.raises(ValueError, match=re.escape(repr(arg))):
+        D.resolve_device(arg)
+
+
+@pytest.mark.parametrize("arg", [1.5, True, ["cpu"]])
+def test_resolve_device_rejects_types(arg):
+    with pytest.raises(TypeError, match="device must be"):
+        D.resolve_device(arg)
+
+
+# --------------------------------------------------------------------------- package_version
+
+
+def test_package_version_missing_module_is_none():
+    assert D.package_version("fp8kv_no_such_module_xyz") is None
+
+
+def test_package_version_broken_import_is_none(tmp_path, monkeypatch):
+    # An installed package whose import fails (missing CUDA library, ABI mismatch) must not raise.
+    (tmp_path / "fp8kv_broken_pkg.py").write_text("raise OSError('libcuda.so.1: cannot open shared object')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert D.package_version("fp8kv_broken_pkg") is None
+
+
+def test_package_version_reads_dunder_version(tmp_path, monkeypatch):
+    (tmp_path / "fp8kv_versioned_pkg.py").write_text("__version__ = '1.2.3'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert D.package_version("fp8kv_versioned_pkg") == "1.2.3"
+    sys.modules.pop("fp8kv_versioned_pkg", None)
+
+
+# --------------------------------------------------------------------------- describe / slug / arch
+
+
+def test_describe_device_cpu(no_gpu):
+    info = D.describe_device()
+    assert info["type"] == "cpu" and info["name"] == "cpu" and info["slug"] == "cpu"
+    assert info["arch"] is None and info["memory_gib"] is None and info["multiprocessors"] is None
+    assert info["python"] == platform.python_version()
+    assert info["torch"] == torch.__version__
+    assert info["triton"] == D.package_version("triton")
+    assert info["flashinfer"] == D.package_version("flashinfer")
+
+
+def test_describe_device_gpu(fake_gpu):
+    props = fake_gpu()
+    info = D.describe_device("cuda")
+    assert info["device"] == "cuda:0" and info["type"] == "cuda"
+    assert info["name"] == props.name
+    assert info["slug"] == "nvidia-h200"
+    assert info["arch"] == "sm90" and info["compute_capability"] == "9.0"
+    assert info["memory_gib"] == pytest.approx(props.total_memory / 2**30, abs=0.01)
+    assert info["multiprocessors"] == props.multi_processor_count
+    assert info["driver_version"] == "570.86.15"
+
+
+def test_describe_device_flashinfer_import_failure_is_none(no_gpu, monkeypatch):
+    real = D.importlib.import_module
+
+    def fake_import(name, *a, **k):
+        if name == "flashinfer":
+            raise RuntimeError("flashinfer: CUDA driver too old")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(D.importlib, "import_module", fake_import)
+    assert D.describe_device("cpu")["flashinfer"] is None
+
+
+@pytest.mark.parametrize("name, slug", [
+    ("NVIDIA H200", "nvidia-h200"),
+    ("NVIDIA GeForce RTX 4090", "nvidia-geforce-rtx-4090"),
+    ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+    ("NVIDIA A100-SXM4-40GB", "nvidia-a100-sxm4-40gb"),
+    ("  NVIDIA RTX PRO 6000 Blackwell (Server)  ", "nvidia-rtx-pro-6000-blackwell-server"),
+])
+def test_gpu_slug(fake_gpu, name, slug):
+    fake_gpu(types.SimpleNamespace(**{**vars(H200), "name": name}))
+    got = D.gpu_slug()
+    assert got == slug
+    assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", got)
+
+
+def test_gpu_slug_cpu(no_gpu):
+    assert D.gpu_slug() == "cpu"
+    assert D.gpu_slug("cpu") == "cpu"
+
+
+@pytest.mark.parametrize("major, minor", [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)])
+def test_current_arch(fake_gpu, major, minor):
+    fake_gpu(types.SimpleNamespace(**{**vars(H200), "major": major, "minor": minor}))
+    assert D.current_arch() == f"sm{major}{minor}"
+
+
+def test_current_arch_rocm_uses_gfx_name(fake_gpu, monkeypatch):
+    fake_gpu(types.SimpleNamespace(**{**vars(H200), "name": "AMD Instinct MI300X", "major": 9, "minor": 4,
+                                      "gcnArchName": "gfx942:sramecc+:xnack-"}))
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert D.current_arch() == "gfx942"
+
+
+def test_current_arch_cpu(no_gpu):
+    assert D.current_arch() is None
+
+
+# --------------------------------------------------------------------------- copy bandwidth
+
+
+def test_measure_copy_bandwidth_cpu():
+    nbytes = 1 << 20
+    r = D.measure_copy_bandwidth(nbytes, "cpu", repeats=5)
+    assert r["nbytes"] == nbytes and r["bytes_moved"] == 2 * nbytes
+    assert r["time_ms"] > 0
+    assert r["gbps"] == pytest.approx(r["bytes_moved"] / (r["time_ms"] * 1e-3) / 1e9)
+    assert r["method"] == "perf_counter" and r["meaningful_for_gpu"] is False
+
+
+@pytest.mark.parametrize("nbytes", [0, -5, 1.5, True])
+def test_measure_copy_bandwidth_rejects_nbytes(nbytes):
+    with pytest.raises(ValueError, match="nbytes"):
+        D.measure_copy_bandwidth(nbytes, "cpu")
+
+
+def test_measure_copy_bandwidth_rejects_repeats():
+    with pytest.raises(ValueError, match="repeats"):
+        D.measure_copy_bandwidth(1024, "cpu", repeats=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_measure_copy_bandwidth_gpu():
+    nbytes = 256 * 2**20
+    r = D.measure_copy_bandwidth(nbytes, "cuda")
+    assert r["method"] == "cuda_graph" and r["meaningful_for_gpu"] is True
+    assert r["bytes_moved"] == 2 * nbytes
+    # A copy cannot beat the memory system's spec; 20 TB/s is above every GPU's HBM peak today.
+    assert 10 < r["gbps"] < 20_000
