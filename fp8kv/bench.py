@@ -415,19 +415,12 @@ def _subset_cache(cache: PagedKVCache, idx: list[int]) -> PagedKVCache:
 # ------------------------------------------------------------------------------------------ calls
 def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dict:
     """The Triton launch parameters ``fp8kv.ops.paged_decode`` will use (defaults + overrides)."""
-    import triton
+    from .ops import launch_config
 
-    from .ops import choose_num_splits, default_config
-
-    cfg = default_config(case.mode, case.is_fp8, case.head_dim)
     o = case.options
-    block_n = o.get("block_n") or cfg["block_n"]
-    capacity = cache.max_blocks_per_seq * cache.block_size
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    ns = o.get("num_splits") or choose_num_splits(case.batch, case.num_kv_heads, capacity, block_n, sms)
-    per_split = triton.cdiv(triton.cdiv(capacity, ns), block_n) * block_n
-    return {"num_splits": max(1, triton.cdiv(capacity, per_split)), "block_n": block_n,
-            "num_warps": o.get("num_warps") or cfg["num_warps"], "num_stages": o.get("num_stages") or cfg["num_stages"]}
+    cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
+                        num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device)
+    return {k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages")}
 
 
 def _make_call(case: Case, q: torch.Tensor, cache: PagedKVCache) -> Callable[[], tuple]:

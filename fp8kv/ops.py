@@ -31,7 +31,7 @@ from .kernels.paged_decode import (
 )
 from .reference import check_decode_inputs
 
-__all__ = ["paged_decode", "write_cache", "choose_num_splits", "DecodeConfig", "default_config"]
+__all__ = ["paged_decode", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config"]
 
 _SCALE_KIND = {"tensor": SCALE_PER_HEAD.value, "head": SCALE_PER_HEAD.value, "channel": SCALE_CHANNEL.value,
                "token_head": SCALE_TOKEN_HEAD.value}
@@ -84,6 +84,31 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     return int(max(1, min(want, most)))
 
 
+def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num_splits: int | None = None,
+                  block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                  device: torch.device | None = None) -> DecodeConfig:
+    """The launch :func:`paged_decode` uses for ``batch`` sequences of ``cache``: defaults plus overrides.
+
+    Returns block_n, num_warps, num_stages, num_splits and tokens_per_split (a multiple of block_n;
+    num_splits is recomputed from it so that no split is empty by construction of the grid).
+    """
+    cfg = default_config(mode, cache.is_fp8, cache.head_dim)
+    block_n = block_n or cfg["block_n"]
+    if mode == "fp8" and block_n < 32:
+        raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= 32 (FP8 dot minimum K)")
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n={block_n} must be a power of two >= 16")
+    capacity = cache.max_blocks_per_seq * cache.block_size
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, cache.num_kv_heads, capacity, block_n,
+                                       _num_sms(device or cache.device))
+    tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
+    return DecodeConfig(block_n=block_n, num_warps=num_warps or cfg["num_warps"],
+                        num_stages=num_stages or cfg["num_stages"],
+                        num_splits=max(1, triton.cdiv(capacity, tokens_per_split)),
+                        tokens_per_split=tokens_per_split)
+
+
 def _page_strides(cache: PagedKVCache):
     s = cache.k_pages.stride()
     return (s[0], s[1], s[2]) if cache.layout == "NHD" else (s[0], s[2], s[1])
@@ -133,17 +158,9 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     b, hq, d = q.shape
     hkv = cache.num_kv_heads
     group = hq // hkv
-    cfg = default_config(mode, cache.is_fp8, d)
-    block_n = block_n or cfg["block_n"]
-    if mode == "fp8" and block_n < 32:
-        raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= 32 (FP8 dot minimum K)")
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"block_n={block_n} must be a power of two >= 16")
-    capacity = cache.max_blocks_per_seq * cache.block_size
-    if num_splits is None:
-        num_splits = choose_num_splits(b, hkv, capacity, block_n, _num_sms(q.device))
-    tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
-    num_splits = max(1, triton.cdiv(capacity, tokens_per_split))
+    cfg = launch_config(b, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
+                        num_stages=num_stages, device=q.device)
+    block_n, num_splits, tokens_per_split = cfg["block_n"], cfg["num_splits"], cfg["tokens_per_split"]
     if convert is None:
         convert = "cast" if arch is None else ("software" if int(arch[2:]) < 89 else DEFAULT_SM89_CONVERT)
     if convert not in _CONVERT:
@@ -183,16 +200,15 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         *so, *sl,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d,
         D_PAD=triton.next_power_of_2(d), BLOCK_SIZE=cache.block_size, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, SCALE_KIND=kind, SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1), KV_FP8=cache.is_fp8, CONVERT=_CONVERT[convert],
+        SPLIT=num_splits > 1, SCALE_KIND=kind, SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1), KV_FP8=cache.is_fp8, CONVERT=_CONVERT[convert],
         MANT=fmt.mantissa_bits if fmt else 0, BIAS=fmt.bias if fmt else 0, FP8_MODE=(mode == "fp8"),
-        COMPUTE=_COMPUTE[compute_dtype], num_warps=num_warps or cfg["num_warps"],
-        num_stages=num_stages or cfg["num_stages"],
+        COMPUTE=_COMPUTE[compute_dtype], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
         combine_splits_kernel[(b, hq)](
-            k_out, k_lse, out, lse, k_out.stride(0), k_out.stride(1), k_out.stride(2),
-            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), NUM_SPLITS=num_splits,
+            k_out, k_lse, out, lse, k_out.stride(0), k_out.stride(1), k_out.stride(2), k_lse.stride(0), k_lse.stride(1),
+            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), num_splits,
+            HEAD_DIM=d, D_PAD=triton.next_power_of_2(d),
             SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
         )
     return out, lse

@@ -4,7 +4,7 @@ One program handles one (sequence, KV head, split): the GROUP query heads that s
 are processed together, so each K/V byte is loaded once. It streams the split's tokens in tiles of
 BLOCK_N through the block table (a tile may span several pages: tile size and page size are
 independent), keeps an online softmax in fp32 (exp2 domain), and writes either the final output
-(NUM_SPLITS == 1) or a normalised partial output plus its log2-sum-exp for ``combine_splits_kernel``.
+(one split) or a normalised partial output plus its log2-sum-exp for ``combine_splits_kernel``.
 
 Modes (see fp8kv/ops.py for the host side):
 
@@ -65,8 +65,8 @@ def paged_decode_kernel(
     v_scale_ptr,  # fp32 V scales, same shapes as K's
     block_table_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int32
-    out_ptr,  # [B, Hq, D] (NUM_SPLITS == 1) or fp32 partials [B, Hq, NUM_SPLITS, D]
-    lse_ptr,  # [B, Hq] fp32 natural-log LSE, or fp32 partials [B, Hq, NUM_SPLITS] in log2 units
+    out_ptr,  # [B, Hq, D] (not SPLIT) or fp32 partials [B, Hq, num_splits, D]
+    lse_ptr,  # [B, Hq] fp32 natural-log LSE, or fp32 partials [B, Hq, num_splits] in log2 units
     sm_scale_log2,  # softmax scale x log2(e): scores live in the exp2 domain
     tokens_per_split,  # tokens each split covers (a multiple of BLOCK_N)
     num_kv_heads,  # Hkv (for token_head scale indexing)
@@ -81,7 +81,7 @@ def paged_decode_kernel(
     D_PAD: tl.constexpr,  # HEAD_DIM padded to a power of two
     BLOCK_SIZE: tl.constexpr,  # tokens per page
     BLOCK_N: tl.constexpr,  # tokens per tile
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,  # False: write the final output; True: write partials for the combine step
     SCALE_KIND: tl.constexpr,
     SCALE_HEAD_STRIDE: tl.constexpr,  # per-head kind: 0 for one tensor-wide scale, 1 for one per KV head
     KV_FP8: tl.constexpr,
@@ -202,7 +202,7 @@ def paged_decode_kernel(
     lse2 = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))
 
     o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=qd_mask)
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh, lse2 * LN2, mask=g_mask)
     else:
@@ -212,25 +212,26 @@ def paged_decode_kernel(
 
 @triton.jit
 def combine_splits_kernel(
-    part_out_ptr,  # [B, Hq, NUM_SPLITS, D] fp32 normalised partial outputs
-    part_lse_ptr,  # [B, Hq, NUM_SPLITS] fp32 partial log2-sum-exp (-inf for empty splits)
+    part_out_ptr,  # [B, Hq, num_splits, D] fp32 normalised partial outputs
+    part_lse_ptr,  # [B, Hq, num_splits] fp32 partial log2-sum-exp (-inf for empty splits)
     out_ptr,  # [B, Hq, D] output (query dtype or fp32)
     lse_ptr,  # [B, Hq] fp32 natural-log LSE
-    stride_pb, stride_ph, stride_ps,
+    stride_pb, stride_ph, stride_ps,  # partial-output strides: batch, head, split
+    stride_qb_lse, stride_qh_lse,  # partial-LSE strides: batch, head (split stride is 1)
     stride_ob, stride_oh,
     stride_lb, stride_lh,
+    num_splits,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,  # num_splits padded to a power of two
 ):
     """out = Σ_s w_s out_s / Σ_s w_s with w_s = 2^(lse_s - max lse): the flash-decoding reduction."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, D_PAD)
-    s_mask = offs_s < NUM_SPLITS
-    lse = tl.load(part_lse_ptr + b * (stride_pb // HEAD_DIM) + h * (stride_ph // HEAD_DIM) + offs_s,
+    s_mask = offs_s < num_splits
+    lse = tl.load(part_lse_ptr + b * stride_qb_lse + h * stride_qh_lse + offs_s,
                   mask=s_mask, other=float("-inf"))
     m = tl.max(lse, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)

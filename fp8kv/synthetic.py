@@ -1,0 +1,248 @@
+"""Synthetic K, V and queries with the structure that matters for FP8 quantization.
+
+Real attention activations are far from i.i.d. Gaussians, and the differences are exactly what
+decides which scale granularity works:
+
+* **Key outlier channels.** A few channels of every key head carry a large, mostly constant
+  magnitude across tokens (a learned bias), before and after RoPE (KIVI, KVQuant). One scale for
+  the whole tensor is then set by those channels, and every other channel gets few FP8 codes.
+  Here: ``outlier_channels`` channels per head get a mean of ``±outlier_scale`` plus noise of
+  standard deviation ``outlier_scale / 2``; the other channels are standard normal.
+* **Per-head magnitude spread.** Heads differ in norm by an order of magnitude. Here each head's
+  K (and, independently, V) is multiplied by a factor drawn log-uniformly from
+  ``[1/sqrt(head_spread), sqrt(head_spread)]`` (the largest head is at most ``head_spread`` times
+  the smallest).
+* **Per-token magnitude spread.** Token norms vary too (the first token, the "attention sink",
+  is often far off). Each token's K and V vector is multiplied by a log-uniform factor in
+  ``[1/sqrt(token_spread), sqrt(token_spread)]``.
+* **Heavy-tailed values.** V has no channel outliers (why KIVI quantizes V per token) but
+  heavy tails: here Student-t with ``v_tail_df`` degrees of freedom, rescaled to unit variance
+  (excess kurtosis ``6 / (df - 4)`` for df > 4, infinite for df <= 4).
+* **RoPE.** Keys in a cache are stored after the rotary embedding. With ``rope=True`` token ``t``
+  is rotated as in Llama / Hugging Face (``rotate_half`` pairs ``(i, i + D/2)``, angle
+  ``t * theta^(-2i/D)``). Outlier channels are then placed on whole rotary pairs among the
+  lowest frequencies, as in trained models: the rotation keeps the pair's norm, so the outliers
+  stay outliers at any position.
+
+The outlier channels are a function of ``(head_dim, outlier_channels, rope)`` only
+(:func:`outlier_channel_indices`), the same for every head, so queries drawn with the same
+settings line up with the keys' outlier channels.
+
+Every random number comes from a NumPy generator seeded with ``seed`` on the CPU; the tensors are
+moved to ``device`` at the end, so a seed gives the same values on every device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = ["kv_like_llm", "queries_like_llm", "outlier_channel_indices", "apply_rope", "kurtosis"]
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive int")
+    return int(value)
+
+
+def _positive_float(value, name: str, minimum: float = 0.0, inclusive: bool = False) -> float:
+    ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool) \
+        and math.isfinite(value) and (value >= minimum if inclusive else value > minimum)
+    if not ok:
+        op = ">=" if inclusive else ">"
+        raise ValueError(f"{name}={value!r} must be a finite number {op} {minimum}")
+    return float(value)
+
+
+def _check_common(head_dim: int, dtype, rope: bool) -> None:
+    if dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"dtype={dtype!r} must be one of {_FLOAT_DTYPES}")
+    if rope and head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} must be even with rope=True (RoPE rotates channel pairs)")
+
+
+def outlier_channel_indices(head_dim: int, outlier_channels: int, rope: bool = True) -> torch.Tensor:
+    """The key outlier channels used by :func:`kv_like_llm` (int64, sorted).
+
+    With ``rope=True`` they come in rotary pairs ``(i, i + D/2)``, taking every other pair from
+    the lowest frequency (``i = D/2 - 1, D/2 - 3, ...``); ``outlier_channels`` must then be even.
+    Without RoPE they are spread evenly over the head (``linspace``).
+    """
+    head_dim = _positive_int(head_dim, "head_dim")
+    if isinstance(outlier_channels, bool) or not isinstance(outlier_channels, (int, np.integer)) \
+            or outlier_channels < 0:
+        raise ValueError(f"outlier_channels={outlier_channels!r} must be a non-negative int")
+    n = int(outlier_channels)
+    if n == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    if not rope:
+        if n > head_dim:
+            raise ValueError(f"outlier_channels={n} exceeds head_dim={head_dim}")
+        return torch.from_numpy(np.unique(np.linspace(0, head_dim - 1, n).round().astype(np.int64)))
+    half = head_dim // 2
+    if n % 2 or n // 2 > (half + 1) // 2:
+        raise ValueError(f"outlier_channels={n} must be even with rope=True (outliers sit on rotary pairs) "
+                         f"and at most {2 * ((half + 1) // 2)} for head_dim={head_dim}")
+    pairs = [half - 1 - 2 * j for j in range(n // 2)]
+    return torch.tensor(sorted(pairs + [p + half for p in pairs]), dtype=torch.int64)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """Rotate ``x`` ``[T, H, D]`` by RoPE at ``positions`` ``[T]`` (Hugging Face ``rotate_half`` layout).
+
+    Returns a new fp32 tensor. Channel ``i < D/2`` pairs with ``i + D/2``; the pair's angle is
+    ``position * theta^(-2i/D)``.
+    """
+    if x.ndim != 3 or x.shape[-1] % 2:
+        raise ValueError(f"x must be [T, H, D] with even D; got shape {tuple(x.shape)}")
+    positions = torch.as_tensor(positions, dtype=torch.float64, device=x.device).reshape(-1)
+    if positions.numel() != x.shape[0]:
+        raise ValueError(f"positions has {positions.numel()} entries but x has {x.shape[0]} tokens")
+    d = x.shape[-1]
+    half = d // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / d)
+    # Angles in fp64: at 32k positions fp32 would lose the low bits of the fast-rotating pairs.
+    ang = positions[:, None] * inv_freq[None, :]
+    cos, sin = ang.cos().to(torch.float32)[:, None, :], ang.sin().to(torch.float32)[:, None, :]
+    xf = x.to(torch.float32)
+    a, b = xf[..., :half], xf[..., half:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def _log_uniform(rng: np.random.Generator, n: int, spread: float) -> np.ndarray:
+    """n factors log-uniform in [1/sqrt(spread), sqrt(spread)] (all 1 for spread == 1)."""
+    half = 0.5 * math.log(spread)
+    return np.exp(rng.uniform(-half, half, size=n)).astype(np.float32)
+
+
+def kv_like_llm(num_tokens: int, num_kv_heads: int, head_dim: int, *, seed: int = 0, device="cpu",
+                dtype: torch.dtype = torch.float32, outlier_channels: int = 4, outlier_scale: float = 6.0,
+                head_spread: float = 3.0, token_spread: float = 1.5, v_tail_df: float = 5.0,
+                v_mean: float = 0.5, rope: bool = True, rope_theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of one sequence, shaped like a KV cache: ``k, v`` ``[num_tokens, num_kv_heads, head_dim]``.
+
+    Parameters
+    ----------
+    num_tokens, num_kv_heads, head_dim : sizes (positive ints; head_dim even with ``rope``).
+    seed : NumPy seed; the same seed gives the same tensors on every device.
+    device, dtype : where and in which float dtype the tensors are returned (computed in fp32).
+    outlier_channels : key channels per head with a large constant magnitude (0 for none);
+        even with ``rope`` (see :func:`outlier_channel_indices`).
+    outlier_scale : their mean magnitude relative to the unit-variance ordinary channels (> 0).
+    head_spread : max/min ratio of the per-head magnitude factors (>= 1; 1 for none).
+    token_spread : max/min ratio of the per-token magnitude factors (>= 1; 1 for none).
+    v_tail_df : Student-t degrees of freedom of V (> 2; smaller is heavier-tailed).
+    v_mean : standard deviation of V's per-(head, channel) mean, relative to its unit-variance
+        noise (>= 0). Real values carry such a bias (their mean vector's norm is about half their
+        RMS norm); it is what the attention output mostly consists of.
+    rope, rope_theta : rotate the keys by RoPE at positions ``0 .. num_tokens - 1``.
+
+    Returns
+    -------
+    (k, v) : two tensors ``[num_tokens, num_kv_heads, head_dim]`` of ``dtype`` on ``device``.
+    """
+    t = _positive_int(num_tokens, "num_tokens")
+    h = _positive_int(num_kv_heads, "num_kv_heads")
+    d = _positive_int(head_dim, "head_dim")
+    _check_common(d, dtype, rope)
+    scale = _positive_float(outlier_scale, "outlier_scale")
+    head_spread = _positive_float(head_spread, "head_spread", 1.0, inclusive=True)
+    token_spread = _positive_float(token_spread, "token_spread", 1.0, inclusive=True)
+    df = _positive_float(v_tail_df, "v_tail_df", 2.0)
+    v_mean = _positive_float(v_mean, "v_mean", 0.0, inclusive=True)
+    rope_theta = _positive_float(rope_theta, "rope_theta", 1.0)
+    channels = outlier_channel_indices(d, outlier_channels, rope).numpy()
+
+    rng = np.random.default_rng(seed)
+    # Draw order is fixed (it defines what a seed means): K noise, outlier signs, outlier noise,
+    # head factors K, head factors V, token factors, V noise, V mean.
+    k = rng.standard_normal((t, h, d), dtype=np.float32)
+    n_out = len(channels)
+    if n_out:
+        signs = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=(h, n_out))
+        noise = rng.standard_normal((t, h, n_out), dtype=np.float32)
+        k[:, :, channels] = scale * (signs[None] + 0.5 * noise)
+    k *= _log_uniform(rng, h, head_spread)[None, :, None]
+    v_head = _log_uniform(rng, h, head_spread)
+    tok = _log_uniform(rng, t, token_spread)
+    k *= tok[:, None, None]
+    v = rng.standard_t(df, size=(t, h, d)).astype(np.float32) * np.float32(math.sqrt((df - 2.0) / df))
+    v += np.float32(v_mean) * rng.standard_normal((1, h, d), dtype=np.float32)
+    v *= v_head[None, :, None] * tok[:, None, None]
+
+    k_t = torch.from_numpy(k)
+    if rope:
+        k_t = apply_rope(k_t, torch.arange(t), rope_theta)
+    return k_t.to(device=device, dtype=dtype), torch.from_numpy(v).to(device=device, dtype=dtype)
+
+
+def queries_like_llm(num_queries: int, num_q_heads: int, head_dim: int, *, seed: int = 1, device="cpu",
+                     dtype: torch.dtype = torch.float32, outlier_channels: int = 4, outlier_scale: float = 1.0,
+                     head_spread: float = 3.0, query_scale: float = 1.5, position=None,
+                     rope_theta: float = 10000.0) -> torch.Tensor:
+    """Decode queries ``[num_queries, num_q_heads, head_dim]`` to attend to :func:`kv_like_llm` keys.
+
+    Normal with standard deviation ``query_scale`` per channel, times a log-uniform per-head
+    factor (``head_spread``); the channels of :func:`outlier_channel_indices` (same
+    ``outlier_channels`` and RoPE choice as the keys) get ``outlier_scale`` times more (default 1:
+    the keys alone carry the outliers). ``query_scale`` sets how peaked attention is (the logits'
+    spread grows with it; the default gives logits of standard deviation about 2 and a largest
+    attention weight of 0.1-0.2 over 2k tokens, as in a small real model's middle layers).
+
+    Parameters
+    ----------
+    num_queries : query vectors (each one a decode step's query, attending to the whole context).
+    position : None (no rotation), an int (every query at that position, e.g. the context length
+        for the next decode step) or a sequence of ``num_queries`` positions. Rotating implies
+        RoPE-placed outlier channels (rotary pairs), as for keys with ``rope=True``.
+    seed : NumPy seed (default 1, so default queries differ from default keys' noise).
+
+    Returns
+    -------
+    q : ``[num_queries, num_q_heads, head_dim]`` of ``dtype`` on ``device``.
+    """
+    n = _positive_int(num_queries, "num_queries")
+    hq = _positive_int(num_q_heads, "num_q_heads")
+    d = _positive_int(head_dim, "head_dim")
+    rope = position is not None
+    _check_common(d, dtype, rope)
+    scale = _positive_float(outlier_scale, "outlier_scale")
+    head_spread = _positive_float(head_spread, "head_spread", 1.0, inclusive=True)
+    query_scale = _positive_float(query_scale, "query_scale")
+    rope_theta = _positive_float(rope_theta, "rope_theta", 1.0)
+    channels = outlier_channel_indices(d, outlier_channels, rope).numpy()
+    if rope:
+        pos = np.asarray(position, dtype=np.float64)
+        if pos.ndim == 0:
+            pos = np.full(n, float(pos))
+        if pos.shape != (n,):
+            raise ValueError(f"position must be an int or {n} positions; got shape {pos.shape}")
+        if (pos < 0).any():
+            raise ValueError(f"position must be >= 0; got min {pos.min()}")
+
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((n, hq, d), dtype=np.float32)
+    q[:, :, channels] *= np.float32(scale)
+    q *= _log_uniform(rng, hq, head_spread)[None, :, None] * np.float32(query_scale)
+    q_t = torch.from_numpy(q)
+    if rope:
+        q_t = apply_rope(q_t, torch.from_numpy(pos), rope_theta)
+    return q_t.to(device=device, dtype=dtype)
+
+
+def kurtosis(x: torch.Tensor, dim=None) -> torch.Tensor | float:
+    """Sample kurtosis ``E[(x - mean)^4] / Var(x)^2`` (3 for a Gaussian), in fp64.
+
+    ``dim=None``: of all elements, returned as a float; otherwise along ``dim``, as a tensor.
+    """
+    xf = x.detach().to(torch.float64)
+    if dim is None:
+        c = xf.reshape(-1) - xf.mean()
+        return float((c**4).mean() / (c**2).mean() ** 2)
+    c = xf - xf.mean(dim=dim, keepdim=True)
+    return (c**4).mean(dim=dim) / (c**2).mean(dim=dim) ** 2

@@ -1,0 +1,173 @@
+"""fp8kv.synthetic: shapes, determinism, the structure it promises (outlier channels, heavy tails,
+per-head spread, RoPE), and input validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fp8kv.synthetic import apply_rope, kurtosis, kv_like_llm, outlier_channel_indices, queries_like_llm
+
+
+def rope_oracle(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """RoPE as a complex rotation: pair (x_i, x_{i+D/2}) is the number x_i + j x_{i+D/2}."""
+    d = x.shape[-1]
+    half = d // 2
+    x64 = x.to(torch.float64)
+    z = torch.complex(x64[..., :half], x64[..., half:])
+    freqs = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / d)
+    rot = torch.polar(torch.ones(len(positions), half, dtype=torch.float64),
+                      positions.to(torch.float64)[:, None] * freqs[None, :])
+    out = z * rot[:, None, :]
+    return torch.cat([out.real, out.imag], dim=-1)
+
+
+def test_shapes_dtypes_and_odd_sizes():
+    k, v = kv_like_llm(15, 3, 30, seed=0)
+    assert k.shape == v.shape == (15, 3, 30) and k.dtype == v.dtype == torch.float32
+    assert torch.isfinite(k).all() and torch.isfinite(v).all()
+    q = queries_like_llm(7, 9, 30, seed=0, position=15)
+    assert q.shape == (7, 9, 30) and q.dtype == torch.float32
+    kb, vb = kv_like_llm(15, 3, 30, seed=0, dtype=torch.bfloat16)
+    assert kb.dtype == torch.bfloat16
+    assert torch.equal(kb, k.to(torch.bfloat16)) and torch.equal(vb, v.to(torch.bfloat16))
+
+
+def test_seeded_and_deterministic():
+    a = kv_like_llm(33, 2, 16, seed=5)
+    b = kv_like_llm(33, 2, 16, seed=5)
+    c = kv_like_llm(33, 2, 16, seed=6)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], c[0]) and not torch.equal(a[1], c[1])
+    q1 = queries_like_llm(4, 4, 16, seed=3, position=33)
+    q2 = queries_like_llm(4, 4, 16, seed=3, position=33)
+    assert torch.equal(q1, q2) and not torch.equal(q1, queries_like_llm(4, 4, 16, seed=4, position=33))
+
+
+@pytest.mark.parametrize("rope", [True, False])
+@pytest.mark.parametrize("tokens", [64, 3000])
+def test_outlier_channels_dominate_key_amax(rope, tokens):
+    n = 4
+    k, v = kv_like_llm(tokens, 4, 64, seed=1, outlier_channels=n, rope=rope)
+    chans = set(outlier_channel_indices(64, n, rope).tolist())
+    assert len(chans) == n
+    amax = k.abs().amax(dim=0)  # [H, D]
+    for h in range(4):
+        top = set(amax[h].topk(n).indices.tolist())
+        assert top == chans, (h, sorted(top), sorted(chans))
+        others = amax[h][[c for c in range(64) if c not in chans]]
+        assert amax[h][sorted(chans)].min() > 1.5 * others.max()
+    # Values have no outlier channels: their largest channel is not far above the median one.
+    vmax = v.abs().amax(dim=0)
+    assert (vmax.max(dim=-1).values / vmax.median(dim=-1).values).max() < (
+        amax.max(dim=-1).values / amax.median(dim=-1).values).min()
+
+
+def test_outlier_pairs_sit_at_low_rope_frequencies():
+    idx = outlier_channel_indices(128, 4, rope=True).tolist()
+    assert idx == [61, 63, 125, 127]  # pairs (63, 127) and (61, 125): the slowest rotations
+    assert outlier_channel_indices(10, 3, rope=False).tolist() == [0, 4, 9]
+    assert outlier_channel_indices(8, 0).numel() == 0
+
+
+def test_values_are_heavy_tailed():
+    _, v = kv_like_llm(4096, 2, 64, seed=2, head_spread=1.0, token_spread=1.0, v_mean=0.0)
+    assert kurtosis(v) > 4.0  # Student-t, df 5: kurtosis 9 (a Gaussian has 3)
+    _, v_heavy = kv_like_llm(4096, 2, 64, seed=2, head_spread=1.0, token_spread=1.0, v_mean=0.0, v_tail_df=3.0)
+    _, v_light = kv_like_llm(4096, 2, 64, seed=2, head_spread=1.0, token_spread=1.0, v_mean=0.0, v_tail_df=60.0)
+    assert kurtosis(v_heavy) > kurtosis(v) > kurtosis(v_light)
+    assert abs(kurtosis(v_light) - 3.0) < 0.3
+    assert abs(float(v_light.std()) - 1.0) < 0.05  # rescaled to unit variance
+
+
+def test_head_and_token_spread():
+    def head_rms_ratio(x):
+        rms = x.pow(2).mean(dim=(0, 2)).sqrt()
+        return float(rms.max() / rms.min())
+
+    _, v_flat = kv_like_llm(2048, 8, 64, seed=3, head_spread=1.0, token_spread=1.0, v_mean=0.0, v_tail_df=50.0)
+    _, v_wide = kv_like_llm(2048, 8, 64, seed=3, head_spread=8.0, token_spread=1.0, v_mean=0.0, v_tail_df=50.0)
+    assert head_rms_ratio(v_flat) < 1.1
+    assert 2.0 < head_rms_ratio(v_wide) <= 8.0 * 1.1  # log-uniform within a factor 8
+    k_flat, _ = kv_like_llm(2048, 2, 64, seed=3, outlier_channels=0, head_spread=1.0, token_spread=1.0)
+    k_tok, _ = kv_like_llm(2048, 2, 64, seed=3, outlier_channels=0, head_spread=1.0, token_spread=4.0)
+
+    def token_ratio(x):
+        n = x.norm(dim=(1, 2))
+        return float(n.max() / n.min())
+
+    # max/min norm of 128-dim Gaussian rows is about 1.6 by itself; the spread multiplies it up to 4x.
+    assert token_ratio(k_flat) < 2.0 < 3.0 < token_ratio(k_tok) <= 4.0 * 1.7
+
+
+def test_apply_rope_matches_complex_rotation_and_keeps_pair_norms():
+    x = torch.randn(37, 3, 30, generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(100, 137)
+    y = apply_rope(x, pos)
+    torch.testing.assert_close(y.to(torch.float64), rope_oracle(x, pos), rtol=1e-5, atol=1e-5)
+    pair = lambda t: t[..., :15] ** 2 + t[..., 15:] ** 2  # noqa: E731
+    torch.testing.assert_close(pair(y), pair(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(apply_rope(x, torch.zeros(37)), x)
+
+
+def test_keys_are_rotated_by_position():
+    k_rope, v_rope = kv_like_llm(50, 2, 16, seed=4, outlier_channels=0, rope=True)
+    k_raw, v_raw = kv_like_llm(50, 2, 16, seed=4, outlier_channels=0, rope=False)
+    torch.testing.assert_close(k_rope, apply_rope(k_raw, torch.arange(50)))
+    assert torch.equal(v_rope, v_raw)  # values are never rotated
+
+
+def test_queries_position_and_outliers():
+    plain = queries_like_llm(4000, 2, 16, seed=0, outlier_scale=5.0, position=None)
+    chans = outlier_channel_indices(16, 4, rope=False)
+    others = [c for c in range(16) if c not in chans.tolist()]
+    ratio = plain[..., chans].std() / plain[..., others].std()
+    assert 4.0 < float(ratio) < 6.0
+    rotated = queries_like_llm(6, 2, 16, seed=0, position=[0, 1, 2, 3, 4, 5])
+    base = queries_like_llm(6, 2, 16, seed=0, position=0)  # position 0: no rotation, same draws
+    torch.testing.assert_close(rotated, apply_rope(base, torch.arange(6)))
+    same = queries_like_llm(3, 2, 16, seed=0, position=7)
+    torch.testing.assert_close(same, apply_rope(queries_like_llm(3, 2, 16, seed=0, position=0), torch.full((3,), 7)))
+
+
+def test_kurtosis():
+    assert kurtosis(torch.tensor([1.0, -1.0, 1.0, -1.0])) == pytest.approx(1.0)
+    x = torch.tensor([[0.0, 0.0, 0.0, 4.0], [1.0, -1.0, 1.0, -1.0]])
+    # row 0: deviations (-1, -1, -1, 3): m4 = 84 / 4, m2 = 12 / 4
+    assert kurtosis(x, dim=1).tolist() == pytest.approx([21 / 9, 1.0])
+    g = torch.randn(200_000, generator=torch.Generator().manual_seed(0))
+    assert abs(kurtosis(g) - 3.0) < 0.1
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(num_tokens=0), ValueError, "num_tokens"),
+    (dict(head_dim=31), ValueError, "head_dim=31 must be even"),
+    (dict(outlier_channels=3), ValueError, "outlier_channels=3 must be even"),
+    (dict(outlier_channels=-1), ValueError, "outlier_channels"),
+    (dict(v_tail_df=2.0), ValueError, "v_tail_df"),
+    (dict(head_spread=0.5), ValueError, "head_spread"),
+    (dict(token_spread=float("nan")), ValueError, "token_spread"),
+    (dict(outlier_scale=0.0), ValueError, "outlier_scale"),
+    (dict(v_mean=-1.0), ValueError, "v_mean"),
+    (dict(dtype=torch.int32), TypeError, "dtype"),
+])
+def test_kv_rejects_bad_arguments(kwargs, exc, match):
+    args = dict(num_tokens=8, num_kv_heads=2, head_dim=16) | kwargs
+    with pytest.raises(exc, match=match):
+        kv_like_llm(args.pop("num_tokens"), args.pop("num_kv_heads"), args.pop("head_dim"), **args)
+
+
+def test_queries_reject_bad_arguments():
+    with pytest.raises(ValueError, match="position must be an int or 3 positions"):
+        queries_like_llm(3, 2, 16, position=[1, 2])
+    with pytest.raises(ValueError, match="position must be >= 0"):
+        queries_like_llm(2, 2, 16, position=[-1, 2])
+    with pytest.raises(ValueError, match="query_scale"):
+        queries_like_llm(2, 2, 16, query_scale=-1.0)
+    with pytest.raises(ValueError, match="num_q_heads"):
+        queries_like_llm(2, 0, 16)
+    with pytest.raises(ValueError, match="positions has 3 entries"):
+        apply_rope(torch.zeros(2, 1, 4), torch.arange(3))
+    assert math.isfinite(float(queries_like_llm(1, 1, 2, outlier_channels=0).sum()))
