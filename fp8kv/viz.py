@@ -229,6 +229,10 @@ def capability_matrix(tables, *, highlight: str | None = None) -> go.Figure:
     df = pd.concat(list(tables), ignore_index=True) if isinstance(tables, (list, tuple)) else tables
     _require_columns(df, ["arch", "backend", "kv_dtype", "mode", "supported", "reason"], "tables")
     df = df.assign(column=df["backend"] + " · " + df["kv_dtype"] + " · " + df["mode"])
+    dup = df.duplicated(["arch", "column"])
+    if dup.any():
+        raise ValueError(f"tables has more than one row for arch {df['arch'][dup].iloc[0]!r}: give each table its "
+                         "own arch label (e.g. 'here: sm90' for this machine beside the sm90 facts)")
     rows = list(dict.fromkeys(df["arch"]))
     cols = list(dict.fromkeys(df["column"]))
     z = df.pivot(index="arch", columns="column", values="supported").reindex(index=rows, columns=cols)
