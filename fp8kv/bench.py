@@ -858,3 +858,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def results_markdown(df: pd.DataFrame) -> str:
+    """The side-by-side decode table (one line per batch × context) as Markdown, for READMEs and notes.
+
+    Columns: median µs of each backend × KV dtype × mode; FP8 GB/s and % of the copy bandwidth for
+    the Triton dequant kernel; its speedup over the best BF16 decode and over FlashInfer's best FP8.
+    """
+    ok = df[(df["status"] == "ok") & df["check_passed"].astype(bool)].copy()
+    ok["variant"] = ok["variant"].fillna("")
+    ok["column"] = [f"FlashInfer{'' if v == 'tc' else ' (no TC)'} {k}" if b == "flashinfer"
+                    else f"Triton {k}{' fp8-mode' if m == 'fp8' else ''}"
+                    for b, v, k, m in zip(ok["backend"], ok["variant"], ok["kv_dtype"].str.replace("fp8_e4m3", "fp8"),
+                                          ok["mode"], strict=True)]
+    t = ok.pivot_table(index=["batch", "context"], columns="column", values="time_us", aggfunc="median")
+    fp8 = ok[(ok["backend"] == "triton") & (ok["kv_dtype"] != "bf16") & (ok["mode"] == "dequant")]
+    fp8 = fp8.groupby(["batch", "context"])[["gbps", "pct_copy_bw"]].median()
+    bf16 = ok[ok["kv_dtype"] == "bf16"].groupby(["batch", "context"])["time_us"].min()
+    fi8 = ok[(ok["backend"] == "flashinfer") & (ok["kv_dtype"] != "bf16")].groupby(["batch", "context"])["time_us"].min()
+    order = [c for c in ("Triton fp8", "Triton fp8 fp8-mode", "Triton bf16", "FlashInfer fp8", "FlashInfer bf16",
+                         "FlashInfer (no TC) fp8", "FlashInfer (no TC) bf16") if c in t.columns]
+    head = ["B", "ctx", *[f"{c} µs" for c in order], "Triton fp8 GB/s", "% copy", "× best BF16", "× FlashInfer FP8"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (b, ctx), row in t.iterrows():
+        tri = row.get("Triton fp8")
+        cells = [str(b), str(ctx), *[f"{row[c]:.1f}" for c in order],
+                 f"{fp8.loc[(b, ctx), 'gbps']:.0f}", f"{fp8.loc[(b, ctx), 'pct_copy_bw']:.0f}",
+                 f"{bf16.loc[(b, ctx)] / tri:.2f}", f"{fi8.loc[(b, ctx)] / tri:.2f}" if (b, ctx) in fi8.index else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

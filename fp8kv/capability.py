@@ -134,6 +134,8 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
                            + ("" if flashinfer_installed() else " (and it is not installed)"))
         if not interpreter_on():
             return False, "no GPU: Triton kernels run on CPU only under TRITON_INTERPRET=1"
+        if mode == "fp8" and not kv_dtype.startswith("fp8"):
+            return False, "fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode"
         if mode == "fp8" and granularity == "token_head":
             return False, "fp8 mode takes tensor, head and channel scales; token_head needs dequant mode"
         return True, "CPU: Triton interpreter (TRITON_INTERPRET=1), for correctness only"

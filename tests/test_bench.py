@@ -358,3 +358,21 @@ def test_run_on_the_gpu_times_cold_caches_with_cuda_graphs():
     assert (ok["kv_copies"] > 1).all()  # a 4 x 1000-token cache is far smaller than 4 x L2: rotated
     assert (ok["gbps"] > 0).all() and ok["copy_gbps"].gt(0).all()
     assert (df["status"] != "error").all(), df.loc[df["status"] == "error", ["label", "reason"]]
+
+
+def test_results_markdown_side_by_side():
+    import pandas as pd
+
+    from fp8kv.bench import results_markdown
+
+    base = dict(status="ok", check_passed=True, batch=64, context=16384, gbps=3000.0, pct_copy_bw=75.0)
+    rows = [dict(base, backend="triton", variant=None, kv_dtype="fp8_e4m3", mode="dequant", time_us=600.0),
+            dict(base, backend="triton", variant=None, kv_dtype="bf16", mode="dequant", time_us=960.0),
+            dict(base, backend="flashinfer", variant="tc", kv_dtype="fp8_e4m3", mode="dequant", time_us=900.0),
+            dict(base, backend="flashinfer", variant="tc", kv_dtype="bf16", mode="dequant", time_us=990.0),
+            dict(base, backend="triton", variant=None, kv_dtype="fp8_e4m3", mode="fp8", time_us=5.0,
+                 check_passed=False)]  # a failed check never reaches the table
+    md = results_markdown(pd.DataFrame(rows)).splitlines()
+    assert md[0].startswith("| B | ctx | Triton fp8 µs | Triton bf16 µs | FlashInfer fp8 µs |")
+    assert "fp8-mode" not in md[0]
+    assert md[2] == "| 64 | 16384 | 600.0 | 960.0 | 900.0 | 990.0 | 3000 | 75 | 1.60 | 1.50 |"

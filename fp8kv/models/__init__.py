@@ -1,0 +1,29 @@
+"""Real models with an FP8 KV cache: offline loading, K/V capture, quantized runs, accuracy, paged decode.
+
+``loading``: offline models and the evaluation text; ``hook``: the attention hook that stores K/V
+through fp8kv's quantizer, K/V capture and scale calibration; ``evaluate``: accuracy vs the bf16
+KV baseline; ``decode``: a greedy decode loop whose every step reads a paged FP8 cache.
+Needs the ``models`` extra (transformers, gguf, accelerate) and a weights package.
+"""
+
+from .decode import DecodeResult, greedy_decode_paged, resolve_decode_fn
+from .evaluate import BASELINE, accuracy_markdown, evaluate, standard_configs
+from .hook import (
+    ATTN_NAME,
+    CapturedKV,
+    KVQuantConfig,
+    KVStats,
+    attention_handler,
+    calibrate_scales,
+    capture_kv,
+    layer_types,
+    num_layers,
+    quantized_kv,
+    run_quantized,
+)
+from .loading import MODELS, bos_token_id, load_model, model_cache_dir, text_source_info, text_tokens, windows
+
+__all__ = ["MODELS", "load_model", "model_cache_dir", "text_tokens", "text_source_info", "bos_token_id",
+           "KVQuantConfig", "KVStats", "CapturedKV", "quantized_kv", "run_quantized", "capture_kv",
+           "calibrate_scales", "evaluate", "BASELINE", "standard_configs", "accuracy_markdown", "greedy_decode_paged",
+           "DecodeResult", "resolve_decode_fn", "attention_handler", "ATTN_NAME", "num_layers", "layer_types", "windows"]

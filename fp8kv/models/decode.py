@@ -1,0 +1,195 @@
+"""A real greedy decode loop whose attention reads a paged FP8 KV cache.
+
+Each layer gets its own :class:`fp8kv.cache.PagedKVCache` (one sequence, shuffled pages).
+Prefill writes the prompt's K/V into it (quantizing; static scales fixed from the prompt, a
+number, or calibrated per layer) and computes the prompt's attention from the dequantized
+cache. Every decode step writes the new token's K/V with :meth:`PagedKVCache.append` and calls
+the decode function (``fp8kv.reference.decode`` by default, or any backend with the same call
+``decode_fn(q [B, Hq, D], cache, sm_scale=...) -> out [B, Hq, D] (or (out, lse))``) for that
+layer's attention. The model runs without a transformers cache: one token in, its position given.
+
+The same loop with a bf16 paged cache is the baseline; the two token streams are compared
+token by token. Teacher-forcing the generated tokens through :func:`fp8kv.models.run_quantized`
+with the same per-layer scales reproduces the loop's logits (up to fp32 summation order), which
+is how the loop itself is tested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..cache import PagedKVCache
+from ..formats import kv_dtype_info
+from .hook import _as_batch, _sdpa, attention_handler, num_layers
+
+__all__ = ["greedy_decode_paged", "DecodeResult", "resolve_decode_fn"]
+
+
+def resolve_decode_fn(backend: str = "reference", mode: str = "auto"):
+    """The decode function of ``backend``: ``"reference"`` (the fp32 oracle, any device) or a backend
+    of :func:`fp8kv.decode` (``"auto"``, ``"triton"``, ``"flashinfer"``) with its ``mode``.
+
+    The GPU kernels take 16-bit queries: an fp32 query (an fp32 model) is cast to bf16 for them.
+    """
+    if backend == "reference":
+        from ..reference import decode
+
+        return decode
+    from ..backends import BACKENDS
+    from ..backends import decode as dispatch
+
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; expected 'reference', 'auto' or one of {tuple(BACKENDS)}")
+
+    def fn(q, cache, sm_scale=None):
+        q16 = q.to(torch.bfloat16) if q.dtype == torch.float32 else q
+        return dispatch(q16, cache, backend=backend, mode=mode, sm_scale=sm_scale)
+
+    fn.__name__ = f"fp8kv.decode[{backend}, {mode}]"
+    return fn
+
+
+@dataclass
+class DecodeResult:
+    """Outcome of :func:`greedy_decode_paged`.
+
+    ``tokens``: ids generated with ``kv_dtype``; ``baseline_tokens``: with the baseline cache;
+    ``match_fraction``: fraction of positions with identical tokens; ``first_divergence``: index of
+    the first differing token (None if all agree; the streams are not comparable after it, since
+    each continues its own text); ``saturated``: per layer, elements clamped while writing;
+    ``k_scales`` / ``v_scales``: per-layer scales of the FP8 caches; ``logits``: ``[n_new, vocab]``
+    fp32 that chose each token (with ``return_logits``), likewise ``baseline_logits``.
+    """
+
+    kv_dtype: str
+    baseline: str
+    backend: str
+    prompt_len: int
+    tokens: list
+    baseline_tokens: list
+    saturated: list
+    k_scales: list
+    v_scales: list
+    logits: torch.Tensor | None = field(default=None, repr=False)
+    baseline_logits: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def match_fraction(self) -> float:
+        n = len(self.tokens)
+        return sum(a == b for a, b in zip(self.tokens, self.baseline_tokens, strict=True)) / n if n else 1.0
+
+    @property
+    def first_divergence(self) -> int | None:
+        for i, (a, b) in enumerate(zip(self.tokens, self.baseline_tokens, strict=True)):
+            if a != b:
+                return i
+        return None
+
+    def summary(self) -> dict:
+        """Plain columns for result tables."""
+        return dict(kv_dtype=self.kv_dtype, baseline=self.baseline, backend=self.backend,
+                    prompt_len=self.prompt_len, n_new=len(self.tokens), match_fraction=self.match_fraction,
+                    first_divergence=self.first_divergence, saturated=int(sum(self.saturated)))
+
+
+class _PagedHandler:
+    """Attention handler: prefill fills a paged cache per layer; decode steps read it via decode_fn."""
+
+    def __init__(self, kv_dtype, granularity, k_scale, v_scale, block_size, max_len, decode_fn):
+        self.kv_dtype, self.granularity = kv_dtype, granularity
+        self.k_scale, self.v_scale = k_scale, v_scale
+        self.block_size, self.max_len, self.decode_fn = block_size, max_len, decode_fn
+        self.caches: dict[int, PagedKVCache] = {}
+
+    @staticmethod
+    def _layer(spec, layer):
+        if isinstance(spec, (list, tuple)):
+            return spec[layer]
+        return spec
+
+    def __call__(self, module, q, k, v, mask, scaling, kwargs):
+        layer = module.layer_idx
+        if q.shape[0] != 1:
+            raise ValueError(f"greedy_decode_paged runs one sequence; got batch {q.shape[0]}")
+        window = getattr(module, "sliding_window", None) or kwargs.get("sliding_window")
+        if window is not None and self.max_len > window:
+            raise ValueError(f"layer {layer} attends over a sliding window of {window} tokens, but prompt + n_new "
+                             f"= {self.max_len}; the paged decode path reads whole sequences: keep it <= {window}")
+        kt, vt = k[0].transpose(0, 1), v[0].transpose(0, 1)  # [T, Hkv, D]
+        if layer not in self.caches:  # prefill
+            fp8 = kv_dtype_info(self.kv_dtype)[2] is not None
+            kw = dict(k_scale=self._layer(self.k_scale, layer), v_scale=self._layer(self.v_scale, layer)) if fp8 else {}
+            cache = PagedKVCache.from_dense([kt], [vt], [kt.shape[0]], block_size=self.block_size,
+                                            kv_dtype=self.kv_dtype, granularity=self.granularity,
+                                            max_seq_len=self.max_len, seed=layer, **kw)
+            self.caches[layer] = cache
+            kd, vd = cache.gather(0)  # the prompt attends over what the cache holds
+            kd = kd.transpose(0, 1)[None].to(q.dtype)
+            vd = vd.transpose(0, 1)[None].to(q.dtype)
+            return _sdpa(module, q, kd, vd, mask, scaling, kwargs)
+        if q.shape[2] != 1:
+            raise ValueError(f"decode step with {q.shape[2]} query tokens; the loop feeds one token per step")
+        cache = self.caches[layer]
+        cache.append(kt, vt)
+        res = self.decode_fn(q[:, :, 0, :], cache, sm_scale=scaling)
+        out = res[0] if isinstance(res, tuple) else res
+        return out.to(q.dtype)[:, None], None  # [B, 1, Hq, D], as transformers' attention returns
+
+
+@torch.no_grad()
+def _run(model, prompt, n_new, kv_dtype, granularity, k_scale, v_scale, block_size, decode_fn, keep_logits):
+    t = prompt.shape[1]
+    handler = _PagedHandler(kv_dtype, granularity, k_scale, v_scale, block_size, t + n_new, decode_fn)
+    tokens, logits = [], []
+    with attention_handler(model, handler):
+        last = model(input_ids=prompt, use_cache=False).logits[0, -1].float()
+        for i in range(n_new):
+            tokens.append(int(last.argmax()))
+            if keep_logits:
+                logits.append(last.cpu())
+            if i == n_new - 1:
+                break
+            pos = torch.tensor([[t + i]], device=prompt.device)
+            nxt = torch.tensor([[tokens[-1]]], device=prompt.device)
+            last = model(input_ids=nxt, position_ids=pos, use_cache=False).logits[0, -1].float()
+    n = num_layers(model)
+    caches = [handler.caches[i] for i in range(n)]
+    return tokens, (torch.stack(logits) if keep_logits else None), caches
+
+
+def greedy_decode_paged(model, prompt_ids, n_new: int, kv_dtype: str = "fp8_e4m3", *, backend: str = "reference",
+                        mode: str = "auto", decode_fn=None, granularity: str = "tensor", k_scale=None, v_scale=None,
+                        block_size: int = 16, baseline: str = "bf16", return_logits: bool = False) -> DecodeResult:
+    """Greedy-decode ``n_new`` tokens twice, with a ``kv_dtype`` and a ``baseline`` paged cache.
+
+    Parameters
+    ----------
+    model : causal LM from :func:`fp8kv.models.load_model` (batch 1).
+    prompt_ids : int64 ``[T]`` or ``[1, T]``.
+    n_new : tokens to generate (>= 1); ``T + n_new`` must fit any sliding window of the model.
+    kv_dtype : ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"bf16"`` or ``"fp16"`` (see ``fp8kv.formats.KV_DTYPES``).
+    backend, mode : ``"reference"``, or a backend and mode of ``fp8kv.decode`` (``"triton"``,
+        ``"flashinfer"``, ``"auto"``); ignored when ``decode_fn`` is given.
+    decode_fn : ``fn(q [1, Hq, D], cache, sm_scale=float) -> out`` or ``(out, lse)``.
+    granularity, k_scale, v_scale : FP8 cache scales (``PagedKVCache.from_dense``): None = amax of
+        the prompt's K/V, a method name, a float, or per-layer lists (e.g. from
+        :func:`fp8kv.models.calibrate_scales`). Static: decode tokens are written with them.
+    block_size : page size in tokens.
+    baseline : kv_dtype of the comparison run (its scales are never needed: 16-bit).
+    return_logits : keep the logits that chose each token.
+    """
+    if not isinstance(n_new, int) or n_new < 1:
+        raise ValueError(f"n_new must be a positive int; got {n_new!r}")
+    kv_name = kv_dtype_info(kv_dtype)[0]
+    base_name = kv_dtype_info(baseline)[0]
+    prompt = _as_batch(prompt_ids, model)
+    fn = decode_fn if decode_fn is not None else resolve_decode_fn(backend, mode)
+    label = getattr(fn, "__name__", "custom") if backend != "reference" or decode_fn is not None else backend
+    toks, lg, caches = _run(model, prompt, n_new, kv_name, granularity, k_scale, v_scale, block_size, fn,
+                            return_logits)
+    btoks, blg, _ = _run(model, prompt, n_new, base_name, "tensor", None, None, block_size, fn, return_logits)
+    return DecodeResult(kv_name, base_name, label, prompt.shape[1], toks, btoks,
+                        [c.saturated for c in caches], [c.k_scale.clone() for c in caches],
+                        [c.v_scale.clone() for c in caches], lg, blg)

@@ -1,0 +1,485 @@
+"""Quantize a real model's K/V as they enter attention; capture K/V; calibrate scales.
+
+The hook is a custom attention function registered with transformers' ``AttentionInterface``
+under the name ``"fp8kv"`` (with sdpa's mask builder), which every modern transformers model
+calls with ``(module, query, key, value, attention_mask, scaling, ...)``: ``key`` is after RoPE
+(and after Gemma-3's k-norm), ``value`` as projected, both ``[B, Hkv, T, D]`` before GQA
+expansion, exactly what a serving engine writes to its KV cache. One hook therefore covers Llama
+and Gemma-3 alike (sliding windows arrive in the mask). While a handler is active the model's
+attention implementation is switched to ``"fp8kv"``; on exit the previous one is restored.
+
+What a handler does with K/V:
+
+* :class:`KVQuantConfig` handlers store K and V the way an FP8 KV cache does
+  (``fp8kv.quant.quantize``: stored = Q(x / scale), dequantized = stored x scale, see
+  ``fp8kv/quant.py``) and run attention in the model's dtype on the dequantized values. Every
+  query reads every key through the quantized copy, the token's own included, as in decode.
+* The baseline is a bf16 KV cache: K/V rounded through bf16 (``fmt="bf16"``). The model itself
+  computes in fp32 on CPU because bf16 matmuls are several times slower there.
+* A side that is not quantized (``quantize_k=False`` or ``quantize_v=False``) is rounded to bf16
+  like the baseline, so K-vs-V attribution compares against the baseline only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from ..formats import format as fp8_format
+from ..quant import GRANULARITIES, SCALE_METHODS, compute_scale, quantize
+from .loading import windows
+
+__all__ = ["KVQuantConfig", "KVStats", "CapturedKV", "quantized_kv", "run_quantized", "capture_kv",
+           "calibrate_scales", "attention_handler", "ATTN_NAME", "num_layers", "layer_types",
+           "attention_modules", "quantize_kv"]
+
+ATTN_NAME = "fp8kv"
+SIXTEEN_BIT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+_HANDLERS: list = []  # active handlers, innermost last
+_REGISTERED = False
+
+
+# ------------------------------------------------------------------------ attention dispatch
+
+def _sdpa(module, query, key, value, attention_mask, scaling, kwargs):
+    """transformers' own sdpa attention (GQA, masks, sliding windows): returns ([B, T, Hq, D], None)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=0.0,
+                                          scaling=scaling, **kwargs)
+
+
+def _fp8kv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The registered attention function: the active handler's, or plain sdpa when none is active."""
+    if not _HANDLERS:
+        return _sdpa(module, query, key, value, attention_mask, scaling, kwargs)
+    return _HANDLERS[-1](module, query, key, value, attention_mask, scaling, kwargs)
+
+
+def _register() -> None:
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(ATTN_NAME, _fp8kv_attention)
+    AttentionMaskInterface.register(ATTN_NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    _REGISTERED = True
+
+
+def _set_attn(model, name: str) -> None:
+    try:
+        model.set_attn_implementation(name)
+    except (AttributeError, ValueError):  # older transformers: set the config field directly
+        model.config._attn_implementation = name
+
+
+@contextmanager
+def attention_handler(model, handler):
+    """Route ``model``'s attention through ``handler(module, q, k, v, mask, scaling, kwargs)``.
+
+    q: ``[B, Hq, T, D]``; k, v: ``[B, Hkv, T, D]`` (after RoPE); the handler returns
+    ``(out [B, T, Hq, D], weights or None)``. Restores the previous attention on exit.
+    """
+    _register()
+    prev = model.config._attn_implementation
+    _set_attn(model, ATTN_NAME)
+    _HANDLERS.append(handler)
+    try:
+        yield handler
+    finally:
+        _HANDLERS.remove(handler)
+        _set_attn(model, prev)
+
+
+def _text_config(model):
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def num_layers(model) -> int:
+    """Number of decoder layers (= KV caches) of ``model``."""
+    return int(_text_config(model).num_hidden_layers)
+
+
+def layer_types(model) -> list[str]:
+    """Per layer ``"full_attention"`` or ``"sliding_attention"``."""
+    cfg = _text_config(model)
+    types = getattr(cfg, "layer_types", None)
+    return list(types) if types else ["full_attention"] * num_layers(model)
+
+
+def attention_modules(model) -> list:
+    """The attention modules in layer order (those with ``layer_idx`` and ``k_proj``)."""
+    mods = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "k_proj")]
+    return sorted(mods, key=lambda m: m.layer_idx)
+
+
+def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x if x.dtype == dtype else x.to(dtype).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------- configs
+
+def _check_scale(value, name):
+    if value is None or (isinstance(value, str) and value in SCALE_METHODS):
+        return
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name}={value!r} must be positive and finite")
+        return
+    if isinstance(value, torch.Tensor) or (isinstance(value, Sequence) and not isinstance(value, str)):
+        return
+    raise ValueError(f"{name}={value!r} is not a scale; expected None, one of {SCALE_METHODS}, a positive "
+                     "float, a tensor, or a per-layer list of those")
+
+
+def _describe_scale(value) -> str:
+    if value is None:
+        return "amax"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return f"{value:g}"
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    return "per-layer"
+
+
+@dataclass
+class KVQuantConfig:
+    """How K and V are stored in the simulated KV cache.
+
+    Parameters
+    ----------
+    name : label used in result tables (default: built from the fields).
+    fmt : FP8 format (``"e4m3"``, ``"e5m2"``, ``"e4m3fnuz"``, ...), or ``"bf16"`` / ``"fp16"`` /
+        ``"fp32"`` for a 16/32-bit cache (K/V rounded through that dtype).
+    granularity : ``"tensor"``, ``"head"``, ``"token_head"`` or ``"channel"`` (see ``fp8kv.quant``).
+    k_scale, v_scale : how the scale is found, per layer: ``None``/``"amax"`` (from the K/V of the
+        current forward: the best static scale in hindsight), ``"percentile"``, ``"vllm_k"``,
+        ``"vllm_v"``, a positive float (e.g. 1.0, the engines' default without checkpoint scales),
+        a tensor of the granularity's scale shape, or a per-layer list of floats/tensors (e.g. from
+        :func:`calibrate_scales`).
+    scale_factor : multiplies whatever scale is found (``1/64`` makes most values saturate).
+    quantize_k, quantize_v : quantize that side (otherwise it is rounded to bf16, the baseline).
+    percentile : for ``"percentile"`` scales.
+    """
+
+    name: str | None = None
+    fmt: str = "e4m3"
+    granularity: str = "tensor"
+    k_scale: object = "amax"
+    v_scale: object = "amax"
+    scale_factor: float = 1.0
+    quantize_k: bool = True
+    quantize_v: bool = True
+    percentile: float = 99.9
+
+    def __post_init__(self):
+        if not isinstance(self.fmt, str):
+            raise TypeError(f"fmt must be a format name string; got {type(self.fmt).__name__}")
+        if self.fmt not in SIXTEEN_BIT:
+            self.fmt = fp8_format(self.fmt).name  # ValueError names the accepted formats
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"granularity={self.granularity!r}; expected one of {GRANULARITIES}")
+        _check_scale(self.k_scale, "k_scale")
+        _check_scale(self.v_scale, "v_scale")
+        if not (isinstance(self.scale_factor, (int, float)) and math.isfinite(self.scale_factor)
+                and self.scale_factor > 0):
+            raise ValueError(f"scale_factor={self.scale_factor!r} must be a positive finite number")
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.fmt not in SIXTEEN_BIT
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if not self.is_fp8:
+            return self.fmt
+        parts = [self.fmt, self.granularity, f"k={_describe_scale(self.k_scale)}",
+                 f"v={_describe_scale(self.v_scale)}"]
+        if self.scale_factor != 1.0:
+            parts.append(f"x{self.scale_factor:g}")
+        if not self.quantize_k:
+            parts.append("V only")
+        if not self.quantize_v:
+            parts.append("K only")
+        return " ".join(parts)
+
+    def describe(self) -> dict:
+        """The configuration as plain columns for result tables."""
+        return dict(config=self.label, fmt=self.fmt, granularity=self.granularity if self.is_fp8 else "-",
+                    k_scale=_describe_scale(self.k_scale) if self.is_fp8 else "-",
+                    v_scale=_describe_scale(self.v_scale) if self.is_fp8 else "-",
+                    scale_factor=self.scale_factor, quantize_k=self.quantize_k, quantize_v=self.quantize_v)
+
+    def layer_scale(self, which: str, layer: int):
+        """The scale spec of K (``which="k"``) or V at ``layer``: a method name or a fixed value."""
+        spec = self.k_scale if which == "k" else self.v_scale
+        spec = "amax" if spec is None else spec
+        if isinstance(spec, Sequence) and not isinstance(spec, str):
+            if layer >= len(spec):
+                raise ValueError(f"{which}_scale has {len(spec)} per-layer entries but layer {layer} was asked for")
+            spec = spec[layer]
+        return spec
+
+
+BASELINE = KVQuantConfig(name="bf16", fmt="bf16")
+
+
+def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
+    """Store-and-load one layer's K or V through the configured cache.
+
+    x : ``[B, H, T, D]`` (transformers' layout). Returns ``(x_dequantized like x, info)`` where
+    info holds saturated / underflow / numel / scale (mean) / amax of this call.
+    """
+    quantize_side = cfg.quantize_k if which == "k" else cfg.quantize_v
+    amax = float(x.detach().abs().amax()) if x.numel() else 0.0
+    info = dict(saturated=0, underflow=0, numel=x.numel(), scale=float("nan"), amax=amax)
+    if not cfg.is_fp8 or not quantize_side:
+        dtype = SIXTEEN_BIT[cfg.fmt] if not cfg.is_fp8 else torch.bfloat16
+        return _round(x, dtype), info
+    xt = x.transpose(1, 2)  # [B, T, H, D]: leading dims are tokens, as fp8kv.quant expects
+    spec = cfg.layer_scale(which, layer)
+    if isinstance(spec, str):
+        s = compute_scale(xt, cfg.fmt, cfg.granularity, spec, cfg.percentile)
+    else:
+        s = torch.as_tensor(spec, dtype=torch.float32, device=x.device)
+    if cfg.scale_factor != 1.0:
+        s = s * cfg.scale_factor
+    q = quantize(xt, cfg.fmt, cfg.granularity, scale=s, percentile=cfg.percentile)
+    info.update(saturated=q.saturated, underflow=q.underflow, scale=float(q.scale.mean()))
+    return q.dequantize(torch.float32).to(x.dtype).transpose(1, 2), info
+
+
+# ----------------------------------------------------------------------------------- stats
+
+_COUNTERS = ("k_saturated", "k_underflow", "k_numel", "v_saturated", "v_underflow", "v_numel",
+             "err_num2", "err_den2", "calls")
+
+
+class KVStats:
+    """Per-layer counts accumulated over every forward run under one handler.
+
+    ``frame()`` gives one row per layer: saturated / underflow counts and fractions for K and V,
+    mean scale and max |x| seen, and ``attn_rel_err``: ``||o_q - o_ref|| / ||o_ref||`` of the
+    attention output computed from the quantized K/V vs from bf16 K/V, *same inputs* (the local
+    error of that layer's cache, before it propagates), over all tokens and forwards.
+    """
+
+    def __init__(self, n_layers: int, types: list[str] | None = None):
+        self.n_layers = n_layers
+        self.types = types or ["full_attention"] * n_layers
+        self.count = {c: [0.0] * n_layers for c in _COUNTERS}
+        self.k_scale = [[] for _ in range(n_layers)]
+        self.v_scale = [[] for _ in range(n_layers)]
+        self.k_amax = [0.0] * n_layers
+        self.v_amax = [0.0] * n_layers
+
+    def add(self, layer: int, k_info: dict, v_info: dict, err_num2: float = 0.0, err_den2: float = 0.0):
+        c = self.count
+        for side, info in (("k", k_info), ("v", v_info)):
+            c[f"{side}_saturated"][layer] += info["saturated"]
+            c[f"{side}_underflow"][layer] += info["underflow"]
+            c[f"{side}_numel"][layer] += info["numel"]
+            (self.k_scale if side == "k" else self.v_scale)[layer].append(info["scale"])
+        self.k_amax[layer] = max(self.k_amax[layer], k_info["amax"])
+        self.v_amax[layer] = max(self.v_amax[layer], v_info["amax"])
+        c["err_num2"][layer] += err_num2
+        c["err_den2"][layer] += err_den2
+        c["calls"][layer] += 1
+
+    def total(self, name: str) -> int:
+        return int(sum(self.count[name]))
+
+    def frame(self):
+        import pandas as pd
+
+        c = self.count
+        rows = []
+        for i in range(self.n_layers):
+            kn, vn = max(1, c["k_numel"][i]), max(1, c["v_numel"][i])
+            den = c["err_den2"][i]
+            rows.append(dict(
+                layer=i, layer_type=self.types[i],
+                k_saturated=int(c["k_saturated"][i]), v_saturated=int(c["v_saturated"][i]),
+                k_underflow=int(c["k_underflow"][i]), v_underflow=int(c["v_underflow"][i]),
+                k_sat_frac=c["k_saturated"][i] / kn, v_sat_frac=c["v_saturated"][i] / vn,
+                k_underflow_frac=c["k_underflow"][i] / kn, v_underflow_frac=c["v_underflow"][i] / vn,
+                k_scale=_nanmean(self.k_scale[i]), v_scale=_nanmean(self.v_scale[i]),
+                k_amax=self.k_amax[i], v_amax=self.v_amax[i],
+                attn_rel_err=math.sqrt(c["err_num2"][i] / den) if den > 0 else 0.0,
+            ))
+        return pd.DataFrame(rows)
+
+
+def _nanmean(xs):
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+class _QuantHandler:
+    def __init__(self, cfg: KVQuantConfig, stats: KVStats, measure_error: bool):
+        self.cfg, self.stats, self.measure_error = cfg, stats, measure_error
+
+    def __call__(self, module, q, k, v, mask, scaling, kwargs):
+        layer = module.layer_idx
+        kq, k_info = quantize_kv(k, self.cfg, "k", layer)
+        vq, v_info = quantize_kv(v, self.cfg, "v", layer)
+        out, w = _sdpa(module, q, kq, vq, mask, scaling, kwargs)
+        num2 = den2 = 0.0
+        if self.measure_error:
+            ref, _ = _sdpa(module, q, _round(k, torch.bfloat16), _round(v, torch.bfloat16), mask, scaling, kwargs)
+            ref64 = ref.detach().to(torch.float64)
+            num2 = float((out.detach().to(torch.float64) - ref64).pow(2).sum())
+            den2 = float(ref64.pow(2).sum())
+        self.stats.add(layer, k_info, v_info, num2, den2)
+        return out, w
+
+
+@contextmanager
+def quantized_kv(model, cfg: KVQuantConfig, *, measure_error: bool = True, stats: KVStats | None = None):
+    """Run ``model`` with its K/V stored as ``cfg`` says, inside a ``with`` block.
+
+    Yields a :class:`KVStats` that accumulates per-layer counts over every forward in the block
+    (pass ``stats`` to keep accumulating into an existing one). ``measure_error`` also computes
+    each layer's attention with bf16 K/V to report the local attention-output error (about twice
+    the attention cost).
+    """
+    if not isinstance(cfg, KVQuantConfig):
+        raise TypeError(f"cfg must be a KVQuantConfig, got {type(cfg).__name__}")
+    stats = stats if stats is not None else KVStats(num_layers(model), layer_types(model))
+    with attention_handler(model, _QuantHandler(cfg, stats, measure_error)):
+        yield stats
+
+
+def _as_batch(input_ids, model) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids)
+    if ids.dtype not in (torch.int64, torch.int32) or ids.ndim not in (1, 2):
+        raise ValueError(f"input_ids must be int64 [T] or [1, T]; got {ids.dtype} of shape {tuple(ids.shape)}")
+    if ids.ndim == 2 and ids.shape[0] != 1:
+        raise ValueError(f"input_ids must hold one sequence ([T] or [1, T]); got shape {tuple(ids.shape)}")
+    if ids.numel() == 0:
+        raise ValueError("input_ids is empty")
+    return ids.reshape(1, -1).to(torch.int64).to(model.device)
+
+
+@torch.no_grad()
+def run_quantized(model, input_ids, cfg: KVQuantConfig = BASELINE, *, measure_error: bool = False):
+    """One forward with K/V stored per ``cfg``. Returns (logits fp32 ``[T, vocab]``, :class:`KVStats`)."""
+    ids = _as_batch(input_ids, model)
+    with quantized_kv(model, cfg, measure_error=measure_error) as stats:
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+    return logits, stats
+
+
+# --------------------------------------------------------------------------------- capture
+
+@dataclass
+class CapturedKV:
+    """Real activations of one forward, per layer, batch dim dropped.
+
+    ``k``: after RoPE ``[T, Hkv, D]`` (what a KV cache stores); ``k_pre_rope``: before RoPE (after
+    Gemma-3's k-norm) ``[T, Hkv, D]``; ``v``: ``[T, Hkv, D]``; ``q``: after RoPE ``[T, Hq, D]``
+    (real decode queries). ``sm_scale`` per layer; ``layer_types`` per layer. Model dtype and device.
+    """
+
+    k: list
+    k_pre_rope: list
+    v: list
+    q: list
+    sm_scale: list
+    layer_types: list
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.k)
+
+
+class _CaptureHandler:
+    def __init__(self, n):
+        self.k, self.v, self.q, self.sm_scale = [None] * n, [None] * n, [None] * n, [None] * n
+
+    def __call__(self, module, q, k, v, mask, scaling, kwargs):
+        i = module.layer_idx
+        self.k[i] = k[0].transpose(0, 1).detach().clone()
+        self.v[i] = v[0].transpose(0, 1).detach().clone()
+        self.q[i] = q[0].transpose(0, 1).detach().clone()
+        self.sm_scale[i] = float(scaling) if scaling is not None else 1.0 / math.sqrt(q.shape[-1])
+        return _sdpa(module, q, k, v, mask, scaling, kwargs)
+
+
+@torch.no_grad()
+def capture_kv(model, input_ids) -> CapturedKV:
+    """Capture per-layer K (after and before RoPE), V and Q of one forward of ``input_ids`` ([T] or [1, T])."""
+    ids = _as_batch(input_ids, model)
+    n = num_layers(model)
+    pre = [None] * n
+    hooks = []
+    for m in attention_modules(model):
+        # Gemma-3 normalizes keys (k_norm, [B, Hkv, T, D]) before RoPE; Llama goes straight from k_proj
+        # ([B, T, Hkv*D]) to RoPE. Either output is the pre-RoPE key.
+        sub = m.k_norm if getattr(m, "k_norm", None) is not None else m.k_proj
+
+        def hook(_mod, _inp, out, i=m.layer_idx, d=m.head_dim):
+            x = out[0].transpose(0, 1) if out.ndim == 4 else out[0].reshape(out.shape[1], -1, d)
+            pre[i] = x.detach().clone()
+
+        hooks.append(sub.register_forward_hook(hook))
+    handler = _CaptureHandler(n)
+    try:
+        with attention_handler(model, handler):
+            model(input_ids=ids, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return CapturedKV(handler.k, pre, handler.v, handler.q, handler.sm_scale, layer_types(model))
+
+
+@torch.no_grad()
+def calibrate_scales(model, calibration_ids, cfg: KVQuantConfig | None = None, *, window: int = 512,
+                     bos_token_id: int | None = None):
+    """Per-layer static K and V scales from a held-out text, as a calibration pass would produce.
+
+    Runs the unquantized model on ``calibration_ids`` (1-D, split into windows of ``window``) and
+    derives each layer's scale from all its K (V) values with ``cfg``'s method (``cfg.k_scale`` /
+    ``cfg.v_scale`` when they name a method, else amax), format and granularity. BOS positions are
+    included (a serving engine stores them too).
+
+    Returns
+    -------
+    (k_scales, v_scales) : lists of ``num_layers`` fp32 tensors shaped per granularity ([] for
+    tensor, [Hkv] head, [Hkv, D] channel); pass them as ``KVQuantConfig(k_scale=k_scales, ...)``.
+    """
+    cfg = cfg or KVQuantConfig()
+    if not cfg.is_fp8:
+        raise ValueError(f"cfg.fmt={cfg.fmt!r}: calibration derives FP8 scales; use an FP8 format")
+    if cfg.granularity == "token_head":
+        raise ValueError("granularity='token_head' computes scales per token at write time; nothing to calibrate")
+    ids = torch.as_tensor(calibration_ids)
+    chunk = windows(ids, min(window, ids.numel()), None, bos_token_id) if ids.ndim == 1 else None
+    if chunk is None:
+        raise ValueError(f"calibration_ids must be 1-D; got shape {tuple(ids.shape)}")
+    ks, vs = [[] for _ in range(num_layers(model))], [[] for _ in range(num_layers(model))]
+    for w in chunk:
+        cap = capture_kv(model, w)
+        for i in range(cap.n_layers):
+            ks[i].append(cap.k[i].float())
+            vs[i].append(cap.v[i].float())
+
+    def method(spec, default):
+        return spec if isinstance(spec, str) else default
+
+    km, vm = method(cfg.k_scale, "amax"), method(cfg.v_scale, "amax")
+    k_scales = [compute_scale(torch.cat(x), cfg.fmt, cfg.granularity, km, cfg.percentile) for x in ks]
+    v_scales = [compute_scale(torch.cat(x), cfg.fmt, cfg.granularity, vm, cfg.percentile) for x in vs]
+    return k_scales, v_scales

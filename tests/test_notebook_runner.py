@@ -1,0 +1,589 @@
+"""The notebook runner (fp8kv.notebooks, fp8kv.cli) and every notebook in notebooks/.
+
+* Hygiene of the committed notebooks: no outputs, one ``parameters`` cell with the five parameters.
+* Every notebook runs headless in smoke mode, once, through ``fp8kv notebooks run``; then, per
+  notebook, its status, its HTML (plotly.js embedded, one plot per figure) and its results JSON are
+  checked. **Adding a notebook means adding its check to ``CHECKS``** (name -> check(doc)), where
+  ``doc`` is what :func:`fp8kv.notebooks.save_results` wrote (``doc["results"]`` holds the numbers).
+* The report folder's life cycle (atomic replace, other GPUs' folders untouched, failures kept,
+  ``--only`` carry-over) on tiny synthetic notebooks.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from fp8kv import cli
+from fp8kv import notebooks as runner
+from fp8kv.capability import ARCHS, capability
+from fp8kv.device import gpu_slug
+from fp8kv.formats import format
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = REPO / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+# --------------------------------------------------------------------------- per-notebook checks
+
+
+def check_00_environment(doc):
+    r = doc["results"]
+    bw = r["copy_bandwidth"]
+    assert bw["gbps"] > 0 and bw["time_ms"] > 0
+    assert bw["bytes_moved"] == 2 * bw["nbytes"]
+    assert bw["meaningful_for_gpu"] == (r["device"]["type"] == "cuda")
+    assert r["device"]["slug"] == doc["device"]["slug"]
+    per_arch = {a: [row for row in r["capability"] if row["arch"] == a] for a in ARCHS}
+    assert set(per_arch) == {row["arch"] for row in r["capability"]}
+    for arch, rows in per_arch.items():
+        assert len(rows) == len(capability(arch)), arch
+    assert len(r["capability_here"]) == len(capability())
+
+
+def check_01_fp8_formats(doc):
+    r = doc["results"]
+    rt = r["roundtrip"]
+    # Round-to-nearest: relative error in the normal range is at most the unit roundoff 2^-(m+1).
+    assert 0 < rt["e4m3"]["max_rel_error_normal"] <= 2**-4
+    assert 0 < rt["e5m2"]["max_rel_error_normal"] <= 2**-3
+    for name, row in rt.items():
+        f = format(name)
+        assert row["max_rel_error_normal"] <= f.unit_roundoff, name
+        assert row["max_rel_error_subnormal_range"] > f.unit_roundoff, name  # precision decays there
+        assert 0 < row["saturated"] <= row["points_above_max"], name
+        assert row["underflow"] > 0, name
+    assert {s["name"] for s in r["formats"]} == set(rt)
+    for name, c in r["casts"].items():
+        f = format(name)
+        assert c["fp8kv_nonfinite"] == 0 and max(c["fp8kv"]) == f.max, name
+        assert c["fp8kv_saturated"] > 0, name
+    # The amax scale keeps any tensor inside the format's window; scale = 1 does not.
+    for name in ("e4m3", "e5m2"):
+        rows = [s for s in r["scale_sweep"] if s["format"] == name]
+        amax = [s["rel_error"] for s in rows if s["scale"] == "amax"]
+        unit = [s["rel_error"] for s in rows if s["scale"] != "amax"]
+        assert max(amax) <= format(name).unit_roundoff, name
+        assert max(unit) >= 0.5 and min(unit) <= format(name).unit_roundoff, name
+
+
+def check_02_quantization_error(doc):
+    r = doc["results"]
+    assert r["bound"] == {"e4m3": 2**-4, "e5m2": 2**-3}
+    combos = {}
+    for row in r["rows"]:
+        combos.setdefault((row["format"], row["granularity"], row["scale_method"]), {})[row["quantize"]] = row
+    assert {f for f, _, _ in combos} == {"e4m3", "e5m2"} and len(combos) == 2 * 4 * 4
+    kv = {key: modes["kv"] for key, modes in combos.items()}
+    e4 = kv[("e4m3", "tensor", "amax")]
+    # Round to nearest: each normal element errs by at most 2^-4 relative, so the norm-wise error does too.
+    assert 0 < e4["k_rel_err"] <= 2**-4 and 0 < e4["v_rel_err"] <= 2**-4
+    assert 0 < e4["out_rel_err"] < 0.05
+    assert r["e4m3_tensor_amax_k_rel_err"] == e4["k_rel_err"] == r["key_numbers"]["e4m3_tensor_amax_k_rel_err"]
+    assert r["e4m3_tensor_amax_out_rel_err"] == e4["out_rel_err"]
+    for (fmt, gran, method), row in kv.items():
+        if method == "amax":
+            assert row["k_saturated_frac"] == 0 and row["v_saturated_frac"] == 0, (fmt, gran)
+            if fmt == "e4m3":  # one mantissa bit fewer: e5m2 errs more, on K, V and the output
+                other = kv[("e5m2", gran, "amax")]
+                for col in ("k_rel_err", "v_rel_err", "out_rel_err"):
+                    assert other[col] > row[col], (gran, col)
+    assert kv[("e4m3", "tensor", "percentile")]["k_saturated_frac"] > 0  # the top 0.1 % is clipped
+    assert kv[("e4m3", "tensor", "1.0")]["k_underflow_frac"] > 0  # no scale: the smallest values flush to 0
+    # K-vs-V attribution: every combination also ran with only K and only V quantized.
+    for key, modes in combos.items():
+        assert set(modes) == {"kv", "k", "v"}, key
+        assert modes["k"]["v_rel_err"] == 0 and modes["k"]["k_rel_err"] == modes["kv"]["k_rel_err"], key
+        assert modes["v"]["k_rel_err"] == 0 and modes["v"]["v_rel_err"] == modes["kv"]["v_rel_err"], key
+        assert modes["k"]["out_rel_err"] > 0 and modes["v"]["out_rel_err"] > 0, key
+    assert len(r["attribution"]) == len(combos)
+    assert all(0 <= a["k_share"] <= 1 for a in r["attribution"])
+    lengths = sorted({row["context_len"] for row in r["context"]})
+    assert len(lengths) >= 2
+    for n in lengths:
+        by_fmt = {(row["format"], row["granularity"]): row["out_rel_err"] for row in r["context"]
+                  if row["context_len"] == n}
+        assert by_fmt[("e5m2", "tensor")] > by_fmt[("e4m3", "tensor")] > 0, n
+    if r["real_status"] == "ok":
+        real = [row for row in r["real_rows"] if row["quantize"] == "kv" and row["scale_method"] == "amax"]
+        assert real and {row["layer"] for row in real} == {s["layer"] for s in r["real_stats"]}
+        for row in real:
+            if row["format"] == "e4m3":
+                assert 0 < row["k_rel_err"] <= 2**-4 and 0 < row["v_rel_err"] <= 2**-4, row["source"]
+    else:
+        assert r["real_status"].startswith("real activations unavailable: ") and r["real_rows"] == []
+
+
+def check_03_kv_capacity(doc):
+    from fp8kv.capacity import GPUS, plan_capacity
+
+    r = doc["results"]
+    rows = r["rows"]
+    fits = [row for row in rows if row["fits"]]
+    assert fits and {row["model"] for row in rows} == set(r["models"])
+    # The table is the planner's: recompute a 16-bit, a per-tensor and a per-token row.
+    picks = [next(row for row in fits if row["granularity"] == g) for g in (None, "tensor", "token_head")]
+    for row in picks:
+        gpu = row["gpu"] if row["gpu"] in GPUS else row["gpu_memory_gib"]
+        plan = plan_capacity(row["model"], row["kv_dtype"], gpu_memory_gib=gpu, utilization=r["utilization"],
+                             block_size=r["block_size"], granularity=row["granularity"] or "tensor")
+        for col in ("blocks", "tokens", "bytes_per_token", "fixed_scale_bytes", "max_concurrency"):
+            assert plan[col] == row[col], (row["model"], row["kv_dtype"], col)
+        assert row["tokens"] == row["blocks"] * r["block_size"]
+    # FP8 halves the bytes per token: 2x the tokens, up to one block's rounding either way.
+    ratios = r["ratios"]
+    assert ratios
+    for x in ratios:
+        if x["granularity"] in ("tensor", "head"):
+            assert 1.99 <= x["ratio"] <= x["ratio_upper"] <= 2.01, x
+        if x["granularity"] == "token_head":  # per-token scales cost 4 bytes per token, head and K/V
+            assert x["ratio"] < 2
+    assert set(r["fp8_over_bf16_tokens_ratio"]) == set(r["models"])
+    for model, ratio in r["fp8_over_bf16_tokens_ratio"].items():
+        assert 1.99 <= ratio <= 2.001, (model, ratio)
+    for kv, steps in r["walkthrough"].items():
+        assert all(s["match"] is not False for s in steps) and sum(s["match"] is True for s in steps) >= 7, kv
+    # Real PagedKVCache allocations have exactly the bytes the formula says.
+    assert r["measured_vs_formula_bytes_equal"] is True
+    assert r["measured"] and all(m["equal"] and m["measured_bytes"] == m["formula_bytes"] for m in r["measured"])
+    assert len({(m["model"], m["kv_dtype"], m["granularity"]) for m in r["measured"]}) == len(r["measured"])
+
+
+def check_04_decode_latency(doc):
+    r = doc["results"]
+    on_gpu = doc["device"]["type"] == "cuda"
+    assert r["timings_meaningful_for_gpu"] is on_gpu  # CPU timings say nothing about any GPU
+    copy = r["copy_gbps"]
+    assert isinstance(copy, float) and 0 < copy < float("inf")
+    rows = r["rows"]
+    assert rows and {row["status"] for row in rows} <= {"ok", "unsupported", "skipped"}, \
+        [(row["label"], row["reason"]) for row in rows if row["status"] == "error"]
+    ran = [row for row in rows if row["status"] == "ok"]
+    for row in ran:
+        assert row["check_passed"] is True and row["rel_err"] <= row["tol"], row["label"]
+        t = row["time_us"]
+        assert isinstance(t, float) and 0 < t < float("inf"), (row["label"], t)
+        assert row["copy_gbps"] == copy
+        assert row["gbps"] == pytest.approx(row["bytes"] / (t * 1e-6) / 1e9)
+        assert row["pct_copy_bw"] == pytest.approx(100 * row["gbps"] / copy)
+    assert all(row["reason"] for row in rows if row["status"] != "ok")
+    must = "triton" if on_gpu else "reference"
+    assert any(row["backend"] == must for row in ran), f"no {must} row ran"
+    assert r["all_checks_passed"] is True
+    # The best share of the ceiling per configuration is the maximum over its rows.
+    assert r["best_pct_copy_bw"]
+    for best in r["best_pct_copy_bw"]:
+        mine = [row["pct_copy_bw"] for row in ran if row["label"] == best["label"]]
+        assert best["pct_copy_bw"] == max(mine), best["label"]
+    for s in r["speedup"]:  # FP8 rows against the fastest baseline row of the same shape
+        base = [row["time_us"] for row in ran if row["kv_dtype"] == r["baseline_kv_dtype"]
+                and (row["batch"], row["context"]) == (s["batch"], s["context"])]
+        if not base:
+            assert s["bf16_us"] == "nan"  # no baseline ran for this shape
+            continue
+        assert s["bf16_us"] == min(base) and s["speedup_vs_bf16"] == pytest.approx(min(base) / s["time_us"])
+
+
+def check_05_backend_matrix(doc):
+    from fp8kv.capability import check
+
+    r = doc["results"]
+    rows = r["rows"]
+    ran = [row for row in rows if row["status"] != "unsupported"]
+    unsupported = [row for row in rows if row["status"] == "unsupported"]
+    assert r["n_rows"] == len(rows) == 3 * (2 + 2 * 2 * 4)  # backends x (16-bit, FP8 x modes x granularities)
+    assert r["n_ran"] == len(ran) >= 1 and r["n_unsupported"] == len(unsupported)
+    failed = [(row["backend"], row["kv_dtype"], row["mode"], row["granularity"], row["status"], row["rel_err"],
+               row["error"]) for row in ran if row["status"] != "passed"]
+    assert not failed, failed
+    assert r["n_passed"] == len(ran) and r["all_passed"] is True
+    for row in ran:
+        assert row["passed"] is True and row["rel_err"] <= row["tol"] and row["lse_err"] <= row["lse_tol"]
+    for row in unsupported:
+        assert isinstance(row["reason"], str) and row["reason"].strip()
+        assert check(row["backend"], row["kv_dtype"], row["mode"], None, row["granularity"],
+                     row["head_dim"]) == (False, row["reason"])
+    backends_ran = {row["backend"] for row in ran}
+    assert "reference" in backends_ran
+    assert "triton" in backends_ran  # compiled on a GPU, in the interpreter on CPU
+
+
+def check_06_model_accuracy(doc):
+    r = doc["results"]
+    rows = {(s["model"], s["config"]): s for s in r["summary"]}
+    assert {s["model"] for s in r["summary"]} == set(r["models"])
+    for model in r["models"]:
+        base = rows[(model, "bf16")]
+        assert base["kl_mean"] == 0 and base["top1_agree"] == 1 and base["ppl"] == base["ppl_base"]
+        assert base["n_windows"] == r["n_windows"] and base["window"] == r["window"]
+        good, bad = rows[(model, "e4m3 tensor amax")], rows[(model, "bad: e4m3 amax/64")]
+        # e4m3 per-tensor KV: a small, non-zero change of the next-token distribution (~0.01 nats/token
+        # measured), most top-1 tokens unchanged; amax scales never saturate.
+        assert 0 < good["kl_mean"] < 0.05, good["kl_mean"]
+        assert good["top1_agree"] > 0.85, good["top1_agree"]
+        assert good["k_saturated"] == 0 and good["v_saturated"] == 0
+        # A scale of amax/64 saturates most values: the damage must show, by far.
+        assert bad["kl_mean"] > 10 * good["kl_mean"] and bad["k_sat_frac"] > 0.2
+        # K-vs-V attribution: the side that is not quantized records no FP8 underflow.
+        k_only, v_only = rows[(model, "e4m3 K only")], rows[(model, "e4m3 V only")]
+        assert k_only["v_underflow"] == 0 and v_only["k_underflow"] == 0
+        assert 0 < v_only["kl_mean"] and 0 < k_only["kl_mean"]
+        n_layers = {lr["layer"] for lr in r["layers"] if lr["model"] == model}
+        assert n_layers == set(range(len(n_layers))) and len(n_layers) > 1
+    assert len(r["decode"]) == 3 * len(r["models"])
+    for d in r["decode"]:
+        assert d["n_new"] == r["decode_new"] and 0.0 <= d["match_fraction"] <= 1.0
+        assert (d["first_divergence"] is None) == (d["match_fraction"] == 1.0)
+        assert d["first_divergence"] is None or d["first_divergence"] < d["n_new"]
+
+
+CHECKS = {
+    "00_environment": check_00_environment,
+    "01_fp8_formats": check_01_fp8_formats,
+    "02_quantization_error": check_02_quantization_error,
+    "03_kv_capacity": check_03_kv_capacity,
+    "04_decode_latency": check_04_decode_latency,
+    "05_backend_matrix": check_05_backend_matrix,
+    "06_model_accuracy": check_06_model_accuracy,
+}
+
+
+# --------------------------------------------------------------------------- hygiene of committed notebooks
+
+
+def _assigned_literals(source: str) -> dict:
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    out[target.id] = ast.literal_eval(node.value)
+    return out
+
+
+def test_there_are_notebooks():
+    assert [p.stem for p in NOTEBOOKS][:2] == ["00_environment", "01_fp8_formats"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_notebook_is_clean(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"cell {i} has outputs; clear them before committing"
+            assert cell.execution_count is None, f"cell {i} has an execution count"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, "exactly one cell must be tagged 'parameters'"
+    assert tagged[0].cell_type == "code"
+    params = _assigned_literals(tagged[0].source)
+    assert set(runner.PARAMETER_NAMES) <= set(params)
+    # Interactive defaults: full size, widgets on; the runner overrides them for headless runs.
+    assert params["SMOKE"] is False and params["SHOW_WIDGETS"] is True and params["DEVICE"] == "auto"
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert f'save_results(OUT_DIR, "{path.stem}"' in code, "the notebook must save its results under its own name"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_notebook_has_a_check(path):
+    assert path.stem in CHECKS, f"add a check for {path.stem} to CHECKS in {Path(__file__).name}"
+
+
+# --------------------------------------------------------------------------- the real notebooks, smoke mode
+
+
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports")
+    rc = cli.main(["notebooks", "run", "--smoke", "--out", str(out), "--notebooks", str(NOTEBOOK_DIR),
+                   "--no-progress", "--timeout", "300"])
+    folder = out / gpu_slug()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return rc, folder, manifest
+
+
+def test_smoke_run_succeeds(smoke_report):
+    rc, folder, manifest = smoke_report
+    assert manifest["failed"] == [], manifest["failed"]
+    assert rc == 0
+    assert manifest["mode"] == "smoke" and manifest["gpu_slug"] == folder.name
+    assert [e["name"] for e in manifest["notebooks"]] == [p.stem for p in NOTEBOOKS]
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")], "staging folder left behind"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_report(smoke_report, path):
+    _, folder, manifest = smoke_report
+    name = path.stem
+    entry = next(e for e in manifest["notebooks"] if e["name"] == name)
+    assert entry["status"] == "ok", entry["error"]
+
+    executed = nbformat.read(folder / f"{name}.ipynb", as_version=4)
+    injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1 and "SHOW_WIDGETS = False" in injected[0].source and "SMOKE = True" in injected[0].source
+    outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
+    n_figures = sum(PLOTLY_MIME in o.get("data", {}) for o in outputs)
+    assert n_figures >= 1, "a notebook draws at least one figure"
+    # plotly.js is stripped from the .ipynb (it is in the .html) ...
+    assert all(len(str(o.get("data", {}).get("text/html", ""))) < 1_000_000 for o in outputs)
+
+    # ... and embedded once in the HTML, with one plot per figure, so it views offline.
+    html = (folder / f"{name}.html").read_text(encoding="utf-8")
+    assert html.count("* plotly.js v") == 1
+    assert html.count("Plotly.newPlot(") == n_figures
+
+    doc = runner.load_results(folder, name)
+    assert doc["notebook"] == name and doc["device"]["slug"] == folder.name
+    CHECKS[name](doc)
+
+
+# --------------------------------------------------------------------------- runner life cycle, synthetic notebooks
+
+
+def _write_notebook(folder: Path, name: str, body: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell(
+        'SMOKE = False\nDEVICE = "auto"\nOUT_DIR = "results"\nSEED = 0\nSHOW_WIDGETS = True')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {name}"), params, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = folder / f"{name}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+SAVE = ('from fp8kv.notebooks import save_results\n'
+        'save_results(OUT_DIR, "{name}", {{"smoke": SMOKE, "seed": SEED, "widgets": SHOW_WIDGETS, '
+        '"device": DEVICE, "cwd": __import__("os").getcwd()}}, device=DEVICE)')
+
+
+def test_failures_are_reported_kept_and_do_not_stop_the_run(tmp_path, capsys):
+    books = tmp_path / "books"
+    books.mkdir()
+    _write_notebook(books, "a_ok", SAVE.format(name="a_ok"))
+    _write_notebook(books, "b_raises", 'raise RuntimeError("deliberate failure 1234")')
+    _write_notebook(books, "c_no_json", "x = 1")
+    out = tmp_path / "reports"
+    rc = runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--seed", "7",
+                      "--no-progress"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "FAILED: b_raises, c_no_json" in err
+
+    folder = out / "cpu"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    by_name = {e["name"]: e for e in manifest["notebooks"]}
+    assert manifest["ok"] is False and manifest["failed"] == ["b_raises", "c_no_json"]
+    assert by_name["a_ok"]["status"] == "ok" and by_name["a_ok"]["results"] == "a_ok.json"
+    assert "deliberate failure 1234" in by_name["b_raises"]["error"]
+    assert "did not write c_no_json.json" in by_name["c_no_json"]["error"]
+    # The failing notebook is kept, executed and rendered, for inspection.
+    assert "deliberate failure 1234" in (folder / "b_raises.html").read_text(encoding="utf-8")
+    assert (folder / "b_raises.ipynb").is_file()
+
+    doc = runner.load_results(folder, "a_ok")["results"]
+    assert doc["smoke"] is True and doc["seed"] == 7 and doc["widgets"] is False and doc["device"] == "cpu"
+    assert Path(doc["cwd"]).resolve() == books.resolve()  # kernels start in the notebook's folder
+
+    # --only reruns one notebook and carries the others over from the previous report.
+    (books / "b_raises.ipynb").unlink()
+    _write_notebook(books, "b_raises", SAVE.format(name="b_raises"))
+    rc = runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--only", "b",
+                      "--no-progress"])
+    assert rc == 0  # what ran now succeeded; carried-over failures do not fail this run
+    manifest = json.loads((folder / "manifest.json").read_text())
+    by_name = {e["name"]: e for e in manifest["notebooks"]}
+    assert manifest["ran"] == ["b_raises"]
+    assert by_name["b_raises"]["status"] == "ok"
+    assert by_name["c_no_json"]["status"] == "failed" and by_name["a_ok"]["status"] == "ok"
+    assert manifest["failed"] == ["c_no_json"]
+    assert (folder / "a_ok.json").is_file() and (folder / "a_ok.html").is_file()
+    assert (folder / "b_raises.json").is_file()
+
+
+def test_cell_timeout_fails_the_notebook(tmp_path):
+    books = tmp_path / "books"
+    books.mkdir()
+    _write_notebook(books, "slow", "import time\ntime.sleep(120)")  # no imports: only the sleep is slow
+    manifest = runner.run_notebooks(books, tmp_path / "reports", device="cpu", timeout=2, progress=False)
+    entry = manifest["notebooks"][0]
+    assert entry["status"] == "failed" and "timed out" in entry["error"].lower()
+    assert entry["duration_s"] < 60
+    assert (tmp_path / "reports" / "cpu" / "slow.html").is_file()
+
+
+def _fake_run_one(book, staging, params, timeout_s, progress, kernel_name):
+    """Stands in for executing a notebook: writes the files a real run writes."""
+    name = book.stem
+    for ext in ("ipynb", "html"):
+        (staging / f"{name}.{ext}").write_text(f"{name} {ext}")
+    (staging / f"{name}.json").write_text(json.dumps({"results": {"seed": params["SEED"]}}))
+    return {"name": name, "status": "ok", "error": None, "mode": "smoke", "duration_s": 0.0,
+            "ipynb": f"{name}.ipynb", "html": f"{name}.html", "results": f"{name}.json"}
+
+
+@pytest.fixture
+def books(tmp_path):
+    folder = tmp_path / "books"
+    folder.mkdir()
+    for name in ("00_first", "01_second"):
+        _write_notebook(folder, name, "pass")
+    return folder
+
+
+def test_rerun_replaces_own_folder_and_leaves_other_gpus_alone(tmp_path, books, monkeypatch):
+    monkeypatch.setattr(runner, "_run_one", _fake_run_one)
+    out = tmp_path / "reports"
+    other = out / "nvidia-h200"
+    other.mkdir(parents=True)
+    (other / "manifest.json").write_text('{"gpu_slug": "nvidia-h200"}')
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in other.iterdir()}
+    stale = out / "cpu" / "stale.html"
+    stale.parent.mkdir()
+    stale.write_text("from an older run")
+
+    first = runner.run_notebooks(books, out, smoke=True, device="cpu", seed=1, progress=False)
+    second = runner.run_notebooks(books, out, smoke=True, device="cpu", seed=2, progress=False)
+
+    folder = out / "cpu"
+    assert not stale.exists(), "a rerun replaces the whole folder"
+    assert json.loads((folder / "00_first.json").read_text())["results"]["seed"] == 2
+    assert json.loads((folder / "manifest.json").read_text())["seed"] == 2
+    assert first["ok"] and second["ok"] and second["report_dir"] == str(folder.resolve())
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in other.iterdir()} == before
+    assert sorted(p.name for p in out.iterdir()) == ["cpu", "nvidia-h200"]  # no staging or old folders
+
+
+def test_interrupted_run_keeps_previous_report(tmp_path, books, monkeypatch):
+    monkeypatch.setattr(runner, "_run_one", _fake_run_one)
+    out = tmp_path / "reports"
+    runner.run_notebooks(books, out, smoke=True, device="cpu", seed=1, progress=False)
+    snapshot = {p.name: p.read_bytes() for p in (out / "cpu").iterdir()}
+
+    calls = []
+
+    def interrupted(book, *args):
+        calls.append(book.stem)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return _fake_run_one(book, *args)
+
+    monkeypatch.setattr(runner, "_run_one", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_notebooks(books, out, smoke=True, device="cpu", seed=9, progress=False)
+    assert {p.name: p.read_bytes() for p in (out / "cpu").iterdir()} == snapshot
+    assert sorted(p.name for p in out.iterdir()) == ["cpu"]  # staging removed
+
+
+def test_swap_restores_old_folder_if_the_rename_fails(tmp_path, monkeypatch):
+    final, staging = tmp_path / "cpu", tmp_path / ".cpu.staging"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    staging.mkdir()
+    real = os.replace
+    calls = []
+
+    def flaky(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:
+            raise OSError("disk trouble")
+        return real(src, dst)
+
+    monkeypatch.setattr(runner.os, "replace", flaky)
+    with pytest.raises(OSError, match="disk trouble"):
+        runner._swap_into_place(staging, final)
+    assert (final / "old.txt").read_text() == "old"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"timeout": 0}, "timeout"),
+    ({"timeout": 2.5}, "timeout"),
+    ({"seed": "x"}, "seed"),
+    ({"device": "tpu"}, "tpu"),
+    ({"only": ["99"]}, "matches no notebook"),
+])
+def test_run_notebooks_rejects_bad_arguments(tmp_path, books, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        runner.run_notebooks(books, tmp_path / "reports", **kwargs)
+    assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").iterdir())
+
+
+# --------------------------------------------------------------------------- helpers and command line
+
+
+def test_discover_notebooks_matching(books):
+    assert [p.stem for p in runner.discover_notebooks(books)] == ["00_first", "01_second"]
+    for key in ("01", "01_second", "01_second.ipynb"):
+        assert [p.stem for p in runner.discover_notebooks(books, [key])] == ["01_second"]
+    assert [p.stem for p in runner.discover_notebooks(books, ["01", "00"])] == ["00_first", "01_second"]
+    with pytest.raises(ValueError, match="not a folder"):
+        runner.discover_notebooks(books / "missing")
+
+
+def test_save_and_load_results_round_trip(tmp_path):
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    results = {"a": np.float32(1.5), "b": torch.tensor([1.0, float("inf")]), "c": pd.DataFrame({"x": [1, 2]}),
+               "d": (1, float("nan")), "e": torch.float8_e4m3fn, "f": np.arange(3), 7: "int key"}
+    path = runner.save_results(tmp_path / "new", "02_demo", results, device="cpu")
+    assert path == tmp_path / "new" / "02_demo.json"
+    doc = runner.load_results(tmp_path / "new", "02_demo")
+    assert doc["notebook"] == "02_demo" and doc["device"]["type"] == "cpu"
+    assert doc["results"] == {"a": 1.5, "b": [1.0, "inf"], "c": [{"x": 1}, {"x": 2}], "d": [1, "nan"],
+                              "e": "torch.float8_e4m3fn", "f": [0, 1, 2], "7": "int key"}
+    with pytest.raises(ValueError, match="name"):
+        runner.save_results(tmp_path, "../escape", {})
+    with pytest.raises(TypeError, match="dict"):
+        runner.save_results(tmp_path, "ok", [1])
+    with pytest.raises(FileNotFoundError, match="03_missing"):
+        runner.load_results(tmp_path, "03_missing")
+
+
+def test_collect_results_across_gpus(tmp_path):
+    for slug in ("cpu", "nvidia-h200"):
+        runner.save_results(tmp_path / slug, "00_x", {"slug": slug}, device="cpu")
+    (tmp_path / "nvidia-a100").mkdir()  # a GPU without that notebook
+    found = runner.collect_results("00_x", tmp_path)
+    assert sorted(found) == ["cpu", "nvidia-h200"]
+    assert found["nvidia-h200"]["results"]["slug"] == "nvidia-h200"
+
+
+def test_cli_bench_forwards_arguments(monkeypatch):
+    seen = []
+    fake = types.ModuleType("fp8kv.bench")
+    fake.main = lambda argv: seen.append(argv) or 3
+    monkeypatch.setitem(sys.modules, "fp8kv.bench", fake)
+    assert cli.main(["bench", "--help", "--kv", "fp8_e4m3"]) == 3
+    assert seen == [["--help", "--kv", "fp8_e4m3"]]
+
+
+def test_cli_bench_missing(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "fp8kv.bench", None)  # makes the import fail as not found
+    assert cli.main(["bench"]) == 2
+    assert "fp8kv.bench is not available" in capsys.readouterr().err
+
+
+def test_cli_notebooks_list(books, capsys):
+    assert cli.main(["notebooks", "list", "--notebooks", str(books)]) == 0
+    assert capsys.readouterr().out.split() == ["00_first", "01_second"]
+
+
+def test_cli_requires_a_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main([])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        cli.main(["notebooks", "run", "--smoke", "--full"])
