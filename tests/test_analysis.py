@@ -337,3 +337,47 @@ def test_measured_vs_formula_table():
     assert len(df) == 2 * (1 + 4) and df["equal"].all()
     assert df.loc[df["kv_dtype"] == "bf16", "granularity"].map(lambda g: g is None).all()
     assert math.isclose(df["budget_bytes"].iloc[0], 0.005 * 2**30, abs_tol=1)
+
+
+# ------------------------------------------------------------------------------ FP8 formats (notebook 01)
+def test_roundtrip_sweep_bounds_and_regions():
+    from fp8kv.analysis import roundtrip_sweep
+    from fp8kv.formats import format as fp8_format
+
+    mags = torch.logspace(-20, 18, 5000, base=2.0)
+    curve, summary = roundtrip_sweep(mags, ["e4m3", "e5m2"], plot_points=500)
+    for name in ("e4m3", "e5m2"):
+        f, s = fp8_format(name), summary[name]
+        # round to nearest: at most half an ulp relative in the normal range, attained closely
+        assert 0.8 * f.unit_roundoff < s["max_rel_error_normal"] <= f.unit_roundoff
+        assert s["max_rel_error_subnormal_range"] == 1.0  # the smallest magnitudes flush to zero
+        assert s["saturated"] == int((mags >= f.overflow_threshold).sum()) > 0
+        assert s["underflow"] > 0
+        assert set(curve.columns) == {"format", "magnitude", "rel_error"}
+        assert 400 <= (curve["format"] == name).sum() <= 600
+    with pytest.raises(ValueError, match="positive"):
+        roundtrip_sweep(torch.tensor([1.0, -1.0]), ["e4m3"])
+
+
+def test_scale_sweep_amax_is_independent_of_spread():
+    from fp8kv.analysis import scale_sweep
+
+    base = torch.randn(64, 2, 16, generator=torch.Generator().manual_seed(0))
+    table = scale_sweep(base, [2.0**-20, 1.0, 2.0**20], formats=["e4m3"])
+    amax = table[table["scale"] == "amax"]["rel_error"]
+    one = table[table["scale"] == "1.0"].set_index("sigma")
+    assert amax.max() - amax.min() < 1e-6  # σ is a power of two: the scaled codes are identical
+    assert one.loc[2.0**-20, "underflow_fraction"] > 0.9 and one.loc[2.0**-20, "rel_error"] > 0.9
+    assert one.loc[2.0**20, "saturated_fraction"] > 0.9
+    assert one.loc[1.0, "rel_error"] < 0.05
+
+
+def test_cast_comparison_saturates_where_a_bare_cast_does_not():
+    from fp8kv.analysis import cast_comparison
+
+    table, summary = cast_comparison(["e4m3", "e5m2"], factors=(0.5, 1.0, 4.0))
+    assert len(table) == 2 * 2 * 3
+    for s in summary.values():
+        assert s["fp8kv_nonfinite"] == 0 and s["fp8kv_saturated"] == 1
+        assert s["fp8kv"][-1] == s["inputs"][1]  # 4 × max comes back as max
+    assert summary["e5m2"]["bare_nonfinite"] >= 1  # torch's bare e5m2 cast overflows to inf
