@@ -28,6 +28,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from .device import current_arch  # the arch of a device ("sm90"), None on CPU
+
 __all__ = ["ARCHS", "BACKENDS", "MODES", "UnsupportedError", "check", "capability", "current_arch",
            "choose_backend", "choose_mode", "flashinfer_installed"]
 
@@ -49,16 +51,6 @@ def flashinfer_installed() -> bool:
 
 def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def current_arch() -> str | None:
-    """``"sm90"``-style arch of the current CUDA device, or None without a GPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm{major}{minor}"
 
 
 def _arch_num(arch: str) -> int:

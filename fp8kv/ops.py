@@ -149,7 +149,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         raise ValueError(f"mode={mode!r}; expected 'dequant' or 'fp8'")
     if q.device.type != "cuda" and not _interpreting():
         raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
-    arch = current_arch() if q.device.type == "cuda" else None
+    arch = current_arch(q.device) if q.device.type == "cuda" else None
     ok, why = check("triton", cache.kv_dtype, mode, arch or "sm90", cache.granularity, cache.head_dim)
     if not ok:
         raise UnsupportedError(f"triton backend, mode={mode}, kv_dtype={cache.kv_dtype}, "
