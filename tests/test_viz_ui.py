@@ -209,3 +209,105 @@ def test_interactive_with_widgets_rerenders_on_change(monkeypatch):
 def test_interactive_rejects_non_callable():
     with pytest.raises(TypeError, match="callable"):
         ui.interactive("not a function", {}, show_widgets=False)
+
+
+# ----------------------------------------------------------------------------- benchmark and matrix figures
+
+def _bench_rows():
+    rows = []
+    for label, kv, scale in (("triton bf16 dequant", "bf16", 2.0), ("triton fp8_e4m3 dequant", "fp8_e4m3", 1.0)):
+        for b in (1, 16):
+            for ctx in (4096, 16384):
+                t = scale * b * ctx / 1000
+                rows.append(dict(label=label, kv_dtype=kv, batch=b, context=ctx, time_us=t,
+                                 bytes=int(t * 3e3), gbps=3.0, pct_copy_bw=75.0))
+    return pd.DataFrame(rows)
+
+
+def test_bench_lines_facets_and_ceiling():
+    fig = viz.bench_lines(_bench_rows(), x="context", y="time_us", facet="batch", log_x=True, ceiling=100.0)
+    assert len(fig.data) == 2 * 2  # a line per label in each of the two batch panels
+    assert all(list(tr.x) == sorted(tr.x) for tr in fig.data)
+    assert any(s.type == "line" and s.y0 == 100.0 for s in fig.layout.shapes)
+    with pytest.raises(ValueError, match="lacks column"):
+        viz.bench_lines(_bench_rows(), x="context", y="nope")
+
+
+def test_speedup_heatmap_cells_and_log_scale():
+    sp = pd.DataFrame([dict(label="fp8", batch=b, context=c, time_us=1.0, bf16_us=v, speedup_vs_bf16=v)
+                       for (b, c), v in {(1, 4096): 2.0, (16, 4096): 0.5}.items()])
+    h = viz.speedup_heatmap(sp).data[0]
+    assert list(h.x) == ["B=1 · ctx=4096", "B=16 · ctx=4096"] and list(h.y) == ["fp8"]
+    assert [list(r) for r in h.text] == [["2.00×", "0.50×"]]
+    assert [list(r) for r in h.z] == [[1.0, -1.0]] and h.zmid == 0 and h.zmax == 1.0
+
+
+def test_bandwidth_roofline_draws_the_roof():
+    fig = viz.bandwidth_roofline(_bench_rows(), 4000.0)
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    assert any(s.y0 == 4000.0 for s in fig.layout.shapes)
+    with pytest.raises(ValueError, match="copy_gbps"):
+        viz.bandwidth_roofline(_bench_rows(), float("nan"))
+
+
+def _matrix_rows():
+    nan = math.nan
+    return pd.DataFrame([
+        dict(backend="triton", mode="dequant", kv_dtype="bf16", granularity="tensor", status="passed",
+             rel_err=1e-4, tol=1e-3, lse_err=0.0, lse_tol=0.1, reason="16-bit", error=""),
+        dict(backend="triton", mode="dequant", kv_dtype="fp8_e4m3", granularity="head", status="failed",
+             rel_err=0.5, tol=1e-3, lse_err=0.0, lse_tol=0.1, reason="fp8 kv", error=""),
+        dict(backend="flashinfer", mode="dequant", kv_dtype="fp8_e4m3", granularity="head", status="error",
+             rel_err=nan, tol=1e-3, lse_err=nan, lse_tol=nan, reason="fa2", error="RuntimeError: boom"),
+        dict(backend="flashinfer", mode="dequant", kv_dtype="bf16", granularity="tensor", status="unsupported",
+             rel_err=nan, tol=nan, lse_err=nan, lse_tol=nan, reason="not installed", error=""),
+    ])
+
+
+def test_backend_check_matrix_codes_text_and_hover():
+    h = viz.backend_check_matrix(_matrix_rows()).data[0]
+    assert list(h.y) == ["triton · dequant", "flashinfer · dequant"]
+    assert list(h.x) == ["bf16", "fp8_e4m3 · head"]
+    order = list(viz.MATRIX_STATUS_COLORS)
+    assert [list(r) for r in h.z] == [[order.index("passed"), order.index("failed")],
+                                      [order.index("unsupported"), order.index("error")]]
+    assert h.text[1][0] == "n/a" and h.text[0][0] == "1.0e-04"
+    assert "RuntimeError: boom" in h.customdata[1][1] and "not installed" in h.customdata[1][0]
+    with pytest.raises(ValueError, match="status"):
+        viz.backend_check_matrix(_matrix_rows().assign(status="maybe"))
+
+
+def test_error_vs_tolerance_leaves_unsupported_out():
+    fig = viz.error_vs_tolerance(_matrix_rows())
+    shares = sorted(v for tr in fig.data for v in tr.y if v == v)
+    assert shares == [pytest.approx(0.1), pytest.approx(500.0)]
+    assert sum(len(tr.x) for tr in fig.data) == 3
+
+
+def _quant_rows():
+    rows = []
+    for fmt, base in (("e4m3", 0.02), ("e5m2", 0.04)):
+        for i, gran in enumerate(("tensor", "head")):
+            for j, method in enumerate(("amax", "1.0")):
+                rows.append(dict(format=fmt, granularity=gran, scale_method=method, out_rel_err=base * (1 + i + 2 * j)))
+    return pd.DataFrame(rows)
+
+
+def test_quant_error_heatmap_panels_share_one_colour_scale():
+    fig = viz.quant_error_heatmap(_quant_rows())
+    heat = [tr for tr in fig.data if tr.type == "heatmap"]
+    assert len(heat) == 2  # one panel per format
+    assert len({(tr.zmin, tr.zmax) for tr in heat}) == 1  # comparable colours across panels
+    e4m3 = heat[0]
+    assert list(e4m3.y) == ["tensor", "head"] and list(e4m3.x) == ["amax", "1.0"]
+    assert math.isclose(e4m3.z[1][1], math.log10(0.02 * 4))  # colour is log10 of the error
+    with pytest.raises(ValueError, match="lacks column"):
+        viz.quant_error_heatmap(_quant_rows(), value="nope")
+
+
+def test_grouped_bars_one_trace_per_colour():
+    fig = viz.grouped_bars(_quant_rows(), x="granularity", y="out_rel_err", color="format", facet_col="scale_method")
+    assert {tr.name for tr in fig.data} == {"e4m3", "e5m2"}
+    assert fig.layout.barmode == "group"
+    with pytest.raises(ValueError, match="lacks column"):
+        viz.grouped_bars(_quant_rows(), x="granularity", y="nope")
