@@ -376,3 +376,13 @@ def test_results_markdown_side_by_side():
     assert md[0].startswith("| B | ctx | Triton fp8 µs | Triton bf16 µs | FlashInfer fp8 µs |")
     assert "fp8-mode" not in md[0]
     assert md[2] == "| 64 | 16384 | 600.0 | 960.0 | 900.0 | 990.0 | 3000 | 75 | 1.60 | 1.50 |"
+
+
+def test_tune_preset_varies_one_launch_option_at_a_time():
+    from fp8kv.bench import PRESETS, sweep
+
+    cases = sweep(**PRESETS["tune"])
+    assert len(cases) == 3 * 10
+    variants = {c.variant for c in cases}
+    assert "" in variants and "convert=cast" in variants and "num_splits=16" in variants
+    assert all(len(c.options) <= 1 for c in cases)  # each variant changes one option from the defaults
