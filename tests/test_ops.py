@@ -307,3 +307,13 @@ def test_decode_is_cuda_graph_capturable():
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
     assert math.isfinite(float(out.float().abs().max()))
+
+
+def test_copy_kernel_copies_every_element():
+    """The bandwidth ceiling's kernel (fp8kv.device.measure_copy_bandwidth on a GPU)."""
+    from fp8kv.kernels.copy import copy_kernel
+
+    src = torch.randn(10_000, device=DEVICE)
+    dst = torch.full_like(src, float("nan"))
+    copy_kernel[(triton.cdiv(src.numel(), 4096),)](src, dst, src.numel(), BLOCK=4096)
+    assert torch.equal(dst, src)

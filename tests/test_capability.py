@@ -1,0 +1,113 @@
+"""The capability matrix: the facts per arch, this machine's view, and the automatic choices."""
+
+import pytest
+
+from fp8kv import capability as cap_fn
+from fp8kv.capability import (
+    ARCHS,
+    BACKENDS,
+    KV_DTYPES,
+    MODES,
+    UnsupportedError,
+    capability,
+    check,
+    choose_backend,
+    choose_mode,
+)
+
+
+def test_public_name_is_the_table_function():
+    assert cap_fn is capability
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_table_shape_and_columns(arch):
+    df = capability(arch)
+    assert list(df.columns) == ["arch", "backend", "kv_dtype", "mode", "supported", "granularities", "reason"]
+    assert len(df) == len(BACKENDS) * len(KV_DTYPES) * len(MODES)
+    assert (df["arch"] == arch).all()
+    assert df["reason"].str.len().gt(10).all()  # every cell says why
+    assert (df[~df["supported"]]["granularities"] == "").all()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fp8_storage_works_everywhere_fp8_arithmetic_needs_sm89(arch):
+    n = int(arch[2:])
+    for kv in ("fp8_e4m3", "fp8_e5m2"):
+        ok, why = check("triton", kv, "dequant", arch)
+        assert ok, why
+        if n < 89:
+            assert "decoded in software" in why
+        ok, why = check("triton", kv, "fp8", arch)
+        assert ok == (n >= 89), why
+        if n < 89:
+            assert "needs sm89+" in why
+
+
+def test_flashinfer_facts():
+    for arch in ARCHS:
+        ok, why = check("flashinfer", "fp8_e4m3", "dequant", arch)
+        assert ok and "scalar scales" in why
+        ok, why = check("flashinfer", "fp8_e4m3", "fp8", arch)
+        assert ok == (arch == "sm100"), why
+    ok, why = check("flashinfer", "fp8_e4m3", "dequant", "sm90", granularity="token_head")
+    assert not ok and "scalar k_scale/v_scale" in why
+    ok, why = check("flashinfer", "bf16", "dequant", "sm90", head_dim=80)
+    assert not ok and "head_dim" in why
+    assert capability("sm90").query("backend == 'flashinfer' and kv_dtype == 'fp8_e4m3' and mode == 'dequant'")[
+        "granularities"].item() == "tensor,head,channel"
+
+
+def test_mode_and_granularity_limits():
+    ok, why = check("triton", "bf16", "fp8", "sm90")
+    assert not ok and "needs an FP8 KV cache" in why
+    ok, why = check("triton", "fp8_e4m3", "fp8", "sm90", granularity="token_head")
+    assert not ok and "token_head needs dequant mode" in why
+    ok, why = check("reference", "fp8_e4m3", "fp8", "sm90")
+    assert not ok and "no FP8-arithmetic mode" in why
+    ok, why = check("triton", "bf16", "dequant", "sm90", head_dim=512)
+    assert not ok and "head_dim 512" in why
+    ok, why = check("triton", "fp8_e4m3", "dequant", "sm75")
+    assert not ok and "predates sm80" in why
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="backend='vllm'"):
+        check("vllm", "bf16")
+    with pytest.raises(ValueError, match="mode='int8'"):
+        check("triton", "bf16", "int8")
+    with pytest.raises(ValueError, match="kv_dtype='fp4'"):
+        check("triton", "fp4")
+    with pytest.raises(ValueError, match="arch='hopper'"):
+        check("triton", "bf16", arch="hopper")
+
+
+def test_this_cpu_machine(monkeypatch):
+    """With no GPU, the answers depend on what this machine can do: the reference always, Triton only
+    under the interpreter, FlashInfer never."""
+    import importlib
+
+    C = importlib.import_module("fp8kv.capability")  # the module (fp8kv.capability is also the function)
+    monkeypatch.setattr(C, "current_arch", lambda device=None: None)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    ok, why = check("triton", "fp8_e4m3")
+    assert not ok and "TRITON_INTERPRET=1" in why
+    assert check("reference", "fp8_e4m3")[0]
+    ok, why = check("flashinfer", "bf16")
+    assert not ok and why.startswith("no GPU")
+    assert choose_backend("fp8_e4m3") == "reference"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    ok, why = check("triton", "fp8_e4m3")
+    assert ok and "interpreter" in why
+    assert not check("triton", "bf16", "fp8")[0]  # fp8 mode still needs an FP8 cache
+    assert (capability()["arch"] == "cpu").all()
+
+
+def test_automatic_choices():
+    assert choose_mode("triton", "fp8_e4m3", "sm90") == "dequant"
+    assert choose_backend("fp8_e4m3", arch="sm80") == "triton"
+    assert choose_backend("fp8_e4m3", "fp8", arch="sm100") == "triton"
+    with pytest.raises(UnsupportedError, match="no backend runs"):
+        choose_backend("fp8_e4m3", "fp8", arch="sm80")
+    with pytest.raises(UnsupportedError, match="triton cannot run"):
+        choose_mode("triton", "fp8_e4m3", "sm75")
