@@ -52,7 +52,7 @@ from .cache import PagedKVCache
 from .capability import BACKENDS, KV_DTYPES, MODES, UnsupportedError, interpreter_on
 from .capability import check as capability_check
 from .formats import kv_dtype_info
-from .quant import GRANULARITIES, SCALE_BYTES, cast_saturating
+from .quant import GRANULARITIES, SCALE_BYTES, cast_saturating, relative_error
 
 __all__ = ["Case", "sweep", "run", "speedup_table", "save", "main", "synthetic_cache", "bytes_moved",
            "tolerance", "footprint_bytes", "memory_budget", "summary", "PRESETS", "COLUMNS"]
@@ -463,12 +463,6 @@ def _check_indices(batch: int, n: int) -> list[int]:
     return list(range(batch)) if batch <= n else sorted({*range(n - 1), batch - 1})
 
 
-def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    a, r = out.to(torch.float64), ref.to(torch.float64)
-    den = float(r.norm())
-    return float((a - r).norm()) / den if den > 0 else float((a - r).norm())
-
-
 # -------------------------------------------------------------------------------------------- run
 def _copy_gbps(copy_bandwidth, device) -> tuple[float, dict | None]:
     if copy_bandwidth is False:
@@ -621,7 +615,7 @@ def _measure(c: Case, caches: list[PagedKVCache], dev: torch.device, base: dict,
             idx = _check_indices(c.batch, check_seqs)
             sub = caches[0] if len(idx) == c.batch else _subset_cache(caches[0], idx)
             ref, _ = ref_decode(q[idx], sub)
-            err = _relative_error(out[idx], ref)
+            err = relative_error(out[idx], ref)
             values.update(rel_err=err, check_passed=bool(err <= values["tol"]))
             del ref, sub
         del out

@@ -44,7 +44,7 @@ import torch
 from .cache import PagedKVCache
 from .capability import BACKENDS, KV_DTYPES, MODES
 from .capability import check as capability_check
-from .quant import GRANULARITIES
+from .quant import GRANULARITIES, relative_error
 
 __all__ = ["backend_matrix", "ragged_seq_lens", "lse_tolerance", "summarize", "COLUMNS", "STATUSES"]
 
@@ -113,12 +113,6 @@ def lse_tolerance(backend: str, mode: str, q_dtype: str, ref_lse: torch.Tensor) 
     if mode == "fp8":
         return 2.0**-3 * scale
     return 4 * _UNIT_ROUNDOFF[q_dtype] * scale
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    a, r = out.detach().to(torch.float64), ref.detach().to(torch.float64)
-    den = float(r.norm())
-    return float((a - r).norm()) / den if den > 0 else float((a - r).norm())
 
 
 def _dense_kv(seq_lens: list[int], hkv: int, d: int, seed: int, device: torch.device):
@@ -244,7 +238,7 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: 
                         if tuple(out.shape) != tuple(ref_out.shape) or tuple(lse.shape) != tuple(ref_lse.shape):
                             raise ValueError(f"output shapes {tuple(out.shape)}, {tuple(lse.shape)}; expected "
                                              f"{tuple(ref_out.shape)}, {tuple(ref_lse.shape)}")
-                        rel = _rel_err(out, ref_out)
+                        rel = relative_error(out, ref_out)
                         lse_err = float((lse.double() - ref_lse.double()).abs().max())
                         # NaN fails both comparisons, so a non-finite output never passes.
                         passed = bool(rel <= row["tol"] and lse_err <= row["lse_tol"])

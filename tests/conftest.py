@@ -6,19 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||a - ref|| / ||ref||`` in fp64 (absolute norm when ``ref`` is all zeros)."""
-    a64, r64 = a.detach().cpu().to(torch.float64), ref.detach().cpu().to(torch.float64)
-    den = float(r64.norm())
-    num = float((a64 - r64).norm())
-    return num / den if den > 0 else num
+from fp8kv.quant import relative_error
 
 
 def assert_rel_err(a: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "") -> None:
     """Assert equal shapes and ``||a - ref|| / ||ref|| <= tol``, naming ``what`` on failure."""
     assert a.shape == ref.shape, f"{what}: shape {tuple(a.shape)} != reference {tuple(ref.shape)}"
-    err = rel_err(a, ref)
+    err = relative_error(a, ref)
     assert err <= tol, f"{what}: relative error {err:.3e} > tolerance {tol:.1e}"
 
 

@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
-from conftest import rel_err
 from fp8kv import reference
 from fp8kv.backends import flashinfer as fib
 from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError, capability, check, current_arch, flashinfer_installed
+from fp8kv.quant import relative_error as rel_err
 
 
 def make_cache(lens, *, hkv=2, d=16, block_size=16, kv_dtype="fp8_e4m3", granularity="tensor",

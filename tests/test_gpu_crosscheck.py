@@ -22,6 +22,7 @@ import fp8kv
 from fp8kv import reference
 from fp8kv.cache import PagedKVCache
 from fp8kv.capability import current_arch, flashinfer_installed
+from fp8kv.quant import relative_error
 
 pytestmark = [
     pytest.mark.gpu,
@@ -44,10 +45,7 @@ HKV = 4
 ROWS: list[dict] = []  # one row per case, printed as a table when the module finishes
 
 
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||a - ref|| / ||ref||`` in fp64."""
-    a64, r64 = a.detach().to(torch.float64), ref.detach().to(torch.float64)
-    return float((a64 - r64).norm() / r64.norm())
+rel_err = relative_error  # ||a - ref|| / ||ref|| in fp64
 
 
 def lse_err(a: torch.Tensor, ref: torch.Tensor) -> float:
