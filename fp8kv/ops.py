@@ -1,9 +1,9 @@
-"""Host launchers for the Triton kernels: validation, scale preparation, allocation, grid, dispatch.
+"""Host launchers for the Triton kernels: validation, launch configuration, allocation, grid, dispatch.
 
 A decode call launches the decode kernel (and the split combine) and nothing else: scales are read
 in place and the fp8-mode query is quantized inside the kernel. No ``.item()``, no host sync, so
-:func:`paged_decode` and :func:`write_cache` can be captured in a CUDA graph. Validation that needs the host happens
-when the :class:`~fp8kv.cache.PagedKVCache` is built.
+:func:`paged_decode` and :func:`write_cache` can be captured in a CUDA graph. Validation that needs
+the host happens when the :class:`~fp8kv.cache.PagedKVCache` is built.
 """
 
 from __future__ import annotations
@@ -109,6 +109,21 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
                         tokens_per_split=tokens_per_split)
 
 
+def _scale_kind(cache: PagedKVCache) -> int:
+    return _SCALE_KIND[cache.granularity] if cache.is_fp8 else SCALE_PER_HEAD.value
+
+
+def _kernel_pages(cache: PagedKVCache, pages: torch.Tensor) -> torch.Tensor:
+    """Pages as the kernels read them: FP8 as uint8 codes (Triton has no e4m3 before sm89)."""
+    return pages.view(torch.uint8) if cache.is_fp8 else pages
+
+
+def _format_bits(cache: PagedKVCache) -> dict:
+    """MANT / BIAS constexprs of the cache's FP8 format (unused, 0, for 16-bit caches)."""
+    fmt = cache.fmt
+    return dict(MANT=fmt.mantissa_bits if fmt else 0, BIAS=fmt.bias if fmt else 0)
+
+
 def _page_strides(cache: PagedKVCache):
     s = cache.k_pages.stride()
     return (s[0], s[1], s[2]) if cache.layout == "NHD" else (s[0], s[2], s[1])
@@ -150,6 +165,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     if q.device.type != "cuda" and not _interpreting():
         raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
     arch = current_arch(q.device) if q.device.type == "cuda" else None
+    sm = int(arch[2:]) if arch else None
     ok, why = check("triton", cache.kv_dtype, mode, arch or "sm90", cache.granularity, cache.head_dim)
     if not ok:
         raise UnsupportedError(f"triton backend, mode={mode}, kv_dtype={cache.kv_dtype}, "
@@ -162,22 +178,18 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                         num_stages=num_stages, device=q.device)
     block_n, num_splits, tokens_per_split = cfg["block_n"], cfg["num_splits"], cfg["tokens_per_split"]
     if convert is None:
-        convert = "cast" if arch is None else ("software" if int(arch[2:]) < 89 else DEFAULT_SM89_CONVERT)
+        convert = "cast" if sm is None else ("software" if sm < 89 else DEFAULT_SM89_CONVERT)
     if convert not in _CONVERT:
         raise ValueError(f"convert={convert!r}; expected one of {tuple(_CONVERT)}")
-    if convert != "software" and arch is not None and int(arch[2:]) < 89:
+    if convert != "software" and sm is not None and sm < 89:
         raise UnsupportedError(f"convert={convert!r} needs FP8 conversion instructions (sm89+); {arch} has none")
     if convert == "ptx" and arch is None:
         raise UnsupportedError("convert='ptx' is inline GPU assembly: the Triton interpreter cannot run it")
 
-    kind = _SCALE_KIND[cache.granularity] if cache.is_fp8 else SCALE_PER_HEAD.value
     if compute_dtype is None:
         compute_dtype = torch.float16 if cache.is_fp8 else q.dtype
     if compute_dtype not in _COMPUTE:
         raise TypeError(f"compute_dtype must be torch.float16 or torch.bfloat16, got {compute_dtype}")
-    fmt = cache.fmt
-    k_pages = cache.k_pages.view(torch.uint8) if cache.is_fp8 else cache.k_pages
-    v_pages = cache.v_pages.view(torch.uint8) if cache.is_fp8 else cache.v_pages
     out_dtype = out_dtype or q.dtype
     out = torch.empty(b, hq, d, dtype=out_dtype, device=q.device)
     lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
@@ -194,20 +206,21 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     skb, skt, skh = _page_strides(cache)
     grid = (b, hkv, num_splits)
     paged_decode_kernel[grid](
-        q, k_pages, v_pages, cache.k_scale, cache.v_scale, cache.block_table, cache.seq_lens, k_out, k_lse,
-        sm_scale * 1.4426950408889634, tokens_per_split, hkv,
+        q, _kernel_pages(cache, cache.k_pages), _kernel_pages(cache, cache.v_pages), cache.k_scale, cache.v_scale,
+        cache.block_table, cache.seq_lens, k_out, k_lse,
+        sm_scale * math.log2(math.e), tokens_per_split, hkv,
         q.stride(0), q.stride(1), skb, skt, skh, cache.block_table.stride(0),
         *so, *sl,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d,
         D_PAD=triton.next_power_of_2(d), BLOCK_SIZE=cache.block_size, BLOCK_N=block_n,
-        SPLIT=num_splits > 1, SCALE_KIND=kind, SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1), KV_FP8=cache.is_fp8, CONVERT=_CONVERT[convert],
-        MANT=fmt.mantissa_bits if fmt else 0, BIAS=fmt.bias if fmt else 0, FP8_MODE=(mode == "fp8"),
-        COMPUTE=_COMPUTE[compute_dtype], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        SPLIT=num_splits > 1, SCALE_KIND=_scale_kind(cache), SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1),
+        KV_FP8=cache.is_fp8, CONVERT=_CONVERT[convert], FP8_MODE=(mode == "fp8"), COMPUTE=_COMPUTE[compute_dtype],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_format_bits(cache),
     )
     if num_splits > 1:
         combine_splits_kernel[(b, hq)](
-            k_out, k_lse, out, lse, k_out.stride(0), k_out.stride(1), k_out.stride(2), k_lse.stride(0), k_lse.stride(1),
-            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), num_splits,
+            k_out, k_lse, out, lse, k_out.stride(0), k_out.stride(1), k_out.stride(2),
+            k_lse.stride(0), k_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), num_splits,
             HEAD_DIM=d, D_PAD=triton.next_power_of_2(d),
             SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
         )
@@ -246,20 +259,17 @@ def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, s
     n = k_new.shape[0]
     if n == 0:
         return sat
-    fmt = cache.fmt
-    kind = _SCALE_KIND[cache.granularity] if cache.is_fp8 else SCALE_PER_HEAD.value
     skb, skt, skh = _page_strides(cache)
     hkv = cache.num_kv_heads
     fmax, overflow = saturation_bounds(cache.dtype)
     for x, pages, scale in ((k_new, cache.k_pages, cache.k_scale), (v_new, cache.v_pages, cache.v_scale)):
         cache_write_kernel[(n,)](
-            x, slots, pages.view(torch.uint8) if cache.is_fp8 else pages, scale, sat,
+            x, slots, _kernel_pages(cache, pages), scale, sat,
             x.stride(0), x.stride(1), skb, skt, skh, hkv,
             HKV_PAD=triton.next_power_of_2(hkv), HEAD_DIM=cache.head_dim,
-            D_PAD=triton.next_power_of_2(cache.head_dim), BLOCK_SIZE=cache.block_size, SCALE_KIND=kind,
-            SCALE_HEAD_STRIDE=int(scale.numel() > 1),
-            KV_FP8=cache.is_fp8, MANT=fmt.mantissa_bits if fmt else 0, BIAS=fmt.bias if fmt else 0,
-            FMAX=fmax, OVERFLOW=overflow,
+            D_PAD=triton.next_power_of_2(cache.head_dim), BLOCK_SIZE=cache.block_size, SCALE_KIND=_scale_kind(cache),
+            SCALE_HEAD_STRIDE=int(scale.numel() > 1), KV_FP8=cache.is_fp8, FMAX=fmax, OVERFLOW=overflow,
+            **_format_bits(cache),
         )
     if count_saturated:
         cache.saturated += int(sat.item())

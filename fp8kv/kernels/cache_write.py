@@ -62,10 +62,8 @@ def cache_write_kernel(
         else:
             s = tl.load(scale_ptr + offs_h * SCALE_HEAD_STRIDE, mask=offs_h < num_kv_heads, other=1.0)
             y = x / s[:, None]
-        n_sat = tl.sum(tl.sum(((tl.abs(y) >= OVERFLOW) & mask).to(tl.int32), axis=1), axis=0)
-        tl.atomic_add(sat_ptr, n_sat)
         tl.store(dst, fp32_to_fp8_bits(y, MANT, BIAS, FMAX), mask=mask)
     else:  # 16-bit pages: saturate like the FP8 path (a bare cast turns fp16 overflow into inf)
-        n_sat = tl.sum(tl.sum(((tl.abs(x) >= OVERFLOW) & mask).to(tl.int32), axis=1), axis=0)
-        tl.atomic_add(sat_ptr, n_sat)
-        tl.store(dst, tl.minimum(tl.maximum(x, -FMAX), FMAX).to(pages_ptr.dtype.element_ty), mask=mask)
+        y = x
+        tl.store(dst, tl.minimum(tl.maximum(y, -FMAX), FMAX).to(pages_ptr.dtype.element_ty), mask=mask)
+    tl.atomic_add(sat_ptr, tl.sum(tl.sum(((tl.abs(y) >= OVERFLOW) & mask).to(tl.int32), axis=1), axis=0))

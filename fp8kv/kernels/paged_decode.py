@@ -12,8 +12,9 @@ Modes (see fp8kv/ops.py for the host side):
   CONVERT picks how: integer ops (any arch; sm80/86, where Triton has no e4m3), Triton's cast,
   or inline PTX ``cvt.rn.f16x2.e4m3x2`` (sm89+).
 * fp8: the query is quantized here to e4m3 with a per-(sequence, head) scale amax/448 (carried
-  exactly into the fp32 scores); QKᵀ is an FP8 x FP8 dot. Probabilities p ∈ [0, 1] are multiplied by P_SCALE (= 448, the e4m3
-  max), rounded to e4m3 and multiplied with the FP8 V tile; the epilogue divides P_SCALE back out.
+  exactly into the fp32 scores); QKᵀ is an FP8 x FP8 dot. Probabilities p ∈ [0, 1] are multiplied
+  by P_SCALE (= 448, the e4m3 max), rounded to e4m3 and multiplied with the FP8 V tile; the
+  epilogue divides P_SCALE back out.
 
 Scales (stored = Q(x / scale)): a per-KV-head K scale multiplies the scores, a per-KV-head V scale
 the output; per-channel K scales are folded into the query (in fp32, before it is rounded) and
@@ -27,10 +28,12 @@ import triton.language as tl
 from .fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
 
 LN2 = tl.constexpr(0.6931471805599453)
+E4M3_MAX = tl.constexpr(448.0)  # fp8 mode: q and p are e4m3
+P_SCALE = tl.constexpr(448.0)  # fp8 mode: p ∈ [0, 1] is scaled onto e4m3's range before rounding
 
 # SCALE_KIND values (constexpr globals: the only globals a Triton kernel may read)
 SCALE_PER_HEAD = tl.constexpr(0)  # tensor and head granularity: one scalar per KV head ([Hkv] fp32)
-SCALE_CHANNEL = tl.constexpr(1)  # [Hkv, D]: K folded into q on the host, V applied in the epilogue
+SCALE_CHANNEL = tl.constexpr(1)  # [Hkv, D]: K folded into q (fp32), V applied in the epilogue
 SCALE_TOKEN_HEAD = tl.constexpr(2)  # [num_blocks, block_size, Hkv]: per token, inside the loop
 
 # CONVERT values: how dequant mode turns FP8 codes into 16-bit values
@@ -119,11 +122,11 @@ def paged_decode_kernel(
         else:
             k_head_scale = 1.0
     if FP8_MODE:
-        # Per-(sequence, head) query scale: amax / 448, applied exactly to the fp32 scores.
+        # Per-(sequence, head) query scale: amax / E4M3_MAX, applied exactly to the fp32 scores.
         qf = qf.to(tl.float32)
-        q_scale = tl.max(tl.abs(qf), axis=1) / 448.0
+        q_scale = tl.max(tl.abs(qf), axis=1) / E4M3_MAX
         q_scale = tl.where(q_scale > 0, q_scale, 1.0)
-        q = fp32_to_fp8_bits(qf / q_scale[:, None], 3, 7, 448.0).to(tl.float8e4nv, bitcast=True)
+        q = fp32_to_fp8_bits(qf / q_scale[:, None], 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
         row_scale = q_scale * (sm_scale_log2 * k_head_scale)
     else:
         q = qf.to(COMPUTE)
@@ -179,7 +182,7 @@ def paged_decode_kernel(
             vs_max = 1.0
 
         if FP8_MODE:
-            p8 = fp32_to_fp8_bits(p * 448.0, 3, 7, 448.0).to(tl.float8e4nv, bitcast=True)
+            p8 = fp32_to_fp8_bits(p * P_SCALE, 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
             if MANT == 3:
                 v8 = v.to(tl.float8e4nv, bitcast=True)
             else:
@@ -193,7 +196,7 @@ def paged_decode_kernel(
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
     if FP8_MODE:
-        out = out * (1.0 / 448.0)
+        out = out * (1.0 / P_SCALE)
     if SCALE_KIND == SCALE_PER_HEAD:
         out = out * tl.load(v_scale_ptr + kvh * SCALE_HEAD_STRIDE)
     elif SCALE_KIND == SCALE_CHANNEL:
