@@ -777,7 +777,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rep", type=int, default=100, help="ms of repetitions per case (CUDA)")
     p.add_argument("--memory-budget-gb", type=float, help="skip cases needing more (default 60%% of free)")
     p.add_argument("--interpret", action="store_true",
-                   help="CPU: run Triton under its interpreter (sets TRITON_INTERPRET=1; must precede importing triton)")
+                   help="CPU: run Triton under its interpreter (sets TRITON_INTERPRET=1; must precede importing "
+                        "triton; implies --device cpu)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one, else the CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dry-run", action="store_true", help="list the cases and their status; run nothing")
     return p
@@ -789,7 +791,7 @@ def _grid_from_args(args) -> dict:
                  "granularities"):
         if getattr(args, name) is not None:
             grid[name] = getattr(args, name)
-    if args.preset == "smoke" and args.kv_dtypes is None and not torch.cuda.is_available():
+    if args.preset == "smoke" and args.kv_dtypes is None and (args.device == "cpu" or not torch.cuda.is_available()):
         grid["kv_dtypes"] = ["fp16", "fp8_e4m3"]
     if args.tensor_cores:
         grid["flashinfer_tensor_cores"] = {"both": [False, True], "on": [True], "off": [False]}[args.tensor_cores]
@@ -838,8 +840,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "triton" in sys.modules and not interpreter_on():
             print("warning: triton is already imported; --interpret has no effect", file=sys.stderr)
         os.environ["TRITON_INTERPRET"] = "1"
+        if args.device not in (None, "cpu"):
+            raise SystemExit(f"fp8kv bench: --interpret runs on CPU tensors; drop --device {args.device}")
+        args.device = "cpu"
     grid = _grid_from_args(args)
-    cases = sweep(**grid)
+    cases = sweep(**grid, device=args.device)
     if args.dry_run:
         for c in cases:
             print(f"{c.status:<11} {c.label:<40} B={c.batch:<4} ctx={c.context:<6} Hq:Hkv={c.num_q_heads}:"
@@ -847,7 +852,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{sum(c.status == 'ready' for c in cases)} of {len(cases)} cases would run")
         return 0
     df = run(cases, check=not args.no_check, rep=args.rep, progress=not args.quiet,
-             rotate=not args.no_rotate)
+             rotate=not args.no_rotate, device=args.device)
     print(summary(df))
     if not args.no_save:
         path = save(df, args.out, meta={"argv": list(sys.argv[1:] if argv is None else argv)})

@@ -14,11 +14,13 @@ What a run does
    displaying widgets under papermill can stall the run). The working directory is the notebook's
    folder, as in JupyterLab. Each notebook writes its numbers with :func:`save_results` to
    ``OUT_DIR/<name>.json``.
-3. Renders every executed notebook to HTML (nbconvert), plotly figures included and viewable offline
-   (the HTML embeds plotly.js; the executed ``.ipynb`` keeps every figure but not the 4.6 MB library,
-   see :func:`strip_embedded_plotlyjs`).
-4. Publishes ``<out>/<gpu-slug>/``: ``<name>.html``, ``<name>.ipynb`` (executed), ``<name>.json`` and
-   ``manifest.json`` (device, versions, mode, timestamps, and per notebook its status and duration).
+3. Renders every executed notebook to HTML (nbconvert), plotly figures included and viewable offline:
+   the pages load plotly.js from one ``plotly-<version>.min.js`` beside them instead of embedding the
+   4.6 MB library each (:func:`externalize_plotlyjs`); the executed ``.ipynb`` keeps every figure but
+   not the library (:func:`strip_embedded_plotlyjs`).
+4. Publishes ``<out>/<gpu-slug>/``: ``<name>.html``, ``<name>.ipynb`` (executed), ``<name>.json``,
+   ``plotly-<version>.min.js`` and ``manifest.json`` (device, versions, mode, timestamps, and per
+   notebook its status and duration).
 
 Report folders
 --------------
@@ -78,6 +80,7 @@ __all__ = [
     "run_notebooks",
     "render_html",
     "strip_embedded_plotlyjs",
+    "externalize_plotlyjs",
     "add_run_arguments",
     "run_from_args",
     "main",
@@ -249,15 +252,45 @@ def render_html(executed_ipynb: str | os.PathLike, html_path: str | os.PathLike)
     return html_path
 
 
+_PLOTLYJS_SRC = re.compile(r'<script src="(plotly-[0-9A-Za-z.+-]+\.min\.js)" charset="utf-8"></script>')
+
+
+def externalize_plotlyjs(html_path: str | os.PathLike) -> str | None:
+    """Load plotly.js from a file beside the HTML instead of embedding it; return that file's name.
+
+    The page's inline copy of the library (the one ``fp8kv.viz.setup_plotly`` embeds) is replaced
+    by ``<script src="plotly-<version>.min.js">`` and the library is written beside the page once,
+    so a report folder holds one 4.6 MB copy, not one per notebook, and still views offline.
+    Idempotent; returns None when the page holds no plotly.js.
+    """
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    path = Path(html_path)
+    text = path.read_text(encoding="utf-8")
+    found = _PLOTLYJS_SRC.search(text)
+    if found:
+        return found.group(1)
+    library = get_plotlyjs()
+    inline = f"<script>{library}</script>"
+    if inline not in text:
+        return None
+    name = f"plotly-{get_plotlyjs_version()}.min.js"
+    target = path.with_name(name)
+    if not target.is_file():
+        target.write_text(library, encoding="utf-8")
+    path.write_text(text.replace(inline, f'<script src="{name}" charset="utf-8"></script>', 1), encoding="utf-8")
+    return name
+
+
 _PLOTLYJS_NOTE = ("<!-- plotly.js (embedded here at execution) was removed from this .ipynb to keep it small; "
-                  "the .html beside it embeds it. JupyterLab draws the figures from their plotly mimetype. -->")
+                  "the .html beside it loads it. JupyterLab draws the figures from their plotly mimetype. -->")
 
 
 def strip_embedded_plotlyjs(ipynb_path: str | os.PathLike) -> int:
     """Remove the embedded plotly.js library (about 4.6 MB) from an executed notebook; return bytes saved.
 
     ``fp8kv.viz.setup_plotly`` embeds the library once, in the first figure's cell, as a ``text/html``
-    output of its own. The report's ``.html`` keeps it (that is what makes it view offline); in the
+    output of its own. The report's ``.html`` loads it from a file beside it; in the
     ``.ipynb`` it would only double the report's size, since JupyterLab and VS Code draw every figure
     from its ``application/vnd.plotly.v1+json`` output. Figure outputs themselves are kept intact.
     """
@@ -335,6 +368,7 @@ def _run_one(book: Path, staging: Path, params: dict, timeout_s: int, progress: 
         entry["ipynb"] = executed.name
         try:
             entry["html"] = render_html(executed, staging / f"{name}.html").name
+            externalize_plotlyjs(staging / entry["html"])
             strip_embedded_plotlyjs(executed)  # after the HTML export, which needs it
         except Exception as exc:
             entry.update(status="failed", error=(entry["error"] or "") + f" | HTML export failed: {_error_text(exc)}")
@@ -358,6 +392,9 @@ def _carry_over(previous: Path, staging: Path, rerun: set[str]) -> list[dict]:
         owner = next((n for n in keep_names if f.name.startswith((n + ".", n + "_"))), None)
         if owner is not None and f.is_file():
             shutil.copy2(f, staging / f.name)
+            library = _PLOTLYJS_SRC.search(f.read_text(encoding="utf-8")) if f.suffix == ".html" else None
+            if library and (previous / library.group(1)).is_file() and not (staging / library.group(1)).exists():
+                shutil.copy2(previous / library.group(1), staging / library.group(1))
     return kept
 
 

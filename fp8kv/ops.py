@@ -40,6 +40,8 @@ _CONVERT = {"cast": CONVERT_CAST.value, "software": CONVERT_SOFTWARE.value, "ptx
 # page 16, e4m3): the cast path stages FP8 tiles in shared memory and converts after the dot-operand
 # load; converting in registers right after the global load does not.
 DEFAULT_SM89_CONVERT = "ptx"
+# mode -> (FP8 query and QKᵀ dot, FP8 probabilities and P·V dot)
+_MODE_FLAGS = {"dequant": (False, False), "fp8": (True, True)}
 _COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
@@ -62,21 +64,25 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int) -> DecodeConfig:
 
     Measured on an H200 (B=64, ctx=16k, Hq=32, Hkv=8, D=128, page 16): FP8 caches are fastest with
     128-token tiles (704 us vs 947 us at 64), 16-bit caches with 64-token tiles (979 vs 1072 us): the
-    same 16 KiB per K tile. 8 warps were slower in every configuration tried.
+    same 16 KiB per K tile. 8 warps were slower in every configuration tried, 2 warps spill. FP8
+    tiles use 2 pipeline stages: at 3 the single-split kernel needs 164 registers instead of 128 (3
+    CTAs per SM instead of 4; B=256: 2985 us vs 2599 us), and split kernels time the same (±1 %).
     """
     block_n = 128 if kv_fp8 else 64
     if head_dim > 128:
         block_n //= 2
-    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3 if not _interpreting() else 1)
+    stages = 1 if _interpreting() else (2 if kv_fp8 else 3)
+    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=stages)
 
 
 def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int,
-                      waves: float = 4.0, min_tiles_per_split: int = 4) -> int:
+                      waves: float = 8.0, min_tiles_per_split: int = 4) -> int:
     """Split-KV factor from the launch shape (flash-decoding).
 
     Enough (sequence, KV head, split) programs to fill ``waves`` x ``num_sms`` slots, but never so
     many that a split covers fewer than ``min_tiles_per_split`` tiles (the reduction and the
-    per-program prologue would then dominate). Batch 1 therefore still fills the GPU.
+    per-program prologue would then dominate). Batch 1 therefore still fills the GPU. Eight waves:
+    on an H200 at B=16, ctx=16k (128 sequence-heads) 9 splits take 176 us, 5 splits 196 us.
     """
     base = batch * kv_heads
     want = math.ceil(waves * num_sms / base)
@@ -109,13 +115,34 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
                         tokens_per_split=tokens_per_split)
 
 
+def _converts(convert: str | None, arch: str | None) -> tuple[str, str]:
+    """The K and V tile conversions of dequant mode, from ``convert`` ("name" or "K/V") and the arch."""
+    sm = int(arch[2:]) if arch else None
+    if convert is None:
+        convert = "cast" if sm is None else ("software" if sm < 89 else DEFAULT_SM89_CONVERT)
+    if not isinstance(convert, str):
+        raise TypeError(f"convert must be a str such as 'ptx' or 'cast/ptx', got {type(convert).__name__}")
+    names = convert.split("/")
+    if len(names) == 1:
+        names *= 2
+    for name in names:
+        if len(names) != 2 or name not in _CONVERT:
+            raise ValueError(f"convert={convert!r}; expected one of {tuple(_CONVERT)}, or 'K/V' with one per tile")
+        if name != "software" and sm is not None and sm < 89:
+            raise UnsupportedError(f"convert={name!r} needs FP8 conversion instructions (sm89+); {arch} has none")
+        if name == "ptx" and arch is None:
+            raise UnsupportedError("convert='ptx' is inline GPU assembly: the Triton interpreter cannot run it")
+    return names[0], names[1]
+
+
 def _scale_kind(cache: PagedKVCache) -> int:
     return _SCALE_KIND[cache.granularity] if cache.is_fp8 else SCALE_PER_HEAD.value
 
 
-def _kernel_pages(cache: PagedKVCache, pages: torch.Tensor) -> torch.Tensor:
-    """Pages as the kernels read them: FP8 as uint8 codes (Triton has no e4m3 before sm89)."""
-    return pages.view(torch.uint8) if cache.is_fp8 else pages
+def _kernel_pages(cache: PagedKVCache, pages: torch.Tensor, fp8_values: bool = False) -> torch.Tensor:
+    """Pages as the kernels read them: FP8 as uint8 codes (Triton has no e4m3 before sm89), or as
+    FP8 values where the kernel feeds them to Triton's own conversion or FP8 dot."""
+    return pages.view(torch.uint8) if cache.is_fp8 and not fp8_values else pages
 
 
 def _format_bits(cache: PagedKVCache) -> dict:
@@ -131,7 +158,7 @@ def _page_strides(cache: PagedKVCache):
 
 def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scale: float | None = None,
                  num_splits: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-                 num_stages: int | None = None, convert: str | None = None,
+                 num_stages: int | None = None, convert: str | None = None, eviction_policy: str = "",
                  out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None):
     """Triton paged decode attention.
 
@@ -144,7 +171,9 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     num_splits, block_n, num_warps, num_stages : launch overrides (defaults from the shape).
     convert : how dequant mode turns FP8 codes into 16-bit values: ``"software"`` (integer ops, any
         GPU; the default before sm89, where Triton has no e4m3), ``"cast"`` (Triton's conversion; the
-        default under the interpreter) or ``"ptx"`` (inline ``cvt.rn.f16x2.e4m3x2``, sm89+).
+        default under the interpreter) or ``"ptx"`` (inline ``cvt.rn.f16x2.e4m3x2``, sm89+); one
+        name for both tiles, or ``"K/V"`` (such as ``"cast/ptx"``) for one per tile.
+    eviction_policy : cache eviction hint of the K/V tile loads (``"evict_first"``: streamed once).
     out_dtype : output dtype (default q's).
     compute_dtype : 16-bit type of the dequant-mode dots. Default: float16 for FP8 caches (every
         e4m3/e5m2 value is exact in fp16, and sm89+ converts FP8 to fp16 in one instruction, while
@@ -160,12 +189,11 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         raise TypeError(f"q must be bfloat16 or float16 for the Triton kernel, got {q.dtype}")
     if q.stride(-1) != 1:
         raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
-    if mode not in ("dequant", "fp8"):
-        raise ValueError(f"mode={mode!r}; expected 'dequant' or 'fp8'")
+    if mode not in _MODE_FLAGS:
+        raise ValueError(f"mode={mode!r}; expected one of {tuple(_MODE_FLAGS)}")
     if q.device.type != "cuda" and not _interpreting():
         raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
     arch = current_arch(q.device) if q.device.type == "cuda" else None
-    sm = int(arch[2:]) if arch else None
     ok, why = check("triton", cache.kv_dtype, mode, arch or "sm90", cache.granularity, cache.head_dim)
     if not ok:
         raise UnsupportedError(f"triton backend, mode={mode}, kv_dtype={cache.kv_dtype}, "
@@ -177,14 +205,10 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     cfg = launch_config(b, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
                         num_stages=num_stages, device=q.device)
     block_n, num_splits, tokens_per_split = cfg["block_n"], cfg["num_splits"], cfg["tokens_per_split"]
-    if convert is None:
-        convert = "cast" if sm is None else ("software" if sm < 89 else DEFAULT_SM89_CONVERT)
-    if convert not in _CONVERT:
-        raise ValueError(f"convert={convert!r}; expected one of {tuple(_CONVERT)}")
-    if convert != "software" and sm is not None and sm < 89:
-        raise UnsupportedError(f"convert={convert!r} needs FP8 conversion instructions (sm89+); {arch} has none")
-    if convert == "ptx" and arch is None:
-        raise UnsupportedError("convert='ptx' is inline GPU assembly: the Triton interpreter cannot run it")
+    convert_k, convert_v = _converts(convert, arch)
+    fp8_qk, fp8_pv = _MODE_FLAGS[mode]
+    if eviction_policy not in ("", "evict_first", "evict_last"):
+        raise ValueError(f"eviction_policy={eviction_policy!r}; expected '', 'evict_first' or 'evict_last'")
 
     if compute_dtype is None:
         compute_dtype = torch.float16 if cache.is_fp8 else q.dtype
@@ -206,7 +230,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     skb, skt, skh = _page_strides(cache)
     grid = (b, hkv, num_splits)
     paged_decode_kernel[grid](
-        q, _kernel_pages(cache, cache.k_pages), _kernel_pages(cache, cache.v_pages), cache.k_scale, cache.v_scale,
+        q, _kernel_pages(cache, cache.k_pages, fp8_qk or convert_k == "cast"),
+        _kernel_pages(cache, cache.v_pages, fp8_pv or convert_v == "cast"), cache.k_scale, cache.v_scale,
         cache.block_table, cache.seq_lens, k_out, k_lse,
         sm_scale * math.log2(math.e), tokens_per_split, hkv,
         q.stride(0), q.stride(1), skb, skt, skh, cache.block_table.stride(0),
@@ -214,7 +239,9 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d,
         D_PAD=triton.next_power_of_2(d), BLOCK_SIZE=cache.block_size, BLOCK_N=block_n,
         SPLIT=num_splits > 1, SCALE_KIND=_scale_kind(cache), SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1),
-        KV_FP8=cache.is_fp8, CONVERT=_CONVERT[convert], FP8_MODE=(mode == "fp8"), COMPUTE=_COMPUTE[compute_dtype],
+        KV_FP8=cache.is_fp8, CONVERT_K=_CONVERT[convert_k], CONVERT_V=_CONVERT[convert_v],
+        FP8_QK=fp8_qk, FP8_PV=fp8_pv, KV_EVICTION=eviction_policy,
+        COMPUTE=_COMPUTE[compute_dtype],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_format_bits(cache),
     )
     if num_splits > 1:

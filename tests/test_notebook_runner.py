@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import sys
 import types
 from pathlib import Path
@@ -338,9 +339,11 @@ def test_notebook_report(smoke_report, path):
     # plotly.js is stripped from the .ipynb (it is in the .html) ...
     assert all(len(str(o.get("data", {}).get("text/html", ""))) < 1_000_000 for o in outputs)
 
-    # ... and embedded once in the HTML, with one plot per figure, so it views offline.
+    # ... and loaded by the HTML from the one copy beside it, with one plot per figure: views offline.
     html = (folder / f"{name}.html").read_text(encoding="utf-8")
-    assert html.count("* plotly.js v") == 1
+    assert "* plotly.js v" not in html and len(html) < 2_000_000
+    library = re.findall(r'<script src="(plotly-[^"]+\.min\.js)"', html)
+    assert len(library) == 1 and "* plotly.js v" in (folder / library[0]).read_text(encoding="utf-8")[:200]
     assert html.count("Plotly.newPlot(") == n_figures
 
     doc = runner.load_results(folder, name)
@@ -587,3 +590,29 @@ def test_cli_requires_a_command(capsys):
     assert exc.value.code == 2
     with pytest.raises(SystemExit):
         cli.main(["notebooks", "run", "--smoke", "--full"])
+
+
+def test_externalize_plotlyjs_writes_one_library_and_carry_over_keeps_it(tmp_path):
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    previous, staging = tmp_path / "gpu", tmp_path / "staging"
+    previous.mkdir()
+    staging.mkdir()
+    page = "<html><body><script>{}</script><div>Plotly.newPlot(1)</div></body></html>"
+    for name in ("a_nb", "b_nb"):
+        (previous / f"{name}.html").write_text(page.format(get_plotlyjs()), encoding="utf-8")
+    library = f"plotly-{get_plotlyjs_version()}.min.js"
+    assert runner.externalize_plotlyjs(previous / "a_nb.html") == library
+    assert runner.externalize_plotlyjs(previous / "a_nb.html") == library  # idempotent
+    assert runner.externalize_plotlyjs(previous / "b_nb.html") == library
+    assert (previous / library).read_text(encoding="utf-8") == get_plotlyjs()
+    html = (previous / "a_nb.html").read_text(encoding="utf-8")
+    assert len(html) < 1000 and f'<script src="{library}"' in html and "Plotly.newPlot(1)" in html
+    no_figures = tmp_path / "plain.html"
+    no_figures.write_text("<html></html>", encoding="utf-8")
+    assert runner.externalize_plotlyjs(no_figures) is None and no_figures.read_text() == "<html></html>"
+
+    (previous / "manifest.json").write_text(json.dumps({"notebooks": [{"name": "a_nb"}, {"name": "b_nb"}]}))
+    kept = runner._carry_over(previous, staging, rerun={"b_nb"})
+    assert [e["name"] for e in kept] == ["a_nb"]
+    assert sorted(p.name for p in staging.iterdir()) == ["a_nb.html", library]

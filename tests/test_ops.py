@@ -136,15 +136,15 @@ def test_tile_size_decoupled_from_page_size(block_size, block_n):
                             num_splits=2)
 
 
-CONVERTS = ["software", "cast"]
+CONVERTS = ["software", "cast", "software/cast", "cast/software"]
 if DEVICE == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
-    CONVERTS.append("ptx")
+    CONVERTS += ["ptx", "cast/ptx", "ptx/cast"]
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
 def test_fp8_conversion_paths_agree(kv_dtype):
     """The sm80 path (uint8 codes decoded with integer ops), Triton's cast and (on sm89+ GPUs) the
-    inline-PTX conversion are all exact, so they give bit-identical outputs."""
+    inline-PTX conversion are all exact, so they give bit-identical outputs, also mixed per tile."""
     cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype)
     q = make_q(len(LENS), 8, 64, torch.float16)
     outs = {c: paged_decode(q, cache, convert=c) for c in CONVERTS}
@@ -196,7 +196,9 @@ def test_splits_agree_and_batch_one_fills_the_gpu():
         assert float((lse - outs[0][1]).abs().max()) < 1e-4
     # the heuristic: batch 1 x 8 KV heads on 132 SMs asks for many splits; capped by context length
     assert choose_num_splits(1, 8, 16384, 64, 132) == 64
-    assert choose_num_splits(64, 8, 16384, 64, 132) == 2
+    assert choose_num_splits(64, 8, 16384, 128, 132) == 3  # 8 waves: ceil(8 * 132 / 512)
+    assert choose_num_splits(16, 8, 16384, 128, 132) == 9
+    assert choose_num_splits(256, 8, 16384, 128, 132) == 1
     assert choose_num_splits(1, 8, 128, 64, 132) == 1
 
 
@@ -222,8 +224,13 @@ def test_decode_errors_are_clear():
         paged_decode(make_q(2, 8, 128, torch.float16)[..., ::2], cache)
     with pytest.raises(ValueError, match="block_n"):
         paged_decode(q, cache, mode="fp8", block_n=16)
-    with pytest.raises(ValueError, match="convert="):
-        paged_decode(q, cache, convert="magic")
+    for bad in ("magic", "cast/", "cast/ptx/cast"):
+        with pytest.raises(ValueError, match="convert="):
+            paged_decode(q, cache, convert=bad)
+    with pytest.raises(TypeError, match="convert"):
+        paged_decode(q, cache, convert=("cast", "cast"))
+    with pytest.raises(ValueError, match="eviction_policy="):
+        paged_decode(q, cache, eviction_policy="evict_always")
     th = make_cache([4, 5], 2, 64, granularity="token_head")
     with pytest.raises(UnsupportedError, match="token_head needs dequant"):
         paged_decode(q, th, mode="fp8")

@@ -8,13 +8,13 @@ independent), keeps an online softmax in fp32 (exp2 domain), and writes either t
 
 Modes (see fp8kv/ops.py for the host side):
 
-* dequant: FP8 codes are turned into the query's 16-bit type in registers, 16-bit ``tl.dot``.
-  CONVERT picks how: integer ops (any arch; sm80/86, where Triton has no e4m3), Triton's cast,
-  or inline PTX ``cvt.rn.f16x2.e4m3x2`` (sm89+).
-* fp8: the query is quantized here to e4m3 with a per-(sequence, head) scale amax/448 (carried
-  exactly into the fp32 scores); QKᵀ is an FP8 x FP8 dot. Probabilities p ∈ [0, 1] are multiplied
-  by P_SCALE (= 448, the e4m3 max), rounded to e4m3 and multiplied with the FP8 V tile; the
-  epilogue divides P_SCALE back out.
+* dequant: FP8 codes are turned into a 16-bit type in registers, 16-bit ``tl.dot``. CONVERT_K and
+  CONVERT_V pick how, per operand: integer ops (any arch; sm80/86, where Triton has no e4m3),
+  Triton's cast, or inline PTX ``cvt.rn.f16x2.e4m3x2`` (sm89+).
+* fp8 (FP8_QK and FP8_PV): the query is quantized here to e4m3 with a per-(sequence, head) scale
+  amax/448 (carried exactly into the fp32 scores); QKᵀ is an FP8 x FP8 dot. Probabilities
+  p ∈ [0, 1] are multiplied by P_SCALE (= 448, the e4m3 max), rounded to e4m3 and multiplied with
+  the FP8 V tile; the epilogue divides P_SCALE back out. FP8_QK alone keeps P·V in 16 bits.
 
 Scales (stored = Q(x / scale)): a per-KV-head K scale multiplies the scores, a per-KV-head V scale
 the output; per-channel K scales are folded into the query (in fp32, before it is rounded) and
@@ -45,24 +45,39 @@ CONVERT_PTX = tl.constexpr(2)  # inline cvt.rn.f16x2.e4m3x2 / e5m2x2 (sm89+)
 @triton.jit
 def _kv_tile_to_compute(codes, COMPUTE: tl.constexpr, KV_FP8: tl.constexpr, CONVERT: tl.constexpr,
                         MANT: tl.constexpr, BIAS: tl.constexpr):
-    """A loaded K/V tile -> the dot's 16-bit type (FP8 tiles arrive as uint8 codes)."""
+    """A loaded K/V tile -> the dot's 16-bit type.
+
+    FP8 tiles arrive as uint8 codes (software and PTX conversion) or, for Triton's cast, as FP8
+    values: loading through an FP8 pointer lets Triton keep the tile as bytes in shared memory and
+    convert after the dot-operand load.
+    """
     if KV_FP8:
         if CONVERT == CONVERT_SOFTWARE:
             x = fp8_bits_to_fp16(codes, MANT, BIAS)
         elif CONVERT == CONVERT_PTX:
             x = fp8_bits_to_fp16_ptx(codes, MANT)
-        elif MANT == 3:
-            x = codes.to(tl.float8e4nv, bitcast=True)
         else:
-            x = codes.to(tl.float8e5, bitcast=True)
+            x = _as_fp8(codes, MANT)
         return x.to(COMPUTE)
     return codes.to(COMPUTE)
 
 
 @triton.jit
+def _as_fp8(x, MANT: tl.constexpr):
+    """A tile as Triton FP8 values: uint8 codes are reinterpreted, FP8 tiles pass through."""
+    if x.dtype.is_fp8():
+        y = x
+    elif MANT == 3:
+        y = x.to(tl.float8e4nv, bitcast=True)
+    else:
+        y = x.to(tl.float8e5, bitcast=True)
+    return y
+
+
+@triton.jit
 def paged_decode_kernel(
     q_ptr,  # [B, Hq, D] 16-bit query (fp8 mode quantizes it here, per head, to e4m3)
-    k_pages_ptr,  # K pages; uint8 codes for FP8 caches, 16-bit otherwise; layout given by strides
+    k_pages_ptr,  # K pages: 16-bit, or FP8 as uint8 codes or FP8 values (see _kv_tile_to_compute); strides
     v_pages_ptr,  # V pages, same layout as K
     k_scale_ptr,  # fp32 K scales: [] / [Hkv] (per head), [Hkv, D] (channel), [blocks, block_size, Hkv]
     v_scale_ptr,  # fp32 V scales, same shapes as K's
@@ -88,10 +103,13 @@ def paged_decode_kernel(
     SCALE_KIND: tl.constexpr,
     SCALE_HEAD_STRIDE: tl.constexpr,  # per-head kind: 0 for one tensor-wide scale, 1 for one per KV head
     KV_FP8: tl.constexpr,
-    CONVERT: tl.constexpr,  # CONVERT_CAST / CONVERT_SOFTWARE / CONVERT_PTX
+    CONVERT_K: tl.constexpr,  # CONVERT_CAST / CONVERT_SOFTWARE / CONVERT_PTX, for the K tile
+    CONVERT_V: tl.constexpr,  # the same for the V tile
     MANT: tl.constexpr,  # FP8 KV format: mantissa bits (3 = e4m3, 2 = e5m2)
     BIAS: tl.constexpr,  # FP8 KV format: exponent bias
-    FP8_MODE: tl.constexpr,
+    FP8_QK: tl.constexpr,  # FP8 query, FP8 x FP8 QKᵀ
+    FP8_PV: tl.constexpr,  # FP8 probabilities, FP8 x FP8 P·V
+    KV_EVICTION: tl.constexpr,  # eviction policy of the K/V tile loads ("" or "evict_first")
     COMPUTE: tl.constexpr,  # 16-bit dot type in dequant mode (the query's dtype)
 ):
     b = tl.program_id(0)
@@ -121,7 +139,7 @@ def paged_decode_kernel(
             k_head_scale = tl.load(k_scale_ptr + kvh * SCALE_HEAD_STRIDE)
         else:
             k_head_scale = 1.0
-    if FP8_MODE:
+    if FP8_QK:
         # Per-(sequence, head) query scale: amax / E4M3_MAX, applied exactly to the fp32 scores.
         qf = qf.to(tl.float32)
         q_scale = tl.max(tl.abs(qf), axis=1) / E4M3_MAX
@@ -149,17 +167,13 @@ def paged_decode_kernel(
         else:
             kv_mask = t_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
         kv_off = row_off[:, None] + offs_d[None, :]
-        k = tl.load(k_pages_ptr + kv_off, mask=kv_mask, other=0)
-        v = tl.load(v_pages_ptr + kv_off, mask=kv_mask, other=0)
+        k = tl.load(k_pages_ptr + kv_off, mask=kv_mask, other=0.0, eviction_policy=KV_EVICTION)
+        v = tl.load(v_pages_ptr + kv_off, mask=kv_mask, other=0.0, eviction_policy=KV_EVICTION)
 
-        if FP8_MODE:
-            if MANT == 3:
-                k8 = k.to(tl.float8e4nv, bitcast=True)
-            else:
-                k8 = k.to(tl.float8e5, bitcast=True)
-            s = tl.dot(q, tl.trans(k8))
+        if FP8_QK:
+            s = tl.dot(q, tl.trans(_as_fp8(k, MANT)))
         else:
-            s = tl.dot(q, tl.trans(_kv_tile_to_compute(k, COMPUTE, KV_FP8, CONVERT, MANT, BIAS)))
+            s = tl.dot(q, tl.trans(_kv_tile_to_compute(k, COMPUTE, KV_FP8, CONVERT_K, MANT, BIAS)))
         s = s * row_scale[:, None]
         if SCALE_KIND == SCALE_TOKEN_HEAD:
             sc_off = (page * BLOCK_SIZE + in_page) * num_kv_heads + kvh
@@ -181,21 +195,17 @@ def paged_decode_kernel(
         else:
             vs_max = 1.0
 
-        if FP8_MODE:
+        if FP8_PV:
             p8 = fp32_to_fp8_bits(p * P_SCALE, 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
-            if MANT == 3:
-                v8 = v.to(tl.float8e4nv, bitcast=True)
-            else:
-                v8 = v.to(tl.float8e5, bitcast=True)
-            acc += tl.dot(p8, v8)
+            acc += tl.dot(p8, _as_fp8(v, MANT))
         else:
-            vc = _kv_tile_to_compute(v, COMPUTE, KV_FP8, CONVERT, MANT, BIAS)
+            vc = _kv_tile_to_compute(v, COMPUTE, KV_FP8, CONVERT_V, MANT, BIAS)
             acc += tl.dot(p.to(COMPUTE), vc) * vs_max
 
     # Epilogue: normalise, apply the V scale (and undo P_SCALE in fp8 mode).
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
-    if FP8_MODE:
+    if FP8_PV:
         out = out * (1.0 / P_SCALE)
     if SCALE_KIND == SCALE_PER_HEAD:
         out = out * tl.load(v_scale_ptr + kvh * SCALE_HEAD_STRIDE)
