@@ -282,6 +282,14 @@ def test_resolve_decode_fn():
         resolve_decode_fn("cudnn")
 
 
+def test_decode_backends_by_device():
+    from fp8kv.models import decode_backends
+
+    assert decode_backends("cpu") == ["reference"]
+    if torch.cuda.is_available():
+        assert decode_backends("cuda")[:2] == ["reference", "triton"]
+
+
 def test_decode_paged_bf16_matches_teacher_forcing(smol):
     model, tok = smol
     prompt = text_tokens(tok, 16, offset=3000)

@@ -240,7 +240,9 @@ def check_06_model_accuracy(doc):
         assert 0 < v_only["kl_mean"] and 0 < k_only["kl_mean"]
         n_layers = {lr["layer"] for lr in r["layers"] if lr["model"] == model}
         assert n_layers == set(range(len(n_layers))) and len(n_layers) > 1
-    assert len(r["decode"]) == 3 * len(r["models"])
+    assert r["decode_backends"] == ["reference"]  # the CPU run; a GPU adds triton and flashinfer
+    assert len(r["decode"]) == 3 * len(r["models"]) * len(r["decode_backends"])
+    assert {d["backend"] for d in r["decode"]} == set(r["decode_backends"])
     for d in r["decode"]:
         assert d["n_new"] == r["decode_new"] and 0.0 <= d["match_fraction"] <= 1.0
         assert (d["first_divergence"] is None) == (d["match_fraction"] == 1.0)

@@ -6,7 +6,7 @@ KV baseline; ``decode``: a greedy decode loop whose every step reads a paged FP8
 Needs the ``models`` extra (transformers, gguf, accelerate) and a weights package.
 """
 
-from .decode import DecodeResult, greedy_decode_paged, resolve_decode_fn
+from .decode import DecodeResult, decode_backends, greedy_decode_paged, resolve_decode_fn
 from .evaluate import BASELINE, accuracy_markdown, evaluate, standard_configs
 from .hook import (
     ATTN_NAME,
@@ -26,4 +26,5 @@ from .loading import MODELS, bos_token_id, load_model, model_cache_dir, text_sou
 __all__ = ["MODELS", "load_model", "model_cache_dir", "text_tokens", "text_source_info", "bos_token_id",
            "KVQuantConfig", "KVStats", "CapturedKV", "quantized_kv", "run_quantized", "capture_kv",
            "calibrate_scales", "evaluate", "BASELINE", "standard_configs", "accuracy_markdown", "greedy_decode_paged",
-           "DecodeResult", "resolve_decode_fn", "attention_handler", "ATTN_NAME", "num_layers", "layer_types", "windows"]
+           "DecodeResult", "resolve_decode_fn", "decode_backends", "attention_handler", "ATTN_NAME", "num_layers",
+           "layer_types", "windows"]

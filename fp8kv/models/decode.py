@@ -24,7 +24,19 @@ from ..cache import PagedKVCache
 from ..formats import kv_dtype_info
 from .hook import _as_batch, _sdpa, attention_handler, num_layers
 
-__all__ = ["greedy_decode_paged", "DecodeResult", "resolve_decode_fn"]
+__all__ = ["greedy_decode_paged", "DecodeResult", "resolve_decode_fn", "decode_backends"]
+
+
+def decode_backends(device) -> list[str]:
+    """Decode backends to compare on ``device``: the reference, plus on a CUDA device the Triton
+    kernel and, where installed and the GPU is supported, FlashInfer."""
+    from ..capability import check
+    from ..device import resolve_device
+
+    names = ["reference"]
+    if resolve_device(device).type == "cuda":  # check() without an arch: this GPU and what is installed
+        names += [b for b in ("triton", "flashinfer") if check(b, "fp8_e4m3", "dequant")[0]]
+    return names
 
 
 def resolve_decode_fn(backend: str = "reference", mode: str = "auto"):
