@@ -389,7 +389,7 @@ def test_tune_preset_varies_one_launch_option_at_a_time():
     from fp8kv.bench import PRESETS, sweep
 
     cases = sweep(**PRESETS["tune"])
-    assert len(cases) == 3 * 10
+    assert len(cases) == 3 * 11
     variants = {c.variant for c in cases}
-    assert "" in variants and "convert=cast" in variants and "num_splits=16" in variants
+    assert "" in variants and "convert=cast" in variants and "convert=cast/ptx" in variants and "num_splits=16" in variants
     assert all(len(c.options) <= 1 for c in cases)  # each variant changes one option from the defaults
