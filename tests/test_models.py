@@ -282,6 +282,32 @@ def test_resolve_decode_fn():
         resolve_decode_fn("cudnn")
 
 
+def test_decode_paged_through_the_triton_kernel(smol):
+    """The decode loop with fp8kv's Triton kernel (the interpreter on CPU, compiled on a GPU) gives
+    the distributions of the same loop with the fp32 reference, for the FP8 and the fp16 cache.
+
+    fp16 queries and baseline: the interpreter's bf16 arithmetic is wrong. The kernel rounds q, p
+    and its output to fp16 (2^-11 relative); that reaches the next layer's K/V and now and then
+    moves an element across an FP8 rounding boundary, which shifts the KL by <= 2e-3 nats (see the
+    teacher-forcing test; measured here 1.3e-4). A wrong page, scale or head shifts it by far more.
+    """
+    model, tok = smol
+    prompt = text_tokens(tok, 24, offset=40_000)
+    triton_fn = resolve_decode_fn("triton", q_dtype=torch.float16)
+    ref = greedy_decode_paged(model, prompt, 3, "fp8_e4m3", baseline="fp16", return_logits=True)
+    tri = greedy_decode_paged(model, prompt, 3, "fp8_e4m3", baseline="fp16", decode_fn=triton_fn, return_logits=True)
+    for a, b in ((tri.logits, ref.logits), (tri.baseline_logits, ref.baseline_logits)):
+        la, lb = a.log_softmax(-1), b.log_softmax(-1)
+        assert float((lb.exp() * (lb - la)).sum(-1).max()) < 2e-3
+    for got, want, logits in ((tri.tokens, ref.tokens, ref.logits),
+                              (tri.baseline_tokens, ref.baseline_tokens, ref.baseline_logits)):
+        top2 = logits.topk(2, dim=-1).values
+        first_tie = next((i for i, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 0.5), len(want))
+        assert got[:first_tie] == want[:first_tie]  # same greedy tokens up to any near-tie
+    with pytest.raises(ValueError, match="q_dtype"):
+        resolve_decode_fn("triton", q_dtype=torch.float32)
+
+
 def test_decode_backends_by_device():
     from fp8kv.models import decode_backends
 

@@ -39,12 +39,15 @@ def decode_backends(device) -> list[str]:
     return names
 
 
-def resolve_decode_fn(backend: str = "reference", mode: str = "auto"):
+def resolve_decode_fn(backend: str = "reference", mode: str = "auto", q_dtype: torch.dtype = torch.bfloat16):
     """The decode function of ``backend``: ``"reference"`` (the fp32 oracle, any device) or a backend
     of :func:`fp8kv.decode` (``"auto"``, ``"triton"``, ``"flashinfer"``) with its ``mode``.
 
-    The GPU kernels take 16-bit queries: an fp32 query (an fp32 model) is cast to bf16 for them.
+    The GPU kernels take 16-bit queries: an fp32 query (an fp32 model) is cast to ``q_dtype`` for
+    them (bf16 as in serving engines; fp16 under the Triton interpreter, whose bf16 arithmetic is wrong).
     """
+    if q_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"q_dtype={q_dtype}; expected torch.bfloat16 or torch.float16")
     if backend == "reference":
         from ..reference import decode
 
@@ -56,7 +59,7 @@ def resolve_decode_fn(backend: str = "reference", mode: str = "auto"):
         raise ValueError(f"backend={backend!r}; expected 'reference', 'auto' or one of {tuple(BACKENDS)}")
 
     def fn(q, cache, sm_scale=None):
-        q16 = q.to(torch.bfloat16) if q.dtype == torch.float32 else q
+        q16 = q.to(q_dtype) if q.dtype == torch.float32 else q
         return dispatch(q16, cache, backend=backend, mode=mode, sm_scale=sm_scale)
 
     fn.__name__ = f"fp8kv.decode[{backend}, {mode}]"
