@@ -125,9 +125,9 @@ def _converts(convert: str | None, arch: str | None) -> tuple[str, str]:
     names = convert.split("/")
     if len(names) == 1:
         names *= 2
+    if len(names) != 2 or not set(names) <= set(_CONVERT):
+        raise ValueError(f"convert={convert!r}; expected one of {tuple(_CONVERT)}, or 'K/V' with one per tile")
     for name in names:
-        if len(names) != 2 or name not in _CONVERT:
-            raise ValueError(f"convert={convert!r}; expected one of {tuple(_CONVERT)}, or 'K/V' with one per tile")
         if name != "software" and sm is not None and sm < 89:
             raise UnsupportedError(f"convert={name!r} needs FP8 conversion instructions (sm89+); {arch} has none")
         if name == "ptx" and arch is None:
