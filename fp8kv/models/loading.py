@@ -15,14 +15,20 @@ so the float weights are cached once under ``$FP8KV_CACHE_DIR`` (default ``~/.ca
 and reloaded from there (under a second). The cache is keyed by the GGUF file name and size and
 the transformers version; anything else in that folder is rebuilt.
 
-The text is the standard library's ``pydoc_data.topics`` (the ``help()`` topics, ~465k characters
-of English prose and code): present on every CPython, no download. Topics are joined in sorted
-key order, so the token stream is deterministic for a given Python version and tokenizer;
-:func:`text_source_info` records the Python version and a hash to pin it in results.
+The text is the standard library's ``help()`` topics (``pydoc_data.topics``, ~465k characters of
+English prose and code), as CPython 3.11.7 has them, shipped with fp8kv (``fp8kv/data``, 134 kB
+gzipped): each Python release edits these topics, so the live module would score different tokens
+on machines with different Pythons. Topics are joined in sorted key order; :func:`text_source_info`
+records a hash of the text in results. ``source="pydoc_data.topics"`` reads the running Python's own copy.
+
+Some transformers releases convert a GGUF tokenizer wrongly (5.17 drops most of Gemma-3's merges:
+2.3 characters per token instead of 4.5, and every metric becomes noise); the conversion checks the
+tokenizer on this text and refuses such a result.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import importlib
 import importlib.util
@@ -38,7 +44,7 @@ import torch
 from ..device import resolve_device
 
 __all__ = ["MODELS", "ModelSpec", "load_model", "model_cache_dir", "locate_gguf", "text_tokens",
-           "text_source_info", "bos_token_id", "TEXT_SOURCES", "windows"]
+           "text_source_info", "bos_token_id", "TEXT_SOURCES", "DEFAULT_TEXT", "check_tokenizer", "windows"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,26 @@ def _cache_is_valid(folder: Path, key: dict) -> bool:
         return False
 
 
+# A subword tokenizer puts 4-5 characters of this English text in a token (both models: 4.4-4.5);
+# one that lost its merges falls to ~2 (transformers 5.17's Gemma-3 conversion: 2.3).
+MIN_CHARS_PER_TOKEN = 3.5
+
+
+def check_tokenizer(tokenizer, name: str = "model") -> float:
+    """Characters per token on the first 4000 characters of the default text; RuntimeError below
+    :data:`MIN_CHARS_PER_TOKEN`, naming the transformers version (a broken GGUF tokenizer conversion)."""
+    import transformers
+
+    sample = _text(DEFAULT_TEXT)[:4000]
+    ratio = len(sample) / max(1, len(tokenizer(sample, add_special_tokens=False).input_ids))
+    if ratio < MIN_CHARS_PER_TOKEN:
+        raise RuntimeError(f"{name}: the tokenizer converted from the GGUF file splits English text into "
+                           f"{ratio:.1f} characters per token (a working one: 4-5): transformers "
+                           f"{transformers.__version__} converts it wrongly (5.17 is known to); install another "
+                           f"release, e.g. pip install 'transformers>=5.18'")
+    return ratio
+
+
 def _convert(spec: ModelSpec, folder: Path, key: dict) -> None:
     """Dequantize the GGUF to float32 weights and save them (with the tokenizer) into ``folder``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -148,6 +174,7 @@ def _convert(spec: ModelSpec, folder: Path, key: dict) -> None:
     try:
         gguf = locate_gguf(spec.name, workdir=tmp / "gguf")
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        check_tokenizer(tok, spec.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
                                                      local_files_only=True)
         # The weights are plain floats now; drop the GGUF quantization record so that
@@ -220,13 +247,21 @@ def bos_token_id(tokenizer) -> int | None:
 
 # ----------------------------------------------------------------------------------- text
 
+DEFAULT_TEXT = "pydoc-3.11.7"
+_SNAPSHOT = Path(__file__).resolve().parent.parent / "data" / "pydoc_topics_3.11.7.txt.gz"
+
+
 def _pydoc_topics() -> str:
     import pydoc_data.topics as t
 
     return "\n\n".join(t.topics[k] for k in sorted(t.topics))
 
 
-TEXT_SOURCES = {"pydoc_data.topics": _pydoc_topics}
+def _pydoc_snapshot() -> str:
+    return gzip.decompress(_SNAPSHOT.read_bytes()).decode("utf-8")
+
+
+TEXT_SOURCES = {DEFAULT_TEXT: _pydoc_snapshot, "pydoc_data.topics": _pydoc_topics}
 
 
 def _text(source: str) -> str:
@@ -238,19 +273,22 @@ def _text(source: str) -> str:
     raise ValueError(f"source={source!r} is neither a known text ({sorted(TEXT_SOURCES)}) nor a file path")
 
 
-def text_source_info(source: str = "pydoc_data.topics") -> dict:
-    """Facts that pin the text for results files: source, Python version, characters, sha256 prefix."""
+def text_source_info(source: str = DEFAULT_TEXT) -> dict:
+    """Facts that pin the text for results files: source, characters, sha256 prefix (and the running
+    Python's version for ``"pydoc_data.topics"``, whose text depends on it)."""
     s = _text(source)
-    return dict(source=source, python=".".join(map(str, sys.version_info[:3])), chars=len(s),
-                sha256=hashlib.sha256(s.encode()).hexdigest()[:16])
+    info = dict(source=source, chars=len(s), sha256=hashlib.sha256(s.encode()).hexdigest()[:16])
+    if source == "pydoc_data.topics":
+        info["python"] = ".".join(map(str, sys.version_info[:3]))
+    return info
 
 
-def text_tokens(tokenizer, n_tokens: int, source: str = "pydoc_data.topics", offset: int = 0,
+def text_tokens(tokenizer, n_tokens: int, source: str = DEFAULT_TEXT, offset: int = 0,
                 bos: bool = False) -> torch.Tensor:
     """``n_tokens`` consecutive token ids of ``source`` starting at token ``offset``.
 
-    The whole text is tokenized without special tokens, so the same (tokenizer, source, Python
-    version) gives the same ids everywhere. Use disjoint ``offset`` ranges for calibration and
+    The whole text is tokenized without special tokens, so the same (tokenizer, source) gives the
+    same ids everywhere. Use disjoint ``offset`` ranges for calibration and
     evaluation. ``bos=True`` prepends the tokenizer's BOS when it uses one (a prompt; see
     :func:`bos_token_id`). Returns int64 ``[n_tokens]`` (+1 with a BOS). ValueError when the text
     is too short.
