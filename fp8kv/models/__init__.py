@@ -7,7 +7,7 @@ Needs the ``models`` extra (transformers, gguf, accelerate) and a weights packag
 """
 
 from .decode import DecodeResult, decode_backends, greedy_decode_paged, resolve_decode_fn
-from .evaluate import BASELINE, accuracy_markdown, evaluate, standard_configs
+from .evaluate import BASELINE, accuracy_markdown, evaluate, next_token_kl, standard_configs
 from .hook import (
     ATTN_NAME,
     CapturedKV,
@@ -25,6 +25,7 @@ from .loading import MODELS, bos_token_id, load_model, model_cache_dir, text_sou
 
 __all__ = ["MODELS", "load_model", "model_cache_dir", "text_tokens", "text_source_info", "bos_token_id",
            "KVQuantConfig", "KVStats", "CapturedKV", "quantized_kv", "run_quantized", "capture_kv",
-           "calibrate_scales", "evaluate", "BASELINE", "standard_configs", "accuracy_markdown", "greedy_decode_paged",
+           "calibrate_scales", "evaluate", "BASELINE", "standard_configs", "accuracy_markdown", "next_token_kl",
+           "greedy_decode_paged",
            "DecodeResult", "resolve_decode_fn", "decode_backends", "attention_handler", "ATTN_NAME", "num_layers",
            "layer_types", "windows"]

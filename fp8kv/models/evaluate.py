@@ -22,7 +22,13 @@ import torch
 from .hook import BASELINE, KVQuantConfig, KVStats, layer_types, num_layers, quantized_kv
 from .loading import windows
 
-__all__ = ["evaluate", "BASELINE", "standard_configs", "accuracy_markdown"]
+__all__ = ["evaluate", "BASELINE", "standard_configs", "accuracy_markdown", "next_token_kl"]
+
+
+def next_token_kl(base_logprobs: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
+    """KL(baseline || other) of next-token distributions, nats, per position: both arguments are
+    log-probabilities ``[..., vocab]`` (``logits.log_softmax(-1)``), the baseline's first."""
+    return (base_logprobs.exp() * (base_logprobs - logprobs)).sum(-1)
 
 
 def standard_configs(k_scales=None, v_scales=None, *, smoke: bool = False) -> list[KVQuantConfig]:
@@ -143,7 +149,7 @@ def evaluate(model, tokens, configs, *, window: int = 256, n_windows: int | None
             a = acc[cfg.label]
             a["nll"].append(-lp.gather(-1, tgt[:, None])[:, 0].double().sum().item())
             a["nll_base"].append(-base_lp.gather(-1, tgt[:, None])[:, 0].double().sum().item())
-            a["kl"].append((base_lp.exp() * (base_lp - lp)).sum(-1).double().cpu())
+            a["kl"].append(next_token_kl(base_lp, lp).double().cpu())
             a["top1"] += int((lp.argmax(-1) == base_lp.argmax(-1)).sum())
             a["n"] += tgt.numel()
 
