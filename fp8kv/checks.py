@@ -1,0 +1,137 @@
+"""Argument checks shared by every entry point.
+
+Each check raises ``TypeError`` (wrong kind of thing) or ``ValueError`` (right kind, wrong value)
+with a message that names the argument, the value seen and what is accepted, and returns the
+value normalised (``int``/``float``/``str``). Entry points call them once, where input enters
+(``fp8kv.decode``, ``PagedKVCache``, ``write_cache``, the planner, the CLIs); the layers below
+trust what they are given.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Sequence
+
+import torch
+
+__all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of",
+           "tensor", "finite_tensor", "int_tensor", "fail"]
+
+
+def fail(msg: str, exc: type[Exception] = ValueError):
+    """Raise ``exc(msg)``: for checks that need their own wording."""
+    raise exc(msg)
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def integer(value, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """An int (not a bool, not a float, even an integral one) in ``[minimum, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
+                and value.dtype != torch.bool:
+            value = int(value)
+        else:
+            fail(f"{name}={_show(value)} ({type(value).__name__}); expected an int", TypeError)
+    value = int(value)
+    if minimum is not None and value < minimum:
+        fail(f"{name}={value}; expected an int >= {minimum}")
+    if maximum is not None and value > maximum:
+        fail(f"{name}={value}; expected an int <= {maximum}")
+    return value
+
+
+def positive_int(value, name: str) -> int:
+    return integer(value, name, minimum=1)
+
+
+def nonnegative_int(value, name: str) -> int:
+    return integer(value, name, minimum=0)
+
+
+def real(value, name: str, *, minimum: float | None = None, maximum: float | None = None,
+         inclusive: bool = True) -> float:
+    """A finite real number (int or float, not a bool or a string) within the bounds."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(f"{name}={_show(value)} ({type(value).__name__}); expected a finite number", TypeError)
+    value = float(value)
+    if not math.isfinite(value):
+        fail(f"{name}={value}; expected a finite number")
+    lo_ok = minimum is None or (value >= minimum if inclusive else value > minimum)
+    hi_ok = maximum is None or (value <= maximum if inclusive else value < maximum)
+    if not (lo_ok and hi_ok):
+        lo = "" if minimum is None else f"{'>=' if inclusive else '>'} {minimum}"
+        hi = "" if maximum is None else f"{'<=' if inclusive else '<'} {maximum}"
+        fail(f"{name}={value}; expected a finite number {' and '.join(x for x in (lo, hi) if x)}")
+    return value
+
+
+def positive_float(value, name: str) -> float:
+    return real(value, name, minimum=0.0, inclusive=False)
+
+
+def one_of(value, name: str, choices: Iterable) -> object:
+    """``value`` if it is among ``choices``."""
+    choices = tuple(choices)
+    try:
+        ok = value in choices
+    except TypeError:  # unhashable or incomparable
+        ok = False
+    if not ok:
+        fail(f"{name}={_show(value)}; expected one of {choices}")
+    return value
+
+
+def many_of(values, name: str, choices: Sequence) -> list:
+    """A non-empty list of ``choices`` (a single string counts as a list of one)."""
+    if isinstance(values, str):
+        values = [values]
+    try:
+        values = list(values)
+    except TypeError:
+        fail(f"{name}={_show(values)}; expected a list of values among {tuple(choices)}", TypeError)
+    if not values:
+        fail(f"{name} is empty; give at least one of {tuple(choices)}")
+    bad = [v for v in values if v not in tuple(choices)]
+    if bad:
+        fail(f"{name} has {bad}; expected values among {tuple(choices)}")
+    return values
+
+
+def tensor(value, name: str, *, ndim: int | None = None, dtypes: Iterable[torch.dtype] | None = None,
+           device: torch.device | None = None, shape_hint: str = "") -> torch.Tensor:
+    """A ``torch.Tensor`` of the given rank, dtype family and device."""
+    hint = f" {shape_hint}" if shape_hint else ""
+    if not isinstance(value, torch.Tensor):
+        fail(f"{name} must be a torch.Tensor{hint}, got {type(value).__name__}", TypeError)
+    if ndim is not None and value.ndim != ndim:
+        fail(f"{name} must be {ndim}-D{hint}; got shape {tuple(value.shape)}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if value.dtype not in dtypes:
+            names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+            fail(f"{name} has dtype {str(value.dtype).replace('torch.', '')}; expected one of: {names}", TypeError)
+    if device is not None and value.device != torch.device(device):
+        fail(f"{name} is on {value.device} but must be on {device}; move it with .to()")
+    return value
+
+
+def finite_tensor(value: torch.Tensor, name: str) -> torch.Tensor:
+    """Refuse NaN / Inf contents, naming the first bad index (a host sync)."""
+    if value.is_floating_point() and value.numel():
+        bad = ~torch.isfinite(value)
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in bad.nonzero()[0])
+            fail(f"{name} has non-finite values ({float(value[idx])} at index {idx}); expected finite values")
+    return value
+
+
+def int_tensor(value, name: str, *, ndim: int, device: torch.device | None = None,
+               shape_hint: str = "") -> torch.Tensor:
+    """An int32/int64 tensor (floats are refused: 3.7 is not a length or an index)."""
+    return tensor(value, name, ndim=ndim, dtypes=(torch.int32, torch.int64), device=device,
+                  shape_hint=shape_hint)
