@@ -26,16 +26,22 @@ import math
 
 import torch
 
+from . import checks
+from .checks import fail as _fail
 from .formats import kv_dtype_info, saturation_bounds
 from .quant import GRANULARITIES, SCALE_BYTES, broadcast_scale, cast_saturating, compute_scale, quantize
 
-__all__ = ["PagedKVCache"]
+__all__ = ["PagedKVCache", "LAYOUTS", "QUERY_DTYPES"]
 
 LAYOUTS = ("NHD", "HND")
+QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _fail(msg: str, exc=ValueError):
-    raise exc(msg)
+def _check_block_size(block_size) -> int:
+    bs = checks.positive_int(block_size, "block_size")
+    if bs < 8 or bs & (bs - 1):
+        _fail(f"block_size={bs} must be a power of two >= 8 (kernels state their own limits)")
+    return bs
 
 
 class PagedKVCache:
@@ -43,7 +49,12 @@ class PagedKVCache:
 
     Build one with :meth:`from_dense` (ragged sequences scattered into shuffled pages) or
     :meth:`empty`; add tokens with :meth:`write` / :meth:`append`; read back with :meth:`gather`.
-    The constructor validates everything (one host sync); decode paths trust a built cache.
+    The constructor validates everything (one host sync). ``fp8kv.decode`` re-checks the tables
+    (``check=True``, its default), so tables edited in place are caught before a kernel reads them.
+
+    Pages may be shared *for reading* (prefix caching: several rows name the pages of one prompt).
+    A write into a page that another block-table entry also references is refused with the page
+    and the rows that share it: the cache does no copy-on-write, so give the writer its own page.
     """
 
     def __init__(self, k_pages, v_pages, block_table, seq_lens, kv_dtype="fp8_e4m3",
@@ -123,9 +134,11 @@ class PagedKVCache:
             _fail(f"k_pages {tuple(k.shape)} and v_pages {tuple(v.shape)} must have the same shape")
         if v.device != k.device:
             _fail(f"v_pages is on {v.device} but k_pages is on {k.device}")
-        bs = self.block_size
-        if bs < 8 or bs & (bs - 1):
-            _fail(f"block_size={bs} must be a power of two >= 8 (kernels state their own limits)")
+        _check_block_size(self.block_size)
+        for name, n in (("num_blocks", self.num_blocks), ("num_kv_heads", self.num_kv_heads),
+                        ("head_dim", self.head_dim)):
+            if n < 1:
+                _fail(f"the pages have {name}={n} (shape {tuple(k.shape)}); every dimension must be >= 1")
         bt, sl = self.block_table, self.seq_lens
         for name, t, nd in (("block_table", bt, 2), ("seq_lens", sl, 1)):
             if not isinstance(t, torch.Tensor):
@@ -140,9 +153,15 @@ class PagedKVCache:
                 _fail(f"{name} must be contiguous; call .contiguous() first")
         if sl.shape[0] != bt.shape[0]:
             _fail(f"seq_lens has {sl.shape[0]} entries but block_table has {bt.shape[0]} rows")
+        if bt.shape[0] < 1 or bt.shape[1] < 1:
+            _fail(f"block_table has shape {tuple(bt.shape)}; a cache needs at least one sequence and one "
+                  "block per sequence")
 
     def validate_tables(self):
-        """Check seq_lens against capacity and the used block-table entries against num_blocks."""
+        """Check seq_lens against capacity and the used block-table entries against num_blocks.
+
+        One host sync. The constructor calls it; so does ``fp8kv.decode`` with ``check=True``.
+        """
         sl = self.seq_lens.cpu().to(torch.int64)
         cap = self.max_blocks_per_seq * self.block_size
         if (sl < 0).any():
@@ -160,6 +179,52 @@ class PagedKVCache:
             b, j = (int(i) for i in bad.nonzero()[0])
             _fail(f"block_table[{b}, {j}]={int(bt[b, j])} is out of range [0, {self.num_blocks})")
 
+    def check_query(self, q) -> None:
+        """Validate a decode query ``[B, Hq, D]`` against this cache (shape, dtype, device, GQA)."""
+        if not isinstance(q, torch.Tensor):
+            _fail(f"q must be a torch.Tensor [B, Hq, D], got {type(q).__name__}", TypeError)
+        if q.ndim != 3:
+            _fail(f"q must be [B, Hq, D] (one query token per sequence); got shape {tuple(q.shape)}")
+        if q.dtype not in QUERY_DTYPES:
+            _fail(f"q must be float16/bfloat16/float32, got {q.dtype}", TypeError)
+        b, hq, d = q.shape
+        if b != self.batch_size:
+            _fail(f"q has batch {b} but the cache holds {self.batch_size} sequences")
+        if d != self.head_dim:
+            _fail(f"q has head_dim {d} but the cache has head_dim {self.head_dim}")
+        if hq < 1 or hq % self.num_kv_heads:
+            _fail(f"q has {hq} heads, not a multiple of the cache's {self.num_kv_heads} KV heads "
+                  "(GQA needs Hq = group x Hkv)")
+        if q.device != self.device:
+            _fail(f"q is on {q.device} but the cache is on {self.device}")
+
+    def _live_entries(self) -> torch.Tensor:
+        """[B, max_blocks] bool: the block-table entries that hold some of a sequence's tokens."""
+        sl = self.seq_lens.cpu().to(torch.int64).clamp(min=0)
+        nblk = (sl + self.block_size - 1) // self.block_size
+        return torch.arange(self.max_blocks_per_seq)[None, :] < nblk[:, None]
+
+    def _refuse_shared_writes(self, pages: torch.Tensor, writers: torch.Tensor | None = None) -> None:
+        """Refuse writes into pages that two or more block-table entries reference.
+
+        ``pages``: the pages written. The references counted are the entries that hold tokens now,
+        plus ``writers`` (``[B, max_blocks]`` bool: the entries an append writes through). A raw
+        slot write names no entry, so only the entries holding tokens count there.
+        """
+        if not pages.numel():
+            return
+        bt = self.block_table.cpu().to(torch.int64)
+        live = self._live_entries()
+        refs = live | writers if writers is not None else live
+        targets = torch.unique(pages.cpu().to(torch.int64))
+        for page in targets.tolist():
+            where = ((bt == page) & refs).nonzero().tolist()
+            if len(where) >= 2:
+                rows = ", ".join(f"block_table[{r}, {j}]" for r, j in where)
+                _fail(f"a write into page {page} would change tokens that several block-table entries read "
+                      f"({rows}); pages may be shared for reading only (no copy-on-write): give the "
+                      "writing sequence a page of its own")
+
     def _init_scale(self, scale, name, device):
         shape = self.scale_shape()
         if not self.is_fp8:
@@ -168,6 +233,10 @@ class PagedKVCache:
             return torch.ones((), dtype=torch.float32, device=device)
         if scale is None:
             scale = 1.0
+        if isinstance(scale, bool) or (isinstance(scale, torch.Tensor) and not scale.is_floating_point()) \
+                or not isinstance(scale, (int, float, torch.Tensor)):
+            _fail(f"{name}={scale!r} ({type(scale).__name__}); expected a positive float or a float tensor",
+                  TypeError)
         s = torch.as_tensor(scale, dtype=torch.float32, device=device)
         if s.device != device:
             s = s.to(device)
@@ -187,9 +256,16 @@ class PagedKVCache:
               num_blocks=None, device="cpu", seed=0):
         """A cache with ``seq_lens = 0`` and every sequence's pages reserved (shuffled) up front."""
         name, dtype, fmt = kv_dtype_info(kv_dtype)
+        batch_size = checks.positive_int(batch_size, "batch_size")
+        max_seq_len = checks.positive_int(max_seq_len, "max_seq_len")
+        num_kv_heads = checks.positive_int(num_kv_heads, "num_kv_heads")
+        head_dim = checks.positive_int(head_dim, "head_dim")
+        block_size = _check_block_size(block_size)
+        checks.one_of(layout, "layout", LAYOUTS)
+        seed = checks.integer(seed, "seed")
         bpseq = max(1, math.ceil(max_seq_len / block_size))
         need = batch_size * bpseq
-        num_blocks = need if num_blocks is None else num_blocks
+        num_blocks = need if num_blocks is None else checks.positive_int(num_blocks, "num_blocks")
         if num_blocks < need:
             _fail(f"num_blocks={num_blocks} is too few: {batch_size} sequences x {bpseq} blocks need {need}")
         g = torch.Generator().manual_seed(seed)
@@ -223,15 +299,30 @@ class PagedKVCache:
         """
         ks = list(k) if not isinstance(k, torch.Tensor) else [k[i] for i in range(k.shape[0])]
         vs = list(v) if not isinstance(v, torch.Tensor) else [v[i] for i in range(v.shape[0])]
-        lens = [int(x) for x in (seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens)]
+        for name, seqs in (("k", ks), ("v", vs)):
+            for i, t in enumerate(seqs):
+                checks.tensor(t, f"{name}[{i}]", shape_hint="[len, Hkv, D]")
+                if not t.is_floating_point():
+                    _fail(f"{name}[{i}] must be a float tensor, got {t.dtype}", TypeError)
+        if isinstance(seq_lens, torch.Tensor):
+            if seq_lens.is_floating_point() or seq_lens.dtype == torch.bool:
+                _fail(f"seq_lens has dtype {seq_lens.dtype}; expected integer lengths", TypeError)
+            seq_lens = seq_lens.tolist()
+        lens = [checks.integer(x, f"seq_lens[{i}]") for i, x in enumerate(seq_lens)]
+        if max_seq_len is not None:
+            checks.positive_int(max_seq_len, "max_seq_len")
+        for name, value in (("scale", scale), ("k_scale", k_scale), ("v_scale", v_scale)):
+            if isinstance(value, bool):
+                _fail(f"{name}={value!r} (bool); expected a scale method such as 'amax', a positive float "
+                      "or a float tensor", TypeError)
         if not (len(ks) == len(vs) == len(lens)):
             _fail(f"k ({len(ks)}), v ({len(vs)}) and seq_lens ({len(lens)}) must have the same batch size")
         if not lens:
             _fail("seq_lens is empty: need at least one sequence")
         for i, (ki, vi, n) in enumerate(zip(ks, vs, lens, strict=True)):
-            if ki.ndim != 3 or vi.shape != ki.shape:
-                _fail(f"sequence {i}: k and v must be [len, Hkv, D] with equal shapes; got "
-                      f"{tuple(ki.shape)} and {tuple(vi.shape)}")
+            if ki.ndim != 3 or vi.shape != ki.shape or ki.shape[1:] != ks[0].shape[1:]:
+                _fail(f"sequence {i}: k and v must be [len, Hkv, D] with equal shapes (and the Hkv, D of "
+                      f"sequence 0, {tuple(ks[0].shape[1:])}); got {tuple(ki.shape)} and {tuple(vi.shape)}")
             if n < 0 or n > ki.shape[0]:
                 _fail(f"seq_lens[{i}]={n} is outside [0, {ki.shape[0]}] (the tokens given)")
         hkv, d = ks[0].shape[1:]
@@ -255,15 +346,27 @@ class PagedKVCache:
     # ------------------------------------------------------------------ writes
     def slots(self, seq: int, positions: torch.Tensor) -> torch.Tensor:
         """Slot ids (``block * block_size + offset``) of ``positions`` in sequence ``seq``."""
+        seq = checks.integer(seq, "seq", minimum=0, maximum=self.batch_size - 1)
         positions = positions.to(self.block_table.device, torch.int64)
         blocks = self.block_table[seq].to(torch.int64)[positions // self.block_size]
         return blocks * self.block_size + positions % self.block_size
 
     def append_tokens(self, k_new, v_new, counts):
-        """Append ``counts[i]`` tokens to each sequence i (``k_new``: their rows, concatenated in order)."""
+        """Append ``counts[i]`` tokens to each sequence i (``k_new``: their rows, concatenated in order).
+
+        Refuses (before writing anything) counts that are negative or not integers, appends past a
+        row's capacity, and appends into a page that another block-table entry also references.
+        """
+        if not isinstance(counts, torch.Tensor):
+            counts = [checks.integer(c, f"counts[{i}]") for i, c in enumerate(counts)]
+        elif counts.is_floating_point() or counts.dtype == torch.bool:
+            _fail(f"counts has dtype {counts.dtype}; expected integer token counts", TypeError)
         counts = torch.as_tensor(counts, dtype=torch.int64).cpu()
         if counts.shape != (self.batch_size,):
             _fail(f"counts must have one entry per sequence ({self.batch_size}); got shape {tuple(counts.shape)}")
+        if (counts < 0).any():
+            i = int((counts < 0).nonzero()[0])
+            _fail(f"counts[{i}]={int(counts[i])}; expected token counts >= 0")
         start = self.seq_lens.cpu().to(torch.int64)
         cap = self.max_blocks_per_seq * self.block_size
         if (start + counts > cap).any():
@@ -272,7 +375,11 @@ class PagedKVCache:
                   f"capacity of {cap} tokens; build the cache with a larger max_seq_len")
         slot_mapping = torch.cat([self.slots(i, torch.arange(int(start[i]), int(start[i] + counts[i])))
                                   for i in range(len(counts))])
-        n = self.write(k_new, v_new, slot_mapping)
+        first, last = start // self.block_size, (start + counts + self.block_size - 1) // self.block_size
+        j = torch.arange(self.max_blocks_per_seq)[None, :]
+        writers = (j >= first[:, None]) & (j < last[:, None]) & (counts > 0)[:, None]
+        self._refuse_shared_writes(self.block_table.cpu().to(torch.int64)[writers], writers)
+        n = self._write(k_new, v_new, slot_mapping, shared_checked=True)
         self.seq_lens += counts.to(self.seq_lens.device, torch.int32)
         return n
 
@@ -280,7 +387,7 @@ class PagedKVCache:
         """Append one token per sequence: ``k_new``, ``v_new`` ``[B, Hkv, D]``. Returns saturations."""
         return self.append_tokens(k_new, v_new, torch.ones(self.batch_size, dtype=torch.int64))
 
-    def _check_rows(self, name, t):
+    def _check_rows(self, name, t, finite: bool = True):
         exp = (self.num_kv_heads, self.head_dim)
         if not isinstance(t, torch.Tensor):
             _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
@@ -290,33 +397,62 @@ class PagedKVCache:
             _fail(f"{name} must be a float tensor, got {t.dtype}", TypeError)
         if t.device != self.device:
             _fail(f"{name} is on {t.device} but the cache is on {self.device}")
-        if not torch.isfinite(t).all():
+        if finite and not torch.isfinite(t).all():
             bad = (~torch.isfinite(t)).nonzero()[0].tolist()
             _fail(f"{name} has non-finite values (first at index {tuple(bad)}); the cache stores finite values only")
+
+    def check_write(self, k_new, v_new, slot_mapping, *, contents: bool = True,
+                    shared_checked: bool = False) -> torch.Tensor:
+        """Validate a write of ``k_new``/``v_new`` ``[N, Hkv, D]`` into ``slot_mapping`` ``[N]``.
+
+        Returns the slots as int64 on the cache's device. Shapes, dtypes and devices are checked
+        always; with ``contents`` (one host sync) also: finite rows, every slot < num_blocks x
+        block_size (< 0: skipped), and no written page referenced by two block-table entries
+        holding tokens (unless the caller already checked that: ``shared_checked``).
+        """
+        self._check_rows("k_new", k_new, contents)
+        self._check_rows("v_new", v_new, contents)
+        if isinstance(slot_mapping, (list, tuple)):
+            slot_mapping = torch.as_tensor([checks.integer(x, f"slot_mapping[{i}]")
+                                            for i, x in enumerate(slot_mapping)], dtype=torch.int64,
+                                           device=self.device)
+        if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype not in (torch.int32, torch.int64):
+            what = slot_mapping.dtype if isinstance(slot_mapping, torch.Tensor) else type(slot_mapping).__name__
+            _fail(f"slot_mapping must be an int32 or int64 tensor [N] (or a list of ints), got {what}", TypeError)
+        if tuple(slot_mapping.shape) != (k_new.shape[0],) or v_new.shape != k_new.shape:
+            _fail(f"slot_mapping {tuple(slot_mapping.shape)}, k_new {tuple(k_new.shape)} and v_new "
+                  f"{tuple(v_new.shape)} must agree on N")
+        if slot_mapping.device != self.device:
+            _fail(f"slot_mapping is on {slot_mapping.device} but the cache is on {self.device}")
+        slots = slot_mapping.to(torch.int64)
+        if contents:
+            total = self.num_blocks * self.block_size
+            if slots.numel() and int(slots.max()) >= total:
+                _fail(f"slot_mapping has slot {int(slots.max())} >= num_blocks x block_size = {total}")
+            if not shared_checked:
+                self._refuse_shared_writes(slots[slots >= 0] // self.block_size)
+        return slots
 
     def _nhd(self, pages):
         """[blocks, block_size, Hkv, D] view of pages, whatever the layout."""
         return pages if self.layout == "NHD" else pages.transpose(1, 2)
 
     def write(self, k_new, v_new, slot_mapping) -> int:
+        return self._write(k_new, v_new, slot_mapping)
+
+    def _write(self, k_new, v_new, slot_mapping, shared_checked: bool = False) -> int:
         """Quantize ``k_new``/``v_new`` (``[N, Hkv, D]``) into the slots named by ``slot_mapping``.
 
         Slots < 0 are skipped (the engines' padding convention). Static scales are used for
         tensor / head / channel granularity; token_head computes one scale per token and head
         (amax / fmt.max) and stores it beside the token. Returns the number of saturated elements
         (also accumulated in ``self.saturated``). The torch path; ``fp8kv.ops.write_cache`` fuses it.
+        Refused: non-finite rows, slots that are not integers or lie past the pool, and writes into
+        a page that two block-table entries holding tokens reference (see the class docstring).
         """
-        self._check_rows("k_new", k_new)
-        self._check_rows("v_new", v_new)
-        slot_mapping = torch.as_tensor(slot_mapping, device=self.device).to(torch.int64)
-        if slot_mapping.shape != (k_new.shape[0],) or v_new.shape != k_new.shape:
-            _fail(f"slot_mapping {tuple(slot_mapping.shape)}, k_new {tuple(k_new.shape)} and v_new "
-                  f"{tuple(v_new.shape)} must agree on N")
+        slot_mapping = self.check_write(k_new, v_new, slot_mapping, shared_checked=shared_checked)
         keep = slot_mapping >= 0
         slot_mapping, k_new, v_new = slot_mapping[keep], k_new[keep], v_new[keep]
-        total = self.num_blocks * self.block_size
-        if slot_mapping.numel() and int(slot_mapping.max()) >= total:
-            _fail(f"slot_mapping has slot {int(slot_mapping.max())} >= num_blocks x block_size = {total}")
         blk, off = slot_mapping // self.block_size, slot_mapping % self.block_size
         n_sat = 0
         for pages, scale_name, new in ((self.k_pages, "k_scale", k_new), (self.v_pages, "v_scale", v_new)):
@@ -342,6 +478,7 @@ class PagedKVCache:
     # ------------------------------------------------------------------- reads
     def gather(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V of sequence ``i``: fp32 ``[seq_lens[i], Hkv, D]``."""
+        i = checks.integer(i, "i")
         if not 0 <= i < self.batch_size:
             _fail(f"sequence index {i} is out of range [0, {self.batch_size})")
         n = int(self.seq_lens[i])

@@ -1,22 +1,28 @@
-"""Host launchers for the Triton kernels: validation, launch configuration, allocation, grid, dispatch.
+"""Host launchers for the Triton kernels: launch configuration, allocation, grid, dispatch.
 
 A decode call launches the decode kernel (and the split combine) and nothing else: scales are read
 in place and the fp8-mode query is quantized inside the kernel. No ``.item()``, no host sync, so
-:func:`paged_decode` and :func:`write_cache` can be captured in a CUDA graph. Validation that needs
-the host happens when the :class:`~fp8kv.cache.PagedKVCache` is built.
+:func:`paged_decode` (and :func:`write_cache` with ``check=False``) can be captured in a CUDA
+graph. The query, the cache and the scalars are validated by ``fp8kv.decode``, the entry point;
+the launchers validate only the launch options they alone take. The kernels clamp block-table
+entries and sequence lengths to the page pool, so even a table corrupted after validation cannot
+make them read or write outside it.
+
+Under the Triton interpreter (CPU), whose bf16 arithmetic and bf16 rounding are wrong, anything
+that would be computed or stored in bf16 runs in fp32 and is rounded to bf16 by torch.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from . import checks
 from .cache import PagedKVCache
-from .capability import UnsupportedError, check, current_arch
+from .capability import UnsupportedError, current_arch, interpreter_on
 from .formats import saturation_bounds
 from .kernels.cache_write import cache_write_kernel
 from .kernels.paged_decode import (
@@ -29,7 +35,6 @@ from .kernels.paged_decode import (
     combine_splits_kernel,
     paged_decode_kernel,
 )
-from .reference import check_decode_inputs
 
 __all__ = ["paged_decode", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config"]
 
@@ -42,11 +47,9 @@ _CONVERT = {"cast": CONVERT_CAST.value, "software": CONVERT_SOFTWARE.value, "ptx
 DEFAULT_SM89_CONVERT = "ptx"
 # mode -> (FP8 query and QKᵀ dot, FP8 probabilities and P·V dot)
 _MODE_FLAGS = {"dequant": (False, False), "fp8": (True, True)}
-_COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+NUM_WARPS = (1, 2, 4, 8, 16)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -71,7 +74,7 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int) -> DecodeConfig:
     block_n = 128 if kv_fp8 else 64
     if head_dim > 128:
         block_n //= 2
-    stages = 1 if _interpreting() else (2 if kv_fp8 else 3)
+    stages = 1 if interpreter_on() else (2 if kv_fp8 else 3)
     return DecodeConfig(block_n=block_n, num_warps=4, num_stages=stages)
 
 
@@ -99,7 +102,13 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     num_splits is recomputed from it so that no split is empty by construction of the grid).
     """
     cfg = default_config(mode, cache.is_fp8, cache.head_dim)
-    block_n = block_n or cfg["block_n"]
+    block_n = cfg["block_n"] if block_n is None else checks.positive_int(block_n, "block_n")
+    if num_splits is not None:
+        num_splits = checks.positive_int(num_splits, "num_splits")
+    if num_warps is not None:
+        checks.one_of(num_warps, "num_warps", NUM_WARPS)
+    if num_stages is not None:
+        num_stages = checks.positive_int(num_stages, "num_stages")
     if mode == "fp8" and block_n < 32:
         raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= 32 (FP8 dot minimum K)")
     if block_n < 16 or block_n & (block_n - 1):
@@ -162,6 +171,9 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                  out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None):
     """Triton paged decode attention.
 
+    The launcher behind ``fp8kv.decode(..., backend="triton")``, which validates ``q``, ``cache``,
+    ``mode`` and ``sm_scale`` and checks capability; call that. Validated here: the launch options.
+
     Parameters
     ----------
     q : ``[B, Hq, D]`` bfloat16 / float16 (last dim contiguous), one query token per sequence.
@@ -177,27 +189,22 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     out_dtype : output dtype (default q's).
     compute_dtype : 16-bit type of the dequant-mode dots. Default: float16 for FP8 caches (every
         e4m3/e5m2 value is exact in fp16, and sm89+ converts FP8 to fp16 in one instruction, while
-        FP8 to bf16 takes several), else q's dtype. With fp16, query elements beyond ±65504 overflow.
+        FP8 to bf16 takes several), else q's dtype. A bf16 query (and a query with per-channel K
+        scales folded in) is rescaled per head by a power of two before it is rounded to fp16, so
+        any finite bf16 query keeps fp16's precision and range (the factor is exact in the scores).
 
     Returns
     -------
     out ``[B, Hq, D]`` (out_dtype) and lse ``[B, Hq]`` fp32 (natural log). A sequence of length 0
     gives out = 0 and lse = -inf.
     """
-    check_decode_inputs(q, cache)
-    if q.dtype not in _COMPUTE:
+    if q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"q must be bfloat16 or float16 for the Triton kernel, got {q.dtype}")
     if q.stride(-1) != 1:
         raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
-    if mode not in _MODE_FLAGS:
-        raise ValueError(f"mode={mode!r}; expected one of {tuple(_MODE_FLAGS)}")
-    if q.device.type != "cuda" and not _interpreting():
+    if q.device.type != "cuda" and not interpreter_on():
         raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
     arch = current_arch(q.device) if q.device.type == "cuda" else None
-    ok, why = check("triton", cache.kv_dtype, mode, arch or "sm90", cache.granularity, cache.head_dim)
-    if not ok:
-        raise UnsupportedError(f"triton backend, mode={mode}, kv_dtype={cache.kv_dtype}, "
-                               f"granularity={cache.granularity}: {why}")
 
     b, hq, d = q.shape
     hkv = cache.num_kv_heads
@@ -212,10 +219,17 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
 
     if compute_dtype is None:
         compute_dtype = torch.float16 if cache.is_fp8 else q.dtype
-    if compute_dtype not in _COMPUTE:
+    if compute_dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"compute_dtype must be torch.float16 or torch.bfloat16, got {compute_dtype}")
-    out_dtype = out_dtype or q.dtype
-    out = torch.empty(b, hq, d, dtype=out_dtype, device=q.device)
+    out_dtype = q.dtype if out_dtype is None else out_dtype
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    rescale_q = compute_dtype == torch.float16 and not fp8_qk and (
+        q.dtype != torch.float16 or cache.granularity == "channel")
+    if interpreter_on():  # the interpreter's bf16 is wrong: compute and store in fp32 instead
+        compute_dtype = torch.float32 if compute_dtype == torch.bfloat16 else compute_dtype
+    kernel_out_dtype = torch.float32 if interpreter_on() and out_dtype == torch.bfloat16 else out_dtype
+    out = torch.empty(b, hq, d, dtype=kernel_out_dtype, device=q.device)
     lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
     if num_splits == 1:
         k_out, k_lse = out, lse
@@ -233,7 +247,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         q, _kernel_pages(cache, cache.k_pages, fp8_qk or convert_k == "cast"),
         _kernel_pages(cache, cache.v_pages, fp8_pv or convert_v == "cast"), cache.k_scale, cache.v_scale,
         cache.block_table, cache.seq_lens, k_out, k_lse,
-        sm_scale * math.log2(math.e), tokens_per_split, hkv,
+        sm_scale * math.log2(math.e), tokens_per_split, hkv, cache.num_blocks,
+        cache.max_blocks_per_seq * cache.block_size,
         q.stride(0), q.stride(1), skb, skt, skh, cache.block_table.stride(0),
         *so, *sl,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d,
@@ -241,7 +256,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         SPLIT=num_splits > 1, SCALE_KIND=_scale_kind(cache), SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1),
         KV_FP8=cache.is_fp8, CONVERT_K=_CONVERT[convert_k], CONVERT_V=_CONVERT[convert_v],
         FP8_QK=fp8_qk, FP8_PV=fp8_pv, KV_EVICTION=eviction_policy,
-        COMPUTE=_COMPUTE[compute_dtype],
+        COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_format_bits(cache),
     )
     if num_splits > 1:
@@ -251,37 +266,31 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
             HEAD_DIM=d, D_PAD=triton.next_power_of_2(d),
             SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
         )
-    return out, lse
+    return out.to(out_dtype), lse
 
 
 def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, slot_mapping: torch.Tensor,
-                *, count_saturated: bool = True) -> torch.Tensor:
+                *, count_saturated: bool = True, check: bool = True) -> torch.Tensor:
     """Fused quantize + scatter of ``k_new``/``v_new`` ``[N, Hkv, D]`` into the cache's pages.
 
     The Triton twin of :meth:`PagedKVCache.write` (bit-identical pages and scales). ``slot_mapping``:
     ``[N]`` int32/int64 slots, < 0 skipped. Returns the saturation count as a device int32 tensor
     ``[1]`` (no host sync); with ``count_saturated`` it is also added to ``cache.saturated`` (a sync).
-    Values are trusted to be finite here (the torch path checks them; that is a host sync).
+
+    ``check`` (default) validates the contents before launching (one host sync): finite rows,
+    slots inside the pool, no write into a page that two block-table entries holding tokens
+    reference (see :meth:`PagedKVCache.check_write`). With ``check=False`` (a CUDA-graph capture)
+    only shapes, dtypes and devices are checked; the kernel still skips slots outside the pool.
     """
+    if not isinstance(check, bool):
+        raise TypeError(f"check={check!r}; expected True or False")
+    slots = cache.check_write(k_new, v_new, slot_mapping, contents=check)
     for name, t in (("k_new", k_new), ("v_new", v_new)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.ndim != 3 or tuple(t.shape[1:]) != (cache.num_kv_heads, cache.head_dim):
-            raise ValueError(f"{name} must be [N, {cache.num_kv_heads}, {cache.head_dim}]; got {tuple(t.shape)}")
-        if t.device != cache.device:
-            raise ValueError(f"{name} is on {t.device} but the cache is on {cache.device}")
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension; call .contiguous()")
-    if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype not in (torch.int32, torch.int64):
-        raise TypeError("slot_mapping must be an int32 or int64 tensor [N]")
-    if slot_mapping.shape != (k_new.shape[0],) or v_new.shape != k_new.shape:
-        raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)}, k_new {tuple(k_new.shape)} and v_new "
-                         f"{tuple(v_new.shape)} must agree on N")
-    if slot_mapping.device != cache.device:
-        raise ValueError(f"slot_mapping is on {slot_mapping.device} but the cache is on {cache.device}")
-    if cache.device.type != "cuda" and not _interpreting():
+    if cache.device.type != "cuda" and not interpreter_on():
         raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
-    slots = slot_mapping.to(torch.int64).contiguous()
+    slots = slots.contiguous()
     sat = torch.zeros(1, dtype=torch.int32, device=cache.device)
     n = k_new.shape[0]
     if n == 0:
@@ -289,14 +298,16 @@ def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, s
     skb, skt, skh = _page_strides(cache)
     hkv = cache.num_kv_heads
     fmax, overflow = saturation_bounds(cache.dtype)
+    # The interpreter rounds fp32 -> bf16 wrongly: there bf16 pages are written as rounded bits.
+    bf16_bits = interpreter_on() and cache.dtype == torch.bfloat16
     for x, pages, scale in ((k_new, cache.k_pages, cache.k_scale), (v_new, cache.v_pages, cache.v_scale)):
         cache_write_kernel[(n,)](
-            x, slots, _kernel_pages(cache, pages), scale, sat,
-            x.stride(0), x.stride(1), skb, skt, skh, hkv,
+            x, slots, pages.view(torch.int16) if bf16_bits else _kernel_pages(cache, pages), scale, sat,
+            x.stride(0), x.stride(1), skb, skt, skh, hkv, cache.num_blocks * cache.block_size,
             HKV_PAD=triton.next_power_of_2(hkv), HEAD_DIM=cache.head_dim,
             D_PAD=triton.next_power_of_2(cache.head_dim), BLOCK_SIZE=cache.block_size, SCALE_KIND=_scale_kind(cache),
             SCALE_HEAD_STRIDE=int(scale.numel() > 1), KV_FP8=cache.is_fp8, FMAX=fmax, OVERFLOW=overflow,
-            **_format_bits(cache),
+            BF16_BITS=bf16_bits, **_format_bits(cache),
         )
     if count_saturated:
         cache.saturated += int(sat.item())

@@ -10,9 +10,10 @@ import math
 
 import torch
 
+from . import checks
 from .cache import PagedKVCache
 
-__all__ = ["decode", "attention", "check_decode_inputs"]
+__all__ = ["decode", "attention", "paged_attention"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float):
@@ -33,28 +34,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
     return out.reshape(hq, -1), lse.reshape(hq)
 
 
-def check_decode_inputs(q: torch.Tensor, cache: PagedKVCache) -> None:
-    """Validate a decode query against a cache (shared by every backend's launcher)."""
-    if not isinstance(q, torch.Tensor):
-        raise TypeError(f"q must be a torch.Tensor [B, Hq, D], got {type(q).__name__}")
-    if not isinstance(cache, PagedKVCache):
-        raise TypeError(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}")
-    if q.ndim != 3:
-        raise ValueError(f"q must be [B, Hq, D] (one query token per sequence); got shape {tuple(q.shape)}")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"q must be float16/bfloat16/float32, got {q.dtype}")
-    b, hq, d = q.shape
-    if b != cache.batch_size:
-        raise ValueError(f"q has batch {b} but the cache holds {cache.batch_size} sequences")
-    if d != cache.head_dim:
-        raise ValueError(f"q has head_dim {d} but the cache has head_dim {cache.head_dim}")
-    if hq % cache.num_kv_heads:
-        raise ValueError(f"q has {hq} heads, not a multiple of the cache's {cache.num_kv_heads} KV heads "
-                         "(GQA needs Hq = group x Hkv)")
-    if q.device != cache.device:
-        raise ValueError(f"q is on {q.device} but the cache is on {cache.device}")
-
-
 def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None):
     """fp32 paged decode attention over the dequantized cache.
 
@@ -62,14 +41,23 @@ def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None):
     ----------
     q : ``[B, Hq, D]`` float16 / bfloat16 / float32, one query token per sequence.
     cache : a :class:`~fp8kv.cache.PagedKVCache` with every ``seq_lens[i] >= 1``.
-    sm_scale : softmax scale; default ``1 / sqrt(D)``.
+    sm_scale : softmax scale, a positive finite number; default ``1 / sqrt(D)``.
 
     Returns
     -------
     out : ``[B, Hq, D]`` float32.
     lse : ``[B, Hq]`` float32, natural-log log-sum-exp of the scaled scores.
     """
-    check_decode_inputs(q, cache)
+    if not isinstance(cache, PagedKVCache):
+        checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+    cache.check_query(q)
+    if sm_scale is not None:
+        sm_scale = checks.positive_float(sm_scale, "sm_scale")
+    return paged_attention(q, cache, sm_scale)
+
+
+def paged_attention(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None):
+    """The computation of :func:`decode` on inputs already validated (by it, or ``fp8kv.decode``)."""
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     lens = cache.seq_lens.tolist()

@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+import fp8kv
 from fp8kv import reference
 from fp8kv.backends import flashinfer as fib
 from fp8kv.cache import PagedKVCache
@@ -184,8 +185,8 @@ def test_import_without_flashinfer_and_decode_refuses():
     q = torch.randn(2, 4, 16, dtype=torch.bfloat16)
     ok, why = check("flashinfer", cache.kv_dtype, "dequant", None, cache.granularity, cache.head_dim)
     assert not ok
-    with pytest.raises(UnsupportedError) as e:
-        fib.decode(q, cache)
+    with pytest.raises(UnsupportedError) as e:  # the entry point checks capability, with the table's reason
+        fp8kv.decode(q, cache, backend="flashinfer")
     assert why in str(e.value)
 
 

@@ -1,65 +1,103 @@
-"""Backend registry behind :func:`fp8kv.decode`.
+"""``fp8kv.decode``: the one entry point of paged decode attention, and the backend registry.
 
-Each backend is ``fn(q, cache, *, mode, **kwargs) -> (out [B, Hq, D], lse [B, Hq])``. FlashInfer is
-imported only when asked for, so fp8kv imports on machines without it.
+Input is validated here, once; the backends below (the fp32 oracle's computation, the Triton
+launcher, FlashInfer's wrapper) trust what they are given. FlashInfer is imported only when asked
+for, so fp8kv imports on machines without it.
 """
 
 from __future__ import annotations
 
-from ..capability import UnsupportedError, check, choose_backend, choose_mode
-from ..reference import check_decode_inputs
+from .. import checks
+from ..cache import PagedKVCache
+from ..capability import UnsupportedError, choose_backend, choose_mode
+from ..capability import check as supported
 
-__all__ = ["decode", "BACKENDS"]
+__all__ = ["decode", "BACKENDS", "LAUNCH_OPTIONS"]
 
-
-def _reference(q, cache, *, mode="dequant", sm_scale=None):
-    from ..reference import decode as ref_decode
-
-    return ref_decode(q, cache, sm_scale=sm_scale)
+MODES = ("auto", "dequant", "fp8")
 
 
-def _triton(q, cache, *, mode="dequant", **kwargs):
+def _reference(q, cache, *, mode, sm_scale):
+    from ..reference import paged_attention
+
+    return paged_attention(q, cache, sm_scale)
+
+
+def _triton(q, cache, *, mode, sm_scale, **launch):
     from ..ops import paged_decode
 
-    return paged_decode(q, cache, mode=mode, **kwargs)
+    return paged_decode(q, cache, mode=mode, sm_scale=sm_scale, **launch)
 
 
-def _flashinfer(q, cache, *, mode="dequant", **kwargs):
+def _flashinfer(q, cache, *, mode, sm_scale, **launch):
     from .flashinfer import decode as fi_decode
 
-    return fi_decode(q, cache, mode=mode, **kwargs)
+    return fi_decode(q, cache, mode=mode, sm_scale=sm_scale, **launch)
 
 
 BACKENDS = {"reference": _reference, "triton": _triton, "flashinfer": _flashinfer}
+# Options a backend takes beyond (q, cache, mode, sm_scale); each backend validates its own.
+LAUNCH_OPTIONS = {
+    "reference": (),
+    "triton": ("num_splits", "block_n", "num_warps", "num_stages", "convert", "eviction_policy", "out_dtype",
+               "compute_dtype"),
+    "flashinfer": ("use_tensor_cores",),
+}
 
 
-def decode(q, cache, backend: str = "auto", mode: str = "auto", **kwargs):
+def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: float | None = None,
+           check: bool = True, **launch):
     """Paged decode attention through the chosen backend.
 
     Parameters
     ----------
-    q : ``[B, Hq, D]`` query, one token per sequence (bf16/fp16; the reference also takes fp32).
+    q : ``[B, Hq, D]`` query, one token per sequence: bf16 / fp16 (the reference also takes fp32);
+        Hq a multiple of the cache's Hkv.
     cache : :class:`~fp8kv.cache.PagedKVCache`.
     backend : ``"auto"``, ``"reference"``, ``"triton"`` or ``"flashinfer"``. ``auto`` picks per
         :mod:`fp8kv.capability` for this device (Triton on a GPU, else the reference).
     mode : ``"auto"``, ``"dequant"`` or ``"fp8"``.
-    kwargs : passed to the backend (e.g. ``sm_scale``, launch overrides for Triton).
+    sm_scale : softmax scale, a positive finite number; default ``1 / sqrt(D)``.
+    check : validate the *contents* too (default): q finite, and the cache's tables
+        (``seq_lens`` within each row's capacity, every block-table entry that holds tokens inside
+        the page pool), which catches tables edited in place after the cache was built. It costs a
+        host sync, so a CUDA-graph capture or a timed loop passes ``check=False`` after one
+        checked call; shapes, dtypes, devices and scalars are validated either way. Without the
+        check a corrupt table cannot make a kernel read outside the pages (indices are clamped),
+        but the result is then meaningless.
+    launch : backend options, see ``LAUNCH_OPTIONS`` (Triton's launch overrides, FlashInfer's
+        ``use_tensor_cores``).
 
-    Raises :class:`~fp8kv.capability.UnsupportedError` (a ValueError) with the capability table's
-    reason when the combination cannot run here.
+    Returns ``out`` ``[B, Hq, D]`` and ``lse`` ``[B, Hq]`` fp32 (natural log).
+
+    Raises ``TypeError``/``ValueError`` naming the argument for bad input, and
+    :class:`~fp8kv.capability.UnsupportedError` (a ValueError) with the capability table's reason
+    when the combination cannot run here.
     """
-    check_decode_inputs(q, cache)
-    if backend != "auto" and backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}; expected 'auto' or one of {tuple(BACKENDS)}")
-    if mode not in ("auto", "dequant", "fp8"):
-        raise ValueError(f"mode={mode!r}; expected 'auto', 'dequant' or 'fp8'")
+    if not isinstance(cache, PagedKVCache):
+        checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+    cache.check_query(q)
+    checks.one_of(backend, "backend", ("auto", *BACKENDS))
+    checks.one_of(mode, "mode", MODES)
+    if sm_scale is not None:
+        sm_scale = checks.positive_float(sm_scale, "sm_scale")
+    if not isinstance(check, bool):
+        checks.fail(f"check={check!r}; expected True or False", TypeError)
+    if check:
+        cache.validate_tables()
+        checks.finite_tensor(q, "q")
+
     if backend == "auto":
         backend = choose_backend(cache.kv_dtype, "dequant" if mode == "auto" else mode, None,
                                  cache.granularity, cache.head_dim)
     if mode == "auto":
         mode = choose_mode(backend, cache.kv_dtype, None, cache.granularity)
-    ok, why = check(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
+    ok, why = supported(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
     if not ok:
         raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={cache.kv_dtype}, "
                                f"granularity={cache.granularity}: {why}")
-    return BACKENDS[backend](q, cache, mode=mode, **kwargs)
+    unknown = sorted(set(launch) - set(LAUNCH_OPTIONS[backend]))
+    if unknown:
+        checks.fail(f"{unknown[0]}={launch[unknown[0]]!r} is not an option of the {backend} backend; it takes "
+                    f"{LAUNCH_OPTIONS[backend] or 'none'}", TypeError)
+    return BACKENDS[backend](q, cache, mode=mode, sm_scale=sm_scale, **launch)

@@ -58,7 +58,6 @@ import torch
 
 from ..cache import PagedKVCache
 from ..capability import UnsupportedError, check, current_arch, flashinfer_installed
-from ..reference import check_decode_inputs
 
 __all__ = ["paged_kv_args", "qo_indptr", "ScaleFold", "plan_scales", "apply_q_fold", "fold_scales",
            "FlashInferDecode", "decode", "prefill", "workspace", "NOT_INSTALLED", "LN2"]
@@ -446,7 +445,8 @@ class FlashInferDecode:
 
 def decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", use_tensor_cores: bool = True,
            sm_scale: float | None = None):
-    """FlashInfer paged decode: the ``backend="flashinfer"`` entry of :func:`fp8kv.decode`.
+    """FlashInfer paged decode: the ``backend="flashinfer"`` entry of :func:`fp8kv.decode`, which
+    validates the input and checks capability (so this does neither).
 
     Parameters
     ----------
@@ -463,12 +463,9 @@ def decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", use_t
     sm_scale); it re-plans when the cache's tables change (e.g. after ``append``). Planning costs a
     host sync, so time the decoder's ``run`` rather than this function.
     """
-    check_decode_inputs(q, cache)
-    ok, why = check("flashinfer", cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
-    if not ok:
-        raise UnsupportedError(f"flashinfer backend, mode={mode}, kv_dtype={cache.kv_dtype}, "
-                               f"granularity={cache.granularity}: {why}")
-    key = (q.dtype, q.shape[1], mode, bool(use_tensor_cores), sm_scale)
+    if not isinstance(use_tensor_cores, bool):
+        raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True or False")
+    key = (q.dtype, q.shape[1], mode, use_tensor_cores, sm_scale)
     per_cache = _DECODERS.setdefault(cache, {})
     dec = per_cache.get(key)
     if dec is None:

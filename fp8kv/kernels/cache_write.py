@@ -16,13 +16,14 @@ from .paged_decode import SCALE_CHANNEL, SCALE_TOKEN_HEAD
 @triton.jit
 def cache_write_kernel(
     x_ptr,  # [N, Hkv, D] new K (or V) rows, any float dtype, last dim contiguous
-    slot_ptr,  # [N] int64 slots; < 0 means skip
+    slot_ptr,  # [N] int64 slots; < 0 means skip (and so, defensively, does a slot past the pool)
     pages_ptr,  # pages (uint8 codes for FP8 caches), layout given by strides
     scale_ptr,  # fp32: [] or [Hkv] (per head), [Hkv, D] (channel) or [blocks, block_size, Hkv] (token_head)
     sat_ptr,  # [1] int32 saturation counter (atomic add)
     stride_xn, stride_xh,
     stride_pb, stride_pt, stride_ph,  # page strides: block, token-in-block, head
     num_kv_heads,
+    num_slots,  # num_blocks x BLOCK_SIZE
     HKV_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -34,16 +35,18 @@ def cache_write_kernel(
     BIAS: tl.constexpr,
     FMAX: tl.constexpr,  # largest finite value of the page dtype
     OVERFLOW: tl.constexpr,  # FMAX + half an ulp: values at or above it saturate
+    BF16_BITS: tl.constexpr,  # bf16 pages passed as int16: round to nearest even in integer ops
 ):
     n = tl.program_id(0)
     slot = tl.load(slot_ptr + n)
     offs_h = tl.arange(0, HKV_PAD)
     offs_d = tl.arange(0, D_PAD)
-    valid = (tl.zeros([HKV_PAD], tl.int64) + slot) >= 0  # as a tensor: scalar-bool masks trip the interpreter
+    slot_v = tl.zeros([HKV_PAD], tl.int64) + slot  # as a tensor: scalar-bool masks trip the interpreter
+    valid = (slot_v >= 0) & (slot_v < num_slots)
     mask = (offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < HEAD_DIM) & valid[:, None]
     x = tl.load(x_ptr + n * stride_xn + offs_h[:, None] * stride_xh + offs_d[None, :], mask=mask,
                 other=0.0).to(tl.float32)
-    slot_safe = tl.maximum(slot, 0)
+    slot_safe = tl.minimum(tl.maximum(slot, 0), num_slots - 1)
     blk = slot_safe // BLOCK_SIZE
     off = slot_safe % BLOCK_SIZE
     dst = pages_ptr + blk * stride_pb + off * stride_pt + offs_h[:, None] * stride_ph + offs_d[None, :]
@@ -65,5 +68,11 @@ def cache_write_kernel(
         tl.store(dst, fp32_to_fp8_bits(y, MANT, BIAS, FMAX), mask=mask)
     else:  # 16-bit pages: saturate like the FP8 path (a bare cast turns fp16 overflow into inf)
         y = x
-        tl.store(dst, tl.minimum(tl.maximum(y, -FMAX), FMAX).to(pages_ptr.dtype.element_ty), mask=mask)
+        clamped = tl.minimum(tl.maximum(y, -FMAX), FMAX)
+        if BF16_BITS:
+            bits = clamped.to(tl.int32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even, finite values
+            tl.store(dst, bits.to(tl.int16), mask=mask)
+        else:
+            tl.store(dst, clamped.to(pages_ptr.dtype.element_ty), mask=mask)
     tl.atomic_add(sat_ptr, tl.sum(tl.sum(((tl.abs(y) >= OVERFLOW) & mask).to(tl.int32), axis=1), axis=0))

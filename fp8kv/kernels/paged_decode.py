@@ -88,6 +88,8 @@ def paged_decode_kernel(
     sm_scale_log2,  # softmax scale x log2(e): scores live in the exp2 domain
     tokens_per_split,  # tokens each split covers (a multiple of BLOCK_N)
     num_kv_heads,  # Hkv (for token_head scale indexing)
+    num_blocks,  # pages in the pool: block-table entries are clamped into [0, num_blocks)
+    row_capacity,  # max_blocks_per_seq x BLOCK_SIZE: seq_lens are clamped to it
     stride_qb, stride_qh,  # query strides (elements); the last dim is contiguous
     stride_kb, stride_kt, stride_kh,  # page strides: block, token-in-block, head (NHD or HND)
     stride_btb,  # block-table row stride
@@ -110,13 +112,15 @@ def paged_decode_kernel(
     FP8_QK: tl.constexpr,  # FP8 query, FP8 x FP8 QKᵀ
     FP8_PV: tl.constexpr,  # FP8 probabilities, FP8 x FP8 P·V
     KV_EVICTION: tl.constexpr,  # eviction policy of the K/V tile loads ("" or "evict_first")
-    COMPUTE: tl.constexpr,  # 16-bit dot type in dequant mode (the query's dtype)
+    COMPUTE: tl.constexpr,  # dot type in dequant mode (fp16 / bf16; fp32 under the interpreter)
+    RESCALE_Q: tl.constexpr,  # scale each query head by a power of two before rounding it to fp16
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
 
-    seq_len = tl.load(seq_lens_ptr + b)
+    # Clamped so that a table edited after validation cannot send the loads outside the pool.
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), row_capacity)
     start = split * tokens_per_split
     end = tl.minimum(seq_len, start + tokens_per_split)
 
@@ -146,6 +150,17 @@ def paged_decode_kernel(
         q_scale = tl.where(q_scale > 0, q_scale, 1.0)
         q = fp32_to_fp8_bits(qf / q_scale[:, None], 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
         row_scale = q_scale * (sm_scale_log2 * k_head_scale)
+    elif RESCALE_Q:
+        # A bf16 query (or one with channel scales folded in) can exceed fp16's range or sink into
+        # its subnormals: bring each head's amax to [2^13, 2^14) by a power of two, exact in fp32,
+        # and multiply it back into the scores.
+        qf = qf.to(tl.float32)
+        amax = tl.max(tl.abs(qf), axis=1)
+        e = tl.where(amax > 0, tl.floor(tl.log2(tl.where(amax > 0, amax, 1.0))) - 13.0, 0.0)
+        e = tl.minimum(tl.maximum(e, -126.0), 126.0).to(tl.int32)
+        up = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, built exactly from its bits
+        q = (qf * up[:, None]).to(COMPUTE)
+        row_scale = ((127 + e) << 23).to(tl.float32, bitcast=True) * (sm_scale_log2 * k_head_scale)
     else:
         q = qf.to(COMPUTE)
         row_scale = tl.full([GROUP_PAD], 1.0, tl.float32) * (sm_scale_log2 * k_head_scale)
@@ -159,7 +174,8 @@ def paged_decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         t = n0 + offs_n
         t_mask = t < end
-        page = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        page = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0)
+        page = tl.minimum(tl.maximum(page, 0), num_blocks - 1).to(tl.int64)
         in_page = t % BLOCK_SIZE
         row_off = page * stride_kb + in_page * stride_kt + kv_head_off
         if D_PAD == HEAD_DIM:

@@ -1,0 +1,298 @@
+"""Bad and unusual input to the decode path: fp8kv.decode, PagedKVCache, write_cache, the kernels.
+
+Every input is either computed right (compared with the fp32 oracle, or with an independent
+computation) or refused with a TypeError/ValueError whose message names the argument and the value.
+Where a check is skippable (``check=False``, the CUDA-graph path), the kernels must still stay
+inside the page pool: the test runs them on corrupt tables and asserts only that they return.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fp8kv
+from fp8kv.cache import PagedKVCache
+from fp8kv.ops import paged_decode, write_cache
+from fp8kv.quant import relative_error
+from fp8kv.reference import decode as ref_decode
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Kernel error against the oracle on the dequantized cache: 16-bit rounding of p and of the output
+# (test_ops.py derives it); fp32 compute under the interpreter is far below it.
+TOL = {torch.float16: 2 * 2.0**-11, torch.bfloat16: 2 * 2.0**-8}
+
+
+def cache_of(lens=(5, 19), hkv=2, d=32, *, kv_dtype="fp8_e4m3", granularity="tensor", max_seq_len=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = max(lens)
+    k = torch.randn(len(lens), n, hkv, d, generator=g).to(DEVICE)
+    v = torch.randn(len(lens), n, hkv, d, generator=g).to(DEVICE)
+    return PagedKVCache.from_dense(k, v, list(lens), kv_dtype=kv_dtype, granularity=granularity,
+                                   max_seq_len=max_seq_len, seed=seed)
+
+
+def query(b=2, hq=4, d=32, dtype=torch.float16, seed=1, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, hq, d, generator=g) * scale).to(DEVICE, dtype)
+
+
+def triton_matches_oracle(q, cache, tol, **kw):
+    out, lse = fp8kv.decode(q, cache, backend="triton", **kw)
+    ref, ref_lse = ref_decode(q, cache, sm_scale=kw.get("sm_scale"))
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    err = relative_error(out.float(), ref)
+    assert err <= tol, f"relative error {err:.2e} > {tol:.1e}"
+    rel_lse = float(((lse - ref_lse).abs() / ref_lse.abs().clamp(min=1.0)).max())
+    assert rel_lse <= 4 * tol, f"lse error {rel_lse:.2e}"
+
+
+# ------------------------------------------------------------------- 16-bit paths computed right
+@pytest.mark.parametrize("kv_dtype,q_dtype", [("bf16", torch.bfloat16), ("fp16", torch.bfloat16),
+                                               ("bf16", torch.float16), ("fp8_e4m3", torch.bfloat16)])
+def test_sixteen_bit_caches_and_bf16_queries_match_the_oracle(kv_dtype, q_dtype):
+    """The interpreter's bf16 arithmetic is wrong; the launcher must not return its garbage."""
+    triton_matches_oracle(query(dtype=q_dtype), cache_of(kv_dtype=kv_dtype), TOL[q_dtype])
+
+
+def test_bf16_compute_dtype_matches_the_oracle():
+    triton_matches_oracle(query(dtype=torch.bfloat16), cache_of(), TOL[torch.bfloat16],
+                          compute_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("scale", [1e6, 3e30, 1e-9])
+@pytest.mark.parametrize("granularity", ["tensor", "channel"])
+def test_bf16_queries_beyond_fp16_range_are_computed_right(scale, granularity):
+    """fp16 dots with a bf16 query: values past 65504 (or below fp16's subnormals) must not
+    overflow or flush; each head is rescaled by a power of two first."""
+    q = query(dtype=torch.bfloat16, scale=scale)
+    cache = cache_of(granularity=granularity)
+    # a small sm_scale keeps the softmax away from one-hot, so the comparison has something to see
+    triton_matches_oracle(q, cache, TOL[torch.bfloat16], sm_scale=0.1 / (scale * math.sqrt(32)))
+
+
+def test_bf16_query_write_through_fused_kernel_is_bit_identical_to_torch():
+    """bf16 pages written by the fused kernel (interpreter: integer rounding) equal torch's."""
+    a, b = cache_of(kv_dtype="bf16", max_seq_len=40), cache_of(kv_dtype="bf16", max_seq_len=40)
+    x = torch.randn(2, 2, 32, dtype=torch.float32, device=DEVICE) * 1e3
+    slots = torch.stack([a.slots(0, torch.tensor([5]))[0], a.slots(1, torch.tensor([19]))[0]])
+    a.write(x, -x, slots)
+    write_cache(b, x, -x, slots)
+    assert torch.equal(a.k_pages.view(torch.int16), b.k_pages.view(torch.int16))
+    assert torch.equal(a.v_pages.view(torch.int16), b.v_pages.view(torch.int16))
+
+
+# --------------------------------------------------------------------------- shared pages, writes
+def shared_prefix_cache():
+    """Rows 0 and 1 share their first (full) page, as prefix caching does."""
+    c = cache_of(lens=(16, 16), max_seq_len=48)
+    c.block_table[1, 0] = c.block_table[0, 0]
+    return c
+
+
+def test_pages_shared_for_reading_decode_right():
+    c = shared_prefix_cache()
+    triton_matches_oracle(query(), c, TOL[torch.float16])
+    k0, _ = c.gather(0)
+    k1, _ = c.gather(1)
+    assert torch.equal(k0, k1)
+    c.append(torch.ones(2, 2, 32, device=DEVICE), torch.ones(2, 2, 32, device=DEVICE))  # own pages: fine
+    assert c.seq_lens.tolist() == [17, 17]
+
+
+def test_append_into_a_page_another_row_reads_is_refused():
+    c = cache_of(lens=(5, 7), max_seq_len=32)
+    c.block_table[1, 0] = c.block_table[0, 0]  # row 1 now reads row 0's partly filled page
+    before = c.k_pages.clone()
+    with pytest.raises(ValueError, match=r"page \d+ .*block_table\[0, 0\], block_table\[1, 0\]"):
+        c.append(torch.ones(2, 2, 32, device=DEVICE), torch.ones(2, 2, 32, device=DEVICE))
+    assert torch.equal(c.k_pages.view(torch.uint8), before.view(torch.uint8))
+    assert c.seq_lens.tolist() == [5, 7]
+
+
+def test_append_into_a_page_listed_twice_in_one_row_is_refused():
+    c = cache_of(lens=(16, 3), max_seq_len=48)
+    c.block_table[0, 1] = c.block_table[0, 0]  # the next append of row 0 would overwrite its own tokens
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\], block_table\[0, 1\]"):
+        c.append_tokens(torch.ones(1, 2, 32, device=DEVICE), torch.ones(1, 2, 32, device=DEVICE), [1, 0])
+
+
+def test_two_rows_appending_into_one_reserved_page_is_refused():
+    c = cache_of(lens=(16, 16), max_seq_len=48)
+    c.block_table[1, 1] = c.block_table[0, 1]  # both rows' next page
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\], block_table\[1, 1\]"):
+        c.append(torch.ones(2, 2, 32, device=DEVICE), torch.ones(2, 2, 32, device=DEVICE))
+
+
+@pytest.mark.parametrize("writer", ["write", "write_cache"])
+def test_raw_writes_into_a_shared_page_are_refused(writer):
+    c = shared_prefix_cache()
+    slot = int(c.block_table[0, 0]) * c.block_size + 3
+    x = torch.ones(1, 2, 32, device=DEVICE)
+    fn = c.write if writer == "write" else (lambda *a: write_cache(c, *a))
+    with pytest.raises(ValueError, match=rf"page {slot // c.block_size} "):
+        fn(x, x, torch.tensor([slot], device=DEVICE))
+
+
+# -------------------------------------------------------------------- tables edited after building
+def test_decode_refuses_tables_edited_out_of_range():
+    c = cache_of()
+    c.block_table[1, 0] = -3
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\]=-3 is out of range"):
+        fp8kv.decode(query(), c, backend="triton")
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\]=-3 is out of range"):
+        fp8kv.decode(query(), c, backend="reference")
+    c.block_table[1, 0] = 10**6
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\]=1000000 is out of range"):
+        fp8kv.decode(query(), c)
+    # unchecked (CUDA-graph path): the kernel clamps the entry into the pool and returns
+    out, _ = fp8kv.decode(query(), c, backend="triton", check=False)
+    assert out.shape == (2, 4, 32)
+
+
+def test_decode_refuses_seq_lens_edited_past_capacity():
+    c = cache_of()
+    c.seq_lens[0] = 1000
+    with pytest.raises(ValueError, match=r"seq_lens\[0\]=1000 exceeds the capacity"):
+        fp8kv.decode(query(), c, backend="triton")
+    out, _ = fp8kv.decode(query(), c, backend="triton", check=False)  # clamped to the row: no stray reads
+    assert out.shape == (2, 4, 32)
+
+
+# ------------------------------------------------------------------------------- the write paths
+def test_write_cache_slot_out_of_range_is_refused_not_a_segfault():
+    c = cache_of()
+    x = torch.ones(1, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"slot_mapping has slot 1000000 >= num_blocks x block_size"):
+        write_cache(c, x, x, torch.tensor([10**6], device=DEVICE))
+    before = c.k_pages.clone()
+    write_cache(c, x, x, torch.tensor([10**6], device=DEVICE), check=False)  # skipped by the kernel
+    assert torch.equal(c.k_pages.view(torch.uint8), before.view(torch.uint8))
+
+
+@pytest.mark.parametrize("writer", ["write", "write_cache"])
+def test_float_slot_mapping_is_refused(writer):
+    c = cache_of()
+    x = torch.ones(1, 2, 32, device=DEVICE)
+    fn = c.write if writer == "write" else (lambda *a: write_cache(c, *a))
+    with pytest.raises(TypeError, match="slot_mapping"):
+        fn(x, x, torch.tensor([1.5], device=DEVICE))
+    with pytest.raises(TypeError, match=r"slot_mapping\[0\]=1.5"):
+        c.write(x, x, [1.5])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_fused_write_refuses_non_finite_rows(bad):
+    c = cache_of(max_seq_len=32)
+    x = torch.ones(1, 2, 32, device=DEVICE)
+    x[0, 1, 7] = bad
+    with pytest.raises(ValueError, match=r"k_new has non-finite values"):
+        write_cache(c, x, torch.ones_like(x), c.slots(0, torch.tensor([5])))
+
+
+def test_append_counts_must_be_non_negative_integers():
+    c = cache_of(max_seq_len=32)
+    x = torch.ones(1, 2, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"counts\[0\]=-1"):
+        c.append_tokens(x, x, [-1, 2])
+    with pytest.raises(TypeError, match=r"counts\[1\]=0.5"):
+        c.append_tokens(x, x, [1, 0.5])
+    with pytest.raises(TypeError, match="counts has dtype torch.float32"):
+        c.append_tokens(x, x, torch.tensor([1.0, 0.0]))
+
+
+# -------------------------------------------------------------------------- the cache's arguments
+def test_cache_construction_refuses_nonsense():
+    k = torch.randn(2, 8, 2, 32)
+    with pytest.raises(TypeError, match=r"seq_lens\[0\]=3.7"):
+        PagedKVCache.from_dense(k, k, [3.7, 2])
+    with pytest.raises(TypeError, match="seq_lens has dtype torch.float32"):
+        PagedKVCache.from_dense(k, k, torch.tensor([3.0, 2.0]))
+    for bs, exc in ((0, ValueError), (-16, ValueError), (16.0, TypeError), (24, ValueError)):
+        with pytest.raises(exc, match=rf"block_size={bs}"):
+            PagedKVCache.from_dense(k, k, [3, 2], block_size=bs)
+    with pytest.raises(TypeError, match=r"k_scale=True \(bool\)"):
+        PagedKVCache.from_dense(k, k, [3, 2], k_scale=True)
+    with pytest.raises(ValueError, match=r"k and v must be \[len, Hkv, D\] with equal shapes"):
+        PagedKVCache.from_dense(k, torch.randn(2, 8, 1, 32), [3, 2])
+    with pytest.raises(ValueError, match=r"seq_lens is empty"):
+        PagedKVCache.from_dense(k[:0], k[:0], [])
+    with pytest.raises(ValueError, match="num_kv_heads=0"):
+        PagedKVCache.from_dense(torch.randn(2, 8, 0, 32), torch.randn(2, 8, 0, 32), [3, 2])
+    with pytest.raises(ValueError, match="batch_size=0"):
+        PagedKVCache.empty(0, 16, 2, 32)
+    with pytest.raises(ValueError, match="num_kv_heads=0"):
+        PagedKVCache.empty(2, 16, 0, 32)
+    with pytest.raises(ValueError, match="block_table has shape \\(0, 1\\)"):
+        PagedKVCache(torch.zeros(1, 16, 2, 32, dtype=torch.float8_e4m3fn),
+                     torch.zeros(1, 16, 2, 32, dtype=torch.float8_e4m3fn),
+                     torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
+
+
+def test_gather_and_slots_take_integer_indices():
+    c = cache_of()
+    with pytest.raises(TypeError, match=r"i=1.0 \(float\)"):
+        c.gather(1.0)
+    with pytest.raises(ValueError, match=r"sequence index 2 is out of range"):
+        c.gather(2)
+    with pytest.raises(ValueError, match=r"seq=5; expected an int <= 1"):
+        c.slots(5, torch.tensor([0]))
+
+
+# ------------------------------------------------------------------------ fp8kv.decode's arguments
+@pytest.mark.parametrize("sm_scale,exc", [(float("nan"), ValueError), (float("inf"), ValueError), (0.0, ValueError),
+                                          (-0.1, ValueError), (True, TypeError), ("0.1", TypeError)])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_decode_refuses_bad_sm_scale(sm_scale, exc, backend):
+    with pytest.raises(exc, match="sm_scale="):
+        fp8kv.decode(query(), cache_of(), backend=backend, sm_scale=sm_scale)
+
+
+def test_reference_refuses_bad_sm_scale_too():
+    with pytest.raises(ValueError, match="sm_scale=nan"):
+        ref_decode(query(), cache_of(), sm_scale=float("nan"))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_decode_refuses_non_finite_queries(bad):
+    q = query()
+    q[1, 2, 3] = bad
+    with pytest.raises(ValueError, match=r"q has non-finite values .* at index \(1, 2, 3\)"):
+        fp8kv.decode(q, cache_of(), backend="triton")
+
+
+def test_decode_refuses_mismatched_shapes_and_options():
+    c = cache_of()
+    with pytest.raises(ValueError, match="q has batch 0 but the cache holds 2"):
+        fp8kv.decode(query(b=0), c)
+    with pytest.raises(ValueError, match="q has 3 heads, not a multiple of the cache's 2 KV heads"):
+        fp8kv.decode(query(hq=3), c)
+    with pytest.raises(ValueError, match="q has 0 heads"):
+        fp8kv.decode(query(hq=0), c)
+    with pytest.raises(TypeError, match="cache must be a fp8kv.PagedKVCache, got dict"):
+        fp8kv.decode(query(), {})
+    with pytest.raises(ValueError, match="backend='vllm'"):
+        fp8kv.decode(query(), c, backend="vllm")
+    with pytest.raises(TypeError, match="check='yes'"):
+        fp8kv.decode(query(), c, check="yes")
+    with pytest.raises(TypeError, match="num_splits=4 is not an option of the reference backend"):
+        fp8kv.decode(query(), c, backend="reference", num_splits=4)
+
+
+@pytest.mark.parametrize("option,value,exc", [("num_splits", 0, ValueError), ("num_splits", -2, ValueError),
+                                              ("num_splits", 1.5, TypeError), ("block_n", 0, ValueError),
+                                              ("block_n", 48, ValueError), ("num_warps", 3, ValueError),
+                                              ("num_stages", 0, ValueError), ("out_dtype", torch.int8, TypeError)])
+def test_triton_launch_options_are_validated(option, value, exc):
+    with pytest.raises(exc, match=rf"{option}"):
+        fp8kv.decode(query(), cache_of(), backend="triton", **{option: value})
+
+
+def test_unchecked_launcher_is_the_same_computation():
+    """check=False skips only the content checks: the numbers are those of the checked call."""
+    q, c = query(), cache_of()
+    a = fp8kv.decode(q, c, backend="triton")
+    b = paged_decode(q, c)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
