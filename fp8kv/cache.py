@@ -263,6 +263,7 @@ class PagedKVCache:
         block_size = _check_block_size(block_size)
         checks.one_of(layout, "layout", LAYOUTS)
         seed = checks.integer(seed, "seed")
+        device = checks.device(device)
         bpseq = max(1, math.ceil(max_seq_len / block_size))
         need = batch_size * bpseq
         num_blocks = need if num_blocks is None else checks.positive_int(num_blocks, "num_blocks")
@@ -304,6 +305,9 @@ class PagedKVCache:
                 checks.tensor(t, f"{name}[{i}]", shape_hint="[len, Hkv, D]")
                 if not t.is_floating_point():
                     _fail(f"{name}[{i}] must be a float tensor, got {t.dtype}", TypeError)
+        if not isinstance(seq_lens, (torch.Tensor, list, tuple)):
+            _fail(f"seq_lens={seq_lens!r} ({type(seq_lens).__name__}); expected a list or int tensor of lengths, "
+                  "one per sequence", TypeError)
         if isinstance(seq_lens, torch.Tensor):
             if seq_lens.is_floating_point() or seq_lens.dtype == torch.bool:
                 _fail(f"seq_lens has dtype {seq_lens.dtype}; expected integer lengths", TypeError)
@@ -333,7 +337,9 @@ class PagedKVCache:
                           seed=seed)
         k_all = torch.cat([ki[:n] for ki, n in zip(ks, lens, strict=True)])
         v_all = torch.cat([vi[:n] for vi, n in zip(vs, lens, strict=True)])
-        if cache.is_fp8 and cache.granularity != "token_head":
+        if cache.is_fp8 and cache.granularity != "token_head":  # static scales from the data: refuse NaN/Inf
+            checks.finite_tensor(k_all, "k")
+            checks.finite_tensor(v_all, "v")
             ksc = scale if k_scale is None else k_scale
             vsc = scale if v_scale is None else v_scale
             cache.k_scale = cache._init_scale(quantize(k_all, cache.fmt, cache.granularity, ksc,
@@ -367,6 +373,9 @@ class PagedKVCache:
         if (counts < 0).any():
             i = int((counts < 0).nonzero()[0])
             _fail(f"counts[{i}]={int(counts[i])}; expected token counts >= 0")
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[0] != int(counts.sum()):
+                _fail(f"{name} has {t.shape[0]} rows but counts sum to {int(counts.sum())}; give one row per new token")
         start = self.seq_lens.cpu().to(torch.int64)
         cap = self.max_blocks_per_seq * self.block_size
         if (start + counts > cap).any():

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 __all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of",
-           "tensor", "finite_tensor", "int_tensor", "fail"]
+           "tensor", "finite_tensor", "int_tensor", "device", "fail"]
 
 
 def fail(msg: str, exc: type[Exception] = ValueError):
@@ -126,7 +126,8 @@ def finite_tensor(value: torch.Tensor, name: str) -> torch.Tensor:
         bad = ~torch.isfinite(value)
         if bool(bad.any()):
             idx = tuple(int(i) for i in bad.nonzero()[0])
-            fail(f"{name} has non-finite values ({float(value[idx])} at index {idx}); expected finite values")
+            fail(f"{name} has {int(bad.sum())} non-finite value(s) (NaN/Inf); the first is at index {idx} "
+                 f"(value {float(value[idx])}); expected finite values")
     return value
 
 
@@ -135,3 +136,23 @@ def int_tensor(value, name: str, *, ndim: int, device: torch.device | None = Non
     """An int32/int64 tensor (floats are refused: 3.7 is not a length or an index)."""
     return tensor(value, name, ndim=ndim, dtypes=(torch.int32, torch.int64), device=device,
                   shape_hint=shape_hint)
+
+
+def device(value, name: str = "device") -> torch.device:
+    """A torch device that exists on this machine (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a torch.device)."""
+    if not isinstance(value, (str, torch.device)):
+        fail(f"{name}={_show(value)} ({type(value).__name__}); expected a device such as 'cpu' or 'cuda'",
+             TypeError)
+    try:
+        dev = torch.device(value)
+    except RuntimeError:
+        fail(f"{name}={value!r} is not a device; expected e.g. 'cpu', 'cuda' or 'cuda:0'")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            fail(f"{name}={value!r}: this machine has no CUDA GPU; use 'cpu'")
+        if dev.index is not None and dev.index >= count:
+            fail(f"{name}={value!r}: this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
+    elif dev.type not in ("cpu", "meta"):
+        fail(f"{name}={value!r}: expected a 'cpu' or 'cuda' device")
+    return dev

@@ -50,6 +50,7 @@ _MODE_FLAGS = {"dequant": (False, False), "fp8": (True, True)}
 _COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 NUM_WARPS = (1, 2, 4, 8, 16)
+MAX_BLOCK_N = 256  # tokens per tile: a 256 x 256 tile already exceeds every GPU's registers
 
 
 def _num_sms(device: torch.device) -> int:
@@ -106,13 +107,13 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")
     if num_warps is not None:
-        checks.one_of(num_warps, "num_warps", NUM_WARPS)
+        checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", NUM_WARPS)
     if num_stages is not None:
         num_stages = checks.positive_int(num_stages, "num_stages")
     if mode == "fp8" and block_n < 32:
         raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= 32 (FP8 dot minimum K)")
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"block_n={block_n} must be a power of two >= 16")
+    if block_n < 16 or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
+        raise ValueError(f"block_n={block_n} must be a power of two in [16, {MAX_BLOCK_N}]")
     capacity = cache.max_blocks_per_seq * cache.block_size
     if num_splits is None:
         num_splits = choose_num_splits(batch, cache.num_kv_heads, capacity, block_n,

@@ -259,7 +259,7 @@ def test_reference_refuses_bad_sm_scale_too():
 def test_decode_refuses_non_finite_queries(bad):
     q = query()
     q[1, 2, 3] = bad
-    with pytest.raises(ValueError, match=r"q has non-finite values .* at index \(1, 2, 3\)"):
+    with pytest.raises(ValueError, match=r"q has 1 non-finite value\(s\) \(NaN/Inf\); the first is at index \(1, 2, 3\)"):
         fp8kv.decode(q, cache_of(), backend="triton")
 
 
@@ -296,3 +296,26 @@ def test_unchecked_launcher_is_the_same_computation():
     a = fp8kv.decode(q, c, backend="triton")
     b = paged_decode(q, c)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_neighbours_of_the_cache_arguments():
+    k = torch.randn(2, 8, 2, 32)
+    for bad in (None, 5):
+        with pytest.raises(TypeError, match=rf"seq_lens={bad}"):
+            PagedKVCache.from_dense(k, k, bad)
+    nan_k = k.clone()
+    nan_k[1, 2, 0, 4] = float("nan")
+    with pytest.raises(ValueError, match=r"k has 1 non-finite value"):
+        PagedKVCache.from_dense(nan_k, k, [3, 8])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device='cuda:3': this machine has no CUDA GPU"):
+            PagedKVCache.empty(2, 16, 2, 32, device="cuda:3")
+    c = cache_of(max_seq_len=32)
+    with pytest.raises(ValueError, match=r"k_new has 3 rows but counts sum to 2"):
+        c.append_tokens(torch.ones(3, 2, 32), torch.ones(3, 2, 32), [1, 1])
+
+
+@pytest.mark.parametrize("option,value,exc", [("block_n", 1 << 20, ValueError), ("num_warps", True, TypeError)])
+def test_launch_option_neighbours(option, value, exc):
+    with pytest.raises(exc, match=rf"{option}="):
+        fp8kv.decode(query(), cache_of(), backend="triton", **{option: value})

@@ -447,7 +447,7 @@ def test_from_dense_and_gather_errors(gen):
         PagedKVCache.from_dense([], [], [])
     k_nan = k.clone()
     k_nan[1, 2, 1, 5] = float("nan")
-    with pytest.raises(ValueError, match=r"x has 1 non-finite value\(s\) \(NaN/Inf\); the first is at index "
+    with pytest.raises(ValueError, match=r"k has 1 non-finite value\(s\) \(NaN/Inf\); the first is at index "
                                          r"\(7, 1, 5\)"):  # row 7 of the concatenated valid tokens
         PagedKVCache.from_dense(k_nan, v, [5, 7])
     with pytest.raises(ValueError, match=r"k_new has non-finite values \(first at index \(7, 1, 5\)\)"):
