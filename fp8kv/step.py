@@ -653,13 +653,14 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
                utilization: float = 0.9, block_size: int = 16, device=None, dtype=None) -> list[dict]:
     """What :func:`sweep` will measure, without building anything: one dict per (model, context, kv_dtype)
     with ``shape``, ``ceiling`` (the :func:`step_ceiling` plan) and ``batches``. Explicit ``batches`` over a
-    ceiling are refused (ValueError naming the ceiling); by default :func:`batch_points`."""
+    ceiling are refused (ValueError naming the ceiling); by default :func:`batch_points`. ``dtype``
+    (of the activations, default bf16) and ``device`` (its SM count) enter the activation estimate."""
     from .capability import KV_DTYPES
     from .checks import many_of, positive_int
     from .device import resolve_device
 
     dev = resolve_device(device)
-    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    dtype = dtype or torch.bfloat16  # the activations of a GPU run
     shapes = [m if isinstance(m, ModelShape) else get_model(m) for m in ([models] if isinstance(models, (str, ModelShape))
                                                                            else list(models))]
     contexts = [positive_int(c, "contexts") for c in ([contexts] if isinstance(contexts, int) else contexts)]
