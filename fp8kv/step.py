@@ -262,7 +262,10 @@ def weights_from_hf(model, shape: ModelShape | None = None, dtype: torch.dtype |
              "num_key_value_heads": shape.num_kv_heads, "hidden_size": shape.hidden_size,
              "intermediate_size": shape.intermediate_size, "vocab_size": shape.vocab_size,
              "rope_theta": shape.rope_theta, "rms_norm_eps": shape.rms_norm_eps}
-    wrong = {k: (_config_value(cfg, k), v) for k, v in facts.items() if _config_value(cfg, k) != v}
+    # GGUF files store rope_theta and the eps as fp32: compare floats to fp32 precision.
+    wrong = {k: (_config_value(cfg, k), v) for k, v in facts.items()
+             if not (_config_value(cfg, k) == v or isinstance(v, float) and isinstance(_config_value(cfg, k), float)
+                     and math.isclose(_config_value(cfg, k), v, rel_tol=2**-23))}
     if wrong:
         _fail(f"model config disagrees with ModelShape {shape.name!r} on {{key: (config, shape)}} {wrong}")
     if getattr(cfg, "hidden_act", "silu") != "silu":

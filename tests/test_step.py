@@ -233,7 +233,7 @@ def test_greedy_decode_matches_the_reference_loop_smollm2():
     from fp8kv.models import greedy_decode_paged, load_model, text_tokens
 
     model, tok = load_model("smollm2-135m")
-    prompt, n_new = text_tokens(tok, 12, offset=40_000), 6
+    prompt, n_new = text_tokens(tok, 8, offset=40_000), 5
     loop = greedy_decode_paged(model, prompt, n_new, "fp8_e4m3")  # FP8 run and the bf16 baseline run
     weights = S.weights_from_hf(model)
     shape = MODELS["SmolLM2-135M"]
