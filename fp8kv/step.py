@@ -843,11 +843,12 @@ def reading(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> dict:
         hi, one = _pair_at(a, b, ceil_a, baseline, fp8), _pair_at(a, b, 1, baseline, fp8)
         ratio = float(best_b["tokens_per_s"] / best_a["tokens_per_s"])
         text = (f"{model} at {ctx} tokens: FP8 KV's best is {best_b['tokens_per_s']:,.0f} tokens/s (batch "
-                f"{int(best_b['batch'])}) against {best_a['tokens_per_s']:,.0f} for BF16 KV (batch "
+                f"{int(best_b['batch'])}) against {best_a['tokens_per_s']:,.0f} for {baseline} KV (batch "
                 f"{int(best_a['batch'])}), {ratio:.2f}×")
         if hi is not None:
-            text += (f"; at batch {hi['batch']}, BF16's ceiling, attention is {100 * hi['attention_share'][baseline]:.0f} % "
-                     f"of the BF16 step and the FP8 step is {hi['speedup']:.2f}× faster")
+            text += (f"; at batch {hi['batch']}, {baseline}'s ceiling, attention is "
+                     f"{100 * hi['attention_share'][baseline]:.0f} % of the {baseline} step and FP8 KV speeds the "
+                     f"step up {hi['speedup']:.2f}×")
         if one is not None:
             text += (f"; at batch 1 attention is {100 * one['attention_share'][baseline]:.0f} % of the step, the weights' "
                      f"GEMMs the rest, and FP8 changes the step by {one['speedup']:.2f}×")
