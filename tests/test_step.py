@@ -212,7 +212,9 @@ def test_sweep_rows_on_cpu(tmp_path):
     for kv, g in df.groupby("kv_dtype"):
         assert g["batch"].max() == g["ceiling"].iloc[0], kv  # the sweep runs to the ceiling
     assert ((df["tokens_per_s"] * df["step_us"] * 1e-6 - df["batch"]).abs() < 1e-9 * df["batch"]).all()
-    assert ((df["attention_share"] > 0) & (df["attention_share"] <= 1.5)).all()  # CPU timings are noisy
+    # CPU wall-clock times on a shared machine bound nothing; the share is what it says it is.
+    assert ((df["attention_share"] - df["attention_us"] / df["step_us"]).abs() < 1e-12).all()
+    assert (df["attention_us"] > 0).all()
     by = S.step_bytes(TOY, S.random_weights(TOY, torch.float32, "cpu"), "fp16", 2, 32)
     assert by["kv"] == 2 * 33 * TOY.num_layers * 2 * TOY.num_kv_heads * TOY.head_dim * 2
     read = S.reading(df, baseline="fp16")
