@@ -466,8 +466,10 @@ class DecodeStep:
         out ``[B, Hq, D]`` (the backend's dtype)."""
         from .backends import decode
 
+        # The step builds its own tables and checks positions in set_positions: the content checks
+        # (a host sync) would break the CUDA-graph capture.
         return decode(q.to(self.q_dtype), self.caches[layer], backend=self.backend, mode=self.mode,
-                      sm_scale=self.sm_scale)[0]
+                      sm_scale=self.sm_scale, check=False)[0]
 
     def _write(self, cache: PagedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.backend == "reference":
@@ -475,7 +477,7 @@ class DecodeStep:
         else:
             from .ops import write_cache
 
-            write_cache(cache, k, v, self.slot_mapping, count_saturated=False)  # no host sync
+            write_cache(cache, k, v, self.slot_mapping, count_saturated=False, check=False)  # no host sync
 
     def forward(self) -> torch.Tensor:
         """The step: logits ``[B, vocab]`` of the tokens in ``input_ids`` at ``positions``."""
