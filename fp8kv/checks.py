@@ -9,6 +9,7 @@ trust what they are given.
 
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
 from collections.abc import Iterable, Sequence
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 __all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of",
-           "tensor", "finite_tensor", "int_tensor", "fail"]
+           "tensor", "finite_tensor", "int_tensor", "fail", "ArgumentParser"]
 
 
 def fail(msg: str, exc: type[Exception] = ValueError):
@@ -135,3 +136,11 @@ def int_tensor(value, name: str, *, ndim: int, device: torch.device | None = Non
     """An int32/int64 tensor (floats are refused: 3.7 is not a length or an index)."""
     return tensor(value, name, ndim=ndim, dtypes=(torch.int32, torch.int64), device=device,
                   shape_hint=shape_hint)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one line on stderr, ``PROG: error: MESSAGE``, with
+    exit status 2 (argparse's own prints the usage first). Subparsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())} (see {self.prog} --help)\n")
