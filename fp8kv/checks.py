@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import math
 import numbers
+import os
 from collections.abc import Iterable, Sequence
 
 import torch
 
 __all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of",
-           "tensor", "finite_tensor", "int_tensor", "fail", "ArgumentParser"]
+           "tensor", "finite_tensor", "int_tensor", "fail", "ArgumentParser",
+           "output_folder"]
 
 
 def fail(msg: str, exc: type[Exception] = ValueError):
@@ -144,3 +146,20 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())} (see {self.prog} --help)\n")
+
+
+def output_folder(path, name: str) -> str:
+    """A folder that exists or can be made and written: not a file, not under a file, writable."""
+    if not isinstance(path, (str, os.PathLike)):
+        fail(f"{name}={_show(path)} ({type(path).__name__}); expected a folder path", TypeError)
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        fail(f"{name}={path!r} is an existing file; expected a folder")
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        fail(f"{name}={path!r}: {parent!r} is a file, so no folder can be made under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        fail(f"{name}={path!r}: {parent!r} is not writable")
+    return path
