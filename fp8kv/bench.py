@@ -51,9 +51,9 @@ import torch
 
 from . import checks
 from .cache import PagedKVCache
-from .checks import fail as _fail
 from .capability import BACKENDS, KV_DTYPES, MODES, UnsupportedError, interpreter_on
 from .capability import check as capability_check
+from .checks import fail as _fail
 from .formats import kv_dtype_info
 from .quant import GRANULARITIES, SCALE_BYTES, cast_saturating, relative_error
 
