@@ -822,15 +822,12 @@ def _check_args(args) -> torch.device:
         raise ValueError(f"--device {args.device}: {exc}") from None
     if not args.no_save and not args.dry_run:
         checks.output_folder(args.out, "--out")
-    if args.preset is None and (args.batches is None or args.contexts is None):
-        checks.fail("give --preset, or --batches and --contexts")
     return device
 
 
-def _grid_from_args(args, device: torch.device | None = None) -> dict:
-    """The :func:`sweep` arguments of parsed CLI options (a preset, overridden by explicit options)."""
-    if device is None:
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+def _grid_from_args(args, device: torch.device) -> dict:
+    """The :func:`sweep` arguments of parsed CLI options (a preset, overridden by explicit options) for
+    the resolved ``device``. Raises ValueError when neither a preset nor batches and contexts are given."""
     grid = dict(PRESETS[args.preset]) if args.preset else dict(PRESETS["target"], batches=None, contexts=None)
     for name in ("batches", "contexts", "heads", "head_dims", "block_sizes", "kv_dtypes", "modes", "backends",
                  "granularities"):
