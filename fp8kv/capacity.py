@@ -176,6 +176,9 @@ def get_gpu(gpu: str | GPU) -> GPU:
 def get_model(name: str) -> ModelShape:
     """Look up a registry model by name, ignoring case and an ``org/`` prefix
     (``"meta-llama/Llama-3.1-8B"``, ``"google/gemma-3-270m"``)."""
+    if not isinstance(name, str):
+        checks.fail(f"model={name!r} ({type(name).__name__}); expected a registry name among {sorted(MODELS)}",
+                    TypeError)
     table = {k.lower(): v for k, v in MODELS.items()}
     key = name.lower()
     if key not in table and "/" in key:

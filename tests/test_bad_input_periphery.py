@@ -118,6 +118,15 @@ def test_plan_capacity_refuses_bad_arguments_by_name(kwargs, exc, pattern):
         plan_capacity(args.pop("model"), args.pop("kv_dtype"), **args)
 
 
+def test_registry_lookups_refuse_non_names():
+    from fp8kv.capacity import get_gpu, get_model
+
+    with pytest.raises(TypeError, match=r"model=8 \(int\); expected a registry name among \["):
+        get_model(8)
+    with pytest.raises(TypeError, match=r"gpu must be a GPU name or GPU, got float"):
+        get_gpu(80.0)
+
+
 def test_plan_capacity_on_a_named_gpu_matches_hand_arithmetic():
     plan = plan_capacity("Llama-3.1-8B", "fp8_e4m3", gpu_memory_gib="H100", utilization=0.85,
                          granularity="head", block_size=32)
