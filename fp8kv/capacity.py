@@ -40,14 +40,14 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from fp8kv.formats import kv_dtype_info
-from fp8kv.quant import GRANULARITIES
+from fp8kv import checks
+from fp8kv.formats import KV_DTYPES, kv_dtype_info
+from fp8kv.quant import GRANULARITIES, SCALE_BYTES
 
 __all__ = ["ModelShape", "MODELS", "GPU", "GPUS", "CapacityError", "get_model", "get_gpu",
            "load_hf_config", "plan_capacity", "capacity_table", "model_table", "gpu_table"]
 
 GIB = 2**30
-SCALE_BYTES = 4  # fp32 scales, as stored by fp8kv.quant
 WEIGHT_BYTES = 2  # bf16/fp16 weights: vLLM's dtype="auto" serves fp32 checkpoints in 16-bit too
 
 
@@ -202,6 +202,9 @@ def get_gpu(gpu: str | GPU) -> GPU:
 def get_model(name: str) -> ModelShape:
     """Look up a registry model by name, ignoring case and an ``org/`` prefix
     (``"meta-llama/Llama-3.1-8B"``, ``"google/gemma-3-270m"``)."""
+    if not isinstance(name, str):
+        checks.fail(f"model={name!r} ({type(name).__name__}); expected a registry name among {sorted(MODELS)}",
+                    TypeError)
     table = {k.lower(): v for k, v in MODELS.items()}
     key = name.lower()
     if key not in table and "/" in key:
@@ -219,9 +222,10 @@ def _dense_param_count(cfg: dict, num_layers: int, hq: int, hkv: int, d: int) ->
     """Parameter count of a dense gated-MLP decoder from its config, or None when the config
     lacks the sizes or describes a mixture of experts (whose count this formula would miss)."""
     hidden, inter, vocab = cfg.get("hidden_size"), cfg.get("intermediate_size"), cfg.get("vocab_size")
-    if not all(isinstance(v, int) for v in (hidden, inter, vocab)) or any(cfg.get(k) for k in _MOE_KEYS):
+    if any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in (hidden, inter, vocab)) \
+            or any(cfg.get(k) for k in _MOE_KEYS):
         return None
-    tied = bool(cfg.get("tie_word_embeddings", False))
+    tied = cfg.get("tie_word_embeddings", False)
     per_layer = (2 * hidden * hq * d  # q and o projections
                  + 2 * hidden * hkv * d  # k and v projections
                  + 3 * hidden * inter  # gate, up, down
@@ -229,27 +233,54 @@ def _dense_param_count(cfg: dict, num_layers: int, hq: int, hkv: int, d: int) ->
     return vocab * hidden * (1 if tied else 2) + num_layers * per_layer + hidden
 
 
+def _config_int(cfg: dict, key: str, where: str, *, required: bool) -> int | None:
+    """``cfg[key]`` as a positive int. Absent or ``null`` means "not given" (Hugging Face's own
+    reading: ``num_key_value_heads: null`` is multi-head attention); required fields must be given."""
+    value = cfg.get(key)
+    if value is None:
+        if required:
+            checks.fail(f"{where}: {key} is {'null' if key in cfg else 'missing'}; expected a positive int "
+                        "(a Hugging Face decoder config gives num_hidden_layers and num_attention_heads)")
+        return None
+    try:
+        return checks.positive_int(value, key)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+
+
 def _shape_from_hf(cfg: dict, name: str, source: str = "") -> ModelShape:
-    """Build a ModelShape from a Hugging Face config dict (nested ``text_config`` accepted)."""
+    """Build a ModelShape from a Hugging Face config dict (nested ``text_config`` accepted).
+
+    Every shape field is checked here, naming the config (``source``) and the field: a field that
+    is ``null`` counts as absent, a string, float, bool or non-positive number is refused.
+    """
+    where = f"config {source}" if source else f"config for {name!r}"
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         # multimodal configs (Gemma 3 4B+, ...) keep the decoder under text_config
         cfg = {**{k: v for k, v in cfg.items() if k != "text_config"}, **cfg["text_config"]}
     missing = [k for k in ("num_hidden_layers", "num_attention_heads") if k not in cfg]
     if missing:
-        raise ValueError(f"config for {name!r} lacks {missing}; expected a Hugging Face decoder "
+        raise ValueError(f"{where} lacks {missing}; expected a Hugging Face decoder "
                          "config with num_hidden_layers and num_attention_heads")
-    layers, hq = cfg["num_hidden_layers"], cfg["num_attention_heads"]
-    hkv = cfg.get("num_key_value_heads") or hq  # absent -> multi-head attention
-    d = cfg.get("head_dim")
-    if not d:
-        hidden = cfg.get("hidden_size")
-        if not hidden or hidden % hq:
-            raise ValueError(f"config for {name!r} has no head_dim and hidden_size={hidden!r} is not "
+    layers = _config_int(cfg, "num_hidden_layers", where, required=True)
+    hq = _config_int(cfg, "num_attention_heads", where, required=True)
+    hkv = _config_int(cfg, "num_key_value_heads", where, required=False) or hq  # absent -> multi-head
+    if hq % hkv:
+        raise ValueError(f"{where}: num_attention_heads={hq} is not a multiple of num_key_value_heads={hkv} "
+                         "(grouped-query attention needs it)")
+    hidden = _config_int(cfg, "hidden_size", where, required=False)
+    d = _config_int(cfg, "head_dim", where, required=False)
+    if d is None:
+        if hidden is None or hidden % hq:
+            raise ValueError(f"{where} has no head_dim and hidden_size={hidden!r} is not "
                              f"a multiple of num_attention_heads={hq}")
         d = hidden // hq
+    max_pos = _config_int(cfg, "max_position_embeddings", where, required=False)
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise TypeError(f"{where}: tie_word_embeddings={tied!r} ({type(tied).__name__}); expected true or false")
     dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"  # newer configs say "dtype"
-    return ModelShape(name, layers, hq, hkv, d, cfg.get("hidden_size"),
-                      cfg.get("max_position_embeddings"), _dense_param_count(cfg, layers, hq, hkv, d),
+    return ModelShape(name, layers, hq, hkv, d, hidden, max_pos, _dense_param_count(cfg, layers, hq, hkv, d),
                       str(dtype), source)
 
 
@@ -259,14 +290,30 @@ def load_hf_config(path: str | os.PathLike) -> ModelShape:
     Reads num_hidden_layers, num_key_value_heads (else num_attention_heads), head_dim (else
     hidden_size / num_attention_heads), max_position_embeddings and torch_dtype; num_params is
     counted for dense decoders when vocab_size and intermediate_size are present.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file (or no config.json in the folder).
+    ValueError / TypeError
+        The file is not JSON, does not hold an object, or a shape field is missing, ``0``, a
+        string, a float or inconsistent (heads that do not divide); the message names the file.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
-    with open(path) as f:
-        cfg = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; "
+                         "expected a Hugging Face config.json") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                         "expected a Hugging Face config.json") from None
     if not isinstance(cfg, dict):
-        raise ValueError(f"{path} does not hold a JSON object")
+        raise ValueError(f"{path} holds a JSON {type(cfg).__name__}, not an object; expected a Hugging Face "
+                         "config.json")
     name = os.path.basename(os.path.dirname(os.path.abspath(path))) or "config"
     return _shape_from_hf(cfg, name, source=path)
 
@@ -296,10 +343,12 @@ def _resolve_model(model) -> ModelShape:
                     f"got {type(model).__name__}")
 
 
-def _positive_number(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive finite number")
-    return float(value)
+def _kv_dtype(kv_dtype):
+    """``kv_dtype_info`` that refuses non-strings (a bool or None is not a dtype name)."""
+    if not isinstance(kv_dtype, (str, torch.dtype)):
+        checks.fail(f"kv_dtype={kv_dtype!r} ({type(kv_dtype).__name__}); expected a name among "
+                    f"{list(KV_DTYPES)} or a torch dtype", TypeError)
+    return kv_dtype_info(kv_dtype)
 
 
 def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, utilization=0.9,
@@ -321,7 +370,7 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     utilization : float
         Fraction of GPU memory the engine may use, in (0, 1] (vLLM's gpu_memory_utilization).
     weights_gib : float, optional
-        Weight memory, GiB; default ``num_params x 2 bytes`` from the model.
+        Weight memory, GiB (>= 0); default ``num_params x 2 bytes`` from the model.
     block_size : int
         Tokens per KV block (a positive power of two).
     max_model_len : int, optional
@@ -342,22 +391,29 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
 
     Raises
     ------
+    TypeError
+        An argument of the wrong kind: a bool, a string or None where a number is expected
+        (``utilization=True``, ``kv_memory_gib="8"``, ``block_size=16.0``), a kv_dtype that is
+        neither a name nor a torch dtype.
     ValueError
-        Unknown model / kv_dtype / granularity / GPU; utilization outside (0, 1]; block_size not
-        a positive power of two; both or neither of kv_memory_gib and gpu_memory_gib.
+        Unknown model / kv_dtype / granularity / GPU; utilization outside (0, 1] or NaN; memory
+        that is not a positive finite number (weights_gib may be 0); block_size not a positive
+        power of two; both or neither of kv_memory_gib and gpu_memory_gib; a model config that is
+        not JSON or whose shape fields are missing, zero, non-integer or do not divide.
     CapacityError (a ValueError)
         The weights leave no memory for the KV cache, or the memory holds no single block.
     """
     shape = _resolve_model(model)
-    kv_name, kv_torch_dtype, fmt = kv_dtype_info(kv_dtype)
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"granularity={granularity!r} is not supported; expected one of {GRANULARITIES}")
-    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) \
-            or not 0 < utilization <= 1:
-        raise ValueError(f"utilization={utilization!r} must be in (0, 1]")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 \
-            or block_size & (block_size - 1):
-        raise ValueError(f"block_size={block_size!r} must be a positive power of two (e.g. 16)")
+    kv_name, kv_torch_dtype, fmt = _kv_dtype(kv_dtype)
+    checks.one_of(granularity, "granularity", GRANULARITIES)
+    utilization = checks.real(utilization, "utilization")
+    if not 0 < utilization <= 1:
+        checks.fail(f"utilization={utilization}; expected a fraction in (0, 1]")
+    block_size = checks.integer(block_size, "block_size")
+    if block_size < 1 or block_size & (block_size - 1):
+        checks.fail(f"block_size={block_size}; expected a positive power of two (e.g. 16)")
+    if max_model_len is not None:
+        max_model_len = checks.positive_int(max_model_len, "max_model_len")
 
     layers, hkv, d = shape.num_layers, shape.num_kv_heads, shape.head_dim
     elem = torch.tensor([], dtype=kv_torch_dtype).element_size()
@@ -384,14 +440,17 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         if weights_gib is not None:
             raise ValueError(f"weights_gib={weights_gib!r} only applies with gpu_memory_gib; "
                              "kv_memory_gib is already the KV budget")
-        budget = math.floor(_positive_number(kv_memory_gib, "kv_memory_gib") * GIB)
+        kv_memory_gib = checks.positive_float(kv_memory_gib, "kv_memory_gib")
+        budget = math.floor(kv_memory_gib * GIB)
     else:
         if isinstance(gpu_memory_gib, (str, GPU)):
             gpu = get_gpu(gpu_memory_gib)
             gpu_name, gpu_memory_gib = gpu.name, gpu.total_gib
-        gpu_bytes = _positive_number(gpu_memory_gib, "gpu_memory_gib") * GIB
+        gpu_memory_gib = checks.positive_float(gpu_memory_gib, "gpu_memory_gib")
+        gpu_bytes = gpu_memory_gib * GIB
         if weights_gib is not None:
-            weights_bytes = math.ceil(_positive_number(weights_gib, "weights_gib") * GIB)
+            weights_gib = checks.real(weights_gib, "weights_gib", minimum=0.0)
+            weights_bytes = math.ceil(weights_gib * GIB)
         elif shape.num_params is not None:
             weights_bytes = shape.num_params * WEIGHT_BYTES
         else:
@@ -416,8 +475,6 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         max_model_len = shape.max_position_embeddings
         if max_model_len is None:
             raise ValueError(f"model {shape.name!r} has no max_position_embeddings; pass max_model_len")
-    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
-        raise ValueError(f"max_model_len={max_model_len!r} must be a positive int")
 
     return dict(
         model=shape.name, kv_dtype=kv_name, granularity=granularity, block_size=block_size,
@@ -429,6 +486,19 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         weights_bytes=weights_bytes, gpu=gpu_name, gpu_memory_gib=gpu_memory_gib,
         utilization=utilization, weights_gib=weights_gib, kv_memory_gib=kv_memory_gib,
     )
+
+
+def _items(value, name: str, single: tuple) -> list:
+    """One item (a name is one item, not a sequence of characters) or a non-empty list of them."""
+    if isinstance(value, single):
+        return [value]
+    try:
+        value = list(value)
+    except TypeError:
+        checks.fail(f"{name}={value!r} ({type(value).__name__}); expected one item or a list of them", TypeError)
+    if not value:
+        checks.fail(f"{name} is empty; expected at least one item")
+    return value
 
 
 def capacity_table(models, gpus, kv_dtypes, granularities=("tensor",), **kw):
@@ -446,16 +516,19 @@ def capacity_table(models, gpus, kv_dtypes, granularities=("tensor",), **kw):
     """
     import pandas as pd
 
-    # a single name is one item, not a sequence of characters
-    models, kv_dtypes, granularities = ([a] if isinstance(a, (str, dict, ModelShape, os.PathLike)) else list(a)
-                                        for a in (models, kv_dtypes, granularities))
-    if isinstance(gpus, (str, int, float, GPU)):
-        gpus = [gpus]
+    models = _items(models, "models", (str, dict, ModelShape, os.PathLike))
+    kv_dtypes = _items(kv_dtypes, "kv_dtypes", (str, torch.dtype))
+    granularities = checks.many_of(granularities, "granularities", GRANULARITIES)
+    if gpus is not None:
+        gpus = _items(gpus, "gpus", (str, int, float, GPU))
+    for key, instead in (("granularity", "granularities"), ("gpu_memory_gib", "gpus")):
+        if key in kw and (key == "granularity" or gpus is not None):
+            checks.fail(f"{key}={kw[key]!r} is set per row by capacity_table; pass {instead}= instead")
     rows = []
     for model in models:
         for gpu in (gpus if gpus is not None else [None]):
             for kv_dtype in kv_dtypes:
-                kv_name, _, fmt = kv_dtype_info(kv_dtype)
+                kv_name, _, fmt = _kv_dtype(kv_dtype)
                 for gran in (granularities if fmt is not None else granularities[:1]):
                     args = dict(kw, granularity=gran)
                     if gpu is not None:

@@ -9,14 +9,16 @@ trust what they are given.
 
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
+import os
 from collections.abc import Iterable, Sequence
 
 import torch
 
 __all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of",
-           "tensor", "finite_tensor", "int_tensor", "device", "fail"]
+           "tensor", "finite_tensor", "int_tensor", "device", "fail", "ArgumentParser", "output_folder"]
 
 
 def fail(msg: str, exc: type[Exception] = ValueError):
@@ -156,3 +158,28 @@ def device(value, name: str = "device") -> torch.device:
     elif dev.type not in ("cpu", "meta"):
         fail(f"{name}={value!r}: expected a 'cpu' or 'cuda' device")
     return dev
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one line on stderr, ``PROG: error: MESSAGE``, with
+    exit status 2 (argparse's own prints the usage first). Subparsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())} (see {self.prog} --help)\n")
+
+
+def output_folder(path, name: str) -> str:
+    """A folder that exists or can be made and written: not a file, not under a file, writable."""
+    if not isinstance(path, (str, os.PathLike)):
+        fail(f"{name}={_show(path)} ({type(path).__name__}); expected a folder path", TypeError)
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        fail(f"{name}={path!r} is an existing file; expected a folder")
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        fail(f"{name}={path!r}: {parent!r} is a file, so no folder can be made under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        fail(f"{name}={path!r}: {parent!r} is not writable")
+    return path

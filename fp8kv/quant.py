@@ -25,10 +25,13 @@ in ``Quantized.underflow``. The caller's tensor is never modified.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 
+from . import checks
 from .formats import FP8Format, format
 
 __all__ = ["Quantized", "quantize", "compute_scale", "cast_saturating", "relative_error",
@@ -79,27 +82,64 @@ def _group_stat(a: torch.Tensor, granularity: str, percentile: float | None) -> 
         return a.amax(dim=dims) if a.numel() else a.new_zeros(scale_shape(a.shape, granularity))
     # Move the kept dims first, flatten the reduced ones, then take the k-th value.
     keep = [d for d in range(a.ndim) if d not in dims]
-    flat = a.permute(*keep, *dims).reshape(*[a.shape[d] for d in keep], -1)
-    n = flat.shape[-1]
+    kept_shape = [a.shape[d] for d in keep]
+    n = math.prod(a.shape[d] for d in dims)
+    if n == 0 or a.numel() == 0:  # empty groups: no statistic, scale 1 (as for amax)
+        return a.new_zeros(kept_shape)
+    flat = a.permute(*keep, *dims).reshape(*kept_shape, n)
     k = max(1, min(n, int(round(percentile / 100.0 * n))))
     return flat.kthvalue(k, dim=-1).values
+
+
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+def _check_input(x) -> None:
+    """``x`` is a 16/32/64-bit float tensor of at least 2 dims."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point() or x.dtype in _FP8_DTYPES:
+        raise TypeError(f"x must be a float16/bfloat16/float32/float64 tensor, got {x.dtype}")
+    if x.ndim < 2:
+        raise ValueError(f"x must have at least 2 dims [..., heads, head_dim]; got shape {tuple(x.shape)}")
+
+
+def _check_method(method, percentile) -> float:
+    """Validate a scale method name and the percentile; return the percentile as a float."""
+    if not isinstance(method, str):
+        checks.fail(f"scale={method!r} ({type(method).__name__}); expected a method name among "
+                    f"{SCALE_METHODS}, a positive float or a tensor", TypeError)
+    if method not in SCALE_METHODS:
+        raise ValueError(f"scale={method!r} is not a known scale method; expected one of {SCALE_METHODS}, "
+                         "a float or a tensor")
+    value = checks.real(percentile, "percentile")
+    if not 0.0 < value <= 100.0:
+        checks.fail(f"percentile={percentile!r} must be in (0, 100]")
+    return value
 
 
 def compute_scale(x: torch.Tensor, fmt="e4m3", granularity="tensor", method="amax",
                   percentile: float = 99.9) -> torch.Tensor:
     """Scale that maps each group's statistic onto the FP8 range (fp32, shaped per granularity).
 
+    ``x`` is ``[..., H, D]`` (float16/bfloat16/float32/float64) with finite values: NaN or Inf is a
+    ValueError naming the first bad index (calibrate on clean data, or quantize with
+    ``nonfinite="saturate"``, which calibrates on the finite values).
+
     ``amax``: amax / fmt.max (no element saturates). ``percentile``: the p-th percentile of |x|
-    maps to fmt.max (the largest values saturate). ``vllm_k`` / ``vllm_v``: amax / 200 and
-    amax / 100, independent of the format. A group that is all zeros gets scale 1.
+    maps to fmt.max (the largest values saturate); ``percentile`` is a number in (0, 100].
+    ``vllm_k`` / ``vllm_v``: amax / 200 and amax / 100, independent of the format. A group with no
+    non-zero value (all zeros, or no elements at all) gets scale 1.
     """
-    f = format(fmt)
+    _check_input(x)
+    checks.finite_tensor(x, "x")
+    return _compute_scale(x, format(fmt), granularity, method, percentile)
+
+
+def _compute_scale(x: torch.Tensor, f: FP8Format, granularity, method, percentile) -> torch.Tensor:
+    """:func:`compute_scale` on an input already checked (finite, float, >= 2 dims)."""
     _check_granularity(granularity)
-    if method not in SCALE_METHODS:
-        raise ValueError(f"scale={method!r} is not a known scale method; expected one of {SCALE_METHODS}, "
-                         "a float or a tensor")
-    if method == "percentile" and not (0.0 < percentile <= 100.0):
-        raise ValueError(f"percentile={percentile} must be in (0, 100]")
+    percentile = _check_method(method, percentile)
     a = x.detach().abs().to(torch.float32)
     stat = _group_stat(a, granularity, percentile if method == "percentile" else None)
     divisor = _VLLM_DIVISORS.get(method, f.max)
@@ -196,19 +236,23 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
     granularity : ``"tensor"``, ``"head"``, ``"token_head"`` or ``"channel"`` (see module docstring).
     scale : None or ``"amax"`` (from the data), ``"percentile"`` (with ``percentile``), ``"vllm_k"``
         (amax/200), ``"vllm_v"`` (amax/100), a positive float (e.g. 1.0, the engines' fallback), or
-        a positive fp32 tensor of the granularity's shape (or broadcastable to it).
+        a positive fp32 tensor of the granularity's shape (or broadcastable to it). A bool, a
+        string that is not a method, or a zero / negative / NaN / Inf scale is refused.
+    percentile : number in (0, 100]: the percentile of |x| that ``scale="percentile"`` maps to max.
     nonfinite : ``"raise"`` (default: NaN/Inf is a ValueError naming the count and first index) or
         ``"saturate"`` (±Inf → ±max, NaN → 0, counted in ``Quantized.nonfinite``).
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point() or x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2,
-                                                torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
-        raise TypeError(f"x must be a float16/bfloat16/float32/float64 tensor, got {x.dtype}")
+    _check_input(x)
     f = format(fmt)
     shape = scale_shape(x.shape, granularity)
-    if nonfinite not in ("raise", "saturate"):
+    if not isinstance(nonfinite, str) or nonfinite not in ("raise", "saturate"):
         raise ValueError(f"nonfinite={nonfinite!r}; expected 'raise' or 'saturate'")
+    if scale is None:
+        scale = "amax"
+    if isinstance(scale, str):
+        _check_method(scale, percentile)
+    else:
+        s = _explicit_scale(scale, shape, granularity, x.device)
     xf = x.detach().to(torch.float32)  # a copy when x is not fp32; never written in place below
     n_nonfinite = 0
     x_stat = xf  # what data-derived scales are computed from
@@ -223,20 +267,8 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
             x_stat = torch.where(bad, torch.zeros_like(xf), xf)
             xf = torch.where(torch.isnan(xf), torch.zeros_like(xf), xf)
 
-    if scale is None:
-        scale = "amax"
     if isinstance(scale, str):
-        s = compute_scale(x_stat, f, granularity, scale, percentile)
-    else:
-        s = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
-        if not torch.isfinite(s).all() or (s <= 0).any():
-            raise ValueError(f"scale must be positive and finite; got {s if s.numel() < 8 else 'a tensor'} "
-                             "with non-positive or non-finite entries")
-        try:
-            s = torch.broadcast_to(s, shape).contiguous()
-        except RuntimeError:
-            raise ValueError(f"scale of shape {tuple(s.shape)} does not fit granularity {granularity!r}: "
-                             f"expected shape {shape} (or broadcastable to it)") from None
+        s = _compute_scale(x_stat, f, granularity, scale, percentile)
 
     y = xf / broadcast_scale(s, x.ndim, granularity)
     if n_nonfinite:  # ±Inf / scale is ±Inf: make it ±fp32 max so the clamp saturates (and counts) it
@@ -244,6 +276,25 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
     data, saturated = cast_saturating(y, f)
     underflow = int(((data.to(torch.float32) == 0) & (xf != 0)).sum())
     return Quantized(data, s, f, granularity, saturated, underflow, n_nonfinite)
+
+
+def _explicit_scale(scale, shape: tuple, granularity: str, device: torch.device) -> torch.Tensor:
+    """A given scale (positive finite number, or a tensor / sequence of them) as fp32 ``shape``."""
+    if isinstance(scale, bool) or not isinstance(scale, (numbers.Real, torch.Tensor, list, tuple)):
+        checks.fail(f"scale={scale!r} ({type(scale).__name__}); expected None, a method name among "
+                    f"{SCALE_METHODS}, a positive float or a positive fp32 tensor", TypeError)
+    s = torch.as_tensor(scale, device=device)
+    if s.dtype == torch.bool or s.is_complex():
+        checks.fail(f"scale has dtype {s.dtype}; expected a real (fp32) tensor of positive values", TypeError)
+    s = s.to(torch.float32)
+    if not torch.isfinite(s).all() or (s <= 0).any():
+        raise ValueError(f"scale must be positive and finite; got {s if s.numel() < 8 else 'a tensor'} "
+                         "with non-positive or non-finite entries")
+    try:
+        return torch.broadcast_to(s, shape).contiguous()
+    except RuntimeError:
+        raise ValueError(f"scale of shape {tuple(s.shape)} does not fit granularity {granularity!r}: "
+                         f"expected shape {shape} (or broadcastable to it)") from None
 
 
 def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:

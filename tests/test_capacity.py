@@ -278,7 +278,9 @@ def test_unknown_model_lists_known_ones():
 
 @pytest.mark.parametrize("u", [0, -0.1, 1.5, True])
 def test_bad_utilization(u):
-    with pytest.raises(ValueError, match=r"utilization=.* must be in \(0, 1\]"):
+    exc, msg = (TypeError, r"utilization=True \(bool\); expected a finite number") if u is True else \
+        (ValueError, rf"utilization={float(u)}; expected a fraction in \(0, 1\]")
+    with pytest.raises(exc, match=msg):
         plan_capacity("Llama-3.1-8B", "bf16", gpu_memory_gib=80, utilization=u)
 
 
@@ -296,14 +298,16 @@ def test_memory_too_small_for_one_block():
 
 @pytest.mark.parametrize("bs", [0, -16, 12, 2.0, True])
 def test_bad_block_size(bs):
-    with pytest.raises(ValueError, match=r"block_size=.* must be a positive power of two"):
+    exc, msg = (TypeError, rf"block_size={bs} \({type(bs).__name__}\); expected an int") \
+        if isinstance(bs, (bool, float)) else (ValueError, rf"block_size={bs}; expected a positive power of two")
+    with pytest.raises(exc, match=msg):
         plan_capacity("Llama-3.1-8B", "bf16", kv_memory_gib=1, block_size=bs)
 
 
 def test_bad_kv_dtype_and_granularity():
     with pytest.raises(ValueError, match=r"kv_dtype='int8' is not supported; expected one of"):
         plan_capacity("Llama-3.1-8B", "int8", kv_memory_gib=1)
-    with pytest.raises(ValueError, match=r"granularity='block' is not supported"):
+    with pytest.raises(ValueError, match=r"granularity='block'; expected one of \('tensor', 'head'"):
         plan_capacity("Llama-3.1-8B", "fp8_e4m3", kv_memory_gib=1, granularity="block")
 
 
@@ -314,7 +318,7 @@ def test_memory_arguments():
         plan_capacity("Llama-3.1-8B", "bf16", kv_memory_gib=10, gpu_memory_gib=80)
     with pytest.raises(ValueError, match="weights_gib=4 only applies with gpu_memory_gib"):
         plan_capacity("Llama-3.1-8B", "bf16", kv_memory_gib=10, weights_gib=4)
-    with pytest.raises(ValueError, match=r"kv_memory_gib=-1 must be a positive finite number"):
+    with pytest.raises(ValueError, match=r"kv_memory_gib=-1.0; expected a finite number > 0"):
         plan_capacity("Llama-3.1-8B", "bf16", kv_memory_gib=-1)
     with pytest.raises(ValueError, match=r"gpu_memory_gib='A100' is not a known GPU; known: \["):
         plan_capacity("Llama-3.1-8B", "bf16", gpu_memory_gib="A100")
@@ -326,7 +330,7 @@ def test_max_model_len_errors():
     shape = ModelShape("no-ctx", 2, 2, 2, 64)
     with pytest.raises(ValueError, match="has no max_position_embeddings; pass max_model_len"):
         plan_capacity(shape, "bf16", kv_memory_gib=1)
-    with pytest.raises(ValueError, match=r"max_model_len=0 must be a positive int"):
+    with pytest.raises(ValueError, match=r"max_model_len=0; expected an int >= 1"):
         plan_capacity(shape, "bf16", kv_memory_gib=1, max_model_len=0)
 
 

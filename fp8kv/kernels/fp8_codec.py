@@ -2,11 +2,23 @@
 
 Why software: Triton has no e4m3 type before sm89 (the cache must then be read as uint8), and its
 float→fp8 casts differ between the interpreter and the GPU. These helpers are exact, identical on
-every target, and bit-for-bit equal to torch's round-to-nearest-even cast of clamped values
-(tests/test_kernels.py checks every code and a dense sweep of inputs).
+every target, and bit-for-bit equal to torch: the decoder to torch's FP8 → fp16 conversion on every
+finite code, the encoder to torch's round-to-nearest-even cast of the value clamped to ±max
+(tests/test_fp8_codec.py checks all 256 codes of each format and a dense sweep of inputs: every
+value, every tie and its fp32 neighbours, subnormals, beyond max, ±Inf, ±0).
 
-Format parameters (constexpr): ``MANT`` mantissa bits, ``BIAS`` exponent bias.
-e4m3fn: MANT=3, BIAS=7.  e5m2: MANT=2, BIAS=15.
+Where they differ from torch, by design:
+
+* Decoding the e4m3fn NaN codes (0x7F, 0xFF) gives ±480, not NaN: the bits are moved without a
+  special case. fp8kv never stores them (writes clamp to ±448). e5m2's Inf and NaN codes decode
+  to fp16 Inf and NaN, like torch.
+* Encoding saturates ±Inf to ±max (torch's bare cast would give NaN for e4m3fn, Inf for e5m2), as
+  the clamp says. A NaN input has no defined code (the GPU's minimum returns max, the interpreter's
+  propagates the NaN); callers keep NaN out.
+
+Format parameters (constexpr): ``MANT`` mantissa bits, ``BIAS`` exponent bias, as
+``fp8kv.formats.FORMATS[...]`` gives them (``mantissa_bits``, ``bias``, ``max``):
+e4m3fn: MANT=3, BIAS=7, FMAX=448.  e5m2: MANT=2, BIAS=15, FMAX=57344.
 """
 
 import triton
