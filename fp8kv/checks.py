@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 __all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of",
-           "tensor", "finite_tensor", "int_tensor", "fail"]
+           "tensor", "finite_tensor", "int_tensor", "fail", "attention_variant"]
 
 
 def fail(msg: str, exc: type[Exception] = ValueError):
@@ -135,3 +135,23 @@ def int_tensor(value, name: str, *, ndim: int, device: torch.device | None = Non
     """An int32/int64 tensor (floats are refused: 3.7 is not a length or an index)."""
     return tensor(value, name, ndim=ndim, dtypes=(torch.int32, torch.int64), device=device,
                   shape_hint=shape_hint)
+
+
+def attention_variant(window, soft_cap, sinks, *, num_q_heads: int, device) -> tuple:
+    """The attention variants of a decode call, checked: ``(window, soft_cap, sinks)``.
+
+    window : None, or an int >= 1 (tokens the query attends, itself included; not a bool or float).
+    soft_cap : None, or a finite number > 0 (a float is returned).
+    sinks : None, or a float32 tensor ``[num_q_heads]`` of finite values on ``device`` (a host sync).
+    """
+    if window is not None:
+        window = integer(window, "window", minimum=1)
+    if soft_cap is not None:
+        soft_cap = positive_float(soft_cap, "soft_cap")
+    if sinks is not None:
+        tensor(sinks, "sinks", ndim=1, dtypes=(torch.float32,), device=device, shape_hint=f"[{num_q_heads}] (one "
+               "logit per query head)")
+        if sinks.shape[0] != num_q_heads:
+            fail(f"sinks has shape {tuple(sinks.shape)}; expected [{num_q_heads}] (one logit per query head)")
+        finite_tensor(sinks, "sinks")
+    return window, soft_cap, sinks
