@@ -65,10 +65,10 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, window: int |
                                  cache.granularity, cache.head_dim)
     if mode == "auto":
         mode = choose_mode(backend, cache.kv_dtype, None, cache.granularity)
+    variants = {k: v for k, v in dict(window=window, soft_cap=soft_cap, sinks=sinks).items() if v is not None}
+    check_variants(backend, mode, variants)
     ok, why = check(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
     if not ok:
         raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={cache.kv_dtype}, "
                                f"granularity={cache.granularity}: {why}")
-    variants = {k: v for k, v in dict(window=window, soft_cap=soft_cap, sinks=sinks).items() if v is not None}
-    check_variants(backend, mode, variants)
     return BACKENDS[backend](q, cache, mode=mode, **variants, **kwargs)
