@@ -311,3 +311,28 @@ def test_compiled_window_never_reads_tokens_before_it():
         a = paged_decode(q, clean, mode=mode, window=512)
         b = paged_decode(q, dirty, mode=mode, window=512)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kv_dtype,granularity", [("fp8_e4m3", "tensor"), ("fp8_e4m3", "head"), ("bf16", "tensor")])
+@pytest.mark.parametrize("use_tensor_cores", [True, False])
+def test_flashinfer_window_and_soft_cap_against_oracle(kv_dtype, granularity, use_tensor_cores):
+    """FlashInfer's window_left = W - 1 and logits_soft_cap give fp8kv's window and cap: same oracle,
+    same tolerance as the Triton kernel (bf16 output: 2u; head scales folded into q: 3u)."""
+    from fp8kv.backends.flashinfer import decode as fi_decode
+    from fp8kv.capability import flashinfer_installed
+
+    if not flashinfer_installed():
+        pytest.skip("FlashInfer is not installed (pip install 'fp8kv[gpu]')")
+    lens = [4096, 1, 600, 513, 16384 - 5]
+    cache = make_cache(lens, 8, 128, kv_dtype=kv_dtype, granularity=granularity)
+    q = make_q(len(lens), 32, 128, torch.bfloat16)
+    tol = (3 if granularity == "head" else 2) * UNIT_ROUNDOFF[torch.bfloat16]
+    for kw in (dict(window=512), dict(window=1000, soft_cap=30.0), dict(soft_cap=5.0), dict(window=1)):
+        out, lse = fi_decode(q, cache, use_tensor_cores=use_tensor_cores, **kw)
+        ref_out, ref_lse = ref_decode(q, cache, **kw)
+        err = float((out.float() - ref_out).norm() / ref_out.norm())
+        assert err <= tol, f"flashinfer {kw}: rel err {err:.3e} > {tol:.3e}"
+        lse_tol = 4 * UNIT_ROUNDOFF[torch.bfloat16] * max(1.0, float(ref_lse.abs().max()))
+        assert float((lse - ref_lse).abs().max()) <= lse_tol, kw
