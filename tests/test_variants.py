@@ -43,6 +43,21 @@ def test_oracle_window_keeps_the_last_tokens():
         assert all(torch.equal(a, b) for a, b in zip(attention(q, k, v, 1.0, window=w), full, strict=True))
 
 
+def test_oracle_window_is_transformers_sliding_window():
+    """transformers' sliding-window mask (Gemma-3, Mistral) for the last query of L keys keeps exactly
+    the oracle's window: the last W keys, the query's own included."""
+    masking = pytest.importorskip("transformers.masking_utils")
+    length = 12
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 8, generator=g), torch.randn(length, 1, 8, generator=g), torch.randn(length, 1, 8, generator=g)
+    for w in (1, 5, 11, 12, 30):
+        keep = masking.sliding_window_causal_mask_function(w)
+        t = torch.tensor
+        seen = [j for j in range(length) if bool(keep(t(0), t(0), t(length - 1), t(j)))]
+        assert seen == list(range(max(0, length - w), length))
+        assert torch.allclose(attention(q, k, v, 0.3, window=w)[0], attention(q, k[seen], v[seen], 0.3)[0])
+
+
 def test_oracle_soft_cap_by_hand():
     q = torch.tensor([[1.0, 0.0]])
     k = torch.tensor([[[100.0, 0.0]], [[-3.0, 0.0]]])  # scores 50 and -1.5 at sm_scale 0.5
