@@ -351,3 +351,33 @@ def test_flashinfer_window_and_soft_cap_against_oracle(kv_dtype, granularity, us
         assert err <= tol, f"flashinfer {kw}: rel err {err:.3e} > {tol:.3e}"
         lse_tol = 4 * UNIT_ROUNDOFF[torch.bfloat16] * max(1.0, float(ref_lse.abs().max()))
         assert float((lse - ref_lse).abs().max()) <= lse_tol, kw
+
+
+# ------------------------------------------------------------------------------------------- bench
+def test_bench_windowed_cases_count_window_bytes_and_check_against_the_oracle():
+    from fp8kv.bench import PRESETS, Case, bytes_moved, run, speedup_table, sweep
+
+    plain, windowed = Case(2, 48, 4, 2, 64, kv_dtype="fp8_e4m3"), Case(2, 48, 4, 2, 64, kv_dtype="fp8_e4m3", window=20)
+    assert bytes_moved(windowed)["kv"] == 2 * 20 * 2 * 64 * 2 * 1  # B x window x Hkv x D x (K, V) x 1 byte
+    assert bytes_moved(plain)["kv"] == 48 / 20 * bytes_moved(windowed)["kv"]
+    assert bytes_moved(windowed, [10, 48])["kv"] == (10 + 20) * 2 * 64 * 2
+    assert "window=20" in windowed.label and "window" not in plain.label
+    with pytest.raises(ValueError, match="Case.window"):
+        Case(2, 48, window=0)
+    cases = sweep([2], [48], heads=[(4, 2)], head_dims=[64], kv_dtypes=["fp8_e4m3"], modes=["dequant"],
+                  backends=["triton", "reference"], windows=[None, 20], q_dtype="fp16")
+    assert sorted((c.backend, c.window or 0) for c in cases) == [("reference", 0), ("reference", 20),
+                                                                   ("triton", 0), ("triton", 20)]
+    df = run(cases, check=True, rep=1, warmup=1)
+    assert (df.status == "ok").all(), df.reason.tolist()
+    assert df.check_passed.all()
+    win = df[df.window == 20]
+    assert (win.kv_bytes == bytes_moved(windowed)["kv"]).all()
+    # windows are part of the shape: each windowed row is compared with the baseline of its own window
+    as_baseline = df.assign(kv_dtype=df.backend.map({"reference": "bf16", "triton": "fp8_e4m3"}))
+    sp = speedup_table(as_baseline)
+    assert sorted(sp.window.fillna(0)) == [0, 20] and sp.bf16_us.notna().all()
+    for _, r in sp.iterrows():
+        same = as_baseline[(as_baseline.backend == "reference") & (as_baseline.window.fillna(0) == (0 if r.window != r.window else r.window))]
+        assert r.bf16_us == float(same.time_us.iloc[0])
+    assert all(sweep(**{**PRESETS[p], "memory_budget_bytes": 2**62}) for p in ("window", "window-gemma3"))
