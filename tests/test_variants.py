@@ -20,8 +20,9 @@ from fp8kv.reference import attention
 from fp8kv.reference import decode as ref_decode
 
 triton = pytest.importorskip("triton")
-from fp8kv.ops import launch_config, paged_decode  # noqa: E402
 from test_ops import DEVICE, FP8_MODE_TOL, Q_DTYPES, UNIT_ROUNDOFF, dequant_tol, make_cache, make_q  # noqa: E402
+
+from fp8kv.ops import launch_config, paged_decode  # noqa: E402
 
 FP8_NAN_CODE = 0x7F  # NaN in both e4m3fn (S.1111.111) and e5m2 (S.11111.11)
 

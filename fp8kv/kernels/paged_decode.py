@@ -16,6 +16,15 @@ Modes (see fp8kv/ops.py for the host side):
   p ∈ [0, 1] are multiplied by P_SCALE (= 448, the e4m3 max), rounded to e4m3 and multiplied with
   the FP8 V tile; the epilogue divides P_SCALE back out. FP8_QK alone keeps P·V in 16 bits.
 
+Attention variants (constexpr switches; off, the kernel compiles to the plain code):
+
+* WINDOWED: the query attends the last ``window`` tokens. The splits tile ``[max(0, L - window), L)``
+  only (the host sizes them over the window), so pages before the window are never addressed.
+* SOFT_CAP: scores become ``cap * tanh(score / cap)`` in natural units; the host folds ``2 / cap``
+  into the QKᵀ factor and tanh comes from one exp2: ``1 - 2 / (e^(2x) + 1)``.
+* HAS_SINKS: one fp32 logit per query head joins the softmax denominator, folded once: in the
+  epilogue for one split, in ``combine_splits_kernel`` for several. The LSE includes it.
+
 Scales (stored = Q(x / scale)): a per-KV-head K scale multiplies the scores, a per-KV-head V scale
 the output; per-channel K scales are folded into the query (in fp32, before it is rounded) and
 per-channel V scales multiply the output; per-token-head scales multiply score columns (K) and
