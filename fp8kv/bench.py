@@ -68,7 +68,7 @@ UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24, "e4m3": 2.
 COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer",
     "label", "backend", "variant", "mode", "kv_dtype", "granularity", "layout", "q_dtype",
-    "batch", "context", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
+    "batch", "context", "window", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
     "num_splits", "block_n", "num_warps", "num_stages",
     "timing", "time_us", "bytes", "kv_bytes", "gbps", "pct_copy_bw", "copy_gbps", "kv_copies",
     "rel_err", "tol", "check_passed", "status", "reason",
@@ -83,6 +83,8 @@ class Case:
     ``options`` go to the backend as keyword arguments: Triton launch overrides (``num_splits``,
     ``block_n``, ``num_warps``, ``num_stages``) or FlashInfer's ``use_tensor_cores``. ``status`` is
     ``"ready"``, ``"unsupported"`` or ``"skipped"`` (set by :func:`sweep`, with ``reason``).
+    ``window``: a sliding-window layer attending the last ``window`` tokens of each sequence (as
+    :func:`fp8kv.decode` defines it; FlashInfer's ``window_left = window - 1``); None: the whole context.
     """
 
     batch: int
@@ -102,8 +104,12 @@ class Case:
     status: str = "ready"
     reason: str = ""
     seed: int = 0
+    window: int | None = None
 
     def __post_init__(self):
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
+                                        or self.window < 1):
+            _fail(f"Case.window={self.window!r}; expected None or a positive int")
         for name in ("batch", "context", "num_q_heads", "num_kv_heads", "head_dim", "block_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -124,7 +130,8 @@ class Case:
         if not self.label:
             self.label = " ".join(x for x in (self.backend + (f"-{self.variant}" if self.variant else ""),
                                               self.kv_dtype, self.mode,
-                                              "" if self.granularity == "tensor" else self.granularity) if x)
+                                              "" if self.granularity == "tensor" else self.granularity,
+                                              "" if self.window is None else f"window={self.window}") if x)
 
     @property
     def variant(self) -> str:
@@ -158,7 +165,8 @@ def _out_elem_size(case: Case) -> int:
 def bytes_moved(case: Case, seq_lens: Sequence[int] | None = None) -> dict:
     """Useful bytes one decode call moves, by part (ints).
 
-    ``kv`` = Σ_b seq_len_b × Hkv × D × 2 (K and V) × element size; ``scales`` = scale bytes read
+    ``kv`` = Σ_b tokens_b × Hkv × D × 2 (K and V) × element size, with ``tokens_b = seq_len_b``, or
+    ``min(seq_len_b, window)`` for a windowed case (the tokens it attends); ``scales`` = scale bytes read
     (fp32: two scalars for tensor, 2 × Hkv for head, 2 × Hkv × D for channel, 2 × Hkv per token for
     token_head; 0 for 16-bit caches); ``q`` = B × Hq × D × q's size; ``out`` = B × Hq × D × the
     output's size. Block tables, seq_lens, the LSE and split-KV partials are not counted (< 0.1 %
@@ -166,7 +174,7 @@ def bytes_moved(case: Case, seq_lens: Sequence[int] | None = None) -> dict:
     ``seq_lens`` defaults to ``[case.context] * case.batch``.
     """
     lens = [case.context] * case.batch if seq_lens is None else [int(n) for n in seq_lens]
-    tokens = sum(lens)
+    tokens = sum(lens) if case.window is None else sum(min(n, case.window) for n in lens)
     hkv, d = case.num_kv_heads, case.head_dim
     kv = tokens * hkv * d * 2 * _elem_size(case.kv_dtype)
     if not case.is_fp8:
@@ -247,7 +255,8 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
           backends: Sequence[str] = ("triton", "flashinfer"), granularities: Sequence[str] = ("tensor",),
           q_dtype: str | None = None, flashinfer_tensor_cores: Sequence[bool] = (False, True),
           triton_options: dict | Sequence[dict] | None = None, layout: str = "NHD",
-          memory_budget_bytes: int | None = None, device=None, arch: str | None = None) -> list[Case]:
+          memory_budget_bytes: int | None = None, device=None, arch: str | None = None,
+          windows: Sequence[int | None] = (None,)) -> list[Case]:
     """Expand the grid into :class:`Case` s, marking what cannot run here.
 
     The product of every argument, minus combinations that are not combinations at all (fp8 mode
@@ -264,6 +273,7 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
         interpreter's bf16 arithmetic is wrong).
     flashinfer_tensor_cores : FlashInfer variants (``use_tensor_cores`` values) per FlashInfer cell.
     triton_options : one dict or a list of dicts of Triton launch overrides (one variant each).
+    windows : sliding windows (None: the whole context), one case each (:attr:`Case.window`).
     arch : ask the capability table about another arch ("sm90") instead of this machine.
     """
     from .device import resolve_device
@@ -283,12 +293,13 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
                              _as_list(head_dims, "head_dims"), _as_list(block_sizes, "block_sizes"),
                              _as_list(kv_dtypes, "kv_dtypes"), _as_list(backends, "backends"),
                              _as_list(modes, "modes"), _as_list(granularities, "granularities"))
-    for b, ctx, (hq, hkv), d, bs, kv, backend, mode, gran in grid:
+    grid = itertools.product(grid, _as_list(list(windows), "windows"))
+    for (b, ctx, (hq, hkv), d, bs, kv, backend, mode, gran), window in grid:
         if mode == "fp8" and not kv.startswith("fp8"):
             continue  # not a combination: fp8 mode is about FP8 KV
         opts_list = {"triton": tri_opts, "flashinfer": fi_opts}.get(backend, [{}])
         for opts in opts_list:
-            case = Case(b, ctx, hq, hkv, d, bs, kv, mode, backend, gran, q_dtype, layout, dict(opts))
+            case = Case(b, ctx, hq, hkv, d, bs, kv, mode, backend, gran, q_dtype, layout, dict(opts), window=window)
             key = (case.cache_key, case.mode, case.backend, case.q_dtype, case.label)
             if key in seen:
                 continue
@@ -417,8 +428,10 @@ def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dic
     from .ops import launch_config
 
     o = case.options
+    window = case.window if case.window is not None and case.window < cache.max_blocks_per_seq * cache.block_size \
+        else None  # as paged_decode: a window covering the page table is no window
     cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
-                        num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device)
+                        num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device, window=window)
     return {k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages")}
 
 
@@ -427,16 +440,17 @@ def _make_call(case: Case, q: torch.Tensor, cache: PagedKVCache) -> Callable[[],
     if case.backend == "reference":
         from .reference import decode as ref_decode
 
-        return lambda: ref_decode(q, cache)
+        return lambda: ref_decode(q, cache, window=case.window)
     if case.backend == "triton":
         from .ops import paged_decode
 
         opts = dict(case.options)
-        return lambda: paged_decode(q, cache, mode=case.mode, **opts)
+        return lambda: paged_decode(q, cache, mode=case.mode, window=case.window, **opts)
     from .backends.flashinfer import FlashInferDecode  # plan here (host work), time run() only
 
     dec = FlashInferDecode(cache, mode=case.mode, **case.options)
-    dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype)
+    windowed = {} if case.window is None else {"window": case.window}
+    dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype, **windowed)
     return lambda: dec.run(q)
 
 
@@ -584,6 +598,7 @@ def _row(base: dict, c: Case, **values) -> dict:
     row.update(base)
     row.update(label=c.label, backend=c.backend, variant=c.variant, mode=c.mode, kv_dtype=c.kv_dtype,
                granularity=c.granularity, layout=c.layout, q_dtype=c.q_dtype, batch=c.batch, context=c.context,
+               window=c.window,
                num_q_heads=c.num_q_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                block_size=c.block_size, time_us=float("nan"), gbps=float("nan"), pct_copy_bw=float("nan"),
                rel_err=float("nan"), reason="")
@@ -613,7 +628,7 @@ def _measure(c: Case, caches: list[PagedKVCache], dev: torch.device, base: dict,
 
             idx = _check_indices(c.batch, check_seqs)
             sub = caches[0] if len(idx) == c.batch else _subset_cache(caches[0], idx)
-            ref, _ = ref_decode(q[idx], sub)
+            ref, _ = ref_decode(q[idx], sub, window=c.window)
             err = relative_error(out[idx], ref)
             values.update(rel_err=err, check_passed=bool(err <= values["tol"]))
             del ref, sub
@@ -639,7 +654,7 @@ def _failed(v) -> bool:
     return v is not None and not pd.isna(v) and not bool(v)
 
 
-SHAPE_KEYS = ["gpu_slug", "batch", "context", "num_q_heads", "num_kv_heads", "head_dim", "block_size"]
+SHAPE_KEYS = ["gpu_slug", "batch", "context", "window", "num_q_heads", "num_kv_heads", "head_dim", "block_size"]
 
 
 def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataFrame:
@@ -652,6 +667,8 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
     ``flashinfer_fp8_us`` = the fastest FlashInfer row of the shape with the same kv_dtype,
     ``speedup_vs_flashinfer_fp8 = flashinfer_fp8_us / time_us`` (NaN where there is none).
     """
+    if "window" not in df.columns:  # results saved before windows were benchmarked: whole contexts
+        df = df.assign(window=float("nan"))
     need = set(SHAPE_KEYS) | {"backend", "variant", "label", "mode", "kv_dtype", "granularity", "time_us",
                               "status", "check_passed"}
     missing = sorted(need - set(df.columns))
@@ -730,6 +747,16 @@ PRESETS = {
                   kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"],
                   backends=["triton", "flashinfer", "reference"], granularities=["tensor"],
                   flashinfer_tensor_cores=[True]),
+    # Sliding-window layers (Gemma-3-like), B x window >= 64k tokens: time and bytes bounded by the
+    # window, not the context; FlashInfer with window_left beside. Two shapes: Hq/Hkv/D 32/16/128 and
+    # Gemma-3-270M's 4/1/256.
+    "window": dict(batches=[64, 128], contexts=[16384, 32768], heads=[(32, 16)], head_dims=[128], block_sizes=[16],
+                   kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"], backends=["triton", "flashinfer"],
+                   granularities=["tensor"], flashinfer_tensor_cores=[False, True], windows=[512, 1024]),
+    "window-gemma3": dict(batches=[64, 128], contexts=[16384, 32768], heads=[(4, 1)], head_dims=[256],
+                          block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"],
+                          backends=["triton", "flashinfer"], granularities=["tensor"],
+                          flashinfer_tensor_cores=[False, True], windows=[512, 1024]),
 }
 # What each preset is for (printed by --help).
 PRESET_HELP = {

@@ -21,6 +21,12 @@ The facts, each with its source:
 * FlashInfer takes an FP8 *query* only in its TRT-LLM-generated kernels, built for sm100
   (flashinfer ``trtllm_batch_decode_with_kv_cache``); elsewhere ``q_data_type`` must be 16-bit.
 * FlashInfer decode builds head_dim 64, 128, 256.
+* Attention variants in FlashInfer 0.6.13 (``flashinfer/decode.py``, ``include/flashinfer/attention/
+  variants.cuh``): ``plan(window_left=..., logits_soft_cap=...)``; the FA2 mask keeps key ``j`` when
+  ``j + qo_len + window_left >= kv_len + qo_idx``, so a decode query sees ``window_left + 1`` keys
+  (fp8kv's window W is ``window_left = W - 1``); soft-capping is ``cap * tanh(sm_scale * q·k / cap)``.
+  ``run(sinks=...)`` reaches only the TRT-LLM-generated kernels: the FA2 run path drops it.
+  ``trtllm_batch_decode_with_kv_cache`` takes ``window_left`` and ``sinks`` but no soft cap.
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ import os
 
 from .device import current_arch  # the arch of a device ("sm90"), None on CPU
 
-__all__ = ["ARCHS", "BACKENDS", "MODES", "UnsupportedError", "check", "capability", "current_arch",
-           "choose_backend", "choose_mode", "flashinfer_installed"]
+__all__ = ["ARCHS", "BACKENDS", "MODES", "VARIANTS", "UnsupportedError", "check", "capability", "current_arch",
+           "choose_backend", "choose_mode", "flashinfer_installed", "check_variant", "check_variants", "variants"]
 
 ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
 BACKENDS = ("reference", "triton", "flashinfer")
@@ -39,6 +45,7 @@ MODES = ("dequant", "fp8")
 KV_DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 TRITON_MAX_HEAD_DIM = 256
+VARIANTS = ("window", "soft_cap", "sinks")  # the keyword arguments of fp8kv.decode that name them
 
 
 class UnsupportedError(ValueError):
@@ -179,3 +186,60 @@ def choose_backend(kv_dtype: str, mode: str = "dequant", arch: str | None = None
             return b
         reasons.append(f"{b}: {why}")
     raise UnsupportedError(f"no backend runs kv_dtype={kv_dtype} mode={mode} here: " + "; ".join(reasons))
+
+
+_VARIANT_FACTS = {
+    ("reference", "window"): (True, "the fp32 oracle masks the scores before the window"),
+    ("reference", "soft_cap"): (True, "the fp32 oracle applies cap * tanh(s / cap) to the scaled scores"),
+    ("reference", "sinks"): (True, "the fp32 oracle adds exp(sink) to each head's softmax denominator"),
+    ("triton", "window"): (True, "the splits tile the window only: pages before it are never read"),
+    ("triton", "soft_cap"): (True, "tanh from one exp2 per score, in the exp2 domain"),
+    ("triton", "sinks"): (True, "folded once into the final normalisation (epilogue or split combine)"),
+    ("flashinfer", "window"): (True, "plan(window_left=window - 1): FlashInfer counts the keys left of the query"),
+    ("flashinfer", "soft_cap"): (True, "plan(logits_soft_cap=cap) in the FA2 kernels"),
+    ("flashinfer", "sinks"): (False, "FlashInfer 0.6.13's decode wrapper passes sinks only to its TRT-LLM "
+                                     "kernels (sm100); the FA2 decode kernels have no sink term"),
+}
+_FLASHINFER_FP8_VARIANTS = {
+    "window": (True, "trtllm_batch_decode_with_kv_cache(window_left=window - 1)"),
+    "soft_cap": (False, "trtllm_batch_decode_with_kv_cache has no logit soft-cap argument in FlashInfer 0.6.13"),
+    "sinks": (False, "fp8kv does not pass sinks to the TRT-LLM kernels (their sink layout is untested here)"),
+}
+
+
+def check_variant(backend: str, variant: str, mode: str = "dequant") -> tuple[bool, str]:
+    """Whether ``backend`` in ``mode`` computes attention variant ``variant`` (one of :data:`VARIANTS`), and how/why not.
+
+    Library facts, the same on every arch the backend runs on (:func:`check` says where that is).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r}; expected one of {VARIANTS}")
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}; expected one of {MODES}")
+    if backend == "flashinfer" and mode == "fp8":
+        return _FLASHINFER_FP8_VARIANTS[variant]
+    return _VARIANT_FACTS[(backend, variant)]
+
+
+def check_variants(backend: str, mode: str, used) -> None:
+    """Raise UnsupportedError naming the first variant in ``used`` (names) that ``backend`` cannot run."""
+    for name in used:
+        ok, why = check_variant(backend, name, mode)
+        if not ok:
+            raise UnsupportedError(f"backend={backend}, mode={mode} cannot apply {name}: {why}")
+
+
+def variants():
+    """Table of backend x mode x attention variant: supported and how (or why not).
+
+    Returns a pandas DataFrame with columns backend, mode, variant, supported, reason. The
+    reference has no fp8 mode (see :func:`capability`), so it is listed in dequant mode only.
+    """
+    import pandas as pd
+
+    rows = [dict(backend=b, mode=m, variant=v, supported=ok, reason=why)
+            for b in BACKENDS for m in MODES if not (b == "reference" and m == "fp8")
+            for v in VARIANTS for ok, why in [check_variant(b, v, m)]]
+    return pd.DataFrame(rows)

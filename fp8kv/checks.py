@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 import torch
 
 __all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of",
-           "tensor", "finite_tensor", "int_tensor", "device", "fail", "ArgumentParser", "output_folder"]
+           "tensor", "finite_tensor", "int_tensor", "device", "fail", "ArgumentParser", "output_folder",
+           "attention_variant"]
 
 
 def fail(msg: str, exc: type[Exception] = ValueError):
@@ -183,3 +184,25 @@ def output_folder(path, name: str) -> str:
     if not os.access(parent, os.W_OK | os.X_OK):
         fail(f"{name}={path!r}: {parent!r} is not writable")
     return path
+
+
+def attention_variant(window, soft_cap, sinks, *, num_q_heads: int, device, contents: bool = True) -> tuple:
+    """The attention variants of a decode call, checked: ``(window, soft_cap, sinks)``.
+
+    window : None, or an int >= 1 (tokens the query attends, itself included; not a bool or float).
+    soft_cap : None, or a finite number > 0 (a float is returned).
+    sinks : None, or a float32 tensor ``[num_q_heads]`` on ``device``, of finite values (checked with
+        ``contents``: a host sync).
+    """
+    if window is not None:
+        window = integer(window, "window", minimum=1)
+    if soft_cap is not None:
+        soft_cap = positive_float(soft_cap, "soft_cap")
+    if sinks is not None:
+        tensor(sinks, "sinks", ndim=1, dtypes=(torch.float32,), device=device, shape_hint=f"[{num_q_heads}] (one "
+               "logit per query head)")
+        if sinks.shape[0] != num_q_heads:
+            fail(f"sinks has shape {tuple(sinks.shape)}; expected [{num_q_heads}] (one logit per query head)")
+        if contents:
+            finite_tensor(sinks, "sinks")
+    return window, soft_cap, sinks

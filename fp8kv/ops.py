@@ -96,11 +96,13 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
 
 def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num_splits: int | None = None,
                   block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                  device: torch.device | None = None) -> DecodeConfig:
+                  device: torch.device | None = None, window: int | None = None) -> DecodeConfig:
     """The launch :func:`paged_decode` uses for ``batch`` sequences of ``cache``: defaults plus overrides.
 
     Returns block_n, num_warps, num_stages, num_splits and tokens_per_split (a multiple of block_n;
-    num_splits is recomputed from it so that no split is empty by construction of the grid).
+    num_splits is recomputed from it so that no split is empty by construction of the grid). With a
+    sliding ``window`` the splits tile the window, not the page table: the span is
+    ``min(window, capacity)``.
     """
     cfg = default_config(mode, cache.is_fp8, cache.head_dim)
     block_n = cfg["block_n"] if block_n is None else checks.positive_int(block_n, "block_n")
@@ -115,6 +117,8 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     if block_n < 16 or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
         raise ValueError(f"block_n={block_n} must be a power of two in [16, {MAX_BLOCK_N}]")
     capacity = cache.max_blocks_per_seq * cache.block_size
+    if window is not None:
+        capacity = min(capacity, window)
     if num_splits is None:
         num_splits = choose_num_splits(batch, cache.num_kv_heads, capacity, block_n,
                                        _num_sms(device or cache.device))
@@ -169,7 +173,8 @@ def _page_strides(cache: PagedKVCache):
 def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scale: float | None = None,
                  num_splits: int | None = None, block_n: int | None = None, num_warps: int | None = None,
                  num_stages: int | None = None, convert: str | None = None, eviction_policy: str = "",
-                 out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None):
+                 out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None,
+                 window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None):
     """Triton paged decode attention.
 
     The launcher behind ``fp8kv.decode(..., backend="triton")``, which validates ``q``, ``cache``,
@@ -193,6 +198,9 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         FP8 to bf16 takes several), else q's dtype. A bf16 query (and a query with per-channel K
         scales folded in) is rescaled per head by a power of two before it is rounded to fp16, so
         any finite bf16 query keeps fp16's precision and range (the factor is exact in the scores).
+    window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them
+        (checked by :func:`fp8kv.decode`; trusted here). A window reads only the window's pages;
+        one at least as long as the page table is the plain kernel.
 
     Returns
     -------
@@ -210,8 +218,10 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     b, hq, d = q.shape
     hkv = cache.num_kv_heads
     group = hq // hkv
+    if window is not None and window >= cache.max_blocks_per_seq * cache.block_size:
+        window = None  # no sequence can be longer: the plain kernel, compiled as without a window
     cfg = launch_config(b, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
-                        num_stages=num_stages, device=q.device)
+                        num_stages=num_stages, device=q.device, window=window)
     block_n, num_splits, tokens_per_split = cfg["block_n"], cfg["num_splits"], cfg["tokens_per_split"]
     convert_k, convert_v = _converts(convert, arch)
     fp8_qk, fp8_pv = _MODE_FLAGS[mode]
@@ -242,14 +252,16 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         so = (k_out.stride(0), k_out.stride(1), k_out.stride(2))
         sl = (k_lse.stride(0), k_lse.stride(1))
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    # Soft-capping takes tanh of score / cap, computed from e^(2 score / cap): fold that into q·k's factor.
+    qk_scale = sm_scale * math.log2(math.e) * (1.0 if soft_cap is None else 2.0 / soft_cap)
     skb, skt, skh = _page_strides(cache)
     grid = (b, hkv, num_splits)
     paged_decode_kernel[grid](
         q, _kernel_pages(cache, cache.k_pages, fp8_qk or convert_k == "cast"),
         _kernel_pages(cache, cache.v_pages, fp8_pv or convert_v == "cast"), cache.k_scale, cache.v_scale,
         cache.block_table, cache.seq_lens, k_out, k_lse,
-        sm_scale * math.log2(math.e), tokens_per_split, hkv, cache.num_blocks,
-        cache.max_blocks_per_seq * cache.block_size,
+        qk_scale, tokens_per_split, hkv, cache.num_blocks, cache.max_blocks_per_seq * cache.block_size,
+        window or 0, 0.0 if soft_cap is None else soft_cap * math.log2(math.e), sinks if sinks is not None else lse,
         q.stride(0), q.stride(1), skb, skt, skh, cache.block_table.stride(0),
         *so, *sl,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d,
@@ -257,15 +269,17 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         SPLIT=num_splits > 1, SCALE_KIND=_scale_kind(cache), SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1),
         KV_FP8=cache.is_fp8, CONVERT_K=_CONVERT[convert_k], CONVERT_V=_CONVERT[convert_v],
         FP8_QK=fp8_qk, FP8_PV=fp8_pv, KV_EVICTION=eviction_policy,
-        COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q,
+        COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, WINDOWED=window is not None,
+        SOFT_CAP=soft_cap is not None, HAS_SINKS=sinks is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_format_bits(cache),
     )
     if num_splits > 1:
         combine_splits_kernel[(b, hq)](
             k_out, k_lse, out, lse, k_out.stride(0), k_out.stride(1), k_out.stride(2),
             k_lse.stride(0), k_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), num_splits,
+            sinks if sinks is not None else lse,
             HEAD_DIM=d, D_PAD=triton.next_power_of_2(d),
-            SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            SPLITS_PAD=triton.next_power_of_2(num_splits), HAS_SINKS=sinks is not None, num_warps=4,
         )
     return out.to(out_dtype), lse
 

@@ -16,25 +16,44 @@ from .cache import PagedKVCache
 __all__ = ["decode", "attention", "paged_attention"]
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, *, window: int | None = None,
+              soft_cap: float | None = None, sinks: torch.Tensor | None = None):
     """One query token against one sequence, GQA by head groups, in fp32.
 
     q: ``[Hq, D]``; k, v: ``[L, Hkv, D]`` with Hq a multiple of Hkv (query head h reads KV head
-    ``h // (Hq // Hkv)``). Returns out ``[Hq, D]`` and the natural-log LSE of the scaled scores ``[Hq]``.
+    ``h // (Hq // Hkv)``). The query is the token at position ``L - 1`` (the last one cached).
+
+    Variants (see :func:`decode` for the conventions): ``window`` W keeps positions ``>= L - W``;
+    ``soft_cap`` c replaces each scaled score s by ``c * tanh(s / c)``; ``sinks`` ``[Hq]`` adds
+    ``exp(sinks[h])`` to head h's softmax denominator.
+
+    Returns out ``[Hq, D]`` and the natural-log LSE ``[Hq]`` of the softmax denominator (the sink
+    term included), both fp32.
     """
     hq, hkv = q.shape[0], k.shape[1]
+    length = k.shape[0]
     group = hq // hkv
     qf = q.to(torch.float32).reshape(hkv, group, -1)  # [Hkv, G, D]
     kf = k.to(torch.float32).transpose(0, 1)  # [Hkv, L, D]
     vf = v.to(torch.float32).transpose(0, 1)
     s = torch.einsum("hgd,hld->hgl", qf, kf) * sm_scale
-    lse = torch.logsumexp(s, dim=-1)
+    if soft_cap is not None:
+        s = soft_cap * torch.tanh(s / soft_cap)
+    if window is not None:
+        outside = torch.arange(length, device=s.device) < length - window
+        s = s.masked_fill(outside, float("-inf"))
+    if sinks is not None:  # one more logit per head, with no value: it only enlarges the denominator
+        sink_col = sinks.to(device=s.device, dtype=torch.float32).reshape(hkv, group, 1)
+        lse = torch.logsumexp(torch.cat([s, sink_col], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1))
     out = torch.einsum("hgl,hld->hgd", p, vf)
     return out.reshape(hq, -1), lse.reshape(hq)
 
 
-def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None):
+def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None, *, window: int | None = None,
+           soft_cap: float | None = None, sinks: torch.Tensor | None = None):
     """fp32 paged decode attention over the dequantized cache.
 
     Parameters
@@ -42,21 +61,36 @@ def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None):
     q : ``[B, Hq, D]`` float16 / bfloat16 / float32, one query token per sequence.
     cache : a :class:`~fp8kv.cache.PagedKVCache` with every ``seq_lens[i] >= 1``.
     sm_scale : softmax scale, a positive finite number; default ``1 / sqrt(D)``.
+    window : sliding window W (int >= 1) or None. The query of sequence i is its last cached token,
+        at position ``L - 1`` with ``L = seq_lens[i]``; it attends positions ``[max(0, L - W), L)``:
+        W tokens, itself included. This is transformers' ``sliding_window`` (Gemma-3, Mistral: key j
+        is seen by query p when ``p - W < j <= p``) and FlashInfer's ``window_left = W - 1``
+        (``window_left`` counts the keys left of the query). ``W >= L`` is the whole sequence.
+    soft_cap : logit soft-capping c > 0 or None: each scaled score ``s = sm_scale * q·k`` becomes
+        ``c * tanh(s / c)`` before the softmax (Gemma-2's ``attn_logit_softcapping``).
+    sinks : fp32 ``[Hq]`` or None: per query head a learned logit that joins the softmax denominator
+        without a value (gpt-oss): ``p_j = exp(s_j) / (exp(sink_h) + Σ_k exp(s_k))``. It is not
+        scaled by sm_scale and not soft-capped.
 
     Returns
     -------
     out : ``[B, Hq, D]`` float32.
-    lse : ``[B, Hq]`` float32, natural-log log-sum-exp of the scaled scores.
+    lse : ``[B, Hq]`` float32, natural-log log-sum-exp of the softmax denominator: over the scores
+        in the window (after capping), plus the sink term when there is one. So
+        ``out * exp(lse) = Σ_j exp(s_j) v_j`` holds with or without sinks.
     """
     if not isinstance(cache, PagedKVCache):
         checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
     cache.check_query(q)
     if sm_scale is not None:
         sm_scale = checks.positive_float(sm_scale, "sm_scale")
-    return paged_attention(q, cache, sm_scale)
+    window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=q.shape[1],
+                                                       device=q.device)
+    return paged_attention(q, cache, sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
 
 
-def paged_attention(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None):
+def paged_attention(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None, *,
+                    window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None):
     """The computation of :func:`decode` on inputs already validated (by it, or ``fp8kv.decode``)."""
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
@@ -67,7 +101,7 @@ def paged_attention(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None
     outs, lses = [], []
     for i in range(q.shape[0]):
         k, v = cache.gather(i)
-        o, lse = attention(q[i], k, v, sm_scale)
+        o, lse = attention(q[i], k, v, sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
         outs.append(o)
         lses.append(lse)
     return torch.stack(outs), torch.stack(lses)

@@ -382,5 +382,5 @@ def test_gemma3_accuracy_and_capture():
     assert s.loc["bad"].kl_mean > 10 * s.loc["e4m3"].kl_mean
     res = greedy_decode_paged(model, torch.cat([torch.tensor([bos]), text_tokens(tok, 24)]), 4)
     assert len(res.tokens) == 4 and len(res.k_scales) == 18
-    with pytest.raises(ValueError, match="sliding window"):
-        greedy_decode_paged(model, text_tokens(tok, 510), 8)
+    past = greedy_decode_paged(model, text_tokens(tok, 510), 8)  # runs past the 512-token windows
+    assert len(past.tokens) == 8 and past.match_fraction > 0.5

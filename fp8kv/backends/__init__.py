@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .. import checks
 from ..cache import PagedKVCache
-from ..capability import UnsupportedError, choose_backend, choose_mode
+from ..capability import UnsupportedError, check_variants, choose_backend, choose_mode
 from ..capability import check as supported
 
 __all__ = ["decode", "BACKENDS", "LAUNCH_OPTIONS"]
@@ -17,10 +17,10 @@ __all__ = ["decode", "BACKENDS", "LAUNCH_OPTIONS"]
 MODES = ("auto", "dequant", "fp8")
 
 
-def _reference(q, cache, *, mode, sm_scale):
+def _reference(q, cache, *, mode, sm_scale, **variants):
     from ..reference import paged_attention
 
-    return paged_attention(q, cache, sm_scale)
+    return paged_attention(q, cache, sm_scale, **variants)
 
 
 def _triton(q, cache, *, mode, sm_scale, **launch):
@@ -46,7 +46,7 @@ LAUNCH_OPTIONS = {
 
 
 def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: float | None = None,
-           check: bool = True, **launch):
+           window: int | None = None, soft_cap: float | None = None, sinks=None, check: bool = True, **launch):
     """Paged decode attention through the chosen backend.
 
     Parameters
@@ -58,7 +58,11 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
         :mod:`fp8kv.capability` for this device (Triton on a GPU, else the reference).
     mode : ``"auto"``, ``"dequant"`` or ``"fp8"``.
     sm_scale : softmax scale, a positive finite number; default ``1 / sqrt(D)``.
-    check : validate the *contents* too (default): q finite, and the cache's tables
+    window, soft_cap, sinks : attention variants (defined in :func:`fp8kv.reference.decode`): a
+        sliding window of ``window`` tokens (int >= 1), logit soft-capping ``cap * tanh(s / cap)``
+        (``soft_cap`` > 0), and per-query-head sink logits (fp32 ``[Hq]`` on q's device). None: off.
+        A backend without one raises UnsupportedError with the reason (``fp8kv.capability.variants``).
+    check : validate the *contents* too (default): q and sinks finite, and the cache's tables
         (``seq_lens`` within each row's capacity, every block-table entry that holds tokens inside
         the page pool), which catches tables edited in place after the cache was built. It costs a
         host sync, so a CUDA-graph capture or a timed loop passes ``check=False`` after one
@@ -83,6 +87,8 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
         sm_scale = checks.positive_float(sm_scale, "sm_scale")
     if not isinstance(check, bool):
         checks.fail(f"check={check!r}; expected True or False", TypeError)
+    window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=q.shape[1],
+                                                       device=q.device, contents=check)
     if check:
         cache.validate_tables()
         checks.finite_tensor(q, "q")
@@ -92,6 +98,8 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
                                  cache.granularity, cache.head_dim)
     if mode == "auto":
         mode = choose_mode(backend, cache.kv_dtype, None, cache.granularity)
+    variants = {k: v for k, v in dict(window=window, soft_cap=soft_cap, sinks=sinks).items() if v is not None}
+    check_variants(backend, mode, variants)
     ok, why = supported(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
     if not ok:
         raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={cache.kv_dtype}, "
@@ -100,4 +108,4 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
     if unknown:
         checks.fail(f"{unknown[0]}={launch[unknown[0]]!r} is not an option of the {backend} backend; it takes "
                     f"{LAUNCH_OPTIONS[backend] or 'none'}", TypeError)
-    return BACKENDS[backend](q, cache, mode=mode, sm_scale=sm_scale, **launch)
+    return BACKENDS[backend](q, cache, mode=mode, sm_scale=sm_scale, **variants, **launch)

@@ -37,6 +37,15 @@ Facts this module relies on, read in the flashinfer-python 0.6.13 wheel (paths i
   mask is aligned bottom-right: query ``j`` of a request with ``qo_len`` queries and ``kv_len`` keys
   sees keys ``0 .. kv_len - qo_len + j`` (``attention/prefill.cuh``: masked when
   ``kv_idx + qo_len > kv_len + q_idx``).
+* Attention variants (``flashinfer/decode.py``, ``include/flashinfer/attention/variants.cuh``):
+  ``plan(..., window_left=-1, logits_soft_cap=None)``. The FA2 mask keeps key ``kv_idx`` when
+  ``kv_idx + qo_len + window_left >= kv_len + qo_idx``: a decode query (``qo_len = 1``) sees the last
+  ``window_left + 1`` keys, so fp8kv's window W (W keys, the query's own included, as transformers'
+  ``sliding_window``) is ``window_left = W - 1`` (:func:`window_left`). Soft-capping replaces the
+  logit by ``cap * tanh(logit * sm_scale / cap)`` with ``sm_scale`` already multiplied by ``k_scale``
+  (natural units, as fp8kv defines it). ``run(sinks=...)`` is passed only to the TRT-LLM kernels;
+  the FA2 run path never reads it, so fp8kv refuses sinks here rather than drop them.
+  ``trtllm_batch_decode_with_kv_cache(..., window_left=-1, ..., sinks=None)`` has no soft cap.
 * An FP8 *query* runs only in the TRT-LLM-generated kernels (``trtllm_batch_decode_with_kv_cache``,
   ``backend="trtllm-gen"`` on sm100), whose ``bmm1_scale`` may be a device tensor.
 
@@ -57,10 +66,10 @@ from dataclasses import dataclass
 import torch
 
 from ..cache import PagedKVCache
-from ..capability import UnsupportedError, check, current_arch, flashinfer_installed
+from ..capability import UnsupportedError, check, check_variants, current_arch, flashinfer_installed
 
 __all__ = ["paged_kv_args", "qo_indptr", "ScaleFold", "plan_scales", "apply_q_fold", "fold_scales",
-           "FlashInferDecode", "decode", "prefill", "workspace", "NOT_INSTALLED", "LN2"]
+           "FlashInferDecode", "decode", "prefill", "workspace", "NOT_INSTALLED", "LN2", "window_left"]
 
 NOT_INSTALLED = "FlashInfer is not installed (pip install 'fp8kv[gpu]')"
 LN2 = math.log(2.0)  # FlashInfer's LSE is log2; natural log = log2 * ln 2
@@ -72,6 +81,12 @@ _MODULE = "flashinfer"  # the import name (a constant so tests can point it else
 _WORKSPACES: dict[tuple[str, torch.device], torch.Tensor] = {}
 # decode()'s decoders, per cache object: dying caches take their entries (and plans) with them.
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def window_left(window: int | None) -> int:
+    """FlashInfer's ``window_left`` for fp8kv's sliding ``window`` (keys seen, the query's own
+    included): the keys strictly left of the query, ``window - 1``; ``-1`` (no window) for None."""
+    return -1 if window is None else window - 1
 
 
 # ----------------------------------------------------------------------------------------- imports
@@ -249,9 +264,9 @@ def _version(t: torch.Tensor):
         return None
 
 
-def _plan_key(cache: PagedKVCache, num_qo_heads, q_dtype, sm_scale):
+def _plan_key(cache: PagedKVCache, num_qo_heads, q_dtype, sm_scale, window=None, soft_cap=None):
     """What a plan depends on: tables and scales by identity, shape and in-place version."""
-    parts = [id(cache), id(cache.k_pages), num_qo_heads, q_dtype, sm_scale]
+    parts = [id(cache), id(cache.k_pages), num_qo_heads, q_dtype, sm_scale, window, soft_cap]
     for t in (cache.block_table, cache.seq_lens, cache.k_scale, cache.v_scale):
         parts += [id(t), tuple(t.shape), _version(t)]
     return tuple(parts)
@@ -331,12 +346,15 @@ class FlashInferDecode:
 
     def plan(self, cache: PagedKVCache | None = None, *, num_qo_heads: int,
              q_dtype: torch.dtype = torch.bfloat16, sm_scale: float | None = None,
-             force: bool = False) -> bool:
+             window: int | None = None, soft_cap: float | None = None, force: bool = False) -> bool:
         """Host-side planning for ``cache`` (default: the one given at construction).
 
-        Re-plans only when the cache object, its block table / seq_lens / scales (identity, shape
-        or in-place version), ``num_qo_heads``, ``q_dtype`` or ``sm_scale`` changed, or ``force``.
-        Returns True when it planned. Syncs with the device; not capturable.
+        ``window`` / ``soft_cap``: a sliding window of that many keys (``window_left = window - 1``)
+        and logit soft-capping, as :func:`fp8kv.reference.decode` defines them (trusted: checked
+        by :func:`fp8kv.decode`). Re-plans only when the cache object, its block table / seq_lens /
+        scales (identity, shape or in-place version), ``num_qo_heads``, ``q_dtype``, ``sm_scale``,
+        ``window`` or ``soft_cap`` changed, or ``force``. Returns True when it planned. Syncs with
+        the device; not capturable.
         """
         cache = self.cache if cache is None else cache
         if cache is None:
@@ -364,9 +382,11 @@ class FlashInferDecode:
             raise UnsupportedError(f"FlashInfer's CUDA-core decode builds GQA group sizes "
                                    f"{CUDA_CORE_GROUP_SIZES}, not {group}; use use_tensor_cores=True")
         sm_scale = 1.0 / math.sqrt(cache.head_dim) if sm_scale is None else float(sm_scale)
-        key = _plan_key(cache, num_qo_heads, q_dtype, sm_scale)
+        key = _plan_key(cache, num_qo_heads, q_dtype, sm_scale, window, soft_cap)
         if key == self._key and not force:
             return False
+        check_variants("flashinfer", self.mode, [n for n, v in (("window", window), ("soft_cap", soft_cap))
+                                                 if v is not None])
 
         fold = plan_scales(cache, num_qo_heads)
         indptr, indices, last = paged_kv_args(cache)
@@ -378,11 +398,13 @@ class FlashInferDecode:
         if self.mode == "dequant":
             self._wrapper.plan(indptr, indices, last, num_qo_heads, hkv, cache.head_dim, cache.block_size,
                                pos_encoding_mode="NONE", q_data_type=q_dtype, kv_data_type=cache.dtype,
-                               o_data_type=q_dtype, sm_scale=sm_scale)
+                               o_data_type=q_dtype, sm_scale=sm_scale, window_left=window_left(window),
+                               logits_soft_cap=soft_cap)
         else:
             # The page-table capacity bounds every length (FlashInfer uses it for split sizing).
             self._max_seq_len = cache.max_blocks_per_seq * cache.block_size
             self._qk_scale = sm_scale * fold.k_scale  # fp32-exact host product, times q's scale per run
+            self._window_left = window_left(window)
         self._cache_ref = weakref.ref(cache)
         self._batch = cache.batch_size
         self._num_qo_heads, self._q_dtype, self._sm_scale = num_qo_heads, q_dtype, sm_scale
@@ -435,7 +457,7 @@ class FlashInferDecode:
         out, lse = self._fi_decode.trtllm_batch_decode_with_kv_cache(
             q8, (cache.k_pages, cache.v_pages), self._workspace, cache.block_table, cache.seq_lens,
             self._max_seq_len, bmm1_scale=bmm1, bmm2_scale=fold.v_scale, out_dtype=q.dtype,
-            kv_layout=self.layout, backend="trtllm-gen", return_lse=True)
+            window_left=self._window_left, kv_layout=self.layout, backend="trtllm-gen", return_lse=True)
         if fold.out_mult is not None:
             out.mul_(fold.out_mult)
         # Treated as base 2 like the FA2 kernels (TRT-LLM's softmax runs in exp2); not exercised on
@@ -444,9 +466,10 @@ class FlashInferDecode:
 
 
 def decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", use_tensor_cores: bool = True,
-           sm_scale: float | None = None):
+           sm_scale: float | None = None, window: int | None = None, soft_cap: float | None = None,
+           sinks: torch.Tensor | None = None):
     """FlashInfer paged decode: the ``backend="flashinfer"`` entry of :func:`fp8kv.decode`, which
-    validates the input and checks capability (so this does neither).
+    validates the input and checks capability, variants included (so this does neither).
 
     Parameters
     ----------
@@ -456,6 +479,9 @@ def decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", use_t
     mode : ``"dequant"`` (any sm80+ GPU) or ``"fp8"`` (FP8 query; sm100 only, else UnsupportedError
         with the capability table's reason).
     use_tensor_cores, sm_scale : see :class:`FlashInferDecode`; ``sm_scale`` defaults to ``1/sqrt(D)``.
+    window, soft_cap : a sliding window (``window_left = window - 1``) and logit soft-capping (dequant
+        mode; fp8 mode takes the window only). ``sinks``: refused (UnsupportedError): FlashInfer's
+        FA2 decode has no sink term.
 
     Returns ``out`` ``[B, Hq, D]`` (q's dtype) and ``lse`` ``[B, Hq]`` fp32, natural log.
 
@@ -465,12 +491,13 @@ def decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", use_t
     """
     if not isinstance(use_tensor_cores, bool):
         raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True or False")
-    key = (q.dtype, q.shape[1], mode, use_tensor_cores, sm_scale)
+    # one decoder (and plan) per variant: a model's windowed and global layers do not re-plan each other
+    key = (q.dtype, q.shape[1], mode, use_tensor_cores, sm_scale, window, soft_cap)
     per_cache = _DECODERS.setdefault(cache, {})
     dec = per_cache.get(key)
     if dec is None:
         dec = per_cache[key] = FlashInferDecode(cache, use_tensor_cores=use_tensor_cores, mode=mode)
-    dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype, sm_scale=sm_scale)
+    dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype, sm_scale=sm_scale, window=window, soft_cap=soft_cap)
     return dec.run(q)
 
 

@@ -16,6 +16,15 @@ Modes (see fp8kv/ops.py for the host side):
   p ∈ [0, 1] are multiplied by P_SCALE (= 448, the e4m3 max), rounded to e4m3 and multiplied with
   the FP8 V tile; the epilogue divides P_SCALE back out. FP8_QK alone keeps P·V in 16 bits.
 
+Attention variants (constexpr switches; off, the kernel compiles to the plain code):
+
+* WINDOWED: the query attends the last ``window`` tokens. The splits tile ``[max(0, L - window), L)``
+  only (the host sizes them over the window), so pages before the window are never addressed.
+* SOFT_CAP: scores become ``cap * tanh(score / cap)`` in natural units; the host folds ``2 / cap``
+  into the QKᵀ factor and tanh comes from one exp2: ``1 - 2 / (e^(2x) + 1)``.
+* HAS_SINKS: one fp32 logit per query head joins the softmax denominator, folded once: in the
+  epilogue for one split, in ``combine_splits_kernel`` for several. The LSE includes it.
+
 Scales (stored = Q(x / scale)): a per-KV-head K scale multiplies the scores, a per-KV-head V scale
 the output; per-channel K scales are folded into the query (in fp32, before it is rounded) and
 per-channel V scales multiply the output; per-token-head scales multiply score columns (K) and
@@ -85,11 +94,14 @@ def paged_decode_kernel(
     seq_lens_ptr,  # [B] int32
     out_ptr,  # [B, Hq, D] (not SPLIT) or fp32 partials [B, Hq, num_splits, D]
     lse_ptr,  # [B, Hq] fp32 natural-log LSE, or fp32 partials [B, Hq, num_splits] in log2 units
-    sm_scale_log2,  # softmax scale x log2(e): scores live in the exp2 domain
+    qk_scale,  # sm_scale x log2(e): scores live in the exp2 domain; with SOFT_CAP sm_scale x 2 log2(e) / cap
     tokens_per_split,  # tokens each split covers (a multiple of BLOCK_N)
     num_kv_heads,  # Hkv (for token_head scale indexing)
     num_blocks,  # pages in the pool: block-table entries are clamped into [0, num_blocks)
     row_capacity,  # max_blocks_per_seq x BLOCK_SIZE: seq_lens are clamped to it
+    window,  # WINDOWED: tokens the query attends (>= 1), counted back from the last one
+    soft_cap_log2,  # SOFT_CAP: cap x log2(e)
+    sinks_ptr,  # HAS_SINKS: [Hq] fp32 sink logits (natural log)
     stride_qb, stride_qh,  # query strides (elements); the last dim is contiguous
     stride_kb, stride_kt, stride_kh,  # page strides: block, token-in-block, head (NHD or HND)
     stride_btb,  # block-table row stride
@@ -114,6 +126,10 @@ def paged_decode_kernel(
     KV_EVICTION: tl.constexpr,  # eviction policy of the K/V tile loads ("" or "evict_first")
     COMPUTE: tl.constexpr,  # dot type in dequant mode (fp16 / bf16; fp32 under the interpreter)
     RESCALE_Q: tl.constexpr,  # scale each query head by a power of two before rounding it to fp16
+    WINDOWED: tl.constexpr,  # attend only the last `window` tokens: the splits tile the window alone
+    SOFT_CAP: tl.constexpr,  # scores -> cap * tanh(score / cap), in natural units
+    HAS_SINKS: tl.constexpr,  # one sink logit per query head joins the denominator (here for one
+    # split; several splits fold it in combine_splits_kernel)
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -121,7 +137,11 @@ def paged_decode_kernel(
 
     # Clamped so that a table edited after validation cannot send the loads outside the pool.
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b), row_capacity)
-    start = split * tokens_per_split
+    if WINDOWED:
+        # Tokens before the window are never addressed: their pages are not read.
+        start = tl.maximum(seq_len - window, 0) + split * tokens_per_split
+    else:
+        start = split * tokens_per_split
     end = tl.minimum(seq_len, start + tokens_per_split)
 
     offs_g = tl.arange(0, GROUP_PAD)
@@ -149,7 +169,7 @@ def paged_decode_kernel(
         q_scale = tl.max(tl.abs(qf), axis=1) / E4M3_MAX
         q_scale = tl.where(q_scale > 0, q_scale, 1.0)
         q = fp32_to_fp8_bits(qf / q_scale[:, None], 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
-        row_scale = q_scale * (sm_scale_log2 * k_head_scale)
+        row_scale = q_scale * (qk_scale * k_head_scale)
     elif RESCALE_Q:
         # A bf16 query (or one with channel scales folded in) can exceed fp16's range or sink into
         # its subnormals: bring each head's amax to [2^13, 2^14) by a power of two, exact in fp32,
@@ -160,10 +180,10 @@ def paged_decode_kernel(
         e = tl.minimum(tl.maximum(e, -126.0), 126.0).to(tl.int32)
         up = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, built exactly from its bits
         q = (qf * up[:, None]).to(COMPUTE)
-        row_scale = ((127 + e) << 23).to(tl.float32, bitcast=True) * (sm_scale_log2 * k_head_scale)
+        row_scale = ((127 + e) << 23).to(tl.float32, bitcast=True) * (qk_scale * k_head_scale)
     else:
         q = qf.to(COMPUTE)
-        row_scale = tl.full([GROUP_PAD], 1.0, tl.float32) * (sm_scale_log2 * k_head_scale)
+        row_scale = tl.full([GROUP_PAD], 1.0, tl.float32) * (qk_scale * k_head_scale)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -194,6 +214,10 @@ def paged_decode_kernel(
         if SCALE_KIND == SCALE_TOKEN_HEAD:
             sc_off = (page * BLOCK_SIZE + in_page) * num_kv_heads + kvh
             s = s * tl.load(k_scale_ptr + sc_off, mask=t_mask, other=0.0)[None, :]
+        if SOFT_CAP:
+            # s = 2x/ln2 with x = score / cap; cap * tanh(x) in log2 units, tanh(x) = 1 - 2 / (e^2x + 1)
+            # (saturates to ±1 for large |x| without overflow trouble).
+            s = soft_cap_log2 * (1.0 - 2.0 / (tl.math.exp2(s) + 1.0))
         s = tl.where(t_mask[None, :], s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -218,6 +242,14 @@ def paged_decode_kernel(
             vc = _kv_tile_to_compute(v, COMPUTE, KV_FP8, CONVERT_V, MANT, BIAS)
             acc += tl.dot(p.to(COMPUTE), vc) * vs_max
 
+    if HAS_SINKS and not SPLIT:
+        # The sink is one more logit with no value: it rescales the running state like a tile would.
+        sink = tl.load(sinks_ptr + heads, mask=g_mask, other=float("-inf")) * (1.0 / LN2)
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.math.exp2(sink - m_new)
+        acc = acc * alpha[:, None]
+        m_i = m_new
     # Epilogue: normalise, apply the V scale (and undo P_SCALE in fp8 mode).
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -250,11 +282,16 @@ def combine_splits_kernel(
     stride_ob, stride_oh,
     stride_lb, stride_lh,
     num_splits,
+    sinks_ptr,  # HAS_SINKS: [Hq] fp32 sink logits (natural log)
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
     SPLITS_PAD: tl.constexpr,  # num_splits padded to a power of two
+    HAS_SINKS: tl.constexpr,
 ):
-    """out = Σ_s w_s out_s / Σ_s w_s with w_s = 2^(lse_s - max lse): the flash-decoding reduction."""
+    """out = Σ_s w_s out_s / Σ_s w_s with w_s = 2^(lse_s - max lse): the flash-decoding reduction.
+
+    A sink is one more term of the denominator with no output: ``2^(sink·log2 e - max)``.
+    """
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -263,9 +300,14 @@ def combine_splits_kernel(
     lse = tl.load(part_lse_ptr + b * stride_qb_lse + h * stride_qh_lse + offs_s,
                   mask=s_mask, other=float("-inf"))
     m = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h) * (1.0 / LN2)
+        m = tl.maximum(m, sink)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.math.exp2(lse - m_safe)
     den = tl.sum(w, axis=0)
+    if HAS_SINKS:
+        den += tl.math.exp2(sink - m_safe)
     parts = tl.load(part_out_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
                     mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     den_safe = tl.where(den > 0, den, 1.0)

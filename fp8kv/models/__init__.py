@@ -6,7 +6,7 @@ KV baseline; ``decode``: a greedy decode loop whose every step reads a paged FP8
 Needs the ``models`` extra (transformers, gguf, accelerate) and a weights package.
 """
 
-from .decode import DecodeResult, decode_backends, greedy_decode_paged, resolve_decode_fn
+from .decode import DecodeResult, decode_backends, greedy_decode_paged, long_prompt_decode, resolve_decode_fn
 from .evaluate import BASELINE, accuracy_markdown, evaluate, next_token_kl, standard_configs
 from .hook import (
     ATTN_NAME,
@@ -14,6 +14,7 @@ from .hook import (
     KVQuantConfig,
     KVStats,
     attention_handler,
+    attention_variants,
     calibrate_scales,
     capture_kv,
     layer_types,
@@ -26,6 +27,6 @@ from .loading import MODELS, bos_token_id, load_model, model_cache_dir, text_sou
 __all__ = ["MODELS", "load_model", "model_cache_dir", "text_tokens", "text_source_info", "bos_token_id",
            "KVQuantConfig", "KVStats", "CapturedKV", "quantized_kv", "run_quantized", "capture_kv",
            "calibrate_scales", "evaluate", "BASELINE", "standard_configs", "accuracy_markdown", "next_token_kl",
-           "greedy_decode_paged",
+           "greedy_decode_paged", "long_prompt_decode", "attention_variants",
            "DecodeResult", "resolve_decode_fn", "decode_backends", "attention_handler", "ATTN_NAME", "num_layers",
            "layer_types", "windows"]

@@ -5,8 +5,11 @@ Prefill writes the prompt's K/V into it (quantizing; static scales fixed from th
 number, or calibrated per layer) and computes the prompt's attention from the dequantized
 cache. Every decode step writes the new token's K/V with :meth:`PagedKVCache.append` and calls
 the decode function (``fp8kv.reference.decode`` by default, or any backend with the same call
-``decode_fn(q [B, Hq, D], cache, sm_scale=...) -> out [B, Hq, D] (or (out, lse))``) for that
-layer's attention. The model runs without a transformers cache: one token in, its position given.
+``decode_fn(q [B, Hq, D], cache, sm_scale=..., **variants) -> out [B, Hq, D] (or (out, lse))``)
+for that layer's attention. ``variants`` are the layer's own (:func:`fp8kv.models.hook.attention_variants`:
+``window`` on sliding layers, ``soft_cap``, ``sinks``), passed only where the layer has them: the
+cache keeps every token and a windowed layer's decode reads only its window, so the loop runs past
+the window. The model runs without a transformers cache: one token in, its position given.
 
 The same loop with a bf16 paged cache is the baseline; the two token streams are compared
 token by token. Teacher-forcing the generated tokens through :func:`fp8kv.models.run_quantized`
@@ -22,9 +25,9 @@ import torch
 
 from ..cache import PagedKVCache
 from ..formats import kv_dtype_info
-from .hook import _as_batch, _sdpa, attention_handler, num_layers
+from .hook import _as_batch, _sdpa, attention_handler, attention_variants, num_layers
 
-__all__ = ["greedy_decode_paged", "DecodeResult", "resolve_decode_fn", "decode_backends"]
+__all__ = ["greedy_decode_paged", "DecodeResult", "resolve_decode_fn", "decode_backends", "long_prompt_decode"]
 
 
 def decode_backends(device) -> list[str]:
@@ -58,9 +61,9 @@ def resolve_decode_fn(backend: str = "reference", mode: str = "auto", q_dtype: t
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; expected 'reference', 'auto' or one of {tuple(BACKENDS)}")
 
-    def fn(q, cache, sm_scale=None):
+    def fn(q, cache, sm_scale=None, **variants):
         q16 = q.to(q_dtype) if q.dtype == torch.float32 else q
-        return dispatch(q16, cache, backend=backend, mode=mode, sm_scale=sm_scale)
+        return dispatch(q16, cache, backend=backend, mode=mode, sm_scale=sm_scale, **variants)
 
     fn.__name__ = f"fp8kv.decode[{backend}, {mode}]"
     return fn
@@ -117,6 +120,7 @@ class _PagedHandler:
         self.k_scale, self.v_scale = k_scale, v_scale
         self.block_size, self.max_len, self.decode_fn = block_size, max_len, decode_fn
         self.caches: dict[int, PagedKVCache] = {}
+        self.variants: dict[int, dict] = {}  # per layer, what its decode steps pass to decode_fn
 
     @staticmethod
     def _layer(spec, layer):
@@ -128,10 +132,6 @@ class _PagedHandler:
         layer = module.layer_idx
         if q.shape[0] != 1:
             raise ValueError(f"greedy_decode_paged runs one sequence; got batch {q.shape[0]}")
-        window = getattr(module, "sliding_window", None) or kwargs.get("sliding_window")
-        if window is not None and self.max_len > window:
-            raise ValueError(f"layer {layer} attends over a sliding window of {window} tokens, but prompt + n_new "
-                             f"= {self.max_len}; the paged decode path reads whole sequences: keep it <= {window}")
         kt, vt = k[0].transpose(0, 1), v[0].transpose(0, 1)  # [T, Hkv, D]
         if layer not in self.caches:  # prefill
             fp8 = kv_dtype_info(self.kv_dtype)[2] is not None
@@ -140,6 +140,7 @@ class _PagedHandler:
                                             kv_dtype=self.kv_dtype, granularity=self.granularity,
                                             max_seq_len=self.max_len, seed=layer, **kw)
             self.caches[layer] = cache
+            self.variants[layer] = attention_variants(module, kwargs)
             kd, vd = cache.gather(0)  # the prompt attends over what the cache holds
             kd = kd.transpose(0, 1)[None].to(q.dtype)
             vd = vd.transpose(0, 1)[None].to(q.dtype)
@@ -148,7 +149,7 @@ class _PagedHandler:
             raise ValueError(f"decode step with {q.shape[2]} query tokens; the loop feeds one token per step")
         cache = self.caches[layer]
         cache.append(kt, vt)
-        res = self.decode_fn(q[:, :, 0, :], cache, sm_scale=scaling)
+        res = self.decode_fn(q[:, :, 0, :], cache, sm_scale=scaling, **self.variants[layer])
         out = res[0] if isinstance(res, tuple) else res
         return out.to(q.dtype)[:, None], None  # [B, 1, Hq, D], as transformers' attention returns
 
@@ -171,7 +172,7 @@ def _run(model, prompt, n_new, kv_dtype, granularity, k_scale, v_scale, block_si
             last = model(input_ids=nxt, position_ids=pos, use_cache=False).logits[0, -1].float()
     n = num_layers(model)
     caches = [handler.caches[i] for i in range(n)]
-    return tokens, (torch.stack(logits) if keep_logits else None), caches
+    return tokens, (torch.stack(logits) if keep_logits else None), caches, [handler.variants[i] for i in range(n)]
 
 
 def greedy_decode_paged(model, prompt_ids, n_new: int, kv_dtype: str = "fp8_e4m3", *, backend: str = "reference",
@@ -183,11 +184,12 @@ def greedy_decode_paged(model, prompt_ids, n_new: int, kv_dtype: str = "fp8_e4m3
     ----------
     model : causal LM from :func:`fp8kv.models.load_model` (batch 1).
     prompt_ids : int64 ``[T]`` or ``[1, T]``.
-    n_new : tokens to generate (>= 1); ``T + n_new`` must fit any sliding window of the model.
+    n_new : tokens to generate (>= 1); sliding-window layers decode with their window (any length).
     kv_dtype : ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"bf16"`` or ``"fp16"`` (see ``fp8kv.formats.KV_DTYPES``).
     backend, mode : ``"reference"``, or a backend and mode of ``fp8kv.decode`` (``"triton"``,
         ``"flashinfer"``, ``"auto"``); ignored when ``decode_fn`` is given.
-    decode_fn : ``fn(q [1, Hq, D], cache, sm_scale=float) -> out`` or ``(out, lse)``.
+    decode_fn : ``fn(q [1, Hq, D], cache, sm_scale=float, **variants) -> out`` or ``(out, lse)``;
+        ``variants`` (``window``, ``soft_cap``, ``sinks``) are passed only to layers that have them.
     granularity, k_scale, v_scale : FP8 cache scales (``PagedKVCache.from_dense``): None = amax of
         the prompt's K/V, a method name, a float, or per-layer lists (e.g. from
         :func:`fp8kv.models.calibrate_scales`). Static: decode tokens are written with them.
@@ -202,9 +204,80 @@ def greedy_decode_paged(model, prompt_ids, n_new: int, kv_dtype: str = "fp8_e4m3
     prompt = _as_batch(prompt_ids, model)
     fn = decode_fn if decode_fn is not None else resolve_decode_fn(backend, mode)
     label = getattr(fn, "__name__", "custom") if backend != "reference" or decode_fn is not None else backend
-    toks, lg, caches = _run(model, prompt, n_new, kv_name, granularity, k_scale, v_scale, block_size, fn,
-                            return_logits)
-    btoks, blg, _ = _run(model, prompt, n_new, base_name, "tensor", None, None, block_size, fn, return_logits)
+    toks, lg, caches, _ = _run(model, prompt, n_new, kv_name, granularity, k_scale, v_scale, block_size, fn,
+                               return_logits)
+    btoks, blg, _, _ = _run(model, prompt, n_new, base_name, "tensor", None, None, block_size, fn, return_logits)
     return DecodeResult(kv_name, base_name, label, prompt.shape[1], toks, btoks,
                         [c.saturated for c in caches], [c.k_scale.clone() for c in caches],
                         [c.v_scale.clone() for c in caches], lg, blg)
+
+
+def _describe_windows(variants: list[dict]) -> str:
+    """``"window 512 x15, full x3"``: the layers' attention spans, for result tables."""
+    from collections import Counter
+
+    counts = Counter(v.get("window") for v in variants)
+    parts = [f"window {w} x{n}" for w, n in sorted((w, n) for w, n in counts.items() if w is not None)]
+    if counts.get(None):
+        parts.append(f"full x{counts[None]}")
+    return ", ".join(parts)
+
+
+@torch.no_grad()
+def long_prompt_decode(model, prompt_ids, n_new: int = 32, kv_dtypes=("bf16", "fp8_e4m3"), *,
+                       backend: str = "reference", mode: str = "auto", decode_fn=None, granularity: str = "tensor",
+                       k_scale=None, v_scale=None, block_size: int = 16):
+    """Greedy decode after a long prompt through the paged cache, scored against the model's own attention.
+
+    For each ``kv_dtype`` the loop of :func:`greedy_decode_paged` runs once (every layer's decode
+    step reads its paged cache through ``backend``, sliding-window layers with their window, so a
+    prompt longer than the window exercises it). The same tokens are then teacher-forced through
+    the model with its own attention (transformers' sdpa/eager with its masks, fp32 K/V, no paged
+    cache): at each generated position, the KL of the model's next-token distribution to the
+    loop's, and whether the loop's greedy token is the model's.
+
+    Parameters
+    ----------
+    model : causal LM from :func:`fp8kv.models.load_model` (batch 1), e.g. ``"gemma3-270m"``.
+    prompt_ids : int64 ``[T]`` or ``[1, T]`` (T ~ 2k for Gemma-3's 512-token windows).
+    n_new : tokens to generate per kv_dtype (>= 1).
+    kv_dtypes : caches to run (``"bf16"`` shows what the paged path itself costs, FP8 formats the
+        quantization on top).
+    backend, mode, decode_fn, granularity, k_scale, v_scale, block_size : as :func:`greedy_decode_paged`.
+
+    Returns
+    -------
+    pandas DataFrame, one row per kv_dtype: kv_dtype, backend, prompt_len, n_new, layers (window
+    spans), top1_agreement (fraction of steps whose token is the model's own greedy choice),
+    first_divergence (first step where it is not; None if never), mean_kl and max_kl (nats,
+    KL(model's own || paged loop)), saturated (elements clamped writing the FP8 caches).
+    """
+    import pandas as pd
+
+    from .evaluate import next_token_kl
+
+    if not isinstance(n_new, int) or isinstance(n_new, bool) or n_new < 1:
+        raise ValueError(f"n_new must be a positive int; got {n_new!r}")
+    if isinstance(kv_dtypes, str):
+        kv_dtypes = [kv_dtypes]
+    names = [kv_dtype_info(k)[0] for k in kv_dtypes]
+    prompt = _as_batch(prompt_ids, model)
+    t = prompt.shape[1]
+    fn = decode_fn if decode_fn is not None else resolve_decode_fn(backend, mode)
+    label = getattr(fn, "__name__", "custom") if backend != "reference" or decode_fn is not None else backend
+    rows = []
+    for kv in names:
+        fp8 = kv_dtype_info(kv)[2] is not None
+        toks, logits, caches, variants = _run(model, prompt, n_new, kv, granularity if fp8 else "tensor",
+                                              k_scale if fp8 else None, v_scale if fp8 else None, block_size,
+                                              fn, True)
+        forced = torch.cat([prompt, torch.tensor([toks[:-1]], dtype=torch.int64, device=prompt.device)], 1)
+        own = model(input_ids=forced, use_cache=False).logits[0, t - 1:].float().cpu()  # [n_new, vocab]
+        kl = next_token_kl(own.log_softmax(-1), logits.log_softmax(-1))
+        agree = (own.argmax(-1) == torch.tensor(toks)).tolist()
+        rows.append(dict(kv_dtype=kv, backend=label, prompt_len=t, n_new=n_new, layers=_describe_windows(variants),
+                         top1_agreement=sum(agree) / n_new,
+                         first_divergence=next((i for i, a in enumerate(agree) if not a), None),
+                         mean_kl=float(kl.mean()), max_kl=float(kl.max()),
+                         saturated=int(sum(c.saturated for c in caches))))
+    return pd.DataFrame(rows)

@@ -35,7 +35,7 @@ from .loading import windows
 
 __all__ = ["KVQuantConfig", "KVStats", "CapturedKV", "quantized_kv", "run_quantized", "capture_kv",
            "calibrate_scales", "attention_handler", "ATTN_NAME", "num_layers", "layer_types",
-           "attention_modules", "quantize_kv"]
+           "attention_modules", "quantize_kv", "attention_variants"]
 
 ATTN_NAME = "fp8kv"
 SIXTEEN_BIT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -46,10 +46,42 @@ _REGISTERED = False
 
 # ------------------------------------------------------------------------ attention dispatch
 
+def attention_variants(module, kwargs) -> dict:
+    """The attention variants of one layer, in :func:`fp8kv.decode`'s terms (only those present).
+
+    ``window``: the module's ``sliding_window`` (Gemma-2/3, Ministral: set on sliding layers only;
+    transformers' mask keeps key j for query p when ``p - W < j <= p``, fp8kv's convention) or the
+    ``sliding_window`` keyword the layer passes to its attention function. ``soft_cap``: the
+    ``softcap`` keyword (Gemma-2 passes ``attn_logit_softcapping``). ``sinks``: the module's
+    ``sinks`` parameter ``[Hq]`` (gpt-oss), as fp32.
+    """
+    out = {}
+    window = getattr(module, "sliding_window", None) or kwargs.get("sliding_window")
+    if window is not None:
+        out["window"] = int(window)
+    soft_cap = kwargs.get("softcap")
+    if soft_cap is None:
+        soft_cap = getattr(module, "attn_logit_softcapping", None)
+    if soft_cap is not None:
+        out["soft_cap"] = float(soft_cap)
+    sinks = getattr(module, "sinks", None)
+    if isinstance(sinks, torch.Tensor):
+        out["sinks"] = sinks.detach().to(torch.float32).reshape(-1).contiguous()
+    return out
+
+
 def _sdpa(module, query, key, value, attention_mask, scaling, kwargs):
-    """transformers' own sdpa attention (GQA, masks, sliding windows): returns ([B, T, Hq, D], None)."""
+    """The model's own attention (GQA, masks, sliding windows): transformers' sdpa, or the model's
+    eager attention where sdpa cannot express a variant (soft-capping, sinks). Returns
+    ``([B, T, Hq, D], weights or None)``."""
+    import sys
+
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    variants = attention_variants(module, kwargs)
+    if "soft_cap" in variants or "sinks" in variants:
+        eager = sys.modules[type(module).__module__].eager_attention_forward
+        return eager(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling, **kwargs)
     return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=0.0,
                                           scaling=scaling, **kwargs)
 
