@@ -766,7 +766,11 @@ PRESET_HELP = {
             "FP8 conversion), one option at a time, at B 16-256 x context 16k (GPU)",
     "smoke": "a tiny grid that runs anywhere in seconds; on CPU add --interpret for the Triton rows (there the "
              "16-bit cache and query are fp16, since the Triton interpreter's bf16 arithmetic is wrong)",
+    "window": "sliding-window layers at Hq:Hkv 32:16, D 128: B 64-128 x context 16k-32k x window 512/1024, "
+              "bf16 vs fp8_e4m3, Triton and FlashInfer (window_left); time and bytes bounded by the window (GPU)",
+    "window-gemma3": "the same windows at Gemma-3-270M's shape, Hq:Hkv 4:1, D 256 (GPU)",
 }
+assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"
 TRITON_OPTIONS = ("num_splits", "block_n", "num_warps", "num_stages")  # integer launch overrides on the CLI
 
 
