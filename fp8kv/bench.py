@@ -795,8 +795,9 @@ def _kv_opt(s: str) -> tuple[str, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fp8kv bench`` argument parser (errors: one line on stderr, exit status 2)."""
-    presets = "\n".join(textwrap.fill(PRESET_HELP[name], 100, initial_indent=f"  {name:<8}", subsequent_indent=" " * 10)
-                        for name in PRESETS)
+    width = max(map(len, PRESETS)) + 1
+    presets = "\n".join(textwrap.fill(PRESET_HELP[name], 100, initial_indent=f"  {name:<{width}}",
+                                       subsequent_indent=" " * (width + 2)) for name in PRESETS)
     p = checks.ArgumentParser(
         prog="fp8kv bench", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Time paged decode over a grid of cases; write results/bench/<gpu-slug>/<timestamp>.csv.",
