@@ -258,10 +258,11 @@ def test_decode_entry_validates_variants_by_name():
                      ("1", TypeError)):
         with pytest.raises(exc, match="soft_cap"):
             fp8kv_decode(q, cache, backend="reference", soft_cap=bad)
-    good = torch.zeros(4)
-    for bad, exc, what in ((torch.zeros(3), ValueError, r"\[4\]"), (torch.zeros(4, 1), ValueError, "1-D"),
+    good = torch.zeros(4, device=DEVICE)
+    for bad, exc, what in ((torch.zeros(3, device=DEVICE), ValueError, r"\[4\]"),
+                           (torch.zeros(4, 1, device=DEVICE), ValueError, "1-D"),
                            (good.double(), TypeError, "float32"), ([0.0] * 4, TypeError, "torch.Tensor"),
-                           (torch.tensor([0.0, float("nan"), 0.0, 0.0]), ValueError, "non-finite")):
+                           (torch.tensor([0.0, float("nan"), 0.0, 0.0], device=DEVICE), ValueError, "non-finite")):
         with pytest.raises(exc, match=f"sinks.*{what}|{what}.*sinks"):
             fp8kv_decode(q, cache, backend="reference", sinks=bad)
     out, lse = fp8kv_decode(q, cache, backend="reference", window=2, soft_cap=5, sinks=good)
@@ -290,7 +291,7 @@ def test_variant_capability_rows():
     cache = make_cache([3], 1, 64)
     q = make_q(1, 2, 64, torch.float16)
     with pytest.raises(UnsupportedError, match="sinks"):
-        fp8kv_decode(q, cache, backend="flashinfer", mode="dequant", sinks=torch.zeros(2))
+        fp8kv_decode(q, cache, backend="flashinfer", mode="dequant", sinks=torch.zeros(2, device=DEVICE))
 
 
 # ------------------------------------------------------------------------------------------ GPU only
