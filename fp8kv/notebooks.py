@@ -55,14 +55,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import datetime as _dt
 import json
 import math
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -242,14 +245,48 @@ def discover_notebooks(notebook_dir: str | os.PathLike | None = None,
     return sorted(chosen)
 
 
+# <script src="http(s)://..."></script> and <link href="http(s)://..."> : what a page would fetch from the network.
+_NETWORK_SCRIPT = re.compile(r'<script\b[^>]*\bsrc\s*=\s*["\']?(?:https?:)?//[^>]*>\s*</script>', re.IGNORECASE)
+_NETWORK_LINK = re.compile(r'<link\b[^>]*\bhref\s*=\s*["\']?(?:https?:)?//[^>]*>', re.IGNORECASE)
+
+
+def drop_network_loads(html: str) -> str:
+    """Remove every ``<script src=...>`` and ``<link href=...>`` that points at the network.
+
+    nbconvert's lab template loads require.js and MathJax 2 from a CDN, and plotly's ``notebook``
+    renderer adds MathJax 3 from a CDN before each figure. The pages need none of them: plotly.js is
+    loaded from the file beside the page, and the notebooks write no LaTeX. A page must view offline.
+    """
+    return _NETWORK_LINK.sub("", _NETWORK_SCRIPT.sub("", html))
+
+
 def render_html(executed_ipynb: str | os.PathLike, html_path: str | os.PathLike) -> Path:
-    """Render an executed notebook to a standalone HTML file (nbconvert ``HTMLExporter``, lab template)."""
+    """Render an executed notebook to a standalone HTML file (nbconvert ``HTMLExporter``, lab template)
+    that loads nothing from the network (:func:`drop_network_loads`)."""
     from nbconvert import HTMLExporter
 
     body, _ = HTMLExporter().from_filename(str(executed_ipynb))
     html_path = Path(html_path)
-    html_path.write_text(body, encoding="utf-8")
+    html_path.write_text(drop_network_loads(body), encoding="utf-8")
     return html_path
+
+
+def notebook_hash(path: str | os.PathLike) -> str:
+    """SHA-256 of a notebook's content: each cell's type, tags and source, in order (hex digest).
+
+    Outputs, execution counts, cell ids and notebook metadata are left out, so the source notebook
+    (committed without outputs) and the executed copy of it that papermill writes hash the same,
+    once papermill's injected-parameters cell is dropped.
+    """
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    cells = []
+    for cell in doc.get("cells", []):
+        tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "injected-parameters"]
+        if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
+            continue
+        source = cell.get("source", "")
+        cells.append([cell.get("cell_type"), sorted(tags), "".join(source) if isinstance(source, list) else source])
+    return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 _PLOTLYJS_SRC = re.compile(r'<script src="(plotly-[0-9A-Za-z.+-]+\.min\.js)" charset="utf-8"></script>')
@@ -347,15 +384,31 @@ def _error_text(exc: BaseException) -> str:
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
+def _publish_out_dir(executed: Path, staged_value: str, published_value: str) -> None:
+    """Show, in the executed notebook's injected parameters, where its results are published.
+
+    The kernel wrote into the staging folder, which is renamed to the report folder at the end of
+    the run; a reader of the page should see the folder that exists, not the temporary one.
+    """
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    for cell in nb.cells:
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            cell.source = cell.source.replace(f"OUT_DIR = {staged_value!r}", f"OUT_DIR = {published_value!r}")
+            cell.source = cell.source.replace(f'OUT_DIR = "{staged_value}"', f'OUT_DIR = "{published_value}"')
+    nbformat.write(nb, executed)
+
+
 def _run_one(book: Path, staging: Path, params: dict, timeout_s: int, progress: bool,
-             kernel_name: str) -> dict:
+             kernel_name: str, published_out_dir: str | None = None) -> dict:
     import papermill as pm
 
     name = book.stem
     executed = staging / f"{name}.ipynb"
-    entry = {"name": name, "source": book.name, "status": "ok", "error": None,
-             "mode": "smoke" if params["SMOKE"] else "full", "started": _now(), "duration_s": None,
-             "ipynb": None, "html": None, "results": None}
+    entry = {"name": name, "source": book.name, "source_sha256": notebook_hash(book), "status": "ok",
+             "error": None, "mode": "smoke" if params["SMOKE"] else "full", "started": _now(),
+             "duration_s": None, "ipynb": None, "html": None, "results": None}
     t0 = time.perf_counter()
     try:
         pm.execute_notebook(str(book), str(executed), parameters=params, kernel_name=kernel_name,
@@ -367,6 +420,8 @@ def _run_one(book: Path, staging: Path, params: dict, timeout_s: int, progress: 
     if executed.is_file():
         entry["ipynb"] = executed.name
         try:
+            if published_out_dir is not None:
+                _publish_out_dir(executed, params["OUT_DIR"], published_out_dir)
             entry["html"] = render_html(executed, staging / f"{name}.html").name
             externalize_plotlyjs(staging / entry["html"])
             strip_embedded_plotlyjs(executed)  # after the HTML export, which needs it
@@ -452,6 +507,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds (int)")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed={seed!r} must be an int")
+    _check_out(out)
     books = discover_notebooks(notebook_dir, only)
     if not books:
         raise ValueError(f"no notebooks found in {notebook_dir or _default_notebook_dir()}")
@@ -470,67 +526,237 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; the published folder should not be
+    # Paths in the manifest are relative to the report folder itself, so a copied folder stays right.
     manifest = {"gpu_slug": slug, "device": info, "mode": mode, "seed": seed, "timeout_s": timeout,
-                "triton_interpret": None, "command": " ".join(sys.argv), "started": _now(), "finished": None,
-                "duration_s": None, "ok": None, "failed": [], "ran": [b.stem for b in books],
-                "report_dir": str(final), "notebooks": []}
+                "triton_interpret": None, "only": [b.stem for b in books] if only else None,
+                "started": _now(), "finished": None, "duration_s": None, "ok": None, "failed": [],
+                "ran": [b.stem for b in books], "report_dir": slug, "notebooks": []}
     t0 = time.perf_counter()
+    children_before = _child_pids()
     try:
-        entries = _carry_over(final, staging, {b.stem for b in books}) if only and final.is_dir() else []
-        params_base = {"SMOKE": smoke, "DEVICE": str(device), "SEED": seed, "SHOW_WIDGETS": False}
-        with _kernel_environment(cuda=dev.type == "cuda"):
-            manifest["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
-            for i, book in enumerate(books, 1):
-                print(f"[{i}/{len(books)}] {book.stem} ({mode}, {slug})", flush=True)
-                out_dir = os.path.relpath(staging, book.parent) if staging.anchor == book.resolve().anchor \
-                    else str(staging)
-                entry = _run_one(book, staging, {**params_base, "OUT_DIR": out_dir}, timeout, progress,
-                                 kernel_name)
-                print(f"    {entry['status']} in {entry['duration_s']:.1f} s"
-                      + (f": {entry['error']}" if entry["error"] else ""), flush=True)
-                entries.append(entry)
-        entries.sort(key=lambda e: e["name"])
-        failed = [e["name"] for e in entries if e["status"] != "ok"]
-        manifest.update(notebooks=entries, failed=failed, ok=not failed, finished=_now(),
-                        duration_s=round(time.perf_counter() - t0, 2))
-        (staging / MANIFEST).write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
-        _swap_into_place(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        with _stop_on_signals():
+            entries = _carry_over(final, staging, {b.stem for b in books}) if only and final.is_dir() else []
+            params_base = {"SMOKE": smoke, "DEVICE": str(device), "SEED": seed, "SHOW_WIDGETS": False}
+            with _kernel_environment(cuda=dev.type == "cuda"):
+                manifest["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+                for i, book in enumerate(books, 1):
+                    print(f"[{i}/{len(books)}] {book.stem} ({mode}, {slug})", flush=True)
+                    out_dir, published = _relative_or_absolute(staging, book.parent), \
+                        _relative_or_absolute(final, book.parent)
+                    entry = _run_one(book, staging, {**params_base, "OUT_DIR": out_dir}, timeout, progress,
+                                     kernel_name, published_out_dir=published)
+                    print(f"    {entry['status']} in {entry['duration_s']:.1f} s"
+                          + (f": {entry['error']}" if entry["error"] else ""), flush=True)
+                    entries.append(entry)
+            entries.sort(key=lambda e: e["name"])
+            failed = [e["name"] for e in entries if e["status"] != "ok"]
+            manifest.update(notebooks=entries, failed=failed, ok=not failed, finished=_now(),
+                            duration_s=round(time.perf_counter() - t0, 2))
+            (staging / MANIFEST).write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
+            _swap_into_place(staging, final)
+    except BaseException as exc:
+        # A second signal must not cut the clean-up short: ignore them until it is done.
+        with _signals_ignored():
+            if isinstance(exc, RunInterrupted):
+                _stop_processes(_child_pids() - children_before)  # the notebook kernel, mid-cell
+            shutil.rmtree(staging, ignore_errors=True)
         raise
+    try:
+        build_index(root)
+    except Exception as exc:  # the report itself is published; a broken index is reported, not fatal
+        print(f"warning: {root / INDEX} not rebuilt: {_error_text(exc)}", file=sys.stderr)
     return manifest
+
+
+def _check_out(out) -> None:
+    """``out`` must be a folder or a path that can become one (not a file, nor below a file)."""
+    if not isinstance(out, (str, os.PathLike)) or not str(out):
+        raise ValueError(f"out={out!r} must be a folder path (the reports root)")
+    path = Path(out)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ValueError(f"out={str(out)!r}: {str(p)!r} is a file, not a folder; "
+                                 "pass the folder that holds the <gpu-slug>/ report folders")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise ValueError(f"out={str(out)!r}: the folder {str(p)!r} is not writable")
+            return
+
+
+def _relative_or_absolute(path: Path, start: Path) -> str:
+    """``path`` relative to ``start`` when both are on one drive (always, off Windows), else absolute."""
+    return os.path.relpath(path, start) if path.anchor == start.resolve().anchor else str(path)
+
+
+class RunInterrupted(BaseException):
+    """The runner received SIGTERM or SIGINT: the run stops, its staging folder is removed.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way swallows it.
+    """
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(f"stopped by {signal.Signals(self.signum).name}")
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """Turn SIGTERM and SIGINT into :class:`RunInterrupted` in the main thread, for the duration.
+
+    SIGTERM (what ``timeout``, CI runners and ``kill`` send) would otherwise end the interpreter
+    without any clean-up, and SIGINT reaches the running kernel as an ordinary cell interrupt, after
+    which the run would go on with the next notebook.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        raise RunInterrupted(signum)
+
+    saved = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _child_pids() -> set[int]:
+    """Process ids of every live descendant of this process (empty without psutil)."""
+    try:
+        import psutil
+    except ImportError:
+        return set()
+    try:
+        return {p.pid for p in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _stop_processes(pids: set[int], grace_s: float = 3.0) -> None:
+    """SIGTERM ``pids`` (the kernels this run started), SIGKILL those still alive after ``grace_s``."""
+    if not pids:
+        return
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.terminate()
+            procs.append(proc)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 # --------------------------------------------------------------------------- command line
 
 
+def _positive_seconds(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0 or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number of seconds")
+    return int(value)
+
+
+def _device_here(text: str) -> str:
+    from .device import resolve_device
+
+    try:
+        resolve_device(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _out_folder(text: str) -> str:
+    try:
+        _check_out(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _one_line_error(parser: argparse.ArgumentParser):
+    """``parser.error`` that prints one line, ``PROG: error: MESSAGE`` (the usage is in --help), exit 2."""
+
+    def error(message: str):
+        parser.exit(2, f"{parser.prog}: error: {' '.join(str(message).split())}\n")
+
+    return error
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``run`` options, shared by ``python -m fp8kv.notebooks`` and ``fp8kv notebooks run``."""
+    """The ``run`` options, shared by ``python -m fp8kv.notebooks`` and ``fp8kv notebooks run``.
+
+    Values are checked while parsing (a bad one exits with status 2 and one line on stderr).
+    """
+    parser.error = _one_line_error(parser)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--smoke", dest="smoke", action="store_true", default=None,
                       help="small sizes (default unless DEVICE is a CUDA device)")
     mode.add_argument("--full", dest="smoke", action="store_false", help="full sizes (default on a CUDA device)")
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="run only these notebooks (stem, file name or number prefix such as 01)")
-    parser.add_argument("--timeout", type=int, default=None, metavar="S",
-                        help="per-cell timeout in seconds (default: "
+    parser.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",
+                        help="per-cell timeout, a positive whole number of seconds (default: "
                         + ", ".join(f"{v} in {k} mode" for k, v in DEFAULT_TIMEOUT_S.items()) + ")")
-    parser.add_argument("--out", default="reports", help="reports root; results go to OUT/<gpu-slug>/ (default: reports)")
+    parser.add_argument("--out", type=_out_folder, default="reports",
+                        help="reports root folder; results go to OUT/<gpu-slug>/ (default: reports)")
     parser.add_argument("--notebooks", default=None, metavar="DIR", help="notebook folder (default: ./notebooks)")
-    parser.add_argument("--device", default="auto", help="DEVICE parameter: auto, cpu, cuda, cuda:N (default: auto)")
+    parser.add_argument("--device", type=_device_here, default="auto",
+                        help="DEVICE parameter: auto, cpu, cuda, cuda:N; must exist here (default: auto)")
     parser.add_argument("--seed", type=int, default=0, help="SEED parameter (default: 0)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no per-cell progress bar")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run with parsed ``run`` options; print the summary; return the exit status (0 ok, 1 failures)."""
+    """Run with parsed ``run`` options; print the summary; return the exit status.
+
+    0: every notebook ran; 1: some failed (the report is published with them); 2: bad arguments
+    (one line on stderr); 128 + N: stopped by signal N (SIGINT 130, SIGTERM 143), nothing published.
+    """
+    prog = "fp8kv notebooks run"
+    print(f"{prog}: device {args.device}, notebooks from {args.notebooks or _default_notebook_dir()}, "
+          f"out {args.out}", flush=True)
     try:
         manifest = run_notebooks(args.notebooks, args.out, smoke=args.smoke, only=args.only, timeout=args.timeout,
                                  device=args.device, seed=args.seed, progress=args.progress)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (TypeError, ValueError) as exc:
+        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    print(f"\nreport: {manifest['report_dir']}  ({manifest['mode']}, {manifest['duration_s']:.0f} s)")
+    except RunInterrupted as exc:
+        print(f"{prog}: {exc}; nothing was published, the previous report (if any) is unchanged",
+              file=sys.stderr)
+        return 128 + exc.signum
+    folder = Path(args.out) / manifest["report_dir"]
+    print(f"\nreport: {folder}  ({manifest['mode']}, {manifest['duration_s']:.0f} s); "
+          f"all GPUs: {Path(args.out) / INDEX}")
     for e in manifest["notebooks"]:
         kept = "" if e["name"] in manifest["ran"] else "  (kept from the previous run)"
         print(f"  {e['status']:>6}  {e['name']}  {e['html'] or '(no html)'}{kept}")
@@ -538,6 +764,23 @@ def run_from_args(args: argparse.Namespace) -> int:
     if failed_now:
         print(f"FAILED: {', '.join(failed_now)} (see their .html / .ipynb in the report)", file=sys.stderr)
         return 1
+    return 0
+
+
+def index_main(argv: Sequence[str]) -> int:
+    """``python -m fp8kv.notebooks index [--out reports]``: rebuild ``<out>/index.html`` from the folders there."""
+    parser = argparse.ArgumentParser(prog="fp8kv notebooks index",
+                                     description="Build OUT/index.html, one page across every GPU's report.")
+    parser.error = _one_line_error(parser)
+    parser.add_argument("--out", type=_out_folder, default="reports",
+                        help="reports root holding the <gpu-slug>/ folders (default: reports)")
+    args = parser.parse_args(list(argv))
+    root = Path(args.out)
+    if not root.is_dir():
+        print(f"{parser.prog}: error: out={args.out!r} is not a folder; run the notebooks first", file=sys.stderr)
+        return 2
+    path = build_index(root)
+    print(f"index: {path} ({len(_report_folders(root))} report folder(s))")
     return 0
 
 
@@ -549,6 +792,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .cli import main as cli_main
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "index":
+        return index_main(argv[1:])
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]
     return cli_main(["notebooks", *argv])
