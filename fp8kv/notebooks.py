@@ -603,7 +603,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     t0 = time.perf_counter()
     children_before = _child_pids()
     try:
-        with _stop_on_signals():
+        with _stop_on_signals(keep_pids=children_before):
             entries = _carry_over(final, staging, {b.stem for b in books}) if only and final.is_dir() else []
             params_base = {"SMOKE": smoke, "DEVICE": str(device), "SEED": seed, "SHOW_WIDGETS": False}
             with _kernel_environment(interpret=interpret):
@@ -627,7 +627,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
         # A second signal must not cut the clean-up short: ignore them until it is done.
         with _signals_ignored():
             if isinstance(exc, RunInterrupted):
-                _stop_processes(_child_pids() - children_before)  # the notebook kernel, mid-cell
+                _stop_processes(_child_pids() - children_before)  # anything the kernel left behind
             shutil.rmtree(staging, ignore_errors=True)
         raise
     try:
@@ -672,18 +672,22 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextlib.contextmanager
-def _stop_on_signals():
+def _stop_on_signals(keep_pids: set[int] = frozenset()):
     """Turn SIGTERM and SIGINT into :class:`RunInterrupted` in the main thread, for the duration.
 
     SIGTERM (what ``timeout``, CI runners and ``kill`` send) would otherwise end the interpreter
     without any clean-up, and SIGINT reaches the running kernel as an ordinary cell interrupt, after
-    which the run would go on with the next notebook.
+    which the run would go on with the next notebook. The kernel (every process started since,
+    except ``keep_pids``) is killed first, so that nothing waits for its cell to finish.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum, _frame):
+        for sig in _STOP_SIGNALS:  # a second signal must not interrupt the clean-up
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_processes(_child_pids() - set(keep_pids))
         raise RunInterrupted(signum)
 
     saved = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
@@ -719,8 +723,12 @@ def _child_pids() -> set[int]:
         return set()
 
 
-def _stop_processes(pids: set[int], grace_s: float = 3.0) -> None:
-    """SIGTERM ``pids`` (the kernels this run started), SIGKILL those still alive after ``grace_s``."""
+def _stop_processes(pids: set[int], wait_s: float = 5.0) -> None:
+    """SIGKILL ``pids`` (the kernel this run started, and what it started) and wait for them.
+
+    Not SIGTERM: the kernel's results go with the staging folder, and a terminated kernel logs the
+    interrupted cell's traceback over the runner's last words.
+    """
     if not pids:
         return
     import psutil
@@ -729,15 +737,11 @@ def _stop_processes(pids: set[int], grace_s: float = 3.0) -> None:
     for pid in pids:
         try:
             proc = psutil.Process(pid)
-            proc.terminate()
+            proc.kill()
             procs.append(proc)
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
+    psutil.wait_procs(procs, timeout=wait_s)
 
 
 # --------------------------------------------------------------------------- one page across GPUs
