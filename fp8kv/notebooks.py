@@ -55,8 +55,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import datetime as _dt
+import hashlib
 import json
 import math
 import os

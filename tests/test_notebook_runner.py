@@ -27,7 +27,6 @@ import torch
 from fp8kv import cli
 from fp8kv import notebooks as runner
 from fp8kv.capability import ARCHS, capability
-from fp8kv.device import gpu_slug
 from fp8kv.formats import format
 
 REPO = Path(__file__).resolve().parent.parent

@@ -137,7 +137,7 @@ def manifest_problems(folder: Path) -> list[str]:
     if not path.is_file():
         return [f"{folder.name} has no manifest.json"]
     text = path.read_text(encoding="utf-8")
-    problems = [f"manifest mentions staging"] if "staging" in text else []
+    problems = ["manifest mentions staging"] if "staging" in text else []
 
     def walk(value, where):
         if isinstance(value, dict):
