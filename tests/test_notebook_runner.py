@@ -499,7 +499,7 @@ def test_rerun_replaces_own_folder_and_leaves_other_gpus_alone(tmp_path, books, 
     assert json.loads((folder / "manifest.json").read_text())["seed"] == 2
     assert first["ok"] and second["ok"] and second["report_dir"] == folder.name  # relative to the reports root
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in other.iterdir()} == before
-    assert sorted(p.name for p in out.iterdir()) == ["cpu", "nvidia-h200"]  # no staging or old folders
+    assert sorted(p.name for p in out.iterdir()) == ["cpu", "index.html", "nvidia-h200"]  # no staging or old folders
 
 
 def test_interrupted_run_keeps_previous_report(tmp_path, books, monkeypatch):
@@ -520,7 +520,7 @@ def test_interrupted_run_keeps_previous_report(tmp_path, books, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         runner.run_notebooks(books, out, smoke=True, device="cpu", seed=9, progress=False)
     assert {p.name: p.read_bytes() for p in (out / "cpu").iterdir()} == snapshot
-    assert sorted(p.name for p in out.iterdir()) == ["cpu"]  # staging removed
+    assert sorted(p.name for p in out.iterdir()) == ["cpu", "index.html"]  # staging removed (the index is from the first run)
 
 
 def test_swap_restores_old_folder_if_the_rename_fails(tmp_path, monkeypatch):
