@@ -20,7 +20,9 @@ What a run does
    not the library (:func:`strip_embedded_plotlyjs`).
 4. Publishes ``<out>/<gpu-slug>/``: ``<name>.html``, ``<name>.ipynb`` (executed), ``<name>.json``,
    ``plotly-<version>.min.js`` and ``manifest.json`` (device, versions, mode, timestamps, and per
-   notebook its status and duration).
+   notebook its status, duration and source hash; relative paths only). The pages load nothing
+   from the network, and their parameters show ``OUT_DIR`` as the published folder.
+5. Rebuilds ``<out>/index.html``: every GPU folder there on one page (also ``python -m fp8kv.notebooks index``).
 
 Report folders
 --------------
@@ -28,7 +30,8 @@ Everything is written into a hidden staging folder beside the target (``<out>/.<
 and moved into place only at the end: the old ``<out>/<slug>`` is renamed aside, the staging folder
 renamed to ``<out>/<slug>``, then the old one deleted. A reader never sees a half-written report, and
 a run on one GPU never touches another GPU's folder. If the runner itself is interrupted or crashes,
-the staging folder is deleted and the previous report stays as it was.
+the staging folder is deleted and the previous report stays as it was; SIGTERM and SIGINT stop the
+run promptly (the running kernel is killed) and exit with status 128 + the signal number.
 
 With ``--only``, the other notebooks' files and manifest entries are carried over from the previous
 report, so rerunning one notebook does not drop the others.
@@ -557,11 +560,17 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     Returns
     -------
     dict, the manifest: ``gpu_slug``, ``device`` (:func:`fp8kv.device.describe_device`), ``mode``,
-    ``seed``, ``timeout_s``, ``triton_interpret``, ``command``, ``started``, ``finished``,
+    ``seed``, ``timeout_s``, ``triton_interpret``, ``only``, ``started``, ``finished``,
     ``duration_s``, ``ok`` (every notebook in the report is ok), ``failed`` (names of those that are
-    not), ``ran`` (names executed by this run; the others were carried over), ``report_dir``, and
-    ``notebooks``: one entry per notebook with ``name``, ``source``, ``status`` ("ok"/"failed"),
-    ``error``, ``mode``, ``started``, ``duration_s`` and the file names ``ipynb``, ``html``, ``results``.
+    not), ``ran`` (names executed by this run; the others were carried over), ``report_dir`` (the
+    folder's name, relative to ``out``: the manifest holds no absolute path), and ``notebooks``: one
+    entry per notebook with ``name``, ``source``, ``source_sha256`` (:func:`notebook_hash` of the
+    source notebook), ``status`` ("ok"/"failed"), ``error``, ``mode``, ``started``, ``duration_s``
+    and the file names ``ipynb``, ``html``, ``results``.
+
+    SIGTERM or SIGINT stops the run (:class:`RunInterrupted`): the kernel is killed, the staging
+    folder removed, the previous report left as it was. After a run, ``<out>/index.html`` is rebuilt
+    (:func:`build_index`).
     """
     from .device import describe_device, resolve_device
 
