@@ -8,10 +8,14 @@ VENV ?= .venv
 PYTHON ?= $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: report test install clean-venv
+.PHONY: report announce-report test install clean-venv
 
-report: $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(STAMP))
+report: announce-report $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(STAMP))
+	@echo "[report] running every notebook headless into reports/<gpu>/ (progress per notebook below)"
 	$(PYTHON) -m fp8kv.notebooks run
+
+announce-report:
+	@echo "[report] $(if $(wildcard $(STAMP)),environment $(VENV) is ready,setting up $(VENV) first (a minute or more; each step is printed))"
 
 test: $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(STAMP))
 	$(PYTHON) -m pytest

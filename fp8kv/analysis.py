@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -49,7 +50,8 @@ from .reference import attention
 __all__ = ["SCALE_METHODS", "QUANTIZE", "scale_argument", "attend", "quantization_error", "error_vs_context",
            "attribution", "key_numbers", "saturation_long", "describe_kv", "channel_amax", "real_kv_error",
            "capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough",
-           "measured_cache_bytes", "measured_vs_formula", "roundtrip_sweep", "scale_sweep", "cast_comparison"]
+           "measured_cache_bytes", "measured_vs_formula", "roundtrip_sweep", "scale_sweep", "cast_comparison",
+           "DecodeGrid", "DECODE_GRIDS", "decode_grid", "registry_names", "printable_text", "greedy_decode_table"]
 
 SCALE_METHODS = ("1.0", "amax", "percentile", "vllm")
 QUANTIZE = ("kv", "k", "v")  # which of K / V is quantized; the other stays exact
@@ -703,3 +705,94 @@ def cast_comparison(formats, factors=(0.9, 1.0, 1.02, 1.05, 1.1, 1.5, 2.0, 4.0),
                          "bare_nonfinite": int((~torch.isfinite(bare)).sum()),
                          "fp8kv_nonfinite": int((~torch.isfinite(mine)).sum()), "fp8kv_saturated": q.saturated}
     return pd.DataFrame(rows), summary
+
+
+# --------------------------------------------------------------------------- notebook presets
+
+
+@dataclass(frozen=True)
+class DecodeGrid:
+    """The decode-latency grid of notebook 04: what :func:`fp8kv.bench.sweep` expands and how it times.
+
+    ``heads`` is (query heads, KV heads); ``baseline`` the 16-bit KV dtype FP8 is compared with;
+    ``rep_ms`` the timed repetitions per case (CUDA); ``copy_mib`` the copy-bandwidth buffer.
+    """
+
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    heads: tuple[int, int]
+    head_dim: int
+    kv_dtypes: tuple[str, ...]
+    baseline: str
+    modes: tuple[str, ...]
+    backends: tuple[str, ...]
+    flashinfer_tensor_cores: tuple[bool, ...]
+    rep_ms: int
+    copy_mib: int
+
+
+DECODE_GRIDS = {
+    # Curves on a GPU: 1k ... 64k tokens, 1 ... 256 sequences (cases beyond the memory budget are skipped).
+    "full": DecodeGrid(batches=(1, 4, 16, 64, 256), contexts=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
+                       heads=(32, 8), head_dim=128, kv_dtypes=("bf16", "fp8_e4m3"), baseline="bf16",
+                       modes=("dequant", "fp8"), backends=("triton", "flashinfer"), flashinfer_tensor_cores=(True,),
+                       rep_ms=50, copy_mib=1024),
+    # A few points anywhere; the Triton interpreter's bf16 arithmetic is wrong, so the 16-bit cache is fp16.
+    "smoke": DecodeGrid(batches=(1, 3), contexts=(40, 100), heads=(4, 2), head_dim=64,
+                        kv_dtypes=("fp16", "fp8_e4m3"), baseline="fp16", modes=("dequant", "fp8"),
+                        backends=("reference", "triton", "flashinfer"), flashinfer_tensor_cores=(True,),
+                        rep_ms=20, copy_mib=16),
+}
+
+
+def decode_grid(name: str | None, smoke: bool) -> DecodeGrid:
+    """A grid of :data:`DECODE_GRIDS` by name; ``None`` picks ``"smoke"`` or ``"full"`` by ``smoke``."""
+    if name is None:
+        name = "smoke" if smoke else "full"
+    if name not in DECODE_GRIDS:
+        raise ValueError(f"grid={name!r} is not a decode grid; expected None or one of {sorted(DECODE_GRIDS)}")
+    return DECODE_GRIDS[name]
+
+
+def registry_names(selection, registry, what: str) -> list[str]:
+    """``"all"`` → every name of ``registry`` (a dict), in its order; a list of names → checked and kept."""
+    if selection == "all":
+        return list(registry)
+    if isinstance(selection, str) or not isinstance(selection, (list, tuple)):
+        raise ValueError(f"{what}={selection!r} must be 'all' or a list of names from {list(registry)}")
+    unknown = [n for n in selection if n not in registry]
+    if unknown:
+        raise ValueError(f"{what}={list(selection)!r}: unknown {unknown}; known: {list(registry)}")
+    return list(selection)
+
+
+def printable_text(text: str) -> str:
+    """Generated text for a one-line table cell: each line break shown as ``⏎``, runs of spaces kept."""
+    return str(text).replace("\r\n", "\n").replace("\n", "⏎ ")
+
+
+def greedy_decode_table(loaded: dict, scales: dict, backends, *, prompt_tokens: int, new_tokens: int,
+                        offset: int):
+    """Greedy decoding through a paged FP8 cache against the same loop on bf16, per model × backend × setup.
+
+    ``loaded``: ``{model name: (model, tokenizer)}``; ``scales``: ``{model name: (k_scale, v_scale)}``
+    (calibrated per-layer scales). Runs, for each: e4m3 with scales from the prompt, e4m3 with the
+    calibrated scales, e5m2 with scales from the prompt. Returns a DataFrame, one row per run, with
+    :meth:`summary` of ``fp8kv.models.greedy_decode_paged`` plus ``text`` and ``baseline_text``.
+    """
+    import pandas as pd
+
+    from .models import greedy_decode_paged, text_tokens
+
+    rows = []
+    for name, (model, tok) in loaded.items():
+        prompt = text_tokens(tok, prompt_tokens, offset=offset, bos=True)
+        runs = {"e4m3, scales from prompt": dict(kv_dtype="fp8_e4m3"),
+                "e4m3, calibrated scales": dict(kv_dtype="fp8_e4m3", k_scale=scales[name][0], v_scale=scales[name][1]),
+                "e5m2, scales from prompt": dict(kv_dtype="fp8_e5m2")}
+        for backend in backends:
+            for label, kw in runs.items():
+                r = greedy_decode_paged(model, prompt, new_tokens, backend=backend, **kw)
+                rows.append({"model": name, "backend": backend, "run": label, **r.summary(),
+                             "text": tok.decode(r.tokens), "baseline_text": tok.decode(r.baseline_tokens)})
+    return pd.DataFrame(rows)

@@ -20,7 +20,9 @@ What a run does
    not the library (:func:`strip_embedded_plotlyjs`).
 4. Publishes ``<out>/<gpu-slug>/``: ``<name>.html``, ``<name>.ipynb`` (executed), ``<name>.json``,
    ``plotly-<version>.min.js`` and ``manifest.json`` (device, versions, mode, timestamps, and per
-   notebook its status and duration).
+   notebook its status, duration and source hash; relative paths only). The pages load nothing
+   from the network, and their parameters show ``OUT_DIR`` as the published folder.
+5. Rebuilds ``<out>/index.html``: every GPU folder there on one page (also ``python -m fp8kv.notebooks index``).
 
 Report folders
 --------------
@@ -28,7 +30,8 @@ Everything is written into a hidden staging folder beside the target (``<out>/.<
 and moved into place only at the end: the old ``<out>/<slug>`` is renamed aside, the staging folder
 renamed to ``<out>/<slug>``, then the old one deleted. A reader never sees a half-written report, and
 a run on one GPU never touches another GPU's folder. If the runner itself is interrupted or crashes,
-the staging folder is deleted and the previous report stays as it was.
+the staging folder is deleted and the previous report stays as it was; SIGTERM and SIGINT stop the
+run promptly (the running kernel is killed) and exit with status 128 + the signal number.
 
 With ``--only``, the other notebooks' files and manifest entries are carried over from the previous
 report, so rerunning one notebook does not drop the others.
@@ -56,13 +59,16 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import math
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -84,6 +90,14 @@ __all__ = [
     "add_run_arguments",
     "run_from_args",
     "main",
+    "setup_notebook",
+    "machine_defaults",
+    "MachineSetup",
+    "notebook_hash",
+    "drop_network_loads",
+    "build_index",
+    "gpu_summary",
+    "RunInterrupted",
 ]
 
 # Parameters every notebook declares in its cell tagged "parameters" (and the runner injects).
@@ -92,6 +106,7 @@ PARAMETER_NAMES = ("SMOKE", "DEVICE", "OUT_DIR", "SEED", "SHOW_WIDGETS")
 DEFAULT_TIMEOUT_S = {"smoke": 600, "full": 1800}
 KERNEL_NAME = "python3"
 MANIFEST = "manifest.json"
+INDEX = "index.html"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -203,6 +218,61 @@ def collect_results(name: str, reports_dir: str | os.PathLike = "reports") -> di
     return found
 
 
+# --------------------------------------------------------------------------- the machine a notebook runs on
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineSetup:
+    """What :func:`setup_notebook` decided: ``smoke`` sizes, the ``device``, the Triton interpreter."""
+
+    smoke: bool
+    device: str
+    triton_interpret: bool
+    message: str
+
+
+def machine_defaults(device="auto") -> tuple[bool, bool]:
+    """``(smoke, triton_interpret)`` for a device: without a CUDA device, small sizes and the interpreter.
+
+    The one rule the runner and the notebooks' defaults share.
+    """
+    from .device import resolve_device
+
+    on_gpu = resolve_device(device).type == "cuda"
+    return not on_gpu, not on_gpu
+
+
+def setup_notebook(smoke: bool | None = None, device="auto") -> MachineSetup:
+    """Decide a notebook's sizes and Triton mode for this machine, as the runner does; print what was done.
+
+    ``smoke=None`` (a notebook's default) detects: smoke sizes without a CUDA device, full sizes on one;
+    True/False (what the runner injects) is kept. Without a CUDA device ``TRITON_INTERPRET=1`` is set,
+    which works only before triton is first imported: call this first, in the cell after the parameters.
+    """
+    from .device import resolve_device
+
+    if smoke is not None and not isinstance(smoke, bool):
+        raise TypeError(f"smoke={smoke!r} must be None (detect), True or False")
+    dev = resolve_device(device)
+    default_smoke, interpret = machine_defaults(dev)
+    smoke = default_smoke if smoke is None else smoke
+    notes = [f"device {dev}: {'smoke' if smoke else 'full'} sizes"
+             + (" (no GPU here)" if dev.type != "cuda" else "")]
+    if interpret:
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            notes.append("Triton kernels run in the Triton interpreter (TRITON_INTERPRET=1)")
+        elif sys.modules.get("triton") is not None:
+            notes.append("WARNING: triton was imported before TRITON_INTERPRET could be set; restart the kernel "
+                         "and run this cell before anything imports triton")
+        else:
+            os.environ["TRITON_INTERPRET"] = "1"
+            notes.append("set TRITON_INTERPRET=1: Triton kernels run in the Triton interpreter")
+    message = "; ".join(notes)
+    print(message)
+    return MachineSetup(smoke=smoke, device=str(dev), triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
+                        message=message)
+
+
 # --------------------------------------------------------------------------- discovery and rendering
 
 
@@ -242,14 +312,48 @@ def discover_notebooks(notebook_dir: str | os.PathLike | None = None,
     return sorted(chosen)
 
 
+# <script src="http(s)://..."></script> and <link href="http(s)://..."> : what a page would fetch from the network.
+_NETWORK_SCRIPT = re.compile(r'<script\b[^>]*\bsrc\s*=\s*["\']?(?:https?:)?//[^>]*>\s*</script>', re.IGNORECASE)
+_NETWORK_LINK = re.compile(r'<link\b[^>]*\bhref\s*=\s*["\']?(?:https?:)?//[^>]*>', re.IGNORECASE)
+
+
+def drop_network_loads(html: str) -> str:
+    """Remove every ``<script src=...>`` and ``<link href=...>`` that points at the network.
+
+    nbconvert's lab template loads require.js and MathJax 2 from a CDN, and plotly's ``notebook``
+    renderer adds MathJax 3 from a CDN before each figure. The pages need none of them: plotly.js is
+    loaded from the file beside the page, and the notebooks write no LaTeX. A page must view offline.
+    """
+    return _NETWORK_LINK.sub("", _NETWORK_SCRIPT.sub("", html))
+
+
 def render_html(executed_ipynb: str | os.PathLike, html_path: str | os.PathLike) -> Path:
-    """Render an executed notebook to a standalone HTML file (nbconvert ``HTMLExporter``, lab template)."""
+    """Render an executed notebook to a standalone HTML file (nbconvert ``HTMLExporter``, lab template)
+    that loads nothing from the network (:func:`drop_network_loads`)."""
     from nbconvert import HTMLExporter
 
     body, _ = HTMLExporter().from_filename(str(executed_ipynb))
     html_path = Path(html_path)
-    html_path.write_text(body, encoding="utf-8")
+    html_path.write_text(drop_network_loads(body), encoding="utf-8")
     return html_path
+
+
+def notebook_hash(path: str | os.PathLike) -> str:
+    """SHA-256 of a notebook's content: each cell's type, tags and source, in order (hex digest).
+
+    Outputs, execution counts, cell ids and notebook metadata are left out, so the source notebook
+    (committed without outputs) and the executed copy of it that papermill writes hash the same,
+    once papermill's injected-parameters cell is dropped.
+    """
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    cells = []
+    for cell in doc.get("cells", []):
+        tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "injected-parameters"]
+        if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
+            continue
+        source = cell.get("source", "")
+        cells.append([cell.get("cell_type"), sorted(tags), "".join(source) if isinstance(source, list) else source])
+    return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 _PLOTLYJS_SRC = re.compile(r'<script src="(plotly-[0-9A-Za-z.+-]+\.min\.js)" charset="utf-8"></script>')
@@ -317,18 +421,22 @@ def strip_embedded_plotlyjs(ipynb_path: str | os.PathLike) -> int:
 
 
 @contextlib.contextmanager
-def _kernel_environment(cuda: bool):
+def _kernel_environment(interpret: bool):
     """Environment the notebook kernels inherit, restored afterwards.
 
     * ``PYTHONPATH`` gains the package's root, so kernels (which start in notebooks/) import fp8kv
       even when it is not pip-installed;
     * without CUDA, ``TRITON_INTERPRET=1`` (unless already set), so Triton kernels run under the
-      interpreter in smoke runs; it must be set before triton is imported, hence here.
+      interpreter in smoke runs; it must be set before triton is imported, hence here;
+    * ``FP8KV_HEADLESS=1`` (:func:`fp8kv.ui.headless`): no widget is ever displayed.
     """
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "TRITON_INTERPRET")}
+    from .ui import HEADLESS_ENV
+
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "TRITON_INTERPRET", HEADLESS_ENV)}
+    os.environ[HEADLESS_ENV] = "1"  # no person watches these kernels: fp8kv.ui shows no widgets
     root = str(Path(__file__).resolve().parent.parent)
     os.environ["PYTHONPATH"] = os.pathsep.join([root, saved["PYTHONPATH"]]) if saved["PYTHONPATH"] else root
-    if not cuda and saved["TRITON_INTERPRET"] is None:
+    if interpret and saved["TRITON_INTERPRET"] is None:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         yield
@@ -347,15 +455,31 @@ def _error_text(exc: BaseException) -> str:
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
+def _publish_out_dir(executed: Path, staged_value: str, published_value: str) -> None:
+    """Show, in the executed notebook's injected parameters, where its results are published.
+
+    The kernel wrote into the staging folder, which is renamed to the report folder at the end of
+    the run; a reader of the page should see the folder that exists, not the temporary one.
+    """
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    for cell in nb.cells:
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            cell.source = cell.source.replace(f"OUT_DIR = {staged_value!r}", f"OUT_DIR = {published_value!r}")
+            cell.source = cell.source.replace(f'OUT_DIR = "{staged_value}"', f'OUT_DIR = "{published_value}"')
+    nbformat.write(nb, executed)
+
+
 def _run_one(book: Path, staging: Path, params: dict, timeout_s: int, progress: bool,
-             kernel_name: str) -> dict:
+             kernel_name: str, published_out_dir: str | None = None) -> dict:
     import papermill as pm
 
     name = book.stem
     executed = staging / f"{name}.ipynb"
-    entry = {"name": name, "source": book.name, "status": "ok", "error": None,
-             "mode": "smoke" if params["SMOKE"] else "full", "started": _now(), "duration_s": None,
-             "ipynb": None, "html": None, "results": None}
+    entry = {"name": name, "source": book.name, "source_sha256": notebook_hash(book), "status": "ok",
+             "error": None, "mode": "smoke" if params["SMOKE"] else "full", "started": _now(),
+             "duration_s": None, "ipynb": None, "html": None, "results": None}
     t0 = time.perf_counter()
     try:
         pm.execute_notebook(str(book), str(executed), parameters=params, kernel_name=kernel_name,
@@ -367,6 +491,8 @@ def _run_one(book: Path, staging: Path, params: dict, timeout_s: int, progress: 
     if executed.is_file():
         entry["ipynb"] = executed.name
         try:
+            if published_out_dir is not None:
+                _publish_out_dir(executed, params["OUT_DIR"], published_out_dir)
             entry["html"] = render_html(executed, staging / f"{name}.html").name
             externalize_plotlyjs(staging / entry["html"])
             strip_embedded_plotlyjs(executed)  # after the HTML export, which needs it
@@ -434,17 +560,24 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     Returns
     -------
     dict, the manifest: ``gpu_slug``, ``device`` (:func:`fp8kv.device.describe_device`), ``mode``,
-    ``seed``, ``timeout_s``, ``triton_interpret``, ``command``, ``started``, ``finished``,
+    ``seed``, ``timeout_s``, ``triton_interpret``, ``only``, ``started``, ``finished``,
     ``duration_s``, ``ok`` (every notebook in the report is ok), ``failed`` (names of those that are
-    not), ``ran`` (names executed by this run; the others were carried over), ``report_dir``, and
-    ``notebooks``: one entry per notebook with ``name``, ``source``, ``status`` ("ok"/"failed"),
-    ``error``, ``mode``, ``started``, ``duration_s`` and the file names ``ipynb``, ``html``, ``results``.
+    not), ``ran`` (names executed by this run; the others were carried over), ``report_dir`` (the
+    folder's name, relative to ``out``: the manifest holds no absolute path), and ``notebooks``: one
+    entry per notebook with ``name``, ``source``, ``source_sha256`` (:func:`notebook_hash` of the
+    source notebook), ``status`` ("ok"/"failed"), ``error``, ``mode``, ``started``, ``duration_s``
+    and the file names ``ipynb``, ``html``, ``results``.
+
+    SIGTERM or SIGINT stops the run (:class:`RunInterrupted`): the kernel is killed, the staging
+    folder removed, the previous report left as it was. After a run, ``<out>/index.html`` is rebuilt
+    (:func:`build_index`).
     """
     from .device import describe_device, resolve_device
 
     dev = resolve_device(device)  # validates before any work
+    default_smoke, interpret = machine_defaults(dev)
     if smoke is None:
-        smoke = dev.type != "cuda"
+        smoke = default_smoke
     mode = "smoke" if smoke else "full"
     if timeout is None:
         timeout = DEFAULT_TIMEOUT_S[mode]
@@ -452,6 +585,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
         raise ValueError(f"timeout={timeout!r} must be a positive number of seconds (int)")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed={seed!r} must be an int")
+    _check_out(out)
     books = discover_notebooks(notebook_dir, only)
     if not books:
         raise ValueError(f"no notebooks found in {notebook_dir or _default_notebook_dir()}")
@@ -470,67 +604,413 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; the published folder should not be
+    # Paths in the manifest are relative to the report folder itself, so a copied folder stays right.
     manifest = {"gpu_slug": slug, "device": info, "mode": mode, "seed": seed, "timeout_s": timeout,
-                "triton_interpret": None, "command": " ".join(sys.argv), "started": _now(), "finished": None,
-                "duration_s": None, "ok": None, "failed": [], "ran": [b.stem for b in books],
-                "report_dir": str(final), "notebooks": []}
+                "triton_interpret": None, "only": [b.stem for b in books] if only else None,
+                "started": _now(), "finished": None, "duration_s": None, "ok": None, "failed": [],
+                "ran": [b.stem for b in books], "report_dir": slug, "notebooks": []}
     t0 = time.perf_counter()
+    children_before = _child_pids()
     try:
-        entries = _carry_over(final, staging, {b.stem for b in books}) if only and final.is_dir() else []
-        params_base = {"SMOKE": smoke, "DEVICE": str(device), "SEED": seed, "SHOW_WIDGETS": False}
-        with _kernel_environment(cuda=dev.type == "cuda"):
-            manifest["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
-            for i, book in enumerate(books, 1):
-                print(f"[{i}/{len(books)}] {book.stem} ({mode}, {slug})", flush=True)
-                out_dir = os.path.relpath(staging, book.parent) if staging.anchor == book.resolve().anchor \
-                    else str(staging)
-                entry = _run_one(book, staging, {**params_base, "OUT_DIR": out_dir}, timeout, progress,
-                                 kernel_name)
-                print(f"    {entry['status']} in {entry['duration_s']:.1f} s"
-                      + (f": {entry['error']}" if entry["error"] else ""), flush=True)
-                entries.append(entry)
-        entries.sort(key=lambda e: e["name"])
-        failed = [e["name"] for e in entries if e["status"] != "ok"]
-        manifest.update(notebooks=entries, failed=failed, ok=not failed, finished=_now(),
-                        duration_s=round(time.perf_counter() - t0, 2))
-        (staging / MANIFEST).write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
-        _swap_into_place(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        with _stop_on_signals(keep_pids=children_before):
+            entries = _carry_over(final, staging, {b.stem for b in books}) if only and final.is_dir() else []
+            params_base = {"SMOKE": smoke, "DEVICE": str(device), "SEED": seed, "SHOW_WIDGETS": False}
+            with _kernel_environment(interpret=interpret):
+                manifest["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+                for i, book in enumerate(books, 1):
+                    print(f"[{i}/{len(books)}] {book.stem} ({mode}, {slug})", flush=True)
+                    out_dir, published = _relative_or_absolute(staging, book.parent), \
+                        _relative_or_absolute(final, book.parent)
+                    entry = _run_one(book, staging, {**params_base, "OUT_DIR": out_dir}, timeout, progress,
+                                     kernel_name, published_out_dir=published)
+                    print(f"    {entry['status']} in {entry['duration_s']:.1f} s"
+                          + (f": {entry['error']}" if entry["error"] else ""), flush=True)
+                    entries.append(entry)
+            entries.sort(key=lambda e: e["name"])
+            failed = [e["name"] for e in entries if e["status"] != "ok"]
+            manifest.update(notebooks=entries, failed=failed, ok=not failed, finished=_now(),
+                            duration_s=round(time.perf_counter() - t0, 2))
+            (staging / MANIFEST).write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
+            _swap_into_place(staging, final)
+    except BaseException as exc:
+        # A second signal must not cut the clean-up short: ignore them until it is done.
+        with _signals_ignored():
+            if isinstance(exc, RunInterrupted):
+                _stop_processes(_child_pids() - children_before)  # anything the kernel left behind
+            shutil.rmtree(staging, ignore_errors=True)
         raise
+    try:
+        build_index(root)
+    except Exception as exc:  # the report itself is published; a broken index is reported, not fatal
+        print(f"warning: {root / INDEX} not rebuilt: {_error_text(exc)}", file=sys.stderr)
     return manifest
+
+
+def _check_out(out) -> None:
+    """``out`` must be a folder or a path that can become one (not a file, nor below a file)."""
+    if not isinstance(out, (str, os.PathLike)) or not str(out):
+        raise ValueError(f"out={out!r} must be a folder path (the reports root)")
+    path = Path(out)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ValueError(f"out={str(out)!r}: {str(p)!r} is a file, not a folder; "
+                                 "pass the folder that holds the <gpu-slug>/ report folders")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise ValueError(f"out={str(out)!r}: the folder {str(p)!r} is not writable")
+            return
+
+
+def _relative_or_absolute(path: Path, start: Path) -> str:
+    """``path`` relative to ``start`` when both are on one drive (always, off Windows), else absolute."""
+    return os.path.relpath(path, start) if path.anchor == start.resolve().anchor else str(path)
+
+
+class RunInterrupted(BaseException):
+    """The runner received SIGTERM or SIGINT: the run stops, its staging folder is removed.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way swallows it.
+    """
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(f"stopped by {signal.Signals(self.signum).name}")
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(keep_pids: set[int] = frozenset()):
+    """Turn SIGTERM and SIGINT into :class:`RunInterrupted` in the main thread, for the duration.
+
+    SIGTERM (what ``timeout``, CI runners and ``kill`` send) would otherwise end the interpreter
+    without any clean-up, and SIGINT reaches the running kernel as an ordinary cell interrupt, after
+    which the run would go on with the next notebook. The kernel (every process started since,
+    except ``keep_pids``) is killed first, so that nothing waits for its cell to finish.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        for sig in _STOP_SIGNALS:  # a second signal must not interrupt the clean-up
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_processes(_child_pids() - set(keep_pids))
+        raise RunInterrupted(signum)
+
+    saved = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _child_pids() -> set[int]:
+    """Process ids of every live descendant of this process (empty without psutil)."""
+    try:
+        import psutil
+    except ImportError:
+        return set()
+    try:
+        return {p.pid for p in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _stop_processes(pids: set[int], wait_s: float = 5.0) -> None:
+    """SIGKILL ``pids`` (the kernel this run started, and what it started) and wait for them.
+
+    Not SIGTERM: the kernel's results go with the staging folder, and a terminated kernel logs the
+    interrupted cell's traceback over the runner's last words.
+    """
+    if not pids:
+        return
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.kill()
+            procs.append(proc)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=wait_s)
+
+
+# --------------------------------------------------------------------------- one page across GPUs
+
+
+def _report_folders(root: Path) -> list[Path]:
+    """The ``<gpu-slug>/`` folders of a reports root that hold a manifest or results, sorted by name."""
+    return sorted(p for p in Path(root).iterdir() if p.is_dir() and not p.name.startswith(".")
+                  and ((p / MANIFEST).is_file() or any(p.glob("*.json"))))
+
+
+def _read(folder: Path, name: str) -> dict | None:
+    try:
+        return load_results(folder, name)["results"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+def _fmt(value, spec=".3g", unit="") -> str:
+    return f"{value:{spec}}{unit}" if isinstance(value, (int, float)) and math.isfinite(value) else "–"
+
+
+def gpu_summary(folder: str | os.PathLike) -> dict:
+    """One GPU's row of the index, from the results JSON in its report folder (missing ones give "–").
+
+    Keys: ``slug``, ``name``, ``arch``, ``versions``, ``mode``, ``capability`` (supported / total
+    backend × KV dtype × mode rows here), ``copy_gbps``, ``speedup`` (FP8 over the best 16-bit decode,
+    per head layout: median and best over the shapes measured), ``kv_capacity`` (per planner model:
+    FP8 e4m3 / bf16 tokens on this GPU, or the ratio where the machine has no GPU memory), ``kl``
+    (per model, mean KL of e4m3 amax-scaled KV against bf16), ``timings_meaningful``, ``pages``.
+    """
+    import statistics
+
+    folder = Path(folder)
+    manifest = {}
+    if (folder / MANIFEST).is_file():
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    env, cap, lat, acc = (_read(folder, n) for n in ("00_environment", "03_kv_capacity", "04_decode_latency",
+                                                     "06_model_accuracy"))
+    device = (env or {}).get("device") or manifest.get("device") or {}
+    row = {"slug": folder.name, "name": device.get("name", folder.name), "arch": device.get("arch") or "–",
+           "versions": ", ".join(f"{k} {device[k]}" for k in ("torch", "triton", "flashinfer") if device.get(k)),
+           "mode": manifest.get("mode", "–"), "capability": "–", "copy_gbps": None, "speedup": {},
+           "kv_capacity": {}, "kl": {}, "timings_meaningful": None,
+           "pages": [(e["name"], f"{folder.name}/{e['html']}") for e in manifest.get("notebooks", []) if e.get("html")]}
+    if env:
+        here = env.get("capability_here") or []
+        row["capability"] = f"{sum(bool(r.get('supported')) for r in here)} of {len(here)} run here"
+        row["copy_gbps"] = (env.get("copy_bandwidth") or {}).get("gbps")
+    if lat:
+        row["timings_meaningful"] = lat.get("timings_meaningful_for_gpu")
+        by_heads: dict[str, list[float]] = {}
+        for r in lat.get("speedup") or []:
+            v = r.get("speedup_vs_bf16")
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                by_heads.setdefault(f"{r['num_q_heads']}:{r['num_kv_heads']}", []).append(v)
+        row["speedup"] = {h: (statistics.median(v), max(v)) for h, v in sorted(by_heads.items())}
+    if cap:
+        for r in cap.get("rows") or []:
+            if r.get("gpu") == "this device" and r.get("fits") and r.get("granularity") in (None, "tensor"):
+                row["kv_capacity"].setdefault(r["model"], {})[r["kv_dtype"]] = r["tokens"]
+        if not row["kv_capacity"]:
+            row["kv_capacity"] = {m: {"ratio": v} for m, v in (cap.get("fp8_over_bf16_tokens_ratio") or {}).items()}
+    if acc:
+        for r in acc.get("summary") or []:
+            if r.get("config") == "e4m3 tensor amax":
+                row["kl"][r["model"]] = r.get("kl_mean")
+    return row
+
+
+def _capacity_text(kv: dict) -> str:
+    parts = []
+    for model, v in kv.items():
+        if "ratio" in v:
+            parts.append(f"{model}: FP8/bf16 {_fmt(v['ratio'], '.3f', '×')}")
+        elif "fp8_e4m3" in v:
+            parts.append(f"{model}: {v['fp8_e4m3'] / 1e6:.2f} M FP8 / {v.get('bf16', float('nan')) / 1e6:.2f} M bf16")
+    return "<br>".join(parts) or "–"
+
+
+def _overlay_figures(folders: list[Path]):
+    """Latency vs context (each GPU's largest batch) and % of copy bandwidth vs batch (largest context)."""
+    import pandas as pd
+
+    from . import viz
+
+    frames = []
+    for folder in folders:
+        lat = _read(folder, "04_decode_latency")
+        if lat and lat.get("rows"):
+            df = pd.DataFrame(lat["rows"])
+            df = df[df["status"] == "ok"]
+            if len(df):
+                frames.append(df.assign(gpu=folder.name))
+    if not frames:
+        return []
+    data = pd.concat(frames, ignore_index=True)
+    data["series"] = data["gpu"] + " · " + data["label"]
+    at_batch = data[data["batch"] == data.groupby("gpu")["batch"].transform("max")]
+    at_context = data[data["context"] == data.groupby("gpu")["context"].transform("max")]
+    latency = viz.line(at_batch.sort_values(["series", "context"]), x="context", y="time_us", color="series",
+                       log_x=True, log_y=True, hover=["batch", "gbps", "pct_copy_bw"],
+                       title="Decode latency vs context, every GPU (each at its largest measured batch)",
+                       labels={"series": "GPU · backend · KV dtype · mode"})
+    share = viz.line(at_context.sort_values(["series", "batch"]), x="batch", y="pct_copy_bw", color="series",
+                     log_x=True, hover=["context", "time_us", "gbps"],
+                     title="Share of the copy bandwidth vs batch, every GPU (each at its largest measured context)",
+                     labels={"series": "GPU · backend · KV dtype · mode"})
+    return [latency, share]
+
+
+def _plotlyjs_for_index(root: Path) -> str:
+    """Relative path of a plotly.js of the installed version under ``root`` (written there if none is)."""
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    name = f"plotly-{get_plotlyjs_version()}.min.js"
+    for folder in _report_folders(root):
+        if (folder / name).is_file():
+            return f"{folder.name}/{name}"
+    (root / name).write_text(get_plotlyjs(), encoding="utf-8")
+    return name
+
+
+def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
+    """Write ``<reports_dir>/index.html``: every GPU's report on one page, viewable offline.
+
+    One row per ``<gpu-slug>/`` folder (:func:`gpu_summary`) with links to its pages, and figures that
+    overlay the GPUs (latency vs context, share of the copy bandwidth vs batch). Built by every run
+    and by ``python -m fp8kv.notebooks index``; a new GPU's folder adds a row, nothing else changes.
+    """
+    import html as _html
+
+    root = Path(reports_dir)
+    folders = _report_folders(root)
+    rows = [gpu_summary(f) for f in folders]
+    esc = _html.escape
+    body = []
+    for r in rows:
+        speed = "<br>".join(f"Hq:Hkv {h}: median {_fmt(m, '.2f', '×')}, best {_fmt(b, '.2f', '×')}"
+                            for h, (m, b) in r["speedup"].items()) or "–"
+        if r["timings_meaningful"] is False:
+            speed += "<br><i>(CPU timings: not meaningful for any GPU)</i>"
+        kl = "<br>".join(f"{esc(m)}: {_fmt(v, '.2e')} nats/token" for m, v in r["kl"].items()) or "–"
+        pages = " · ".join(f'<a href="{esc(href)}">{esc(name)}</a>' for name, href in r["pages"]) or "–"
+        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
+            f"<b>{esc(r['name'])}</b><br><code>{esc(r['slug'])}</code>", esc(r["arch"]), esc(r["versions"]),
+            esc(r["mode"]), esc(r["capability"]), _fmt(r["copy_gbps"], ".4g", " GB/s"), speed,
+            _capacity_text(r["kv_capacity"]), kl, pages)) + "</tr>")
+    figures = _overlay_figures(folders)
+    plotly_tag = f'<script src="{_plotlyjs_for_index(root)}" charset="utf-8"></script>' if figures else ""
+    figure_html = "\n".join(f.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False)
+                             for f in figures)
+    header = ("GPU", "arch", "versions", "run", "capability", "copy bandwidth",
+              "FP8 over best 16-bit decode", "KV tokens (planner models, this GPU)", "KL, e4m3 amax vs bf16", "pages")
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>fp8kv: every GPU</title>{plotly_tag}
+<style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse;font-size:90%}}
+td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}}th{{background:#f4f4f4}}</style>
+</head><body>
+<h1>fp8kv: FP8 KV caches on every GPU that has run the notebooks</h1>
+<p>One row per report folder under this page ({len(rows)}). Each links to its notebook pages.</p>
+<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>
+{chr(10).join(body)}
+</table>
+{figure_html}
+</body></html>
+"""
+    path = root / INDEX
+    tmp = path.with_name(f".{INDEX}.tmp")
+    tmp.write_text(drop_network_loads(page), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
 
 
 # --------------------------------------------------------------------------- command line
 
 
+def _positive_seconds(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0 or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number of seconds")
+    return int(value)
+
+
+def _device_here(text: str) -> str:
+    from .device import resolve_device
+
+    try:
+        resolve_device(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _out_folder(text: str) -> str:
+    try:
+        _check_out(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _one_line_error(parser: argparse.ArgumentParser):
+    """``parser.error`` that prints one line, ``PROG: error: MESSAGE`` (the usage is in --help), exit 2."""
+
+    def error(message: str):
+        parser.exit(2, f"{parser.prog}: error: {' '.join(str(message).split())}\n")
+
+    return error
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``run`` options, shared by ``python -m fp8kv.notebooks`` and ``fp8kv notebooks run``."""
+    """The ``run`` options, shared by ``python -m fp8kv.notebooks`` and ``fp8kv notebooks run``.
+
+    Values are checked while parsing (a bad one exits with status 2 and one line on stderr).
+    """
+    parser.error = _one_line_error(parser)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--smoke", dest="smoke", action="store_true", default=None,
                       help="small sizes (default unless DEVICE is a CUDA device)")
     mode.add_argument("--full", dest="smoke", action="store_false", help="full sizes (default on a CUDA device)")
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="run only these notebooks (stem, file name or number prefix such as 01)")
-    parser.add_argument("--timeout", type=int, default=None, metavar="S",
-                        help="per-cell timeout in seconds (default: "
+    parser.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",
+                        help="per-cell timeout, a positive whole number of seconds (default: "
                         + ", ".join(f"{v} in {k} mode" for k, v in DEFAULT_TIMEOUT_S.items()) + ")")
-    parser.add_argument("--out", default="reports", help="reports root; results go to OUT/<gpu-slug>/ (default: reports)")
+    parser.add_argument("--out", type=_out_folder, default="reports",
+                        help="reports root folder; results go to OUT/<gpu-slug>/ (default: reports)")
     parser.add_argument("--notebooks", default=None, metavar="DIR", help="notebook folder (default: ./notebooks)")
-    parser.add_argument("--device", default="auto", help="DEVICE parameter: auto, cpu, cuda, cuda:N (default: auto)")
+    parser.add_argument("--device", type=_device_here, default="auto",
+                        help="DEVICE parameter: auto, cpu, cuda, cuda:N; must exist here (default: auto)")
     parser.add_argument("--seed", type=int, default=0, help="SEED parameter (default: 0)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no per-cell progress bar")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run with parsed ``run`` options; print the summary; return the exit status (0 ok, 1 failures)."""
+    """Run with parsed ``run`` options; print the summary; return the exit status.
+
+    0: every notebook ran; 1: some failed (the report is published with them); 2: bad arguments
+    (one line on stderr); 128 + N: stopped by signal N (SIGINT 130, SIGTERM 143), nothing published.
+    """
+    prog = "fp8kv notebooks run"
+    print(f"{prog}: device {args.device}, notebooks from {args.notebooks or _default_notebook_dir()}, "
+          f"out {args.out}", flush=True)
     try:
         manifest = run_notebooks(args.notebooks, args.out, smoke=args.smoke, only=args.only, timeout=args.timeout,
                                  device=args.device, seed=args.seed, progress=args.progress)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (TypeError, ValueError) as exc:
+        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    print(f"\nreport: {manifest['report_dir']}  ({manifest['mode']}, {manifest['duration_s']:.0f} s)")
+    except RunInterrupted as exc:
+        print(f"{prog}: {exc}; nothing was published, the previous report (if any) is unchanged",
+              file=sys.stderr)
+        return 128 + exc.signum
+    folder = Path(args.out) / manifest["report_dir"]
+    print(f"\nreport: {folder}  ({manifest['mode']}, {manifest['duration_s']:.0f} s); "
+          f"all GPUs: {Path(args.out) / INDEX}")
     for e in manifest["notebooks"]:
         kept = "" if e["name"] in manifest["ran"] else "  (kept from the previous run)"
         print(f"  {e['status']:>6}  {e['name']}  {e['html'] or '(no html)'}{kept}")
@@ -538,6 +1018,23 @@ def run_from_args(args: argparse.Namespace) -> int:
     if failed_now:
         print(f"FAILED: {', '.join(failed_now)} (see their .html / .ipynb in the report)", file=sys.stderr)
         return 1
+    return 0
+
+
+def index_main(argv: Sequence[str]) -> int:
+    """``python -m fp8kv.notebooks index [--out reports]``: rebuild ``<out>/index.html`` from the folders there."""
+    parser = argparse.ArgumentParser(prog="fp8kv notebooks index",
+                                     description="Build OUT/index.html, one page across every GPU's report.")
+    parser.error = _one_line_error(parser)
+    parser.add_argument("--out", type=_out_folder, default="reports",
+                        help="reports root holding the <gpu-slug>/ folders (default: reports)")
+    args = parser.parse_args(list(argv))
+    root = Path(args.out)
+    if not root.is_dir():
+        print(f"{parser.prog}: error: out={args.out!r} is not a folder; run the notebooks first", file=sys.stderr)
+        return 2
+    path = build_index(root)
+    print(f"index: {path} ({len(_report_folders(root))} report folder(s))")
     return 0
 
 
@@ -549,6 +1046,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .cli import main as cli_main
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "index":
+        return index_main(argv[1:])
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]
     return cli_main(["notebooks", *argv])

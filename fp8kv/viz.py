@@ -10,10 +10,13 @@ plain fp8kv objects, so results of several GPUs can be concatenated and drawn by
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 
 import plotly.graph_objects as go
 import plotly.io as pio
+from plotly.colors import qualitative as _qualitative
 
 __all__ = [
     "DEFAULT_RENDERER",
@@ -31,6 +34,14 @@ __all__ = [
     "error_vs_tolerance",
     "quant_error_heatmap",
     "grouped_bars",
+    "PALETTE",
+    "AXIS_TITLES",
+    "axis_title",
+    "series_color",
+    "color_map",
+    "mode_dash",
+    "mode_symbol",
+    "per_layer",
 ]
 
 # The plotly mimetype is what JupyterLab / VS Code render (interactive, through the bundled
@@ -38,6 +49,121 @@ __all__ = [
 # Its first use embeds the whole plotly.js once into the notebook, so the exported HTML views offline.
 DEFAULT_RENDERER = "plotly_mimetype+notebook"
 FORMAT_COLORS = {"e4m3": "#1f77b4", "e5m2": "#d62728", "e4m3fnuz": "#17becf", "e5m2fnuz": "#ff7f0e"}
+# 48 distinct colours (plotly's Dark24, then Alphabet's that are not in it): enough for every series of
+# a figure to have its own, and for a label to keep its colour from figure to figure and GPU to GPU.
+PALETTE = tuple(dict.fromkeys(c.lower() for c in (*_qualitative.Dark24, *_qualitative.Alphabet)))
+# Line dash and marker per decode mode, so a mode reads the same in every figure.
+MODE_DASH = {"dequant": "solid", "fp8": "dash"}
+MODE_SYMBOL = {"dequant": "circle", "fp8": "diamond"}
+# Axis and legend titles of the columns the notebooks draw: words with units, never the column name.
+AXIS_TITLES = {
+    "time_us": "time per decode step (µs)", "context": "context (tokens)", "batch": "batch (sequences)",
+    "gbps": "achieved bandwidth (GB/s)", "pct_copy_bw": "share of the copy bandwidth (%)",
+    "bytes": "bytes moved per call", "num_splits": "KV splits", "label": "backend · KV dtype · mode",
+    "rel_err": "relative error", "rel_error": "relative error", "tol": "tolerance", "sigma": "spread σ of the tensor",
+    "saturated_fraction": "saturated fraction", "underflow_fraction": "underflow fraction",
+    "setup": "setup", "k_rel_err": "K relative error", "v_rel_err": "V relative error",
+    "out_rel_err": "attention output relative error", "context_len": "context (tokens)",
+    "granularity": "scale granularity", "scale_method": "scale method", "quantize": "quantized",
+    "fraction": "fraction of elements", "kind": "kind", "tensor": "tensor", "channel": "channel",
+    "amax": "largest |value| over tokens", "kv_dtype": "KV dtype", "gpu": "GPU", "model": "model",
+    "tokens": "KV tokens", "blocks": "KV blocks", "max_concurrency": "full-length requests at once",
+    "ratio": "FP8 tokens / bf16 tokens", "ratio_upper": "ratio bound (whole blocks)",
+    "tokens_fp8_e4m3": "tokens, FP8 e4m3", "tokens_bf16": "tokens, bf16",
+    "scale_fraction": "share of KV memory holding scales", "config": "KV configuration",
+    "kl_mean": "mean KL (nats/token)", "kl_p99": "KL p99 (nats/token)", "ppl_delta_pct": "perplexity change (%)",
+    "top1_agree": "top-1 agreement", "k_sat_frac": "K saturated fraction", "v_sat_frac": "V saturated fraction",
+    "k_underflow_frac": "K underflow fraction", "v_underflow_frac": "V underflow fraction",
+    "attn_rel_err": "attention output relative error", "k_amax": "largest |K|", "v_amax": "largest |V|",
+    "layer": "layer", "layer_type": "layer type", "source": "source", "format": "format", "status": "status",
+    "share": "output error / its tolerance", "combination": "", "time_ms": "time (ms)",
+}
+
+
+def axis_title(column: str) -> str:
+    """Human title of a column: :data:`AXIS_TITLES`, else the name with spaces for underscores."""
+    return AXIS_TITLES.get(column, str(column).replace("_", " "))
+
+
+def _titles(columns, labels: dict | None) -> dict:
+    out = {c: axis_title(c) for c in columns if c is not None}
+    out.update(labels or {})
+    return out
+
+
+def _preferred_slot(label: str) -> int:
+    return int(hashlib.sha1(str(label).encode("utf-8")).hexdigest(), 16) % len(PALETTE)
+
+
+def series_color(label: str) -> str:
+    """The colour of a series label, the same in every figure, page and GPU.
+
+    FP8 format names keep :data:`FORMAT_COLORS`; any other label a colour of :data:`PALETTE`
+    chosen by a hash of the label (not by its position among the traces).
+    """
+    return FORMAT_COLORS.get(str(label)) or PALETTE[_preferred_slot(label)]
+
+
+def color_map(labels) -> dict:
+    """``{label: colour}`` for the labels of one figure: each its :func:`series_color`, no two alike.
+
+    When two labels hash to one colour, the one later in sorted order takes the next free colour of
+    :data:`PALETTE`, so the result depends only on the set of labels, never on trace order.
+    """
+    taken, out = set(), {}
+    for label in sorted({str(x) for x in labels}):
+        colour = series_color(label)
+        if colour in taken:
+            start = _preferred_slot(label)
+            colour = next((PALETTE[(start + i) % len(PALETTE)] for i in range(1, len(PALETTE) + 1)
+                           if PALETTE[(start + i) % len(PALETTE)] not in taken), colour)
+        taken.add(colour)
+        out[label] = colour
+    return out
+
+
+def _mode_of(name: str) -> str | None:
+    words = re.split(r"[\s·,]+", str(name))
+    return next((m for m in MODE_DASH if m in words), None)
+
+
+def mode_dash(name: str) -> str:
+    """Line dash of a series by the decode mode named in it (``dequant`` solid, ``fp8`` dashed)."""
+    return MODE_DASH.get(_mode_of(name), "solid")
+
+
+def mode_symbol(name: str) -> str:
+    """Marker of a series by the decode mode named in it (``dequant`` circle, ``fp8`` diamond)."""
+    return MODE_SYMBOL.get(_mode_of(name), "circle")
+
+
+def _style_by_label(fig: go.Figure, labels) -> go.Figure:
+    """Colour every trace by its name (:func:`color_map`), dash and marker by the mode it names."""
+    colours = color_map(labels)
+    for trace in fig.data:
+        name = str(trace.name) if trace.name is not None else None
+        if name not in colours:
+            continue
+        if trace.type == "scatter":
+            trace.update(line=dict(color=colours[name], dash=mode_dash(name)),
+                         marker=dict(color=colours[name], symbol=mode_symbol(name)))
+        elif trace.type == "bar":
+            trace.update(marker=dict(color=colours[name]))
+    return fig
+
+
+def _is_log(fig: go.Figure, axis: str) -> bool:
+    """Whether the figure's first ``x``/``y`` axis is logarithmic."""
+    return getattr(fig.layout, f"{axis}axis").type == "log"
+
+
+def _coord(fig: go.Figure, axis: str, value: float) -> float:
+    """A data coordinate for a shape or annotation: plotly reads those as exponents on a log axis."""
+    if _is_log(fig, axis):
+        if value <= 0:
+            raise ValueError(f"{axis}={value!r} cannot be placed on a log axis (needs a positive value)")
+        return math.log10(value)
+    return value
 
 
 def setup_plotly(renderer: str = DEFAULT_RENDERER, template: str = "plotly_white") -> None:
@@ -77,7 +203,9 @@ def line(df, x: str, y: str, color: str | None = None, *, log_x: bool = False, l
 
     _require_columns(df, [x, y, color, *(hover or [])])
     fig = px.line(df, x=x, y=y, color=color, log_x=log_x, log_y=log_y, markers=markers, title=title,
-                  labels=labels or {}, hover_data=hover)
+                  labels=_titles([x, y, color, *(hover or [])], labels), hover_data=hover)
+    if color is not None:
+        _style_by_label(fig, df[color].unique())
     return fig
 
 
@@ -89,8 +217,8 @@ def add_ceiling(fig: go.Figure, value: float, label: str = "copy bandwidth", *, 
     """
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"value must be a finite number, got {value!r}")
-    fig.add_hline(y=value, line_dash=dash, line_color=color, annotation_text=f"{label}: {value:.4g}",
-                  annotation_position="top left")
+    fig.add_hline(y=_coord(fig, "y", value), line_dash=dash, line_color=color,
+                  annotation_text=f"{label}: {value:.4g}", annotation_position="top left")
     return fig
 
 
@@ -158,22 +286,28 @@ def relative_error_vs_magnitude(df, *, x: str = "magnitude", y: str = "rel_error
 
     _require_columns(df, [x, y, fmt_col])
     fig = go.Figure()
+    # Log axes first: shapes and annotations below are placed in log10 units (what plotly reads there).
+    fig.update_xaxes(type="log", exponentformat="power", title="|input|")
+    fig.update_yaxes(type="log", exponentformat="power", title="relative error of the round trip")
+    lo, hi = float(df[x].min()), float(df[x].max())
     for name, part in df.groupby(fmt_col, sort=False):
         part = part[part[y] > 0]
-        color = FORMAT_COLORS.get(str(name))
+        color = series_color(str(name))
         fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines", name=str(name), line=dict(color=color, width=1)))
         if show_regions:
             f = get_format(str(name))
-            fig.add_hline(y=f.unit_roundoff, line_dash="dot", line_color=color,
+            fig.add_hline(y=_coord(fig, "y", f.unit_roundoff), line_dash="dot", line_color=color,
                           annotation_text=f"{f.name} unit roundoff 2^-{f.mantissa_bits + 1}",
                           annotation_position="bottom right")
-            fig.add_vrect(x0=df[x].min(), x1=f.min_normal, fillcolor=color, opacity=0.07, line_width=0)
-            fig.add_vline(x=f.min_normal, line_dash="dot", line_color=color)
-            fig.add_vrect(x0=f.max, x1=df[x].max(), fillcolor=color, opacity=0.07, line_width=0)
-            fig.add_vline(x=f.max, line_dash="dash", line_color=color,
+            if lo < f.min_normal:
+                fig.add_vrect(x0=_coord(fig, "x", lo), x1=_coord(fig, "x", f.min_normal), fillcolor=color,
+                              opacity=0.07, line_width=0)
+            fig.add_vline(x=_coord(fig, "x", f.min_normal), line_dash="dot", line_color=color)
+            if f.max < hi:
+                fig.add_vrect(x0=_coord(fig, "x", f.max), x1=_coord(fig, "x", hi), fillcolor=color, opacity=0.07,
+                              line_width=0)
+            fig.add_vline(x=_coord(fig, "x", f.max), line_dash="dash", line_color=color,
                           annotation_text=f"{f.name} max {f.max:g}", annotation_position="top left")
-    fig.update_xaxes(type="log", exponentformat="power", title="|input|")
-    fig.update_yaxes(type="log", exponentformat="power", title="relative error of the round trip")
     fig.update_layout(title="Relative error vs magnitude: subnormal (left shade), normal, saturated (right shade)",
                       legend_title="format")
     return fig
@@ -198,18 +332,21 @@ def cast_comparison(df, *, x: str = "input", y: str = "output", method_col: str 
     top = float(finite_y.abs().max()) * 1.15 if len(finite_y) else 1.0
     fig = go.Figure()
     dashes = ["solid", "dash", "dot", "dashdot"]
-    for i, ((fmt, method), part) in enumerate(df.groupby([fmt_col, method_col], sort=False)):
+    methods = list(dict.fromkeys(df[method_col]))
+    groups = list(df.groupby([fmt_col, method_col], sort=False))
+    colours = color_map(f"{fmt}: {method}" for (fmt, method), _ in groups)
+    for (fmt, method), part in groups:
         vals = part[y].to_numpy(dtype=float)
         ok = np.isfinite(vals)
         name = f"{fmt}: {method}"
-        color = FORMAT_COLORS.get(str(fmt))
-        fig.add_trace(go.Scatter(x=part[x][ok], y=vals[ok], mode="lines+markers", name=name,
-                                 line=dict(color=color, dash=dashes[i % len(dashes)])))
-        if (~ok).any():
+        color = colours[name]
+        fig.add_trace(go.Scatter(x=part[x][ok], y=vals[ok], mode="lines+markers", name=name, legendgroup=name,
+                                 line=dict(color=color, dash=dashes[methods.index(method) % len(dashes)])))
+        if (~ok).any():  # the same series, drawn where its values are not finite
             labels = ["inf" if np.isinf(v) else "NaN" for v in vals[~ok]]
             fig.add_trace(go.Scatter(x=part[x][~ok], y=[top] * int((~ok).sum()), mode="markers+text",
                                      text=labels, textposition="top center", name=f"{name} (non-finite)",
-                                     marker=dict(symbol="x", size=10, color=color)))
+                                     legendgroup=name, marker=dict(symbol="x", size=10, color=color)))
     fig.update_layout(title="Casting values beyond the format's max", xaxis_title="input", yaxis_title="output",
                       legend_title="format: cast")
     return fig
@@ -272,11 +409,12 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
     _require_columns(df, [x, y, color, facet, *(hover or [])])
     data = df.sort_values([c for c in (facet, color, x) if c is not None])
     fig = px.line(data, x=x, y=y, color=color, facet_col=facet, log_x=log_x, log_y=log_y, markers=True,
-                  title=title, labels=labels or {}, hover_data=hover)
+                  title=title, labels=_titles([x, y, color, facet, *(hover or [])], labels), hover_data=hover)
+    _style_by_label(fig, data[color].unique())
     if ceiling is not None:
         if not isinstance(ceiling, (int, float)) or not math.isfinite(ceiling):
             raise ValueError(f"ceiling must be a finite number or None, got {ceiling!r}")
-        fig.add_hline(y=ceiling, line_dash="dash", line_color="gray", annotation_text=ceiling_label,
+        fig.add_hline(y=_coord(fig, "y", ceiling), line_dash="dash", line_color="gray", annotation_text=ceiling_label,
                       annotation_position="top left")
     if log_x:
         fig.update_xaxes(tickvals=sorted(data[x].unique()))  # the measured sizes, not decades
@@ -346,9 +484,10 @@ def bandwidth_roofline(df, copy_gbps: float, *, x: str = "bytes", y: str = "gbps
     extra = [c for c in ("batch", "context", "time_us", "pct_copy_bw") if c in df.columns and c not in (x, y)]
     fig = px.scatter(df, x=x, y=y, color=color, log_x=True, log_y=True, hover_data=extra + list(hover or []),
                      title=title or "Achieved bandwidth vs bytes moved per decode call",
-                     labels={"bytes": "bytes moved per call", "gbps": "achieved GB/s"})
+                     labels=_titles([x, y, color, *extra, *(hover or [])], None))
+    _style_by_label(fig, df[color].unique())
     fig.update_traces(marker=dict(size=9))
-    fig.add_hline(y=copy_gbps, line_dash="dash", line_color="gray",
+    fig.add_hline(y=_coord(fig, "y", copy_gbps), line_dash="dash", line_color="gray",
                   annotation_text=f"copy bandwidth {copy_gbps:.4g} GB/s", annotation_position="bottom right")
     return fig
 
@@ -429,7 +568,9 @@ def error_vs_tolerance(df, *, title: str | None = None) -> go.Figure:
                      + ran["granularity"])
     fig = px.bar(ran, x="combination", y="share", color="setup", hover_data=["rel_err", "tol", "status"],
                  title=title or "Output error as a share of its tolerance (≤ 1 passes)",
-                 labels={"share": "rel_err / tol", "combination": "", "setup": "backend · mode"})
+                 labels={**_titles(["share", "rel_err", "tol", "status"], None), "combination": "",
+                         "setup": "backend · mode"})
+    _style_by_label(fig, ran["setup"].unique())
     fig.add_hline(y=1.0, line_dash="dash", line_color="gray", annotation_text="tolerance",
                   annotation_position="top left")
     fig.update_xaxes(tickangle=-45)
@@ -464,7 +605,7 @@ def quant_error_heatmap(df, value: str = "out_rel_err", *, row: str = "granulari
     tf = (lambda a: np.log10(np.where(a > 0, a, np.nan))) if log_color else (lambda a: a)
     lo, hi = (float(tf(pos).min()), float(tf(pos).max())) if pos.size else (0.0, 1.0)
     fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=[f"{facet} = {p}" for p in panels] if facet else None)
+                        subplot_titles=[f"{axis_title(facet)} = {p}" for p in panels] if facet else None)
     for i, p in enumerate(panels):
         part = df if p is None else df[df[facet] == p]
         z = part.pivot_table(index=row, columns=col, values=value, aggfunc="mean", sort=False)
@@ -473,12 +614,14 @@ def quant_error_heatmap(df, value: str = "out_rel_err", *, row: str = "granulari
         fig.add_trace(go.Heatmap(
             z=tf(z), x=[str(c) for c in cols], y=[str(r) for r in rows], text=text, texttemplate="%{text}",
             customdata=z, zmin=lo, zmax=hi, colorscale="Viridis", showscale=i == len(panels) - 1,
-            colorbar=dict(title=f"log10 {value}" if log_color else value), xgap=2, ygap=2,
-            hovertemplate=f"{row} %{{y}}<br>{col} %{{x}}<br>{value} %{{customdata:.4g}}<extra>{p or ''}</extra>",
+            colorbar=dict(title=f"log10 of {axis_title(value)}" if log_color else axis_title(value)), xgap=2, ygap=2,
+            hovertemplate=f"{axis_title(row)} %{{y}}<br>{axis_title(col)} %{{x}}<br>{axis_title(value)} "
+                          f"%{{customdata:.4g}}<extra>{p or ''}</extra>",
         ), row=1, col=i + 1)
-        fig.update_xaxes(title_text=col, row=1, col=i + 1)
-    fig.update_yaxes(title_text=row, autorange="reversed", row=1, col=1)
-    fig.update_layout(title=title or f"{value} by {row} × {col}", height=max(300, 50 * len(rows) + 200))
+        fig.update_xaxes(title_text=axis_title(col), row=1, col=i + 1)
+    fig.update_yaxes(title_text=axis_title(row), autorange="reversed", row=1, col=1)
+    fig.update_layout(title=title or f"{axis_title(value)} by {axis_title(row)} × {axis_title(col)}",
+                      height=max(300, 50 * len(rows) + 200))
     return fig
 
 
@@ -501,7 +644,24 @@ def grouped_bars(df, x: str, y: str, color: str | None = None, *, facet_col: str
     if color is not None:
         data[color] = data[color].astype(str)  # categories, not a continuous colour bar
     fig = px.bar(data, x=x, y=y, color=color, facet_col=facet_col, facet_row=facet_row, barmode="group",
-                 log_y=log_y, title=title, labels=labels or {}, hover_data=hover, text=text)
+                 log_y=log_y, title=title, labels=_titles([x, y, color, facet_col, facet_row, text, *(hover or [])],
+                                                          labels), hover_data=hover, text=text)
+    if color is not None:
+        _style_by_label(fig, data[color].unique())
     if text is not None:
         fig.update_traces(textposition="outside", cliponaxis=False)
     return fig
+
+
+def per_layer(layers, model: str, metric: str) -> go.Figure:
+    """One metric of ``fp8kv.models.evaluate(..., per_layer=True)`` rows against the layer, a line per config.
+
+    ``layers``: rows with columns model, config, layer, layer_type and ``metric``. The magnitudes
+    (``k_amax``, ``v_amax``) are drawn from the bf16 run, the errors and fractions from the others;
+    the attention error on a log axis.
+    """
+    _require_columns(layers, ["model", "config", "layer", "layer_type", metric], "layers")
+    magnitude = metric in ("k_amax", "v_amax")
+    rows = layers[(layers["model"] == model) & ((layers["config"] == "bf16") == magnitude)]
+    return line(rows, x="layer", y=metric, color="config", log_y=metric == "attn_rel_err",
+                title=f"{model}: {axis_title(metric)} per layer", hover=["layer_type"])

@@ -1,7 +1,11 @@
 """Shared test helpers: one error-ratio assertion and a seeded generator, both as fixtures
-(``assert_rel_err``, ``gen``) so test modules never import this file by name."""
+(``assert_rel_err``, ``gen``) so test modules never import this file by name; and ``smoke_report``,
+one smoke render of every notebook per test session, shared by the modules that read it."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,3 +30,21 @@ def gen() -> torch.Generator:
 def _assert_rel_err_fixture():
     """:func:`assert_rel_err` as a fixture: ``assert_rel_err(a, ref, tol, what)``."""
     return assert_rel_err
+
+
+@pytest.fixture(scope="session")
+def smoke_report(tmp_path_factory):
+    """``fp8kv notebooks run --smoke`` of every notebook in notebooks/, once per session.
+
+    Returns ``(exit status, report folder, manifest)``.
+    """
+    from fp8kv import cli
+    from fp8kv.device import gpu_slug
+
+    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+    out = tmp_path_factory.mktemp("reports")
+    rc = cli.main(["notebooks", "run", "--smoke", "--out", str(out), "--notebooks", str(notebooks),
+                   "--no-progress", "--timeout", "300"])
+    folder = out / gpu_slug()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return rc, folder, manifest

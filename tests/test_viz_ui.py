@@ -87,10 +87,14 @@ def test_relative_error_vs_magnitude_drops_zero_errors_and_marks_regions():
     assert [t.name for t in fig.data] == ["e4m3", "e5m2"]
     for t in fig.data:
         assert 0.0 not in list(t.y) and len(t.x) == 3
+    # On log axes plotly reads shape and annotation coordinates as log10 of the value.
     hlines = sorted(s.y0 for s in fig.layout.shapes if s.type == "line" and s.y0 == s.y1)
-    assert hlines == sorted([format("e4m3").unit_roundoff, format("e5m2").unit_roundoff])
-    vlines = {s.x0 for s in fig.layout.shapes if s.type == "line" and s.x0 == s.x1}
-    assert {format("e4m3").max, format("e5m2").max, format("e4m3").min_normal} <= vlines
+    assert hlines == pytest.approx(sorted(math.log10(format(f).unit_roundoff) for f in ("e4m3", "e5m2")))
+    vlines = {round(s.x0, 9) for s in fig.layout.shapes if s.type == "line" and s.x0 == s.x1}
+    assert {round(math.log10(v), 9) for v in (format("e4m3").max, format("e5m2").max, format("e4m3").min_normal)} \
+        <= vlines
+    for a in fig.layout.annotations:
+        assert abs(a.x if a.xref == "x" else 0) < 30 and abs(a.y if a.yref == "y" else 0) < 30, a
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
 
 
@@ -245,7 +249,7 @@ def test_speedup_heatmap_cells_and_log_scale():
 def test_bandwidth_roofline_draws_the_roof():
     fig = viz.bandwidth_roofline(_bench_rows(), 4000.0)
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
-    assert any(s.y0 == 4000.0 for s in fig.layout.shapes)
+    assert any(s.y0 == pytest.approx(math.log10(4000.0)) for s in fig.layout.shapes)  # log axis: log10 units
     with pytest.raises(ValueError, match="copy_gbps"):
         viz.bandwidth_roofline(_bench_rows(), float("nan"))
 

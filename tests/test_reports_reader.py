@@ -1,0 +1,238 @@
+"""Every rendered page read as a reader would, figure by figure.
+
+Over a fresh smoke render of every notebook in ``notebooks/`` (made once per test session by the
+``smoke_report`` fixture) and over every committed render under ``reports/<gpu>/``, each page's plotly
+figures are parsed from its HTML, and the test fails on
+
+* a log axis whose range, or an annotation or shape placed on it, is not a plausible exponent
+  (plotly reads those coordinates as log10 of the value: 448 there means 10^448);
+* an axis or legend title that is a raw column name (a snake_case identifier such as ``rel_err_p99``);
+* two series of one figure in one colour (plotly's colour cycle included);
+* anything the page loads from the network (``<script src>`` / ``<link href>`` with a URL);
+* ``staging`` or an absolute path anywhere in a page or its folder's ``manifest.json``;
+* a page whose source notebook has changed since it was rendered (the manifest's ``source_sha256``
+  against :func:`fp8kv.notebooks.notebook_hash` of ``notebooks/<name>.ipynb``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fp8kv import notebooks as runner
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+COMMITTED = sorted((REPO / "reports").glob("*/*.html"))
+MAX_EXPONENT = 30  # |log10| of any value a figure here could show (1e-30 ... 1e30)
+RAW_COLUMN = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
+NETWORK_LOAD = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*[\"']?(?:https?:)?//", re.I)
+# A path of some machine: /home/..., /work/..., /tmp/..., C:\Users\..., after a quote, space, = or (.
+ABSOLUTE_PATH = re.compile(r"(?:^|[\s\"'=(>])(/(?:home|work|tmp|root|Users|usr|opt|var|mnt|private|scratch)/[^\s\"'<]*"
+                           r"|[A-Za-z]:\\\\?(?:Users|Windows)[^\s\"'<]*)")
+
+
+# --------------------------------------------------------------------------- reading a page
+
+
+def plotly_figures(html: str) -> list[dict]:
+    """Every ``Plotly.newPlot(id, data, layout, ...)`` of a page as ``{"data": [...], "layout": {...}}``."""
+    decoder = json.JSONDecoder()
+    figures = []
+    for m in re.finditer(r"Plotly\.newPlot\(\s*", html):
+        pos = m.end()
+        args = []
+        for _ in range(3):  # the div id, the traces, the layout
+            value, pos = decoder.raw_decode(html, pos)
+            args.append(value)
+            pos = re.compile(r"\s*,\s*").match(html, pos).end()
+        figures.append({"data": args[1], "layout": args[2]})
+    return figures
+
+
+def _axis_key(ref: str | None, letter: str) -> str | None:
+    """Layout key of the axis an annotation/shape coordinate refers to ("y2" -> "yaxis2"); None for paper/domain."""
+    ref = ref or letter
+    if ref == "paper" or ref.endswith("domain"):
+        return None
+    return f"{letter}axis{ref[1:]}"
+
+
+def log_axis_problems(fig: dict) -> list[str]:
+    layout = fig["layout"]
+    logs = {k for k, v in layout.items() if re.fullmatch(r"[xy]axis\d*", k) and v.get("type") == "log"}
+    problems = []
+    for key in sorted(logs):
+        rng = layout[key].get("range") or []
+        if any(isinstance(v, (int, float)) and abs(v) > MAX_EXPONENT for v in rng):
+            problems.append(f"{key} range {rng}")
+    for kind, coords in (("annotations", {"x": ["x"], "y": ["y"]}), ("shapes", {"x": ["x0", "x1"], "y": ["y0", "y1"]})):
+        for item in layout.get(kind, []):
+            for letter, names in coords.items():
+                if _axis_key(item.get(f"{letter}ref"), letter) not in logs:
+                    continue
+                for n in names:
+                    v = item.get(n)
+                    if isinstance(v, (int, float)) and abs(v) > MAX_EXPONENT:
+                        problems.append(f"{kind[:-1]} {item.get('text', item.get('type', ''))!r} {n}={v} on a log axis")
+    return problems
+
+
+def _title_text(title) -> str:
+    if isinstance(title, dict):
+        return str(title.get("text") or "")
+    return str(title or "")
+
+
+def raw_title_problems(fig: dict) -> list[str]:
+    layout = fig["layout"]
+    titles = {k: _title_text(v.get("title")) for k, v in layout.items()
+              if re.fullmatch(r"[xy]axis\d*", k) and isinstance(v, dict)}
+    titles["legend"] = _title_text((layout.get("legend") or {}).get("title"))
+    return [f"{k} title {t!r}" for k, t in titles.items() if RAW_COLUMN.fullmatch(t.strip())]
+
+
+def repeated_colour_problems(fig: dict) -> list[str]:
+    """Series (a legend group, else a trace name) sharing one colour; unset colours follow the colour cycle."""
+    layout = fig["layout"]
+    cycle = layout.get("colorway") or ((layout.get("template") or {}).get("layout") or {}).get("colorway") or []
+    owner: dict[str, str] = {}
+    problems = []
+    for i, trace in enumerate(fig["data"]):
+        if trace.get("type", "scatter") not in ("scatter", "scattergl", "bar") or not trace.get("name"):
+            continue
+        colour = (trace.get("line") or {}).get("color") or (trace.get("marker") or {}).get("color")
+        if colour is None and cycle:
+            colour = cycle[i % len(cycle)]
+        if not isinstance(colour, str):
+            continue  # per-point colours: not a series colour
+        series = trace.get("legendgroup") or trace["name"]
+        colour = colour.lower()
+        if owner.setdefault(colour, series) != series:
+            problems.append(f"{owner[colour]!r} and {series!r} are both {colour}")
+    return problems
+
+
+def page_problems(html: str) -> list[str]:
+    problems = []
+    for m in NETWORK_LOAD.finditer(html):
+        problems.append(f"loads from the network: {html[m.start():m.start() + 120]!r}")
+    if "staging" in html:
+        i = html.index("staging")
+        problems.append(f"mentions staging: {html[max(0, i - 60):i + 40]!r}")
+    for m in list(ABSOLUTE_PATH.finditer(html))[:3]:
+        problems.append(f"absolute path: {m.group(1)[:120]!r}")
+    for n, fig in enumerate(plotly_figures(html)):
+        title = _title_text(fig["layout"].get("title"))
+        for p in log_axis_problems(fig) + raw_title_problems(fig) + repeated_colour_problems(fig):
+            problems.append(f"figure {n} ({title[:60]!r}): {p}")
+    return problems
+
+
+def manifest_problems(folder: Path) -> list[str]:
+    path = folder / "manifest.json"
+    if not path.is_file():
+        return [f"{folder.name} has no manifest.json"]
+    text = path.read_text(encoding="utf-8")
+    problems = ["manifest mentions staging"] if "staging" in text else []
+
+    def walk(value, where):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{where}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(value, str) and (value.startswith("/") or re.match(r"^[A-Za-z]:\\", value)
+                                         or ABSOLUTE_PATH.search(value)):
+            problems.append(f"manifest{where} is an absolute path or holds one: {value[:120]!r}")
+
+    walk(json.loads(text), "")
+    return problems
+
+
+def source_hash_problem(folder: Path, name: str) -> str | None:
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    entry = next((e for e in manifest.get("notebooks", []) if e.get("name") == name), None)
+    source = REPO / "notebooks" / f"{name}.ipynb"
+    if entry is None:
+        return f"{name} is not in {folder.name}/manifest.json"
+    if not source.is_file():
+        return f"{folder.name}/{name}.html has no source notebook notebooks/{name}.ipynb"
+    recorded = entry.get("source_sha256")
+    if recorded is None:
+        return f"{folder.name}/manifest.json records no source_sha256 for {name}: which notebook made it is unknown"
+    if recorded != runner.notebook_hash(source):
+        return f"{folder.name}/{name}.html was rendered from another version of notebooks/{name}.ipynb"
+    return None
+
+
+# --------------------------------------------------------------------------- the checks themselves
+
+
+def test_the_reader_catches_what_it_looks_for():
+    """The checks above fail on the faults they name (a test that cannot fail is no test)."""
+    bad = {"data": [{"type": "scatter", "name": "a", "line": {"color": "#111111"}},
+                    {"type": "scatter", "name": "b", "line": {"color": "#111111"}}],
+           "layout": {"xaxis": {"type": "log", "title": {"text": "rel_err_p99"}}, "yaxis": {"type": "log"},
+                      "shapes": [{"type": "line", "xref": "x", "x0": 448, "x1": 448, "yref": "paper"}],
+                      "annotations": [{"text": "max", "xref": "x", "x": 2.65, "yref": "y", "y": 240}]}}
+    assert sorted(log_axis_problems(bad)) == ["annotation 'max' y=240 on a log axis",
+                                              "shape 'line' x0=448 on a log axis", "shape 'line' x1=448 on a log axis"]
+    assert raw_title_problems(bad) == ["xaxis title 'rel_err_p99'"]
+    assert repeated_colour_problems(bad) == ["'a' and 'b' are both #111111"]
+    cycle = {"data": [{"type": "scatter", "name": str(i)} for i in range(11)],
+             "layout": {"template": {"layout": {"colorway": [f"#{i:06x}" for i in range(10)]}}}}
+    assert repeated_colour_problems(cycle) == ["'0' and '10' are both #000000"]
+    html = ('<script src="https://cdn.x/require.js"></script><div>/work/me/x.ipynb</div> OUT_DIR = ".cpu.staging-1"'
+            '<script>Plotly.newPlot("d1", [{"type": "scatter", "name": "a"}], {"xaxis": {"title": "batch_size"}}, {})'
+            '</script>')
+    found = page_problems(html)
+    assert any("network" in p for p in found) and any("staging" in p for p in found)
+    assert any("absolute path" in p for p in found) and any("batch_size" in p for p in found)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_fresh_render_reads_right(smoke_report, path):
+    _, folder, _ = smoke_report
+    page = folder / f"{path.stem}.html"
+    assert page.is_file(), f"{path.stem} was not rendered"
+    assert page_problems(page.read_text(encoding="utf-8")) == []
+    assert source_hash_problem(folder, path.stem) is None
+
+
+def test_fresh_render_manifest_and_index(smoke_report):
+    _, folder, _ = smoke_report
+    assert manifest_problems(folder) == []
+    index = folder.parent / runner.INDEX
+    assert index.is_file(), "the run did not build the index page"
+    assert page_problems(index.read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize("page", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_committed_page_reads_right(page):
+    assert page_problems(page.read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize("page", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_committed_page_is_current(page):
+    assert source_hash_problem(page.parent, page.stem) is None
+
+
+@pytest.mark.parametrize("folder", sorted({p.parent for p in COMMITTED}), ids=lambda p: p.name)
+def test_committed_manifest(folder):
+    assert manifest_problems(folder) == []
+
+
+def test_committed_index():
+    index = REPO / "reports" / runner.INDEX
+    if not COMMITTED:
+        pytest.skip("no committed report folders")
+    assert index.is_file(), "reports/index.html is missing: python -m fp8kv.notebooks index"
+    html = index.read_text(encoding="utf-8")
+    assert page_problems(html) == []
+    for folder in sorted({p.parent.name for p in COMMITTED}):
+        assert f'href="{folder}/' in html, f"the index does not link {folder}"

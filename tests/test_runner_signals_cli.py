@@ -1,0 +1,213 @@
+"""The notebook runner under a real signal, its command-line checks, the index page, headless widgets.
+
+* ``python -m fp8kv.notebooks run`` in a real subprocess, killed with SIGTERM / SIGINT while a
+  notebook's cell runs: it exits promptly and non-zero, its kernel is gone, no staging folder is
+  left, and the previous report folder is byte-for-byte what it was.
+* Bad ``run`` arguments exit with status 2 and one ``error:`` line on stderr, never a traceback.
+* ``index``: one row per GPU folder, links to its pages, nothing loaded from the network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from fp8kv import notebooks as runner
+from fp8kv import ui
+from fp8kv.device import gpu_slug
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def _notebook(folder: Path, name: str, body: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('SMOKE = None\nDEVICE = "auto"\nOUT_DIR = "results"\nSEED = 0\nSHOW_WIDGETS = True')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {name}"), params, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = folder / f"{name}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_stops_the_run_and_keeps_the_previous_report(tmp_path, sig):
+    books, out = tmp_path / "books", tmp_path / "reports"
+    books.mkdir()
+    marker = tmp_path / "kernel.pid"
+    # The cell announces its kernel's pid, then would run for minutes.
+    _notebook(books, "00_slow", f'import os, time\nopen({str(marker)!r}, "w").write(str(os.getpid()))\n'
+                                'time.sleep(600)')
+    previous = out / gpu_slug("cpu")
+    previous.mkdir(parents=True)
+    (previous / "manifest.json").write_text('{"notebooks": []}\n')
+    (previous / "00_slow.html").write_text("<html>previous report</html>")
+    snapshot = {p.name: p.read_bytes() for p in previous.iterdir()}
+
+    proc = subprocess.Popen([sys.executable, "-m", "fp8kv.notebooks", "run", "--device", "cpu", "--notebooks",
+                             str(books), "--out", str(out), "--no-progress", "--timeout", "900"],
+                            env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (marker.is_file() and marker.read_text().strip()):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the notebook's cell never started"
+            time.sleep(0.2)
+        kernel_pid = int(marker.read_text())
+        assert any(p.name.startswith(f".{gpu_slug('cpu')}.staging-") for p in out.iterdir())
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=20)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + sig, err
+    assert took < 10, f"the runner took {took:.1f} s to stop"
+    assert "Traceback" not in err and signal.Signals(sig).name in err
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")], "staging folder left behind"
+    assert {p.name: p.read_bytes() for p in previous.iterdir()} == snapshot
+    for _ in range(50):  # the kernel was stopped with the runner
+        if not _alive(kernel_pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(kernel_pid), "the notebook kernel outlived the runner"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--out", "FILE"], "--out"),
+    (["--timeout", "0"], "--timeout"),
+    (["--timeout", "-5"], "--timeout"),
+    (["--timeout", "nan"], "--timeout"),
+    (["--timeout", "2.5"], "--timeout"),
+    (["--only", "99_missing"], "only='99_missing'"),
+    (["--device", "cuda:7"], "--device"),
+    (["--device", "tpu"], "--device"),
+])
+def test_bad_run_arguments_exit_2_with_one_line(tmp_path, args, needle):
+    books = tmp_path / "books"
+    books.mkdir()
+    _notebook(books, "00_x", "pass")
+    afile = tmp_path / "a_file"
+    afile.write_text("not a folder")
+    args = [str(afile) if a == "FILE" else a for a in args]
+    if args[0] == "--device" and args[1].startswith("cuda"):
+        torch = pytest.importorskip("torch")
+        if torch.cuda.device_count() > 7:
+            pytest.skip("this machine has a cuda:7")
+    r = subprocess.run([sys.executable, "-m", "fp8kv.notebooks", "run", "--notebooks", str(books),
+                        "--out", str(tmp_path / "reports"), *args], env=_env(), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("fp8kv notebooks run: error: ") and needle in lines[0], lines
+    assert afile.read_text() == "not a folder"
+    assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").iterdir())
+
+
+def test_setup_notebook_detects_the_machine(capsys, monkeypatch):
+    import types
+
+    import torch
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delitem(sys.modules, "triton", raising=False)  # as in a fresh kernel
+    setup = runner.setup_notebook(None, "cpu")
+    assert setup.smoke is True and setup.device == "cpu" and setup.triton_interpret is True
+    said = capsys.readouterr().out
+    assert "smoke sizes" in said and "set TRITON_INTERPRET=1" in said
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    # Too late once triton is imported: said so, not silently ignored.
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))
+    assert runner.setup_notebook(None, "cpu").triton_interpret is False
+    assert "restart the kernel" in capsys.readouterr().out
+    assert runner.setup_notebook(False, "cpu").smoke is False  # what the runner injects is kept
+    with pytest.raises(TypeError, match="smoke"):
+        runner.setup_notebook("yes", "cpu")
+    if torch.cuda.is_available():
+        assert runner.setup_notebook(None, "cuda").smoke is False
+
+
+def test_headless_kernels_never_display_widgets(monkeypatch):
+    shown = []
+    monkeypatch.setattr(ui, "display", lambda obj: shown.append(obj))
+    monkeypatch.setenv(ui.HEADLESS_ENV, "1")
+    ui.interactive(lambda n: f"n={n}", {"n": ui.int_slider(1, 5, value=2)}, show_widgets=True)
+    assert shown == ["n=2"]  # the static result, no widget box
+
+
+def test_notebook_hash_ignores_outputs_and_injected_parameters(tmp_path):
+    path = _notebook(tmp_path, "00_h", "x = 1")
+    h = runner.notebook_hash(path)
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="1")]
+    nb.cells[2].execution_count = 3
+    injected = nbformat.v4.new_code_cell("SMOKE = True")
+    injected.metadata["tags"] = ["injected-parameters"]
+    nb.cells.insert(2, injected)
+    nbformat.write(nb, path)
+    assert runner.notebook_hash(path) == h
+    nb.cells[3].source = "x = 2"
+    nbformat.write(nb, path)
+    assert runner.notebook_hash(path) != h
+
+
+def test_drop_network_loads():
+    page = ('<script src="https://cdn.example/require.js"></script><script src="plotly-1.min.js"></script>'
+            '<link rel="stylesheet" href="//cdn.example/x.css"><script>var a = 1;</script>')
+    assert runner.drop_network_loads(page) == '<script src="plotly-1.min.js"></script><script>var a = 1;</script>'
+
+
+def test_index_has_a_row_per_gpu_and_loads_nothing_from_the_network(tmp_path):
+    for slug, name, gbps in (("cpu", "cpu", 12.5), ("nvidia-x1", "NVIDIA X1", 3000.0)):
+        folder = tmp_path / slug
+        folder.mkdir()
+        device = {"name": name, "arch": None if slug == "cpu" else "sm90", "torch": "2.13", "type": "cpu"}
+        (folder / "manifest.json").write_text(json.dumps(
+            {"mode": "smoke", "device": device, "notebooks": [{"name": "00_environment", "html": "00_environment.html"}]}))
+        runner.save_results(folder, "00_environment", {
+            "device": device, "copy_bandwidth": {"gbps": gbps},
+            "capability_here": [{"supported": True}, {"supported": False}]}, device="cpu")
+        rows = [{"status": "ok", "label": "triton fp8_e4m3 dequant", "batch": b, "context": c, "time_us": 1.0 * b * c,
+                 "gbps": 1.0, "pct_copy_bw": 10.0 * b} for b in (1, 4) for c in (64, 128)]
+        speed = [{"num_q_heads": 4, "num_kv_heads": 2, "speedup_vs_bf16": v} for v in (1.5, 1.9)]
+        runner.save_results(folder, "04_decode_latency", {"rows": rows, "speedup": speed,
+                                                          "timings_meaningful_for_gpu": slug != "cpu"}, device="cpu")
+    path = runner.build_index(tmp_path)
+    page = path.read_text(encoding="utf-8")
+    assert page.count("<tr>") == 3  # header + one per GPU
+    assert "NVIDIA X1" in page and "3000 GB/s" in page and "12.5 GB/s" in page
+    assert 'href="cpu/00_environment.html"' in page and "1 of 2 run here" in page
+    assert "median 1.70×, best 1.90×" in page
+    assert "http://" not in page.split("<body>")[0] and "https://" not in page.split("<body>")[0]
+    assert page.count("Plotly.newPlot(") == 2
+    r = subprocess.run([sys.executable, "-m", "fp8kv.notebooks", "index", "--out", str(tmp_path)], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "2 report folder(s)" in r.stdout, r.stderr
