@@ -85,6 +85,7 @@ __all__ = [
     "discover_notebooks",
     "run_notebooks",
     "render_html",
+    "render_report",
     "strip_embedded_plotlyjs",
     "externalize_plotlyjs",
     "add_run_arguments",
@@ -1038,8 +1039,59 @@ def index_main(argv: Sequence[str]) -> int:
     return 0
 
 
+HTML_EXPORT_FAILED = " | HTML export failed: "
+
+
+def render_report(folder: str | os.PathLike) -> list[str]:
+    """Render the pages of a report folder whose notebooks ran but whose HTML export failed.
+
+    A GPU machine may run the notebooks without nbconvert's page templates (a package installed
+    without its data files): the executed ``.ipynb`` and the results are there, the ``.html`` is not.
+    This renders each such page here, as the runner would have, and marks it ok in the manifest.
+    Notebooks that failed to *run* stay failed. Returns the names rendered.
+    """
+    folder = Path(folder)
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise ValueError(f"folder={str(folder)!r} holds no {MANIFEST}: not a report folder")
+    manifest = json.loads(manifest_path.read_text())
+    done = []
+    for entry in manifest["notebooks"]:
+        error = entry.get("error") or ""
+        if entry.get("html") or not entry.get("ipynb") or not error.startswith(HTML_EXPORT_FAILED):
+            continue
+        executed = folder / entry["ipynb"]
+        entry["html"] = render_html(executed, folder / f"{entry['name']}.html").name
+        externalize_plotlyjs(folder / entry["html"])
+        strip_embedded_plotlyjs(executed)
+        entry.update(status="ok" if entry.get("results") else "failed", error=None)
+        done.append(entry["name"])
+    failed = [e["name"] for e in manifest["notebooks"] if e["status"] != "ok"]
+    manifest.update(failed=failed, ok=not failed)
+    manifest_path.write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
+    return done
+
+
+def render_main(argv: Sequence[str]) -> int:
+    """``python -m fp8kv.notebooks render FOLDER``: the HTML pages of a run whose export failed."""
+    parser = argparse.ArgumentParser(prog="fp8kv notebooks render",
+                                     description="Render the pages of a report folder whose notebooks ran but "
+                                                 "whose HTML export failed (e.g. nbconvert without its templates).")
+    parser.error = _one_line_error(parser)
+    parser.add_argument("folder", help="a report folder, such as reports/nvidia-h200")
+    args = parser.parse_args(list(argv))
+    try:
+        names = render_report(args.folder)
+    except ValueError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"rendered {len(names)} page(s) in {args.folder}: {', '.join(names) or 'none needed'}")
+    build_index(Path(args.folder).parent)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m fp8kv.notebooks [run|list] [options]``, the same as ``fp8kv notebooks ...``.
+    """``python -m fp8kv.notebooks [run|list|index|render] [options]``, the same as ``fp8kv notebooks ...``.
 
     Without an action, ``run`` is meant: ``python -m fp8kv.notebooks --smoke`` runs the notebooks.
     """
@@ -1048,6 +1100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "index":
         return index_main(argv[1:])
+    if argv and argv[0] == "render":
+        return render_main(argv[1:])
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]
     return cli_main(["notebooks", *argv])
