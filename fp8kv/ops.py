@@ -196,8 +196,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     compute_dtype : 16-bit type of the dequant-mode dots. Default: float16 for FP8 caches (every
         e4m3/e5m2 value is exact in fp16, and sm89+ converts FP8 to fp16 in one instruction, while
         FP8 to bf16 takes several), else q's dtype. A bf16 query (and a query with per-channel K
-        scales folded in) is rescaled per head by a power of two before it is rounded to fp16, so
-        any finite bf16 query keeps fp16's precision and range (the factor is exact in the scores).
+        scales folded in) is rescaled by a power of two per KV head's query group before it is
+        rounded to fp16, so no finite bf16 query overflows (the factor is exact in the scores).
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them
         (checked by :func:`fp8kv.decode`; trusted here). A window reads only the window's pages;
         one at least as long as the page table is the plain kernel.
