@@ -42,9 +42,9 @@ import torch
 
 from fp8kv import checks
 from fp8kv.formats import KV_DTYPES, kv_dtype_info
-from fp8kv.quant import GRANULARITIES, SCALE_BYTES
+from fp8kv.quant import GRANULARITIES, kv_scale_bytes
 
-__all__ = ["ModelShape", "MODELS", "GPU", "GPUS", "CapacityError", "get_model", "get_gpu",
+__all__ = ["ModelShape", "MODELS", "GPU", "GPUS", "CapacityError", "get_model", "get_gpu", "resolve_model",
            "load_hf_config", "plan_capacity", "capacity_table", "model_table", "gpu_table"]
 
 GIB = 2**30
@@ -318,7 +318,8 @@ def load_hf_config(path: str | os.PathLike) -> ModelShape:
     return _shape_from_hf(cfg, name, source=path)
 
 
-def _resolve_model(model) -> ModelShape:
+def resolve_model(model) -> ModelShape:
+    """A ModelShape from any ``model`` argument the planner takes (see :func:`plan_capacity`)."""
     if isinstance(model, ModelShape):
         return model
     if isinstance(model, dict):
@@ -403,7 +404,7 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     CapacityError (a ValueError)
         The weights leave no memory for the KV cache, or the memory holds no single block.
     """
-    shape = _resolve_model(model)
+    shape = resolve_model(model)
     kv_name, kv_torch_dtype, fmt = _kv_dtype(kv_dtype)
     checks.one_of(granularity, "granularity", GRANULARITIES)
     utilization = checks.real(utilization, "utilization")
@@ -418,17 +419,9 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     layers, hkv, d = shape.num_layers, shape.num_kv_heads, shape.head_dim
     elem = torch.tensor([], dtype=kv_torch_dtype).element_size()
     data_bpt = layers * 2 * hkv * d * elem
-    scale_bpt, fixed = 0, 0
     if fmt is None:
         granularity = None  # 16-bit caches carry no scales
-    elif granularity == "tensor":
-        fixed = layers * 2 * SCALE_BYTES
-    elif granularity == "head":
-        fixed = layers * 2 * hkv * SCALE_BYTES
-    elif granularity == "channel":
-        fixed = layers * 2 * hkv * d * SCALE_BYTES
-    else:  # token_head: one scale per token and head, stored with the token
-        scale_bpt = layers * 2 * hkv * SCALE_BYTES
+    fixed, scale_bpt = kv_scale_bytes(granularity, num_layers=layers, num_kv_heads=hkv, head_dim=d)
     bpt = data_bpt + scale_bpt
 
     gpu_name, weights_bytes = None, None
@@ -537,7 +530,7 @@ def capacity_table(models, gpus, kv_dtypes, granularities=("tensor",), **kw):
                         row = dict(plan_capacity(model, kv_dtype, **args), fits=True, note="")
                     except CapacityError as e:
                         g = get_gpu(gpu) if isinstance(gpu, (str, GPU)) else None
-                        row = dict(model=_resolve_model(model).name, kv_dtype=kv_name,
+                        row = dict(model=resolve_model(model).name, kv_dtype=kv_name,
                                    granularity=gran if fmt is not None else None,
                                    gpu=g.name if g else None, gpu_memory_gib=g.total_gib if g else gpu,
                                    blocks=0, tokens=0, max_concurrency=0.0, fits=False, note=str(e))

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..formats import UNQUANTIZED_DTYPES
 from ..formats import format as fp8_format
 from ..quant import GRANULARITIES, SCALE_METHODS, compute_scale, quantize
 from .loading import windows
@@ -38,7 +39,6 @@ __all__ = ["KVQuantConfig", "KVStats", "CapturedKV", "quantized_kv", "run_quanti
            "attention_modules", "quantize_kv", "attention_variants"]
 
 ATTN_NAME = "fp8kv"
-SIXTEEN_BIT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 _HANDLERS: list = []  # active handlers, innermost last
 _REGISTERED = False
@@ -217,7 +217,7 @@ class KVQuantConfig:
     def __post_init__(self):
         if not isinstance(self.fmt, str):
             raise TypeError(f"fmt must be a format name string; got {type(self.fmt).__name__}")
-        if self.fmt not in SIXTEEN_BIT:
+        if self.fmt not in UNQUANTIZED_DTYPES:
             self.fmt = fp8_format(self.fmt).name  # ValueError names the accepted formats
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"granularity={self.granularity!r}; expected one of {GRANULARITIES}")
@@ -229,7 +229,7 @@ class KVQuantConfig:
 
     @property
     def is_fp8(self) -> bool:
-        return self.fmt not in SIXTEEN_BIT
+        return self.fmt not in UNQUANTIZED_DTYPES
 
     @property
     def label(self) -> str:
@@ -278,7 +278,7 @@ def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
     amax = float(x.detach().abs().amax()) if x.numel() else 0.0
     info = dict(saturated=0, underflow=0, numel=x.numel(), scale=float("nan"), amax=amax)
     if not cfg.is_fp8 or not quantize_side:
-        dtype = SIXTEEN_BIT[cfg.fmt] if not cfg.is_fp8 else torch.bfloat16
+        dtype = UNQUANTIZED_DTYPES[cfg.fmt] if not cfg.is_fp8 else torch.bfloat16
         return _round(x, dtype), info
     xt = x.transpose(1, 2)  # [B, T, H, D]: leading dims are tokens, as fp8kv.quant expects
     spec = cfg.layer_scale(which, layer)
