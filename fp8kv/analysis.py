@@ -775,7 +775,7 @@ def greedy_decode_table(loaded: dict, scales: dict, backends, *, prompt_tokens: 
     ``loaded``: ``{model name: (model, tokenizer)}``; ``scales``: ``{model name: (k_scale, v_scale)}``
     (calibrated per-layer scales). Runs, for each: e4m3 with scales from the prompt, e4m3 with the
     calibrated scales, e5m2 with scales from the prompt. Returns a DataFrame, one row per run, with
-    :meth:`summary` of ``fp8kv.models.greedy_decode_paged`` plus ``text`` and ``baseline_text``.
+    :meth:`fp8kv.models.DecodeResult.summary` (of ``greedy_decode_paged``) plus ``text`` and ``baseline_text``.
     """
     import pandas as pd
 

@@ -7,7 +7,8 @@ FP8 tensor cores. For a 16-bit cache only ``dequant`` applies.
 The facts, each with its source:
 
 * FP8 *storage* works on every GPU from sm80 on: a byte is a byte; a kernel that cannot convert
-  in hardware loads uint8 and decodes the bits in software (``fp8kv/kernels/fp8_decode.py``).
+  in hardware loads uint8 and decodes the bits in software (``fp8_bits_to_fp16``,
+  ``fp8kv/kernels/fp8_codec.py``).
 * FP8 tensor-core arithmetic (``mma ... .e4m3/.e5m2``) needs sm89 or newer (PTX ISA, "Warp-level
   matrix instructions: mma", FP8 types require sm_89).
 * Triton compiles ``fp8e4nv`` (e4m3fn) only on sm89+; below that it offers ``fp8e5`` and
