@@ -9,18 +9,20 @@ Public names (see README.md for a tour)::
     fp8kv.decode(q, cache, backend, mode)        reference / Triton / FlashInfer decode
     fp8kv.capability(arch)                       what runs where, and why
     fp8kv.plan_capacity(model, kv_dtype, ...)    KV-capacity planner
+    fp8kv.MODEL_SHAPES, fp8kv.GPUS               the planner's model shapes and GPUs (MODELS: the same
+                                                 registry; fp8kv.models.WEIGHTS are the offline weights)
 """
 
 from . import reference
 from .backends import decode
 from .cache import PagedKVCache
 from .capability import UnsupportedError, capability
-from .capacity import GPUS, MODELS, CapacityError, ModelShape, capacity_table, plan_capacity
+from .capacity import GPUS, MODEL_SHAPES, MODELS, CapacityError, ModelShape, capacity_table, plan_capacity
 from .formats import FORMATS, FP8Format, format
 from .quant import Quantized, quantize
 
 __version__ = "0.1.0"
 
 __all__ = ["FORMATS", "FP8Format", "format", "quantize", "Quantized", "PagedKVCache", "reference", "decode",
-           "capability", "UnsupportedError", "plan_capacity", "capacity_table", "ModelShape", "MODELS", "GPUS",
-           "CapacityError", "__version__"]
+           "capability", "UnsupportedError", "plan_capacity", "capacity_table", "ModelShape", "MODEL_SHAPES",
+           "MODELS", "GPUS", "CapacityError", "__version__"]

@@ -40,20 +40,24 @@ from dataclasses import dataclass
 
 import torch
 
+from . import checks
 from .cache import PagedKVCache
-from .capacity import GIB, _resolve_model, capacity_table, plan_capacity
+from .capacity import GIB, WEIGHT_BYTES, capacity_table, plan_capacity, resolve_model
 from .formats import format as get_format
 from .formats import kv_dtype_info
-from .quant import GRANULARITIES, SCALE_BYTES, quantize, relative_error
+from .quant import GRANULARITIES, SCALE_BYTES, kv_scale_bytes, quantize, relative_error
 from .reference import attention
 
-__all__ = ["SCALE_METHODS", "QUANTIZE", "scale_argument", "attend", "quantization_error", "error_vs_context",
+__all__ = ["SCALE_LABELS", "SCALE_METHODS", "QUANTIZE", "scale_argument", "attend", "quantization_error", "error_vs_context",
            "attribution", "key_numbers", "saturation_long", "describe_kv", "channel_amax", "real_kv_error",
            "capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough",
            "measured_cache_bytes", "measured_vs_formula", "roundtrip_sweep", "scale_sweep", "cast_comparison",
            "DecodeGrid", "DECODE_GRIDS", "decode_grid", "registry_names", "printable_text", "greedy_decode_table"]
 
-SCALE_METHODS = ("1.0", "amax", "percentile", "vllm")
+# The scales the error tables compare, as table labels; scale_argument turns each into quantize's
+# ``scale=`` (whose own vocabulary is fp8kv.quant.SCALE_METHODS).
+SCALE_LABELS = ("1.0", "amax", "percentile", "vllm")
+SCALE_METHODS = SCALE_LABELS  # the former name, kept for notebooks that read it
 QUANTIZE = ("kv", "k", "v")  # which of K / V is quantized; the other stays exact
 
 
@@ -61,13 +65,7 @@ QUANTIZE = ("kv", "k", "v")  # which of K / V is quantized; the other stays exac
 
 
 def _choices(values, allowed: Sequence[str], name: str) -> tuple[str, ...]:
-    values = (values,) if isinstance(values, str) else tuple(values)
-    if not values:
-        raise ValueError(f"{name} is empty; pass at least one of {tuple(allowed)}")
-    bad = [x for x in values if x not in allowed]
-    if bad:
-        raise ValueError(f"{name} has {bad}; expected values among {tuple(allowed)}")
-    return values
+    return tuple(checks.many_of(values, name, allowed))
 
 
 def _formats(formats) -> tuple[str, ...]:
@@ -103,7 +101,7 @@ def _check_qkv(k, v, q) -> torch.Tensor:
 
 def scale_argument(method: str, which: str):
     """The ``scale=`` argument of :func:`fp8kv.quant.quantize` for a table's scale method and K or V."""
-    _choices(method, SCALE_METHODS, "scale_method")
+    checks.one_of(method, "scale_method", SCALE_LABELS)
     if which not in ("k", "v"):
         raise ValueError(f"which={which!r}; expected 'k' or 'v'")
     if method == "1.0":
@@ -172,7 +170,7 @@ def quantization_error(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, *, for
     q = _check_qkv(k, v, q)
     formats = _formats(formats)
     granularities = _choices(granularities, GRANULARITIES, "granularities")
-    scale_methods = _choices(scale_methods, SCALE_METHODS, "scale_methods")
+    scale_methods = _choices(scale_methods, SCALE_LABELS, "scale_methods")
     modes = _choices(quantize, QUANTIZE, "quantize")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(k.shape[-1])
@@ -529,18 +527,16 @@ def capacity_walkthrough(model, kv_dtype, gpu, *, utilization: float = 0.9, bloc
 
     plan = plan_capacity(model, kv_dtype, gpu_memory_gib=gpu, utilization=utilization, block_size=block_size,
                          granularity=granularity, max_model_len=max_model_len)
-    shape = _resolve_model(model)
+    shape = resolve_model(model)
     _, tdtype, fmt = kv_dtype_info(kv_dtype)
     elem = torch.empty(0, dtype=tdtype).element_size()
     layers, hkv, d = shape.num_layers, shape.num_kv_heads, shape.head_dim
     total = plan["gpu_memory_gib"] * GIB
-    weights = shape.num_params * 2
+    weights = shape.num_params * WEIGHT_BYTES
     budget = math.floor(total * utilization) - weights
     gran = granularity if fmt is not None else None
-    fixed = {None: 0, "tensor": layers * 2 * SCALE_BYTES, "head": layers * 2 * hkv * SCALE_BYTES,
-             "channel": layers * 2 * hkv * d * SCALE_BYTES, "token_head": 0}[gran]
+    fixed, scale_bpt = kv_scale_bytes(gran, num_layers=layers, num_kv_heads=hkv, head_dim=d)
     data_bpt = layers * 2 * hkv * d * elem
-    scale_bpt = layers * 2 * hkv * SCALE_BYTES if gran == "token_head" else 0
     bpt = data_bpt + scale_bpt
     block_bytes = block_size * bpt
     blocks = (budget - fixed) // block_bytes
@@ -551,12 +547,12 @@ def capacity_walkthrough(model, kv_dtype, gpu, *, utilization: float = 0.9, bloc
     G = "GiB"
     steps = [
         ("GPU memory (driver total)", f"{plan['gpu_memory_gib']:.3f} {G} x 2^30", total, None),
-        ("weights", f"{shape.num_params:,} params x 2 bytes (bf16)", weights, plan["weights_bytes"]),
+        ("weights", f"{shape.num_params:,} params x {WEIGHT_BYTES} bytes (bf16)", weights, plan["weights_bytes"]),
         ("KV budget", f"floor(total x {utilization}) - weights", budget, plan["kv_budget_bytes"]),
         ("fixed scale bytes", f"{gran} scales, fp32, per layer and K/V" if gran else "16-bit: no scales",
          fixed, plan["fixed_scale_bytes"]),
         ("bytes per token", f"{layers} layers x 2 (K,V) x {hkv} heads x {d} x {elem} B"
-         + (f" + {layers} x 2 x {hkv} x 4 B scales" if scale_bpt else ""), bpt, plan["bytes_per_token"]),
+         + (f" + {layers} x 2 x {hkv} x {SCALE_BYTES} B scales" if scale_bpt else ""), bpt, plan["bytes_per_token"]),
         ("block bytes", f"{block_size} tokens x bytes per token", block_bytes, plan["block_bytes"]),
         ("blocks", "floor((budget - fixed scales) / block bytes)", blocks, plan["blocks"]),
         ("tokens", f"blocks x {block_size}", tokens, plan["tokens"]),
@@ -594,7 +590,7 @@ def measured_cache_bytes(model, kv_dtype, granularity: str = "tensor", *, kv_mem
     """
     plan = plan_capacity(model, kv_dtype, kv_memory_gib=kv_memory_gib, block_size=block_size,
                          granularity=granularity, max_model_len=block_size)
-    shape = _resolve_model(model)
+    shape = resolve_model(model)
     cache = PagedKVCache.empty(1, plan["tokens"], shape.num_kv_heads, shape.head_dim, block_size=block_size,
                                kv_dtype=kv_dtype, granularity=granularity, device=device)
     if cache.num_blocks != plan["blocks"]:  # empty() reserves ceil(tokens / block_size) = blocks
@@ -779,7 +775,7 @@ def greedy_decode_table(loaded: dict, scales: dict, backends, *, prompt_tokens: 
     ``loaded``: ``{model name: (model, tokenizer)}``; ``scales``: ``{model name: (k_scale, v_scale)}``
     (calibrated per-layer scales). Runs, for each: e4m3 with scales from the prompt, e4m3 with the
     calibrated scales, e5m2 with scales from the prompt. Returns a DataFrame, one row per run, with
-    :meth:`summary` of ``fp8kv.models.greedy_decode_paged`` plus ``text`` and ``baseline_text``.
+    :meth:`fp8kv.models.DecodeResult.summary` (of ``greedy_decode_paged``) plus ``text`` and ``baseline_text``.
     """
     import pandas as pd
 

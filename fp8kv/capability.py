@@ -7,7 +7,8 @@ FP8 tensor cores. For a 16-bit cache only ``dequant`` applies.
 The facts, each with its source:
 
 * FP8 *storage* works on every GPU from sm80 on: a byte is a byte; a kernel that cannot convert
-  in hardware loads uint8 and decodes the bits in software (``fp8kv/kernels/fp8_decode.py``).
+  in hardware loads uint8 and decodes the bits in software (``fp8_bits_to_fp16``,
+  ``fp8kv/kernels/fp8_codec.py``).
 * FP8 tensor-core arithmetic (``mma ... .e4m3/.e5m2``) needs sm89 or newer (PTX ISA, "Warp-level
   matrix instructions: mma", FP8 types require sm_89).
 * Triton compiles ``fp8e4nv`` (e4m3fn) only on sm89+; below that it offers ``fp8e5`` and
@@ -35,14 +36,18 @@ import importlib.util
 import os
 
 from .device import current_arch  # the arch of a device ("sm90"), None on CPU
+from .formats import KV_DTYPE_NAMES
 
-__all__ = ["ARCHS", "BACKENDS", "MODES", "VARIANTS", "UnsupportedError", "check", "capability", "current_arch",
+__all__ = ["ARCHS", "BACKEND_NAMES", "BACKENDS", "KV_DTYPE_NAMES", "KV_DTYPES", "MODES", "VARIANTS", "UnsupportedError",
+           "check", "capability", "current_arch",
            "choose_backend", "choose_mode", "flashinfer_installed", "check_variant", "check_variants", "variants"]
 
 ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
-BACKENDS = ("reference", "triton", "flashinfer")
+BACKEND_NAMES = ("reference", "triton", "flashinfer")  # fp8kv.backends.BACKENDS maps each to its runner
 MODES = ("dequant", "fp8")
-KV_DTYPES = ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
+# Former names, kept for their importers: BACKENDS is BACKEND_NAMES, KV_DTYPES the names of formats.KV_DTYPES.
+BACKENDS = BACKEND_NAMES
+KV_DTYPES = KV_DTYPE_NAMES
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 TRITON_MAX_HEAD_DIM = 256
 VARIANTS = ("window", "soft_cap", "sinks")  # the keyword arguments of fp8kv.decode that name them
@@ -116,12 +121,12 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
     With ``arch=None`` the question is about *this* machine: the current GPU, what is installed,
     and (on CPU) whether the Triton interpreter is on. With an explicit arch it is about that arch.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"backend={backend!r}; expected one of {BACKEND_NAMES}")
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; expected one of {MODES}")
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype={kv_dtype!r}; expected one of {KV_DTYPES}")
+    if kv_dtype not in KV_DTYPE_NAMES:
+        raise ValueError(f"kv_dtype={kv_dtype!r}; expected one of {KV_DTYPE_NAMES}")
     if arch is not None:
         return _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim)
     here = current_arch()
@@ -154,8 +159,8 @@ def capability(arch: str | None = None):
 
     label = arch or current_arch() or "cpu"
     rows = []
-    for backend in BACKENDS:
-        for kv in KV_DTYPES:
+    for backend in BACKEND_NAMES:
+        for kv in KV_DTYPE_NAMES:
             for mode in MODES:
                 ok, why = check(backend, kv, mode, arch)
                 grans = [g for g in ("tensor", "head", "token_head", "channel")
@@ -212,8 +217,8 @@ def check_variant(backend: str, variant: str, mode: str = "dequant") -> tuple[bo
 
     Library facts, the same on every arch the backend runs on (:func:`check` says where that is).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"backend={backend!r}; expected one of {BACKEND_NAMES}")
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}; expected one of {VARIANTS}")
     if mode not in MODES:
@@ -240,6 +245,6 @@ def variants():
     import pandas as pd
 
     rows = [dict(backend=b, mode=m, variant=v, supported=ok, reason=why)
-            for b in BACKENDS for m in MODES if not (b == "reference" and m == "fp8")
+            for b in BACKEND_NAMES for m in MODES if not (b == "reference" and m == "fp8")
             for v in VARIANTS for ok, why in [check_variant(b, v, m)]]
     return pd.DataFrame(rows)

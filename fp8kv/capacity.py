@@ -42,9 +42,9 @@ import torch
 
 from fp8kv import checks
 from fp8kv.formats import KV_DTYPES, kv_dtype_info
-from fp8kv.quant import GRANULARITIES, SCALE_BYTES
+from fp8kv.quant import GRANULARITIES, kv_scale_bytes
 
-__all__ = ["ModelShape", "MODELS", "GPU", "GPUS", "CapacityError", "get_model", "get_gpu",
+__all__ = ["ModelShape", "MODEL_SHAPES", "MODELS", "GPU", "GPUS", "CapacityError", "get_model", "get_gpu", "resolve_model",
            "load_hf_config", "plan_capacity", "capacity_table", "model_table", "gpu_table"]
 
 GIB = 2**30
@@ -101,7 +101,7 @@ class ModelShape:
 # intermediate_size, vocab_size, tie_word_embeddings, rope_theta and rms_norm_eps are the config's
 # keys of the same names (Llama 3.1 also scales its RoPE frequencies, "rope_scaling": llama3, which
 # is not recorded here); qk_norm is the architecture's (Qwen3Attention, Gemma3Attention).
-MODELS: dict[str, ModelShape] = {m.name: m for m in (
+MODEL_SHAPES: dict[str, ModelShape] = {m.name: m for m in (
     # https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json (tied embeddings, q/k norm)
     ModelShape("Qwen3-0.6B", 28, 16, 8, 128, 1024, 40960, 596_049_920,
                source="https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json",
@@ -143,6 +143,7 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
                intermediate_size=2048, vocab_size=262144, tie_word_embeddings=True,
                rope_theta=1_000_000.0, rms_norm_eps=1e-06, qk_norm=True),
 )}
+MODELS = MODEL_SHAPES  # the former name, kept for notebooks and callers that read it
 
 
 @dataclass(frozen=True)
@@ -203,14 +204,14 @@ def get_model(name: str) -> ModelShape:
     """Look up a registry model by name, ignoring case and an ``org/`` prefix
     (``"meta-llama/Llama-3.1-8B"``, ``"google/gemma-3-270m"``)."""
     if not isinstance(name, str):
-        checks.fail(f"model={name!r} ({type(name).__name__}); expected a registry name among {sorted(MODELS)}",
+        checks.fail(f"model={name!r} ({type(name).__name__}); expected a registry name among {sorted(MODEL_SHAPES)}",
                     TypeError)
-    table = {k.lower(): v for k, v in MODELS.items()}
+    table = {k.lower(): v for k, v in MODEL_SHAPES.items()}
     key = name.lower()
     if key not in table and "/" in key:
         key = key.rsplit("/", 1)[1]
     if key not in table:
-        raise ValueError(f"model={name!r} is not a known model; known: {sorted(MODELS)}. Pass a "
+        raise ValueError(f"model={name!r} is not a known model; known: {sorted(MODEL_SHAPES)}. Pass a "
                          "ModelShape, a dict of shape fields or a path to a config.json instead")
     return table[key]
 
@@ -318,7 +319,8 @@ def load_hf_config(path: str | os.PathLike) -> ModelShape:
     return _shape_from_hf(cfg, name, source=path)
 
 
-def _resolve_model(model) -> ModelShape:
+def resolve_model(model) -> ModelShape:
+    """A ModelShape from any ``model`` argument the planner takes (see :func:`plan_capacity`)."""
     if isinstance(model, ModelShape):
         return model
     if isinstance(model, dict):
@@ -334,7 +336,7 @@ def _resolve_model(model) -> ModelShape:
         return load_hf_config(model)
     if isinstance(model, str):
         # a registry name wins over a same-named folder in the working directory
-        if model.lower() in {k.lower() for k in MODELS} or not os.path.exists(model):
+        if model.lower() in {k.lower() for k in MODEL_SHAPES} or not os.path.exists(model):
             if model.endswith(".json"):
                 raise ValueError(f"model={model!r}: no such config file")
             return get_model(model)
@@ -358,7 +360,7 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     Parameters
     ----------
     model : str | dict | ModelShape | path
-        Registry name (see ``MODELS``), a dict of ModelShape fields or a Hugging Face config
+        Registry name (see ``MODEL_SHAPES``), a dict of ModelShape fields or a Hugging Face config
         dict, a ModelShape, or a path to a ``config.json`` (or its folder).
     kv_dtype : str | torch.dtype
         KV element type: ``"bf16"``, ``"fp16"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` (or aliases).
@@ -403,7 +405,7 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     CapacityError (a ValueError)
         The weights leave no memory for the KV cache, or the memory holds no single block.
     """
-    shape = _resolve_model(model)
+    shape = resolve_model(model)
     kv_name, kv_torch_dtype, fmt = _kv_dtype(kv_dtype)
     checks.one_of(granularity, "granularity", GRANULARITIES)
     utilization = checks.real(utilization, "utilization")
@@ -418,17 +420,9 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     layers, hkv, d = shape.num_layers, shape.num_kv_heads, shape.head_dim
     elem = torch.tensor([], dtype=kv_torch_dtype).element_size()
     data_bpt = layers * 2 * hkv * d * elem
-    scale_bpt, fixed = 0, 0
     if fmt is None:
         granularity = None  # 16-bit caches carry no scales
-    elif granularity == "tensor":
-        fixed = layers * 2 * SCALE_BYTES
-    elif granularity == "head":
-        fixed = layers * 2 * hkv * SCALE_BYTES
-    elif granularity == "channel":
-        fixed = layers * 2 * hkv * d * SCALE_BYTES
-    else:  # token_head: one scale per token and head, stored with the token
-        scale_bpt = layers * 2 * hkv * SCALE_BYTES
+    fixed, scale_bpt = kv_scale_bytes(granularity, num_layers=layers, num_kv_heads=hkv, head_dim=d)
     bpt = data_bpt + scale_bpt
 
     gpu_name, weights_bytes = None, None
@@ -537,7 +531,7 @@ def capacity_table(models, gpus, kv_dtypes, granularities=("tensor",), **kw):
                         row = dict(plan_capacity(model, kv_dtype, **args), fits=True, note="")
                     except CapacityError as e:
                         g = get_gpu(gpu) if isinstance(gpu, (str, GPU)) else None
-                        row = dict(model=_resolve_model(model).name, kv_dtype=kv_name,
+                        row = dict(model=resolve_model(model).name, kv_dtype=kv_name,
                                    granularity=gran if fmt is not None else None,
                                    gpu=g.name if g else None, gpu_memory_gib=g.total_gib if g else gpu,
                                    blocks=0, tokens=0, max_concurrency=0.0, fits=False, note=str(e))
@@ -549,7 +543,7 @@ def model_table():
     """The model registry as a pandas DataFrame (one row per model, ModelShape fields as columns)."""
     import pandas as pd
 
-    return pd.DataFrame([asdict(m) for m in MODELS.values()])
+    return pd.DataFrame([asdict(m) for m in MODEL_SHAPES.values()])
 
 
 def gpu_table():

@@ -200,7 +200,7 @@ def measure_copy_bandwidth(
     same accounting decode kernels use for bytes read, so this is the practical ceiling
     their GB/s are drawn against.
 
-    On CUDA the copy is a streaming Triton kernel (``fp8kv/kernels/copy.py``; torch's own
+    On CUDA the copy is a streaming Triton kernel (:func:`fp8kv.ops.stream_copy`; torch's own
     ``copy_`` reaches only ~65 % of an H200's bandwidth), timed with
     ``triton.testing.do_bench_cudagraph`` (captured into a CUDA graph, so launch overhead is
     excluded); the median is reported.
@@ -238,13 +238,10 @@ def measure_copy_bandwidth(
         dst = torch.empty_like(src)
         from triton.testing import do_bench_cudagraph  # lazy: triton is only needed on a GPU path
 
-        from .kernels.copy import copy_kernel
+        from .ops import stream_copy  # lazy: the launchers import triton and the kernels
 
-        block = 8192
-        grid = ((src.numel() + block - 1) // block,)
         with torch.cuda.device(dev):
-            time_ms = float(do_bench_cudagraph(lambda: copy_kernel[grid](src, dst, src.numel(), BLOCK=block),
-                                               return_mode="median"))
+            time_ms = float(do_bench_cudagraph(lambda: stream_copy(src, dst), return_mode="median"))
         if not torch.equal(dst[:4096], src[:4096]):  # the timed op really copied
             raise RuntimeError("copy bandwidth measurement: destination does not match source")
         method, meaningful = "cuda_graph", True

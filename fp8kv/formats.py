@@ -26,7 +26,8 @@ from functools import cached_property
 
 import torch
 
-__all__ = ["FP8Format", "FORMATS", "format", "KV_DTYPES", "kv_dtype_info", "saturation_bounds"]
+__all__ = ["FP8Format", "FORMATS", "format", "UNQUANTIZED_DTYPES", "KV_DTYPES", "KV_DTYPE_NAMES", "kv_dtype_info",
+           "saturation_bounds"]
 
 
 @dataclass(frozen=True)
@@ -175,13 +176,17 @@ def format(name: str | FP8Format | torch.dtype) -> FP8Format:  # noqa: A001 - pu
     return FORMATS[key]
 
 
+# Unquantized float types by name: queries, and K/V kept at 16 (or 32) bits.
+UNQUANTIZED_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
 # KV-cache element types: name -> (torch dtype, FP8 format or None for 16-bit).
 KV_DTYPES: dict[str, tuple[torch.dtype, FP8Format | None]] = {
-    "bf16": (torch.bfloat16, None),
-    "fp16": (torch.float16, None),
-    "fp8_e4m3": (torch.float8_e4m3fn, FORMATS["e4m3"]),
-    "fp8_e5m2": (torch.float8_e5m2, FORMATS["e5m2"]),
+    "bf16": (UNQUANTIZED_DTYPES["bf16"], None),
+    "fp16": (UNQUANTIZED_DTYPES["fp16"], None),
+    "fp8_e4m3": (FORMATS["e4m3"].torch_dtype, FORMATS["e4m3"]),
+    "fp8_e5m2": (FORMATS["e5m2"].torch_dtype, FORMATS["e5m2"]),
 }
+KV_DTYPE_NAMES: tuple[str, ...] = tuple(KV_DTYPES)  # for choices and error messages
 
 
 def kv_dtype_info(kv_dtype: str | torch.dtype) -> tuple[str, torch.dtype, FP8Format | None]:

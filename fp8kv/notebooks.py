@@ -990,6 +990,53 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no per-cell progress bar")
 
 
+def add_actions(parser: argparse.ArgumentParser) -> None:
+    """The ``run`` and ``list`` actions under ``parser`` (``fp8kv notebooks`` / ``python -m fp8kv.notebooks``).
+
+    Parse with them, then call :func:`run_action` on the result.
+    """
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    run = actions.add_parser("run", help="execute notebooks/*.ipynb, render HTML, write reports/<gpu-slug>/")
+    add_run_arguments(run)
+    run.set_defaults(parser=run)
+    ls = actions.add_parser("list", help="list the notebooks a run would execute, in order")
+    ls.add_argument("--notebooks", default=None, metavar="DIR", help="notebook folder (default: ./notebooks)")
+    ls.set_defaults(parser=ls)
+
+
+def run_action(args: argparse.Namespace) -> int:
+    """Carry out the parsed ``run`` or ``list`` action (see :func:`add_actions`); return the exit status."""
+    if args.action == "list":
+        try:
+            books = discover_notebooks(args.notebooks)
+        except ValueError as exc:
+            args.parser.error(str(exc))
+        for book in books:
+            print(book.stem)
+        return 0
+    try:
+        check_run_args(args)
+    except (TypeError, ValueError) as exc:
+        args.parser.error(str(exc))
+    return run_from_args(args)
+
+
+def check_run_args(args: argparse.Namespace) -> None:
+    """What ``notebooks run`` would otherwise find only after starting: the device, the timeout, the
+    notebooks named by --only and the reports folder. Raises ValueError naming the flag."""
+    from .checks import output_folder, positive_int
+    from .device import resolve_device
+
+    try:
+        resolve_device(args.device)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--device {args.device}: {exc}") from None
+    if args.timeout is not None:
+        positive_int(args.timeout, "--timeout")
+    discover_notebooks(args.notebooks, args.only)
+    output_folder(args.out, "--out")
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Run with parsed ``run`` options; print the summary; return the exit status.
 
@@ -1095,7 +1142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Without an action, ``run`` is meant: ``python -m fp8kv.notebooks --smoke`` runs the notebooks.
     """
-    from .cli import main as cli_main
+    from .checks import ArgumentParser
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "index":
@@ -1104,7 +1151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return render_main(argv[1:])
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]
-    return cli_main(["notebooks", *argv])
+    parser = ArgumentParser(prog="fp8kv notebooks", description="Run the notebooks headless and publish "
+                                                                "reports/<gpu>/.")
+    add_actions(parser)
+    return run_action(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from .cache import PagedKVCache
 from .capability import UnsupportedError, current_arch, interpreter_on
 from .formats import saturation_bounds
 from .kernels.cache_write import cache_write_kernel
+from .kernels.copy import copy_kernel
 from .kernels.paged_decode import (
     CONVERT_CAST,
     CONVERT_PTX,
@@ -36,7 +37,8 @@ from .kernels.paged_decode import (
     paged_decode_kernel,
 )
 
-__all__ = ["paged_decode", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config"]
+__all__ = ["paged_decode", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config",
+           "stream_copy"]
 
 _SCALE_KIND = {"tensor": SCALE_PER_HEAD.value, "head": SCALE_PER_HEAD.value, "channel": SCALE_CHANNEL.value,
                "token_head": SCALE_TOKEN_HEAD.value}
@@ -59,8 +61,9 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
-class DecodeConfig(dict):
-    """Launch parameters of the decode kernel: block_n, num_warps, num_stages, num_splits."""
+# Launch parameters of the decode kernel, by name: block_n, num_warps, num_stages, and from
+# launch_config also num_splits and tokens_per_split (all ints).
+DecodeConfig = dict[str, int]
 
 
 def default_config(mode: str, kv_fp8: bool, head_dim: int) -> DecodeConfig:
@@ -76,7 +79,7 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int) -> DecodeConfig:
     if head_dim > 128:
         block_n //= 2
     stages = 1 if interpreter_on() else (2 if kv_fp8 else 3)
-    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=stages)
+    return dict(block_n=block_n, num_warps=4, num_stages=stages)
 
 
 def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int,
@@ -123,10 +126,8 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         num_splits = choose_num_splits(batch, cache.num_kv_heads, capacity, block_n,
                                        _num_sms(device or cache.device))
     tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
-    return DecodeConfig(block_n=block_n, num_warps=num_warps or cfg["num_warps"],
-                        num_stages=num_stages or cfg["num_stages"],
-                        num_splits=max(1, triton.cdiv(capacity, tokens_per_split)),
-                        tokens_per_split=tokens_per_split)
+    return dict(block_n=block_n, num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
+                num_splits=max(1, triton.cdiv(capacity, tokens_per_split)), tokens_per_split=tokens_per_split)
 
 
 def _converts(convert: str | None, arch: str | None) -> tuple[str, str]:
@@ -327,3 +328,21 @@ def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, s
     if count_saturated:
         cache.saturated += int(sat.item())
     return sat
+
+
+COPY_BLOCK = 8192  # elements per program: 32 KiB of fp32, with 16-byte vector accesses
+
+
+def stream_copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """Copy contiguous ``src`` into ``dst`` (same numel and dtype, one device) with the streaming kernel.
+
+    The bandwidth ceiling decode kernels are measured against (:func:`fp8kv.device.measure_copy_bandwidth`).
+    No host sync: it can be captured in a CUDA graph. Returns ``dst``.
+    """
+    checks.tensor(dst, "dst", dtypes=(src.dtype,), device=src.device)
+    if not (src.is_contiguous() and dst.is_contiguous()) or src.numel() != dst.numel():
+        checks.fail(f"src and dst must be contiguous with equal numel; got {tuple(src.shape)} "
+                    f"(contiguous={src.is_contiguous()}) and {tuple(dst.shape)} (contiguous={dst.is_contiguous()})")
+    n = src.numel()
+    copy_kernel[(triton.cdiv(n, COPY_BLOCK),)](src, dst, n, BLOCK=COPY_BLOCK)
+    return dst

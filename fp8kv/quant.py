@@ -35,7 +35,7 @@ from . import checks
 from .formats import FP8Format, format
 
 __all__ = ["Quantized", "quantize", "compute_scale", "cast_saturating", "relative_error",
-           "GRANULARITIES", "SCALE_METHODS", "scale_shape"]
+           "GRANULARITIES", "SCALE_METHODS", "SCALE_BYTES", "scale_shape", "kv_scale_bytes"]
 
 GRANULARITIES = ("tensor", "head", "token_head", "channel")
 # Named ways to derive the scale from the data. vllm_k / vllm_v are vLLM's one-shot
@@ -56,6 +56,23 @@ def scale_shape(shape: torch.Size | tuple, granularity: str) -> tuple:
         "token_head": tuple(shape[:-1]),
         "channel": tuple(shape[-2:]),
     }[granularity]
+
+
+def kv_scale_bytes(granularity: str | None, *, num_layers: int, num_kv_heads: int, head_dim: int) -> tuple[int, int]:
+    """Scale bytes of a KV cache (K and V of every layer): ``(fixed, per_token)``.
+
+    ``fixed`` is held once whatever the length (``tensor`` one scale, ``head`` ``[Hkv]``, ``channel``
+    ``[Hkv, D]`` per layer and K/V); ``per_token`` is stored with each token (``token_head``: ``[Hkv]``
+    per layer and K/V). ``granularity=None`` is a 16-bit cache: no scales, ``(0, 0)``. Scales are
+    fp32 (:data:`SCALE_BYTES` each), shaped as :func:`scale_shape` says.
+    """
+    if granularity is None:
+        return 0, 0
+    _check_granularity(granularity)
+    per_layer_and_side = math.prod(scale_shape((num_kv_heads, head_dim), granularity)) * SCALE_BYTES
+    if granularity == "token_head":
+        return 0, num_layers * 2 * per_layer_and_side
+    return num_layers * 2 * per_layer_and_side, 0
 
 
 def _check_granularity(granularity):

@@ -328,3 +328,16 @@ def test_copy_kernel_copies_every_element():
     dst = torch.full_like(src, float("nan"))
     copy_kernel[(triton.cdiv(src.numel(), 4096),)](src, dst, src.numel(), BLOCK=4096)
     assert torch.equal(dst, src)
+
+
+def test_stream_copy_copies_every_element_of_an_odd_length():
+    from fp8kv.ops import COPY_BLOCK, stream_copy
+
+    src = torch.randn(COPY_BLOCK + 37, generator=torch.Generator().manual_seed(3))  # a partial last program
+    dst = torch.full_like(src, float("nan"))
+    assert stream_copy(src, dst) is dst
+    assert torch.equal(dst, src)
+    with pytest.raises(ValueError, match="equal numel"):
+        stream_copy(src, torch.empty(COPY_BLOCK))
+    with pytest.raises(TypeError, match="dst has dtype float16"):
+        stream_copy(src, torch.empty_like(src, dtype=torch.float16))

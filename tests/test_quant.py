@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fp8kv.formats import FORMATS
-from fp8kv.quant import compute_scale, quantize, relative_error, scale_shape
+from fp8kv.quant import GRANULARITIES, compute_scale, kv_scale_bytes, quantize, relative_error, scale_shape
 
 GRANS = ("tensor", "head", "token_head", "channel")
 U8 = torch.uint8
@@ -432,3 +432,16 @@ def test_quantization_error_within_unit_roundoff(fmt, gran, gen, assert_rel_err)
     assert r == pytest.approx(num, rel=1e-12)
     assert relative_error(torch.zeros(3), torch.zeros(3)) == 0.0
     assert relative_error(torch.ones(4), torch.zeros(4)) == 2.0
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_kv_scale_bytes_counts_the_scales_quantize_stores(granularity):
+    tokens, heads, head_dim, layers = 5, 3, 16, 7
+    x = torch.randn(tokens, heads, head_dim)
+    stored = quantize(x, "e4m3", granularity).scale_nbytes  # one layer, one of K / V
+    fixed, per_token = kv_scale_bytes(granularity, num_layers=layers, num_kv_heads=heads, head_dim=head_dim)
+    assert fixed + per_token * tokens == layers * 2 * stored
+    assert (per_token > 0) == (granularity == "token_head")
+    assert kv_scale_bytes(None, num_layers=layers, num_kv_heads=heads, head_dim=head_dim) == (0, 0)
+    with pytest.raises(ValueError, match="granularity='block'"):
+        kv_scale_bytes("block", num_layers=layers, num_kv_heads=heads, head_dim=head_dim)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .. import checks
 from ..cache import PagedKVCache
-from ..capability import UnsupportedError, check_variants, choose_backend, choose_mode
+from ..capability import BACKEND_NAMES, UnsupportedError, check_variants, choose_backend, choose_mode
 from ..capability import check as supported
 
 __all__ = ["decode", "BACKENDS", "LAUNCH_OPTIONS"]
@@ -35,7 +35,8 @@ def _flashinfer(q, cache, *, mode, sm_scale, **launch):
     return fi_decode(q, cache, mode=mode, sm_scale=sm_scale, **launch)
 
 
-BACKENDS = {"reference": _reference, "triton": _triton, "flashinfer": _flashinfer}
+# The runner of each backend, in the order fp8kv.capability.BACKEND_NAMES names them (the one list of names).
+BACKENDS = dict(zip(BACKEND_NAMES, (_reference, _triton, _flashinfer), strict=True))
 # Options a backend takes beyond (q, cache, mode, sm_scale); each backend validates its own.
 LAUNCH_OPTIONS = {
     "reference": (),

@@ -67,6 +67,7 @@ import torch
 
 from ..cache import PagedKVCache
 from ..capability import UnsupportedError, check, check_variants, current_arch, flashinfer_installed
+from ..formats import FORMATS
 
 __all__ = ["paged_kv_args", "qo_indptr", "ScaleFold", "plan_scales", "apply_q_fold", "fold_scales",
            "FlashInferDecode", "decode", "prefill", "workspace", "NOT_INSTALLED", "LN2", "window_left"]
@@ -75,7 +76,7 @@ NOT_INSTALLED = "FlashInfer is not installed (pip install 'fp8kv[gpu]')"
 LN2 = math.log(2.0)  # FlashInfer's LSE is log2; natural log = log2 * ln 2
 DEFAULT_WORKSPACE_BYTES = 128 * 1024 * 1024
 CUDA_CORE_GROUP_SIZES = (1, 2, 3, 4, 8)  # DISPATCH_GQA_GROUP_SIZE of the CUDA-core decode kernel
-FP8_Q_MAX = 448.0  # e4m3 max, for the FP8 query of the sm100 path
+FP8_Q_MAX = FORMATS["e4m3"].max  # the FP8 query of the sm100 path is e4m3
 
 _MODULE = "flashinfer"  # the import name (a constant so tests can point it elsewhere)
 _WORKSPACES: dict[tuple[str, torch.device], torch.Tensor] = {}

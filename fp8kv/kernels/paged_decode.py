@@ -34,11 +34,12 @@ probabilities (V) inside the loop.
 import triton
 import triton.language as tl
 
+from ..formats import FORMATS
 from .fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
 
 LN2 = tl.constexpr(0.6931471805599453)
-E4M3_MAX = tl.constexpr(448.0)  # fp8 mode: q and p are e4m3
-P_SCALE = tl.constexpr(448.0)  # fp8 mode: p ∈ [0, 1] is scaled onto e4m3's range before rounding
+E4M3_MAX = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: q and p are e4m3
+P_SCALE = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: p ∈ [0, 1] is scaled onto e4m3's range before rounding
 
 # SCALE_KIND values (constexpr globals: the only globals a Triton kernel may read)
 SCALE_PER_HEAD = tl.constexpr(0)  # tensor and head granularity: one scalar per KV head ([Hkv] fp32)

@@ -22,9 +22,18 @@ from .hook import (
     quantized_kv,
     run_quantized,
 )
-from .loading import MODELS, bos_token_id, load_model, model_cache_dir, text_source_info, text_tokens, windows
+from .loading import (
+    MODELS,
+    WEIGHTS,
+    bos_token_id,
+    load_model,
+    model_cache_dir,
+    text_source_info,
+    text_tokens,
+    windows,
+)
 
-__all__ = ["MODELS", "load_model", "model_cache_dir", "text_tokens", "text_source_info", "bos_token_id",
+__all__ = ["WEIGHTS", "MODELS", "load_model", "model_cache_dir", "text_tokens", "text_source_info", "bos_token_id",
            "KVQuantConfig", "KVStats", "CapturedKV", "quantized_kv", "run_quantized", "capture_kv",
            "calibrate_scales", "evaluate", "BASELINE", "standard_configs", "accuracy_markdown", "next_token_kl",
            "greedy_decode_paged", "long_prompt_decode", "attention_variants",

@@ -25,7 +25,7 @@ import torch
 
 from ..cache import PagedKVCache
 from ..formats import kv_dtype_info
-from .hook import _as_batch, _sdpa, attention_handler, attention_variants, num_layers
+from .hook import attention_handler, attention_variants, model_attention, num_layers, one_sequence
 
 __all__ = ["greedy_decode_paged", "DecodeResult", "resolve_decode_fn", "decode_backends", "long_prompt_decode"]
 
@@ -144,7 +144,7 @@ class _PagedHandler:
             kd, vd = cache.gather(0)  # the prompt attends over what the cache holds
             kd = kd.transpose(0, 1)[None].to(q.dtype)
             vd = vd.transpose(0, 1)[None].to(q.dtype)
-            return _sdpa(module, q, kd, vd, mask, scaling, kwargs)
+            return model_attention(module, q, kd, vd, mask, scaling, kwargs)
         if q.shape[2] != 1:
             raise ValueError(f"decode step with {q.shape[2]} query tokens; the loop feeds one token per step")
         cache = self.caches[layer]
@@ -201,7 +201,7 @@ def greedy_decode_paged(model, prompt_ids, n_new: int, kv_dtype: str = "fp8_e4m3
         raise ValueError(f"n_new must be a positive int; got {n_new!r}")
     kv_name = kv_dtype_info(kv_dtype)[0]
     base_name = kv_dtype_info(baseline)[0]
-    prompt = _as_batch(prompt_ids, model)
+    prompt = one_sequence(prompt_ids, model)
     fn = decode_fn if decode_fn is not None else resolve_decode_fn(backend, mode)
     label = getattr(fn, "__name__", "custom") if backend != "reference" or decode_fn is not None else backend
     toks, lg, caches, _ = _run(model, prompt, n_new, kv_name, granularity, k_scale, v_scale, block_size, fn,
@@ -261,7 +261,7 @@ def long_prompt_decode(model, prompt_ids, n_new: int = 32, kv_dtypes=("bf16", "f
     if isinstance(kv_dtypes, str):
         kv_dtypes = [kv_dtypes]
     names = [kv_dtype_info(k)[0] for k in kv_dtypes]
-    prompt = _as_batch(prompt_ids, model)
+    prompt = one_sequence(prompt_ids, model)
     t = prompt.shape[1]
     fn = decode_fn if decode_fn is not None else resolve_decode_fn(backend, mode)
     label = getattr(fn, "__name__", "custom") if backend != "reference" or decode_fn is not None else backend

