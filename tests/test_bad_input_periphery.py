@@ -368,5 +368,5 @@ def test_fp8kv_cli_bad_arguments_exit_2_with_one_line(args, needles, capsys):
 
 def test_fp8kv_cli_refuses_an_existing_file_as_reports_folder(a_file):
     proc = _cli("fp8kv.cli", "notebooks", "run", "--smoke", "--device", "cpu", "--out", str(a_file))
-    _assert_usage_error(proc.returncode, proc.stderr, f"--out={str(a_file)!r} is an existing file; expected a folder")
+    _assert_usage_error(proc.returncode, proc.stderr, "argument --out", f"{str(a_file)!r} is a file, not a folder")
     assert a_file.read_text() == "not a folder\n"
