@@ -1022,19 +1022,10 @@ def run_action(args: argparse.Namespace) -> int:
 
 
 def check_run_args(args: argparse.Namespace) -> None:
-    """What ``notebooks run`` would otherwise find only after starting: the device, the timeout, the
-    notebooks named by --only and the reports folder. Raises ValueError naming the flag."""
-    from .checks import output_folder, positive_int
-    from .device import resolve_device
-
-    try:
-        resolve_device(args.device)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"--device {args.device}: {exc}") from None
-    if args.timeout is not None:
-        positive_int(args.timeout, "--timeout")
+    """What ``notebooks run`` would otherwise find only after starting: the notebooks named by
+    --only (the device, the timeout and the reports folder are checked as they are parsed).
+    Raises ValueError naming the flag."""
     discover_notebooks(args.notebooks, args.only)
-    output_folder(args.out, "--out")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
