@@ -56,14 +56,13 @@ from .capability import check as capability_check
 from .checks import fail as _fail
 from .formats import kv_dtype_info
 from .quant import GRANULARITIES, SCALE_BYTES, cast_saturating, relative_error
+from .reference import output_tolerance
 
 __all__ = ["Case", "sweep", "run", "speedup_table", "save", "main", "synthetic_cache", "bytes_moved",
            "tolerance", "footprint_bytes", "memory_budget", "summary", "PRESETS", "COLUMNS"]
 
 Q_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 LAYOUTS = ("NHD", "HND")
-# fp8 mode rounds q and p to e4m3; dequant mode rounds p and out to the query's 16-bit type.
-UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24, "e4m3": 2.0**-4}
 
 COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer",
@@ -188,22 +187,9 @@ def bytes_moved(case: Case, seq_lens: Sequence[int] | None = None) -> dict:
 
 
 def tolerance(case: Case) -> float:
-    """Allowed ``||out - ref|| / ||ref||`` against the fp32 reference on the same dequantized cache.
-
-    * reference: it is the oracle (same arithmetic), 1e-5.
-    * dequant mode: FP8 → 16-bit is exact and scores accumulate in fp32, so the error comes from
-      rounding p (for the P·V dot) and the output to the query's type, each ≤ u relative
-      (bf16 u = 2^-8, fp16 u = 2^-11): 2u (= 2^-7 for bf16). Per-channel K scales folded into the
-      query round q once more: 3u.
-    * fp8 mode: q and p are rounded to e4m3 (u = 2^-4). The rounding errors are independent across
-      D and the tokens and average out: measured ≈ 0.03 on N(0, 1) data, i.e. ≈ u/2. We allow u =
-      0.0625; a dropped or doubled scale, or a broken P path, gives errors of order 1.
-    """
-    if case.backend == "reference":
-        return 1e-5
-    if case.mode == "fp8":
-        return UNIT_ROUNDOFF["e4m3"]
-    return (3 if case.granularity == "channel" else 2) * UNIT_ROUNDOFF[case.q_dtype]
+    """Allowed ``||out - ref|| / ||ref||`` of ``case`` against the fp32 reference on the same dequantized
+    cache: :func:`fp8kv.reference.output_tolerance` (where the tolerance model is derived)."""
+    return output_tolerance(case.backend, case.mode, case.q_dtype, case.granularity)
 
 
 # ----------------------------------------------------------------------------------------- memory

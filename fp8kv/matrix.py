@@ -10,7 +10,7 @@ with what is installed and, on CPU, whether the Triton interpreter is on). Where
 has ``status="unsupported"`` and the table's reason. Otherwise :func:`fp8kv.decode` runs once through
 that backend and mode, and its output and LSE are compared with :func:`fp8kv.reference.decode` on
 the *same* cache (kernel error on the dequantized cache, not quantization error), with the output
-tolerance of :func:`fp8kv.bench.tolerance` and the LSE tolerance of :func:`lse_tolerance`.
+tolerances of :func:`fp8kv.reference.output_tolerance` and :func:`fp8kv.reference.lse_tolerance`.
 
 The sequences are ragged (by default: one token, a length that is not a multiple of the page size,
 and several pages), so the one-token and partial-page paths run in every cell. K has a per-head
@@ -45,6 +45,7 @@ from .cache import PagedKVCache
 from .capability import BACKENDS, KV_DTYPES, MODES
 from .capability import check as capability_check
 from .quant import GRANULARITIES, relative_error
+from .reference import lse_tolerance, output_tolerance
 
 __all__ = ["backend_matrix", "ragged_seq_lens", "lse_tolerance", "summarize", "COLUMNS", "STATUSES"]
 
@@ -53,7 +54,6 @@ COLUMNS = ["backend", "kv_dtype", "mode", "granularity", "q_dtype", "status", "p
            "lse_err", "lse_tol", "reason", "error", "seconds", "batch", "seq_lens", "num_q_heads",
            "num_kv_heads", "head_dim", "block_size", "device", "arch"]
 _Q_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
 
 
 def _fail(msg: str, exc=ValueError):
@@ -97,22 +97,6 @@ def ragged_seq_lens(batch: int = 4, block_size: int = 16, max_len: int = 203) ->
             n += 1
         lens.append(min(n, max_len))
     return lens + [max_len]
-
-
-def lse_tolerance(backend: str, mode: str, q_dtype: str, ref_lse: torch.Tensor) -> float:
-    """Allowed ``max |lse - ref_lse|`` (natural log) against the fp32 reference.
-
-    The scores inherit the relative error of the query's rounding: e4m3 in fp8 mode (2^-4; we allow
-    2^-3), the query's 16-bit type in dequant mode (u; we allow 4u, which also covers per-channel K
-    scales folded into the query), none for the reference (1e-5). An absolute LSE error scales with
-    the scores, hence the factor ``max(1, max |ref_lse|)``.
-    """
-    scale = max(1.0, float(ref_lse.abs().max()))
-    if backend == "reference":
-        return 1e-5 * scale
-    if mode == "fp8":
-        return 2.0**-3 * scale
-    return 4 * _UNIT_ROUNDOFF[q_dtype] * scale
 
 
 def _dense_kv(seq_lens: list[int], hkv: int, d: int, seed: int, device: torch.device):
@@ -159,7 +143,6 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: 
     docstring), in the order backend, kv_dtype, mode, granularity.
     """
     from .backends import decode
-    from .bench import Case, tolerance
     from .device import current_arch, resolve_device
     from .reference import decode as ref_decode
 
@@ -226,10 +209,8 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: 
                         continue
                     try:
                         cache, q, ref_out, ref_lse = prepared(kv, gran, qd)
-                        case = Case(len(seq_lens), max(seq_lens), num_q_heads=hq, num_kv_heads=hkv,
-                                    head_dim=head_dim, block_size=block_size, kv_dtype=kv, mode=mode,
-                                    backend=backend, granularity=gran, q_dtype=qd)
-                        row.update(tol=tolerance(case), lse_tol=lse_tolerance(backend, mode, qd, ref_lse))
+                        row.update(tol=output_tolerance(backend, mode, qd, gran),
+                                   lse_tol=lse_tolerance(backend, mode, qd, ref_lse))
                         t0 = time.perf_counter()
                         out, lse = decode(q, cache, backend=backend, mode=mode)
                         if dev.type == "cuda":
