@@ -11,8 +11,9 @@ Command line: ``fp8kv bench --preset target`` (or ``python -m fp8kv.bench ...``)
 
 How a case is measured
 ----------------------
-* The cache is synthetic (:func:`synthetic_cache`): N(0, 1) K/V written straight into shuffled
-  pages, FP8 quantized on the device in chunks with amax scales computed from the generated data.
+* The cache is synthetic (:func:`synthetic_cache` = :func:`fp8kv.synthetic.random_paged_cache`):
+  N(0, 1) K/V written straight into shuffled pages, FP8 quantized on the device in chunks with
+  amax scales computed from the generated data.
   Cases that share a cache (same shape, KV dtype, granularity) share one build.
 * Correctness first: one call of the backend, compared with :func:`fp8kv.reference.decode` on the
   *same dequantized cache* (kernel error, not quantization error) for the first and last sequences.
@@ -33,7 +34,6 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import json
 import math
 import os
 import re
@@ -54,9 +54,9 @@ from .cache import PagedKVCache
 from .capability import BACKENDS, KV_DTYPES, MODES, UnsupportedError, interpreter_on
 from .capability import check as capability_check
 from .checks import fail as _fail
-from .formats import kv_dtype_info
-from .quant import GRANULARITIES, SCALE_BYTES, cast_saturating, relative_error
+from .quant import GRANULARITIES, SCALE_BYTES, relative_error
 from .reference import output_tolerance
+from .synthetic import CHUNK_ELEMS, random_paged_cache
 
 __all__ = ["Case", "sweep", "run", "speedup_table", "save", "main", "synthetic_cache", "bytes_moved",
            "tolerance", "footprint_bytes", "memory_budget", "summary", "PRESETS", "COLUMNS"]
@@ -202,7 +202,7 @@ def footprint_bytes(case: Case) -> int:
     scales = 0
     if case.is_fp8 and case.granularity == "token_head":
         scales = 2 * 2 * num_blocks * bs * case.num_kv_heads * SCALE_BYTES  # built + the cache's own copy
-    build = min(page_elems, _CHUNK_ELEMS) * 4 * 3 if case.is_fp8 else min(page_elems, _CHUNK_ELEMS) * 4
+    build = min(page_elems, CHUNK_ELEMS) * 4 * 3 if case.is_fp8 else min(page_elems, CHUNK_ELEMS) * 4
     check = 2 * 2 * case.context * case.num_kv_heads * case.head_dim * 4  # two gathered fp32 sequences
     partials = case.batch * case.num_q_heads * 128 * (case.head_dim + 1) * 4  # ≤ 128 splits in fp32
     return pages + scales + build + check + partials
@@ -307,105 +307,7 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
 
 
 # ------------------------------------------------------------------------------------ cache build
-_CHUNK_ELEMS = 2**26  # fp32 workspace per generation chunk (256 MiB)
-
-
-def _chunk_randn(shape, seed: int, device: torch.device) -> torch.Tensor:
-    g = torch.Generator(device=device).manual_seed(seed)
-    return torch.randn(shape, generator=g, device=device, dtype=torch.float32)
-
-
-def synthetic_cache(batch: int, context: int, num_kv_heads: int, head_dim: int, *, block_size: int = 16,
-                    kv_dtype: str = "bf16", granularity: str = "tensor", layout: str = "NHD", device=None,
-                    seed: int = 0, chunk_elems: int = _CHUNK_ELEMS) -> PagedKVCache:
-    """A full paged cache of N(0, 1) K/V, built on the device without a dense copy.
-
-    Every sequence holds ``context`` tokens; pages are assigned through a shuffled block table
-    (as a serving engine's allocator would leave them). FP8 caches use amax scales computed from
-    the generated data (tensor / head / channel: a first pass over the chunks finds the amax, a
-    second regenerates each chunk from its seed and quantizes it; token_head: one pass), following
-    ``fp8kv.quant`` (stored = Q(x / scale)). Memory: the pages plus one fp32 chunk of
-    ``chunk_elems`` elements.
-
-    Returns a :class:`~fp8kv.cache.PagedKVCache` with ``seq_lens = [context] * batch``.
-    """
-    from .device import resolve_device
-
-    name, dtype, fmt = kv_dtype_info(kv_dtype)
-    dev = resolve_device(device)
-    if granularity not in GRANULARITIES:
-        _fail(f"granularity={granularity!r}; expected one of {GRANULARITIES}")
-    if layout not in LAYOUTS:
-        _fail(f"layout={layout!r}; expected one of {LAYOUTS}")
-    for n, v in (("batch", batch), ("context", context), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-                 ("block_size", block_size), ("chunk_elems", chunk_elems)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            _fail(f"{n}={v!r}; expected a positive int")
-    if fmt is None:
-        granularity = "tensor"
-    bpseq = math.ceil(context / block_size)
-    num_blocks = batch * bpseq
-    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
-    block_table = perm.reshape(batch, bpseq).to(dev)
-    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
-    token_shape = (block_size, num_kv_heads, head_dim)
-    shape = (num_blocks, *token_shape) if layout == "NHD" else (num_blocks, num_kv_heads, block_size, head_dim)
-    per_block = block_size * num_kv_heads * head_dim
-    step = max(1, chunk_elems // per_block)
-    chunks = [(i, min(i + step, num_blocks)) for i in range(0, num_blocks, step)]
-
-    def put(pages, i0, i1, x):
-        pages[i0:i1] = x if layout == "NHD" else x.transpose(1, 2)
-
-    pages_scales = []
-    for which in (0, 1):  # K, V: independent streams
-        parts = [(i0, i1, seed * 1_000_003 + which * 500_001 + j) for j, (i0, i1) in enumerate(chunks)]
-        pages = torch.empty(shape, dtype=dtype, device=dev)
-        scale = None
-        if fmt is None:
-            for i0, i1, s in parts:
-                put(pages, i0, i1, _chunk_randn((i1 - i0, *token_shape), s, dev).to(dtype))
-        elif granularity == "token_head":
-            scale = torch.empty(num_blocks, block_size, num_kv_heads, dtype=torch.float32, device=dev)
-            for i0, i1, s in parts:
-                x = _chunk_randn((i1 - i0, *token_shape), s, dev)
-                sc = x.abs().amax(dim=-1) / fmt.max
-                sc = torch.where(sc > 0, sc, torch.ones_like(sc))
-                scale[i0:i1] = sc
-                put(pages, i0, i1, cast_saturating(x / sc.unsqueeze(-1), fmt)[0])
-        else:
-            dims = {"tensor": (0, 1, 2, 3), "head": (0, 1, 3), "channel": (0, 1)}[granularity]
-            amax = None
-            for i0, i1, s in parts:
-                a = _chunk_randn((i1 - i0, *token_shape), s, dev).abs().amax(dim=dims)
-                amax = a if amax is None else torch.maximum(amax, a)
-            scale = amax / fmt.max
-            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-            bscale = scale.reshape({"tensor": (), "head": (num_kv_heads, 1), "channel": (num_kv_heads, head_dim)}
-                                   [granularity])
-            for i0, i1, s in parts:
-                put(pages, i0, i1, cast_saturating(_chunk_randn((i1 - i0, *token_shape), s, dev) / bscale, fmt)[0])
-        pages_scales.append((pages, scale))
-    (k_pages, k_scale), (v_pages, v_scale) = pages_scales
-    return PagedKVCache(k_pages, v_pages, block_table, seq_lens, name, granularity, k_scale, v_scale, layout)
-
-
-def _clone_cache(cache: PagedKVCache) -> PagedKVCache:
-    """Same tables and scales, fresh page storage (another copy in HBM, for L2-cold timing)."""
-    c = PagedKVCache.__new__(PagedKVCache)
-    c.__dict__.update(cache.__dict__)
-    c.k_pages, c.v_pages = cache.k_pages.clone(), cache.v_pages.clone()
-    return c
-
-
-def _subset_cache(cache: PagedKVCache, idx: list[int]) -> PagedKVCache:
-    """A cache over sequences ``idx`` sharing the pages (for a cheap reference check)."""
-    sel = torch.tensor(idx, device=cache.device)
-    ks = cache.k_scale if cache.is_fp8 else None
-    vs = cache.v_scale if cache.is_fp8 else None
-    return PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table[sel].contiguous(),
-                        cache.seq_lens[sel].contiguous(), cache.kv_dtype, cache.granularity, ks, vs,
-                        cache.layout)
+synthetic_cache = random_paged_cache  # the benchmark's cache: N(0, 1) K/V built on the device
 
 
 # ------------------------------------------------------------------------------------------ calls
@@ -544,7 +446,7 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
                                       seed=first.seed)]
             if rotate and dev.type == "cuda":
                 kvb = caches[0].nbytes
-                caches += [_clone_cache(caches[0]) for _ in range(math.ceil(4 * _l2_bytes(dev) / kvb) - 1)]
+                caches += [caches[0].clone() for _ in range(math.ceil(4 * _l2_bytes(dev) / kvb) - 1)]
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
         except Exception as e:  # OOM or a broken build: the group's rows say so, the sweep goes on
@@ -613,7 +515,7 @@ def _measure(c: Case, caches: list[PagedKVCache], dev: torch.device, base: dict,
             from .reference import decode as ref_decode
 
             idx = _check_indices(c.batch, check_seqs)
-            sub = caches[0] if len(idx) == c.batch else _subset_cache(caches[0], idx)
+            sub = caches[0] if len(idx) == c.batch else caches[0].select(idx)
             ref, _ = ref_decode(q[idx], sub, window=c.window)
             err = relative_error(out[idx], ref)
             values.update(rel_err=err, check_passed=bool(err <= values["tol"]))
@@ -680,42 +582,13 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
 
 
 # -------------------------------------------------------------------------------------------- save
-_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-
-
 def save(df: pd.DataFrame, out_dir: str | os.PathLike = "results/bench", meta: dict | None = None) -> Path:
-    """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` and a ``.json`` of metadata beside it.
+    """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` and a ``.json`` of metadata beside it (the run's
+    ``df.attrs["bench"]`` updated with ``meta``), never overwriting (:func:`fp8kv.results.save_table`).
+    Returns the CSV's path."""
+    from .results import save_table
 
-    The folder comes from the rows' ``gpu_slug`` (one GPU per file), the name from their
-    ``timestamp``; an existing file is never overwritten (``-2``, ``-3``, ... is appended), and
-    nothing outside the slug's folder is touched. Returns the CSV's path.
-    """
-    for col in ("gpu_slug", "timestamp"):
-        if col not in df.columns:
-            _fail(f"df has no {col!r} column; expected the rows of fp8kv.bench.run()")
-    if df.empty:
-        _fail("df is empty: nothing to save")
-    slugs = df["gpu_slug"].dropna().unique().tolist()
-    if len(slugs) != 1 or not _SLUG.match(str(slugs[0])):
-        _fail(f"df must hold the rows of one device with a folder-safe gpu_slug; got gpu_slug values {slugs}")
-    stamp = str(df["timestamp"].dropna().iloc[0]) if df["timestamp"].notna().any() else ""
-    stamp = re.sub(r"[^0-9TZ]", "", stamp) or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    folder = Path(out_dir) / slugs[0]
-    folder.mkdir(parents=True, exist_ok=True)
-    for n in itertools.count(1):
-        stem = stamp if n == 1 else f"{stamp}-{n}"
-        csv = folder / f"{stem}.csv"
-        try:
-            with open(csv, "x", newline="") as fh:  # "x": fails instead of overwriting
-                df.to_csv(fh, index=False)
-            break
-        except FileExistsError:
-            continue
-    metadata = {**df.attrs.get("bench", {}), **(meta or {}), "rows": len(df), "csv": csv.name,
-                "columns": list(df.columns)}
-    with open(csv.with_suffix(".json"), "x") as fh:
-        json.dump(metadata, fh, indent=2, default=str)
-    return csv
+    return save_table(df, out_dir, meta={**df.attrs.get("bench", {}), **(meta or {})})
 
 
 # --------------------------------------------------------------------------------------------- CLI

@@ -803,10 +803,10 @@ def _measure_point(shape, w, pool, p, batch, backend, mode, dev, base, rep, cpu_
 
 def save(df, out_dir="results/step", meta: dict | None = None):
     """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` and its ``.json`` (never overwriting; see
-    :func:`fp8kv.bench.save`). Returns the CSV's path."""
-    from .bench import save as bench_save
+    :func:`fp8kv.results.save_table`). Returns the CSV's path."""
+    from .results import save_table
 
-    return bench_save(df, out_dir, meta={**df.attrs.get("step", {}), **(meta or {})})
+    return save_table(df, out_dir, meta={**df.attrs.get("step", {}), **(meta or {})})
 
 
 # ----------------------------------------------------------------------------------------- reading

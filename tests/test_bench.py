@@ -19,9 +19,9 @@ import torch
 
 from fp8kv import bench
 from fp8kv.bench import Case, bytes_moved, run, save, speedup_table, sweep, synthetic_cache
-from fp8kv.reference import FP8_MODE_TOL
 from fp8kv.capability import check
 from fp8kv.quant import broadcast_scale
+from fp8kv.reference import FP8_MODE_TOL
 
 REPO = Path(__file__).resolve().parents[1]
 BIG = 2**40  # a memory budget nothing exceeds
@@ -151,6 +151,34 @@ def test_synthetic_cache_is_deterministic_and_layout_independent():
     for i in range(2):
         torch.testing.assert_close(a.gather(i), b.gather(i), rtol=0, atol=0)
         assert not torch.equal(a.gather(i)[0], c.gather(i)[0])
+
+
+@pytest.mark.parametrize("kv_dtype,granularity", [("fp16", "tensor"), ("fp8_e4m3", "token_head"), ("fp8_e5m2", "head")])
+def test_clone_copies_everything_and_select_shares_the_pages(kv_dtype, granularity):
+    from fp8kv.reference import decode as ref_decode
+
+    c = synthetic_cache(3, 37, 2, 16, kv_dtype=kv_dtype, granularity=granularity, chunk_elems=700, seed=2)
+    twin = c.clone()
+    for name in ("k_pages", "v_pages", "block_table", "seq_lens", "k_scale", "v_scale"):
+        a, b = getattr(c, name), getattr(twin, name)
+        bits = (lambda t: t.view(torch.uint8)) if a.element_size() == 1 else (lambda t: t)  # fp8: compare codes
+        assert a.data_ptr() != b.data_ptr() and torch.equal(bits(a), bits(b)), name
+    assert (twin.kv_dtype, twin.granularity, twin.layout) == (c.kv_dtype, c.granularity, c.layout)
+    twin.k_pages.zero_()  # independent storage: the original keeps its keys
+    assert c.k_pages.to(torch.float32).abs().sum() > 0
+
+    q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(0)).to(torch.float16)
+    full, _ = ref_decode(q, c)
+    sub = c.select([2, 0])
+    assert sub.k_pages.data_ptr() == c.k_pages.data_ptr() and sub.batch_size == 2
+    assert sub.block_table.tolist() == [c.block_table[2].tolist(), c.block_table[0].tolist()]
+    part, _ = ref_decode(q[[2, 0]], sub)
+    torch.testing.assert_close(part, full[[2, 0]], rtol=0, atol=0)
+    torch.testing.assert_close(ref_decode(q[[1]], c.select(torch.tensor([1])))[0], full[[1]], rtol=0, atol=0)
+    for bad, exc, needle in (([3], ValueError, "indices\\[0\\]=3"), ([], ValueError, "indices is empty"),
+                             (1, TypeError, "indices=1"), ([0.5], TypeError, "indices\\[0\\]")):
+        with pytest.raises(exc, match=needle):
+            c.select(bad)
 
 
 # -------------------------------------------------------------------------------------------- run
