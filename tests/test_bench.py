@@ -207,7 +207,7 @@ def test_run_reference_rows_are_checked_timed_and_consistent():
 
 def test_run_flags_a_failed_check(monkeypatch):
     case = Case(2, 16, 2, 1, 16, kv_dtype="fp16", backend="reference", q_dtype="fp16")
-    monkeypatch.setattr(bench, "tolerance", lambda c: -1.0)  # nothing passes a negative tolerance
+    monkeypatch.setattr(bench.measure, "tolerance", lambda c: -1.0)  # nothing passes a negative tolerance
     df = run([case], copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu")
     assert df.loc[0, "status"] == "ok" and bool(df.loc[0, "check_passed"]) is False
     assert df.loc[0, "tol"] == -1.0 and df.loc[0, "rel_err"] >= 0
@@ -235,7 +235,11 @@ def test_run_plans_flashinfer_once_and_times_run_only(monkeypatch):
             return out.to(q.dtype), lse
 
     monkeypatch.setattr(fib, "FlashInferDecode", StandIn)
-    monkeypatch.setattr(bench, "capability_check", lambda *a, **k: (True, "stand-in"))
+    import fp8kv.backends
+
+    stand_in = lambda *a, **k: (True, "stand-in")  # noqa: E731
+    monkeypatch.setattr(bench.measure, "capability_check", stand_in)  # the run's check ...
+    monkeypatch.setattr(fp8kv.backends, "supported", stand_in)  # ... and the one validation before planning
     case = Case(2, 16, 4, 2, 16, kv_dtype="fp8_e4m3", backend="flashinfer", q_dtype="fp16",
                 options={"use_tensor_cores": False})
     df = run([case], copy_bandwidth=1.0, progress=False, cpu_reps=3, device="cpu")
