@@ -46,6 +46,7 @@ from .capability import BACKENDS, KV_DTYPES, MODES
 from .capability import check as capability_check
 from .quant import GRANULARITIES, relative_error
 from .reference import lse_tolerance, output_tolerance
+from .synthetic import ragged_kv
 
 __all__ = ["backend_matrix", "ragged_seq_lens", "lse_tolerance", "summarize", "COLUMNS", "STATUSES"]
 
@@ -97,17 +98,6 @@ def ragged_seq_lens(batch: int = 4, block_size: int = 16, max_len: int = 203) ->
             n += 1
         lens.append(min(n, max_len))
     return lens + [max_len]
-
-
-def _dense_kv(seq_lens: list[int], hkv: int, d: int, seed: int, device: torch.device):
-    """K, V ``[B, max_len, Hkv, D]`` fp32; K with a per-head spread and an outlier channel."""
-    g = torch.Generator().manual_seed(seed)
-    n = max(seq_lens)
-    k = torch.randn(len(seq_lens), n, hkv, d, generator=g)
-    v = torch.randn(len(seq_lens), n, hkv, d, generator=g)
-    k = k * torch.logspace(-0.5, 0.5, hkv)[None, None, :, None]  # heads differ in magnitude ...
-    k[..., min(1, d - 1)] *= 6.0  # ... and one channel is an outlier, as in real keys
-    return k.to(device), v.to(device)
 
 
 def _default_q_dtype(kv_dtype: str, dev: torch.device) -> str:
@@ -171,7 +161,7 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: 
             _fail(f"batch={batch!r} but seq_lens has {len(seq_lens)} entries; give one or make them agree")
 
     arch = current_arch(dev)
-    k, v = _dense_kv(seq_lens, hkv, head_dim, seed, dev)
+    k, v = (t.to(dev) for t in ragged_kv(seq_lens, hkv, head_dim, seed=seed))  # heads spread, an outlier channel
     q32 = torch.randn(len(seq_lens), hq, head_dim, generator=torch.Generator().manual_seed(seed + 1)).to(dev)
     shape = dict(batch=len(seq_lens), seq_lens=",".join(map(str, seq_lens)), num_q_heads=hq, num_kv_heads=hkv,
                  head_dim=head_dim, block_size=block_size, device=str(dev), arch=arch)

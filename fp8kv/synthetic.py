@@ -49,7 +49,7 @@ from .formats import kv_dtype_info
 from .quant import GRANULARITIES, cast_saturating
 
 __all__ = ["kv_like_llm", "queries_like_llm", "outlier_channel_indices", "apply_rope", "kurtosis",
-           "random_paged_cache", "CHUNK_ELEMS"]
+           "random_paged_cache", "CHUNK_ELEMS", "ragged_kv"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -256,6 +256,28 @@ def kurtosis(x: torch.Tensor, dim=None) -> torch.Tensor | float:
         return float((c**4).mean() / (c**2).mean() ** 2)
     c = xf - xf.mean(dim=dim, keepdim=True)
     return (c**4).mean(dim=dim) / (c**2).mean(dim=dim) ** 2
+
+
+# ------------------------------------------------------------------------------- a ragged test batch
+def ragged_kv(seq_lens, num_kv_heads: int, head_dim: int, *, seed: int = 0,
+              head_spread: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense K, V ``[B, max(seq_lens), Hkv, D]`` fp32 on the CPU for :meth:`PagedKVCache.from_dense`:
+    standard normal (K drawn first, then V, from one torch generator seeded with ``seed``) and, with
+    ``head_spread``, K's heads scaled log-evenly over ``[10^-0.5, 10^0.5]`` and channel 1 six times
+    larger (an outlier channel, as real keys have), so the scale granularities differ. The backend
+    matrix and the kernel tests check decode on this data."""
+    lens = [checks.nonnegative_int(n, f"seq_lens[{i}]") for i, n in enumerate(seq_lens)]
+    if not lens or max(lens) < 1:
+        checks.fail(f"seq_lens={lens}; expected at least one sequence holding a token")
+    h = checks.positive_int(num_kv_heads, "num_kv_heads")
+    d = checks.positive_int(head_dim, "head_dim")
+    g = torch.Generator().manual_seed(checks.integer(seed, "seed"))
+    k = torch.randn(len(lens), max(lens), h, d, generator=g)
+    v = torch.randn(len(lens), max(lens), h, d, generator=g)
+    if head_spread:
+        k = k * torch.logspace(-0.5, 0.5, h)[None, None, :, None]
+        k[..., min(1, d - 1)] *= 6.0
+    return k, v
 
 
 # ------------------------------------------------------------------------------- a full paged cache

@@ -427,3 +427,24 @@ def test_tune_preset_varies_one_launch_option_at_a_time():
     variants = {c.variant for c in cases}
     assert "" in variants and "convert=cast" in variants and "convert=cast/ptx" in variants and "num_splits=16" in variants
     assert all(len(c.options) <= 1 for c in cases)  # each variant changes one option from the defaults
+
+
+# ------------------------------------------------------------------------------------- planned calls
+def test_planned_call_validates_once_and_matches_decode():
+    """The benchmark times fp8kv.backends.planned: checked when planned, identical to fp8kv.decode."""
+    import fp8kv
+    from fp8kv.backends import planned
+
+    c = synthetic_cache(3, 21, 2, 16, kv_dtype="fp8_e4m3", granularity="head", chunk_elems=500, seed=1)
+    q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(3)).to(torch.float16)
+    call = planned(q, c, "reference", "dequant", window=8)
+    for got, want in zip(call(), fp8kv.decode(q, c, backend="reference", mode="dequant", window=8), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="num_splits"):  # launch options are checked against the backend
+        planned(q, c, "reference", "dequant", num_splits=2)
+    bad = c.clone()
+    bad.block_table[0, 0] = c.num_blocks  # a table edited in place: caught when planning, not per call
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\]"):
+        planned(q, bad, "reference", "dequant")
+    with pytest.raises(ValueError, match="q"):
+        planned(torch.full_like(q, float("nan")), c, "reference", "dequant")

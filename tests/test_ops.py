@@ -31,6 +31,7 @@ from fp8kv.capability import UnsupportedError
 from fp8kv.quant import relative_error
 from fp8kv.reference import FP8_MODE_TOL, lse_tolerance, output_tolerance, unit_roundoff
 from fp8kv.reference import decode as ref_decode
+from fp8kv.synthetic import ragged_kv
 
 triton = pytest.importorskip("triton")
 from fp8kv.ops import choose_num_splits, paged_decode, write_cache  # noqa: E402
@@ -46,14 +47,9 @@ def dequant_tol(q_dtype, granularity):
 
 def make_cache(lens, hkv, d, *, kv_dtype="fp8_e4m3", granularity="tensor", block_size=16, layout="NHD",
                seed=0, k_mult=1.0, head_spread=True):
-    """Ragged K/V with structure: per-head magnitude spread and an outlier channel in K."""
-    g = torch.Generator().manual_seed(seed)
-    n = max(lens)
-    k = torch.randn(len(lens), n, hkv, d, generator=g)
-    v = torch.randn(len(lens), n, hkv, d, generator=g)
-    if head_spread:
-        k = k * torch.logspace(-0.5, 0.5, hkv)[None, None, :, None]
-        k[..., 1] *= 6.0  # an outlier channel, as in real keys
+    """Ragged K/V with structure: per-head magnitude spread and an outlier channel in K
+    (``fp8kv.synthetic.ragged_kv``, the backend matrix's data)."""
+    k, v = ragged_kv(lens, hkv, d, seed=seed, head_spread=head_spread)
     return PagedKVCache.from_dense((k * k_mult).to(DEVICE), v.to(DEVICE), lens, block_size=block_size,
                                    kv_dtype=kv_dtype, granularity=granularity, layout=layout, seed=seed)
 
