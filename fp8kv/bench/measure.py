@@ -59,7 +59,7 @@ def _make_call(case: Case, q: torch.Tensor, cache: PagedKVCache) -> Callable[[],
 
 
 def time_call(fn: Callable, device: torch.device, *, graph: bool, rep: int, warmup: int,
-               cpu_reps: int) -> tuple[float, str]:
+              cpu_reps: int) -> tuple[float, str]:
     """Median seconds per call of the zero-argument ``fn`` and the timing method.
 
     CUDA: ``triton.testing.do_bench_cudagraph`` (``graph=True``: ``fn`` is captured, so it must not
@@ -247,7 +247,7 @@ def _measure(c: Case, caches: list[PagedKVCache], dev: torch.device, base: dict,
         del out
         cycle = itertools.cycle(calls)
         seconds, timing = time_call(lambda: next(cycle)(), dev, graph=c.backend != "reference", rep=rep,
-                                     warmup=warmup, cpu_reps=cpu_reps)
+                                    warmup=warmup, cpu_reps=cpu_reps)
     except torch.OutOfMemoryError as e:
         return _row(base, c, status="skipped", reason=f"out of memory: {e}", **values)
     except UnsupportedError as e:  # a limit the capability table does not know (e.g. a GQA group size)
