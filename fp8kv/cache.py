@@ -47,8 +47,10 @@ def _check_block_size(block_size) -> int:
 class PagedKVCache:
     """Paged K/V storage with block tables (see the module docstring for shapes).
 
-    Build one with :meth:`from_dense` (ragged sequences scattered into shuffled pages) or
-    :meth:`empty`; add tokens with :meth:`write` / :meth:`append`; read back with :meth:`gather`.
+    Build one with :meth:`from_dense` (ragged sequences scattered into shuffled pages),
+    :meth:`empty`, or :func:`fp8kv.synthetic.random_paged_cache` (N(0, 1) pages built on the device);
+    derive one with :meth:`clone` or :meth:`select`; add tokens with :meth:`write` / :meth:`append`;
+    read back with :meth:`gather`.
     The constructor validates everything (one host sync). ``fp8kv.decode`` re-checks the tables
     (``check=True``, its default), so tables edited in place are caught before a kernel reads them.
 
@@ -281,6 +283,38 @@ class PagedKVCache:
             k_scale = v_scale = torch.ones(num_blocks, block_size, num_kv_heads)
         return cls(k_pages, v_pages, block_table, seq_lens, name, granularity,
                    k_scale if fmt is not None else None, v_scale if fmt is not None else None, layout)
+
+    def clone(self) -> PagedKVCache:
+        """An independent copy: pages, tables and scales copied (through the validating constructor).
+
+        The benchmark times a small cache through several clones so every call reads K/V from HBM.
+        """
+        c = PagedKVCache(self.k_pages.clone(), self.v_pages.clone(), self.block_table.clone(),
+                         self.seq_lens.clone(), self.kv_dtype, self.granularity,
+                         self.k_scale if self.is_fp8 else None, self.v_scale if self.is_fp8 else None, self.layout)
+        c.saturated = self.saturated
+        return c
+
+    def select(self, indices) -> PagedKVCache:
+        """A cache over the sequences ``indices`` (ints in ``[0, batch_size)``, a list or a 1-D int
+        tensor), in that order, that *shares* this cache's pages (no K/V copy; tables and scales are
+        the constructor's own). For checking a few sequences of a large batch against the oracle."""
+        if isinstance(indices, torch.Tensor):
+            if indices.ndim != 1 or indices.is_floating_point() or indices.dtype == torch.bool:
+                _fail(f"indices must be a 1-D int tensor or a list of ints; got a {indices.dtype} tensor of "
+                      f"shape {tuple(indices.shape)}", TypeError)
+            indices = indices.tolist()
+        if isinstance(indices, (str, bytes)) or not hasattr(indices, "__iter__"):
+            _fail(f"indices={indices!r}; expected a list of sequence indices", TypeError)
+        idx = [checks.integer(i, f"indices[{n}]", minimum=0, maximum=self.batch_size - 1)
+               for n, i in enumerate(indices)]
+        if not idx:
+            _fail("indices is empty; give at least one sequence index")
+        sel = torch.tensor(idx, device=self.device)
+        return PagedKVCache(self.k_pages, self.v_pages, self.block_table[sel].contiguous(),
+                            self.seq_lens[sel].contiguous(), self.kv_dtype, self.granularity,
+                            self.k_scale if self.is_fp8 else None, self.v_scale if self.is_fp8 else None,
+                            self.layout)
 
     @classmethod
     def from_dense(cls, k, v, seq_lens, block_size=16, kv_dtype="fp8_e4m3", granularity="tensor",

@@ -10,7 +10,7 @@ with what is installed and, on CPU, whether the Triton interpreter is on). Where
 has ``status="unsupported"`` and the table's reason. Otherwise :func:`fp8kv.decode` runs once through
 that backend and mode, and its output and LSE are compared with :func:`fp8kv.reference.decode` on
 the *same* cache (kernel error on the dequantized cache, not quantization error), with the output
-tolerance of :func:`fp8kv.bench.tolerance` and the LSE tolerance of :func:`lse_tolerance`.
+tolerances of :func:`fp8kv.reference.output_tolerance` and :func:`fp8kv.reference.lse_tolerance`.
 
 The sequences are ragged (by default: one token, a length that is not a multiple of the page size,
 and several pages), so the one-token and partial-page paths run in every cell. K has a per-head
@@ -45,6 +45,8 @@ from .cache import PagedKVCache
 from .capability import BACKENDS, KV_DTYPES, MODES
 from .capability import check as capability_check
 from .quant import GRANULARITIES, relative_error
+from .reference import lse_tolerance, output_tolerance
+from .synthetic import ragged_kv
 
 __all__ = ["backend_matrix", "ragged_seq_lens", "lse_tolerance", "summarize", "COLUMNS", "STATUSES"]
 
@@ -53,7 +55,6 @@ COLUMNS = ["backend", "kv_dtype", "mode", "granularity", "q_dtype", "status", "p
            "lse_err", "lse_tol", "reason", "error", "seconds", "batch", "seq_lens", "num_q_heads",
            "num_kv_heads", "head_dim", "block_size", "device", "arch"]
 _Q_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
 
 
 def _fail(msg: str, exc=ValueError):
@@ -99,33 +100,6 @@ def ragged_seq_lens(batch: int = 4, block_size: int = 16, max_len: int = 203) ->
     return lens + [max_len]
 
 
-def lse_tolerance(backend: str, mode: str, q_dtype: str, ref_lse: torch.Tensor) -> float:
-    """Allowed ``max |lse - ref_lse|`` (natural log) against the fp32 reference.
-
-    The scores inherit the relative error of the query's rounding: e4m3 in fp8 mode (2^-4; we allow
-    2^-3), the query's 16-bit type in dequant mode (u; we allow 4u, which also covers per-channel K
-    scales folded into the query), none for the reference (1e-5). An absolute LSE error scales with
-    the scores, hence the factor ``max(1, max |ref_lse|)``.
-    """
-    scale = max(1.0, float(ref_lse.abs().max()))
-    if backend == "reference":
-        return 1e-5 * scale
-    if mode == "fp8":
-        return 2.0**-3 * scale
-    return 4 * _UNIT_ROUNDOFF[q_dtype] * scale
-
-
-def _dense_kv(seq_lens: list[int], hkv: int, d: int, seed: int, device: torch.device):
-    """K, V ``[B, max_len, Hkv, D]`` fp32; K with a per-head spread and an outlier channel."""
-    g = torch.Generator().manual_seed(seed)
-    n = max(seq_lens)
-    k = torch.randn(len(seq_lens), n, hkv, d, generator=g)
-    v = torch.randn(len(seq_lens), n, hkv, d, generator=g)
-    k = k * torch.logspace(-0.5, 0.5, hkv)[None, None, :, None]  # heads differ in magnitude ...
-    k[..., min(1, d - 1)] *= 6.0  # ... and one channel is an outlier, as in real keys
-    return k.to(device), v.to(device)
-
-
 def _default_q_dtype(kv_dtype: str, dev: torch.device) -> str:
     # The Triton interpreter's bf16 arithmetic is wrong, so CPU runs use fp16 queries. On a GPU a
     # 16-bit cache is read with a query of its own type (FlashInfer pairs them so), FP8 with bf16.
@@ -159,7 +133,6 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: 
     docstring), in the order backend, kv_dtype, mode, granularity.
     """
     from .backends import decode
-    from .bench import Case, tolerance
     from .device import current_arch, resolve_device
     from .reference import decode as ref_decode
 
@@ -188,7 +161,7 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: 
             _fail(f"batch={batch!r} but seq_lens has {len(seq_lens)} entries; give one or make them agree")
 
     arch = current_arch(dev)
-    k, v = _dense_kv(seq_lens, hkv, head_dim, seed, dev)
+    k, v = (t.to(dev) for t in ragged_kv(seq_lens, hkv, head_dim, seed=seed))  # heads spread, an outlier channel
     q32 = torch.randn(len(seq_lens), hq, head_dim, generator=torch.Generator().manual_seed(seed + 1)).to(dev)
     shape = dict(batch=len(seq_lens), seq_lens=",".join(map(str, seq_lens)), num_q_heads=hq, num_kv_heads=hkv,
                  head_dim=head_dim, block_size=block_size, device=str(dev), arch=arch)
@@ -226,10 +199,8 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: 
                         continue
                     try:
                         cache, q, ref_out, ref_lse = prepared(kv, gran, qd)
-                        case = Case(len(seq_lens), max(seq_lens), num_q_heads=hq, num_kv_heads=hkv,
-                                    head_dim=head_dim, block_size=block_size, kv_dtype=kv, mode=mode,
-                                    backend=backend, granularity=gran, q_dtype=qd)
-                        row.update(tol=tolerance(case), lse_tol=lse_tolerance(backend, mode, qd, ref_lse))
+                        row.update(tol=output_tolerance(backend, mode, qd, gran),
+                                   lse_tol=lse_tolerance(backend, mode, qd, ref_lse))
                         t0 = time.perf_counter()
                         out, lse = decode(q, cache, backend=backend, mode=mode)
                         if dev.type == "cuda":

@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime as _dt
 import hashlib
 import json
 import math
@@ -73,7 +72,9 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+# Results IO lives in fp8kv.results; notebooks import it from here too.
+from .results import _now, collect_results, load_results, save_results, to_jsonable
 
 __all__ = [
     "PARAMETER_NAMES",
@@ -108,115 +109,6 @@ DEFAULT_TIMEOUT_S = {"smoke": 600, "full": 1800}
 KERNEL_NAME = "python3"
 MANIFEST = "manifest.json"
 INDEX = "index.html"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-# --------------------------------------------------------------------------- results JSON
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Convert results to plain JSON types.
-
-    dict keys become strings; tuples/sets become lists; numpy / torch scalars become numbers and
-    arrays/tensors nested lists; a pandas DataFrame becomes a list of row dicts and a Series a
-    dict; dataclasses become dicts; ``torch.dtype``, paths and other objects become ``str``.
-    Non-finite floats become the strings ``"inf"``, ``"-inf"``, ``"nan"`` (JSON has no such numbers).
-    """
-    if obj is None or isinstance(obj, (bool, str)):
-        return obj
-    if isinstance(obj, int):
-        return int(obj)
-    if isinstance(obj, float):
-        if math.isfinite(obj):
-            return obj
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [to_jsonable(v) for v in obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return to_jsonable({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
-    mod = type(obj).__module__.split(".")[0]
-    if mod == "numpy":
-        if hasattr(obj, "tolist"):
-            return to_jsonable(obj.tolist())
-        return str(obj)
-    if mod == "torch":
-        import torch
-
-        if isinstance(obj, torch.Tensor):
-            return to_jsonable(obj.detach().cpu().tolist())
-        return str(obj)
-    if mod == "pandas":
-        import pandas as pd
-
-        if isinstance(obj, pd.DataFrame):
-            return to_jsonable(obj.to_dict(orient="records"))
-        if isinstance(obj, pd.Series):
-            return to_jsonable(obj.to_dict())
-        return str(obj)
-    return str(obj)
-
-
-def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(f"name={name!r} must be a file stem of letters, digits, '_', '-', '.' "
-                         "(the notebook's file name without .ipynb, e.g. '01_fp8_formats')")
-
-
-def save_results(out_dir: str | os.PathLike, name: str, results: dict, device=None) -> Path:
-    """Write a notebook's numbers to ``out_dir/<name>.json`` and return the path.
-
-    Parameters
-    ----------
-    out_dir : folder (created if missing); notebooks pass their ``OUT_DIR`` parameter.
-    name : the notebook's file stem, e.g. ``"01_fp8_formats"`` (the runner looks for that file).
-    results : dict of numbers, lists, DataFrames, tensors... (converted by :func:`to_jsonable`).
-    device : the notebook's ``DEVICE``; its :func:`fp8kv.device.describe_device` is stored beside.
-
-    The file holds ``{"notebook": name, "saved_at": ISO time, "device": {...}, "results": {...}}``.
-    """
-    from .device import describe_device
-
-    _check_name(name)
-    if not isinstance(results, dict):
-        raise TypeError(f"results must be a dict, got {type(results).__name__}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"notebook": name, "saved_at": _now(), "device": describe_device(device), "results": to_jsonable(results)}
-    path = out / f"{name}.json"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
-    os.replace(tmp, path)  # never leave a truncated JSON behind
-    return path
-
-
-def load_results(out_dir: str | os.PathLike, name: str) -> dict:
-    """Read what :func:`save_results` wrote: the whole document (``doc["results"]`` holds the numbers)."""
-    _check_name(name)
-    path = Path(out_dir) / f"{name}.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no results {path}; run the notebook {name!r} first")
-    return json.loads(path.read_text())
-
-
-def collect_results(name: str, reports_dir: str | os.PathLike = "reports") -> dict[str, dict]:
-    """One notebook's results from every GPU's report folder: ``{gpu_slug: document}``.
-
-    For notebooks that compare machines; folders without that notebook's JSON are skipped.
-    """
-    _check_name(name)
-    found = {}
-    root = Path(reports_dir)
-    if root.is_dir():
-        for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if (folder / f"{name}.json").is_file():
-                found[folder.name] = load_results(folder, name)
-    return found
 
 
 # --------------------------------------------------------------------------- the machine a notebook runs on

@@ -1,7 +1,13 @@
-"""The fp32 oracle: paged decode attention computed plainly from the dequantized cache.
+"""The fp32 oracle: paged decode attention computed plainly from the dequantized cache, and the
+tolerances every comparison with it uses.
 
 Every backend (Triton, FlashInfer) is checked against :func:`decode`. It favours being obviously
 right over being fast: one sequence at a time, fp32 throughout.
+
+Tolerances (kernel error: a backend against :func:`decode` on the *same dequantized* cache, not
+quantization error). :func:`output_tolerance` bounds ``||out - ref|| / ||ref||``,
+:func:`lse_tolerance` bounds ``max |lse - ref_lse|``. The benchmark, the backend matrix and the
+tests all take them from here.
 """
 
 from __future__ import annotations
@@ -13,7 +19,59 @@ import torch
 from . import checks
 from .cache import PagedKVCache
 
-__all__ = ["decode", "attention", "paged_attention"]
+__all__ = ["decode", "attention", "paged_attention", "UNIT_ROUNDOFF", "FP8_MODE_TOL", "REFERENCE_TOL",
+           "unit_roundoff", "output_tolerance", "lse_tolerance"]
+
+# Unit roundoff u (relative error of one round-to-nearest) of the types a backend rounds to.
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24, "e4m3": 2.0**-4}
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+# fp8 mode rounds q and p to e4m3 (u = 2^-4 each). The errors are independent across D and the
+# tokens and average out: measured ~0.03 on N(0, 1) data (~u/2). 0.08 (~1.3u) leaves room for
+# structured data (outlier channels, head spread); a dropped or doubled scale, or a broken P path,
+# gives errors of order 1.
+FP8_MODE_TOL = 0.08
+REFERENCE_TOL = 1e-5  # the reference against itself: same arithmetic, fp32 summation order only
+
+
+def unit_roundoff(dtype) -> float:
+    """u of ``dtype``: ``"bf16"``, ``"fp16"``, ``"fp32"``, ``"e4m3"`` or a torch 16/32-bit float dtype."""
+    name = _DTYPE_NAMES.get(dtype, dtype)
+    if name not in UNIT_ROUNDOFF:
+        checks.fail(f"dtype={dtype!r}; expected one of {tuple(UNIT_ROUNDOFF)} or one of {tuple(_DTYPE_NAMES)}")
+    return UNIT_ROUNDOFF[name]
+
+
+def output_tolerance(backend: str, mode: str, q_dtype, granularity: str = "tensor") -> float:
+    """Allowed ``||out - ref|| / ||ref||`` of ``backend`` against :func:`decode` on the same cache.
+
+    * reference: it is the oracle (same arithmetic): :data:`REFERENCE_TOL`.
+    * dequant mode: FP8 → 16-bit is exact and scores accumulate in fp32, so the error comes from
+      rounding p (for the P·V dot) and the output to the query's type ``q_dtype``, each ≤ u
+      relative (bf16 u = 2^-8, fp16 u = 2^-11): 2u. Per-channel K scales folded into the query
+      round q once more: 3u.
+    * fp8 mode: :data:`FP8_MODE_TOL` (q and p rounded to e4m3).
+    """
+    if backend == "reference":
+        return REFERENCE_TOL
+    if mode == "fp8":
+        return FP8_MODE_TOL
+    return (3 if granularity == "channel" else 2) * unit_roundoff(q_dtype)
+
+
+def lse_tolerance(backend: str, mode: str, q_dtype, ref_lse: torch.Tensor) -> float:
+    """Allowed ``max |lse - ref_lse|`` (natural log) against :func:`decode`'s ``ref_lse``.
+
+    The scores inherit the relative error of the query's rounding: e4m3 in fp8 mode (2^-4; we allow
+    2^-3), the query's 16-bit type in dequant mode (u; we allow 4u, which also covers per-channel K
+    scales folded into the query), none for the reference (1e-5). An absolute LSE error scales with
+    the scores, hence the factor ``max(1, max |ref_lse|)``.
+    """
+    scale = max(1.0, float(ref_lse.abs().max()))
+    if backend == "reference":
+        return REFERENCE_TOL * scale
+    if mode == "fp8":
+        return 2 * UNIT_ROUNDOFF["e4m3"] * scale
+    return 4 * unit_roundoff(q_dtype) * scale
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, *, window: int | None = None,

@@ -40,7 +40,7 @@ for real, so a ceiling that did not fit would fail there.
 
 How a step is timed
 -------------------
-Like the kernel benchmark, with its timing helper (``fp8kv.bench._time_call``): on a GPU the whole
+Like the kernel benchmark, with its timing helper (``fp8kv.bench.time_call``): on a GPU the whole
 step is captured in a CUDA graph (``triton.testing.do_bench_cudagraph``) and the median replay is
 reported; the step's attention calls alone (every layer's :func:`fp8kv.decode` on the same caches,
 no other work) are timed the same way, giving ``attention_us`` and ``attention_share``. The copy
@@ -718,14 +718,14 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from .bench import _copy_gbps, _time_call
+    from .bench.measure import resolve_copy_bandwidth, time_call
     from .device import describe_device, resolve_device
 
     dev = resolve_device(device)
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     plans = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
                        utilization=utilization, block_size=block_size, device=dev, dtype=dtype)
-    copy_gbps, copy_info = _copy_gbps(copy_bandwidth, dev)
+    copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev)
     info = describe_device(dev)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     base = {"timestamp": stamp, "gpu": info["name"], "gpu_slug": info["slug"], "arch": info["arch"],
@@ -742,7 +742,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
                 for b in p["batches"]:
                     bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} B={b}")
                     rows.append(_measure_point(shape, w, pool, p, b, backend, mode, dev, base, rep, cpu_reps,
-                                               seed, _time_call))
+                                               seed, time_call))
                     bar.update(1)
             del pool
             _free(dev)
@@ -803,10 +803,10 @@ def _measure_point(shape, w, pool, p, batch, backend, mode, dev, base, rep, cpu_
 
 def save(df, out_dir="results/step", meta: dict | None = None):
     """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` and its ``.json`` (never overwriting; see
-    :func:`fp8kv.bench.save`). Returns the CSV's path."""
-    from .bench import save as bench_save
+    :func:`fp8kv.results.save_table`). Returns the CSV's path."""
+    from .results import save_table
 
-    return bench_save(df, out_dir, meta={**df.attrs.get("step", {}), **(meta or {})})
+    return save_table(df, out_dir, meta={**df.attrs.get("step", {}), **(meta or {})})
 
 
 # ----------------------------------------------------------------------------------------- reading

@@ -30,6 +30,10 @@ settings line up with the keys' outlier channels.
 
 Every random number comes from a NumPy generator seeded with ``seed`` on the CPU; the tensors are
 moved to ``device`` at the end, so a seed gives the same values on every device.
+
+:func:`random_paged_cache` is the other kind: a full paged cache of N(0, 1) K/V at benchmark sizes
+(gigabytes), generated on the device chunk by chunk with torch's generator (so its values depend
+on the device), without a dense copy.
 """
 
 from __future__ import annotations
@@ -39,7 +43,13 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["kv_like_llm", "queries_like_llm", "outlier_channel_indices", "apply_rope", "kurtosis"]
+from . import checks
+from .cache import LAYOUTS, PagedKVCache
+from .formats import kv_dtype_info
+from .quant import GRANULARITIES, cast_saturating
+
+__all__ = ["kv_like_llm", "queries_like_llm", "outlier_channel_indices", "apply_rope", "kurtosis",
+           "random_paged_cache", "CHUNK_ELEMS", "ragged_kv"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -246,3 +256,109 @@ def kurtosis(x: torch.Tensor, dim=None) -> torch.Tensor | float:
         return float((c**4).mean() / (c**2).mean() ** 2)
     c = xf - xf.mean(dim=dim, keepdim=True)
     return (c**4).mean(dim=dim) / (c**2).mean(dim=dim) ** 2
+
+
+# ------------------------------------------------------------------------------- a ragged test batch
+def ragged_kv(seq_lens, num_kv_heads: int, head_dim: int, *, seed: int = 0,
+              head_spread: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense K, V ``[B, max(seq_lens), Hkv, D]`` fp32 on the CPU for :meth:`PagedKVCache.from_dense`:
+    standard normal (K drawn first, then V, from one torch generator seeded with ``seed``) and, with
+    ``head_spread``, K's heads scaled log-evenly over ``[10^-0.5, 10^0.5]`` and channel 1 six times
+    larger (an outlier channel, as real keys have), so the scale granularities differ. The backend
+    matrix and the kernel tests check decode on this data."""
+    lens = [checks.nonnegative_int(n, f"seq_lens[{i}]") for i, n in enumerate(seq_lens)]
+    if not lens or max(lens) < 1:
+        checks.fail(f"seq_lens={lens}; expected at least one sequence holding a token")
+    h = checks.positive_int(num_kv_heads, "num_kv_heads")
+    d = checks.positive_int(head_dim, "head_dim")
+    g = torch.Generator().manual_seed(checks.integer(seed, "seed"))
+    k = torch.randn(len(lens), max(lens), h, d, generator=g)
+    v = torch.randn(len(lens), max(lens), h, d, generator=g)
+    if head_spread:
+        k = k * torch.logspace(-0.5, 0.5, h)[None, None, :, None]
+        k[..., min(1, d - 1)] *= 6.0
+    return k, v
+
+
+# ------------------------------------------------------------------------------- a full paged cache
+CHUNK_ELEMS = 2**26  # fp32 workspace per generation chunk (256 MiB)
+
+
+def _chunk_randn(shape, seed: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(shape, generator=g, device=device, dtype=torch.float32)
+
+
+def random_paged_cache(batch: int, context: int, num_kv_heads: int, head_dim: int, *, block_size: int = 16,
+                       kv_dtype: str = "bf16", granularity: str = "tensor", layout: str = "NHD", device=None,
+                       seed: int = 0, chunk_elems: int = CHUNK_ELEMS) -> PagedKVCache:
+    """A full paged cache of N(0, 1) K/V, built on the device without a dense copy.
+
+    Every sequence holds ``context`` tokens; pages are assigned through a shuffled block table
+    (as a serving engine's allocator would leave them). FP8 caches use amax scales computed from
+    the generated data (tensor / head / channel: a first pass over the chunks finds the amax, a
+    second regenerates each chunk from its seed and quantizes it; token_head: one pass), following
+    ``fp8kv.quant`` (stored = Q(x / scale)). Memory: the pages plus one fp32 chunk of
+    ``chunk_elems`` elements.
+
+    ``device``: None / "auto" (the GPU if there is one), "cpu", "cuda", ... (:func:`fp8kv.device.resolve_device`).
+    Returns a :class:`~fp8kv.cache.PagedKVCache` (through its validating constructor) with
+    ``seq_lens = [context] * batch``; K, V pages ``[blocks, block_size, Hkv, D]`` (NHD) or
+    ``[blocks, Hkv, block_size, D]`` (HND) of ``kv_dtype``.
+    """
+    from .device import resolve_device
+
+    name, dtype, fmt = kv_dtype_info(kv_dtype)
+    dev = resolve_device(device)
+    checks.one_of(granularity, "granularity", GRANULARITIES)
+    checks.one_of(layout, "layout", LAYOUTS)
+    for n, v in (("batch", batch), ("context", context), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+                 ("block_size", block_size), ("chunk_elems", chunk_elems)):
+        checks.positive_int(v, n)
+    if fmt is None:
+        granularity = "tensor"
+    bpseq = math.ceil(context / block_size)
+    num_blocks = batch * bpseq
+    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+    block_table = perm.reshape(batch, bpseq).to(dev)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
+    token_shape = (block_size, num_kv_heads, head_dim)
+    shape = (num_blocks, *token_shape) if layout == "NHD" else (num_blocks, num_kv_heads, block_size, head_dim)
+    per_block = block_size * num_kv_heads * head_dim
+    step = max(1, chunk_elems // per_block)
+    chunks = [(i, min(i + step, num_blocks)) for i in range(0, num_blocks, step)]
+
+    def put(pages, i0, i1, x):
+        pages[i0:i1] = x if layout == "NHD" else x.transpose(1, 2)
+
+    pages_scales = []
+    for which in (0, 1):  # K, V: independent streams
+        parts = [(i0, i1, seed * 1_000_003 + which * 500_001 + j) for j, (i0, i1) in enumerate(chunks)]
+        pages = torch.empty(shape, dtype=dtype, device=dev)
+        scale = None
+        if fmt is None:
+            for i0, i1, s in parts:
+                put(pages, i0, i1, _chunk_randn((i1 - i0, *token_shape), s, dev).to(dtype))
+        elif granularity == "token_head":
+            scale = torch.empty(num_blocks, block_size, num_kv_heads, dtype=torch.float32, device=dev)
+            for i0, i1, s in parts:
+                x = _chunk_randn((i1 - i0, *token_shape), s, dev)
+                sc = x.abs().amax(dim=-1) / fmt.max
+                sc = torch.where(sc > 0, sc, torch.ones_like(sc))
+                scale[i0:i1] = sc
+                put(pages, i0, i1, cast_saturating(x / sc.unsqueeze(-1), fmt)[0])
+        else:
+            dims = {"tensor": (0, 1, 2, 3), "head": (0, 1, 3), "channel": (0, 1)}[granularity]
+            amax = None
+            for i0, i1, s in parts:
+                a = _chunk_randn((i1 - i0, *token_shape), s, dev).abs().amax(dim=dims)
+                amax = a if amax is None else torch.maximum(amax, a)
+            scale = amax / fmt.max
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+            bscale = scale.reshape({"tensor": (), "head": (num_kv_heads, 1), "channel": (num_kv_heads, head_dim)}
+                                   [granularity])
+            for i0, i1, s in parts:
+                put(pages, i0, i1, cast_saturating(_chunk_randn((i1 - i0, *token_shape), s, dev) / bscale, fmt)[0])
+        pages_scales.append((pages, scale))
+    (k_pages, k_scale), (v_pages, v_scale) = pages_scales
+    return PagedKVCache(k_pages, v_pages, block_table, seq_lens, name, granularity, k_scale, v_scale, layout)

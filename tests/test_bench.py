@@ -21,6 +21,7 @@ from fp8kv import bench
 from fp8kv.bench import Case, bytes_moved, run, save, speedup_table, sweep, synthetic_cache
 from fp8kv.capability import check
 from fp8kv.quant import broadcast_scale
+from fp8kv.reference import FP8_MODE_TOL
 
 REPO = Path(__file__).resolve().parents[1]
 BIG = 2**40  # a memory budget nothing exceeds
@@ -152,6 +153,34 @@ def test_synthetic_cache_is_deterministic_and_layout_independent():
         assert not torch.equal(a.gather(i)[0], c.gather(i)[0])
 
 
+@pytest.mark.parametrize("kv_dtype,granularity", [("fp16", "tensor"), ("fp8_e4m3", "token_head"), ("fp8_e5m2", "head")])
+def test_clone_copies_everything_and_select_shares_the_pages(kv_dtype, granularity):
+    from fp8kv.reference import decode as ref_decode
+
+    c = synthetic_cache(3, 37, 2, 16, kv_dtype=kv_dtype, granularity=granularity, chunk_elems=700, seed=2)
+    twin = c.clone()
+    for name in ("k_pages", "v_pages", "block_table", "seq_lens", "k_scale", "v_scale"):
+        a, b = getattr(c, name), getattr(twin, name)
+        bits = (lambda t: t.view(torch.uint8)) if a.element_size() == 1 else (lambda t: t)  # fp8: compare codes
+        assert a.data_ptr() != b.data_ptr() and torch.equal(bits(a), bits(b)), name
+    assert (twin.kv_dtype, twin.granularity, twin.layout) == (c.kv_dtype, c.granularity, c.layout)
+    twin.k_pages.zero_()  # independent storage: the original keeps its keys
+    assert c.k_pages.to(torch.float32).abs().sum() > 0
+
+    q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(0)).to(torch.float16)
+    full, _ = ref_decode(q, c)
+    sub = c.select([2, 0])
+    assert sub.k_pages.data_ptr() == c.k_pages.data_ptr() and sub.batch_size == 2
+    assert sub.block_table.tolist() == [c.block_table[2].tolist(), c.block_table[0].tolist()]
+    part, _ = ref_decode(q[[2, 0]], sub)
+    torch.testing.assert_close(part, full[[2, 0]], rtol=0, atol=0)
+    torch.testing.assert_close(ref_decode(q[[1]], c.select(torch.tensor([1])))[0], full[[1]], rtol=0, atol=0)
+    for bad, exc, needle in (([3], ValueError, "indices\\[0\\]=3"), ([], ValueError, "indices is empty"),
+                             (1, TypeError, "indices=1"), ([0.5], TypeError, "indices\\[0\\]")):
+        with pytest.raises(exc, match=needle):
+            c.select(bad)
+
+
 # -------------------------------------------------------------------------------------------- run
 def test_run_reference_rows_are_checked_timed_and_consistent():
     cases = sweep([2, 3], [24], heads=[(4, 2)], head_dims=[16], kv_dtypes=["fp16", "fp8_e4m3"],
@@ -178,7 +207,7 @@ def test_run_reference_rows_are_checked_timed_and_consistent():
 
 def test_run_flags_a_failed_check(monkeypatch):
     case = Case(2, 16, 2, 1, 16, kv_dtype="fp16", backend="reference", q_dtype="fp16")
-    monkeypatch.setattr(bench, "tolerance", lambda c: -1.0)  # nothing passes a negative tolerance
+    monkeypatch.setattr(bench.measure, "tolerance", lambda c: -1.0)  # nothing passes a negative tolerance
     df = run([case], copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu")
     assert df.loc[0, "status"] == "ok" and bool(df.loc[0, "check_passed"]) is False
     assert df.loc[0, "tol"] == -1.0 and df.loc[0, "rel_err"] >= 0
@@ -206,7 +235,11 @@ def test_run_plans_flashinfer_once_and_times_run_only(monkeypatch):
             return out.to(q.dtype), lse
 
     monkeypatch.setattr(fib, "FlashInferDecode", StandIn)
-    monkeypatch.setattr(bench, "capability_check", lambda *a, **k: (True, "stand-in"))
+    import fp8kv.backends
+
+    stand_in = lambda *a, **k: (True, "stand-in")  # noqa: E731
+    monkeypatch.setattr(bench.measure, "capability_check", stand_in)  # the run's check ...
+    monkeypatch.setattr(fp8kv.backends, "supported", stand_in)  # ... and the one validation before planning
     case = Case(2, 16, 4, 2, 16, kv_dtype="fp8_e4m3", backend="flashinfer", q_dtype="fp16",
                 options={"use_tensor_cores": False})
     df = run([case], copy_bandwidth=1.0, progress=False, cpu_reps=3, device="cpu")
@@ -237,7 +270,8 @@ def test_run_triton_under_the_interpreter():
         assert r["check_passed"] is True and r["rel_err"] <= r["tol"], r
         assert r["timing"] == "cpu-wallclock" and math.isfinite(r["time_us"]) and r["time_us"] > 0
         assert r["num_splits"] >= 1 and r["block_n"] >= 16
-    assert rows[1]["tol"] == 2 * 2.0**-11 and rows[2]["tol"] == 2.0**-4
+    # fp8 mode: the documented bound of fp8kv.reference (shared with tests/test_ops.py)
+    assert rows[1]["tol"] == 2 * 2.0**-11 and rows[2]["tol"] == FP8_MODE_TOL == 0.08
     assert (rows[3]["num_splits"], rows[3]["block_n"]) == (2, 32)  # overrides reach the launch and the row
     assert rows[3]["variant"] == "block_n=32,num_splits=2"
 
@@ -393,3 +427,24 @@ def test_tune_preset_varies_one_launch_option_at_a_time():
     variants = {c.variant for c in cases}
     assert "" in variants and "convert=cast" in variants and "convert=cast/ptx" in variants and "num_splits=16" in variants
     assert all(len(c.options) <= 1 for c in cases)  # each variant changes one option from the defaults
+
+
+# ------------------------------------------------------------------------------------- planned calls
+def test_planned_call_validates_once_and_matches_decode():
+    """The benchmark times fp8kv.backends.planned: checked when planned, identical to fp8kv.decode."""
+    import fp8kv
+    from fp8kv.backends import planned
+
+    c = synthetic_cache(3, 21, 2, 16, kv_dtype="fp8_e4m3", granularity="head", chunk_elems=500, seed=1)
+    q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(3)).to(torch.float16)
+    call = planned(q, c, "reference", "dequant", window=8)
+    for got, want in zip(call(), fp8kv.decode(q, c, backend="reference", mode="dequant", window=8), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="num_splits"):  # launch options are checked against the backend
+        planned(q, c, "reference", "dequant", num_splits=2)
+    bad = c.clone()
+    bad.block_table[0, 0] = c.num_blocks  # a table edited in place: caught when planning, not per call
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\]"):
+        planned(q, bad, "reference", "dequant")
+    with pytest.raises(ValueError, match="q"):
+        planned(torch.full_like(q, float("nan")), c, "reference", "dequant")

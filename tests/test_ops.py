@@ -14,6 +14,9 @@ Tolerances (kernel error, measured against ``reference.decode`` on the *dequanti
 * fp8 mode: q and p are rounded to e4m3 (u = 2^-4 relative each). The errors are independent across
   D and tokens and average out, so the norm-wise error sits near u/2; we allow 0.08 (≈ 1.3u). A
   dropped or misapplied scale (≥ 2x) or a broken P path gives errors of order 1.
+
+The numbers live beside the oracle (``fp8kv.reference.output_tolerance`` / ``lse_tolerance``), where
+the benchmark and the backend matrix take them too.
 """
 
 import functools
@@ -26,31 +29,27 @@ import fp8kv
 from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError
 from fp8kv.quant import relative_error
+from fp8kv.reference import FP8_MODE_TOL, lse_tolerance, output_tolerance, unit_roundoff
 from fp8kv.reference import decode as ref_decode
+from fp8kv.synthetic import ragged_kv
 
 triton = pytest.importorskip("triton")
 from fp8kv.ops import choose_num_splits, paged_decode, write_cache  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 Q_DTYPES = [torch.float16, torch.bfloat16]
-UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
-FP8_MODE_TOL = 0.08
+UNIT_ROUNDOFF = {dtype: unit_roundoff(dtype) for dtype in Q_DTYPES}
 
 
 def dequant_tol(q_dtype, granularity):
-    return (3 if granularity == "channel" else 2) * UNIT_ROUNDOFF[q_dtype]
+    return output_tolerance("triton", "dequant", q_dtype, granularity)
 
 
 def make_cache(lens, hkv, d, *, kv_dtype="fp8_e4m3", granularity="tensor", block_size=16, layout="NHD",
                seed=0, k_mult=1.0, head_spread=True):
-    """Ragged K/V with structure: per-head magnitude spread and an outlier channel in K."""
-    g = torch.Generator().manual_seed(seed)
-    n = max(lens)
-    k = torch.randn(len(lens), n, hkv, d, generator=g)
-    v = torch.randn(len(lens), n, hkv, d, generator=g)
-    if head_spread:
-        k = k * torch.logspace(-0.5, 0.5, hkv)[None, None, :, None]
-        k[..., 1] *= 6.0  # an outlier channel, as in real keys
+    """Ragged K/V with structure: per-head magnitude spread and an outlier channel in K
+    (``fp8kv.synthetic.ragged_kv``, the backend matrix's data)."""
+    k, v = ragged_kv(lens, hkv, d, seed=seed, head_spread=head_spread)
     return PagedKVCache.from_dense((k * k_mult).to(DEVICE), v.to(DEVICE), lens, block_size=block_size,
                                    kv_dtype=kv_dtype, granularity=granularity, layout=layout, seed=seed)
 
@@ -68,8 +67,7 @@ def check_against_reference(q, cache, mode, tol, **kw):
     err = relative_error(out.float(), ref_out)
     assert err <= tol, f"{mode} {cache}: rel err {err:.3e} > {tol:.3e}"
     # LSE: scores carry the same relative error as q (fp8: 2^-4; dequant channel fold: u).
-    score_scale = max(1.0, float(ref_lse.abs().max()))
-    lse_tol = (2.0**-3 if mode == "fp8" else 4 * UNIT_ROUNDOFF[q.dtype]) * score_scale
+    lse_tol = lse_tolerance("triton", mode, q.dtype, ref_lse)
     lse_err = float((lse - ref_lse).abs().max())
     assert lse_err <= lse_tol, f"lse err {lse_err:.3e} > {lse_tol:.3e}"
     return err

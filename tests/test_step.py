@@ -273,7 +273,7 @@ def test_attention_time_in_the_step_agrees_with_the_kernel_benchmark():
         step = S.DecodeStep(shape, weights, pool.caches(batch, context), backend="triton")
         step.set_positions(context - 1)
         step.forward()
-        per_layer = bench._time_call(step.attention_only, torch.device("cuda"), graph=True, rep=100, warmup=25,
+        per_layer = bench.time_call(step.attention_only, torch.device("cuda"), graph=True, rep=100, warmup=25,
                                      cpu_reps=1)[0] / shape.num_layers
         case = bench.Case(batch, context, shape.num_q_heads, shape.num_kv_heads, shape.head_dim, kv_dtype=kv,
                           backend="triton", mode="dequant")

@@ -7,12 +7,14 @@ for, so fp8kv imports on machines without it.
 
 from __future__ import annotations
 
+import functools
+
 from .. import checks
 from ..cache import PagedKVCache
 from ..capability import BACKEND_NAMES, UnsupportedError, check_variants, choose_backend, choose_mode
 from ..capability import check as supported
 
-__all__ = ["decode", "BACKENDS", "LAUNCH_OPTIONS"]
+__all__ = ["decode", "planned", "BACKENDS", "LAUNCH_OPTIONS"]
 
 MODES = ("auto", "dequant", "fp8")
 
@@ -79,6 +81,13 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
     :class:`~fp8kv.capability.UnsupportedError` (a ValueError) with the capability table's reason
     when the combination cannot run here.
     """
+    backend, mode, sm_scale, variants = _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks,
+                                                  check, launch)
+    return BACKENDS[backend](q, cache, mode=mode, sm_scale=sm_scale, **variants, **launch)
+
+
+def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check, launch) -> tuple:
+    """:func:`decode`'s input checks; returns the resolved ``(backend, mode, sm_scale, variants)``."""
     if not isinstance(cache, PagedKVCache):
         checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
     cache.check_query(q)
@@ -109,4 +118,27 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
     if unknown:
         checks.fail(f"{unknown[0]}={launch[unknown[0]]!r} is not an option of the {backend} backend; it takes "
                     f"{LAUNCH_OPTIONS[backend] or 'none'}", TypeError)
-    return BACKENDS[backend](q, cache, mode=mode, sm_scale=sm_scale, **variants, **launch)
+    return backend, mode, sm_scale, variants
+
+
+def planned(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: float | None = None,
+            window: int | None = None, soft_cap: float | None = None, sinks=None, **launch):
+    """Plan once, run many: validate as :func:`decode` does with ``check=True`` (once, here), do the
+    backend's host work (FlashInfer's plan), and return a zero-argument callable that runs the
+    decode of ``q`` over ``cache`` with no host work and no host sync left (CUDA-graph capturable
+    for the Triton and FlashInfer backends; the reference syncs with the host by its nature).
+
+    Arguments as :func:`decode`. The callable returns ``(out, lse)`` as :func:`decode` would; it
+    reads ``q`` and the cache's tensors when called, so refill them in place between calls, and
+    plan again after the cache's tables change (``append``, ``write`` of new tokens).
+    """
+    backend, mode, sm_scale, variants = _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks,
+                                                  True, launch)
+    if backend == "flashinfer":
+        from .flashinfer import FlashInferDecode
+
+        dec = FlashInferDecode(cache, mode=mode, **launch)
+        scale = {} if sm_scale is None else {"sm_scale": sm_scale}
+        dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype, **scale, **variants)
+        return lambda: dec.run(q)
+    return functools.partial(BACKENDS[backend], q, cache, mode=mode, sm_scale=sm_scale, **variants, **launch)

@@ -1,0 +1,257 @@
+"""The benchmark's cases: :class:`Case` (one cell of the grid), :func:`sweep` (the grid, with what
+cannot run here marked), the bytes a decode call moves (:func:`bytes_moved`), the check tolerance
+(:func:`tolerance`, from :mod:`fp8kv.reference`) and the memory a case needs (:func:`footprint_bytes`,
+:func:`memory_budget`)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..cache import LAYOUTS
+from ..capability import BACKENDS, KV_DTYPES, MODES
+from ..capability import check as capability_check
+from ..checks import fail as _fail
+from ..quant import GRANULARITIES, SCALE_BYTES
+from ..reference import output_tolerance
+from ..synthetic import CHUNK_ELEMS
+
+Q_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+# --------------------------------------------------------------------------------------------- cases
+@dataclass
+class Case:
+    """One benchmark cell: a decode shape, a cache format and a backend configuration.
+
+    ``options`` go to the backend as keyword arguments: Triton launch overrides (``num_splits``,
+    ``block_n``, ``num_warps``, ``num_stages``) or FlashInfer's ``use_tensor_cores``. ``status`` is
+    ``"ready"``, ``"unsupported"`` or ``"skipped"`` (set by :func:`sweep`, with ``reason``).
+    ``window``: a sliding-window layer attending the last ``window`` tokens of each sequence (as
+    :func:`fp8kv.decode` defines it; FlashInfer's ``window_left = window - 1``); None: the whole context.
+    """
+
+    batch: int
+    context: int  # tokens per sequence (every sequence of the batch holds this many)
+    num_q_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    block_size: int = 16
+    kv_dtype: str = "bf16"
+    mode: str = "dequant"
+    backend: str = "triton"
+    granularity: str = "tensor"
+    q_dtype: str = "bf16"
+    layout: str = "NHD"
+    options: dict = field(default_factory=dict)
+    label: str = ""
+    status: str = "ready"
+    reason: str = ""
+    seed: int = 0
+    window: int | None = None
+
+    def __post_init__(self):
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
+                                        or self.window < 1):
+            _fail(f"Case.window={self.window!r}; expected None or a positive int")
+        for name in ("batch", "context", "num_q_heads", "num_kv_heads", "head_dim", "block_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                _fail(f"Case.{name}={v!r}; expected a positive int")
+        if self.num_q_heads % self.num_kv_heads:
+            _fail(f"Case.num_q_heads={self.num_q_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        choices = {"kv_dtype": KV_DTYPES, "mode": MODES, "backend": BACKENDS,
+                   "granularity": GRANULARITIES, "q_dtype": tuple(Q_DTYPES), "layout": LAYOUTS,
+                   "status": ("ready", "unsupported", "skipped")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                _fail(f"Case.{name}={getattr(self, name)!r}; expected one of {allowed}")
+        if not isinstance(self.options, dict):
+            _fail(f"Case.options must be a dict of backend keyword arguments, got {type(self.options).__name__}",
+                  TypeError)
+        if not self.kv_dtype.startswith("fp8"):
+            self.granularity = "tensor"  # 16-bit caches carry no scales
+        if not self.label:
+            self.label = " ".join(x for x in (self.backend + (f"-{self.variant}" if self.variant else ""),
+                                              self.kv_dtype, self.mode,
+                                              "" if self.granularity == "tensor" else self.granularity,
+                                              "" if self.window is None else f"window={self.window}") if x)
+
+    @property
+    def variant(self) -> str:
+        """Backend configuration in a word: ``tc``/``no-tc`` for FlashInfer, ``k=v,...`` overrides."""
+        opts = dict(self.options)
+        tc = opts.pop("use_tensor_cores", None)
+        parts = [] if tc is None else ["tc" if tc else "no-tc"]
+        parts += [f"{k}={v}" for k, v in sorted(opts.items())]
+        return ",".join(parts)
+
+    @property
+    def cache_key(self) -> tuple:
+        """Cases with equal keys read the same cache (built once by :func:`run`)."""
+        return (self.batch, self.context, self.num_kv_heads, self.head_dim, self.block_size, self.kv_dtype,
+                self.granularity, self.layout, self.seed)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.kv_dtype.startswith("fp8")
+
+
+def _elem_size(kv_dtype: str) -> int:
+    return 1 if kv_dtype.startswith("fp8") else 2
+
+
+def _out_elem_size(case: Case) -> int:
+    # The reference returns fp32; Triton and FlashInfer return the query's dtype.
+    return 4 if case.backend == "reference" else Q_DTYPES[case.q_dtype].itemsize
+
+
+def bytes_moved(case: Case, seq_lens: Sequence[int] | None = None) -> dict:
+    """Useful bytes one decode call moves, by part (ints).
+
+    ``kv`` = Σ_b tokens_b × Hkv × D × 2 (K and V) × element size, with ``tokens_b = seq_len_b``, or
+    ``min(seq_len_b, window)`` for a windowed case (the tokens it attends); ``scales`` = scale bytes read
+    (fp32: two scalars for tensor, 2 × Hkv for head, 2 × Hkv × D for channel, 2 × Hkv per token for
+    token_head; 0 for 16-bit caches); ``q`` = B × Hq × D × q's size; ``out`` = B × Hq × D × the
+    output's size. Block tables, seq_lens, the LSE and split-KV partials are not counted (< 0.1 %
+    of ``kv`` at Hkv × D = 1024, except the partials, which are an implementation cost, not work).
+    ``seq_lens`` defaults to ``[case.context] * case.batch``.
+    """
+    lens = [case.context] * case.batch if seq_lens is None else [int(n) for n in seq_lens]
+    tokens = sum(lens) if case.window is None else sum(min(n, case.window) for n in lens)
+    hkv, d = case.num_kv_heads, case.head_dim
+    kv = tokens * hkv * d * 2 * _elem_size(case.kv_dtype)
+    if not case.is_fp8:
+        scales = 0
+    else:
+        scales = 2 * SCALE_BYTES * {"tensor": 1, "head": hkv, "channel": hkv * d,
+                                    "token_head": tokens * hkv}[case.granularity]
+    q = case.batch * case.num_q_heads * d * Q_DTYPES[case.q_dtype].itemsize
+    out = case.batch * case.num_q_heads * d * _out_elem_size(case)
+    return {"kv": kv, "scales": scales, "q": q, "out": out, "total": kv + scales + q + out}
+
+
+def tolerance(case: Case) -> float:
+    """Allowed ``||out - ref|| / ||ref||`` of ``case`` against the fp32 reference on the same dequantized
+    cache: :func:`fp8kv.reference.output_tolerance` (where the tolerance model is derived)."""
+    return output_tolerance(case.backend, case.mode, case.q_dtype, case.granularity)
+
+
+# ----------------------------------------------------------------------------------------- memory
+def footprint_bytes(case: Case) -> int:
+    """Device bytes a case needs at peak: pages + scales + build workspace + check + split partials."""
+    bs = case.block_size
+    num_blocks = case.batch * math.ceil(case.context / bs)
+    page_elems = num_blocks * bs * case.num_kv_heads * case.head_dim
+    pages = 2 * page_elems * _elem_size(case.kv_dtype)
+    scales = 0
+    if case.is_fp8 and case.granularity == "token_head":
+        scales = 2 * 2 * num_blocks * bs * case.num_kv_heads * SCALE_BYTES  # built + the cache's own copy
+    build = min(page_elems, CHUNK_ELEMS) * 4 * 3 if case.is_fp8 else min(page_elems, CHUNK_ELEMS) * 4
+    check = 2 * 2 * case.context * case.num_kv_heads * case.head_dim * 4  # two gathered fp32 sequences
+    partials = case.batch * case.num_q_heads * 128 * (case.head_dim + 1) * 4  # ≤ 128 splits in fp32
+    return pages + scales + build + check + partials
+
+
+def memory_budget(device: torch.device | str | None = None, fraction: float = 0.6) -> int:
+    """``fraction`` of the free memory of ``device`` (GPU: ``cudaMemGetInfo``; CPU: available RAM)."""
+    from ..device import resolve_device
+
+    dev = resolve_device(device)
+    if not 0 < fraction <= 1:
+        _fail(f"fraction={fraction}; expected a number in (0, 1]")
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+    else:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):  # not Linux: assume 8 GiB
+            free = 8 * 2**30
+    return int(free * fraction)
+
+
+# ------------------------------------------------------------------------------------------ sweep
+def _as_list(x, name):
+    if isinstance(x, (str, int, dict)) or x is None:
+        x = [x]
+    x = list(x)
+    if not x:
+        _fail(f"{name} is empty; give at least one value")
+    return x
+
+
+def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple[int, int]] = ((32, 8),),
+          head_dims: Sequence[int] = (128,), block_sizes: Sequence[int] = (16,),
+          kv_dtypes: Sequence[str] = ("bf16", "fp8_e4m3"), modes: Sequence[str] = ("dequant", "fp8"),
+          backends: Sequence[str] = ("triton", "flashinfer"), granularities: Sequence[str] = ("tensor",),
+          q_dtype: str | None = None, flashinfer_tensor_cores: Sequence[bool] = (False, True),
+          triton_options: dict | Sequence[dict] | None = None, layout: str = "NHD",
+          memory_budget_bytes: int | None = None, device=None, arch: str | None = None,
+          windows: Sequence[int | None] = (None,)) -> list[Case]:
+    """Expand the grid into :class:`Case` s, marking what cannot run here.
+
+    The product of every argument, minus combinations that are not combinations at all (fp8 mode
+    on a 16-bit cache; granularities of a 16-bit cache collapse to one). Each remaining case is
+    checked with :func:`fp8kv.capability.check` (``arch=None``: this machine) and kept with
+    ``status="unsupported"`` and the reason when it cannot run, and with ``status="skipped"``,
+    ``reason="does not fit ..."`` when :func:`footprint_bytes` exceeds ``memory_budget_bytes``
+    (default: 60 % of the device's free memory now).
+
+    Parameters
+    ----------
+    heads : (Hq, Hkv) pairs.
+    q_dtype : "bf16", "fp16" or "fp32"; default bf16 on a GPU, fp16 on CPU (the Triton
+        interpreter's bf16 arithmetic is wrong).
+    flashinfer_tensor_cores : FlashInfer variants (``use_tensor_cores`` values) per FlashInfer cell.
+    triton_options : one dict or a list of dicts of Triton launch overrides (one variant each).
+    windows : sliding windows (None: the whole context), one case each (:attr:`Case.window`).
+    arch : ask the capability table about another arch ("sm90") instead of this machine.
+    """
+    from ..device import resolve_device
+
+    dev = resolve_device(device)
+    if q_dtype is None:
+        q_dtype = "bf16" if dev.type == "cuda" else "fp16"
+    budget = memory_budget(dev) if memory_budget_bytes is None else int(memory_budget_bytes)
+    tri_opts = [dict(o) for o in _as_list(triton_options or {}, "triton_options")]
+    fi_opts = [{"use_tensor_cores": bool(t)} for t in _as_list(list(flashinfer_tensor_cores), "flashinfer_tensor_cores")]
+    heads = [tuple(h) for h in heads]
+    for h in heads:
+        if len(h) != 2:
+            _fail(f"heads entry {h!r}; expected (num_q_heads, num_kv_heads) pairs such as (32, 8)")
+    cases, seen = [], set()
+    grid = itertools.product(_as_list(batches, "batches"), _as_list(contexts, "contexts"), heads,
+                             _as_list(head_dims, "head_dims"), _as_list(block_sizes, "block_sizes"),
+                             _as_list(kv_dtypes, "kv_dtypes"), _as_list(backends, "backends"),
+                             _as_list(modes, "modes"), _as_list(granularities, "granularities"))
+    grid = itertools.product(grid, _as_list(list(windows), "windows"))
+    for (b, ctx, (hq, hkv), d, bs, kv, backend, mode, gran), window in grid:
+        if mode == "fp8" and not kv.startswith("fp8"):
+            continue  # not a combination: fp8 mode is about FP8 KV
+        opts_list = {"triton": tri_opts, "flashinfer": fi_opts}.get(backend, [{}])
+        for opts in opts_list:
+            case = Case(b, ctx, hq, hkv, d, bs, kv, mode, backend, gran, q_dtype, layout, dict(opts), window=window)
+            key = (case.cache_key, case.mode, case.backend, case.q_dtype, case.label)
+            if key in seen:
+                continue
+            seen.add(key)
+            ok, why = capability_check(backend, kv, mode, arch, case.granularity, d)
+            if ok and q_dtype == "fp32" and backend != "reference":
+                ok, why = False, f"{backend} takes bf16/fp16 queries; fp32 queries run on the reference only"
+            if ok and backend == "flashinfer" and not case.is_fp8 and kv != q_dtype:
+                ok, why = False, (f"FlashInfer pairs a {q_dtype} query with a {q_dtype} or FP8 cache, "
+                                  f"not {kv}")
+            if not ok:
+                case.status, case.reason = "unsupported", why
+            elif footprint_bytes(case) > budget:
+                case.status = "skipped"
+                case.reason = (f"does not fit: needs ~{footprint_bytes(case) / 2**30:.1f} GiB, "
+                               f"budget {budget / 2**30:.1f} GiB")
+            cases.append(case)
+    return cases
+

@@ -1,0 +1,222 @@
+"""``fp8kv bench`` / ``python -m fp8kv.bench``: the argument parser, the named grids (:data:`PRESETS`,
+described by :data:`PRESET_HELP`) and :func:`main`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import textwrap
+from collections.abc import Sequence
+
+import torch
+
+from .. import checks
+from ..capability import BACKENDS, KV_DTYPES, MODES, interpreter_on
+from ..quant import GRANULARITIES
+from .cases import Q_DTYPES, Case, sweep
+from .measure import run
+from .report import _failed, save, summary
+
+# --------------------------------------------------------------------------------------------- CLI
+PRESETS = {
+    "target": dict(batches=[1, 16, 64, 256], contexts=[4096, 16384, 32768], heads=[(32, 8)], head_dims=[128],
+                   block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"],
+                   backends=["triton", "flashinfer"], granularities=["tensor"],
+                   flashinfer_tensor_cores=[False, True]),
+    "tune": dict(batches=[16, 64, 256], contexts=[16384], heads=[(32, 8)], head_dims=[128], block_sizes=[16],
+                 kv_dtypes=["fp8_e4m3"], modes=["dequant"], backends=["triton"], granularities=["tensor"],
+                 triton_options=[{}, *({"num_splits": s} for s in (1, 2, 4, 8, 16)), {"block_n": 64},
+                                 {"num_stages": 3}, {"num_warps": 8}, {"convert": "cast"},
+                                 {"convert": "cast/ptx"}]),
+    "smoke": dict(batches=[2], contexts=[48], heads=[(4, 2)], head_dims=[64], block_sizes=[16],
+                  kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"],
+                  backends=["triton", "flashinfer", "reference"], granularities=["tensor"],
+                  flashinfer_tensor_cores=[True]),
+    # Sliding-window layers (Gemma-3-like), B x window >= 64k tokens: time and bytes bounded by the
+    # window, not the context; FlashInfer with window_left beside. Two shapes: Hq/Hkv/D 32/16/128 and
+    # Gemma-3-270M's 4/1/256.
+    "window": dict(batches=[64, 128], contexts=[16384, 32768], heads=[(32, 16)], head_dims=[128], block_sizes=[16],
+                   kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"], backends=["triton", "flashinfer"],
+                   granularities=["tensor"], flashinfer_tensor_cores=[False, True], windows=[512, 1024]),
+    "window-gemma3": dict(batches=[64, 128], contexts=[16384, 32768], heads=[(4, 1)], head_dims=[256],
+                          block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"],
+                          backends=["triton", "flashinfer"], granularities=["tensor"],
+                          flashinfer_tensor_cores=[False, True], windows=[512, 1024]),
+}
+# What each preset is for (printed by --help).
+PRESET_HELP = {
+    "target": "the performance target grid: B 1-256 x context 4k-32k, Hq:Hkv 32:8, D 128, bf16 vs fp8_e4m3, "
+              "Triton and FlashInfer (GPU)",
+    "tune": "launch variants of the Triton FP8 kernel around its defaults (split count, tile, warps, stages, "
+            "FP8 conversion), one option at a time, at B 16-256 x context 16k (GPU)",
+    "smoke": "a tiny grid that runs anywhere in seconds; on CPU add --interpret for the Triton rows (there the "
+             "16-bit cache and query are fp16, since the Triton interpreter's bf16 arithmetic is wrong)",
+    "window": "sliding-window layers at Hq:Hkv 32:16, D 128: B 64-128 x context 16k-32k x window 512/1024, "
+              "bf16 vs fp8_e4m3, Triton and FlashInfer (window_left); time and bytes bounded by the window (GPU)",
+    "window-gemma3": "the same windows at Gemma-3-270M's shape, Hq:Hkv 4:1, D 256 (GPU)",
+}
+assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"
+TRITON_OPTIONS = ("num_splits", "block_n", "num_warps", "num_stages")  # integer launch overrides on the CLI
+
+
+def _heads(s: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+):(\d+)", s)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected Hq:Hkv such as 32:8")
+    hq, hkv = int(m.group(1)), int(m.group(2))
+    if hq < 1 or hkv < 1 or hq % hkv:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected positive Hq:Hkv with Hq a multiple of Hkv "
+                                         "(grouped-query attention), such as 32:8")
+    return hq, hkv
+
+
+def _kv_opt(s: str) -> tuple[str, int]:
+    m = re.fullmatch(rf"({'|'.join(TRITON_OPTIONS)})=(\d+)", s)
+    if not m or int(m.group(2)) < 1:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected KEY=INT with KEY in {', '.join(TRITON_OPTIONS)} "
+                                         "and INT >= 1")
+    return m.group(1), int(m.group(2))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fp8kv bench`` argument parser (errors: one line on stderr, exit status 2)."""
+    width = max(map(len, PRESETS)) + 1
+    presets = "\n".join(textwrap.fill(PRESET_HELP[name], 100, initial_indent=f"  {name:<{width}}",
+                                       subsequent_indent=" " * (width + 2)) for name in PRESETS)
+    p = checks.ArgumentParser(
+        prog="fp8kv bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Time paged decode over a grid of cases; write results/bench/<gpu-slug>/<timestamp>.csv.",
+        epilog=f"presets:\n{presets}\n\nExit status: 0 all ran and passed their checks, 1 a check failed or "
+               "a case errored, 2 bad arguments or nothing to run.")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a named grid (see below); grid options override it")
+    p.add_argument("--batches", type=int, nargs="+", metavar="B", help="sequences per decode call")
+    p.add_argument("--contexts", type=int, nargs="+", metavar="N", help="tokens per sequence")
+    p.add_argument("--heads", type=_heads, nargs="+", metavar="HQ:HKV", help="query:KV head pairs (default 32:8)")
+    p.add_argument("--head-dims", type=int, nargs="+", metavar="D", help="head dimension (default 128)")
+    p.add_argument("--block-sizes", type=int, nargs="+", metavar="P", help="tokens per cache page (default 16)")
+    p.add_argument("--kv-dtypes", nargs="+", choices=KV_DTYPES, help="cache element types")
+    p.add_argument("--modes", nargs="+", choices=MODES,
+                   help="dequant: FP8 pages widened to the query's type; fp8: FP8 tensor-core dots")
+    p.add_argument("--backends", nargs="+", choices=BACKENDS, help="decode implementations to time")
+    p.add_argument("--granularities", nargs="+", choices=GRANULARITIES, help="FP8 scale granularities")
+    p.add_argument("--q-dtype", choices=tuple(Q_DTYPES), help="query dtype (default: bf16 on a GPU, fp16 on CPU)")
+    p.add_argument("--tensor-cores", choices=("both", "on", "off"), help="FlashInfer variants (default both)")
+    p.add_argument("--triton-opt", type=_kv_opt, action="append", metavar="KEY=INT",
+                   help="Triton launch override (repeatable), e.g. num_splits=8")
+    p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
+    p.add_argument("--no-save", action="store_true", help="print only")
+    p.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
+    p.add_argument("--no-rotate", action="store_true", help="time with the cache possibly L2-resident")
+    p.add_argument("--rep", type=int, default=100, help="ms of repetitions per case (CUDA; default 100)")
+    p.add_argument("--memory-budget-gb", type=float, metavar="GIB",
+                   help="skip cases needing more device memory, GiB (default 60%% of the free memory)")
+    p.add_argument("--interpret", action="store_true",
+                   help="CPU: run Triton under its interpreter (sets TRITON_INTERPRET=1; must precede importing "
+                        "triton; implies --device cpu)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one, else the CPU)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true", help="list the cases and their status; run nothing")
+    return p
+
+
+def _check_args(args) -> torch.device:
+    """Validate what argparse cannot (ranges, the device, the output folder); return the device.
+
+    Raises ValueError / TypeError naming the flag and the value."""
+    from ..device import resolve_device
+
+    for flag in ("batches", "contexts", "head_dims", "block_sizes"):
+        for value in getattr(args, flag) or ():
+            checks.positive_int(value, "--" + flag.replace("_", "-"))
+    checks.positive_int(args.rep, "--rep")
+    if args.memory_budget_gb is not None:
+        checks.positive_float(args.memory_budget_gb, "--memory-budget-gb")
+    if args.interpret and args.device not in (None, "cpu"):
+        checks.fail(f"--interpret runs on CPU tensors; drop --device {args.device}")
+    try:
+        device = resolve_device("cpu" if args.interpret else args.device)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--device {args.device}: {exc}") from None
+    if not args.no_save and not args.dry_run:
+        checks.output_folder(args.out, "--out")
+    return device
+
+
+def _grid_from_args(args, device: torch.device) -> dict:
+    """The :func:`sweep` arguments of parsed CLI options (a preset, overridden by explicit options) for
+    the resolved ``device``. Raises ValueError when neither a preset nor batches and contexts are given."""
+    grid = dict(PRESETS[args.preset]) if args.preset else dict(PRESETS["target"], batches=None, contexts=None)
+    for name in ("batches", "contexts", "heads", "head_dims", "block_sizes", "kv_dtypes", "modes", "backends",
+                 "granularities"):
+        if getattr(args, name) is not None:
+            grid[name] = getattr(args, name)
+    if args.preset == "smoke" and args.kv_dtypes is None and device.type == "cpu":
+        grid["kv_dtypes"] = ["fp16", "fp8_e4m3"]
+    if args.tensor_cores:
+        grid["flashinfer_tensor_cores"] = {"both": [False, True], "on": [True], "off": [False]}[args.tensor_cores]
+    if grid["batches"] is None or grid["contexts"] is None:
+        checks.fail("give --preset, or --batches and --contexts")
+    if args.triton_opt:
+        grid["triton_options"] = dict(args.triton_opt)
+    if args.q_dtype:
+        grid["q_dtype"] = args.q_dtype
+    if args.memory_budget_gb is not None:
+        grid["memory_budget_bytes"] = int(args.memory_budget_gb * 2**30)
+    return grid
+
+
+def _name_the_interpret_flag(cases: list[Case]) -> None:
+    """On a machine without a GPU, point the Triton rows' reason at the CLI flag (not the variable)."""
+    if torch.cuda.is_available() or interpreter_on():
+        return
+    for c in cases:
+        if c.backend == "triton" and c.status == "unsupported":
+            c.reason = "no GPU: add --interpret to run the Triton kernels on CPU under the Triton interpreter"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``fp8kv bench`` entry point; returns the exit status.
+
+    0: every case that ran passed its check. 1: a check failed or a case errored. 2: bad arguments,
+    or nothing in the grid can run here (one line on stderr, as argparse reports errors).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        device = _check_args(args)
+        grid = _grid_from_args(args, device)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    if args.interpret:
+        if "triton" in sys.modules and not interpreter_on():
+            print("warning: triton is already imported; --interpret has no effect", file=sys.stderr)
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        cases = sweep(**grid, device=device)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    _name_the_interpret_flag(cases)
+    ready = sum(c.status == "ready" for c in cases)
+    if args.dry_run:
+        for c in cases:
+            print(f"{c.status:<11} {c.label:<40} B={c.batch:<4} ctx={c.context:<6} Hq:Hkv={c.num_q_heads}:"
+                  f"{c.num_kv_heads} D={c.head_dim} page={c.block_size}  {c.reason}")
+        print(f"{ready} of {len(cases)} cases would run")
+    if not ready:
+        reasons = sorted({c.reason for c in cases})
+        parser.error(f"none of the {len(cases)} cases can run here: {'; '.join(reasons)}")
+    if args.dry_run:
+        return 0
+    df = run(cases, check=not args.no_check, rep=args.rep, progress=not args.quiet,
+             rotate=not args.no_rotate, device=device)
+    print(summary(df))
+    if not args.no_save:
+        path = save(df, args.out, meta={"argv": argv})
+        print(f"wrote {path}")
+    bad = (df["status"] == "error") | df["check_passed"].map(_failed)
+    return 1 if bad.any() else 0
+
+

@@ -1,0 +1,261 @@
+"""Measuring cases: :func:`run` builds each cache once, checks every backend against the fp32 oracle
+on the same dequantized cache, and times the decode call alone (:func:`time_call`: CUDA graphs,
+CUDA events or CPU wall clock), returning one tidy row per case (:data:`COLUMNS`)."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+
+import pandas as pd
+import torch
+
+from ..backends import planned
+from ..cache import PagedKVCache
+from ..capability import UnsupportedError
+from ..capability import check as capability_check
+from ..checks import fail as _fail
+from ..quant import relative_error
+from ..synthetic import random_paged_cache
+from .cases import Q_DTYPES, Case, bytes_moved, tolerance
+
+COLUMNS = [
+    "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer",
+    "label", "backend", "variant", "mode", "kv_dtype", "granularity", "layout", "q_dtype",
+    "batch", "context", "window", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
+    "num_splits", "block_n", "num_warps", "num_stages",
+    "timing", "time_us", "bytes", "kv_bytes", "gbps", "pct_copy_bw", "copy_gbps", "kv_copies",
+    "rel_err", "tol", "check_passed", "status", "reason",
+]
+
+
+# ------------------------------------------------------------------------------------ cache build
+synthetic_cache = random_paged_cache  # the benchmark's cache: N(0, 1) K/V built on the device
+
+
+# ------------------------------------------------------------------------------------------ calls
+def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dict:
+    """The Triton launch parameters ``fp8kv.ops.paged_decode`` will use (defaults + overrides)."""
+    from ..ops import launch_config
+
+    o = case.options
+    window = case.window if case.window is not None and case.window < cache.max_blocks_per_seq * cache.block_size \
+        else None  # as paged_decode: a window covering the page table is no window
+    cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
+                        num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device, window=window)
+    return {k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages")}
+
+
+def _make_call(case: Case, q: torch.Tensor, cache: PagedKVCache) -> Callable[[], tuple]:
+    """The case's decode of ``q`` over ``cache`` as a zero-argument call, validated once and planned
+    (:func:`fp8kv.backends.planned`): no host work is left in the call that is timed."""
+    window = {} if case.window is None else {"window": case.window}
+    return planned(q, cache, case.backend, case.mode, **window, **case.options)
+
+
+def time_call(fn: Callable, device: torch.device, *, graph: bool, rep: int, warmup: int,
+              cpu_reps: int) -> tuple[float, str]:
+    """Median seconds per call of the zero-argument ``fn`` and the timing method.
+
+    CUDA: ``triton.testing.do_bench_cudagraph`` (``graph=True``: ``fn`` is captured, so it must not
+    sync with the host) or ``do_bench`` (CUDA events); ``rep``/``warmup`` in milliseconds. CPU: the
+    median of ``cpu_reps`` wall-clock calls. The method is ``"cuda-graph"``, ``"cuda-events"`` or
+    ``"cpu-wallclock"``."""
+    if device.type == "cuda":
+        from triton.testing import do_bench, do_bench_cudagraph
+
+        with torch.cuda.device(device):
+            if graph:
+                return do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e-3, "cuda-graph"
+            return do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e-3, "cuda-events"
+    times = []
+    for _ in range(cpu_reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), "cpu-wallclock"
+
+
+def _check_indices(batch: int, n: int) -> list[int]:
+    return list(range(batch)) if batch <= n else sorted({*range(n - 1), batch - 1})
+
+
+# -------------------------------------------------------------------------------------------- run
+def resolve_copy_bandwidth(copy_bandwidth, device) -> tuple[float, dict | None]:
+    """``(GB/s, info)`` of a ``copy_bandwidth`` argument: None measures now
+    (:func:`fp8kv.device.measure_copy_bandwidth`), False skips (NaN, None), a positive number or a
+    measurement dict is taken as given."""
+    if copy_bandwidth is False:
+        return float("nan"), None
+    if copy_bandwidth is None:
+        from ..device import measure_copy_bandwidth
+
+        info = measure_copy_bandwidth(device=device)
+        return float(info["gbps"]), info
+    if isinstance(copy_bandwidth, dict):
+        return float(copy_bandwidth["gbps"]), copy_bandwidth
+    if isinstance(copy_bandwidth, (int, float)) and not isinstance(copy_bandwidth, bool) and copy_bandwidth > 0:
+        return float(copy_bandwidth), {"gbps": float(copy_bandwidth), "method": "given"}
+    _fail(f"copy_bandwidth={copy_bandwidth!r}; expected None (measure), False (skip), a positive GB/s "
+          "number or the dict of fp8kv.device.measure_copy_bandwidth")
+
+
+def _l2_bytes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20)
+
+
+def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: int = 25,
+        copy_bandwidth=None, progress: bool = True, device=None, rotate: bool = True,
+        check_seqs: int = 2, cpu_reps: int = 3) -> pd.DataFrame:
+    """Measure ``cases``; return one tidy row per case (columns :data:`COLUMNS`).
+
+    Parameters
+    ----------
+    check : compare each backend's output with the fp32 reference first (``rel_err``,
+        ``check_passed`` against :func:`tolerance`); rows are timed either way.
+    rep, warmup : milliseconds of repetition / warm-up for the CUDA timers.
+    copy_bandwidth : None (measure once now), False (skip), GB/s, or a
+        :func:`fp8kv.device.measure_copy_bandwidth` dict. Recorded in every row (``copy_gbps``).
+    rotate : on CUDA, cycle through clones of caches smaller than 4 × L2 so reads come from HBM.
+    check_seqs : sequences compared with the reference (first ones and the last).
+    cpu_reps : calls timed per case on CPU.
+
+    Statuses: ``ok``, ``unsupported`` / ``skipped`` (from :func:`sweep`, or found here),
+    ``error`` (the exception in ``reason``). ``df.attrs["bench"]`` holds the run's metadata.
+    """
+    from tqdm.auto import tqdm
+
+    from ..device import describe_device, resolve_device
+
+    dev = resolve_device(device)
+    cases = list(cases)
+    for i, c in enumerate(cases):
+        if not isinstance(c, Case):
+            _fail(f"cases[{i}] is a {type(c).__name__}; expected fp8kv.bench.Case (see sweep())", TypeError)
+    for name, v in (("rep", rep), ("warmup", warmup), ("check_seqs", check_seqs), ("cpu_reps", cpu_reps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            _fail(f"{name}={v!r}; expected a positive int")
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    info = describe_device(dev)
+    runnable = [c for c in cases if c.status == "ready"]
+    copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev) if runnable else (float("nan"), None)
+    base = {"timestamp": stamp, "gpu": info["name"], "gpu_slug": info["slug"], "arch": info["arch"],
+            "device": info["device"], "torch": info["torch"], "triton": info["triton"],
+            "flashinfer": info["flashinfer"], "copy_gbps": copy_gbps}
+
+    rows: dict[int, dict] = {}
+    for i, c in enumerate(cases):
+        if c.status != "ready":
+            rows[i] = _row(base, c, status=c.status, reason=c.reason)
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(cases):
+        if c.status == "ready":
+            groups.setdefault(c.cache_key, []).append(i)
+
+    bar = tqdm(total=len(runnable), disable=not progress, desc="bench", unit="case")
+    for idx in groups.values():
+        first = cases[idx[0]]
+        caches: list[PagedKVCache] = []
+        try:
+            caches = [synthetic_cache(first.batch, first.context, first.num_kv_heads, first.head_dim,
+                                      block_size=first.block_size, kv_dtype=first.kv_dtype,
+                                      granularity=first.granularity, layout=first.layout, device=dev,
+                                      seed=first.seed)]
+            if rotate and dev.type == "cuda":
+                kvb = caches[0].nbytes
+                caches += [caches[0].clone() for _ in range(math.ceil(4 * _l2_bytes(dev) / kvb) - 1)]
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+        except Exception as e:  # OOM or a broken build: the group's rows say so, the sweep goes on
+            oom = isinstance(e, torch.OutOfMemoryError)
+            for i in idx:
+                rows[i] = _row(base, cases[i], status="skipped" if oom else "error",
+                               reason=f"building the cache: {type(e).__name__}: {e}")
+            bar.update(len(idx))
+            caches = []
+            _free(dev)
+            continue
+        for i in idx:
+            c = cases[i]
+            bar.set_postfix_str(f"{c.label} B={c.batch} ctx={c.context}")
+            rows[i] = _measure(c, caches, dev, base, check=check, rep=rep, warmup=warmup,
+                               check_seqs=check_seqs, cpu_reps=cpu_reps)
+            bar.update(1)
+        del caches
+        _free(dev)
+    bar.close()
+
+    df = pd.DataFrame([rows[i] for i in range(len(cases))], columns=COLUMNS)
+    df.attrs["bench"] = {"timestamp": stamp, "device": info, "copy_bandwidth": copy_info,
+                         "settings": {"check": check, "rep": rep, "warmup": warmup, "rotate": rotate,
+                                      "check_seqs": check_seqs, "cpu_reps": cpu_reps}}
+    return df
+
+
+def _free(dev):
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _row(base: dict, c: Case, **values) -> dict:
+    row = dict.fromkeys(COLUMNS)
+    row.update(base)
+    row.update(label=c.label, backend=c.backend, variant=c.variant, mode=c.mode, kv_dtype=c.kv_dtype,
+               granularity=c.granularity, layout=c.layout, q_dtype=c.q_dtype, batch=c.batch, context=c.context,
+               window=c.window,
+               num_q_heads=c.num_q_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+               block_size=c.block_size, time_us=float("nan"), gbps=float("nan"), pct_copy_bw=float("nan"),
+               rel_err=float("nan"), reason="")
+    by = bytes_moved(c)
+    row.update(bytes=by["total"], kv_bytes=by["kv"])
+    row.update(values)
+    return row
+
+
+def _measure(c: Case, caches: list[PagedKVCache], dev: torch.device, base: dict, *, check: bool, rep: int,
+             warmup: int, check_seqs: int, cpu_reps: int) -> dict:
+    ok, why = capability_check(c.backend, c.kv_dtype, c.mode, None, c.granularity, c.head_dim)
+    if not ok:  # a hand-made case, or the machine differs from the one the sweep asked about
+        return _row(base, c, status="unsupported", reason=why)
+    values: dict = {"tol": tolerance(c), "kv_copies": len(caches)}
+    try:
+        g = torch.Generator(device=dev).manual_seed(c.seed + 7)
+        q = torch.randn(c.batch, c.num_q_heads, c.head_dim, generator=g, device=dev).to(Q_DTYPES[c.q_dtype])
+        if c.backend == "triton":
+            values.update(_triton_launch(c, caches[0], dev))
+        calls = [_make_call(c, q, cache) for cache in caches]
+        out = calls[0]()[0]
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        if check:
+            from ..reference import decode as ref_decode
+
+            idx = _check_indices(c.batch, check_seqs)
+            sub = caches[0] if len(idx) == c.batch else caches[0].select(idx)
+            ref, _ = ref_decode(q[idx], sub, window=c.window)
+            err = relative_error(out[idx], ref)
+            values.update(rel_err=err, check_passed=bool(err <= values["tol"]))
+            del ref, sub
+        del out
+        cycle = itertools.cycle(calls)
+        seconds, timing = time_call(lambda: next(cycle)(), dev, graph=c.backend != "reference", rep=rep,
+                                    warmup=warmup, cpu_reps=cpu_reps)
+    except torch.OutOfMemoryError as e:
+        return _row(base, c, status="skipped", reason=f"out of memory: {e}", **values)
+    except UnsupportedError as e:  # a limit the capability table does not know (e.g. a GQA group size)
+        return _row(base, c, status="unsupported", reason=str(e), **values)
+    except Exception as e:  # one broken cell must not end the sweep; the row says what happened
+        return _row(base, c, status="error", reason=f"{type(e).__name__}: {e}", **values)
+    total = bytes_moved(c)["total"]
+    gbps = total / seconds / 1e9
+    pct = 100.0 * gbps / base["copy_gbps"] if base["copy_gbps"] == base["copy_gbps"] else float("nan")
+    return _row(base, c, status="ok", timing=timing, time_us=seconds * 1e6, gbps=gbps, pct_copy_bw=pct, **values)
+

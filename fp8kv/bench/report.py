@@ -1,0 +1,125 @@
+"""Reading a run's rows: :func:`speedup_table` (FP8 over the best 16-bit decode and FlashInfer's FP8),
+:func:`summary` (a text table), :func:`results_markdown` (the side-by-side Markdown table) and
+:func:`save` (CSV + JSON through :mod:`fp8kv.results`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from ..checks import fail as _fail
+
+
+# ---------------------------------------------------------------------------------------- analysis
+def _failed(v) -> bool:
+    """A check_passed cell that says the check ran and failed (None/NaN: not checked)."""
+    return v is not None and not pd.isna(v) and not bool(v)
+
+
+SHAPE_KEYS = ["gpu_slug", "batch", "context", "window", "num_q_heads", "num_kv_heads", "head_dim", "block_size"]
+
+
+def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataFrame:
+    """FP8 rows against the best 16-bit decode and the best FlashInfer FP8 decode of the same shape.
+
+    Uses rows with ``status == "ok"`` whose check did not fail (repeated measurements of one
+    condition are reduced to their median first). For every FP8 row (backend, variant, mode,
+    kv_dtype, granularity, shape): ``bf16_us`` = the fastest ``baseline_kv_dtype`` row of the shape
+    over all backends (``bf16_best`` names it), ``speedup_vs_bf16 = bf16_us / time_us``;
+    ``flashinfer_fp8_us`` = the fastest FlashInfer row of the shape with the same kv_dtype,
+    ``speedup_vs_flashinfer_fp8 = flashinfer_fp8_us / time_us`` (NaN where there is none).
+    """
+    if "window" not in df.columns:  # results saved before windows were benchmarked: whole contexts
+        df = df.assign(window=float("nan"))
+    need = set(SHAPE_KEYS) | {"backend", "variant", "label", "mode", "kv_dtype", "granularity", "time_us",
+                              "status", "check_passed"}
+    missing = sorted(need - set(df.columns))
+    if missing:
+        _fail(f"df lacks columns {missing}; expected the rows of fp8kv.bench.run()")
+    good = df[(df["status"] == "ok") & ~df["check_passed"].map(_failed)]
+    good = good[good["time_us"].notna()]
+    cond = SHAPE_KEYS + ["backend", "variant", "label", "mode", "kv_dtype", "granularity"]
+    med = good.groupby(cond, dropna=False, as_index=False)["time_us"].median()
+
+    base = med[med["kv_dtype"] == baseline_kv_dtype].sort_values("time_us")
+    base = base.drop_duplicates(SHAPE_KEYS)[SHAPE_KEYS + ["time_us", "label"]]
+    base = base.rename(columns={"time_us": "bf16_us", "label": "bf16_best"})
+    fi = med[(med["backend"] == "flashinfer") & med["kv_dtype"].str.startswith("fp8")].sort_values("time_us")
+    fi = fi.drop_duplicates(SHAPE_KEYS + ["kv_dtype"])[SHAPE_KEYS + ["kv_dtype", "time_us", "label"]]
+    fi = fi.rename(columns={"time_us": "flashinfer_fp8_us", "label": "flashinfer_fp8_best"})
+
+    fp8 = med[med["kv_dtype"].str.startswith("fp8")]
+    out = fp8.merge(base, on=SHAPE_KEYS, how="left").merge(fi, on=SHAPE_KEYS + ["kv_dtype"], how="left")
+    out["speedup_vs_bf16"] = out["bf16_us"] / out["time_us"]
+    out["speedup_vs_flashinfer_fp8"] = out["flashinfer_fp8_us"] / out["time_us"]
+    return out.sort_values(SHAPE_KEYS + ["backend", "variant", "mode"]).reset_index(drop=True)
+
+
+# -------------------------------------------------------------------------------------------- save
+def save(df: pd.DataFrame, out_dir: str | os.PathLike = "results/bench", meta: dict | None = None) -> Path:
+    """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` and a ``.json`` of metadata beside it (the run's
+    ``df.attrs["bench"]`` updated with ``meta``), never overwriting (:func:`fp8kv.results.save_table`).
+    Returns the CSV's path."""
+    from ..results import save_table
+
+    return save_table(df, out_dir, meta={**df.attrs.get("bench", {}), **(meta or {})})
+
+
+def summary(df: pd.DataFrame) -> str:
+    """A compact text table of a run: µs, GB/s, % of copy bandwidth, check, and what did not run."""
+    ok = df[df["status"] == "ok"]
+    lines = []
+    if len(ok):
+        t = ok[["label", "batch", "context", "num_splits", "time_us", "gbps", "pct_copy_bw", "rel_err",
+                "check_passed"]].copy()
+        t.columns = ["case", "B", "ctx", "splits", "us", "GB/s", "%copy", "rel_err", "check"]
+        lines.append(t.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        copy = ok["copy_gbps"].iloc[0]
+        lines.append(f"copy bandwidth: {copy:.0f} GB/s on {ok['gpu'].iloc[0]}")
+        if (ok["timing"] == "cpu-wallclock").any():
+            lines.append("CPU wall-clock timings (interpreter / reference): they say nothing about any GPU.")
+    sp = speedup_table(df)
+    if len(sp) and sp["speedup_vs_bf16"].notna().any():
+        t = sp[["label", "batch", "context", "time_us", "bf16_us", "speedup_vs_bf16", "speedup_vs_flashinfer_fp8"]]
+        t.columns = ["fp8 case", "B", "ctx", "us", "best bf16 us", "x bf16", "x flashinfer fp8"]
+        lines.append(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    for status in ("unsupported", "skipped", "error"):
+        rest = df[df["status"] == status]
+        if len(rest):
+            lines.append(f"{status} ({len(rest)}):")
+            for (label, reason), grp in rest.groupby(["label", "reason"], sort=False):
+                lines.append(f"  {label} x{len(grp)}: {reason}")
+    return "\n".join(lines)
+
+
+def results_markdown(df: pd.DataFrame) -> str:
+    """The side-by-side decode table (one line per batch × context) as Markdown, for READMEs and notes.
+
+    Columns: median µs of each backend × KV dtype × mode; FP8 GB/s and % of the copy bandwidth for
+    the Triton dequant kernel; its speedup over the best BF16 decode and over FlashInfer's best FP8.
+    """
+    ok = df[(df["status"] == "ok") & df["check_passed"].astype(bool)].copy()
+    ok["variant"] = ok["variant"].fillna("")
+    ok["column"] = [f"FlashInfer{'' if v == 'tc' else ' (no TC)'} {k}" if b == "flashinfer"
+                    else f"Triton {k}{' fp8-mode' if m == 'fp8' else ''}"
+                    for b, v, k, m in zip(ok["backend"], ok["variant"], ok["kv_dtype"].str.replace("fp8_e4m3", "fp8"),
+                                          ok["mode"], strict=True)]
+    t = ok.pivot_table(index=["batch", "context"], columns="column", values="time_us", aggfunc="median")
+    fp8 = ok[(ok["backend"] == "triton") & (ok["kv_dtype"] != "bf16") & (ok["mode"] == "dequant")]
+    fp8 = fp8.groupby(["batch", "context"])[["gbps", "pct_copy_bw"]].median()
+    bf16 = ok[ok["kv_dtype"] == "bf16"].groupby(["batch", "context"])["time_us"].min()
+    fi8 = ok[(ok["backend"] == "flashinfer") & (ok["kv_dtype"] != "bf16")].groupby(["batch", "context"])["time_us"].min()
+    order = [c for c in ("Triton fp8", "Triton fp8 fp8-mode", "Triton bf16", "FlashInfer fp8", "FlashInfer bf16",
+                         "FlashInfer (no TC) fp8", "FlashInfer (no TC) bf16") if c in t.columns]
+    head = ["B", "ctx", *[f"{c} µs" for c in order], "Triton fp8 GB/s", "% copy", "× best BF16", "× FlashInfer FP8"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (b, ctx), row in t.iterrows():
+        tri = row.get("Triton fp8")
+        cells = [str(b), str(ctx), *[f"{row[c]:.1f}" for c in order],
+                 f"{fp8.loc[(b, ctx), 'gbps']:.0f}", f"{fp8.loc[(b, ctx), 'pct_copy_bw']:.0f}",
+                 f"{bf16.loc[(b, ctx)] / tri:.2f}", f"{fi8.loc[(b, ctx)] / tri:.2f}" if (b, ctx) in fi8.index else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+

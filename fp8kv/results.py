@@ -1,0 +1,174 @@
+"""Results IO: the JSON a notebook saves (one document per notebook per machine) and the tidy CSV
+tables the benchmarks write, both never left half-written or overwritten.
+
+::
+
+    save_results(OUT_DIR, "04_decode_latency", {"rows": df, ...})  # OUT_DIR/04_decode_latency.json
+    load_results(OUT_DIR, "04_decode_latency")["results"]
+    collect_results("04_decode_latency", "reports")                 # {gpu_slug: document}
+    save_table(df, "results/bench")                                 # results/bench/<gpu-slug>/<timestamp>.csv + .json
+
+Used by the notebooks (through :mod:`fp8kv.notebooks`, which re-exports these names), the
+benchmark (:mod:`fp8kv.bench`) and the decode-step sweep (:mod:`fp8kv.step`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import itertools
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from .checks import fail
+
+__all__ = ["to_jsonable", "save_results", "load_results", "collect_results", "save_table"]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert results to plain JSON types.
+
+    dict keys become strings; tuples/sets become lists; numpy / torch scalars become numbers and
+    arrays/tensors nested lists; a pandas DataFrame becomes a list of row dicts and a Series a
+    dict; dataclasses become dicts; ``torch.dtype``, paths and other objects become ``str``.
+    Non-finite floats become the strings ``"inf"``, ``"-inf"``, ``"nan"`` (JSON has no such numbers).
+    """
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return to_jsonable({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+    mod = type(obj).__module__.split(".")[0]
+    if mod == "numpy":
+        if hasattr(obj, "tolist"):
+            return to_jsonable(obj.tolist())
+        return str(obj)
+    if mod == "torch":
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            return to_jsonable(obj.detach().cpu().tolist())
+        return str(obj)
+    if mod == "pandas":
+        import pandas as pd
+
+        if isinstance(obj, pd.DataFrame):
+            return to_jsonable(obj.to_dict(orient="records"))
+        if isinstance(obj, pd.Series):
+            return to_jsonable(obj.to_dict())
+        return str(obj)
+    return str(obj)
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"name={name!r} must be a file stem of letters, digits, '_', '-', '.' "
+                         "(the notebook's file name without .ipynb, e.g. '01_fp8_formats')")
+
+
+def save_results(out_dir: str | os.PathLike, name: str, results: dict, device=None) -> Path:
+    """Write a notebook's numbers to ``out_dir/<name>.json`` and return the path.
+
+    Parameters
+    ----------
+    out_dir : folder (created if missing); notebooks pass their ``OUT_DIR`` parameter.
+    name : the notebook's file stem, e.g. ``"01_fp8_formats"`` (the runner looks for that file).
+    results : dict of numbers, lists, DataFrames, tensors... (converted by :func:`to_jsonable`).
+    device : the notebook's ``DEVICE``; its :func:`fp8kv.device.describe_device` is stored beside.
+
+    The file holds ``{"notebook": name, "saved_at": ISO time, "device": {...}, "results": {...}}``.
+    """
+    from .device import describe_device
+
+    _check_name(name)
+    if not isinstance(results, dict):
+        raise TypeError(f"results must be a dict, got {type(results).__name__}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"notebook": name, "saved_at": _now(), "device": describe_device(device), "results": to_jsonable(results)}
+    path = out / f"{name}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    os.replace(tmp, path)  # never leave a truncated JSON behind
+    return path
+
+
+def load_results(out_dir: str | os.PathLike, name: str) -> dict:
+    """Read what :func:`save_results` wrote: the whole document (``doc["results"]`` holds the numbers)."""
+    _check_name(name)
+    path = Path(out_dir) / f"{name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no results {path}; run the notebook {name!r} first")
+    return json.loads(path.read_text())
+
+
+def collect_results(name: str, reports_dir: str | os.PathLike = "reports") -> dict[str, dict]:
+    """One notebook's results from every GPU's report folder: ``{gpu_slug: document}``.
+
+    For notebooks that compare machines; folders without that notebook's JSON are skipped.
+    """
+    _check_name(name)
+    found = {}
+    root = Path(reports_dir)
+    if root.is_dir():
+        for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if (folder / f"{name}.json").is_file():
+                found[folder.name] = load_results(folder, name)
+    return found
+
+
+# --------------------------------------------------------------------------- tidy tables (CSV)
+def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None) -> Path:
+    """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` and a ``.json`` of metadata beside it.
+
+    ``df``: a pandas DataFrame of tidy rows with ``gpu_slug`` (one device per file) and
+    ``timestamp`` columns; ``meta``: a dict stored in the JSON beside ``rows``, ``csv`` and
+    ``columns``. An existing file is never overwritten (``-2``, ``-3``, ... is appended), and
+    nothing outside the slug's folder is touched. Returns the CSV's path.
+    """
+    for col in ("gpu_slug", "timestamp"):
+        if col not in df.columns:
+            fail(f"df has no {col!r} column; expected tidy rows with gpu_slug and timestamp columns "
+                 "(fp8kv.bench.run(), fp8kv.step.sweep())")
+    if df.empty:
+        fail("df is empty: nothing to save")
+    slugs = df["gpu_slug"].dropna().unique().tolist()
+    if len(slugs) != 1 or not _SLUG.match(str(slugs[0])):
+        fail(f"df must hold the rows of one device with a folder-safe gpu_slug; got gpu_slug values {slugs}")
+    stamp = str(df["timestamp"].dropna().iloc[0]) if df["timestamp"].notna().any() else ""
+    stamp = re.sub(r"[^0-9TZ]", "", stamp) or _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    folder = Path(out_dir) / slugs[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        stem = stamp if n == 1 else f"{stamp}-{n}"
+        csv = folder / f"{stem}.csv"
+        try:
+            with open(csv, "x", newline="") as fh:  # "x": fails instead of overwriting
+                df.to_csv(fh, index=False)
+            break
+        except FileExistsError:
+            continue
+    metadata = {**(meta or {}), "rows": len(df), "csv": csv.name, "columns": list(df.columns)}
+    with open(csv.with_suffix(".json"), "x") as fh:
+        json.dump(metadata, fh, indent=2, default=str)
+    return csv
