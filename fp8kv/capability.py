@@ -35,6 +35,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from . import checks
 from .device import current_arch  # the arch of a device ("sm90"), None on CPU
 from .formats import KV_DTYPE_NAMES
 
@@ -121,12 +122,9 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
     With ``arch=None`` the question is about *this* machine: the current GPU, what is installed,
     and (on CPU) whether the Triton interpreter is on. With an explicit arch it is about that arch.
     """
-    if backend not in BACKEND_NAMES:
-        raise ValueError(f"backend={backend!r}; expected one of {BACKEND_NAMES}")
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r}; expected one of {MODES}")
-    if kv_dtype not in KV_DTYPE_NAMES:
-        raise ValueError(f"kv_dtype={kv_dtype!r}; expected one of {KV_DTYPE_NAMES}")
+    checks.one_of(backend, "backend", BACKEND_NAMES)
+    checks.one_of(mode, "mode", MODES)
+    checks.one_of(kv_dtype, "kv_dtype", KV_DTYPE_NAMES)
     if arch is not None:
         return _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim)
     here = current_arch()
@@ -217,12 +215,9 @@ def check_variant(backend: str, variant: str, mode: str = "dequant") -> tuple[bo
 
     Library facts, the same on every arch the backend runs on (:func:`check` says where that is).
     """
-    if backend not in BACKEND_NAMES:
-        raise ValueError(f"backend={backend!r}; expected one of {BACKEND_NAMES}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r}; expected one of {VARIANTS}")
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r}; expected one of {MODES}")
+    checks.one_of(backend, "backend", BACKEND_NAMES)
+    checks.one_of(variant, "variant", VARIANTS)
+    checks.one_of(mode, "mode", MODES)
     if backend == "flashinfer" and mode == "fp8":
         return _FLASHINFER_FP8_VARIANTS[variant]
     return _VARIANT_FACTS[(backend, variant)]
