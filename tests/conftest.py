@@ -32,6 +32,26 @@ def _assert_rel_err_fixture():
     return assert_rel_err
 
 
+@pytest.fixture(name="write_notebook")
+def _write_notebook_fixture():
+    """``write_notebook(folder, name, body) -> path``: a three-cell notebook as the runner expects
+    (a title, the tagged parameters cell of every fp8kv notebook, then ``body``)."""
+    import nbformat
+
+    def write(folder, name: str, body: str):
+        nb = nbformat.v4.new_notebook()
+        params = nbformat.v4.new_code_cell('SMOKE = None\nDEVICE = "auto"\nOUT_DIR = "results"\nSEED = 0\n'
+                                           'SHOW_WIDGETS = True')
+        params.metadata["tags"] = ["parameters"]
+        nb.cells = [nbformat.v4.new_markdown_cell(f"# {name}"), params, nbformat.v4.new_code_cell(body)]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        path = folder / f"{name}.ipynb"
+        nbformat.write(nb, path)
+        return path
+
+    return write
+
+
 @pytest.fixture(scope="session")
 def smoke_report(tmp_path_factory):
     """``fp8kv notebooks run --smoke`` of every notebook in notebooks/, once per session.

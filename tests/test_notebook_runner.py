@@ -410,29 +410,17 @@ def test_notebook_runs_with_its_own_defaults(tmp_path, path, monkeypatch):
 # --------------------------------------------------------------------------- runner life cycle, synthetic notebooks
 
 
-def _write_notebook(folder: Path, name: str, body: str) -> Path:
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell(
-        'SMOKE = False\nDEVICE = "auto"\nOUT_DIR = "results"\nSEED = 0\nSHOW_WIDGETS = True')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell(f"# {name}"), params, nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = folder / f"{name}.ipynb"
-    nbformat.write(nb, path)
-    return path
-
-
 SAVE = ('from fp8kv.notebooks import save_results\n'
         'save_results(OUT_DIR, "{name}", {{"smoke": SMOKE, "seed": SEED, "widgets": SHOW_WIDGETS, '
         '"device": DEVICE, "cwd": __import__("os").getcwd()}}, device=DEVICE)')
 
 
-def test_failures_are_reported_kept_and_do_not_stop_the_run(tmp_path, capsys):
+def test_failures_are_reported_kept_and_do_not_stop_the_run(tmp_path, capsys, write_notebook):
     books = tmp_path / "books"
     books.mkdir()
-    _write_notebook(books, "a_ok", SAVE.format(name="a_ok"))
-    _write_notebook(books, "b_raises", 'raise RuntimeError("deliberate failure 1234")')
-    _write_notebook(books, "c_no_json", "x = 1")
+    write_notebook(books, "a_ok", SAVE.format(name="a_ok"))
+    write_notebook(books, "b_raises", 'raise RuntimeError("deliberate failure 1234")')
+    write_notebook(books, "c_no_json", "x = 1")
     out = tmp_path / "reports"
     rc = runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--seed", "7",
                       "--no-progress"])
@@ -457,7 +445,7 @@ def test_failures_are_reported_kept_and_do_not_stop_the_run(tmp_path, capsys):
 
     # --only reruns one notebook and carries the others over from the previous report.
     (books / "b_raises.ipynb").unlink()
-    _write_notebook(books, "b_raises", SAVE.format(name="b_raises"))
+    write_notebook(books, "b_raises", SAVE.format(name="b_raises"))
     rc = runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--only", "b",
                       "--no-progress"])
     assert rc == 0  # what ran now succeeded; carried-over failures do not fail this run
@@ -471,10 +459,10 @@ def test_failures_are_reported_kept_and_do_not_stop_the_run(tmp_path, capsys):
     assert (folder / "b_raises.json").is_file()
 
 
-def test_cell_timeout_fails_the_notebook(tmp_path):
+def test_cell_timeout_fails_the_notebook(tmp_path, write_notebook):
     books = tmp_path / "books"
     books.mkdir()
-    _write_notebook(books, "slow", "import time\ntime.sleep(120)")  # no imports: only the sleep is slow
+    write_notebook(books, "slow", "import time\ntime.sleep(120)")  # no imports: only the sleep is slow
     manifest = runner.run_notebooks(books, tmp_path / "reports", device="cpu", timeout=2, progress=False)
     entry = manifest["notebooks"][0]
     assert entry["status"] == "failed" and "timed out" in entry["error"].lower()
@@ -493,11 +481,11 @@ def _fake_run_one(book, staging, params, timeout_s, progress, kernel_name, publi
 
 
 @pytest.fixture
-def books(tmp_path):
+def books(tmp_path, write_notebook):
     folder = tmp_path / "books"
     folder.mkdir()
     for name in ("00_first", "01_second"):
-        _write_notebook(folder, name, "pass")
+        write_notebook(folder, name, "pass")
     return folder
 
 

@@ -33,17 +33,6 @@ def _env() -> dict:
     return env
 
 
-def _notebook(folder: Path, name: str, body: str) -> Path:
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell('SMOKE = None\nDEVICE = "auto"\nOUT_DIR = "results"\nSEED = 0\nSHOW_WIDGETS = True')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell(f"# {name}"), params, nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = folder / f"{name}.ipynb"
-    nbformat.write(nb, path)
-    return path
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -57,12 +46,12 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_stops_the_run_and_keeps_the_previous_report(tmp_path, sig):
+def test_signal_stops_the_run_and_keeps_the_previous_report(tmp_path, sig, write_notebook):
     books, out = tmp_path / "books", tmp_path / "reports"
     books.mkdir()
     marker = tmp_path / "kernel.pid"
     # The cell announces its kernel's pid, then would run for minutes.
-    _notebook(books, "00_slow", f'import os, time\nopen({str(marker)!r}, "w").write(str(os.getpid()))\n'
+    write_notebook(books, "00_slow", f'import os, time\nopen({str(marker)!r}, "w").write(str(os.getpid()))\n'
                                 'time.sleep(600)')
     previous = out / gpu_slug("cpu")
     previous.mkdir(parents=True)
@@ -110,10 +99,10 @@ def test_signal_stops_the_run_and_keeps_the_previous_report(tmp_path, sig):
     (["--device", "cuda:7"], "--device"),
     (["--device", "tpu"], "--device"),
 ])
-def test_bad_run_arguments_exit_2_with_one_line(tmp_path, args, needle):
+def test_bad_run_arguments_exit_2_with_one_line(tmp_path, args, needle, write_notebook):
     books = tmp_path / "books"
     books.mkdir()
-    _notebook(books, "00_x", "pass")
+    write_notebook(books, "00_x", "pass")
     afile = tmp_path / "a_file"
     afile.write_text("not a folder")
     args = [str(afile) if a == "FILE" else a for a in args]
@@ -163,8 +152,8 @@ def test_headless_kernels_never_display_widgets(monkeypatch):
     assert shown == ["n=2"]  # the static result, no widget box
 
 
-def test_notebook_hash_ignores_outputs_and_injected_parameters(tmp_path):
-    path = _notebook(tmp_path, "00_h", "x = 1")
+def test_notebook_hash_ignores_outputs_and_injected_parameters(tmp_path, write_notebook):
+    path = write_notebook(tmp_path, "00_h", "x = 1")
     h = runner.notebook_hash(path)
     nb = nbformat.read(path, as_version=4)
     nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="1")]
