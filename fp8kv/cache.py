@@ -218,14 +218,17 @@ class PagedKVCache:
         bt = self.block_table.cpu().to(torch.int64)
         live = self._live_entries()
         refs = live | writers if writers is not None else live
+        referenced = bt[refs]
+        referenced = referenced[(referenced >= 0) & (referenced < self.num_blocks)]  # the rest is refused elsewhere
+        counts = torch.bincount(referenced, minlength=self.num_blocks)
         targets = torch.unique(pages.cpu().to(torch.int64))
-        for page in targets.tolist():
-            where = ((bt == page) & refs).nonzero().tolist()
-            if len(where) >= 2:
-                rows = ", ".join(f"block_table[{r}, {j}]" for r, j in where)
-                _fail(f"a write into page {page} would change tokens that several block-table entries read "
-                      f"({rows}); pages may be shared for reading only (no copy-on-write): give the "
-                      "writing sequence a page of its own")
+        shared = targets[counts[targets] >= 2]
+        if shared.numel():
+            page = int(shared[0])
+            rows = ", ".join(f"block_table[{r}, {j}]" for r, j in ((bt == page) & refs).nonzero().tolist())
+            _fail(f"a write into page {page} would change tokens that several block-table entries read "
+                  f"({rows}); pages may be shared for reading only (no copy-on-write): give the "
+                  "writing sequence a page of its own")
 
     def _init_scale(self, scale, name, device):
         shape = self.scale_shape()
@@ -421,7 +424,13 @@ class PagedKVCache:
         first, last = start // self.block_size, (start + counts + self.block_size - 1) // self.block_size
         j = torch.arange(self.max_blocks_per_seq)[None, :]
         writers = (j >= first[:, None]) & (j < last[:, None]) & (counts > 0)[:, None]
-        self._refuse_shared_writes(self.block_table.cpu().to(torch.int64)[writers], writers)
+        bt = self.block_table.cpu().to(torch.int64)
+        bad = writers & ((bt < 0) | (bt >= self.num_blocks))
+        if bad.any():  # padding entries (often -1) are fine until a sequence grows into them
+            b, jj = (int(i) for i in bad.nonzero()[0])
+            _fail(f"block_table[{b}, {jj}]={int(bt[b, jj])} is out of range [0, {self.num_blocks}): sequence {b} "
+                  "would append through it")
+        self._refuse_shared_writes(bt[writers], writers)
         n = self._write(k_new, v_new, slot_mapping, shared_checked=True)
         self.seq_lens += counts.to(self.seq_lens.device, torch.int32)
         return n

@@ -101,11 +101,11 @@ def ragged_seq_lens(batch: int = 4, block_size: int = 16, max_len: int = 203) ->
 
 
 def _default_q_dtype(kv_dtype: str, dev: torch.device) -> str:
-    # The Triton interpreter's bf16 arithmetic is wrong, so CPU runs use fp16 queries. On a GPU a
-    # 16-bit cache is read with a query of its own type (FlashInfer pairs them so), FP8 with bf16.
-    if dev.type != "cuda":
-        return "fp16"
-    return kv_dtype if kv_dtype in ("bf16", "fp16") else "bf16"
+    # A 16-bit cache is read with a query of its own type (FlashInfer and fp8kv's kernel pair them
+    # so); FP8 with bf16 on a GPU and fp16 on CPU, whose Triton interpreter computes bf16 in fp32.
+    if kv_dtype in ("bf16", "fp16"):
+        return kv_dtype
+    return "bf16" if dev.type == "cuda" else "fp16"
 
 
 def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: Sequence[str] = MODES,
@@ -123,8 +123,8 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: 
     batch, seq_lens : the sequences. ``seq_lens`` default: :func:`ragged_seq_lens` ``(batch,
         block_size, max_len)`` with ``batch`` default 4; given both, ``batch == len(seq_lens)``.
     heads : ``(num_q_heads, num_kv_heads)``; head_dim, block_size: the cache's shape.
-    q_dtype : "bf16", "fp16" or "fp32" for every row; default fp16 on CPU (the interpreter's bf16 is
-        wrong), on a GPU bf16 for FP8 caches and the cache's own type for 16-bit caches.
+    q_dtype : "bf16", "fp16" or "fp32" for every row; default the cache's own type for 16-bit
+        caches, and for FP8 caches bf16 on a GPU, fp16 on CPU.
     seed : K/V and query data.
 
     Returns

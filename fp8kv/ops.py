@@ -2,8 +2,8 @@
 
 A decode call launches the decode kernel (and the split combine) and nothing else: scales are read
 in place and the fp8-mode query is quantized inside the kernel. No ``.item()``, no host sync, so
-:func:`paged_decode` (and :func:`write_cache` with ``check=False``) can be captured in a CUDA
-graph. The query, the cache and the scalars are validated by ``fp8kv.decode``, the entry point;
+:func:`paged_decode` (and :func:`write_cache` with ``check=False, count_saturated=False``) can be
+captured in a CUDA graph. The query, the cache and the scalars are validated by ``fp8kv.decode``, the entry point;
 the launchers validate only the launch options they alone take. The kernels clamp block-table
 entries and sequence lengths to the page pool, so even a table corrupted after validation cannot
 make them read or write outside it.
@@ -206,10 +206,16 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     Returns
     -------
     out ``[B, Hq, D]`` (out_dtype) and lse ``[B, Hq]`` fp32 (natural log). A sequence of length 0
-    gives out = 0 and lse = -inf.
+    gives out = 0 and lse = -inf (with sinks: lse = the sink logit); the reference and FlashInfer
+    refuse such a sequence instead.
     """
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"q must be bfloat16 or float16 for the Triton kernel, got {q.dtype}")
+    if cache.dtype == torch.bfloat16 and q.dtype == torch.float16:
+        # The dots would run in fp16, where bf16 pages beyond ±65504 become inf.
+        raise TypeError("q is float16 but the cache is bf16: pass a bfloat16 query (as FlashInfer also requires)")
+    if mode == "fp8" and cache.granularity == "token_head":
+        raise UnsupportedError("fp8 mode takes tensor, head and channel scales; token_head needs dequant mode")
     if q.stride(-1) != 1:
         raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
     if q.device.type != "cuda" and not interpreter_on():
@@ -291,7 +297,8 @@ def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, s
 
     The Triton twin of :meth:`PagedKVCache.write` (bit-identical pages and scales). ``slot_mapping``:
     ``[N]`` int32/int64 slots, < 0 skipped. Returns the saturation count as a device int32 tensor
-    ``[1]`` (no host sync); with ``count_saturated`` it is also added to ``cache.saturated`` (a sync).
+    ``[1]`` (no host sync); with ``count_saturated`` it is also added to ``cache.saturated`` (a sync:
+    a CUDA-graph capture passes ``check=False, count_saturated=False``).
 
     ``check`` (default) validates the contents before launching (one host sync): finite rows,
     slots inside the pool, no write into a page that two block-table entries holding tokens

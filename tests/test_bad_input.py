@@ -51,7 +51,7 @@ def triton_matches_oracle(q, cache, tol, **kw):
 
 # ------------------------------------------------------------------- 16-bit paths computed right
 @pytest.mark.parametrize("kv_dtype,q_dtype", [("bf16", torch.bfloat16), ("fp16", torch.bfloat16),
-                                               ("bf16", torch.float16), ("fp8_e4m3", torch.bfloat16)])
+                                               ("fp8_e4m3", torch.bfloat16)])
 def test_sixteen_bit_caches_and_bf16_queries_match_the_oracle(kv_dtype, q_dtype):
     """The interpreter's bf16 arithmetic is wrong; the launcher must not return its garbage."""
     triton_matches_oracle(query(dtype=q_dtype), cache_of(kv_dtype=kv_dtype), TOL[q_dtype])
@@ -319,3 +319,40 @@ def test_neighbours_of_the_cache_arguments():
 def test_launch_option_neighbours(option, value, exc):
     with pytest.raises(exc, match=rf"{option}="):
         fp8kv.decode(query(), cache_of(), backend="triton", **{option: value})
+
+
+def test_append_through_a_padding_entry_is_refused_not_dropped():
+    """Engines pad unused block-table entries with -1; a sequence growing into one must be refused,
+    not have its tokens skipped while seq_lens advances."""
+    k = torch.randn(2, 16, 1, 32)
+    c = PagedKVCache.from_dense(k, k, [16, 16], max_seq_len=32)
+    c.block_table[0, 1] = -1
+    x = torch.ones(1, 1, 32)
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\]=-1 is out of range \[0, 4\): sequence 0"):
+        c.append_tokens(x, x, [1, 0])
+    assert c.seq_lens.tolist() == [16, 16]
+
+
+def test_fp16_query_on_a_bf16_cache_is_refused():
+    """fp16 dots over bf16 pages turn values beyond 65504 into inf: refused, as FlashInfer does."""
+    k = torch.randn(1, 8, 2, 32)
+    k[0, 3, 1, 5] = 1e5
+    c = PagedKVCache.from_dense(k, k, [8], kv_dtype="bf16")
+    with pytest.raises(TypeError, match="q is float16 but the cache is bf16"):
+        fp8kv.decode(query(b=1), c, backend="triton")
+    out, _ = fp8kv.decode(query(b=1, dtype=torch.bfloat16), c, backend="triton")
+    assert torch.isfinite(out).all()
+
+
+def test_fp8_mode_with_token_head_scales_is_refused_by_the_launcher_too():
+    from fp8kv.capability import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="token_head needs dequant mode"):
+        paged_decode(query(), cache_of(granularity="token_head"), mode="fp8")
+
+
+def test_fp32_query_with_auto_backend_runs_the_reference():
+    q, c = query(dtype=torch.float32), cache_of()
+    out, lse = fp8kv.decode(q, c)
+    ref, ref_lse = ref_decode(q, c)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)

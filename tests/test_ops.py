@@ -156,9 +156,11 @@ def test_fp8_conversion_paths_agree(kv_dtype):
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp16"])
 def test_sixteen_bit_kv_through_same_kernel(kv_dtype):
+    """A 16-bit cache read with a query of its own dtype (fp16 dots over bf16 pages are refused)."""
     cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype)
-    q = make_q(len(LENS), 8, 64, torch.float16)
-    check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"), num_splits=2)
+    q_dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.float16
+    q = make_q(len(LENS), 8, 64, q_dtype)
+    check_against_reference(q, cache, "dequant", dequant_tol(q_dtype, "tensor"), num_splits=2)
 
 
 @pytest.mark.parametrize("mode", ["dequant", "fp8"])

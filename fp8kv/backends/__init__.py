@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from .. import checks
 from ..cache import PagedKVCache
 from ..capability import BACKEND_NAMES, UnsupportedError, check_variants, choose_backend, choose_mode
@@ -99,8 +101,12 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
         checks.fail(f"check={check!r}; expected True or False", TypeError)
     window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=q.shape[1],
                                                        device=q.device, contents=check)
-    if check:
+    if backend == "auto" and q.dtype == torch.float32:
+        backend = "reference"  # the GPU kernels take 16-bit queries; the oracle takes fp32 as it is
+    # FlashInfer reads the table as it is (no clamping), and its plan syncs with the host anyway.
+    if check or backend == "flashinfer":
         cache.validate_tables()
+    if check:
         checks.finite_tensor(q, "q")
 
     if backend == "auto":
@@ -125,7 +131,7 @@ def planned(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: fl
             window: int | None = None, soft_cap: float | None = None, sinks=None, **launch):
     """Plan once, run many: validate as :func:`decode` does with ``check=True`` (once, here), do the
     backend's host work (FlashInfer's plan), and return a zero-argument callable that runs the
-    decode of ``q`` over ``cache`` with no host work and no host sync left (CUDA-graph capturable
+    decode of ``q`` over ``cache`` with no host sync left (CUDA-graph capturable
     for the Triton and FlashInfer backends; the reference syncs with the host by its nature).
 
     Arguments as :func:`decode`. The callable returns ``(out, lse)`` as :func:`decode` would; it
