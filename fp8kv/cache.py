@@ -30,6 +30,7 @@ from . import checks
 from .checks import fail as _fail
 from .formats import kv_dtype_info, saturation_bounds
 from .quant import GRANULARITIES, SCALE_BYTES, broadcast_scale, cast_saturating, compute_scale, quantize
+from .quant import scale_shape as scale_shape_of
 
 __all__ = ["PagedKVCache", "LAYOUTS", "QUERY_DTYPES"]
 
@@ -111,12 +112,8 @@ class PagedKVCache:
         return self.fmt is not None
 
     def scale_shape(self) -> tuple:
-        return {
-            "tensor": (),
-            "head": (self.num_kv_heads,),
-            "channel": (self.num_kv_heads, self.head_dim),
-            "token_head": (self.num_blocks, self.block_size, self.num_kv_heads),
-        }[self.granularity]
+        """Shape of k_scale / v_scale: ``fp8kv.quant.scale_shape`` of the pages as [blocks, block_size, Hkv, D]."""
+        return scale_shape_of((self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim), self.granularity)
 
     # -------------------------------------------------------------- validation
     def _validate_pages(self):

@@ -41,9 +41,11 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from . import checks
 from .cache import PagedKVCache
 from .capability import BACKENDS, KV_DTYPES, MODES
 from .capability import check as capability_check
+from .formats import UNQUANTIZED_DTYPES
 from .quant import GRANULARITIES, relative_error
 from .reference import lse_tolerance, output_tolerance
 from .synthetic import ragged_kv
@@ -54,29 +56,11 @@ STATUSES = ("passed", "failed", "error", "unsupported")
 COLUMNS = ["backend", "kv_dtype", "mode", "granularity", "q_dtype", "status", "passed", "rel_err", "tol",
            "lse_err", "lse_tol", "reason", "error", "seconds", "batch", "seq_lens", "num_q_heads",
            "num_kv_heads", "head_dim", "block_size", "device", "arch"]
-_Q_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_Q_DTYPES = UNQUANTIZED_DTYPES  # the query types a row may ask for
 
 
-def _fail(msg: str, exc=ValueError):
-    raise exc(msg)
-
-
-def _positive_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        _fail(f"{name}={v!r}; expected a positive int")
-    return v
-
-
-def _choices(name: str, values, allowed: Sequence[str]) -> list[str]:
-    if isinstance(values, str):
-        values = [values]
-    values = list(values)
-    if not values:
-        _fail(f"{name} is empty; give at least one of {tuple(allowed)}")
-    bad = [v for v in values if v not in allowed]
-    if bad:
-        _fail(f"{name} has {bad}; expected values among {tuple(allowed)}")
-    return list(dict.fromkeys(values))
+def _choices(name: str, values, allowed) -> list[str]:
+    return list(dict.fromkeys(checks.many_of(values, name, allowed)))
 
 
 def ragged_seq_lens(batch: int = 4, block_size: int = 16, max_len: int = 203) -> list[int]:
@@ -86,9 +70,9 @@ def ragged_seq_lens(batch: int = 4, block_size: int = 16, max_len: int = 203) ->
     geometrically and moved off multiples of ``block_size``, so partial last pages occur.
     ``batch=1`` gives ``[max_len]``. Returns a list of ``batch`` ints in ``[1, max_len]``.
     """
-    _positive_int("batch", batch)
-    _positive_int("block_size", block_size)
-    _positive_int("max_len", max_len)
+    checks.positive_int(batch, "batch")
+    checks.positive_int(block_size, "block_size")
+    checks.positive_int(max_len, "max_len")
     if batch == 1:
         return [max_len]
     lens = [1]
@@ -141,24 +125,24 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: 
     modes = _choices("modes", modes, MODES)
     granularities = _choices("granularities", granularities, GRANULARITIES)
     backends = _choices("backends", backends, BACKENDS)
-    _positive_int("head_dim", head_dim)
-    _positive_int("block_size", block_size)
+    checks.positive_int(head_dim, "head_dim")
+    checks.positive_int(block_size, "block_size")
     if not (isinstance(heads, (tuple, list)) and len(heads) == 2):
-        _fail(f"heads={heads!r}; expected a (num_q_heads, num_kv_heads) pair such as (32, 8)")
-    hq, hkv = (_positive_int("heads[0]", heads[0]), _positive_int("heads[1]", heads[1]))
+        checks.fail(f"heads={heads!r}; expected a (num_q_heads, num_kv_heads) pair such as (32, 8)")
+    hq, hkv = (checks.positive_int(heads[0], "heads[0]"), checks.positive_int(heads[1], "heads[1]"))
     if hq % hkv:
-        _fail(f"heads={tuple(heads)!r}: num_q_heads must be a multiple of num_kv_heads")
+        checks.fail(f"heads={tuple(heads)!r}: num_q_heads must be a multiple of num_kv_heads")
     if q_dtype is not None and q_dtype not in _Q_DTYPES:
-        _fail(f"q_dtype={q_dtype!r}; expected None or one of {tuple(_Q_DTYPES)}")
+        checks.fail(f"q_dtype={q_dtype!r}; expected None or one of {tuple(_Q_DTYPES)}")
     if seq_lens is None:
-        seq_lens = ragged_seq_lens(4 if batch is None else _positive_int("batch", batch), block_size, max_len)
+        seq_lens = ragged_seq_lens(4 if batch is None else checks.positive_int(batch, "batch"), block_size, max_len)
     else:
-        seq_lens = [_positive_int(f"seq_lens[{i}]", int(n) if not isinstance(n, bool) else n)
+        seq_lens = [checks.positive_int(n, f"seq_lens[{i}]")
                     for i, n in enumerate(seq_lens)]
         if not seq_lens:
-            _fail("seq_lens is empty; give at least one sequence length")
+            checks.fail("seq_lens is empty; give at least one sequence length")
         if batch is not None and batch != len(seq_lens):
-            _fail(f"batch={batch!r} but seq_lens has {len(seq_lens)} entries; give one or make them agree")
+            checks.fail(f"batch={batch!r} but seq_lens has {len(seq_lens)} entries; give one or make them agree")
 
     arch = current_arch(dev)
     k, v = (t.to(dev) for t in ragged_kv(seq_lens, hkv, head_dim, seed=seed))  # heads spread, an outlier channel
@@ -225,7 +209,7 @@ def summarize(df: pd.DataFrame) -> dict:
     """Counts of a :func:`backend_matrix` table: rows, ran, passed, failed, error, unsupported."""
     missing = sorted({"status", "passed"} - set(df.columns))
     if missing:
-        _fail(f"df lacks columns {missing}; expected the rows of fp8kv.matrix.backend_matrix()")
+        checks.fail(f"df lacks columns {missing}; expected the rows of fp8kv.matrix.backend_matrix()")
     counts = df["status"].value_counts()
     n = {s: int(counts.get(s, 0)) for s in STATUSES}
     return {"n_rows": len(df), "n_ran": n["passed"] + n["failed"] + n["error"], "n_passed": n["passed"],

@@ -17,11 +17,12 @@ from ..cache import LAYOUTS
 from ..capability import BACKENDS, KV_DTYPES, MODES
 from ..capability import check as capability_check
 from ..checks import fail as _fail
+from ..formats import UNQUANTIZED_DTYPES
 from ..quant import GRANULARITIES, SCALE_BYTES
 from ..reference import output_tolerance
 from ..synthetic import CHUNK_ELEMS
 
-Q_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+Q_DTYPES = UNQUANTIZED_DTYPES  # the query types a case may ask for
 
 
 # --------------------------------------------------------------------------------------------- cases
