@@ -301,6 +301,8 @@ class FlashInferDecode:
             raise TypeError(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}")
         if mode not in ("dequant", "fp8"):
             raise ValueError(f"mode={mode!r}; expected 'dequant' or 'fp8'")
+        if not isinstance(use_tensor_cores, bool):
+            raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True or False")
         if cache.device.type != "cuda":
             raise UnsupportedError(f"FlashInfer runs on CUDA tensors only; the cache is on {cache.device}")
         fi = _import_flashinfer()
@@ -315,7 +317,7 @@ class FlashInferDecode:
         self.mode = mode
         self.layout = cache.layout
         self.device = cache.device
-        self.use_tensor_cores = bool(use_tensor_cores)
+        self.use_tensor_cores = use_tensor_cores
         self.use_cuda_graph = bool(use_cuda_graph)
         self._cache_ref = weakref.ref(cache)
         self._batch = cache.batch_size
@@ -490,8 +492,6 @@ def decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", use_t
     sm_scale); it re-plans when the cache's tables change (e.g. after ``append``). Planning costs a
     host sync, so time the decoder's ``run`` rather than this function.
     """
-    if not isinstance(use_tensor_cores, bool):
-        raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True or False")
     # one decoder (and plan) per variant: a model's windowed and global layers do not re-plan each other
     key = (q.dtype, q.shape[1], mode, use_tensor_cores, sm_scale, window, soft_cap)
     per_cache = _DECODERS.setdefault(cache, {})
