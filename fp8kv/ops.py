@@ -26,6 +26,7 @@ from .capability import UnsupportedError, current_arch, interpreter_on
 from .formats import saturation_bounds
 from .kernels.cache_write import cache_write_kernel
 from .kernels.copy import copy_kernel
+from .kernels.paged_decode_cuda_core import paged_decode_cuda_core_kernel
 from .kernels.paged_decode import (
     CONVERT_CAST,
     CONVERT_PTX,
@@ -38,7 +39,7 @@ from .kernels.paged_decode import (
 )
 
 __all__ = ["paged_decode", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config",
-           "stream_copy"]
+           "use_tensor_cores_for", "stream_copy"]
 
 _SCALE_KIND = {"tensor": SCALE_PER_HEAD.value, "head": SCALE_PER_HEAD.value, "channel": SCALE_CHANNEL.value,
                "token_head": SCALE_TOKEN_HEAD.value}
@@ -53,6 +54,7 @@ _COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float3
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 NUM_WARPS = (1, 2, 4, 8, 16)
 MAX_BLOCK_N = 256  # tokens per tile: a 256 x 256 tile already exceeds every GPU's registers
+CUDA_CORE_MAX_GROUP = 2  # largest query group the CUDA-core kernel takes by default (use_tensor_cores_for)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -66,19 +68,33 @@ def _num_sms(device: torch.device) -> int:
 DecodeConfig = dict[str, int]
 
 
-def default_config(mode: str, kv_fp8: bool, head_dim: int) -> DecodeConfig:
+def use_tensor_cores_for(mode: str, group: int, kv_fp8: bool) -> bool:
+    """Which decode kernel runs by default: the tensor-core one, except for FP8 caches in dequant
+    mode with a query group of at most :data:`CUDA_CORE_MAX_GROUP` (MHA, group 2), where tl.dot's
+    16-row minimum pads the group and the CUDA-core kernel wastes nothing. fp8 mode needs FP8 dots."""
+    return mode == "fp8" or not kv_fp8 or group > CUDA_CORE_MAX_GROUP
+
+
+def default_config(mode: str, kv_fp8: bool, head_dim: int, *, tensor_cores: bool = True,
+                   group: int = 4) -> DecodeConfig:
     """Tile and launch defaults (BLOCK_N >= 32: the FP8 dot's minimum K for P·V).
 
-    Measured on an H200 (B=64, ctx=16k, Hq=32, Hkv=8, D=128, page 16): FP8 caches are fastest with
-    128-token tiles (704 us vs 947 us at 64), 16-bit caches with 64-token tiles (979 vs 1072 us): the
-    same 16 KiB per K tile. 8 warps were slower in every configuration tried, 2 warps spill. FP8
-    tiles use 2 pipeline stages: at 3 the single-split kernel needs 164 registers instead of 128 (3
-    CTAs per SM instead of 4; B=256: 2985 us vs 2599 us), and split kernels time the same (±1 %).
+    Tensor cores, measured on an H200 (B=64, ctx=16k, Hq=32, Hkv=8, D=128, page 16): FP8 caches are
+    fastest with 128-token tiles (704 us vs 947 us at 64), 16-bit caches with 64-token tiles (979 vs
+    1072 us): the same 16 KiB per K tile. 8 warps were slower in every configuration tried, 2 warps
+    spill. FP8 tiles use 2 pipeline stages: at 3 the single-split kernel needs 164 registers instead
+    of 128 (3 CTAs per SM instead of 4; B=256: 2985 us vs 2599 us), and split kernels time the same.
+
+    CUDA cores (one query head per program): the per-slot state holds BLOCK_N x D fp32 values;
+    32 x 128 over 128 threads is 32 registers a thread.
     """
+    interp = interpreter_on()
+    if not tensor_cores:
+        return dict(block_n=32, num_warps=4, num_stages=1 if interp else 2)
     block_n = 128 if kv_fp8 else 64
     if head_dim > 128:
         block_n //= 2
-    stages = 1 if interpreter_on() else (2 if kv_fp8 else 3)
+    stages = 1 if interp else (2 if kv_fp8 else 3)
     return dict(block_n=block_n, num_warps=4, num_stages=stages)
 
 
@@ -99,7 +115,8 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
 
 def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num_splits: int | None = None,
                   block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                  device: torch.device | None = None, window: int | None = None) -> DecodeConfig:
+                  device: torch.device | None = None, window: int | None = None,
+                  tensor_cores: bool = True, group: int = 4) -> DecodeConfig:
     """The launch :func:`paged_decode` uses for ``batch`` sequences of ``cache``: defaults plus overrides.
 
     Returns block_n, num_warps, num_stages, num_splits and tokens_per_split (a multiple of block_n;
@@ -107,7 +124,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     sliding ``window`` the splits tile the window, not the page table: the span is
     ``min(window, capacity)``.
     """
-    cfg = default_config(mode, cache.is_fp8, cache.head_dim)
+    cfg = default_config(mode, cache.is_fp8, cache.head_dim, tensor_cores=tensor_cores, group=group)
     block_n = cfg["block_n"] if block_n is None else checks.positive_int(block_n, "block_n")
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")
@@ -117,14 +134,14 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         num_stages = checks.positive_int(num_stages, "num_stages")
     if mode == "fp8" and block_n < 32:
         raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= 32 (FP8 dot minimum K)")
-    if block_n < 16 or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
+    if block_n < (16 if tensor_cores else 1) or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
         raise ValueError(f"block_n={block_n} must be a power of two in [16, {MAX_BLOCK_N}]")
     capacity = cache.max_blocks_per_seq * cache.block_size
     if window is not None:
         capacity = min(capacity, window)
     if num_splits is None:
-        num_splits = choose_num_splits(batch, cache.num_kv_heads, capacity, block_n,
-                                       _num_sms(device or cache.device))
+        heads = cache.num_kv_heads if tensor_cores else cache.num_kv_heads * group  # programs per sequence
+        num_splits = choose_num_splits(batch, heads, capacity, block_n, _num_sms(device or cache.device))
     tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
     return dict(block_n=block_n, num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
                 num_splits=max(1, triton.cdiv(capacity, tokens_per_split)), tokens_per_split=tokens_per_split)
@@ -175,7 +192,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                  num_splits: int | None = None, block_n: int | None = None, num_warps: int | None = None,
                  num_stages: int | None = None, convert: str | None = None, eviction_policy: str = "",
                  out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None,
-                 window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None):
+                 window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None,
+                 use_tensor_cores: bool | None = None):
     """Triton paged decode attention.
 
     The launcher behind ``fp8kv.decode(..., backend="triton")``, which validates ``q``, ``cache``,
@@ -199,6 +217,9 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         FP8 to bf16 takes several), else q's dtype. A bf16 query (and a query with per-channel K
         scales folded in) is rescaled by a power of two per KV head's query group before it is
         rounded to fp16, so no finite bf16 query overflows (the factor is exact in the scores).
+    use_tensor_cores : True: the ``tl.dot`` kernel (the query group padded to 16 rows); False: the
+        CUDA-core kernel (FMAs, dequant mode only), which wastes nothing on small groups; None
+        (default): chosen by :func:`use_tensor_cores_for` from the group size and mode.
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them
         (checked by :func:`fp8kv.decode`; trusted here). A window reads only the window's pages;
         one at least as long as the page table is the plain kernel.
@@ -227,8 +248,16 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     group = hq // hkv
     if window is not None and window >= cache.max_blocks_per_seq * cache.block_size:
         window = None  # no sequence can be longer: the plain kernel, compiled as without a window
+    if use_tensor_cores is None:
+        use_tensor_cores = use_tensor_cores_for(mode, group, cache.is_fp8)
+    elif not isinstance(use_tensor_cores, bool):
+        raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True, False or None (chosen by shape)")
+    elif not use_tensor_cores and mode == "fp8":
+        raise ValueError("use_tensor_cores=False with mode='fp8': FP8 arithmetic runs on tensor cores; "
+                         "use mode='dequant' for the CUDA-core kernel")
     cfg = launch_config(b, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
-                        num_stages=num_stages, device=q.device, window=window)
+                        num_stages=num_stages, device=q.device, window=window, tensor_cores=use_tensor_cores,
+                        group=group)
     block_n, num_splits, tokens_per_split = cfg["block_n"], cfg["num_splits"], cfg["tokens_per_split"]
     convert_k, convert_v = _converts(convert, arch)
     fp8_qk, fp8_pv = _MODE_FLAGS[mode]
@@ -263,23 +292,24 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     qk_scale = sm_scale * math.log2(math.e) * (1.0 if soft_cap is None else 2.0 / soft_cap)
     skb, skt, skh = _page_strides(cache)
     grid = (b, hkv, num_splits)
-    paged_decode_kernel[grid](
-        q, _kernel_pages(cache, cache.k_pages, fp8_qk or convert_k == "cast"),
-        _kernel_pages(cache, cache.v_pages, fp8_pv or convert_v == "cast"), cache.k_scale, cache.v_scale,
-        cache.block_table, cache.seq_lens, k_out, k_lse,
-        qk_scale, tokens_per_split, hkv, cache.num_blocks, cache.max_blocks_per_seq * cache.block_size,
-        window or 0, 0.0 if soft_cap is None else soft_cap * math.log2(math.e), sinks if sinks is not None else lse,
-        q.stride(0), q.stride(1), skb, skt, skh, cache.block_table.stride(0),
-        *so, *sl,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d,
-        D_PAD=triton.next_power_of_2(d), BLOCK_SIZE=cache.block_size, BLOCK_N=block_n,
-        SPLIT=num_splits > 1, SCALE_KIND=_scale_kind(cache), SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1),
-        KV_FP8=cache.is_fp8, CONVERT_K=_CONVERT[convert_k], CONVERT_V=_CONVERT[convert_v],
-        FP8_QK=fp8_qk, FP8_PV=fp8_pv, KV_EVICTION=eviction_policy,
-        COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, WINDOWED=window is not None,
-        SOFT_CAP=soft_cap is not None, HAS_SINKS=sinks is not None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_format_bits(cache),
-    )
+    args = (q, _kernel_pages(cache, cache.k_pages, fp8_qk or convert_k == "cast"),
+            _kernel_pages(cache, cache.v_pages, fp8_pv or convert_v == "cast"), cache.k_scale, cache.v_scale,
+            cache.block_table, cache.seq_lens, k_out, k_lse,
+            qk_scale, tokens_per_split, hkv, cache.num_blocks, cache.max_blocks_per_seq * cache.block_size,
+            window or 0, 0.0 if soft_cap is None else soft_cap * math.log2(math.e),
+            sinks if sinks is not None else lse,
+            q.stride(0), q.stride(1), skb, skt, skh, cache.block_table.stride(0), *so, *sl)
+    common = dict(GROUP=group, HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), BLOCK_SIZE=cache.block_size,
+                  BLOCK_N=block_n, SPLIT=num_splits > 1, SCALE_KIND=_scale_kind(cache),
+                  SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1), KV_FP8=cache.is_fp8,
+                  CONVERT_K=_CONVERT[convert_k], CONVERT_V=_CONVERT[convert_v], KV_EVICTION=eviction_policy,
+                  WINDOWED=window is not None, SOFT_CAP=soft_cap is not None, HAS_SINKS=sinks is not None,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_format_bits(cache))
+    if use_tensor_cores:
+        paged_decode_kernel[grid](*args, GROUP_PAD=max(16, triton.next_power_of_2(group)), FP8_QK=fp8_qk,
+                                  FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, **common)
+    else:  # one program per query head
+        paged_decode_cuda_core_kernel[(b, hq, num_splits)](*args, **common)
     if num_splits > 1:
         combine_splits_kernel[(b, hq)](
             k_out, k_lse, out, lse, k_out.stride(0), k_out.stride(1), k_out.stride(2),

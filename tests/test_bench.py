@@ -448,3 +448,61 @@ def test_planned_call_validates_once_and_matches_decode():
         planned(q, bad, "reference", "dequant")
     with pytest.raises(ValueError, match="q"):
         planned(torch.full_like(q, float("nan")), c, "reference", "dequant")
+
+
+# ---------------------------------------------------------------------------------------- layouts
+def test_layouts_preset_sweeps_model_head_layouts_not_every_pairing():
+    from fp8kv.bench import PRESETS
+
+    grid = PRESETS["layouts"]
+    cases = sweep(**grid, arch="sm90", memory_budget_bytes=2**50)
+    shapes = {(c.num_q_heads, c.num_kv_heads, c.head_dim) for c in cases}
+    assert shapes == set(grid["shapes"])  # the triples, not heads x head_dims
+    groups = {hq // hkv for hq, hkv, _ in shapes}
+    assert {1, 4, 5, 7, 8, 71} <= groups and {64, 80, 96, 112, 128, 256} <= {d for *_, d in shapes}
+    assert any(c.batch * c.context >= 64 * 1024 for c in cases) and any(c.batch == 1 for c in cases)
+    fi = [c for c in cases if c.backend == "flashinfer"]
+    # FlashInfer builds head dims 64/128/256 only: the others are rows with the reason, not launches
+    assert all(c.status == "unsupported" and "head_dim" in c.reason for c in fi if c.head_dim not in (64, 128, 256))
+    with pytest.raises(ValueError, match="shapes entry"):
+        sweep([1], [16], shapes=[(32, 8)], memory_budget_bytes=2**40)
+
+
+def _layout_rows():
+    key = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, batch=64, context=16384, status="ok", check_passed=True,
+               copy_gbps=4000.0)
+    fp8_kv, bf16_kv = 1_000_000_000, 2_000_000_000
+    return pd.DataFrame([
+        dict(key, backend="triton", label="triton bf16 dequant", kv_dtype="bf16", time_us=500.0, kv_bytes=bf16_kv),
+        dict(key, backend="triton", label="triton fp8_e4m3 dequant", kv_dtype="fp8_e4m3", time_us=300.0, kv_bytes=fp8_kv),
+        dict(key, backend="triton", label="triton fp8_e4m3 fp8", kv_dtype="fp8_e4m3", time_us=280.0, kv_bytes=fp8_kv),
+        dict(key, backend="triton", label="triton-x fp8_e4m3 dequant", kv_dtype="fp8_e4m3", time_us=10.0,
+             kv_bytes=fp8_kv, check_passed=False),  # a wrong answer never wins
+        dict(key, backend="flashinfer", label="flashinfer-tc bf16 dequant", kv_dtype="bf16", time_us=520.0,
+             kv_bytes=bf16_kv),
+        dict(key, backend="flashinfer", label="flashinfer-tc fp8_e4m3 dequant", kv_dtype="fp8_e4m3", time_us=540.0,
+             kv_bytes=fp8_kv),
+        dict(key, num_q_heads=32, num_kv_heads=32, backend="triton", label="triton bf16 dequant", kv_dtype="bf16",
+             time_us=2000.0, kv_bytes=4 * bf16_kv),
+    ])
+
+
+def test_layout_table_rates_speedups_and_limit_by_hand():
+    from fp8kv.bench import layout_markdown, layout_table
+
+    t = layout_table(_layout_rows())
+    assert len(t) == 2
+    r = t[t["num_kv_heads"] == 8].iloc[0]
+    assert r["fp8_us"] == 280.0 and r["fp8_row"] == "triton fp8_e4m3 fp8"
+    assert r["peer_us"] == 520.0 and r["peer"] == "flashinfer-tc bf16 dequant" and r["bf16_us"] == 500.0
+    assert r["fp8_x_peer"] == pytest.approx(520 / 280) and r["fp8_x_bf16"] == pytest.approx(500 / 280)
+    assert r["bf16_gbps"] == pytest.approx(2e9 / 500e-6 / 1e9) and r["fp8_gbps"] == pytest.approx(1e9 / 280e-6 / 1e9)
+    assert r["fp8_rate_of_bf16"] == pytest.approx((1e9 / 280) / (2e9 / 500))
+    assert r["pct_of_limit"] == pytest.approx(100 * (1e9 / 280e-6 / 1e9) / 4000)
+    mha = t[t["num_kv_heads"] == 32].iloc[0]  # BF16 only: the FP8 and peer columns are NaN, not invented
+    assert mha["bf16_us"] == 2000.0 and math.isnan(mha["fp8_us"]) and math.isnan(mha["fp8_x_bf16"])
+    md = layout_markdown(t).splitlines()
+    assert md[0].startswith("| Hq/Hkv/D | B × ctx | best peer (µs) |") and len(md) == 4
+    assert "| 32/8/128 | 64 × 16k | 520.0 (FlashInfer tc bf16 dequant) | 500.0 | 280.0 | 1.86 | 1.79 |" in md[3] + md[2]
+    with pytest.raises(ValueError, match="lacks columns"):
+        layout_table(pd.DataFrame({"time_us": [1.0]}))

@@ -137,6 +137,82 @@ def test_tile_size_decoupled_from_page_size(block_size, block_n):
                             num_splits=2)
 
 
+# ------------------------------------------------------------------------------- CUDA-core kernel
+class _Spy:
+    """Wraps a Triton kernel to count its launches (which kernel the dispatcher picked)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.fixture
+def kernel_spies(monkeypatch):
+    from fp8kv import ops
+
+    spies = {"tensor": _Spy(ops.paged_decode_kernel), "cuda": _Spy(ops.paged_decode_cuda_core_kernel)}
+    monkeypatch.setattr(ops, "paged_decode_kernel", spies["tensor"])
+    monkeypatch.setattr(ops, "paged_decode_cuda_core_kernel", spies["cuda"])
+    return spies
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 5])
+@pytest.mark.parametrize("kv_dtype,granularity", [("fp8_e4m3", "tensor"), ("fp8_e5m2", "head"),
+                                                  ("fp8_e4m3", "token_head"), ("fp8_e4m3", "channel"),
+                                                  ("bf16", "tensor"), ("fp16", "tensor")])
+def test_cuda_core_kernel_matches_reference(group, kv_dtype, granularity, kernel_spies):
+    """The FMA kernel (no tl.dot) on any group, scale granularity and cache type; one split and three
+    (empty splits included: the 1-token sequence). It computes in fp32, so only the output's rounding
+    to the query dtype remains: the dequant tolerance holds with room."""
+    q_dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.float16
+    cache = make_cache(LENS, 2, 48, kv_dtype=kv_dtype, granularity=granularity, seed=group)
+    q = make_q(len(LENS), 2 * group, 48, q_dtype, seed=group)
+    for splits, block_n in ((1, 16), (3, 8)):
+        check_against_reference(q, cache, "dequant", dequant_tol(q_dtype, granularity), num_splits=splits,
+                                block_n=block_n, use_tensor_cores=False)
+    assert kernel_spies["cuda"].launches == 2 and kernel_spies["tensor"].launches == 0
+
+
+def test_kernel_choice_by_group_and_mode(kernel_spies):
+    """FP8 dequant with a group of <= 2 query heads runs on CUDA cores; larger groups, fp8 mode and
+    16-bit caches on tensor cores; an explicit use_tensor_cores wins; fp8 mode refuses CUDA cores."""
+    from fp8kv.ops import CUDA_CORE_MAX_GROUP, use_tensor_cores_for
+
+    assert CUDA_CORE_MAX_GROUP == 2
+    assert not use_tensor_cores_for("dequant", 1, True) and not use_tensor_cores_for("dequant", 2, True)
+    assert use_tensor_cores_for("dequant", 3, True) and use_tensor_cores_for("fp8", 1, True)
+    assert use_tensor_cores_for("dequant", 1, False)
+    mha = make_cache([5, 40], 4, 32)
+    q = make_q(2, 4, 32, torch.float16)
+    paged_decode(q, mha)
+    assert (kernel_spies["cuda"].launches, kernel_spies["tensor"].launches) == (1, 0)
+    paged_decode(q, mha, use_tensor_cores=True)
+    paged_decode(q, mha, mode="fp8")
+    paged_decode(make_q(2, 16, 32, torch.float16), mha)  # group 4
+    assert (kernel_spies["cuda"].launches, kernel_spies["tensor"].launches) == (1, 3)
+    with pytest.raises(ValueError, match="use_tensor_cores=False with mode='fp8'"):
+        paged_decode(q, mha, mode="fp8", use_tensor_cores=False)
+    with pytest.raises(TypeError, match="use_tensor_cores='no'"):
+        paged_decode(q, mha, use_tensor_cores="no")
+
+
+@pytest.mark.parametrize("variant", ["window", "soft_cap", "sinks"])
+def test_cuda_core_kernel_variants(variant):
+    """Sliding window, soft-cap and sinks on the CUDA-core kernel, one split and several."""
+    cache = make_cache([1, 40, 70], 2, 32, granularity="head")
+    q = make_q(3, 2, 32, torch.float16)
+    kw = {"window": dict(window=20), "soft_cap": dict(soft_cap=4.0),
+          "sinks": dict(sinks=torch.randn(2, generator=torch.Generator().manual_seed(2)).to(DEVICE))}[variant]
+    ref_o, ref_l = ref_decode(q, cache, **kw)
+    for splits in (1, 4):
+        out, lse = paged_decode(q, cache, num_splits=splits, block_n=8, use_tensor_cores=False, **kw)
+        assert relative_error(out.float(), ref_o) <= dequant_tol(torch.float16, "head")
+        assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", torch.float16, ref_l)
+
+
 CONVERTS = ["software", "cast", "software/cast", "cast/software"]
 if DEVICE == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
     CONVERTS += ["ptx", "cast/ptx", "ptx/cast"]

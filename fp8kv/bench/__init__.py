@@ -9,6 +9,7 @@ Modules: :mod:`~fp8kv.bench.cases` (the grid, bytes, tolerance, memory), :mod:`~
     cases = sweep(batches=[1, 16], contexts=[4096], kv_dtypes=["bf16", "fp8_e4m3"])
     df = run(cases)                 # time_us, bytes, gbps, pct_copy_bw, rel_err, check_passed, ...
     speedup_table(df)               # FP8 over the best BF16 decode of the same shape
+    layout_table(df)                # per head layout: peers, own BF16, FP8, rates, % of the limit
     save(df, "results/bench")       # results/bench/<gpu-slug>/<timestamp>.csv + .json
 
 Command line: ``fp8kv bench --preset target`` (or ``python -m fp8kv.bench ...``); see :func:`main`.
@@ -36,8 +37,9 @@ How a case is measured
 from .cases import Q_DTYPES, Case, bytes_moved, footprint_bytes, memory_budget, sweep, tolerance
 from .cli import PRESET_HELP, PRESETS, TRITON_OPTIONS, build_parser, main
 from .measure import COLUMNS, run, synthetic_cache, time_call
-from .report import SHAPE_KEYS, results_markdown, save, speedup_table, summary
+from .report import LAYOUT_KEYS, SHAPE_KEYS, layout_markdown, layout_table, results_markdown, save, speedup_table, summary
 
 __all__ = ["Case", "sweep", "run", "speedup_table", "save", "main", "synthetic_cache", "bytes_moved",
            "tolerance", "footprint_bytes", "memory_budget", "summary", "results_markdown", "time_call",
-           "build_parser", "PRESETS", "PRESET_HELP", "TRITON_OPTIONS", "COLUMNS", "SHAPE_KEYS", "Q_DTYPES"]
+           "build_parser", "PRESETS", "PRESET_HELP", "TRITON_OPTIONS", "COLUMNS", "SHAPE_KEYS", "Q_DTYPES",
+           "layout_table", "layout_markdown", "LAYOUT_KEYS"]

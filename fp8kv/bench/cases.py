@@ -193,7 +193,7 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
           q_dtype: str | None = None, flashinfer_tensor_cores: Sequence[bool] = (False, True),
           triton_options: dict | Sequence[dict] | None = None, layout: str = "NHD",
           memory_budget_bytes: int | None = None, device=None, arch: str | None = None,
-          windows: Sequence[int | None] = (None,)) -> list[Case]:
+          windows: Sequence[int | None] = (None,), shapes: Sequence[tuple[int, int, int]] | None = None) -> list[Case]:
     """Expand the grid into :class:`Case` s, marking what cannot run here.
 
     The product of every argument, minus combinations that are not combinations at all (fp8 mode
@@ -211,6 +211,8 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
     flashinfer_tensor_cores : FlashInfer variants (``use_tensor_cores`` values) per FlashInfer cell.
     triton_options : one dict or a list of dicts of Triton launch overrides (one variant each).
     windows : sliding windows (None: the whole context), one case each (:attr:`Case.window`).
+    shapes : (Hq, Hkv, D) head layouts; when given they replace the product of ``heads`` and ``head_dims``
+        (a model family is one triple, not every pairing of its numbers).
     arch : ask the capability table about another arch ("sm90") instead of this machine.
     """
     from ..device import resolve_device
@@ -225,19 +227,26 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
     for h in heads:
         if len(h) != 2:
             _fail(f"heads entry {h!r}; expected (num_q_heads, num_kv_heads) pairs such as (32, 8)")
+    if shapes is None:
+        layouts = [(hq, hkv, d) for (hq, hkv), d in itertools.product(heads, _as_list(head_dims, "head_dims"))]
+    else:
+        layouts = [tuple(x) for x in _as_list(list(shapes), "shapes")]
+        for x in layouts:
+            if len(x) != 3:
+                _fail(f"shapes entry {x!r}; expected (num_q_heads, num_kv_heads, head_dim) triples such as (32, 8, 128)")
     cases, seen = [], set()
-    grid = itertools.product(_as_list(batches, "batches"), _as_list(contexts, "contexts"), heads,
-                             _as_list(head_dims, "head_dims"), _as_list(block_sizes, "block_sizes"),
+    grid = itertools.product(_as_list(batches, "batches"), _as_list(contexts, "contexts"), layouts,
+                             _as_list(block_sizes, "block_sizes"),
                              _as_list(kv_dtypes, "kv_dtypes"), _as_list(backends, "backends"),
                              _as_list(modes, "modes"), _as_list(granularities, "granularities"))
     grid = itertools.product(grid, _as_list(list(windows), "windows"))
-    for (b, ctx, (hq, hkv), d, bs, kv, backend, mode, gran), window in grid:
+    for (b, ctx, (hq, hkv, d), bs, kv, backend, mode, gran), window in grid:
         if mode == "fp8" and not kv.startswith("fp8"):
             continue  # not a combination: fp8 mode is about FP8 KV
         opts_list = {"triton": tri_opts, "flashinfer": fi_opts}.get(backend, [{}])
         for opts in opts_list:
             case = Case(b, ctx, hq, hkv, d, bs, kv, mode, backend, gran, q_dtype, layout, dict(opts), window=window)
-            key = (case.cache_key, case.mode, case.backend, case.q_dtype, case.label)
+            key = (case.cache_key, case.num_q_heads, case.mode, case.backend, case.q_dtype, case.label)
             if key in seen:
                 continue
             seen.add(key)

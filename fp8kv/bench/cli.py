@@ -44,6 +44,16 @@ PRESETS = {
                           block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"],
                           backends=["triton", "flashinfer"], granularities=["tensor"],
                           flashinfer_tensor_cores=[False, True], windows=[512, 1024]),
+    # Head layouts of real model families, side by side with FlashInfer (every row checked first):
+    # MHA (Llama-2-7B 32/32/128, Phi-2 32/32/80, Phi-3-mini 32/32/96), GQA with power-of-two and odd
+    # groups (Llama-3-8B 32/8/128, Qwen2.5-14B 40/8/128: 5, Qwen2-7B 28/4/128: 7, Qwen2-0.5B 14/2/64: 7),
+    # MQA (Gemma-2B 8/1/256, Falcon-7B 71/1/64) and head dim 112 (32/8/112); latency (B=1) and
+    # bandwidth points (B x ctx >= 64k tokens).
+    "layouts": dict(batches=[1, 16, 64], contexts=[4096, 16384],
+                    shapes=[(32, 32, 128), (32, 32, 80), (32, 32, 96), (32, 8, 128), (40, 8, 128), (28, 4, 128),
+                            (14, 2, 64), (8, 1, 256), (71, 1, 64), (32, 8, 112)],
+                    block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"],
+                    backends=["triton", "flashinfer"], granularities=["tensor"], flashinfer_tensor_cores=[False, True]),
 }
 # What each preset is for (printed by --help).
 PRESET_HELP = {
@@ -56,6 +66,8 @@ PRESET_HELP = {
     "window": "sliding-window layers at Hq:Hkv 32:16, D 128: B 64-128 x context 16k-32k x window 512/1024, "
               "bf16 vs fp8_e4m3, Triton and FlashInfer (window_left); time and bytes bounded by the window (GPU)",
     "window-gemma3": "the same windows at Gemma-3-270M's shape, Hq:Hkv 4:1, D 256 (GPU)",
+    "layouts": "head layouts of real model families (MHA, GQA groups 4/5/7, MQA; D 64-256) at B 1-64 x context "
+               "4k-16k, bf16 vs fp8_e4m3, Triton and FlashInfer side by side; fp8kv.bench.layout_table reads it (GPU)",
 }
 assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"
 TRITON_OPTIONS = ("num_splits", "block_n", "num_warps", "num_stages")  # integer launch overrides on the CLI
@@ -152,6 +164,8 @@ def _grid_from_args(args, device: torch.device) -> dict:
                  "granularities"):
         if getattr(args, name) is not None:
             grid[name] = getattr(args, name)
+    if args.heads is not None or args.head_dims is not None:
+        grid.pop("shapes", None)  # explicit heads / head dims replace a preset's layouts
     if args.preset == "smoke" and args.kv_dtypes is None and device.type == "cpu":
         grid["kv_dtypes"] = ["fp16", "fp8_e4m3"]
     if args.tensor_cores:

@@ -1,4 +1,5 @@
 """Reading a run's rows: :func:`speedup_table` (FP8 over the best 16-bit decode and FlashInfer's FP8),
+:func:`layout_table` (one line per head layout and shape: peers, own BF16, FP8, rates, % of the limit),
 :func:`summary` (a text table), :func:`results_markdown` (the side-by-side Markdown table) and
 :func:`save` (CSV + JSON through :mod:`fp8kv.results`)."""
 
@@ -55,6 +56,69 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
     out["speedup_vs_bf16"] = out["bf16_us"] / out["time_us"]
     out["speedup_vs_flashinfer_fp8"] = out["flashinfer_fp8_us"] / out["time_us"]
     return out.sort_values(SHAPE_KEYS + ["backend", "variant", "mode"]).reset_index(drop=True)
+
+
+LAYOUT_KEYS = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
+
+
+def layout_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One line per head layout × batch × context of a run (the ``layouts`` preset's question).
+
+    From checked rows (``status == "ok"``, check not failed; medians of repeats): ``peer_us`` the
+    fastest FlashInfer decode of either dtype (``peer`` names it), ``bf16_us`` fp8kv's BF16 decode,
+    ``fp8_us`` fp8kv's fastest FP8 decode (``fp8_row`` names it), ``fp8_x_peer = peer_us / fp8_us``,
+    ``fp8_x_bf16 = bf16_us / fp8_us``; bytes per second of the K/V each reads (``bf16_gbps``,
+    ``fp8_gbps``), ``fp8_rate_of_bf16 = fp8_gbps / bf16_gbps`` (1.0: FP8 streams as fast as BF16,
+    which is 2x faster) and ``pct_of_limit``, the FP8 K/V bytes over the copy bandwidth of the same
+    run as a share of ``fp8_us`` (100: FP8 at the copy kernel's rate). NaN where a side is missing.
+    """
+    need = set(LAYOUT_KEYS) | {"backend", "label", "kv_dtype", "time_us", "kv_bytes", "copy_gbps", "status",
+                               "check_passed"}
+    missing = sorted(need - set(df.columns))
+    if missing:
+        _fail(f"df lacks columns {missing}; expected the rows of fp8kv.bench.run()")
+    good = df[(df["status"] == "ok") & ~df["check_passed"].map(_failed) & df["time_us"].notna()]
+    med = good.groupby(LAYOUT_KEYS + ["backend", "label", "kv_dtype"], as_index=False).agg(
+        time_us=("time_us", "median"), kv_bytes=("kv_bytes", "first"), copy_gbps=("copy_gbps", "first"))
+
+    def fastest(rows, name):
+        rows = rows.sort_values("time_us").drop_duplicates(LAYOUT_KEYS)
+        return rows[LAYOUT_KEYS + ["time_us", "label", "kv_bytes", "copy_gbps"]].rename(
+            columns={"time_us": f"{name}_us", "label": f"{name}_row", "kv_bytes": f"{name}_kv_bytes",
+                     "copy_gbps": f"{name}_copy_gbps"})
+
+    own = med[med["backend"] == "triton"]
+    peer = fastest(med[med["backend"] == "flashinfer"], "peer").rename(columns={"peer_row": "peer"})
+    bf16 = fastest(own[own["kv_dtype"] == "bf16"], "bf16")
+    fp8 = fastest(own[own["kv_dtype"].str.startswith("fp8")], "fp8")
+    t = fp8.merge(bf16, on=LAYOUT_KEYS, how="outer").merge(peer, on=LAYOUT_KEYS, how="left")
+    t["fp8_x_peer"] = t["peer_us"] / t["fp8_us"]
+    t["fp8_x_bf16"] = t["bf16_us"] / t["fp8_us"]
+    t["bf16_gbps"] = t["bf16_kv_bytes"] / t["bf16_us"] / 1e3
+    t["fp8_gbps"] = t["fp8_kv_bytes"] / t["fp8_us"] / 1e3
+    t["fp8_rate_of_bf16"] = t["fp8_gbps"] / t["bf16_gbps"]
+    t["pct_of_limit"] = 100.0 * t["fp8_gbps"] / t["fp8_copy_gbps"]
+    cols = LAYOUT_KEYS + ["peer", "peer_us", "bf16_us", "fp8_row", "fp8_us", "fp8_x_peer", "fp8_x_bf16", "bf16_gbps",
+                          "fp8_gbps", "fp8_rate_of_bf16", "pct_of_limit"]
+    return t[cols].sort_values(LAYOUT_KEYS).reset_index(drop=True)
+
+
+def layout_markdown(table: pd.DataFrame) -> str:
+    """:func:`layout_table` as the README's Markdown table."""
+    head = ["Hq/Hkv/D", "B × ctx", "best peer (µs)", "fp8kv BF16 (µs)", "fp8kv FP8 (µs)", "FP8 × peer",
+            "FP8 × own BF16", "BF16 GB/s", "FP8 GB/s", "FP8 rate ÷ BF16 rate", "% of FP8 limit"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def f(v, fmt):
+        return "—" if v != v else format(v, fmt)
+
+    for r in table.itertuples():
+        peer = "—" if r.peer != r.peer else f"{r.peer_us:.1f} ({r.peer.replace('flashinfer-', 'FlashInfer ')})"
+        lines.append("| " + " | ".join([
+            f"{r.num_q_heads}/{r.num_kv_heads}/{r.head_dim}", f"{r.batch} × {r.context // 1024}k", peer,
+            f(r.bf16_us, ".1f"), f(r.fp8_us, ".1f"), f(r.fp8_x_peer, ".2f"), f(r.fp8_x_bf16, ".2f"),
+            f(r.bf16_gbps, ".0f"), f(r.fp8_gbps, ".0f"), f(r.fp8_rate_of_bf16, ".2f"), f(r.pct_of_limit, ".0f")]) + " |")
+    return "\n".join(lines)
 
 
 # -------------------------------------------------------------------------------------------- save
