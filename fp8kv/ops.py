@@ -99,18 +99,24 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, tensor_cores: bool
 
 
 def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int,
-                      waves: float = 8.0, min_tiles_per_split: int = 4) -> int:
+                      waves: float = 8.0, min_tiles_per_split: int = 4, min_waves: float = 2.0) -> int:
     """Split-KV factor from the launch shape (flash-decoding).
 
-    Enough (sequence, KV head, split) programs to fill ``waves`` x ``num_sms`` slots, but never so
-    many that a split covers fewer than ``min_tiles_per_split`` tiles (the reduction and the
-    per-program prologue would then dominate). Batch 1 therefore still fills the GPU. Eight waves:
-    on an H200 at B=16, ctx=16k (128 sequence-heads) 9 splits take 176 us, 5 splits 196 us.
+    Enough (sequence, KV head, split) programs to fill ``waves`` x ``num_sms`` slots, but no split
+    shorter than ``min_tiles_per_split`` tiles (the split's prologue and the combine would then
+    weigh). Eight waves: on an H200 at B=16, ctx=16k (128 sequence-heads) 9 splits take 176 us, 5
+    splits 196 us. Where that leaves fewer than ``min_waves`` x ``num_sms`` programs (small batch and
+    short context: latency-bound), splits go down to one tile each until there are: H200, 32/8/128,
+    B=1 x 4k FP8: 32 one-tile splits 10.5 us against 15.4 us for 8 four-tile splits; B=3 x 1000:
+    8 splits 9.6 us against 15.0 us for 2. Contexts of fewer than four tiles stay in one split.
     """
     base = batch * kv_heads
     want = math.ceil(waves * num_sms / base)
-    most = max(1, math.ceil(capacity / (block_n * min_tiles_per_split)))
-    return int(max(1, min(want, most)))
+    tiles = math.ceil(capacity / block_n)
+    splits = max(1, min(want, math.ceil(tiles / min_tiles_per_split)))
+    if splits * base < min_waves * num_sms and tiles >= min_tiles_per_split:
+        splits = max(splits, min(math.ceil(min_waves * num_sms / base), tiles))
+    return int(splits)
 
 
 def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num_splits: int | None = None,

@@ -172,3 +172,23 @@ def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None) -> Path
     with open(csv.with_suffix(".json"), "x") as fh:
         json.dump(metadata, fh, indent=2, default=str)
     return csv
+
+
+def load_table(out_dir: str | os.PathLike, slug: str, *, preset: str | None = None):
+    """The newest table :func:`save_table` wrote under ``<out_dir>/<slug>/`` (and, with ``preset``, whose
+    metadata names that preset, as ``fp8kv bench --preset NAME`` records it), as a DataFrame with the
+    metadata in ``df.attrs["meta"]`` and the file name in ``df.attrs["csv"]``; None when there is none."""
+    import pandas as pd
+
+    if not _SLUG.match(str(slug)):
+        fail(f"slug={slug!r}; expected a folder-safe GPU slug such as 'nvidia-h200'")
+    folder = Path(out_dir) / slug
+    for csv in sorted(folder.glob("*.csv"), reverse=True) if folder.is_dir() else []:
+        meta_path = csv.with_suffix(".json")
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        if preset is not None and meta.get("preset") != preset:
+            continue
+        df = pd.read_csv(csv)
+        df.attrs.update(meta=meta, csv=csv.name)
+        return df
+    return None

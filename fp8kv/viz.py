@@ -653,6 +653,31 @@ def grouped_bars(df, x: str, y: str, color: str | None = None, *, facet_col: str
     return fig
 
 
+def layout_speedups(table, *, title: str | None = None) -> go.Figure:
+    """FP8 decode per head layout: × own BF16 decode and × the best peer, as grouped bars.
+
+    ``table``: rows of :func:`fp8kv.bench.layout_table`. Dashed lines at 2× (FP8 reads half the
+    bytes: the most a bandwidth-bound decode can gain) and 1× (no gain). Hover: µs and % of the
+    FP8 copy-bandwidth limit.
+    """
+    _require_columns(table, ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context", "fp8_x_bf16",
+                             "fp8_x_peer", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"], "table")
+    t = table.assign(shape=[f"{hq}/{hkv}/{d} · {b}×{c // 1024}k" for hq, hkv, d, b, c in zip(
+        table["num_q_heads"], table["num_kv_heads"], table["head_dim"], table["batch"], table["context"], strict=True)])
+    long = t.melt(id_vars=["shape", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"],
+                  value_vars=["fp8_x_bf16", "fp8_x_peer"], var_name="against", value_name="speedup")
+    long["against"] = long["against"].map({"fp8_x_bf16": "× fp8kv's BF16 decode", "fp8_x_peer": "× best peer decode"})
+    fig = grouped_bars(long, x="shape", y="speedup", color="against",
+                       title=title or "FP8 decode speed-up per head layout (Hq/Hkv/D · batch × context)",
+                       labels={"shape": "head layout · batch × context", "speedup": "FP8 speed-up (×, > 1 is faster)",
+                               "against": "FP8 decode", "pct_of_limit": "% of FP8 limit", "fp8_us": "FP8 µs",
+                               "bf16_us": "BF16 µs", "peer_us": "peer µs"},
+                       hover=["fp8_us", "bf16_us", "peer_us", "pct_of_limit"])
+    add_ceiling(fig, 2.0, "half the bytes", dash="dash")
+    add_ceiling(fig, 1.0, "no gain", dash="dot")
+    return fig
+
+
 def per_layer(layers, model: str, metric: str) -> go.Figure:
     """One metric of ``fp8kv.models.evaluate(..., per_layer=True)`` rows against the layer, a line per config.
 

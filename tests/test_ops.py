@@ -278,7 +278,11 @@ def test_splits_agree_and_batch_one_fills_the_gpu():
     assert choose_num_splits(64, 8, 16384, 128, 132) == 3  # 8 waves: ceil(8 * 132 / 512)
     assert choose_num_splits(16, 8, 16384, 128, 132) == 9
     assert choose_num_splits(256, 8, 16384, 128, 132) == 1
-    assert choose_num_splits(1, 8, 128, 64, 132) == 1
+    assert choose_num_splits(1, 8, 128, 64, 132) == 1  # two tiles: one split, no combine launch
+    # latency-bound shapes: one-tile splits until two waves of programs run
+    assert choose_num_splits(1, 8, 4096, 128, 132) == 32  # 4-tile splits would give 8
+    assert choose_num_splits(3, 8, 1000, 128, 132) == 8
+    assert choose_num_splits(4, 8, 4096, 128, 132) == 9
 
 
 def test_empty_split_ranges_are_harmless():

@@ -49,11 +49,14 @@ PRESETS = {
     # groups (Llama-3-8B 32/8/128, Qwen2.5-14B 40/8/128: 5, Qwen2-7B 28/4/128: 7, Qwen2-0.5B 14/2/64: 7),
     # MQA (Gemma-2B 8/1/256, Falcon-7B 71/1/64) and head dim 112 (32/8/112); latency (B=1) and
     # bandwidth points (B x ctx >= 64k tokens).
-    "layouts": dict(batches=[1, 16, 64], contexts=[4096, 16384],
+    "layouts": dict(batches=[1, 64], contexts=[4096, 16384],
                     shapes=[(32, 32, 128), (32, 32, 80), (32, 32, 96), (32, 8, 128), (40, 8, 128), (28, 4, 128),
                             (14, 2, 64), (8, 1, 256), (71, 1, 64), (32, 8, 112)],
                     block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"],
                     backends=["triton", "flashinfer"], granularities=["tensor"], flashinfer_tensor_cores=[False, True]),
+    "layouts-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 4, 32), (4, 1, 64), (6, 2, 48)], block_sizes=[16],
+                          kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
+                          granularities=["tensor"], flashinfer_tensor_cores=[True]),
 }
 # What each preset is for (printed by --help).
 PRESET_HELP = {
@@ -68,6 +71,7 @@ PRESET_HELP = {
     "window-gemma3": "the same windows at Gemma-3-270M's shape, Hq:Hkv 4:1, D 256 (GPU)",
     "layouts": "head layouts of real model families (MHA, GQA groups 4/5/7, MQA; D 64-256) at B 1-64 x context "
                "4k-16k, bf16 vs fp8_e4m3, Triton and FlashInfer side by side; fp8kv.bench.layout_table reads it (GPU)",
+    "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
 }
 assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"
 TRITON_OPTIONS = ("num_splits", "block_n", "num_warps", "num_stages")  # integer launch overrides on the CLI
@@ -156,18 +160,29 @@ def _check_args(args) -> torch.device:
     return device
 
 
+def preset_grid(name: str, device=None, **overrides) -> dict:
+    """The :func:`sweep` arguments of preset ``name`` for ``device`` (None: this machine), with
+    ``overrides`` applied. On a CPU the smoke presets' 16-bit cache is fp16: the Triton interpreter's
+    bf16 arithmetic is wrong."""
+    from ..device import resolve_device
+
+    checks.one_of(name, "preset", tuple(PRESETS))
+    grid = {**PRESETS[name], **overrides}
+    if name in ("smoke", "layouts-smoke") and "kv_dtypes" not in overrides and resolve_device(device).type == "cpu":
+        grid["kv_dtypes"] = ["fp16" if k == "bf16" else k for k in grid["kv_dtypes"]]
+    return grid
+
+
 def _grid_from_args(args, device: torch.device) -> dict:
     """The :func:`sweep` arguments of parsed CLI options (a preset, overridden by explicit options) for
     the resolved ``device``. Raises ValueError when neither a preset nor batches and contexts are given."""
-    grid = dict(PRESETS[args.preset]) if args.preset else dict(PRESETS["target"], batches=None, contexts=None)
-    for name in ("batches", "contexts", "heads", "head_dims", "block_sizes", "kv_dtypes", "modes", "backends",
-                 "granularities"):
-        if getattr(args, name) is not None:
-            grid[name] = getattr(args, name)
+    names = ("batches", "contexts", "heads", "head_dims", "block_sizes", "kv_dtypes", "modes", "backends",
+             "granularities")
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    grid = preset_grid(args.preset, device, **given) if args.preset else \
+        {**PRESETS["target"], "batches": None, "contexts": None, **given}
     if args.heads is not None or args.head_dims is not None:
         grid.pop("shapes", None)  # explicit heads / head dims replace a preset's layouts
-    if args.preset == "smoke" and args.kv_dtypes is None and device.type == "cpu":
-        grid["kv_dtypes"] = ["fp16", "fp8_e4m3"]
     if args.tensor_cores:
         grid["flashinfer_tensor_cores"] = {"both": [False, True], "on": [True], "off": [False]}[args.tensor_cores]
     if grid["batches"] is None or grid["contexts"] is None:
@@ -228,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              rotate=not args.no_rotate, device=device)
     print(summary(df))
     if not args.no_save:
-        path = save(df, args.out, meta={"argv": argv})
+        path = save(df, args.out, meta={"argv": argv, "preset": args.preset})
         print(f"wrote {path}")
     bad = (df["status"] == "error") | df["check_passed"].map(_failed)
     return 1 if bad.any() else 0
