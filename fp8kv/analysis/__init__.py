@@ -14,14 +14,25 @@ so notebooks only choose inputs, call, draw and save, and results of several GPU
 * :mod:`~fp8kv.analysis.selection`: names a notebook selects from a registry, checked.
 """
 
-from .accuracy import greedy_decode_table, printable_text
+from .accuracy import (
+    LAYER_METRICS,
+    SUMMARY_COLUMNS,
+    AccuracyRun,
+    greedy_decode_table,
+    model_accuracy,
+    model_descriptions,
+    printable_decodes,
+    printable_text,
+)
 from .capacity import (
     capacity_grid,
     capacity_walkthrough,
+    capacity_walkthroughs,
     measured_cache_bytes,
     measured_vs_formula,
     ratio_per_model,
     tokens_ratio,
+    walkthrough_text,
 )
 from .decode_grids import DECODE_GRIDS, DecodeGrid, decode_grid
 from .errors import (
@@ -33,9 +44,12 @@ from .errors import (
     error_vs_context,
     key_numbers,
     quantization_error,
+    quantization_results,
     real_kv_error,
+    real_kv_error_or_reason,
     saturation_long,
     scale_argument,
+    synthetic_vs_real,
 )
 from .kv_stats import channel_amax, describe_kv
 from .roundtrip import cast_comparison, roundtrip_sweep, scale_sweep
@@ -43,7 +57,9 @@ from .selection import format_names, registry_names
 
 __all__ = ["SCALE_LABELS", "SCALE_METHODS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
            "error_vs_context", "attribution", "key_numbers", "saturation_long", "describe_kv", "channel_amax",
-           "real_kv_error", "capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough",
-           "measured_cache_bytes", "measured_vs_formula", "roundtrip_sweep", "scale_sweep", "cast_comparison",
-           "DecodeGrid", "DECODE_GRIDS", "decode_grid", "registry_names", "format_names", "printable_text",
-           "greedy_decode_table"]
+           "real_kv_error", "real_kv_error_or_reason", "synthetic_vs_real", "quantization_results",
+           "capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough", "capacity_walkthroughs",
+           "walkthrough_text", "measured_cache_bytes", "measured_vs_formula", "roundtrip_sweep", "scale_sweep",
+           "cast_comparison", "DecodeGrid", "DECODE_GRIDS", "decode_grid", "registry_names", "format_names",
+           "SUMMARY_COLUMNS", "LAYER_METRICS", "AccuracyRun", "model_accuracy", "model_descriptions",
+           "printable_text", "printable_decodes", "greedy_decode_table"]

@@ -3,8 +3,9 @@ accounting step by step, and real caches' bytes beside the formula.
 
 :func:`capacity_grid` wraps :func:`fp8kv.capacity.capacity_table`; :func:`tokens_ratio` gives the
 FP8-over-16-bit token ratio; :func:`capacity_walkthrough` redoes the planner's block-granular
-accounting step by step from the model shape; :func:`measured_vs_formula` builds real
-:class:`~fp8kv.cache.PagedKVCache` objects and compares their ``nbytes`` with the formula.
+accounting step by step from the model shape (:func:`walkthrough_text` prints it);
+:func:`measured_vs_formula` builds real :class:`~fp8kv.cache.PagedKVCache` objects and compares
+their ``nbytes`` with the formula.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from ..capacity import GIB, WEIGHT_BYTES, capacity_table, plan_capacity, resolve
 from ..formats import kv_dtype_info
 from ..quant import GRANULARITIES, SCALE_BYTES, kv_scale_bytes
 
-__all__ = ["capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough", "measured_cache_bytes",
-           "measured_vs_formula"]
+__all__ = ["capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough", "capacity_walkthroughs",
+           "walkthrough_text", "measured_cache_bytes", "measured_vs_formula"]
 
 
 def capacity_grid(models, gpus, kv_dtypes=("bf16", "fp8_e4m3"), granularities=("tensor",), *,
@@ -157,6 +158,28 @@ def capacity_walkthrough(model, kv_dtype, gpu, *, utilization: float = 0.9, bloc
         rows.append(dict(step=step, formula=formula, value=_exact(value), planner=_exact(planner), match=match))
     return pd.DataFrame(rows, dtype=object)
 
+
+
+def capacity_walkthroughs(model, kv_dtypes, gpu, **kw) -> dict:
+    """:func:`capacity_walkthrough` of ``model`` on ``gpu`` for each of ``kv_dtypes``: ``{kv_dtype: steps}``.
+
+    ``kw`` (utilization, block_size, granularity, max_model_len, request_len) goes to each."""
+    kv_dtypes = [kv_dtypes] if isinstance(kv_dtypes, str) else list(kv_dtypes)
+    return {kv: capacity_walkthrough(model, kv, gpu, **kw) for kv in kv_dtypes}
+
+
+def walkthrough_text(walks: dict, model, gpu) -> str:
+    """:func:`capacity_walkthroughs` as aligned text: one block per KV dtype, one line per step (its
+    formula and value, and whether it equals the planner's number)."""
+    lines = []
+    for kv, steps in walks.items():
+        lines.append(f"{model} on {gpu}, KV {kv}:")
+        for s in steps.itertuples():
+            check = "" if s.match is None else ("  = planner" if s.match else f"  != planner {s.planner}")
+            value = f"{s.value:,.4f}" if isinstance(s.value, float) else f"{s.value:,}"
+            lines.append(f"  {s.step:<44} {s.formula:<58} {value:>20}{check}")
+        lines.append("")
+    return "\n".join(lines)
 
 def _exact(x):
     """Integral numbers as int (byte counts print exactly), others unchanged."""

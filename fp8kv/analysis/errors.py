@@ -15,8 +15,9 @@ K amax / 200, V amax / 100, whatever the format).
 
 Around it: :func:`error_vs_context` (the same on growing prefixes), :func:`attribution` (K's share
 of the output error), :func:`key_numbers`, :func:`saturation_long` (tables reshaped for results and
-figures) and :func:`real_kv_error` (the same measurement on a real model's captured activations,
-through ``fp8kv.models``).
+figures), :func:`real_kv_error` (the same measurement on a real model's captured activations,
+through ``fp8kv.models``; :func:`real_kv_error_or_reason` says why not where it cannot run),
+:func:`synthetic_vs_real` and :func:`quantization_results` (the notebook's results file).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .kv_stats import describe_kv
 from .selection import format_names
 
 __all__ = ["SCALE_LABELS", "SCALE_METHODS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
-           "error_vs_context", "attribution", "key_numbers", "saturation_long", "real_kv_error"]
+           "error_vs_context", "attribution", "key_numbers", "saturation_long", "real_kv_error",
+           "real_kv_error_or_reason", "synthetic_vs_real", "quantization_results"]
 
 # The scales the error tables compare, as table labels; scale_argument turns each into quantize's
 # ``scale=`` (whose own vocabulary is fp8kv.quant.SCALE_METHODS).
@@ -344,3 +346,62 @@ def real_kv_error(model: str = "smollm2-135m", num_tokens: int = 512, layers=3, 
         tables.append(df)
         stats.append(dict(head, **describe_kv(k, v)))
     return pd.concat(tables, ignore_index=True), pd.DataFrame(stats)
+
+
+def real_kv_error_or_reason(model: str | None, num_tokens: int = 512, layers=3, num_queries: int = 16,
+                            **kw) -> tuple:
+    """:func:`real_kv_error`, or why it cannot run here: ``(table, stats, status)``.
+
+    ``status`` is ``"ok"``; or, with ``table`` and ``stats`` None, ``"real activations unavailable: "``
+    and the reason: ``model`` is None, or the ``models`` extra or the model's weights package is
+    missing (the message names the pip command). ``kw`` goes to :func:`real_kv_error`.
+    """
+    if model is None:
+        return None, None, "real activations unavailable: REAL_MODEL is None"
+    try:
+        table, stats = real_kv_error(model, num_tokens, layers, num_queries, **kw)
+    except (ImportError, OSError) as exc:  # the models extra or the weights package is missing
+        return None, None, f"real activations unavailable: {exc}"
+    return table, stats, "ok"
+
+
+def synthetic_vs_real(table, real, *, quantize: str = "kv", scale_method: str = "amax"):
+    """The rows of one ``quantize`` mode and scale method of a synthetic :func:`quantization_error`
+    table (``source`` "synthetic") and of :func:`real_kv_error`'s (one source per layer), stacked;
+    None when ``real`` is None (no real activations)."""
+    import pandas as pd
+
+    if real is None:
+        return None
+    checks.one_of(quantize, "quantize", QUANTIZE)
+    checks.one_of(scale_method, "scale_method", SCALE_LABELS)
+    both = pd.concat([table.assign(source="synthetic"), real], ignore_index=True)
+    return both[(both["quantize"] == quantize) & (both["scale_method"] == scale_method)]
+
+
+def quantization_results(table, context, *, sizes: dict, data_stats: dict, real=None, real_stats=None,
+                         real_status: str = "") -> dict:
+    """Notebook 02's results file: its inputs, the tables and the numbers derived from them.
+
+    ``table``: the synthetic :func:`quantization_error` table; ``context``: :func:`error_vs_context`'s;
+    ``real``, ``real_stats``, ``real_status``: :func:`real_kv_error_or_reason`'s. Adds the unit roundoff
+    of each format (``bound``), :func:`key_numbers` (and the three e4m3 per-tensor amax errors at top
+    level) and :func:`attribution` of the synthetic and the real tables.
+    """
+    key = key_numbers(table)
+    headline = {f"e4m3_tensor_amax_{which}_rel_err": key[f"e4m3_tensor_amax_{which}_rel_err"]
+                for which in ("k", "v", "out")}
+    return {
+        "sizes": sizes,
+        "data_stats": data_stats,
+        "bound": {name: get_format(name).unit_roundoff for name in dict.fromkeys(table["format"])},
+        **headline,
+        "key_numbers": key,
+        "rows": table,
+        "attribution": attribution(table),
+        "context": context,
+        "real_status": real_status,
+        "real_rows": real if real is not None else [],
+        "real_stats": real_stats if real_stats is not None else [],
+        "real_attribution": attribution(real) if real is not None else [],
+    }
