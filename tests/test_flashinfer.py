@@ -6,6 +6,7 @@ decides *what* FlashInfer is given is pure torch and is checked here.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 
@@ -19,20 +20,16 @@ from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError, capability, check, current_arch, flashinfer_installed
 from fp8kv.quant import relative_error as rel_err
 
+# This module's K/V: head_dim 16, magnitudes differing per head (and in a few channels), so the
+# scales differ for real.
+SPREAD = dict(head_dim=16, k_head_gain=2.0, v_head_gain=0.5, k_outlier_channels=slice(None, None, 5),
+              k_outlier_gain=6.0)
 
-def make_cache(lens, *, hkv=2, d=16, block_size=16, kv_dtype="fp8_e4m3", granularity="tensor",
-               layout="NHD", seed=0, head_spread=True):
-    """A shuffled-page cache of ragged sequences, K/V magnitudes differing per head (and channel)."""
-    g = torch.Generator().manual_seed(seed)
-    n = max(max(lens), 1)
-    k = torch.randn(len(lens), n, hkv, d, generator=g)
-    v = torch.randn(len(lens), n, hkv, d, generator=g)
-    if head_spread:  # per-head (and a few per-channel) magnitudes, so the scales differ for real
-        k = k * (2.0 ** torch.arange(hkv, dtype=torch.float32))[:, None]
-        v = v * (0.5 ** torch.arange(hkv, dtype=torch.float32))[:, None]
-        k[..., ::5] *= 6.0
-    return PagedKVCache.from_dense(k, v, lens, block_size=block_size, kv_dtype=kv_dtype,
-                                   granularity=granularity, layout=layout, seed=seed)
+
+@pytest.fixture(name="make_cache")
+def _spread_cache(make_cache):
+    """The shared cache factory (conftest) with this module's :data:`SPREAD`."""
+    return functools.partial(make_cache, **SPREAD)
 
 
 def codes_cache(cache: PagedKVCache) -> PagedKVCache:
@@ -44,7 +41,7 @@ def codes_cache(cache: PagedKVCache) -> PagedKVCache:
 
 # ------------------------------------------------------------------------------------ paged_kv_args
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_paged_kv_args_hand_built(layout):
+def test_paged_kv_args_hand_built(layout, make_cache):
     # lengths: one token, exactly one block, a non-multiple, empty, one past a block boundary
     lens = [1, 16, 37, 0, 33]
     cache = make_cache(lens, block_size=16, layout=layout, seed=3)
@@ -60,7 +57,7 @@ def test_paged_kv_args_hand_built(layout):
     assert indices.tolist() != sorted(indices.tolist())
 
 
-def test_paged_kv_args_address_the_right_tokens():
+def test_paged_kv_args_address_the_right_tokens(make_cache):
     """Reading pages through (indptr, indices, last_page_len) the way FlashInfer does gives gather()."""
     lens = [5, 32, 47, 1]
     cache = make_cache(lens, block_size=16, kv_dtype="bf16", seed=7)
@@ -86,11 +83,11 @@ def test_qo_indptr():
 @pytest.mark.parametrize("granularity", ["tensor", "head", "channel"])
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("hq_per_kv", [1, 3])
-def test_fold_scales_is_exact(granularity, kv_dtype, hq_per_kv):
+def test_fold_scales_is_exact(granularity, kv_dtype, hq_per_kv, make_cache):
     """Attention over (q_folded, codes x k_scale, codes x v_scale) x out_mult == reference.decode."""
     lens = [9, 16, 40]
     hkv, d = 2, 16
-    cache = make_cache(lens, hkv=hkv, d=d, kv_dtype=kv_dtype, granularity=granularity, seed=11)
+    cache = make_cache(lens, num_kv_heads=hkv, head_dim=d, kv_dtype=kv_dtype, granularity=granularity, seed=11)
     q = torch.randn(len(lens), hkv * hq_per_kv, d, generator=torch.Generator().manual_seed(5))
     q_f, k_s, v_s, out_mult = fib.fold_scales(q, cache)  # fp32 q: the fold without rounding
     assert isinstance(k_s, float) and isinstance(v_s, float)
@@ -112,7 +109,7 @@ def test_fold_scales_is_exact(granularity, kv_dtype, hq_per_kv):
         assert torch.allclose(lse, ref_lse[i], rtol=0, atol=2e-5), f"sequence {i}"
 
 
-def test_fold_without_scales_is_wrong():
+def test_fold_without_scales_is_wrong(make_cache):
     """The same computation with the folding dropped is far off: the test above can fail."""
     cache = make_cache([20, 33], granularity="head", seed=2)
     q = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(1))
@@ -124,8 +121,8 @@ def test_fold_without_scales_is_wrong():
     assert rel_err(o, ref_out[0]) > 0.1
 
 
-def test_fold_ratio_and_shapes():
-    cache = make_cache([12], hkv=2, d=16, granularity="head", seed=4)
+def test_fold_ratio_and_shapes(make_cache):
+    cache = make_cache([12], num_kv_heads=2, head_dim=16, granularity="head", seed=4)
     fold = fib.plan_scales(cache, 6)
     ks, vs = cache.k_scale, cache.v_scale
     assert fold.k_scale == float(ks.max()) and fold.v_scale == 1.0
@@ -138,7 +135,7 @@ def test_fold_ratio_and_shapes():
     assert ch.q_mult.shape == (4, 16) and ch.out_mult.shape == (4, 16)
 
 
-def test_fold_rounds_once_to_q_dtype():
+def test_fold_rounds_once_to_q_dtype(make_cache):
     cache = make_cache([10], granularity="head", seed=8)
     q = torch.randn(1, 2, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     q_f, *_ = fib.fold_scales(q, cache)
@@ -150,14 +147,14 @@ def test_fold_rounds_once_to_q_dtype():
     assert float(((q_f.float() - exact).abs() / exact.abs().clamp_min(1e-30)).max()) <= 2.0 ** -8
 
 
-def test_sixteen_bit_cache_folds_nothing():
+def test_sixteen_bit_cache_folds_nothing(make_cache):
     cache = make_cache([7, 3], kv_dtype="bf16")
     q = torch.randn(2, 2, 16)
     q_f, k_s, v_s, out_mult = fib.fold_scales(q, cache)
     assert (k_s, v_s, out_mult) == (1.0, 1.0, None) and q_f is q
 
 
-def test_token_head_rejected_with_capability_reason():
+def test_token_head_rejected_with_capability_reason(make_cache):
     cache = make_cache([5, 9], granularity="token_head")
     why = check("flashinfer", "fp8_e4m3", "dequant", "sm90", "token_head")[1]
     assert "per-token-head" in why
@@ -166,7 +163,7 @@ def test_token_head_rejected_with_capability_reason():
     assert why in str(e.value)
 
 
-def test_plan_scales_rejects_bad_heads():
+def test_plan_scales_rejects_bad_heads(make_cache):
     cache = make_cache([5])
     with pytest.raises(ValueError, match="num_qo_heads=3"):
         fib.plan_scales(cache, 3)
@@ -178,7 +175,7 @@ no_gpu_flashinfer = pytest.mark.skipif(current_arch() is not None and flashinfer
 
 
 @no_gpu_flashinfer
-def test_import_without_flashinfer_and_decode_refuses():
+def test_import_without_flashinfer_and_decode_refuses(make_cache):
     mod = importlib.import_module("fp8kv.backends.flashinfer")
     assert callable(mod.decode) and callable(mod.paged_kv_args)
     cache = make_cache([4, 6])
@@ -204,13 +201,13 @@ def test_broken_flashinfer_install_names_its_dependencies(monkeypatch):
     assert isinstance(e.value.__cause__, ImportError)
 
 
-def test_decoder_refuses_a_cpu_cache():
+def test_decoder_refuses_a_cpu_cache(make_cache):
     with pytest.raises(UnsupportedError, match="CUDA tensors only"):
         fib.FlashInferDecode(make_cache([3]))
 
 
 @no_gpu_flashinfer
-def test_registry_reaches_the_flashinfer_entry():
+def test_registry_reaches_the_flashinfer_entry(make_cache):
     import fp8kv
 
     cache = make_cache([4, 6])
@@ -219,7 +216,7 @@ def test_registry_reaches_the_flashinfer_entry():
         fp8kv.decode(q, cache, backend="flashinfer")
 
 
-def test_prefill_validates_before_needing_flashinfer():
+def test_prefill_validates_before_needing_flashinfer(make_cache):
     cache = make_cache([4, 6])
     q = torch.randn(5, 4, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"qo_lens\[0\]=5"):

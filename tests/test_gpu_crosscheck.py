@@ -12,6 +12,7 @@ round the probabilities to bf16 before P.V, so no 16-bit kernel is expected belo
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 
@@ -74,24 +75,19 @@ def _fmt(x) -> str:
     return f"{x:.2e}" if isinstance(x, float) else str(x)
 
 
-def make_cache(lens, kv_dtype, granularity, block_size, layout="NHD", seed=0, scales=None):
-    """Ragged random K/V with per-head (and a few outlier-channel) magnitudes.
+# This module's K/V, drawn on the GPU: per-head (and a few outlier-channel) magnitudes.
+SPREAD = dict(num_kv_heads=HKV, head_dim=HEAD_DIM, draw_device="cuda", k_head_gain=[0.5, 1.0, 2.0, 4.0],
+              v_head_gain=[1.0, 0.5, 2.0, 0.25], k_outlier_channels=slice(7, None, 32), k_outlier_gain=8.0)
+# Scales: amax for e4m3; the engines' presets (amax/200 for K, amax/100 for V) for e5m2, whose amax
+# scaling puts codes near 57344, where FlashInfer's tensor-core decode breaks down (see
+# test_flashinfer_tensor_core_e5m2_near_max).
+ENGINE_SCALES = {"fp8_e5m2": dict(k_scale="vllm_k", v_scale="vllm_v")}
 
-    Scales: amax for e4m3; the engines' presets (amax/200 for K, amax/100 for V) for e5m2, whose
-    amax scaling puts codes near 57344, where FlashInfer's tensor-core decode breaks down
-    (see test_flashinfer_tensor_core_e5m2_near_max).
-    """
-    if scales is None:
-        scales = dict(k_scale="vllm_k", v_scale="vllm_v") if kv_dtype == "fp8_e5m2" else {}
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    n = max(lens)
-    k = torch.randn(len(lens), n, HKV, HEAD_DIM, generator=g, device="cuda")
-    v = torch.randn(len(lens), n, HKV, HEAD_DIM, generator=g, device="cuda")
-    k = k * torch.tensor([0.5, 1.0, 2.0, 4.0], device="cuda")[:, None]
-    v = v * torch.tensor([1.0, 0.5, 2.0, 0.25], device="cuda")[:, None]
-    k[..., 7::32] *= 8.0  # outlier channels, as real keys have
-    return PagedKVCache.from_dense(k, v, lens, block_size=block_size, kv_dtype=kv_dtype,
-                                   granularity=granularity, layout=layout, seed=seed, **scales)
+
+@pytest.fixture(name="make_cache")
+def _spread_cache(make_cache):
+    """The shared cache factory (conftest) with this module's :data:`SPREAD`, on the GPU."""
+    return functools.partial(make_cache, **SPREAD)
 
 
 def ragged_lens(block_size: int) -> list[int]:
@@ -108,9 +104,10 @@ CASES += [("fp8_e4m3", "channel", 4, 16, "NHD"), ("fp8_e4m3", "head", 8, 16, "HN
 
 
 @pytest.mark.parametrize("kv_dtype,granularity,group,block_size,layout", CASES)
-def test_flashinfer_triton_reference(kv_dtype, granularity, group, block_size, layout):
+def test_flashinfer_triton_reference(kv_dtype, granularity, group, block_size, layout, make_cache):
     lens = ragged_lens(block_size)
-    cache = make_cache(lens, kv_dtype, granularity, block_size, layout, seed=block_size + group)
+    cache = make_cache(lens, kv_dtype=kv_dtype, granularity=granularity, block_size=block_size, layout=layout,
+                       seed=block_size + group, **ENGINE_SCALES.get(kv_dtype, {}))
     q = torch.randn(len(lens), HKV * group, HEAD_DIM, device="cuda").to(torch.bfloat16)
 
     out_ref, lse_ref = reference.decode(q, cache)
@@ -134,12 +131,12 @@ def test_flashinfer_triton_reference(kv_dtype, granularity, group, block_size, l
     assert l_tr <= max(2 * l_fi, LSE_FLOOR), f"Triton LSE {l_tr:.2e} vs FlashInfer {l_fi:.2e}"
 
 
-def test_cuda_core_decode_path():
+def test_cuda_core_decode_path(make_cache):
     """use_tensor_cores=False runs FlashInfer's CUDA-core decode kernel: same answers."""
     from fp8kv.backends.flashinfer import decode as fi_decode
 
     lens = ragged_lens(16)
-    cache = make_cache(lens, "fp8_e4m3", "head", 16, seed=21)
+    cache = make_cache(lens, kv_dtype="fp8_e4m3", granularity="head", block_size=16, seed=21)
     q = torch.randn(len(lens), HKV * 4, HEAD_DIM, device="cuda").to(torch.bfloat16)
     out_ref, lse_ref = reference.decode(q, cache)
     out_tc, _ = fi_decode(q, cache, use_tensor_cores=True)
@@ -215,11 +212,11 @@ def _prefill_reference(q, qo_lens, cache, causal):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_prefill_matches_reference(causal):
+def test_prefill_matches_reference(causal, make_cache):
     from fp8kv.backends.flashinfer import prefill
 
     lens, qo_lens = [17, 64, 100], [1, 16, 33]
-    cache = make_cache(lens, "fp8_e4m3", "head", 16, seed=5)
+    cache = make_cache(lens, kv_dtype="fp8_e4m3", granularity="head", block_size=16, seed=5)
     q = torch.randn(sum(qo_lens), HKV * 4, HEAD_DIM, device="cuda").to(torch.bfloat16)
     out, lse = prefill(q, qo_lens, cache, causal=causal)
     out_ref, lse_ref = _prefill_reference(q, qo_lens, cache, causal)
@@ -234,12 +231,12 @@ def test_prefill_matches_reference(causal):
         assert rel_err(out[last], out_dec) <= FLOOR
 
 
-def test_run_is_cuda_graph_capturable():
+def test_run_is_cuda_graph_capturable(make_cache):
     """plan once, capture run(q) (folding, kernel, output scaling, LSE units), replay on new queries."""
     from fp8kv.backends.flashinfer import FlashInferDecode
 
     lens = ragged_lens(16)
-    cache = make_cache(lens, "fp8_e4m3", "head", 16, seed=9)
+    cache = make_cache(lens, kv_dtype="fp8_e4m3", granularity="head", block_size=16, seed=9)
     dec = FlashInferDecode(cache, use_cuda_graph=True)
     dec.plan(cache, num_qo_heads=HKV * 4, q_dtype=torch.bfloat16)
     q_static = torch.randn(len(lens), HKV * 4, HEAD_DIM, device="cuda").to(torch.bfloat16)
@@ -266,10 +263,10 @@ def test_run_is_cuda_graph_capturable():
 
 
 
-def _e5m2_near_max_errors():
+def _e5m2_near_max_errors(make_cache):
     """Errors of each decode on an e5m2 cache with amax scales (codes up to 57344)."""
     lens = ragged_lens(16)
-    cache = make_cache(lens, "fp8_e5m2", "tensor", 16, scales=dict(scale="amax"))
+    cache = make_cache(lens, kv_dtype="fp8_e5m2", granularity="tensor", block_size=16, scale="amax")
     q = torch.randn(len(lens), HKV * 4, HEAD_DIM, device="cuda").to(torch.bfloat16)
     out_ref, _ = reference.decode(q, cache)
     errs = {}
@@ -281,8 +278,8 @@ def _e5m2_near_max_errors():
     return errs
 
 
-def test_e5m2_near_max_cuda_core_and_triton():
-    errs = _e5m2_near_max_errors()
+def test_e5m2_near_max_cuda_core_and_triton(make_cache):
+    errs = _e5m2_near_max_errors(make_cache)
     assert errs["fi_cc"] <= FI_GROSS, errs
     assert errs["triton"] <= FLOOR, errs
 
@@ -291,5 +288,5 @@ def test_e5m2_near_max_cuda_core_and_triton():
     "FlashInfer 0.6.13 tensor-core decode with e5m2 KV whose codes reach ~57344 (amax scaling): measured "
     "relative error 0.86 on an H200, against 1.7e-3 for its CUDA-core decode and for engine-style scales. "
     "Strict: this starts failing (XPASS) once FlashInfer fixes it."))
-def test_flashinfer_tensor_core_e5m2_near_max():
-    assert _e5m2_near_max_errors()["fi_tc"] <= FI_GROSS
+def test_flashinfer_tensor_core_e5m2_near_max(make_cache):
+    assert _e5m2_near_max_errors(make_cache)["fi_tc"] <= FI_GROSS

@@ -114,7 +114,7 @@ def test_windows_split_and_bos():
 
 def test_config_validation():
     with pytest.raises(ValueError, match="e3m4"):
-        KVQuantConfig(fmt="e3m4")
+        KVQuantConfig(kv_dtype="e3m4")
     with pytest.raises(ValueError, match="granularity"):
         KVQuantConfig(granularity="block")
     with pytest.raises(ValueError, match="scale_factor"):
@@ -122,7 +122,8 @@ def test_config_validation():
     with pytest.raises(ValueError, match="k_scale"):
         KVQuantConfig(k_scale=-1.0)
     assert KVQuantConfig().label == "e4m3 tensor k=amax v=amax"
-    assert KVQuantConfig(fmt="fp8_e5m2").fmt == "e5m2"
+    assert KVQuantConfig(kv_dtype="e5m2").kv_dtype == "fp8_e5m2"
+    assert KVQuantConfig(kv_dtype="fp8_e5m2").fp8_format.name == "e5m2"
 
 
 # ---------------------------------------------------------------------------------- capture
@@ -149,7 +150,7 @@ def test_hook_is_transparent_in_fp32(smol):
     ids = text_tokens(tok, 40)
     with torch.no_grad():
         ref = model(input_ids=ids[None], use_cache=False).logits[0]
-    logits, _ = run_quantized(model, ids, KVQuantConfig(fmt="fp32"))
+    logits, _ = run_quantized(model, ids, KVQuantConfig(kv_dtype="fp32"))
     torch.testing.assert_close(logits, ref, rtol=0, atol=0)
 
 
@@ -357,7 +358,7 @@ def test_decode_paged_bf16_matches_teacher_forcing(smol):
     prompt = text_tokens(tok, 16, offset=3000)
     res = greedy_decode_paged(model, prompt, 5, "bf16", return_logits=True)
     assert res.match_fraction == 1.0 and res.first_divergence is None and res.saturated == [0] * N_LAYERS
-    logits, _ = _teacher_forced(model, prompt, res, KVQuantConfig(fmt="bf16"))
+    logits, _ = _teacher_forced(model, prompt, res, KVQuantConfig(kv_dtype="bf16"))
     # bf16 steps are 32x finer than e4m3's, so rounding flips are small: measured <= 6e-4.
     assert_rel_err(res.logits, logits, 2e-3, "paged bf16 decode vs teacher forcing")
     with pytest.raises(ValueError, match="n_new"):

@@ -45,23 +45,15 @@ def check(assert_rel_err):
     return _check
 
 
-def make_cache(lens, hkv, d, kv_dtype, gen, layout="NHD", gran="tensor", spread=1.0):
-    b, t = len(lens), max(lens)
-    k = (torch.randn(b, t, hkv, d, generator=gen) * spread).to(torch.bfloat16)
-    v = torch.randn(b, t, hkv, d, generator=gen).to(torch.bfloat16)
-    cache = PagedKVCache.from_dense(k, v, lens, block_size=16, kv_dtype=kv_dtype, granularity=gran,
-                                    layout=layout)
-    return cache, k, v
-
-
 @pytest.mark.parametrize("hq, hkv", [(4, 4), (8, 2), (16, 2), (8, 1)], ids=["mha", "g4", "g8", "mqa"])
 @pytest.mark.parametrize("kv_dtype, gran, layout, d", [("fp8_e4m3", "tensor", "NHD", 24),
                                                        ("fp8_e5m2", "token_head", "HND", 40),
                                                        ("fp8_e4m3", "channel", "HND", 24),
                                                        ("fp8_e4m3", "head", "NHD", 40),
                                                        ("bf16", "tensor", "NHD", 40)])
-def test_decode_matches_dense_softmax(hq, hkv, d, kv_dtype, gran, layout, gen, check):
-    cache, k, v = make_cache(LENS, hkv, d, kv_dtype, gen, layout, gran)
+def test_decode_matches_dense_softmax(hq, hkv, d, kv_dtype, gran, layout, gen, check, make_cache):
+    cache, k, v = make_cache(LENS, hkv, d, kv_dtype=kv_dtype, generator=gen, layout=layout, granularity=gran,
+                             dtype=torch.bfloat16, dense=True)
     q = torch.randn(len(LENS), hq, d, generator=gen).to(torch.bfloat16)
     out, lse = decode(q, cache)
     assert out.shape == (5, hq, d) and lse.shape == (5, hq)
@@ -75,8 +67,8 @@ def test_decode_matches_dense_softmax(hq, hkv, d, kv_dtype, gran, layout, gen, c
 
 
 @pytest.mark.parametrize("sm_scale", [0.05, 1.0, 3.0])
-def test_non_default_sm_scale(sm_scale, gen, check):
-    cache, _, _ = make_cache([54, 17, 1], 2, 40, "fp8_e4m3", gen, spread=4.0)
+def test_non_default_sm_scale(sm_scale, gen, check, make_cache):
+    cache = make_cache([54, 17, 1], 2, 40, kv_dtype="fp8_e4m3", generator=gen, dtype=torch.bfloat16, k_spread=4.0)
     q = torch.randn(3, 8, 40, generator=gen) * 2  # fp32 query; sm_scale 3 makes peaked softmaxes
     out, lse = decode(q, cache, sm_scale=sm_scale)
     ks, vs = zip(*(cache.gather(i) for i in range(3)), strict=True)
@@ -86,8 +78,8 @@ def test_non_default_sm_scale(sm_scale, gen, check):
     assert not torch.allclose(default_out, out)  # the argument is really used
 
 
-def test_single_token_sequence_returns_its_value(gen):
-    cache, _, _ = make_cache([1, 1], 2, 24, "bf16", gen)
+def test_single_token_sequence_returns_its_value(gen, make_cache):
+    cache = make_cache([1, 1], 2, 24, kv_dtype="bf16", generator=gen, dtype=torch.bfloat16)
     q = torch.randn(2, 4, 24, generator=gen)
     out, lse = decode(q, cache, sm_scale=0.5)
     for i in range(2):
@@ -126,8 +118,8 @@ def test_empty_sequence_is_a_clear_error(gen):
         decode(torch.randn(3, 4, 24), cache)
 
 
-def test_input_errors_by_message(gen):
-    cache, _, _ = make_cache([5, 17], 2, 24, "fp8_e4m3", gen)
+def test_input_errors_by_message(gen, make_cache):
+    cache = make_cache([5, 17], 2, 24, kv_dtype="fp8_e4m3", generator=gen, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match=r"q must be a torch.Tensor \[B, Hq, D\], got list"):
         decode([[0.0]], cache)
     with pytest.raises(TypeError, match=r"cache must be a fp8kv.PagedKVCache, got dict"):

@@ -18,7 +18,7 @@ from ..capability import BACKENDS, KV_DTYPES, MODES
 from ..capability import check as capability_check
 from ..checks import fail as _fail
 from ..formats import UNQUANTIZED_DTYPES
-from ..quant import GRANULARITIES, SCALE_BYTES
+from ..quant import GRANULARITIES, kv_scale_bytes
 from ..reference import output_tolerance
 from ..synthetic import CHUNK_ELEMS
 
@@ -127,11 +127,9 @@ def bytes_moved(case: Case, seq_lens: Sequence[int] | None = None) -> dict:
     tokens = sum(lens) if case.window is None else sum(min(n, case.window) for n in lens)
     hkv, d = case.num_kv_heads, case.head_dim
     kv = tokens * hkv * d * 2 * _elem_size(case.kv_dtype)
-    if not case.is_fp8:
-        scales = 0
-    else:
-        scales = 2 * SCALE_BYTES * {"tensor": 1, "head": hkv, "channel": hkv * d,
-                                    "token_head": tokens * hkv}[case.granularity]
+    fixed, per_token = kv_scale_bytes(case.granularity if case.is_fp8 else None, num_layers=1, num_kv_heads=hkv,
+                                      head_dim=d)
+    scales = fixed + per_token * tokens
     q = case.batch * case.num_q_heads * d * Q_DTYPES[case.q_dtype].itemsize
     out = case.batch * case.num_q_heads * d * _out_elem_size(case)
     return {"kv": kv, "scales": scales, "q": q, "out": out, "total": kv + scales + q + out}
@@ -150,9 +148,9 @@ def footprint_bytes(case: Case) -> int:
     num_blocks = case.batch * math.ceil(case.context / bs)
     page_elems = num_blocks * bs * case.num_kv_heads * case.head_dim
     pages = 2 * page_elems * _elem_size(case.kv_dtype)
-    scales = 0
-    if case.is_fp8 and case.granularity == "token_head":
-        scales = 2 * 2 * num_blocks * bs * case.num_kv_heads * SCALE_BYTES  # built + the cache's own copy
+    _, scale_per_token = kv_scale_bytes(case.granularity if case.is_fp8 else None, num_layers=1,
+                                        num_kv_heads=case.num_kv_heads, head_dim=case.head_dim)
+    scales = 2 * num_blocks * bs * scale_per_token  # per-token scales: built + the cache's own copy
     build = min(page_elems, CHUNK_ELEMS) * 4 * 3 if case.is_fp8 else min(page_elems, CHUNK_ELEMS) * 4
     check = 2 * 2 * case.context * case.num_kv_heads * case.head_dim * 4  # two gathered fp32 sequences
     partials = case.batch * case.num_q_heads * 128 * (case.head_dim + 1) * 4  # ≤ 128 splits in fp32

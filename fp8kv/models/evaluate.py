@@ -54,8 +54,8 @@ def standard_configs(k_scales=None, v_scales=None, *, smoke: bool = False) -> li
         KVQuantConfig(name="e4m3 channel amax", granularity="channel"),
         KVQuantConfig(name="e4m3 token_head", granularity="token_head"),
         k_only, v_only,
-        KVQuantConfig(name="e5m2 tensor amax", fmt="e5m2"),
-        KVQuantConfig(name="fp16", fmt="fp16"),
+        KVQuantConfig(name="e5m2 tensor amax", kv_dtype="fp8_e5m2"),
+        KVQuantConfig(name="fp16", kv_dtype="fp16"),
         bad,
     ]
 
@@ -106,8 +106,8 @@ def evaluate(model, tokens, configs, *, window: int = 256, n_windows: int | None
 
     Returns
     -------
-    pandas.DataFrame, one row per configuration (the baseline first), columns: model, config, fmt,
-    granularity, k_scale, v_scale, scale_factor, quantize_k, quantize_v, window, n_windows,
+    pandas.DataFrame, one row per configuration (the baseline first), columns: model, config,
+    kv_dtype, granularity, k_scale, v_scale, scale_factor, quantize_k, quantize_v, window, n_windows,
     n_tokens, ppl_base, ppl, ppl_delta_pct, ppl_delta_pct_se, nll_delta, kl_mean, kl_p99, kl_max,
     top1_agree, k_saturated, v_saturated, k_sat_frac, v_sat_frac, k_underflow, v_underflow,
     k_underflow_frac, v_underflow_frac, attn_rel_err_mean, attn_rel_err_max. With ``per_layer=True``,

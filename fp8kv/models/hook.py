@@ -14,7 +14,7 @@ What a handler does with K/V:
   (``fp8kv.quant.quantize``: stored = Q(x / scale), dequantized = stored x scale, see
   ``fp8kv/quant.py``) and run attention in the model's dtype on the dequantized values. Every
   query reads every key through the quantized copy, the token's own included, as in decode.
-* The baseline is a bf16 KV cache: K/V rounded through bf16 (``fmt="bf16"``). The model itself
+* The baseline is a bf16 KV cache: K/V rounded through bf16 (``kv_dtype="bf16"``). The model itself
   computes in fp32 on CPU because bf16 matmuls are several times slower there.
 * A side that is not quantized (``quantize_k=False`` or ``quantize_v=False``) is rounded to bf16
   like the baseline, so K-vs-V attribution compares against the baseline only.
@@ -29,8 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats import UNQUANTIZED_DTYPES
-from ..formats import format as fp8_format
+from ..formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, FP8Format, kv_dtype_info
 from ..quant import GRANULARITIES, SCALE_METHODS, compute_scale, quantize
 from .loading import windows
 
@@ -184,6 +183,10 @@ def _describe_scale(value) -> str:
     return "per-layer"
 
 
+# What a simulated cache may store: the package's KV dtypes, and fp32 (an exact cache).
+KV_CONFIG_DTYPES = (*KV_DTYPE_NAMES, "fp32")
+
+
 @dataclass
 class KVQuantConfig:
     """How K and V are stored in the simulated KV cache.
@@ -191,8 +194,9 @@ class KVQuantConfig:
     Parameters
     ----------
     name : label used in result tables (default: built from the fields).
-    fmt : FP8 format (``"e4m3"``, ``"e5m2"``, ``"e4m3fnuz"``, ...), or ``"bf16"`` / ``"fp16"`` /
-        ``"fp32"`` for a 16/32-bit cache (K/V rounded through that dtype).
+    kv_dtype : the cache's element type, named as everywhere in fp8kv (``"fp8_e4m3"``, ``"fp8_e5m2"``,
+        ``"bf16"``, ``"fp16"``; the aliases of :func:`fp8kv.formats.kv_dtype_info`, such as ``"e4m3"``, are
+        normalised), or ``"fp32"`` for an exact cache. 16/32-bit caches round K/V through that dtype.
     granularity : ``"tensor"``, ``"head"``, ``"token_head"`` or ``"channel"`` (see ``fp8kv.quant``).
     k_scale, v_scale : how the scale is found, per layer: ``None``/``"amax"`` (from the K/V of the
         current forward: the best static scale in hindsight), ``"percentile"``, ``"vllm_k"``,
@@ -205,7 +209,7 @@ class KVQuantConfig:
     """
 
     name: str | None = None
-    fmt: str = "e4m3"
+    kv_dtype: str = "fp8_e4m3"
     granularity: str = "tensor"
     k_scale: object = "amax"
     v_scale: object = "amax"
@@ -215,10 +219,14 @@ class KVQuantConfig:
     percentile: float = 99.9
 
     def __post_init__(self):
-        if not isinstance(self.fmt, str):
-            raise TypeError(f"fmt must be a format name string; got {type(self.fmt).__name__}")
-        if self.fmt not in UNQUANTIZED_DTYPES:
-            self.fmt = fp8_format(self.fmt).name  # ValueError names the accepted formats
+        if not isinstance(self.kv_dtype, str):
+            raise TypeError(f"kv_dtype={self.kv_dtype!r} ({type(self.kv_dtype).__name__}); expected a name among "
+                            f"{KV_CONFIG_DTYPES}")
+        if self.kv_dtype not in UNQUANTIZED_DTYPES:
+            try:
+                self.kv_dtype = kv_dtype_info(self.kv_dtype)[0]
+            except ValueError:
+                raise ValueError(f"kv_dtype={self.kv_dtype!r}; expected one of {KV_CONFIG_DTYPES}") from None
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"granularity={self.granularity!r}; expected one of {GRANULARITIES}")
         _check_scale(self.k_scale, "k_scale")
@@ -229,15 +237,20 @@ class KVQuantConfig:
 
     @property
     def is_fp8(self) -> bool:
-        return self.fmt not in UNQUANTIZED_DTYPES
+        return self.kv_dtype not in UNQUANTIZED_DTYPES
+
+    @property
+    def fp8_format(self) -> FP8Format | None:
+        """The FP8 format K/V are stored in (None for a 16/32-bit cache)."""
+        return kv_dtype_info(self.kv_dtype)[2] if self.is_fp8 else None
 
     @property
     def label(self) -> str:
         if self.name:
             return self.name
         if not self.is_fp8:
-            return self.fmt
-        parts = [self.fmt, self.granularity, f"k={_describe_scale(self.k_scale)}",
+            return self.kv_dtype
+        parts = [self.fp8_format.name, self.granularity, f"k={_describe_scale(self.k_scale)}",
                  f"v={_describe_scale(self.v_scale)}"]
         if self.scale_factor != 1.0:
             parts.append(f"x{self.scale_factor:g}")
@@ -249,7 +262,7 @@ class KVQuantConfig:
 
     def describe(self) -> dict:
         """The configuration as plain columns for result tables."""
-        return dict(config=self.label, fmt=self.fmt, granularity=self.granularity if self.is_fp8 else "-",
+        return dict(config=self.label, kv_dtype=self.kv_dtype, granularity=self.granularity if self.is_fp8 else "-",
                     k_scale=_describe_scale(self.k_scale) if self.is_fp8 else "-",
                     v_scale=_describe_scale(self.v_scale) if self.is_fp8 else "-",
                     scale_factor=self.scale_factor, quantize_k=self.quantize_k, quantize_v=self.quantize_v)
@@ -265,7 +278,7 @@ class KVQuantConfig:
         return spec
 
 
-BASELINE = KVQuantConfig(name="bf16", fmt="bf16")
+BASELINE = KVQuantConfig(name="bf16", kv_dtype="bf16")
 
 
 def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
@@ -278,17 +291,17 @@ def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
     amax = float(x.detach().abs().amax()) if x.numel() else 0.0
     info = dict(saturated=0, underflow=0, numel=x.numel(), scale=float("nan"), amax=amax)
     if not cfg.is_fp8 or not quantize_side:
-        dtype = UNQUANTIZED_DTYPES[cfg.fmt] if not cfg.is_fp8 else torch.bfloat16
+        dtype = UNQUANTIZED_DTYPES[cfg.kv_dtype] if not cfg.is_fp8 else torch.bfloat16
         return _round(x, dtype), info
     xt = x.transpose(1, 2)  # [B, T, H, D]: leading dims are tokens, as fp8kv.quant expects
     spec = cfg.layer_scale(which, layer)
     if isinstance(spec, str):
-        s = compute_scale(xt, cfg.fmt, cfg.granularity, spec, cfg.percentile)
+        s = compute_scale(xt, cfg.fp8_format, cfg.granularity, spec, cfg.percentile)
     else:
         s = torch.as_tensor(spec, dtype=torch.float32, device=x.device)
     if cfg.scale_factor != 1.0:
         s = s * cfg.scale_factor
-    q = quantize(xt, cfg.fmt, cfg.granularity, scale=s, percentile=cfg.percentile)
+    q = quantize(xt, cfg.fp8_format, cfg.granularity, scale=s, percentile=cfg.percentile)
     info.update(saturated=q.saturated, underflow=q.underflow, scale=float(q.scale.mean()))
     return q.dequantize(torch.float32).to(x.dtype).transpose(1, 2), info
 
@@ -496,7 +509,8 @@ def calibrate_scales(model, calibration_ids, cfg: KVQuantConfig | None = None, *
     """
     cfg = cfg or KVQuantConfig()
     if not cfg.is_fp8:
-        raise ValueError(f"cfg.fmt={cfg.fmt!r}: calibration derives FP8 scales; use an FP8 format")
+        raise ValueError(f"cfg.kv_dtype={cfg.kv_dtype!r}: calibration derives FP8 scales; use an FP8 kv_dtype "
+                         f"such as 'fp8_e4m3'")
     if cfg.granularity == "token_head":
         raise ValueError("granularity='token_head' computes scales per token at write time; nothing to calibrate")
     ids = torch.as_tensor(calibration_ids)
@@ -514,6 +528,6 @@ def calibrate_scales(model, calibration_ids, cfg: KVQuantConfig | None = None, *
         return spec if isinstance(spec, str) else default
 
     km, vm = method(cfg.k_scale, "amax"), method(cfg.v_scale, "amax")
-    k_scales = [compute_scale(torch.cat(x), cfg.fmt, cfg.granularity, km, cfg.percentile) for x in ks]
-    v_scales = [compute_scale(torch.cat(x), cfg.fmt, cfg.granularity, vm, cfg.percentile) for x in vs]
+    k_scales = [compute_scale(torch.cat(x), cfg.fp8_format, cfg.granularity, km, cfg.percentile) for x in ks]
+    v_scales = [compute_scale(torch.cat(x), cfg.fp8_format, cfg.granularity, vm, cfg.percentile) for x in vs]
     return k_scales, v_scales

@@ -1,0 +1,65 @@
+"""Measurements behind the notebooks, one module per question; every public name is re-exported here.
+
+Every function returns tidy pandas DataFrames (one measurement per row, every condition a column),
+so notebooks only choose inputs, call, draw and save, and results of several GPUs concatenate.
+
+* :mod:`~fp8kv.analysis.roundtrip` (notebook 01): what one FP8 cast does to values.
+* :mod:`~fp8kv.analysis.errors` (notebook 02): the error of FP8 K, V and of the attention output by
+  format × granularity × scale method, K-vs-V attribution, saturation, context length, real activations.
+* :mod:`~fp8kv.analysis.kv_stats` (notebook 02): what K and V look like (outlier channels, tails).
+* :mod:`~fp8kv.analysis.capacity` (notebook 03): tokens per GPU, FP8 over 16-bit, the accounting
+  step by step, real caches' bytes beside the formula.
+* :mod:`~fp8kv.analysis.decode_grids` (notebook 04): the decode-latency grid presets.
+* :mod:`~fp8kv.analysis.accuracy` (notebook 06): real models with an FP8 KV cache.
+* :mod:`~fp8kv.analysis.selection`: names a notebook selects from a registry, checked.
+"""
+
+from .accuracy import (
+    LAYER_METRICS,
+    SUMMARY_COLUMNS,
+    AccuracyRun,
+    greedy_decode_table,
+    model_accuracy,
+    model_descriptions,
+    printable_decodes,
+    printable_text,
+)
+from .capacity import (
+    capacity_grid,
+    capacity_walkthrough,
+    capacity_walkthroughs,
+    measured_cache_bytes,
+    measured_vs_formula,
+    ratio_per_model,
+    tokens_ratio,
+    walkthrough_text,
+)
+from .decode_grids import DECODE_GRIDS, DecodeGrid, decode_grid
+from .errors import (
+    QUANTIZE,
+    SCALE_LABELS,
+    SCALE_METHODS,
+    attend,
+    attribution,
+    error_vs_context,
+    key_numbers,
+    quantization_error,
+    quantization_results,
+    real_kv_error,
+    real_kv_error_or_reason,
+    saturation_long,
+    scale_argument,
+    synthetic_vs_real,
+)
+from .kv_stats import channel_amax, describe_kv
+from .roundtrip import cast_comparison, roundtrip_sweep, scale_sweep
+from .selection import format_names, registry_names
+
+__all__ = ["SCALE_LABELS", "SCALE_METHODS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
+           "error_vs_context", "attribution", "key_numbers", "saturation_long", "describe_kv", "channel_amax",
+           "real_kv_error", "real_kv_error_or_reason", "synthetic_vs_real", "quantization_results",
+           "capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough", "capacity_walkthroughs",
+           "walkthrough_text", "measured_cache_bytes", "measured_vs_formula", "roundtrip_sweep", "scale_sweep",
+           "cast_comparison", "DecodeGrid", "DECODE_GRIDS", "decode_grid", "registry_names", "format_names",
+           "SUMMARY_COLUMNS", "LAYER_METRICS", "AccuracyRun", "model_accuracy", "model_descriptions",
+           "printable_text", "printable_decodes", "greedy_decode_table"]

@@ -1,0 +1,233 @@
+"""How many tokens fit (notebook 03): the planner over models × GPUs, FP8 over 16-bit ratios, the
+accounting step by step, and real caches' bytes beside the formula.
+
+:func:`capacity_grid` wraps :func:`fp8kv.capacity.capacity_table`; :func:`tokens_ratio` gives the
+FP8-over-16-bit token ratio; :func:`capacity_walkthrough` redoes the planner's block-granular
+accounting step by step from the model shape (:func:`walkthrough_text` prints it);
+:func:`measured_vs_formula` builds real :class:`~fp8kv.cache.PagedKVCache` objects and compares
+their ``nbytes`` with the formula.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import checks
+from ..cache import PagedKVCache
+from ..capacity import GIB, WEIGHT_BYTES, capacity_table, plan_capacity, resolve_model
+from ..formats import kv_dtype_info
+from ..quant import GRANULARITIES, SCALE_BYTES, kv_scale_bytes
+
+__all__ = ["capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough", "capacity_walkthroughs",
+           "walkthrough_text", "measured_cache_bytes", "measured_vs_formula"]
+
+
+def capacity_grid(models, gpus, kv_dtypes=("bf16", "fp8_e4m3"), granularities=("tensor",), *,
+                  device_memory_gib: float | None = None, device_label: str = "this device", **kw):
+    """:func:`fp8kv.capacity.capacity_table` over ``gpus`` (names), plus this device when given.
+
+    ``device_memory_gib`` (e.g. ``describe_device()["memory_gib"]`` on a GPU) adds a GPU of that
+    total, whose ``gpu`` column is ``device_label``. Adds ``tokens_per_gib`` (tokens per GiB of
+    KV budget) and ``scale_fraction`` (scale bytes over all KV bytes in use: pages plus scales, at
+    full occupancy); both NaN where the model does not fit. ``kw`` goes to ``plan_capacity``
+    (utilization, block_size, max_model_len).
+    """
+    import pandas as pd
+
+    gpus = [gpus] if isinstance(gpus, str) else list(gpus)
+    frames = [capacity_table(models, gpus, kv_dtypes, granularities, **kw)] if gpus else []
+    if device_memory_gib is not None:
+        dev = capacity_table(models, [float(device_memory_gib)], kv_dtypes, granularities, **kw)
+        frames.append(dev.assign(gpu=device_label))
+    if not frames:
+        raise ValueError("no GPU to plan for: pass gpus names and/or device_memory_gib")
+    table = pd.concat(frames, ignore_index=True)
+    if "kv_budget_bytes" in table:
+        table["tokens_per_gib"] = table["tokens"] / (table["kv_budget_bytes"] / GIB)
+        used = table["tokens"] * table["bytes_per_token"] + table["fixed_scale_bytes"]
+        table["scale_fraction"] = table["scale_overhead_bytes"] / used
+    return _none_for_missing(table, "granularity")
+
+
+def _none_for_missing(df, column):
+    """16-bit rows have no granularity: keep it None (JSON null), not pandas' NaN."""
+    df[column] = df[column].astype(object).where(df[column].notna(), None)
+    return df
+
+
+def tokens_ratio(table, numerator: str = "fp8_e4m3", denominator: str = "bf16"):
+    """Tokens of ``numerator`` over tokens of ``denominator`` kv_dtype, per model × GPU × granularity.
+
+    ``table``: a :func:`capacity_grid` / ``capacity_table`` result. Only plans that fit in both
+    dtypes are compared. Returns columns model, gpu, granularity, tokens_<num>, tokens_<den>,
+    blocks_<den>, ratio, and ``ratio_upper`` = element-size ratio × (1 + 1 / blocks_<den>): whole
+    blocks make the ratio exceed the element-size ratio (2 for bf16 → FP8) by at most one block's
+    worth, while scales only lower it.
+    """
+    gpu_col = "gpu"
+    fits = table[table["fits"]] if "fits" in table.columns else table
+    num = fits[fits["kv_dtype"] == kv_dtype_info(numerator)[0]]
+    den = fits[fits["kv_dtype"] == kv_dtype_info(denominator)[0]]
+    if num.empty or den.empty:
+        raise ValueError(f"table has no fitting rows for kv_dtype {numerator!r} and/or {denominator!r}")
+    den = den[["model", gpu_col, "tokens", "blocks", "element_size"]]
+    merged = num[["model", gpu_col, "granularity", "tokens", "element_size"]].merge(
+        den, on=["model", gpu_col], suffixes=("_num", "_den"))
+    merged["ratio"] = merged["tokens_num"] / merged["tokens_den"]
+    elem = merged["element_size_den"] / merged["element_size_num"]
+    # blocks_num <= floor(a·x) < a·(floor(x) + 1), x = budget / block_bytes_den: at most a·(1 + 1/blocks_den).
+    merged["ratio_upper"] = elem * (1 + 1 / merged["blocks"])
+    return merged.rename(columns={"tokens_num": f"tokens_{numerator}", "tokens_den": f"tokens_{denominator}",
+                                  "blocks": f"blocks_{denominator}"}).drop(
+        columns=["element_size_num", "element_size_den"])
+
+
+def ratio_per_model(ratios, gpu: str, granularity: str = "tensor"):
+    """One :func:`tokens_ratio` row per model: on ``gpu`` when the model fits there, else on the
+    first GPU of the table where it fits (the ``gpu`` column says which). A DataFrame."""
+    checks.one_of(granularity, "granularity", GRANULARITIES)
+    part = ratios[ratios["granularity"] == granularity]
+    if part.empty:
+        raise ValueError(f"ratios has no rows of granularity {granularity!r}")
+    rows = []
+    for _, group in part.groupby("model", sort=False):
+        here = group[group["gpu"] == gpu]
+        rows.append((here if len(here) else group).iloc[0])
+    return type(part)(rows).reset_index(drop=True)
+
+
+def capacity_walkthrough(model, kv_dtype, gpu, *, utilization: float = 0.9, block_size: int = 16,
+                         granularity: str = "tensor", max_model_len: int | None = None,
+                         request_len: int | None = None):
+    """The engines' block-granular KV accounting, one step per row, recomputed and checked.
+
+    Each quantity is derived here from the model shape and the GPU total (the vLLM recipe in
+    ``fp8kv.capacity``'s docstring) and set beside :func:`~fp8kv.capacity.plan_capacity`'s value.
+    ``request_len`` (default ``max_model_len``) adds how many requests of that length fit when each
+    holds ``ceil(request_len / block_size)`` whole blocks, the last one partly empty.
+
+    Returns
+    -------
+    pandas.DataFrame with columns step, formula, value, planner (the planner's number or None),
+    match (bool or None).
+    """
+    import pandas as pd
+
+    plan = plan_capacity(model, kv_dtype, gpu_memory_gib=gpu, utilization=utilization, block_size=block_size,
+                         granularity=granularity, max_model_len=max_model_len)
+    shape = resolve_model(model)
+    _, tdtype, fmt = kv_dtype_info(kv_dtype)
+    elem = torch.empty(0, dtype=tdtype).element_size()
+    layers, hkv, d = shape.num_layers, shape.num_kv_heads, shape.head_dim
+    total = plan["gpu_memory_gib"] * GIB
+    weights = shape.num_params * WEIGHT_BYTES
+    budget = math.floor(total * utilization) - weights
+    gran = granularity if fmt is not None else None
+    fixed, scale_bpt = kv_scale_bytes(gran, num_layers=layers, num_kv_heads=hkv, head_dim=d)
+    data_bpt = layers * 2 * hkv * d * elem
+    bpt = data_bpt + scale_bpt
+    block_bytes = block_size * bpt
+    blocks = (budget - fixed) // block_bytes
+    tokens = blocks * block_size
+    mml = plan["max_model_len"]
+    req = mml if request_len is None else request_len
+    blocks_per_req = -(-req // block_size)
+    G = "GiB"
+    steps = [
+        ("GPU memory (driver total)", f"{plan['gpu_memory_gib']:.3f} {G} x 2^30", total, None),
+        ("weights", f"{shape.num_params:,} params x {WEIGHT_BYTES} bytes (bf16)", weights, plan["weights_bytes"]),
+        ("KV budget", f"floor(total x {utilization}) - weights", budget, plan["kv_budget_bytes"]),
+        ("fixed scale bytes", f"{gran} scales, fp32, per layer and K/V" if gran else "16-bit: no scales",
+         fixed, plan["fixed_scale_bytes"]),
+        ("bytes per token", f"{layers} layers x 2 (K,V) x {hkv} heads x {d} x {elem} B"
+         + (f" + {layers} x 2 x {hkv} x {SCALE_BYTES} B scales" if scale_bpt else ""), bpt, plan["bytes_per_token"]),
+        ("block bytes", f"{block_size} tokens x bytes per token", block_bytes, plan["block_bytes"]),
+        ("blocks", "floor((budget - fixed scales) / block bytes)", blocks, plan["blocks"]),
+        ("tokens", f"blocks x {block_size}", tokens, plan["tokens"]),
+        ("max concurrency", f"tokens / max_model_len ({mml})", tokens / mml, plan["max_concurrency"]),
+        (f"requests of {req} tokens", f"floor(blocks / ceil({req} / {block_size}))", blocks // blocks_per_req,
+         None),
+        (f"KV bytes left empty in a {req}-token request", f"({blocks_per_req} x {block_size} - {req}) x bytes "
+         "per token", (blocks_per_req * block_size - req) * bpt, None),
+    ]
+    rows = []
+    for step, formula, value, planner in steps:
+        match = None if planner is None else bool(math.isclose(value, planner, rel_tol=1e-12, abs_tol=0))
+        rows.append(dict(step=step, formula=formula, value=_exact(value), planner=_exact(planner), match=match))
+    return pd.DataFrame(rows, dtype=object)
+
+
+
+def capacity_walkthroughs(model, kv_dtypes, gpu, **kw) -> dict:
+    """:func:`capacity_walkthrough` of ``model`` on ``gpu`` for each of ``kv_dtypes``: ``{kv_dtype: steps}``.
+
+    ``kw`` (utilization, block_size, granularity, max_model_len, request_len) goes to each."""
+    kv_dtypes = [kv_dtypes] if isinstance(kv_dtypes, str) else list(kv_dtypes)
+    return {kv: capacity_walkthrough(model, kv, gpu, **kw) for kv in kv_dtypes}
+
+
+def walkthrough_text(walks: dict, model, gpu) -> str:
+    """:func:`capacity_walkthroughs` as aligned text: one block per KV dtype, one line per step (its
+    formula and value, and whether it equals the planner's number)."""
+    lines = []
+    for kv, steps in walks.items():
+        lines.append(f"{model} on {gpu}, KV {kv}:")
+        for s in steps.itertuples():
+            check = "" if s.match is None else ("  = planner" if s.match else f"  != planner {s.planner}")
+            value = f"{s.value:,.4f}" if isinstance(s.value, float) else f"{s.value:,}"
+            lines.append(f"  {s.step:<44} {s.formula:<58} {value:>20}{check}")
+        lines.append("")
+    return "\n".join(lines)
+
+def _exact(x):
+    """Integral numbers as int (byte counts print exactly), others unchanged."""
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    return x
+
+
+def measured_cache_bytes(model, kv_dtype, granularity: str = "tensor", *, kv_memory_gib: float,
+                         block_size: int = 16, device="cpu") -> dict:
+    """Allocate the planner's blocks for one layer as a real :class:`PagedKVCache`; compare bytes.
+
+    ``plan_capacity(model, kv_dtype, kv_memory_gib=...)`` says how many blocks fit in that budget
+    (over all layers). One layer's cache with exactly that many blocks is built
+    (``PagedKVCache.empty``), and ``nbytes × num_layers`` (pages plus scales, as allocated) is set
+    beside the formula ``bytes_per_token × tokens + fixed_scale_bytes``.
+
+    Returns a dict: model, kv_dtype, granularity, num_layers, blocks, tokens, layer_nbytes,
+    measured_bytes, formula_bytes, equal (bool), budget_bytes.
+    """
+    plan = plan_capacity(model, kv_dtype, kv_memory_gib=kv_memory_gib, block_size=block_size,
+                         granularity=granularity, max_model_len=block_size)
+    shape = resolve_model(model)
+    cache = PagedKVCache.empty(1, plan["tokens"], shape.num_kv_heads, shape.head_dim, block_size=block_size,
+                               kv_dtype=kv_dtype, granularity=granularity, device=device)
+    if cache.num_blocks != plan["blocks"]:  # empty() reserves ceil(tokens / block_size) = blocks
+        raise RuntimeError(f"cache has {cache.num_blocks} blocks, the plan {plan['blocks']}")
+    measured = cache.nbytes * shape.num_layers
+    formula = plan["bytes_per_token"] * plan["tokens"] + plan["fixed_scale_bytes"]
+    return dict(model=shape.name, kv_dtype=plan["kv_dtype"], granularity=plan["granularity"],
+                num_layers=shape.num_layers, blocks=plan["blocks"], tokens=plan["tokens"],
+                layer_nbytes=cache.nbytes, measured_bytes=measured, formula_bytes=formula,
+                equal=measured == formula, budget_bytes=plan["kv_budget_bytes"])
+
+
+def measured_vs_formula(models, kv_dtypes=("bf16", "fp8_e4m3"), granularities=GRANULARITIES, *,
+                        kv_memory_gib: float, block_size: int = 16, device="cpu"):
+    """:func:`measured_cache_bytes` for every model × kv_dtype × granularity (16-bit: once). A DataFrame."""
+    import pandas as pd
+
+    models = [models] if isinstance(models, str) else list(models)
+    kv_dtypes = [kv_dtypes] if isinstance(kv_dtypes, str) else list(kv_dtypes)
+    granularities = tuple(checks.many_of(granularities, "granularities", GRANULARITIES))
+    rows = []
+    for m in models:
+        for kd in kv_dtypes:
+            fp8 = kv_dtype_info(kd)[2] is not None
+            for gran in granularities if fp8 else granularities[:1]:
+                rows.append(measured_cache_bytes(m, kd, gran, kv_memory_gib=kv_memory_gib, block_size=block_size,
+                                                 device=device))
+    return _none_for_missing(pd.DataFrame(rows), "granularity")

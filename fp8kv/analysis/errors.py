@@ -1,0 +1,407 @@
+"""How much FP8 costs K, V and the attention output (notebook 02), measured against the originals.
+
+:func:`quantization_error` quantizes K and V with :func:`fp8kv.quant.quantize` for every format ×
+granularity × scale method and measures against the *original* tensors (quantization error, not
+kernel error): the relative error of K, of V, and of the attention output, computed by the fp32
+oracle :func:`fp8kv.reference.attention` with the quantized K and/or V against the same oracle on
+the originals. ``quantize="k"`` keeps V exact and ``"v"`` keeps K exact, which attributes the
+output error to K or V. Scales are computed from the data they quantize (the "calibrated on this
+very sequence" best case for static scales).
+
+Scale methods (names used in the tables): ``"1.0"`` (no scale: the engines' fallback when a
+checkpoint has none), ``"amax"`` (amax / fmt.max per group), ``"percentile"`` (the 99.9th
+percentile maps to fmt.max; larger values saturate) and ``"vllm"`` (vLLM's one-shot heuristic:
+K amax / 200, V amax / 100, whatever the format).
+
+Around it: :func:`error_vs_context` (the same on growing prefixes), :func:`attribution` (K's share
+of the output error), :func:`key_numbers`, :func:`saturation_long` (tables reshaped for results and
+figures), :func:`real_kv_error` (the same measurement on a real model's captured activations,
+through ``fp8kv.models``; :func:`real_kv_error_or_reason` says why not where it cannot run),
+:func:`synthetic_vs_real` and :func:`quantization_results` (the notebook's results file).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from .. import checks
+from ..formats import format as get_format
+from ..quant import GRANULARITIES, quantize, relative_error
+from ..reference import attention
+from .kv_stats import describe_kv
+from .selection import format_names
+
+__all__ = ["SCALE_LABELS", "SCALE_METHODS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
+           "error_vs_context", "attribution", "key_numbers", "saturation_long", "real_kv_error",
+           "real_kv_error_or_reason", "synthetic_vs_real", "quantization_results"]
+
+# The scales the error tables compare, as table labels; scale_argument turns each into quantize's
+# ``scale=`` (whose own vocabulary is fp8kv.quant.SCALE_METHODS).
+SCALE_LABELS = ("1.0", "amax", "percentile", "vllm")
+SCALE_METHODS = SCALE_LABELS  # the former name, kept for notebooks that read it
+QUANTIZE = ("kv", "k", "v")  # which of K / V is quantized; the other stays exact
+
+
+def _check_qkv(k, v, q) -> torch.Tensor:
+    for name, t in (("k", k), ("v", v), ("q", q)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a float tensor, got {t.dtype}")
+    if k.ndim != 3 or v.shape != k.shape:
+        raise ValueError(f"k and v must be [tokens, Hkv, D] with equal shapes; got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if k.shape[0] < 1:
+        raise ValueError("k has no tokens; attention needs at least one")
+    if q.ndim == 2:
+        q = q.unsqueeze(0)
+    if q.ndim != 3:
+        raise ValueError(f"q must be [num_queries, Hq, D] (or [Hq, D]); got shape {tuple(q.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q has head_dim {q.shape[-1]} but k has {k.shape[-1]}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of k's {k.shape[1]} KV heads")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    return q
+
+
+def scale_argument(method: str, which: str):
+    """The ``scale=`` argument of :func:`fp8kv.quant.quantize` for a table's scale method and K or V."""
+    checks.one_of(method, "scale_method", SCALE_LABELS)
+    if which not in ("k", "v"):
+        raise ValueError(f"which={which!r}; expected 'k' or 'v'")
+    if method == "1.0":
+        return 1.0
+    if method == "vllm":
+        return f"vllm_{which}"
+    return method
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None) -> torch.Tensor:
+    """fp32 attention of several decode queries against one context, by the oracle.
+
+    q: ``[Nq, Hq, D]``; k, v: ``[L, Hkv, D]``. Every query attends to all ``L`` tokens (a decode
+    step at position L). Returns ``[Nq, Hq, D]`` fp32.
+
+    The queries go through :func:`fp8kv.reference.attention` in one call: the ``Nq`` queries of
+    a KV head are presented to it as ``Nq × G`` query heads of that KV head's group (its GQA
+    mapping, head ``h`` reads KV head ``h // group``, is exactly that).
+    """
+    q = _check_qkv(k, v, q)
+    nq, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(d)
+    qq = q.reshape(nq, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv * nq * g, d)
+    out, _ = attention(qq, k, v, sm_scale)
+    return out.reshape(hkv, nq, g, d).permute(1, 0, 2, 3).reshape(nq, hq, d)
+
+
+# --------------------------------------------------------------------------- quantization error
+
+
+def quantization_error(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, *, formats=("e4m3", "e5m2"),
+                       granularities=GRANULARITIES, scale_methods=SCALE_METHODS, quantize=QUANTIZE,
+                       sm_scale: float | None = None, percentile: float = 99.9):
+    """Error of FP8 K, V and of the attention output, for every format × granularity × scale × quantize.
+
+    Parameters
+    ----------
+    k, v : ``[L, Hkv, D]`` float tensors (one sequence's keys and values, as cached).
+    q : ``[Nq, Hq, D]`` (or ``[Hq, D]``) decode queries; Hq a multiple of Hkv.
+    formats : FP8 format names (``fp8kv.formats``).
+    granularities : among ``"tensor"``, ``"head"``, ``"token_head"``, ``"channel"``. Channel scales
+        for V are unusual (KIVI scales V per token) but measured all the same.
+    scale_methods : among ``"1.0"``, ``"amax"``, ``"percentile"``, ``"vllm"`` (module docstring).
+    quantize : among ``"kv"`` (both), ``"k"`` (V exact), ``"v"`` (K exact).
+    sm_scale : softmax scale, default ``1/sqrt(D)``.
+    percentile : for the ``"percentile"`` method.
+
+    Returns
+    -------
+    pandas.DataFrame, one row per combination, columns: format, granularity, scale_method,
+    quantize, k_rel_err, v_rel_err, out_rel_err (``||x̂ - x|| / ||x||``; 0 for a tensor left
+    exact), k_saturated_frac, k_underflow_frac, v_saturated_frac, v_underflow_frac (fractions of
+    elements clamped to ±max / non-zero values flushed to zero), k_scale_bytes, v_scale_bytes,
+    scale_bytes, data_bytes (FP8 bytes of what is quantized), scale_overhead (scale / data bytes),
+    unit_roundoff (the format's per-element bound for normal values), tokens, num_kv_heads,
+    num_q_heads, head_dim, num_queries.
+    """
+    import pandas as pd
+
+    q = _check_qkv(k, v, q)
+    formats = format_names(formats)
+    granularities = tuple(checks.many_of(granularities, "granularities", GRANULARITIES))
+    scale_methods = tuple(checks.many_of(scale_methods, "scale_methods", SCALE_LABELS))
+    modes = tuple(checks.many_of(quantize, "quantize", QUANTIZE))
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(k.shape[-1])
+    kf, vf = k.to(torch.float32), v.to(torch.float32)
+    ref = attend(q, kf, vf, sm_scale)
+    shape = dict(tokens=k.shape[0], num_kv_heads=k.shape[1], num_q_heads=q.shape[1], head_dim=k.shape[2],
+                 num_queries=q.shape[0])
+    rows = []
+    for fmt in formats:
+        for gran in granularities:
+            for method in scale_methods:
+                stats = {}
+                deq = {}
+                for which, x in (("k", k), ("v", v)):
+                    if not any(which in m for m in modes):
+                        continue
+                    qx = _quantize(x, fmt, gran, scale_argument(method, which), percentile)
+                    deq[which] = qx.dequantize()
+                    stats[which] = dict(rel_err=relative_error(deq[which], x), saturated_frac=qx.saturated_fraction,
+                                        underflow_frac=qx.underflow_fraction, scale_bytes=qx.scale_nbytes,
+                                        data_bytes=qx.data.numel() * qx.data.element_size())
+                for mode in modes:
+                    kk = deq["k"] if "k" in mode else kf
+                    vv = deq["v"] if "v" in mode else vf
+                    row = dict(format=fmt, granularity=gran, scale_method=method, quantize=mode)
+                    for which in ("k", "v"):
+                        s = stats[which] if which in mode else dict(rel_err=0.0, saturated_frac=0.0,
+                                                                     underflow_frac=0.0, scale_bytes=0,
+                                                                     data_bytes=0)
+                        row.update({f"{which}_rel_err": s["rel_err"], f"{which}_saturated_frac": s["saturated_frac"],
+                                    f"{which}_underflow_frac": s["underflow_frac"],
+                                    f"{which}_scale_bytes": s["scale_bytes"], f"_{which}_data": s["data_bytes"]})
+                    row["out_rel_err"] = relative_error(attend(q, kk, vv, sm_scale), ref)
+                    row["scale_bytes"] = row["k_scale_bytes"] + row["v_scale_bytes"]
+                    row["data_bytes"] = row.pop("_k_data") + row.pop("_v_data")
+                    row["scale_overhead"] = row["scale_bytes"] / row["data_bytes"]
+                    row["unit_roundoff"] = get_format(fmt).unit_roundoff
+                    rows.append(dict(row, **shape))
+    cols = ["format", "granularity", "scale_method", "quantize", "k_rel_err", "v_rel_err", "out_rel_err",
+            "k_saturated_frac", "k_underflow_frac", "v_saturated_frac", "v_underflow_frac", "k_scale_bytes",
+            "v_scale_bytes", "scale_bytes", "data_bytes", "scale_overhead", "unit_roundoff", *shape]
+    return pd.DataFrame(rows)[cols]
+
+
+def _quantize(x, fmt, gran, scale, percentile):
+    # Named to keep the public keyword ``quantize`` of quantization_error free of the function.
+    return quantize(x, fmt, gran, scale, percentile=percentile)
+
+
+def error_vs_context(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, lengths: Sequence[int], *,
+                     formats=("e4m3", "e5m2"), granularities=("tensor",), scale_methods=("amax",),
+                     quantize=("kv",), sm_scale: float | None = None, percentile: float = 99.9):
+    """:func:`quantization_error` on the first ``L`` tokens of ``k``/``v``, for each ``L`` in ``lengths``.
+
+    Scales are recomputed on each prefix (as a per-request calibration would). Returns the
+    same columns plus ``context_len``, one block of rows per length (increasing).
+    """
+    import pandas as pd
+
+    q = _check_qkv(k, v, q)
+    if isinstance(lengths, int) or not len(lengths):
+        raise ValueError(f"lengths={lengths!r} must be a non-empty sequence of ints")
+    lens = []
+    for n in lengths:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= k.shape[0]:
+            raise ValueError(f"lengths has {n!r}; each must be an int in [1, {k.shape[0]}] (the tokens of k)")
+        lens.append(n)
+    frames = []
+    for n in sorted(set(lens)):
+        df = quantization_error(k[:n], v[:n], q, formats=formats, granularities=granularities,
+                                scale_methods=scale_methods, quantize=quantize, sm_scale=sm_scale,
+                                percentile=percentile)
+        df.insert(0, "context_len", n)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+_KEYS = ["format", "granularity", "scale_method"]
+
+
+def attribution(table):
+    """K-vs-V attribution of the attention-output error, per format × granularity × scale method.
+
+    ``table`` is a :func:`quantization_error` result holding the ``"k"``, ``"v"`` and ``"kv"``
+    rows of each combination (extra key columns, e.g. a ``source``, are kept as groups).
+    Returns columns: the keys, ``out_rel_err_k`` (K quantized only), ``out_rel_err_v``,
+    ``out_rel_err_kv``, ``k_share`` = k² / (k² + v²) (the share of the output's squared error
+    due to K, since independent errors add in squares) and ``additivity`` =
+    sqrt(k² + v²) / kv (close to 1 when the two errors are independent).
+    """
+    missing = {"quantize", "out_rel_err", *_KEYS} - set(table.columns)
+    if missing:
+        raise ValueError(f"table lacks columns {sorted(missing)}; pass a quantization_error() result")
+    modes = set(table["quantize"])
+    if not {"k", "v", "kv"} <= modes:
+        raise ValueError(f"table has quantize modes {sorted(modes)}; attribution needs 'k', 'v' and 'kv' rows")
+    extra = [c for c in ("source", "context_len") if c in table.columns]
+    keys = extra + _KEYS
+    wide = table.pivot_table(index=keys, columns="quantize", values="out_rel_err", sort=False).reset_index()
+    wide = wide.rename(columns={m: f"out_rel_err_{m}" for m in ("k", "v", "kv")})
+    wide.columns.name = None
+    k2, v2 = wide["out_rel_err_k"] ** 2, wide["out_rel_err_v"] ** 2
+    total = k2 + v2
+    wide["k_share"] = (k2 / total).where(total > 0, 0.5)
+    wide["additivity"] = (total**0.5 / wide["out_rel_err_kv"]).where(wide["out_rel_err_kv"] > 0, 1.0)
+    return wide[keys + ["out_rel_err_k", "out_rel_err_v", "out_rel_err_kv", "k_share", "additivity"]]
+
+
+def key_numbers(table) -> dict:
+    """Flat dict of the ``quantize == "kv"`` rows' errors: ``"<format>_<granularity>_<scale>_<k|v|out>_rel_err"``.
+
+    E.g. ``e4m3_tensor_amax_k_rel_err``. Scale method ``"1.0"`` is spelled ``unit``. Needs one row
+    per combination (filter a multi-source table first).
+    """
+    kv = table[table["quantize"] == "kv"]
+    if kv.duplicated(_KEYS).any():
+        raise ValueError("table has several 'kv' rows per format/granularity/scale_method; filter it to one "
+                         "source/layer/context length first")
+    out = {}
+    for row in kv.itertuples(index=False):
+        method = "unit" if row.scale_method == "1.0" else row.scale_method
+        stem = f"{row.format}_{row.granularity}_{method}"
+        for which in ("k", "v", "out"):
+            out[f"{stem}_{which}_rel_err"] = float(getattr(row, f"{which}_rel_err"))
+    return out
+
+
+def saturation_long(table):
+    """The saturated / underflow fractions of a :func:`quantization_error` table in long form.
+
+    Keeps the ``quantize == "kv"`` rows; returns the key columns (and ``source`` if present) plus
+    ``tensor`` ("K"/"V"), ``kind`` ("saturated"/"underflow") and ``fraction``: one bar per row.
+    """
+    cols = {"k_saturated_frac": ("K", "saturated"), "k_underflow_frac": ("K", "underflow"),
+            "v_saturated_frac": ("V", "saturated"), "v_underflow_frac": ("V", "underflow")}
+    missing = {"quantize", *cols, *_KEYS} - set(table.columns)
+    if missing:
+        raise ValueError(f"table lacks columns {sorted(missing)}; pass a quantization_error() result")
+    keys = [c for c in ("source",) if c in table.columns] + _KEYS
+    long = table[table["quantize"] == "kv"].melt(id_vars=keys, value_vars=list(cols), var_name="column",
+                                                 value_name="fraction")
+    long["tensor"] = long["column"].map(lambda c: cols[c][0])
+    long["kind"] = long["column"].map(lambda c: cols[c][1])
+    return long[keys + ["tensor", "kind", "fraction"]]
+
+def _layer_ids(layers, n: int) -> list[int]:
+    if layers is None:
+        layers = 3
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        if layers < 1:
+            raise ValueError(f"layers={layers} must be >= 1 (a count) or a list of layer indices")
+        count = min(layers, n)
+        return sorted({round(i * (n - 1) / max(1, count - 1)) for i in range(count)})
+    ids = [int(i) for i in layers]
+    bad = [i for i in ids if not 0 <= i < n]
+    if not ids or bad:
+        raise ValueError(f"layers={layers!r}: indices must be in [0, {n}) and not empty")
+    return ids
+
+
+def real_kv_error(model: str = "smollm2-135m", num_tokens: int = 512, layers=3, num_queries: int = 16, *,
+                  device="cpu", formats=("e4m3", "e5m2"), granularities=GRANULARITIES,
+                  scale_methods=SCALE_METHODS, quantize=QUANTIZE, percentile: float = 99.9):
+    """:func:`quantization_error` on a real model's K, V and queries (``fp8kv.models``).
+
+    Runs one forward of ``num_tokens`` tokens of the fixed evaluation text through the offline
+    ``model`` (fp32 weights on ``device``) and captures every layer's post-RoPE K, V and Q. For
+    each chosen layer, the last ``num_queries`` query rows act as decode queries, each attending
+    to the whole captured context, with the layer's own softmax scale.
+
+    Parameters
+    ----------
+    layers : a count (that many layers evenly spaced from the first to the last) or a list of
+        layer indices.
+
+    Returns
+    -------
+    (table, stats) : the :func:`quantization_error` rows with columns ``source``
+        ("<model> layer <i>"), ``layer`` and ``layer_type`` in front; and one :func:`describe_kv`
+        row per layer (same three columns).
+
+    Raises
+    ------
+    ImportError when the ``models`` extra or the model's weights package is missing (the
+    message names the pip command).
+    """
+    import pandas as pd
+
+    from ..models import capture_kv, load_model, text_tokens
+
+    if isinstance(num_queries, bool) or not isinstance(num_queries, int) or not 1 <= num_queries <= num_tokens:
+        raise ValueError(f"num_queries={num_queries!r} must be an int in [1, num_tokens={num_tokens}]")
+    net, tok = load_model(model, dtype=torch.float32, device=device)
+    cap = capture_kv(net, text_tokens(tok, num_tokens))
+    tables, stats = [], []
+    for i in _layer_ids(layers, cap.n_layers):
+        head = dict(source=f"{model} layer {i}", layer=i, layer_type=cap.layer_types[i])
+        k, v, q = cap.k[i], cap.v[i], cap.q[i][-num_queries:]
+        df = quantization_error(k, v, q, formats=formats, granularities=granularities, scale_methods=scale_methods,
+                                quantize=quantize, sm_scale=cap.sm_scale[i], percentile=percentile)
+        for j, (col, val) in enumerate(head.items()):
+            df.insert(j, col, val)
+        tables.append(df)
+        stats.append(dict(head, **describe_kv(k, v)))
+    return pd.concat(tables, ignore_index=True), pd.DataFrame(stats)
+
+
+def real_kv_error_or_reason(model: str | None, num_tokens: int = 512, layers=3, num_queries: int = 16,
+                            **kw) -> tuple:
+    """:func:`real_kv_error`, or why it cannot run here: ``(table, stats, status)``.
+
+    ``status`` is ``"ok"``; or, with ``table`` and ``stats`` None, ``"real activations unavailable: "``
+    and the reason: ``model`` is None, or the ``models`` extra or the model's weights package is
+    missing (the message names the pip command). ``kw`` goes to :func:`real_kv_error`.
+    """
+    if model is None:
+        return None, None, "real activations unavailable: REAL_MODEL is None"
+    try:
+        table, stats = real_kv_error(model, num_tokens, layers, num_queries, **kw)
+    except (ImportError, OSError) as exc:  # the models extra or the weights package is missing
+        return None, None, f"real activations unavailable: {exc}"
+    return table, stats, "ok"
+
+
+def synthetic_vs_real(table, real, *, quantize: str = "kv", scale_method: str = "amax"):
+    """The rows of one ``quantize`` mode and scale method of a synthetic :func:`quantization_error`
+    table (``source`` "synthetic") and of :func:`real_kv_error`'s (one source per layer), stacked;
+    None when ``real`` is None (no real activations)."""
+    import pandas as pd
+
+    if real is None:
+        return None
+    checks.one_of(quantize, "quantize", QUANTIZE)
+    checks.one_of(scale_method, "scale_method", SCALE_LABELS)
+    both = pd.concat([table.assign(source="synthetic"), real], ignore_index=True)
+    return both[(both["quantize"] == quantize) & (both["scale_method"] == scale_method)]
+
+
+def quantization_results(table, context, *, sizes: dict, data_stats: dict, real=None, real_stats=None,
+                         real_status: str = "") -> dict:
+    """Notebook 02's results file: its inputs, the tables and the numbers derived from them.
+
+    ``table``: the synthetic :func:`quantization_error` table; ``context``: :func:`error_vs_context`'s;
+    ``real``, ``real_stats``, ``real_status``: :func:`real_kv_error_or_reason`'s. Adds the unit roundoff
+    of each format (``bound``), :func:`key_numbers` (and the three e4m3 per-tensor amax errors at top
+    level) and :func:`attribution` of the synthetic and the real tables.
+    """
+    key = key_numbers(table)
+    headline = {f"e4m3_tensor_amax_{which}_rel_err": key[f"e4m3_tensor_amax_{which}_rel_err"]
+                for which in ("k", "v", "out")}
+    return {
+        "sizes": sizes,
+        "data_stats": data_stats,
+        "bound": {name: get_format(name).unit_roundoff for name in dict.fromkeys(table["format"])},
+        **headline,
+        "key_numbers": key,
+        "rows": table,
+        "attribution": attribution(table),
+        "context": context,
+        "real_status": real_status,
+        "real_rows": real if real is not None else [],
+        "real_stats": real_stats if real_stats is not None else [],
+        "real_attribution": attribution(real) if real is not None else [],
+    }
