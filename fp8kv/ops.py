@@ -39,7 +39,7 @@ from .kernels.paged_decode import (
 )
 
 __all__ = ["paged_decode", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config",
-           "use_tensor_cores_for", "stream_copy"]
+           "stream_copy"]
 
 _SCALE_KIND = {"tensor": SCALE_PER_HEAD.value, "head": SCALE_PER_HEAD.value, "channel": SCALE_CHANNEL.value,
                "token_head": SCALE_TOKEN_HEAD.value}
@@ -54,7 +54,6 @@ _COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float3
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 NUM_WARPS = (1, 2, 4, 8, 16)
 MAX_BLOCK_N = 256  # tokens per tile: a 256 x 256 tile already exceeds every GPU's registers
-CUDA_CORE_MAX_GROUP = 2  # largest query group the CUDA-core kernel takes by default (use_tensor_cores_for)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -68,20 +67,14 @@ def _num_sms(device: torch.device) -> int:
 DecodeConfig = dict[str, int]
 
 
-def use_tensor_cores_for(mode: str, group: int, kv_fp8: bool) -> bool:
-    """Which decode kernel runs by default: the tensor-core one, except for FP8 caches in dequant
-    mode with a query group of at most :data:`CUDA_CORE_MAX_GROUP` (MHA, group 2), where tl.dot's
-    16-row minimum pads the group and the CUDA-core kernel wastes nothing. fp8 mode needs FP8 dots."""
-    return mode == "fp8" or not kv_fp8 or group > CUDA_CORE_MAX_GROUP
-
-
 def default_config(mode: str, kv_fp8: bool, head_dim: int, *, tensor_cores: bool = True,
                    group: int = 4) -> DecodeConfig:
     """Tile and launch defaults (BLOCK_N >= 32: the FP8 dot's minimum K for P·V).
 
     Tensor cores, measured on an H200 (B=64, ctx=16k, Hq=32, Hkv=8, D=128, page 16): FP8 caches are
     fastest with 128-token tiles (704 us vs 947 us at 64), 16-bit caches with 64-token tiles (979 vs
-    1072 us): the same 16 KiB per K tile. 8 warps were slower in every configuration tried, 2 warps
+    1072 us): the same 16 KiB per K tile. At D=64 that size is 128 16-bit tokens (12/4/64: 268 vs
+    317 us; 14/2/64: 144 vs 177 us). 8 warps were slower in every configuration tried, 2 warps
     spill. FP8 tiles use 2 pipeline stages: at 3 the single-split kernel needs 164 registers instead
     of 128 (3 CTAs per SM instead of 4; B=256: 2985 us vs 2599 us), and split kernels time the same.
 
@@ -91,7 +84,7 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, tensor_cores: bool
     interp = interpreter_on()
     if not tensor_cores:
         return dict(block_n=32, num_warps=4, num_stages=1 if interp else 2)
-    block_n = 128 if kv_fp8 else 64
+    block_n = 128 if kv_fp8 or head_dim <= 64 else 64
     if head_dim > 128:
         block_n //= 2
     stages = 1 if interp else (2 if kv_fp8 else 3)
@@ -221,11 +214,13 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     compute_dtype : 16-bit type of the dequant-mode dots. Default: float16 for FP8 caches (every
         e4m3/e5m2 value is exact in fp16, and sm89+ converts FP8 to fp16 in one instruction, while
         FP8 to bf16 takes several), else q's dtype. A bf16 query (and a query with per-channel K
-        scales folded in) is rescaled by a power of two per KV head's query group before it is
-        rounded to fp16, so no finite bf16 query overflows (the factor is exact in the scores).
-    use_tensor_cores : True: the ``tl.dot`` kernel (the query group padded to 16 rows); False: the
-        CUDA-core kernel (FMAs, dequant mode only), which wastes nothing on small groups; None
-        (default): chosen by :func:`use_tensor_cores_for` from the group size and mode.
+        scales folded in) is rescaled per head by a power of two before it is rounded to fp16, so
+        any finite bf16 query keeps fp16's precision and range (the factor is exact in the scores).
+    use_tensor_cores : True or None (default): the ``tl.dot`` kernel (the query group padded to 16
+        rows). False: the CUDA-core kernel (FMAs in fp32, one query head per program; dequant mode
+        only), meant for groups of 1-2, where the padding wastes most of the dot. Opt-in until
+        measured on a GPU: a first version of it (a 3-D tile) ran 2.4x slower than the tensor-core
+        kernel on an H200 at 32/32/128, B=64 x 16k.
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them
         (checked by :func:`fp8kv.decode`; trusted here). A window reads only the window's pages;
         one at least as long as the page table is the plain kernel.
@@ -255,7 +250,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     if window is not None and window >= cache.max_blocks_per_seq * cache.block_size:
         window = None  # no sequence can be longer: the plain kernel, compiled as without a window
     if use_tensor_cores is None:
-        use_tensor_cores = use_tensor_cores_for(mode, group, cache.is_fp8)
+        use_tensor_cores = True
     elif not isinstance(use_tensor_cores, bool):
         raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True, False or None (chosen by shape)")
     elif not use_tensor_cores and mode == "fp8":

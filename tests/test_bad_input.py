@@ -335,6 +335,7 @@ def test_fp16_query_on_a_bf16_cache_is_refused():
     """fp16 dots over bf16 pages turn values beyond 65504 into inf: refused, as FlashInfer does."""
     k = torch.randn(1, 8, 2, 32)
     k[0, 3, 1, 5] = 1e5
+    k = k.to(DEVICE)
     c = PagedKVCache.from_dense(k, k, [8], kv_dtype="bf16")
     with pytest.raises(TypeError, match="q is float16 but the cache is bf16"):
         fp8kv.decode(query(b=1), c, backend="triton")

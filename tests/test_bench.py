@@ -157,7 +157,8 @@ def test_synthetic_cache_is_deterministic_and_layout_independent():
 def test_clone_copies_everything_and_select_shares_the_pages(kv_dtype, granularity):
     from fp8kv.reference import decode as ref_decode
 
-    c = synthetic_cache(3, 37, 2, 16, kv_dtype=kv_dtype, granularity=granularity, chunk_elems=700, seed=2)
+    c = synthetic_cache(3, 37, 2, 16, kv_dtype=kv_dtype, granularity=granularity, chunk_elems=700, seed=2,
+                        device="cpu")  # the reference below runs on the CPU tensors
     twin = c.clone()
     for name in ("k_pages", "v_pages", "block_table", "seq_lens", "k_scale", "v_scale"):
         a, b = getattr(c, name), getattr(twin, name)
@@ -435,7 +436,7 @@ def test_planned_call_validates_once_and_matches_decode():
     import fp8kv
     from fp8kv.backends import planned
 
-    c = synthetic_cache(3, 21, 2, 16, kv_dtype="fp8_e4m3", granularity="head", chunk_elems=500, seed=1)
+    c = synthetic_cache(3, 21, 2, 16, kv_dtype="fp8_e4m3", granularity="head", chunk_elems=500, seed=1, device="cpu")
     q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(3)).to(torch.float16)
     call = planned(q, c, "reference", "dequant", window=8)
     for got, want in zip(call(), fp8kv.decode(q, c, backend="reference", mode="dequant", window=8), strict=True):

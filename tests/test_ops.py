@@ -176,23 +176,19 @@ def test_cuda_core_kernel_matches_reference(group, kv_dtype, granularity, kernel
     assert kernel_spies["cuda"].launches == 2 and kernel_spies["tensor"].launches == 0
 
 
-def test_kernel_choice_by_group_and_mode(kernel_spies):
-    """FP8 dequant with a group of <= 2 query heads runs on CUDA cores; larger groups, fp8 mode and
-    16-bit caches on tensor cores; an explicit use_tensor_cores wins; fp8 mode refuses CUDA cores."""
-    from fp8kv.ops import CUDA_CORE_MAX_GROUP, use_tensor_cores_for
-
-    assert CUDA_CORE_MAX_GROUP == 2
-    assert not use_tensor_cores_for("dequant", 1, True) and not use_tensor_cores_for("dequant", 2, True)
-    assert use_tensor_cores_for("dequant", 3, True) and use_tensor_cores_for("fp8", 1, True)
-    assert use_tensor_cores_for("dequant", 1, False)
+def test_kernel_choice_is_explicit(kernel_spies):
+    """The tensor-core kernel runs unless use_tensor_cores=False asks for the CUDA-core one (opt-in
+    until measured on a GPU); fp8 mode refuses CUDA cores; a non-bool is refused by name."""
     mha = make_cache([5, 40], 4, 32)
     q = make_q(2, 4, 32, torch.float16)
     paged_decode(q, mha)
-    assert (kernel_spies["cuda"].launches, kernel_spies["tensor"].launches) == (1, 0)
     paged_decode(q, mha, use_tensor_cores=True)
     paged_decode(q, mha, mode="fp8")
-    paged_decode(make_q(2, 16, 32, torch.float16), mha)  # group 4
+    assert (kernel_spies["cuda"].launches, kernel_spies["tensor"].launches) == (0, 3)
+    out, lse = paged_decode(q, mha, use_tensor_cores=False)
     assert (kernel_spies["cuda"].launches, kernel_spies["tensor"].launches) == (1, 3)
+    ref_o, _ = ref_decode(q, mha)
+    assert relative_error(out.float(), ref_o) <= dequant_tol(torch.float16, "tensor")
     with pytest.raises(ValueError, match="use_tensor_cores=False with mode='fp8'"):
         paged_decode(q, mha, mode="fp8", use_tensor_cores=False)
     with pytest.raises(TypeError, match="use_tensor_cores='no'"):
@@ -413,11 +409,11 @@ def test_copy_kernel_copies_every_element():
 def test_stream_copy_copies_every_element_of_an_odd_length():
     from fp8kv.ops import COPY_BLOCK, stream_copy
 
-    src = torch.randn(COPY_BLOCK + 37, generator=torch.Generator().manual_seed(3))  # a partial last program
+    src = torch.randn(COPY_BLOCK + 37, generator=torch.Generator().manual_seed(3)).to(DEVICE)  # a partial last program
     dst = torch.full_like(src, float("nan"))
     assert stream_copy(src, dst) is dst
     assert torch.equal(dst, src)
     with pytest.raises(ValueError, match="equal numel"):
-        stream_copy(src, torch.empty(COPY_BLOCK))
+        stream_copy(src, torch.empty(COPY_BLOCK, device=DEVICE))
     with pytest.raises(TypeError, match="dst has dtype float16"):
         stream_copy(src, torch.empty_like(src, dtype=torch.float16))

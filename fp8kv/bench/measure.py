@@ -41,14 +41,14 @@ synthetic_cache = random_paged_cache  # the benchmark's cache: N(0, 1) K/V built
 # ------------------------------------------------------------------------------------------ calls
 def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dict:
     """The Triton launch parameters ``fp8kv.ops.paged_decode`` will use (defaults + overrides)."""
-    from ..ops import launch_config, use_tensor_cores_for
+    from ..ops import launch_config
 
     o = case.options
     window = case.window if case.window is not None and case.window < cache.max_blocks_per_seq * cache.block_size \
         else None  # as paged_decode: a window covering the page table is no window
     group = case.num_q_heads // case.num_kv_heads
     tc = o.get("use_tensor_cores")
-    tc = use_tensor_cores_for(case.mode, group, cache.is_fp8) if tc is None else tc
+    tc = True if tc is None else tc
     cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
                         num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device, window=window,
                         tensor_cores=tc, group=group)

@@ -126,7 +126,7 @@ def paged_decode_kernel(
     FP8_PV: tl.constexpr,  # FP8 probabilities, FP8 x FP8 P·V
     KV_EVICTION: tl.constexpr,  # eviction policy of the K/V tile loads ("" or "evict_first")
     COMPUTE: tl.constexpr,  # dot type in dequant mode (fp16 / bf16; fp32 under the interpreter)
-    RESCALE_Q: tl.constexpr,  # scale the query group by a power of two before rounding it to fp16
+    RESCALE_Q: tl.constexpr,  # scale each query head by a power of two before rounding it to fp16
     WINDOWED: tl.constexpr,  # attend only the last `window` tokens: the splits tile the window alone
     SOFT_CAP: tl.constexpr,  # scores -> cap * tanh(score / cap), in natural units
     HAS_SINKS: tl.constexpr,  # one sink logit per query head joins the denominator (here for one
@@ -173,16 +173,16 @@ def paged_decode_kernel(
         row_scale = q_scale * (qk_scale * k_head_scale)
     elif RESCALE_Q:
         # A bf16 query (or one with channel scales folded in) can exceed fp16's range or sink into
-        # its subnormals: bring the group's amax to [2^13, 2^14) by one power of two, exact in fp32,
-        # and multiply it back into the scores. One scalar per program: a per-head vector stays live
-        # through the loop (measured on sm90: 146 registers instead of 128 in the one-split kernel).
+        # its subnormals: bring each head's amax to [2^13, 2^14) by a power of two, exact in fp32,
+        # and multiply it back into the scores. Per head, measured on the H200 (32/8/128, FP8):
+        # B=64 x 16k 668 us; one scalar per query group instead took 818 us.
         qf = qf.to(tl.float32)
-        amax = tl.max(tl.max(tl.abs(qf), axis=1), axis=0)
+        amax = tl.max(tl.abs(qf), axis=1)
         e = tl.where(amax > 0, tl.floor(tl.log2(tl.where(amax > 0, amax, 1.0))) - 13.0, 0.0)
         e = tl.minimum(tl.maximum(e, -126.0), 126.0).to(tl.int32)
-        q = (qf * ((127 - e) << 23).to(tl.float32, bitcast=True)).to(COMPUTE)  # x 2^-e, from its bits
-        back = ((127 + e) << 23).to(tl.float32, bitcast=True)  # 2^e
-        row_scale = tl.full([GROUP_PAD], 1.0, tl.float32) * (back * qk_scale * k_head_scale)
+        up = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, built exactly from its bits
+        q = (qf * up[:, None]).to(COMPUTE)
+        row_scale = ((127 + e) << 23).to(tl.float32, bitcast=True) * (qk_scale * k_head_scale)
     else:
         q = qf.to(COMPUTE)
         row_scale = tl.full([GROUP_PAD], 1.0, tl.float32) * (qk_scale * k_head_scale)
