@@ -174,21 +174,42 @@ def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None) -> Path
     return csv
 
 
-def load_table(out_dir: str | os.PathLike, slug: str, *, preset: str | None = None):
-    """The newest table :func:`save_table` wrote under ``<out_dir>/<slug>/`` (and, with ``preset``, whose
-    metadata names that preset, as ``fp8kv bench --preset NAME`` records it), as a DataFrame with the
-    metadata in ``df.attrs["meta"]`` and the file name in ``df.attrs["csv"]``; None when there is none."""
-    import pandas as pd
-
+def _saved_runs(out_dir, slug: str, preset: str | None):
+    """``(csv, meta)`` of the tables under ``<out_dir>/<slug>/``, newest first; with ``preset`` only
+    those whose metadata names it (``"preset"``, or ``--preset NAME`` in the recorded ``argv``)."""
     if not _SLUG.match(str(slug)):
         fail(f"slug={slug!r}; expected a folder-safe GPU slug such as 'nvidia-h200'")
     folder = Path(out_dir) / slug
     for csv in sorted(folder.glob("*.csv"), reverse=True) if folder.is_dir() else []:
         meta_path = csv.with_suffix(".json")
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-        if preset is not None and meta.get("preset") != preset:
-            continue
+        argv = [str(a) for a in meta.get("argv") or []]
+        named = meta.get("preset") or next((b for a, b in zip(argv, argv[1:]) if a == "--preset"), None)
+        if preset is None or named == preset:
+            yield csv, meta
+
+
+def load_table(out_dir: str | os.PathLike, slug: str, *, preset: str | None = None):
+    """The newest table :func:`save_table` wrote under ``<out_dir>/<slug>/`` (with ``preset``: the
+    newest of that ``fp8kv bench --preset``), as a DataFrame with its metadata in ``df.attrs["meta"]``
+    and its file name in ``df.attrs["csv"]``; None when there is none."""
+    import pandas as pd
+
+    for csv, meta in _saved_runs(out_dir, slug, preset):
         df = pd.read_csv(csv)
         df.attrs.update(meta=meta, csv=csv.name)
         return df
     return None
+
+
+def load_tables(out_dir: str | os.PathLike, slug: str, *, preset: str | None = None):
+    """Every such table (with ``preset``: every run of it), concatenated oldest first, their file
+    names in ``df.attrs["csv"]`` (a list); None when there is none."""
+    import pandas as pd
+
+    runs = list(_saved_runs(out_dir, slug, preset))[::-1]
+    if not runs:
+        return None
+    df = pd.concat([pd.read_csv(csv) for csv, _ in runs], ignore_index=True)
+    df.attrs["csv"] = [csv.name for csv, _ in runs]
+    return df

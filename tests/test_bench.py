@@ -507,3 +507,46 @@ def test_layout_table_rates_speedups_and_limit_by_hand():
     assert "| 32/8/128 | 64 × 16k | 520.0 (FlashInfer tc bf16 dequant) | 500.0 | 280.0 | 1.86 | 1.79 |" in md[3] + md[2]
     with pytest.raises(ValueError, match="lacks columns"):
         layout_table(pd.DataFrame({"time_us": [1.0]}))
+
+
+def test_sweep_seed_reaches_every_case_and_is_checked():
+    cases = sweep([1], [16], kv_dtypes=["fp16"], backends=["reference"], modes=["dequant"], seed=7,
+                  memory_budget_bytes=2**40)
+    assert cases and all(c.seed == 7 for c in cases)
+    with pytest.raises(TypeError, match="seed"):
+        sweep([1], [16], seed=1.5, memory_budget_bytes=2**40)
+
+
+def test_best_per_configuration_takes_the_highest_share_of_each():
+    from fp8kv.bench import best_per_configuration
+
+    base = dict(status="ok", batch=1, context=16, time_us=1.0, gbps=1.0, mode="dequant")
+    df = pd.DataFrame([dict(base, label="a", backend="triton", variant="", kv_dtype="bf16", pct_copy_bw=50.0),
+                       dict(base, label="a", backend="triton", variant="", kv_dtype="bf16", pct_copy_bw=70.0, batch=8),
+                       dict(base, label="b", backend="triton", variant="", kv_dtype="fp8_e4m3", pct_copy_bw=60.0),
+                       dict(base, label="b", backend="triton", variant="", kv_dtype="fp8_e4m3", pct_copy_bw=99.0,
+                            status="error")])
+    best = best_per_configuration(df).set_index("label")
+    assert best.loc["a", "pct_copy_bw"] == 70.0 and best.loc["a", "batch"] == 8
+    assert best.loc["b", "pct_copy_bw"] == 60.0  # an errored row never counts
+
+
+def test_saved_runs_by_preset_newest_first(tmp_path):
+    from fp8kv.results import load_table, load_tables
+
+    folder = tmp_path / "nvidia-h200"
+    folder.mkdir()
+    for stem, meta in (("20260101T000000Z", {"argv": ["--preset", "target"]}),  # named in argv only (older runs)
+                       ("20260102T000000Z", {"preset": "layouts"}),
+                       ("20260103T000000Z", {"preset": "target"})):
+        pd.DataFrame({"x": [int(stem[6:8])]}).to_csv(folder / f"{stem}.csv", index=False)
+        (folder / f"{stem}.json").write_text(json.dumps(meta))
+    newest = load_table(tmp_path, "nvidia-h200", preset="target")
+    assert newest["x"].tolist() == [3] and newest.attrs["csv"] == "20260103T000000Z.csv"
+    both = load_tables(tmp_path, "nvidia-h200", preset="target")
+    assert both["x"].tolist() == [1, 3] and both.attrs["csv"] == ["20260101T000000Z.csv", "20260103T000000Z.csv"]
+    assert load_table(tmp_path, "nvidia-h200")["x"].tolist() == [3]
+    assert load_table(tmp_path, "nvidia-h200", preset="window") is None
+    assert load_tables(tmp_path, "nvidia-a100") is None
+    with pytest.raises(ValueError, match="slug"):
+        load_table(tmp_path, "../etc")

@@ -37,9 +37,10 @@ How a case is measured
 from .cases import Q_DTYPES, Case, bytes_moved, footprint_bytes, memory_budget, sweep, tolerance
 from .cli import PRESET_HELP, PRESETS, TRITON_OPTIONS, build_parser, main, preset_grid
 from .measure import COLUMNS, run, synthetic_cache, time_call
-from .report import LAYOUT_KEYS, SHAPE_KEYS, layout_markdown, layout_table, results_markdown, save, speedup_table, summary
+from .report import LAYOUT_KEYS, SHAPE_KEYS, best_per_configuration, layout_markdown, layout_table, results_markdown, save, speedup_table, summary
 
 __all__ = ["Case", "sweep", "run", "speedup_table", "save", "main", "synthetic_cache", "bytes_moved",
            "tolerance", "footprint_bytes", "memory_budget", "summary", "results_markdown", "time_call",
            "build_parser", "PRESETS", "PRESET_HELP", "TRITON_OPTIONS", "COLUMNS", "SHAPE_KEYS", "Q_DTYPES",
-           "layout_table", "layout_markdown", "LAYOUT_KEYS", "preset_grid"]
+           "layout_table", "layout_markdown", "LAYOUT_KEYS", "preset_grid",
+           "best_per_configuration"]

@@ -16,6 +16,7 @@ import torch
 from ..cache import LAYOUTS
 from ..capability import BACKENDS, KV_DTYPES, MODES
 from ..capability import check as capability_check
+from .. import checks
 from ..checks import fail as _fail
 from ..formats import UNQUANTIZED_DTYPES
 from ..quant import GRANULARITIES, kv_scale_bytes
@@ -191,7 +192,8 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
           q_dtype: str | None = None, flashinfer_tensor_cores: Sequence[bool] = (False, True),
           triton_options: dict | Sequence[dict] | None = None, layout: str = "NHD",
           memory_budget_bytes: int | None = None, device=None, arch: str | None = None,
-          windows: Sequence[int | None] = (None,), shapes: Sequence[tuple[int, int, int]] | None = None) -> list[Case]:
+          windows: Sequence[int | None] = (None,), shapes: Sequence[tuple[int, int, int]] | None = None,
+          seed: int = 0) -> list[Case]:
     """Expand the grid into :class:`Case` s, marking what cannot run here.
 
     The product of every argument, minus combinations that are not combinations at all (fp8 mode
@@ -211,6 +213,7 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
     windows : sliding windows (None: the whole context), one case each (:attr:`Case.window`).
     shapes : (Hq, Hkv, D) head layouts; when given they replace the product of ``heads`` and ``head_dims``
         (a model family is one triple, not every pairing of its numbers).
+    seed : the synthetic cache's data (:attr:`Case.seed`) for every case.
     arch : ask the capability table about another arch ("sm90") instead of this machine.
     """
     from ..device import resolve_device
@@ -219,6 +222,7 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
     if q_dtype is None:
         q_dtype = "bf16" if dev.type == "cuda" else "fp16"
     budget = memory_budget(dev) if memory_budget_bytes is None else int(memory_budget_bytes)
+    seed = checks.integer(seed, "seed")
     tri_opts = [dict(o) for o in _as_list(triton_options or {}, "triton_options")]
     fi_opts = [{"use_tensor_cores": bool(t)} for t in _as_list(list(flashinfer_tensor_cores), "flashinfer_tensor_cores")]
     heads = [tuple(h) for h in heads]
@@ -243,7 +247,8 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
             continue  # not a combination: fp8 mode is about FP8 KV
         opts_list = {"triton": tri_opts, "flashinfer": fi_opts}.get(backend, [{}])
         for opts in opts_list:
-            case = Case(b, ctx, hq, hkv, d, bs, kv, mode, backend, gran, q_dtype, layout, dict(opts), window=window)
+            case = Case(b, ctx, hq, hkv, d, bs, kv, mode, backend, gran, q_dtype, layout, dict(opts), window=window,
+                        seed=seed)
             key = (case.cache_key, case.num_q_heads, case.mode, case.backend, case.q_dtype, case.label)
             if key in seen:
                 continue

@@ -58,6 +58,15 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
     return out.sort_values(SHAPE_KEYS + ["backend", "variant", "mode"]).reset_index(drop=True)
 
 
+def best_per_configuration(df: pd.DataFrame) -> pd.DataFrame:
+    """The row with the highest share of the copy bandwidth of each backend × variant × KV dtype × mode
+    among ``status == "ok"`` rows: where each configuration came closest to the ceiling."""
+    ok = df[df["status"] == "ok"]
+    cols = ["label", "backend", "variant", "kv_dtype", "mode", "batch", "context", "time_us", "gbps", "pct_copy_bw"]
+    return (ok.sort_values("pct_copy_bw", ascending=False)
+            .drop_duplicates(["backend", "variant", "kv_dtype", "mode"])[cols].reset_index(drop=True))
+
+
 LAYOUT_KEYS = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
 
 
