@@ -26,7 +26,6 @@ from .capability import UnsupportedError, current_arch, interpreter_on
 from .formats import saturation_bounds
 from .kernels.cache_write import cache_write_kernel
 from .kernels.copy import copy_kernel
-from .kernels.paged_decode_cuda_core import paged_decode_cuda_core_kernel
 from .kernels.paged_decode import (
     CONVERT_CAST,
     CONVERT_PTX,
@@ -37,6 +36,7 @@ from .kernels.paged_decode import (
     combine_splits_kernel,
     paged_decode_kernel,
 )
+from .kernels.paged_decode_cuda_core import paged_decode_cuda_core_kernel
 
 __all__ = ["paged_decode", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config",
            "stream_copy"]

@@ -184,7 +184,7 @@ def _saved_runs(out_dir, slug: str, preset: str | None):
         meta_path = csv.with_suffix(".json")
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         argv = [str(a) for a in meta.get("argv") or []]
-        named = meta.get("preset") or next((b for a, b in zip(argv, argv[1:]) if a == "--preset"), None)
+        named = meta.get("preset") or next((b for a, b in zip(argv, argv[1:], strict=False) if a == "--preset"), None)
         if preset is None or named == preset:
             yield csv, meta
 

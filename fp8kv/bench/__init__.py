@@ -37,7 +37,17 @@ How a case is measured
 from .cases import Q_DTYPES, Case, bytes_moved, footprint_bytes, memory_budget, sweep, tolerance
 from .cli import PRESET_HELP, PRESETS, TRITON_OPTIONS, build_parser, main, preset_grid
 from .measure import COLUMNS, run, synthetic_cache, time_call
-from .report import LAYOUT_KEYS, SHAPE_KEYS, best_per_configuration, layout_markdown, layout_table, results_markdown, save, speedup_table, summary
+from .report import (
+           LAYOUT_KEYS,
+           SHAPE_KEYS,
+           best_per_configuration,
+           layout_markdown,
+           layout_table,
+           results_markdown,
+           save,
+           speedup_table,
+           summary,
+)
 
 __all__ = ["Case", "sweep", "run", "speedup_table", "save", "main", "synthetic_cache", "bytes_moved",
            "tolerance", "footprint_bytes", "memory_budget", "summary", "results_markdown", "time_call",

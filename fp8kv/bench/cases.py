@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import checks
 from ..cache import LAYOUTS
 from ..capability import BACKENDS, KV_DTYPES, MODES
 from ..capability import check as capability_check
-from .. import checks
 from ..checks import fail as _fail
 from ..formats import UNQUANTIZED_DTYPES
 from ..quant import GRANULARITIES, kv_scale_bytes
