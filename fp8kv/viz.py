@@ -49,9 +49,22 @@ __all__ = [
 # Its first use embeds the whole plotly.js once into the notebook, so the exported HTML views offline.
 DEFAULT_RENDERER = "plotly_mimetype+notebook"
 FORMAT_COLORS = {"e4m3": "#1f77b4", "e5m2": "#d62728", "e4m3fnuz": "#17becf", "e5m2fnuz": "#ff7f0e"}
-# 48 distinct colours (plotly's Dark24, then Alphabet's that are not in it): enough for every series of
-# a figure to have its own, and for a label to keep its colour from figure to figure and GPU to GPU.
-PALETTE = tuple(dict.fromkeys(c.lower() for c in (*_qualitative.Dark24, *_qualitative.Alphabet)))
+
+
+def _contrast_on_white(hex_colour: str) -> float:
+    """WCAG contrast ratio of an ``#rrggbb`` colour against white (1 to 21)."""
+    rgb = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    luminance = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    return 1.05 / (luminance + 0.05)
+
+
+MIN_CONTRAST = 3.0  # WCAG's minimum for graphics: pale yellows and greys vanish on a white page
+# Distinct colours (plotly's Dark24, then Alphabet's that are not in it) that stand out on white:
+# enough for every series of a figure to have its own, and for a label to keep its colour from
+# figure to figure and GPU to GPU.
+PALETTE = tuple(c for c in dict.fromkeys(c.lower() for c in (*_qualitative.Dark24, *_qualitative.Alphabet))
+                if _contrast_on_white(c) >= MIN_CONTRAST)
 # Line dash and marker per decode mode, so a mode reads the same in every figure.
 MODE_DASH = {"dequant": "solid", "fp8": "dash"}
 MODE_SYMBOL = {"dequant": "circle", "fp8": "diamond"}
@@ -78,6 +91,12 @@ AXIS_TITLES = {
     "layer": "layer", "layer_type": "layer type", "source": "source", "format": "format", "status": "status",
     "share": "output error / its tolerance", "combination": "", "time_ms": "time (ms)",
 }
+
+
+def tokens_label(n: int) -> str:
+    """A token count as people write it: ``16k`` for 16384, ``1000`` for 1000."""
+    n = int(n)
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def axis_title(column: str) -> str:
@@ -662,7 +681,7 @@ def layout_speedups(table, *, title: str | None = None) -> go.Figure:
     """
     _require_columns(table, ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context", "fp8_x_bf16",
                              "fp8_x_peer", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"], "table")
-    t = table.assign(shape=[f"{hq}/{hkv}/{d} · {b}×{c // 1024}k" for hq, hkv, d, b, c in zip(
+    t = table.assign(shape=[f"{hq}/{hkv}/{d} · {b}×{tokens_label(c)}" for hq, hkv, d, b, c in zip(
         table["num_q_heads"], table["num_kv_heads"], table["head_dim"], table["batch"], table["context"], strict=True)])
     long = t.melt(id_vars=["shape", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"],
                   value_vars=["fp8_x_bf16", "fp8_x_peer"], var_name="against", value_name="speedup")

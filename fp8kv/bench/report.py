@@ -114,6 +114,8 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def layout_markdown(table: pd.DataFrame) -> str:
     """:func:`layout_table` as the README's Markdown table."""
+    from ..viz import tokens_label
+
     head = ["Hq/Hkv/D", "B × ctx", "best peer (µs)", "fp8kv BF16 (µs)", "fp8kv FP8 (µs)", "FP8 × peer",
             "FP8 × own BF16", "BF16 GB/s", "FP8 GB/s", "FP8 rate ÷ BF16 rate", "% of FP8 limit"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -124,7 +126,7 @@ def layout_markdown(table: pd.DataFrame) -> str:
     for r in table.itertuples():
         peer = "—" if r.peer != r.peer else f"{r.peer_us:.1f} ({r.peer.replace('flashinfer-', 'FlashInfer ')})"
         lines.append("| " + " | ".join([
-            f"{r.num_q_heads}/{r.num_kv_heads}/{r.head_dim}", f"{r.batch} × {r.context // 1024}k", peer,
+            f"{r.num_q_heads}/{r.num_kv_heads}/{r.head_dim}", f"{r.batch} × {tokens_label(r.context)}", peer,
             f(r.bf16_us, ".1f"), f(r.fp8_us, ".1f"), f(r.fp8_x_peer, ".2f"), f(r.fp8_x_bf16, ".2f"),
             f(r.bf16_gbps, ".0f"), f(r.fp8_gbps, ".0f"), f(r.fp8_rate_of_bf16, ".2f"), f(r.pct_of_limit, ".0f")]) + " |")
     return "\n".join(lines)
