@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import fp8kv
+from conftest import make_cache as shared_make_cache  # noqa: E402
 from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError
 from fp8kv.quant import relative_error
@@ -44,19 +45,20 @@ def dequant_tol(q_dtype, granularity):
     return output_tolerance("triton", "dequant", q_dtype, granularity)
 
 
-# The backend matrix's data (fp8kv.synthetic.ragged_kv): per-head magnitude spread over
-# [10^-0.5, 10^0.5] and an outlier channel (1, six times larger) in K, so scale granularities differ.
+def ragged_cache(lens, hkv, d, *, k_mult=1.0, **kw):
+    """A cache of the backend matrix's data (as ``fp8kv.synthetic.ragged_kv``) on the test device,
+    built by the shared factory (conftest): K's heads spread over [10^-0.5, 10^0.5] and channel 1
+    six times larger (an outlier, as real keys have), so scale granularities differ; ``k_mult``
+    scales K (large scores). ``kw``: kv_dtype, granularity, block_size, layout, seed, ..."""
+    return shared_make_cache(lens, hkv, d, k_spread=k_mult, k_head_gain=torch.logspace(-0.5, 0.5, hkv),
+                             k_outlier_channels=slice(min(1, d - 1), min(1, d - 1) + 1), k_outlier_gain=6.0,
+                             device=DEVICE, **kw)
+
+
 @pytest.fixture(name="make_cache")
-def _ragged_cache(make_cache):
-    """The shared cache factory (conftest) with this module's data, on the test device:
-    ``make_cache(lens, hkv, d, kv_dtype=..., granularity=..., block_size=..., layout=..., seed=...)``."""
-
-    def build(lens, hkv, d, **kw):
-        return make_cache(lens, hkv, d, k_head_gain=torch.logspace(-0.5, 0.5, hkv),
-                          k_outlier_channels=slice(min(1, d - 1), min(1, d - 1) + 1), k_outlier_gain=6.0,
-                          device=DEVICE, **kw)
-
-    return build
+def _ragged_cache_fixture():
+    """:func:`ragged_cache` as this module's ``make_cache`` fixture."""
+    return ragged_cache
 
 
 def make_q(b, hq, d, dtype, seed=1):
