@@ -199,8 +199,8 @@ def paged_decode_kernel(
     elif RESCALE_Q:
         # A bf16 query (or one with channel scales folded in) can exceed fp16's range or sink into
         # its subnormals: bring each head's amax to [2^13, 2^14) by a power of two, exact in fp32,
-        # and multiply it back into the scores. Per head, measured on the H200 (32/8/128, FP8):
-        # B=64 x 16k 668 us; one scalar per query group instead took 818 us.
+        # and multiply it back into the scores. Per head: on the H200 (32/8/128, FP8, B=64 x 16k) it ran
+        # 668 us, one scalar per query group 818 us in a run of the same day (BF16 rows within 2.4 %).
         qf = qf.to(tl.float32)
         amax = tl.max(tl.abs(qf), axis=1)
         e = tl.where(amax > 0, tl.floor(tl.log2(tl.where(amax > 0, amax, 1.0))) - 13.0, 0.0)
