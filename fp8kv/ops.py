@@ -67,8 +67,7 @@ def _num_sms(device: torch.device) -> int:
 DecodeConfig = dict[str, int]
 
 
-def default_config(mode: str, kv_fp8: bool, head_dim: int, *, tensor_cores: bool = True,
-                   group: int = 4) -> DecodeConfig:
+def default_config(mode: str, kv_fp8: bool, head_dim: int, *, tensor_cores: bool = True) -> DecodeConfig:
     """Tile and launch defaults (BLOCK_N >= 32: the FP8 dot's minimum K for P·V).
 
     Tensor cores, measured on an H200 (B=64, ctx=16k, Hq=32, Hkv=8, D=128, page 16): FP8 caches are
@@ -91,6 +90,9 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, tensor_cores: bool
     return dict(block_n=block_n, num_warps=4, num_stages=stages)
 
 
+MAX_SPLITS_FOR_LATENCY = 64  # at most this many one-tile splits (the combine holds splits x D partials)
+
+
 def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int,
                       waves: float = 8.0, min_tiles_per_split: int = 4, min_waves: float = 2.0) -> int:
     """Split-KV factor from the launch shape (flash-decoding).
@@ -101,29 +103,40 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     splits 196 us. Where that leaves fewer than ``min_waves`` x ``num_sms`` programs (small batch and
     short context: latency-bound), splits go down to one tile each until there are: H200, 32/8/128,
     B=1 x 4k FP8: 32 one-tile splits 10.5 us against 15.4 us for 8 four-tile splits; B=3 x 1000:
-    8 splits 9.6 us against 15.0 us for 2. Contexts of fewer than four tiles stay in one split.
+    8 splits 9.6 us against 15.0 us for 2. Contexts of fewer than four tiles stay in one split, and
+    the increase stops at :data:`MAX_SPLITS_FOR_LATENCY`. The count is what is asked for;
+    :func:`launch_config` rounds it to whole tiles per split.
     """
     base = batch * kv_heads
     want = math.ceil(waves * num_sms / base)
     tiles = math.ceil(capacity / block_n)
     splits = max(1, min(want, math.ceil(tiles / min_tiles_per_split)))
     if splits * base < min_waves * num_sms and tiles >= min_tiles_per_split:
-        splits = max(splits, min(math.ceil(min_waves * num_sms / base), tiles))
+        splits = max(splits, min(math.ceil(min_waves * num_sms / base), tiles, MAX_SPLITS_FOR_LATENCY))
     return int(splits)
 
 
 def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num_splits: int | None = None,
                   block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                   device: torch.device | None = None, window: int | None = None,
-                  tensor_cores: bool = True, group: int = 4) -> DecodeConfig:
+                  tensor_cores: bool = True, group: int | None = None) -> DecodeConfig:
     """The launch :func:`paged_decode` uses for ``batch`` sequences of ``cache``: defaults plus overrides.
 
     Returns block_n, num_warps, num_stages, num_splits and tokens_per_split (a multiple of block_n;
     num_splits is recomputed from it so that no split is empty by construction of the grid). With a
     sliding ``window`` the splits tile the window, not the page table: the span is
-    ``min(window, capacity)``.
+    ``min(window, capacity)``. ``tensor_cores``: the kernel the launch is for (False: the CUDA-core
+    kernel, which runs one program per query head, so its splits are sized for ``group`` x Hkv
+    programs per sequence; ``group``, the query heads per KV head, is then required).
     """
-    cfg = default_config(mode, cache.is_fp8, cache.head_dim, tensor_cores=tensor_cores, group=group)
+    if not tensor_cores:
+        if mode == "fp8":
+            raise ValueError("tensor_cores=False with mode='fp8': FP8 arithmetic runs on tensor cores")
+        if group is None:
+            raise ValueError("group (query heads per KV head) is required with tensor_cores=False: the CUDA-core "
+                             "kernel runs one program per query head")
+        group = checks.positive_int(group, "group")
+    cfg = default_config(mode, cache.is_fp8, cache.head_dim, tensor_cores=tensor_cores)
     block_n = cfg["block_n"] if block_n is None else checks.positive_int(block_n, "block_n")
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")
@@ -134,7 +147,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     if mode == "fp8" and block_n < 32:
         raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= 32 (FP8 dot minimum K)")
     if block_n < (16 if tensor_cores else 1) or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
-        raise ValueError(f"block_n={block_n} must be a power of two in [16, {MAX_BLOCK_N}]")
+        raise ValueError(f"block_n={block_n} must be a power of two in [{16 if tensor_cores else 1}, {MAX_BLOCK_N}]")
     capacity = cache.max_blocks_per_seq * cache.block_size
     if window is not None:
         capacity = min(capacity, window)
@@ -252,7 +265,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     if use_tensor_cores is None:
         use_tensor_cores = True
     elif not isinstance(use_tensor_cores, bool):
-        raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True, False or None (chosen by shape)")
+        raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True (or None, the default: tensor "
+                        "cores) or False (the CUDA-core kernel)")
     elif not use_tensor_cores and mode == "fp8":
         raise ValueError("use_tensor_cores=False with mode='fp8': FP8 arithmetic runs on tensor cores; "
                          "use mode='dequant' for the CUDA-core kernel")

@@ -180,11 +180,17 @@ def _saved_runs(out_dir, slug: str, preset: str | None):
     if not _SLUG.match(str(slug)):
         fail(f"slug={slug!r}; expected a folder-safe GPU slug such as 'nvidia-h200'")
     folder = Path(out_dir) / slug
-    for csv in sorted(folder.glob("*.csv"), reverse=True) if folder.is_dir() else []:
+
+    def order(csv: Path):  # <stamp>.csv, then <stamp>-2.csv, -3, ... (save_table's names)
+        stamp, _, n = csv.stem.partition("-")
+        return stamp, int(n) if n.isdigit() else 1
+
+    for csv in sorted(folder.glob("*.csv"), key=order, reverse=True) if folder.is_dir() else []:
         meta_path = csv.with_suffix(".json")
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         argv = [str(a) for a in meta.get("argv") or []]
-        named = meta.get("preset") or next((b for a, b in zip(argv, argv[1:], strict=False) if a == "--preset"), None)
+        named = meta.get("preset") or next((b for a, b in zip(argv, argv[1:], strict=False) if a == "--preset"), None) \
+            or next((a.split("=", 1)[1] for a in argv if a.startswith("--preset=")), None)
         if preset is None or named == preset:
             yield csv, meta
 

@@ -71,6 +71,15 @@ def test_bf16_queries_beyond_fp16_range_are_computed_right(scale, granularity, m
     triton_matches_oracle(q, cache, TOL[torch.bfloat16], sm_scale=0.1 / (scale * math.sqrt(32)))
 
 
+def test_bf16_query_heads_of_one_group_ten_orders_apart(make_cache):
+    """Each head is rescaled by its own power of two: one factor for the whole query group would push
+    the small heads (1e-5) into fp16's subnormals next to the large ones (1e5)."""
+    q = query(dtype=torch.float32)
+    q[:, 0::2] *= 1e5
+    q[:, 1::2] *= 1e-5
+    triton_matches_oracle(q.to(torch.bfloat16), make_cache(), TOL[torch.bfloat16], sm_scale=0.3 / (1e-5 * math.sqrt(32)))
+
+
 def test_bf16_query_write_through_fused_kernel_is_bit_identical_to_torch(make_cache):
     """bf16 pages written by the fused kernel (interpreter: integer rounding) equal torch's."""
     a, b = make_cache(kv_dtype="bf16", max_seq_len=40), make_cache(kv_dtype="bf16", max_seq_len=40)

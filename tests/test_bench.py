@@ -550,3 +550,34 @@ def test_saved_runs_by_preset_newest_first(tmp_path):
     assert load_tables(tmp_path, "nvidia-a100") is None
     with pytest.raises(ValueError, match="slug"):
         load_table(tmp_path, "../etc")
+
+
+def test_layout_table_refuses_rows_of_mixed_page_sizes():
+    from fp8kv.bench import layout_table
+
+    df = _layout_rows().assign(block_size=16)
+    df.loc[0, "block_size"] = 32
+    with pytest.raises(ValueError, match="mixes block_size"):
+        layout_table(df)
+
+
+def test_layouts_preset_takes_whole_layouts_from_the_command_line():
+    from fp8kv.bench.cli import _grid_from_args, build_parser
+
+    parser = build_parser()
+    grid = _grid_from_args(parser.parse_args(["--preset", "layouts", "--heads", "8:2", "--head-dims", "64"]),
+                           torch.device("cpu"))
+    assert "shapes" not in grid and grid["heads"] == [(8, 2)] and grid["head_dims"] == [64]
+    with pytest.raises(ValueError, match="both --heads and --head-dims"):
+        _grid_from_args(parser.parse_args(["--preset", "layouts", "--head-dims", "96"]), torch.device("cpu"))
+
+
+def test_saved_runs_of_one_second_in_save_order(tmp_path):
+    from fp8kv.results import load_table
+
+    folder = tmp_path / "nvidia-h200"
+    folder.mkdir()
+    for n, stem in enumerate(("20260101T000000Z", "20260101T000000Z-2", "20260101T000000Z-10")):
+        pd.DataFrame({"x": [n]}).to_csv(folder / f"{stem}.csv", index=False)
+        (folder / f"{stem}.json").write_text(json.dumps({"argv": ["--preset=layouts"]}))
+    assert load_table(tmp_path, "nvidia-h200", preset="layouts")["x"].tolist() == [2]  # -10 is the newest

@@ -31,6 +31,7 @@ from fp8kv.capability import UnsupportedError
 from fp8kv.quant import relative_error
 from fp8kv.reference import FP8_MODE_TOL, lse_tolerance, output_tolerance, unit_roundoff
 from fp8kv.reference import decode as ref_decode
+from fp8kv.synthetic import ragged_kv
 
 triton = pytest.importorskip("triton")
 from fp8kv.ops import choose_num_splits, paged_decode, write_cache  # noqa: E402
@@ -44,19 +45,20 @@ def dequant_tol(q_dtype, granularity):
     return output_tolerance("triton", "dequant", q_dtype, granularity)
 
 
-# The backend matrix's data (fp8kv.synthetic.ragged_kv): per-head magnitude spread over
-# [10^-0.5, 10^0.5] and an outlier channel (1, six times larger) in K, so scale granularities differ.
+def ragged_cache(lens, hkv, d, *, kv_dtype="fp8_e4m3", granularity="tensor", block_size=16, layout="NHD", seed=0,
+                 k_mult=1.0):
+    """A cache of the backend matrix's data (``fp8kv.synthetic.ragged_kv``: K's heads spread over
+    [10^-0.5, 10^0.5] and an outlier channel, so scale granularities differ) on the test device;
+    ``k_mult`` scales K (large scores)."""
+    k, v = ragged_kv(lens, hkv, d, seed=seed)
+    return PagedKVCache.from_dense((k * k_mult).to(DEVICE), v.to(DEVICE), lens, block_size=block_size,
+                                   kv_dtype=kv_dtype, granularity=granularity, layout=layout, seed=seed)
+
+
 @pytest.fixture(name="make_cache")
-def _ragged_cache(make_cache):
-    """The shared cache factory (conftest) with this module's data, on the test device:
-    ``make_cache(lens, hkv, d, kv_dtype=..., granularity=..., block_size=..., layout=..., seed=...)``."""
-
-    def build(lens, hkv, d, **kw):
-        return make_cache(lens, hkv, d, k_head_gain=torch.logspace(-0.5, 0.5, hkv),
-                          k_outlier_channels=slice(min(1, d - 1), min(1, d - 1) + 1), k_outlier_gain=6.0,
-                          device=DEVICE, **kw)
-
-    return build
+def _ragged_cache_fixture():
+    """:func:`ragged_cache` as this module's ``make_cache`` fixture."""
+    return ragged_cache
 
 
 def make_q(b, hq, d, dtype, seed=1):
@@ -202,11 +204,12 @@ def test_kernel_choice_is_explicit(kernel_spies, make_cache):
 
 @pytest.mark.parametrize("variant", ["window", "soft_cap", "sinks"])
 def test_cuda_core_kernel_variants(variant, make_cache):
-    """Sliding window, soft-cap and sinks on the CUDA-core kernel, one split and several."""
+    """Sliding window, soft-cap and sinks on the CUDA-core kernel, one split and several, at a group of 3
+    with a different sink per query head (a sink read by KV head would fail)."""
     cache = make_cache([1, 40, 70], 2, 32, granularity="head")
-    q = make_q(3, 2, 32, torch.float16)
+    q = make_q(3, 6, 32, torch.float16)  # a group of 3: query head and KV head numbers differ
     kw = {"window": dict(window=20), "soft_cap": dict(soft_cap=4.0),
-          "sinks": dict(sinks=torch.randn(2, generator=torch.Generator().manual_seed(2)).to(DEVICE))}[variant]
+          "sinks": dict(sinks=torch.linspace(-3.0, 4.0, 6).to(DEVICE))}[variant]  # one per query head
     ref_o, ref_l = ref_decode(q, cache, **kw)
     for splits in (1, 4):
         out, lse = paged_decode(q, cache, num_splits=splits, block_n=8, use_tensor_cores=False, **kw)
@@ -267,7 +270,7 @@ def test_non_unit_scales_are_honoured(mode, granularity):
     assert torch.equal(o3, (o1.float() / 4).to(o1.dtype))
 
 
-def test_splits_agree_and_batch_one_fills_the_gpu(make_cache):
+def test_splits_agree_and_batch_one_fills_the_gpu(make_cache, monkeypatch):
     cache = make_cache([200], 2, 64, seed=3)
     q = make_q(1, 8, 64, torch.float16)
     outs = [paged_decode(q, cache, num_splits=s, block_n=16) for s in (1, 2, 5)]
@@ -280,10 +283,25 @@ def test_splits_agree_and_batch_one_fills_the_gpu(make_cache):
     assert choose_num_splits(16, 8, 16384, 128, 132) == 9
     assert choose_num_splits(256, 8, 16384, 128, 132) == 1
     assert choose_num_splits(1, 8, 128, 64, 132) == 1  # two tiles: one split, no combine launch
-    # latency-bound shapes: one-tile splits until two waves of programs run
+    # latency-bound shapes: one-tile splits until two waves of programs run, at most MAX_SPLITS
     assert choose_num_splits(1, 8, 4096, 128, 132) == 32  # 4-tile splits would give 8
     assert choose_num_splits(3, 8, 1000, 128, 132) == 8
-    assert choose_num_splits(4, 8, 4096, 128, 132) == 9
+    assert choose_num_splits(1, 1, 16384, 64, 132) == 64  # MQA: not 256 one-tile splits
+    # what launch_config launches: whole tiles per split (9 wanted at B=4 x 4k -> 8 of 512 tokens)
+    from fp8kv import ops
+    from fp8kv.ops import launch_config
+
+    monkeypatch.setattr(ops, "_num_sms", lambda device: 132)  # an H200's launch, on any machine
+    for b, hkv, lens, want in ((4, 8, [4096] * 4, 8), (1, 8, [4096], 32), (2, 8, [1000, 1000], 8)):
+        cfg = launch_config(b, make_cache(lens, hkv, 128, seed=1), block_n=128)
+        assert cfg["num_splits"] == want and cfg["tokens_per_split"] % 128 == 0, (b, lens, cfg)
+    # the CUDA-core kernel runs one program per query head: its split count follows Hq, not Hkv
+    mha = make_cache([4096], 2, 64, seed=1)
+    tc = launch_config(1, mha, block_n=64)["num_splits"]
+    cc = launch_config(1, mha, block_n=64, tensor_cores=False, group=4)["num_splits"]
+    assert cc < tc
+    with pytest.raises(ValueError, match="group"):
+        launch_config(1, mha, tensor_cores=False)
 
 
 def test_empty_split_ranges_are_harmless(make_cache):

@@ -74,8 +74,8 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
         checked call; shapes, dtypes, devices and scalars are validated either way. Without the
         check a corrupt table cannot make a kernel read outside the pages (indices are clamped),
         but the result is then meaningless.
-    launch : backend options, see ``LAUNCH_OPTIONS`` (Triton's launch overrides, FlashInfer's
-        ``use_tensor_cores``).
+    launch : backend options, see ``LAUNCH_OPTIONS`` (Triton's launch overrides and its opt-in
+        CUDA-core kernel, ``use_tensor_cores=False``; FlashInfer's ``use_tensor_cores``).
 
     Returns ``out`` ``[B, Hq, D]`` and ``lse`` ``[B, Hq]`` fp32 (natural log).
 

@@ -181,8 +181,11 @@ def _grid_from_args(args, device: torch.device) -> dict:
     given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     grid = preset_grid(args.preset, device, **given) if args.preset else \
         {**PRESETS["target"], "batches": None, "contexts": None, **given}
-    if args.heads is not None or args.head_dims is not None:
-        grid.pop("shapes", None)  # explicit heads / head dims replace a preset's layouts
+    if "shapes" in grid and (args.heads is None) != (args.head_dims is None):
+        checks.fail(f"--preset {args.preset} sweeps whole head layouts; give both --heads and --head-dims "
+                    "to replace them, or neither")
+    if args.heads is not None and args.head_dims is not None:
+        grid.pop("shapes", None)  # explicit heads x head dims replace a preset's layouts
     if args.tensor_cores:
         grid["flashinfer_tensor_cores"] = {"both": [False, True], "on": [True], "off": [False]}[args.tensor_cores]
     if grid["batches"] is None or grid["contexts"] is None:

@@ -47,8 +47,7 @@ def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dic
     window = case.window if case.window is not None and case.window < cache.max_blocks_per_seq * cache.block_size \
         else None  # as paged_decode: a window covering the page table is no window
     group = case.num_q_heads // case.num_kv_heads
-    tc = o.get("use_tensor_cores")
-    tc = True if tc is None else tc
+    tc = o.get("use_tensor_cores") is not False
     cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
                         num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device, window=window,
                         tensor_cores=tc, group=group)
@@ -216,7 +215,8 @@ def _row(base: dict, c: Case, **values) -> dict:
                granularity=c.granularity, layout=c.layout, q_dtype=c.q_dtype, batch=c.batch, context=c.context,
                window=c.window,
                num_q_heads=c.num_q_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-               block_size=c.block_size, time_us=float("nan"), gbps=float("nan"), pct_copy_bw=float("nan"),
+               block_size=c.block_size, tensor_cores=c.options.get("use_tensor_cores"),
+               time_us=float("nan"), gbps=float("nan"), pct_copy_bw=float("nan"),
                rel_err=float("nan"), reason="")
     by = bytes_moved(c)
     row.update(bytes=by["total"], kv_bytes=by["kv"])

@@ -87,6 +87,10 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     if missing:
         _fail(f"df lacks columns {missing}; expected the rows of fp8kv.bench.run()")
     good = df[(df["status"] == "ok") & ~df["check_passed"].map(_failed) & df["time_us"].notna()]
+    for col in ("block_size", "layout", "q_dtype", "window", "granularity"):
+        if col in good.columns and good[col].nunique(dropna=False) > 1:
+            _fail(f"df mixes {col} values {sorted(map(str, good[col].unique()))}; layout_table compares head layouts "
+                  f"at one {col}: select those rows first")
     med = good.groupby(LAYOUT_KEYS + ["backend", "label", "kv_dtype"], as_index=False).agg(
         time_us=("time_us", "median"), kv_bytes=("kv_bytes", "first"), copy_gbps=("copy_gbps", "first"))
 

@@ -17,7 +17,15 @@ shared), grid ``(B, Hq, splits)``; dequant mode only.
 import triton
 import triton.language as tl
 
-from .paged_decode import LN2, SCALE_CHANNEL, SCALE_PER_HEAD, SCALE_TOKEN_HEAD, _kv_tile_to_compute
+from .paged_decode import (
+    LN2,
+    SCALE_CHANNEL,
+    SCALE_PER_HEAD,
+    SCALE_TOKEN_HEAD,
+    _kv_tile_to_compute,
+    _split_range,
+    _tile_addresses,
+)
 
 
 @triton.jit
@@ -58,12 +66,7 @@ def paged_decode_cuda_core_kernel(
     split = tl.program_id(2)
     kvh = h // GROUP
 
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), row_capacity)  # clamped: see paged_decode_kernel
-    if WINDOWED:
-        start = tl.maximum(seq_len - window, 0) + split * tokens_per_split
-    else:
-        start = split * tokens_per_split
-    end = tl.minimum(seq_len, start + tokens_per_split)
+    start, end = _split_range(seq_lens_ptr, b, split, tokens_per_split, row_capacity, window, WINDOWED)
 
     offs_d = tl.arange(0, D_PAD)
     offs_n = tl.arange(0, BLOCK_N)
@@ -85,16 +88,8 @@ def paged_decode_cuda_core_kernel(
     kv_head_off = kvh * stride_kh
 
     for n0 in range(start, end, BLOCK_N):
-        t = n0 + offs_n
-        t_mask = t < end
-        page = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0)
-        page = tl.minimum(tl.maximum(page, 0), num_blocks - 1).to(tl.int64)
-        in_page = t % BLOCK_SIZE
-        kv_off = (page * stride_kb + in_page * stride_kt + kv_head_off)[:, None] + offs_d[None, :]
-        if D_PAD == HEAD_DIM:
-            kv_mask = t_mask[:, None]
-        else:
-            kv_mask = t_mask[:, None] & d_mask[None, :]
+        t_mask, page, in_page, kv_off, kv_mask = _tile_addresses(bt_row, n0, end, offs_n, offs_d, num_blocks, stride_kb,
+                                                                  stride_kt, kv_head_off, BLOCK_SIZE, HEAD_DIM, D_PAD)
         k = tl.load(k_pages_ptr + kv_off, mask=kv_mask, other=0.0, eviction_policy=KV_EVICTION)
         v = tl.load(v_pages_ptr + kv_off, mask=kv_mask, other=0.0, eviction_policy=KV_EVICTION)
         s = tl.sum(_tile_to_fp32(k, KV_FP8, CONVERT_K, MANT, BIAS) * q[None, :], axis=1)  # [N], exp2 domain
