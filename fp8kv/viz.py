@@ -93,6 +93,9 @@ AXIS_TITLES = {
 }
 
 
+TOKEN_COLUMNS = ("context", "context_len", "tokens", "window")  # columns that count tokens
+
+
 def tokens_label(n: int) -> str:
     """A token count as people write it: ``16k`` for 16384, ``1000`` for 1000."""
     n = int(n)
@@ -436,7 +439,9 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
         fig.add_hline(y=_coord(fig, "y", ceiling), line_dash="dash", line_color="gray", annotation_text=ceiling_label,
                       annotation_position="top left")
     if log_x:
-        fig.update_xaxes(tickvals=sorted(data[x].unique()))  # the measured sizes, not decades
+        ticks = sorted(data[x].unique())  # the measured sizes, not decades; token counts as "16k", not "16.384k"
+        text = [tokens_label(t) for t in ticks] if x in TOKEN_COLUMNS else [f"{t:g}" for t in ticks]
+        fig.update_xaxes(tickvals=ticks, ticktext=text)
     return fig
 
 

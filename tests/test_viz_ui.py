@@ -315,3 +315,18 @@ def test_grouped_bars_one_trace_per_colour():
     assert fig.layout.barmode == "group"
     with pytest.raises(ValueError, match="lacks column"):
         viz.grouped_bars(_quant_rows(), x="granularity", y="nope")
+
+
+def test_token_axes_read_as_people_write_them():
+    """A log context axis ticks at the measured sizes, written 4k / 16k (not 4.096k / 16.384k)."""
+    import pandas as pd
+
+    from fp8kv import viz
+
+    df = pd.DataFrame({"context": [4096, 16384, 1000], "time_us": [1.0, 2.0, 0.5], "label": ["a"] * 3})
+    fig = viz.bench_lines(df, x="context", y="time_us", log_x=True)
+    assert list(fig.layout.xaxis.tickvals) == [1000, 4096, 16384]
+    assert list(fig.layout.xaxis.ticktext) == ["1000", "4k", "16k"]
+    batch = viz.bench_lines(df.rename(columns={"context": "batch"}), x="batch", y="time_us", log_x=True)
+    assert list(batch.layout.xaxis.ticktext) == ["1000", "4096", "16384"]  # not a token count
+    assert all(viz._contrast_on_white(c) >= viz.MIN_CONTRAST for c in viz.PALETTE)
