@@ -93,6 +93,9 @@ AXIS_TITLES = {
 }
 
 
+TOKEN_COLUMNS = ("context", "context_len", "tokens", "window")  # columns that count tokens
+
+
 def tokens_label(n: int) -> str:
     """A token count as people write it: ``16k`` for 16384, ``1000`` for 1000."""
     n = int(n)
@@ -123,20 +126,31 @@ def series_color(label: str) -> str:
     return FORMAT_COLORS.get(str(label)) or PALETTE[_preferred_slot(label)]
 
 
+MIN_COLOUR_DISTANCE = 100.0  # RGB distance (0-441) below which two series of one figure look alike
+
+
+def _rgb_distance(a: str, b: str) -> float:
+    return math.dist([int(a[i:i + 2], 16) for i in (1, 3, 5)], [int(b[i:i + 2], 16) for i in (1, 3, 5)])
+
+
 def color_map(labels) -> dict:
     """``{label: colour}`` for the labels of one figure: each its :func:`series_color`, no two alike.
 
-    When two labels hash to one colour, the one later in sorted order takes the next free colour of
-    :data:`PALETTE`, so the result depends only on the set of labels, never on trace order.
+    When a label's colour is taken or close to a taken one (:data:`MIN_COLOUR_DISTANCE`: three
+    magentas side by side read as one), the label later in sorted order takes the next colour of
+    :data:`PALETTE` that is far from all taken ones (else the next free one), so the result depends
+    only on the set of labels, never on trace order.
     """
-    taken, out = set(), {}
+    taken: list[str] = []
+    out = {}
     for label in sorted({str(x) for x in labels}):
         colour = series_color(label)
-        if colour in taken:
+        if any(_rgb_distance(colour, t) < MIN_COLOUR_DISTANCE for t in taken):
             start = _preferred_slot(label)
-            colour = next((PALETTE[(start + i) % len(PALETTE)] for i in range(1, len(PALETTE) + 1)
-                           if PALETTE[(start + i) % len(PALETTE)] not in taken), colour)
-        taken.add(colour)
+            order = [PALETTE[(start + i) % len(PALETTE)] for i in range(1, len(PALETTE) + 1)]
+            colour = next((c for c in order if all(_rgb_distance(c, t) >= MIN_COLOUR_DISTANCE for t in taken)),
+                          next((c for c in order if c not in taken), colour))
+        taken.append(colour)
         out[label] = colour
     return out
 
@@ -436,7 +450,9 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
         fig.add_hline(y=_coord(fig, "y", ceiling), line_dash="dash", line_color="gray", annotation_text=ceiling_label,
                       annotation_position="top left")
     if log_x:
-        fig.update_xaxes(tickvals=sorted(data[x].unique()))  # the measured sizes, not decades
+        ticks = sorted(data[x].unique())  # the measured sizes, not decades; token counts as "16k", not "16.384k"
+        text = [tokens_label(t) for t in ticks] if x in TOKEN_COLUMNS else [f"{t:g}" for t in ticks]
+        fig.update_xaxes(tickvals=ticks, ticktext=text)
     return fig
 
 

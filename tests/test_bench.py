@@ -581,3 +581,14 @@ def test_saved_runs_of_one_second_in_save_order(tmp_path):
         pd.DataFrame({"x": [n]}).to_csv(folder / f"{stem}.csv", index=False)
         (folder / f"{stem}.json").write_text(json.dumps({"argv": ["--preset=layouts"]}))
     assert load_table(tmp_path, "nvidia-h200", preset="layouts")["x"].tolist() == [2]  # -10 is the newest
+
+
+def test_layouts_cuda_core_preset_times_both_kernels_on_small_groups():
+    from fp8kv.bench import PRESETS
+
+    cases = sweep(**PRESETS["layouts-cuda-core"], arch="sm90", memory_budget_bytes=2**50)
+    tri = [c for c in cases if c.backend == "triton"]
+    assert {(c.num_q_heads // c.num_kv_heads) for c in tri} == {1, 2}
+    kernels = {c.options.get("use_tensor_cores", True) for c in tri if c.kv_dtype == "fp8_e4m3"}
+    assert kernels == {True, False}
+    assert any(c.backend == "flashinfer" and c.status == "ready" for c in cases)

@@ -315,3 +315,34 @@ def test_grouped_bars_one_trace_per_colour():
     assert fig.layout.barmode == "group"
     with pytest.raises(ValueError, match="lacks column"):
         viz.grouped_bars(_quant_rows(), x="granularity", y="nope")
+
+
+def test_token_axes_read_as_people_write_them():
+    """A log context axis ticks at the measured sizes, written 4k / 16k (not 4.096k / 16.384k)."""
+    import pandas as pd
+
+    from fp8kv import viz
+
+    df = pd.DataFrame({"context": [4096, 16384, 1000], "time_us": [1.0, 2.0, 0.5], "label": ["a"] * 3})
+    fig = viz.bench_lines(df, x="context", y="time_us", log_x=True)
+    assert list(fig.layout.xaxis.tickvals) == [1000, 4096, 16384]
+    assert list(fig.layout.xaxis.ticktext) == ["1000", "4k", "16k"]
+    batch = viz.bench_lines(df.rename(columns={"context": "batch"}), x="batch", y="time_us", log_x=True)
+    assert list(batch.layout.xaxis.ticktext) == ["1000", "4096", "16384"]  # not a token count
+    assert all(viz._contrast_on_white(c) >= viz.MIN_CONTRAST for c in viz.PALETTE)
+
+
+def test_series_of_one_figure_are_far_apart_in_colour():
+    """Up to eight series in one figure get colours no closer than MIN_COLOUR_DISTANCE (three
+    magentas side by side read as one), independent of the order the labels come in."""
+    import itertools
+
+    from fp8kv import viz
+
+    labels = ["reference fp16 dequant", "reference fp8_e4m3 dequant", "triton fp16 dequant",
+              "triton fp8_e4m3 dequant", "triton fp8_e4m3 fp8", "flashinfer-tc bf16 dequant",
+              "flashinfer-tc fp8_e4m3 dequant", "flashinfer-no-tc fp8_e4m3 dequant"]
+    colours = viz.color_map(labels)
+    for a, b in itertools.combinations(colours.values(), 2):
+        assert viz._rgb_distance(a, b) >= viz.MIN_COLOUR_DISTANCE, (a, b)
+    assert viz.color_map(labels[::-1]) == colours

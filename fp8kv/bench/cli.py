@@ -54,6 +54,16 @@ PRESETS = {
                             (14, 2, 64), (8, 1, 256), (71, 1, 64), (32, 8, 112)],
                     block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"],
                     backends=["triton", "flashinfer"], granularities=["tensor"], flashinfer_tensor_cores=[False, True]),
+    # The opt-in CUDA-core kernel against the tensor-core one where the group is 1 or 2 (MHA: Llama-2-7B,
+    # Phi-2, Phi-3-mini, Gemma-7B's 16/16/256; group 2: Qwen3-1.7B's 16/8/128), a few tile sizes,
+    # FlashInfer beside: the measurement that decides whether it becomes the default.
+    "layouts-cuda-core": dict(batches=[1, 64], contexts=[4096, 16384],
+                              shapes=[(32, 32, 128), (32, 32, 80), (32, 32, 96), (16, 16, 256), (16, 8, 128)],
+                              block_sizes=[16],
+                              kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
+                              granularities=["tensor"], flashinfer_tensor_cores=[False, True],
+                              triton_options=[{}, {"use_tensor_cores": False}, {"use_tensor_cores": False, "block_n": 16},
+                                              {"use_tensor_cores": False, "block_n": 64}]),
     "layouts-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 4, 32), (4, 1, 64), (6, 2, 48)], block_sizes=[16],
                           kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                           granularities=["tensor"], flashinfer_tensor_cores=[True]),
@@ -71,6 +81,9 @@ PRESET_HELP = {
     "window-gemma3": "the same windows at Gemma-3-270M's shape, Hq:Hkv 4:1, D 256 (GPU)",
     "layouts": "head layouts of real model families (MHA, GQA groups 4/5/7, MQA; D 64-256) at B 1-64 x context "
                "4k-16k, bf16 vs fp8_e4m3, Triton and FlashInfer side by side; fp8kv.bench.layout_table reads it (GPU)",
+    "layouts-cuda-core": "the opt-in CUDA-core Triton kernel (use_tensor_cores=False, tiles of 16/32/64 tokens) "
+                         "against the tensor-core one and FlashInfer on MHA and group-2 layouts, B 1-64 x context "
+                         "4k-16k (GPU)",
     "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
 }
 assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"
