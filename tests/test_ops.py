@@ -298,10 +298,10 @@ def test_splits_agree_and_batch_one_fills_the_gpu(make_cache, monkeypatch):
     # the CUDA-core kernel runs one program per query head: its split count follows Hq, not Hkv
     mha = make_cache([4096], 2, 64, seed=1)
     tc = launch_config(1, mha, block_n=64)["num_splits"]
-    cc = launch_config(1, mha, block_n=64, tensor_cores=False, group=4)["num_splits"]
+    cc = launch_config(1, mha, block_n=64, use_tensor_cores=False, group=4)["num_splits"]
     assert cc < tc
     with pytest.raises(ValueError, match="group"):
-        launch_config(1, mha, tensor_cores=False)
+        launch_config(1, mha, use_tensor_cores=False)
 
 
 def test_empty_split_ranges_are_harmless(make_cache):

@@ -50,7 +50,7 @@ def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dic
     tc = o.get("use_tensor_cores") is not False
     cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
                         num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device, window=window,
-                        tensor_cores=tc, group=group)
+                        use_tensor_cores=tc, group=group)
     return {"tensor_cores": tc, **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages")}}
 
 
