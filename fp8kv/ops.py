@@ -67,7 +67,7 @@ def _num_sms(device: torch.device) -> int:
 DecodeConfig = dict[str, int]
 
 
-def default_config(mode: str, kv_fp8: bool, head_dim: int, *, tensor_cores: bool = True) -> DecodeConfig:
+def default_config(mode: str, kv_fp8: bool, head_dim: int, *, use_tensor_cores: bool = True) -> DecodeConfig:
     """Tile and launch defaults (BLOCK_N >= 32: the FP8 dot's minimum K for P·V).
 
     Tensor cores, measured on an H200 (B=64, ctx=16k, Hq=32, Hkv=8, D=128, page 16): FP8 caches are
@@ -81,7 +81,7 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, tensor_cores: bool
     32 x 128 over 128 threads is 32 registers a thread.
     """
     interp = interpreter_on()
-    if not tensor_cores:
+    if not use_tensor_cores:
         return dict(block_n=32, num_warps=4, num_stages=1 if interp else 2)
     block_n = 128 if kv_fp8 or head_dim <= 64 else 64
     if head_dim > 128:
@@ -119,24 +119,25 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
 def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num_splits: int | None = None,
                   block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                   device: torch.device | None = None, window: int | None = None,
-                  tensor_cores: bool = True, group: int | None = None) -> DecodeConfig:
+                  use_tensor_cores: bool = True, group: int | None = None) -> DecodeConfig:
     """The launch :func:`paged_decode` uses for ``batch`` sequences of ``cache``: defaults plus overrides.
 
     Returns block_n, num_warps, num_stages, num_splits and tokens_per_split (a multiple of block_n;
     num_splits is recomputed from it so that no split is empty by construction of the grid). With a
     sliding ``window`` the splits tile the window, not the page table: the span is
-    ``min(window, capacity)``. ``tensor_cores``: the kernel the launch is for (False: the CUDA-core
+    ``min(window, capacity)``. ``use_tensor_cores``: the kernel the launch is for (False: the CUDA-core
     kernel, which runs one program per query head, so its splits are sized for ``group`` x Hkv
     programs per sequence; ``group``, the query heads per KV head, is then required).
     """
-    if not tensor_cores:
+    if not use_tensor_cores:
         if mode == "fp8":
-            raise ValueError("tensor_cores=False with mode='fp8': FP8 arithmetic runs on tensor cores")
+            raise ValueError("use_tensor_cores=False with mode='fp8': FP8 arithmetic runs on tensor cores; "
+                             "use mode='dequant' for the CUDA-core kernel")
         if group is None:
-            raise ValueError("group (query heads per KV head) is required with tensor_cores=False: the CUDA-core "
-                             "kernel runs one program per query head")
+            raise ValueError("group (query heads per KV head) is required with use_tensor_cores=False: the "
+                             "CUDA-core kernel runs one program per query head")
         group = checks.positive_int(group, "group")
-    cfg = default_config(mode, cache.is_fp8, cache.head_dim, tensor_cores=tensor_cores)
+    cfg = default_config(mode, cache.is_fp8, cache.head_dim, use_tensor_cores=use_tensor_cores)
     block_n = cfg["block_n"] if block_n is None else checks.positive_int(block_n, "block_n")
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")
@@ -146,13 +147,14 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         num_stages = checks.positive_int(num_stages, "num_stages")
     if mode == "fp8" and block_n < 32:
         raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= 32 (FP8 dot minimum K)")
-    if block_n < (16 if tensor_cores else 1) or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
-        raise ValueError(f"block_n={block_n} must be a power of two in [{16 if tensor_cores else 1}, {MAX_BLOCK_N}]")
+    least = 16 if use_tensor_cores else 1  # tl.dot's minimum; the CUDA-core kernel takes any power of two
+    if block_n < least or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
+        raise ValueError(f"block_n={block_n} must be a power of two in [{least}, {MAX_BLOCK_N}]")
     capacity = cache.max_blocks_per_seq * cache.block_size
     if window is not None:
         capacity = min(capacity, window)
     if num_splits is None:
-        heads = cache.num_kv_heads if tensor_cores else cache.num_kv_heads * group  # programs per sequence
+        heads = cache.num_kv_heads if use_tensor_cores else cache.num_kv_heads * group  # programs per sequence
         num_splits = choose_num_splits(batch, heads, capacity, block_n, _num_sms(device or cache.device))
     tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
     return dict(block_n=block_n, num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
@@ -267,11 +269,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     elif not isinstance(use_tensor_cores, bool):
         raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True (or None, the default: tensor "
                         "cores) or False (the CUDA-core kernel)")
-    elif not use_tensor_cores and mode == "fp8":
-        raise ValueError("use_tensor_cores=False with mode='fp8': FP8 arithmetic runs on tensor cores; "
-                         "use mode='dequant' for the CUDA-core kernel")
     cfg = launch_config(b, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
-                        num_stages=num_stages, device=q.device, window=window, tensor_cores=use_tensor_cores,
+                        num_stages=num_stages, device=q.device, window=window, use_tensor_cores=use_tensor_cores,
                         group=group)
     block_n, num_splits, tokens_per_split = cfg["block_n"], cfg["num_splits"], cfg["tokens_per_split"]
     convert_k, convert_v = _converts(convert, arch)

@@ -51,9 +51,14 @@ DEFAULT_RENDERER = "plotly_mimetype+notebook"
 FORMAT_COLORS = {"e4m3": "#1f77b4", "e5m2": "#d62728", "e4m3fnuz": "#17becf", "e5m2fnuz": "#ff7f0e"}
 
 
+def _rgb(hex_colour: str) -> list[int]:
+    """``#rrggbb`` -> ``[r, g, b]`` (0-255)."""
+    return [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
+
+
 def _contrast_on_white(hex_colour: str) -> float:
     """WCAG contrast ratio of an ``#rrggbb`` colour against white (1 to 21)."""
-    rgb = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    rgb = [c / 255 for c in _rgb(hex_colour)]
     lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
     luminance = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
     return 1.05 / (luminance + 0.05)
@@ -130,7 +135,7 @@ MIN_COLOUR_DISTANCE = 100.0  # RGB distance (0-441) below which two series of on
 
 
 def _rgb_distance(a: str, b: str) -> float:
-    return math.dist([int(a[i:i + 2], 16) for i in (1, 3, 5)], [int(b[i:i + 2], 16) for i in (1, 3, 5)])
+    return math.dist(_rgb(a), _rgb(b))
 
 
 def color_map(labels) -> dict:

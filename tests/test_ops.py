@@ -45,20 +45,14 @@ def dequant_tol(q_dtype, granularity):
     return output_tolerance("triton", "dequant", q_dtype, granularity)
 
 
-def ragged_cache(lens, hkv, d, *, kv_dtype="fp8_e4m3", granularity="tensor", block_size=16, layout="NHD", seed=0,
-                 k_mult=1.0):
+def make_cache(lens, hkv, d, *, kv_dtype="fp8_e4m3", granularity="tensor", block_size=16, layout="NHD", seed=0,
+               k_mult=1.0):
     """A cache of the backend matrix's data (``fp8kv.synthetic.ragged_kv``: K's heads spread over
     [10^-0.5, 10^0.5] and an outlier channel, so scale granularities differ) on the test device;
     ``k_mult`` scales K (large scores)."""
     k, v = ragged_kv(lens, hkv, d, seed=seed)
     return PagedKVCache.from_dense((k * k_mult).to(DEVICE), v.to(DEVICE), lens, block_size=block_size,
                                    kv_dtype=kv_dtype, granularity=granularity, layout=layout, seed=seed)
-
-
-@pytest.fixture(name="make_cache")
-def _ragged_cache_fixture():
-    """:func:`ragged_cache` as this module's ``make_cache`` fixture."""
-    return ragged_cache
 
 
 def make_q(b, hq, d, dtype, seed=1):
@@ -87,7 +81,7 @@ LENS = [1, 16, 37, 64]  # one token, a block boundary, a non-multiple, several p
 @pytest.mark.parametrize("q_dtype", Q_DTYPES)
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("granularity", ["tensor", "head", "token_head", "channel"])
-def test_dequant_matches_reference(kv_dtype, granularity, q_dtype, make_cache):
+def test_dequant_matches_reference(kv_dtype, granularity, q_dtype):
     cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(len(LENS), 8, 64, q_dtype)
     for splits in (1, 3):
@@ -97,14 +91,14 @@ def test_dequant_matches_reference(kv_dtype, granularity, q_dtype, make_cache):
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("granularity", ["tensor", "head", "channel"])
-def test_fp8_mode_matches_reference(kv_dtype, granularity, make_cache):
+def test_fp8_mode_matches_reference(kv_dtype, granularity):
     cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(len(LENS), 8, 64, Q_DTYPES[-1])
     for splits in (1, 2):
         check_against_reference(q, cache, "fp8", FP8_MODE_TOL, num_splits=splits, block_n=32)
 
 
-def test_fp8_mode_error_exceeds_dequant_error(make_cache):
+def test_fp8_mode_error_exceeds_dequant_error():
     """fp8 mode costs accuracy (q and p in e4m3); measure that it does, so the mode is really on."""
     cache = make_cache(LENS, 2, 64)
     q = make_q(len(LENS), 8, 64, torch.float16)
@@ -115,13 +109,13 @@ def test_fp8_mode_error_exceeds_dequant_error(make_cache):
 
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_gqa_groups_and_layouts(group, layout, make_cache):
+def test_gqa_groups_and_layouts(group, layout):
     cache = make_cache([1, 17, 33], 2, 64, layout=layout, granularity="head", seed=group)
     q = make_q(3, 2 * group, 64, torch.float16, seed=group)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "head"), num_splits=2, block_n=16)
 
 
-def test_mqa_sixteen_query_heads_one_kv_head(make_cache):
+def test_mqa_sixteen_query_heads_one_kv_head():
     cache = make_cache([5, 40], 1, 64)
     q = make_q(2, 16, 64, torch.float16)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"))
@@ -129,7 +123,7 @@ def test_mqa_sixteen_query_heads_one_kv_head(make_cache):
 
 
 @pytest.mark.parametrize("head_dim", [40, 80, 128])
-def test_head_dims_padded(head_dim, make_cache):
+def test_head_dims_padded(head_dim):
     """Non-powers of two are padded to the next power of two inside the kernel."""
     cache = make_cache([3, 29], 2, head_dim)
     q = make_q(2, 4, head_dim, torch.float16)
@@ -137,7 +131,7 @@ def test_head_dims_padded(head_dim, make_cache):
 
 
 @pytest.mark.parametrize("block_size,block_n", [(16, 64), (32, 32), (64, 16), (8, 32)])
-def test_tile_size_decoupled_from_page_size(block_size, block_n, make_cache):
+def test_tile_size_decoupled_from_page_size(block_size, block_n):
     cache = make_cache([1, 31, 70], 2, 64, block_size=block_size)
     q = make_q(3, 8, 64, torch.float16)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"), block_n=block_n,
@@ -170,7 +164,7 @@ def kernel_spies(monkeypatch):
 @pytest.mark.parametrize("kv_dtype,granularity", [("fp8_e4m3", "tensor"), ("fp8_e5m2", "head"),
                                                   ("fp8_e4m3", "token_head"), ("fp8_e4m3", "channel"),
                                                   ("bf16", "tensor"), ("fp16", "tensor")])
-def test_cuda_core_kernel_matches_reference(group, kv_dtype, granularity, kernel_spies, make_cache):
+def test_cuda_core_kernel_matches_reference(group, kv_dtype, granularity, kernel_spies):
     """The FMA kernel (no tl.dot) on any group, scale granularity and cache type; one split and three
     (empty splits included: the 1-token sequence). It computes in fp32, so only the output's rounding
     to the query dtype remains: the dequant tolerance holds with room."""
@@ -183,7 +177,7 @@ def test_cuda_core_kernel_matches_reference(group, kv_dtype, granularity, kernel
     assert kernel_spies["cuda"].launches == 2 and kernel_spies["tensor"].launches == 0
 
 
-def test_kernel_choice_is_explicit(kernel_spies, make_cache):
+def test_kernel_choice_is_explicit(kernel_spies):
     """The tensor-core kernel runs unless use_tensor_cores=False asks for the CUDA-core one (opt-in
     until measured on a GPU); fp8 mode refuses CUDA cores; a non-bool is refused by name."""
     mha = make_cache([5, 40], 4, 32)
@@ -203,7 +197,7 @@ def test_kernel_choice_is_explicit(kernel_spies, make_cache):
 
 
 @pytest.mark.parametrize("variant", ["window", "soft_cap", "sinks"])
-def test_cuda_core_kernel_variants(variant, make_cache):
+def test_cuda_core_kernel_variants(variant):
     """Sliding window, soft-cap and sinks on the CUDA-core kernel, one split and several, at a group of 3
     with a different sink per query head (a sink read by KV head would fail)."""
     cache = make_cache([1, 40, 70], 2, 32, granularity="head")
@@ -223,7 +217,7 @@ if DEVICE == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
-def test_fp8_conversion_paths_agree(kv_dtype, make_cache):
+def test_fp8_conversion_paths_agree(kv_dtype):
     """The sm80 path (uint8 codes decoded with integer ops), Triton's cast and (on sm89+ GPUs) the
     inline-PTX conversion are all exact, so they give bit-identical outputs, also mixed per tile."""
     cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype)
@@ -235,7 +229,7 @@ def test_fp8_conversion_paths_agree(kv_dtype, make_cache):
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp16"])
-def test_sixteen_bit_kv_through_same_kernel(kv_dtype, make_cache):
+def test_sixteen_bit_kv_through_same_kernel(kv_dtype):
     """A 16-bit cache read with a query of its own dtype (fp16 dots over bf16 pages are refused)."""
     cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype)
     q_dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.float16
@@ -270,7 +264,7 @@ def test_non_unit_scales_are_honoured(mode, granularity):
     assert torch.equal(o3, (o1.float() / 4).to(o1.dtype))
 
 
-def test_splits_agree_and_batch_one_fills_the_gpu(make_cache, monkeypatch):
+def test_splits_agree_and_batch_one_fills_the_gpu(monkeypatch):
     cache = make_cache([200], 2, 64, seed=3)
     q = make_q(1, 8, 64, torch.float16)
     outs = [paged_decode(q, cache, num_splits=s, block_n=16) for s in (1, 2, 5)]
@@ -298,20 +292,20 @@ def test_splits_agree_and_batch_one_fills_the_gpu(make_cache, monkeypatch):
     # the CUDA-core kernel runs one program per query head: its split count follows Hq, not Hkv
     mha = make_cache([4096], 2, 64, seed=1)
     tc = launch_config(1, mha, block_n=64)["num_splits"]
-    cc = launch_config(1, mha, block_n=64, tensor_cores=False, group=4)["num_splits"]
+    cc = launch_config(1, mha, block_n=64, use_tensor_cores=False, group=4)["num_splits"]
     assert cc < tc
     with pytest.raises(ValueError, match="group"):
-        launch_config(1, mha, tensor_cores=False)
+        launch_config(1, mha, use_tensor_cores=False)
 
 
-def test_empty_split_ranges_are_harmless(make_cache):
+def test_empty_split_ranges_are_harmless():
     """More splits than tokens in some sequences: empty splits must not disturb the combine."""
     cache = make_cache([1, 2, 130], 2, 64)
     q = make_q(3, 4, 64, torch.float16)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"), num_splits=8, block_n=16)
 
 
-def test_decode_errors_are_clear(make_cache):
+def test_decode_errors_are_clear():
     """Bad input through the entry point (fp8kv.decode validates; the launcher checks its options)."""
     decode_triton = functools.partial(fp8kv.decode, backend="triton")
     cache = make_cache([4, 5], 2, 64)
@@ -349,7 +343,7 @@ WRITE_CASES += [("fp16", "tensor"), ("bf16", "tensor")]
 
 
 @pytest.mark.parametrize("kv_dtype,granularity", WRITE_CASES)
-def test_write_cache_bit_exact_with_torch_write(kv_dtype, granularity, make_cache):
+def test_write_cache_bit_exact_with_torch_write(kv_dtype, granularity):
     hkv, d = 3, 40
     lens = [5, 20]
     base = make_cache(lens, hkv, d, kv_dtype=kv_dtype, granularity=granularity)
@@ -374,7 +368,7 @@ def test_write_cache_bit_exact_with_torch_write(kv_dtype, granularity, make_cach
     assert torch.equal(a.k_scale, b.k_scale) and torch.equal(a.v_scale, b.v_scale)
 
 
-def test_write_cache_errors(make_cache):
+def test_write_cache_errors():
     cache = make_cache([4], 2, 64)
     k = torch.randn(3, 2, 64, device=DEVICE)
     with pytest.raises(ValueError, match=r"k_new must be \[N, 2, 64\]"):
@@ -390,7 +384,7 @@ def test_write_cache_errors(make_cache):
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kv_dtype,mode", [("fp8_e4m3", "dequant"), ("fp8_e4m3", "fp8"), ("fp8_e5m2", "dequant"),
                                            ("bf16", "dequant")])
-def test_large_shapes_on_gpu(kv_dtype, mode, make_cache):
+def test_large_shapes_on_gpu(kv_dtype, mode):
     torch.manual_seed(0)
     lens = [4096, 1, 3000, 16384 - 5]
     cache = make_cache(lens, 8, 128, kv_dtype=kv_dtype)
@@ -401,7 +395,7 @@ def test_large_shapes_on_gpu(kv_dtype, mode, make_cache):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
-def test_decode_is_cuda_graph_capturable(make_cache):
+def test_decode_is_cuda_graph_capturable():
     cache = make_cache([100, 2000], 8, 128)
     q = make_q(2, 32, 128, torch.bfloat16)
     eager, _ = paged_decode(q, cache)

@@ -20,8 +20,7 @@ from fp8kv.reference import attention
 from fp8kv.reference import decode as ref_decode
 
 triton = pytest.importorskip("triton")
-from test_ops import DEVICE, FP8_MODE_TOL, Q_DTYPES, UNIT_ROUNDOFF, dequant_tol, make_q  # noqa: E402
-from test_ops import ragged_cache as make_cache  # noqa: E402
+from test_ops import DEVICE, FP8_MODE_TOL, Q_DTYPES, UNIT_ROUNDOFF, dequant_tol, make_cache, make_q  # noqa: E402
 
 from fp8kv.ops import launch_config, paged_decode  # noqa: E402
 

@@ -44,13 +44,11 @@ def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dic
     from ..ops import launch_config
 
     o = case.options
-    window = case.window if case.window is not None and case.window < cache.max_blocks_per_seq * cache.block_size \
-        else None  # as paged_decode: a window covering the page table is no window
-    group = case.num_q_heads // case.num_kv_heads
     tc = o.get("use_tensor_cores") is not False
+    # launch_config sizes splits over min(window, page table): a window covering the table is no window there too
     cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
-                        num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device, window=window,
-                        tensor_cores=tc, group=group)
+                        num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device,
+                        window=case.window, use_tensor_cores=tc, group=case.num_q_heads // case.num_kv_heads)
     return {"tensor_cores": tc, **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages")}}
 
 

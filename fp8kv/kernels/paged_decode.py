@@ -117,6 +117,25 @@ def _tile_addresses(bt_row, n0, end, offs_n, offs_d, num_blocks, stride_kb, stri
 
 
 @triton.jit
+def _soft_cap(s, soft_cap_log2):
+    """Scores ``s = 2x / ln 2`` with ``x = score / cap`` (the host folds 2 / cap into the QKᵀ factor)
+    -> ``cap * tanh(x)`` in log2 units, with tanh(x) = 1 - 2 / (e^2x + 1): one exp2, and it
+    saturates to ±1 for large |x| without overflow trouble."""
+    return soft_cap_log2 * (1.0 - 2.0 / (tl.math.exp2(s) + 1.0))
+
+
+@triton.jit
+def _fold_sink(m, denom, sink):
+    """One more logit with no value (an attention sink, log2 units) joins the running softmax state
+    (max ``m``, denominator ``denom``): returns the new pair and the factor ``alpha`` the output is
+    rescaled by. A state and sink both empty (-inf) stay empty instead of turning into NaN."""
+    m_new = tl.maximum(m, sink)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m - m_use)
+    return m_new, denom * alpha + tl.math.exp2(sink - m_use), alpha
+
+
+@triton.jit
 def paged_decode_kernel(
     q_ptr,  # [B, Hq, D] 16-bit query (fp8 mode quantizes it here, per head, to e4m3)
     k_pages_ptr,  # K pages: 16-bit, or FP8 as uint8 codes or FP8 values (see _kv_tile_to_compute); strides
@@ -233,9 +252,7 @@ def paged_decode_kernel(
             sc_off = (page * BLOCK_SIZE + in_page) * num_kv_heads + kvh
             s = s * tl.load(k_scale_ptr + sc_off, mask=t_mask, other=0.0)[None, :]
         if SOFT_CAP:
-            # s = 2x/ln2 with x = score / cap; cap * tanh(x) in log2 units, tanh(x) = 1 - 2 / (e^2x + 1)
-            # (saturates to ±1 for large |x| without overflow trouble).
-            s = soft_cap_log2 * (1.0 - 2.0 / (tl.math.exp2(s) + 1.0))
+            s = _soft_cap(s, soft_cap_log2)
         s = tl.where(t_mask[None, :], s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -263,11 +280,8 @@ def paged_decode_kernel(
     if HAS_SINKS and not SPLIT:
         # The sink is one more logit with no value: it rescales the running state like a tile would.
         sink = tl.load(sinks_ptr + heads, mask=g_mask, other=float("-inf")) * (1.0 / LN2)
-        m_new = tl.maximum(m_i, sink)
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.math.exp2(sink - m_new)
+        m_i, l_i, alpha = _fold_sink(m_i, l_i, sink)
         acc = acc * alpha[:, None]
-        m_i = m_new
     # Epilogue: normalise, apply the V scale (and undo P_SCALE in fp8 mode).
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]

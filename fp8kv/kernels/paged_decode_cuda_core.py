@@ -22,7 +22,9 @@ from .paged_decode import (
     SCALE_CHANNEL,
     SCALE_PER_HEAD,
     SCALE_TOKEN_HEAD,
+    _fold_sink,
     _kv_tile_to_compute,
+    _soft_cap,
     _split_range,
     _tile_addresses,
 )
@@ -97,7 +99,7 @@ def paged_decode_cuda_core_kernel(
             sc_off = (page * BLOCK_SIZE + in_page) * num_kv_heads + kvh
             s = s * tl.load(k_scale_ptr + sc_off, mask=t_mask, other=0.0)
         if SOFT_CAP:
-            s = soft_cap_log2 * (1.0 - 2.0 / (tl.math.exp2(s) + 1.0))
+            s = _soft_cap(s, soft_cap_log2)
         s = tl.where(t_mask, s, float("-inf"))
 
         m_new = tl.maximum(m_i, s)
@@ -117,13 +119,9 @@ def paged_decode_cuda_core_kernel(
     l_row = tl.sum(l_i * w, axis=0)
     o = tl.sum(acc * w[:, None], axis=0)  # [D]
     if HAS_SINKS and not SPLIT:
-        sink = tl.load(sinks_ptr + h) * (1.0 / LN2)
-        m_new = tl.maximum(m_row, sink)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_row - m_use)
-        l_row = l_row * alpha + tl.math.exp2(sink - m_use)
+        m_row, l_row, alpha = _fold_sink(m_row, l_row, tl.load(sinks_ptr + h) * (1.0 / LN2))
         o = o * alpha
-        m_safe = m_use
+        m_safe = tl.where(m_row == float("-inf"), 0.0, m_row)
     l_safe = tl.where(l_row > 0, l_row, 1.0)
     out = o / l_safe
     if SCALE_KIND == SCALE_PER_HEAD:
