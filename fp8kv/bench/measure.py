@@ -130,6 +130,8 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
 
     Statuses: ``ok``, ``unsupported`` / ``skipped`` (from :func:`sweep`, or found here),
     ``error`` (the exception in ``reason``). ``df.attrs["bench"]`` holds the run's metadata.
+    Interrupted (KeyboardInterrupt), it returns the rows measured so far, the rest ``skipped``, with
+    ``df.attrs["bench"]["interrupted"]`` True.
     """
     from tqdm.auto import tqdm
 
@@ -161,6 +163,27 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
             groups.setdefault(c.cache_key, []).append(i)
 
     bar = tqdm(total=len(runnable), disable=not progress, desc="bench", unit="case")
+    try:
+        _measure_groups(cases, groups, rows, base, dev, bar, check=check, rep=rep, warmup=warmup, rotate=rotate,
+                        check_seqs=check_seqs, cpu_reps=cpu_reps)
+        interrupted = False
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by the CLI: keep what was measured
+        interrupted = True
+        for i, c in enumerate(cases):
+            if i not in rows:
+                rows[i] = _row(base, c, status="skipped", reason="the run was interrupted before this case")
+        _free(dev)
+    bar.close()
+
+    df = pd.DataFrame([rows[i] for i in range(len(cases))], columns=COLUMNS)
+    df.attrs["bench"] = {"timestamp": stamp, "device": info, "copy_bandwidth": copy_info, "interrupted": interrupted,
+                         "settings": {"check": check, "rep": rep, "warmup": warmup, "rotate": rotate,
+                                      "check_seqs": check_seqs, "cpu_reps": cpu_reps}}
+    return df
+
+
+def _measure_groups(cases, groups, rows, base, dev, bar, *, check, rep, warmup, rotate, check_seqs, cpu_reps):
+    """Measure every group of cases sharing one cache into ``rows`` (by case index), a group at a time."""
     for idx in groups.values():
         first = cases[idx[0]]
         caches: list[PagedKVCache] = []
@@ -191,13 +214,6 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
             bar.update(1)
         del caches
         _free(dev)
-    bar.close()
-
-    df = pd.DataFrame([rows[i] for i in range(len(cases))], columns=COLUMNS)
-    df.attrs["bench"] = {"timestamp": stamp, "device": info, "copy_bandwidth": copy_info,
-                         "settings": {"check": check, "rep": rep, "warmup": warmup, "rotate": rotate,
-                                      "check_seqs": check_seqs, "cpu_reps": cpu_reps}}
-    return df
 
 
 def _free(dev):
