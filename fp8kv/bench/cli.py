@@ -67,6 +67,13 @@ PRESETS = {
                               granularities=["tensor"], flashinfer_tensor_cores=[False, True],
                               triton_options=[{}, {"use_tensor_cores": False},
                                               {"use_tensor_cores": False, "block_n": 64}]),
+    # Large MQA groups (Falcon-7B 71/1/64, StarCoder 48/1/128) with the group cut into programs of at
+    # most 16 / 24 / 36 query heads, against the default and against one program for the whole group.
+    "layouts-mqa": dict(batches=[1, 64], contexts=[4096, 16384], shapes=[(71, 1, 64), (48, 1, 128)], block_sizes=[16],
+                        kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
+                        granularities=["tensor"], flashinfer_tensor_cores=[True],
+                        triton_options=[{}, {"heads_per_program": 16}, {"heads_per_program": 24},
+                                        {"heads_per_program": 36}, {"heads_per_program": 128}]),
     "layouts-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 4, 32), (4, 1, 64), (6, 2, 48)], block_sizes=[16],
                           kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                           granularities=["tensor"], flashinfer_tensor_cores=[True]),
@@ -87,10 +94,12 @@ PRESET_HELP = {
     "layouts-cuda-core": "the opt-in CUDA-core Triton kernel (use_tensor_cores=False, tiles of 32/64 tokens) "
                          "against the tensor-core one and FlashInfer on MHA and group-2 layouts, B 1-64 x context "
                          "4k-16k (GPU)",
+    "layouts-mqa": "large MQA groups (71/1/64, 48/1/128) with the group cut into programs of at most 16, 24, 36 "
+                   "or all query heads (heads_per_program), FlashInfer beside, B 1-64 x context 4k-16k (GPU)",
     "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
 }
 assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"
-TRITON_OPTIONS = ("num_splits", "block_n", "num_warps", "num_stages")  # integer launch overrides on the CLI
+TRITON_OPTIONS = ("num_splits", "block_n", "num_warps", "num_stages", "heads_per_program")  # integer launch overrides on the CLI
 
 
 def _heads(s: str) -> tuple[int, int]:

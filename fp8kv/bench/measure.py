@@ -28,7 +28,7 @@ COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer",
     "label", "backend", "variant", "mode", "kv_dtype", "granularity", "layout", "q_dtype",
     "batch", "context", "window", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
-    "tensor_cores", "num_splits", "block_n", "num_warps", "num_stages",
+    "tensor_cores", "num_splits", "block_n", "num_warps", "num_stages", "heads_per_program",
     "timing", "time_us", "bytes", "kv_bytes", "gbps", "pct_copy_bw", "copy_gbps", "kv_copies",
     "rel_err", "tol", "check_passed", "status", "reason",
 ]
@@ -48,8 +48,10 @@ def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dic
     # launch_config sizes splits over min(window, page table): a window covering the table is no window there too
     cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
                         num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device,
-                        window=case.window, use_tensor_cores=tc, group=case.num_q_heads // case.num_kv_heads)
-    return {"tensor_cores": tc, **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages")}}
+                        window=case.window, use_tensor_cores=tc, group=case.num_q_heads // case.num_kv_heads,
+                        heads_per_program=o.get("heads_per_program"))
+    return {"tensor_cores": tc, **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages",
+                                                       "heads_per_program")}}
 
 
 def _make_call(case: Case, q: torch.Tensor, cache: PagedKVCache) -> Callable[[], tuple]:
