@@ -39,7 +39,7 @@ from .kernels.paged_decode import (
 from .kernels.paged_decode_cuda_core import paged_decode_cuda_core_kernel
 
 __all__ = ["paged_decode", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config",
-           "stream_copy"]
+           "stream_copy", "MAX_HEADS_PER_PROGRAM"]
 
 _SCALE_KIND = {"tensor": SCALE_PER_HEAD.value, "head": SCALE_PER_HEAD.value, "channel": SCALE_CHANNEL.value,
                "token_head": SCALE_TOKEN_HEAD.value}
@@ -90,6 +90,11 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, use_tensor_cores: 
     return dict(block_n=block_n, num_warps=4, num_stages=stages)
 
 
+# Query heads one tensor-core program takes at most: larger groups (Falcon-7B's 71 per KV head) are
+# cut into several programs per KV head. H200, 71/1/64 FP8: B=1 x 4k 7.3 us in two programs of 36
+# against 9.9 us in one of 71 (16k: 10.5 vs 14.6 us); at B=64 one program is 3-5 % faster (4k: 54.8
+# vs 57.6 us; 16k: 170.7 vs 176.5 us). Programs of 16 or 24 heads were slower at B=64 (78-304 us).
+MAX_HEADS_PER_PROGRAM = 64
 MAX_SPLITS_FOR_LATENCY = 64  # at most this many one-tile splits (the combine holds splits x D partials)
 
 
@@ -119,15 +124,19 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
 def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num_splits: int | None = None,
                   block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                   device: torch.device | None = None, window: int | None = None,
-                  use_tensor_cores: bool = True, group: int | None = None) -> DecodeConfig:
+                  use_tensor_cores: bool = True, group: int | None = None,
+                  heads_per_program: int | None = None) -> DecodeConfig:
     """The launch :func:`paged_decode` uses for ``batch`` sequences of ``cache``: defaults plus overrides.
 
-    Returns block_n, num_warps, num_stages, num_splits and tokens_per_split (a multiple of block_n;
-    num_splits is recomputed from it so that no split is empty by construction of the grid). With a
-    sliding ``window`` the splits tile the window, not the page table: the span is
-    ``min(window, capacity)``. ``use_tensor_cores``: the kernel the launch is for (False: the CUDA-core
-    kernel, which runs one program per query head, so its splits are sized for ``group`` x Hkv
-    programs per sequence; ``group``, the query heads per KV head, is then required).
+    Returns block_n, num_warps, num_stages, num_splits, tokens_per_split (a multiple of block_n;
+    num_splits is recomputed from it so that no split is empty by construction of the grid),
+    head_tiles and heads_per_program. With a sliding ``window`` the splits tile the window, not the
+    page table: the span is ``min(window, capacity)``. ``use_tensor_cores``: the kernel the launch is
+    for (False: the CUDA-core kernel, which runs one program per query head, so its splits are sized
+    for ``group`` x Hkv programs per sequence). ``group``: query heads per KV head (required for the
+    CUDA-core kernel; default 1). ``heads_per_program`` (tensor cores): at most this many query heads
+    of a group per program (default :data:`MAX_HEADS_PER_PROGRAM`); a larger group is cut into
+    ``head_tiles`` programs of ``heads_per_program = ceil(group / head_tiles)`` heads each.
     """
     if not use_tensor_cores:
         if mode == "fp8":
@@ -136,7 +145,14 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         if group is None:
             raise ValueError("group (query heads per KV head) is required with use_tensor_cores=False: the "
                              "CUDA-core kernel runs one program per query head")
-        group = checks.positive_int(group, "group")
+        if heads_per_program is not None:
+            raise ValueError(f"heads_per_program={heads_per_program!r} with use_tensor_cores=False: the CUDA-core "
+                             "kernel runs one query head per program")
+    group = 1 if group is None else checks.positive_int(group, "group")
+    if heads_per_program is None:
+        heads_per_program = MAX_HEADS_PER_PROGRAM
+    heads_per_program = min(checks.positive_int(heads_per_program, "heads_per_program"), group)
+    head_tiles = math.ceil(group / heads_per_program) if use_tensor_cores else 1
     cfg = default_config(mode, cache.is_fp8, cache.head_dim, use_tensor_cores=use_tensor_cores)
     block_n = cfg["block_n"] if block_n is None else checks.positive_int(block_n, "block_n")
     if num_splits is not None:
@@ -154,11 +170,12 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     if window is not None:
         capacity = min(capacity, window)
     if num_splits is None:
-        heads = cache.num_kv_heads if use_tensor_cores else cache.num_kv_heads * group  # programs per sequence
-        num_splits = choose_num_splits(batch, heads, capacity, block_n, _num_sms(device or cache.device))
+        programs = cache.num_kv_heads * (head_tiles if use_tensor_cores else group)  # per sequence and split
+        num_splits = choose_num_splits(batch, programs, capacity, block_n, _num_sms(device or cache.device))
     tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
     return dict(block_n=block_n, num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
-                num_splits=max(1, triton.cdiv(capacity, tokens_per_split)), tokens_per_split=tokens_per_split)
+                num_splits=max(1, triton.cdiv(capacity, tokens_per_split)), tokens_per_split=tokens_per_split,
+                head_tiles=head_tiles, heads_per_program=math.ceil(group / head_tiles) if use_tensor_cores else 1)
 
 
 def _converts(convert: str | None, arch: str | None) -> tuple[str, str]:
@@ -207,7 +224,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                  num_stages: int | None = None, convert: str | None = None, eviction_policy: str = "",
                  out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None,
                  window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None,
-                 use_tensor_cores: bool | None = None):
+                 use_tensor_cores: bool | None = None, heads_per_program: int | None = None):
     """Triton paged decode attention.
 
     The launcher behind ``fp8kv.decode(..., backend="triton")``, which validates ``q``, ``cache``,
@@ -219,7 +236,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     cache : :class:`~fp8kv.cache.PagedKVCache` (bf16 / fp16 / fp8_e4m3 / fp8_e5m2; NHD or HND).
     mode : ``"dequant"`` (FP8 → q's 16-bit type in registers) or ``"fp8"`` (FP8 query and probabilities,
         FP8 tensor cores; sm89+, tensor / head / channel scales).
-    num_splits, block_n, num_warps, num_stages : launch overrides (defaults from the shape).
+    num_splits, block_n, num_warps, num_stages, heads_per_program : launch overrides (defaults from the
+        shape; see :func:`launch_config`).
     convert : how dequant mode turns FP8 codes into 16-bit values: ``"software"`` (integer ops, any
         GPU; the default before sm89, where Triton has no e4m3), ``"cast"`` (Triton's conversion; the
         default under the interpreter) or ``"ptx"`` (inline ``cvt.rn.f16x2.e4m3x2``, sm89+); one
@@ -233,9 +251,10 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         any finite bf16 query keeps fp16's precision and range (the factor is exact in the scores).
     use_tensor_cores : True or None (default): the ``tl.dot`` kernel (the query group padded to 16
         rows). False: the CUDA-core kernel (FMAs in fp32, one query head per program; dequant mode
-        only), meant for groups of 1-2, where the padding wastes most of the dot. Opt-in until
-        measured on a GPU: a first version of it (a 3-D tile) ran 2.4x slower than the tensor-core
-        kernel on an H200 at 32/32/128, B=64 x 16k.
+        only), meant for groups of 1-2, where the padding wastes most of the dot. Opt-in: on an H200
+        (``python -m fp8kv.bench --preset layouts-cuda-core``, B=64 x 16k, FP8) it is faster only at
+        16/16/256 (2598 us against 3750 us), and slower at 32/32/128 (2831 vs 2583 us), 32/32/80 and
+        /96 (3522 / 3570 vs 2990 us) and 16/8/128 (1188 vs 669 us).
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them
         (checked by :func:`fp8kv.decode`; trusted here). A window reads only the window's pages;
         one at least as long as the page table is the plain kernel.
@@ -271,7 +290,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                         "cores) or False (the CUDA-core kernel)")
     cfg = launch_config(b, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
                         num_stages=num_stages, device=q.device, window=window, use_tensor_cores=use_tensor_cores,
-                        group=group)
+                        group=group, heads_per_program=heads_per_program)
     block_n, num_splits, tokens_per_split = cfg["block_n"], cfg["num_splits"], cfg["tokens_per_split"]
     convert_k, convert_v = _converts(convert, arch)
     fp8_qk, fp8_pv = _MODE_FLAGS[mode]
@@ -305,7 +324,6 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     # Soft-capping takes tanh of score / cap, computed from e^(2 score / cap): fold that into q·k's factor.
     qk_scale = sm_scale * math.log2(math.e) * (1.0 if soft_cap is None else 2.0 / soft_cap)
     skb, skt, skh = _page_strides(cache)
-    grid = (b, hkv, num_splits)
     args = (q, _kernel_pages(cache, cache.k_pages, fp8_qk or convert_k == "cast"),
             _kernel_pages(cache, cache.v_pages, fp8_pv or convert_v == "cast"), cache.k_scale, cache.v_scale,
             cache.block_table, cache.seq_lens, k_out, k_lse,
@@ -320,8 +338,10 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                   WINDOWED=window is not None, SOFT_CAP=soft_cap is not None, HAS_SINKS=sinks is not None,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_format_bits(cache))
     if use_tensor_cores:
-        paged_decode_kernel[grid](*args, GROUP_PAD=max(16, triton.next_power_of_2(group)), FP8_QK=fp8_qk,
-                                  FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, **common)
+        tiles = cfg["head_tiles"]
+        paged_decode_kernel[(b, hkv * tiles, num_splits)](
+            *args, GROUP_PAD=max(16, triton.next_power_of_2(cfg["heads_per_program"])), HEAD_TILES=tiles,
+            FP8_QK=fp8_qk, FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, **common)
     else:  # one program per query head
         paged_decode_cuda_core_kernel[(b, hq, num_splits)](*args, **common)
     if num_splits > 1:

@@ -215,6 +215,56 @@ def test_run_flags_a_failed_check(monkeypatch):
     assert math.isnan(df.loc[0, "pct_copy_bw"])  # copy bandwidth skipped
 
 
+def test_an_interrupted_run_keeps_the_rows_it_measured(monkeypatch):
+    cases = [Case(b, 16, 2, 1, 16, kv_dtype="fp16", backend="reference", q_dtype="fp16") for b in (1, 2, 3)]
+    measure_one = bench.measure._measure
+    calls = []
+
+    def stop_at_the_second(c, *args, **kwargs):
+        calls.append(c.batch)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measure_one(c, *args, **kwargs)
+
+    monkeypatch.setattr(bench.measure, "_measure", stop_at_the_second)
+    df = run(cases, copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu")
+    assert df.attrs["bench"]["interrupted"] is True
+    assert list(df["status"]) == ["ok", "skipped", "skipped"] and bool(df.loc[0, "check_passed"])
+    assert df.loc[1:, "reason"].str.contains("interrupted").all()
+    assert run(cases[:1], copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu").attrs["bench"][
+        "interrupted"] is False
+
+
+def test_main_saves_what_it_measured_when_terminated(tmp_path, monkeypatch, capsys):
+    """SIGTERM (timeout, kill) during the second case: the first is written, the exit status is 130."""
+    import os
+    import signal
+
+    real_run = bench.cli.run
+
+    def terminated_after_the_first_case(cases, **kwargs):
+        def terminated_on_the_second(c, *args, **kw):
+            if c.batch == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # the CLI's handler raises KeyboardInterrupt here
+            return measure_one(c, *args, **kw)
+
+        monkeypatch.setattr(bench.measure, "_measure", terminated_on_the_second)
+        return real_run(cases, **kwargs)
+
+    measure_one = bench.measure._measure
+    monkeypatch.setattr(bench.cli, "run", terminated_after_the_first_case)
+    before = signal.getsignal(signal.SIGTERM)
+    rc = bench.main(["--batches", "1", "2", "--contexts", "16", "--heads", "2:1", "--head-dims", "16",
+                     "--kv-dtypes", "fp16", "--modes", "dequant", "--backends", "reference", "--out",
+                     str(tmp_path), "--quiet", "--device", "cpu"])
+    assert rc == 130 and "interrupted" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is the CLI's only while it runs
+    files = list((tmp_path / "cpu").glob("*.csv"))
+    assert len(files) == 1
+    df = pd.read_csv(files[0])
+    assert list(df["status"]) == ["ok", "skipped"] and df.loc[0, "check_passed"]
+
+
 def test_run_plans_flashinfer_once_and_times_run_only(monkeypatch):
     """The FlashInfer plumbing, on CPU through a stand-in decoder computing the reference."""
     import fp8kv.backends.flashinfer as fib

@@ -290,3 +290,18 @@ def test_e5m2_near_max_cuda_core_and_triton(make_cache):
     "Strict: this starts failing (XPASS) once FlashInfer fixes it."))
 def test_flashinfer_tensor_core_e5m2_near_max(make_cache):
     assert _e5m2_near_max_errors(make_cache)["fi_tc"] <= FI_GROSS
+
+
+def test_workspace_grows_for_many_heads_per_kv_head(make_cache):
+    """Falcon-7B's 71 query heads on one KV head at 16k tokens need more than FlashInfer's 128 MiB
+    scratch: the decoder doubles its workspace and plans again instead of failing."""
+    from fp8kv.backends.flashinfer import DEFAULT_WORKSPACE_BYTES, FlashInferDecode
+
+    cache = make_cache([16384], num_kv_heads=1, head_dim=64, k_head_gain=None, v_head_gain=None,
+                       kv_dtype="fp8_e4m3", block_size=16, seed=5)
+    dec = FlashInferDecode(cache, use_tensor_cores=True)
+    dec.plan(cache, num_qo_heads=71, q_dtype=torch.bfloat16)
+    assert dec._workspace_bytes > DEFAULT_WORKSPACE_BYTES
+    q = torch.randn(1, 71, 64, device="cuda").to(torch.bfloat16)
+    out, _ = dec.run(q)
+    assert rel_err(out, reference.decode(q, cache)[0]) <= FI_GROSS

@@ -34,7 +34,7 @@ from fp8kv.reference import decode as ref_decode
 from fp8kv.synthetic import ragged_kv
 
 triton = pytest.importorskip("triton")
-from fp8kv.ops import choose_num_splits, paged_decode, write_cache  # noqa: E402
+from fp8kv.ops import choose_num_splits, launch_config, paged_decode, write_cache  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 Q_DTYPES = [torch.float16, torch.bfloat16]
@@ -122,6 +122,51 @@ def test_mqa_sixteen_query_heads_one_kv_head():
     check_against_reference(q, cache, "fp8", FP8_MODE_TOL)
 
 
+@pytest.mark.parametrize("group,heads_per_program", [(5, 2), (7, 3), (71, 24)])
+@pytest.mark.parametrize("mode,granularity", [("dequant", "tensor"), ("dequant", "token_head"),
+                                              ("dequant", "channel"), ("fp8", "head")])
+def test_a_group_cut_into_head_tiles(group, heads_per_program, mode, granularity, kernel_spies):
+    """Large groups are cut into several programs per KV head (5 -> 2+2+1, 7 -> 3+3+1, 71 -> 24+24+23),
+    every head of the tile mapped to its own query row, output and LSE, with one split and three."""
+    cache = make_cache([1, 17, 70], 2, 32, granularity=granularity, seed=group)
+    q = make_q(3, 2 * group, 32, torch.float16, seed=group)
+    tol = FP8_MODE_TOL if mode == "fp8" else dequant_tol(torch.float16, granularity)
+    for splits in (1, 3):
+        check_against_reference(q, cache, mode, tol, num_splits=splits, block_n=32,
+                                heads_per_program=heads_per_program)
+    tiles = math.ceil(group / heads_per_program)
+    assert kernel_spies["tensor"].grids == [(3, 2 * tiles, 1), (3, 2 * tiles, 3)]
+
+
+def test_head_tiles_with_a_sink_per_query_head():
+    cache = make_cache([3, 40], 1, 32, granularity="head")
+    q = make_q(2, 7, 32, torch.float16)
+    sinks = torch.linspace(-3.0, 4.0, 7).to(DEVICE)  # a sink read by the wrong head would fail
+    ref_o, ref_l = ref_decode(q, cache, sinks=sinks)
+    for splits in (1, 3):
+        out, lse = paged_decode(q, cache, num_splits=splits, block_n=16, sinks=sinks, heads_per_program=3)
+        assert relative_error(out.float(), ref_o) <= dequant_tol(torch.float16, "head")
+        assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", torch.float16, ref_l)
+
+
+def test_heads_per_program_rule():
+    from fp8kv.ops import MAX_HEADS_PER_PROGRAM
+
+    mqa = make_cache([5, 40], 1, 32)
+    assert launch_config(2, mqa, group=8) == launch_config(2, mqa, group=8, heads_per_program=8)
+    cfg = launch_config(2, mqa, group=71)
+    tiles = math.ceil(71 / MAX_HEADS_PER_PROGRAM)
+    assert (cfg["head_tiles"], cfg["heads_per_program"]) == (tiles, math.ceil(71 / tiles))
+    assert (launch_config(2, mqa, group=71, heads_per_program=16)["head_tiles"],
+            launch_config(2, mqa, group=71, heads_per_program=16)["heads_per_program"]) == (5, 15)
+    assert launch_config(2, mqa, group=4, heads_per_program=100)["head_tiles"] == 1
+    assert launch_config(2, mqa, use_tensor_cores=False, group=71)["head_tiles"] == 1
+    with pytest.raises(ValueError, match="heads_per_program=0"):
+        launch_config(2, mqa, group=4, heads_per_program=0)
+    with pytest.raises(ValueError, match="heads_per_program=4 with use_tensor_cores=False"):
+        launch_config(2, mqa, group=4, heads_per_program=4, use_tensor_cores=False)
+
+
 @pytest.mark.parametrize("head_dim", [40, 80, 128])
 def test_head_dims_padded(head_dim):
     """Non-powers of two are padded to the next power of two inside the kernel."""
@@ -140,13 +185,14 @@ def test_tile_size_decoupled_from_page_size(block_size, block_n):
 
 # ------------------------------------------------------------------------------- CUDA-core kernel
 class _Spy:
-    """Wraps a Triton kernel to count its launches (which kernel the dispatcher picked)."""
+    """Wraps a Triton kernel to count its launches (which kernel the dispatcher picked) and keep their grids."""
 
     def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
+        self.kernel, self.launches, self.grids = kernel, 0, []
 
     def __getitem__(self, grid):
         self.launches += 1
+        self.grids.append(tuple(grid))
         return self.kernel[grid]
 
 

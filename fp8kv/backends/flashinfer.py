@@ -75,6 +75,7 @@ __all__ = ["paged_kv_args", "qo_indptr", "ScaleFold", "plan_scales", "apply_q_fo
 NOT_INSTALLED = "FlashInfer is not installed (pip install 'fp8kv[gpu]')"
 LN2 = math.log(2.0)  # FlashInfer's LSE is log2; natural log = log2 * ln 2
 DEFAULT_WORKSPACE_BYTES = 128 * 1024 * 1024
+MAX_WORKSPACE_BYTES = 4 * 1024**3  # the float workspace grows by doubling up to this (plan retries)
 CUDA_CORE_GROUP_SIZES = (1, 2, 3, 4, 8)  # DISPATCH_GQA_GROUP_SIZE of the CUDA-core decode kernel
 FP8_Q_MAX = FORMATS["e4m3"].max  # the FP8 query of the sm100 path is e4m3
 
@@ -324,11 +325,16 @@ class FlashInferDecode:
         self._key = None
         self._fold: ScaleFold | None = None
         self._wrapper = None
+        self._workspace_bytes = workspace_bytes
         if mode == "fp8":
             self._fi_decode = fi.decode
             self._workspace = workspace(self.device, workspace_bytes, "trtllm-gen")
             return
-        self._workspace = workspace(self.device, workspace_bytes, "fa2")
+        self._build_wrapper(cache)
+
+    def _build_wrapper(self, cache: PagedKVCache) -> None:
+        """The FA2 decode wrapper over a shared workspace of ``self._workspace_bytes``."""
+        self._workspace = workspace(self.device, self._workspace_bytes, "fa2")
         bufs = {}
         if self.use_cuda_graph:
             b, dev = cache.batch_size, self.device
@@ -337,9 +343,23 @@ class FlashInferDecode:
                 paged_kv_indices_buffer=torch.empty(b * cache.max_blocks_per_seq, dtype=torch.int32, device=dev),
                 paged_kv_last_page_len_buffer=torch.empty(b, dtype=torch.int32, device=dev),
             )
-        self._wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+        self._wrapper = _import_flashinfer().BatchDecodeWithPagedKVCacheWrapper(
             self._workspace, self.layout, use_cuda_graph=self.use_cuda_graph,
             use_tensor_cores=self.use_tensor_cores, **bufs)
+
+    def _plan_dequant(self, cache: PagedKVCache, *args, **kwargs) -> None:
+        """The FA2 wrapper's ``plan``; where its scratch outgrows the workspace (many query heads per
+        KV head at long contexts: Falcon's 71 need ~600 MiB at 64 x 16k), the workspace doubles and
+        the plan is retried, up to :data:`MAX_WORKSPACE_BYTES`."""
+        while True:
+            try:
+                self._wrapper.plan(*args, **kwargs)
+                return
+            except RuntimeError as e:
+                if "Increase the workspace buffer size" not in str(e) or self._workspace_bytes >= MAX_WORKSPACE_BYTES:
+                    raise
+            self._workspace_bytes = min(2 * self._workspace_bytes, MAX_WORKSPACE_BYTES)
+            self._build_wrapper(cache)
 
     # ---------------------------------------------------------------------------------- planning
     @property
@@ -399,7 +419,7 @@ class FlashInferDecode:
             raise ValueError(f"seq_lens[{i}]=0: decode needs at least one cached token per sequence "
                              "(FlashInfer's kernels take 1 <= last_page_len <= page_size)")
         if self.mode == "dequant":
-            self._wrapper.plan(indptr, indices, last, num_qo_heads, hkv, cache.head_dim, cache.block_size,
+            self._plan_dequant(cache, indptr, indices, last, num_qo_heads, hkv, cache.head_dim, cache.block_size,
                                pos_encoding_mode="NONE", q_data_type=q_dtype, kv_data_type=cache.dtype,
                                o_data_type=q_dtype, sm_scale=sm_scale, window_left=window_left(window),
                                logits_soft_cap=soft_cap)

@@ -4,10 +4,13 @@ described by :data:`PRESET_HELP`) and :func:`main`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import signal
 import sys
 import textwrap
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -62,8 +65,15 @@ PRESETS = {
                               block_sizes=[16],
                               kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                               granularities=["tensor"], flashinfer_tensor_cores=[False, True],
-                              triton_options=[{}, {"use_tensor_cores": False}, {"use_tensor_cores": False, "block_n": 16},
+                              triton_options=[{}, {"use_tensor_cores": False},
                                               {"use_tensor_cores": False, "block_n": 64}]),
+    # Large MQA groups (Falcon-7B 71/1/64, StarCoder 48/1/128) with the group cut into programs of at
+    # most 16 / 24 / 36 query heads, against the default and against one program for the whole group.
+    "layouts-mqa": dict(batches=[1, 64], contexts=[4096, 16384], shapes=[(71, 1, 64), (48, 1, 128)], block_sizes=[16],
+                        kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
+                        granularities=["tensor"], flashinfer_tensor_cores=[True],
+                        triton_options=[{}, {"heads_per_program": 16}, {"heads_per_program": 24},
+                                        {"heads_per_program": 36}, {"heads_per_program": 128}]),
     "layouts-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 4, 32), (4, 1, 64), (6, 2, 48)], block_sizes=[16],
                           kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                           granularities=["tensor"], flashinfer_tensor_cores=[True]),
@@ -81,13 +91,15 @@ PRESET_HELP = {
     "window-gemma3": "the same windows at Gemma-3-270M's shape, Hq:Hkv 4:1, D 256 (GPU)",
     "layouts": "head layouts of real model families (MHA, GQA groups 4/5/7, MQA; D 64-256) at B 1-64 x context "
                "4k-16k, bf16 vs fp8_e4m3, Triton and FlashInfer side by side; fp8kv.bench.layout_table reads it (GPU)",
-    "layouts-cuda-core": "the opt-in CUDA-core Triton kernel (use_tensor_cores=False, tiles of 16/32/64 tokens) "
+    "layouts-cuda-core": "the opt-in CUDA-core Triton kernel (use_tensor_cores=False, tiles of 32/64 tokens) "
                          "against the tensor-core one and FlashInfer on MHA and group-2 layouts, B 1-64 x context "
                          "4k-16k (GPU)",
+    "layouts-mqa": "large MQA groups (71/1/64, 48/1/128) with the group cut into programs of at most 16, 24, 36 "
+                   "or all query heads (heads_per_program), FlashInfer beside, B 1-64 x context 4k-16k (GPU)",
     "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
 }
 assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"
-TRITON_OPTIONS = ("num_splits", "block_n", "num_warps", "num_stages")  # integer launch overrides on the CLI
+TRITON_OPTIONS = ("num_splits", "block_n", "num_warps", "num_stages", "heads_per_program")  # integer launch overrides on the CLI
 
 
 def _heads(s: str) -> tuple[int, int]:
@@ -118,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fp8kv bench", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Time paged decode over a grid of cases; write results/bench/<gpu-slug>/<timestamp>.csv.",
         epilog=f"presets:\n{presets}\n\nExit status: 0 all ran and passed their checks, 1 a check failed or "
-               "a case errored, 2 bad arguments or nothing to run.")
+               "a case errored, 2 bad arguments or nothing to run, 130 interrupted (SIGINT/SIGTERM; the rows "
+               "measured so far are saved).")
     p.add_argument("--preset", choices=sorted(PRESETS), help="a named grid (see below); grid options override it")
     p.add_argument("--batches", type=int, nargs="+", metavar="B", help="sequences per decode call")
     p.add_argument("--contexts", type=int, nargs="+", metavar="N", help="tokens per sequence")
@@ -225,7 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``fp8kv bench`` entry point; returns the exit status.
 
     0: every case that ran passed its check. 1: a check failed or a case errored. 2: bad arguments,
-    or nothing in the grid can run here (one line on stderr, as argparse reports errors).
+    or nothing in the grid can run here (one line on stderr, as argparse reports errors). 130:
+    interrupted by SIGINT or SIGTERM (the rows measured so far are saved, the rest marked skipped).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -255,13 +269,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"none of the {len(cases)} cases can run here: {'; '.join(reasons)}")
     if args.dry_run:
         return 0
-    df = run(cases, check=not args.no_check, rep=args.rep, progress=not args.quiet,
-             rotate=not args.no_rotate, device=device)
+    with _sigterm_interrupts():
+        df = run(cases, check=not args.no_check, rep=args.rep, progress=not args.quiet,
+                 rotate=not args.no_rotate, device=device)
     print(summary(df))
     if not args.no_save:
         path = save(df, args.out, meta={"argv": argv, "preset": args.preset})
         print(f"wrote {path}")
+    if df.attrs["bench"]["interrupted"]:
+        print("interrupted: the rows above are what was measured; the rest are marked skipped", file=sys.stderr)
+        return 130
     bad = (df["status"] == "error") | df["check_passed"].map(_failed)
     return 1 if bad.any() else 0
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM (``timeout``, a CI runner, ``kill``) stops a run as Ctrl-C does, so that the rows
+    measured so far are saved instead of lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, _frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not interrupt the save
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    saved = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, saved)
 
 

@@ -28,7 +28,7 @@ COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer",
     "label", "backend", "variant", "mode", "kv_dtype", "granularity", "layout", "q_dtype",
     "batch", "context", "window", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
-    "tensor_cores", "num_splits", "block_n", "num_warps", "num_stages",
+    "tensor_cores", "num_splits", "block_n", "num_warps", "num_stages", "heads_per_program",
     "timing", "time_us", "bytes", "kv_bytes", "gbps", "pct_copy_bw", "copy_gbps", "kv_copies",
     "rel_err", "tol", "check_passed", "status", "reason",
 ]
@@ -48,8 +48,10 @@ def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dic
     # launch_config sizes splits over min(window, page table): a window covering the table is no window there too
     cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
                         num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device,
-                        window=case.window, use_tensor_cores=tc, group=case.num_q_heads // case.num_kv_heads)
-    return {"tensor_cores": tc, **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages")}}
+                        window=case.window, use_tensor_cores=tc, group=case.num_q_heads // case.num_kv_heads,
+                        heads_per_program=o.get("heads_per_program"))
+    return {"tensor_cores": tc, **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages",
+                                                       "heads_per_program")}}
 
 
 def _make_call(case: Case, q: torch.Tensor, cache: PagedKVCache) -> Callable[[], tuple]:
@@ -130,6 +132,8 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
 
     Statuses: ``ok``, ``unsupported`` / ``skipped`` (from :func:`sweep`, or found here),
     ``error`` (the exception in ``reason``). ``df.attrs["bench"]`` holds the run's metadata.
+    Interrupted (KeyboardInterrupt), it returns the rows measured so far, the rest ``skipped``, with
+    ``df.attrs["bench"]["interrupted"]`` True.
     """
     from tqdm.auto import tqdm
 
@@ -161,6 +165,27 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
             groups.setdefault(c.cache_key, []).append(i)
 
     bar = tqdm(total=len(runnable), disable=not progress, desc="bench", unit="case")
+    try:
+        _measure_groups(cases, groups, rows, base, dev, bar, check=check, rep=rep, warmup=warmup, rotate=rotate,
+                        check_seqs=check_seqs, cpu_reps=cpu_reps)
+        interrupted = False
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by the CLI: keep what was measured
+        interrupted = True
+        for i, c in enumerate(cases):
+            if i not in rows:
+                rows[i] = _row(base, c, status="skipped", reason="the run was interrupted before this case")
+        _free(dev)
+    bar.close()
+
+    df = pd.DataFrame([rows[i] for i in range(len(cases))], columns=COLUMNS)
+    df.attrs["bench"] = {"timestamp": stamp, "device": info, "copy_bandwidth": copy_info, "interrupted": interrupted,
+                         "settings": {"check": check, "rep": rep, "warmup": warmup, "rotate": rotate,
+                                      "check_seqs": check_seqs, "cpu_reps": cpu_reps}}
+    return df
+
+
+def _measure_groups(cases, groups, rows, base, dev, bar, *, check, rep, warmup, rotate, check_seqs, cpu_reps):
+    """Measure every group of cases sharing one cache into ``rows`` (by case index), a group at a time."""
     for idx in groups.values():
         first = cases[idx[0]]
         caches: list[PagedKVCache] = []
@@ -191,13 +216,6 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
             bar.update(1)
         del caches
         _free(dev)
-    bar.close()
-
-    df = pd.DataFrame([rows[i] for i in range(len(cases))], columns=COLUMNS)
-    df.attrs["bench"] = {"timestamp": stamp, "device": info, "copy_bandwidth": copy_info,
-                         "settings": {"check": check, "rep": rep, "warmup": warmup, "rotate": rotate,
-                                      "check_seqs": check_seqs, "cpu_reps": cpu_reps}}
-    return df
 
 
 def _free(dev):

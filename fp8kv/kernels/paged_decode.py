@@ -1,7 +1,10 @@
 """Paged decode attention over FP8 (or 16-bit) KV pages: split-KV with a reduction step.
 
 One program handles one (sequence, KV head, split): the GROUP query heads that share the KV head
-are processed together, so each K/V byte is loaded once. It streams the split's tokens in tiles of
+are processed together, so each K/V byte is loaded once. Large groups (MQA with 71 query heads)
+are cut into HEAD_TILES programs of at most ceil(GROUP / HEAD_TILES) heads each, which read the same
+K/V (the second read mostly from L2): one program holding every head would pad the dot's rows to
+128 and keep a 128-row score tile in registers. It streams the split's tokens in tiles of
 BLOCK_N through the block table (a tile may span several pages: tile size and page size are
 independent), keeps an online softmax in fp32 (exp2 domain), and writes either the final output
 (one split) or a normalised partial output plus its log2-sum-exp for ``combine_splits_kernel``.
@@ -160,7 +163,8 @@ def paged_decode_kernel(
     stride_ob, stride_oh, stride_os,  # output strides: batch, head, split
     stride_lb, stride_lh,  # LSE strides: batch, head (split stride is 1)
     GROUP: tl.constexpr,  # query heads per KV head (Hq // Hkv)
-    GROUP_PAD: tl.constexpr,  # GROUP padded to >= 16 (tl.dot's minimum M)
+    GROUP_PAD: tl.constexpr,  # the program's heads (ceil(GROUP / HEAD_TILES)) padded to >= 16 (tl.dot's minimum M)
+    HEAD_TILES: tl.constexpr,  # programs per KV head, each taking ceil(GROUP / HEAD_TILES) of its query heads
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,  # HEAD_DIM padded to a power of two
     BLOCK_SIZE: tl.constexpr,  # tokens per page
@@ -184,16 +188,22 @@ def paged_decode_kernel(
     # split; several splits fold it in combine_splits_kernel)
 ):
     b = tl.program_id(0)
-    kvh = tl.program_id(1)
     split = tl.program_id(2)
+    offs_g = tl.arange(0, GROUP_PAD)
+    if HEAD_TILES == 1:
+        kvh = tl.program_id(1)
+        g_mask = offs_g < GROUP
+        heads = kvh * GROUP + offs_g
+    else:
+        kvh = tl.program_id(1) // HEAD_TILES
+        g = (tl.program_id(1) % HEAD_TILES) * ((GROUP + HEAD_TILES - 1) // HEAD_TILES) + offs_g
+        g_mask = (offs_g < (GROUP + HEAD_TILES - 1) // HEAD_TILES) & (g < GROUP)
+        heads = kvh * GROUP + g
 
     start, end = _split_range(seq_lens_ptr, b, split, tokens_per_split, row_capacity, window, WINDOWED)
 
-    offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, D_PAD)
     offs_n = tl.arange(0, BLOCK_N)
-    g_mask = offs_g < GROUP
-    heads = kvh * GROUP + offs_g
 
     q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     qd_mask = g_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
