@@ -122,6 +122,23 @@ def test_mqa_sixteen_query_heads_one_kv_head():
     check_against_reference(q, cache, "fp8", FP8_MODE_TOL)
 
 
+# Odd head layouts, a covering set rather than the full product: every group of 1, 3, 5 and 7, every
+# head dim of 80, 96 and 112 (padded to 128 in registers, read exactly), pages of 16 and 32.
+ODD_LAYOUTS = [(1, 80, 16), (3, 96, 32), (5, 112, 16), (7, 80, 32), (1, 112, 32), (7, 96, 16)]
+
+
+@pytest.mark.parametrize("group,head_dim,block_size", ODD_LAYOUTS)
+@pytest.mark.parametrize("use_tensor_cores", [True, False])
+def test_odd_layouts_and_lengths(group, head_dim, block_size, use_tensor_cores):
+    """Both kernels at odd groups and head dims over sequences of 1, 17 and 5003 tokens (a partial
+    page, a partial tile, many splits) against the oracle."""
+    lens = [1, 17, 5003]
+    cache = make_cache(lens, 2, head_dim, granularity="head", block_size=block_size, seed=group)
+    q = make_q(len(lens), 2 * group, head_dim, torch.float16, seed=head_dim)
+    check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "head"),
+                            use_tensor_cores=use_tensor_cores)
+
+
 @pytest.mark.parametrize("group,heads_per_program", [(5, 2), (7, 3), (71, 24)])
 @pytest.mark.parametrize("mode,granularity", [("dequant", "tensor"), ("dequant", "token_head"),
                                               ("dequant", "channel"), ("fp8", "head")])
