@@ -26,6 +26,7 @@ import torch
 
 from fp8kv import cli
 from fp8kv import notebooks as runner
+from fp8kv.notebooks import runner as nb_runner  # the runner module itself, for its internals
 from fp8kv.capability import ARCHS, capability
 from fp8kv.formats import format
 
@@ -490,7 +491,7 @@ def books(tmp_path, write_notebook):
 
 
 def test_rerun_replaces_own_folder_and_leaves_other_gpus_alone(tmp_path, books, monkeypatch):
-    monkeypatch.setattr(runner, "_run_one", _fake_run_one)
+    monkeypatch.setattr(nb_runner, "_run_one", _fake_run_one)
     out = tmp_path / "reports"
     other = out / "nvidia-h200"
     other.mkdir(parents=True)
@@ -513,7 +514,7 @@ def test_rerun_replaces_own_folder_and_leaves_other_gpus_alone(tmp_path, books, 
 
 
 def test_interrupted_run_keeps_previous_report(tmp_path, books, monkeypatch):
-    monkeypatch.setattr(runner, "_run_one", _fake_run_one)
+    monkeypatch.setattr(nb_runner, "_run_one", _fake_run_one)
     out = tmp_path / "reports"
     runner.run_notebooks(books, out, smoke=True, device="cpu", seed=1, progress=False)
     snapshot = {p.name: p.read_bytes() for p in (out / "cpu").iterdir()}
@@ -526,7 +527,7 @@ def test_interrupted_run_keeps_previous_report(tmp_path, books, monkeypatch):
             raise KeyboardInterrupt
         return _fake_run_one(book, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "_run_one", interrupted)
+    monkeypatch.setattr(nb_runner, "_run_one", interrupted)
     with pytest.raises(KeyboardInterrupt):
         runner.run_notebooks(books, out, smoke=True, device="cpu", seed=9, progress=False)
     assert {p.name: p.read_bytes() for p in (out / "cpu").iterdir()} == snapshot
@@ -547,9 +548,9 @@ def test_swap_restores_old_folder_if_the_rename_fails(tmp_path, monkeypatch):
             raise OSError("disk trouble")
         return real(src, dst)
 
-    monkeypatch.setattr(runner.os, "replace", flaky)
+    monkeypatch.setattr(nb_runner.os, "replace", flaky)
     with pytest.raises(OSError, match="disk trouble"):
-        runner._swap_into_place(staging, final)
+        nb_runner._swap_into_place(staging, final)
     assert (final / "old.txt").read_text() == "old"
 
 
@@ -657,6 +658,6 @@ def test_externalize_plotlyjs_writes_one_library_and_carry_over_keeps_it(tmp_pat
     assert runner.externalize_plotlyjs(no_figures) is None and no_figures.read_text() == "<html></html>"
 
     (previous / "manifest.json").write_text(json.dumps({"notebooks": [{"name": "a_nb"}, {"name": "b_nb"}]}))
-    kept = runner._carry_over(previous, staging, rerun={"b_nb"})
+    kept = nb_runner._carry_over(previous, staging, rerun={"b_nb"})
     assert [e["name"] for e in kept] == ["a_nb"]
     assert sorted(p.name for p in staging.iterdir()) == ["a_nb.html", library]

@@ -1,0 +1,183 @@
+"""``reports/index.html``: one page across the GPUs that have reports, their headline numbers and
+overlaid figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from ..results import load_results
+from .pages import INDEX, MANIFEST, drop_network_loads
+
+# --------------------------------------------------------------------------- one page across GPUs
+
+
+def _report_folders(root: Path) -> list[Path]:
+    """The ``<gpu-slug>/`` folders of a reports root that hold a manifest or results, sorted by name."""
+    return sorted(p for p in Path(root).iterdir() if p.is_dir() and not p.name.startswith(".")
+                  and ((p / MANIFEST).is_file() or any(p.glob("*.json"))))
+
+
+def _read(folder: Path, name: str) -> dict | None:
+    try:
+        return load_results(folder, name)["results"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+def _fmt(value, spec=".3g", unit="") -> str:
+    return f"{value:{spec}}{unit}" if isinstance(value, (int, float)) and math.isfinite(value) else "–"
+
+
+def gpu_summary(folder: str | os.PathLike) -> dict:
+    """One GPU's row of the index, from the results JSON in its report folder (missing ones give "–").
+
+    Keys: ``slug``, ``name``, ``arch``, ``versions``, ``mode``, ``capability`` (supported / total
+    backend × KV dtype × mode rows here), ``copy_gbps``, ``speedup`` (FP8 over the best 16-bit decode,
+    per head layout: median and best over the shapes measured), ``kv_capacity`` (per planner model:
+    FP8 e4m3 / bf16 tokens on this GPU, or the ratio where the machine has no GPU memory), ``kl``
+    (per model, mean KL of e4m3 amax-scaled KV against bf16), ``timings_meaningful``, ``pages``.
+    """
+    import statistics
+
+    folder = Path(folder)
+    manifest = {}
+    if (folder / MANIFEST).is_file():
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    env, cap, lat, acc = (_read(folder, n) for n in ("00_environment", "03_kv_capacity", "04_decode_latency",
+                                                     "06_model_accuracy"))
+    device = (env or {}).get("device") or manifest.get("device") or {}
+    row = {"slug": folder.name, "name": device.get("name", folder.name), "arch": device.get("arch") or "–",
+           "versions": ", ".join(f"{k} {device[k]}" for k in ("torch", "triton", "flashinfer") if device.get(k)),
+           "mode": manifest.get("mode", "–"), "capability": "–", "copy_gbps": None, "speedup": {},
+           "kv_capacity": {}, "kl": {}, "timings_meaningful": None,
+           "pages": [(e["name"], f"{folder.name}/{e['html']}") for e in manifest.get("notebooks", []) if e.get("html")]}
+    if env:
+        here = env.get("capability_here") or []
+        row["capability"] = f"{sum(bool(r.get('supported')) for r in here)} of {len(here)} run here"
+        row["copy_gbps"] = (env.get("copy_bandwidth") or {}).get("gbps")
+    if lat:
+        row["timings_meaningful"] = lat.get("timings_meaningful_for_gpu")
+        by_heads: dict[str, list[float]] = {}
+        for r in lat.get("speedup") or []:
+            v = r.get("speedup_vs_bf16")
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                by_heads.setdefault(f"{r['num_q_heads']}:{r['num_kv_heads']}", []).append(v)
+        row["speedup"] = {h: (statistics.median(v), max(v)) for h, v in sorted(by_heads.items())}
+    if cap:
+        for r in cap.get("rows") or []:
+            if r.get("gpu") == "this device" and r.get("fits") and r.get("granularity") in (None, "tensor"):
+                row["kv_capacity"].setdefault(r["model"], {})[r["kv_dtype"]] = r["tokens"]
+        if not row["kv_capacity"]:
+            row["kv_capacity"] = {m: {"ratio": v} for m, v in (cap.get("fp8_over_bf16_tokens_ratio") or {}).items()}
+    if acc:
+        for r in acc.get("summary") or []:
+            if r.get("config") == "e4m3 tensor amax":
+                row["kl"][r["model"]] = r.get("kl_mean")
+    return row
+
+
+def _capacity_text(kv: dict) -> str:
+    parts = []
+    for model, v in kv.items():
+        if "ratio" in v:
+            parts.append(f"{model}: FP8/bf16 {_fmt(v['ratio'], '.3f', '×')}")
+        elif "fp8_e4m3" in v:
+            parts.append(f"{model}: {v['fp8_e4m3'] / 1e6:.2f} M FP8 / {v.get('bf16', float('nan')) / 1e6:.2f} M bf16")
+    return "<br>".join(parts) or "–"
+
+
+def _overlay_figures(folders: list[Path]):
+    """Latency vs context (each GPU's largest batch) and % of copy bandwidth vs batch (largest context)."""
+    import pandas as pd
+
+    from .. import viz
+
+    frames = []
+    for folder in folders:
+        lat = _read(folder, "04_decode_latency")
+        if lat and lat.get("rows"):
+            df = pd.DataFrame(lat["rows"])
+            df = df[df["status"] == "ok"]
+            if len(df):
+                frames.append(df.assign(gpu=folder.name))
+    if not frames:
+        return []
+    data = pd.concat(frames, ignore_index=True)
+    data["series"] = data["gpu"] + " · " + data["label"]
+    at_batch = data[data["batch"] == data.groupby("gpu")["batch"].transform("max")]
+    at_context = data[data["context"] == data.groupby("gpu")["context"].transform("max")]
+    latency = viz.line(at_batch.sort_values(["series", "context"]), x="context", y="time_us", color="series",
+                       log_x=True, log_y=True, hover=["batch", "gbps", "pct_copy_bw"],
+                       title="Decode latency vs context, every GPU (each at its largest measured batch)",
+                       labels={"series": "GPU · backend · KV dtype · mode"})
+    share = viz.line(at_context.sort_values(["series", "batch"]), x="batch", y="pct_copy_bw", color="series",
+                     log_x=True, hover=["context", "time_us", "gbps"],
+                     title="Share of the copy bandwidth vs batch, every GPU (each at its largest measured context)",
+                     labels={"series": "GPU · backend · KV dtype · mode"})
+    return [latency, share]
+
+
+def _plotlyjs_for_index(root: Path) -> str:
+    """Relative path of a plotly.js of the installed version under ``root`` (written there if none is)."""
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    name = f"plotly-{get_plotlyjs_version()}.min.js"
+    for folder in _report_folders(root):
+        if (folder / name).is_file():
+            return f"{folder.name}/{name}"
+    (root / name).write_text(get_plotlyjs(), encoding="utf-8")
+    return name
+
+
+def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
+    """Write ``<reports_dir>/index.html``: every GPU's report on one page, viewable offline.
+
+    One row per ``<gpu-slug>/`` folder (:func:`gpu_summary`) with links to its pages, and figures that
+    overlay the GPUs (latency vs context, share of the copy bandwidth vs batch). Built by every run
+    and by ``python -m fp8kv.notebooks index``; a new GPU's folder adds a row, nothing else changes.
+    """
+    import html as _html
+
+    root = Path(reports_dir)
+    folders = _report_folders(root)
+    rows = [gpu_summary(f) for f in folders]
+    esc = _html.escape
+    body = []
+    for r in rows:
+        speed = "<br>".join(f"Hq:Hkv {h}: median {_fmt(m, '.2f', '×')}, best {_fmt(b, '.2f', '×')}"
+                            for h, (m, b) in r["speedup"].items()) or "–"
+        if r["timings_meaningful"] is False:
+            speed += "<br><i>(CPU timings: not meaningful for any GPU)</i>"
+        kl = "<br>".join(f"{esc(m)}: {_fmt(v, '.2e')} nats/token" for m, v in r["kl"].items()) or "–"
+        pages = " · ".join(f'<a href="{esc(href)}">{esc(name)}</a>' for name, href in r["pages"]) or "–"
+        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
+            f"<b>{esc(r['name'])}</b><br><code>{esc(r['slug'])}</code>", esc(r["arch"]), esc(r["versions"]),
+            esc(r["mode"]), esc(r["capability"]), _fmt(r["copy_gbps"], ".4g", " GB/s"), speed,
+            _capacity_text(r["kv_capacity"]), kl, pages)) + "</tr>")
+    figures = _overlay_figures(folders)
+    plotly_tag = f'<script src="{_plotlyjs_for_index(root)}" charset="utf-8"></script>' if figures else ""
+    figure_html = "\n".join(f.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False)
+                             for f in figures)
+    header = ("GPU", "arch", "versions", "run", "capability", "copy bandwidth",
+              "FP8 over best 16-bit decode", "KV tokens (planner models, this GPU)", "KL, e4m3 amax vs bf16", "pages")
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>fp8kv: every GPU</title>{plotly_tag}
+<style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse;font-size:90%}}
+td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}}th{{background:#f4f4f4}}</style>
+</head><body>
+<h1>fp8kv: FP8 KV caches on every GPU that has run the notebooks</h1>
+<p>One row per report folder under this page ({len(rows)}). Each links to its notebook pages.</p>
+<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>
+{chr(10).join(body)}
+</table>
+{figure_html}
+</body></html>
+"""
+    path = root / INDEX
+    tmp = path.with_name(f".{INDEX}.tmp")
+    tmp.write_text(drop_network_loads(page), encoding="utf-8")
+    os.replace(tmp, path)
+    return path

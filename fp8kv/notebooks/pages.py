@@ -1,0 +1,191 @@
+"""Notebook files and their pages: discovery, the source hash a page records, HTML export with
+plotly.js kept once beside the pages, and rendering a report folder whose export failed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..results import to_jsonable
+
+MANIFEST = "manifest.json"
+INDEX = "index.html"
+# --------------------------------------------------------------------------- discovery and rendering
+
+
+def _default_notebook_dir() -> Path:
+    """``./notebooks`` if present (the repository root is the usual working directory), else the
+    ``notebooks`` folder beside the installed (editable) package."""
+    here = Path.cwd() / "notebooks"
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def discover_notebooks(notebook_dir: str | os.PathLike | None = None,
+                       only: Sequence[str] | None = None) -> list[Path]:
+    """Notebooks to run, sorted by file name.
+
+    Parameters
+    ----------
+    notebook_dir : folder of ``*.ipynb`` (default ``./notebooks``).
+    only : names to keep; each matches a notebook by stem (``"01_fp8_formats"``), file name
+        (``"01_fp8_formats.ipynb"``) or number prefix (``"01"``). An unknown name is a ValueError.
+    """
+    folder = Path(notebook_dir) if notebook_dir is not None else _default_notebook_dir()
+    if not folder.is_dir():
+        raise ValueError(f"notebook_dir={str(folder)!r} is not a folder; pass the folder holding the .ipynb files")
+    books = sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("."))
+    if only is None:
+        return books
+    if isinstance(only, str):
+        only = [only]
+    chosen = []
+    for want in only:
+        hits = [p for p in books if want in (p.stem, p.name) or p.stem.split("_")[0] == want]
+        if not hits:
+            raise ValueError(f"only={want!r} matches no notebook; available: {[p.stem for p in books]}")
+        chosen.extend(h for h in hits if h not in chosen)
+    return sorted(chosen)
+
+
+# <script src="http(s)://..."></script> and <link href="http(s)://..."> : what a page would fetch from the network.
+_NETWORK_SCRIPT = re.compile(r'<script\b[^>]*\bsrc\s*=\s*["\']?(?:https?:)?//[^>]*>\s*</script>', re.IGNORECASE)
+_NETWORK_LINK = re.compile(r'<link\b[^>]*\bhref\s*=\s*["\']?(?:https?:)?//[^>]*>', re.IGNORECASE)
+
+
+def drop_network_loads(html: str) -> str:
+    """Remove every ``<script src=...>`` and ``<link href=...>`` that points at the network.
+
+    nbconvert's lab template loads require.js and MathJax 2 from a CDN, and plotly's ``notebook``
+    renderer adds MathJax 3 from a CDN before each figure. The pages need none of them: plotly.js is
+    loaded from the file beside the page, and the notebooks write no LaTeX. A page must view offline.
+    """
+    return _NETWORK_LINK.sub("", _NETWORK_SCRIPT.sub("", html))
+
+
+def render_html(executed_ipynb: str | os.PathLike, html_path: str | os.PathLike) -> Path:
+    """Render an executed notebook to a standalone HTML file (nbconvert ``HTMLExporter``, lab template)
+    that loads nothing from the network (:func:`drop_network_loads`)."""
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_filename(str(executed_ipynb))
+    html_path = Path(html_path)
+    html_path.write_text(drop_network_loads(body), encoding="utf-8")
+    return html_path
+
+
+def notebook_hash(path: str | os.PathLike) -> str:
+    """SHA-256 of a notebook's content: each cell's type, tags and source, in order (hex digest).
+
+    Outputs, execution counts, cell ids and notebook metadata are left out, so the source notebook
+    (committed without outputs) and the executed copy of it that papermill writes hash the same,
+    once papermill's injected-parameters cell is dropped.
+    """
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    cells = []
+    for cell in doc.get("cells", []):
+        tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "injected-parameters"]
+        if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
+            continue
+        source = cell.get("source", "")
+        cells.append([cell.get("cell_type"), sorted(tags), "".join(source) if isinstance(source, list) else source])
+    return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+_PLOTLYJS_SRC = re.compile(r'<script src="(plotly-[0-9A-Za-z.+-]+\.min\.js)" charset="utf-8"></script>')
+
+
+def externalize_plotlyjs(html_path: str | os.PathLike) -> str | None:
+    """Load plotly.js from a file beside the HTML instead of embedding it; return that file's name.
+
+    The page's inline copy of the library (the one ``fp8kv.viz.setup_plotly`` embeds) is replaced
+    by ``<script src="plotly-<version>.min.js">`` and the library is written beside the page once,
+    so a report folder holds one 4.6 MB copy, not one per notebook, and still views offline.
+    Idempotent; returns None when the page holds no plotly.js.
+    """
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    path = Path(html_path)
+    text = path.read_text(encoding="utf-8")
+    found = _PLOTLYJS_SRC.search(text)
+    if found:
+        return found.group(1)
+    library = get_plotlyjs()
+    inline = f"<script>{library}</script>"
+    if inline not in text:
+        return None
+    name = f"plotly-{get_plotlyjs_version()}.min.js"
+    target = path.with_name(name)
+    if not target.is_file():
+        target.write_text(library, encoding="utf-8")
+    path.write_text(text.replace(inline, f'<script src="{name}" charset="utf-8"></script>', 1), encoding="utf-8")
+    return name
+
+
+_PLOTLYJS_NOTE = ("<!-- plotly.js (embedded here at execution) was removed from this .ipynb to keep it small; "
+                  "the .html beside it loads it. JupyterLab draws the figures from their plotly mimetype. -->")
+
+
+def strip_embedded_plotlyjs(ipynb_path: str | os.PathLike) -> int:
+    """Remove the embedded plotly.js library (about 4.6 MB) from an executed notebook; return bytes saved.
+
+    ``fp8kv.viz.setup_plotly`` embeds the library once, in the first figure's cell, as a ``text/html``
+    output of its own. The report's ``.html`` loads it from a file beside it; in the
+    ``.ipynb`` it would only double the report's size, since JupyterLab and VS Code draw every figure
+    from its ``application/vnd.plotly.v1+json`` output. Figure outputs themselves are kept intact.
+    """
+    import nbformat
+
+    path = Path(ipynb_path)
+    nb = nbformat.read(path, as_version=4)
+    saved = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            html = output.get("data", {}).get("text/html")
+            if html is None:
+                continue
+            text = "".join(html) if isinstance(html, list) else html
+            if "window.PlotlyConfig" in text and "Plotly.newPlot" not in text and len(text) > 100_000:
+                output["data"]["text/html"] = _PLOTLYJS_NOTE
+                saved += len(text) - len(_PLOTLYJS_NOTE)
+    if saved:
+        nbformat.write(nb, path)
+    return saved
+
+
+HTML_EXPORT_FAILED = " | HTML export failed: "
+
+
+def render_report(folder: str | os.PathLike) -> list[str]:
+    """Render the pages of a report folder whose notebooks ran but whose HTML export failed.
+
+    A GPU machine may run the notebooks without nbconvert's page templates (a package installed
+    without its data files): the executed ``.ipynb`` and the results are there, the ``.html`` is not.
+    This renders each such page here, as the runner would have, and marks it ok in the manifest.
+    Notebooks that failed to *run* stay failed. Returns the names rendered.
+    """
+    folder = Path(folder)
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise ValueError(f"folder={str(folder)!r} holds no {MANIFEST}: not a report folder")
+    manifest = json.loads(manifest_path.read_text())
+    done = []
+    for entry in manifest["notebooks"]:
+        error = entry.get("error") or ""
+        if entry.get("html") or not entry.get("ipynb") or not error.startswith(HTML_EXPORT_FAILED):
+            continue
+        executed = folder / entry["ipynb"]
+        entry["html"] = render_html(executed, folder / f"{entry['name']}.html").name
+        externalize_plotlyjs(folder / entry["html"])
+        strip_embedded_plotlyjs(executed)
+        entry.update(status="ok" if entry.get("results") else "failed", error=None)
+        done.append(entry["name"])
+    failed = [e["name"] for e in manifest["notebooks"] if e["status"] != "ok"]
+    manifest.update(failed=failed, ok=not failed)
+    manifest_path.write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
+    return done

@@ -1,0 +1,373 @@
+"""The headless runner: every notebook through papermill into a staging folder, swapped into
+``reports/<gpu>/`` at the end; a manifest per run; SIGTERM and SIGINT stop it cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..results import _now, to_jsonable
+from .index import build_index
+from .pages import (
+    _PLOTLYJS_SRC,
+    HTML_EXPORT_FAILED,
+    INDEX,
+    MANIFEST,
+    _default_notebook_dir,
+    discover_notebooks,
+    externalize_plotlyjs,
+    notebook_hash,
+    render_html,
+    strip_embedded_plotlyjs,
+)
+from .setup import machine_defaults
+
+# Parameters every notebook declares in its cell tagged "parameters" (and the runner injects).
+PARAMETER_NAMES = ("SMOKE", "DEVICE", "OUT_DIR", "SEED", "SHOW_WIDGETS")
+# Per-cell execution timeout, seconds, by mode.
+DEFAULT_TIMEOUT_S = {"smoke": 600, "full": 1800}
+KERNEL_NAME = "python3"
+# --------------------------------------------------------------------------- the runner
+
+
+@contextlib.contextmanager
+def _kernel_environment(interpret: bool):
+    """Environment the notebook kernels inherit, restored afterwards.
+
+    * ``PYTHONPATH`` gains the package's root, so kernels (which start in notebooks/) import fp8kv
+      even when it is not pip-installed;
+    * without CUDA, ``TRITON_INTERPRET=1`` (unless already set), so Triton kernels run under the
+      interpreter in smoke runs; it must be set before triton is imported, hence here;
+    * ``FP8KV_HEADLESS=1`` (:func:`fp8kv.ui.headless`): no widget is ever displayed.
+    """
+    from ..ui import HEADLESS_ENV
+
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "TRITON_INTERPRET", HEADLESS_ENV)}
+    os.environ[HEADLESS_ENV] = "1"  # no person watches these kernels: fp8kv.ui shows no widgets
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, saved["PYTHONPATH"]]) if saved["PYTHONPATH"] else root
+    if interpret and saved["TRITON_INTERPRET"] is None:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _error_text(exc: BaseException) -> str:
+    """Short, useful error for the manifest: papermill's exception name/value, else the last line."""
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    text = f"{ename}: {evalue}" if ename else "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
+def _publish_out_dir(executed: Path, staged_value: str, published_value: str) -> None:
+    """Show, in the executed notebook's injected parameters, where its results are published.
+
+    The kernel wrote into the staging folder, which is renamed to the report folder at the end of
+    the run; a reader of the page should see the folder that exists, not the temporary one.
+    """
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    for cell in nb.cells:
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            cell.source = cell.source.replace(f"OUT_DIR = {staged_value!r}", f"OUT_DIR = {published_value!r}")
+            cell.source = cell.source.replace(f'OUT_DIR = "{staged_value}"', f'OUT_DIR = "{published_value}"')
+    nbformat.write(nb, executed)
+
+
+def _run_one(book: Path, staging: Path, params: dict, timeout_s: int, progress: bool,
+             kernel_name: str, published_out_dir: str | None = None) -> dict:
+    import papermill as pm
+
+    name = book.stem
+    executed = staging / f"{name}.ipynb"
+    entry = {"name": name, "source": book.name, "source_sha256": notebook_hash(book), "status": "ok",
+             "error": None, "mode": "smoke" if params["SMOKE"] else "full", "started": _now(),
+             "duration_s": None, "ipynb": None, "html": None, "results": None}
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(str(book), str(executed), parameters=params, kernel_name=kernel_name,
+                            execution_timeout=timeout_s, start_timeout=120, progress_bar=progress,
+                            cwd=str(book.parent))
+    except Exception as exc:  # a failing cell, a timeout, a dead kernel: recorded, the run goes on
+        entry.update(status="failed", error=_error_text(exc))
+    entry["duration_s"] = round(time.perf_counter() - t0, 2)
+    if executed.is_file():
+        entry["ipynb"] = executed.name
+        try:
+            if published_out_dir is not None:
+                _publish_out_dir(executed, params["OUT_DIR"], published_out_dir)
+            entry["html"] = render_html(executed, staging / f"{name}.html").name
+            externalize_plotlyjs(staging / entry["html"])
+            strip_embedded_plotlyjs(executed)  # after the HTML export, which needs it
+        except Exception as exc:
+            entry.update(status="failed", error=(entry["error"] or "") + HTML_EXPORT_FAILED + _error_text(exc))
+    if (staging / f"{name}.json").is_file():
+        entry["results"] = f"{name}.json"
+    elif entry["status"] == "ok":
+        entry.update(status="failed", error=f"the notebook did not write {name}.json "
+                                            f"(call fp8kv.notebooks.save_results(OUT_DIR, {name!r}, ...))")
+    return entry
+
+
+def _carry_over(previous: Path, staging: Path, rerun: set[str]) -> list[dict]:
+    """Copy the previous report's files and manifest entries of notebooks not rerun now."""
+    try:
+        old_manifest = json.loads((previous / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return []
+    kept = [e for e in old_manifest.get("notebooks", []) if e.get("name") not in rerun]
+    keep_names = {e["name"] for e in kept}
+    for f in previous.iterdir():
+        owner = next((n for n in keep_names if f.name.startswith((n + ".", n + "_"))), None)
+        if owner is not None and f.is_file():
+            shutil.copy2(f, staging / f.name)
+            library = _PLOTLYJS_SRC.search(f.read_text(encoding="utf-8")) if f.suffix == ".html" else None
+            if library and (previous / library.group(1)).is_file() and not (staging / library.group(1)).exists():
+                shutil.copy2(previous / library.group(1), staging / library.group(1))
+    return kept
+
+
+def _swap_into_place(staging: Path, final: Path) -> None:
+    """Replace ``final`` by ``staging``: rename the old folder aside, rename staging in, delete the old."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}-{time.time_ns()}")
+        os.replace(final, old)
+    try:
+        os.replace(staging, final)
+    except BaseException:
+        if old is not None:
+            os.replace(old, final)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.PathLike = "reports", *,
+                  smoke: bool | None = None, only: Sequence[str] | None = None, timeout: int | None = None,
+                  device: str = "auto", seed: int = 0, progress: bool = True,
+                  kernel_name: str = KERNEL_NAME) -> dict:
+    """Execute the notebooks and publish ``<out>/<gpu-slug>/``; return the manifest (also written).
+
+    Parameters
+    ----------
+    notebook_dir : folder of notebooks (default ``./notebooks``).
+    out : reports root (default ``reports`` in the working directory).
+    smoke : small sizes; default True unless ``device`` is a CUDA device.
+    only : notebook names to run (see :func:`discover_notebooks`); the others' previous results are kept.
+    timeout : per-cell execution timeout in seconds (default ``DEFAULT_TIMEOUT_S[mode]``).
+    device : the ``DEVICE`` parameter; also decides which GPU's folder is written.
+    seed : the ``SEED`` parameter.
+    progress : papermill's per-cell progress bar.
+
+    Returns
+    -------
+    dict, the manifest: ``gpu_slug``, ``device`` (:func:`fp8kv.device.describe_device`), ``mode``,
+    ``seed``, ``timeout_s``, ``triton_interpret``, ``only``, ``started``, ``finished``,
+    ``duration_s``, ``ok`` (every notebook in the report is ok), ``failed`` (names of those that are
+    not), ``ran`` (names executed by this run; the others were carried over), ``report_dir`` (the
+    folder's name, relative to ``out``: the manifest holds no absolute path), and ``notebooks``: one
+    entry per notebook with ``name``, ``source``, ``source_sha256`` (:func:`notebook_hash` of the
+    source notebook), ``status`` ("ok"/"failed"), ``error``, ``mode``, ``started``, ``duration_s``
+    and the file names ``ipynb``, ``html``, ``results``.
+
+    SIGTERM or SIGINT stops the run (:class:`RunInterrupted`): the kernel is killed, the staging
+    folder removed, the previous report left as it was. After a run, ``<out>/index.html`` is rebuilt
+    (:func:`build_index`).
+    """
+    from ..device import describe_device, resolve_device
+
+    dev = resolve_device(device)  # validates before any work
+    default_smoke, interpret = machine_defaults(dev)
+    if smoke is None:
+        smoke = default_smoke
+    mode = "smoke" if smoke else "full"
+    if timeout is None:
+        timeout = DEFAULT_TIMEOUT_S[mode]
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
+        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds (int)")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed={seed!r} must be an int")
+    _check_out(out)
+    books = discover_notebooks(notebook_dir, only)
+    if not books:
+        raise ValueError(f"no notebooks found in {notebook_dir or _default_notebook_dir()}")
+    for module in ("papermill", "nbconvert", "nbformat"):
+        try:
+            __import__(module)
+        except ImportError as exc:
+            raise ImportError(f"the notebook runner needs {module}: pip install 'fp8kv[notebooks]'") from exc
+
+    info = describe_device(dev)
+    slug = info["slug"]
+    root = Path(out).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / slug
+    staging = Path(tempfile.mkdtemp(prefix=f".{slug}.staging-", dir=root))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; the published folder should not be
+    # Paths in the manifest are relative to the report folder itself, so a copied folder stays right.
+    manifest = {"gpu_slug": slug, "device": info, "mode": mode, "seed": seed, "timeout_s": timeout,
+                "triton_interpret": None, "only": [b.stem for b in books] if only else None,
+                "started": _now(), "finished": None, "duration_s": None, "ok": None, "failed": [],
+                "ran": [b.stem for b in books], "report_dir": slug, "notebooks": []}
+    t0 = time.perf_counter()
+    children_before = _child_pids()
+    try:
+        with _stop_on_signals(keep_pids=children_before):
+            entries = _carry_over(final, staging, {b.stem for b in books}) if only and final.is_dir() else []
+            params_base = {"SMOKE": smoke, "DEVICE": str(device), "SEED": seed, "SHOW_WIDGETS": False}
+            with _kernel_environment(interpret=interpret):
+                manifest["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+                for i, book in enumerate(books, 1):
+                    print(f"[{i}/{len(books)}] {book.stem} ({mode}, {slug})", flush=True)
+                    out_dir, published = _relative_or_absolute(staging, book.parent), \
+                        _relative_or_absolute(final, book.parent)
+                    entry = _run_one(book, staging, {**params_base, "OUT_DIR": out_dir}, timeout, progress,
+                                     kernel_name, published_out_dir=published)
+                    print(f"    {entry['status']} in {entry['duration_s']:.1f} s"
+                          + (f": {entry['error']}" if entry["error"] else ""), flush=True)
+                    entries.append(entry)
+            entries.sort(key=lambda e: e["name"])
+            failed = [e["name"] for e in entries if e["status"] != "ok"]
+            manifest.update(notebooks=entries, failed=failed, ok=not failed, finished=_now(),
+                            duration_s=round(time.perf_counter() - t0, 2))
+            (staging / MANIFEST).write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
+            _swap_into_place(staging, final)
+    except BaseException as exc:
+        # A second signal must not cut the clean-up short: ignore them until it is done.
+        with _signals_ignored():
+            if isinstance(exc, RunInterrupted):
+                _stop_processes(_child_pids() - children_before)  # anything the kernel left behind
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    try:
+        build_index(root)
+    except Exception as exc:  # the report itself is published; a broken index is reported, not fatal
+        print(f"warning: {root / INDEX} not rebuilt: {_error_text(exc)}", file=sys.stderr)
+    return manifest
+
+
+def _check_out(out) -> None:
+    """``out`` must be a folder or a path that can become one (not a file, nor below a file)."""
+    if not isinstance(out, (str, os.PathLike)) or not str(out):
+        raise ValueError(f"out={out!r} must be a folder path (the reports root)")
+    path = Path(out)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ValueError(f"out={str(out)!r}: {str(p)!r} is a file, not a folder; "
+                                 "pass the folder that holds the <gpu-slug>/ report folders")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise ValueError(f"out={str(out)!r}: the folder {str(p)!r} is not writable")
+            return
+
+
+def _relative_or_absolute(path: Path, start: Path) -> str:
+    """``path`` relative to ``start`` when both are on one drive (always, off Windows), else absolute."""
+    return os.path.relpath(path, start) if path.anchor == start.resolve().anchor else str(path)
+
+
+class RunInterrupted(BaseException):
+    """The runner received SIGTERM or SIGINT: the run stops, its staging folder is removed.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way swallows it.
+    """
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(f"stopped by {signal.Signals(self.signum).name}")
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(keep_pids: set[int] = frozenset()):
+    """Turn SIGTERM and SIGINT into :class:`RunInterrupted` in the main thread, for the duration.
+
+    SIGTERM (what ``timeout``, CI runners and ``kill`` send) would otherwise end the interpreter
+    without any clean-up, and SIGINT reaches the running kernel as an ordinary cell interrupt, after
+    which the run would go on with the next notebook. The kernel (every process started since,
+    except ``keep_pids``) is killed first, so that nothing waits for its cell to finish.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        for sig in _STOP_SIGNALS:  # a second signal must not interrupt the clean-up
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_processes(_child_pids() - set(keep_pids))
+        raise RunInterrupted(signum)
+
+    saved = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _child_pids() -> set[int]:
+    """Process ids of every live descendant of this process (empty without psutil)."""
+    try:
+        import psutil
+    except ImportError:
+        return set()
+    try:
+        return {p.pid for p in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _stop_processes(pids: set[int], wait_s: float = 5.0) -> None:
+    """SIGKILL ``pids`` (the kernel this run started, and what it started) and wait for them.
+
+    Not SIGTERM: the kernel's results go with the staging folder, and a terminated kernel logs the
+    interrupted cell's traceback over the runner's last words.
+    """
+    if not pids:
+        return
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.kill()
+            procs.append(proc)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=wait_s)

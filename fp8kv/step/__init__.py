@@ -1,0 +1,84 @@
+"""A measured decode step: one token for each of B sequences through a whole model, at context L.
+
+Does FP8 KV make a server faster? The kernel benchmark (:mod:`fp8kv.bench`) times attention alone;
+this module times what a serving engine runs per generated token, built from a model's shapes
+(:class:`fp8kv.capacity.ModelShape`):
+
+* per layer: RMSNorm, the fused QKV projection, q/k RMSNorm where the model has it (Qwen3), RoPE,
+  the write of the new token's K and V into the paged cache (``fp8kv.ops.write_cache``, the fused
+  Triton kernel; ``PagedKVCache.write`` on the reference path), attention through
+  :func:`fp8kv.decode`, the output projection and residual, RMSNorm, the gated MLP (SiLU) and residual;
+* then the final RMSNorm and the LM head (logits for every sequence).
+
+::
+
+    pool = KVPool(shape, num_blocks, "fp8_e4m3", device="cuda")       # the engine's KV memory
+    step = DecodeStep(shape, random_weights(shape, device="cuda"), pool.caches(batch=64, max_context=4096))
+    step.set_positions(4095)           # the new token is the 4096th of every sequence
+    logits = step.forward()            # [64, vocab]
+    df = sweep(["Qwen3-0.6B"], [4096])  # batch 1 .. the ceiling, BF16 and FP8 KV: tidy rows
+
+Command line: ``python -m fp8kv.step --model Qwen3-0.6B --contexts 4096`` (see :func:`main`).
+
+Weights
+-------
+SmolLM2-135M can run with its real weights (``fp8kv.models``, offline); every other model runs with
+random bf16 weights of the right shapes. **The time of a step does not depend on the weights'
+values**: every kernel reads every weight and every cached token whatever they hold. Rows say which
+(``weights``). Gemma-3-270M runs with the Llama/Qwen layer structure (its GELU, extra norms and
+sliding windows are not modelled); Llama 3.1's RoPE frequency scaling is not applied (it changes
+values, not time).
+
+Memory: one pool, per-layer pages
+---------------------------------
+As in vLLM, the KV memory is allocated once (:class:`KVPool`: K and V pages per layer, all layers
+the same number of blocks) and every layer's cache shares one block table and one ``seq_lens``.
+The pool's size is the planner's (:func:`fp8kv.capacity.plan_capacity`): GPU memory × utilization
+− weights − activations (:func:`activation_bytes`, an upper bound of one step's transient tensors).
+:func:`step_ceiling` gives the largest batch whose KV fits at a context; the sweep allocates that pool
+for real, so a ceiling that did not fit would fail there.
+
+How a step is timed
+-------------------
+Like the kernel benchmark, with its timing helper (``fp8kv.bench.time_call``): on a GPU the whole
+step is captured in a CUDA graph (``triton.testing.do_bench_cudagraph``) and the median replay is
+reported; the step's attention calls alone (every layer's :func:`fp8kv.decode` on the same caches,
+no other work) are timed the same way, giving ``attention_us`` and ``attention_share``. The copy
+bandwidth is measured once in the same run (:func:`fp8kv.device.measure_copy_bandwidth`).
+``bytes_moved`` counts the weights read (the LM head once; of the embedding only the B rows looked
+up), the K/V read by attention and the new token's K/V written; activations are not counted.
+On CPU (the Triton interpreter or the reference) timings exercise the code and say nothing about
+any GPU.
+
+What a step leaves out
+----------------------
+Scheduling and batching decisions, prefill (the prompt's forward pass), sampling beyond the logits,
+detokenisation, and any communication (tensor parallelism, host transfers): a step is not a
+server benchmark. Every sequence of a batch holds the same context.
+"""
+
+from __future__ import annotations
+
+from .cli import build_parser, main
+from .layers import (
+    REAL_WEIGHTS,
+    LayerWeights,
+    StepWeights,
+    apply_rope,
+    gated_mlp,
+    random_weights,
+    rms_norm,
+    rope_cos_sin,
+    rope_inv_freq,
+    weights_from_hf,
+)
+from .measure import COLUMNS, save, sweep
+from .model import STEP_BACKENDS, DecodeStep, KVPool, greedy_decode
+from .plan import activation_bytes, batch_points, param_count, plan_sweep, step_bytes, step_ceiling
+from .report import SERIES_COLORS, attention_share_figure, reading, summary, tokens_per_s_figure
+
+__all__ = ["LayerWeights", "StepWeights", "random_weights", "weights_from_hf", "KVPool", "DecodeStep",
+           "param_count", "rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "gated_mlp", "activation_bytes",
+           "step_ceiling", "step_bytes", "batch_points", "greedy_decode", "plan_sweep", "sweep", "save", "summary",
+           "build_parser", "main", "reading", "tokens_per_s_figure", "attention_share_figure", "COLUMNS",
+           "SERIES_COLORS", "REAL_WEIGHTS", "STEP_BACKENDS"]

@@ -1,0 +1,117 @@
+"""``fp8kv step`` / ``python -m fp8kv.step``: the argument parser and :func:`main`."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from ..capability import interpreter_on
+from ..capacity import GIB
+from .measure import save, sweep
+from .model import STEP_BACKENDS
+from .plan import plan_sweep
+from .report import summary
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def _gpu_memory_arg(s: str):
+    try:
+        v = float(s)
+    except ValueError:
+        return s  # a GPU name; plan_capacity checks it
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected a positive number of GiB or a GPU name such as H200")
+    return v
+
+
+def _positive_int_arg(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected a positive int") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected a positive int")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..capability import KV_DTYPES
+
+    p = argparse.ArgumentParser(prog="fp8kv step", description="Time a model's whole decode step (CUDA graph) "
+                                "from batch 1 to each KV dtype's memory ceiling; write "
+                                "results/step/<gpu-slug>/<timestamp>.csv.")
+    p.add_argument("--model", nargs="+", required=True, metavar="NAME",
+                   help="registry model name(s) (fp8kv.capacity.MODELS), e.g. Qwen3-0.6B Llama-3.1-8B")
+    p.add_argument("--contexts", type=_positive_int_arg, nargs="+", required=True, metavar="TOKENS",
+                   help="tokens per sequence (the new token included), e.g. 4096 16384")
+    p.add_argument("--batches", type=_positive_int_arg, nargs="+", metavar="B",
+                   help="batch sizes to time (each must fit every KV dtype's ceiling); default: powers of 4, "
+                        "both ceilings")
+    p.add_argument("--kv-dtypes", nargs="+", choices=KV_DTYPES, default=["bf16", "fp8_e4m3"],
+                   help="KV-cache dtypes (default: bf16 fp8_e4m3)")
+    p.add_argument("--backend", choices=STEP_BACKENDS, default="auto",
+                   help="attention backend of fp8kv.decode (auto: Triton on a GPU, else the reference)")
+    p.add_argument("--mode", choices=("auto", "dequant", "fp8"), default="auto", help="attention mode (default auto)")
+    p.add_argument("--gpu-memory", type=_gpu_memory_arg, metavar="GIB|GPU",
+                   help="GPU memory to plan against, in GiB or a GPU name (default: this GPU's total; required "
+                        "on CPU)")
+    p.add_argument("--utilization", type=float, default=0.9,
+                   help="fraction of GPU memory the engine may use, in (0, 1] (vLLM's gpu_memory_utilization)")
+    p.add_argument("--block-size", type=_positive_int_arg, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--weights", choices=("auto", "real", "random"), default="auto",
+                   help="auto: real weights where fp8kv loads them offline (SmolLM2-135M), random otherwise")
+    p.add_argument("--rep", type=_positive_int_arg, default=50, help="ms of CUDA-graph replays per timing")
+    p.add_argument("--out", default="results/step", help="results folder (a sub-folder per GPU)")
+    p.add_argument("--no-save", action="store_true", help="print only")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one, else the CPU)")
+    p.add_argument("--interpret", action="store_true",
+                   help="CPU: run Triton under its interpreter (sets TRITON_INTERPRET=1; implies --device cpu)")
+    p.add_argument("--dry-run", action="store_true", help="print the ceilings and batches; build and time nothing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``fp8kv step`` / ``python -m fp8kv.step``; returns the exit status (2: bad input, 1: a point failed)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+
+    def refuse(msg: str):
+        parser.exit(2, f"{parser.prog}: error: {msg}\n")
+
+    if args.interpret:
+        if "triton" in sys.modules and not interpreter_on():
+            print("warning: triton is already imported; --interpret has no effect", file=sys.stderr)
+        os.environ["TRITON_INTERPRET"] = "1"
+        if args.device not in (None, "cpu"):
+            refuse(f"--interpret runs on CPU tensors; drop --device {args.device}")
+        args.device = "cpu"
+    if not 0 < args.utilization <= 1:
+        refuse(f"--utilization {args.utilization}: expected a number in (0, 1]")
+    try:
+        plans = plan_sweep(args.model, args.contexts, args.kv_dtypes, batches=args.batches,
+                           gpu_memory_gib=args.gpu_memory, utilization=args.utilization,
+                           block_size=args.block_size, device=args.device)
+    except ValueError as e:  # unknown model, batch over the ceiling, nothing fits, no memory given
+        refuse(str(e).replace("\n", " "))
+    if args.dry_run:
+        for p in plans:
+            plan = p["plan"]
+            print(f"{p['shape'].name:<16} {p['kv_dtype']:<9} ctx={p['context']:<6} ceiling={plan['ceiling']:<5} "
+                  f"KV {plan['kv_memory_bytes'] / GIB:.2f} GiB  batches={p['batches']}")
+        print(f"{sum(len(p['batches']) for p in plans)} points")
+        return 0
+    t0 = time.perf_counter()
+    df = sweep(args.model, args.contexts, args.kv_dtypes, batches=args.batches, backend=args.backend, mode=args.mode,
+               gpu_memory_gib=args.gpu_memory, utilization=args.utilization, block_size=args.block_size,
+               weights=args.weights, device=args.device, rep=args.rep, progress=not args.quiet)
+    print(summary(df))
+    print(f"{len(df)} points in {time.perf_counter() - t0:.0f} s")
+    if not args.no_save:
+        print(f"wrote {save(df, args.out, meta={'argv': argv})}")
+    return 1 if (df["status"] == "error").any() else 0

@@ -1,0 +1,164 @@
+"""The sweep: build the pool and the weights, capture each step (and its attention alone) in a CUDA
+graph, time it; tidy rows (:data:`COLUMNS`) saved under results/step/<gpu>/."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from datetime import datetime, timezone
+
+import torch
+
+from ..capability import UnsupportedError
+from ..capacity import ModelShape
+from ..checks import fail as _fail
+from .layers import REAL_WEIGHTS, StepWeights, random_weights, weights_from_hf
+from .model import DecodeStep, KVPool
+from .plan import plan_sweep, step_bytes
+
+COLUMNS = [
+    "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton",
+    "model", "weights", "kv_dtype", "backend", "mode", "batch", "context", "ceiling",
+    "step_us", "tokens_per_s", "attention_us", "attention_share",
+    "bytes_moved", "kv_bytes", "weight_bytes", "gbps", "copy_gbps", "pct_copy_bw",
+    "num_layers", "num_q_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size", "vocab_size",
+    "block_size", "gpu_memory_gib", "utilization", "kv_pool_bytes", "activation_bytes",
+    "timing", "logits_finite", "status", "reason",
+]
+
+
+# ------------------------------------------------------------------------------------------------ sweep
+def _load_weights(shape: ModelShape, weights: str, dtype, dev, seed: int) -> StepWeights:
+    if weights not in ("auto", "real", "random"):
+        _fail(f"weights={weights!r}; expected 'auto', 'real' or 'random'")
+    if weights != "random" and shape.name in REAL_WEIGHTS:
+        try:
+            from ..models import load_model
+
+            model, _ = load_model(REAL_WEIGHTS[shape.name], dtype=dtype, device=dev)
+            out = weights_from_hf(model, shape)
+            del model
+            return out
+        except ImportError as e:
+            if weights == "real":
+                raise
+            print(f"{shape.name}: real weights unavailable ({e}); random weights of the same shapes",
+                  file=sys.stderr)
+    elif weights == "real":
+        _fail(f"weights='real': fp8kv loads real weights only for {sorted(REAL_WEIGHTS)}, not {shape.name}")
+    return random_weights(shape, dtype, dev, seed)
+
+
+def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, backend: str = "auto",
+          mode: str = "auto", gpu_memory_gib=None, utilization: float = 0.9, block_size: int = 16,
+          weights: str = "auto", device=None, dtype=None, rep: int = 50, copy_bandwidth=None,
+          progress: bool = True, seed: int = 0, cpu_reps: int = 3):
+    """Time the decode step from batch 1 to each KV dtype's ceiling; one tidy row per (model, context,
+    kv_dtype, batch) (columns :data:`COLUMNS`).
+
+    Parameters
+    ----------
+    models : registry names (``fp8kv.capacity.MODELS``) or ModelShapes with the step's fields.
+    contexts : tokens per sequence, the new one included.
+    batches : explicit batch sizes (each must fit every KV dtype's ceiling), else :func:`batch_points`.
+    gpu_memory_gib : GiB or a GPU name to plan against; default this GPU's total (required on CPU).
+    weights : ``"auto"`` (real where fp8kv loads them, else random), ``"real"`` or ``"random"``.
+    dtype : weights and activations; default bf16 on a GPU, fp32 on CPU.
+    rep : CUDA: milliseconds of graph replays per timing (``triton.testing.do_bench_cudagraph``).
+    copy_bandwidth : None (measure now), False (skip), GB/s, or a ``measure_copy_bandwidth`` dict.
+
+    Per (model, KV dtype) one :class:`KVPool` as large as the planner allows is allocated, and every
+    batch draws its sequences from it.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from ..bench.measure import resolve_copy_bandwidth, time_call
+    from ..device import describe_device, resolve_device
+
+    dev = resolve_device(device)
+    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    plans = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
+                       utilization=utilization, block_size=block_size, device=dev, dtype=dtype)
+    copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev)
+    info = describe_device(dev)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    base = {"timestamp": stamp, "gpu": info["name"], "gpu_slug": info["slug"], "arch": info["arch"],
+            "device": info["device"], "torch": info["torch"], "triton": info["triton"], "copy_gbps": copy_gbps}
+    rows = []
+    bar = tqdm(total=sum(len(p["batches"]) for p in plans), disable=not progress, desc="step", unit="point")
+    for shape in dict.fromkeys(p["shape"] for p in plans):
+        w = _load_weights(shape, weights, dtype, dev, seed)
+        mine = [p for p in plans if p["shape"] is shape]
+        for kv in dict.fromkeys(p["kv_dtype"] for p in mine):
+            group = [p for p in mine if p["kv_dtype"] == kv]
+            pool = KVPool(shape, max(p["plan"]["blocks"] for p in group), kv, block_size=block_size, device=dev)
+            for p in group:
+                for b in p["batches"]:
+                    bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} B={b}")
+                    rows.append(_measure_point(shape, w, pool, p, b, backend, mode, dev, base, rep, cpu_reps,
+                                               seed, time_call))
+                    bar.update(1)
+            del pool
+            _free(dev)
+        del w
+        _free(dev)
+    bar.close()
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    df.attrs["step"] = {"timestamp": stamp, "device": info, "copy_bandwidth": copy_info,
+                        "settings": {"rep": rep, "backend": backend, "mode": mode, "utilization": utilization,
+                                     "block_size": block_size, "weights": weights, "dtype": str(dtype)}}
+    return df
+
+
+def _free(dev):
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _measure_point(shape, w, pool, p, batch, backend, mode, dev, base, rep, cpu_reps, seed, time_call) -> dict:
+    ctx, kv, plan = p["context"], p["kv_dtype"], p["plan"]
+    by = step_bytes(shape, w, kv, batch, ctx)
+    row = dict.fromkeys(COLUMNS)
+    row.update(base, model=shape.name, weights=w.source, kv_dtype=kv, backend=backend, mode=mode, batch=batch,
+               context=ctx, ceiling=plan["ceiling"], bytes_moved=by["total"], kv_bytes=by["kv"],
+               weight_bytes=by["weights"], num_layers=shape.num_layers, num_q_heads=shape.num_q_heads,
+               num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, hidden_size=shape.hidden_size,
+               intermediate_size=shape.intermediate_size, vocab_size=shape.vocab_size, block_size=pool.block_size,
+               gpu_memory_gib=float(plan["gpu_memory_gib"]), utilization=plan["utilization"],
+               kv_pool_bytes=pool.nbytes, activation_bytes=plan["activation_bytes"], status="ok", reason="")
+    step = None
+    try:
+        step = DecodeStep(shape, w, pool.caches(batch, ctx, seed), backend=backend, mode=mode)
+        row.update(backend=step.backend, mode=step.mode)
+        step.input_ids.copy_(torch.arange(batch, device=dev) % shape.vocab_size)
+        step.set_positions(ctx - 1)  # the new token is the context-th: attention reads ctx tokens
+        logits = step.forward()
+        row["logits_finite"] = bool(torch.isfinite(logits).all())
+        del logits
+        graph = step.backend != "reference"
+        step_s, timing = time_call(step.forward, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
+        attn_s, _ = time_call(step.attention_only, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
+    except torch.OutOfMemoryError as e:
+        row.update(status="error", reason=f"out of memory below the planned ceiling: {e}")
+        return row
+    except UnsupportedError as e:
+        row.update(status="unsupported", reason=str(e))
+        return row
+    finally:
+        del step
+    gbps = by["total"] / step_s / 1e9
+    copy = base["copy_gbps"]
+    row.update(step_us=step_s * 1e6, tokens_per_s=batch / step_s, attention_us=attn_s * 1e6,
+               attention_share=attn_s / step_s, gbps=gbps, timing=timing,
+               pct_copy_bw=100.0 * gbps / copy if copy == copy else float("nan"))
+    return row
+
+
+def save(df, out_dir="results/step", meta: dict | None = None):
+    """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` and its ``.json`` (never overwriting; see
+    :func:`fp8kv.results.save_table`). Returns the CSV's path."""
+    from ..results import save_table
+
+    return save_table(df, out_dir, meta={**df.attrs.get("step", {}), **(meta or {})})

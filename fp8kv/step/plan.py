@@ -1,0 +1,152 @@
+"""What a step needs and moves: parameter and activation bytes, the batch ceiling at a context,
+the bytes one step reads and writes, and the batches a sweep measures (:func:`plan_sweep`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from ..capacity import GIB, CapacityError, ModelShape, get_model, plan_capacity
+from ..checks import fail as _fail
+from ..formats import kv_dtype_info
+from .layers import StepWeights, _require_step_shape
+
+
+# ---------------------------------------------------------------------------------- memory and bytes
+def _elem(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def param_count(shape: ModelShape) -> int:
+    """Parameters of the step's weights for ``shape`` (tied embeddings once): what
+    :func:`random_weights` allocates, and the planner's weight count where the shape has no ``num_params``."""
+    s = _require_step_shape(shape)
+    h, d = s.hidden_size, s.head_dim
+    per_layer = (2 * h + (s.num_q_heads + 2 * s.num_kv_heads) * d * h + (2 * d if s.qk_norm else 0)
+                 + h * s.num_q_heads * d + 3 * h * s.intermediate_size)
+    return s.vocab_size * h * (1 if s.tie_word_embeddings else 2) + s.num_layers * per_layer + h
+
+
+def activation_bytes(shape: ModelShape, batch: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132) -> int:
+    """Upper bound of one step's transient device bytes at ``batch`` (what an engine's profiling run
+    reserves beside the KV cache): the residual stream and its norm (×3), the QKV output, the attention
+    output (×2), the MLP's gate/up output and product (3 × I), the logits, and the split-KV partials
+    of the Triton kernel (fp32, at most ``8 × num_sms`` split programs beyond one per sequence-head)."""
+    s = _require_step_shape(shape)
+    per_seq = (3 * s.hidden_size + (s.num_q_heads + 2 * s.num_kv_heads) * s.head_dim
+               + 2 * s.num_q_heads * s.head_dim + 3 * s.intermediate_size + s.vocab_size)
+    group = s.num_q_heads // s.num_kv_heads
+    partials = (8 * num_sms + batch * s.num_kv_heads) * group * (s.head_dim + 1) * 4
+    return batch * per_seq * _elem(dtype) + partials
+
+
+def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_gib, utilization: float = 0.9,
+                 block_size: int = 16, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132) -> dict:
+    """The largest batch of ``context``-token sequences whose KV fits, with the planner's accounting.
+
+    KV budget = ``gpu_memory_gib × utilization − weights`` (:func:`fp8kv.capacity.plan_capacity`) minus
+    :func:`activation_bytes` at the batch that budget would allow (an upper bound, since the ceiling is
+    lower). Returns the plan of that KV memory (``plan_capacity(kv_memory_gib=...)``) plus ``ceiling``
+    (= blocks // blocks per sequence), ``activation_bytes``, ``weights_bytes``, ``gpu_memory_gib``,
+    ``utilization`` and ``context``. Raises :class:`~fp8kv.capacity.CapacityError` when nothing fits.
+    """
+    from ..checks import positive_int
+
+    shape = _require_step_shape(shape)
+    context = positive_int(context, "context")
+    weights_gib = None if shape.num_params is not None else param_count(shape) * _elem(dtype) / GIB
+    base = plan_capacity(shape, kv_dtype, gpu_memory_gib=gpu_memory_gib, utilization=utilization,
+                         block_size=block_size, max_model_len=context, weights_gib=weights_gib)
+    bpseq = math.ceil(context / block_size)
+    act = activation_bytes(shape, max(1, base["blocks"] // bpseq), dtype, num_sms)
+    if act >= base["kv_budget_bytes"]:
+        raise CapacityError(f"{shape.name}: activations ({act / GIB:.3f} GiB) leave no KV memory of the "
+                            f"{base['kv_budget_bytes'] / GIB:.3f} GiB after the weights")
+    plan = plan_capacity(shape, kv_dtype, kv_memory_gib=(base["kv_budget_bytes"] - act) / GIB,
+                         block_size=block_size, max_model_len=context)
+    ceiling = plan["blocks"] // bpseq
+    if ceiling < 1:
+        raise CapacityError(f"{shape.name} with {plan['kv_dtype']} KV: {plan['blocks']} blocks hold no sequence of "
+                            f"{context} tokens ({bpseq} blocks)")
+    return dict(plan, ceiling=ceiling, activation_bytes=act, weights_bytes=base["weights_bytes"],
+                gpu=base["gpu"], gpu_memory_gib=base["gpu_memory_gib"], utilization=utilization, context=context)
+
+
+def step_bytes(shape: ModelShape, weights: StepWeights, kv_dtype: str, batch: int, context: int) -> dict:
+    """Useful bytes of one step (ints): ``weights`` read (all layers, final norm, LM head; of the
+    embedding only the B rows looked up unless it is the LM head), ``kv`` read by attention (B ×
+    context tokens per layer, K and V) plus the new token's K/V written; ``total``."""
+    elem = _elem(weights.dtype)
+    layer_bytes = sum(t.numel() * t.element_size() for lw in weights.layers for t in lw.tensors())
+    head = weights.lm_head.numel() * weights.lm_head.element_size()
+    embed = 0 if weights.lm_head is weights.embed else batch * shape.hidden_size * elem
+    w = layer_bytes + weights.final_norm.numel() * elem + head + embed
+    per_token = shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * _elem(kv_dtype_info(kv_dtype)[1])
+    kv = batch * (context + 1) * per_token
+    return {"weights": w, "kv": kv, "total": w + kv}
+
+
+def batch_points(ceilings: Sequence[int], ceiling: int, base: int = 4) -> list[int]:
+    """Batches to measure for a KV dtype whose ceiling is ``ceiling``: powers of ``base`` below it, every
+    ceiling of ``ceilings`` it reaches (so each dtype is also measured at the others' ceilings), and its own."""
+    pts = {1, ceiling}
+    p = base
+    while p < ceiling:
+        pts.add(p)
+        p *= base
+    pts.update(c for c in ceilings if 1 <= c <= ceiling)
+    return sorted(pts)
+
+
+def _num_sms(dev: torch.device) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+
+
+def _gpu_memory(gpu_memory_gib, dev):
+    if gpu_memory_gib is not None:
+        return gpu_memory_gib
+    if dev.type != "cuda":
+        _fail("gpu_memory_gib is required on CPU: the GiB (or a GPU name such as 'H200') to plan against")
+    return torch.cuda.mem_get_info(dev)[1] / GIB
+
+
+def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, gpu_memory_gib=None,
+               utilization: float = 0.9, block_size: int = 16, device=None, dtype=None) -> list[dict]:
+    """What :func:`sweep` will measure, without building anything: one dict per (model, context, kv_dtype)
+    with ``shape``, ``ceiling`` (the :func:`step_ceiling` plan) and ``batches``. Explicit ``batches`` over a
+    ceiling are refused (ValueError naming the ceiling); by default :func:`batch_points`. ``dtype``
+    (of the activations, default bf16) and ``device`` (its SM count) enter the activation estimate."""
+    from ..capability import KV_DTYPES
+    from ..checks import many_of, positive_int
+    from ..device import resolve_device
+
+    dev = resolve_device(device)
+    dtype = dtype or torch.bfloat16  # the activations of a GPU run
+    shapes = [m if isinstance(m, ModelShape) else get_model(m) for m in ([models] if isinstance(models, (str, ModelShape))
+                                                                           else list(models))]
+    contexts = [positive_int(c, "contexts") for c in ([contexts] if isinstance(contexts, int) else contexts)]
+    kv_dtypes = many_of(kv_dtypes, "kv_dtypes", KV_DTYPES)
+    if batches is not None:
+        batches = [positive_int(b, "batches") for b in ([batches] if isinstance(batches, int) else batches)]
+    mem = _gpu_memory(gpu_memory_gib, dev)
+    plans = []
+    for shape in shapes:
+        for ctx in contexts:
+            ceil = {kv: step_ceiling(shape, kv, ctx, gpu_memory_gib=mem, utilization=utilization,
+                                     block_size=block_size, dtype=dtype, num_sms=_num_sms(dev)) for kv in kv_dtypes}
+            for kv in kv_dtypes:
+                c = ceil[kv]["ceiling"]
+                if batches is not None:
+                    over = [b for b in batches if b > c]
+                    if over:
+                        _fail(f"batches {over} exceed the ceiling of {c} sequences for {shape.name} with {kv} KV at "
+                              f"context {ctx} ({ceil[kv]['kv_memory_bytes'] / GIB:.2f} GiB of KV memory after "
+                              f"weights and activations, of {float(ceil[kv]['gpu_memory_gib']):.1f} GiB × "
+                              f"{utilization})")
+                    pts = sorted(set(batches))
+                else:
+                    pts = batch_points([x["ceiling"] for x in ceil.values()], c)
+                plans.append(dict(shape=shape, context=ctx, kv_dtype=kv, plan=ceil[kv], batches=pts))
+    return plans

@@ -1,0 +1,132 @@
+"""Reading a sweep: whether FP8 KV pays per model and context, in numbers and a sentence; the
+figures; a text summary."""
+
+from __future__ import annotations
+
+
+# ----------------------------------------------------------------------------------------- reading
+def _best(sub):
+    ok = sub[sub["status"] == "ok"]
+    return ok.loc[ok["tokens_per_s"].idxmax()] if len(ok) else None
+
+
+def _pair_at(a, b, batch: int, baseline: str, fp8: str) -> dict | None:
+    """The two dtypes' rows at ``batch``: FP8's speedup and each step's attention share (None if one is missing)."""
+    ra, rb = a[a["batch"] == batch], b[b["batch"] == batch]
+    if ra.empty or rb.empty:
+        return None
+    ra, rb = ra.iloc[0], rb.iloc[0]
+    return {"batch": int(batch), "speedup": float(ra["step_us"] / rb["step_us"]),
+            "attention_share": {baseline: float(ra["attention_share"]), fp8: float(rb["attention_share"])}}
+
+
+def reading(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> dict:
+    """Per (model, context): the numbers that say whether FP8 KV pays, and a sentence reading them.
+
+    Keys of each entry: ``best_tokens_per_s`` per dtype and the batch it came at, ``best_ratio``
+    (FP8 best ÷ baseline best), ``at_baseline_ceiling`` (batch = the baseline's ceiling:
+    ``speedup`` of the FP8 step there and each step's ``attention_share``), ``batch1`` (same at batch 1),
+    and ``sentence``.
+    """
+    out = {}
+    ok = df[df["status"] == "ok"]
+    for (model, ctx), g in ok.groupby(["model", "context"], sort=False):
+        a, b = g[g["kv_dtype"] == baseline], g[g["kv_dtype"] == fp8]
+        if a.empty or b.empty:
+            continue
+        best_a, best_b = _best(a), _best(b)
+        ceil_a = int(a["ceiling"].iloc[0])
+
+        hi, one = _pair_at(a, b, ceil_a, baseline, fp8), _pair_at(a, b, 1, baseline, fp8)
+        ratio = float(best_b["tokens_per_s"] / best_a["tokens_per_s"])
+        text = (f"{model} at {ctx} tokens: FP8 KV's best is {best_b['tokens_per_s']:,.0f} tokens/s (batch "
+                f"{int(best_b['batch'])}) against {best_a['tokens_per_s']:,.0f} for {baseline} KV (batch "
+                f"{int(best_a['batch'])}), {ratio:.2f}×")
+        if hi is not None:
+            text += (f"; at batch {hi['batch']}, {baseline}'s ceiling, attention is "
+                     f"{100 * hi['attention_share'][baseline]:.0f} % of the {baseline} step and FP8 KV speeds the "
+                     f"step up {hi['speedup']:.2f}×")
+        if one is not None:
+            text += (f"; at batch 1 attention is {100 * one['attention_share'][baseline]:.0f} % of the step, the weights' "
+                     f"GEMMs the rest, and FP8 changes the step by {one['speedup']:.2f}×")
+        out[f"{model} @ {ctx}"] = {"model": model, "context": int(ctx),
+                                   "best_tokens_per_s": {baseline: float(best_a["tokens_per_s"]),
+                                                         fp8: float(best_b["tokens_per_s"])},
+                                   "best_batch": {baseline: int(best_a["batch"]), fp8: int(best_b["batch"])},
+                                   "best_ratio": ratio, "at_baseline_ceiling": hi, "batch1": one,
+                                   "sentence": text + "."}
+    return out
+
+
+# ------------------------------------------------------------------------------------------- figures
+SERIES_COLORS = {"bf16": "#1f77b4", "fp16": "#1f77b4", "fp8_e4m3": "#d62728", "fp8_e5m2": "#ff7f0e"}
+
+
+def _color(kv: str) -> str:
+    return SERIES_COLORS.get(kv, "#7f7f7f")
+
+
+def tokens_per_s_figure(df, *, title: str | None = None):
+    """Tokens per second against batch (log-log), one panel per model × context, one line per KV dtype,
+    each dtype's ceiling a dashed vertical line of its colour (a trace, so log axes place it right)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    ok = df[df["status"] == "ok"]
+    panels = list(dict.fromkeys(zip(ok["model"], ok["context"], strict=True)))
+    fig = make_subplots(rows=1, cols=max(1, len(panels)), subplot_titles=[f"{m}, context {c}" for m, c in panels])
+    for i, (model, ctx) in enumerate(panels, start=1):
+        g = ok[(ok["model"] == model) & (ok["context"] == ctx)]
+        lo, hi = g["tokens_per_s"].min(), g["tokens_per_s"].max()
+        for kv, s in g.groupby("kv_dtype", sort=False):
+            s = s.sort_values("batch")
+            fig.add_trace(go.Scatter(x=s["batch"], y=s["tokens_per_s"], mode="lines+markers", name=f"{kv} KV",
+                                     legendgroup=kv, showlegend=i == 1, line=dict(color=_color(kv)),
+                                     customdata=s[["step_us", "attention_share"]],
+                                     hovertemplate="B=%{x}<br>%{y:,.0f} tokens/s<br>step %{customdata[0]:.1f} µs"
+                                                   "<br>attention %{customdata[1]:.0%}<extra></extra>"), row=1, col=i)
+            c = int(s["ceiling"].iloc[0])
+            fig.add_trace(go.Scatter(x=[c, c], y=[lo * 0.8, hi * 1.25], mode="lines", name=f"{kv} ceiling",
+                                     legendgroup=kv, showlegend=i == 1, hovertemplate=f"{kv} ceiling: B={c}<extra></extra>",
+                                     line=dict(color=_color(kv), dash="dash", width=1)), row=1, col=i)
+    fig.update_xaxes(type="log", title="batch (concurrent sequences)")
+    fig.update_yaxes(type="log", title="tokens per second (generated)")
+    fig.update_layout(title=title or "Decode-step throughput against concurrency, to each KV dtype's memory ceiling",
+                      height=420, legend_title_text="KV dtype")
+    return fig
+
+
+def attention_share_figure(df, *, title: str | None = None):
+    """Attention's share of the step (%) against batch (log x), one panel per model × context."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    ok = df[df["status"] == "ok"]
+    panels = list(dict.fromkeys(zip(ok["model"], ok["context"], strict=True)))
+    fig = make_subplots(rows=1, cols=max(1, len(panels)), subplot_titles=[f"{m}, context {c}" for m, c in panels])
+    for i, (model, ctx) in enumerate(panels, start=1):
+        g = ok[(ok["model"] == model) & (ok["context"] == ctx)]
+        for kv, s in g.groupby("kv_dtype", sort=False):
+            s = s.sort_values("batch")
+            fig.add_trace(go.Scatter(x=s["batch"], y=100 * s["attention_share"], mode="lines+markers",
+                                     name=f"{kv} KV", legendgroup=kv, showlegend=i == 1,
+                                     line=dict(color=_color(kv)), customdata=s[["attention_us", "step_us"]],
+                                     hovertemplate="B=%{x}<br>attention %{y:.0f} %<br>%{customdata[0]:.1f} of "
+                                                   "%{customdata[1]:.1f} µs<extra></extra>"), row=1, col=i)
+    fig.update_xaxes(type="log", title="batch (concurrent sequences)")
+    fig.update_yaxes(title="attention share of the step (%)", range=[0, 100])
+    fig.update_layout(title=title or "How much of the step is attention", height=420, legend_title_text="KV dtype")
+    return fig
+
+
+def summary(df) -> str:
+    """The rows as a compact text table, then one sentence per model × context (:func:`reading`)."""
+    cols = ["model", "kv_dtype", "context", "batch", "ceiling", "step_us", "tokens_per_s", "attention_us",
+            "attention_share", "pct_copy_bw", "status"]
+    lines = [df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+    lines += [r["sentence"] for r in reading(df).values()]
+    bad = df[df["status"] != "ok"]
+    lines += [f"{r.model} {r.kv_dtype} B={r.batch}: {r.status}: {r.reason}" for r in bad.itertuples()]
+    if (df["timing"] == "cpu-wallclock").any():
+        lines.append("CPU wall-clock timings (interpreter / reference): they say nothing about any GPU.")
+    return "\n".join(lines)
