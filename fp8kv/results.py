@@ -176,7 +176,8 @@ def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None) -> Path
 
 def _saved_runs(out_dir, slug: str, preset: str | None):
     """``(csv, meta)`` of the tables under ``<out_dir>/<slug>/``, newest first; with ``preset`` only
-    those whose metadata names it (``"preset"``, or ``--preset NAME`` in the recorded ``argv``)."""
+    those whose metadata names it (``"preset"``, or ``--preset NAME`` in the recorded ``argv``).
+    Runs saved after an interruption (``"interrupted": true``, partial grids) are left out."""
     if not _SLUG.match(str(slug)):
         fail(f"slug={slug!r}; expected a folder-safe GPU slug such as 'nvidia-h200'")
     folder = Path(out_dir) / slug
@@ -191,7 +192,7 @@ def _saved_runs(out_dir, slug: str, preset: str | None):
         argv = [str(a) for a in meta.get("argv") or []]
         named = meta.get("preset") or next((b for a, b in zip(argv, argv[1:], strict=False) if a == "--preset"), None) \
             or next((a.split("=", 1)[1] for a in argv if a.startswith("--preset=")), None)
-        if preset is None or named == preset:
+        if (preset is None or named == preset) and not meta.get("interrupted"):
             yield csv, meta
 
 

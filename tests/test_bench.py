@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fp8kv import bench
+from fp8kv import bench, results
 from fp8kv.bench import Case, bytes_moved, run, save, speedup_table, sweep, synthetic_cache
 from fp8kv.capability import check
 from fp8kv.quant import broadcast_scale
@@ -227,12 +227,15 @@ def test_an_interrupted_run_keeps_the_rows_it_measured(monkeypatch):
         return measure_one(c, *args, **kwargs)
 
     monkeypatch.setattr(bench.measure, "_measure", stop_at_the_second)
-    df = run(cases, copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu")
+    with pytest.raises(KeyboardInterrupt):  # by default an interrupt stops the caller (a notebook cell) too
+        run(cases, copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu")
+    calls.clear()
+    df = run(cases, copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu", keep_partial=True)
     assert df.attrs["bench"]["interrupted"] is True
     assert list(df["status"]) == ["ok", "skipped", "skipped"] and bool(df.loc[0, "check_passed"])
     assert df.loc[1:, "reason"].str.contains("interrupted").all()
-    assert run(cases[:1], copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu").attrs["bench"][
-        "interrupted"] is False
+    assert run(cases[:1], copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu", keep_partial=True).attrs[
+        "bench"]["interrupted"] is False
 
 
 def test_main_saves_what_it_measured_when_terminated(tmp_path, monkeypatch, capsys):
@@ -263,6 +266,8 @@ def test_main_saves_what_it_measured_when_terminated(tmp_path, monkeypatch, caps
     assert len(files) == 1
     df = pd.read_csv(files[0])
     assert list(df["status"]) == ["ok", "skipped"] and df.loc[0, "check_passed"]
+    # a partial run is never what load_table returns as the newest run
+    assert results.load_table(tmp_path, "cpu") is None
 
 
 def test_run_plans_flashinfer_once_and_times_run_only(monkeypatch):

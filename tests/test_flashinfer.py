@@ -243,3 +243,76 @@ def test_capability_rows_for_flashinfer(arch):
     for kv in ("bf16", "fp16"):
         assert bool(fi.loc[(kv, "dequant")].supported)
         assert not bool(fi.loc[(kv, "fp8")].supported)
+
+
+# ------------------------------------------------------------------------- workspace growth (stand-in)
+class _NeedsWorkspace:
+    """A stand-in FA2 wrapper whose plan needs ``need`` bytes of float workspace (FlashInfer's message)."""
+
+    need = 0
+
+    def __init__(self, buf, layout, **kwargs):
+        self.buf, self.planned = buf, False
+
+    def plan(self, *args, **kwargs):
+        if self.buf.numel() < self.need:
+            raise RuntimeError(f"Buffer overflow when allocating memory for batch_prefill_tmp_v with size "
+                               f"{self.need} and alignment 16, but only {self.buf.numel()} bytes available in "
+                               "AlignedAllocator. Increase the workspace buffer size.")
+        self.planned = True
+
+
+def _decoder_with_stand_in(monkeypatch, need: int, use_cuda_graph: bool = False, start: int = 1024):
+    """A FlashInferDecode whose FlashInfer is the stand-in above, on CPU buffers (the retry logic only)."""
+    import types
+
+    monkeypatch.setattr(_NeedsWorkspace, "need", need)
+    monkeypatch.setattr(fib, "_import_flashinfer",
+                        lambda: types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=_NeedsWorkspace))
+    monkeypatch.setattr(fib, "_WORKSPACES", {})
+    monkeypatch.setattr(fib, "MAX_WORKSPACE_BYTES", 64 * 1024)
+    dec = object.__new__(fib.FlashInferDecode)  # no CUDA here: only the fields _plan_dequant uses
+    dec.device, dec.layout, dec.use_tensor_cores, dec.use_cuda_graph = torch.device("cpu"), "NHD", True, use_cuda_graph
+    dec._workspace, dec._wrapper = dec._new_wrapper(None, start)
+    return dec
+
+
+def test_the_workspace_doubles_until_the_plan_fits(monkeypatch):
+    dec = _decoder_with_stand_in(monkeypatch, need=5000)
+    dec._plan_dequant(None)
+    assert dec._wrapper.planned and dec._workspace.numel() == 8192 == dec._workspace_bytes
+
+
+def test_a_plan_that_never_fits_leaves_the_old_wrapper(monkeypatch):
+    dec = _decoder_with_stand_in(monkeypatch, need=10**6)
+    old = dec._wrapper
+    with pytest.raises(RuntimeError, match="Increase the workspace buffer size"):
+        dec._plan_dequant(None)
+    assert dec._wrapper is old and dec._workspace.numel() == 1024  # nothing half-swapped
+
+
+def test_another_buffer_short_is_not_the_float_workspace(monkeypatch):
+    """FlashInfer's fixed int workspace overflows with the same words: growing the float one would not help."""
+    dec = _decoder_with_stand_in(monkeypatch, need=0)
+
+    def int_workspace_short(*args, **kwargs):
+        raise RuntimeError("Buffer overflow when allocating memory for batch_prefill_tmp_s with size 9000000 and "
+                           "alignment 16, but only 8388608 bytes available in AlignedAllocator. Increase the "
+                           "workspace buffer size.")
+
+    monkeypatch.setattr(dec._wrapper, "plan", int_workspace_short)
+    with pytest.raises(RuntimeError, match="8388608"):
+        dec._plan_dequant(None)
+    assert dec._workspace.numel() == 1024
+
+
+def test_a_cuda_graph_decoder_asks_for_a_larger_workspace(monkeypatch):
+    dec = _decoder_with_stand_in(monkeypatch, need=5000, use_cuda_graph=False)
+    dec.use_cuda_graph = True  # its buffers are fixed: a captured graph replays them
+    with pytest.raises(ValueError, match="workspace_bytes=2048 or more"):
+        dec._plan_dequant(None)
+
+
+def test_workspace_bytes_must_be_positive(make_cache):
+    with pytest.raises(ValueError, match="workspace_bytes=0"):
+        fib.FlashInferDecode(make_cache([3]), workspace_bytes=0)

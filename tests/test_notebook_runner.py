@@ -26,9 +26,9 @@ import torch
 
 from fp8kv import cli
 from fp8kv import notebooks as runner
-from fp8kv.notebooks import runner as nb_runner  # the runner module itself, for its internals
 from fp8kv.capability import ARCHS, capability
 from fp8kv.formats import format
+from fp8kv.notebooks import runner as nb_runner  # the runner module itself, for its internals
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO / "notebooks"

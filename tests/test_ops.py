@@ -166,8 +166,21 @@ def test_head_tiles_with_a_sink_per_query_head():
         assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", torch.float16, ref_l)
 
 
+def test_falcon_group_by_default_runs_as_two_programs(kernel_spies):
+    """71 query heads per KV head, default launch: two programs of 36 and 35 heads (GROUP_PAD 64)."""
+    cache = make_cache([3, 40], 1, 32, granularity="head")
+    q = make_q(2, 71, 32, torch.float16)
+    check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "head"), num_splits=2, block_n=16)
+    assert kernel_spies["tensor"].grids == [(2, 2, 2)]
+
+
 def test_heads_per_program_rule():
     from fp8kv.ops import MAX_HEADS_PER_PROGRAM
+
+    # splits are sized for every program of a sequence: two head tiles need half the splits of one
+    long = make_cache([5, 4096], 1, 32)
+    assert launch_config(8, long, group=71)["num_splits"] == 2
+    assert launch_config(8, long, group=71, heads_per_program=71)["num_splits"] == 4
 
     mqa = make_cache([5, 40], 1, 32)
     assert launch_config(2, mqa, group=8) == launch_config(2, mqa, group=8, heads_per_program=8)

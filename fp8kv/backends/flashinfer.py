@@ -60,11 +60,13 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 import weakref
 from dataclasses import dataclass
 
 import torch
 
+from .. import checks
 from ..cache import PagedKVCache
 from ..capability import UnsupportedError, check, check_variants, current_arch, flashinfer_installed
 from ..formats import FORMATS
@@ -76,6 +78,8 @@ NOT_INSTALLED = "FlashInfer is not installed (pip install 'fp8kv[gpu]')"
 LN2 = math.log(2.0)  # FlashInfer's LSE is log2; natural log = log2 * ln 2
 DEFAULT_WORKSPACE_BYTES = 128 * 1024 * 1024
 MAX_WORKSPACE_BYTES = 4 * 1024**3  # the float workspace grows by doubling up to this (plan retries)
+# FlashInfer's allocator error names the bytes it had: the float workspace's size when that one is short.
+_FLOAT_WORKSPACE_SHORT = re.compile(r"but only (\d+) bytes available.*Increase the workspace buffer size", re.S)
 CUDA_CORE_GROUP_SIZES = (1, 2, 3, 4, 8)  # DISPATCH_GQA_GROUP_SIZE of the CUDA-core decode kernel
 FP8_Q_MAX = FORMATS["e4m3"].max  # the FP8 query of the sm100 path is e4m3
 
@@ -304,6 +308,7 @@ class FlashInferDecode:
             raise ValueError(f"mode={mode!r}; expected 'dequant' or 'fp8'")
         if not isinstance(use_tensor_cores, bool):
             raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True or False")
+        checks.positive_int(workspace_bytes, "workspace_bytes")
         if cache.device.type != "cuda":
             raise UnsupportedError(f"FlashInfer runs on CUDA tensors only; the cache is on {cache.device}")
         fi = _import_flashinfer()
@@ -330,11 +335,11 @@ class FlashInferDecode:
             self._fi_decode = fi.decode
             self._workspace = workspace(self.device, workspace_bytes, "trtllm-gen")
             return
-        self._build_wrapper(cache)
+        self._workspace, self._wrapper = self._new_wrapper(cache, workspace_bytes)
 
-    def _build_wrapper(self, cache: PagedKVCache) -> None:
-        """The FA2 decode wrapper over a shared workspace of ``self._workspace_bytes``."""
-        self._workspace = workspace(self.device, self._workspace_bytes, "fa2")
+    def _new_wrapper(self, cache: PagedKVCache, nbytes: int):
+        """A shared float workspace of at least ``nbytes`` and an FA2 decode wrapper over it."""
+        buf = workspace(self.device, nbytes, "fa2")
         bufs = {}
         if self.use_cuda_graph:
             b, dev = cache.batch_size, self.device
@@ -343,23 +348,31 @@ class FlashInferDecode:
                 paged_kv_indices_buffer=torch.empty(b * cache.max_blocks_per_seq, dtype=torch.int32, device=dev),
                 paged_kv_last_page_len_buffer=torch.empty(b, dtype=torch.int32, device=dev),
             )
-        self._wrapper = _import_flashinfer().BatchDecodeWithPagedKVCacheWrapper(
-            self._workspace, self.layout, use_cuda_graph=self.use_cuda_graph,
-            use_tensor_cores=self.use_tensor_cores, **bufs)
+        return buf, _import_flashinfer().BatchDecodeWithPagedKVCacheWrapper(
+            buf, self.layout, use_cuda_graph=self.use_cuda_graph, use_tensor_cores=self.use_tensor_cores, **bufs)
 
     def _plan_dequant(self, cache: PagedKVCache, *args, **kwargs) -> None:
-        """The FA2 wrapper's ``plan``; where its scratch outgrows the workspace (many query heads per
-        KV head at long contexts: Falcon's 71 need ~600 MiB at 64 x 16k), the workspace doubles and
-        the plan is retried, up to :data:`MAX_WORKSPACE_BYTES`."""
+        """The FA2 wrapper's ``plan``. Where its scratch outgrows the float workspace (many query heads
+        per KV head at long contexts: Falcon's 71 need ~600 MiB at 64 x 16k), a wrapper over a workspace
+        twice as large plans instead, up to :data:`MAX_WORKSPACE_BYTES`; it replaces the current one
+        only once its plan succeeded. A decoder built with ``use_cuda_graph`` never swaps its buffers
+        (a captured graph would replay the old ones): it says which ``workspace_bytes`` to pass."""
+        workspace_buf, wrapper = self._workspace, self._wrapper
         while True:
             try:
-                self._wrapper.plan(*args, **kwargs)
-                return
+                wrapper.plan(*args, **kwargs)
+                break
             except RuntimeError as e:
-                if "Increase the workspace buffer size" not in str(e) or self._workspace_bytes >= MAX_WORKSPACE_BYTES:
-                    raise
-            self._workspace_bytes = min(2 * self._workspace_bytes, MAX_WORKSPACE_BYTES)
-            self._build_wrapper(cache)
+                size = workspace_buf.numel()
+                short = _FLOAT_WORKSPACE_SHORT.search(str(e))
+                if short is None or int(short.group(1)) != size or size >= MAX_WORKSPACE_BYTES:
+                    raise  # not the float workspace (FlashInfer's fixed int workspace), or at the cap
+                if self.use_cuda_graph:
+                    raise ValueError(f"FlashInfer's plan needs more than the {size} bytes of workspace this "
+                                     f"CUDA-graph decoder was built with; build it with workspace_bytes="
+                                     f"{min(2 * size, MAX_WORKSPACE_BYTES)} or more") from e
+            workspace_buf, wrapper = self._new_wrapper(cache, min(2 * workspace_buf.numel(), MAX_WORKSPACE_BYTES))
+        self._workspace, self._wrapper, self._workspace_bytes = workspace_buf, wrapper, workspace_buf.numel()
 
     # ---------------------------------------------------------------------------------- planning
     @property

@@ -271,12 +271,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     with _sigterm_interrupts():
         df = run(cases, check=not args.no_check, rep=args.rep, progress=not args.quiet,
-                 rotate=not args.no_rotate, device=device)
-    print(summary(df))
-    if not args.no_save:
-        path = save(df, args.out, meta={"argv": argv, "preset": args.preset})
-        print(f"wrote {path}")
-    if df.attrs["bench"]["interrupted"]:
+                 rotate=not args.no_rotate, device=device, keep_partial=True)
+        interrupted = df.attrs["bench"]["interrupted"]
+        with _signals_ignored():  # a signal now must not cut the save short
+            print(summary(df))
+            if not args.no_save:
+                path = save(df, args.out, meta={"argv": argv, "preset": args.preset})
+                print(f"wrote {path}")
+    if interrupted:
         print("interrupted: the rows above are what was measured; the rest are marked skipped", file=sys.stderr)
         return 130
     bad = (df["status"] == "error") | df["check_passed"].map(_failed)
@@ -292,13 +294,26 @@ def _sigterm_interrupts():
         return
 
     def interrupt(signum, _frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not interrupt the save
         raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
     saved = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, saved)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if saved is None else saved)
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    """SIGTERM and SIGINT ignored for the duration (the summary and the save)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 

@@ -116,7 +116,7 @@ def _l2_bytes(device: torch.device) -> int:
 
 def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: int = 25,
         copy_bandwidth=None, progress: bool = True, device=None, rotate: bool = True,
-        check_seqs: int = 2, cpu_reps: int = 3) -> pd.DataFrame:
+        check_seqs: int = 2, cpu_reps: int = 3, keep_partial: bool = False) -> pd.DataFrame:
     """Measure ``cases``; return one tidy row per case (columns :data:`COLUMNS`).
 
     Parameters
@@ -132,8 +132,9 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
 
     Statuses: ``ok``, ``unsupported`` / ``skipped`` (from :func:`sweep`, or found here),
     ``error`` (the exception in ``reason``). ``df.attrs["bench"]`` holds the run's metadata.
-    Interrupted (KeyboardInterrupt), it returns the rows measured so far, the rest ``skipped``, with
-    ``df.attrs["bench"]["interrupted"]`` True.
+    keep_partial : on KeyboardInterrupt, return the rows measured so far (the rest ``skipped``, and
+        ``df.attrs["bench"]["interrupted"]`` True) instead of stopping: what the CLI does, so that a
+        run stopped by ``timeout`` or Ctrl-C saves what it measured. Off, the interrupt propagates.
     """
     from tqdm.auto import tqdm
 
@@ -170,6 +171,8 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
                         check_seqs=check_seqs, cpu_reps=cpu_reps)
         interrupted = False
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by the CLI: keep what was measured
+        if not keep_partial:
+            raise
         interrupted = True
         for i, c in enumerate(cases):
             if i not in rows:
