@@ -329,7 +329,7 @@ def test_token_axes_read_as_people_write_them():
     assert list(fig.layout.xaxis.ticktext) == ["1000", "4k", "16k"]
     batch = viz.bench_lines(df.rename(columns={"context": "batch"}), x="batch", y="time_us", log_x=True)
     assert list(batch.layout.xaxis.ticktext) == ["1000", "4096", "16384"]  # not a token count
-    assert all(viz._contrast_on_white(c) >= viz.MIN_CONTRAST for c in viz.PALETTE)
+    assert all(viz.style._contrast_on_white(c) >= viz.MIN_CONTRAST for c in viz.PALETTE)
 
 
 def test_series_of_one_figure_are_far_apart_in_colour():
@@ -344,5 +344,5 @@ def test_series_of_one_figure_are_far_apart_in_colour():
               "flashinfer-tc fp8_e4m3 dequant", "flashinfer-no-tc fp8_e4m3 dequant"]
     colours = viz.color_map(labels)
     for a, b in itertools.combinations(colours.values(), 2):
-        assert viz._rgb_distance(a, b) >= viz.MIN_COLOUR_DISTANCE, (a, b)
+        assert viz.style._rgb_distance(a, b) >= viz.MIN_COLOUR_DISTANCE, (a, b)
     assert viz.color_map(labels[::-1]) == colours

@@ -1,0 +1,97 @@
+"""Figures of quantization error and KV capacity: error heatmaps, grouped bars, per-layer
+statistics."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from .style import _require_columns, _style_by_label, _titles, axis_title, line
+
+# --------------------------------------------------------------------------- quantization error and KV capacity
+
+
+def quant_error_heatmap(df, value: str = "out_rel_err", *, row: str = "granularity", col: str = "scale_method",
+                        facet: str | None = "format", log_color: bool = True, title: str | None = None) -> go.Figure:
+    """Heat-maps of one error column: ``row`` × ``col`` cells, one panel per ``facet`` value.
+
+    Parameters
+    ----------
+    df : tidy rows (``fp8kv.analysis.quantization_error``), one row per (facet, row, col) cell;
+        filter other conditions (e.g. ``quantize == "kv"``) first. Duplicates are averaged.
+    value : the column coloured and printed in each cell (e.g. ``k_rel_err``, ``out_rel_err``).
+    log_color : colour by log10 of the value (errors span decades); the text shows the value.
+
+    Every panel shares one colour scale, so colours compare across panels.
+    """
+    import numpy as np
+    from plotly.subplots import make_subplots
+
+    _require_columns(df, [value, row, col, facet])
+    panels = list(dict.fromkeys(df[facet])) if facet else [None]
+    rows = list(dict.fromkeys(df[row]))
+    cols = list(dict.fromkeys(df[col]))
+    vals = df[value].to_numpy(dtype=float)
+    pos = vals[np.isfinite(vals) & (vals > 0)] if log_color else vals[np.isfinite(vals)]
+    tf = (lambda a: np.log10(np.where(a > 0, a, np.nan))) if log_color else (lambda a: a)
+    lo, hi = (float(tf(pos).min()), float(tf(pos).max())) if pos.size else (0.0, 1.0)
+    fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[f"{axis_title(facet)} = {p}" for p in panels] if facet else None)
+    for i, p in enumerate(panels):
+        part = df if p is None else df[df[facet] == p]
+        z = part.pivot_table(index=row, columns=col, values=value, aggfunc="mean", sort=False)
+        z = z.reindex(index=rows, columns=cols).to_numpy(dtype=float)
+        text = [[f"{v:.3g}" if np.isfinite(v) else "" for v in line] for line in z]
+        fig.add_trace(go.Heatmap(
+            z=tf(z), x=[str(c) for c in cols], y=[str(r) for r in rows], text=text, texttemplate="%{text}",
+            customdata=z, zmin=lo, zmax=hi, colorscale="Viridis", showscale=i == len(panels) - 1,
+            colorbar=dict(title=f"log10 of {axis_title(value)}" if log_color else axis_title(value)), xgap=2, ygap=2,
+            hovertemplate=f"{axis_title(row)} %{{y}}<br>{axis_title(col)} %{{x}}<br>{axis_title(value)} "
+                          f"%{{customdata:.4g}}<extra>{p or ''}</extra>",
+        ), row=1, col=i + 1)
+        fig.update_xaxes(title_text=axis_title(col), row=1, col=i + 1)
+    fig.update_yaxes(title_text=axis_title(row), autorange="reversed", row=1, col=1)
+    fig.update_layout(title=title or f"{axis_title(value)} by {axis_title(row)} × {axis_title(col)}",
+                      height=max(300, 50 * len(rows) + 200))
+    return fig
+
+
+def grouped_bars(df, x: str, y: str, color: str | None = None, *, facet_col: str | None = None,
+                 facet_row: str | None = None, log_y: bool = False, title: str | None = None,
+                 labels: dict | None = None, hover: list[str] | None = None, text: str | None = None) -> go.Figure:
+    """Grouped bar chart of a tidy DataFrame: bars of ``y`` per ``x``, side by side per ``color``.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame with the named columns.
+    facet_col, facet_row : one panel per value of these columns.
+    text : a column printed on the bars (e.g. rounded values).
+    labels, hover : axis/legend titles by column; extra columns on hover.
+    """
+    import plotly.express as px
+
+    _require_columns(df, [x, y, color, facet_col, facet_row, text, *(hover or [])])
+    data = df.copy()
+    if color is not None:
+        data[color] = data[color].astype(str)  # categories, not a continuous colour bar
+    fig = px.bar(data, x=x, y=y, color=color, facet_col=facet_col, facet_row=facet_row, barmode="group",
+                 log_y=log_y, title=title, labels=_titles([x, y, color, facet_col, facet_row, text, *(hover or [])],
+                                                          labels), hover_data=hover, text=text)
+    if color is not None:
+        _style_by_label(fig, data[color].unique())
+    if text is not None:
+        fig.update_traces(textposition="outside", cliponaxis=False)
+    return fig
+
+
+def per_layer(layers, model: str, metric: str) -> go.Figure:
+    """One metric of ``fp8kv.models.evaluate(..., per_layer=True)`` rows against the layer, a line per config.
+
+    ``layers``: rows with columns model, config, layer, layer_type and ``metric``. The magnitudes
+    (``k_amax``, ``v_amax``) are drawn from the bf16 run, the errors and fractions from the others;
+    the attention error on a log axis.
+    """
+    _require_columns(layers, ["model", "config", "layer", "layer_type", metric], "layers")
+    magnitude = metric in ("k_amax", "v_amax")
+    rows = layers[(layers["model"] == model) & ((layers["config"] == "bf16") == magnitude)]
+    return line(rows, x="layer", y=metric, color="config", log_y=metric == "attn_rel_err",
+                title=f"{model}: {axis_title(metric)} per layer", hover=["layer_type"])

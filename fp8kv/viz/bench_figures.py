@@ -1,0 +1,235 @@
+"""Figures of benchmarks and of the backend matrix: latency and bandwidth lines, FP8 speed-ups,
+the roofline, checks against tolerances, head layouts."""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+
+from .analysis_figures import grouped_bars
+from .style import (
+    TOKEN_COLUMNS,
+    _coord,
+    _require_columns,
+    _style_by_label,
+    _titles,
+    add_ceiling,
+    tokens_label,
+)
+
+# --------------------------------------------------------------------------- benchmarks and the backend matrix
+
+
+def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None = None, log_x: bool = False,
+                log_y: bool = False, title: str | None = None, labels: dict | None = None,
+                hover: list[str] | None = None, ceiling: float | None = None,
+                ceiling_label: str = "copy bandwidth") -> go.Figure:
+    """One benchmark metric against one condition: a line per ``color`` value, a panel per ``facet``.
+
+    Parameters
+    ----------
+    df : tidy rows (``fp8kv.bench.run``), e.g. x="context", y="time_us", facet="batch".
+    ceiling : a horizontal line drawn in every panel (e.g. 100 for ``pct_copy_bw``).
+    labels, hover : axis/legend titles by column; extra columns on hover.
+
+    Points are sorted by ``x`` within each line so lines run left to right.
+    """
+    import plotly.express as px
+
+    _require_columns(df, [x, y, color, facet, *(hover or [])])
+    data = df.sort_values([c for c in (facet, color, x) if c is not None])
+    fig = px.line(data, x=x, y=y, color=color, facet_col=facet, log_x=log_x, log_y=log_y, markers=True,
+                  title=title, labels=_titles([x, y, color, facet, *(hover or [])], labels), hover_data=hover)
+    _style_by_label(fig, data[color].unique())
+    if ceiling is not None:
+        if not isinstance(ceiling, (int, float)) or not math.isfinite(ceiling):
+            raise ValueError(f"ceiling must be a finite number or None, got {ceiling!r}")
+        fig.add_hline(y=_coord(fig, "y", ceiling), line_dash="dash", line_color="gray", annotation_text=ceiling_label,
+                      annotation_position="top left")
+    if log_x:
+        ticks = sorted(data[x].unique())  # the measured sizes, not decades; token counts as "16k", not "16.384k"
+        text = [tokens_label(t) for t in ticks] if x in TOKEN_COLUMNS else [f"{t:g}" for t in ticks]
+        fig.update_xaxes(tickvals=ticks, ticktext=text)
+    return fig
+
+
+def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", baseline: str = "bf16",
+                    title: str | None = None) -> go.Figure:
+    """Heat-map of a speedup (× faster; > 1 is faster): rows = ``row`` (each FP8 configuration),
+    columns = shape (batch, context), a diverging colour scale centred on 1.
+
+    Parameters
+    ----------
+    sp : rows of ``fp8kv.bench.speedup_table`` (columns ``row``, ``value``, batch, context, time_us;
+        bf16_us and bf16_best are shown on hover when present).
+    baseline : the name of the baseline in the title.
+    """
+    import numpy as np
+
+    _require_columns(sp, [row, value, "batch", "context", "time_us"], "sp")
+    data = sp.sort_values(["batch", "context"])
+    data = data.assign(shape=[f"B={b} · ctx={c}" for b, c in zip(data["batch"], data["context"], strict=True)])
+    cols = list(dict.fromkeys(data["shape"]))
+    rows = list(dict.fromkeys(sp.sort_values(row)[row]))
+    z = data.pivot_table(index=row, columns="shape", values=value, aggfunc="median").reindex(index=rows, columns=cols)
+    t = data.pivot_table(index=row, columns="shape", values="time_us", aggfunc="median").reindex(index=rows,
+                                                                                                 columns=cols)
+    if "bf16_us" in data.columns:
+        b = data.pivot_table(index=row, columns="shape", values="bf16_us", aggfunc="median")
+        b = b.reindex(index=rows, columns=cols)
+    else:
+        b = t * np.nan
+    zz = z.to_numpy(dtype=float)
+    text = [[f"{v:.2f}×" if np.isfinite(v) else "" for v in line] for line in zz]
+    finite = zz[np.isfinite(zz)]
+    span = float(np.abs(np.log2(finite)).max()) if finite.size and (finite > 0).all() else 1.0
+    span = max(span, 0.25)
+    fig = go.Figure(go.Heatmap(
+        z=np.log2(np.where(zz > 0, zz, np.nan)), x=cols, y=rows, text=text, texttemplate="%{text}",
+        customdata=np.stack([t.to_numpy(dtype=float), b.to_numpy(dtype=float), zz], axis=-1),
+        colorscale="RdBu", zmid=0, zmin=-span, zmax=span,
+        colorbar=dict(title="log2(×)"), xgap=2, ygap=2,
+        hovertemplate="%{y}<br>%{x}<br>%{customdata[2]:.3f}×<br>%{customdata[0]:.4g} µs vs "
+                      "%{customdata[1]:.4g} µs<extra></extra>",
+    ))
+    fig.update_layout(title=title or f"FP8 decode over the best {baseline} decode of the same shape "
+                                     "(× faster; blue > 1)",
+                      height=max(250, 40 * len(rows) + 200))
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def bandwidth_roofline(df, copy_gbps: float, *, x: str = "bytes", y: str = "gbps", color: str = "label",
+                       hover: list[str] | None = None, title: str | None = None) -> go.Figure:
+    """Achieved bandwidth against bytes moved per call (log-log), with the copy bandwidth as the roof.
+
+    Decode attention does a few FLOPs per byte of KV read (2 × GQA group ÷ element size), far below
+    any GPU's ridge point, so its roof is memory bandwidth: small calls sit low (launch and latency
+    bound), large ones approach the dashed line. ``df``: rows of ``fp8kv.bench.run`` with status ok (columns ``x``, ``y``, ``color``;
+    batch, context, time_us, pct_copy_bw on hover when present).
+    """
+    import plotly.express as px
+
+    if not isinstance(copy_gbps, (int, float)) or not math.isfinite(copy_gbps) or copy_gbps <= 0:
+        raise ValueError(f"copy_gbps must be a positive finite number (GB/s), got {copy_gbps!r}")
+    _require_columns(df, [x, y, color, *(hover or [])])
+    extra = [c for c in ("batch", "context", "time_us", "pct_copy_bw") if c in df.columns and c not in (x, y)]
+    fig = px.scatter(df, x=x, y=y, color=color, log_x=True, log_y=True, hover_data=extra + list(hover or []),
+                     title=title or "Achieved bandwidth vs bytes moved per decode call",
+                     labels=_titles([x, y, color, *extra, *(hover or [])], None))
+    _style_by_label(fig, df[color].unique())
+    fig.update_traces(marker=dict(size=9))
+    fig.add_hline(y=_coord(fig, "y", copy_gbps), line_dash="dash", line_color="gray",
+                  annotation_text=f"copy bandwidth {copy_gbps:.4g} GB/s", annotation_position="bottom right")
+    return fig
+
+
+MATRIX_STATUS_COLORS = {"failed": "#e06666", "error": "#f6b26b", "unsupported": "#e8e8e8", "passed": "#93c47d"}
+
+
+def backend_check_matrix(df, *, title: str | None = None) -> go.Figure:
+    """Pass / fail / error / unsupported grid of ``fp8kv.matrix.backend_matrix`` rows.
+
+    Rows: backend · mode; columns: KV dtype · granularity (16-bit caches: the dtype alone). Each cell
+    shows the output's relative error (ran) or "n/a" (unsupported); hover gives the error against
+    its tolerance, the LSE error, and the capability reason or the exception.
+    """
+    need = ["backend", "mode", "kv_dtype", "granularity", "status", "rel_err", "tol", "reason"]
+    _require_columns(df, need)
+    unknown = sorted(set(df["status"]) - set(MATRIX_STATUS_COLORS))
+    if unknown:
+        raise ValueError(f"df has status values {unknown}; expected {list(MATRIX_STATUS_COLORS)}")
+    order = list(MATRIX_STATUS_COLORS)
+    data = df.assign(
+        row=df["backend"] + " · " + df["mode"],
+        col=[kv if not str(kv).startswith("fp8") else f"{kv} · {g}"
+             for kv, g in zip(df["kv_dtype"], df["granularity"], strict=True)],
+        code=df["status"].map(order.index).astype(float),
+    )
+
+    def fmt(v):
+        return f"{v:.1e}" if isinstance(v, (int, float)) and math.isfinite(v) else "–"
+
+    data["cell"] = [fmt(e) if s != "unsupported" else "n/a" for s, e in zip(data["status"], data["rel_err"], strict=True)]
+    lse = data["lse_err"] if "lse_err" in data.columns else [math.nan] * len(data)
+    lse_tol = data["lse_tol"] if "lse_tol" in data.columns else [math.nan] * len(data)
+    err = data["error"].fillna("") if "error" in data.columns else [""] * len(data)
+    data["hover"] = [
+        f"<b>{s}</b><br>rel err {fmt(e)} (tol {fmt(t)})<br>lse err {fmt(le)} (tol {fmt(lt)})<br>{r}"
+        + (f"<br>{x}" if x else "")
+        for s, e, t, le, lt, r, x in zip(data["status"], data["rel_err"], data["tol"], lse, lse_tol,
+                                         data["reason"], err, strict=True)
+    ]
+    rows = list(dict.fromkeys(data["row"]))
+    cols = list(dict.fromkeys(data["col"]))
+
+    def grid(v):
+        return data.pivot(index="row", columns="col", values=v).reindex(index=rows, columns=cols)
+
+    n = len(order)
+    scale = []
+    for i, status in enumerate(order):  # one flat colour band per status code 0..n-1
+        scale += [[i / n, MATRIX_STATUS_COLORS[status]], [(i + 1) / n, MATRIX_STATUS_COLORS[status]]]
+    fig = go.Figure(go.Heatmap(
+        z=grid("code").to_numpy(dtype=float), x=cols, y=rows, zmin=-0.5, zmax=n - 0.5, colorscale=scale,
+        showscale=False, text=grid("cell").fillna("").to_numpy(), texttemplate="%{text}",
+        customdata=grid("hover").fillna("").to_numpy(), hovertemplate="%{y} · %{x}<br>%{customdata}<extra></extra>",
+        xgap=2, ygap=2,
+    ))
+    counts = data["status"].value_counts()
+    legend = " · ".join(f"{s} {int(counts.get(s, 0))}" for s in order)
+    fig.update_layout(title=title or f"Every backend against the fp32 reference: {legend}",
+                      height=max(250, 45 * len(rows) + 220))
+    fig.update_xaxes(tickangle=-45)
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def error_vs_tolerance(df, *, title: str | None = None) -> go.Figure:
+    """Share of its tolerance each combination's error uses (``rel_err / tol``; ≤ 1 passes).
+
+    ``df``: rows of ``fp8kv.matrix.backend_matrix`` (unsupported rows are left out). One bar per
+    combination, coloured by backend · mode; the dashed line at 1 is the tolerance.
+    """
+    import plotly.express as px
+
+    _require_columns(df, ["backend", "mode", "kv_dtype", "granularity", "status", "rel_err", "tol"])
+    ran = df[df["status"] != "unsupported"]
+    ran = ran.assign(share=ran["rel_err"] / ran["tol"], setup=ran["backend"] + " · " + ran["mode"],
+                     combination=ran["backend"] + " · " + ran["mode"] + " · " + ran["kv_dtype"] + " · "
+                     + ran["granularity"])
+    fig = px.bar(ran, x="combination", y="share", color="setup", hover_data=["rel_err", "tol", "status"],
+                 title=title or "Output error as a share of its tolerance (≤ 1 passes)",
+                 labels={**_titles(["share", "rel_err", "tol", "status"], None), "combination": "",
+                         "setup": "backend · mode"})
+    _style_by_label(fig, ran["setup"].unique())
+    fig.add_hline(y=1.0, line_dash="dash", line_color="gray", annotation_text="tolerance",
+                  annotation_position="top left")
+    fig.update_xaxes(tickangle=-45)
+    return fig
+
+
+def layout_speedups(table, *, title: str | None = None) -> go.Figure:
+    """FP8 decode per head layout: × own BF16 decode and × the best peer, as grouped bars.
+
+    ``table``: rows of :func:`fp8kv.bench.layout_table`. Dashed lines at 2× (FP8 reads half the
+    bytes: the most a bandwidth-bound decode can gain) and 1× (no gain). Hover: µs and % of the
+    FP8 copy-bandwidth limit.
+    """
+    _require_columns(table, ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context", "fp8_x_bf16",
+                             "fp8_x_peer", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"], "table")
+    t = table.assign(shape=[f"{hq}/{hkv}/{d} · {b}×{tokens_label(c)}" for hq, hkv, d, b, c in zip(
+        table["num_q_heads"], table["num_kv_heads"], table["head_dim"], table["batch"], table["context"], strict=True)])
+    long = t.melt(id_vars=["shape", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"],
+                  value_vars=["fp8_x_bf16", "fp8_x_peer"], var_name="against", value_name="speedup")
+    long["against"] = long["against"].map({"fp8_x_bf16": "× fp8kv's BF16 decode", "fp8_x_peer": "× best peer decode"})
+    fig = grouped_bars(long, x="shape", y="speedup", color="against",
+                       title=title or "FP8 decode speed-up per head layout (Hq/Hkv/D · batch × context)",
+                       labels={"shape": "head layout · batch × context", "speedup": "FP8 speed-up (×, > 1 is faster)",
+                               "against": "FP8 decode", "pct_of_limit": "% of FP8 limit", "fp8_us": "FP8 µs",
+                               "bf16_us": "BF16 µs", "peer_us": "peer µs"},
+                       hover=["fp8_us", "bf16_us", "peer_us", "pct_of_limit"])
+    add_ceiling(fig, 2.0, "half the bytes", dash="dash")
+    add_ceiling(fig, 1.0, "no gain", dash="dot")
+    return fig
