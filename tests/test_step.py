@@ -167,6 +167,36 @@ def test_plan_sweep_refuses_a_batch_over_the_ceiling():
     assert [p["batches"] for p in plans] == [[ceiling], [ceiling]]
 
 
+def test_plan_table_pairs_each_model_with_its_own_context():
+    runs = [("Qwen3-0.6B", 4096), ("Qwen3-8B", 16384)]
+    t = S.plan_table(runs, ["bf16", "fp8_e4m3"], gpu_memory_gib="H200", device="cpu", dtype=torch.bfloat16)
+    assert list(zip(t["model"], t["context"], t["kv_dtype"], strict=True)) == [
+        ("Qwen3-0.6B", 4096, "bf16"), ("Qwen3-0.6B", 4096, "fp8_e4m3"),
+        ("Qwen3-8B", 16384, "bf16"), ("Qwen3-8B", 16384, "fp8_e4m3")]  # not every model at every context
+    for row in t.itertuples():
+        plan = S.step_ceiling(MODELS[row.model], row.kv_dtype, row.context, gpu_memory_gib="H200", num_sms=4)
+        assert row.ceiling == plan["ceiling"] and row.batches[-1] <= row.ceiling
+    for bad, exc in (("Qwen3-8B", TypeError), ([], ValueError), ([("Qwen3-8B",)], ValueError)):
+        with pytest.raises(exc, match="runs"):
+            S.plan_table(bad, gpu_memory_gib="H200", device="cpu")
+
+
+def test_sweep_runs_and_its_reading_in_markdown():
+    """Two (model, context) runs of the toy at smoke size, through the reference: one table, and the
+    reading as a Markdown list with one sentence per run."""
+    settings = S.smoke_settings(on_gpu=True)  # the reference backend: fast on CPU
+    runs = [(S.TOY_QWEN, 32), (S.TOY_QWEN, 64)]
+    df = S.sweep_runs(runs, settings["kv_dtypes"], backend=settings["backend"], gpu_memory_gib=settings["gpu_memory_gib"],
+                      weights="random", device="cpu", progress=False, cpu_reps=1, batches=[1])
+    assert sorted(set(df["context"])) == [32, 64] and (df["status"] == "ok").all()
+    plan = S.plan_table(runs, settings["kv_dtypes"], gpu_memory_gib=settings["gpu_memory_gib"], device="cpu")
+    got = df.groupby(["context", "kv_dtype"])["ceiling"].first()
+    assert [got[(r.context, r.kv_dtype)] for r in plan.itertuples()] == list(plan["ceiling"])  # the plan shown is run
+    md = S.reading_markdown(df, baseline=settings["baseline"])
+    assert md.count("\n* ") == 1 and md.startswith("* ")
+    assert S.reading_markdown(df[df["kv_dtype"] == "fp16"], baseline="fp16") == "no pair of fp16 and fp8_e4m3 rows ran"
+
+
 # ----------------------------------------------------------------------------------------------- CLI
 def _cli(capsys, *argv):
     with pytest.raises(SystemExit) as exc:

@@ -72,13 +72,31 @@ from .layers import (
     rope_inv_freq,
     weights_from_hf,
 )
-from .measure import COLUMNS, save, sweep
+from .measure import COLUMNS, save, sweep, sweep_runs
 from .model import STEP_BACKENDS, DecodeStep, KVPool, greedy_decode
-from .plan import activation_bytes, batch_points, param_count, plan_sweep, step_bytes, step_ceiling
-from .report import SERIES_COLORS, attention_share_figure, reading, summary, tokens_per_s_figure
+from .plan import (
+    TOY_QWEN,
+    activation_bytes,
+    batch_points,
+    param_count,
+    plan_sweep,
+    plan_table,
+    smoke_settings,
+    step_bytes,
+    step_ceiling,
+)
+from .report import (
+    SERIES_COLORS,
+    attention_share_figure,
+    reading,
+    reading_markdown,
+    summary,
+    tokens_per_s_figure,
+)
 
 __all__ = ["LayerWeights", "StepWeights", "random_weights", "weights_from_hf", "KVPool", "DecodeStep",
            "param_count", "rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "gated_mlp", "activation_bytes",
-           "step_ceiling", "step_bytes", "batch_points", "greedy_decode", "plan_sweep", "sweep", "save", "summary",
+           "step_ceiling", "step_bytes", "batch_points", "greedy_decode", "plan_sweep", "plan_table", "sweep", "sweep_runs",
+           "save", "summary", "reading_markdown", "smoke_settings", "TOY_QWEN",
            "build_parser", "main", "reading", "tokens_per_s_figure", "attention_share_figure", "COLUMNS",
            "SERIES_COLORS", "REAL_WEIGHTS", "STEP_BACKENDS"]

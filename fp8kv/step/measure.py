@@ -14,7 +14,7 @@ from ..capacity import ModelShape
 from ..checks import fail as _fail
 from .layers import REAL_WEIGHTS, StepWeights, random_weights, weights_from_hf
 from .model import DecodeStep, KVPool
-from .plan import plan_sweep, step_bytes
+from .plan import _runs, plan_sweep, run_dtype, step_bytes
 
 COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton",
@@ -77,7 +77,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     from ..device import describe_device, resolve_device
 
     dev = resolve_device(device)
-    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    dtype = run_dtype(dev, dtype)
     plans = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
                        utilization=utilization, block_size=block_size, device=dev, dtype=dtype)
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev)
@@ -109,6 +109,15 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
                         "settings": {"rep": rep, "backend": backend, "mode": mode, "utilization": utilization,
                                      "block_size": block_size, "weights": weights, "dtype": str(dtype)}}
     return df
+
+
+def sweep_runs(runs, kv_dtypes=("bf16", "fp8_e4m3"), **kwargs):
+    """:func:`sweep` of each ``(model, context)`` pair of ``runs`` (rather than every model at every
+    context), as one table; ``kwargs`` as :func:`sweep` takes them."""
+    import pandas as pd
+
+    return pd.concat([sweep([model], [context], kv_dtypes, **kwargs) for model, context in _runs(runs)],
+                     ignore_index=True)
 
 
 def _free(dev):

@@ -150,3 +150,56 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
                     pts = batch_points([x["ceiling"] for x in ceil.values()], c)
                 plans.append(dict(shape=shape, context=ctx, kv_dtype=kv, plan=ceil[kv], batches=pts))
     return plans
+
+
+def run_dtype(dev: torch.device, dtype=None) -> torch.dtype:
+    """The weights' and activations' dtype of a step run: ``dtype``, else bf16 on a GPU and fp32 on CPU."""
+    return dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+
+
+def plan_table(runs, kv_dtypes=("bf16", "fp8_e4m3"), *, gpu_memory_gib=None, utilization: float = 0.9,
+               block_size: int = 16, device=None, dtype=None):
+    """:func:`plan_sweep` of each ``(model, context)`` of ``runs`` as one table: model, context, kv_dtype,
+    ceiling (sequences), KV GiB, activations GiB and the batches :func:`~fp8kv.step.sweep_runs` will
+    time with the same arguments (``dtype`` defaults as there: :func:`run_dtype`)."""
+    import pandas as pd
+
+    from ..device import resolve_device
+
+    dev = resolve_device(device)
+    rows = []
+    for model, context in _runs(runs):
+        for p in plan_sweep([model], [context], kv_dtypes, gpu_memory_gib=gpu_memory_gib, utilization=utilization,
+                            block_size=block_size, device=dev, dtype=run_dtype(dev, dtype)):
+            rows.append({"model": p["shape"].name, "context": p["context"], "kv_dtype": p["kv_dtype"],
+                         "ceiling": p["plan"]["ceiling"], "KV GiB": p["plan"]["kv_memory_bytes"] / GIB,
+                         "activations GiB": p["plan"]["activation_bytes"] / GIB, "batches": p["batches"]})
+    return pd.DataFrame(rows)
+
+
+def _runs(runs) -> list[tuple]:
+    """``runs`` checked: a non-empty list of ``(model, context)`` pairs (a registry name or a ModelShape)."""
+    if not isinstance(runs, (list, tuple)):
+        _fail(f"runs={runs!r}; expected a list of (model, context) pairs such as [('Qwen3-8B', 16384)]", TypeError)
+    if not runs:
+        _fail("runs=[]; give at least one (model, context) pair")
+    for i, r in enumerate(runs):
+        if not (isinstance(r, (list, tuple)) and len(r) == 2):
+            _fail(f"runs[{i}]={r!r}; expected a (model, context) pair such as ('Qwen3-8B', 16384)")
+    return [tuple(r) for r in runs]
+
+
+# Smoke sizes (no GPU, or SMOKE forced): a two-layer toy with Qwen3's structure (GQA, q/k norm, tied
+# embeddings) in 0.0016 GiB of "GPU memory", which holds a few sequences, so each curve still runs
+# to its ceiling; fp16, since the Triton interpreter's bf16 arithmetic is wrong.
+TOY_QWEN = ModelShape("toy-qwen", 2, 4, 2, 32, hidden_size=64, max_position_embeddings=4096, intermediate_size=96,
+                      vocab_size=128, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)
+
+
+def smoke_settings(on_gpu: bool) -> dict:
+    """The decode-step notebook's settings at smoke size: ``runs``, ``gpu_memory_gib``, ``weights``,
+    ``kv_dtypes``, ``baseline`` and ``backend`` (the reference on a GPU, the interpreted Triton kernels
+    on a CPU)."""
+    return {"runs": [(TOY_QWEN, 64)], "gpu_memory_gib": 0.0016, "weights": "random",
+            "kv_dtypes": ["fp16", "fp8_e4m3"], "baseline": "fp16", "backend": "reference" if on_gpu else "triton"}
+

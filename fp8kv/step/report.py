@@ -59,6 +59,12 @@ def reading(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> dict:
 
 
 # ------------------------------------------------------------------------------------------- figures
+def reading_markdown(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> str:
+    """:func:`reading`'s sentences as a Markdown list (a notebook displays it with ``Markdown``)."""
+    text = "\n\n".join(f"* {r['sentence']}" for r in reading(df, baseline, fp8).values())
+    return text or f"no pair of {baseline} and {fp8} rows ran"
+
+
 SERIES_COLORS = {"bf16": "#1f77b4", "fp16": "#1f77b4", "fp8_e4m3": "#d62728", "fp8_e5m2": "#ff7f0e"}
 
 
