@@ -74,11 +74,11 @@ from .layers import (
 )
 from .measure import COLUMNS, save, sweep
 from .model import STEP_BACKENDS, DecodeStep, KVPool, greedy_decode
-from .plan import activation_bytes, batch_points, param_count, plan_sweep, step_bytes, step_ceiling
+from .plan import activation_bytes, batch_points, param_count, plan_sweep, run_dtype, step_bytes, step_ceiling
 from .report import SERIES_COLORS, attention_share_figure, reading, summary, tokens_per_s_figure
 
 __all__ = ["LayerWeights", "StepWeights", "random_weights", "weights_from_hf", "KVPool", "DecodeStep",
            "param_count", "rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "gated_mlp", "activation_bytes",
-           "step_ceiling", "step_bytes", "batch_points", "greedy_decode", "plan_sweep", "sweep", "save", "summary",
+           "step_ceiling", "step_bytes", "batch_points", "greedy_decode", "plan_sweep", "run_dtype", "sweep", "save", "summary",
            "build_parser", "main", "reading", "tokens_per_s_figure", "attention_share_figure", "COLUMNS",
            "SERIES_COLORS", "REAL_WEIGHTS", "STEP_BACKENDS"]

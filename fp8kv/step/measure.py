@@ -14,7 +14,7 @@ from ..capacity import ModelShape
 from ..checks import fail as _fail
 from .layers import REAL_WEIGHTS, StepWeights, random_weights, weights_from_hf
 from .model import DecodeStep, KVPool
-from .plan import plan_sweep, step_bytes
+from .plan import plan_sweep, run_dtype, step_bytes
 
 COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton",
@@ -77,7 +77,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     from ..device import describe_device, resolve_device
 
     dev = resolve_device(device)
-    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    dtype = run_dtype(dev, dtype)
     plans = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
                        utilization=utilization, block_size=block_size, device=dev, dtype=dtype)
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev)
