@@ -159,11 +159,27 @@ def test_batch_points_reach_every_ceiling():
     assert S.batch_points([1], 1) == [1]
 
 
+def test_the_plan_is_what_the_sweep_runs():
+    """plan_sweep's activations default to the dtype sweep runs on the device (fp32 on CPU), so a plan
+    shown before a sweep names the ceilings the sweep then reaches."""
+    shape = ModelShape("toy-qwen", 2, 4, 2, 32, hidden_size=64, max_position_embeddings=4096, intermediate_size=96,
+                       vocab_size=128, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)
+    kv_dtypes, mem = ["fp16", "fp8_e4m3"], 0.0016  # notebook 07's smoke model and memory
+    plans = S.plan_sweep([shape], [64], kv_dtypes, gpu_memory_gib=mem, device="cpu")
+    df = S.sweep([shape], [64], kv_dtypes, backend="reference", gpu_memory_gib=mem, weights="random", device="cpu",
+                 progress=False, cpu_reps=1, batches=[1])
+    assert [p["plan"]["ceiling"] for p in plans] == list(df.groupby("kv_dtype", sort=False)["ceiling"].first())
+    bf16 = S.plan_sweep([shape], [64], kv_dtypes, gpu_memory_gib=mem, device="cpu", dtype=torch.bfloat16)
+    assert bf16[0]["plan"]["ceiling"] > plans[0]["plan"]["ceiling"]  # fp32 activations take more room
+
+
 def test_plan_sweep_refuses_a_batch_over_the_ceiling():
     ceiling = S.step_ceiling(MODELS["Qwen3-8B"], "bf16", 16384, gpu_memory_gib="H200")["ceiling"]
     with pytest.raises(ValueError, match=f"exceed the ceiling of {ceiling} sequences for Qwen3-8B with bf16"):
-        S.plan_sweep(["Qwen3-8B"], [16384], batches=[ceiling + 1], gpu_memory_gib="H200", device="cpu")
-    plans = S.plan_sweep(["Qwen3-8B"], [16384], batches=[ceiling], gpu_memory_gib="H200", device="cpu")
+        S.plan_sweep(["Qwen3-8B"], [16384], batches=[ceiling + 1], gpu_memory_gib="H200", device="cpu",
+                     dtype=torch.bfloat16)
+    plans = S.plan_sweep(["Qwen3-8B"], [16384], batches=[ceiling], gpu_memory_gib="H200", device="cpu",
+                         dtype=torch.bfloat16)
     assert [p["batches"] for p in plans] == [[ceiling], [ceiling]]
 
 
@@ -229,7 +245,12 @@ def test_cli_refuses_cpu_without_memory_and_bad_numbers(capsys):
 def test_cli_dry_run_lists_ceilings(capsys):
     assert S.main(["--model", "Qwen3-0.6B", "--contexts", "4096", "--gpu-memory", "H200", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    bf16 = S.step_ceiling(MODELS["Qwen3-0.6B"], "bf16", 4096, gpu_memory_gib="H200")["ceiling"]
+    from fp8kv.device import resolve_device
+
+    here = resolve_device(None)  # the dry run plans with the activations a run here would use
+    bf16 = S.step_ceiling(MODELS["Qwen3-0.6B"], "bf16", 4096, gpu_memory_gib="H200", dtype=S.run_dtype(here),
+                          num_sms=torch.cuda.get_device_properties(here).multi_processor_count
+                          if here.type == "cuda" else 4)["ceiling"]
     assert f"ceiling={bf16}" in out and "fp8_e4m3" in out
 
 

@@ -81,6 +81,7 @@ from .plan import (
     param_count,
     plan_sweep,
     plan_table,
+    run_dtype,
     smoke_settings,
     step_bytes,
     step_ceiling,
@@ -96,7 +97,7 @@ from .report import (
 
 __all__ = ["LayerWeights", "StepWeights", "random_weights", "weights_from_hf", "KVPool", "DecodeStep",
            "param_count", "rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "gated_mlp", "activation_bytes",
-           "step_ceiling", "step_bytes", "batch_points", "greedy_decode", "plan_sweep", "plan_table", "sweep", "sweep_runs",
+           "step_ceiling", "step_bytes", "batch_points", "greedy_decode", "plan_sweep", "plan_table", "run_dtype", "sweep", "sweep_runs",
            "save", "summary", "reading_markdown", "smoke_settings", "TOY_QWEN",
            "build_parser", "main", "reading", "tokens_per_s_figure", "attention_share_figure", "COLUMNS",
            "SERIES_COLORS", "REAL_WEIGHTS", "STEP_BACKENDS"]

@@ -112,18 +112,24 @@ def _gpu_memory(gpu_memory_gib, dev):
     return torch.cuda.mem_get_info(dev)[1] / GIB
 
 
+def run_dtype(dev: torch.device, dtype=None) -> torch.dtype:
+    """The weights' and activations' dtype of a step run: ``dtype``, else bf16 on a GPU and fp32 on CPU."""
+    return dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+
+
 def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, gpu_memory_gib=None,
                utilization: float = 0.9, block_size: int = 16, device=None, dtype=None) -> list[dict]:
     """What :func:`sweep` will measure, without building anything: one dict per (model, context, kv_dtype)
     with ``shape``, ``ceiling`` (the :func:`step_ceiling` plan) and ``batches``. Explicit ``batches`` over a
     ceiling are refused (ValueError naming the ceiling); by default :func:`batch_points`. ``dtype``
-    (of the activations, default bf16) and ``device`` (its SM count) enter the activation estimate."""
+    (of the activations; default :func:`run_dtype`, as :func:`sweep` runs) and ``device`` (its SM
+    count) enter the activation estimate."""
     from ..capability import KV_DTYPES
     from ..checks import many_of, positive_int
     from ..device import resolve_device
 
     dev = resolve_device(device)
-    dtype = dtype or torch.bfloat16  # the activations of a GPU run
+    dtype = run_dtype(dev, dtype)  # what sweep() runs on this device, so the plan is the one timed
     shapes = [m if isinstance(m, ModelShape) else get_model(m) for m in ([models] if isinstance(models, (str, ModelShape))
                                                                            else list(models))]
     contexts = [positive_int(c, "contexts") for c in ([contexts] if isinstance(contexts, int) else contexts)]
@@ -150,11 +156,6 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
                     pts = batch_points([x["ceiling"] for x in ceil.values()], c)
                 plans.append(dict(shape=shape, context=ctx, kv_dtype=kv, plan=ceil[kv], batches=pts))
     return plans
-
-
-def run_dtype(dev: torch.device, dtype=None) -> torch.dtype:
-    """The weights' and activations' dtype of a step run: ``dtype``, else bf16 on a GPU and fp32 on CPU."""
-    return dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
 
 
 def plan_table(runs, kv_dtypes=("bf16", "fp8_e4m3"), *, gpu_memory_gib=None, utilization: float = 0.9,
