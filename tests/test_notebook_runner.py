@@ -661,3 +661,32 @@ def test_externalize_plotlyjs_writes_one_library_and_carry_over_keeps_it(tmp_pat
     kept = nb_runner._carry_over(previous, staging, rerun={"b_nb"})
     assert [e["name"] for e in kept] == ["a_nb"]
     assert sorted(p.name for p in staging.iterdir()) == ["a_nb.html", library]
+
+
+def test_pages_find_templates_installed_beside_nbconvert(tmp_path, monkeypatch):
+    """``pip install --target DIR`` puts nbconvert's templates in DIR/share/jupyter/nbconvert/templates,
+    where nbconvert does not look: the export passes that folder on, and only when it exists."""
+    import nbconvert
+
+    from fp8kv.notebooks import pages
+
+    site = tmp_path / "site"
+    (site / "nbconvert").mkdir(parents=True)
+    monkeypatch.setattr(nbconvert, "__file__", str(site / "nbconvert" / "__init__.py"))
+    assert pages.template_dirs() == []
+    templates = site / "share" / "jupyter" / "nbconvert" / "templates"
+    templates.mkdir(parents=True)
+    assert pages.template_dirs() == [str(templates)]
+
+    seen = {}
+
+    class Exporter:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+
+        def from_filename(self, path):
+            return "<html></html>", {}
+
+    monkeypatch.setattr(nbconvert, "HTMLExporter", Exporter)
+    pages.render_html(tmp_path / "x.ipynb", tmp_path / "x.html")
+    assert seen == {"extra_template_basedirs": [str(templates)]}

@@ -68,12 +68,22 @@ def drop_network_loads(html: str) -> str:
     return _NETWORK_LINK.sub("", _NETWORK_SCRIPT.sub("", html))
 
 
+def template_dirs() -> list[str]:
+    """nbconvert's page templates where ``pip install --target DIR`` puts them (``DIR/share/jupyter/
+    nbconvert/templates``, beside the package): nbconvert itself searches only the environment's
+    prefix and the user's and system's Jupyter paths, so without this the export fails there."""
+    import nbconvert
+
+    root = Path(nbconvert.__file__).resolve().parents[1] / "share" / "jupyter" / "nbconvert" / "templates"
+    return [str(root)] if root.is_dir() else []
+
+
 def render_html(executed_ipynb: str | os.PathLike, html_path: str | os.PathLike) -> Path:
     """Render an executed notebook to a standalone HTML file (nbconvert ``HTMLExporter``, lab template)
     that loads nothing from the network (:func:`drop_network_loads`)."""
     from nbconvert import HTMLExporter
 
-    body, _ = HTMLExporter().from_filename(str(executed_ipynb))
+    body, _ = HTMLExporter(extra_template_basedirs=template_dirs()).from_filename(str(executed_ipynb))
     html_path = Path(html_path)
     html_path.write_text(drop_network_loads(body), encoding="utf-8")
     return html_path
