@@ -257,9 +257,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         16/16/256 (2598 us against 3750 us), and slower at 32/32/128 (2831 vs 2583 us), 32/32/80 and
         /96 (3522 / 3570 vs 2990 us) and 16/8/128 (1188 vs 669 us).
     fused_combine : with several splits, the last split of each program combines them inside the
-        decode launch (a per-program counter, kept at zero between calls in a buffer shared by the
-        device's calls: calls must not overlap on two streams) instead of a second launch. Tensor-core
-        kernel only. Opt-in until measured on a GPU.
+        decode launch (counted by a per-program counter, zeroed for each call) instead of a second
+        launch. Tensor-core kernel only. Opt-in until measured on a GPU.
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them
         (checked by :func:`fp8kv.decode`; trusted here). A window reads only the window's pages;
         one at least as long as the page table is the plain kernel.
@@ -349,7 +348,9 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     fuse = fused_combine and num_splits > 1
     if use_tensor_cores:
         tiles = cfg["head_tiles"]
-        counters = _split_counters(q.device, b * hkv * tiles) if fuse else lse
+        # Zeroed per call (a memset in the same stream, captured with the kernel): nothing shared
+        # between calls, streams or graphs.
+        counters = torch.zeros(b * hkv * tiles, dtype=torch.int32, device=q.device) if fuse else lse
         paged_decode_kernel[(b, hkv * tiles, num_splits)](
             *args, counters, out, lse, out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), num_splits,
             GROUP_PAD=max(16, triton.next_power_of_2(cfg["heads_per_program"])), HEAD_TILES=tiles,
@@ -366,19 +367,6 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
             SPLITS_PAD=triton.next_power_of_2(num_splits), HAS_SINKS=sinks is not None, num_warps=4,
         )
     return out.to(out_dtype), lse
-
-
-_SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device, n: int) -> torch.Tensor:
-    """A zeroed int32 buffer of at least ``n`` counters on ``device``, shared by fused-combine calls (the
-    kernel leaves every counter at zero), so that a call needs no memset launch."""
-    buf = _SPLIT_COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _SPLIT_COUNTERS[device] = buf
-    return buf
 
 
 def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, slot_mapping: torch.Tensor,

@@ -162,7 +162,7 @@ def paged_decode_kernel(
     stride_btb,  # block-table row stride
     stride_ob, stride_oh, stride_os,  # output strides: batch, head, split
     stride_lb, stride_lh,  # LSE strides: batch, head (split stride is 1)
-    counter_ptr,  # FUSE_COMBINE: [B * Hkv * HEAD_TILES] int32, zero between calls: splits done per program slot
+    counter_ptr,  # FUSE_COMBINE: [B * Hkv * HEAD_TILES] int32, zeroed per call: splits done per program slot
     final_out_ptr,  # FUSE_COMBINE: [B, Hq, D] output
     final_lse_ptr,  # FUSE_COMBINE: [B, Hq] fp32 natural-log LSE
     stride_fob, stride_foh, stride_flb, stride_flh,  # FUSE_COMBINE: final output / LSE strides
@@ -330,14 +330,13 @@ def paged_decode_kernel(
 def _combine_if_last(counter, num_splits, part_out, stride_os, part_lse, final_out, final_lse, sinks, g_mask,
                      qd_mask, GROUP_PAD: tl.constexpr, D_PAD: tl.constexpr, HAS_SINKS: tl.constexpr):
     """The split combine inside the decode launch: each split of a program slot counts itself done
-    (after all its threads stored their partials: the barrier, then one acquire-release atomic); the
-    last one reads every split's partials (bypassing L1, which may hold nothing of theirs but is not
-    coherent) and writes the final output and LSE, as :func:`combine_splits_kernel` does, and puts
-    the counter back to zero for the next call."""
+    (after all its threads stored their partials: the barrier, then one gpu-scope acquire-release
+    atomic, whose release covers the other threads' stores through the barrier); the last one reads
+    every split's partials and writes the final output and LSE, as :func:`combine_splits_kernel`
+    does. The counters are zeroed by the host for each call."""
     tl.debug_barrier()
     done = tl.atomic_add(counter, 1, sem="acq_rel")
     if done == num_splits - 1:
-        tl.atomic_xchg(counter, 0)
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         den = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
