@@ -224,7 +224,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                  num_stages: int | None = None, convert: str | None = None, eviction_policy: str = "",
                  out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None,
                  window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None,
-                 use_tensor_cores: bool | None = None, heads_per_program: int | None = None):
+                 use_tensor_cores: bool | None = None, heads_per_program: int | None = None,
+                 fused_combine: bool = False):
     """Triton paged decode attention.
 
     The launcher behind ``fp8kv.decode(..., backend="triton")``, which validates ``q``, ``cache``,
@@ -255,6 +256,9 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         (``python -m fp8kv.bench --preset layouts-cuda-core``, B=64 x 16k, FP8) it is faster only at
         16/16/256 (2598 us against 3750 us), and slower at 32/32/128 (2831 vs 2583 us), 32/32/80 and
         /96 (3522 / 3570 vs 2990 us) and 16/8/128 (1188 vs 669 us).
+    fused_combine : with several splits, the last split of each program combines them inside the
+        decode launch (counted by a per-program counter, zeroed for each call) instead of a second
+        launch. Tensor-core kernel only. Opt-in until measured on a GPU.
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them
         (checked by :func:`fp8kv.decode`; trusted here). A window reads only the window's pages;
         one at least as long as the page table is the plain kernel.
@@ -288,6 +292,10 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     elif not isinstance(use_tensor_cores, bool):
         raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True (or None, the default: tensor "
                         "cores) or False (the CUDA-core kernel)")
+    if not isinstance(fused_combine, bool):
+        raise TypeError(f"fused_combine={fused_combine!r}; expected True or False")
+    if fused_combine and not use_tensor_cores:
+        raise ValueError("fused_combine=True needs the tensor-core kernel; drop use_tensor_cores=False")
     cfg = launch_config(b, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
                         num_stages=num_stages, device=q.device, window=window, use_tensor_cores=use_tensor_cores,
                         group=group, heads_per_program=heads_per_program)
@@ -337,14 +345,20 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                   CONVERT_K=_CONVERT[convert_k], CONVERT_V=_CONVERT[convert_v], KV_EVICTION=eviction_policy,
                   WINDOWED=window is not None, SOFT_CAP=soft_cap is not None, HAS_SINKS=sinks is not None,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_format_bits(cache))
+    fuse = fused_combine and num_splits > 1
     if use_tensor_cores:
         tiles = cfg["head_tiles"]
+        # Zeroed per call (a memset in the same stream, captured with the kernel): nothing shared
+        # between calls, streams or graphs.
+        counters = torch.zeros(b * hkv * tiles, dtype=torch.int32, device=q.device) if fuse else lse
         paged_decode_kernel[(b, hkv * tiles, num_splits)](
-            *args, GROUP_PAD=max(16, triton.next_power_of_2(cfg["heads_per_program"])), HEAD_TILES=tiles,
-            FP8_QK=fp8_qk, FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, **common)
+            *args, counters, out, lse, out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), num_splits,
+            GROUP_PAD=max(16, triton.next_power_of_2(cfg["heads_per_program"])), HEAD_TILES=tiles,
+            FP8_QK=fp8_qk, FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, FUSE_COMBINE=fuse,
+            **common)
     else:  # one program per query head
         paged_decode_cuda_core_kernel[(b, hq, num_splits)](*args, **common)
-    if num_splits > 1:
+    if num_splits > 1 and not fuse:
         combine_splits_kernel[(b, hq)](
             k_out, k_lse, out, lse, k_out.stride(0), k_out.stride(1), k_out.stride(2),
             k_lse.stride(0), k_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), num_splits,
