@@ -4,19 +4,17 @@ described by :data:`PRESET_HELP`) and :func:`main`."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
-import signal
 import sys
 import textwrap
-import threading
 from collections.abc import Sequence
 
 import torch
 
 from .. import checks
 from ..capability import BACKENDS, KV_DTYPES, MODES, interpreter_on
+from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..quant import GRANULARITIES
 from .cases import Q_DTYPES, Case, sweep
 from .measure import run
@@ -278,11 +276,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"none of the {len(cases)} cases can run here: {'; '.join(reasons)}")
     if args.dry_run:
         return 0
-    with _sigterm_interrupts():
+    with sigterm_as_keyboard_interrupt():
         df = run(cases, check=not args.no_check, rep=args.rep, progress=not args.quiet,
                  rotate=not args.no_rotate, device=device, keep_partial=True)
         interrupted = df.attrs["bench"]["interrupted"]
-        with _signals_ignored():  # a signal now must not cut the save short
+        with signals_ignored():  # a signal now must not cut the save short
             print(summary(df))
             if not args.no_save:
                 path = save(df, args.out, meta={"argv": argv, "preset": args.preset})
@@ -292,37 +290,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     bad = (df["status"] == "error") | df["check_passed"].map(_failed)
     return 1 if bad.any() else 0
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """SIGTERM (``timeout``, a CI runner, ``kill``) stops a run as Ctrl-C does, so that the rows
-    measured so far are saved instead of lost."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, _frame):
-        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-
-    saved = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if saved is None else saved)
-
-
-@contextlib.contextmanager
-def _signals_ignored():
-    """SIGTERM and SIGINT ignored for the duration (the summary and the save)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-
-

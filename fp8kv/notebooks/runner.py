@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..interrupts import STOP_SIGNALS, signals_ignored
 from ..results import _now, to_jsonable
 from .index import build_index
 from .pages import (
@@ -254,7 +255,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
             _swap_into_place(staging, final)
     except BaseException as exc:
         # A second signal must not cut the clean-up short: ignore them until it is done.
-        with _signals_ignored():
+        with signals_ignored():
             if isinstance(exc, RunInterrupted):
                 _stop_processes(_child_pids() - children_before)  # anything the kernel left behind
             shutil.rmtree(staging, ignore_errors=True)
@@ -297,7 +298,6 @@ class RunInterrupted(BaseException):
         super().__init__(f"stopped by {signal.Signals(self.signum).name}")
 
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextlib.contextmanager
@@ -314,25 +314,12 @@ def _stop_on_signals(keep_pids: set[int] = frozenset()):
         return
 
     def stop(signum, _frame):
-        for sig in _STOP_SIGNALS:  # a second signal must not interrupt the clean-up
+        for sig in STOP_SIGNALS:  # a second signal must not interrupt the clean-up
             signal.signal(sig, signal.SIG_IGN)
         _stop_processes(_child_pids() - set(keep_pids))
         raise RunInterrupted(signum)
 
-    saved = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def _signals_ignored():
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+    saved = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
