@@ -689,4 +689,38 @@ def test_pages_find_templates_installed_beside_nbconvert(tmp_path, monkeypatch):
 
     monkeypatch.setattr(nbconvert, "HTMLExporter", Exporter)
     pages.render_html(tmp_path / "x.ipynb", tmp_path / "x.html")
-    assert seen == {"extra_template_basedirs": [str(templates)]}
+    assert seen == {"extra_template_basedirs": [str(templates)], "extra_template_paths": [str(templates)]}
+
+
+def test_pages_render_with_templates_only_beside_nbconvert(tmp_path, monkeypatch):
+    """The real exporter, with nbconvert's templates found nowhere but beside the package (as on a
+    machine where it was installed with ``pip install --target``): the lab template and the base
+    templates it extends both load, and the page is written."""
+    import shutil
+
+    import nbconvert
+    import nbformat
+    from nbconvert.exporters.templateexporter import TemplateExporter
+
+    from fp8kv.notebooks import pages
+
+    installed = [Path(d) / "nbconvert" / "templates" for d in TemplateExporter().get_prefix_root_dirs()]
+    source = next(d for d in installed if (d / "lab").is_dir() and (d / "base").is_dir())
+    site = tmp_path / "site"
+    (site / "nbconvert").mkdir(parents=True)
+    shutil.copytree(source, site / "share" / "jupyter" / "nbconvert" / "templates")
+    monkeypatch.setattr(nbconvert, "__file__", str(site / "nbconvert" / "__init__.py"))
+
+    class Bare(nbconvert.HTMLExporter):  # no Jupyter path and no data path holds templates
+        def __init__(self, **kwargs):
+            super().__init__(template_data_paths=[], **kwargs)
+
+        def get_prefix_root_dirs(self):
+            return []
+
+    monkeypatch.setattr(nbconvert, "HTMLExporter", Bare)
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# fp8kv page")])
+    nbformat.write(nb, tmp_path / "x.ipynb")
+    page = pages.render_html(tmp_path / "x.ipynb", tmp_path / "x.html").read_text()
+    assert "fp8kv page" in page

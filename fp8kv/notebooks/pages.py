@@ -83,7 +83,9 @@ def render_html(executed_ipynb: str | os.PathLike, html_path: str | os.PathLike)
     that loads nothing from the network (:func:`drop_network_loads`)."""
     from nbconvert import HTMLExporter
 
-    body, _ = HTMLExporter(extra_template_basedirs=template_dirs()).from_filename(str(executed_ipynb))
+    # Both: the base dirs find the lab template, the plain paths its ``{% extends 'base/...' %}``.
+    dirs = template_dirs()
+    body, _ = HTMLExporter(extra_template_basedirs=dirs, extra_template_paths=dirs).from_filename(str(executed_ipynb))
     html_path = Path(html_path)
     html_path.write_text(drop_network_loads(body), encoding="utf-8")
     return html_path
