@@ -96,6 +96,10 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, use_tensor_cores: 
 # vs 57.6 us; 16k: 170.7 vs 176.5 us). Programs of 16 or 24 heads were slower at B=64 (78-304 us).
 MAX_HEADS_PER_PROGRAM = 64
 MAX_SPLITS_FOR_LATENCY = 64  # at most this many one-tile splits (the combine holds splits x D partials)
+# ... unless that leaves SMs idle (B x Hkv x head tiles x 64 < SMs: MQA at B <= 2): then up to 128. H200,
+# B=1 x 16k FP8: 8/1/256 14.6 us with 128 splits against 21.0 us with 64; 8/1/128 9.6 against 12.1 us;
+# 32/8/256 (512 programs already) 49.7 against 45.6 us, so the cap stays where the SMs are busy.
+MAX_SPLITS_TO_FILL_SMS = 128
 
 
 def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int,
@@ -109,7 +113,8 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     short context: latency-bound), splits go down to one tile each until there are: H200, 32/8/128,
     B=1 x 4k FP8: 32 one-tile splits 10.5 us against 15.4 us for 8 four-tile splits; B=3 x 1000:
     8 splits 9.6 us against 15.0 us for 2. Contexts of fewer than four tiles stay in one split, and
-    the increase stops at :data:`MAX_SPLITS_FOR_LATENCY`. The count is what is asked for;
+    the increase stops at :data:`MAX_SPLITS_FOR_LATENCY`, or at :data:`MAX_SPLITS_TO_FILL_SMS` where
+    that many would leave SMs without a program (MQA at batch 1-2). The count is what is asked for;
     :func:`launch_config` rounds it to whole tiles per split.
     """
     base = batch * kv_heads
@@ -117,7 +122,8 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     tiles = math.ceil(capacity / block_n)
     splits = max(1, min(want, math.ceil(tiles / min_tiles_per_split)))
     if splits * base < min_waves * num_sms and tiles >= min_tiles_per_split:
-        splits = max(splits, min(math.ceil(min_waves * num_sms / base), tiles, MAX_SPLITS_FOR_LATENCY))
+        cap = MAX_SPLITS_FOR_LATENCY if base * MAX_SPLITS_FOR_LATENCY >= num_sms else MAX_SPLITS_TO_FILL_SMS
+        splits = max(splits, min(math.ceil(min_waves * num_sms / base), tiles, cap))
     return int(splits)
 
 
@@ -224,8 +230,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                  num_stages: int | None = None, convert: str | None = None, eviction_policy: str = "",
                  out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None,
                  window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None,
-                 use_tensor_cores: bool | None = None, heads_per_program: int | None = None,
-                 fused_combine: bool = False):
+                 use_tensor_cores: bool | None = None, heads_per_program: int | None = None):
     """Triton paged decode attention.
 
     The launcher behind ``fp8kv.decode(..., backend="triton")``, which validates ``q``, ``cache``,
@@ -256,9 +261,6 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         (``python -m fp8kv.bench --preset layouts-cuda-core``, B=64 x 16k, FP8) it is faster only at
         16/16/256 (2598 us against 3750 us), and slower at 32/32/128 (2831 vs 2583 us), 32/32/80 and
         /96 (3522 / 3570 vs 2990 us) and 16/8/128 (1188 vs 669 us).
-    fused_combine : with several splits, the last split of each program combines them inside the
-        decode launch (counted by a per-program counter, zeroed for each call) instead of a second
-        launch. Tensor-core kernel only. Opt-in until measured on a GPU.
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them
         (checked by :func:`fp8kv.decode`; trusted here). A window reads only the window's pages;
         one at least as long as the page table is the plain kernel.
@@ -292,10 +294,6 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     elif not isinstance(use_tensor_cores, bool):
         raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True (or None, the default: tensor "
                         "cores) or False (the CUDA-core kernel)")
-    if not isinstance(fused_combine, bool):
-        raise TypeError(f"fused_combine={fused_combine!r}; expected True or False")
-    if fused_combine and not use_tensor_cores:
-        raise ValueError("fused_combine=True needs the tensor-core kernel; drop use_tensor_cores=False")
     cfg = launch_config(b, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
                         num_stages=num_stages, device=q.device, window=window, use_tensor_cores=use_tensor_cores,
                         group=group, heads_per_program=heads_per_program)
@@ -345,20 +343,14 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                   CONVERT_K=_CONVERT[convert_k], CONVERT_V=_CONVERT[convert_v], KV_EVICTION=eviction_policy,
                   WINDOWED=window is not None, SOFT_CAP=soft_cap is not None, HAS_SINKS=sinks is not None,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_format_bits(cache))
-    fuse = fused_combine and num_splits > 1
     if use_tensor_cores:
         tiles = cfg["head_tiles"]
-        # Zeroed per call (a memset in the same stream, captured with the kernel): nothing shared
-        # between calls, streams or graphs.
-        counters = torch.zeros(b * hkv * tiles, dtype=torch.int32, device=q.device) if fuse else lse
         paged_decode_kernel[(b, hkv * tiles, num_splits)](
-            *args, counters, out, lse, out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), num_splits,
-            GROUP_PAD=max(16, triton.next_power_of_2(cfg["heads_per_program"])), HEAD_TILES=tiles,
-            FP8_QK=fp8_qk, FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, FUSE_COMBINE=fuse,
-            **common)
+            *args, GROUP_PAD=max(16, triton.next_power_of_2(cfg["heads_per_program"])), HEAD_TILES=tiles,
+            FP8_QK=fp8_qk, FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, **common)
     else:  # one program per query head
         paged_decode_cuda_core_kernel[(b, hq, num_splits)](*args, **common)
-    if num_splits > 1 and not fuse:
+    if num_splits > 1:
         combine_splits_kernel[(b, hq)](
             k_out, k_lse, out, lse, k_out.stride(0), k_out.stride(1), k_out.stride(2),
             k_lse.stride(0), k_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), num_splits,

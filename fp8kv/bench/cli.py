@@ -72,13 +72,11 @@ PRESETS = {
                         granularities=["tensor"], flashinfer_tensor_cores=[True],
                         triton_options=[{}, {"heads_per_program": 16}, {"heads_per_program": 24},
                                         {"heads_per_program": 36}, {"heads_per_program": 128}]),
-    # Latency-bound decode (B <= 4): the split combine as a second launch against the fused one
-    # (fused_combine), FlashInfer beside, on the layouts where one launch weighs most.
+    # Latency-bound decode (B <= 4), FlashInfer beside, on the layouts where the split count weighs most.
     "latency": dict(batches=[1, 2, 4], contexts=[1000, 4096, 16384],
                     shapes=[(32, 8, 128), (8, 1, 256), (32, 32, 128), (14, 2, 64)], block_sizes=[16],
                     kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
-                    granularities=["tensor"], flashinfer_tensor_cores=[False, True],
-                    triton_options=[{}, {"fused_combine": True}]),
+                    granularities=["tensor"], flashinfer_tensor_cores=[False, True]),
     "layouts-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 4, 32), (4, 1, 64), (6, 2, 48)], block_sizes=[16],
                           kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                           granularities=["tensor"], flashinfer_tensor_cores=[True]),
@@ -101,8 +99,8 @@ PRESET_HELP = {
                          "4k-16k (GPU)",
     "layouts-mqa": "large MQA groups (71/1/64, 48/1/128) with the group cut into programs of at most 16, 24, 36 "
                    "or all query heads (heads_per_program), FlashInfer beside, B 1-64 x context 4k-16k (GPU)",
-    "latency": "latency-bound decode, B 1-4 x context 1000-16k on four layouts: the split combine as a second "
-               "launch against the fused one (fused_combine), FlashInfer beside (GPU)",
+    "latency": "latency-bound decode, B 1-4 x context 1000-16k on four layouts (GQA, MQA with D 256, MHA, "
+               "group 7 with D 64), bf16 vs fp8_e4m3, Triton and FlashInfer side by side (GPU)",
     "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
 }
 assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"

@@ -162,11 +162,6 @@ def paged_decode_kernel(
     stride_btb,  # block-table row stride
     stride_ob, stride_oh, stride_os,  # output strides: batch, head, split
     stride_lb, stride_lh,  # LSE strides: batch, head (split stride is 1)
-    counter_ptr,  # FUSE_COMBINE: [B * Hkv * HEAD_TILES] int32, zeroed per call: splits done per program slot
-    final_out_ptr,  # FUSE_COMBINE: [B, Hq, D] output
-    final_lse_ptr,  # FUSE_COMBINE: [B, Hq] fp32 natural-log LSE
-    stride_fob, stride_foh, stride_flb, stride_flh,  # FUSE_COMBINE: final output / LSE strides
-    num_splits,  # FUSE_COMBINE: splits per sequence (the grid's third axis)
     GROUP: tl.constexpr,  # query heads per KV head (Hq // Hkv)
     GROUP_PAD: tl.constexpr,  # the program's heads (ceil(GROUP / HEAD_TILES)) padded to >= 16 (tl.dot's minimum M)
     HEAD_TILES: tl.constexpr,  # programs per KV head, each taking ceil(GROUP / HEAD_TILES) of its query heads
@@ -190,8 +185,7 @@ def paged_decode_kernel(
     WINDOWED: tl.constexpr,  # attend only the last `window` tokens: the splits tile the window alone
     SOFT_CAP: tl.constexpr,  # scores -> cap * tanh(score / cap), in natural units
     HAS_SINKS: tl.constexpr,  # one sink logit per query head joins the denominator (here for one
-    # split; several splits fold it in combine_splits_kernel, or in the fused combine)
-    FUSE_COMBINE: tl.constexpr = False,  # SPLIT: the last split of each program slot combines (one launch)
+    # split; several splits fold it in combine_splits_kernel)
 ):
     b = tl.program_id(0)
     split = tl.program_id(2)
@@ -317,42 +311,6 @@ def paged_decode_kernel(
     else:
         tl.store(o_ptrs + split * stride_os, out, mask=qd_mask)
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse2, mask=g_mask)
-        if FUSE_COMBINE:
-            _combine_if_last(counter_ptr + b * tl.num_programs(1) + tl.program_id(1), num_splits,
-                             out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], stride_os,
-                             lse_ptr + b * stride_lb + heads * stride_lh,
-                             final_out_ptr + b * stride_fob + heads[:, None] * stride_foh + offs_d[None, :],
-                             final_lse_ptr + b * stride_flb + heads * stride_flh, sinks_ptr + heads, g_mask,
-                             qd_mask, GROUP_PAD, D_PAD, HAS_SINKS)
-
-
-@triton.jit
-def _combine_if_last(counter, num_splits, part_out, stride_os, part_lse, final_out, final_lse, sinks, g_mask,
-                     qd_mask, GROUP_PAD: tl.constexpr, D_PAD: tl.constexpr, HAS_SINKS: tl.constexpr):
-    """The split combine inside the decode launch: each split of a program slot counts itself done
-    (after all its threads stored their partials: the barrier, then one gpu-scope acquire-release
-    atomic, whose release covers the other threads' stores through the barrier); the last one reads
-    every split's partials and writes the final output and LSE, as :func:`combine_splits_kernel`
-    does. The counters are zeroed by the host for each call."""
-    tl.debug_barrier()
-    done = tl.atomic_add(counter, 1, sem="acq_rel")
-    if done == num_splits - 1:
-        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        den = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-        for s in range(0, num_splits):
-            lse_s = tl.load(part_lse + s, mask=g_mask, other=float("-inf"), cache_modifier=".cg")
-            out_s = tl.load(part_out + s * stride_os, mask=qd_mask, other=0.0, cache_modifier=".cg")
-            m, den, alpha = _fold_sink(m, den, lse_s)  # a split is one more weighted term of the sum
-            w = tl.math.exp2(lse_s - tl.where(m == float("-inf"), 0.0, m))
-            acc = acc * alpha[:, None] + out_s * w[:, None]
-        if HAS_SINKS:
-            m, den, alpha = _fold_sink(m, den, tl.load(sinks, mask=g_mask, other=float("-inf")) * (1.0 / LN2))
-            acc = acc * alpha[:, None]
-        den_safe = tl.where(den > 0, den, 1.0)
-        tl.store(final_out, (acc / den_safe[:, None]).to(final_out.dtype.element_ty), mask=qd_mask)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        tl.store(final_lse, tl.where(den > 0, (m_safe + tl.math.log2(den_safe)) * LN2, float("-inf")), mask=g_mask)
 
 
 @triton.jit
