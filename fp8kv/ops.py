@@ -14,15 +14,17 @@ that would be computed or stored in bf16 runs in fp32 and is rounded to bf16 by 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
-from . import checks
+from . import checks, launch_table
 from .cache import PagedKVCache
 from .capability import UnsupportedError, current_arch, interpreter_on
+from .device import gpu_slug
 from .formats import saturation_bounds
 from .kernels.cache_write import cache_write_kernel
 from .kernels.copy import copy_kernel
@@ -56,6 +58,12 @@ NUM_WARPS = (1, 2, 4, 8, 16)
 MAX_BLOCK_N = 256  # tokens per tile: a 256 x 256 tile already exceeds every GPU's registers
 
 
+@functools.cache
+def _gpu(device: torch.device) -> str | None:
+    """The GPU's slug for the launch table (None off CUDA)."""
+    return gpu_slug(device) if device.type == "cuda" else None
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -67,8 +75,13 @@ def _num_sms(device: torch.device) -> int:
 DecodeConfig = dict[str, int]
 
 
-def default_config(mode: str, kv_fp8: bool, head_dim: int, *, use_tensor_cores: bool = True) -> DecodeConfig:
+def default_config(mode: str, kv_fp8: bool, head_dim: int, *, use_tensor_cores: bool = True,
+                   gpu: str | None = None, group_pad: int = 16) -> DecodeConfig:
     """Tile and launch defaults (BLOCK_N >= 32: the FP8 dot's minimum K for P·V).
+
+    Tensor cores on a ``gpu`` (slug) whose measured table (:mod:`fp8kv.launch_table`, written by
+    ``python -m fp8kv.bench.tune``) holds this shape (``group_pad``: the program's padded query
+    rows): the table's entry. Otherwise the rule below.
 
     Tensor cores, measured on an H200 (B=64, ctx=16k, Hq=32, Hkv=8, D=128, page 16): FP8 caches are
     fastest with 128-token tiles (704 us vs 947 us at 64), 16-bit caches with 64-token tiles (979 vs
@@ -83,6 +96,9 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, use_tensor_cores: 
     interp = interpreter_on()
     if not use_tensor_cores:
         return dict(block_n=32, num_warps=4, num_stages=1 if interp else 2)
+    measured = None if interp else launch_table.lookup(gpu, kv_fp8, mode, head_dim, group_pad)
+    if measured is not None:
+        return measured
     block_n = 128 if kv_fp8 or head_dim <= 64 else 64
     if head_dim > 128:
         block_n //= 2
@@ -159,7 +175,9 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         heads_per_program = MAX_HEADS_PER_PROGRAM
     heads_per_program = min(checks.positive_int(heads_per_program, "heads_per_program"), group)
     head_tiles = math.ceil(group / heads_per_program) if use_tensor_cores else 1
-    cfg = default_config(mode, cache.is_fp8, cache.head_dim, use_tensor_cores=use_tensor_cores)
+    rows = max(16, triton.next_power_of_2(math.ceil(group / head_tiles)))  # the kernel's GROUP_PAD
+    cfg = default_config(mode, cache.is_fp8, cache.head_dim, use_tensor_cores=use_tensor_cores,
+                         gpu=_gpu(device or cache.device), group_pad=rows)
     block_n = cfg["block_n"] if block_n is None else checks.positive_int(block_n, "block_n")
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")

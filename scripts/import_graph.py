@@ -30,7 +30,8 @@ COMMAND = "python scripts/import_graph.py --readme"
 
 # Bottom up. Each unit imports only from its own layer and the layers below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("formats", "checks", "interrupts"),  # facts, argument checks, signal handling: torch / stdlib only
+    ("formats", "checks", "interrupts", "launch_table"),  # facts, argument checks, signal handling, measured
+    # launch parameters: torch / stdlib only
     ("quant", "device"),  # the quantizer; what machine this is
     ("capability", "cache", "kernels"),  # what runs where; the paged cache; @triton.jit code
     ("reference", "synthetic"),  # the fp32 oracle; synthetic K/V and caches

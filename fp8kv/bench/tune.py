@@ -1,0 +1,195 @@
+"""``python -m fp8kv.bench.tune``: measure the decode kernel's launch parameters on this GPU and write
+its launch table (:mod:`fp8kv.launch_table`), which :func:`fp8kv.ops.default_config` then uses.
+
+For each compiled shape of the tensor-core kernel (KV kind, head dim, padded query rows), on one
+head layout that has it (:data:`SHAPES`):
+
+1. every candidate launch (:func:`candidates`: tiles of half, the same and twice the rule's tokens,
+   4 or 8 warps, 2 or 3 pipeline stages) is timed at a bandwidth-bound point (:data:`POINT`), each
+   row checked against the fp32 oracle first, as every benchmark row is;
+2. the fastest candidate that passed replaces the rule's launch only where it is at least
+   :data:`MARGIN` faster, and
+3. only if it is not more than :data:`MARGIN` slower than the rule at the confirmation points
+   (:data:`CONFIRM`: a batch that runs in one split, and a latency-bound one).
+
+Every row timed is saved as a benchmark run (``results/bench/<gpu>/``, preset ``tune``-table), and
+each table entry keeps its shape, point and the two times, so the table can be traced to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+import pandas as pd
+
+from .. import checks, launch_table
+from ..capability import interpreter_on
+from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
+from .cases import Case, sweep
+from .measure import run
+from .report import save
+
+# (Hq, Hkv, D): one layout per compiled shape: GQA groups of 4 (16 padded rows) at each head dim a
+# model family uses, and the MQA groups cut into programs of 36 (Falcon-7B) and 48 (StarCoder) rows.
+SHAPES = ((32, 8, 64), (32, 8, 80), (32, 8, 96), (32, 8, 112), (32, 8, 128), (32, 8, 256), (71, 1, 64),
+          (48, 1, 128))
+POINT = (64, 16384)  # (batch, context) where the candidates are ranked: 1M tokens, bandwidth-bound
+CONFIRM = ((256, 4096), (2, 4096))  # a winner must also hold here: one split per sequence; latency-bound
+MARGIN = 0.03  # a candidate replaces the rule when at least 3 % faster (well above replay-to-replay noise)
+
+
+def group_pad(hq: int, hkv: int) -> int:
+    """The padded query rows of the kernel's programs for this layout (its default head tiles)."""
+    from ..ops import MAX_HEADS_PER_PROGRAM
+
+    group = hq // hkv
+    tiles = -(-group // MAX_HEADS_PER_PROGRAM)
+    return max(16, 1 << (-(-group // tiles) - 1).bit_length())
+
+
+def candidates(kv_fp8: bool, mode: str, head_dim: int) -> list[dict]:
+    """The launches tried for one shape: the rule's tile halved, kept and doubled (16-256 tokens; 32+
+    in fp8 mode), times 4 / 8 warps and 2 / 3 stages; and the rule's launch itself."""
+    from ..ops import MAX_BLOCK_N, default_config
+
+    rule = default_config(mode, kv_fp8, head_dim)
+    least = 32 if mode == "fp8" else 16
+    tiles = sorted({n for n in (rule["block_n"] // 2, rule["block_n"], rule["block_n"] * 2) if least <= n <= MAX_BLOCK_N})
+    tried = [dict(block_n=n, num_warps=w, num_stages=s) for n in tiles for w in (4, 8) for s in (2, 3)]
+    return tried if rule in tried else [rule, *tried]  # the rule's own launch is always timed
+
+
+def _cases(shape, kv_dtype: str, mode: str, point, options: list[dict], device) -> list[Case]:
+    b, ctx = point
+    return sweep(batches=[b], contexts=[ctx], shapes=[shape], kv_dtypes=[kv_dtype], modes=[mode],
+                 backends=["triton"], granularities=["tensor"], triton_options=options, device=device)
+
+
+def choose(rows: pd.DataFrame, rule: dict, margin: float = MARGIN) -> dict | None:
+    """The fastest row that ran and passed its check, as a launch, if it beats the ``rule``'s row by
+    at least ``margin``; None otherwise (or when the rule's row did not run: nothing to compare)."""
+    ok = rows[(rows["status"] == "ok") & (rows["check_passed"] == True)]  # noqa: E712 (a column of objects)
+    keys = list(launch_table.LAUNCH_KEYS)
+    is_rule = (ok[keys] == pd.Series(rule)[keys]).all(axis=1)
+    if ok.empty or not is_rule.any():
+        return None
+    best = ok.loc[ok["time_us"].idxmin()]
+    rule_us = float(ok.loc[is_rule, "time_us"].min())
+    if float(best["time_us"]) > (1 - margin) * rule_us:
+        return None
+    return {k: int(best[k]) for k in keys} | {"us": round(float(best["time_us"]), 2), "rule_us": round(rule_us, 2)}
+
+
+def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[str] = ("fp8_e4m3",),
+         mode: str = "dequant", point=POINT, confirm=CONFIRM, margin: float = MARGIN, *, device=None,
+         rep: int = 50, progress: bool = False) -> tuple[dict, pd.DataFrame]:
+    """Measure; return the table entries (key -> launch and evidence) and every row timed.
+
+    An entry is written for every shape measured: the winner's launch, or the rule's own launch
+    (``"kept": "rule"``) where no candidate beat it, so the table says the rule was checked there.
+    """
+    from ..ops import default_config
+
+    checks.one_of(mode, "mode", ("dequant", "fp8"))
+    checks.positive_float(margin, "margin")
+    entries, frames = {}, []
+    for shape in shapes:
+        hq, hkv, d = shape
+        for kv in kv_dtypes:
+            fp8 = kv.startswith("fp8")
+            rule = default_config(mode, fp8, d)
+            rows = run(_cases(shape, kv, mode, point, candidates(fp8, mode, d), device), rep=rep, device=device,
+                       progress=progress)
+            frames.append(rows.assign(tune_point="rank"))
+            won = choose(rows, rule, margin)
+            if won is not None:
+                launch = {k: won[k] for k in launch_table.LAUNCH_KEYS}
+                for p in confirm:  # the rule's row first, then the winner's
+                    both = run(_cases(shape, kv, mode, p, [rule, launch], device), rep=rep, device=device,
+                               progress=progress)
+                    frames.append(both.assign(tune_point=f"confirm B={p[0]} ctx={p[1]}"))
+                    ran = both["status"].eq("ok").all() and both["check_passed"].eq(True).all()
+                    if not ran or float(both["time_us"].iloc[1]) > (1 + margin) * float(both["time_us"].iloc[0]):
+                        won = None
+                        break
+            key = launch_table.entry_key(fp8, mode, d, group_pad(hq, hkv))
+            base = {"shape": [hq, hkv, d], "batch": point[0], "context": point[1]}
+            if won is None:
+                rule_rows = rows[(rows[list(rule)] == pd.Series(rule)).all(axis=1) & (rows["status"] == "ok")]
+                entries[key] = {**rule, **base, "kept": "rule",
+                                "us": round(float(rule_rows["time_us"].min()), 2) if len(rule_rows) else None}
+            else:
+                entries[key] = {**won, **base, "kept": "measured"}
+    return entries, pd.concat(frames, ignore_index=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = checks.ArgumentParser(
+        prog="python -m fp8kv.bench.tune",
+        description="Measure the Triton decode kernel's launch parameters on this GPU and write its launch "
+                    "table (fp8kv/data/launch_<gpu>.json), which fp8kv's decode then uses. Every row timed is "
+                    "also saved under --out as a benchmark run.")
+    p.add_argument("--head-dims", type=int, nargs="+", metavar="D",
+                   help=f"only the layouts of these head dims (default: all of {sorted({s[2] for s in SHAPES})})")
+    p.add_argument("--kv-dtypes", nargs="+", default=["fp8_e4m3"], choices=("bf16", "fp16", "fp8_e4m3", "fp8_e5m2"),
+                   help="cache types to tune (default fp8_e4m3)")
+    p.add_argument("--table-dir", default=None, help="where the table is written (default: the package's data)")
+    p.add_argument("--out", default="results/bench", help="results folder for the rows (a sub-folder per GPU)")
+    p.add_argument("--rep", type=int, default=50, help="ms of repetitions per case (default 50)")
+    p.add_argument("--interpret", action="store_true",
+                   help="CPU: run under Triton's interpreter at tiny sizes (a check of the command, not a tuning)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 written, 2 bad arguments or no GPU, 130 interrupted)."""
+    import torch
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        checks.positive_int(args.rep, "--rep")
+        for d in args.head_dims or ():
+            checks.one_of(d, "--head-dims", tuple(sorted({s[2] for s in SHAPES})))
+        checks.output_folder(args.out, "--out")
+        if args.table_dir is not None:
+            checks.output_folder(args.table_dir, "--table-dir")
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    if args.interpret:
+        if args.table_dir is None:
+            parser.error("--interpret checks the command on CPU: give --table-dir (the package's tables are per GPU)")
+        os.environ["TRITON_INTERPRET"] = "1"
+    elif not torch.cuda.is_available():
+        parser.error("no GPU here: the table is per GPU (add --interpret to check the command on CPU)")
+    shapes = [s for s in SHAPES if args.head_dims is None or s[2] in args.head_dims]
+    kw = {}
+    if args.interpret or interpreter_on():  # tiny sizes: the interpreter runs every program in Python
+        shapes, kw = [(4, 2, 32)], dict(point=(2, 64), confirm=((1, 32),))
+    from ..device import gpu_slug
+
+    gpu = gpu_slug()
+    with sigterm_as_keyboard_interrupt():
+        entries, rows = tune(shapes, args.kv_dtypes, device=None, rep=args.rep, progress=not args.quiet, **kw)
+        with signals_ignored():
+            stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            csv = save(rows, args.out, meta={"argv": argv, "preset": "tune-table"})
+            path = launch_table.write(gpu, entries, {"written": stamp, "command": "python -m fp8kv.bench.tune "
+                                                     + " ".join(argv), "rows": str(csv),
+                                                     "versions": {k: rows.iloc[0][k] for k in ("torch", "triton")}},
+                                      table_dir=args.table_dir)
+    for key, e in entries.items():
+        print(f"{key:<24} {e['kept']:<8} block_n={e['block_n']:<4} warps={e['num_warps']} stages={e['num_stages']}"
+              f"  {e.get('us')} us" + (f" (rule {e['rule_us']} us)" if "rule_us" in e else ""))
+    print(f"wrote {path} and {csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The measured launch table (fp8kv.launch_table), its use by the decode launch, and the tuning
+command that writes it (fp8kv.bench.tune)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from fp8kv import launch_table, ops
+from fp8kv.bench import tune
+
+
+@pytest.fixture
+def table_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch_table, "TABLE_DIR", tmp_path)
+    launch_table._load.cache_clear()
+    yield tmp_path
+    launch_table._load.cache_clear()
+
+
+def test_write_merges_and_lookup_reads(table_dir):
+    key = launch_table.entry_key(True, "dequant", 80, 16)
+    assert key == "fp8/dequant/d80/m16"
+    assert launch_table.lookup("gpu-a", True, "dequant", 80, 16) is None  # no table yet
+    launch_table.write("gpu-a", {key: dict(block_n=256, num_warps=8, num_stages=3, us=1.0)}, {"written": "t0"})
+    other = launch_table.entry_key(False, "dequant", 128, 64)
+    launch_table.write("gpu-a", {other: dict(block_n=64, num_warps=4, num_stages=3)}, {"written": "t1"})
+    assert launch_table.lookup("gpu-a", True, "dequant", 80, 16) == dict(block_n=256, num_warps=8, num_stages=3)
+    assert launch_table.lookup("gpu-a", False, "dequant", 128, 64) == dict(block_n=64, num_warps=4, num_stages=3)
+    assert launch_table.lookup("gpu-a", True, "dequant", 80, 32) is None  # another shape
+    assert launch_table.lookup("gpu-b", True, "dequant", 80, 16) is None  # another GPU's table is its own
+    assert launch_table.lookup(None, True, "dequant", 80, 16) is None
+    doc = json.loads((table_dir / "launch_gpu-a.json").read_text())
+    assert doc["gpu"] == "gpu-a" and doc["written"] == "t1" and set(doc["entries"]) == {key, other}
+    assert not list(table_dir.glob("*.tmp"))
+
+
+def test_a_broken_entry_is_refused_by_name(table_dir):
+    (table_dir / "launch_gpu-a.json").write_text(json.dumps({"entries": {"fp8/dequant/d64/m16": {"block_n": 0}}}))
+    with pytest.raises(ValueError, match="fp8/dequant/d64/m16"):
+        launch_table.lookup("gpu-a", True, "dequant", 64, 16)
+
+
+def test_default_config_takes_the_table_on_its_gpu_only(table_dir, monkeypatch):
+    rule = ops.default_config("dequant", True, 96)
+    launch_table.write("gpu-a", {"fp8/dequant/d96/m16": dict(block_n=256, num_warps=8, num_stages=3)}, {})
+    monkeypatch.setattr(ops, "interpreter_on", lambda: False)  # as on a GPU
+    assert ops.default_config("dequant", True, 96, gpu="gpu-a") == dict(block_n=256, num_warps=8, num_stages=3)
+    assert ops.default_config("dequant", True, 96, gpu="gpu-a", group_pad=64) == {**rule, "num_stages": 2}
+    assert ops.default_config("dequant", True, 96) == {**rule, "num_stages": 2}  # no GPU named: the rule
+    assert ops.default_config("dequant", True, 96, gpu="gpu-a", use_tensor_cores=False)["block_n"] == 32
+    monkeypatch.setattr(ops, "interpreter_on", lambda: True)  # the interpreter keeps its one stage
+    assert ops.default_config("dequant", True, 96, gpu="gpu-a") == rule
+
+
+def test_launch_config_looks_up_the_launch_of_its_programs(table_dir, monkeypatch):
+    """launch_config asks for the GPU of the cache and the padded rows the kernel will run with."""
+    from fp8kv.synthetic import random_paged_cache
+
+    seen = []
+    monkeypatch.setattr(ops, "_gpu", lambda device: "gpu-a")
+    monkeypatch.setattr(ops.launch_table, "lookup", lambda *a: seen.append(a) or None)
+    monkeypatch.setattr(ops, "interpreter_on", lambda: False)
+    cache = random_paged_cache(batch=1, context=40, num_kv_heads=1, head_dim=32, kv_dtype="fp8_e4m3", device="cpu")
+    ops.launch_config(1, cache, group=71)  # two programs of 36 heads: 64 rows
+    ops.launch_config(1, cache, group=4)
+    ops.launch_config(1, cache, group=71, heads_per_program=24)  # three programs of 24: 32 rows
+    assert seen == [("gpu-a", True, "dequant", 32, 64), ("gpu-a", True, "dequant", 32, 16),
+                    ("gpu-a", True, "dequant", 32, 32)]
+
+
+def test_group_pad_matches_the_kernels_rows():
+    assert [tune.group_pad(hq, hkv) for hq, hkv in ((32, 8), (32, 32), (71, 1), (48, 1), (40, 2))] == [16, 16, 64, 64,
+                                                                                                      32]
+
+
+def test_candidates_hold_the_rule_and_stay_in_range():
+    for fp8, d in ((True, 64), (True, 256), (False, 128), (False, 64)):
+        rule = ops.default_config("dequant", fp8, d)
+        cands = tune.candidates(fp8, "dequant", d)
+        assert rule in cands and len(cands) == len({tuple(c.values()) for c in cands})
+        assert all(16 <= c["block_n"] <= ops.MAX_BLOCK_N and c["num_warps"] in (4, 8) for c in cands)
+    assert min(c["block_n"] for c in tune.candidates(True, "fp8", 256)) >= 32
+
+
+def _rows(times, statuses=None):
+    launches = [(128, 4, 2), (256, 4, 2), (64, 8, 3)]
+    return pd.DataFrame([dict(block_n=n, num_warps=w, num_stages=s, time_us=t, status=st, check_passed=st == "ok")
+                         for (n, w, s), t, st in zip(launches, times, statuses or ["ok"] * 3, strict=True)])
+
+
+def test_choose_replaces_the_rule_only_by_a_margin():
+    rule = dict(block_n=128, num_warps=4, num_stages=2)
+    assert tune.choose(_rows([100.0, 98.0, 99.0]), rule) is None  # 2 %: noise, the rule stays
+    won = tune.choose(_rows([100.0, 90.0, 95.0]), rule)
+    assert won == dict(block_n=256, num_warps=4, num_stages=2, us=90.0, rule_us=100.0)
+    # a faster row that errored or failed its check is not a candidate
+    assert tune.choose(_rows([100.0, 90.0, 80.0], ["ok", "error", "ok"]), rule)["block_n"] == 64
+    failed = _rows([100.0, 90.0, 80.0])
+    failed.loc[2, "check_passed"] = False
+    assert tune.choose(failed, rule)["block_n"] == 256
+    assert tune.choose(_rows([100.0, 90.0, 80.0], ["error", "ok", "ok"]), rule) is None  # nothing to compare
+
+
+def test_the_command_writes_a_table_under_the_interpreter(tmp_path, monkeypatch):
+    from fp8kv.capability import interpreter_on
+
+    if not interpreter_on():
+        pytest.skip("the command's CPU check runs under the Triton interpreter")
+    launch_table._load.cache_clear()
+    assert tune.main(["--interpret", "--table-dir", str(tmp_path), "--out", str(tmp_path / "rows"), "--quiet",
+                      "--rep", "1"]) == 0
+    doc = json.loads((tmp_path / "launch_cpu.json").read_text())
+    (key, entry), = doc["entries"].items()
+    assert key == "fp8/dequant/d32/m16" and entry["kept"] in ("rule", "measured") and entry["us"] > 0
+    rows = pd.read_csv(next((tmp_path / "rows" / "cpu").glob("*.csv")))
+    assert (rows["status"] == "ok").all() and rows["check_passed"].all()
+    assert doc["rows"].endswith(".csv") and doc["versions"]["torch"] == torch.__version__
+
+
+@pytest.mark.parametrize("argv,match", [(["--rep", "0"], "--rep"), (["--head-dims", "72"], "--head-dims"),
+                                        (["--interpret"], "--table-dir")])
+def test_the_command_refuses_bad_arguments(argv, match, capsys):
+    with pytest.raises(SystemExit) as e:
+        tune.main(argv)
+    assert e.value.code == 2 and match in capsys.readouterr().err
