@@ -34,21 +34,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Sequence
 
 from . import checks
 from .device import current_arch  # the arch of a device ("sm90"), None on CPU
 from .formats import KV_DTYPE_NAMES
 
-__all__ = ["ARCHS", "BACKEND_NAMES", "BACKENDS", "KV_DTYPE_NAMES", "KV_DTYPES", "MODES", "VARIANTS", "UnsupportedError",
+__all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "VARIANTS", "UnsupportedError",
            "check", "capability", "current_arch",
            "choose_backend", "choose_mode", "flashinfer_installed", "check_variant", "check_variants", "variants"]
 
 ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
 BACKEND_NAMES = ("reference", "triton", "flashinfer")  # fp8kv.backends.BACKENDS maps each to its runner
 MODES = ("dequant", "fp8")
-# Former names, kept for their importers: BACKENDS is BACKEND_NAMES, KV_DTYPES the names of formats.KV_DTYPES.
-BACKENDS = BACKEND_NAMES
-KV_DTYPES = KV_DTYPE_NAMES
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 TRITON_MAX_HEAD_DIM = 256
 VARIANTS = ("window", "soft_cap", "sinks")  # the keyword arguments of fp8kv.decode that name them
@@ -147,13 +145,17 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
     return ok, why
 
 
-def capability(arch: str | None = None):
-    """Table of backend × kv_dtype × mode for ``arch`` (current device when None).
+def capability(arch: str | Sequence[str] | None = None):
+    """Table of backend × kv_dtype × mode for ``arch`` (current device when None; a list or tuple
+    of archs: their tables one after another).
 
     Returns a pandas DataFrame with columns arch, backend, kv_dtype, mode, supported,
     granularities (those supported, comma-separated) and reason.
     """
     import pandas as pd
+
+    if isinstance(arch, (list, tuple)):
+        return pd.concat([capability(a) for a in arch], ignore_index=True)
 
     label = arch or current_arch() or "cpu"
     rows = []
@@ -168,13 +170,18 @@ def capability(arch: str | None = None):
     return pd.DataFrame(rows)
 
 
+# ``auto`` mode: dequant. It is the accurate mode and, for decode (memory-bound), as fast; fp8 mode
+# is asked for explicitly when its tensor-core arithmetic is the subject.
+AUTO_MODE = "dequant"
+
+
 def choose_mode(backend: str, kv_dtype: str, arch: str | None = None, granularity: str = "tensor") -> str:
-    """``auto`` mode: dequant. It is the accurate mode and, for decode (memory-bound), as fast;
-    fp8 mode is asked for explicitly when its tensor-core arithmetic is the subject."""
-    ok, why = check(backend, kv_dtype, "dequant", arch, granularity)
+    """``auto`` mode (:data:`AUTO_MODE`) for ``backend``, or UnsupportedError with the reason when
+    that backend cannot run ``kv_dtype`` in it here."""
+    ok, why = check(backend, kv_dtype, AUTO_MODE, arch, granularity)
     if not ok:
         raise UnsupportedError(f"{backend} cannot run kv_dtype={kv_dtype} here: {why}")
-    return "dequant"
+    return AUTO_MODE
 
 
 def choose_backend(kv_dtype: str, mode: str = "dequant", arch: str | None = None,

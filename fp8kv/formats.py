@@ -27,7 +27,7 @@ from functools import cached_property
 import torch
 
 __all__ = ["FP8Format", "FORMATS", "format", "UNQUANTIZED_DTYPES", "KV_DTYPES", "KV_DTYPE_NAMES", "kv_dtype_info",
-           "saturation_bounds"]
+           "saturation_bounds", "summary_table", "code_table"]
 
 
 @dataclass(frozen=True)
@@ -212,3 +212,15 @@ def saturation_bounds(dtype: torch.dtype) -> tuple[float, float]:
             return f.max, f.overflow_threshold
     fi = torch.finfo(dtype)
     return fi.max, fi.max + 2.0 ** math.floor(math.log2(fi.max)) * fi.eps / 2
+
+
+def summary_table(names=None):
+    """One row of :meth:`FP8Format.summary` per format (``names``; default every format), as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame([format(name).summary() for name in (FORMATS if names is None else names)])
+
+
+def code_table(name: str | FP8Format | torch.dtype):
+    """The 256-code table of one format (:meth:`FP8Format.codes`)."""
+    return format(name).codes()

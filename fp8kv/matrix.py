@@ -43,7 +43,7 @@ import torch
 
 from . import checks
 from .cache import PagedKVCache
-from .capability import BACKENDS, KV_DTYPES, MODES
+from .capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES
 from .capability import check as capability_check
 from .formats import UNQUANTIZED_DTYPES
 from .quant import GRANULARITIES, relative_error
@@ -92,8 +92,8 @@ def _default_q_dtype(kv_dtype: str, dev: torch.device) -> str:
     return "bf16" if dev.type == "cuda" else "fp16"
 
 
-def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: Sequence[str] = MODES,
-                   granularities: Sequence[str] = GRANULARITIES, backends: Sequence[str] = BACKENDS,
+def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPE_NAMES, modes: Sequence[str] = MODES,
+                   granularities: Sequence[str] = GRANULARITIES, backends: Sequence[str] = BACKEND_NAMES,
                    batch: int | None = None, seq_lens: Sequence[int] | None = None, max_len: int = 203,
                    heads: tuple[int, int] = (32, 8), head_dim: int = 128, block_size: int = 16,
                    q_dtype: str | None = None, seed: int = 0) -> pd.DataFrame:
@@ -121,10 +121,10 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPES, modes: 
     from .reference import decode as ref_decode
 
     dev = resolve_device(device)
-    kv_dtypes = _choices("kv_dtypes", kv_dtypes, KV_DTYPES)
+    kv_dtypes = _choices("kv_dtypes", kv_dtypes, KV_DTYPE_NAMES)
     modes = _choices("modes", modes, MODES)
     granularities = _choices("granularities", granularities, GRANULARITIES)
-    backends = _choices("backends", backends, BACKENDS)
+    backends = _choices("backends", backends, BACKEND_NAMES)
     checks.positive_int(head_dim, "head_dim")
     checks.positive_int(block_size, "block_size")
     if not (isinstance(heads, (tuple, list)) and len(heads) == 2):

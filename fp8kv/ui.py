@@ -1,14 +1,13 @@
 """ipywidgets controls over the same functions the notebooks call, with a headless fallback.
 
-A notebook cell such as::
+Notebook cells such as::
 
-    ui.interactive(
-        lambda fmt, n: viz.fp8_code_values([fmt]),
-        {"fmt": ui.dropdown(["e4m3", "e5m2"]), "n": ui.int_slider(1, 10, value=3)},
-        show_widgets=SHOW_WIDGETS,
-    )
+    ui.interactive(viz.per_layer, {"model": MODELS, "metric": METRICS}, fixed={"layers": layers},
+                   show_widgets=SHOW_WIDGETS)
+    ui.explore(amax, {"head": ui.int_slider(0, 7)}, viz.line, x="channel", y="amax",
+               title="amax of head {head}", show_widgets=SHOW_WIDGETS)
 
-shows controls and a figure that re-renders on every change when ``show_widgets`` is True (a
+show controls and a figure that re-renders on every change when ``show_widgets`` is True (a
 person in JupyterLab), and just displays the figure for the default values when it is False.
 Headless runs (the notebook runner, papermill) always pass ``SHOW_WIDGETS=False``: displaying
 widgets under papermill intermittently stalls the execution, and no callback could ever run
@@ -17,6 +16,7 @@ there anyway. In that mode ipywidgets is not even imported.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +28,7 @@ from IPython.display import display
 HEADLESS_ENV = "FP8KV_HEADLESS"
 
 __all__ = ["HEADLESS_ENV", "headless", "Control", "dropdown", "int_slider", "float_slider", "checkbox", "defaults", "build_widgets",
-           "interactive"]
+           "interactive", "explore"]
 
 
 @dataclass(frozen=True)
@@ -148,22 +148,56 @@ def headless() -> bool:
     return os.environ.get(HEADLESS_ENV, "") == "1"
 
 
-def interactive(fn: Callable[..., Any], controls: Mapping[str, Any], show_widgets: bool = True) -> None:
-    """Display ``fn(**values)`` with controls (``show_widgets=True``) or once, for the defaults.
+def interactive(fn: Callable[..., Any], controls: Mapping[str, Any], show_widgets: bool = True, *,
+                fixed: Mapping[str, Any] | None = None) -> None:
+    """Display ``fn(**fixed, **values)`` with controls (``show_widgets=True``) or once, for the defaults.
 
     Parameters
     ----------
-    fn : callable taking the control names as keyword arguments and returning something
-        displayable (a plotly Figure, a DataFrame...).
+    fn : callable taking the control names (and ``fixed``'s) as keyword arguments and returning
+        something displayable (a plotly Figure, a DataFrame...).
     controls : dict name -> Control (``dropdown``, ``int_slider``, ``float_slider``, ``checkbox``),
         a list of options (a dropdown, default the first) or a bool (a checkbox).
     show_widgets : False in headless runs: no widget is created, the static result is displayed.
         Ignored (treated as False) when :func:`headless` is true.
+    fixed : keyword arguments passed to every call unchanged (the data a figure is drawn from).
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    fixed = dict(fixed or {})
+    if clash := sorted(set(fixed) & set(controls)):
+        raise ValueError(f"fixed and controls both name {clash}; a keyword is one or the other")
     values = defaults(controls)  # validates every control up front, in both modes
+    call = functools.partial(fn, **fixed) if fixed else fn
     if not show_widgets or headless():
-        display(fn(**values))
+        display(call(**values))
         return
-    display(build_widgets(fn, controls))
+    display(build_widgets(call, controls))
+
+
+def explore(frame, controls: Mapping[str, Any], view: Callable[..., Any] | None = None, *,
+            title: str | None = None, columns: Sequence[str] | None = None, show_widgets: bool = True,
+            **view_kwargs) -> None:
+    """Display the rows of ``frame`` whose columns equal the controls' values, through ``view``.
+
+    Each control is named after a column of ``frame``. ``view(rows, **view_kwargs)`` draws the rows
+    (a figure function of :mod:`fp8kv.viz`), with ``title`` formatted with the values
+    (``"head {head}"``); without a view the rows are shown as a table, only ``columns`` if given.
+    """
+    if view is not None and not callable(view):
+        raise TypeError(f"view must be callable or None, got {type(view).__name__}")
+    missing = [name for name in controls if name not in frame.columns]
+    if missing:
+        raise ValueError(f"controls {missing} name no column of the frame; its columns: {list(frame.columns)}")
+    interactive(_rows_view, controls, show_widgets, fixed={"_frame": frame, "_view": view, "_title": title,
+                                                           "_columns": columns, "_kwargs": view_kwargs})
+
+
+def _rows_view(_frame, _view, _title, _columns, _kwargs, **values):
+    """What :func:`explore` shows for one set of control values."""
+    rows = _frame
+    for name, value in values.items():
+        rows = rows[rows[name] == value]
+    if _view is None:
+        return rows if _columns is None else rows[list(_columns)]
+    return _view(rows, **_kwargs, **({} if _title is None else {"title": _title.format(**values)}))

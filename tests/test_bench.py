@@ -278,14 +278,14 @@ def test_run_plans_flashinfer_once_and_times_run_only(monkeypatch):
     events = []
 
     class StandIn:
-        def __init__(self, cache, *, mode, use_tensor_cores=True):
-            events.append(("init", mode, use_tensor_cores))
+        def __init__(self, cache, *, mode, use_tensor_cores=True, _checked=False):
+            events.append(("init", mode, use_tensor_cores, _checked))
             self.cache = cache
 
         def plan(self, cache, *, num_qo_heads, q_dtype):
             events.append(("plan", num_qo_heads, q_dtype))
 
-        def run(self, q):
+        def _run(self, q):  # validated where it entered, so the unchecked run
             events.append(("run",))
             out, lse = ref_decode(q, self.cache)
             return out.to(q.dtype), lse
@@ -294,13 +294,12 @@ def test_run_plans_flashinfer_once_and_times_run_only(monkeypatch):
     import fp8kv.backends
 
     stand_in = lambda *a, **k: (True, "stand-in")  # noqa: E731
-    monkeypatch.setattr(bench.measure, "capability_check", stand_in)  # the run's check ...
-    monkeypatch.setattr(fp8kv.backends, "supported", stand_in)  # ... and the one validation before planning
+    monkeypatch.setattr(fp8kv.backends, "supported", stand_in)  # the one validation, before planning
     case = Case(2, 16, 4, 2, 16, kv_dtype="fp8_e4m3", backend="flashinfer", q_dtype="fp16",
                 options={"use_tensor_cores": False})
     df = run([case], copy_bandwidth=1.0, progress=False, cpu_reps=3, device="cpu")
     assert df.loc[0, "status"] == "ok" and bool(df.loc[0, "check_passed"]) and df.loc[0, "variant"] == "no-tc"
-    assert events[:2] == [("init", "dequant", False), ("plan", 4, torch.float16)]
+    assert events[:2] == [("init", "dequant", False, True), ("plan", 4, torch.float16)]
     assert events[2:] == [("run",)] * (1 + 3)  # one checked call, then the timed calls: no re-planning
 
 

@@ -5,8 +5,8 @@ import pytest
 from fp8kv import capability as cap_fn
 from fp8kv.capability import (
     ARCHS,
-    BACKENDS,
-    KV_DTYPES,
+    BACKEND_NAMES,
+    KV_DTYPE_NAMES,
     MODES,
     UnsupportedError,
     capability,
@@ -24,7 +24,7 @@ def test_public_name_is_the_table_function():
 def test_table_shape_and_columns(arch):
     df = capability(arch)
     assert list(df.columns) == ["arch", "backend", "kv_dtype", "mode", "supported", "granularities", "reason"]
-    assert len(df) == len(BACKENDS) * len(KV_DTYPES) * len(MODES)
+    assert len(df) == len(BACKEND_NAMES) * len(KV_DTYPE_NAMES) * len(MODES)
     assert (df["arch"] == arch).all()
     assert df["reason"].str.len().gt(10).all()  # every cell says why
     assert (df[~df["supported"]]["granularities"] == "").all()
@@ -111,3 +111,31 @@ def test_automatic_choices():
         choose_backend("fp8_e4m3", "fp8", arch="sm80")
     with pytest.raises(UnsupportedError, match="triton cannot run"):
         choose_mode("triton", "fp8_e4m3", "sm75")
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "triton"])
+def test_decode_asks_the_capability_table_once_per_call(backend, make_cache, monkeypatch):
+    """Validation and capability happen once, where the input enters (fp8kv.decode): the search for
+    a backend or the check of the one named, not both, and not again inside the backend."""
+    import sys
+
+    import torch
+
+    from fp8kv import backends
+    from fp8kv.capability import interpreter_on
+
+    if backend == "triton" and not interpreter_on():
+        pytest.skip("the Triton kernel runs on CPU under the interpreter only")
+    calls = []
+    real = check
+
+    def counted(*args, **kwargs):
+        calls.append(args[:3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sys.modules["fp8kv.capability"], "check", counted)
+    monkeypatch.setattr(backends, "supported", counted)
+    cache = make_cache([5, 40], 2, 32)
+    q = torch.randn(2, 4, 32, dtype=torch.float16)
+    backends.decode(q, cache, backend)
+    assert len(calls) == 1, calls

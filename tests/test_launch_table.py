@@ -118,7 +118,8 @@ def test_the_command_writes_a_table_under_the_interpreter(tmp_path, monkeypatch)
     assert key == "fp8/dequant/d32/m16" and entry["kept"] in ("rule", "measured") and entry["us"] > 0
     rows = pd.read_csv(next((tmp_path / "rows" / "cpu").glob("*.csv")))
     assert (rows["status"] == "ok").all() and rows["check_passed"].all()
-    assert doc["rows"].endswith(".csv") and doc["versions"]["torch"] == torch.__version__
+    assert entry["rows"].endswith(".csv") and entry["torch"] == torch.__version__
+    assert entry["command"].startswith("python -m fp8kv.bench.tune --interpret")
 
 
 @pytest.mark.parametrize("argv,match", [(["--rep", "0"], "--rep"), (["--head-dims", "72"], "--head-dims"),
@@ -127,3 +128,29 @@ def test_the_command_refuses_bad_arguments(argv, match, capsys):
     with pytest.raises(SystemExit) as e:
         tune.main(argv)
     assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_every_shipped_table_entry_is_its_saved_measurement():
+    """Each entry of fp8kv/data/launch_<gpu>.json names the benchmark rows it was chosen from; the
+    launch it holds was timed there, checked against the oracle, at the time it records."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tables = sorted(launch_table.TABLE_DIR.glob("launch_*.json"))
+    assert tables, "the package ships at least one measured table"
+    for path in tables:
+        launch_table._load.cache_clear()
+        gpu = path.stem.removeprefix("launch_")
+        for key, e in json.loads(path.read_text())["entries"].items():
+            kind, mode, d, m = key.split("/")
+            assert launch_table.lookup(gpu, kind == "fp8", mode, int(d[1:]), int(m[1:])) == {
+                k: e[k] for k in launch_table.LAUNCH_KEYS}
+            rows = pd.read_csv(root / e["rows"])
+            hq, hkv, d_ = e["shape"]
+            mine = rows[(rows["block_n"] == e["block_n"]) & (rows["num_warps"] == e["num_warps"])
+                        & (rows["num_stages"] == e["num_stages"]) & (rows["batch"] == e["batch"])
+                        & (rows["context"] == e["context"]) & (rows["num_q_heads"] == hq)
+                        & (rows["num_kv_heads"] == hkv) & (rows["head_dim"] == d_) & (rows["status"] == "ok")]
+            assert mine["check_passed"].all() and len(mine), (path.name, key)
+            assert round(float(mine["time_us"].min()), 2) == e["us"], (path.name, key)
+            assert tune.group_pad(hq, hkv) == int(m[1:]) and d_ == int(d[1:])

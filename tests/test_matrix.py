@@ -16,7 +16,7 @@ import torch
 import fp8kv.backends as backends
 from fp8kv import matrix
 from fp8kv.bench import Case, tolerance
-from fp8kv.capability import BACKENDS, KV_DTYPES, MODES, check, interpreter_on
+from fp8kv.capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, check, interpreter_on
 from fp8kv.matrix import backend_matrix, lse_tolerance, ragged_seq_lens, summarize
 from fp8kv.quant import GRANULARITIES
 
@@ -24,7 +24,7 @@ SMALL = dict(heads=(4, 2), head_dim=32, batch=3, max_len=70, block_size=16)
 ON_GPU = torch.cuda.is_available()
 
 
-def combinations(kv_dtypes=KV_DTYPES, modes=MODES, granularities=GRANULARITIES, backends=BACKENDS):
+def combinations(kv_dtypes=KV_DTYPE_NAMES, modes=MODES, granularities=GRANULARITIES, backends=BACKEND_NAMES):
     """The combinations a matrix must hold, spelled out independently of the implementation."""
     out = set()
     for b in backends:

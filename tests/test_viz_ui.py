@@ -215,6 +215,44 @@ def test_interactive_rejects_non_callable():
         ui.interactive("not a function", {}, show_widgets=False)
 
 
+def test_interactive_passes_fixed_arguments_in_both_modes(monkeypatch):
+    shown, calls = [], []
+    monkeypatch.setattr(ui, "display", shown.append)
+
+    def fn(data, n):
+        calls.append((data, n))
+        return data * n
+
+    ui.interactive(fn, {"n": ui.int_slider(1, 5, value=2)}, fixed={"data": 10}, show_widgets=False)
+    assert shown == [20]
+    ui.interactive(fn, {"n": ui.int_slider(1, 5, value=2)}, fixed={"data": 10}, show_widgets=True)
+    n_w, = shown[-1].children[0].children
+    n_w.value = 4
+    assert calls == [(10, 2), (10, 2), (10, 4)]
+    with pytest.raises(ValueError, match=r"\['n'\]"):
+        ui.interactive(fn, {"n": [1]}, fixed={"n": 2}, show_widgets=False)
+
+
+def test_explore_filters_rows_by_each_control_and_formats_the_title(monkeypatch):
+    shown, seen = [], []
+    monkeypatch.setattr(ui, "display", shown.append)
+    frame = pd.DataFrame({"head": [0, 0, 1], "fmt": ["a", "b", "a"], "v": [1.0, 2.0, 3.0]})
+
+    def view(rows, *, y, title):
+        seen.append((list(rows["v"]), y, title))
+        return "fig"
+
+    ui.explore(frame, {"head": ui.int_slider(0, 1, value=1), "fmt": ["a", "b"]}, view, y="v",
+               title="head {head}, {fmt}", show_widgets=False)
+    assert seen == [([3.0], "v", "head 1, a")] and shown == ["fig"]
+    ui.explore(frame, {"fmt": ["b", "a"]}, columns=["v"], show_widgets=False)  # no view: the rows
+    assert shown[-1].equals(frame.loc[[1], ["v"]])
+    with pytest.raises(ValueError, match=r"\['gpu'\] name no column"):
+        ui.explore(frame, {"gpu": ["x"]}, view, show_widgets=False)
+    with pytest.raises(TypeError, match="view must be callable"):
+        ui.explore(frame, {"fmt": ["a"]}, "line", show_widgets=False)
+
+
 # ----------------------------------------------------------------------------- benchmark and matrix figures
 
 def _bench_rows():

@@ -34,14 +34,13 @@ from ..reference import attention
 from .kv_stats import describe_kv
 from .selection import format_names
 
-__all__ = ["SCALE_LABELS", "SCALE_METHODS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
+__all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
            "error_vs_context", "attribution", "key_numbers", "saturation_long", "real_kv_error",
            "real_kv_error_or_reason", "synthetic_vs_real", "quantization_results"]
 
 # The scales the error tables compare, as table labels; scale_argument turns each into quantize's
 # ``scale=`` (whose own vocabulary is fp8kv.quant.SCALE_METHODS).
 SCALE_LABELS = ("1.0", "amax", "percentile", "vllm")
-SCALE_METHODS = SCALE_LABELS  # the former name, kept for notebooks that read it
 QUANTIZE = ("kv", "k", "v")  # which of K / V is quantized; the other stays exact
 
 
@@ -109,7 +108,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | 
 
 
 def quantization_error(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, *, formats=("e4m3", "e5m2"),
-                       granularities=GRANULARITIES, scale_methods=SCALE_METHODS, quantize=QUANTIZE,
+                       granularities=GRANULARITIES, scale_methods=SCALE_LABELS, quantize=QUANTIZE,
                        sm_scale: float | None = None, percentile: float = 99.9):
     """Error of FP8 K, V and of the attention output, for every format × granularity × scale × quantize.
 
@@ -303,7 +302,7 @@ def _layer_ids(layers, n: int) -> list[int]:
 
 def real_kv_error(model: str = "smollm2-135m", num_tokens: int = 512, layers=3, num_queries: int = 16, *,
                   device="cpu", formats=("e4m3", "e5m2"), granularities=GRANULARITIES,
-                  scale_methods=SCALE_METHODS, quantize=QUANTIZE, percentile: float = 99.9):
+                  scale_methods=SCALE_LABELS, quantize=QUANTIZE, percentile: float = 99.9):
     """:func:`quantization_error` on a real model's K, V and queries (``fp8kv.models``).
 
     Runs one forward of ``num_tokens`` tokens of the fixed evaluation text through the offline

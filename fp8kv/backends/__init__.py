@@ -13,7 +13,7 @@ import torch
 
 from .. import checks
 from ..cache import PagedKVCache
-from ..capability import BACKEND_NAMES, UnsupportedError, check_variants, choose_backend, choose_mode
+from ..capability import AUTO_MODE, BACKEND_NAMES, UnsupportedError, check_variants, choose_backend
 from ..capability import check as supported
 
 __all__ = ["decode", "planned", "BACKENDS", "LAUNCH_OPTIONS"]
@@ -109,17 +109,17 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
     if check:
         checks.finite_tensor(q, "q")
 
+    # The capability table is asked once: by the search for a backend, or about the one named.
+    mode = AUTO_MODE if mode == "auto" else mode
     if backend == "auto":
-        backend = choose_backend(cache.kv_dtype, "dequant" if mode == "auto" else mode, None,
-                                 cache.granularity, cache.head_dim)
-    if mode == "auto":
-        mode = choose_mode(backend, cache.kv_dtype, None, cache.granularity)
+        backend = choose_backend(cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
+    else:
+        ok, why = supported(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
+        if not ok:
+            raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={cache.kv_dtype}, "
+                                   f"granularity={cache.granularity}: {why}")
     variants = {k: v for k, v in dict(window=window, soft_cap=soft_cap, sinks=sinks).items() if v is not None}
     check_variants(backend, mode, variants)
-    ok, why = supported(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
-    if not ok:
-        raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={cache.kv_dtype}, "
-                               f"granularity={cache.granularity}: {why}")
     unknown = sorted(set(launch) - set(LAUNCH_OPTIONS[backend]))
     if unknown:
         checks.fail(f"{unknown[0]}={launch[unknown[0]]!r} is not an option of the {backend} backend; it takes "
@@ -143,8 +143,8 @@ def planned(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: fl
     if backend == "flashinfer":
         from .flashinfer import FlashInferDecode
 
-        dec = FlashInferDecode(cache, mode=mode, **launch)
+        dec = FlashInferDecode(cache, mode=mode, _checked=True, **launch)
         scale = {} if sm_scale is None else {"sm_scale": sm_scale}
         dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype, **scale, **variants)
-        return lambda: dec.run(q)
+        return functools.partial(dec._run, q)
     return functools.partial(BACKENDS[backend], q, cache, mode=mode, sm_scale=sm_scale, **variants, **launch)

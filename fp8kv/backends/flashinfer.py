@@ -301,7 +301,9 @@ class FlashInferDecode:
 
     def __init__(self, cache: PagedKVCache, *, use_tensor_cores: bool = True,
                  workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, use_cuda_graph: bool = False,
-                 mode: str = "dequant"):
+                 mode: str = "dequant", _checked: bool = False):
+        # _checked: fp8kv.decode / planned built this decoder after validating the input and checking
+        # capability themselves (once, where the input entered); a user's decoder checks here.
         if not isinstance(cache, PagedKVCache):
             raise TypeError(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}")
         if mode not in ("dequant", "fp8"):
@@ -313,7 +315,8 @@ class FlashInferDecode:
             raise UnsupportedError(f"FlashInfer runs on CUDA tensors only; the cache is on {cache.device}")
         fi = _import_flashinfer()
         arch = current_arch()
-        ok, why = check("flashinfer", cache.kv_dtype, mode, arch, cache.granularity, cache.head_dim)
+        ok, why = (True, "") if _checked else check("flashinfer", cache.kv_dtype, mode, arch, cache.granularity,
+                                                   cache.head_dim)
         if not ok:
             raise UnsupportedError(f"flashinfer backend, mode={mode}, kv_dtype={cache.kv_dtype}, "
                                    f"granularity={cache.granularity}: {why}")
@@ -321,6 +324,7 @@ class FlashInferDecode:
             raise UnsupportedError(f"flashinfer fp8 mode (TRT-LLM kernels) reads an e4m3 cache, not "
                                    f"kv_dtype={cache.kv_dtype}; use dequant mode")
         self.mode = mode
+        self._checked = _checked
         self.layout = cache.layout
         self.device = cache.device
         self.use_tensor_cores = use_tensor_cores
@@ -397,6 +401,11 @@ class FlashInferDecode:
             raise ValueError("the cache this decoder was built for has been freed; pass cache=")
         if not isinstance(cache, PagedKVCache):
             raise TypeError(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}")
+        default_scale = sm_scale is None
+        sm_scale = 1.0 / math.sqrt(cache.head_dim) if default_scale else sm_scale
+        key = _plan_key(cache, num_qo_heads, q_dtype, sm_scale, window, soft_cap)
+        if key == self._key and not force:  # planned for exactly this input, checked then
+            return False
         if cache.layout != self.layout or cache.device != self.device:
             raise ValueError(f"this decoder was built for layout {self.layout} on {self.device}; the cache "
                              f"is {cache.layout} on {cache.device}: build a new FlashInferDecode")
@@ -417,12 +426,10 @@ class FlashInferDecode:
         if self.mode == "dequant" and not self.use_tensor_cores and group not in CUDA_CORE_GROUP_SIZES:
             raise UnsupportedError(f"FlashInfer's CUDA-core decode builds GQA group sizes "
                                    f"{CUDA_CORE_GROUP_SIZES}, not {group}; use use_tensor_cores=True")
-        sm_scale = 1.0 / math.sqrt(cache.head_dim) if sm_scale is None else float(sm_scale)
-        key = _plan_key(cache, num_qo_heads, q_dtype, sm_scale, window, soft_cap)
-        if key == self._key and not force:
-            return False
-        check_variants("flashinfer", self.mode, [n for n, v in (("window", window), ("soft_cap", soft_cap))
-                                                 if v is not None])
+        sm_scale = sm_scale if default_scale else float(sm_scale)
+        if not self._checked:  # fp8kv.decode checked the variants where they entered
+            check_variants("flashinfer", self.mode, [n for n, v in (("window", window), ("soft_cap", soft_cap))
+                                                     if v is not None])
 
         fold = plan_scales(cache, num_qo_heads)
         indptr, indices, last = paged_kv_args(cache)
@@ -469,7 +476,11 @@ class FlashInferDecode:
             raise ValueError(f"q is on {q.device} but the cache is on {self.device}")
         if q.stride(-1) != 1:
             raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
-        fold = self._fold
+        return self._run(q)
+
+    def _run(self, q: torch.Tensor):
+        """:meth:`run` for a query :func:`fp8kv.decode` already validated against this plan."""
+        cache, fold = self.cache, self._fold
         if self.mode == "fp8":
             return self._run_fp8(q, cache, fold)
         q_in = apply_q_fold(q, fold)
@@ -530,9 +541,9 @@ def decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", use_t
     per_cache = _DECODERS.setdefault(cache, {})
     dec = per_cache.get(key)
     if dec is None:
-        dec = per_cache[key] = FlashInferDecode(cache, use_tensor_cores=use_tensor_cores, mode=mode)
+        dec = per_cache[key] = FlashInferDecode(cache, use_tensor_cores=use_tensor_cores, mode=mode, _checked=True)
     dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype, sm_scale=sm_scale, window=window, soft_cap=soft_cap)
-    return dec.run(q)
+    return dec._run(q)
 
 
 # ----------------------------------------------------------------------------------------- prefill

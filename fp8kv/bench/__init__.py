@@ -40,7 +40,9 @@ from .measure import COLUMNS, run, synthetic_cache, time_call
 from .report import (
            LAYOUT_KEYS,
            SHAPE_KEYS,
+           all_checks_passed,
            best_per_configuration,
+           case_counts,
            layout_markdown,
            layout_table,
            results_markdown,
@@ -53,4 +55,4 @@ __all__ = ["Case", "sweep", "run", "speedup_table", "save", "main", "synthetic_c
            "tolerance", "footprint_bytes", "memory_budget", "summary", "results_markdown", "time_call",
            "build_parser", "PRESETS", "PRESET_HELP", "TRITON_OPTIONS", "COLUMNS", "SHAPE_KEYS", "Q_DTYPES",
            "layout_table", "layout_markdown", "LAYOUT_KEYS", "preset_grid",
-           "best_per_configuration"]
+           "best_per_configuration", "case_counts", "all_checks_passed"]

@@ -15,7 +15,7 @@ import torch
 
 from .. import checks
 from ..cache import LAYOUTS
-from ..capability import BACKENDS, KV_DTYPES, MODES
+from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES
 from ..capability import check as capability_check
 from ..checks import fail as _fail
 from ..formats import UNQUANTIZED_DTYPES
@@ -67,7 +67,7 @@ class Case:
                 _fail(f"Case.{name}={v!r}; expected a positive int")
         if self.num_q_heads % self.num_kv_heads:
             _fail(f"Case.num_q_heads={self.num_q_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
-        choices = {"kv_dtype": KV_DTYPES, "mode": MODES, "backend": BACKENDS,
+        choices = {"kv_dtype": KV_DTYPE_NAMES, "mode": MODES, "backend": BACKEND_NAMES,
                    "granularity": GRANULARITIES, "q_dtype": tuple(Q_DTYPES), "layout": LAYOUTS,
                    "status": ("ready", "unsupported", "skipped")}
         for name, allowed in choices.items():

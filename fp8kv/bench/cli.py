@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from .. import checks
-from ..capability import BACKENDS, KV_DTYPES, MODES, interpreter_on
+from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..quant import GRANULARITIES
 from .cases import Q_DTYPES, Case, sweep
@@ -143,10 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=_heads, nargs="+", metavar="HQ:HKV", help="query:KV head pairs (default 32:8)")
     p.add_argument("--head-dims", type=int, nargs="+", metavar="D", help="head dimension (default 128)")
     p.add_argument("--block-sizes", type=int, nargs="+", metavar="P", help="tokens per cache page (default 16)")
-    p.add_argument("--kv-dtypes", nargs="+", choices=KV_DTYPES, help="cache element types")
+    p.add_argument("--kv-dtypes", nargs="+", choices=KV_DTYPE_NAMES, help="cache element types")
     p.add_argument("--modes", nargs="+", choices=MODES,
                    help="dequant: FP8 pages widened to the query's type; fp8: FP8 tensor-core dots")
-    p.add_argument("--backends", nargs="+", choices=BACKENDS, help="decode implementations to time")
+    p.add_argument("--backends", nargs="+", choices=BACKEND_NAMES, help="decode implementations to time")
     p.add_argument("--granularities", nargs="+", choices=GRANULARITIES, help="FP8 scale granularities")
     p.add_argument("--q-dtype", choices=tuple(Q_DTYPES), help="query dtype (default: bf16 on a GPU, fp16 on CPU)")
     p.add_argument("--tensor-cores", choices=("both", "on", "off"), help="FlashInfer variants (default both)")

@@ -146,6 +146,21 @@ def save(df: pd.DataFrame, out_dir: str | os.PathLike = "results/bench", meta: d
     return save_table(df, out_dir, meta={**df.attrs.get("bench", {}), **(meta or {})})
 
 
+def case_counts(cases) -> str:
+    """``"24 cases: 20 ready, 4 unsupported"``: a grid's cases by status, most first."""
+    counts = pd.Series([c.status for c in cases], dtype=object).value_counts()
+    return f"{len(cases)} cases: " + ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def all_checks_passed(rows: pd.DataFrame, *more: pd.DataFrame) -> bool:
+    """True when ``rows`` has at least one row that ran, every row that ran passed its check against
+    the oracle, and neither ``rows`` nor any of ``more`` holds an error or a failed check."""
+    ok = rows[rows["status"] == "ok"]
+    if not len(ok) or not ok["check_passed"].eq(True).all():
+        return False
+    return not any(f["status"].eq("error").any() or f["check_passed"].eq(False).any() for f in (rows, *more))
+
+
 def summary(df: pd.DataFrame) -> str:
     """A compact text table of a run: µs, GB/s, % of copy bandwidth, check, and what did not run."""
     ok = df[df["status"] == "ok"]

@@ -180,10 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with signals_ignored():
             stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             csv = save(rows, args.out, meta={"argv": argv, "preset": "tune-table"})
-            path = launch_table.write(gpu, entries, {"written": stamp, "command": "python -m fp8kv.bench.tune "
-                                                     + " ".join(argv), "rows": str(csv),
-                                                     "versions": {k: rows.iloc[0][k] for k in ("torch", "triton")}},
-                                      table_dir=args.table_dir)
+            command = " ".join(["python -m fp8kv.bench.tune", *argv])
+            versions = {k: rows.iloc[0][k] for k in ("torch", "triton")}
+            # each entry names the run it came from: a table is merged from several runs
+            entries = {k: {**e, "rows": str(csv), "command": command, "measured": rows.iloc[0]["timestamp"], **versions}
+                       for k, e in entries.items()}
+            path = launch_table.write(gpu, entries, {"written": stamp}, table_dir=args.table_dir)
     for key, e in entries.items():
         print(f"{key:<24} {e['kept']:<8} block_n={e['block_n']:<4} warps={e['num_warps']} stages={e['num_stages']}"
               f"  {e.get('us')} us" + (f" (rule {e['rule_us']} us)" if "rule_us" in e else ""))

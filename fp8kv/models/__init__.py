@@ -23,7 +23,6 @@ from .hook import (
     run_quantized,
 )
 from .loading import (
-    MODELS,
     WEIGHTS,
     bos_token_id,
     load_model,
@@ -33,7 +32,7 @@ from .loading import (
     windows,
 )
 
-__all__ = ["WEIGHTS", "MODELS", "load_model", "model_cache_dir", "text_tokens", "text_source_info", "bos_token_id",
+__all__ = ["WEIGHTS", "load_model", "model_cache_dir", "text_tokens", "text_source_info", "bos_token_id",
            "KVQuantConfig", "KVStats", "CapturedKV", "quantized_kv", "run_quantized", "capture_kv",
            "calibrate_scales", "evaluate", "BASELINE", "standard_configs", "accuracy_markdown", "next_token_kl",
            "greedy_decode_paged", "long_prompt_decode", "attention_variants",

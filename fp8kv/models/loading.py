@@ -43,7 +43,7 @@ import torch
 
 from ..device import resolve_device
 
-__all__ = ["WEIGHTS", "MODELS", "ModelSpec", "load_model", "model_cache_dir", "locate_gguf", "text_tokens",
+__all__ = ["WEIGHTS", "ModelSpec", "load_model", "model_cache_dir", "locate_gguf", "text_tokens",
            "text_source_info", "bos_token_id", "TEXT_SOURCES", "DEFAULT_TEXT", "check_tokenizer", "windows"]
 
 
@@ -69,7 +69,6 @@ WEIGHTS: dict[str, ModelSpec] = {
                   "Gemma-3-270M (18 layers, 4 q / 1 kv head, head_dim 256, sliding window 512), GGUF Q4_K_M"),
     )
 }
-MODELS = WEIGHTS  # the former name, kept for notebooks that read it (not fp8kv.capacity.MODEL_SHAPES)
 
 _MARKER = "fp8kv_source.json"
 

@@ -39,7 +39,7 @@ def _positive_int_arg(s: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..capability import KV_DTYPES
+    from ..capability import KV_DTYPE_NAMES
 
     p = argparse.ArgumentParser(prog="fp8kv step", description="Time a model's whole decode step (CUDA graph) "
                                 "from batch 1 to each KV dtype's memory ceiling; write "
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=_positive_int_arg, nargs="+", metavar="B",
                    help="batch sizes to time (each must fit every KV dtype's ceiling); default: powers of 4, "
                         "both ceilings")
-    p.add_argument("--kv-dtypes", nargs="+", choices=KV_DTYPES, default=["bf16", "fp8_e4m3"],
+    p.add_argument("--kv-dtypes", nargs="+", choices=KV_DTYPE_NAMES, default=["bf16", "fp8_e4m3"],
                    help="KV-cache dtypes (default: bf16 fp8_e4m3)")
     p.add_argument("--backend", choices=STEP_BACKENDS, default="auto",
                    help="attention backend of fp8kv.decode (auto: Triton on a GPU, else the reference)")

@@ -124,7 +124,7 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     ceiling are refused (ValueError naming the ceiling); by default :func:`batch_points`. ``dtype``
     (of the activations; default :func:`run_dtype`, as :func:`sweep` runs) and ``device`` (its SM
     count) enter the activation estimate."""
-    from ..capability import KV_DTYPES
+    from ..capability import KV_DTYPE_NAMES
     from ..checks import many_of, positive_int
     from ..device import resolve_device
 
@@ -133,7 +133,7 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     shapes = [m if isinstance(m, ModelShape) else get_model(m) for m in ([models] if isinstance(models, (str, ModelShape))
                                                                            else list(models))]
     contexts = [positive_int(c, "contexts") for c in ([contexts] if isinstance(contexts, int) else contexts)]
-    kv_dtypes = many_of(kv_dtypes, "kv_dtypes", KV_DTYPES)
+    kv_dtypes = many_of(kv_dtypes, "kv_dtypes", KV_DTYPE_NAMES)
     if batches is not None:
         batches = [positive_int(b, "batches") for b in ([batches] if isinstance(batches, int) else batches)]
     mem = _gpu_memory(gpu_memory_gib, dev)

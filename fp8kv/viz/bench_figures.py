@@ -7,6 +7,7 @@ import math
 
 import plotly.graph_objects as go
 
+from .. import checks
 from .analysis_figures import grouped_bars
 from .style import (
     TOKEN_COLUMNS,
@@ -15,6 +16,7 @@ from .style import (
     _style_by_label,
     _titles,
     add_ceiling,
+    axis_title,
     tokens_label,
 )
 
@@ -52,6 +54,14 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
         text = [tokens_label(t) for t in ticks] if x in TOKEN_COLUMNS else [f"{t:g}" for t in ticks]
         fig.update_xaxes(tickvals=ticks, ticktext=text)
     return fig
+
+
+def bench_metric(df, metric: str, x: str) -> go.Figure:
+    """:func:`bench_lines` of one ``metric`` (time_us: log scale) against ``x`` (context or batch), a
+    panel per value of the other, both axes of sizes on log scales."""
+    checks.one_of(x, "x", ("context", "batch"))
+    return bench_lines(df, x=x, y=metric, facet="batch" if x == "context" else "context", log_x=True,
+                       log_y=metric == "time_us", title=f"{axis_title(metric)} vs {axis_title(x)}")
 
 
 def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", baseline: str = "bf16",
