@@ -47,15 +47,16 @@ def output_tolerance(backend: str, mode: str, q_dtype, granularity: str = "tenso
     * reference: it is the oracle (same arithmetic): :data:`REFERENCE_TOL`.
     * dequant mode: FP8 → 16-bit is exact and scores accumulate in fp32, so the error comes from
       rounding p (for the P·V dot) and the output to the query's type ``q_dtype``, each ≤ u
-      relative (bf16 u = 2^-8, fp16 u = 2^-11): 2u. Per-channel K scales folded into the query
-      round q once more: 3u.
+      relative (bf16 u = 2^-8, fp16 u = 2^-11): 2u. K scales folded into the query round q once
+      more: 3u (every backend folds per-channel K scales; FlashInfer also folds per-head ones).
     * fp8 mode: :data:`FP8_MODE_TOL` (q and p rounded to e4m3).
     """
     if backend == "reference":
         return REFERENCE_TOL
     if mode == "fp8":
         return FP8_MODE_TOL
-    return (3 if granularity == "channel" else 2) * unit_roundoff(q_dtype)
+    folded = granularity == "channel" or (backend == "flashinfer" and granularity == "head")
+    return (3 if folded else 2) * unit_roundoff(q_dtype)
 
 
 def lse_tolerance(backend: str, mode: str, q_dtype, ref_lse: torch.Tensor) -> float:

@@ -19,11 +19,9 @@ from fp8kv.cache import PagedKVCache
 from fp8kv.ops import paged_decode, write_cache
 from fp8kv.quant import relative_error
 from fp8kv.reference import decode as ref_decode
+from fp8kv.reference import output_tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# Kernel error against the oracle on the dequantized cache: 16-bit rounding of p and of the output
-# (test_ops.py derives it); fp32 compute under the interpreter is far below it.
-TOL = {torch.float16: 2 * 2.0**-11, torch.bfloat16: 2 * 2.0**-8}
 
 
 @pytest.fixture(name="make_cache")
@@ -52,11 +50,11 @@ def triton_matches_oracle(q, cache, tol, **kw):
                                                ("fp8_e4m3", torch.bfloat16)])
 def test_sixteen_bit_caches_and_bf16_queries_match_the_oracle(kv_dtype, q_dtype, make_cache):
     """The interpreter's bf16 arithmetic is wrong; the launcher must not return its garbage."""
-    triton_matches_oracle(query(dtype=q_dtype), make_cache(kv_dtype=kv_dtype), TOL[q_dtype])
+    triton_matches_oracle(query(dtype=q_dtype), make_cache(kv_dtype=kv_dtype), output_tolerance("triton", "dequant", q_dtype))
 
 
 def test_bf16_compute_dtype_matches_the_oracle(make_cache):
-    triton_matches_oracle(query(dtype=torch.bfloat16), make_cache(), TOL[torch.bfloat16],
+    triton_matches_oracle(query(dtype=torch.bfloat16), make_cache(), output_tolerance("triton", "dequant", torch.bfloat16),
                           compute_dtype=torch.bfloat16)
 
 
@@ -68,7 +66,7 @@ def test_bf16_queries_beyond_fp16_range_are_computed_right(scale, granularity, m
     q = query(dtype=torch.bfloat16, scale=scale)
     cache = make_cache(granularity=granularity)
     # a small sm_scale keeps the softmax away from one-hot, so the comparison has something to see
-    triton_matches_oracle(q, cache, TOL[torch.bfloat16], sm_scale=0.1 / (scale * math.sqrt(32)))
+    triton_matches_oracle(q, cache, output_tolerance("triton", "dequant", torch.bfloat16), sm_scale=0.1 / (scale * math.sqrt(32)))
 
 
 def test_bf16_query_heads_of_one_group_ten_orders_apart(make_cache):
@@ -77,7 +75,7 @@ def test_bf16_query_heads_of_one_group_ten_orders_apart(make_cache):
     q = query(dtype=torch.float32)
     q[:, 0::2] *= 1e5
     q[:, 1::2] *= 1e-5
-    triton_matches_oracle(q.to(torch.bfloat16), make_cache(), TOL[torch.bfloat16], sm_scale=0.3 / (1e-5 * math.sqrt(32)))
+    triton_matches_oracle(q.to(torch.bfloat16), make_cache(), output_tolerance("triton", "dequant", torch.bfloat16), sm_scale=0.3 / (1e-5 * math.sqrt(32)))
 
 
 def test_bf16_query_write_through_fused_kernel_is_bit_identical_to_torch(make_cache):
@@ -101,7 +99,7 @@ def shared_prefix_cache(make_cache):
 
 def test_pages_shared_for_reading_decode_right(make_cache):
     c = shared_prefix_cache(make_cache)
-    triton_matches_oracle(query(), c, TOL[torch.float16])
+    triton_matches_oracle(query(), c, output_tolerance("triton", "dequant", torch.float16))
     k0, _ = c.gather(0)
     k1, _ = c.gather(1)
     assert torch.equal(k0, k1)

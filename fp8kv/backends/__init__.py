@@ -111,15 +111,16 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
 
     # The capability table is asked once: by the search for a backend, or about the one named.
     mode = AUTO_MODE if mode == "auto" else mode
-    if backend == "auto":
+    chosen = backend == "auto"
+    if chosen:
         backend = choose_backend(cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
-    else:
+    variants = {k: v for k, v in dict(window=window, soft_cap=soft_cap, sinks=sinks).items() if v is not None}
+    check_variants(backend, mode, variants)  # a variant the backend lacks is named before anything else
+    if not chosen:
         ok, why = supported(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
         if not ok:
             raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={cache.kv_dtype}, "
                                    f"granularity={cache.granularity}: {why}")
-    variants = {k: v for k, v in dict(window=window, soft_cap=soft_cap, sinks=sinks).items() if v is not None}
-    check_variants(backend, mode, variants)
     unknown = sorted(set(launch) - set(LAUNCH_OPTIONS[backend]))
     if unknown:
         checks.fail(f"{unknown[0]}={launch[unknown[0]]!r} is not an option of the {backend} backend; it takes "
