@@ -646,3 +646,18 @@ def test_layouts_cuda_core_preset_times_both_kernels_on_small_groups():
     kernels = {c.options.get("use_tensor_cores", True) for c in tri if c.kv_dtype == "fp8_e4m3"}
     assert kernels == {True, False}
     assert any(c.backend == "flashinfer" and c.status == "ready" for c in cases)
+
+
+def test_triton_opt_gluon_is_a_switch():
+    import argparse
+
+    from fp8kv.bench.cli import _kv_opt
+
+    assert _kv_opt("gluon=1") == ("gluon", True)
+    with pytest.raises(argparse.ArgumentTypeError, match="gluon=1"):
+        _kv_opt("gluon=2")
+    assert _kv_opt("block_n=64") == ("block_n", 64)
+    case = Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3", options={"gluon": True, "block_n": 64})
+    launch = bench.measure._triton_launch(case, synthetic_cache(2, 64, 2, 128, kv_dtype="fp8_e4m3", device="cpu"),
+                                          torch.device("cpu"))
+    assert (launch["block_n"], launch["num_stages"], launch["num_warps"]) == (64, 2, 4)  # the Gluon launch

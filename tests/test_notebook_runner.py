@@ -513,25 +513,47 @@ def test_rerun_replaces_own_folder_and_leaves_other_gpus_alone(tmp_path, books, 
     assert sorted(p.name for p in out.iterdir()) == ["cpu", "index.html", "nvidia-h200"]  # no staging or old folders
 
 
-def test_interrupted_run_keeps_previous_report(tmp_path, books, monkeypatch):
+def _interrupt_at(n, calls):
+    """A _run_one that half-writes the n-th notebook, then is interrupted (as by Ctrl-C)."""
+    def run_one(book, staging, *args, **kwargs):
+        calls.append(book.stem)
+        if len(calls) == n:
+            (staging / f"{book.stem}.ipynb").write_text("half written")
+            raise KeyboardInterrupt
+        return _fake_run_one(book, staging, *args, **kwargs)
+    return run_one
+
+
+def test_interrupted_run_publishes_what_finished_and_keeps_the_rest(tmp_path, books, monkeypatch):
+    """An interrupted run loses nothing: the notebook that ran to the end is published, the one
+    stopped keeps its previous page, and the manifest says what happened."""
+    monkeypatch.setattr(nb_runner, "_run_one", _fake_run_one)
+    out = tmp_path / "reports"
+    runner.run_notebooks(books, out, smoke=True, device="cpu", seed=1, progress=False)
+    previous_second = {p.name: p.read_bytes() for p in (out / "cpu").glob("01_second.*")}
+
+    monkeypatch.setattr(nb_runner, "_run_one", _interrupt_at(2, []))
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_notebooks(books, out, smoke=True, device="cpu", seed=9, progress=False)
+    folder = out / "cpu"
+    assert json.loads((folder / "00_first.json").read_text())["results"]["seed"] == 9
+    assert {p.name: p.read_bytes() for p in folder.glob("01_second.*")} == previous_second
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["interrupted"] == "KeyboardInterrupt during 01_second" and manifest["ran"] == ["00_first"]
+    assert [e["name"] for e in manifest["notebooks"]] == ["00_first", "01_second"] and manifest["ok"]
+    assert sorted(p.name for p in out.iterdir()) == ["cpu", "index.html"]  # no staging folder left
+
+
+def test_interrupted_before_any_notebook_finished_keeps_previous_report(tmp_path, books, monkeypatch):
     monkeypatch.setattr(nb_runner, "_run_one", _fake_run_one)
     out = tmp_path / "reports"
     runner.run_notebooks(books, out, smoke=True, device="cpu", seed=1, progress=False)
     snapshot = {p.name: p.read_bytes() for p in (out / "cpu").iterdir()}
-
-    calls = []
-
-    def interrupted(book, *args, **kwargs):
-        calls.append(book.stem)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return _fake_run_one(book, *args, **kwargs)
-
-    monkeypatch.setattr(nb_runner, "_run_one", interrupted)
+    monkeypatch.setattr(nb_runner, "_run_one", _interrupt_at(1, []))
     with pytest.raises(KeyboardInterrupt):
         runner.run_notebooks(books, out, smoke=True, device="cpu", seed=9, progress=False)
     assert {p.name: p.read_bytes() for p in (out / "cpu").iterdir()} == snapshot
-    assert sorted(p.name for p in out.iterdir()) == ["cpu", "index.html"]  # staging removed (the index is from the first run)
+    assert sorted(p.name for p in out.iterdir()) == ["cpu", "index.html"]  # staging removed
 
 
 def test_swap_restores_old_folder_if_the_rename_fails(tmp_path, monkeypatch):

@@ -513,3 +513,65 @@ def test_stream_copy_copies_every_element_of_an_odd_length():
         stream_copy(src, torch.empty(COPY_BLOCK, device=DEVICE))
     with pytest.raises(TypeError, match="dst has dtype float16"):
         stream_copy(src, torch.empty_like(src, dtype=torch.float16))
+
+
+# ------------------------------------------------------------------------------------ the Gluon kernel
+@pytest.mark.parametrize("kw, cache_kw, q_shape, match", [
+    (dict(mode="fp8"), {}, (2, 8, 128), "mode='fp8'"),
+    ({}, dict(kv_dtype="bf16"), (2, 8, 128), "kv_dtype=bf16"),
+    ({}, dict(granularity="head"), (2, 8, 128), "granularity='head'"),
+    ({}, dict(layout="HND"), (2, 8, 128), "layout='HND'"),
+    ({}, dict(d=64), (2, 8, 64), "head_dim=64"),
+    ({}, {}, (2, 34, 128), "17 query heads per KV head"),
+    (dict(window=8), {}, (2, 8, 128), r"no \['window'\]"),
+    (dict(heads_per_program=2), {}, (2, 8, 128), r"no \['heads_per_program'\]"),
+    (dict(num_warps=8), {}, (2, 8, 128), "num_warps=8"),
+    ({}, {}, (2, 8, 128), "CUDA GPU only"),  # the one shape, but no GPU here
+])
+def test_gluon_kernel_refuses_what_its_shape_does_not_cover(kw, cache_kw, q_shape, match):
+    """gluon=True is one compiled shape; everything else is refused by name (here on CPU, where the
+    interpreter cannot run Gluon at all: the last refusal)."""
+    if DEVICE == "cuda" and match == "CUDA GPU only":
+        pytest.skip("this machine has a GPU")
+    d = cache_kw.pop("d", 128)
+    cache = make_cache([5, 40], 2, d, **cache_kw)
+    q = make_q(*q_shape, torch.bfloat16 if cache_kw.get("kv_dtype") == "bf16" else torch.float16)
+    with pytest.raises(UnsupportedError, match=match):
+        paged_decode(q, cache, gluon=True, **kw)
+
+
+def test_gluon_launch_defaults_and_bad_options():
+    from fp8kv import ops
+    from fp8kv.ops import gluon_launch
+
+    cache = make_cache([5, 300], 2, 128)
+    cfg = gluon_launch(2, cache)
+    assert (cfg["block_n"], cfg["num_stages"], cfg["num_warps"]) == (128, 2, 4)
+    assert cfg["tokens_per_split"] % 128 == 0
+    assert gluon_launch(2, cache, block_n=64, num_stages=3)["block_n"] == 64
+    with pytest.raises(ValueError, match="block_n=32"):
+        gluon_launch(2, cache, block_n=32)
+    with pytest.raises(ValueError, match="num_stages=1"):
+        gluon_launch(2, cache, num_stages=1)
+    with pytest.raises(TypeError, match="gluon='yes'"):
+        paged_decode(make_q(2, 4, 128, torch.float16), cache, gluon="yes")
+    assert ops.GLUON_BLOCK_N == (64, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (32, 8), (28, 4), (32, 2)])
+@pytest.mark.parametrize("launch", [{}, {"block_n": 64, "num_stages": 3}, {"num_splits": 1}, {"num_stages": 5}])
+def test_gluon_kernel_matches_the_oracle_and_its_twin_on_the_gpu(kv_dtype, q_dtype, hq, hkv, launch):
+    """The compiled Gluon kernel against the fp32 oracle (the dequant tolerance, 2u) and against the
+    Triton kernel it twins, at ragged lengths (1 token, a partial page, a partial tile, 16k)."""
+    cache = make_cache([1, 17, 5003, 16379], hkv, 128, kv_dtype=kv_dtype)
+    q = make_q(4, hq, 128, q_dtype)
+    out, lse = paged_decode(q, cache, gluon=True, **launch)
+    ref_o, ref_l = ref_decode(q, cache)
+    assert relative_error(out.float(), ref_o) <= dequant_tol(q_dtype, "tensor")
+    assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", q_dtype, ref_l)
+    twin_o, _ = paged_decode(q, cache)
+    assert relative_error(out.float(), twin_o.float()) <= 2 * unit_roundoff(q_dtype)

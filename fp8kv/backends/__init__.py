@@ -45,7 +45,7 @@ BACKENDS = dict(zip(BACKEND_NAMES, (_reference, _triton, _flashinfer), strict=Tr
 LAUNCH_OPTIONS = {
     "reference": (),
     "triton": ("num_splits", "block_n", "num_warps", "num_stages", "convert", "eviction_policy", "out_dtype",
-               "compute_dtype", "use_tensor_cores", "heads_per_program"),
+               "compute_dtype", "use_tensor_cores", "heads_per_program", "gluon"),
     "flashinfer": ("use_tensor_cores",),
 }
 

@@ -40,9 +40,14 @@ synthetic_cache = random_paged_cache  # the benchmark's cache: N(0, 1) K/V built
 # ------------------------------------------------------------------------------------------ calls
 def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dict:
     """The Triton launch parameters ``fp8kv.ops.paged_decode`` will use (defaults + overrides)."""
-    from ..ops import launch_config
+    from ..ops import gluon_launch, launch_config
 
     o = case.options
+    if o.get("gluon"):
+        cfg = gluon_launch(case.batch, cache, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
+                           num_stages=o.get("num_stages"), device=device)
+        return {"tensor_cores": True, **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages",
+                                                           "heads_per_program")}}
     tc = o.get("use_tensor_cores") is not False
     # launch_config sizes splits over min(window, page table): a window covering the table is no window there too
     cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),

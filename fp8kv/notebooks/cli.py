@@ -130,8 +130,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except RunInterrupted as exc:
-        print(f"{prog}: {exc}; nothing was published, the previous report (if any) is unchanged",
-              file=sys.stderr)
+        print(f"{prog}: {exc}; " + ("the notebooks that finished were published, the others keep their previous "
+                                    "pages" if exc.published else "nothing had finished: the previous report (if "
+                                    "any) is unchanged"), file=sys.stderr)
         return 128 + exc.signum
     folder = Path(args.out) / manifest["report_dir"]
     print(f"\nreport: {folder}  ({manifest['mode']}, {manifest['duration_s']:.0f} s); "

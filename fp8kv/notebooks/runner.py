@@ -189,9 +189,11 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     source notebook), ``status`` ("ok"/"failed"), ``error``, ``mode``, ``started``, ``duration_s``
     and the file names ``ipynb``, ``html``, ``results``.
 
-    SIGTERM or SIGINT stops the run (:class:`RunInterrupted`): the kernel is killed, the staging
-    folder removed, the previous report left as it was. After a run, ``<out>/index.html`` is rebuilt
-    (:func:`build_index`).
+    SIGTERM or SIGINT stops the run (:class:`RunInterrupted`; KeyboardInterrupt alike): the kernel is
+    killed, and the notebooks that ran to the end are published, each other notebook keeping its
+    page from the previous report (the manifest says ``interrupted``: what stopped the run and
+    which notebook it stopped); when none had finished, the previous report is left as it was.
+    After a run, ``<out>/index.html`` is rebuilt (:func:`build_index`).
     """
     from ..device import describe_device, resolve_device
 
@@ -232,6 +234,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
                 "ran": [b.stem for b in books], "report_dir": slug, "notebooks": []}
     t0 = time.perf_counter()
     children_before = _child_pids()
+    done, current = [], None  # names run to the end by this run; the one running now
     try:
         with _stop_on_signals(keep_pids=children_before):
             entries = _carry_over(final, staging, {b.stem for b in books}) if only and final.is_dir() else []
@@ -240,6 +243,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
                 manifest["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
                 for i, book in enumerate(books, 1):
                     print(f"[{i}/{len(books)}] {book.stem} ({mode}, {slug})", flush=True)
+                    current = book.stem
                     out_dir, published = _relative_or_absolute(staging, book.parent), \
                         _relative_or_absolute(final, book.parent)
                     entry = _run_one(book, staging, {**params_base, "OUT_DIR": out_dir}, timeout, progress,
@@ -247,6 +251,8 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
                     print(f"    {entry['status']} in {entry['duration_s']:.1f} s"
                           + (f": {entry['error']}" if entry["error"] else ""), flush=True)
                     entries.append(entry)
+                    done.append(book.stem)
+                    current = None
             entries.sort(key=lambda e: e["name"])
             failed = [e["name"] for e in entries if e["status"] != "ok"]
             manifest.update(notebooks=entries, failed=failed, ok=not failed, finished=_now(),
@@ -258,13 +264,40 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
         with signals_ignored():
             if isinstance(exc, RunInterrupted):
                 _stop_processes(_child_pids() - children_before)  # anything the kernel left behind
-            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, (RunInterrupted, KeyboardInterrupt)) and done:
+                _publish_interrupted(staging, final, manifest, entries, done, current, exc, t0)
+                if isinstance(exc, RunInterrupted):
+                    exc.published = True
+            else:
+                shutil.rmtree(staging, ignore_errors=True)
         raise
     try:
         build_index(root)
     except Exception as exc:  # the report itself is published; a broken index is reported, not fatal
         print(f"warning: {root / INDEX} not rebuilt: {_error_text(exc)}", file=sys.stderr)
     return manifest
+
+
+def _publish_interrupted(staging: Path, final: Path, manifest: dict, entries: list[dict], done: list[str],
+                         current: str | None, exc: BaseException, t0: float) -> None:
+    """An interrupted run loses nothing: publish the notebooks it ran to the end, and carry every
+    other notebook's page over from the previous report (the one that was stopped included)."""
+    if current is not None:  # its half-written files go; its previous page, if any, is carried over
+        for f in staging.glob(f"{current}.*"):
+            f.unlink()
+    entries = entries + _carry_over(final, staging, {e["name"] for e in entries}) if final.is_dir() else entries
+    entries.sort(key=lambda e: e["name"])
+    failed = [e["name"] for e in entries if e["status"] != "ok"]
+    what = "KeyboardInterrupt" if isinstance(exc, KeyboardInterrupt) else str(exc)
+    manifest.update(notebooks=entries, failed=failed, ok=not failed, ran=list(done), finished=_now(),
+                    duration_s=round(time.perf_counter() - t0, 2),
+                    interrupted=what + (f" during {current}" if current else ""))
+    (staging / MANIFEST).write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
+    _swap_into_place(staging, final)
+    try:
+        build_index(final.parent)
+    except Exception as err:  # the report is published; a broken index is reported, not fatal
+        print(f"warning: {final.parent / INDEX} not rebuilt: {_error_text(err)}", file=sys.stderr)
 
 
 def _check_out(out) -> None:
@@ -288,13 +321,14 @@ def _relative_or_absolute(path: Path, start: Path) -> str:
 
 
 class RunInterrupted(BaseException):
-    """The runner received SIGTERM or SIGINT: the run stops, its staging folder is removed.
+    """The runner received SIGTERM or SIGINT: the run stops (what finished is published, see :func:`run_notebooks`).
 
     A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way swallows it.
     """
 
     def __init__(self, signum: int):
         self.signum = int(signum)
+        self.published = False  # set when the notebooks that finished were published
         super().__init__(f"stopped by {signal.Signals(self.signum).name}")
 
 
