@@ -54,21 +54,6 @@ __all__ = ["kv_like_llm", "queries_like_llm", "outlier_channel_indices", "apply_
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive int")
-    return int(value)
-
-
-def _positive_float(value, name: str, minimum: float = 0.0, inclusive: bool = False) -> float:
-    ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool) \
-        and math.isfinite(value) and (value >= minimum if inclusive else value > minimum)
-    if not ok:
-        op = ">=" if inclusive else ">"
-        raise ValueError(f"{name}={value!r} must be a finite number {op} {minimum}")
-    return float(value)
-
-
 def _check_common(head_dim: int, dtype, rope: bool) -> None:
     if dtype not in _FLOAT_DTYPES:
         raise TypeError(f"dtype={dtype!r} must be one of {_FLOAT_DTYPES}")
@@ -83,7 +68,7 @@ def outlier_channel_indices(head_dim: int, outlier_channels: int, rope: bool = T
     the lowest frequency (``i = D/2 - 1, D/2 - 3, ...``); ``outlier_channels`` must then be even.
     Without RoPE they are spread evenly over the head (``linspace``).
     """
-    head_dim = _positive_int(head_dim, "head_dim")
+    head_dim = checks.positive_int(head_dim, "head_dim")
     if isinstance(outlier_channels, bool) or not isinstance(outlier_channels, (int, np.integer)) \
             or outlier_channels < 0:
         raise ValueError(f"outlier_channels={outlier_channels!r} must be a non-negative int")
@@ -156,16 +141,16 @@ def kv_like_llm(num_tokens: int, num_kv_heads: int, head_dim: int, *, seed: int 
     -------
     (k, v) : two tensors ``[num_tokens, num_kv_heads, head_dim]`` of ``dtype`` on ``device``.
     """
-    t = _positive_int(num_tokens, "num_tokens")
-    h = _positive_int(num_kv_heads, "num_kv_heads")
-    d = _positive_int(head_dim, "head_dim")
+    t = checks.positive_int(num_tokens, "num_tokens")
+    h = checks.positive_int(num_kv_heads, "num_kv_heads")
+    d = checks.positive_int(head_dim, "head_dim")
     _check_common(d, dtype, rope)
-    scale = _positive_float(outlier_scale, "outlier_scale")
-    head_spread = _positive_float(head_spread, "head_spread", 1.0, inclusive=True)
-    token_spread = _positive_float(token_spread, "token_spread", 1.0, inclusive=True)
-    df = _positive_float(v_tail_df, "v_tail_df", 2.0)
-    v_mean = _positive_float(v_mean, "v_mean", 0.0, inclusive=True)
-    rope_theta = _positive_float(rope_theta, "rope_theta", 1.0)
+    scale = checks.positive_float(outlier_scale, "outlier_scale")
+    head_spread = checks.real(head_spread, "head_spread", minimum=1.0)
+    token_spread = checks.real(token_spread, "token_spread", minimum=1.0)
+    df = checks.real(v_tail_df, "v_tail_df", minimum=2.0, inclusive=False)
+    v_mean = checks.real(v_mean, "v_mean", minimum=0.0)
+    rope_theta = checks.real(rope_theta, "rope_theta", minimum=1.0, inclusive=False)
     channels = outlier_channel_indices(d, outlier_channels, rope).numpy()
 
     rng = np.random.default_rng(seed)
@@ -216,15 +201,15 @@ def queries_like_llm(num_queries: int, num_q_heads: int, head_dim: int, *, seed:
     -------
     q : ``[num_queries, num_q_heads, head_dim]`` of ``dtype`` on ``device``.
     """
-    n = _positive_int(num_queries, "num_queries")
-    hq = _positive_int(num_q_heads, "num_q_heads")
-    d = _positive_int(head_dim, "head_dim")
+    n = checks.positive_int(num_queries, "num_queries")
+    hq = checks.positive_int(num_q_heads, "num_q_heads")
+    d = checks.positive_int(head_dim, "head_dim")
     rope = position is not None
     _check_common(d, dtype, rope)
-    scale = _positive_float(outlier_scale, "outlier_scale")
-    head_spread = _positive_float(head_spread, "head_spread", 1.0, inclusive=True)
-    query_scale = _positive_float(query_scale, "query_scale")
-    rope_theta = _positive_float(rope_theta, "rope_theta", 1.0)
+    scale = checks.positive_float(outlier_scale, "outlier_scale")
+    head_spread = checks.real(head_spread, "head_spread", minimum=1.0)
+    query_scale = checks.positive_float(query_scale, "query_scale")
+    rope_theta = checks.real(rope_theta, "rope_theta", minimum=1.0, inclusive=False)
     channels = outlier_channel_indices(d, outlier_channels, rope).numpy()
     if rope:
         pos = np.asarray(position, dtype=np.float64)
