@@ -156,6 +156,8 @@ def capability(arch: str | Sequence[str] | None = None):
     import pandas as pd
 
     if isinstance(arch, (list, tuple)):
+        if not arch:
+            checks.fail("arch=[]: give one arch such as 'sm90', a list of them, or None for this machine")
         return pd.concat([capability(a) for a in arch], ignore_index=True)
 
     label = arch or current_arch() or "cpu"

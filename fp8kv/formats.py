@@ -218,7 +218,8 @@ def summary_table(names=None):
     """One row of :meth:`FP8Format.summary` per format (``names``; default every format), as a DataFrame."""
     import pandas as pd
 
-    return pd.DataFrame([format(name).summary() for name in (FORMATS if names is None else names)])
+    names = FORMATS if names is None else [names] if isinstance(names, str) else names
+    return pd.DataFrame([format(name).summary() for name in names])
 
 
 def code_table(name: str | FP8Format | torch.dtype):

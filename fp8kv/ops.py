@@ -130,7 +130,8 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     B=1 x 4k FP8: 32 one-tile splits 10.5 us against 15.4 us for 8 four-tile splits; B=3 x 1000:
     8 splits 9.6 us against 15.0 us for 2. Contexts of fewer than four tiles stay in one split, and
     the increase stops at :data:`MAX_SPLITS_FOR_LATENCY`, or at :data:`MAX_SPLITS_TO_FILL_SMS` where
-    that many would leave SMs without a program (MQA at batch 1-2). The count is what is asked for;
+    that many would leave SMs without a program (MQA at batch 1-2); no count exceeds the latter. The
+    count is what is asked for;
     :func:`launch_config` rounds it to whole tiles per split.
     """
     base = batch * kv_heads
@@ -140,7 +141,9 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     if splits * base < min_waves * num_sms and tiles >= min_tiles_per_split:
         cap = MAX_SPLITS_FOR_LATENCY if base * MAX_SPLITS_FOR_LATENCY >= num_sms else MAX_SPLITS_TO_FILL_SMS
         splits = max(splits, min(math.ceil(min_waves * num_sms / base), tiles, cap))
-    return int(splits)
+    # The combine holds splits x D partials per program: no rule asks for more than it was measured with
+    # (one sequence and one KV head at 1M tokens would otherwise ask for 1056).
+    return int(min(splits, MAX_SPLITS_TO_FILL_SMS))
 
 
 def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num_splits: int | None = None,
@@ -281,7 +284,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         /96 (3522 / 3570 vs 2990 us) and 16/8/128 (1188 vs 669 us).
     gluon : the Gluon kernel (:mod:`fp8kv.kernels.paged_decode_gluon`: FP8 tiles converted in the
         tensor-core operand layout, copied through a cp.async ring), opt-in. One shape: a CUDA GPU
-        (sm80+), dequant mode, an FP8 cache with one tensor-wide scale, NHD pages, head_dim 128,
+        (sm80+; sm89+ for e4m3), dequant mode, an FP8 cache with one tensor-wide scale, NHD pages, head_dim 128,
         groups up to 16, no variant; ``block_n`` 64 or 128 (default 128), ``num_stages`` its ring
         depth 2-5 (default 2), 4 warps. Anything else raises UnsupportedError. H200, 32/8/128,
         B=64 x 16k: 586 us against 696 us for the Triton kernel in the same run (4k: 161 vs 185 us).
@@ -299,6 +302,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         raise TypeError(f"q must be bfloat16 or float16 for the Triton kernel, got {q.dtype}")
     if not isinstance(gluon, bool):
         raise TypeError(f"gluon={gluon!r}; expected True or False")
+    if q.stride(-1) != 1:
+        raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
     if gluon:
         others = dict(convert=convert, eviction_policy=eviction_policy or None, compute_dtype=compute_dtype,
                       window=window, soft_cap=soft_cap, sinks=sinks, heads_per_program=heads_per_program,
@@ -310,8 +315,6 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         raise TypeError("q is float16 but the cache is bf16: pass a bfloat16 query (as FlashInfer also requires)")
     if mode == "fp8" and cache.granularity == "token_head":
         raise UnsupportedError("fp8 mode takes tensor, head and channel scales; token_head needs dequant mode")
-    if q.stride(-1) != 1:
-        raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
     if q.device.type != "cuda" and not interpreter_on():
         raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
     arch = current_arch(q.device) if q.device.type == "cuda" else None
@@ -427,8 +430,12 @@ def _paged_decode_gluon(q, cache, mode, sm_scale, num_splits, block_n, num_warps
         (interpreter_on() or q.device.type != "cuda", "Gluon kernels run on a CUDA GPU only (not under the "
                                                       "Triton interpreter)"),
     ) if bad), None)
-    if why is None and int(current_arch(q.device)[2:]) < 80:
-        why = f"{current_arch(q.device)}: cp.async and mma.sync need sm80+"
+    if why is None:
+        arch = current_arch(q.device)
+        if int(arch[2:]) < 80:
+            why = f"{arch}: cp.async and mma.sync need sm80+"
+        elif cache.kv_dtype == "fp8_e4m3" and int(arch[2:]) < 89:
+            why = f"{arch}: Triton's e4m3 type (and its conversion instruction) needs sm89+; e5m2 runs on sm80"
     if why is not None:
         raise UnsupportedError(f"gluon=True: {why}; use the Triton kernel (gluon=False)")
     pages = (cache.k_pages, cache.v_pages)

@@ -164,10 +164,10 @@ def interactive(fn: Callable[..., Any], controls: Mapping[str, Any], show_widget
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    values = defaults(controls)  # validates every control up front, in both modes
     fixed = dict(fixed or {})
     if clash := sorted(set(fixed) & set(controls)):
         raise ValueError(f"fixed and controls both name {clash}; a keyword is one or the other")
-    values = defaults(controls)  # validates every control up front, in both modes
     call = functools.partial(fn, **fixed) if fixed else fn
     if not show_widgets or headless():
         display(call(**values))

@@ -362,3 +362,28 @@ def test_fp32_query_with_auto_backend_runs_the_reference(make_cache):
     out, lse = fp8kv.decode(q, c)
     ref, ref_lse = ref_decode(q, c)
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+def test_a_query_strided_in_head_dim_is_refused_where_it_enters(backend, make_cache):
+    """The GPU kernels address head_dim with stride 1: a transposed view is refused by fp8kv.decode
+    (for every kernel, the Gluon one included), never read as if it were contiguous. The reference
+    takes any layout."""
+    q = torch.randn(2, 32, 4, device=DEVICE).to(torch.float16).transpose(1, 2)  # [2, 4, 32], stride 1 on heads
+    cache = make_cache()
+    ref, _ = fp8kv.decode(q, cache, backend="reference")
+    assert torch.isfinite(ref).all()
+    if backend == "triton":
+        from fp8kv.capability import interpreter_on
+
+        if DEVICE != "cuda" and not interpreter_on():
+            pytest.skip("the Triton kernel runs on CPU under the interpreter only")
+    else:
+        from fp8kv.backends import supported
+
+        if not supported("flashinfer", cache.kv_dtype)[0]:
+            pytest.skip("FlashInfer cannot run here")
+    with pytest.raises(ValueError, match=r"q has strides .* contiguous in its last \(head_dim\) dimension"):
+        fp8kv.decode(q, cache, backend=backend, **({"gluon": True} if backend == "triton" else {}))
+    with pytest.raises(ValueError, match="contiguous in its last"):
+        paged_decode(q, cache, gluon=True)  # the launcher called directly refuses it too

@@ -53,7 +53,8 @@ def test_default_config_takes_the_table_on_its_gpu_only(table_dir, monkeypatch):
     assert ops.default_config("dequant", True, 96) == {**rule, "num_stages": 2}  # no GPU named: the rule
     assert ops.default_config("dequant", True, 96, gpu="gpu-a", use_tensor_cores=False)["block_n"] == 32
     monkeypatch.setattr(ops, "interpreter_on", lambda: True)  # the interpreter keeps its one stage
-    assert ops.default_config("dequant", True, 96, gpu="gpu-a") == rule
+    assert ops.default_config("dequant", True, 96, gpu="gpu-a") == ops.default_config("dequant", True, 96)
+    assert ops.default_config("dequant", True, 96, gpu="gpu-a")["num_stages"] == 1
 
 
 def test_launch_config_looks_up_the_launch_of_its_programs(table_dir, monkeypatch):
@@ -154,3 +155,8 @@ def test_every_shipped_table_entry_is_its_saved_measurement():
             assert mine["check_passed"].all() and len(mine), (path.name, key)
             assert round(float(mine["time_us"].min()), 2) == e["us"], (path.name, key)
             assert tune.group_pad(hq, hkv) == int(m[1:]) and d_ == int(d[1:])
+
+
+def test_tune_refuses_two_formats_of_one_kind():
+    with pytest.raises(ValueError, match="one FP8 format"):
+        tune.tune(kv_dtypes=("fp8_e4m3", "fp8_e5m2"))

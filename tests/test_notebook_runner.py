@@ -519,6 +519,7 @@ def _interrupt_at(n, calls):
         calls.append(book.stem)
         if len(calls) == n:
             (staging / f"{book.stem}.ipynb").write_text("half written")
+            (staging / f"{book.stem}_fig.png").write_text("half written")
             raise KeyboardInterrupt
         return _fake_run_one(book, staging, *args, **kwargs)
     return run_one
@@ -538,6 +539,7 @@ def test_interrupted_run_publishes_what_finished_and_keeps_the_rest(tmp_path, bo
     folder = out / "cpu"
     assert json.loads((folder / "00_first.json").read_text())["results"]["seed"] == 9
     assert {p.name: p.read_bytes() for p in folder.glob("01_second.*")} == previous_second
+    assert not list(folder.glob("01_second_*"))  # the stopped notebook's other files went too
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["interrupted"] == "KeyboardInterrupt during 01_second" and manifest["ran"] == ["00_first"]
     assert [e["name"] for e in manifest["notebooks"]] == ["00_first", "01_second"] and manifest["ok"]

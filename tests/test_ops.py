@@ -360,6 +360,7 @@ def test_splits_agree_and_batch_one_fills_the_gpu(monkeypatch):
     assert choose_num_splits(1, 1, 16384, 64, 132) == 128
     assert choose_num_splits(2, 1, 16384, 64, 132) == 128
     assert choose_num_splits(3, 1, 16384, 64, 132) == 64
+    assert choose_num_splits(1, 1, 2**20, 128, 132) == 128  # the bandwidth rule would ask for 1056
     # what launch_config launches: whole tiles per split (9 wanted at B=4 x 4k -> 8 of 512 tokens)
     from fp8kv import ops
     from fp8kv.ops import launch_config

@@ -116,6 +116,9 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
         backend = choose_backend(cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
     variants = {k: v for k, v in dict(window=window, soft_cap=soft_cap, sinks=sinks).items() if v is not None}
     check_variants(backend, mode, variants)  # a variant the backend lacks is named before anything else
+    if backend != "reference" and q.stride(-1) != 1:  # the kernels address head_dim with stride 1
+        checks.fail(f"q has strides {tuple(q.stride())}: the {backend} backend needs it contiguous in its last "
+                    "(head_dim) dimension; call .contiguous()")
     if not chosen:
         ok, why = supported(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
         if not ok:

@@ -481,6 +481,8 @@ class FlashInferDecode:
     def _run(self, q: torch.Tensor):
         """:meth:`run` for a query :func:`fp8kv.decode` already validated against this plan."""
         cache, fold = self.cache, self._fold
+        if cache is None:
+            raise RuntimeError("the planned cache has been freed; plan() a live cache")
         if self.mode == "fp8":
             return self._run_fp8(q, cache, fold)
         q_in = apply_q_fold(q, fold)

@@ -96,6 +96,10 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
 
     checks.one_of(mode, "mode", ("dequant", "fp8"))
     checks.positive_float(margin, "margin")
+    kinds = [kv.startswith("fp8") for kv in kv_dtypes]
+    if len(set(kinds)) != len(kinds):  # the table keys a shape by FP8 or 16-bit, not by format
+        checks.fail(f"kv_dtypes={list(kv_dtypes)}: tune one FP8 format and one 16-bit type at most; the "
+                    "table holds one launch per kind")
     entries, frames = {}, []
     for shape in shapes:
         hq, hkv, d = shape
@@ -119,7 +123,8 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
             key = launch_table.entry_key(fp8, mode, d, group_pad(hq, hkv))
             base = {"shape": [hq, hkv, d], "batch": point[0], "context": point[1]}
             if won is None:
-                rule_rows = rows[(rows[list(rule)] == pd.Series(rule)).all(axis=1) & (rows["status"] == "ok")]
+                rule_rows = rows[(rows[list(rule)] == pd.Series(rule)).all(axis=1) & (rows["status"] == "ok")
+                                 & (rows["check_passed"] == True)]  # noqa: E712
                 entries[key] = {**rule, **base, "kept": "rule",
                                 "us": round(float(rule_rows["time_us"].min()), 2) if len(rule_rows) else None}
             else:

@@ -264,11 +264,13 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
         with signals_ignored():
             if isinstance(exc, RunInterrupted):
                 _stop_processes(_child_pids() - children_before)  # anything the kernel left behind
-            if isinstance(exc, (RunInterrupted, KeyboardInterrupt)) and done:
-                _publish_interrupted(staging, final, manifest, entries, done, current, exc, t0)
-                if isinstance(exc, RunInterrupted):
-                    exc.published = True
-            else:
+            try:
+                # staging is gone when the signal came during the swap itself: the report is in place
+                if isinstance(exc, (RunInterrupted, KeyboardInterrupt)) and done and staging.is_dir():
+                    _publish_interrupted(staging, final, manifest, entries, done, current, exc, t0)
+                    if isinstance(exc, RunInterrupted):
+                        exc.published = True
+            finally:
                 shutil.rmtree(staging, ignore_errors=True)
         raise
     try:
@@ -282,10 +284,11 @@ def _publish_interrupted(staging: Path, final: Path, manifest: dict, entries: li
                          current: str | None, exc: BaseException, t0: float) -> None:
     """An interrupted run loses nothing: publish the notebooks it ran to the end, and carry every
     other notebook's page over from the previous report (the one that was stopped included)."""
-    if current is not None:  # its half-written files go; its previous page, if any, is carried over
-        for f in staging.glob(f"{current}.*"):
+    finished = {e["name"] for e in entries}
+    if current is not None and current not in finished:  # its half-written files go; its previous page,
+        for f in [*staging.glob(f"{current}.*"), *staging.glob(f"{current}_*")]:  # if any, is carried over
             f.unlink()
-    entries = entries + _carry_over(final, staging, {e["name"] for e in entries}) if final.is_dir() else entries
+    entries = entries + _carry_over(final, staging, finished) if final.is_dir() else entries
     entries.sort(key=lambda e: e["name"])
     failed = [e["name"] for e in entries if e["status"] != "ok"]
     what = "KeyboardInterrupt" if isinstance(exc, KeyboardInterrupt) else str(exc)
