@@ -118,6 +118,12 @@ MAX_SPLITS_FOR_LATENCY = 64  # at most this many one-tile splits (the combine ho
 MAX_SPLITS_TO_FILL_SMS = 128
 
 
+def padded_rows(heads_per_program: int) -> int:
+    """The tensor-core kernel's GROUP_PAD: a program's query heads padded to a power of two, at least
+    tl.dot's 16 rows (also the launch table's key, :func:`fp8kv.launch_table.entry_key`)."""
+    return max(16, triton.next_power_of_2(heads_per_program))
+
+
 def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int,
                       waves: float = 8.0, min_tiles_per_split: int = 4, min_waves: float = 2.0) -> int:
     """Split-KV factor from the launch shape (flash-decoding).
@@ -178,9 +184,8 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         heads_per_program = MAX_HEADS_PER_PROGRAM
     heads_per_program = min(checks.positive_int(heads_per_program, "heads_per_program"), group)
     head_tiles = math.ceil(group / heads_per_program) if use_tensor_cores else 1
-    rows = max(16, triton.next_power_of_2(math.ceil(group / head_tiles)))  # the kernel's GROUP_PAD
     cfg = default_config(mode, cache.is_fp8, cache.head_dim, use_tensor_cores=use_tensor_cores,
-                         gpu=_gpu(device or cache.device), group_pad=rows)
+                         gpu=_gpu(device or cache.device), group_pad=padded_rows(math.ceil(group / head_tiles)))
     block_n = cfg["block_n"] if block_n is None else checks.positive_int(block_n, "block_n")
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")
@@ -357,8 +362,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         so = (out.stride(0), out.stride(1), 0)
         sl = (lse.stride(0), lse.stride(1))
     else:
-        k_out = torch.empty(b, hq, num_splits, d, dtype=torch.float32, device=q.device)
-        k_lse = torch.empty(b, hq, num_splits, dtype=torch.float32, device=q.device)
+        k_out, k_lse = _split_partials(b, hq, num_splits, d, q.device)
         so = (k_out.stride(0), k_out.stride(1), k_out.stride(2))
         sl = (k_lse.stride(0), k_lse.stride(1))
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
@@ -381,18 +385,12 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     if use_tensor_cores:
         tiles = cfg["head_tiles"]
         paged_decode_kernel[(b, hkv * tiles, num_splits)](
-            *args, GROUP_PAD=max(16, triton.next_power_of_2(cfg["heads_per_program"])), HEAD_TILES=tiles,
+            *args, GROUP_PAD=padded_rows(cfg["heads_per_program"]), HEAD_TILES=tiles,
             FP8_QK=fp8_qk, FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, **common)
     else:  # one program per query head
         paged_decode_cuda_core_kernel[(b, hq, num_splits)](*args, **common)
     if num_splits > 1:
-        combine_splits_kernel[(b, hq)](
-            k_out, k_lse, out, lse, k_out.stride(0), k_out.stride(1), k_out.stride(2),
-            k_lse.stride(0), k_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), num_splits,
-            sinks if sinks is not None else lse,
-            HEAD_DIM=d, D_PAD=triton.next_power_of_2(d),
-            SPLITS_PAD=triton.next_power_of_2(num_splits), HAS_SINKS=sinks is not None, num_warps=4,
-        )
+        _combine_splits(k_out, k_lse, out, lse, sinks)
     return out.to(out_dtype), lse
 
 
@@ -449,8 +447,7 @@ def _paged_decode_gluon(q, cache, mode, sm_scale, num_splits, block_n, num_warps
         raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
     splits, capacity = cfg["num_splits"], cache.max_blocks_per_seq * cache.block_size
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    part_out = torch.empty(b, hq, splits, d, dtype=torch.float32, device=q.device)
-    part_lse = torch.empty(b, hq, splits, dtype=torch.float32, device=q.device)
+    part_out, part_lse = _split_partials(b, hq, splits, d, q.device)
     out = torch.empty(b, hq, d, dtype=out_dtype, device=q.device)
     lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
     k_pages, v_pages = (t.view(torch.uint8) for t in pages)
@@ -463,11 +460,27 @@ def _paged_decode_gluon(q, cache, mode, sm_scale, num_splits, block_n, num_warps
         GROUP=group, BLOCK_N=cfg["block_n"], BLOCK_SIZE=cache.block_size,
         FP8_TY=g.gl.float8e4nv if cache.kv_dtype == "fp8_e4m3" else g.gl.float8e5, STAGES=cfg["num_stages"],
         **g.make_layouts(cfg["block_n"]), num_warps=g.NUM_WARPS)
+    _combine_splits(part_out, part_lse, out, lse)
+    return out, lse
+
+
+def _split_partials(b: int, hq: int, splits: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial outputs ``[B, Hq, splits, D]`` and log2-LSEs ``[B, Hq, splits]`` of a split decode."""
+    return (torch.empty(b, hq, splits, d, dtype=torch.float32, device=device),
+            torch.empty(b, hq, splits, dtype=torch.float32, device=device))
+
+
+def _combine_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                    sinks: torch.Tensor | None = None) -> None:
+    """Merge a split decode's partials into ``out`` and ``lse`` (:func:`combine_splits_kernel`), with
+    the sinks' term in the denominator when given."""
+    b, hq, splits, d = part_out.shape
     combine_splits_kernel[(b, hq)](
         part_out, part_lse, out, lse, part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), splits,
-        lse, HEAD_DIM=d, D_PAD=d, SPLITS_PAD=triton.next_power_of_2(splits), HAS_SINKS=False, num_warps=4)
-    return out, lse
+        sinks if sinks is not None else lse,
+        HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), SPLITS_PAD=triton.next_power_of_2(splits),
+        HAS_SINKS=sinks is not None, num_warps=4)
 
 
 def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, slot_mapping: torch.Tensor,

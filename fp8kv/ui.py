@@ -189,8 +189,7 @@ def explore(frame, controls: Mapping[str, Any], view: Callable[..., Any] | None 
     missing = [name for name in controls if name not in frame.columns]
     if missing:
         raise ValueError(f"controls {missing} name no column of the frame; its columns: {list(frame.columns)}")
-    interactive(_rows_view, controls, show_widgets, fixed={"_frame": frame, "_view": view, "_title": title,
-                                                           "_columns": columns, "_kwargs": view_kwargs})
+    interactive(functools.partial(_rows_view, frame, view, title, columns, view_kwargs), controls, show_widgets)
 
 
 def _rows_view(_frame, _view, _title, _columns, _kwargs, **values):

@@ -43,17 +43,16 @@ def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dic
     from ..ops import gluon_launch, launch_config
 
     o = case.options
+    tc = o.get("use_tensor_cores") is not False
     if o.get("gluon"):
         cfg = gluon_launch(case.batch, cache, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
                            num_stages=o.get("num_stages"), device=device)
-        return {"tensor_cores": True, **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages",
-                                                           "heads_per_program")}}
-    tc = o.get("use_tensor_cores") is not False
-    # launch_config sizes splits over min(window, page table): a window covering the table is no window there too
-    cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
-                        num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device,
-                        window=case.window, use_tensor_cores=tc, group=case.num_q_heads // case.num_kv_heads,
-                        heads_per_program=o.get("heads_per_program"))
+    else:
+        # launch_config sizes splits over min(window, page table): a window covering the table is no window there too
+        cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
+                            num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device,
+                            window=case.window, use_tensor_cores=tc, group=case.num_q_heads // case.num_kv_heads,
+                            heads_per_program=o.get("heads_per_program"))
     return {"tensor_cores": tc, **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages",
                                                        "heads_per_program")}}
 

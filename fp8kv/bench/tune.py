@@ -44,11 +44,11 @@ MARGIN = 0.03  # a candidate replaces the rule when at least 3 % faster (well ab
 
 def group_pad(hq: int, hkv: int) -> int:
     """The padded query rows of the kernel's programs for this layout (its default head tiles)."""
-    from ..ops import MAX_HEADS_PER_PROGRAM
+    from ..ops import MAX_HEADS_PER_PROGRAM, padded_rows
 
     group = hq // hkv
     tiles = -(-group // MAX_HEADS_PER_PROGRAM)
-    return max(16, 1 << (-(-group // tiles) - 1).bit_length())
+    return padded_rows(-(-group // tiles))
 
 
 def candidates(kv_fp8: bool, mode: str, head_dim: int) -> list[dict]:

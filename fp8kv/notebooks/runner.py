@@ -253,12 +253,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
                     entries.append(entry)
                     done.append(book.stem)
                     current = None
-            entries.sort(key=lambda e: e["name"])
-            failed = [e["name"] for e in entries if e["status"] != "ok"]
-            manifest.update(notebooks=entries, failed=failed, ok=not failed, finished=_now(),
-                            duration_s=round(time.perf_counter() - t0, 2))
-            (staging / MANIFEST).write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
-            _swap_into_place(staging, final)
+            _publish(staging, final, manifest, entries, t0)
     except BaseException as exc:
         # A second signal must not cut the clean-up short: ignore them until it is done.
         with signals_ignored():
@@ -273,11 +268,26 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
         raise
+    _rebuild_index(root)
+    return manifest
+
+
+def _publish(staging: Path, final: Path, manifest: dict, entries: list[dict], t0: float, **extra) -> None:
+    """Complete the manifest from ``entries`` (and ``extra`` fields), write it into the staging folder
+    and swap that folder in as the report."""
+    entries = sorted(entries, key=lambda e: e["name"])
+    failed = [e["name"] for e in entries if e["status"] != "ok"]
+    manifest.update(notebooks=entries, failed=failed, ok=not failed, finished=_now(),
+                    duration_s=round(time.perf_counter() - t0, 2), **extra)
+    (staging / MANIFEST).write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
+    _swap_into_place(staging, final)
+
+
+def _rebuild_index(root: Path) -> None:
     try:
         build_index(root)
     except Exception as exc:  # the report itself is published; a broken index is reported, not fatal
         print(f"warning: {root / INDEX} not rebuilt: {_error_text(exc)}", file=sys.stderr)
-    return manifest
 
 
 def _publish_interrupted(staging: Path, final: Path, manifest: dict, entries: list[dict], done: list[str],
@@ -288,19 +298,11 @@ def _publish_interrupted(staging: Path, final: Path, manifest: dict, entries: li
     if current is not None and current not in finished:  # its half-written files go; its previous page,
         for f in [*staging.glob(f"{current}.*"), *staging.glob(f"{current}_*")]:  # if any, is carried over
             f.unlink()
-    entries = entries + _carry_over(final, staging, finished) if final.is_dir() else entries
-    entries.sort(key=lambda e: e["name"])
-    failed = [e["name"] for e in entries if e["status"] != "ok"]
+    kept = _carry_over(final, staging, finished) if final.is_dir() else []
     what = "KeyboardInterrupt" if isinstance(exc, KeyboardInterrupt) else str(exc)
-    manifest.update(notebooks=entries, failed=failed, ok=not failed, ran=list(done), finished=_now(),
-                    duration_s=round(time.perf_counter() - t0, 2),
-                    interrupted=what + (f" during {current}" if current else ""))
-    (staging / MANIFEST).write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
-    _swap_into_place(staging, final)
-    try:
-        build_index(final.parent)
-    except Exception as err:  # the report is published; a broken index is reported, not fatal
-        print(f"warning: {final.parent / INDEX} not rebuilt: {_error_text(err)}", file=sys.stderr)
+    _publish(staging, final, manifest, entries + kept, t0, ran=list(done),
+             interrupted=what + (f" during {current}" if current else ""))
+    _rebuild_index(final.parent)
 
 
 def _check_out(out) -> None:
