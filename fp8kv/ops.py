@@ -40,7 +40,7 @@ from .kernels.paged_decode import (
 )
 from .kernels.paged_decode_cuda_core import paged_decode_cuda_core_kernel
 
-__all__ = ["paged_decode", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config",
+__all__ = ["paged_decode", "decode_kernel", "gluon_refusal", "gluon_launch", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config",
            "stream_copy", "MAX_HEADS_PER_PROGRAM"]
 
 _SCALE_KIND = {"tensor": SCALE_PER_HEAD.value, "head": SCALE_PER_HEAD.value, "channel": SCALE_CHANNEL.value,
@@ -256,7 +256,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                  num_stages: int | None = None, convert: str | None = None, eviction_policy: str = "",
                  out_dtype: torch.dtype | None = None, compute_dtype: torch.dtype | None = None,
                  window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None,
-                 use_tensor_cores: bool | None = None, heads_per_program: int | None = None, gluon: bool = False):
+                 use_tensor_cores: bool | None = None, heads_per_program: int | None = None,
+                 gluon: bool | None = None):
     """Triton paged decode attention.
 
     The launcher behind ``fp8kv.decode(..., backend="triton")``, which validates ``q``, ``cache``,
@@ -287,12 +288,15 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         (``python -m fp8kv.bench --preset layouts-cuda-core``, B=64 x 16k, FP8) it is faster only at
         16/16/256 (2598 us against 3750 us), and slower at 32/32/128 (2831 vs 2583 us), 32/32/80 and
         /96 (3522 / 3570 vs 2990 us) and 16/8/128 (1188 vs 669 us).
-    gluon : the Gluon kernel (:mod:`fp8kv.kernels.paged_decode_gluon`: FP8 tiles converted in the
-        tensor-core operand layout, copied through a cp.async ring), opt-in. One shape: a CUDA GPU
-        (sm80+; sm89+ for e4m3), dequant mode, an FP8 cache with one tensor-wide scale, NHD pages, head_dim 128,
-        groups up to 16, no variant; ``block_n`` 64 or 128 (default 128), ``num_stages`` its ring
-        depth 2-5 (default 2), 4 warps. Anything else raises UnsupportedError. H200, 32/8/128,
-        B=64 x 16k: 586 us against 696 us for the Triton kernel in the same run (4k: 161 vs 185 us).
+    gluon : which kernel: None (default) picks the Gluon kernel
+        (:mod:`fp8kv.kernels.paged_decode_gluon`: FP8 tiles converted in the tensor-core operand
+        layout, copied through a cp.async ring) wherever it runs and no Triton launch override is
+        given, else the Triton kernel (:func:`decode_kernel` says which). True asks for the Gluon
+        kernel and raises UnsupportedError by name outside its one shape: a CUDA GPU (sm80+; sm89+
+        for e4m3), dequant mode, an FP8 cache with one tensor-wide scale, NHD pages, head_dim 128,
+        groups up to 16, no variant; ``block_n`` 64 or 128 (default 128), ``num_stages`` its ring depth
+        2-5 (default 2), 4 warps. False: the Triton kernel. H200, B=64 x 16k, e4m3: 32/8/128 593 us
+        against 706 us for the Triton kernel in the same run, 32/32/128 2384 against 2713 us.
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them
         (checked by :func:`fp8kv.decode`; trusted here). A window reads only the window's pages;
         one at least as long as the page table is the plain kernel.
@@ -305,16 +309,15 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     """
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"q must be bfloat16 or float16 for the Triton kernel, got {q.dtype}")
-    if not isinstance(gluon, bool):
-        raise TypeError(f"gluon={gluon!r}; expected True or False")
     if q.stride(-1) != 1:
         raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
-    if gluon:
-        others = dict(convert=convert, eviction_policy=eviction_policy or None, compute_dtype=compute_dtype,
-                      window=window, soft_cap=soft_cap, sinks=sinks, heads_per_program=heads_per_program,
-                      use_tensor_cores=None if use_tensor_cores is True else use_tensor_cores)
-        return _paged_decode_gluon(q, cache, mode, sm_scale, num_splits, block_n, num_warps, num_stages, out_dtype,
-                                   {k: v for k, v in others.items() if v is not None})
+    overrides = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages, convert=convert,
+                     eviction_policy=eviction_policy or None, compute_dtype=compute_dtype, window=window,
+                     soft_cap=soft_cap, sinks=sinks, heads_per_program=heads_per_program,
+                     use_tensor_cores=None if use_tensor_cores is True else use_tensor_cores)
+    if decode_kernel(cache, mode, q.shape[2], q.shape[1] // cache.num_kv_heads, q.device, gluon=gluon,
+                     **overrides) == "gluon":
+        return _paged_decode_gluon(q, cache, sm_scale, num_splits, block_n, num_stages, out_dtype)
     if cache.dtype == torch.bfloat16 and q.dtype == torch.float16:
         # The dots would run in fp16, where bf16 pages beyond ±65504 become inf.
         raise TypeError("q is float16 but the cache is bf16: pass a bfloat16 query (as FlashInfer also requires)")
@@ -409,38 +412,72 @@ def gluon_launch(batch: int, cache: PagedKVCache, *, num_splits: int | None = No
     return {**cfg, "num_warps": 4, "num_stages": stages}
 
 
-def _paged_decode_gluon(q, cache, mode, sm_scale, num_splits, block_n, num_warps, num_stages, out_dtype, others):
-    """:func:`paged_decode` with ``gluon=True``: refuse what the kernel's one shape does not cover, launch."""
-    from .kernels import paged_decode_gluon as g
+# Options the Gluon kernel takes when asked for by name; any other override means the Triton kernel.
+_GLUON_OPTIONS = ("block_n", "num_stages")
 
-    b, hq, d = q.shape
-    group = hq // cache.num_kv_heads
+
+def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, device, **overrides) -> str | None:
+    """Why the Gluon kernel cannot run this decode (None: it can). ``overrides``: the launch options
+    and variants of :func:`paged_decode` (None = not given)."""
+    try:
+        from .kernels import paged_decode_gluon as g
+    except ImportError as e:  # a Triton without the Gluon dialect
+        return f"this Triton has no Gluon ({e})"
+    device = torch.device(device)
+    others = sorted(k for k, v in overrides.items() if v is not None and k not in _GLUON_OPTIONS + ("num_warps",))
+    num_warps = overrides.get("num_warps")
     why = next((w for bad, w in (
-        (bool(others), f"the Gluon kernel takes no {sorted(others)}"),
+        (bool(others), f"the Gluon kernel takes no {others}"),
         (mode != "dequant", f"mode={mode!r}: the Gluon kernel runs dequant mode"),
         (not cache.is_fp8, f"kv_dtype={cache.kv_dtype}: the Gluon kernel reads FP8 caches"),
         (cache.granularity != "tensor", f"granularity={cache.granularity!r}: the Gluon kernel takes one "
                                         "tensor-wide scale"),
         (cache.layout != "NHD", f"layout={cache.layout!r}: the Gluon kernel reads NHD pages"),
-        (d != g.HEAD_DIM, f"head_dim={d}: the Gluon kernel is built for {g.HEAD_DIM}"),
+        (head_dim != g.HEAD_DIM, f"head_dim={head_dim}: the Gluon kernel is built for {g.HEAD_DIM}"),
         (group > g.GROUP_PAD, f"{group} query heads per KV head: the Gluon kernel takes up to {g.GROUP_PAD}"),
         (num_warps not in (None, g.NUM_WARPS), f"num_warps={num_warps!r}: the Gluon kernel runs {g.NUM_WARPS}"),
-        (interpreter_on() or q.device.type != "cuda", "Gluon kernels run on a CUDA GPU only (not under the "
-                                                      "Triton interpreter)"),
+        (interpreter_on() or device.type != "cuda", "Gluon kernels run on a CUDA GPU only (not under the "
+                                                    "Triton interpreter)"),
     ) if bad), None)
     if why is None:
-        arch = current_arch(q.device)
+        arch = current_arch(device)
         if int(arch[2:]) < 80:
             why = f"{arch}: cp.async and mma.sync need sm80+"
         elif cache.kv_dtype == "fp8_e4m3" and int(arch[2:]) < 89:
             why = f"{arch}: Triton's e4m3 type (and its conversion instruction) needs sm89+; e5m2 runs on sm80"
-    if why is not None:
-        raise UnsupportedError(f"gluon=True: {why}; use the Triton kernel (gluon=False)")
-    pages = (cache.k_pages, cache.v_pages)
-    if any(t.data_ptr() % 16 or any(s % 16 for s in t.stride()[:3]) for t in pages) or \
-            cache.k_pages.stride() != cache.v_pages.stride():
-        raise UnsupportedError("gluon=True: the cp.async copies need 16-byte aligned pages and strides shared by K "
-                               "and V")
+    if why is None:
+        pages = (cache.k_pages, cache.v_pages)
+        if any(t.data_ptr() % 16 or any(s % 16 for s in t.stride()[:3]) for t in pages) or \
+                cache.k_pages.stride() != cache.v_pages.stride():
+            why = "the cp.async copies need 16-byte aligned pages and strides shared by K and V"
+    return why
+
+
+def decode_kernel(cache: PagedKVCache, mode: str, head_dim: int, group: int, device, *, gluon: bool | None = None,
+                  **overrides) -> str:
+    """``"gluon"`` or ``"triton"``: the kernel :func:`paged_decode` launches for these arguments.
+
+    ``gluon=None`` picks Gluon where :func:`gluon_refusal` finds nothing and no override is given
+    (launch overrides such as ``block_n`` address the Triton kernel); True raises UnsupportedError
+    where Gluon cannot run; False is the Triton kernel."""
+    if gluon is not None and not isinstance(gluon, bool):
+        raise TypeError(f"gluon={gluon!r}; expected None (the faster kernel that runs), True or False")
+    if gluon is False:
+        return "triton"
+    why = gluon_refusal(cache, mode, head_dim, group, device, **overrides)
+    if gluon:
+        if why is not None:
+            raise UnsupportedError(f"gluon=True: {why}; use the Triton kernel (gluon=False)")
+        return "gluon"
+    return "gluon" if why is None and all(v is None for v in overrides.values()) else "triton"
+
+
+def _paged_decode_gluon(q, cache, sm_scale, num_splits, block_n, num_stages, out_dtype):
+    """The Gluon launch of :func:`paged_decode` (:func:`decode_kernel` chose it)."""
+    from .kernels import paged_decode_gluon as g
+
+    b, hq, d = q.shape
+    group = hq // cache.num_kv_heads
     cfg = gluon_launch(b, cache, num_splits=num_splits, block_n=block_n, num_stages=num_stages, device=q.device)
     out_dtype = q.dtype if out_dtype is None else out_dtype
     if out_dtype not in OUT_DTYPES:
@@ -450,7 +487,7 @@ def _paged_decode_gluon(q, cache, mode, sm_scale, num_splits, block_n, num_warps
     part_out, part_lse = _split_partials(b, hq, splits, d, q.device)
     out = torch.empty(b, hq, d, dtype=out_dtype, device=q.device)
     lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
-    k_pages, v_pages = (t.view(torch.uint8) for t in pages)
+    k_pages, v_pages = (t.view(torch.uint8) for t in (cache.k_pages, cache.v_pages))
     s = k_pages.stride()
     g.gluon_decode_async_kernel[(b, cache.num_kv_heads, splits)](
         q, k_pages, v_pages, cache.k_scale, cache.v_scale, cache.block_table, cache.seq_lens, part_out, part_lse,

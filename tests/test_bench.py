@@ -19,7 +19,7 @@ import torch
 
 from fp8kv import bench, results
 from fp8kv.bench import Case, bytes_moved, run, save, speedup_table, sweep, synthetic_cache
-from fp8kv.capability import check
+from fp8kv.capability import UnsupportedError, check
 from fp8kv.quant import broadcast_scale
 from fp8kv.reference import FP8_MODE_TOL
 
@@ -648,16 +648,26 @@ def test_layouts_cuda_core_preset_times_both_kernels_on_small_groups():
     assert any(c.backend == "flashinfer" and c.status == "ready" for c in cases)
 
 
-def test_triton_opt_gluon_is_a_switch():
+def test_triton_opt_gluon_is_a_switch(monkeypatch):
     import argparse
 
+    from fp8kv import ops
     from fp8kv.bench.cli import _kv_opt
 
     assert _kv_opt("gluon=1") == ("gluon", True)
+    assert _kv_opt("gluon=0") == ("gluon", False)
     with pytest.raises(argparse.ArgumentTypeError, match="gluon=1"):
         _kv_opt("gluon=2")
     assert _kv_opt("block_n=64") == ("block_n", 64)
+    cache = synthetic_cache(2, 64, 2, 128, kv_dtype="fp8_e4m3", device="cpu")
     case = Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3", options={"gluon": True, "block_n": 64})
-    launch = bench.measure._triton_launch(case, synthetic_cache(2, 64, 2, 128, kv_dtype="fp8_e4m3", device="cpu"),
-                                          torch.device("cpu"))
+    with pytest.raises(UnsupportedError, match="CUDA GPU only"):  # no GPU here: the row says unsupported
+        bench.measure._triton_launch(case, cache, torch.device("cpu"))
+    monkeypatch.setattr(ops, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
+    launch = bench.measure._triton_launch(case, cache, torch.device("cpu"))
+    assert launch["kernel"] == "gluon"
     assert (launch["block_n"], launch["num_stages"], launch["num_warps"]) == (64, 2, 4)  # the Gluon launch
+    auto = bench.measure._triton_launch(Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3"), cache, torch.device("cpu"))
+    assert (auto["kernel"], auto["block_n"]) == ("gluon", 128)  # the default where Gluon runs
+    tuned = Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3", options={"block_n": 32})
+    assert bench.measure._triton_launch(tuned, cache, torch.device("cpu"))["kernel"] == "triton"  # a Triton override

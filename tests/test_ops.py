@@ -541,6 +541,43 @@ def test_gluon_kernel_refuses_what_its_shape_does_not_cover(kw, cache_kw, q_shap
         paged_decode(q, cache, gluon=True, **kw)
 
 
+def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
+    """The dispatcher's choice (decode_kernel), tested on CPU with the GPU facts faked: Gluon by default
+    on its shape, the Triton kernel for any Triton override, a variant or gluon=False; gluon=True
+    raises where Gluon cannot run; the arch rules name the GPU."""
+    from fp8kv import ops
+    from fp8kv.ops import decode_kernel, gluon_refusal
+
+    cache = make_cache([5, 40], 2, 128)
+    assert gluon_refusal(cache, "dequant", 128, 4, "cpu") is not None  # no GPU here
+    assert decode_kernel(cache, "dequant", 128, 4, "cpu") == "triton"
+    with pytest.raises(UnsupportedError, match="gluon=True: .*CUDA GPU only"):
+        decode_kernel(cache, "dequant", 128, 4, "cpu", gluon=True)
+    with pytest.raises(TypeError, match="gluon=1"):
+        decode_kernel(cache, "dequant", 128, 4, "cpu", gluon=1)
+
+    monkeypatch.setattr(ops, "interpreter_on", lambda: False)  # as on a GPU
+    monkeypatch.setattr(ops, "current_arch", lambda device=None: "sm90")
+    assert gluon_refusal(cache, "dequant", 128, 4, "cuda") is None
+    assert decode_kernel(cache, "dequant", 128, 4, "cuda") == "gluon"
+    assert decode_kernel(cache, "dequant", 128, 4, "cuda", gluon=False) == "triton"
+    assert decode_kernel(cache, "dequant", 128, 4, "cuda", gluon=True, block_n=64, num_stages=3) == "gluon"
+    for override in (dict(block_n=64), dict(num_warps=4), dict(num_stages=3), dict(convert="ptx"),
+                     dict(window=8), dict(heads_per_program=2), dict(use_tensor_cores=False)):
+        assert decode_kernel(cache, "dequant", 128, 4, "cuda", **override) == "triton", override
+    assert decode_kernel(cache, "dequant", 128, 4, "cuda", block_n=None) == "gluon"  # None: not given
+    for refused in (dict(mode="fp8"), dict(head_dim=64), dict(group=17)):
+        args = {"mode": "dequant", "head_dim": 128, "group": 4, **refused}
+        assert decode_kernel(cache, args["mode"], args["head_dim"], args["group"], "cuda") == "triton", refused
+    for kw in (dict(kv_dtype="bf16"), dict(granularity="head"), dict(layout="HND")):
+        assert decode_kernel(make_cache([5, 40], 2, 128, **kw), "dequant", 128, 4, "cuda") == "triton", kw
+    monkeypatch.setattr(ops, "current_arch", lambda device=None: "sm80")
+    assert "needs sm89+" in gluon_refusal(cache, "dequant", 128, 4, "cuda")  # e4m3 on an A100
+    assert gluon_refusal(make_cache([5, 40], 2, 128, kv_dtype="fp8_e5m2"), "dequant", 128, 4, "cuda") is None
+    monkeypatch.setattr(ops, "current_arch", lambda device=None: "sm75")
+    assert "need sm80+" in gluon_refusal(cache, "dequant", 128, 4, "cuda")
+
+
 def test_gluon_launch_defaults_and_bad_options():
     from fp8kv import ops
     from fp8kv.ops import gluon_launch
@@ -574,5 +611,7 @@ def test_gluon_kernel_matches_the_oracle_and_its_twin_on_the_gpu(kv_dtype, q_dty
     ref_o, ref_l = ref_decode(q, cache)
     assert relative_error(out.float(), ref_o) <= dequant_tol(q_dtype, "tensor")
     assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", q_dtype, ref_l)
-    twin_o, _ = paged_decode(q, cache)
+    twin_o, _ = paged_decode(q, cache, gluon=False)
     assert relative_error(out.float(), twin_o.float()) <= 2 * unit_roundoff(q_dtype)
+    if not launch:  # the default launch of this shape is the Gluon kernel's
+        assert torch.equal(paged_decode(q, cache)[0], out)
