@@ -47,7 +47,6 @@ __all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "VA
 ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
 BACKEND_NAMES = ("reference", "triton", "flashinfer")  # fp8kv.backends.BACKENDS maps each to its runner
 MODES = ("dequant", "fp8")
-BACKENDS = BACKEND_NAMES  # former name, read by notebook 05 until its H200 page is rendered again
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 TRITON_MAX_HEAD_DIM = 256
 VARIANTS = ("window", "soft_cap", "sinks")  # the keyword arguments of fp8kv.decode that name them

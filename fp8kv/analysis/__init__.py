@@ -38,7 +38,6 @@ from .decode_grids import DECODE_GRIDS, DecodeGrid, decode_grid
 from .errors import (
     QUANTIZE,
     SCALE_LABELS,
-    SCALE_METHODS,
     attend,
     attribution,
     error_vs_context,
@@ -55,7 +54,7 @@ from .kv_stats import channel_amax, describe_kv
 from .roundtrip import cast_comparison, roundtrip_sweep, scale_sweep
 from .selection import format_names, registry_names
 
-__all__ = ["SCALE_LABELS", "SCALE_METHODS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
+__all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
            "error_vs_context", "attribution", "key_numbers", "saturation_long", "describe_kv", "channel_amax",
            "real_kv_error", "real_kv_error_or_reason", "synthetic_vs_real", "quantization_results",
            "capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough", "capacity_walkthroughs",

@@ -41,7 +41,6 @@ __all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization
 # The scales the error tables compare, as table labels; scale_argument turns each into quantize's
 # ``scale=`` (whose own vocabulary is fp8kv.quant.SCALE_METHODS).
 SCALE_LABELS = ("1.0", "amax", "percentile", "vllm")
-SCALE_METHODS = SCALE_LABELS  # former name, read by notebook 02 until its H200 page is rendered again
 QUANTIZE = ("kv", "k", "v")  # which of K / V is quantized; the other stays exact
 
 
