@@ -572,7 +572,7 @@ COPY_BLOCK = 8192  # elements per program: 32 KiB of fp32, with 16-byte vector a
 def stream_copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     """Copy contiguous ``src`` into ``dst`` (same numel and dtype, one device) with the streaming kernel.
 
-    The bandwidth ceiling decode kernels are measured against (:func:`fp8kv.device.measure_copy_bandwidth`).
+    The bandwidth ceiling decode kernels are measured against (:func:`fp8kv.bench.measure_copy_bandwidth`).
     No host sync: it can be captured in a CUDA graph. Returns ``dst``.
     """
     checks.tensor(dst, "dst", dtypes=(src.dtype,), device=src.device)

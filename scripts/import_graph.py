@@ -44,9 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 # Deferred imports that point up a layer, and why each stays deferred rather than moved.
-DEFERRED_UPWARD: dict[tuple[str, str], str] = {
-    ("device", "ops"): "the copy-bandwidth ceiling launches the copy kernel through its launcher",
-}
+DEFERRED_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def unit_of(module: str) -> str:

@@ -494,7 +494,7 @@ def test_decode_is_cuda_graph_capturable():
 
 
 def test_copy_kernel_copies_every_element():
-    """The bandwidth ceiling's kernel (fp8kv.device.measure_copy_bandwidth on a GPU)."""
+    """The bandwidth ceiling's kernel (fp8kv.bench.measure_copy_bandwidth on a GPU)."""
     from fp8kv.kernels.copy import copy_kernel
 
     src = torch.randn(10_000, device=DEVICE)

@@ -1,7 +1,8 @@
 """Decode benchmark harness: a grid of cases → tidy result rows (one measurement per row).
 
-Modules: :mod:`~fp8kv.bench.cases` (the grid, bytes, tolerance, memory), :mod:`~fp8kv.bench.measure`
-(cache builds, checks, timing), :mod:`~fp8kv.bench.report` (speedups, summaries, saving),
+Modules: :mod:`~fp8kv.bench.cases` (the grid, bytes, tolerance, memory), :mod:`~fp8kv.bench.ceiling`
+(the copy-bandwidth ceiling), :mod:`~fp8kv.bench.measure` (cache builds, checks, timing),
+:mod:`~fp8kv.bench.report` (speedups, summaries, saving),
 :mod:`~fp8kv.bench.cli` (``fp8kv bench``). Their public names are importable from here.
 
 ::
@@ -31,10 +32,11 @@ How a case is measured
   the Triton interpreter or of the reference. These numbers say nothing about any GPU.
 * Bandwidth: ``gbps = bytes / time`` with ``bytes`` the useful bytes (:func:`bytes_moved`), and
   ``pct_copy_bw`` against a device-to-device copy measured once in the same run
-  (:func:`fp8kv.device.measure_copy_bandwidth`).
+  (:func:`fp8kv.bench.ceiling.measure_copy_bandwidth`).
 """
 
 from .cases import Q_DTYPES, Case, bytes_moved, footprint_bytes, memory_budget, sweep, tolerance
+from .ceiling import measure_copy_bandwidth
 from .cli import PRESET_HELP, PRESETS, TRITON_OPTIONS, build_parser, main, preset_grid
 from .measure import COLUMNS, run, synthetic_cache, time_call
 from .report import (
@@ -55,4 +57,4 @@ __all__ = ["Case", "sweep", "run", "speedup_table", "save", "main", "synthetic_c
            "tolerance", "footprint_bytes", "memory_budget", "summary", "results_markdown", "time_call",
            "build_parser", "PRESETS", "PRESET_HELP", "TRITON_OPTIONS", "COLUMNS", "SHAPE_KEYS", "Q_DTYPES",
            "layout_table", "layout_markdown", "LAYOUT_KEYS", "preset_grid",
-           "best_per_configuration", "case_counts", "all_checks_passed"]
+           "best_per_configuration", "case_counts", "all_checks_passed", "measure_copy_bandwidth"]

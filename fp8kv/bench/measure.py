@@ -22,6 +22,7 @@ from ..checks import fail as _fail
 from ..quant import relative_error
 from ..synthetic import random_paged_cache
 from .cases import Q_DTYPES, Case, bytes_moved, tolerance
+from .ceiling import measure_copy_bandwidth
 
 COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer",
@@ -93,13 +94,11 @@ def _check_indices(batch: int, n: int) -> list[int]:
 # -------------------------------------------------------------------------------------------- run
 def resolve_copy_bandwidth(copy_bandwidth, device) -> tuple[float, dict | None]:
     """``(GB/s, info)`` of a ``copy_bandwidth`` argument: None measures now
-    (:func:`fp8kv.device.measure_copy_bandwidth`), False skips (NaN, None), a positive number or a
+    (:func:`fp8kv.bench.ceiling.measure_copy_bandwidth`), False skips (NaN, None), a positive number or a
     measurement dict is taken as given."""
     if copy_bandwidth is False:
         return float("nan"), None
     if copy_bandwidth is None:
-        from ..device import measure_copy_bandwidth
-
         info = measure_copy_bandwidth(device=device)
         return float(info["gbps"]), info
     if isinstance(copy_bandwidth, dict):
@@ -107,7 +106,7 @@ def resolve_copy_bandwidth(copy_bandwidth, device) -> tuple[float, dict | None]:
     if isinstance(copy_bandwidth, (int, float)) and not isinstance(copy_bandwidth, bool) and copy_bandwidth > 0:
         return float(copy_bandwidth), {"gbps": float(copy_bandwidth), "method": "given"}
     _fail(f"copy_bandwidth={copy_bandwidth!r}; expected None (measure), False (skip), a positive GB/s "
-          "number or the dict of fp8kv.device.measure_copy_bandwidth")
+          "number or the dict of fp8kv.bench.ceiling.measure_copy_bandwidth")
 
 
 def _l2_bytes(device: torch.device) -> int:
@@ -127,7 +126,7 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
         ``check_passed`` against :func:`tolerance`); rows are timed either way.
     rep, warmup : milliseconds of repetition / warm-up for the CUDA timers.
     copy_bandwidth : None (measure once now), False (skip), GB/s, or a
-        :func:`fp8kv.device.measure_copy_bandwidth` dict. Recorded in every row (``copy_gbps``).
+        :func:`fp8kv.bench.ceiling.measure_copy_bandwidth` dict. Recorded in every row (``copy_gbps``).
     rotate : on CUDA, cycle through clones of caches smaller than 4 × L2 so reads come from HBM.
     check_seqs : sequences compared with the reference (first ones and the last).
     cpu_reps : calls timed per case on CPU.
