@@ -18,8 +18,9 @@ as long as the query (loaded once) and the output store (once) use the same perm
   16 kb``, which is output column ``n = 32 r + 8 w + g`` of the fragment.
 
 One tile shape: NHD pages, head_dim 128, one tensor-wide K and V scale, groups of up to 16 query
-heads (16 MMA rows), 4 warps. :func:`fp8kv.ops.paged_decode` (``gluon=True``) checks all of it and
-launches; the interpreter cannot run Gluon, so the tensor-core Triton kernel is its twin on CPU.
+heads (16 MMA rows), 4 warps. :func:`fp8kv.ops.decode_kernel` checks all of it (this is the
+default kernel where it holds) and :func:`fp8kv.ops.paged_decode` launches; the interpreter cannot
+run Gluon, so the tensor-core Triton kernel is its twin on CPU.
 """
 
 import math
