@@ -25,13 +25,13 @@ import math
 import pytest
 import torch
 
+import conftest
 import fp8kv
 from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError
 from fp8kv.quant import relative_error
 from fp8kv.reference import FP8_MODE_TOL, lse_tolerance, output_tolerance, unit_roundoff
 from fp8kv.reference import decode as ref_decode
-from fp8kv.synthetic import ragged_kv
 
 triton = pytest.importorskip("triton")
 from fp8kv.ops import choose_num_splits, launch_config, paged_decode, write_cache  # noqa: E402
@@ -45,14 +45,11 @@ def dequant_tol(q_dtype, granularity):
     return output_tolerance("triton", "dequant", q_dtype, granularity)
 
 
-def make_cache(lens, hkv, d, *, kv_dtype="fp8_e4m3", granularity="tensor", block_size=16, layout="NHD", seed=0,
-               k_mult=1.0):
-    """A cache of the backend matrix's data (``fp8kv.synthetic.ragged_kv``: K's heads spread over
-    [10^-0.5, 10^0.5] and an outlier channel, so scale granularities differ) on the test device;
-    ``k_mult`` scales K (large scores)."""
-    k, v = ragged_kv(lens, hkv, d, seed=seed)
-    return PagedKVCache.from_dense((k * k_mult).to(DEVICE), v.to(DEVICE), lens, block_size=block_size,
-                                   kv_dtype=kv_dtype, granularity=granularity, layout=layout, seed=seed)
+def make_cache(lens, hkv, d, **kw):
+    """The shared cache factory (conftest) on the backend matrix's data (``fp8kv.synthetic.ragged_kv``:
+    K's heads spread over [10^-0.5, 10^0.5] and an outlier channel, so scale granularities differ),
+    on the test device; ``k_spread`` scales K (large scores)."""
+    return conftest.make_cache(lens, hkv, d, data="ragged", device=DEVICE, **kw)
 
 
 def make_q(b, hq, d, dtype, seed=1):

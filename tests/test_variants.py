@@ -159,7 +159,7 @@ def test_variant_matches_oracle(name, spec, granularity, mode):
 @pytest.mark.parametrize("mode", ["dequant", "fp8"])
 def test_soft_cap_with_scores_far_beyond_the_cap(mode):
     """Keys x 40 push scaled scores to hundreds; a cap of 1 flattens them to within e^2 of each other."""
-    cache = make_cache(LENS, 2, 64, k_mult=40.0, granularity="head")
+    cache = make_cache(LENS, 2, 64, k_spread=40.0, granularity="head")
     q = make_q(len(LENS), 8, 64, torch.float16)
     out, lse = check_variant_against_oracle(q, cache, mode, dict(soft_cap=1.0), num_splits=2, block_n=32)
     # |capped score| < 1, so lse lies within ln(L) +- 1
