@@ -16,6 +16,7 @@ import torch
 import fp8kv
 from fp8kv import reference
 from fp8kv.backends import flashinfer as fib
+from fp8kv.backends import flashinfer_scales as fis
 from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError, capability, check, current_arch, flashinfer_installed
 from fp8kv.quant import relative_error as rel_err
@@ -89,7 +90,7 @@ def test_fold_scales_is_exact(granularity, kv_dtype, hq_per_kv, make_cache):
     hkv, d = 2, 16
     cache = make_cache(lens, num_kv_heads=hkv, head_dim=d, kv_dtype=kv_dtype, granularity=granularity, seed=11)
     q = torch.randn(len(lens), hkv * hq_per_kv, d, generator=torch.Generator().manual_seed(5))
-    q_f, k_s, v_s, out_mult = fib.fold_scales(q, cache)  # fp32 q: the fold without rounding
+    q_f, k_s, v_s, out_mult = fis.fold_scales(q, cache)  # fp32 q: the fold without rounding
     assert isinstance(k_s, float) and isinstance(v_s, float)
     assert q_f.dtype == torch.float32 and q_f.shape == q.shape
     if granularity == "tensor":
@@ -113,7 +114,7 @@ def test_fold_without_scales_is_wrong(make_cache):
     """The same computation with the folding dropped is far off: the test above can fail."""
     cache = make_cache([20, 33], granularity="head", seed=2)
     q = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(1))
-    _, k_s, v_s, _ = fib.fold_scales(q, cache)
+    _, k_s, v_s, _ = fis.fold_scales(q, cache)
     codes = codes_cache(cache)
     ref_out, _ = reference.decode(q, cache)
     kc, vc = codes.gather(0)
@@ -123,7 +124,7 @@ def test_fold_without_scales_is_wrong(make_cache):
 
 def test_fold_ratio_and_shapes(make_cache):
     cache = make_cache([12], num_kv_heads=2, head_dim=16, granularity="head", seed=4)
-    fold = fib.plan_scales(cache, 6)
+    fold = fis.plan_scales(cache, 6)
     ks, vs = cache.k_scale, cache.v_scale
     assert fold.k_scale == float(ks.max()) and fold.v_scale == 1.0
     assert fold.q_mult.shape == (6, 1) and fold.out_mult.shape == (6, 1)
@@ -131,15 +132,15 @@ def test_fold_ratio_and_shapes(make_cache):
     # query heads 0-2 read KV head 0, 3-5 KV head 1 (reference.attention's h // group)
     assert torch.allclose(fold.q_mult[:, 0] * fold.k_scale, ks.repeat_interleave(3), rtol=1e-6)
     assert torch.equal(fold.out_mult[:, 0], vs.repeat_interleave(3))
-    ch = fib.plan_scales(make_cache([12], granularity="channel"), 4)
+    ch = fis.plan_scales(make_cache([12], granularity="channel"), 4)
     assert ch.q_mult.shape == (4, 16) and ch.out_mult.shape == (4, 16)
 
 
 def test_fold_rounds_once_to_q_dtype(make_cache):
     cache = make_cache([10], granularity="head", seed=8)
     q = torch.randn(1, 2, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-    q_f, *_ = fib.fold_scales(q, cache)
-    fold = fib.plan_scales(cache, 2)
+    q_f, *_ = fis.fold_scales(q, cache)
+    fold = fis.plan_scales(cache, 2)
     assert q_f.dtype == torch.bfloat16
     assert torch.equal(q_f, (q.float() * fold.q_mult).to(torch.bfloat16))
     # one bf16 rounding: relative error at most 2^-8 per element
@@ -150,7 +151,7 @@ def test_fold_rounds_once_to_q_dtype(make_cache):
 def test_sixteen_bit_cache_folds_nothing(make_cache):
     cache = make_cache([7, 3], kv_dtype="bf16")
     q = torch.randn(2, 2, 16)
-    q_f, k_s, v_s, out_mult = fib.fold_scales(q, cache)
+    q_f, k_s, v_s, out_mult = fis.fold_scales(q, cache)
     assert (k_s, v_s, out_mult) == (1.0, 1.0, None) and q_f is q
 
 
@@ -159,14 +160,14 @@ def test_token_head_rejected_with_capability_reason(make_cache):
     why = check("flashinfer", "fp8_e4m3", "dequant", "sm90", "token_head")[1]
     assert "per-token-head" in why
     with pytest.raises(UnsupportedError) as e:
-        fib.fold_scales(torch.randn(2, 2, 16), cache)
+        fis.fold_scales(torch.randn(2, 2, 16), cache)
     assert why in str(e.value)
 
 
 def test_plan_scales_rejects_bad_heads(make_cache):
     cache = make_cache([5])
     with pytest.raises(ValueError, match="num_qo_heads=3"):
-        fib.plan_scales(cache, 3)
+        fis.plan_scales(cache, 3)
 
 
 # ------------------------------------------------------------------------------- optional import
