@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 from . import checks
 from .device import current_arch  # the arch of a device ("sm90"), None on CPU
-from .formats import KV_DTYPE_NAMES
+from .formats import KV_DTYPE_NAMES, is_fp8
 
 __all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "VARIANTS", "UnsupportedError",
            "check", "capability", "current_arch",
@@ -73,7 +73,7 @@ def _arch_num(arch: str) -> int:
 def _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim) -> tuple[bool, str]:
     """Support on ``arch`` by hardware and library facts alone (ignores what is installed here)."""
     n = _arch_num(arch)
-    fp8_kv = kv_dtype.startswith("fp8")
+    fp8_kv = is_fp8(kv_dtype)
     if mode == "fp8" and not fp8_kv:
         return False, "fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode"
     if backend == "reference":
@@ -134,7 +134,7 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
                            + ("" if flashinfer_installed() else " (and it is not installed)"))
         if not interpreter_on():
             return False, "no GPU: Triton kernels run on CPU only under TRITON_INTERPRET=1"
-        if mode == "fp8" and not kv_dtype.startswith("fp8"):
+        if mode == "fp8" and not is_fp8(kv_dtype):
             return False, "fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode"
         if mode == "fp8" and granularity == "token_head":
             return False, "fp8 mode takes tensor, head and channel scales; token_head needs dequant mode"
@@ -166,7 +166,7 @@ def capability(arch: str | Sequence[str] | None = None):
             for mode in MODES:
                 ok, why = check(backend, kv, mode, arch)
                 grans = [g for g in ("tensor", "head", "token_head", "channel")
-                         if check(backend, kv, mode, arch, granularity=g)[0]] if kv.startswith("fp8") else []
+                         if check(backend, kv, mode, arch, granularity=g)[0]] if is_fp8(kv) else []
                 rows.append(dict(arch=label, backend=backend, kv_dtype=kv, mode=mode, supported=ok,
                                  granularities=",".join(grans) if ok else "", reason=why))
     return pd.DataFrame(rows)

@@ -1,18 +1,19 @@
-"""The ``fp8kv`` command.
+"""The ``fp8kv`` command: one front end for the package's commands.
 
 ::
 
     fp8kv notebooks run [--smoke | --full] [--only NAME ...] [--timeout S] [--out reports] ...
-    fp8kv notebooks list [--notebooks DIR]
+    fp8kv notebooks list | index | render FOLDER
     fp8kv bench ARGS...        # forwarded unparsed to fp8kv.bench.main(ARGS)
+    fp8kv step ARGS...         # forwarded unparsed to fp8kv.step.main(ARGS)
 
-``fp8kv notebooks run`` is the same as ``python -m fp8kv.notebooks`` (see :mod:`fp8kv.notebooks`).
+Each is the same as ``python -m fp8kv.<command>`` (see :mod:`fp8kv.notebooks`, :mod:`fp8kv.bench`,
+:mod:`fp8kv.step`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
@@ -22,36 +23,40 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse tree of ``fp8kv`` (``bench`` is listed for ``--help``; its arguments are its own)."""
+    """The argparse tree of ``fp8kv`` (``bench`` and ``step`` are listed for ``--help``; their arguments
+    are their own)."""
     from .notebooks import add_actions
 
     parser = ArgumentParser(prog="fp8kv", description="FP8 KV-cache workbench.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    nb = sub.add_parser("notebooks", help="run the notebooks headless and publish reports/<gpu>/")
+    nb = sub.add_parser("notebooks", help="run the notebooks headless and publish reports/<gpu>/ "
+                                          "(run, list, index, render)")
     add_actions(nb)
 
-    sub.add_parser("bench", help="benchmarks (fp8kv bench --help for its options)", add_help=False)
+    sub.add_parser("bench", help="decode benchmarks (fp8kv bench --help for its options)", add_help=False)
+    sub.add_parser("step", help="a model's whole decode step (fp8kv step --help for its options)", add_help=False)
     return parser
 
 
-def _bench(argv: list[str]) -> int:
-    try:
-        bench = importlib.import_module("fp8kv.bench")  # lazy: it imports kernels and CUDA state
-    except ModuleNotFoundError as exc:
-        if exc.name != "fp8kv.bench":  # a dependency of bench is missing: that error is the useful one
-            raise
-        print("error: fp8kv.bench is not available in this installation", file=sys.stderr)
-        return 2
-    rc = bench.main(argv)
-    return int(rc or 0)
+def _forward(command: str, argv: list[str]) -> int:
+    """Hand ``argv`` to a command's own parser (imported lazily: bench and step import kernels)."""
+    if command == "bench":
+        from .bench import main as command_main
+    elif command == "step":
+        from .step import main as command_main
+    else:
+        from .notebooks import main as command_main
+    return int(command_main(argv) or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fp8kv`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":  # forwarded before parsing, so bench's own --help and options work
-        return _bench(argv[1:])
+    # bench and step parse their own options (so their --help works); notebooks' index and render
+    # actions are parsed by fp8kv.notebooks.main
+    if argv and (argv[0] in ("bench", "step") or argv[:2] in (["notebooks", "index"], ["notebooks", "render"])):
+        return _forward(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     from .notebooks import run_action
 

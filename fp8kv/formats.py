@@ -26,7 +26,7 @@ from functools import cached_property
 
 import torch
 
-__all__ = ["FP8Format", "FORMATS", "format", "UNQUANTIZED_DTYPES", "KV_DTYPES", "KV_DTYPE_NAMES", "kv_dtype_info",
+__all__ = ["FP8Format", "FORMATS", "format", "UNQUANTIZED_DTYPES", "KV_DTYPES", "KV_DTYPE_NAMES", "is_fp8", "kv_dtype_info",
            "saturation_bounds", "summary_table", "code_table"]
 
 
@@ -187,6 +187,11 @@ KV_DTYPES: dict[str, tuple[torch.dtype, FP8Format | None]] = {
     "fp8_e5m2": (FORMATS["e5m2"].torch_dtype, FORMATS["e5m2"]),
 }
 KV_DTYPE_NAMES: tuple[str, ...] = tuple(KV_DTYPES)  # for choices and error messages
+
+
+def is_fp8(kv_dtype: str) -> bool:
+    """Whether the KV dtype named ``kv_dtype`` stores FP8 codes (False for 16-bit and unknown names)."""
+    return kv_dtype in KV_DTYPES and KV_DTYPES[kv_dtype][1] is not None
 
 
 def kv_dtype_info(kv_dtype: str | torch.dtype) -> tuple[str, torch.dtype, FP8Format | None]:

@@ -45,7 +45,7 @@ from . import checks
 from .cache import PagedKVCache
 from .capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES
 from .capability import check as capability_check
-from .formats import UNQUANTIZED_DTYPES
+from .formats import UNQUANTIZED_DTYPES, is_fp8
 from .quant import GRANULARITIES, relative_error
 from .reference import lse_tolerance, output_tolerance
 from .synthetic import ragged_kv
@@ -165,9 +165,9 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPE_NAMES, mo
     rows = []
     for backend in backends:
         for kv in kv_dtypes:
-            grans = granularities if kv.startswith("fp8") else ["tensor"]  # 16-bit caches carry no scales
+            grans = granularities if is_fp8(kv) else ["tensor"]  # 16-bit caches carry no scales
             for mode in modes:
-                if mode == "fp8" and not kv.startswith("fp8"):
+                if mode == "fp8" and not is_fp8(kv):
                     continue  # not a combination: fp8 mode quantizes q and p against FP8 KV
                 for gran in grans:
                     qd = q_dtype or _default_q_dtype(kv, dev)

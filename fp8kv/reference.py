@@ -18,13 +18,14 @@ import torch
 
 from . import checks
 from .cache import PagedKVCache
-from .formats import UNQUANTIZED_DTYPES
+from .formats import FORMATS, UNQUANTIZED_DTYPES
 
 __all__ = ["decode", "attention", "paged_attention", "UNIT_ROUNDOFF", "FP8_MODE_TOL", "REFERENCE_TOL",
            "unit_roundoff", "output_tolerance", "lse_tolerance"]
 
 # Unit roundoff u (relative error of one round-to-nearest) of the types a backend rounds to.
-UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24, "e4m3": 2.0**-4}
+UNIT_ROUNDOFF = {**{name: torch.finfo(dtype).eps / 2 for name, dtype in UNQUANTIZED_DTYPES.items()},
+                 "e4m3": FORMATS["e4m3"].unit_roundoff}
 _DTYPE_NAMES = {dtype: name for name, dtype in UNQUANTIZED_DTYPES.items()}  # torch dtype -> its name
 # fp8 mode rounds q and p to e4m3 (u = 2^-4 each). The errors are independent across D and the
 # tokens and average out: measured ~0.03 on N(0, 1) data (~u/2). 0.08 (~1.3u) leaves room for

@@ -1,7 +1,7 @@
-"""fp8kv.device: device resolution, description, slug, arch and the copy-bandwidth measurement.
+"""fp8kv.device: device resolution, description, slug and arch.
 
 The CUDA code paths are exercised on CPU machines through a fake ``torch.cuda`` (monkeypatched
-properties of an H200); the real GPU measurement runs only where CUDA is available.
+properties of an H200).
 """
 
 import platform

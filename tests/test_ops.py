@@ -38,7 +38,6 @@ from fp8kv.ops import choose_num_splits, launch_config, paged_decode, write_cach
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 Q_DTYPES = [torch.float16, torch.bfloat16]
-UNIT_ROUNDOFF = {dtype: unit_roundoff(dtype) for dtype in Q_DTYPES}
 
 
 def dequant_tol(q_dtype, granularity):
@@ -342,7 +341,7 @@ def test_splits_agree_and_batch_one_fills_the_gpu(monkeypatch):
     q = make_q(1, 8, 64, torch.float16)
     outs = [paged_decode(q, cache, num_splits=s, block_n=16) for s in (1, 2, 5)]
     for o, lse in outs[1:]:
-        assert relative_error(o.float(), outs[0][0].float()) < 2 * UNIT_ROUNDOFF[torch.float16]
+        assert relative_error(o.float(), outs[0][0].float()) < 2 * unit_roundoff(torch.float16)
         assert float((lse - outs[0][1]).abs().max()) < 1e-4
     # the heuristic: batch 1 x 8 KV heads on 132 SMs asks for many splits; capped by context length
     assert choose_num_splits(1, 8, 16384, 64, 132) == 64

@@ -13,12 +13,12 @@ import torch
 
 from .. import checks
 from ..cache import PagedKVCache
-from ..capability import AUTO_MODE, BACKEND_NAMES, UnsupportedError, check_variants, choose_backend
+from ..capability import AUTO_MODE, BACKEND_NAMES, MODES, UnsupportedError, check_variants, choose_backend
 from ..capability import check as supported
 
 __all__ = ["decode", "planned", "BACKENDS", "LAUNCH_OPTIONS"]
 
-MODES = ("auto", "dequant", "fp8")
+DECODE_MODES = ("auto", *MODES)  # what fp8kv.decode takes: "auto" picks AUTO_MODE
 
 
 def _reference(q, cache, *, mode, sm_scale, **variants):
@@ -94,7 +94,7 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
         checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
     cache.check_query(q)
     checks.one_of(backend, "backend", ("auto", *BACKENDS))
-    checks.one_of(mode, "mode", MODES)
+    checks.one_of(mode, "mode", DECODE_MODES)
     if sm_scale is not None:
         sm_scale = checks.positive_float(sm_scale, "sm_scale")
     if not isinstance(check, bool):

@@ -18,7 +18,7 @@ from ..cache import LAYOUTS
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES
 from ..capability import check as capability_check
 from ..checks import fail as _fail
-from ..formats import UNQUANTIZED_DTYPES
+from ..formats import KV_DTYPES, UNQUANTIZED_DTYPES, is_fp8
 from ..quant import GRANULARITIES, kv_scale_bytes
 from ..reference import output_tolerance
 from ..synthetic import CHUNK_ELEMS
@@ -76,7 +76,7 @@ class Case:
         if not isinstance(self.options, dict):
             _fail(f"Case.options must be a dict of backend keyword arguments, got {type(self.options).__name__}",
                   TypeError)
-        if not self.kv_dtype.startswith("fp8"):
+        if not is_fp8(self.kv_dtype):
             self.granularity = "tensor"  # 16-bit caches carry no scales
         if not self.label:
             self.label = " ".join(x for x in (self.backend + (f"-{self.variant}" if self.variant else ""),
@@ -101,11 +101,11 @@ class Case:
 
     @property
     def is_fp8(self) -> bool:
-        return self.kv_dtype.startswith("fp8")
+        return is_fp8(self.kv_dtype)
 
 
 def _elem_size(kv_dtype: str) -> int:
-    return 1 if kv_dtype.startswith("fp8") else 2
+    return KV_DTYPES[kv_dtype][0].itemsize
 
 
 def _out_elem_size(case: Case) -> int:
@@ -243,7 +243,7 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
                              _as_list(modes, "modes"), _as_list(granularities, "granularities"))
     grid = itertools.product(grid, _as_list(list(windows), "windows"))
     for (b, ctx, (hq, hkv, d), bs, kv, backend, mode, gran), window in grid:
-        if mode == "fp8" and not kv.startswith("fp8"):
+        if mode == "fp8" and not is_fp8(kv):
             continue  # not a combination: fp8 mode is about FP8 KV
         opts_list = {"triton": tri_opts, "flashinfer": fi_opts}.get(backend, [{}])
         for opts in opts_list:

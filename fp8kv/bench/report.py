@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..checks import fail as _fail
+from ..formats import is_fp8
 
 
 # ---------------------------------------------------------------------------------------- analysis
@@ -47,11 +48,11 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
     base = med[med["kv_dtype"] == baseline_kv_dtype].sort_values("time_us")
     base = base.drop_duplicates(SHAPE_KEYS)[SHAPE_KEYS + ["time_us", "label"]]
     base = base.rename(columns={"time_us": "bf16_us", "label": "bf16_best"})
-    fi = med[(med["backend"] == "flashinfer") & med["kv_dtype"].str.startswith("fp8")].sort_values("time_us")
+    fi = med[(med["backend"] == "flashinfer") & med["kv_dtype"].map(is_fp8)].sort_values("time_us")
     fi = fi.drop_duplicates(SHAPE_KEYS + ["kv_dtype"])[SHAPE_KEYS + ["kv_dtype", "time_us", "label"]]
     fi = fi.rename(columns={"time_us": "flashinfer_fp8_us", "label": "flashinfer_fp8_best"})
 
-    fp8 = med[med["kv_dtype"].str.startswith("fp8")]
+    fp8 = med[med["kv_dtype"].map(is_fp8)]
     out = fp8.merge(base, on=SHAPE_KEYS, how="left").merge(fi, on=SHAPE_KEYS + ["kv_dtype"], how="left")
     out["speedup_vs_bf16"] = out["bf16_us"] / out["time_us"]
     out["speedup_vs_flashinfer_fp8"] = out["flashinfer_fp8_us"] / out["time_us"]
@@ -102,8 +103,8 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
 
     own = med[med["backend"] == "triton"]
     peer = fastest(med[med["backend"] == "flashinfer"], "peer").rename(columns={"peer_row": "peer"})
-    bf16 = fastest(own[~own["kv_dtype"].str.startswith("fp8")], "bf16")  # the 16-bit decode (fp16 on CPU smoke)
-    fp8 = fastest(own[own["kv_dtype"].str.startswith("fp8")], "fp8")
+    bf16 = fastest(own[~own["kv_dtype"].map(is_fp8)], "bf16")  # the 16-bit decode (fp16 on CPU smoke)
+    fp8 = fastest(own[own["kv_dtype"].map(is_fp8)], "fp8")
     t = fp8.merge(bf16, on=LAYOUT_KEYS, how="outer").merge(peer, on=LAYOUT_KEYS, how="left")
     t["fp8_x_peer"] = t["peer_us"] / t["fp8_us"]
     t["fp8_x_bf16"] = t["bf16_us"] / t["fp8_us"]

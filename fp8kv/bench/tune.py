@@ -28,6 +28,7 @@ import pandas as pd
 
 from .. import checks, launch_table
 from ..capability import interpreter_on
+from ..formats import is_fp8
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from .cases import Case, sweep
 from .measure import run
@@ -96,7 +97,7 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
 
     checks.one_of(mode, "mode", ("dequant", "fp8"))
     checks.positive_float(margin, "margin")
-    kinds = [kv.startswith("fp8") for kv in kv_dtypes]
+    kinds = [is_fp8(kv) for kv in kv_dtypes]
     if len(set(kinds)) != len(kinds):  # the table keys a shape by FP8 or 16-bit, not by format
         checks.fail(f"kv_dtypes={list(kv_dtypes)}: tune one FP8 format and one 16-bit type at most; the "
                     "table holds one launch per kind")
@@ -104,7 +105,7 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
     for shape in shapes:
         hq, hkv, d = shape
         for kv in kv_dtypes:
-            fp8 = kv.startswith("fp8")
+            fp8 = is_fp8(kv)
             rule = default_config(mode, fp8, d)
             rows = run(_cases(shape, kv, mode, point, candidates(fp8, mode, d), device), rep=rep, device=device,
                        progress=progress)

@@ -38,6 +38,7 @@ def setup_notebook(smoke: bool | None = None, device="auto") -> MachineSetup:
     True/False (what the runner injects) is kept. Without a CUDA device ``TRITON_INTERPRET=1`` is set,
     which works only before triton is first imported: call this first, in the cell after the parameters.
     """
+    from ..capability import interpreter_on
     from ..device import resolve_device
 
     if smoke is not None and not isinstance(smoke, bool):
@@ -48,7 +49,7 @@ def setup_notebook(smoke: bool | None = None, device="auto") -> MachineSetup:
     notes = [f"device {dev}: {'smoke' if smoke else 'full'} sizes"
              + (" (no GPU here)" if dev.type != "cuda" else "")]
     if interpret:
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        if interpreter_on():
             notes.append("Triton kernels run in the Triton interpreter (TRITON_INTERPRET=1)")
         elif sys.modules.get("triton") is not None:
             notes.append("WARNING: triton was imported before TRITON_INTERPRET could be set; restart the kernel "
@@ -58,5 +59,5 @@ def setup_notebook(smoke: bool | None = None, device="auto") -> MachineSetup:
             notes.append("set TRITON_INTERPRET=1: Triton kernels run in the Triton interpreter")
     message = "; ".join(notes)
     print(message)
-    return MachineSetup(smoke=smoke, device=str(dev), triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
+    return MachineSetup(smoke=smoke, device=str(dev), triton_interpret=interpreter_on(),
                         message=message)

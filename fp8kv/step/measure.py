@@ -73,7 +73,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from ..bench.measure import resolve_copy_bandwidth, time_call
+    from ..bench import resolve_copy_bandwidth, time_call
     from ..device import describe_device, resolve_device
 
     dev = resolve_device(device)

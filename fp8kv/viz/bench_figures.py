@@ -8,6 +8,7 @@ import math
 import plotly.graph_objects as go
 
 from .. import checks
+from ..formats import is_fp8
 from .analysis_figures import grouped_bars
 from .style import (
     TOKEN_COLUMNS,
@@ -153,7 +154,7 @@ def backend_check_matrix(df, *, title: str | None = None) -> go.Figure:
     order = list(MATRIX_STATUS_COLORS)
     data = df.assign(
         row=df["backend"] + " · " + df["mode"],
-        col=[kv if not str(kv).startswith("fp8") else f"{kv} · {g}"
+        col=[kv if not is_fp8(str(kv)) else f"{kv} · {g}"
              for kv, g in zip(df["kv_dtype"], df["granularity"], strict=True)],
         code=df["status"].map(order.index).astype(float),
     )
