@@ -38,10 +38,10 @@ from collections.abc import Sequence
 
 from . import checks
 from .device import current_arch  # the arch of a device ("sm90"), None on CPU
-from .formats import KV_DTYPE_NAMES, is_fp8
+from .formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, is_fp8
 
 __all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "VARIANTS", "UnsupportedError",
-           "check", "capability", "current_arch",
+           "check", "check_query", "capability", "current_arch",
            "choose_backend", "choose_mode", "flashinfer_installed", "check_variant", "check_variants", "variants"]
 
 ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
@@ -62,6 +62,24 @@ def flashinfer_installed() -> bool:
 
 def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_query(backend: str, q_dtype, kv_dtype: str) -> tuple[bool, str]:
+    """Whether ``backend`` takes a ``q_dtype`` query (a name such as "bf16", or a torch dtype) with a
+    ``kv_dtype`` cache: ``(ok, reason)``. The kernels take 16-bit queries (fp32: the reference only);
+    FlashInfer pairs a 16-bit query with a cache of the same type or FP8; fp8kv's kernel refuses an
+    fp16 query over bf16 pages, whose fp16 dots would turn values beyond 65504 into inf."""
+    q = next((n for n, dt in UNQUANTIZED_DTYPES.items() if dt == q_dtype), q_dtype)
+    if q not in UNQUANTIZED_DTYPES:
+        return False, f"q_dtype={q_dtype!r}; expected one of {tuple(UNQUANTIZED_DTYPES)}"
+    if q == "fp32" and backend != "reference":
+        return False, f"{backend} takes bf16/fp16 queries; fp32 queries run on the reference only"
+    if backend == "flashinfer" and not is_fp8(kv_dtype) and kv_dtype != q:
+        return False, f"FlashInfer pairs a {q} query with a {q} or FP8 cache, not {kv_dtype}"
+    if backend == "triton" and q == "fp16" and kv_dtype == "bf16":
+        return False, ("q is float16 but the cache is bf16: pass a bfloat16 query (as FlashInfer also "
+                       "requires)")
+    return True, ""
 
 
 def _arch_num(arch: str) -> int:

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from . import checks, launch_table
 from .cache import PagedKVCache
-from .capability import UnsupportedError, current_arch, interpreter_on
+from .capability import UnsupportedError, check_query, current_arch, interpreter_on
 from .device import gpu_slug
 from .formats import saturation_bounds
 from .kernels.cache_write import cache_write_kernel
@@ -307,8 +307,9 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     gives out = 0 and lse = -inf (with sinks: lse = the sink logit); the reference and FlashInfer
     refuse such a sequence instead.
     """
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"q must be bfloat16 or float16 for the Triton kernel, got {q.dtype}")
+    ok, why = check_query("triton", q.dtype, cache.kv_dtype)  # 16-bit, and fp16 only over FP8 or fp16 pages
+    if not ok:
+        raise TypeError(why if why.startswith("q is") else f"q is {q.dtype}: {why}")
     if q.stride(-1) != 1:
         raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
     overrides = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages, convert=convert,
@@ -318,9 +319,6 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     if decode_kernel(cache, mode, q.shape[2], q.shape[1] // cache.num_kv_heads, q.device, gluon=gluon,
                      **overrides) == "gluon":
         return _paged_decode_gluon(q, cache, sm_scale, num_splits, block_n, num_stages, out_dtype)
-    if cache.dtype == torch.bfloat16 and q.dtype == torch.float16:
-        # The dots would run in fp16, where bf16 pages beyond ±65504 become inf.
-        raise TypeError("q is float16 but the cache is bf16: pass a bfloat16 query (as FlashInfer also requires)")
     if mode == "fp8" and cache.granularity == "token_head":
         raise UnsupportedError("fp8 mode takes tensor, head and channel scales; token_head needs dequant mode")
     if q.device.type != "cuda" and not interpreter_on():

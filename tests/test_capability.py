@@ -1,6 +1,7 @@
 """The capability matrix: the facts per arch, this machine's view, and the automatic choices."""
 
 import pytest
+import torch
 
 from fp8kv import capability as cap_fn
 from fp8kv.capability import (
@@ -11,6 +12,7 @@ from fp8kv.capability import (
     UnsupportedError,
     capability,
     check,
+    check_query,
     choose_backend,
     choose_mode,
 )
@@ -139,3 +141,23 @@ def test_decode_asks_the_capability_table_once_per_call(backend, make_cache, mon
     q = torch.randn(2, 4, 32, dtype=torch.float16)
     backends.decode(q, cache, backend)
     assert len(calls) == 1, calls
+
+
+@pytest.mark.parametrize("backend, q, kv, needle", [
+    ("triton", "fp32", "fp8_e4m3", "fp32 queries run on the reference only"),
+    ("flashinfer", "fp32", "bf16", "fp32 queries run on the reference only"),
+    ("flashinfer", "fp16", "bf16", "FlashInfer pairs a fp16 query with a fp16 or FP8 cache, not bf16"),
+    ("triton", "fp16", "bf16", "q is float16 but the cache is bf16"),
+    ("triton", torch.int8, "bf16", "expected one of ('bf16', 'fp16', 'fp32')"),
+])
+def test_check_query_names_the_refused_pairing(backend, q, kv, needle):
+    ok, why = check_query(backend, q, kv)
+    assert not ok and needle in why
+
+
+@pytest.mark.parametrize("backend, q, kv", [
+    ("reference", "fp32", "bf16"), ("reference", torch.float16, "bf16"), ("triton", "bf16", "fp16"),
+    ("triton", torch.float16, "fp8_e5m2"), ("flashinfer", "bf16", "fp8_e4m3"), ("flashinfer", "fp16", "fp16"),
+])
+def test_check_query_accepts_what_the_kernels_take(backend, q, kv):
+    assert check_query(backend, q, kv) == (True, "")

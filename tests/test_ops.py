@@ -386,7 +386,7 @@ def test_decode_errors_are_clear():
     decode_triton = functools.partial(fp8kv.decode, backend="triton")
     cache = make_cache([4, 5], 2, 64)
     q = make_q(2, 8, 64, torch.float16)
-    with pytest.raises(TypeError, match="bfloat16 or float16"):
+    with pytest.raises(TypeError, match="triton takes bf16/fp16 queries; fp32 queries run on the reference only"):
         decode_triton(q.float(), cache)
     with pytest.raises(ValueError, match="mode="):
         decode_triton(q, cache, mode="int8")

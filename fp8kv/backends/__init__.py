@@ -13,7 +13,15 @@ import torch
 
 from .. import checks
 from ..cache import PagedKVCache
-from ..capability import AUTO_MODE, BACKEND_NAMES, MODES, UnsupportedError, check_variants, choose_backend
+from ..capability import (
+    AUTO_MODE,
+    BACKEND_NAMES,
+    MODES,
+    UnsupportedError,
+    check_query,
+    check_variants,
+    choose_backend,
+)
 from ..capability import check as supported
 
 __all__ = ["decode", "planned", "BACKENDS", "LAUNCH_OPTIONS"]
@@ -124,6 +132,9 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
         if not ok:
             raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={cache.kv_dtype}, "
                                    f"granularity={cache.granularity}: {why}")
+    ok, why = check_query(backend, q.dtype, cache.kv_dtype)
+    if not ok:
+        checks.fail(why if why.startswith("q is") else f"q is {q.dtype}: {why}", TypeError)
     unknown = sorted(set(launch) - set(LAUNCH_OPTIONS[backend]))
     if unknown:
         checks.fail(f"{unknown[0]}={launch[unknown[0]]!r} is not an option of the {backend} backend; it takes "

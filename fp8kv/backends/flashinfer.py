@@ -67,7 +67,14 @@ import torch
 
 from .. import checks
 from ..cache import PagedKVCache
-from ..capability import UnsupportedError, check, check_variants, current_arch, flashinfer_installed
+from ..capability import (
+    UnsupportedError,
+    check,
+    check_query,
+    check_variants,
+    current_arch,
+    flashinfer_installed,
+)
 from ..formats import FORMATS
 from .flashinfer_scales import ScaleFold, apply_q_fold, plan_scales
 
@@ -319,13 +326,9 @@ class FlashInferDecode:
         if self.use_cuda_graph and cache.batch_size != self._batch:
             raise ValueError(f"use_cuda_graph fixes the batch at {self._batch}; the cache has "
                              f"{cache.batch_size} sequences")
-        allowed = (torch.bfloat16, torch.float16)
-        if q_dtype not in allowed:
-            raise TypeError(f"q_dtype={q_dtype}: FlashInfer decode takes bfloat16 or float16 queries "
-                            "(fp8 mode quantizes the query itself)")
-        if not cache.is_fp8 and cache.dtype != q_dtype:
-            raise TypeError(f"q_dtype={q_dtype} with a {cache.kv_dtype} cache: FlashInfer pairs a 16-bit "
-                            "query with a cache of the same 16-bit type (or FP8)")
+        ok, why = check_query("flashinfer", q_dtype, cache.kv_dtype)  # fp8 mode quantizes the query itself
+        if not ok:
+            raise TypeError(f"q_dtype={q_dtype}: {why}")
         hkv = cache.num_kv_heads
         if not isinstance(num_qo_heads, int) or num_qo_heads < 1 or num_qo_heads % hkv:
             raise ValueError(f"num_qo_heads={num_qo_heads!r} must be a positive multiple of {hkv} KV heads")
@@ -500,9 +503,9 @@ def prefill(q: torch.Tensor, qo_lens, cache: PagedKVCache, causal: bool = True,
     if not ok:
         raise UnsupportedError(f"flashinfer prefill, kv_dtype={cache.kv_dtype}, "
                                f"granularity={cache.granularity}: {why}")
-    if not cache.is_fp8 and cache.dtype != q.dtype:
-        raise TypeError(f"q is {q.dtype} with a {cache.kv_dtype} cache: FlashInfer pairs a 16-bit query "
-                        "with a cache of the same 16-bit type (or FP8)")
+    ok, why = check_query("flashinfer", q.dtype, cache.kv_dtype)
+    if not ok:
+        raise TypeError(f"q is {q.dtype}: {why}")
     fi = _import_flashinfer()
     hq = q.shape[1]
     fold = plan_scales(cache, hq)

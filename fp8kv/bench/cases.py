@@ -15,7 +15,7 @@ import torch
 
 from .. import checks
 from ..cache import LAYOUTS
-from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES
+from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, check_query
 from ..capability import check as capability_check
 from ..checks import fail as _fail
 from ..formats import KV_DTYPES, UNQUANTIZED_DTYPES, is_fp8
@@ -254,11 +254,8 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
                 continue
             seen.add(key)
             ok, why = capability_check(backend, kv, mode, arch, case.granularity, d)
-            if ok and q_dtype == "fp32" and backend != "reference":
-                ok, why = False, f"{backend} takes bf16/fp16 queries; fp32 queries run on the reference only"
-            if ok and backend == "flashinfer" and not case.is_fp8 and kv != q_dtype:
-                ok, why = False, (f"FlashInfer pairs a {q_dtype} query with a {q_dtype} or FP8 cache, "
-                                  f"not {kv}")
+            if ok:
+                ok, why = check_query(backend, q_dtype, kv)
             if not ok:
                 case.status, case.reason = "unsupported", why
             elif footprint_bytes(case) > budget:
