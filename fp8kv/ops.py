@@ -40,7 +40,7 @@ from .kernels.paged_decode import (
 )
 from .kernels.paged_decode_cuda_core import paged_decode_cuda_core_kernel
 
-__all__ = ["paged_decode", "decode_kernel", "gluon_refusal", "gluon_launch", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config",
+__all__ = ["paged_decode", "decode_launch", "decode_kernel", "gluon_refusal", "gluon_launch", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config",
            "stream_copy", "MAX_HEADS_PER_PROGRAM"]
 
 _SCALE_KIND = {"tensor": SCALE_PER_HEAD.value, "head": SCALE_PER_HEAD.value, "channel": SCALE_CHANNEL.value,
@@ -312,32 +312,25 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         raise TypeError(why if why.startswith("q is") else f"q is {q.dtype}: {why}")
     if q.stride(-1) != 1:
         raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
-    overrides = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages, convert=convert,
-                     eviction_policy=eviction_policy or None, compute_dtype=compute_dtype, window=window,
-                     soft_cap=soft_cap, sinks=sinks, heads_per_program=heads_per_program,
-                     use_tensor_cores=None if use_tensor_cores is True else use_tensor_cores)
-    if decode_kernel(cache, mode, q.shape[2], q.shape[1] // cache.num_kv_heads, q.device, gluon=gluon,
-                     **overrides) == "gluon":
-        return _paged_decode_gluon(q, cache, sm_scale, num_splits, block_n, num_stages, out_dtype)
+    b, hq, d = q.shape
+    group = hq // cache.num_kv_heads
+    kernel, cfg = decode_launch(b, cache, mode, d, group, q.device, gluon=gluon, num_splits=num_splits,
+                                block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                                heads_per_program=heads_per_program, use_tensor_cores=use_tensor_cores,
+                                window=window, convert=convert, eviction_policy=eviction_policy or None,
+                                compute_dtype=compute_dtype, soft_cap=soft_cap, sinks=sinks)
+    if kernel == "gluon":
+        return _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype)
     if mode == "fp8" and cache.granularity == "token_head":
         raise UnsupportedError("fp8 mode takes tensor, head and channel scales; token_head needs dequant mode")
     if q.device.type != "cuda" and not interpreter_on():
         raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
     arch = current_arch(q.device) if q.device.type == "cuda" else None
 
-    b, hq, d = q.shape
     hkv = cache.num_kv_heads
-    group = hq // hkv
     if window is not None and window >= cache.max_blocks_per_seq * cache.block_size:
         window = None  # no sequence can be longer: the plain kernel, compiled as without a window
-    if use_tensor_cores is None:
-        use_tensor_cores = True
-    elif not isinstance(use_tensor_cores, bool):
-        raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True (or None, the default: tensor "
-                        "cores) or False (the CUDA-core kernel)")
-    cfg = launch_config(b, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
-                        num_stages=num_stages, device=q.device, window=window, use_tensor_cores=use_tensor_cores,
-                        group=group, heads_per_program=heads_per_program)
+    use_tensor_cores = kernel == "triton"
     block_n, num_splits, tokens_per_split = cfg["block_n"], cfg["num_splits"], cfg["tokens_per_split"]
     convert_k, convert_v = _converts(convert, arch)
     fp8_qk, fp8_pv = _MODE_FLAGS[mode]
@@ -470,13 +463,37 @@ def decode_kernel(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
     return "gluon" if why is None and all(v is None for v in overrides.values()) else "triton"
 
 
-def _paged_decode_gluon(q, cache, sm_scale, num_splits, block_n, num_stages, out_dtype):
-    """The Gluon launch of :func:`paged_decode` (:func:`decode_kernel` chose it)."""
+def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, group: int, device, *,
+                  gluon: bool | None = None, num_splits: int | None = None, block_n: int | None = None,
+                  num_warps: int | None = None, num_stages: int | None = None,
+                  heads_per_program: int | None = None, use_tensor_cores: bool | None = None,
+                  window: int | None = None, **others) -> tuple[str, DecodeConfig]:
+    """The kernel :func:`paged_decode` runs for these arguments and its launch: ``("gluon", cfg)``,
+    ``("triton", cfg)`` (the tensor-core kernel) or ``("triton-cuda-core", cfg)``. ``others``: the
+    remaining options and variants of :func:`paged_decode` (convert, eviction_policy, compute_dtype,
+    soft_cap, sinks; None = not given), which only :func:`decode_kernel` weighs."""
+    if use_tensor_cores is not None and not isinstance(use_tensor_cores, bool):
+        raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True (or None, the default: tensor "
+                        "cores) or False (the CUDA-core kernel)")
+    kernel = decode_kernel(cache, mode, head_dim, group, device, gluon=gluon, block_n=block_n, num_warps=num_warps,
+                           num_stages=num_stages, heads_per_program=heads_per_program, window=window,
+                           use_tensor_cores=None if use_tensor_cores is not False else False, **others)
+    if kernel == "gluon":
+        return kernel, gluon_launch(batch, cache, num_splits=num_splits, block_n=block_n, num_stages=num_stages,
+                                    device=device)
+    tensor_cores = use_tensor_cores is not False
+    cfg = launch_config(batch, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
+                        num_stages=num_stages, device=device, window=window, use_tensor_cores=tensor_cores,
+                        group=group, heads_per_program=heads_per_program)
+    return ("triton" if tensor_cores else "triton-cuda-core"), cfg
+
+
+def _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype):
+    """The Gluon launch of :func:`paged_decode` (:func:`decode_launch` chose it and its ``cfg``)."""
     from .kernels import paged_decode_gluon as g
 
     b, hq, d = q.shape
     group = hq // cache.num_kv_heads
-    cfg = gluon_launch(b, cache, num_splits=num_splits, block_n=block_n, num_stages=num_stages, device=q.device)
     out_dtype = q.dtype if out_dtype is None else out_dtype
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")

@@ -40,27 +40,12 @@ synthetic_cache = random_paged_cache  # the benchmark's cache: N(0, 1) K/V built
 
 # ------------------------------------------------------------------------------------------ calls
 def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dict:
-    """The kernel (:func:`fp8kv.ops.decode_kernel`) and launch parameters ``fp8kv.ops.paged_decode`` will
-    use (defaults + overrides)."""
-    from ..ops import decode_kernel, gluon_launch, launch_config
+    """The kernel and launch parameters ``fp8kv.ops.paged_decode`` will use (:func:`fp8kv.ops.decode_launch`)."""
+    from ..ops import decode_launch
 
-    o = case.options
-    tc = o.get("use_tensor_cores") is not False
-    group = case.num_q_heads // case.num_kv_heads
-    overrides = {k: o.get(k) for k in ("block_n", "num_warps", "num_stages", "convert", "eviction_policy",
-                                       "compute_dtype", "soft_cap", "sinks", "heads_per_program")}
-    kernel = decode_kernel(cache, case.mode, case.head_dim, group, device, gluon=o.get("gluon"), window=case.window,
-                           use_tensor_cores=None if tc else False, **overrides)
-    if kernel == "gluon":
-        cfg = gluon_launch(case.batch, cache, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
-                           num_stages=o.get("num_stages"), device=device)
-    else:
-        # launch_config sizes splits over min(window, page table): a window covering the table is no window there too
-        cfg = launch_config(case.batch, cache, case.mode, num_splits=o.get("num_splits"), block_n=o.get("block_n"),
-                            num_warps=o.get("num_warps"), num_stages=o.get("num_stages"), device=device,
-                            window=case.window, use_tensor_cores=tc, group=group,
-                            heads_per_program=o.get("heads_per_program"))
-    return {"tensor_cores": tc, "kernel": kernel if tc else "triton-cuda-core",
+    kernel, cfg = decode_launch(case.batch, cache, case.mode, case.head_dim, case.num_q_heads // case.num_kv_heads,
+                                device, window=case.window, **case.options)
+    return {"tensor_cores": kernel != "triton-cuda-core", "kernel": kernel,
             **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages", "heads_per_program")}}
 
 
