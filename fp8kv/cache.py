@@ -40,9 +40,16 @@ from .quant import (
 )
 from .quant import scale_shape as scale_shape_of
 
-__all__ = ["PagedKVCache", "LAYOUTS", "QUERY_DTYPES"]
+__all__ = ["PagedKVCache", "LAYOUTS", "QUERY_DTYPES", "shuffled_block_table"]
 
 LAYOUTS = ("NHD", "HND")
+
+
+def shuffled_block_table(num_blocks: int, batch: int, blocks_per_seq: int, seed: int, device) -> torch.Tensor:
+    """``[batch, blocks_per_seq]`` int32 page ids, the first ``batch * blocks_per_seq`` of a seeded
+    shuffle of ``num_blocks`` pages: scattered, as a serving engine's allocator leaves them."""
+    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))[:batch * blocks_per_seq]
+    return perm.to(torch.int32).reshape(batch, blocks_per_seq).to(device)
 QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -279,9 +286,7 @@ class PagedKVCache:
         num_blocks = need if num_blocks is None else checks.positive_int(num_blocks, "num_blocks")
         if num_blocks < need:
             _fail(f"num_blocks={num_blocks} is too few: {batch_size} sequences x {bpseq} blocks need {need}")
-        g = torch.Generator().manual_seed(seed)
-        perm = torch.randperm(num_blocks, generator=g)[:need].to(torch.int32)
-        block_table = perm.reshape(batch_size, bpseq).to(device)
+        block_table = shuffled_block_table(num_blocks, batch_size, bpseq, seed, device)
         shape = ((num_blocks, block_size, num_kv_heads, head_dim) if layout == "NHD"
                  else (num_blocks, num_kv_heads, block_size, head_dim))
         k_pages = torch.zeros(shape, dtype=dtype, device=device)

@@ -34,7 +34,8 @@ import torch
 from . import checks
 from .formats import FP8Format, format
 
-__all__ = ["Quantized", "quantize", "compute_scale", "cast_saturating", "relative_error",
+__all__ = ["Quantized", "quantize", "compute_scale", "scale_from_stat", "reduce_dims", "cast_saturating",
+           "relative_error",
            "GRANULARITIES", "SCALE_METHODS", "SCALE_BYTES", "scale_shape", "kv_scale_bytes"]
 
 GRANULARITIES = ("tensor", "head", "token_head", "channel")
@@ -80,7 +81,7 @@ def _check_granularity(granularity):
         raise ValueError(f"granularity={granularity!r} is not supported; expected one of {GRANULARITIES}")
 
 
-def _reduce_dims(ndim: int, granularity: str) -> tuple[int, ...]:
+def reduce_dims(ndim: int, granularity: str) -> tuple[int, ...]:
     """Dims that are reduced over to compute one scale (the dims that share it)."""
     return {
         "tensor": tuple(range(ndim)),
@@ -92,7 +93,7 @@ def _reduce_dims(ndim: int, granularity: str) -> tuple[int, ...]:
 
 def _group_stat(a: torch.Tensor, granularity: str, percentile: float | None) -> torch.Tensor:
     """amax (or the given percentile) of |a| over each scale group, shaped like the scale."""
-    dims = _reduce_dims(a.ndim, granularity)
+    dims = reduce_dims(a.ndim, granularity)
     if percentile is None:
         if not dims:
             return a
@@ -159,9 +160,13 @@ def _compute_scale(x: torch.Tensor, f: FP8Format, granularity, method, percentil
     percentile = _check_method(method, percentile)
     a = x.detach().abs().to(torch.float32)
     stat = _group_stat(a, granularity, percentile if method == "percentile" else None)
-    divisor = _VLLM_DIVISORS.get(method, f.max)
+    return scale_from_stat(stat, _VLLM_DIVISORS.get(method, f.max)).contiguous()
+
+
+def scale_from_stat(stat: torch.Tensor, divisor: float) -> torch.Tensor:
+    """``stat / divisor`` per scale group, and 1 for a group whose statistic is 0 (nothing to scale)."""
     scale = stat / divisor
-    return torch.where(scale > 0, scale, torch.ones_like(scale)).contiguous()
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
 def cast_saturating(y: torch.Tensor, fmt: FP8Format) -> tuple[torch.Tensor, int]:

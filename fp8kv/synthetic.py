@@ -44,9 +44,9 @@ import numpy as np
 import torch
 
 from . import checks
-from .cache import LAYOUTS, PagedKVCache
+from .cache import LAYOUTS, PagedKVCache, shuffled_block_table
 from .formats import kv_dtype_info
-from .quant import GRANULARITIES, cast_saturating
+from .quant import GRANULARITIES, cast_saturating, reduce_dims, scale_from_stat
 
 __all__ = ["kv_like_llm", "queries_like_llm", "outlier_channel_indices", "apply_rope", "kurtosis",
            "random_paged_cache", "CHUNK_ELEMS", "ragged_kv"]
@@ -304,8 +304,7 @@ def random_paged_cache(batch: int, context: int, num_kv_heads: int, head_dim: in
         granularity = "tensor"
     bpseq = math.ceil(context / block_size)
     num_blocks = batch * bpseq
-    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
-    block_table = perm.reshape(batch, bpseq).to(dev)
+    block_table = shuffled_block_table(num_blocks, batch, bpseq, seed, dev)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
     token_shape = (block_size, num_kv_heads, head_dim)
     shape = (num_blocks, *token_shape) if layout == "NHD" else (num_blocks, num_kv_heads, block_size, head_dim)
@@ -328,18 +327,16 @@ def random_paged_cache(batch: int, context: int, num_kv_heads: int, head_dim: in
             scale = torch.empty(num_blocks, block_size, num_kv_heads, dtype=torch.float32, device=dev)
             for i0, i1, s in parts:
                 x = _chunk_randn((i1 - i0, *token_shape), s, dev)
-                sc = x.abs().amax(dim=-1) / fmt.max
-                sc = torch.where(sc > 0, sc, torch.ones_like(sc))
+                sc = scale_from_stat(x.abs().amax(dim=reduce_dims(x.ndim, "token_head")), fmt.max)
                 scale[i0:i1] = sc
                 put(pages, i0, i1, cast_saturating(x / sc.unsqueeze(-1), fmt)[0])
         else:
-            dims = {"tensor": (0, 1, 2, 3), "head": (0, 1, 3), "channel": (0, 1)}[granularity]
+            dims = reduce_dims(len(token_shape) + 1, granularity)  # over [blocks, block_size, Hkv, D] chunks
             amax = None
             for i0, i1, s in parts:
                 a = _chunk_randn((i1 - i0, *token_shape), s, dev).abs().amax(dim=dims)
                 amax = a if amax is None else torch.maximum(amax, a)
-            scale = amax / fmt.max
-            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+            scale = scale_from_stat(amax, fmt.max)
             bscale = scale.reshape({"tensor": (), "head": (num_kv_heads, 1), "channel": (num_kv_heads, head_dim)}
                                    [granularity])
             for i0, i1, s in parts:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..cache import PagedKVCache
+from ..cache import PagedKVCache, shuffled_block_table
 from ..capability import UnsupportedError, check, choose_backend, choose_mode
 from ..capacity import ModelShape
 from ..checks import fail as _fail
@@ -74,8 +74,7 @@ class KVPool:
         if batch * bpseq > self.num_blocks:
             _fail(f"batch={batch} sequences of {max_context} tokens need {batch * bpseq} blocks; the pool holds "
                   f"{self.num_blocks} (at most {self.max_batch(max_context)} such sequences)")
-        perm = torch.randperm(self.num_blocks, generator=torch.Generator().manual_seed(seed))[:batch * bpseq]
-        table = perm.to(torch.int32).reshape(batch, bpseq).to(self.device)
+        table = shuffled_block_table(self.num_blocks, batch, bpseq, seed, self.device)
         seq_lens = torch.zeros(batch, dtype=torch.int32, device=self.device)
         return [PagedKVCache(k, v, table, seq_lens, self.kv_dtype, "tensor", ks, vs)
                 for (k, v), ks, vs in zip(self.pages, self.k_scales, self.v_scales, strict=True)]
