@@ -41,12 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _forward(command: str, argv: list[str]) -> int:
     """Hand ``argv`` to a command's own parser (imported lazily: bench and step import kernels)."""
-    if command == "bench":
-        from .bench import main as command_main
-    elif command == "step":
-        from .step import main as command_main
-    else:
-        from .notebooks import main as command_main
+    try:
+        if command == "bench":
+            from .bench import main as command_main
+        elif command == "step":
+            from .step import main as command_main
+        else:
+            from .notebooks import main as command_main
+    except ModuleNotFoundError as exc:
+        if exc.name != f"fp8kv.{command}":  # a dependency of the command is missing: that error is the useful one
+            raise
+        print(f"error: fp8kv.{command} is not available in this installation", file=sys.stderr)
+        return 2
     return int(command_main(argv) or 0)
 
 

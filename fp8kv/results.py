@@ -32,8 +32,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+def utc_stamp() -> str:
+    """Now, in UTC to the second (``2026-12-03T18:10:41Z``): every timestamp fp8kv writes."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -105,7 +106,7 @@ def save_results(out_dir: str | os.PathLike, name: str, results: dict, device=No
         raise TypeError(f"results must be a dict, got {type(results).__name__}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"notebook": name, "saved_at": _now(), "device": describe_device(device), "results": to_jsonable(results)}
+    doc = {"notebook": name, "saved_at": utc_stamp(), "device": describe_device(device), "results": to_jsonable(results)}
     path = out / f"{name}.json"
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")

@@ -278,14 +278,14 @@ def test_run_plans_flashinfer_once_and_times_run_only(monkeypatch):
     events = []
 
     class StandIn:
-        def __init__(self, cache, *, mode, use_tensor_cores=True, _checked=False):
-            events.append(("init", mode, use_tensor_cores, _checked))
+        def __init__(self, cache, *, mode, use_tensor_cores=True, trusted=False):
+            events.append(("init", mode, use_tensor_cores, trusted))
             self.cache = cache
 
         def plan(self, cache, *, num_qo_heads, q_dtype):
             events.append(("plan", num_qo_heads, q_dtype))
 
-        def _run(self, q):  # validated where it entered, so the unchecked run
+        def run_trusted(self, q):  # validated where it entered, so the unchecked run
             events.append(("run",))
             out, lse = ref_decode(q, self.cache)
             return out.to(q.dtype), lse

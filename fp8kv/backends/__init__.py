@@ -158,8 +158,8 @@ def planned(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: fl
     if backend == "flashinfer":
         from .flashinfer import FlashInferDecode
 
-        dec = FlashInferDecode(cache, mode=mode, _checked=True, **launch)
+        dec = FlashInferDecode(cache, mode=mode, trusted=True, **launch)
         scale = {} if sm_scale is None else {"sm_scale": sm_scale}
         dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype, **scale, **variants)
-        return functools.partial(dec._run, q)
+        return functools.partial(dec.run_trusted, q)
     return functools.partial(BACKENDS[backend], q, cache, mode=mode, sm_scale=sm_scale, **variants, **launch)

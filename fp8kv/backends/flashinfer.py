@@ -215,8 +215,8 @@ class FlashInferDecode:
 
     def __init__(self, cache: PagedKVCache, *, use_tensor_cores: bool = True,
                  workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, use_cuda_graph: bool = False,
-                 mode: str = "dequant", _checked: bool = False):
-        # _checked: fp8kv.decode / planned built this decoder after validating the input and checking
+                 mode: str = "dequant", trusted: bool = False):
+        # trusted: fp8kv.decode / planned built this decoder after validating the input and checking
         # capability themselves (once, where the input entered); a user's decoder checks here.
         if not isinstance(cache, PagedKVCache):
             raise TypeError(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}")
@@ -229,7 +229,7 @@ class FlashInferDecode:
             raise UnsupportedError(f"FlashInfer runs on CUDA tensors only; the cache is on {cache.device}")
         fi = _import_flashinfer()
         arch = current_arch()
-        ok, why = (True, "") if _checked else check("flashinfer", cache.kv_dtype, mode, arch, cache.granularity,
+        ok, why = (True, "") if trusted else check("flashinfer", cache.kv_dtype, mode, arch, cache.granularity,
                                                    cache.head_dim)
         if not ok:
             raise UnsupportedError(f"flashinfer backend, mode={mode}, kv_dtype={cache.kv_dtype}, "
@@ -238,7 +238,7 @@ class FlashInferDecode:
             raise UnsupportedError(f"flashinfer fp8 mode (TRT-LLM kernels) reads an e4m3 cache, not "
                                    f"kv_dtype={cache.kv_dtype}; use dequant mode")
         self.mode = mode
-        self._checked = _checked
+        self.trusted = trusted
         self.layout = cache.layout
         self.device = cache.device
         self.use_tensor_cores = use_tensor_cores
@@ -337,7 +337,7 @@ class FlashInferDecode:
             raise UnsupportedError(f"FlashInfer's CUDA-core decode builds GQA group sizes "
                                    f"{CUDA_CORE_GROUP_SIZES}, not {group}; use use_tensor_cores=True")
         sm_scale = sm_scale if default_scale else float(sm_scale)
-        if not self._checked:  # fp8kv.decode checked the variants where they entered
+        if not self.trusted:  # fp8kv.decode checked the variants where they entered
             check_variants("flashinfer", self.mode, [n for n, v in (("window", window), ("soft_cap", soft_cap))
                                                      if v is not None])
 
@@ -386,10 +386,11 @@ class FlashInferDecode:
             raise ValueError(f"q is on {q.device} but the cache is on {self.device}")
         if q.stride(-1) != 1:
             raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
-        return self._run(q)
+        return self.run_trusted(q)
 
-    def _run(self, q: torch.Tensor):
-        """:meth:`run` for a query :func:`fp8kv.decode` already validated against this plan."""
+    def run_trusted(self, q: torch.Tensor):
+        """:meth:`run` without its checks of ``q``: for a query :func:`fp8kv.decode` already validated
+        against this plan."""
         cache, fold = self.cache, self._fold
         if cache is None:
             raise RuntimeError("the planned cache has been freed; plan() a live cache")
@@ -453,9 +454,9 @@ def decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", use_t
     per_cache = _DECODERS.setdefault(cache, {})
     dec = per_cache.get(key)
     if dec is None:
-        dec = per_cache[key] = FlashInferDecode(cache, use_tensor_cores=use_tensor_cores, mode=mode, _checked=True)
+        dec = per_cache[key] = FlashInferDecode(cache, use_tensor_cores=use_tensor_cores, mode=mode, trusted=True)
     dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype, sm_scale=sm_scale, window=window, soft_cap=soft_cap)
-    return dec._run(q)
+    return dec.run_trusted(q)
 
 
 # ----------------------------------------------------------------------------------------- prefill

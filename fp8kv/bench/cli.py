@@ -18,7 +18,7 @@ from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..quant import GRANULARITIES
 from .cases import Q_DTYPES, Case, sweep
 from .measure import run
-from .report import _failed, save, summary
+from .report import check_failed, save, summary
 
 # --------------------------------------------------------------------------------------------- CLI
 PRESETS = {
@@ -301,5 +301,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     if interrupted:
         print("interrupted: the rows above are what was measured; the rest are marked skipped", file=sys.stderr)
         return 130
-    bad = (df["status"] == "error") | df["check_passed"].map(_failed)
+    bad = (df["status"] == "error") | df["check_passed"].map(check_failed)
     return 1 if bad.any() else 0

@@ -10,7 +10,6 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
 
 import pandas as pd
 import torch
@@ -20,6 +19,7 @@ from ..cache import PagedKVCache
 from ..capability import UnsupportedError
 from ..checks import fail as _fail
 from ..quant import relative_error
+from ..results import utc_stamp
 from ..synthetic import random_paged_cache
 from .cases import Q_DTYPES, Case, bytes_moved, tolerance
 from .ceiling import measure_copy_bandwidth
@@ -134,7 +134,7 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
     for name, v in (("rep", rep), ("warmup", warmup), ("check_seqs", check_seqs), ("cpu_reps", cpu_reps)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             _fail(f"{name}={v!r}; expected a positive int")
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = utc_stamp()
     info = describe_device(dev)
     runnable = [c for c in cases if c.status == "ready"]
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev) if runnable else (float("nan"), None)

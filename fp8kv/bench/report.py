@@ -15,7 +15,7 @@ from ..formats import is_fp8
 
 
 # ---------------------------------------------------------------------------------------- analysis
-def _failed(v) -> bool:
+def check_failed(v) -> bool:
     """A check_passed cell that says the check ran and failed (None/NaN: not checked)."""
     return v is not None and not pd.isna(v) and not bool(v)
 
@@ -40,7 +40,7 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
     missing = sorted(need - set(df.columns))
     if missing:
         _fail(f"df lacks columns {missing}; expected the rows of fp8kv.bench.run()")
-    good = df[(df["status"] == "ok") & ~df["check_passed"].map(_failed)]
+    good = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed)]
     good = good[good["time_us"].notna()]
     cond = SHAPE_KEYS + ["backend", "variant", "label", "mode", "kv_dtype", "granularity"]
     med = good.groupby(cond, dropna=False, as_index=False)["time_us"].median()
@@ -87,7 +87,7 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     missing = sorted(need - set(df.columns))
     if missing:
         _fail(f"df lacks columns {missing}; expected the rows of fp8kv.bench.run()")
-    good = df[(df["status"] == "ok") & ~df["check_passed"].map(_failed) & df["time_us"].notna()]
+    good = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed) & df["time_us"].notna()]
     for col in ("block_size", "layout", "q_dtype", "window", "granularity"):
         if col in good.columns and good[col].nunique(dropna=False) > 1:
             _fail(f"df mixes {col} values {sorted(map(str, good[col].unique()))}; layout_table compares head layouts "

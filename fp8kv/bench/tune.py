@@ -22,7 +22,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timezone
 
 import pandas as pd
 
@@ -30,6 +29,7 @@ from .. import checks, launch_table
 from ..capability import interpreter_on
 from ..formats import is_fp8
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
+from ..results import utc_stamp
 from .cases import Case, sweep
 from .measure import run
 from .report import save
@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with sigterm_as_keyboard_interrupt():
         entries, rows = tune(shapes, args.kv_dtypes, device=None, rep=args.rep, progress=not args.quiet, **kw)
         with signals_ignored():
-            stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            stamp = utc_stamp()
             csv = save(rows, args.out, meta={"argv": argv, "preset": "tune-table"})
             command = " ".join(["python -m fp8kv.bench.tune", *argv])
             versions = {k: rows.iloc[0][k] for k in ("torch", "triton")}

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..interrupts import STOP_SIGNALS, signals_ignored
-from ..results import _now, to_jsonable
+from ..results import to_jsonable, utc_stamp
 from .index import build_index
 from .pages import (
     _PLOTLYJS_SRC,
@@ -99,7 +99,7 @@ def _run_one(book: Path, staging: Path, params: dict, timeout_s: int, progress: 
     name = book.stem
     executed = staging / f"{name}.ipynb"
     entry = {"name": name, "source": book.name, "source_sha256": notebook_hash(book), "status": "ok",
-             "error": None, "mode": "smoke" if params["SMOKE"] else "full", "started": _now(),
+             "error": None, "mode": "smoke" if params["SMOKE"] else "full", "started": utc_stamp(),
              "duration_s": None, "ipynb": None, "html": None, "results": None}
     t0 = time.perf_counter()
     try:
@@ -230,7 +230,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     # Paths in the manifest are relative to the report folder itself, so a copied folder stays right.
     manifest = {"gpu_slug": slug, "device": info, "mode": mode, "seed": seed, "timeout_s": timeout,
                 "triton_interpret": None, "only": [b.stem for b in books] if only else None,
-                "started": _now(), "finished": None, "duration_s": None, "ok": None, "failed": [],
+                "started": utc_stamp(), "finished": None, "duration_s": None, "ok": None, "failed": [],
                 "ran": [b.stem for b in books], "report_dir": slug, "notebooks": []}
     t0 = time.perf_counter()
     children_before = _child_pids()
@@ -277,7 +277,7 @@ def _publish(staging: Path, final: Path, manifest: dict, entries: list[dict], t0
     and swap that folder in as the report."""
     entries = sorted(entries, key=lambda e: e["name"])
     failed = [e["name"] for e in entries if e["status"] != "ok"]
-    manifest.update(notebooks=entries, failed=failed, ok=not failed, finished=_now(),
+    manifest.update(notebooks=entries, failed=failed, ok=not failed, finished=utc_stamp(),
                     duration_s=round(time.perf_counter() - t0, 2), **extra)
     (staging / MANIFEST).write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
     _swap_into_place(staging, final)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import gc
 import sys
-from datetime import datetime, timezone
 
 import torch
 
 from ..capability import UnsupportedError
 from ..capacity import ModelShape
 from ..checks import fail as _fail
+from ..results import utc_stamp
 from .layers import REAL_WEIGHTS, StepWeights, random_weights, weights_from_hf
 from .model import DecodeStep, KVPool
 from .plan import _runs, plan_sweep, run_dtype, step_bytes
@@ -82,7 +82,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
                        utilization=utilization, block_size=block_size, device=dev, dtype=dtype)
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev)
     info = describe_device(dev)
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = utc_stamp()
     base = {"timestamp": stamp, "gpu": info["name"], "gpu_slug": info["slug"], "arch": info["arch"],
             "device": info["device"], "torch": info["torch"], "triton": info["triton"], "copy_gbps": copy_gbps}
     rows = []
