@@ -28,7 +28,7 @@ import torch
 
 from . import checks
 from .checks import fail as _fail
-from .formats import kv_dtype_info, saturation_bounds
+from .formats import UNQUANTIZED_DTYPES, kv_dtype_info, saturation_bounds
 from .quant import (
     GRANULARITIES,
     SCALE_BYTES,
@@ -50,7 +50,7 @@ def shuffled_block_table(num_blocks: int, batch: int, blocks_per_seq: int, seed:
     shuffle of ``num_blocks`` pages: scattered, as a serving engine's allocator leaves them."""
     perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))[:batch * blocks_per_seq]
     return perm.to(torch.int32).reshape(batch, blocks_per_seq).to(device)
-QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+QUERY_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # bf16, fp16, fp32 (fp32: the reference only)
 
 
 def _check_block_size(block_size) -> int:

@@ -25,7 +25,7 @@ from . import checks, launch_table
 from .cache import PagedKVCache
 from .capability import UnsupportedError, check_query, current_arch, interpreter_on
 from .device import gpu_slug
-from .formats import saturation_bounds
+from .formats import UNQUANTIZED_DTYPES, saturation_bounds
 from .kernels.cache_write import cache_write_kernel
 from .kernels.copy import copy_kernel
 from .kernels.paged_decode import (
@@ -53,8 +53,8 @@ DEFAULT_SM89_CONVERT = "ptx"
 # mode -> (FP8 query and QKᵀ dot, FP8 probabilities and P·V dot)
 _MODE_FLAGS = {"dequant": (False, False), "fp8": (True, True)}
 _COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-NUM_WARPS = (1, 2, 4, 8, 16)
+OUT_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # fp16, bf16, fp32: what the kernels store
+WARP_COUNTS = (1, 2, 4, 8, 16)  # the num_warps a Triton launch may ask for
 MAX_BLOCK_N = 256  # tokens per tile: a 256 x 256 tile already exceeds every GPU's registers
 
 
@@ -190,7 +190,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")
     if num_warps is not None:
-        checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", NUM_WARPS)
+        checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", WARP_COUNTS)
     if num_stages is not None:
         num_stages = checks.positive_int(num_stages, "num_stages")
     if mode == "fp8" and block_n < 32:

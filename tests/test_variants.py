@@ -113,11 +113,9 @@ CASES = [
 
 
 def _cache(granularity, kv_dtype="fp8_e4m3", lens=LENS, seed=0):
-    c = make_cache(lens, 2, 64, kv_dtype=kv_dtype, granularity=granularity, seed=seed)
-    if c.max_blocks_per_seq * c.block_size != CAPACITY:
-        bt = torch.arange(c.num_blocks, dtype=torch.int32, device=c.device)  # pad rows to CAPACITY
-        extra = CAPACITY // c.block_size - c.max_blocks_per_seq
-        c.block_table = torch.cat([c.block_table, bt[:extra].expand(c.batch_size, extra)], 1).contiguous()
+    # pages reserved up to CAPACITY tokens per sequence, so every cache has the same page-table capacity
+    c = make_cache(lens, 2, 64, kv_dtype=kv_dtype, granularity=granularity, seed=seed, max_seq_len=CAPACITY)
+    assert c.max_blocks_per_seq * c.block_size == CAPACITY
     return c
 
 
