@@ -58,13 +58,10 @@ class Case:
     window: int | None = None
 
     def __post_init__(self):
-        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
-                                        or self.window < 1):
-            _fail(f"Case.window={self.window!r}; expected None or a positive int")
+        if self.window is not None:
+            checks.positive_int(self.window, "Case.window")
         for name in ("batch", "context", "num_q_heads", "num_kv_heads", "head_dim", "block_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                _fail(f"Case.{name}={v!r}; expected a positive int")
+            checks.positive_int(getattr(self, name), f"Case.{name}")
         if self.num_q_heads % self.num_kv_heads:
             _fail(f"Case.num_q_heads={self.num_q_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         choices = {"kv_dtype": KV_DTYPE_NAMES, "mode": MODES, "backend": BACKEND_NAMES,

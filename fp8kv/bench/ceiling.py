@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from .. import checks
 from ..device import resolve_device
 from ..ops import stream_copy
 
@@ -50,10 +51,9 @@ def measure_copy_bandwidth(
         ``meaningful_for_gpu`` (bool).
     """
     dev = resolve_device(device)
-    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0):
-        raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    if nbytes is not None:
+        checks.positive_int(nbytes, "nbytes")
+    checks.positive_int(repeats, "repeats")
 
     if dev.type == "cuda":
         if nbytes is None:

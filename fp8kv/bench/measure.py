@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import torch
 
+from .. import checks
 from ..backends import planned
 from ..cache import PagedKVCache
 from ..capability import UnsupportedError
@@ -132,8 +133,7 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
         if not isinstance(c, Case):
             _fail(f"cases[{i}] is a {type(c).__name__}; expected fp8kv.bench.Case (see sweep())", TypeError)
     for name, v in (("rep", rep), ("warmup", warmup), ("check_seqs", check_seqs), ("cpu_reps", cpu_reps)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            _fail(f"{name}={v!r}; expected a positive int")
+        checks.positive_int(v, name)
     stamp = utc_stamp()
     info = describe_device(dev)
     runnable = [c for c in cases if c.status == "ready"]

@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import checks
 from ..interrupts import STOP_SIGNALS, signals_ignored
 from ..results import to_jsonable, utc_stamp
 from .index import build_index
@@ -204,10 +205,8 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     mode = "smoke" if smoke else "full"
     if timeout is None:
         timeout = DEFAULT_TIMEOUT_S[mode]
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
-        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds (int)")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed={seed!r} must be an int")
+    checks.positive_int(timeout, "timeout")  # seconds per cell
+    checks.integer(seed, "seed")
     _check_out(out)
     books = discover_notebooks(notebook_dir, only)
     if not books:
