@@ -578,15 +578,15 @@ def test_swap_restores_old_folder_if_the_rename_fails(tmp_path, monkeypatch):
     assert (final / "old.txt").read_text() == "old"
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"timeout": 0}, "timeout"),
-    ({"timeout": 2.5}, "timeout"),
-    ({"seed": "x"}, "seed"),
-    ({"device": "tpu"}, "tpu"),
-    ({"only": ["99"]}, "matches no notebook"),
+@pytest.mark.parametrize("kwargs, exc, match", [
+    ({"timeout": 0}, ValueError, "timeout=0; expected an int >= 1"),
+    ({"timeout": 2.5}, TypeError, r"timeout=2.5 \(float\); expected an int"),
+    ({"seed": "x"}, TypeError, r"seed='x' \(str\); expected an int"),
+    ({"device": "tpu"}, ValueError, "tpu"),
+    ({"only": ["99"]}, ValueError, "matches no notebook"),
 ])
-def test_run_notebooks_rejects_bad_arguments(tmp_path, books, kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_run_notebooks_rejects_bad_arguments(tmp_path, books, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
         runner.run_notebooks(books, tmp_path / "reports", **kwargs)
     assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").iterdir())
 
