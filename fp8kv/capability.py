@@ -66,16 +66,17 @@ def interpreter_on() -> bool:
 
 def check_query(backend: str, q_dtype, kv_dtype: str) -> tuple[bool, str]:
     """Whether ``backend`` takes a ``q_dtype`` query (a name such as "bf16", or a torch dtype) with a
-    ``kv_dtype`` cache: ``(ok, reason)``. The kernels take 16-bit queries (fp32: the reference only);
-    FlashInfer pairs a 16-bit query with a cache of the same type or FP8; fp8kv's kernel refuses an
-    fp16 query over bf16 pages, whose fp16 dots would turn values beyond 65504 into inf."""
+    ``kv_dtype`` cache: ``(ok, reason)``, the reason a whole message naming the query's dtype. The
+    kernels take 16-bit queries (fp32: the reference only); FlashInfer pairs a 16-bit query with a
+    cache of the same type or FP8; fp8kv's kernel refuses an fp16 query over bf16 pages, whose fp16
+    dots would turn values beyond 65504 into inf."""
     q = next((n for n, dt in UNQUANTIZED_DTYPES.items() if dt == q_dtype), q_dtype)
     if q not in UNQUANTIZED_DTYPES:
-        return False, f"q_dtype={q_dtype!r}; expected one of {tuple(UNQUANTIZED_DTYPES)}"
+        return False, f"q is {q_dtype!r}; expected one of {tuple(UNQUANTIZED_DTYPES)}"
     if q == "fp32" and backend != "reference":
-        return False, f"{backend} takes bf16/fp16 queries; fp32 queries run on the reference only"
+        return False, f"q is fp32: {backend} takes bf16/fp16 queries; fp32 queries run on the reference only"
     if backend == "flashinfer" and not is_fp8(kv_dtype) and kv_dtype != q:
-        return False, f"FlashInfer pairs a {q} query with a {q} or FP8 cache, not {kv_dtype}"
+        return False, f"q is {q}: FlashInfer pairs a {q} query with a {q} or FP8 cache, not {kv_dtype}"
     if backend == "triton" and q == "fp16" and kv_dtype == "bf16":
         return False, ("q is float16 but the cache is bf16: pass a bfloat16 query (as FlashInfer also "
                        "requires)")

@@ -26,8 +26,8 @@ from functools import cached_property
 
 import torch
 
-__all__ = ["FP8Format", "FORMATS", "format", "UNQUANTIZED_DTYPES", "KV_DTYPES", "KV_DTYPE_NAMES", "is_fp8", "kv_dtype_info",
-           "saturation_bounds", "summary_table", "code_table"]
+__all__ = ["FP8Format", "FORMATS", "format", "UNQUANTIZED_DTYPES", "KV_DTYPES", "KV_DTYPE_NAMES", "is_fp8",
+           "kv_dtype_info", "saturation_bounds", "summary_table", "code_table"]
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,9 @@ from .kernels.paged_decode import (
 )
 from .kernels.paged_decode_cuda_core import paged_decode_cuda_core_kernel
 
-__all__ = ["paged_decode", "decode_launch", "decode_kernel", "gluon_refusal", "gluon_launch", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config",
-           "stream_copy", "MAX_HEADS_PER_PROGRAM"]
+__all__ = ["paged_decode", "decode_launch", "decode_kernel", "gluon_refusal", "gluon_launch", "write_cache",
+           "choose_num_splits", "launch_config", "DecodeConfig", "default_config", "stream_copy",
+           "MAX_HEADS_PER_PROGRAM"]
 
 _SCALE_KIND = {"tensor": SCALE_PER_HEAD.value, "head": SCALE_PER_HEAD.value, "channel": SCALE_CHANNEL.value,
                "token_head": SCALE_TOKEN_HEAD.value}
@@ -309,7 +310,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     """
     ok, why = check_query("triton", q.dtype, cache.kv_dtype)  # 16-bit, and fp16 only over FP8 or fp16 pages
     if not ok:
-        raise TypeError(why if why.startswith("q is") else f"q is {q.dtype}: {why}")
+        raise TypeError(why)
     if q.stride(-1) != 1:
         raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
     b, hq, d = q.shape
@@ -453,14 +454,14 @@ def decode_kernel(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
     where Gluon cannot run; False is the Triton kernel."""
     if gluon is not None and not isinstance(gluon, bool):
         raise TypeError(f"gluon={gluon!r}; expected None (the faster kernel that runs), True or False")
-    if gluon is False:
+    if gluon is False or (gluon is None and any(v is not None for v in overrides.values())):
         return "triton"
     why = gluon_refusal(cache, mode, head_dim, group, device, **overrides)
     if gluon:
         if why is not None:
             raise UnsupportedError(f"gluon=True: {why}; use the Triton kernel (gluon=False)")
         return "gluon"
-    return "gluon" if why is None and all(v is None for v in overrides.values()) else "triton"
+    return "gluon" if why is None else "triton"
 
 
 def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, group: int, device, *,

@@ -134,7 +134,7 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
                                    f"granularity={cache.granularity}: {why}")
     ok, why = check_query(backend, q.dtype, cache.kv_dtype)
     if not ok:
-        checks.fail(why if why.startswith("q is") else f"q is {q.dtype}: {why}", TypeError)
+        checks.fail(why, TypeError)
     unknown = sorted(set(launch) - set(LAUNCH_OPTIONS[backend]))
     if unknown:
         checks.fail(f"{unknown[0]}={launch[unknown[0]]!r} is not an option of the {backend} backend; it takes "

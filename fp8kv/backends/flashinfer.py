@@ -78,7 +78,8 @@ from ..capability import (
 from ..formats import FORMATS
 from .flashinfer_scales import ScaleFold, apply_q_fold, plan_scales
 
-__all__ = ["paged_kv_args", "qo_indptr", "FlashInferDecode", "decode", "prefill", "workspace", "NOT_INSTALLED", "LN2", "window_left"]
+__all__ = ["paged_kv_args", "qo_indptr", "FlashInferDecode", "decode", "prefill", "workspace", "NOT_INSTALLED",
+           "LN2", "window_left"]
 
 NOT_INSTALLED = "FlashInfer is not installed (pip install 'fp8kv[gpu]')"
 LN2 = math.log(2.0)  # FlashInfer's LSE is log2; natural log = log2 * ln 2
@@ -328,7 +329,7 @@ class FlashInferDecode:
                              f"{cache.batch_size} sequences")
         ok, why = check_query("flashinfer", q_dtype, cache.kv_dtype)  # fp8 mode quantizes the query itself
         if not ok:
-            raise TypeError(f"q_dtype={q_dtype}: {why}")
+            raise TypeError(why)
         hkv = cache.num_kv_heads
         if not isinstance(num_qo_heads, int) or num_qo_heads < 1 or num_qo_heads % hkv:
             raise ValueError(f"num_qo_heads={num_qo_heads!r} must be a positive multiple of {hkv} KV heads")
@@ -506,7 +507,7 @@ def prefill(q: torch.Tensor, qo_lens, cache: PagedKVCache, causal: bool = True,
                                f"granularity={cache.granularity}: {why}")
     ok, why = check_query("flashinfer", q.dtype, cache.kv_dtype)
     if not ok:
-        raise TypeError(f"q is {q.dtype}: {why}")
+        raise TypeError(why)
     fi = _import_flashinfer()
     hq = q.shape[1]
     fold = plan_scales(cache, hq)
