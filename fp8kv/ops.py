@@ -390,16 +390,35 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
 
 
 GLUON_BLOCK_N = (64, 128)
+# Below this many tokens per split the Gluon kernel's fixed cost per program (its ring prologue and the
+# merge of its warps' slices) outweighs its faster loop. H200, B = 1 x 4k (128 tokens per split):
+# 32/8/128 15.0 us against the Triton kernel's 10.5; B = 64 x 16k (5376+): 533.8 against 668.6
+# (results/bench/nvidia-h200/20261203T210857Z.csv and 20261203T210605Z.csv).
+GLUON_MIN_SPLIT_TOKENS = 1024
 GLUON_STAGES = (2, 3, 4, 5)
 
 
-def gluon_launch(batch: int, cache: PagedKVCache, *, num_splits: int | None = None, block_n: int | None = None,
-                 num_stages: int | None = None, device: torch.device | None = None) -> DecodeConfig:
-    """The launch of the Gluon kernel: tiles of 128 tokens and a 2-deep ring by default (H200, 32/8/128,
-    B=64 x 16k: 586 us; 64 / 3: 605 us; 128 / 3: 677 us), splits as :func:`launch_config` sizes them."""
-    block_n = 128 if block_n is None else checks.one_of(checks.integer(block_n, "block_n"), "block_n", GLUON_BLOCK_N)
-    stages = 2 if num_stages is None else checks.one_of(checks.integer(num_stages, "num_stages"), "num_stages",
-                                                       GLUON_STAGES)
+def gluon_tile(group: int, head_dim: int) -> tuple[int, int]:
+    """The Gluon kernel's default (block_n, ring depth) for a layout, measured on the H200 at B = 64 x 16k
+    (``results/bench/nvidia-h200/20261203T210039Z-gluon-probe.json``): one query head per KV head streams
+    best in tiles of 128 tokens, 3 deep (32/32/128: 2072 us against 2101 for 64 / 4; 32/32/80: 2066
+    against 2147); head dims up to 64 in tiles of 64, 3 deep (12/4/64: 185.5 against 190.9); the
+    rest in tiles of 64, 4 deep (32/8/128: 535.6 against 542.6 for 64 / 3 and 558.5 for 128 / 3)."""
+    if group == 1:
+        return 128, 3
+    return (64, 3) if head_dim <= 64 else (64, 4)
+
+
+def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int | None = None,
+                 block_n: int | None = None, num_stages: int | None = None,
+                 device: torch.device | None = None) -> DecodeConfig:
+    """The launch of the Gluon kernel for ``group`` query heads per KV head: :func:`gluon_tile` unless
+    ``block_n`` / ``num_stages`` are given, splits as :func:`launch_config` sizes them."""
+    tile, depth = gluon_tile(group, cache.head_dim)
+    block_n = tile if block_n is None else checks.one_of(checks.integer(block_n, "block_n"), "block_n",
+                                                         GLUON_BLOCK_N)
+    stages = depth if num_stages is None else checks.one_of(checks.integer(num_stages, "num_stages"), "num_stages",
+                                                           GLUON_STAGES)
     cfg = launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device)
     return {**cfg, "num_warps": 4, "num_stages": stages}
 
@@ -425,7 +444,8 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
         (cache.granularity != "tensor", f"granularity={cache.granularity!r}: the Gluon kernel takes one "
                                         "tensor-wide scale"),
         (cache.layout != "NHD", f"layout={cache.layout!r}: the Gluon kernel reads NHD pages"),
-        (head_dim != g.HEAD_DIM, f"head_dim={head_dim}: the Gluon kernel is built for {g.HEAD_DIM}"),
+        (head_dim % 16 or head_dim > max(g.HEAD_PADS), f"head_dim={head_dim}: the Gluon kernel takes multiples "
+                                                        f"of 16 up to {max(g.HEAD_PADS)}"),
         (group > g.GROUP_PAD, f"{group} query heads per KV head: the Gluon kernel takes up to {g.GROUP_PAD}"),
         (num_warps not in (None, g.NUM_WARPS), f"num_warps={num_warps!r}: the Gluon kernel runs {g.NUM_WARPS}"),
         (interpreter_on() or device.type != "cuda", "Gluon kernels run on a CUDA GPU only (not under the "
@@ -447,7 +467,8 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
 
 def decode_kernel(cache: PagedKVCache, mode: str, head_dim: int, group: int, device, *, gluon: bool | None = None,
                   **overrides) -> str:
-    """``"gluon"`` or ``"triton"``: the kernel :func:`paged_decode` launches for these arguments.
+    """``"gluon"`` or ``"triton"``: the kernel these arguments allow (:func:`decode_launch` also weighs the
+    batch: a latency-bound decode runs the Triton kernel).
 
     ``gluon=None`` picks Gluon where :func:`gluon_refusal` finds nothing and no override is given
     (launch overrides such as ``block_n`` address the Triton kernel); True raises UnsupportedError
@@ -470,7 +491,9 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
                   heads_per_program: int | None = None, use_tensor_cores: bool | None = None,
                   window: int | None = None, **others) -> tuple[str, DecodeConfig]:
     """The kernel :func:`paged_decode` runs for these arguments and its launch: ``("gluon", cfg)``,
-    ``("triton", cfg)`` (the tensor-core kernel) or ``("triton-cuda-core", cfg)``. ``others``: the
+    ``("triton", cfg)`` (the tensor-core kernel) or ``("triton-cuda-core", cfg)``. By default Gluon runs
+    where :func:`decode_kernel` allows it and each split streams at least GLUON_MIN_SPLIT_TOKENS tokens;
+    shorter splits (small batches: latency-bound) go to the Triton kernel. ``others``: the
     remaining options and variants of :func:`paged_decode` (convert, eviction_policy, compute_dtype,
     soft_cap, sinks; None = not given), which only :func:`decode_kernel` weighs."""
     if use_tensor_cores is not None and not isinstance(use_tensor_cores, bool):
@@ -480,8 +503,10 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
                            num_stages=num_stages, heads_per_program=heads_per_program, window=window,
                            use_tensor_cores=None if use_tensor_cores is not False else False, **others)
     if kernel == "gluon":
-        return kernel, gluon_launch(batch, cache, num_splits=num_splits, block_n=block_n, num_stages=num_stages,
-                                    device=device)
+        cfg = gluon_launch(batch, cache, group, num_splits=num_splits, block_n=block_n, num_stages=num_stages,
+                           device=device)
+        if gluon or cfg["tokens_per_split"] >= GLUON_MIN_SPLIT_TOKENS:
+            return kernel, cfg
     tensor_cores = use_tensor_cores is not False
     cfg = launch_config(batch, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
                         num_stages=num_stages, device=device, window=window, use_tensor_cores=tensor_cores,
@@ -505,14 +530,16 @@ def _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype):
     lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
     k_pages, v_pages = (t.view(torch.uint8) for t in (cache.k_pages, cache.v_pages))
     s = k_pages.stride()
-    g.gluon_decode_async_kernel[(b, cache.num_kv_heads, splits)](
+    # grid (Hkv, B, splits): a sequence's KV heads run side by side, so the DRAM pages of its tokens are
+    # read together (H200, 64 x 16k: 32/8/128 535.6 against 545.4 us batch-first; 12/4/64 185.5 against 207.4)
+    g.gluon_decode_kernel[(cache.num_kv_heads, b, splits)](
         q, k_pages, v_pages, cache.k_scale, cache.v_scale, cache.block_table, cache.seq_lens, part_out, part_lse,
         sm_scale * math.log2(math.e), cfg["tokens_per_split"], cache.num_blocks, capacity,
         q.stride(0), q.stride(1), s[0], s[1], s[2], cache.block_table.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, BLOCK_N=cfg["block_n"], BLOCK_SIZE=cache.block_size,
+        GROUP=group, HEAD_DIM=d, BLOCK_SIZE=cache.block_size,
         FP8_TY=g.gl.float8e4nv if cache.kv_dtype == "fp8_e4m3" else g.gl.float8e5, STAGES=cfg["num_stages"],
-        **g.make_layouts(cfg["block_n"]), num_warps=g.NUM_WARPS)
+        **g.make_layouts(cfg["block_n"], d), num_warps=g.NUM_WARPS)
     _combine_splits(part_out, part_lse, out, lse)
     return out, lse
 

@@ -660,14 +660,17 @@ def test_triton_opt_gluon_is_a_switch(monkeypatch):
         _kv_opt("gluon=2")
     assert _kv_opt("block_n=64") == ("block_n", 64)
     cache = synthetic_cache(2, 64, 2, 128, kv_dtype="fp8_e4m3", device="cpu")
-    case = Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3", options={"gluon": True, "block_n": 64})
+    case = Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3", options={"gluon": True, "block_n": 128})
     with pytest.raises(UnsupportedError, match="CUDA GPU only"):  # no GPU here: the row says unsupported
         bench.measure._triton_launch(case, cache, torch.device("cpu"))
     monkeypatch.setattr(ops, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
     launch = bench.measure._triton_launch(case, cache, torch.device("cpu"))
     assert launch["kernel"] == "gluon"
-    assert (launch["block_n"], launch["num_stages"], launch["num_warps"]) == (64, 2, 4)  # the Gluon launch
+    assert (launch["block_n"], launch["num_stages"], launch["num_warps"]) == (128, 4, 4)  # the Gluon launch
     auto = bench.measure._triton_launch(Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3"), cache, torch.device("cpu"))
-    assert (auto["kernel"], auto["block_n"]) == ("gluon", 128)  # the default where Gluon runs
+    assert auto["kernel"] == "triton"  # splits of 64 tokens: latency-bound, the Triton kernel's
+    monkeypatch.setattr(ops, "GLUON_MIN_SPLIT_TOKENS", 64)
+    auto = bench.measure._triton_launch(Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3"), cache, torch.device("cpu"))
+    assert (auto["kernel"], auto["block_n"]) == ("gluon", 64)  # the default where Gluon runs
     tuned = Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3", options={"block_n": 32})
     assert bench.measure._triton_launch(tuned, cache, torch.device("cpu"))["kernel"] == "triton"  # a Triton override

@@ -518,7 +518,8 @@ def test_stream_copy_copies_every_element_of_an_odd_length():
     ({}, dict(kv_dtype="bf16"), (2, 8, 128), "kv_dtype=bf16"),
     ({}, dict(granularity="head"), (2, 8, 128), "granularity='head'"),
     ({}, dict(layout="HND"), (2, 8, 128), "layout='HND'"),
-    ({}, dict(d=64), (2, 8, 64), "head_dim=64"),
+    ({}, dict(d=72), (2, 8, 72), "head_dim=72"),
+    ({}, dict(d=256), (2, 8, 256), "head_dim=256"),
     ({}, {}, (2, 34, 128), "17 query heads per KV head"),
     (dict(window=8), {}, (2, 8, 128), r"no \['window'\]"),
     (dict(heads_per_program=2), {}, (2, 8, 128), r"no \['heads_per_program'\]"),
@@ -562,7 +563,9 @@ def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
                      dict(window=8), dict(heads_per_program=2), dict(use_tensor_cores=False)):
         assert decode_kernel(cache, "dequant", 128, 4, "cuda", **override) == "triton", override
     assert decode_kernel(cache, "dequant", 128, 4, "cuda", block_n=None) == "gluon"  # None: not given
-    for refused in (dict(mode="fp8"), dict(head_dim=64), dict(group=17)):
+    for d in (48, 64, 80, 96, 112):  # any multiple of 16 up to 128 (zero-filled to the tile width)
+        assert decode_kernel(make_cache([5, 40], 2, d), "dequant", d, 4, "cuda") == "gluon", d
+    for refused in (dict(mode="fp8"), dict(head_dim=72), dict(head_dim=256), dict(group=17)):
         args = {"mode": "dequant", "head_dim": 128, "group": 4, **refused}
         assert decode_kernel(cache, args["mode"], args["head_dim"], args["group"], "cuda") == "triton", refused
     for kw in (dict(kv_dtype="bf16"), dict(granularity="head"), dict(layout="HND")):
@@ -574,19 +577,35 @@ def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
     assert "need sm80+" in gluon_refusal(cache, "dequant", 128, 4, "cuda")
 
 
+def test_small_batches_run_the_triton_kernel_by_default(monkeypatch):
+    """Gluon by default only where each split streams GLUON_MIN_SPLIT_TOKENS tokens or more; asked for
+    by name it runs anyway."""
+    from fp8kv import ops
+
+    monkeypatch.setattr(ops, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
+    cache = make_cache([5, 300], 2, 128)  # 304 tokens of capacity: tiles of 64 make splits of 320 or 192
+    long_split = dict(num_splits=1)
+    monkeypatch.setattr(ops, "GLUON_MIN_SPLIT_TOKENS", 200)
+    assert ops.decode_launch(2, cache, "dequant", 128, 4, torch.device("cpu"), **long_split)[0] == "gluon"
+    assert ops.decode_launch(2, cache, "dequant", 128, 4, torch.device("cpu"), num_splits=2)[0] == "triton"
+    assert ops.decode_launch(2, cache, "dequant", 128, 4, torch.device("cpu"), num_splits=2, gluon=True)[0] == "gluon"
+
+
 def test_gluon_launch_defaults_and_bad_options():
     from fp8kv import ops
     from fp8kv.ops import gluon_launch
 
     cache = make_cache([5, 300], 2, 128)
-    cfg = gluon_launch(2, cache)
-    assert (cfg["block_n"], cfg["num_stages"], cfg["num_warps"]) == (128, 2, 4)
-    assert cfg["tokens_per_split"] % 128 == 0
-    assert gluon_launch(2, cache, block_n=64, num_stages=3)["block_n"] == 64
+    cfg = gluon_launch(2, cache, 4)
+    assert (cfg["block_n"], cfg["num_stages"], cfg["num_warps"]) == (64, 4, 4)
+    assert cfg["tokens_per_split"] % 64 == 0
+    assert (gluon_launch(2, cache, 1)["block_n"], gluon_launch(2, cache, 1)["num_stages"]) == (128, 3)  # MHA
+    assert ops.gluon_tile(4, 64) == (64, 3)
+    assert gluon_launch(2, cache, 4, block_n=128, num_stages=2)["block_n"] == 128
     with pytest.raises(ValueError, match="block_n=32"):
-        gluon_launch(2, cache, block_n=32)
+        gluon_launch(2, cache, 4, block_n=32)
     with pytest.raises(ValueError, match="num_stages=1"):
-        gluon_launch(2, cache, num_stages=1)
+        gluon_launch(2, cache, 4, num_stages=1)
     with pytest.raises(TypeError, match="gluon='yes'"):
         paged_decode(make_q(2, 4, 128, torch.float16), cache, gluon="yes")
     assert ops.GLUON_BLOCK_N == (64, 128)
@@ -594,20 +613,34 @@ def test_gluon_launch_defaults_and_bad_options():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
-@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("hq,hkv", [(8, 8), (32, 8), (28, 4), (32, 2)])
-@pytest.mark.parametrize("launch", [{}, {"block_n": 64, "num_stages": 3}, {"num_splits": 1}, {"num_stages": 5}])
-def test_gluon_kernel_matches_the_oracle_and_its_twin_on_the_gpu(kv_dtype, q_dtype, hq, hkv, launch):
+@pytest.mark.parametrize("kv_dtype,q_dtype", [("fp8_e4m3", torch.bfloat16), ("fp8_e5m2", torch.float16)])
+@pytest.mark.parametrize("hq,hkv,d", [(8, 8, 128), (32, 8, 128), (28, 4, 128), (32, 2, 128), (12, 4, 64),
+                                      (7, 1, 64), (16, 2, 96), (4, 4, 80), (40, 8, 112), (6, 2, 48)])
+@pytest.mark.parametrize("launch", [{}, {"block_n": 128, "num_stages": 3}, {"num_stages": 2, "num_splits": 1}])
+def test_gluon_kernel_matches_the_oracle_and_its_twin_on_the_gpu(kv_dtype, q_dtype, hq, hkv, d, launch):
     """The compiled Gluon kernel against the fp32 oracle (the dequant tolerance, 2u) and against the
-    Triton kernel it twins, at ragged lengths (1 token, a partial page, a partial tile, 16k)."""
-    cache = make_cache([1, 17, 5003, 16379], hkv, 128, kv_dtype=kv_dtype)
-    q = make_q(4, hq, 128, q_dtype)
+    Triton kernel it twins, at ragged lengths (1 token, a partial page, a partial tile, 16k), MHA to
+    a group of 16, head dims 48 to 128 (those below the tile width zero-filled)."""
+    cache = make_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype)
+    q = make_q(4, hq, d, q_dtype)
     out, lse = paged_decode(q, cache, gluon=True, **launch)
     ref_o, ref_l = ref_decode(q, cache)
     assert relative_error(out.float(), ref_o) <= dequant_tol(q_dtype, "tensor")
     assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", q_dtype, ref_l)
     twin_o, _ = paged_decode(q, cache, gluon=False)
     assert relative_error(out.float(), twin_o.float()) <= 2 * unit_roundoff(q_dtype)
-    if not launch:  # the default launch of this shape is the Gluon kernel's
-        assert torch.equal(paged_decode(q, cache)[0], out)
+    if not launch:  # long splits run the Gluon kernel by default
+        assert torch.equal(paged_decode(q, cache, num_splits=1)[0], paged_decode(q, cache, gluon=True, num_splits=1)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("block_size,launch", [(8, {}), (32, {}), (128, {}), (128, {"block_n": 128}),
+                                               (256, {"block_n": 128})])
+def test_gluon_kernel_reads_every_page_size(block_size, launch):
+    """Pages smaller than, equal to and larger than a tile: the row addressing takes two paths (the
+    page row loop-invariant, or one scalar per tile)."""
+    cache = make_cache([1, 17, 5003, 1000], 4, 128, block_size=block_size)
+    q = make_q(4, 16, 128, torch.bfloat16)
+    out, _ = paged_decode(q, cache, gluon=True, **launch)
+    assert relative_error(out.float(), ref_decode(q, cache)[0]) <= dequant_tol(torch.bfloat16, "tensor")

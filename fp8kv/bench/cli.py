@@ -77,12 +77,14 @@ PRESETS = {
                     shapes=[(32, 8, 128), (8, 1, 256), (32, 32, 128), (14, 2, 64)], block_sizes=[16],
                     kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                     granularities=["tensor"], flashinfer_tensor_cores=[False, True]),
-    # The Gluon kernel (the default where it runs) beside the Triton kernel (gluon=False) and FlashInfer,
-    # on the one shape it is built for (head_dim 128, groups up to 16), bandwidth- and latency-bound.
-    "gluon": dict(batches=[1, 4, 64, 256], contexts=[4096, 16384], shapes=[(32, 8, 128), (28, 4, 128), (32, 32, 128)],
+    # The Gluon kernel (gluon=True) beside the Triton kernel (gluon=False) and FlashInfer, on the layouts it
+    # covers (head dims 64-128, groups up to 16), bandwidth- and latency-bound.
+    "gluon": dict(batches=[1, 64], contexts=[4096, 16384],
+                  shapes=[(32, 8, 128), (28, 4, 128), (32, 32, 128), (14, 2, 64), (12, 4, 64), (16, 2, 96),
+                          (32, 32, 80), (32, 32, 96), (32, 8, 112)],
                   block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                   granularities=["tensor"], flashinfer_tensor_cores=[False, True],
-                  triton_options=[{}, {"gluon": False}, {"gluon": True, "block_n": 64, "num_stages": 3}]),
+                  triton_options=[{"gluon": True}, {"gluon": False}]),
     "layouts-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 4, 32), (4, 1, 64), (6, 2, 48)], block_sizes=[16],
                           kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                           granularities=["tensor"], flashinfer_tensor_cores=[True]),
@@ -107,9 +109,8 @@ PRESET_HELP = {
                    "or all query heads (heads_per_program), FlashInfer beside, B 1-64 x context 4k-16k (GPU)",
     "latency": "latency-bound decode, B 1-4 x context 1000-16k on four layouts (GQA, MQA with D 256, MHA, "
                "group 7 with D 64), bf16 vs fp8_e4m3, Triton and FlashInfer side by side (GPU)",
-    "gluon": "the Gluon FP8 kernel (the default where it runs: ring depth 2 and 128-token tiles; and 3 and 64) "
-             "beside the Triton kernel (gluon=0) and FlashInfer at head_dim 128 (GQA 4 and 7, MHA), B 1-256 x "
-             "context 4k-16k (GPU)",
+    "gluon": "the Gluon FP8 kernel (gluon=1; the default on long splits) beside the Triton kernel (gluon=0) and "
+             "FlashInfer on the layouts it covers (MHA, GQA 2-8; D 64-128), B 1-64 x context 4k-16k (GPU)",
     "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
 }
 assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"

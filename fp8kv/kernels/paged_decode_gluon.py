@@ -1,26 +1,37 @@
-"""FP8-KV paged decode in Triton's Gluon dialect: the FP8 tile reaches the tensor cores without an
-fp16 round trip through shared memory.
+"""FP8-KV paged decode in Triton's Gluon dialect: every warp streams its own tokens, and the FP8 tile
+reaches the tensor cores without an fp16 round trip through shared memory.
 
 The plain Triton kernel (:mod:`fp8kv.kernels.paged_decode`) converts each FP8 tile to fp16 in a
-blocked layout and lets the compiler move it through shared memory into the MMA operand layout.
-Here raw FP8 bytes are copied global -> shared memory (cp.async, a ring of STAGES tiles), loaded
-from there straight into a layout that *is* the MMAv2 B-operand layout up to a permutation inside
-each thread, and converted to fp16 in registers (``cvt.rn.f16x2.e4m3x2``).
+blocked layout and lets the compiler move it through shared memory into the MMA operand layout, and
+its warps share every tile's tokens, so each tile exchanges the row max, the row sum and P across
+warps. Here:
 
-How the loads stay 16 bytes wide although the operand layout scatters every thread's elements:
-the contraction index of Q·Kᵀ and the output column of P·V (both head_dim) may be permuted freely,
-as long as the query (loaded once) and the output store (once) use the same permutation.
+* A tile of BLOCK_N tokens is four warp slices of NW = BLOCK_N / 4 tokens. The MMA layout's first
+  dimension is the warp (a batched mma.sync, ``warps_per_cta=[4, 1, 1]``): each warp keeps its own
+  running max, sum and output, so the loop has no cross-warp reduction; the four are merged once, at
+  the end of the split.
+* Raw FP8 bytes go global -> shared memory (cp.async, a ring of STAGES tiles), and are loaded from
+  there straight into a layout that *is* the MMA B-operand layout up to a permutation inside each
+  thread, then converted to fp16 in registers (``cvt.rn.f16x2.e4m3x2``).
 
-* K tile, physical [BLOCK_N tokens, 128 bytes]: thread (lane = 4g + t, warp w) reads the 32
-  contiguous bytes ``d_phys = 32 t + c`` of rows ``n = g + 8 w + 32 r``. Byte c = 4 kb + 2 h + e is
-  contraction index ``k = 16 kb + 8 h + 2 t + e``, where the m16n8k16 B fragment wants it.
-* V tile: thread reads 4 contiguous bytes ``d_phys = 32 w + 4 g + r`` of tokens ``2 t + e + 8 h +
-  16 kb``, which is output column ``n = 32 r + 8 w + g`` of the fragment.
+How the loads stay wide although the operand layout scatters every thread's elements: the
+contraction index of Q·Kᵀ and the output column of P·V (both head_dim) may be permuted freely, as
+long as the query (loaded once) and the output store (once) use the same permutation. With HP the
+padded head_dim (64 or 128) and lane = 4g + t:
 
-One tile shape: NHD pages, head_dim 128, one tensor-wide K and V scale, groups of up to 16 query
-heads (16 MMA rows), 4 warps. :func:`fp8kv.ops.decode_kernel` checks all of it (this is the
-default kernel where it holds) and :func:`fp8kv.ops.paged_decode` launches; the interpreter cannot
-run Gluon, so the tensor-core Triton kernel is its twin on CPU.
+* K slice, physical [NW tokens, HP bytes]: the thread reads the HP/4 contiguous bytes
+  ``d = (HP/4) t + c`` of tokens ``g + 8r``; byte c = 4 kb + 2 h + e is contraction index
+  ``k = 16 kb + 8 h + 2 t + e``, where the m16n8k16 B fragment wants it.
+* V slice: the thread reads the HP/8 contiguous bytes ``d = (HP/8) g + j`` of tokens
+  ``2t + e + 8h + 16kb``, which are output columns ``n = 8 j + g``.
+
+A head_dim below HP (a multiple of 16: 80, 96, 112) copies only its own 16-byte chunks; the rest of
+the tile is zero-filled, so the padding costs registers and MMAs but no memory traffic.
+
+Scope: NHD pages, one tensor-wide K and V scale, groups of up to 16 query heads (16 MMA rows), 4
+warps. :func:`fp8kv.ops.gluon_refusal` checks all of it (this is the default kernel where it holds)
+and :func:`fp8kv.ops.paged_decode` launches; the interpreter cannot run Gluon, so the tensor-core
+Triton kernel is its twin on CPU.
 """
 
 import math
@@ -30,118 +41,164 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 NUM_WARPS = 4
-HEAD_DIM = 128  # the one head dim of this kernel
 GROUP_PAD = 16  # MMA rows: query heads per program, padded
+HEAD_PADS = (64, 128)  # register tile widths; a head_dim runs in the smallest that holds it
 
 
-def make_layouts(block_n: int):
-    """The kernel's layouts for tiles of ``block_n`` (64 or 128) tokens, built on the host and passed
-    as constexprs."""
-    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NUM_WARPS], instr_shape=[16, 8])
+def head_pad(head_dim: int) -> int:
+    """The tile width a head_dim (a multiple of 16, at most 128) runs in."""
+    return next(p for p in HEAD_PADS if head_dim <= p)
+
+
+def make_layouts(block_n: int, head_dim: int):
+    """The kernel's layouts for tiles of ``block_n`` (64 or 128) tokens of ``head_dim``, built on the
+    host and passed as constexprs."""
+    hp = head_pad(head_dim)
+    nw = block_n // NUM_WARPS  # tokens per warp slice: 16 or 32
+    w = NUM_WARPS
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[w, 1, 1], instr_shape=[1, 16, 8])
     a_op = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    # K tile [BLOCK_N, 128] bytes: row n = g + 8w + 32r, 32 contiguous bytes at 32t.
-    k_phys = gl.BlockedLayout(size_per_thread=[1, 32], threads_per_warp=[8, 4], warps_per_cta=[NUM_WARPS, 1],
-                              order=[1, 0])
-    # V tile [BLOCK_N, 128] bytes: 4 contiguous bytes d = 32w + 4g + r of tokens 2t + e + 8h + 16kb.
-    kb_bases = [[16 << i, 0] for i in range(int(math.log2(block_n // 16)))]
+    # K slice [W, NW, HP] bytes: tokens g + 8r, HP/4 contiguous bytes at (HP/4) t.
+    k_phys = gl.BlockedLayout(size_per_thread=[1, 1, hp // 4], threads_per_warp=[1, 8, 4], warps_per_cta=[w, 1, 1],
+                              order=[2, 1, 0])
+    # V slice [W, NW, HP] bytes: HP/8 contiguous bytes (HP/8) g + j of tokens 2t + e + 8h + 16kb.
     v_phys = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [1, 0], [8, 0]] + kb_bases,
-        lane_bases=[[2, 0], [4, 0], [0, 4], [0, 8], [0, 16]],
-        warp_bases=[[0, 32], [0, 64]],
+        reg_bases=[[0, 0, 1 << i] for i in range(int(math.log2(hp // 8)))] + [[0, 1, 0], [0, 8, 0]]
+        + [[0, 16 << i, 0] for i in range(int(math.log2(nw // 16)))],
+        lane_bases=[[0, 2, 0], [0, 4, 0]] + [[0, 0, (hp // 8) << i] for i in range(3)],
+        warp_bases=[[1, 0, 0], [2, 0, 0]],
         block_bases=[],
-        shape=[block_n, HEAD_DIM],
+        shape=[w, nw, hp],
     )
-    q_blk = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[NUM_WARPS, 1],
-                             order=[1, 0])
-    # shared layout of the async-copy ring: [BLOCK_N, 128] bytes, 16-byte chunk c of row n stored at chunk
-    # c ^ (n % 8). Conflict-free for the 16-byte cp.async writes (a row's 8 chunks per 8 lanes), for the K_PHYS
-    # reads (ld.shared.v4; a quarter warp = rows g, g+1 x chunks 2t+h) and the V_PHYS reads (ld.shared.b32;
-    # rows 2t+e, t=0..3 x chunks 2w, 2w+1 -> 8 distinct chunks after the xor).
-    smem = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
-    # cp.async layout over [BLOCK_N, 128] bytes: 16 B per thread, a warp covers 4 rows x 128 B per copy;
-    # rows of one thread are 16 apart (one 16-token page each).
-    cp = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[NUM_WARPS, 1],
-                          order=[1, 0])
-    return dict(MMA=mma, A_OP=a_op, B_OP=b_op, K_PHYS=k_phys, V_PHYS=v_phys, Q_BLK=q_blk, SMEM=smem,
+    q_blk = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[1, 256 // hp, hp // 8],
+                             warps_per_cta=[w, 1, 1], order=[2, 1, 0])
+    # Shared ring [STAGES, W, NW, HP] bytes; 16-byte chunk c of a row stored at chunk c ^ (row % (HP/16)):
+    # conflict-free for the cp.async writes and the K and V reads.
+    smem = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=hp // 16, order=[2, 1, 0])
+    # cp.async layout over [W, NW, HP] bytes: 16 B per thread, each warp copies its own slice.
+    cp = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[1, 512 // hp, hp // 16],
+                          warps_per_cta=[w, 1, 1], order=[2, 1, 0])
+    return dict(HP=hp, NW=nw, MMA=mma, A_OP=a_op, B_OP=b_op, K_PHYS=k_phys, V_PHYS=v_phys, Q_BLK=q_blk, SMEM=smem,
                 CP=cp)
 
 
 @gluon.jit
-def _k_dphys(k):
+def _k_dphys(k, HP: gl.constexpr):
     """Physical byte (head_dim index) of contraction index k in the K tile (and the query)."""
-    return 32 * ((k >> 1) & 3) + 4 * (k >> 4) + 2 * ((k >> 3) & 1) + (k & 1)
+    return (HP // 4) * ((k >> 1) & 3) + 4 * (k >> 4) + 2 * ((k >> 3) & 1) + (k & 1)
 
 
 @gluon.jit
-def _v_dphys(n):
-    """Physical head_dim index of logical output column n = 32r + 8w + g (stored at 32w + 4g + r)."""
-    return 32 * ((n >> 3) & 3) + 4 * (n & 7) + (n >> 5)
+def _v_dphys(n, HP: gl.constexpr):
+    """Physical head_dim index of output column n = 8j + g (stored at (HP/8) g + j)."""
+    return (HP // 8) * (n & 7) + (n >> 3)
 
 
 @gluon.jit
-def _k_operand(k_codes, BLOCK_N: gl.constexpr, B_OP: gl.constexpr, FP8_TY: gl.constexpr):
-    """[BLOCK_N, 128] uint8 codes (K_PHYS) -> Kᵀ [128 (permuted k), BLOCK_N] fp16 in the B layout."""
+def _k_operand(k_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP: gl.constexpr,
+               FP8_TY: gl.constexpr):
+    """[W, NW, HP] uint8 codes (K_PHYS) -> Kᵀ [W, HP (permuted k), NW] fp16 in the B layout."""
     x = k_codes.to(FP8_TY, bitcast=True)
-    x = x.reshape([BLOCK_N, 4, 8, 2, 2])  # n, t, kb, h, e
-    x = x.permute([2, 3, 1, 4, 0])  # kb, h, t, e, n
-    x = x.reshape([128, BLOCK_N])  # k = 16kb + 8h + 2t + e
+    x = x.reshape([W, NW, 4, HP // 16, 2, 2])  # w, n, t, kb, h, e
+    x = x.permute([0, 3, 4, 2, 5, 1])  # w, kb, h, t, e, n
+    x = x.reshape([W, HP, NW])  # k = 16kb + 8h + 2t + e
     x = gl.convert_layout(x, B_OP, assert_trivial=True)
     return x.to(gl.float16)
 
 
 @gluon.jit
-def _v_operand(v_codes, BLOCK_N: gl.constexpr, B_OP: gl.constexpr, FP8_TY: gl.constexpr):
-    """[BLOCK_N, 128] uint8 codes (V_PHYS) -> V [BLOCK_N, 128 (permuted n)] fp16 in the B layout."""
-    x = v_codes.to(FP8_TY, bitcast=True)
-    x = x.reshape([BLOCK_N, 4, 8, 4])  # tok, w, g, r
-    x = x.permute([0, 3, 1, 2])  # tok, r, w, g
-    x = x.reshape([BLOCK_N, 128])  # n = 32r + 8w + g
-    x = gl.convert_layout(x, B_OP, assert_trivial=True)
-    return x.to(gl.float16)
+def _v_operand(v_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP: gl.constexpr,
+               FP8_TY: gl.constexpr):
+    """[W, NW, HP] uint8 codes (V_PHYS) -> V [W, NW, HP (permuted n)] fp16 in the B layout.
+
+    A B-operand register holds one column of two adjacent tokens, while a loaded word holds four
+    columns of one token: one two-source byte permute per four codes (``prmt``) pairs them, then
+    two ``cvt`` per permuted word (the compiler, left to itself, spends four integer ops per cvt)."""
+    x = v_codes.reshape([W, NW // 2, 2, HP]).permute([0, 1, 3, 2])  # w, token pair, column, e
+    even, odd = gl.split(x)
+    if FP8_TY == gl.float8e4nv:
+        cvt: gl.constexpr = "cvt.rn.f16x2.e4m3x2"
+    else:
+        cvt: gl.constexpr = "cvt.rn.f16x2.e5m2x2"
+    pairs = gl.inline_asm_elementwise(
+        "{ .reg .b32 lo, hi; .reg .b16 c0, c1, c2, c3;\n"
+        "prmt.b32 lo, $4, $5, 0x5140; prmt.b32 hi, $4, $5, 0x7362;\n"
+        "mov.b32 {c0, c1}, lo; mov.b32 {c2, c3}, hi;\n"
+        + cvt + " $0, c0; " + cvt + " $1, c1; " + cvt + " $2, c2; " + cvt + " $3, c3; }",
+        "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
+    lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs],
+                                       dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
+    x = gl.join(lo, hi).permute([0, 1, 3, 2]).reshape([W, NW, HP])  # token = 2 pair + e
+    x = x.reshape([W, NW, 8, HP // 8])  # w, tok, g, j
+    x = x.permute([0, 1, 3, 2])  # w, tok, j, g
+    x = x.reshape([W, NW, HP])  # n = 8j + g
+    return gl.convert_layout(x, B_OP, assert_trivial=True)
 
 
 @gluon.jit
-def _load_pages(bt_row, n0, end, num_blocks, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, CP: gl.constexpr):
-    """Block-table entries of the rows n0 + [0, BLOCK_N) in the copy layout's row slice (clamped; 0 if >= end)."""
-    t = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, CP))
-    page = gl.load(bt_row + t // BLOCK_SIZE, mask=t < end, other=0)
+def _slice_tokens(W: gl.constexpr, NW: gl.constexpr, L: gl.constexpr):
+    """Token offsets [W, NW] (layout L) within a tile: warp w owns w NW + [0, NW)."""
+    w = gl.arange(0, W, layout=gl.SliceLayout(1, L))
+    n = gl.arange(0, NW, layout=gl.SliceLayout(0, L))
+    return gl.expand_dims(w * NW, 1) + gl.expand_dims(n, 0)
+
+
+@gluon.jit
+def _page_rows(n0, local, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """(block-table column, row in its page) of tokens n0 + local, n0 a multiple of BLOCK_N. Pages and
+    tiles are powers of two, so one divides the other: the row is loop-invariant (pages no larger than
+    a tile) or one scalar per tile (larger pages)."""
+    if BLOCK_N % BLOCK_SIZE == 0:
+        return n0 // BLOCK_SIZE + local // BLOCK_SIZE, local % BLOCK_SIZE
+    else:
+        return n0 // BLOCK_SIZE + local * 0, n0 % BLOCK_SIZE + local
+
+
+@gluon.jit
+def _load_pages(bt_row, n0, local, end, num_blocks, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """Block-table entries of tokens n0 + local (clamped; 0 if >= end)."""
+    col, _ = _page_rows(n0, local, BLOCK_N, BLOCK_SIZE)
+    page = gl.load(bt_row + col, mask=n0 + local < end, other=0)
     return gl.minimum(gl.maximum(page, 0), num_blocks - 1)
 
 
 @gluon.jit
-def _issue_tile(k_ptr, v_ptr, k_buf, v_buf, pages, n0, end, kv_head_off, stride_kb, stride_kt,
-                BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, CP: gl.constexpr):
-    """cp.async (16 B per thread and row chunk) of the raw FP8 bytes of K and V rows n0 + [0, BLOCK_N) into
-    k_buf / v_buf ([BLOCK_N, 128] u8 smem). Rows >= end are zero-filled (src-size 0)."""
-    t = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, CP))
-    d = gl.arange(0, 128, layout=gl.SliceLayout(0, CP))
-    off = pages.to(gl.int64) * stride_kb + ((t % BLOCK_SIZE) * stride_kt + kv_head_off).to(gl.int64)
-    off = gl.multiple_of(off, 16)
-    offs = gl.expand_dims(off, 1) + gl.expand_dims(d, 0)
-    mask = gl.expand_dims(t < end, 1) & gl.expand_dims(d < 128, 0)
+def _issue_tile(k_ptr, v_ptr, k_buf, v_buf, pages, n0, local, end, kv_head_off, stride_kb, stride_kt,
+                HP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+                CP: gl.constexpr):
+    """cp.async (16 B per thread and row chunk) of the raw FP8 bytes of tile n0's K and V rows into k_buf /
+    v_buf ([W, NW, HP] u8 smem). Rows >= end and chunks >= HEAD_DIM are zero-filled (src-size 0)."""
+    _, row = _page_rows(n0, local, BLOCK_N, BLOCK_SIZE)
+    d = gl.arange(0, HP, layout=gl.SliceLayout(0, gl.SliceLayout(1, CP)))
+    off = pages.to(gl.int64) * stride_kb + (row * stride_kt + kv_head_off).to(gl.int64)
+    off = gl.multiple_of(off, [16, 16])
+    d3 = gl.expand_dims(gl.expand_dims(d, 0), 1)
+    offs = gl.expand_dims(off, 2) + d3
+    mask = gl.expand_dims(n0 + local < end, 2) & (d3 < HEAD_DIM)
     async_copy.async_copy_global_to_shared(k_buf, k_ptr + offs, mask=mask)
     async_copy.async_copy_global_to_shared(v_buf, v_ptr + offs, mask=mask)
 
 
 @gluon.jit
-def gluon_decode_async_kernel(
+def gluon_decode_kernel(
     q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, bt_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr,
     qk_scale,  # sm_scale * log2(e)
     tokens_per_split, num_blocks, row_capacity,
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_btb,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-    GROUP: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, FP8_TY: gl.constexpr,
+    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr, FP8_TY: gl.constexpr,
     STAGES: gl.constexpr,  # smem ring depth (>= 2); STAGES - 1 tiles of copies in flight during compute
-    MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr, K_PHYS: gl.constexpr, V_PHYS: gl.constexpr,
-    Q_BLK: gl.constexpr, SMEM: gl.constexpr, CP: gl.constexpr,
+    HP: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr,
+    K_PHYS: gl.constexpr, V_PHYS: gl.constexpr, Q_BLK: gl.constexpr, SMEM: gl.constexpr, CP: gl.constexpr,
 ):
-    """The tensor-core kernel's split-KV decode (fp8kv.kernels.paged_decode, its twin) for one tile shape:
-    K/V FP8 bytes go global -> shared memory ring by cp.async, then shared memory -> registers straight
-    in K_PHYS / V_PHYS (trivially the MMA B operand layout), converted to fp16 there: no fp16 tile goes
-    back through shared memory. Writes fp32 partials and log2-LSE for combine_splits_kernel."""
-    b = gl.program_id(0)
-    kvh = gl.program_id(1)
+    """The tensor-core kernel's split-KV decode (fp8kv.kernels.paged_decode, its twin): warps own token
+    slices of every tile, K/V FP8 bytes go global -> shared memory ring by cp.async, then shared memory ->
+    registers straight in K_PHYS / V_PHYS (trivially the MMA B operand layout), converted to fp16 there. Grid (Hkv, B, splits). Writes fp32 partials and log2-LSE for combine_splits_kernel."""
+    W: gl.constexpr = 4
+    BLOCK_N: gl.constexpr = W * NW
+    kvh = gl.program_id(0)  # KV heads first: a sequence's heads run side by side
+    b = gl.program_id(1)
     split = gl.program_id(2)
 
     seq_len = gl.minimum(gl.load(seq_lens_ptr + b), row_capacity)
@@ -150,38 +207,42 @@ def gluon_decode_async_kernel(
 
     bt_row = bt_ptr + b * stride_btb
     kv_head_off = kvh * stride_kh
-    k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 128], SMEM)
-    v_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 128], SMEM)
+    k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, W, NW, HP], SMEM)
+    v_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, W, NW, HP], SMEM)
+    local = _slice_tokens(W, NW, gl.SliceLayout(2, CP))  # the copy layout's tokens of a tile
     # prologue: tiles 0 .. STAGES-2 in flight before the query is even loaded
     for st in gl.static_range(STAGES - 1):
-        pg = _load_pages(bt_row, start + st * BLOCK_N, end, num_blocks, BLOCK_N, BLOCK_SIZE, CP)
-        _issue_tile(k_ptr, v_ptr, k_smem.index(st), v_smem.index(st), pg, start + st * BLOCK_N, end, kv_head_off,
-                    stride_kb, stride_kt, BLOCK_N, BLOCK_SIZE, CP)
+        n0 = start + st * BLOCK_N
+        pg = _load_pages(bt_row, n0, local, end, num_blocks, BLOCK_N, BLOCK_SIZE)
+        _issue_tile(k_ptr, v_ptr, k_smem.index(st), v_smem.index(st), pg, n0, local, end, kv_head_off,
+                    stride_kb, stride_kt, HP, HEAD_DIM, BLOCK_N, BLOCK_SIZE, CP)
         async_copy.commit_group()
-    pg_next = _load_pages(bt_row, start + (STAGES - 1) * BLOCK_N, end, num_blocks, BLOCK_N, BLOCK_SIZE, CP)
+    pg_next = _load_pages(bt_row, start + (STAGES - 1) * BLOCK_N, local, end, num_blocks, BLOCK_N, BLOCK_SIZE)
 
-    # ---- query: each head rescaled by a power of two before fp16 rounding (as RESCALE_Q in the twin)
-    rows_q = gl.arange(0, 16, layout=gl.SliceLayout(1, Q_BLK))
-    kq = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_BLK))
-    q_mask = gl.expand_dims(rows_q < GROUP, 1) & gl.expand_dims(kq < 128, 0)
-    q_ptrs = q_ptr + b * stride_qb + gl.expand_dims((kvh * GROUP + rows_q) * stride_qh, 1) \
-        + gl.expand_dims(_k_dphys(kq), 0)
-    qf = gl.load(q_ptrs, mask=q_mask, other=0.0).to(gl.float32)
-    amax = gl.max(gl.abs(qf), axis=1)
+    # ---- query, in every warp: each head rescaled by a power of two before fp16 rounding (as RESCALE_Q in
+    # the twin), its head_dim permuted as K's contraction index
+    wq = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, Q_BLK)))
+    rows_q = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, Q_BLK)))
+    kq = gl.arange(0, HP, layout=gl.SliceLayout(0, gl.SliceLayout(1, Q_BLK)))
+    r3 = gl.expand_dims(gl.expand_dims(rows_q, 0), 2) + gl.expand_dims(gl.expand_dims(wq * 0, 1), 2)
+    d3 = gl.expand_dims(gl.expand_dims(_k_dphys(kq, HP), 0), 1)
+    q_ptrs = q_ptr + b * stride_qb + (kvh * GROUP + r3) * stride_qh + d3
+    qf = gl.load(q_ptrs, mask=(r3 < GROUP) & (d3 < HEAD_DIM), other=0.0).to(gl.float32)
+    amax = gl.max(gl.abs(qf), axis=2)
     e = gl.where(amax > 0, gl.floor(gl.log2(gl.where(amax > 0, amax, 1.0))) - 13.0, 0.0)
     e = gl.minimum(gl.maximum(e, -126.0), 126.0).to(gl.int32)
     up = ((127 - e) << 23).to(gl.float32, bitcast=True)
-    q16 = (qf * gl.expand_dims(up, 1)).to(gl.float16)
-    q_op = gl.convert_layout(q16, A_OP)
-    k_scale = gl.load(k_scale_ptr)
-    row_scale_q = ((127 + e) << 23).to(gl.float32, bitcast=True) * (qk_scale * k_scale)
-    row_scale = gl.convert_layout(row_scale_q, gl.SliceLayout(1, MMA))
+    q_op = gl.convert_layout((qf * gl.expand_dims(up, 2)).to(gl.float16), A_OP)
+    row_scale_q = ((127 + e) << 23).to(gl.float32, bitcast=True) * (qk_scale * gl.load(k_scale_ptr))
+    row_scale = gl.expand_dims(gl.convert_layout(row_scale_q, gl.SliceLayout(2, MMA)), 2)
 
-    m_i = gl.full([16], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MMA))
-    l_i = gl.full([16], 0.0, gl.float32, layout=gl.SliceLayout(1, MMA))
-    acc = gl.zeros([16, 128], gl.float32, layout=MMA)
-    s_zero = gl.zeros([16, BLOCK_N], gl.float32, layout=MMA)
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA))
+    # A finite floor for the running max: a warp whose slice is past `end` sees only -inf scores, and
+    # exp2(-inf - floor) = 0 where exp2(-inf - -inf) would be NaN.
+    m_i = gl.full([W, 16], -1.0e30, gl.float32, layout=gl.SliceLayout(2, MMA))
+    l_i = gl.full([W, 16], 0.0, gl.float32, layout=gl.SliceLayout(2, MMA))
+    acc = gl.zeros([W, 16, HP], gl.float32, layout=MMA)
+    s_zero = gl.zeros([W, 16, NW], gl.float32, layout=MMA)
+    s_local = _slice_tokens(W, NW, gl.SliceLayout(1, MMA))  # the score tile's tokens
 
     num_tiles = gl.cdiv(end - start, BLOCK_N)
     for i in range(0, num_tiles):
@@ -190,38 +251,40 @@ def gluon_decode_async_kernel(
         gl.thread_barrier()  # ... everyone's; and everyone is done reading slot (i - 1) % STAGES
         nslot = (i + STAGES - 1) % STAGES
         _issue_tile(k_ptr, v_ptr, k_smem.index(nslot), v_smem.index(nslot), pg_next, n0 + (STAGES - 1) * BLOCK_N,
-                    end, kv_head_off, stride_kb, stride_kt, BLOCK_N, BLOCK_SIZE, CP)
+                    local, end, kv_head_off, stride_kb, stride_kt, HP, HEAD_DIM, BLOCK_N, BLOCK_SIZE, CP)
         async_copy.commit_group()
-        pg_next = _load_pages(bt_row, n0 + STAGES * BLOCK_N, end, num_blocks, BLOCK_N, BLOCK_SIZE, CP)
+        pg_next = _load_pages(bt_row, n0 + STAGES * BLOCK_N, local, end, num_blocks, BLOCK_N, BLOCK_SIZE)
 
         slot = i % STAGES
-        k_codes = k_smem.index(slot).load(K_PHYS)
-        kt = _k_operand(k_codes, BLOCK_N, B_OP, FP8_TY)
-        s = mma_v2(q_op, kt, s_zero)
-        s = s * gl.expand_dims(row_scale, 1)
-        s = gl.where(gl.expand_dims(n0 + cols < end, 0), s, float("-inf"))
+        kt = _k_operand(k_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, FP8_TY)
+        s = mma_v2(q_op, kt, s_zero) * row_scale
+        s = gl.where(gl.expand_dims(n0 + s_local < end, 1), s, float("-inf"))
 
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_new = gl.maximum(m_i, gl.max(s, axis=2))
         alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - gl.expand_dims(m_new, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        acc = acc * gl.expand_dims(alpha, 1)
+        p = gl.exp2(s - gl.expand_dims(m_new, 2))
+        l_i = l_i * alpha + gl.sum(p, axis=2)
+        acc = acc * gl.expand_dims(alpha, 2)
         m_i = m_new
 
         p_op = gl.convert_layout(p.to(gl.float16), A_OP)
-        v_codes = v_smem.index(slot).load(V_PHYS)
-        vv = _v_operand(v_codes, BLOCK_N, B_OP, FP8_TY)
+        vv = _v_operand(v_smem.index(slot).load(V_PHYS), W, NW, HP, B_OP, FP8_TY)
         acc = mma_v2(p_op, vv, acc)
     async_copy.wait_group(0)  # no copies in flight at exit
 
-    l_safe = gl.where(l_i > 0, l_i, 1.0)
-    out = acc * gl.expand_dims(gl.load(v_scale_ptr) / l_safe, 1)
-    lse2 = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
-    rows = gl.arange(0, 16, layout=gl.SliceLayout(1, MMA))
-    ncol = gl.arange(0, 128, layout=gl.SliceLayout(0, MMA))
+    # ---- merge the warps' slices (once per split)
+    m = gl.max(m_i, axis=0)
+    w_scale = gl.exp2(m_i - gl.expand_dims(m, 0))
+    l_sum = gl.sum(l_i * w_scale, axis=0)
+    o = gl.sum(acc * gl.expand_dims(w_scale, 2), axis=0)
+    l_safe = gl.where(l_sum > 0, l_sum, 1.0)
+    lse2 = gl.where(l_sum > 0, m + gl.log2(l_safe), float("-inf"))
+    O_L: gl.constexpr = gl.SliceLayout(0, MMA)
+    o = o * gl.expand_dims(gl.convert_layout(gl.load(v_scale_ptr) / l_safe, gl.SliceLayout(1, O_L)), 1)
+    rows = gl.arange(0, 16, layout=gl.SliceLayout(1, O_L))
+    dcol = gl.expand_dims(_v_dphys(gl.arange(0, HP, layout=gl.SliceLayout(0, O_L)), HP), 0)
     heads = kvh * GROUP + rows
-    o_ptrs = part_out_ptr + b * stride_ob + split * stride_os + gl.expand_dims(heads * stride_oh, 1) \
-        + gl.expand_dims(_v_dphys(ncol), 0)
-    o_mask = gl.expand_dims(rows < GROUP, 1) & gl.expand_dims(ncol < 128, 0)
-    gl.store(o_ptrs, out, mask=o_mask)
-    gl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse2, mask=rows < GROUP)
+    o_ptrs = part_out_ptr + b * stride_ob + split * stride_os + gl.expand_dims(heads * stride_oh, 1) + dcol
+    gl.store(o_ptrs, o, mask=gl.expand_dims(rows < GROUP, 1) & (dcol < HEAD_DIM))
+    lse_rows = gl.convert_layout(lse2, gl.SliceLayout(1, O_L))
+    gl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse_rows, mask=rows < GROUP)
