@@ -444,8 +444,8 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
         (cache.granularity != "tensor", f"granularity={cache.granularity!r}: the Gluon kernel takes one "
                                         "tensor-wide scale"),
         (cache.layout != "NHD", f"layout={cache.layout!r}: the Gluon kernel reads NHD pages"),
-        (head_dim % 16 or head_dim > max(g.HEAD_PADS), f"head_dim={head_dim}: the Gluon kernel takes multiples "
-                                                        f"of 16 up to {max(g.HEAD_PADS)}"),
+        (head_dim % 16 or not g.MIN_HEAD_DIM <= head_dim <= max(g.HEAD_PADS),
+         f"head_dim={head_dim}: the Gluon kernel takes multiples of 16 from {g.MIN_HEAD_DIM} to {max(g.HEAD_PADS)}"),
         (group > g.GROUP_PAD, f"{group} query heads per KV head: the Gluon kernel takes up to {g.GROUP_PAD}"),
         (num_warps not in (None, g.NUM_WARPS), f"num_warps={num_warps!r}: the Gluon kernel runs {g.NUM_WARPS}"),
         (interpreter_on() or device.type != "cuda", "Gluon kernels run on a CUDA GPU only (not under the "

@@ -520,6 +520,7 @@ def test_stream_copy_copies_every_element_of_an_odd_length():
     ({}, dict(layout="HND"), (2, 8, 128), "layout='HND'"),
     ({}, dict(d=72), (2, 8, 72), "head_dim=72"),
     ({}, dict(d=256), (2, 8, 256), "head_dim=256"),
+    ({}, dict(d=32), (2, 8, 32), "head_dim=32"),
     ({}, {}, (2, 34, 128), "17 query heads per KV head"),
     (dict(window=8), {}, (2, 8, 128), r"no \['window'\]"),
     (dict(heads_per_program=2), {}, (2, 8, 128), r"no \['heads_per_program'\]"),

@@ -25,7 +25,7 @@ padded head_dim (64 or 128) and lane = 4g + t:
 * V slice: the thread reads the HP/8 contiguous bytes ``d = (HP/8) g + j`` of tokens
   ``2t + e + 8h + 16kb``, which are output columns ``n = 8 j + g``.
 
-A head_dim below HP (a multiple of 16: 80, 96, 112) copies only its own 16-byte chunks; the rest of
+A head_dim below HP (a multiple of 16: 48, 80, 96, 112) copies only its own 16-byte chunks; the rest of
 the tile is zero-filled, so the padding costs registers and MMAs but no memory traffic.
 
 Scope: NHD pages, one tensor-wide K and V scale, groups of up to 16 query heads (16 MMA rows), 4
@@ -43,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 NUM_WARPS = 4
 GROUP_PAD = 16  # MMA rows: query heads per program, padded
 HEAD_PADS = (64, 128)  # register tile widths; a head_dim runs in the smallest that holds it
+MIN_HEAD_DIM = 48  # the smallest head_dim its GPU tests cover
 
 
 def head_pad(head_dim: int) -> int:
