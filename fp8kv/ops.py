@@ -453,10 +453,8 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
     ) if bad), None)
     if why is None:
         arch = current_arch(device)
-        if int(arch[2:]) < 80:
-            why = f"{arch}: cp.async and mma.sync need sm80+"
-        elif cache.kv_dtype == "fp8_e4m3" and int(arch[2:]) < 89:
-            why = f"{arch}: Triton's e4m3 type (and its conversion instruction) needs sm89+; e5m2 runs on sm80"
+        if int(arch[2:]) < 89:
+            why = f"{arch}: the Gluon kernel's FP8 conversions (cvt.rn.f16x2.e4m3x2 / e5m2x2) need sm89+"
     if why is None:
         pages = (cache.k_pages, cache.v_pages)
         if any(t.data_ptr() % 16 or any(s % 16 for s in t.stride()[:3]) for t in pages) or \
