@@ -391,9 +391,9 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
 
 GLUON_BLOCK_N = (64, 128)
 # Below this many tokens per split the Gluon kernel's fixed cost per program (its ring prologue and the
-# merge of its warps' slices) outweighs its faster loop. H200, B = 1 x 4k (128 tokens per split):
-# 32/8/128 15.0 us against the Triton kernel's 10.5; B = 64 x 16k (5376+): 533.8 against 668.6
-# (results/bench/nvidia-h200/20261203T210857Z.csv and 20261203T210605Z.csv).
+# merge of its warps' slices) outweighs its faster loop. H200, B 1-16 x 4k-16k on three layouts
+# (results/bench/nvidia-h200/20261203T211700Z-gluon-crossover.json): at <= 512 tokens per split 11 of 13
+# points slower than the Triton kernel (32/8/128, 1 x 4k: 15.0 against 10.5 us), at >= 1024 all 5 faster.
 GLUON_MIN_SPLIT_TOKENS = 1024
 GLUON_STAGES = (2, 3, 4, 5)
 
