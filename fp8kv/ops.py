@@ -290,14 +290,15 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         16/16/256 (2598 us against 3750 us), and slower at 32/32/128 (2831 vs 2583 us), 32/32/80 and
         /96 (3522 / 3570 vs 2990 us) and 16/8/128 (1188 vs 669 us).
     gluon : which kernel: None (default) picks the Gluon kernel
-        (:mod:`fp8kv.kernels.paged_decode_gluon`: FP8 tiles converted in the tensor-core operand
-        layout, copied through a cp.async ring) wherever it runs and no Triton launch override is
-        given, else the Triton kernel (:func:`decode_kernel` says which). True asks for the Gluon
-        kernel and raises UnsupportedError by name outside its one shape: a CUDA GPU (sm80+; sm89+
-        for e4m3), dequant mode, an FP8 cache with one tensor-wide scale, NHD pages, head_dim 128,
-        groups up to 16, no variant; ``block_n`` 64 or 128 (default 128), ``num_stages`` its ring depth
-        2-5 (default 2), 4 warps. False: the Triton kernel. H200, B=64 x 16k, e4m3: 32/8/128 593 us
-        against 706 us for the Triton kernel in the same run, 32/32/128 2384 against 2713 us.
+        (:mod:`fp8kv.kernels.paged_decode_gluon`: warps stream their own token slices, FP8 tiles
+        converted in the tensor-core operand layout, copied through a cp.async ring) wherever it runs,
+        no Triton launch override is given and each split holds GLUON_MIN_SPLIT_TOKENS tokens or more;
+        else the Triton kernel (:func:`decode_launch` says which). True asks for the Gluon kernel and
+        raises UnsupportedError by name outside its shapes: a CUDA GPU (sm89+), dequant mode, an FP8
+        cache with one tensor-wide scale, NHD pages, head_dim 48-128 in multiples of 16, groups up to
+        16, no variant; ``block_n`` 64 or 128 and ``num_stages`` its ring depth 2-5 (default:
+        :func:`gluon_tile`), 4 warps. False: the Triton kernel. H200, B=64 x 16k, e4m3: 32/8/128
+        533.8 us against 668.6 us for the Triton kernel in the same run, 32/32/128 2077.5 against 2556.9.
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them
         (checked by :func:`fp8kv.decode`; trusted here). A window reads only the window's pages;
         one at least as long as the page table is the plain kernel.
