@@ -195,7 +195,8 @@ def gluon_decode_kernel(
 ):
     """The tensor-core kernel's split-KV decode (fp8kv.kernels.paged_decode, its twin): warps own token
     slices of every tile, K/V FP8 bytes go global -> shared memory ring by cp.async, then shared memory ->
-    registers straight in K_PHYS / V_PHYS (trivially the MMA B operand layout), converted to fp16 there. Grid (Hkv, B, splits). Writes fp32 partials and log2-LSE for combine_splits_kernel."""
+    registers straight in K_PHYS / V_PHYS (trivially the MMA B operand layout), converted to fp16 there.
+    Grid (Hkv, B, splits). Writes fp32 partials and log2-LSE for combine_splits_kernel."""
     W: gl.constexpr = 4
     BLOCK_N: gl.constexpr = W * NW
     kvh = gl.program_id(0)  # KV heads first: a sequence's heads run side by side
