@@ -391,35 +391,67 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
 
 
 GLUON_BLOCK_N = (64, 128)
-# Below this many tokens per split the Gluon kernel's fixed cost per program (its ring prologue and the
-# merge of its warps' slices) outweighs its faster loop. H200, B 1-16 x 4k-16k on three layouts
+# Below this many tokens per split (the span of the cache's capacity a split covers, whatever the sequences'
+# lengths) the Gluon kernel's fixed cost per program (its ring prologue and the merge of its warps' slices)
+# outweighs its faster loop. H200, B 1-16 x 4k-16k on three layouts
 # (results/bench/nvidia-h200/20261203T211700Z-gluon-crossover.json): at <= 512 tokens per split 11 of 13
 # points slower than the Triton kernel (32/8/128, 1 x 4k: 15.0 against 10.5 us), at >= 1024 all 5 faster.
 GLUON_MIN_SPLIT_TOKENS = 1024
-GLUON_STAGES = (2, 3, 4, 5)
+GLUON_STAGES = (2, 3, 4)  # ring depths its GPU tests and benchmarks cover
 
 
 def gluon_tile(group: int, head_dim: int) -> tuple[int, int]:
     """The Gluon kernel's default (block_n, ring depth) for a layout, measured on the H200 at B = 64 x 16k
     (``results/bench/nvidia-h200/20261203T210039Z-gluon-probe.json``): one query head per KV head streams
     best in tiles of 128 tokens, 3 deep (32/32/128: 2072 us against 2101 for 64 / 4; 32/32/80: 2066
-    against 2147); head dims up to 64 in tiles of 64, 3 deep (12/4/64: 185.5 against 190.9); the
-    rest in tiles of 64, 4 deep (32/8/128: 535.6 against 542.6 for 64 / 3 and 558.5 for 128 / 3)."""
+    against 2147; MHA at head dims up to 64 was not measured and takes the same); head dims up to 64 in
+    tiles of 64, 3 deep (12/4/64: 185.5 against 190.9); the rest in tiles of 64, 4 deep (32/8/128: 535.6
+    against 542.6 for 64 / 3 and 558.5 for 128 / 3; 28/4/128: 307.8, within 1 % of 128 / 3's 304.9)."""
     if group == 1:
         return 128, 3
     return (64, 3) if head_dim <= 64 else (64, 4)
+
+
+# Shared memory the Gluon kernel takes besides its K and V rings (its layout conversions), bytes: sm90
+# compiles need 8 KiB more than the rings at every tile and depth.
+GLUON_SMEM_EXTRA = 8192
+
+
+def gluon_smem_bytes(block_n: int, num_stages: int, head_dim: int) -> int:
+    """Shared memory one Gluon program needs: the K and V rings of ``num_stages`` tiles, and the rest."""
+    from .kernels.paged_decode_gluon import head_pad
+
+    return 2 * num_stages * block_n * head_pad(head_dim) + GLUON_SMEM_EXTRA
+
+
+def _smem_per_block(device: torch.device) -> int | None:
+    """The most shared memory one program may use on ``device`` (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
 def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int | None = None,
                  block_n: int | None = None, num_stages: int | None = None,
                  device: torch.device | None = None) -> DecodeConfig:
     """The launch of the Gluon kernel for ``group`` query heads per KV head: :func:`gluon_tile` unless
-    ``block_n`` / ``num_stages`` are given, splits as :func:`launch_config` sizes them."""
+    ``block_n`` / ``num_stages`` are given, splits as :func:`launch_config` sizes them. On a GPU with
+    less shared memory per program than the default needs (sm89 / sm120: 99 KiB) the default ring is
+    made shallower; an explicit tile that does not fit raises UnsupportedError naming it."""
     tile, depth = gluon_tile(group, cache.head_dim)
     block_n = tile if block_n is None else checks.one_of(checks.integer(block_n, "block_n"), "block_n",
                                                          GLUON_BLOCK_N)
     stages = depth if num_stages is None else checks.one_of(checks.integer(num_stages, "num_stages"), "num_stages",
                                                            GLUON_STAGES)
+    limit = _smem_per_block(torch.device(device) if device is not None else cache.device)
+    if limit is not None:
+        while num_stages is None and stages > min(GLUON_STAGES) and \
+                gluon_smem_bytes(block_n, stages, cache.head_dim) > limit:
+            stages -= 1
+        need = gluon_smem_bytes(block_n, stages, cache.head_dim)
+        if need > limit:
+            raise UnsupportedError(f"block_n={block_n}, num_stages={stages}: the Gluon kernel's rings need {need} "
+                                   f"bytes of shared memory, this GPU gives a program {limit}; ask for fewer")
     cfg = launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device)
     return {**cfg, "num_warps": 4, "num_stages": stages}
 

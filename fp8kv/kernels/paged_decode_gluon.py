@@ -238,9 +238,9 @@ def gluon_decode_kernel(
     row_scale_q = ((127 + e) << 23).to(gl.float32, bitcast=True) * (qk_scale * gl.load(k_scale_ptr))
     row_scale = gl.expand_dims(gl.convert_layout(row_scale_q, gl.SliceLayout(2, MMA)), 2)
 
-    # A finite floor for the running max: a warp whose slice is past `end` sees only -inf scores, and
-    # exp2(-inf - floor) = 0 where exp2(-inf - -inf) would be NaN.
-    m_i = gl.full([W, 16], -1.0e30, gl.float32, layout=gl.SliceLayout(2, MMA))
+    # A finite floor for the running max, fp32's lowest (below every finite score): a warp whose slice is
+    # past `end` sees only -inf scores, and exp2(-inf - floor) = 0 where exp2(-inf - -inf) would be NaN.
+    m_i = gl.full([W, 16], -3.4028234663852886e38, gl.float32, layout=gl.SliceLayout(2, MMA))
     l_i = gl.full([W, 16], 0.0, gl.float32, layout=gl.SliceLayout(2, MMA))
     acc = gl.zeros([W, 16, HP], gl.float32, layout=MMA)
     s_zero = gl.zeros([W, 16, NW], gl.float32, layout=MMA)
