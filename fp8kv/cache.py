@@ -43,6 +43,7 @@ from .quant import scale_shape as scale_shape_of
 __all__ = ["PagedKVCache", "LAYOUTS", "QUERY_DTYPES", "shuffled_block_table"]
 
 LAYOUTS = ("NHD", "HND")
+QUERY_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # bf16, fp16, fp32 (fp32: the reference only)
 
 
 def shuffled_block_table(num_blocks: int, batch: int, blocks_per_seq: int, seed: int, device) -> torch.Tensor:
@@ -50,7 +51,6 @@ def shuffled_block_table(num_blocks: int, batch: int, blocks_per_seq: int, seed:
     shuffle of ``num_blocks`` pages: scattered, as a serving engine's allocator leaves them."""
     perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))[:batch * blocks_per_seq]
     return perm.to(torch.int32).reshape(batch, blocks_per_seq).to(device)
-QUERY_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # bf16, fp16, fp32 (fp32: the reference only)
 
 
 def _check_block_size(block_size) -> int:

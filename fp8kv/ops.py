@@ -296,7 +296,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         else the Triton kernel (:func:`decode_launch` says which). True asks for the Gluon kernel and
         raises UnsupportedError by name outside its shapes: a CUDA GPU (sm89+), dequant mode, an FP8
         cache with one tensor-wide scale, NHD pages, head_dim 48-128 in multiples of 16, groups up to
-        16, no variant; ``block_n`` 64 or 128 and ``num_stages`` its ring depth 2-5 (default:
+        16, no variant; ``block_n`` 64 or 128 and ``num_stages`` its ring depth 2-4 (default:
         :func:`gluon_tile`), 4 warps. False: the Triton kernel. H200, B=64 x 16k, e4m3: 32/8/128
         533.8 us against 668.6 us for the Triton kernel in the same run, 32/32/128 2077.5 against 2556.9.
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them

@@ -157,7 +157,7 @@ def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None) -> Path
     if len(slugs) != 1 or not _SLUG.match(str(slugs[0])):
         fail(f"df must hold the rows of one device with a folder-safe gpu_slug; got gpu_slug values {slugs}")
     stamp = str(df["timestamp"].dropna().iloc[0]) if df["timestamp"].notna().any() else ""
-    stamp = re.sub(r"[^0-9TZ]", "", stamp) or _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = re.sub(r"[^0-9TZ]", "", stamp) or re.sub(r"[^0-9TZ]", "", utc_stamp())  # the rows' time, or now
     folder = Path(out_dir) / slugs[0]
     folder.mkdir(parents=True, exist_ok=True)
     for n in itertools.count(1):

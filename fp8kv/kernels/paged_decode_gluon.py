@@ -80,7 +80,7 @@ def make_layouts(block_n: int, head_dim: int):
     # cp.async layout over [W, NW, HP] bytes: 16 B per thread, each warp copies its own slice.
     cp = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[1, 512 // hp, hp // 16],
                           warps_per_cta=[w, 1, 1], order=[2, 1, 0])
-    return dict(HP=hp, NW=nw, MMA=mma, A_OP=a_op, B_OP=b_op, K_PHYS=k_phys, V_PHYS=v_phys, Q_BLK=q_blk, SMEM=smem,
+    return dict(W=w, HP=hp, NW=nw, MMA=mma, A_OP=a_op, B_OP=b_op, K_PHYS=k_phys, V_PHYS=v_phys, Q_BLK=q_blk, SMEM=smem,
                 CP=cp)
 
 
@@ -190,14 +190,13 @@ def gluon_decode_kernel(
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr, FP8_TY: gl.constexpr,
     STAGES: gl.constexpr,  # smem ring depth (>= 2); STAGES - 1 tiles of copies in flight during compute
-    HP: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr,
+    W: gl.constexpr, HP: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr,
     K_PHYS: gl.constexpr, V_PHYS: gl.constexpr, Q_BLK: gl.constexpr, SMEM: gl.constexpr, CP: gl.constexpr,
 ):
     """The tensor-core kernel's split-KV decode (fp8kv.kernels.paged_decode, its twin): warps own token
     slices of every tile, K/V FP8 bytes go global -> shared memory ring by cp.async, then shared memory ->
     registers straight in K_PHYS / V_PHYS (trivially the MMA B operand layout), converted to fp16 there.
     Grid (Hkv, B, splits). Writes fp32 partials and log2-LSE for combine_splits_kernel."""
-    W: gl.constexpr = 4
     BLOCK_N: gl.constexpr = W * NW
     kvh = gl.program_id(0)  # KV heads first: a sequence's heads run side by side
     b = gl.program_id(1)
