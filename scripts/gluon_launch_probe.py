@@ -1,0 +1,99 @@
+"""The two measurements behind the Gluon kernel's launch defaults (GPU only):
+
+    python scripts/gluon_launch_probe.py tiles       # tile x ring depth at B = 64 x 16k -> fp8kv.ops.gluon_tile
+    python scripts/gluon_launch_probe.py crossover   # Gluon against Triton at B 1-16 -> GLUON_MIN_SPLIT_TOKENS
+
+Each times ``fp8kv.ops.paged_decode`` on FP8 e4m3 caches (tensor scale, page 16, bf16 queries) with
+CUDA graphs, the median of three medians, caches rotated so every call reads HBM, and writes
+``results/bench/<gpu-slug>/<stamp>-gluon-<tiles|crossover>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+from fp8kv import ops
+from fp8kv.bench import synthetic_cache
+from fp8kv.device import describe_device
+from fp8kv.results import utc_stamp
+
+TILES = [(32, 8, 128), (28, 4, 128), (32, 32, 128), (12, 4, 64), (32, 32, 80), (16, 2, 96)]
+CROSSOVER = [(32, 8, 128), (32, 32, 128), (12, 4, 64)]
+
+
+def time_us(q, caches, **launch) -> float:
+    """Median of three CUDA-graph medians of one decode per cache, per decode."""
+    def fn():
+        for c in caches:
+            ops.paged_decode(q, c, **launch)
+    fn()
+    return sorted(do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3 / len(caches) for _ in range(3))[1]
+
+
+def caches_for(b: int, ctx: int, hkv: int, d: int) -> list:
+    """Up to 8 copies of the cache, together ~2 GB or more: far beyond L2, so every call reads HBM."""
+    n = max(1, min(8, int(2e9 // (b * ctx * hkv * d * 2))))
+    return [synthetic_cache(b, ctx, hkv, d, kv_dtype="fp8_e4m3", device="cuda") for _ in range(n)]
+
+
+def tiles() -> list[dict]:
+    rows = []
+    for hq, hkv, d in TILES:
+        caches = caches_for(64, 16384, hkv, d)
+        q = torch.randn(64, hq, d, dtype=torch.bfloat16, device="cuda")
+        rows.append(dict(shape=f"{hq}/{hkv}/{d}", kernel="triton", block_n=None, num_stages=None,
+                         time_us=round(time_us(q, caches, gluon=False), 1)))
+        for bn, st in ((64, 3), (64, 4), (128, 3)):
+            rows.append(dict(shape=f"{hq}/{hkv}/{d}", kernel="gluon", block_n=bn, num_stages=st,
+                             time_us=round(time_us(q, caches, gluon=True, block_n=bn, num_stages=st), 1)))
+            print(rows[-1], flush=True)
+        del caches
+        torch.cuda.empty_cache()
+    return rows
+
+
+def crossover() -> list[dict]:
+    rows = []
+    for hq, hkv, d in CROSSOVER:
+        for b in (1, 4, 16):
+            for ctx in (4096, 16384):
+                caches = caches_for(b, ctx, hkv, d)
+                q = torch.randn(b, hq, d, dtype=torch.bfloat16, device="cuda")
+                for gluon in (True, False):
+                    cfg = ops.decode_launch(b, caches[0], "dequant", d, hq // hkv, q.device, gluon=gluon)[1]
+                    rows.append(dict(shape=f"{hq}/{hkv}/{d}", batch=b, context=ctx,
+                                     kernel="gluon" if gluon else "triton", num_splits=cfg["num_splits"],
+                                     tokens_per_split=cfg["tokens_per_split"],
+                                     time_us=round(time_us(q, caches, gluon=gluon), 2)))
+                    print(rows[-1], flush=True)
+                del caches
+                torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=["tiles", "crossover"])
+    p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU: the Gluon kernel does not run on CPU")
+    stamp = utc_stamp()
+    rows = tiles() if args.what == "tiles" else crossover()
+    dev = describe_device("cuda")
+    doc = {"what": f"scripts/gluon_launch_probe.py {args.what}", "device": dev, "timestamp": stamp, "rows": rows}
+    path = Path(args.out) / dev["slug"] / f"{re.sub(r'[^0-9TZ]', '', stamp)}-gluon-{args.what}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "x") as fh:  # never overwrite an earlier run
+        json.dump(doc, fh, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
