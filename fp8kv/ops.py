@@ -295,8 +295,9 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         no Triton launch override is given and each split holds GLUON_MIN_SPLIT_TOKENS tokens or more;
         else the Triton kernel (:func:`decode_launch` says which). True asks for the Gluon kernel and
         raises UnsupportedError by name outside its shapes: a CUDA GPU (sm89+), dequant mode, an FP8
-        cache with one tensor-wide scale, NHD pages, head_dim 48-128 in multiples of 16, groups up to
-        16, no variant; ``block_n`` 64 or 128 and ``num_stages`` its ring depth 2-4 (default:
+        cache with one tensor-wide scale, NHD pages, head_dim 48-128 in multiples of 16, any group (cut
+        into programs of at most :func:`gluon_max_heads` query heads, or ``heads_per_program``), no
+        variant; ``block_n`` 64 or 128 and ``num_stages`` its ring depth 2-4 (default:
         :func:`gluon_tile`), 4 warps. False: the Triton kernel. H200, B=64 x 16k, e4m3: 32/8/128
         533.8 us against 668.6 us for the Triton kernel in the same run, 32/32/128 2077.5 against 2556.9.
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them
@@ -400,14 +401,18 @@ GLUON_MIN_SPLIT_TOKENS = 1024
 GLUON_STAGES = (2, 3, 4)  # ring depths its GPU tests and benchmarks cover
 
 
-def gluon_tile(group: int, head_dim: int) -> tuple[int, int]:
-    """The Gluon kernel's default (block_n, ring depth) for a layout, measured on the H200 at B = 64 x 16k
-    (``results/bench/nvidia-h200/20261203T210039Z-gluon-probe.json``): one query head per KV head streams
-    best in tiles of 128 tokens, 3 deep (32/32/128: 2072 us against 2101 for 64 / 4; 32/32/80: 2066
-    against 2147; MHA at head dims up to 64 was not measured and takes the same); head dims up to 64 in
-    tiles of 64, 3 deep (12/4/64: 185.5 against 190.9); the rest in tiles of 64, 4 deep (32/8/128: 535.6
-    against 542.6 for 64 / 3 and 558.5 for 128 / 3; 28/4/128: 307.8, within 1 % of 128 / 3's 304.9)."""
-    if group == 1:
+def gluon_tile(group: int, head_dim: int, streams: int, num_sms: int) -> tuple[int, int]:
+    """The Gluon kernel's default (block_n, ring depth) for a layout, ``streams`` = batch x KV heads.
+
+    Measured on the H200 (B = 64 x 16k: ``results/bench/nvidia-h200/20261203T210039Z-gluon-probe.json``;
+    MHA at B = 4: ``...20261203T234329Z-gluon-mha.json``): one query head per KV head streams best in
+    tiles of 128 tokens, 3 deep, where the (sequence, KV head) streams alone fill 8 waves of programs, so
+    that each streams a whole sequence (32/32/128: 2072 us against 2101 for 64 / 4; 32/32/80: 2066 against
+    2147), and in tiles of 64 otherwise (32/32/128, B = 4 x 16k, 9 splits: 154.0 us against 166.6); head
+    dims up to 64 in tiles of 64, 3 deep (12/4/64: 185.5 against 190.9); the rest in tiles of 64, 4 deep
+    (32/8/128: 535.6 against 542.6 for 64 / 3 and 558.5 for 128 / 3; 28/4/128: 307.8, within 1 % of
+    128 / 3's 304.9)."""
+    if group == 1 and streams >= 8 * num_sms:
         return 128, 3
     return (64, 3) if head_dim <= 64 else (64, 4)
 
@@ -431,19 +436,30 @@ def _smem_per_block(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
+def gluon_max_heads(head_dim: int) -> int:
+    """The most query heads one Gluon program holds at ``head_dim`` (its MMA rows: 32 in a 64-wide tile,
+    16 in a 128-wide one); a larger group is cut into several programs per KV head."""
+    from .kernels.paged_decode_gluon import MAX_ROWS, head_pad
+
+    return MAX_ROWS[head_pad(head_dim)]
+
+
 def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int | None = None,
-                 block_n: int | None = None, num_stages: int | None = None,
+                 block_n: int | None = None, num_stages: int | None = None, heads_per_program: int | None = None,
                  device: torch.device | None = None) -> DecodeConfig:
     """The launch of the Gluon kernel for ``group`` query heads per KV head: :func:`gluon_tile` unless
-    ``block_n`` / ``num_stages`` are given, splits as :func:`launch_config` sizes them. On a GPU with
-    less shared memory per program than the default needs (sm89 / sm120: 99 KiB) the default ring is
-    made shallower; an explicit tile that does not fit raises UnsupportedError naming it."""
-    tile, depth = gluon_tile(group, cache.head_dim)
+    ``block_n`` / ``num_stages`` are given, the group in as few programs per KV head as
+    :func:`gluon_max_heads` allows (or of at most ``heads_per_program`` heads; :func:`gluon_refusal`
+    checked it), splits as :func:`launch_config` sizes them. On a GPU with less shared memory per
+    program than the default needs (sm89 / sm120: 99 KiB) the default ring is made shallower; an
+    explicit tile that does not fit raises UnsupportedError naming it."""
+    dev = torch.device(device) if device is not None else cache.device
+    tile, depth = gluon_tile(group, cache.head_dim, batch * cache.num_kv_heads, _num_sms(dev))
     block_n = tile if block_n is None else checks.one_of(checks.integer(block_n, "block_n"), "block_n",
                                                          GLUON_BLOCK_N)
     stages = depth if num_stages is None else checks.one_of(checks.integer(num_stages, "num_stages"), "num_stages",
                                                            GLUON_STAGES)
-    limit = _smem_per_block(torch.device(device) if device is not None else cache.device)
+    limit = _smem_per_block(dev)
     if limit is not None:
         while num_stages is None and stages > min(GLUON_STAGES) and \
                 gluon_smem_bytes(block_n, stages, cache.head_dim) > limit:
@@ -452,12 +468,13 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
         if need > limit:
             raise UnsupportedError(f"block_n={block_n}, num_stages={stages}: the Gluon kernel's rings need {need} "
                                    f"bytes of shared memory, this GPU gives a program {limit}; ask for fewer")
-    cfg = launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device)
+    cfg = launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device, group=group,
+                        heads_per_program=heads_per_program or gluon_max_heads(cache.head_dim))
     return {**cfg, "num_warps": 4, "num_stages": stages}
 
 
 # Options the Gluon kernel takes when asked for by name; any other override means the Triton kernel.
-_GLUON_OPTIONS = ("block_n", "num_stages")
+_GLUON_OPTIONS = ("block_n", "num_stages", "heads_per_program")
 
 
 def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, device, **overrides) -> str | None:
@@ -468,7 +485,10 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
     except ImportError as e:  # a Triton without the Gluon dialect
         return f"this Triton has no Gluon ({e})"
     device = torch.device(device)
+    heads = overrides.get("heads_per_program")
+    heads = None if heads is None else checks.positive_int(heads, "heads_per_program")
     others = sorted(k for k, v in overrides.items() if v is not None and k not in _GLUON_OPTIONS + ("num_warps",))
+    most_heads = gluon_max_heads(head_dim) if head_dim <= max(g.HEAD_PADS) else 0
     num_warps = overrides.get("num_warps")
     why = next((w for bad, w in (
         (bool(others), f"the Gluon kernel takes no {others}"),
@@ -479,7 +499,8 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
         (cache.layout != "NHD", f"layout={cache.layout!r}: the Gluon kernel reads NHD pages"),
         (head_dim % 16 or not g.MIN_HEAD_DIM <= head_dim <= max(g.HEAD_PADS),
          f"head_dim={head_dim}: the Gluon kernel takes multiples of 16 from {g.MIN_HEAD_DIM} to {max(g.HEAD_PADS)}"),
-        (group > g.GROUP_PAD, f"{group} query heads per KV head: the Gluon kernel takes up to {g.GROUP_PAD}"),
+        (heads is not None and heads > most_heads,
+         f"heads_per_program={heads}: a Gluon program holds at most {most_heads} query heads at head_dim {head_dim}"),
         (num_warps not in (None, g.NUM_WARPS), f"num_warps={num_warps!r}: the Gluon kernel runs {g.NUM_WARPS}"),
         (interpreter_on() or device.type != "cuda", "Gluon kernels run on a CUDA GPU only (not under the "
                                                     "Triton interpreter)"),
@@ -523,8 +544,13 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
                   window: int | None = None, **others) -> tuple[str, DecodeConfig]:
     """The kernel :func:`paged_decode` runs for these arguments and its launch: ``("gluon", cfg)``,
     ``("triton", cfg)`` (the tensor-core kernel) or ``("triton-cuda-core", cfg)``. By default Gluon runs
-    where :func:`decode_kernel` allows it and each split streams at least GLUON_MIN_SPLIT_TOKENS tokens;
-    shorter splits (small batches: latency-bound) go to the Triton kernel. ``others``: the
+    where :func:`decode_kernel` allows it, each split streams at least GLUON_MIN_SPLIT_TOKENS tokens and a
+    KV head's query heads fit one program (:func:`gluon_max_heads`); shorter splits (small batches:
+    latency-bound) and larger groups go to the Triton kernel. A group cut into several Gluon programs
+    converts every FP8 tile once per program, where the Triton kernel's one program of up to 64 heads
+    converts it once (H200, 64 x 16k, ``results/bench/nvidia-h200/20261203T234329Z-gluon-groups.json``:
+    48/1/128 213.0 us in three Gluon programs against 153.9 in one Triton program; 71/1/64 175.5 against
+    176.5; a group of 20 in one Gluon program, 40/2/64: 134.7 against 202.4). ``others``: the
     remaining options and variants of :func:`paged_decode` (convert, eviction_policy, compute_dtype,
     soft_cap, sinks; None = not given), which only :func:`decode_kernel` weighs."""
     if use_tensor_cores is not None and not isinstance(use_tensor_cores, bool):
@@ -535,8 +561,8 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
                            use_tensor_cores=None if use_tensor_cores is not False else False, **others)
     if kernel == "gluon":
         cfg = gluon_launch(batch, cache, group, num_splits=num_splits, block_n=block_n, num_stages=num_stages,
-                           device=device)
-        if gluon or cfg["tokens_per_split"] >= GLUON_MIN_SPLIT_TOKENS:
+                           heads_per_program=heads_per_program, device=device)
+        if gluon or (cfg["tokens_per_split"] >= GLUON_MIN_SPLIT_TOKENS and cfg["head_tiles"] == 1):
             return kernel, cfg
     tensor_cores = use_tensor_cores is not False
     cfg = launch_config(batch, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
@@ -561,14 +587,16 @@ def _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype):
     lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
     k_pages, v_pages = (t.view(torch.uint8) for t in (cache.k_pages, cache.v_pages))
     s = k_pages.stride()
-    # grid (Hkv, B, splits): a sequence's KV heads run side by side, so the DRAM pages of its tokens are
-    # read together (H200, 64 x 16k: 32/8/128 535.6 against 545.4 us batch-first; 12/4/64 185.5 against 207.4)
-    g.gluon_decode_kernel[(cache.num_kv_heads, b, splits)](
+    # grid (Hkv x head tiles, B, splits): a sequence's KV heads (and a KV head's programs) run side by side,
+    # so the DRAM pages of its tokens are read together (H200, 64 x 16k: 32/8/128 535.6 against 545.4 us
+    # batch-first; 12/4/64 185.5 against 207.4)
+    heads, tiles = cfg["heads_per_program"], cfg["head_tiles"]
+    g.gluon_decode_kernel[(cache.num_kv_heads * tiles, b, splits)](
         q, k_pages, v_pages, cache.k_scale, cache.v_scale, cache.block_table, cache.seq_lens, part_out, part_lse,
         sm_scale * math.log2(math.e), cfg["tokens_per_split"], cache.num_blocks, capacity,
         q.stride(0), q.stride(1), s[0], s[1], s[2], cache.block_table.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, HEAD_DIM=d, BLOCK_SIZE=cache.block_size,
+        GROUP=group, HEADS=heads, HEAD_TILES=tiles, ROWS=g.mma_rows(heads), HEAD_DIM=d, BLOCK_SIZE=cache.block_size,
         FP8_TY=g.gl.float8e4nv if cache.kv_dtype == "fp8_e4m3" else g.gl.float8e5, STAGES=cfg["num_stages"],
         **g.make_layouts(cfg["block_n"], d), num_warps=g.NUM_WARPS)
     _combine_splits(part_out, part_lse, out, lse)

@@ -2,6 +2,8 @@
 
     python scripts/gluon_launch_probe.py tiles       # tile x ring depth at B = 64 x 16k -> fp8kv.ops.gluon_tile
     python scripts/gluon_launch_probe.py crossover   # Gluon against Triton at B 1-16 -> GLUON_MIN_SPLIT_TOKENS
+    python scripts/gluon_launch_probe.py groups      # large groups: programs per KV head -> decode_launch
+    python scripts/gluon_launch_probe.py mha         # tiles and splits at the latency end -> gluon_tile
 
 Each times ``fp8kv.ops.paged_decode`` on FP8 e4m3 caches (tensor scale, page 16, bf16 queries) with
 CUDA graphs, the median of three medians, caches rotated so every call reads HBM, and writes
@@ -25,6 +27,7 @@ from fp8kv.results import utc_stamp
 
 TILES = [(32, 8, 128), (28, 4, 128), (32, 32, 128), (12, 4, 64), (32, 32, 80), (16, 2, 96)]
 CROSSOVER = [(32, 8, 128), (32, 32, 128), (12, 4, 64)]
+GROUPS = [(71, 1, 64), (48, 1, 128), (40, 2, 64)]  # Falcon-7B, StarCoder, a group of 20
 
 
 def time_us(q, caches, **launch) -> float:
@@ -77,15 +80,54 @@ def crossover() -> list[dict]:
     return rows
 
 
+def groups() -> list[dict]:
+    """Groups above 16 query heads per KV head: the Triton kernel, Gluon's default (as few programs per KV
+    head as its rows allow) and programs of at most 16 heads, at B = 64 x 16k and 4 x 16k."""
+    rows = []
+    for hq, hkv, d in GROUPS:
+        for b in (64, 4):
+            caches = caches_for(b, 16384, hkv, d)
+            q = torch.randn(b, hq, d, dtype=torch.bfloat16, device="cuda")
+            for launch in (dict(gluon=False), dict(gluon=True), dict(gluon=True, heads_per_program=16)):
+                kernel, cfg = ops.decode_launch(b, caches[0], "dequant", d, hq // hkv, q.device, **launch)
+                rows.append(dict(shape=f"{hq}/{hkv}/{d}", batch=b, context=16384, kernel=kernel,
+                                 heads_per_program=cfg["heads_per_program"], head_tiles=cfg["head_tiles"],
+                                 num_splits=cfg["num_splits"], time_us=round(time_us(q, caches, **launch), 2)))
+                print(rows[-1], flush=True)
+            del caches
+            torch.cuda.empty_cache()
+    return rows
+
+
+def mha() -> list[dict]:
+    """Tiles, ring depths and twice the split count at small batches (MHA, and 32/8/128 beside it)."""
+    rows = []
+    for hq, hkv, d, b, ctx in [(32, 32, 128, 4, 16384), (32, 32, 128, 1, 16384), (32, 32, 128, 1, 4096),
+                               (32, 8, 128, 1, 4096), (32, 8, 128, 4, 16384)]:
+        caches = caches_for(b, ctx, hkv, d)
+        q = torch.randn(b, hq, d, dtype=torch.bfloat16, device="cuda")
+        for launch in (dict(gluon=False), dict(gluon=True), dict(gluon=True, block_n=64, num_stages=3),
+                       dict(gluon=True, block_n=64, num_stages=4), dict(gluon=True, block_n=128, num_stages=2),
+                       dict(gluon=True, block_n=64, num_stages=2)):
+            cfg = ops.decode_launch(b, caches[0], "dequant", d, hq // hkv, q.device, **launch)[1]
+            for splits in (cfg["num_splits"], 2 * cfg["num_splits"]):
+                rows.append(dict(shape=f"{hq}/{hkv}/{d}", batch=b, context=ctx, launch=str(launch), num_splits=splits,
+                                 time_us=round(time_us(q, caches, num_splits=splits, **launch), 2)))
+                print(rows[-1], flush=True)
+        del caches
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["tiles", "crossover"])
+    p.add_argument("what", choices=["tiles", "crossover", "groups", "mha"])
     p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU: the Gluon kernel does not run on CPU")
     stamp = utc_stamp()
-    rows = tiles() if args.what == "tiles" else crossover()
+    rows = {"tiles": tiles, "crossover": crossover, "groups": groups, "mha": mha}[args.what]()
     dev = describe_device("cuda")
     doc = {"what": f"scripts/gluon_launch_probe.py {args.what}", "device": dev, "timestamp": stamp, "rows": rows}
     path = Path(args.out) / dev["slug"] / f"{re.sub(r'[^0-9TZ]', '', stamp)}-gluon-{args.what}.json"

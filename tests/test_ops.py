@@ -521,9 +521,10 @@ def test_stream_copy_copies_every_element_of_an_odd_length():
     ({}, dict(d=72), (2, 8, 72), "head_dim=72"),
     ({}, dict(d=256), (2, 8, 256), "head_dim=256"),
     ({}, dict(d=32), (2, 8, 32), "head_dim=32"),
-    ({}, {}, (2, 34, 128), "17 query heads per KV head"),
+    (dict(heads_per_program=17), {}, (2, 34, 128), "heads_per_program=17: .* at most 16 query heads at head_dim 128"),
+    (dict(heads_per_program=33), dict(d=64), (2, 66, 64), "heads_per_program=33: .* at most 32 query heads at head_dim 64"),
     (dict(window=8), {}, (2, 8, 128), r"no \['window'\]"),
-    (dict(heads_per_program=2), {}, (2, 8, 128), r"no \['heads_per_program'\]"),
+    (dict(use_tensor_cores=False), {}, (2, 8, 128), r"no \['use_tensor_cores'\]"),
     (dict(num_warps=8), {}, (2, 8, 128), "num_warps=8"),
     ({}, {}, (2, 8, 128), "CUDA GPU only"),  # the one shape, but no GPU here
 ])
@@ -566,9 +567,14 @@ def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
     assert decode_kernel(cache, "dequant", 128, 4, "cuda", block_n=None) == "gluon"  # None: not given
     for d in (48, 64, 80, 96, 112):  # any multiple of 16 up to 128 (zero-filled to the tile width)
         assert decode_kernel(make_cache([5, 40], 2, d), "dequant", d, 4, "cuda") == "gluon", d
-    for refused in (dict(mode="fp8"), dict(head_dim=72), dict(head_dim=256), dict(group=17)):
+    for refused in (dict(mode="fp8"), dict(head_dim=72), dict(head_dim=256)):
         args = {"mode": "dequant", "head_dim": 128, "group": 4, **refused}
         assert decode_kernel(cache, args["mode"], args["head_dim"], args["group"], "cuda") == "triton", refused
+    for group in (17, 48, 71):  # any group: cut into programs of at most gluon_max_heads query heads
+        assert decode_kernel(cache, "dequant", 128, group, "cuda") == "gluon", group
+    assert decode_kernel(cache, "dequant", 128, 48, "cuda", gluon=True, heads_per_program=16) == "gluon"
+    with pytest.raises(ValueError, match="heads_per_program=0"):
+        decode_kernel(cache, "dequant", 128, 48, "cuda", gluon=True, heads_per_program=0)
     for kw in (dict(kv_dtype="bf16"), dict(granularity="head"), dict(layout="HND")):
         assert decode_kernel(make_cache([5, 40], 2, 128, **kw), "dequant", 128, 4, "cuda") == "triton", kw
     monkeypatch.setattr(ops, "current_arch", lambda device=None: "sm80")
@@ -588,6 +594,10 @@ def test_small_batches_run_the_triton_kernel_by_default(monkeypatch):
     assert ops.decode_launch(2, cache, "dequant", 128, 4, torch.device("cpu"), **long_split)[0] == "gluon"
     assert ops.decode_launch(2, cache, "dequant", 128, 4, torch.device("cpu"), num_splits=2)[0] == "triton"
     assert ops.decode_launch(2, cache, "dequant", 128, 4, torch.device("cpu"), num_splits=2, gluon=True)[0] == "gluon"
+    # a group cut into several programs per KV head runs the Triton kernel by default (48 > 16 at D = 128)
+    assert ops.decode_launch(2, cache, "dequant", 128, 48, torch.device("cpu"), **long_split)[0] == "triton"
+    assert ops.decode_launch(2, cache, "dequant", 128, 16, torch.device("cpu"), **long_split)[0] == "gluon"
+    assert ops.decode_launch(2, cache, "dequant", 128, 48, torch.device("cpu"), gluon=True, **long_split)[0] == "gluon"
 
 
 def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):
@@ -599,13 +609,13 @@ def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):
     assert ops.gluon_smem_bytes(128, 3, 128) == 2 * 3 * 128 * 128 + ops.GLUON_SMEM_EXTRA
     assert ops.gluon_smem_bytes(64, 3, 64) == 2 * 3 * 64 * 64 + ops.GLUON_SMEM_EXTRA  # 64-wide tile
     monkeypatch.setattr(ops, "_smem_per_block", lambda device: 101376)
-    mha = ops.gluon_launch(2, cache, 1)  # 128 / 3 needs 104 KiB
+    mha = ops.gluon_launch(512, cache, 1)  # 128 / 3 (MHA at a batch that fills 8 waves) needs 104 KiB
     assert (mha["block_n"], mha["num_stages"]) == (128, 2)
     assert ops.gluon_launch(2, cache, 4)["num_stages"] == 4  # 64 / 4: 72 KiB fits
     with pytest.raises(UnsupportedError, match="block_n=128, num_stages=4: .*101376"):
         ops.gluon_launch(2, cache, 4, block_n=128, num_stages=4)
     monkeypatch.setattr(ops, "_smem_per_block", lambda device: 232448)  # an H200: the defaults stand
-    assert ops.gluon_launch(2, cache, 1)["num_stages"] == 3
+    assert ops.gluon_launch(512, cache, 1)["num_stages"] == 3
 
 
 def test_gluon_launch_defaults_and_bad_options():
@@ -615,8 +625,12 @@ def test_gluon_launch_defaults_and_bad_options():
     cache = make_cache([5, 300], 2, 128)
     cfg = gluon_launch(2, cache, 4)
     assert (cfg["block_n"], cfg["num_stages"], cfg["num_warps"]) == (64, 4, 4)
-    assert (gluon_launch(2, cache, 1)["block_n"], gluon_launch(2, cache, 1)["num_stages"]) == (128, 3)  # MHA
-    assert ops.gluon_tile(4, 64) == (64, 3)
+    assert (gluon_launch(2, cache, 1)["block_n"], gluon_launch(2, cache, 1)["num_stages"]) == (64, 4)  # MHA, B = 2
+    mha = gluon_launch(512, cache, 1)  # 1024 sequence-heads: 8 waves of 4 SMs (the CPU's stand-in count)
+    assert (mha["block_n"], mha["num_stages"], mha["num_splits"]) == (128, 3, 1)
+    assert ops.gluon_tile(4, 64, 8, 132) == (64, 3)
+    # MHA streams whole sequences in 128-token tiles once the sequences alone fill 8 waves; else 64
+    assert ops.gluon_tile(1, 128, 8 * 132, 132) == (128, 3) and ops.gluon_tile(1, 128, 8 * 132 - 1, 132) == (64, 4)
     assert gluon_launch(2, cache, 4, block_n=128, num_stages=2)["block_n"] == 128
     with pytest.raises(ValueError, match="block_n=32"):
         gluon_launch(2, cache, 4, block_n=32)
@@ -629,16 +643,36 @@ def test_gluon_launch_defaults_and_bad_options():
     assert ops.GLUON_BLOCK_N == (64, 128)
 
 
+def test_gluon_programs_hold_a_group_in_as_few_programs_as_its_rows_allow():
+    """A group larger than a program's MMA rows (32 in a 64-wide tile, 16 in a 128-wide one) is cut into
+    programs of equal size, side by side per KV head; heads_per_program asks for smaller programs."""
+    from fp8kv import ops
+    from fp8kv.kernels.paged_decode_gluon import mma_rows
+
+    assert (ops.gluon_max_heads(64), ops.gluon_max_heads(48), ops.gluon_max_heads(80), ops.gluon_max_heads(128)) == \
+        (32, 32, 16, 16)
+    cases = {(71, 64, None): (24, 3), (71, 64, 16): (15, 5), (48, 128, None): (16, 3), (20, 64, None): (20, 1),
+             (20, 96, None): (10, 2), (7, 64, None): (7, 1), (1, 128, None): (1, 1)}
+    for (group, d, hpp), (heads, tiles) in cases.items():
+        cfg = ops.gluon_launch(2, make_cache([5, 300], 1, d), group, heads_per_program=hpp)
+        assert (cfg["heads_per_program"], cfg["head_tiles"]) == (heads, tiles), (group, d, hpp)
+        assert heads * tiles >= group > heads * (tiles - 1)
+        assert mma_rows(heads) == (16 if heads <= 16 else 32)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kv_dtype,q_dtype", [("fp8_e4m3", torch.bfloat16), ("fp8_e5m2", torch.float16)])
 @pytest.mark.parametrize("hq,hkv,d", [(8, 8, 128), (32, 8, 128), (28, 4, 128), (32, 2, 128), (12, 4, 64),
-                                      (7, 1, 64), (16, 2, 96), (4, 4, 80), (40, 8, 112), (6, 2, 48)])
-@pytest.mark.parametrize("launch", [{}, {"block_n": 128, "num_stages": 3}, {"num_stages": 2, "num_splits": 1}])
+                                      (7, 1, 64), (16, 2, 96), (4, 4, 80), (40, 8, 112), (6, 2, 48),
+                                      (71, 1, 64), (48, 1, 128), (40, 2, 64), (20, 1, 96)])
+@pytest.mark.parametrize("launch", [{}, {"block_n": 128, "num_stages": 3}, {"num_stages": 2, "num_splits": 1},
+                                    {"heads_per_program": 5}])
 def test_gluon_kernel_matches_the_oracle_and_its_twin_on_the_gpu(kv_dtype, q_dtype, hq, hkv, d, launch):
     """The compiled Gluon kernel against the fp32 oracle (the dequant tolerance, 2u) and against the
     Triton kernel it twins, at ragged lengths (1 token, a partial page, a partial tile, 16k), MHA to
-    a group of 16, head dims 48 to 128 (those below the tile width zero-filled)."""
+    a group of 71 (16 or 32 MMA rows, groups cut into several programs per KV head, the last one
+    partial), head dims 48 to 128 (those below the tile width zero-filled)."""
     cache = make_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype)
     q = make_q(4, hq, d, q_dtype)
     out, lse = paged_decode(q, cache, gluon=True, **launch)
@@ -647,9 +681,13 @@ def test_gluon_kernel_matches_the_oracle_and_its_twin_on_the_gpu(kv_dtype, q_dty
     assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", q_dtype, ref_l)
     twin_o, _ = paged_decode(q, cache, gluon=False)
     assert relative_error(out.float(), twin_o.float()) <= 2 * unit_roundoff(q_dtype)
-    if not launch:  # long splits run the Gluon kernel by default
-        assert fp8kv.ops.decode_launch(4, cache, "dequant", d, hq // hkv, q.device, num_splits=1)[0] == "gluon"
-        assert torch.equal(paged_decode(q, cache, num_splits=1)[0], paged_decode(q, cache, gluon=True, num_splits=1)[0])
+    if not launch:  # long splits run the Gluon kernel by default, where the group fits one program
+        one_program = hq // hkv <= fp8kv.ops.gluon_max_heads(d)
+        kernel = fp8kv.ops.decode_launch(4, cache, "dequant", d, hq // hkv, q.device, num_splits=1)[0]
+        assert kernel == ("gluon" if one_program else "triton")
+        if one_program:
+            assert torch.equal(paged_decode(q, cache, num_splits=1)[0],
+                               paged_decode(q, cache, gluon=True, num_splits=1)[0])
 
 
 @pytest.mark.gpu

@@ -28,8 +28,11 @@ padded head_dim (64 or 128) and lane = 4g + t:
 A head_dim below HP (a multiple of 16: 48, 80, 96, 112) copies only its own 16-byte chunks; the rest of
 the tile is zero-filled, so the padding costs registers and MMAs but no memory traffic.
 
-Scope: NHD pages, one tensor-wide K and V scale, groups of up to 16 query heads (16 MMA rows), 4
-warps. :func:`fp8kv.ops.gluon_refusal` checks all of it (this is the default kernel where it holds)
+A program takes HEADS query heads of one KV head in ROWS MMA rows (16, or 32 in a 64-wide tile, where
+the registers allow it); a larger group is cut into HEAD_TILES programs per KV head, side by side in
+the grid so that they read the same pages while they are in L2.
+
+Scope: NHD pages, one tensor-wide K and V scale, 4 warps. :func:`fp8kv.ops.gluon_refusal` checks all of it (this is the default kernel where it holds)
 and :func:`fp8kv.ops.paged_decode` launches; the interpreter cannot run Gluon, so the tensor-core
 Triton kernel is its twin on CPU.
 """
@@ -41,14 +44,21 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 NUM_WARPS = 4
-GROUP_PAD = 16  # MMA rows: query heads per program, padded
 HEAD_PADS = (64, 128)  # register tile widths; a head_dim runs in the smallest that holds it
 MIN_HEAD_DIM = 48  # the smallest head_dim its GPU tests cover
+# MMA rows (query heads) one program holds at most, per tile width: a warp's fp32 output is rows x width,
+# so 32 rows of 64 columns take the registers that 16 of 128 take (sm90: 168 a thread, no spills).
+MAX_ROWS = {64: 32, 128: 16}
 
 
 def head_pad(head_dim: int) -> int:
     """The tile width a head_dim (a multiple of 16, at most 128) runs in."""
     return next(p for p in HEAD_PADS if head_dim <= p)
+
+
+def mma_rows(heads_per_program: int) -> int:
+    """The MMA rows (ROWS) of a program of ``heads_per_program`` query heads: 16 or 32."""
+    return 16 if heads_per_program <= 16 else 32
 
 
 def make_layouts(block_n: int, head_dim: int):
@@ -188,7 +198,10 @@ def gluon_decode_kernel(
     tokens_per_split, num_blocks, row_capacity,
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_btb,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr, FP8_TY: gl.constexpr,
+    GROUP: gl.constexpr,  # query heads per KV head
+    HEADS: gl.constexpr, HEAD_TILES: gl.constexpr,  # query heads per program; programs per KV head
+    ROWS: gl.constexpr,  # MMA rows (HEADS padded: 16 or 32)
+    HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr, FP8_TY: gl.constexpr,
     STAGES: gl.constexpr,  # smem ring depth (>= 2); STAGES - 1 tiles of copies in flight during compute
     W: gl.constexpr, HP: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr,
     K_PHYS: gl.constexpr, V_PHYS: gl.constexpr, Q_BLK: gl.constexpr, SMEM: gl.constexpr, CP: gl.constexpr,
@@ -196,9 +209,11 @@ def gluon_decode_kernel(
     """The tensor-core kernel's split-KV decode (fp8kv.kernels.paged_decode, its twin): warps own token
     slices of every tile, K/V FP8 bytes go global -> shared memory ring by cp.async, then shared memory ->
     registers straight in K_PHYS / V_PHYS (trivially the MMA B operand layout), converted to fp16 there.
-    Grid (Hkv, B, splits). Writes fp32 partials and log2-LSE for combine_splits_kernel."""
+    Grid (Hkv x HEAD_TILES, B, splits). Writes fp32 partials and log2-LSE for combine_splits_kernel."""
     BLOCK_N: gl.constexpr = W * NW
-    kvh = gl.program_id(0)  # KV heads first: a sequence's heads run side by side
+    kvh = gl.program_id(0) // HEAD_TILES  # KV heads first: a sequence's heads run side by side
+    head0 = gl.program_id(0) % HEAD_TILES * HEADS  # the program's first query head in its group
+    heads_here = gl.minimum(GROUP - head0, HEADS)
     b = gl.program_id(1)
     split = gl.program_id(2)
 
@@ -223,12 +238,12 @@ def gluon_decode_kernel(
     # ---- query, in every warp: each head rescaled by a power of two before fp16 rounding (as RESCALE_Q in
     # the twin), its head_dim permuted as K's contraction index
     wq = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, Q_BLK)))
-    rows_q = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, Q_BLK)))
+    rows_q = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, Q_BLK)))
     kq = gl.arange(0, HP, layout=gl.SliceLayout(0, gl.SliceLayout(1, Q_BLK)))
     r3 = gl.expand_dims(gl.expand_dims(rows_q, 0), 2) + gl.expand_dims(gl.expand_dims(wq * 0, 1), 2)
     d3 = gl.expand_dims(gl.expand_dims(_k_dphys(kq, HP), 0), 1)
-    q_ptrs = q_ptr + b * stride_qb + (kvh * GROUP + r3) * stride_qh + d3
-    qf = gl.load(q_ptrs, mask=(r3 < GROUP) & (d3 < HEAD_DIM), other=0.0).to(gl.float32)
+    q_ptrs = q_ptr + b * stride_qb + (kvh * GROUP + head0 + r3) * stride_qh + d3
+    qf = gl.load(q_ptrs, mask=(r3 < heads_here) & (d3 < HEAD_DIM), other=0.0).to(gl.float32)
     amax = gl.max(gl.abs(qf), axis=2)
     e = gl.where(amax > 0, gl.floor(gl.log2(gl.where(amax > 0, amax, 1.0))) - 13.0, 0.0)
     e = gl.minimum(gl.maximum(e, -126.0), 126.0).to(gl.int32)
@@ -239,10 +254,10 @@ def gluon_decode_kernel(
 
     # A finite floor for the running max, fp32's lowest (below every finite score): a warp whose slice is
     # past `end` sees only -inf scores, and exp2(-inf - floor) = 0 where exp2(-inf - -inf) would be NaN.
-    m_i = gl.full([W, 16], -3.4028234663852886e38, gl.float32, layout=gl.SliceLayout(2, MMA))
-    l_i = gl.full([W, 16], 0.0, gl.float32, layout=gl.SliceLayout(2, MMA))
-    acc = gl.zeros([W, 16, HP], gl.float32, layout=MMA)
-    s_zero = gl.zeros([W, 16, NW], gl.float32, layout=MMA)
+    m_i = gl.full([W, ROWS], -3.4028234663852886e38, gl.float32, layout=gl.SliceLayout(2, MMA))
+    l_i = gl.full([W, ROWS], 0.0, gl.float32, layout=gl.SliceLayout(2, MMA))
+    acc = gl.zeros([W, ROWS, HP], gl.float32, layout=MMA)
+    s_zero = gl.zeros([W, ROWS, NW], gl.float32, layout=MMA)
     s_local = _slice_tokens(W, NW, gl.SliceLayout(1, MMA))  # the score tile's tokens
 
     num_tiles = gl.cdiv(end - start, BLOCK_N)
@@ -282,10 +297,10 @@ def gluon_decode_kernel(
     lse2 = gl.where(l_sum > 0, m + gl.log2(l_safe), float("-inf"))
     O_L: gl.constexpr = gl.SliceLayout(0, MMA)
     o = o * gl.expand_dims(gl.convert_layout(gl.load(v_scale_ptr) / l_safe, gl.SliceLayout(1, O_L)), 1)
-    rows = gl.arange(0, 16, layout=gl.SliceLayout(1, O_L))
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_L))
     dcol = gl.expand_dims(_v_dphys(gl.arange(0, HP, layout=gl.SliceLayout(0, O_L)), HP), 0)
-    heads = kvh * GROUP + rows
+    heads = kvh * GROUP + head0 + rows
     o_ptrs = part_out_ptr + b * stride_ob + split * stride_os + gl.expand_dims(heads * stride_oh, 1) + dcol
-    gl.store(o_ptrs, o, mask=gl.expand_dims(rows < GROUP, 1) & (dcol < HEAD_DIM))
+    gl.store(o_ptrs, o, mask=gl.expand_dims(rows < heads_here, 1) & (dcol < HEAD_DIM))
     lse_rows = gl.convert_layout(lse2, gl.SliceLayout(1, O_L))
-    gl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse_rows, mask=rows < GROUP)
+    gl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse_rows, mask=rows < heads_here)
