@@ -6,7 +6,7 @@ Public names (see README.md for a tour)::
     fp8kv.quantize(x, ...) -> Quantized          saturating FP8 quantizer
     fp8kv.PagedKVCache                           paged KV cache (FP8 or 16-bit)
     fp8kv.reference.decode(q, cache)             fp32 oracle
-    fp8kv.decode(q, cache, backend, mode)        reference / Triton / FlashInfer decode
+    fp8kv.decode(q, cache, backend, mode)        reference / Triton / FlashInfer / vLLM decode
     fp8kv.capability(arch)                       what runs where, and why
     fp8kv.plan_capacity(model, kv_dtype, ...)    KV-capacity planner
     fp8kv.MODEL_SHAPES, fp8kv.GPUS               the planner's model shapes and GPUs (MODELS: the same

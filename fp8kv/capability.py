@@ -28,6 +28,13 @@ The facts, each with its source:
   (fp8kv's window W is ``window_left = W - 1``); soft-capping is ``cap * tanh(sm_scale * q·k / cap)``.
   ``run(sinks=...)`` reaches only the TRT-LLM-generated kernels: the FA2 run path drops it.
   ``trtllm_batch_decode_with_kv_cache`` takes ``window_left`` and ``sinks`` but no soft cap.
+* vLLM's Triton unified-attention kernel (vllm-project/vllm ``vllm/v1/attention/ops/
+  triton_unified_attention.py``, read at commit 86a153bd; the facts in :mod:`fp8kv.backends.vllm`)
+  reads NHD pages ``[num_blocks, block_size, Hkv, D]``, takes no query scale (``q_descale`` must be
+  None: no FP8-query mode), dequantizes FP8 with one per-tensor scale (``KVQuantMode.FP8_PER_TENSOR``:
+  ``(stored * k_scale).to(q.dtype)``), loads the float8 pages as they are (so e4m3 needs Triton's
+  ``fp8e4nv``: sm89+), pads head_dim to a power of two, and returns no LSE. It maps fp8kv's window,
+  soft cap and sinks one to one. It is never chosen automatically: it is a peer to measure against.
 """
 
 from __future__ import annotations
@@ -42,12 +49,20 @@ from .formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, is_fp8
 
 __all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "VARIANTS", "UnsupportedError",
            "check", "check_query", "capability", "current_arch",
-           "choose_backend", "choose_mode", "flashinfer_installed", "check_variant", "check_variants", "variants"]
+           "choose_backend", "choose_mode", "flashinfer_installed", "vllm_installed", "check_variant", "check_variants",
+           "variants", "VLLM_HEAD_DIMS", "VLLM_NOT_INSTALLED"]
 
 ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
-BACKEND_NAMES = ("reference", "triton", "flashinfer")  # fp8kv.backends.BACKENDS maps each to its runner
+BACKEND_NAMES = ("reference", "triton", "flashinfer", "vllm")  # fp8kv.backends.BACKENDS maps each to its runner
 MODES = ("dequant", "fp8")
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
+# The head dims at which vLLM's kernel (it pads head_dim to a power of two) was checked against the
+# oracle on an H200 (Triton 3.6, vLLM commit 86a153bd, both launch paths): an earlier build of it crashed
+# the CUDA context at 96, so a size not measured is refused rather than trusted.
+VLLM_HEAD_DIMS = (64, 80, 96, 112, 128, 256)
+VLLM_NOT_INSTALLED = ("vLLM is not installed (fp8kv imports its kernel from vllm.v1.attention.ops."
+                      "triton_unified_attention: pip install vllm, or put a package providing that module on "
+                      "PYTHONPATH)")
 TRITON_MAX_HEAD_DIM = 256
 VARIANTS = ("window", "soft_cap", "sinks")  # the keyword arguments of fp8kv.decode that name them
 
@@ -60,6 +75,10 @@ def flashinfer_installed() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
 def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -67,9 +86,9 @@ def interpreter_on() -> bool:
 def check_query(backend: str, q_dtype, kv_dtype: str) -> tuple[bool, str]:
     """Whether ``backend`` takes a ``q_dtype`` query (a name such as "bf16", or a torch dtype) with a
     ``kv_dtype`` cache: ``(ok, reason)``, the reason a whole message naming the query's dtype. The
-    kernels take 16-bit queries (fp32: the reference only); FlashInfer pairs a 16-bit query with a
-    cache of the same type or FP8; fp8kv's kernel refuses an fp16 query over bf16 pages, whose fp16
-    dots would turn values beyond 65504 into inf."""
+    kernels take 16-bit queries (fp32: the reference only); FlashInfer and vLLM's kernel pair a 16-bit
+    query with a cache of the same type or FP8 (vLLM casts the pages to the query's type); fp8kv's
+    kernel refuses an fp16 query over bf16 pages, whose fp16 dots would turn values beyond 65504 into inf."""
     q = next((n for n, dt in UNQUANTIZED_DTYPES.items() if dt == q_dtype), q_dtype)
     if q not in UNQUANTIZED_DTYPES:
         return False, f"q is {q_dtype!r}; expected one of {tuple(UNQUANTIZED_DTYPES)}"
@@ -77,6 +96,9 @@ def check_query(backend: str, q_dtype, kv_dtype: str) -> tuple[bool, str]:
         return False, f"q is fp32: {backend} takes bf16/fp16 queries; fp32 queries run on the reference only"
     if backend == "flashinfer" and not is_fp8(kv_dtype) and kv_dtype != q:
         return False, f"q is {q}: FlashInfer pairs a {q} query with a {q} or FP8 cache, not {kv_dtype}"
+    if backend == "vllm" and not is_fp8(kv_dtype) and kv_dtype != q:
+        return False, (f"q is {q}: vLLM's kernel casts the pages to the query's type, so it pairs a {q} query "
+                       f"with a {q} or FP8 cache, not {kv_dtype}")
     if backend == "triton" and q == "fp16" and kv_dtype == "bf16":
         return False, ("q is float16 but the cache is bf16: pass a bfloat16 query (as FlashInfer also "
                        "requires)")
@@ -89,7 +111,7 @@ def _arch_num(arch: str) -> int:
     return int(arch[2:])
 
 
-def _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim) -> tuple[bool, str]:
+def _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim, layout="NHD") -> tuple[bool, str]:
     """Support on ``arch`` by hardware and library facts alone (ignores what is installed here)."""
     n = _arch_num(arch)
     fp8_kv = is_fp8(kv_dtype)
@@ -101,6 +123,8 @@ def _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim) -> tuple[b
         return True, "fp32 torch oracle: dequantizes the cache and computes in fp32"
     if n < 80:
         return False, f"{arch} predates sm80; fp8kv targets sm80 and newer"
+    if backend == "vllm":
+        return _vllm_facts(kv_dtype, mode, arch, granularity, head_dim, layout)
     if backend == "triton":
         if head_dim is not None and head_dim > TRITON_MAX_HEAD_DIM:
             return False, f"head_dim {head_dim} > {TRITON_MAX_HEAD_DIM} is not built"
@@ -132,18 +156,42 @@ def _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim) -> tuple[b
     return True, "FA2 paged decode reads FP8 KV, scalar scales (per-head/channel folded into q and out)"
 
 
+def _vllm_facts(kv_dtype, mode, arch, granularity, head_dim, layout) -> tuple[bool, str]:
+    """vLLM's Triton unified-attention kernel on ``arch`` (sm80 or newer), by its source."""
+    if layout != "NHD":
+        return False, (f"vLLM's kernel reads pages laid out [num_blocks, block_size, Hkv, D] (NHD); this cache "
+                       f"is {layout}")
+    if head_dim is not None and head_dim not in VLLM_HEAD_DIMS:
+        return False, (f"fp8kv runs vLLM's kernel at the head dims checked against the oracle on a GPU, "
+                       f"{VLLM_HEAD_DIMS}, not {head_dim}")
+    if mode == "fp8":
+        return False, ("vLLM's unified_attention takes no query scale (q_descale must be None): it has no "
+                       "FP8-query mode; its FP8 KV runs in dequant mode")
+    if not is_fp8(kv_dtype):
+        return True, "vLLM's Triton unified-attention kernel, 16-bit KV, 16-bit tl.dot; returns no LSE"
+    if granularity != "tensor":
+        return False, (f"fp8kv passes vLLM's kernel per-tensor scales only (KVQuantMode.FP8_PER_TENSOR reads "
+                       f"one k and one v scale); {granularity} scales are refused")
+    if kv_dtype == "fp8_e4m3" and _arch_num(arch) < 89:
+        return False, (f"vLLM's kernel loads the float8_e4m3fn pages as they are, and Triton has e4m3 "
+                       f"(fp8e4nv) only on sm89+; {arch} runs fp8_e5m2 through it")
+    return True, ("vLLM's Triton unified-attention kernel: FP8 pages x per-tensor scale rounded to the query's "
+                  "type, 16-bit tl.dot; returns no LSE")
+
+
 def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None = None,
-          granularity: str = "tensor", head_dim: int | None = None) -> tuple[bool, str]:
+          granularity: str = "tensor", head_dim: int | None = None, layout: str = "NHD") -> tuple[bool, str]:
     """Whether ``backend`` runs ``kv_dtype`` in ``mode``, and why (not).
 
     With ``arch=None`` the question is about *this* machine: the current GPU, what is installed,
     and (on CPU) whether the Triton interpreter is on. With an explicit arch it is about that arch.
+    ``layout`` is the cache's page layout ("NHD" or "HND"; vLLM's kernel reads NHD only).
     """
     checks.one_of(backend, "backend", BACKEND_NAMES)
     checks.one_of(mode, "mode", MODES)
     checks.one_of(kv_dtype, "kv_dtype", KV_DTYPE_NAMES)
     if arch is not None:
-        return _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim)
+        return _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim, layout)
     here = current_arch()
     if here is None:  # CPU machine
         if backend == "reference":
@@ -151,6 +199,8 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
         if backend == "flashinfer":
             return False, ("no GPU: FlashInfer runs only on CUDA GPUs"
                            + ("" if flashinfer_installed() else " (and it is not installed)"))
+        if backend == "vllm":
+            return _vllm_on_cpu(kv_dtype, mode, granularity, head_dim, layout)
         if not interpreter_on():
             return False, "no GPU: Triton kernels run on CPU only under TRITON_INTERPRET=1"
         if mode == "fp8" and not is_fp8(kv_dtype):
@@ -158,10 +208,28 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
         if mode == "fp8" and granularity == "token_head":
             return False, "fp8 mode takes tensor, head and channel scales; token_head needs dequant mode"
         return True, "CPU: Triton interpreter (TRITON_INTERPRET=1), for correctness only"
-    ok, why = _arch_facts(backend, kv_dtype, mode, here, granularity, head_dim)
+    ok, why = _arch_facts(backend, kv_dtype, mode, here, granularity, head_dim, layout)
     if ok and backend == "flashinfer" and not flashinfer_installed():
         return False, "FlashInfer is not installed (pip install 'fp8kv[gpu]')"
+    if ok and backend == "vllm" and not vllm_installed():
+        return False, VLLM_NOT_INSTALLED
     return ok, why
+
+
+def _vllm_on_cpu(kv_dtype, mode, granularity, head_dim, layout) -> tuple[bool, str]:
+    """vLLM's kernel on a machine without a GPU: its own limits, then the interpreter and the install."""
+    if mode == "fp8" and not is_fp8(kv_dtype):
+        return False, "fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode"
+    ok, why = _vllm_facts(kv_dtype, mode, "sm90", granularity, head_dim, layout)  # the interpreter has e4m3
+    if not ok:
+        return ok, why
+    if not interpreter_on():
+        return False, ("no GPU: vLLM's Triton kernel runs on CUDA GPUs, and on CPU only under TRITON_INTERPRET=1"
+                       + ("" if vllm_installed() else " (and it is not installed)"))
+    if not vllm_installed():
+        return False, VLLM_NOT_INSTALLED
+    return True, ("CPU: vLLM's kernel under the Triton interpreter (TRITON_INTERPRET=1), for correctness only; "
+                  "returns no LSE")
 
 
 def capability(arch: str | Sequence[str] | None = None):
@@ -207,7 +275,8 @@ def choose_mode(backend: str, kv_dtype: str, arch: str | None = None, granularit
 
 def choose_backend(kv_dtype: str, mode: str = "dequant", arch: str | None = None,
                    granularity: str = "tensor", head_dim: int | None = None) -> str:
-    """``auto`` backend: Triton where it runs compiled (a GPU), else FlashInfer, else the reference."""
+    """``auto`` backend: Triton where it runs compiled (a GPU), else FlashInfer, else the reference;
+    never vLLM's kernel (a peer to measure against, asked for by name)."""
     on_gpu = current_arch() is not None or arch is not None
     order = ("triton", "flashinfer", "reference") if on_gpu else ("reference",)
     reasons = []
@@ -230,7 +299,14 @@ _VARIANT_FACTS = {
     ("flashinfer", "soft_cap"): (True, "plan(logits_soft_cap=cap) in the FA2 kernels"),
     ("flashinfer", "sinks"): (False, "FlashInfer 0.6.13's decode wrapper passes sinks only to its TRT-LLM "
                                      "kernels (sm100); the FA2 decode kernels have no sink term"),
+    ("vllm", "window"): (True, "window_size=(window - 1, 0): vLLM's SLIDING_WINDOW keeps the window keys, the "
+                               "query's own included, and skips the tiles before them"),
+    ("vllm", "soft_cap"): (True, "softcap=cap: cap * tanh(s / cap) on the scaled scores, from exp(±s / cap) "
+                                 "(which overflows to NaN once |s / cap| passes ~88)"),
+    ("vllm", "sinks"): (True, "sinks=[Hq]: the running max starts at the sink logit with a sum of 1, so exp(sink) "
+                              "joins each head's denominator once"),
 }
+_NO_FP8_MODE = ("reference", "vllm")  # backends whose variants table lists dequant mode only
 _FLASHINFER_FP8_VARIANTS = {
     "window": (True, "trtllm_batch_decode_with_kv_cache(window_left=window - 1)"),
     "soft_cap": (False, "trtllm_batch_decode_with_kv_cache has no logit soft-cap argument in FlashInfer 0.6.13"),
@@ -263,11 +339,12 @@ def variants():
     """Table of backend x mode x attention variant: supported and how (or why not).
 
     Returns a pandas DataFrame with columns backend, mode, variant, supported, reason. The
-    reference has no fp8 mode (see :func:`capability`), so it is listed in dequant mode only.
+    reference and vLLM's kernel have no fp8 mode (see :func:`capability`), so they are listed in
+    dequant mode only.
     """
     import pandas as pd
 
     rows = [dict(backend=b, mode=m, variant=v, supported=ok, reason=why)
-            for b in BACKEND_NAMES for m in MODES if not (b == "reference" and m == "fp8")
+            for b in BACKEND_NAMES for m in MODES if not (b in _NO_FP8_MODE and m == "fp8")
             for v in VARIANTS for ok, why in [check_variant(b, v, m)]]
     return pd.DataFrame(rows)

@@ -72,7 +72,7 @@ def resolve_device(device: str | int | torch.device | None = None) -> torch.devi
 def package_version(module_name: str) -> str | None:
     """``module.__version__`` of an importable package, or ``None`` if importing it fails.
 
-    Imported lazily: optional packages (flashinfer) may be absent or fail to import
+    Imported lazily: optional packages (flashinfer, vllm) may be absent or fail to import
     (missing CUDA libraries, ABI mismatch), which must not break a device description.
     """
     try:
@@ -129,7 +129,8 @@ def describe_device(device: str | int | torch.device | None = None) -> dict:
         ``multiprocessors`` (SM count, None on CPU), ``driver_version`` (kernel driver, None if
         unknown), ``cuda_version`` (CUDA runtime torch was built with, None on CPU builds),
         ``hip_version``, ``cpu`` (processor description), ``platform``, and the versions of
-        ``python``, ``torch``, ``triton``, ``flashinfer``, ``numpy`` (None when not importable).
+        ``python``, ``torch``, ``triton``, ``flashinfer``, ``vllm`` (the package providing vLLM's
+        kernel: a vLLM install or a shim), ``numpy`` (None when not importable).
     """
     dev = resolve_device(device)
     info: dict = {
@@ -150,6 +151,7 @@ def describe_device(device: str | int | torch.device | None = None) -> dict:
         "torch": torch.__version__,
         "triton": package_version("triton"),
         "flashinfer": package_version("flashinfer"),
+        "vllm": package_version("vllm"),
         "numpy": package_version("numpy"),
     }
     if dev.type == "cuda":

@@ -1,7 +1,7 @@
 """The fp32 oracle: paged decode attention computed plainly from the dequantized cache, and the
 tolerances every comparison with it uses.
 
-Every backend (Triton, FlashInfer) is checked against :func:`decode`. It favours being obviously
+Every backend (Triton, FlashInfer, vLLM's kernel) is checked against :func:`decode`. It favours being obviously
 right over being fast: one sequence at a time, fp32 throughout.
 
 Tolerances (kernel error: a backend against :func:`decode` on the *same dequantized* cache, not
@@ -51,12 +51,17 @@ def output_tolerance(backend: str, mode: str, q_dtype, granularity: str = "tenso
       rounding p (for the P·V dot) and the output to the query's type ``q_dtype``, each ≤ u
       relative (bf16 u = 2^-8, fp16 u = 2^-11): 2u. K scales folded into the query round q once
       more: 3u (every backend folds per-channel K scales; FlashInfer also folds per-head ones).
+      vLLM's kernel rounds every dequantized K and V element (stored × scale) to the query's type
+      before its dots: two roundings more than p and the output, 4u (also for its 16-bit caches,
+      where those two are exact: one bound per backend).
     * fp8 mode: :data:`FP8_MODE_TOL` (q and p rounded to e4m3).
     """
     if backend == "reference":
         return REFERENCE_TOL
     if mode == "fp8":
         return FP8_MODE_TOL
+    if backend == "vllm":
+        return 4 * unit_roundoff(q_dtype)
     folded = granularity == "channel" or (backend == "flashinfer" and granularity == "head")
     return (3 if folded else 2) * unit_roundoff(q_dtype)
 

@@ -278,8 +278,8 @@ def test_decode_refuses_mismatched_shapes_and_options(make_cache):
         fp8kv.decode(query(hq=0), c)
     with pytest.raises(TypeError, match="cache must be a fp8kv.PagedKVCache, got dict"):
         fp8kv.decode(query(), {})
-    with pytest.raises(ValueError, match="backend='vllm'"):
-        fp8kv.decode(query(), c, backend="vllm")
+    with pytest.raises(ValueError, match="backend='sglang'"):
+        fp8kv.decode(query(), c, backend="sglang")
     with pytest.raises(TypeError, match="check='yes'"):
         fp8kv.decode(query(), c, check="yes")
     with pytest.raises(TypeError, match="num_splits=4 is not an option of the reference backend"):

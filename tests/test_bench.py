@@ -376,6 +376,12 @@ def test_speedup_table_without_baselines_gives_nan_and_rejects_foreign_frames():
         speedup_table(pd.DataFrame({"time_us": [1.0]}))
 
 
+def test_speedup_table_of_a_run_where_nothing_ran_is_empty():
+    sp = speedup_table(_rows([("triton", "", "fp8_e4m3", "dequant", float("nan"), "unsupported", None),
+                              ("triton", "", "bf16", "dequant", 10.0, "ok", False)]))  # a failed check never counts
+    assert sp.empty and {"speedup_vs_bf16", "speedup_vs_flashinfer_fp8", "label"} <= set(sp.columns)
+
+
 # ------------------------------------------------------------------------------------------- save
 def test_save_writes_a_new_file_under_the_slug_folder_only(tmp_path):
     other = tmp_path / "nvidia-a100"
@@ -420,6 +426,15 @@ def test_main_in_process_with_the_reference(tmp_path, capsys):
     assert len(files) == 1 and len(pd.read_csv(files[0])) == 2
 
 
+def test_main_refuses_an_interpret_flag_that_would_come_too_late(monkeypatch, capsys):
+    import triton  # noqa: F401  (imported, as in any process that imported fp8kv.bench)
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit):
+        bench.main(["--preset", "smoke", "--interpret", "--no-save"])
+    assert "before triton is imported" in capsys.readouterr().err
+
+
 def test_main_rejects_bad_arguments():
     with pytest.raises(SystemExit):
         bench.main(["--batches", "1"])  # no contexts and no preset
@@ -429,8 +444,11 @@ def test_main_rejects_bad_arguments():
 
 @ON_CPU_MACHINES
 def test_main_smoke_preset_as_a_module(tmp_path):
-    proc = _interpreted("", "-m", "fp8kv.bench", "--preset", "smoke", "--interpret", "--out", str(tmp_path),
-                        "--quiet")
+    # --interpret alone (TRITON_INTERPRET unset): the module imports triton before it parses its options,
+    # so it starts itself again with the variable set
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "fp8kv.bench", "--preset", "smoke", "--interpret", "--out",
+                           str(tmp_path), "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = list((tmp_path / "cpu").glob("*.csv"))
     assert len(files) == 1 and files[0].with_suffix(".json").exists()
@@ -530,7 +548,8 @@ def _layout_rows():
     return pd.DataFrame([
         dict(key, backend="triton", label="triton bf16 dequant", kv_dtype="bf16", time_us=500.0, kv_bytes=bf16_kv),
         dict(key, backend="triton", label="triton fp8_e4m3 dequant", kv_dtype="fp8_e4m3", time_us=300.0, kv_bytes=fp8_kv),
-        dict(key, backend="triton", label="triton fp8_e4m3 fp8", kv_dtype="fp8_e4m3", time_us=280.0, kv_bytes=fp8_kv),
+        dict(key, backend="triton", label="triton fp8_e4m3 fp8", kv_dtype="fp8_e4m3", time_us=280.0, kv_bytes=fp8_kv,
+             kernel="triton-tc"),
         dict(key, backend="triton", label="triton-x fp8_e4m3 dequant", kv_dtype="fp8_e4m3", time_us=10.0,
              kv_bytes=fp8_kv, check_passed=False),  # a wrong answer never wins
         dict(key, backend="flashinfer", label="flashinfer-tc bf16 dequant", kv_dtype="bf16", time_us=520.0,
@@ -548,7 +567,7 @@ def test_layout_table_rates_speedups_and_limit_by_hand():
     t = layout_table(_layout_rows())
     assert len(t) == 2
     r = t[t["num_kv_heads"] == 8].iloc[0]
-    assert r["fp8_us"] == 280.0 and r["fp8_row"] == "triton fp8_e4m3 fp8"
+    assert r["fp8_us"] == 280.0 and r["fp8_row"] == "triton fp8_e4m3 fp8" and r["fp8_kernel"] == "triton-tc"
     assert r["peer_us"] == 520.0 and r["peer"] == "flashinfer-tc bf16 dequant" and r["bf16_us"] == 500.0
     assert r["fp8_x_peer"] == pytest.approx(520 / 280) and r["fp8_x_bf16"] == pytest.approx(500 / 280)
     assert r["bf16_gbps"] == pytest.approx(2e9 / 500e-6 / 1e9) and r["fp8_gbps"] == pytest.approx(1e9 / 280e-6 / 1e9)
@@ -558,9 +577,13 @@ def test_layout_table_rates_speedups_and_limit_by_hand():
     assert mha["bf16_us"] == 2000.0 and math.isnan(mha["fp8_us"]) and math.isnan(mha["fp8_x_bf16"])
     md = layout_markdown(t).splitlines()
     assert md[0].startswith("| Hq/Hkv/D | B × ctx | best peer (µs) |") and len(md) == 4
-    assert "| 32/8/128 | 64 × 16k | 520.0 (FlashInfer tc bf16 dequant) | 500.0 | 280.0 | 1.86 | 1.79 |" in md[3] + md[2]
+    assert "| 32/8/128 | 64 × 16k | 520.0 (FlashInfer tc bf16 dequant) | 500.0 | 280.0 (triton-tc) | 1.86 | 1.79 |" in md[3] + md[2]
+    assert "| 32/32/128 | 64 × 16k | — | 2000.0 | — | — | — |" in md[2] + md[3]
     with pytest.raises(ValueError, match="lacks columns"):
         layout_table(pd.DataFrame({"time_us": [1.0]}))
+    old = layout_table(_layout_rows().drop(columns="kernel"))  # a run saved before the kernel column
+    assert old["fp8_kernel"].isna().all() and old["fp8_us"].equals(t["fp8_us"])
+    assert "| 280.0 | 1.86 |" in layout_markdown(old)
 
 
 def test_sweep_seed_reaches_every_case_and_is_checked():

@@ -74,8 +74,8 @@ def test_mode_and_granularity_limits():
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="backend='vllm'"):
-        check("vllm", "bf16")
+    with pytest.raises(ValueError, match="backend='sglang'"):
+        check("sglang", "bf16")
     with pytest.raises(ValueError, match="mode='int8'"):
         check("triton", "bf16", "int8")
     with pytest.raises(ValueError, match="kv_dtype='fp4'"):

@@ -4,8 +4,9 @@ Over a fresh smoke render of every notebook in ``notebooks/`` (made once per tes
 ``smoke_report`` fixture) and over every committed render under ``reports/<gpu>/``, each page's plotly
 figures are parsed from its HTML, and the test fails on
 
-* a log axis whose range, or an annotation or shape placed on it, is not a plausible exponent
-  (plotly reads those coordinates as log10 of the value: 448 there means 10^448);
+* a log axis whose range, or an annotation placed on it, is not a plausible exponent (plotly.js reads
+  those coordinates as log10 of the value: 448 there means 10^448), or a shape placed on it at a value
+  that is not positive (plotly.js places shapes at the value itself, so they need no log10);
 * an axis or legend title that is a raw column name (a snake_case identifier such as ``rel_err_p99``);
 * two series of one figure in one colour (plotly's colour cycle included);
 * anything the page loads from the network (``<script src>`` / ``<link href>`` with a URL);
@@ -76,8 +77,13 @@ def log_axis_problems(fig: dict) -> list[str]:
                     continue
                 for n in names:
                     v = item.get(n)
-                    if isinstance(v, (int, float)) and abs(v) > MAX_EXPONENT:
-                        problems.append(f"{kind[:-1]} {item.get('text', item.get('type', ''))!r} {n}={v} on a log axis")
+                    if not isinstance(v, (int, float)):
+                        continue
+                    what = f"{kind[:-1]} {item.get('text', item.get('type', ''))!r} {n}={v} on a log axis"
+                    if kind == "annotations" and abs(v) > MAX_EXPONENT:
+                        problems.append(what)
+                    elif kind == "shapes" and v <= 0:
+                        problems.append(f"{what} (a shape sits at the value itself, which must be positive)")
     return problems
 
 
@@ -178,10 +184,11 @@ def test_the_reader_catches_what_it_looks_for():
     bad = {"data": [{"type": "scatter", "name": "a", "line": {"color": "#111111"}},
                     {"type": "scatter", "name": "b", "line": {"color": "#111111"}}],
            "layout": {"xaxis": {"type": "log", "title": {"text": "rel_err_p99"}}, "yaxis": {"type": "log"},
-                      "shapes": [{"type": "line", "xref": "x", "x0": 448, "x1": 448, "yref": "paper"}],
+                      "shapes": [{"type": "line", "xref": "x", "x0": -2.65, "x1": 448, "yref": "paper"}],
                       "annotations": [{"text": "max", "xref": "x", "x": 2.65, "yref": "y", "y": 240}]}}
+    shape = "(a shape sits at the value itself, which must be positive)"
     assert sorted(log_axis_problems(bad)) == ["annotation 'max' y=240 on a log axis",
-                                              "shape 'line' x0=448 on a log axis", "shape 'line' x1=448 on a log axis"]
+                                              f"shape 'line' x0=-2.65 on a log axis {shape}"]
     assert raw_title_problems(bad) == ["xaxis title 'rel_err_p99'"]
     assert repeated_colour_problems(bad) == ["'a' and 'b' are both #111111"]
     cycle = {"data": [{"type": "scatter", "name": str(i)} for i in range(11)],

@@ -87,14 +87,14 @@ def test_relative_error_vs_magnitude_drops_zero_errors_and_marks_regions():
     assert [t.name for t in fig.data] == ["e4m3", "e5m2"]
     for t in fig.data:
         assert 0.0 not in list(t.y) and len(t.x) == 3
-    # On log axes plotly reads shape and annotation coordinates as log10 of the value.
+    # On log axes plotly.js places shapes at their data values and annotations at the values' log10.
     hlines = sorted(s.y0 for s in fig.layout.shapes if s.type == "line" and s.y0 == s.y1)
-    assert hlines == pytest.approx(sorted(math.log10(format(f).unit_roundoff) for f in ("e4m3", "e5m2")))
-    vlines = {round(s.x0, 9) for s in fig.layout.shapes if s.type == "line" and s.x0 == s.x1}
-    assert {round(math.log10(v), 9) for v in (format("e4m3").max, format("e5m2").max, format("e4m3").min_normal)} \
-        <= vlines
-    for a in fig.layout.annotations:
-        assert abs(a.x if a.xref == "x" else 0) < 30 and abs(a.y if a.yref == "y" else 0) < 30, a
+    assert hlines == pytest.approx(sorted(format(f).unit_roundoff for f in ("e4m3", "e5m2")))
+    vlines = {s.x0 for s in fig.layout.shapes if s.type == "line" and s.x0 == s.x1}
+    assert {format("e4m3").max, format("e5m2").max, format("e4m3").min_normal} <= vlines
+    labels = {a.text: (a.x if a.xref == "x" else a.y) for a in fig.layout.annotations}
+    assert labels["e4m3 max 448"] == pytest.approx(math.log10(448))
+    assert labels["e5m2 unit roundoff 2^-3"] == pytest.approx(math.log10(format("e5m2").unit_roundoff))
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
 
 
@@ -144,6 +144,18 @@ def test_line_one_trace_per_color_and_log_axes():
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     with pytest.raises(ValueError, match="'z'"):
         viz.line(df, "x", "z")
+
+
+def test_add_line_puts_line_and_label_at_the_value_on_log_and_linear_axes():
+    from fp8kv.viz.style import add_line
+
+    log = go.Figure(go.Scatter(x=[1, 2], y=[10, 1000]), layout=dict(yaxis_type="log"))
+    add_line(log, "y", 1000.0, annotation_text="roof")
+    assert log.layout.shapes[0].y0 == 1000.0 and log.layout.annotations[0].y == pytest.approx(3.0)
+    lin = add_line(go.Figure(go.Scatter(x=[1, 2], y=[10, 1000])), "y", 500.0, annotation_text="half")
+    assert lin.layout.shapes[0].y0 == 500.0 and lin.layout.annotations[0].y == 500.0
+    with pytest.raises(ValueError, match="log axis"):
+        add_line(log, "y", 0.0)
 
 
 def test_add_ceiling():
@@ -287,7 +299,9 @@ def test_speedup_heatmap_cells_and_log_scale():
 def test_bandwidth_roofline_draws_the_roof():
     fig = viz.bandwidth_roofline(_bench_rows(), 4000.0)
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
-    assert any(s.y0 == pytest.approx(math.log10(4000.0)) for s in fig.layout.shapes)  # log axis: log10 units
+    # plotly.js places a shape at its data value on a log axis, an annotation at the value's log10
+    assert [s.y0 for s in fig.layout.shapes] == [4000.0]
+    assert [a.y for a in fig.layout.annotations] == [pytest.approx(math.log10(4000.0))]
     with pytest.raises(ValueError, match="copy_gbps"):
         viz.bandwidth_roofline(_bench_rows(), float("nan"))
 

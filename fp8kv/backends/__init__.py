@@ -1,8 +1,8 @@
 """``fp8kv.decode``: the one entry point of paged decode attention, and the backend registry.
 
 Input is validated here, once; the backends below (the fp32 oracle's computation, the Triton
-launcher, FlashInfer's wrapper) trust what they are given. FlashInfer is imported only when asked
-for, so fp8kv imports on machines without it.
+launcher, FlashInfer's wrapper, vLLM's Triton kernel) trust what they are given. FlashInfer and vLLM
+are imported only when asked for, so fp8kv imports on machines without them.
 """
 
 from __future__ import annotations
@@ -47,14 +47,21 @@ def _flashinfer(q, cache, *, mode, sm_scale, **launch):
     return fi_decode(q, cache, mode=mode, sm_scale=sm_scale, **launch)
 
 
+def _vllm(q, cache, *, mode, sm_scale, **variants):
+    from .vllm import decode as vllm_decode
+
+    return vllm_decode(q, cache, mode=mode, sm_scale=sm_scale, **variants)
+
+
 # The runner of each backend, in the order fp8kv.capability.BACKEND_NAMES names them (the one list of names).
-BACKENDS = dict(zip(BACKEND_NAMES, (_reference, _triton, _flashinfer), strict=True))
+BACKENDS = dict(zip(BACKEND_NAMES, (_reference, _triton, _flashinfer, _vllm), strict=True))
 # Options a backend takes beyond (q, cache, mode, sm_scale); each backend validates its own.
 LAUNCH_OPTIONS = {
     "reference": (),
     "triton": ("num_splits", "block_n", "num_warps", "num_stages", "convert", "eviction_policy", "out_dtype",
                "compute_dtype", "use_tensor_cores", "heads_per_program", "gluon"),
     "flashinfer": ("use_tensor_cores",),
+    "vllm": (),
 }
 
 
@@ -67,8 +74,9 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
     q : ``[B, Hq, D]`` query, one token per sequence: bf16 / fp16 (the reference also takes fp32);
         Hq a multiple of the cache's Hkv.
     cache : :class:`~fp8kv.cache.PagedKVCache`.
-    backend : ``"auto"``, ``"reference"``, ``"triton"`` or ``"flashinfer"``. ``auto`` picks per
-        :mod:`fp8kv.capability` for this device (Triton on a GPU, else the reference).
+    backend : ``"auto"``, ``"reference"``, ``"triton"``, ``"flashinfer"`` or ``"vllm"`` (vLLM's Triton
+        unified-attention kernel: NHD caches, dequant mode, FP8 with per-tensor scales). ``auto``
+        picks per :mod:`fp8kv.capability` for this device (Triton on a GPU, else the reference; never vLLM).
     mode : ``"auto"``, ``"dequant"`` or ``"fp8"``.
     sm_scale : softmax scale, a positive finite number; default ``1 / sqrt(D)``.
     window, soft_cap, sinks : attention variants (defined in :func:`fp8kv.reference.decode`): a
@@ -80,12 +88,14 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
         the page pool), which catches tables edited in place after the cache was built. It costs a
         host sync, so a CUDA-graph capture or a timed loop passes ``check=False`` after one
         checked call; shapes, dtypes, devices and scalars are validated either way. Without the
-        check a corrupt table cannot make a kernel read outside the pages (indices are clamped),
-        but the result is then meaningless.
+        check a corrupt table cannot make a kernel read outside the pages (fp8kv's kernels clamp the
+        indices; FlashInfer and vLLM, which do not, have the tables checked on every call), but the
+        result is then meaningless.
     launch : backend options, see ``LAUNCH_OPTIONS`` (Triton's launch overrides and its opt-in
         CUDA-core kernel, ``use_tensor_cores=False``; FlashInfer's ``use_tensor_cores``).
 
-    Returns ``out`` ``[B, Hq, D]`` and ``lse`` ``[B, Hq]`` fp32 (natural log).
+    Returns ``out`` ``[B, Hq, D]`` and ``lse`` ``[B, Hq]`` fp32 (natural log); ``lse`` is None for
+    ``backend="vllm"``, whose kernel computes none.
 
     Raises ``TypeError``/``ValueError`` naming the argument for bad input, and
     :class:`~fp8kv.capability.UnsupportedError` (a ValueError) with the capability table's reason
@@ -111,8 +121,8 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
                                                        device=q.device, contents=check)
     if backend == "auto" and q.dtype == torch.float32:
         backend = "reference"  # the GPU kernels take 16-bit queries; the oracle takes fp32 as it is
-    # FlashInfer reads the table as it is (no clamping), and its plan syncs with the host anyway.
-    if check or backend == "flashinfer":
+    # FlashInfer and vLLM read the table as it is (no clamping); their plans sync with the host anyway.
+    if check or backend in ("flashinfer", "vllm"):
         cache.validate_tables()
     if check:
         checks.finite_tensor(q, "q")
@@ -128,7 +138,7 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
         checks.fail(f"q has strides {tuple(q.stride())}: the {backend} backend needs it contiguous in its last "
                     "(head_dim) dimension; call .contiguous()")
     if not chosen:
-        ok, why = supported(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
+        ok, why = supported(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim, cache.layout)
         if not ok:
             raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={cache.kv_dtype}, "
                                    f"granularity={cache.granularity}: {why}")
@@ -145,9 +155,9 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
 def planned(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: float | None = None,
             window: int | None = None, soft_cap: float | None = None, sinks=None, **launch):
     """Plan once, run many: validate as :func:`decode` does with ``check=True`` (once, here), do the
-    backend's host work (FlashInfer's plan), and return a zero-argument callable that runs the
+    backend's host work (FlashInfer's plan, vLLM's arguments), and return a zero-argument callable that runs the
     decode of ``q`` over ``cache`` with no host sync left (CUDA-graph capturable
-    for the Triton and FlashInfer backends; the reference syncs with the host by its nature).
+    for the Triton, FlashInfer and vLLM backends; the reference syncs with the host by its nature).
 
     Arguments as :func:`decode`. The callable returns ``(out, lse)`` as :func:`decode` would; it
     reads ``q`` and the cache's tensors when called, so refill them in place between calls, and
@@ -161,5 +171,10 @@ def planned(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: fl
         dec = FlashInferDecode(cache, mode=mode, trusted=True, **launch)
         scale = {} if sm_scale is None else {"sm_scale": sm_scale}
         dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype, **scale, **variants)
+        return functools.partial(dec.run_trusted, q)
+    if backend == "vllm":
+        from .vllm import VllmDecode
+
+        dec = VllmDecode(cache, num_q_heads=q.shape[1], sm_scale=sm_scale, trusted=True, **variants)
         return functools.partial(dec.run_trusted, q)
     return functools.partial(BACKENDS[backend], q, cache, mode=mode, sm_scale=sm_scale, **variants, **launch)

@@ -2,6 +2,7 @@
 
 import sys
 
-from .cli import main
+from .cli import main, restart_interpreted
 
+restart_interpreted("fp8kv.bench")
 sys.exit(main())

@@ -32,7 +32,7 @@ class Case:
     """One benchmark cell: a decode shape, a cache format and a backend configuration.
 
     ``options`` go to the backend as keyword arguments: Triton launch overrides (``num_splits``,
-    ``block_n``, ``num_warps``, ``num_stages``) or FlashInfer's ``use_tensor_cores``. ``status`` is
+    ``block_n``, ``num_warps``, ``num_stages``) or FlashInfer's ``use_tensor_cores`` (vLLM's kernel takes none). ``status`` is
     ``"ready"``, ``"unsupported"`` or ``"skipped"`` (set by :func:`sweep`, with ``reason``).
     ``window``: a sliding-window layer attending the last ``window`` tokens of each sequence (as
     :func:`fp8kv.decode` defines it; FlashInfer's ``window_left = window - 1``); None: the whole context.
@@ -106,7 +106,7 @@ def _elem_size(kv_dtype: str) -> int:
 
 
 def _out_elem_size(case: Case) -> int:
-    # The reference returns fp32; Triton and FlashInfer return the query's dtype.
+    # The reference returns fp32; Triton, FlashInfer and vLLM return the query's dtype.
     return 4 if case.backend == "reference" else Q_DTYPES[case.q_dtype].itemsize
 
 
@@ -250,7 +250,7 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
             if key in seen:
                 continue
             seen.add(key)
-            ok, why = capability_check(backend, kv, mode, arch, case.granularity, d)
+            ok, why = capability_check(backend, kv, mode, arch, case.granularity, d, layout)
             if ok:
                 ok, why = check_query(backend, q_dtype, kv)
             if not ok:

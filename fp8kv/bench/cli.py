@@ -45,7 +45,8 @@ PRESETS = {
                           block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"],
                           backends=["triton", "flashinfer"], granularities=["tensor"],
                           flashinfer_tensor_cores=[False, True], windows=[512, 1024]),
-    # Head layouts of real model families, side by side with FlashInfer (every row checked first):
+    # Head layouts of real model families, side by side with FlashInfer and vLLM's Triton kernel (where
+    # vllm imports; every row checked first):
     # MHA (Llama-2-7B 32/32/128, Phi-2 32/32/80, Phi-3-mini 32/32/96), GQA with power-of-two and odd
     # groups (Llama-3-8B 32/8/128, Qwen2.5-14B 40/8/128: 5, Qwen2-7B 28/4/128: 7, Qwen2-0.5B 14/2/64: 7),
     # MQA (Gemma-2B 8/1/256, Falcon-7B 71/1/64) and head dim 112 (32/8/112); latency (B=1) and
@@ -54,7 +55,8 @@ PRESETS = {
                     shapes=[(32, 32, 128), (32, 32, 80), (32, 32, 96), (32, 8, 128), (40, 8, 128), (28, 4, 128),
                             (14, 2, 64), (8, 1, 256), (71, 1, 64), (32, 8, 112)],
                     block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"],
-                    backends=["triton", "flashinfer"], granularities=["tensor"], flashinfer_tensor_cores=[False, True]),
+                    backends=["triton", "flashinfer", "vllm"], granularities=["tensor"],
+                    flashinfer_tensor_cores=[False, True]),
     # The opt-in CUDA-core kernel against the tensor-core one where the group is 1 or 2 (MHA: Llama-2-7B,
     # Phi-2, Phi-3-mini, Gemma-7B's 16/16/256; group 2: Qwen3-1.7B's 16/8/128), a few tile sizes,
     # FlashInfer beside: the measurement that decides whether it becomes the default.
@@ -72,18 +74,18 @@ PRESETS = {
                         granularities=["tensor"], flashinfer_tensor_cores=[True],
                         triton_options=[{}, {"heads_per_program": 16}, {"heads_per_program": 24},
                                         {"heads_per_program": 36}, {"heads_per_program": 128}]),
-    # Latency-bound decode (B <= 4), FlashInfer beside, on the layouts where the split count weighs most.
+    # Latency-bound decode (B <= 4), FlashInfer and vLLM beside, on the layouts where the split count weighs most.
     "latency": dict(batches=[1, 2, 4], contexts=[1000, 4096, 16384],
                     shapes=[(32, 8, 128), (8, 1, 256), (32, 32, 128), (14, 2, 64)], block_sizes=[16],
-                    kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
+                    kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer", "vllm"],
                     granularities=["tensor"], flashinfer_tensor_cores=[False, True]),
-    # The Gluon kernel (gluon=True) beside the Triton kernel (gluon=False) and FlashInfer, on the layouts it
-    # covers (head dims 64-128, groups up to 16), bandwidth- and latency-bound.
+    # The Gluon kernel (gluon=True) beside the Triton kernel (gluon=False), FlashInfer and vLLM, on the layouts
+    # it covers (head dims 64-128, groups up to 16), bandwidth- and latency-bound.
     "gluon": dict(batches=[1, 64], contexts=[4096, 16384],
                   shapes=[(32, 8, 128), (28, 4, 128), (32, 32, 128), (14, 2, 64), (12, 4, 64), (16, 2, 96),
                           (32, 32, 80), (32, 32, 96), (32, 8, 112)],
-                  block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
-                  granularities=["tensor"], flashinfer_tensor_cores=[False, True],
+                  block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"],
+                  backends=["triton", "flashinfer", "vllm"], granularities=["tensor"], flashinfer_tensor_cores=[False, True],
                   triton_options=[{"gluon": True}, {"gluon": False}]),
     "layouts-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 4, 32), (4, 1, 64), (6, 2, 48)], block_sizes=[16],
                           kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
@@ -101,16 +103,19 @@ PRESET_HELP = {
               "bf16 vs fp8_e4m3, Triton and FlashInfer (window_left); time and bytes bounded by the window (GPU)",
     "window-gemma3": "the same windows at Gemma-3-270M's shape, Hq:Hkv 4:1, D 256 (GPU)",
     "layouts": "head layouts of real model families (MHA, GQA groups 4/5/7, MQA; D 64-256) at B 1-64 x context "
-               "4k-16k, bf16 vs fp8_e4m3, Triton and FlashInfer side by side; fp8kv.bench.layout_table reads it (GPU)",
+               "4k-16k, bf16 vs fp8_e4m3, Triton, FlashInfer and vLLM's Triton kernel (where vllm imports) "
+               "side by side; fp8kv.bench.layout_table reads it (GPU)",
     "layouts-cuda-core": "the opt-in CUDA-core Triton kernel (use_tensor_cores=False, tiles of 32/64 tokens) "
                          "against the tensor-core one and FlashInfer on MHA and group-2 layouts, B 1-64 x context "
                          "4k-16k (GPU)",
     "layouts-mqa": "large MQA groups (71/1/64, 48/1/128) with the group cut into programs of at most 16, 24, 36 "
                    "or all query heads (heads_per_program), FlashInfer beside, B 1-64 x context 4k-16k (GPU)",
     "latency": "latency-bound decode, B 1-4 x context 1000-16k on four layouts (GQA, MQA with D 256, MHA, "
-               "group 7 with D 64), bf16 vs fp8_e4m3, Triton and FlashInfer side by side (GPU)",
-    "gluon": "the Gluon FP8 kernel (gluon=1; the default on long splits) beside the Triton kernel (gluon=0) and "
-             "FlashInfer on the layouts it covers (MHA, GQA 2-8; D 64-128), B 1-64 x context 4k-16k (GPU)",
+               "group 7 with D 64), bf16 vs fp8_e4m3, Triton, FlashInfer and vLLM's Triton kernel (where vllm "
+               "imports) side by side (GPU)",
+    "gluon": "the Gluon FP8 kernel (gluon=1; the default on long splits) beside the Triton kernel (gluon=0), "
+             "FlashInfer and vLLM's Triton kernel (where vllm imports) on the layouts it covers (MHA, GQA 2-8; "
+             "D 64-128), B 1-64 x context 4k-16k (GPU)",
     "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
 }
 assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"
@@ -253,6 +258,19 @@ def _name_the_interpret_flag(cases: list[Case]) -> None:
     for c in cases:
         if c.backend == "triton" and c.status == "unsupported":
             c.reason = "no GPU: add --interpret to run the Triton kernels on CPU under the Triton interpreter"
+        elif c.backend == "vllm" and c.status == "unsupported" and c.reason.endswith("TRITON_INTERPRET=1"):
+            c.reason = "no GPU: add --interpret to run vLLM's Triton kernel on CPU under the Triton interpreter"
+
+
+def restart_interpreted(module: str) -> None:
+    """``python -m <module> ... --interpret``: start the command again with TRITON_INTERPRET=1 set.
+
+    Triton reads the variable once, when it is imported, and ``python -m fp8kv.bench...`` imports
+    the package (and triton with it) before the command parses its options; so the flag can only
+    take effect in a new process. Returns only when there is nothing to do."""
+    if "--interpret" in sys.argv[1:] and not interpreter_on():
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,9 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         grid = _grid_from_args(args, device)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
-    if args.interpret:
-        if "triton" in sys.modules and not interpreter_on():
-            print("warning: triton is already imported; --interpret has no effect", file=sys.stderr)
+    if args.interpret and not interpreter_on():
+        if "triton" in sys.modules:  # too late for this process (python -m fp8kv.bench restarts itself instead)
+            parser.error("--interpret has to take effect before triton is imported: run `python -m fp8kv.bench "
+                         "--interpret ...`, or set TRITON_INTERPRET=1 before starting Python")
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         cases = sweep(**grid, device=device)

@@ -26,7 +26,7 @@ from .cases import Q_DTYPES, Case, bytes_moved, tolerance
 from .ceiling import measure_copy_bandwidth
 
 COLUMNS = [
-    "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer",
+    "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer", "vllm",
     "label", "backend", "variant", "mode", "kv_dtype", "granularity", "layout", "q_dtype",
     "batch", "context", "window", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
     "tensor_cores", "kernel", "num_splits", "block_n", "num_warps", "num_stages", "heads_per_program",
@@ -48,6 +48,13 @@ def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dic
                                 device, window=case.window, **case.options)
     return {"tensor_cores": kernel != "triton-cuda-core", "kernel": kernel,
             **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages", "heads_per_program")}}
+
+
+def _vllm_launch(case: Case) -> dict:
+    """vLLM's launch shape for the case (:func:`fp8kv.backends.vllm.launch_info`): 2D, or 3D split-KV."""
+    from ..backends.vllm import launch_info
+
+    return launch_info(case.batch, case.num_kv_heads)
 
 
 def time_call(fn: Callable, device: torch.device, *, graph: bool, rep: int, warmup: int,
@@ -140,7 +147,7 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev) if runnable else (float("nan"), None)
     base = {"timestamp": stamp, "gpu": info["name"], "gpu_slug": info["slug"], "arch": info["arch"],
             "device": info["device"], "torch": info["torch"], "triton": info["triton"],
-            "flashinfer": info["flashinfer"], "copy_gbps": copy_gbps}
+            "flashinfer": info["flashinfer"], "vllm": info["vllm"], "copy_gbps": copy_gbps}
 
     rows: dict[int, dict] = {}
     for i, c in enumerate(cases):
@@ -237,6 +244,10 @@ def _measure(c: Case, caches: list[PagedKVCache], dev: torch.device, base: dict,
         q = torch.randn(c.batch, c.num_q_heads, c.head_dim, generator=g, device=dev).to(Q_DTYPES[c.q_dtype])
         if c.backend == "triton":
             values.update(_triton_launch(c, caches[0], dev))
+        elif c.backend == "vllm":
+            values.update(_vllm_launch(c))
+        elif c.backend == "flashinfer":  # its tensor-core or CUDA-core decode
+            values["kernel"] = f"flashinfer-{c.variant}" if c.variant else "flashinfer"
         # validated and planned once per cache (fp8kv.backends.planned): no host work left in the timed call
         window = {} if c.window is None else {"window": c.window}
         calls = [planned(q, cache, c.backend, c.mode, **window, **c.options) for cache in caches]

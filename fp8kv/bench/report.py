@@ -48,11 +48,12 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
     base = med[med["kv_dtype"] == baseline_kv_dtype].sort_values("time_us")
     base = base.drop_duplicates(SHAPE_KEYS)[SHAPE_KEYS + ["time_us", "label"]]
     base = base.rename(columns={"time_us": "bf16_us", "label": "bf16_best"})
-    fi = med[(med["backend"] == "flashinfer") & med["kv_dtype"].map(is_fp8)].sort_values("time_us")
+    fp8_rows = med["kv_dtype"].map(is_fp8).astype(bool)  # bool even when empty: else [] selects no columns
+    fi = med[(med["backend"] == "flashinfer") & fp8_rows].sort_values("time_us")
     fi = fi.drop_duplicates(SHAPE_KEYS + ["kv_dtype"])[SHAPE_KEYS + ["kv_dtype", "time_us", "label"]]
     fi = fi.rename(columns={"time_us": "flashinfer_fp8_us", "label": "flashinfer_fp8_best"})
 
-    fp8 = med[med["kv_dtype"].map(is_fp8)]
+    fp8 = med[fp8_rows]
     out = fp8.merge(base, on=SHAPE_KEYS, how="left").merge(fi, on=SHAPE_KEYS + ["kv_dtype"], how="left")
     out["speedup_vs_bf16"] = out["bf16_us"] / out["time_us"]
     out["speedup_vs_flashinfer_fp8"] = out["flashinfer_fp8_us"] / out["time_us"]
@@ -69,14 +70,18 @@ def best_per_configuration(df: pd.DataFrame) -> pd.DataFrame:
 
 
 LAYOUT_KEYS = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
+PEER_BACKENDS = ("flashinfer", "vllm")  # the decodes fp8kv's kernel is measured against
+PEER_NAMES = {"flashinfer-": "FlashInfer ", "vllm ": "vLLM "}  # row label prefix -> as tables print it
 
 
 def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     """One line per head layout × batch × context of a run (the ``layouts`` preset's question).
 
     From checked rows (``status == "ok"``, check not failed; medians of repeats): ``peer_us`` the
-    fastest FlashInfer decode of either dtype (``peer`` names it), ``bf16_us`` fp8kv's BF16 decode,
-    ``fp8_us`` fp8kv's fastest FP8 decode (``fp8_row`` names it), ``fp8_x_peer = peer_us / fp8_us``,
+    fastest peer decode (:data:`PEER_BACKENDS`: FlashInfer's, vLLM's Triton kernel) of either dtype
+    (``peer`` names its row), ``bf16_us`` fp8kv's BF16 decode,
+    ``fp8_us`` fp8kv's fastest FP8 decode (``fp8_row`` names its row, ``fp8_kernel`` the kernel
+    that ran: the ``kernel`` column of :func:`fp8kv.bench.run`), ``fp8_x_peer = peer_us / fp8_us``,
     ``fp8_x_bf16 = bf16_us / fp8_us``; bytes per second of the K/V each reads (``bf16_gbps``,
     ``fp8_gbps``), ``fp8_rate_of_bf16 = fp8_gbps / bf16_gbps`` (1.0: FP8 streams as fast as BF16,
     which is 2x faster) and ``pct_of_limit``, the FP8 K/V bytes over the copy bandwidth of the same
@@ -88,21 +93,24 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     if missing:
         _fail(f"df lacks columns {missing}; expected the rows of fp8kv.bench.run()")
     good = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed) & df["time_us"].notna()]
+    if "kernel" not in good.columns:  # runs saved before the column existed
+        good = good.assign(kernel=None)
     for col in ("block_size", "layout", "q_dtype", "window", "granularity"):
         if col in good.columns and good[col].nunique(dropna=False) > 1:
             _fail(f"df mixes {col} values {sorted(map(str, good[col].unique()))}; layout_table compares head layouts "
                   f"at one {col}: select those rows first")
     med = good.groupby(LAYOUT_KEYS + ["backend", "label", "kv_dtype"], as_index=False).agg(
-        time_us=("time_us", "median"), kv_bytes=("kv_bytes", "first"), copy_gbps=("copy_gbps", "first"))
+        time_us=("time_us", "median"), kv_bytes=("kv_bytes", "first"), copy_gbps=("copy_gbps", "first"),
+        kernel=("kernel", "first"))
 
     def fastest(rows, name):
         rows = rows.sort_values("time_us").drop_duplicates(LAYOUT_KEYS)
-        return rows[LAYOUT_KEYS + ["time_us", "label", "kv_bytes", "copy_gbps"]].rename(
-            columns={"time_us": f"{name}_us", "label": f"{name}_row", "kv_bytes": f"{name}_kv_bytes",
-                     "copy_gbps": f"{name}_copy_gbps"})
+        return rows[LAYOUT_KEYS + ["time_us", "label", "kernel", "kv_bytes", "copy_gbps"]].rename(
+            columns={"time_us": f"{name}_us", "label": f"{name}_row", "kernel": f"{name}_kernel",
+                     "kv_bytes": f"{name}_kv_bytes", "copy_gbps": f"{name}_copy_gbps"})
 
     own = med[med["backend"] == "triton"]
-    peer = fastest(med[med["backend"] == "flashinfer"], "peer").rename(columns={"peer_row": "peer"})
+    peer = fastest(med[med["backend"].isin(PEER_BACKENDS)], "peer").rename(columns={"peer_row": "peer"})
     bf16 = fastest(own[~own["kv_dtype"].map(is_fp8)], "bf16")  # the 16-bit decode (fp16 on CPU smoke)
     fp8 = fastest(own[own["kv_dtype"].map(is_fp8)], "fp8")
     t = fp8.merge(bf16, on=LAYOUT_KEYS, how="outer").merge(peer, on=LAYOUT_KEYS, how="left")
@@ -112,13 +120,14 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     t["fp8_gbps"] = t["fp8_kv_bytes"] / t["fp8_us"] / 1e3
     t["fp8_rate_of_bf16"] = t["fp8_gbps"] / t["bf16_gbps"]
     t["pct_of_limit"] = 100.0 * t["fp8_gbps"] / t["fp8_copy_gbps"]
-    cols = LAYOUT_KEYS + ["peer", "peer_us", "bf16_us", "fp8_row", "fp8_us", "fp8_x_peer", "fp8_x_bf16", "bf16_gbps",
+    cols = LAYOUT_KEYS + ["peer", "peer_us", "bf16_us", "fp8_row", "fp8_kernel", "fp8_us", "fp8_x_peer", "fp8_x_bf16", "bf16_gbps",
                           "fp8_gbps", "fp8_rate_of_bf16", "pct_of_limit"]
     return t[cols].sort_values(LAYOUT_KEYS).reset_index(drop=True)
 
 
 def layout_markdown(table: pd.DataFrame) -> str:
-    """:func:`layout_table` as the README's Markdown table."""
+    """:func:`layout_table` as the README's Markdown table (the FP8 time with the kernel that ran, where
+    the run recorded it)."""
     from ..viz import tokens_label
 
     head = ["Hq/Hkv/D", "B × ctx", "best peer (µs)", "fp8kv BF16 (µs)", "fp8kv FP8 (µs)", "FP8 × peer",
@@ -129,12 +138,22 @@ def layout_markdown(table: pd.DataFrame) -> str:
         return "—" if v != v else format(v, fmt)
 
     for r in table.itertuples():
-        peer = "—" if r.peer != r.peer else f"{r.peer_us:.1f} ({r.peer.replace('flashinfer-', 'FlashInfer ')})"
+        peer = "—" if r.peer != r.peer else f"{r.peer_us:.1f} ({_peer_name(r.peer)})"
+        fp8 = f(r.fp8_us, ".1f") + (f" ({r.fp8_kernel})" if isinstance(r.fp8_kernel, str) and r.fp8_us == r.fp8_us else "")
         lines.append("| " + " | ".join([
             f"{r.num_q_heads}/{r.num_kv_heads}/{r.head_dim}", f"{r.batch} × {tokens_label(r.context)}", peer,
-            f(r.bf16_us, ".1f"), f(r.fp8_us, ".1f"), f(r.fp8_x_peer, ".2f"), f(r.fp8_x_bf16, ".2f"),
+            f(r.bf16_us, ".1f"), fp8, f(r.fp8_x_peer, ".2f"), f(r.fp8_x_bf16, ".2f"),
             f(r.bf16_gbps, ".0f"), f(r.fp8_gbps, ".0f"), f(r.fp8_rate_of_bf16, ".2f"), f(r.pct_of_limit, ".0f")]) + " |")
     return "\n".join(lines)
+
+
+def _peer_name(label: str) -> str:
+    """A peer's row label as the tables print it: ``"flashinfer-tc fp8_e4m3 dequant"`` -> ``"FlashInfer tc
+    fp8_e4m3 dequant"``, ``"vllm bf16 dequant"`` -> ``"vLLM bf16 dequant"``."""
+    for prefix, name in PEER_NAMES.items():
+        if label.startswith(prefix):
+            return name + label[len(prefix):]
+    return label
 
 
 # -------------------------------------------------------------------------------------------- save
@@ -192,12 +211,14 @@ def summary(df: pd.DataFrame) -> str:
 def results_markdown(df: pd.DataFrame) -> str:
     """The side-by-side decode table (one line per batch × context) as Markdown, for READMEs and notes.
 
-    Columns: median µs of each backend × KV dtype × mode; FP8 GB/s and % of the copy bandwidth for
-    the Triton dequant kernel; its speedup over the best BF16 decode and over FlashInfer's best FP8.
+    Columns: median µs of each backend × KV dtype × mode (vLLM's kernel as "vLLM"); FP8 GB/s and % of
+    the copy bandwidth for the Triton dequant kernel; its speedup over the best BF16 decode and over
+    FlashInfer's best FP8.
     """
     ok = df[(df["status"] == "ok") & df["check_passed"].astype(bool)].copy()
     ok["variant"] = ok["variant"].fillna("")
     ok["column"] = [f"FlashInfer{'' if v == 'tc' else ' (no TC)'} {k}" if b == "flashinfer"
+                    else f"vLLM {k}" if b == "vllm"
                     else f"Triton {k}{' fp8-mode' if m == 'fp8' else ''}"
                     for b, v, k, m in zip(ok["backend"], ok["variant"], ok["kv_dtype"].str.replace("fp8_e4m3", "fp8"),
                                           ok["mode"], strict=True)]
@@ -207,7 +228,8 @@ def results_markdown(df: pd.DataFrame) -> str:
     bf16 = ok[ok["kv_dtype"] == "bf16"].groupby(["batch", "context"])["time_us"].min()
     fi8 = ok[(ok["backend"] == "flashinfer") & (ok["kv_dtype"] != "bf16")].groupby(["batch", "context"])["time_us"].min()
     order = [c for c in ("Triton fp8", "Triton fp8 fp8-mode", "Triton bf16", "FlashInfer fp8", "FlashInfer bf16",
-                         "FlashInfer (no TC) fp8", "FlashInfer (no TC) bf16") if c in t.columns]
+                         "FlashInfer (no TC) fp8", "FlashInfer (no TC) bf16", "vLLM fp8", "vLLM bf16")
+             if c in t.columns]
     head = ["B", "ctx", *[f"{c} µs" for c in order], "Triton fp8 GB/s", "% copy", "× best BF16", "× FlashInfer FP8"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (b, ctx), row in t.iterrows():

@@ -171,6 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.interpret:
         if args.table_dir is None:
             parser.error("--interpret checks the command on CPU: give --table-dir (the package's tables are per GPU)")
+        if not interpreter_on() and "triton" in sys.modules:  # python -m fp8kv.bench.tune restarts itself instead
+            parser.error("--interpret has to take effect before triton is imported: run `python -m "
+                         "fp8kv.bench.tune --interpret ...`, or set TRITON_INTERPRET=1 before starting Python")
         os.environ["TRITON_INTERPRET"] = "1"
     elif not torch.cuda.is_available():
         parser.error("no GPU here: the table is per GPU (add --interpret to check the command on CPU)")
@@ -200,4 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from .cli import restart_interpreted
+
+    restart_interpreted("fp8kv.bench.tune")
     sys.exit(main())

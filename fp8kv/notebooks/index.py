@@ -48,9 +48,10 @@ def gpu_summary(folder: str | os.PathLike) -> dict:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     env, cap, lat, acc = (_read(folder, n) for n in ("00_environment", "03_kv_capacity", "04_decode_latency",
                                                      "06_model_accuracy"))
-    device = (env or {}).get("device") or manifest.get("device") or {}
+    # The manifest describes the newest run into the folder (its versions), notebook 00 its own run.
+    device = manifest.get("device") or (env or {}).get("device") or {}
     row = {"slug": folder.name, "name": device.get("name", folder.name), "arch": device.get("arch") or "–",
-           "versions": ", ".join(f"{k} {device[k]}" for k in ("torch", "triton", "flashinfer") if device.get(k)),
+           "versions": ", ".join(f"{k} {device[k]}" for k in ("torch", "triton", "flashinfer", "vllm") if device.get(k)),
            "mode": manifest.get("mode", "–"), "capability": "–", "copy_gbps": None, "speedup": {},
            "kv_capacity": {}, "kl": {}, "timings_meaningful": None,
            "pages": [(e["name"], f"{folder.name}/{e['html']}") for e in manifest.get("notebooks", []) if e.get("html")]}

@@ -12,11 +12,11 @@ from ..formats import is_fp8
 from .analysis_figures import grouped_bars
 from .style import (
     TOKEN_COLUMNS,
-    _coord,
     _require_columns,
     _style_by_label,
     _titles,
     add_ceiling,
+    add_line,
     axis_title,
     tokens_label,
 )
@@ -48,8 +48,8 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
     if ceiling is not None:
         if not isinstance(ceiling, (int, float)) or not math.isfinite(ceiling):
             raise ValueError(f"ceiling must be a finite number or None, got {ceiling!r}")
-        fig.add_hline(y=_coord(fig, "y", ceiling), line_dash="dash", line_color="gray", annotation_text=ceiling_label,
-                      annotation_position="top left")
+        add_line(fig, "y", ceiling, line_dash="dash", line_color="gray", annotation_text=ceiling_label,
+                 annotation_position="top left")
     if log_x:
         ticks = sorted(data[x].unique())  # the measured sizes, not decades; token counts as "16k", not "16.384k"
         text = [tokens_label(t) for t in ticks] if x in TOKEN_COLUMNS else [f"{t:g}" for t in ticks]
@@ -131,8 +131,8 @@ def bandwidth_roofline(df, copy_gbps: float, *, x: str = "bytes", y: str = "gbps
                      labels=_titles([x, y, color, *extra, *(hover or [])], None))
     _style_by_label(fig, df[color].unique())
     fig.update_traces(marker=dict(size=9))
-    fig.add_hline(y=_coord(fig, "y", copy_gbps), line_dash="dash", line_color="gray",
-                  annotation_text=f"copy bandwidth {copy_gbps:.4g} GB/s", annotation_position="bottom right")
+    add_line(fig, "y", copy_gbps, line_dash="dash", line_color="gray",
+             annotation_text=f"copy bandwidth {copy_gbps:.4g} GB/s", annotation_position="bottom right")
     return fig
 
 
@@ -225,22 +225,25 @@ def layout_speedups(table, *, title: str | None = None) -> go.Figure:
     """FP8 decode per head layout: × own BF16 decode and × the best peer, as grouped bars.
 
     ``table``: rows of :func:`fp8kv.bench.layout_table`. Dashed lines at 2× (FP8 reads half the
-    bytes: the most a bandwidth-bound decode can gain) and 1× (no gain). Hover: µs and % of the
-    FP8 copy-bandwidth limit.
+    bytes: the most a bandwidth-bound decode can gain over its own BF16; a peer slower than fp8kv's
+    BF16 can be beaten by more) and 1× (no gain). Hover: µs, % of the FP8 copy-bandwidth limit, and
+    where the table has them the peer's row and the FP8 kernel that ran.
     """
     _require_columns(table, ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context", "fp8_x_bf16",
                              "fp8_x_peer", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"], "table")
     t = table.assign(shape=[f"{hq}/{hkv}/{d} · {b}×{tokens_label(c)}" for hq, hkv, d, b, c in zip(
         table["num_q_heads"], table["num_kv_heads"], table["head_dim"], table["batch"], table["context"], strict=True)])
-    long = t.melt(id_vars=["shape", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"],
+    named = [c for c in ("peer", "fp8_kernel") if c in t.columns]
+    long = t.melt(id_vars=["shape", "fp8_us", "bf16_us", "peer_us", "pct_of_limit", *named],
                   value_vars=["fp8_x_bf16", "fp8_x_peer"], var_name="against", value_name="speedup")
     long["against"] = long["against"].map({"fp8_x_bf16": "× fp8kv's BF16 decode", "fp8_x_peer": "× best peer decode"})
     fig = grouped_bars(long, x="shape", y="speedup", color="against",
                        title=title or "FP8 decode speed-up per head layout (Hq/Hkv/D · batch × context)",
                        labels={"shape": "head layout · batch × context", "speedup": "FP8 speed-up (×, > 1 is faster)",
                                "against": "FP8 decode", "pct_of_limit": "% of FP8 limit", "fp8_us": "FP8 µs",
-                               "bf16_us": "BF16 µs", "peer_us": "peer µs"},
-                       hover=["fp8_us", "bf16_us", "peer_us", "pct_of_limit"])
-    add_ceiling(fig, 2.0, "half the bytes", dash="dash")
+                               "bf16_us": "BF16 µs", "peer_us": "peer µs", "peer": "best peer",
+                               "fp8_kernel": "FP8 kernel"},
+                       hover=["fp8_us", "bf16_us", "peer_us", "pct_of_limit", *named])
+    add_ceiling(fig, 2.0, "half the bytes (over own BF16)", dash="dash")
     add_ceiling(fig, 1.0, "no gain", dash="dot")
     return fig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .style import FORMAT_COLORS, _coord, _require_columns, color_map, series_color
+from .style import FORMAT_COLORS, _require_columns, add_line, color_map, series_color
 
 
 def _formats(formats):
@@ -82,18 +82,16 @@ def relative_error_vs_magnitude(df, *, x: str = "magnitude", y: str = "rel_error
         fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines", name=str(name), line=dict(color=color, width=1)))
         if show_regions:
             f = get_format(str(name))
-            fig.add_hline(y=_coord(fig, "y", f.unit_roundoff), line_dash="dot", line_color=color,
-                          annotation_text=f"{f.name} unit roundoff 2^-{f.mantissa_bits + 1}",
-                          annotation_position="bottom right")
-            if lo < f.min_normal:
-                fig.add_vrect(x0=_coord(fig, "x", lo), x1=_coord(fig, "x", f.min_normal), fillcolor=color,
-                              opacity=0.07, line_width=0)
-            fig.add_vline(x=_coord(fig, "x", f.min_normal), line_dash="dot", line_color=color)
+            add_line(fig, "y", f.unit_roundoff, line_dash="dot", line_color=color,
+                     annotation_text=f"{f.name} unit roundoff 2^-{f.mantissa_bits + 1}",
+                     annotation_position="bottom right")
+            if lo < f.min_normal:  # shapes take data values on log axes too
+                fig.add_vrect(x0=lo, x1=f.min_normal, fillcolor=color, opacity=0.07, line_width=0)
+            add_line(fig, "x", f.min_normal, line_dash="dot", line_color=color)
             if f.max < hi:
-                fig.add_vrect(x0=_coord(fig, "x", f.max), x1=_coord(fig, "x", hi), fillcolor=color, opacity=0.07,
-                              line_width=0)
-            fig.add_vline(x=_coord(fig, "x", f.max), line_dash="dash", line_color=color,
-                          annotation_text=f"{f.name} max {f.max:g}", annotation_position="top left")
+                fig.add_vrect(x0=f.max, x1=hi, fillcolor=color, opacity=0.07, line_width=0)
+            add_line(fig, "x", f.max, line_dash="dash", line_color=color,
+                     annotation_text=f"{f.name} max {f.max:g}", annotation_position="top left")
     fig.update_layout(title="Relative error vs magnitude: subnormal (left shade), normal, saturated (right shade)",
                       legend_title="format")
     return fig

@@ -157,18 +157,31 @@ def _style_by_label(fig: go.Figure, labels) -> go.Figure:
     return fig
 
 
-def _is_log(fig: go.Figure, axis: str) -> bool:
-    """Whether the figure's first ``x``/``y`` axis is logarithmic."""
-    return getattr(fig.layout, f"{axis}axis").type == "log"
+def _is_log(fig: go.Figure, ref: str) -> bool:
+    """Whether the axis that ``ref`` ("x", "y2", ...) names is logarithmic."""
+    name = f"{ref[0]}axis{ref[1:]}"
+    return getattr(fig.layout, name, None) is not None and fig.layout[name].type == "log"
 
 
-def _coord(fig: go.Figure, axis: str, value: float) -> float:
-    """A data coordinate for a shape or annotation: plotly reads those as exponents on a log axis."""
-    if _is_log(fig, axis):
-        if value <= 0:
-            raise ValueError(f"{axis}={value!r} cannot be placed on a log axis (needs a positive value)")
-        return math.log10(value)
-    return value
+def _positive_on_log(fig: go.Figure, axis: str, *values: float) -> None:
+    if _is_log(fig, axis) and min(values) <= 0:
+        raise ValueError(f"{axis}={min(values)!r} cannot be placed on a log axis (needs a positive value)")
+
+
+def add_line(fig: go.Figure, axis: str, value: float, **kwargs) -> go.Figure:
+    """``fig.add_hline`` (axis "y") or ``add_vline`` (axis "x") at the data value ``value``, on log axes too.
+
+    On a log axis plotly.js places a shape at its data value but an annotation at the value's
+    exponent, while plotly's ``add_hline`` gives the line's label the line's own coordinate: the label
+    is moved to ``log10(value)`` here, so line and label both sit at ``value``."""
+    _positive_on_log(fig, axis, value)
+    first = len(fig.layout.annotations)
+    (fig.add_hline if axis == "y" else fig.add_vline)(**{axis: value}, **kwargs)
+    for note in fig.layout.annotations[first:]:
+        ref = note[f"{axis}ref"] or axis
+        if "domain" not in ref and _is_log(fig, ref):
+            note[axis] = math.log10(value)
+    return fig
 
 
 def setup_plotly(renderer: str = DEFAULT_RENDERER, template: str = "plotly_white") -> None:
@@ -222,6 +235,6 @@ def add_ceiling(fig: go.Figure, value: float, label: str = "copy bandwidth", *, 
     """
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"value must be a finite number, got {value!r}")
-    fig.add_hline(y=_coord(fig, "y", value), line_dash=dash, line_color=color,
-                  annotation_text=f"{label}: {value:.4g}", annotation_position="top left")
+    add_line(fig, "y", value, line_dash=dash, line_color=color, annotation_text=f"{label}: {value:.4g}",
+             annotation_position="top left")
     return fig

@@ -1,0 +1,259 @@
+"""vLLM's Triton unified-attention kernel over a :class:`~fp8kv.cache.PagedKVCache` (``backend="vllm"``).
+
+vLLM is optional: nothing here imports it until a kernel is asked for, and then a missing install
+raises :class:`~fp8kv.capability.UnsupportedError` (:data:`~fp8kv.capability.VLLM_NOT_INSTALLED`).
+The translation from fp8kv's cache to the kernel's arguments is pure torch and runs anywhere
+(:func:`kernel_args`); :class:`VllmDecode` plans it once and launches the kernel per call.
+
+Facts this module relies on, read in vllm-project/vllm at commit 86a153bd
+(``vllm/v1/attention/ops/triton_unified_attention.py`` and ``.../ops/triton_quant_kv/_helpers.py``):
+
+* ``unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k,
+  softmax_scale, causal, window_size, block_table, softcap, q_descale, k_descale, v_descale,
+  seq_threshold_3D=None, num_par_softmax_segments=None, softmax_segm_output=None,
+  softmax_segm_max=None, softmax_segm_expsum=None, alibi_slopes=None, output_scale=None,
+  qq_bias=None, sinks=None, mm_prefix_range=None, use_alibi_sqrt=False,
+  kv_quant_mode=KVQuantMode.NONE, k_scale_cache=None, v_scale_cache=None)`` writes ``out`` in place
+  and returns nothing. It computes no LSE, so this backend returns ``lse=None``.
+* ``q``/``out`` ``[tokens, Hq, D]`` (decode: one token per sequence), addressed through their first
+  two strides; ``cu_seqlens_q`` int32 ``[B + 1]``, the first token of each sequence; ``seqused_k``
+  int32 ``[B]``, the keys of each sequence, the query being the last of them; ``block_table`` int32
+  ``[B, blocks]`` through its row stride; ``k``/``v`` ``[num_blocks, block_size, Hkv, D]`` through
+  their four strides (vLLM's backend passes the halves of its ``[num_blocks, 2, ...]`` cache).
+  ``max_seqlen_k`` is not read by this kernel; ``max_seqlen_q > 1`` turns the split path off.
+  ``causal`` must be True and ``q_descale`` None ("Q scales not supported").
+* Scales: with ``kv_quant_mode=KVQuantMode.FP8_PER_TENSOR`` each loaded K/V tile becomes
+  ``(stored.to(fp32) * tl.load(k_descale)).to(q.dtype)``, the first element of
+  ``k_descale``/``v_descale`` (vLLM passes ``layer._k_scale.expand(...)``); ``NONE`` casts the pages
+  to q's dtype unscaled. vLLM views its uint8 cache as float8 first; fp8kv's FP8 pages are float8.
+* Scores ``S = softmax_scale * q·k`` in fp32. ``softcap > 0`` replaces them by ``softcap *
+  tanh(S / softcap)`` (from two exps). ``window_size[0] >= 0`` sets ``SLIDING_WINDOW =
+  window_size[0] + 1`` and keeps key j when ``query_pos - j < SLIDING_WINDOW`` (vLLM's backend passes
+  ``(sliding_window - 1, 0)``). ``sinks`` ``[Hq]`` start the running max at the sink logit with a sum
+  of 1 (on the split path in segment 0 only): ``exp(sink)`` joins the denominator once. ``p`` is
+  rounded to the value's type for the P·V dot; head_size is padded to the next power of two.
+* Two launch shapes: one program per (query block, KV head) over the whole sequence ("2D"), or
+  ``num_par_softmax_segments`` programs per sequence and KV head over slices of it, combined by
+  ``reduce_segments`` ("3D", split-KV). 3D runs when the three segment buffers (``[tokens, Hq,
+  segments, next_pow2(D)]`` and ``[tokens, Hq, segments]`` twice, fp32) are given, ``max_seqlen_q <=
+  1``, ``num_seqs <= seq_threshold_3D`` and ``VLLM_BATCH_INVARIANT`` is off. vLLM's Triton attention
+  backend (``vllm/v1/attention/backends/triton_attn.py``) takes ``seq_threshold_3D = 128 // Hkv``
+  (``MIN_LAUNCH_GRID_SIZE_2D``) and 16 segments (``NUM_PAR_SOFTMAX_SEGMENTS``); fp8kv does the same.
+* The kernel loads the block-table entry of every token of a tile (of at most 32 tokens), masked
+  tokens included, so a tile can reach past the last block of a row. Where that would run past the
+  table's storage, fp8kv passes a copy of the table padded with page 0 (those tokens are masked:
+  their pages are never read).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import torch
+
+from .. import checks
+from ..cache import PagedKVCache
+from ..capability import VLLM_NOT_INSTALLED, UnsupportedError, check, check_query, vllm_installed
+
+__all__ = ["kernel_args", "split_segments", "launch_info", "VllmDecode", "decode", "MIN_LAUNCH_GRID_SIZE_2D",
+           "NUM_PAR_SOFTMAX_SEGMENTS", "MAX_TILE_SIZE"]
+
+MIN_LAUNCH_GRID_SIZE_2D = 128  # vLLM's triton_attn.py: up to 128 // Hkv sequences take the split (3D) path
+NUM_PAR_SOFTMAX_SEGMENTS = 16  # vLLM's triton_attn.py: segments per sequence on the split path
+MAX_TILE_SIZE = 32  # the largest TILE_SIZE the kernel's _get_tile_size picks (tokens per tile)
+
+# The import names (constants so tests can point them elsewhere).
+_KERNEL_MODULE = "vllm.v1.attention.ops.triton_unified_attention"
+_QUANT_MODE_MODULE = "vllm.v1.kv_cache_interface"
+
+
+# ----------------------------------------------------------------------------------------- imports
+def _import_kernel():
+    """``(unified_attention, KVQuantMode)`` from vLLM, or UnsupportedError saying why they cannot be had."""
+    if not vllm_installed():
+        raise UnsupportedError(VLLM_NOT_INSTALLED)
+    try:
+        kernel = importlib.import_module(_KERNEL_MODULE)
+        modes = importlib.import_module(_QUANT_MODE_MODULE).KVQuantMode
+        return kernel.unified_attention, modes
+    except Exception as e:  # another vLLM version, or a broken install: say which import failed
+        raise UnsupportedError(
+            f"vLLM is installed but {_KERNEL_MODULE}.unified_attention / {_QUANT_MODE_MODULE}.KVQuantMode "
+            f"failed to import ({type(e).__name__}: {e}); fp8kv follows the kernel of vLLM commit 86a153bd") from e
+
+
+# ---------------------------------------------------------------------------- argument translation
+def _batch_invariant() -> bool:
+    # vLLM's launcher takes the 2D path whatever the buffers when this is set (read as vllm.envs reads it).
+    return os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0")
+
+
+def split_segments(batch: int, num_kv_heads: int) -> int:
+    """Segments per sequence of a decode of ``batch`` sequences over ``num_kv_heads`` KV heads:
+    :data:`NUM_PAR_SOFTMAX_SEGMENTS` on the split ("3D") path, which vLLM's backend takes up to
+    ``MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads`` sequences, else 1 (the "2D" path)."""
+    if _batch_invariant() or batch > MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads:
+        return 1
+    return NUM_PAR_SOFTMAX_SEGMENTS
+
+
+def launch_info(batch: int, num_kv_heads: int) -> dict:
+    """What a decode of ``batch`` sequences launches, for the benchmark's rows: ``kernel``
+    (``"vllm-3d"`` split-KV or ``"vllm-2d"``), ``num_splits`` (segments per sequence) and
+    ``tensor_cores`` (True: the kernel's dots are tl.dot)."""
+    segments = split_segments(batch, num_kv_heads)
+    return {"kernel": "vllm-3d" if segments > 1 else "vllm-2d", "num_splits": segments, "tensor_cores": True}
+
+
+def _table_width(blocks: int, block_size: int) -> int:
+    """Block-table columns the kernel may load for a row of ``blocks`` blocks: whole tiles of
+    :data:`MAX_TILE_SIZE` tokens (block sizes are powers of two, so one of them divides the other)."""
+    return math.ceil(blocks * block_size / MAX_TILE_SIZE) * MAX_TILE_SIZE // block_size
+
+
+def kernel_args(cache: PagedKVCache, num_q_heads: int, *, sm_scale: float | None = None, window: int | None = None,
+                soft_cap: float | None = None, sinks: torch.Tensor | None = None) -> dict:
+    """The keyword arguments of vLLM's ``unified_attention`` for a decode over ``cache``, but ``q``
+    and ``out`` (given per call).
+
+    Parameters
+    ----------
+    cache : an NHD cache (else UnsupportedError); FP8 caches with per-tensor scales only.
+    num_q_heads : query heads Hq, a multiple of the cache's Hkv.
+    sm_scale : default ``1 / sqrt(D)``.
+    window, soft_cap, sinks : as :func:`fp8kv.reference.decode` defines them (trusted: checked by
+        :func:`fp8kv.decode`).
+
+    Returns a dict: the cache's own tensors for ``k``, ``v``, ``seqused_k`` (seq_lens), ``block_table``
+    (a copy padded with page 0 where a tile could load past the table, :func:`_table_width`) and
+    ``k_descale``/``v_descale`` (``[1]`` views of the cache's scales, read when the kernel runs);
+    ``cu_seqlens_q = arange(B + 1)`` int32, ``max_seqlen_q = 1``, ``causal=True``, ``q_descale=None``,
+    ``window_size = (window - 1, 0)`` or ``(-1, -1)``, ``softcap`` (0.0: off), ``sinks``, and
+    ``kv_quant_mode`` by its *name* in ``KVQuantMode`` (``"FP8_PER_TENSOR"`` or ``"NONE"``). With
+    :func:`split_segments` > 1 also the split path's threshold, segment count and fp32 buffers.
+    No host sync.
+    """
+    if not isinstance(cache, PagedKVCache):
+        checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+    if cache.layout != "NHD":
+        raise UnsupportedError(f"vLLM's kernel reads pages laid out [num_blocks, block_size, Hkv, D] (NHD); the "
+                               f"cache is {cache.layout}")
+    if cache.is_fp8 and cache.granularity != "tensor":
+        raise UnsupportedError(f"vLLM's FP8_PER_TENSOR mode reads one k and one v scale; the cache has "
+                               f"granularity={cache.granularity!r}")
+    hkv, d, bs, batch = cache.num_kv_heads, cache.head_dim, cache.block_size, cache.batch_size
+    hq = checks.positive_int(num_q_heads, "num_q_heads")
+    if hq % hkv:
+        checks.fail(f"num_q_heads={hq} is not a multiple of the cache's {hkv} KV heads")
+    dev = cache.device
+    table = cache.block_table
+    width = _table_width(cache.max_blocks_per_seq, bs)
+    if width > table.shape[1]:
+        table = torch.nn.functional.pad(table, (0, width - table.shape[1]))  # page 0: masked tokens only
+    args = dict(
+        k=cache.k_pages, v=cache.v_pages,
+        cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32, device=dev), max_seqlen_q=1,
+        seqused_k=cache.seq_lens, max_seqlen_k=cache.max_blocks_per_seq * bs,
+        softmax_scale=1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale), causal=True,
+        window_size=(-1, -1) if window is None else (window - 1, 0),
+        block_table=table, softcap=0.0 if soft_cap is None else float(soft_cap),
+        q_descale=None, k_descale=cache.k_scale.reshape(1), v_descale=cache.v_scale.reshape(1),
+        sinks=None if sinks is None else sinks.contiguous(),
+        kv_quant_mode="FP8_PER_TENSOR" if cache.is_fp8 else "NONE",
+    )
+    segments = split_segments(batch, hkv)
+    if segments > 1:
+        d_pad = 1 << (d - 1).bit_length()
+        args.update(seq_threshold_3D=MIN_LAUNCH_GRID_SIZE_2D // hkv, num_par_softmax_segments=segments,
+                    softmax_segm_output=torch.empty(batch, hq, segments, d_pad, dtype=torch.float32, device=dev),
+                    softmax_segm_max=torch.empty(batch, hq, segments, dtype=torch.float32, device=dev),
+                    softmax_segm_expsum=torch.empty(batch, hq, segments, dtype=torch.float32, device=dev))
+    return args
+
+
+# ------------------------------------------------------------------------------------------ decode
+class VllmDecode:
+    """Plan once, run many: vLLM's ``unified_attention`` over one cache.
+
+    Parameters
+    ----------
+    cache : the :class:`~fp8kv.cache.PagedKVCache` (NHD; FP8 with per-tensor scales, or 16-bit), every
+        ``seq_lens[i] >= 1``.
+    num_q_heads : the query heads Hq of the calls.
+    sm_scale, window, soft_cap, sinks : as :func:`fp8kv.decode`.
+    trusted : :func:`fp8kv.decode` / :func:`fp8kv.backends.planned` checked the input and the capability
+        table already; a user's decoder (False) checks them here.
+
+    The constructor imports vLLM's kernel (UnsupportedError if it cannot), checks the lengths (one
+    host sync) and builds :func:`kernel_args`; ``run(q)`` is device work only (capturable in a CUDA
+    graph). The plan reads the cache's tensors when it runs, so refill them in place, and build a new
+    decoder after the tables change (``append``, ``write`` of new tokens).
+    """
+
+    def __init__(self, cache: PagedKVCache, *, num_q_heads: int, sm_scale: float | None = None,
+                 window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None,
+                 trusted: bool = False):
+        if not isinstance(cache, PagedKVCache):
+            checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+        if not trusted:
+            ok, why = check("vllm", cache.kv_dtype, "dequant", None, cache.granularity, cache.head_dim, cache.layout)
+            if not ok:
+                raise UnsupportedError(f"vllm backend, kv_dtype={cache.kv_dtype}, granularity={cache.granularity}: "
+                                       f"{why}")
+            if sm_scale is not None:
+                sm_scale = checks.positive_float(sm_scale, "sm_scale")
+            window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=num_q_heads,
+                                                               device=cache.device)
+            cache.validate_tables()
+        unified_attention, quant_modes = _import_kernel()
+        lens = cache.seq_lens.detach().cpu()
+        if int(lens.min()) < 1:
+            i = int((lens < 1).nonzero()[0])
+            checks.fail(f"seq_lens[{i}]={int(lens[i])}: decode needs at least one cached token per sequence (the "
+                        "query is the last of them)")
+        self.args = kernel_args(cache, num_q_heads, sm_scale=sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
+        self._kernel = unified_attention
+        self._launch = {**self.args, "kv_quant_mode": quant_modes[self.args["kv_quant_mode"]]}
+        self.kv_dtype = cache.kv_dtype
+        self.shape = (cache.batch_size, num_q_heads, cache.head_dim)
+        self.device = cache.device
+
+    def run(self, q: torch.Tensor):
+        """Decode attention for ``q`` ``[B, Hq, D]`` (bf16/fp16; a 16-bit cache's own type; last dim
+        contiguous). Returns ``out`` ``[B, Hq, D]`` in q's dtype and ``lse=None`` (the kernel has none)."""
+        if not isinstance(q, torch.Tensor) or tuple(q.shape) != self.shape:
+            checks.fail(f"q must be {list(self.shape)} (as planned); got {tuple(getattr(q, 'shape', ()))}")
+        ok, why = check_query("vllm", q.dtype, self.kv_dtype)
+        if not ok:
+            checks.fail(why, TypeError)
+        if q.device != self.device:
+            checks.fail(f"q is on {q.device} but the cache is on {self.device}")
+        if q.stride(-1) != 1:
+            checks.fail(f"q has strides {tuple(q.stride())}: vLLM's kernel needs it contiguous in its last "
+                        "(head_dim) dimension; call .contiguous()")
+        return self.run_trusted(q)
+
+    def run_trusted(self, q: torch.Tensor):
+        """:meth:`run` without its checks of ``q``, for a query :func:`fp8kv.decode` already validated."""
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        self._kernel(q=q, out=out, **self._launch)
+        return out, None
+
+    __call__ = run
+
+
+def decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scale: float | None = None,
+           window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None):
+    """vLLM's paged decode: the ``backend="vllm"`` entry of :func:`fp8kv.decode`, which validates the
+    input and checks capability (dequant mode only; NHD; FP8 with per-tensor scales), so this does neither.
+
+    Returns ``out`` ``[B, Hq, D]`` (q's dtype) and ``lse=None``: vLLM's kernel computes no LSE.
+    Plans on every call (a host sync): time :class:`VllmDecode`'s ``run`` instead.
+    """
+    if mode != "dequant":  # the capability table refuses it first; say so here too rather than ignore it
+        raise UnsupportedError(f"mode={mode!r}: vLLM's kernel runs in dequant mode only (it takes no query scale)")
+    dec = VllmDecode(cache, num_q_heads=q.shape[1], sm_scale=sm_scale, window=window, soft_cap=soft_cap,
+                     sinks=sinks, trusted=True)
+    return dec.run_trusted(q)
