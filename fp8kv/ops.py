@@ -126,7 +126,7 @@ def padded_rows(heads_per_program: int) -> int:
 
 
 def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int,
-                      waves: float = 8.0, min_tiles_per_split: int = 4, min_waves: float = 2.0) -> int:
+                      waves: float = 8.0, min_tiles_per_split: int = 4, min_waves: float = 4.0) -> int:
     """Split-KV factor from the launch shape (flash-decoding).
 
     Enough (sequence, KV head, split) programs to fill ``waves`` x ``num_sms`` slots, but no split
@@ -135,7 +135,11 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     splits 196 us. Where that leaves fewer than ``min_waves`` x ``num_sms`` programs (small batch and
     short context: latency-bound), splits go down to one tile each until there are: H200, 32/8/128,
     B=1 x 4k FP8: 32 one-tile splits 10.5 us against 15.4 us for 8 four-tile splits; B=3 x 1000:
-    8 splits 9.6 us against 15.0 us for 2. Contexts of fewer than four tiles stay in one split, and
+    8 splits 9.6 us against 15.0 us for 2. Four waves rather than two (``scripts/split_rule_probe.py``,
+    ``results/bench/nvidia-h200/20261204T103759Z-split-rule.csv``): the five of 28 latency-bound points
+    whose count changes took 1.18-1.19x less time where it doubled (32/32/128 at 1 x 4k 21.3 -> 18.0 us,
+    32/8/128 and 40/8/128 at 4 x 4k 21.7 -> 18.3 and 21.9 -> 18.6 us) and 1.01x at the other two; the
+    rest kept their count. Contexts of fewer than four tiles stay in one split, and
     the increase stops at :data:`MAX_SPLITS_FOR_LATENCY`, or at :data:`MAX_SPLITS_TO_FILL_SMS` where
     that many would leave SMs without a program (MQA at batch 1-2); no count exceeds the latter. The
     count is what is asked for;

@@ -349,24 +349,25 @@ def test_splits_agree_and_batch_one_fills_the_gpu(monkeypatch):
     assert choose_num_splits(16, 8, 16384, 128, 132) == 9
     assert choose_num_splits(256, 8, 16384, 128, 132) == 1
     assert choose_num_splits(1, 8, 128, 64, 132) == 1  # two tiles: one split, no combine launch
-    # latency-bound shapes: one-tile splits until two waves of programs run, at most MAX_SPLITS
+    # latency-bound shapes: one-tile splits until four waves of programs run, at most MAX_SPLITS
     assert choose_num_splits(1, 8, 4096, 128, 132) == 32  # 4-tile splits would give 8
     assert choose_num_splits(3, 8, 1000, 128, 132) == 8
+    assert choose_num_splits(1, 32, 4096, 128, 132) == 17  # MHA: 8 splits would fill not four waves (32 x 8 < 528)
     # MQA: 64 splits would leave SMs idle, so up to 128 (not 256 one-tile splits)
     assert choose_num_splits(1, 1, 16384, 64, 132) == 128
     assert choose_num_splits(2, 1, 16384, 64, 132) == 128
     assert choose_num_splits(3, 1, 16384, 64, 132) == 64
     assert choose_num_splits(1, 1, 2**20, 128, 132) == 128  # the bandwidth rule would ask for 1056
-    # what launch_config launches: whole tiles per split (9 wanted at B=4 x 4k -> 8 of 512 tokens)
+    # what launch_config launches: whole tiles per split (17 wanted at B=4 x 4k -> 16 of 256 tokens)
     from fp8kv import ops
     from fp8kv.ops import launch_config
 
     monkeypatch.setattr(ops, "_num_sms", lambda device: 132)  # an H200's launch, on any machine
-    for b, hkv, lens, want in ((4, 8, [4096] * 4, 8), (1, 8, [4096], 32), (2, 8, [1000, 1000], 8)):
+    for b, hkv, lens, want in ((4, 8, [4096] * 4, 16), (1, 8, [4096], 32), (2, 8, [1000, 1000], 8)):
         cfg = launch_config(b, make_cache(lens, hkv, 128, seed=1), block_n=128)
         assert cfg["num_splits"] == want and cfg["tokens_per_split"] % 128 == 0, (b, lens, cfg)
     # the CUDA-core kernel runs one program per query head: its split count follows Hq, not Hkv
-    mha = make_cache([4096], 2, 64, seed=1)
+    mha = make_cache([16384], 2, 64, seed=1)  # long enough that the two counts stay under their caps
     tc = launch_config(1, mha, block_n=64)["num_splits"]
     cc = launch_config(1, mha, block_n=64, use_tensor_cores=False, group=4)["num_splits"]
     assert cc < tc

@@ -1,0 +1,54 @@
+"""The measurement behind ``fp8kv.ops.choose_num_splits``'s latency rule (GPU only):
+
+    python scripts/split_rule_probe.py              # min_waves 2 and 4 at B 1/4 x 1000/4096 tokens
+
+Runs the same latency-bound grid (seven head layouts, FP8 e4m3 with a tensor scale, page 16, bf16
+queries, the default decode dispatch) once per ``min_waves`` value in one process, through
+``fp8kv.bench.run`` (CUDA graphs, every row checked against the fp32 oracle first), and writes the
+rows, a ``min_waves`` column added, to ``results/bench/<gpu-slug>/<stamp>-split-rule.csv``; prints the
+two side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from pathlib import Path
+
+import pandas as pd
+
+from fp8kv import ops
+from fp8kv.bench import run, sweep
+from fp8kv.device import gpu_slug
+from fp8kv.results import utc_stamp
+
+SHAPES = [(32, 8, 128), (32, 32, 128), (8, 1, 256), (14, 2, 64), (28, 4, 128), (71, 1, 64), (40, 8, 128)]
+KEY = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--min-waves", type=float, nargs="+", default=[2.0, 4.0], help="values to compare")
+    p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
+    args = p.parse_args()
+    rule, stamp, runs = ops.choose_num_splits, utc_stamp(), []
+    try:
+        for waves in args.min_waves:
+            ops.choose_num_splits = functools.partial(rule, min_waves=waves)  # launch_config calls it by name
+            cases = sweep([1, 4], [1000, 4096], shapes=SHAPES, kv_dtypes=["fp8_e4m3"], modes=["dequant"],
+                          backends=["triton"], granularities=["tensor"])
+            runs.append(run(cases, progress=False, rep=50).assign(min_waves=waves))
+    finally:
+        ops.choose_num_splits = rule
+    rows = pd.concat(runs, ignore_index=True)
+    out = Path(args.out) / gpu_slug()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stamp}-split-rule.csv"
+    rows.to_csv(path, index=False)
+    side = rows[rows["status"] == "ok"].pivot_table(index=KEY, columns="min_waves", values=["num_splits", "time_us"])
+    print(side.to_string(float_format=lambda v: f"{v:.2f}"))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
