@@ -53,7 +53,10 @@ def output_tolerance(backend: str, mode: str, q_dtype, granularity: str = "tenso
       more: 3u (every backend folds per-channel K scales; FlashInfer also folds per-head ones).
       vLLM's kernel rounds every dequantized K and V element (stored × scale) to the query's type
       before its dots: two roundings more than p and the output, 4u (also for its 16-bit caches,
-      where those two are exact: one bound per backend).
+      where those two are exact: one bound per backend). Rounding K moves each score by up to
+      u·|q·k|, so the bound holds for scores of order one (the synthetic caches of the matrix and
+      the benchmark); on caches whose scores reach tens its error grows past 4u and its check fails:
+      a vLLM row is then marked failed and is never taken as a peer, never passed.
     * fp8 mode: :data:`FP8_MODE_TOL` (q and p rounded to e4m3).
     """
     if backend == "reference":

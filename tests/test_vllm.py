@@ -297,7 +297,8 @@ def test_kernel_args_name_the_cache_exactly():
     assert a["k"] is cache.k_pages and a["v"] is cache.v_pages
     assert a["k"].dtype == torch.float8_e4m3fn and a["k"].shape == (cache.num_blocks, 16, 2, 64)
     assert a["k"].stride() == cache.k_pages.stride() and a["v"].stride() == cache.v_pages.stride()
-    assert a["seqused_k"] is cache.seq_lens and a["block_table"] is cache.block_table
+    assert a["seqused_k"] is cache.seq_lens and torch.equal(a["block_table"], cache.block_table)
+    assert a["block_table"].data_ptr() != cache.block_table.data_ptr()  # the plan holds the table as planned
     assert a["cu_seqlens_q"].dtype == torch.int32 and a["cu_seqlens_q"].tolist() == [0, 1, 2, 3]
     assert a["max_seqlen_q"] == 1 and a["max_seqlen_k"] == 4 * 16
     assert a["softmax_scale"] == 0.25 and a["causal"] is True and a["q_descale"] is None
@@ -357,8 +358,35 @@ def test_block_table_padded_where_a_tile_reaches_past_it(lens, block_size, width
     blocks = cache.max_blocks_per_seq
     assert torch.equal(table[:, :blocks], cache.block_table)
     assert (table[:, blocks:] == 0).all()  # page 0, loaded only for masked tokens
-    if width == blocks:
-        assert table is cache.block_table
+    assert table.data_ptr() != cache.block_table.data_ptr()  # a copy, whatever the width
+
+
+def test_a_window_as_long_as_the_capacity_is_the_whole_sequence():
+    cache = _cache(lens=(5, 40, 64))  # capacity 64 tokens
+    assert vb.kernel_args(cache, 6, window=64)["window_size"] == (-1, -1)
+    assert vb.kernel_args(cache, 6, window=2**40)["window_size"] == (-1, -1)  # not a 32-bit constant
+    assert vb.kernel_args(cache, 6, window=63)["window_size"] == (62, 0)
+
+
+def test_fp16_query_refused_where_a_page_dequantizes_past_fp16(fake_vllm):
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 20, 2, 64, generator=g) * 25000  # amax scale ~ 250: e4m3's 448 x 250 > 65504
+    cache = PagedKVCache.from_dense(k, torch.randn(1, 20, 2, 64, generator=g), [20], block_size=16,
+                                    kv_dtype="fp8_e4m3")
+    with pytest.raises(ValueError, match="k_scale/v_scale.*fp16 ends at 65504"):
+        fp8kv.decode(_query(cache), cache, "vllm")
+    assert not fake_vllm.calls
+    ok = _cache()  # scales of randn data: every dequantized value inside fp16
+    assert fp8kv.decode(_query(ok), ok, "vllm")[1] is None
+
+
+@pytest.mark.skipif(not REAL_VLLM, reason="vllm is not importable (put the kernel's shim on PYTHONPATH to run it)")
+def test_bf16_query_refused_where_the_interpreter_would_run_the_real_kernel():
+    if torch.cuda.is_available():
+        pytest.skip("a CPU-only check")
+    cache = _cache()
+    with pytest.raises(UnsupportedError, match="bf16 arithmetic is wrong"):
+        fp8kv.decode(_query(cache, dtype=torch.bfloat16), cache, "vllm")
 
 
 def test_empty_sequence_is_refused(fake_vllm):

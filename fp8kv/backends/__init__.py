@@ -83,6 +83,7 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
         sliding window of ``window`` tokens (int >= 1), logit soft-capping ``cap * tanh(s / cap)``
         (``soft_cap`` > 0), and per-query-head sink logits (fp32 ``[Hq]`` on q's device). None: off.
         A backend without one raises UnsupportedError with the reason (``fp8kv.capability.variants``).
+        vLLM's soft cap takes tanh from two exps: NaN once a scaled score passes about 88 × the cap.
     check : validate the *contents* too (default): q and sinks finite, and the cache's tables
         (``seq_lens`` within each row's capacity, every block-table entry that holds tokens inside
         the page pool), which catches tables edited in place after the cache was built. It costs a

@@ -56,6 +56,7 @@ import torch
 from .. import checks
 from ..cache import PagedKVCache
 from ..capability import VLLM_NOT_INSTALLED, UnsupportedError, check, check_query, vllm_installed
+from ..formats import kv_dtype_info
 
 __all__ = ["kernel_args", "split_segments", "launch_info", "VllmDecode", "decode", "MIN_LAUNCH_GRID_SIZE_2D",
            "NUM_PAR_SOFTMAX_SEGMENTS", "MAX_TILE_SIZE"]
@@ -63,6 +64,7 @@ __all__ = ["kernel_args", "split_segments", "launch_info", "VllmDecode", "decode
 MIN_LAUNCH_GRID_SIZE_2D = 128  # vLLM's triton_attn.py: up to 128 // Hkv sequences take the split (3D) path
 NUM_PAR_SOFTMAX_SEGMENTS = 16  # vLLM's triton_attn.py: segments per sequence on the split path
 MAX_TILE_SIZE = 32  # the largest TILE_SIZE the kernel's _get_tile_size picks (tokens per tile)
+FP16_MAX = float(torch.finfo(torch.float16).max)
 
 # The import names (constants so tests can point them elsewhere).
 _KERNEL_MODULE = "vllm.v1.attention.ops.triton_unified_attention"
@@ -127,10 +129,12 @@ def kernel_args(cache: PagedKVCache, num_q_heads: int, *, sm_scale: float | None
         :func:`fp8kv.decode`).
 
     Returns a dict: the cache's own tensors for ``k``, ``v``, ``seqused_k`` (seq_lens), ``block_table``
-    (a copy padded with page 0 where a tile could load past the table, :func:`_table_width`) and
+    (a copy, padded with page 0 where a tile could load past the table, :func:`_table_width`) and
     ``k_descale``/``v_descale`` (``[1]`` views of the cache's scales, read when the kernel runs);
     ``cu_seqlens_q = arange(B + 1)`` int32, ``max_seqlen_q = 1``, ``causal=True``, ``q_descale=None``,
-    ``window_size = (window - 1, 0)`` or ``(-1, -1)``, ``softcap`` (0.0: off), ``sinks``, and
+    ``window_size = (window - 1, 0)`` or ``(-1, -1)`` (also for a window as long as the capacity),
+    ``softcap`` (0.0: off; vLLM's tanh comes from two exps and turns to NaN once a scaled score
+    exceeds about 88 times the cap), ``sinks``, and
     ``kv_quant_mode`` by its *name* in ``KVQuantMode`` (``"FP8_PER_TENSOR"`` or ``"NONE"``). With
     :func:`split_segments` > 1 also the split path's threshold, segment count and fp32 buffers.
     No host sync.
@@ -148,10 +152,12 @@ def kernel_args(cache: PagedKVCache, num_q_heads: int, *, sm_scale: float | None
     if hq % hkv:
         checks.fail(f"num_q_heads={hq} is not a multiple of the cache's {hkv} KV heads")
     dev = cache.device
-    table = cache.block_table
-    width = _table_width(cache.max_blocks_per_seq, bs)
-    if width > table.shape[1]:
-        table = torch.nn.functional.pad(table, (0, width - table.shape[1]))  # page 0: masked tokens only
+    # A copy, padded with page 0 where a tile could load past the table (masked tokens only): the plan
+    # holds the table as it was planned, whatever the width, and is rebuilt when the tables change.
+    width = max(_table_width(cache.max_blocks_per_seq, bs), cache.block_table.shape[1])
+    table = torch.nn.functional.pad(cache.block_table, (0, width - cache.block_table.shape[1]))
+    if window is not None and window >= cache.max_blocks_per_seq * bs:
+        window = None  # the whole sequence (vLLM's window is a 32-bit compile-time constant)
     args = dict(
         k=cache.k_pages, v=cache.v_pages,
         cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32, device=dev), max_seqlen_q=1,
@@ -186,10 +192,16 @@ class VllmDecode:
     trusted : :func:`fp8kv.decode` / :func:`fp8kv.backends.planned` checked the input and the capability
         table already; a user's decoder (False) checks them here.
 
-    The constructor imports vLLM's kernel (UnsupportedError if it cannot), checks the lengths (one
-    host sync) and builds :func:`kernel_args`; ``run(q)`` is device work only (capturable in a CUDA
-    graph). The plan reads the cache's tensors when it runs, so refill them in place, and build a new
-    decoder after the tables change (``append``, ``write`` of new tokens).
+    The constructor imports vLLM's kernel (UnsupportedError if it cannot), checks the lengths and
+    the scales (one host sync) and builds :func:`kernel_args`; ``run(q)`` is device work only
+    (capturable in a CUDA graph). The plan reads the pages, scales and ``seq_lens`` when it runs, so
+    refill those in place; it holds a copy of the block table, so build a new decoder after the
+    tables change (``append``, ``write`` of new tokens). A length set to 0 after planning is not
+    checked again (vLLM's split path then divides by zero).
+
+    vLLM's kernel casts each dequantized element (stored × scale) to the query's type: an fp16 query
+    over an FP8 cache whose scale lets a value pass fp16's 65504 is refused (it would be inf, and the
+    output NaN).
     """
 
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, sm_scale: float | None = None,
@@ -214,6 +226,9 @@ class VllmDecode:
             checks.fail(f"seq_lens[{i}]={int(lens[i])}: decode needs at least one cached token per sequence (the "
                         "query is the last of them)")
         self.args = kernel_args(cache, num_q_heads, sm_scale=sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
+        # The largest value a page can dequantize to, for the fp16-query check in run_trusted.
+        fmt = kv_dtype_info(cache.kv_dtype)[2]
+        self._largest = float(torch.maximum(cache.k_scale.max(), cache.v_scale.max())) * fmt.max if fmt else 0.0
         self._kernel = unified_attention
         self._launch = {**self.args, "kv_quant_mode": quant_modes[self.args["kv_quant_mode"]]}
         self.kv_dtype = cache.kv_dtype
@@ -236,7 +251,15 @@ class VllmDecode:
         return self.run_trusted(q)
 
     def run_trusted(self, q: torch.Tensor):
-        """:meth:`run` without its checks of ``q``, for a query :func:`fp8kv.decode` already validated."""
+        """:meth:`run` without its checks of ``q``, for a query :func:`fp8kv.decode` already validated
+        (but the fp16 range, which only this plan knows: no host sync)."""
+        if q.dtype == torch.bfloat16 and q.device.type == "cpu" and self._kernel.__module__ == _KERNEL_MODULE:
+            raise UnsupportedError("q is bf16 on the CPU: there vLLM's Triton kernel runs under the Triton "
+                                   "interpreter, whose bf16 arithmetic is wrong; pass an fp16 query")
+        if q.dtype == torch.float16 and self._largest > FP16_MAX:
+            checks.fail(f"q is float16 but the cache's k_scale/v_scale let a dequantized value reach "
+                        f"{self._largest:.4g}: vLLM's kernel casts each one to the query's type, and fp16 ends at "
+                        f"{FP16_MAX:g} (inf, then NaN); pass a bfloat16 query")
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         self._kernel(q=q, out=out, **self._launch)
         return out, None
