@@ -161,7 +161,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
                   block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                   device: torch.device | None = None, window: int | None = None,
                   use_tensor_cores: bool = True, group: int | None = None,
-                  heads_per_program: int | None = None) -> DecodeConfig:
+                  heads_per_program: int | None = None, head_parts: int = 1) -> DecodeConfig:
     """The launch :func:`paged_decode` uses for ``batch`` sequences of ``cache``: defaults plus overrides.
 
     Returns block_n, num_warps, num_stages, num_splits, tokens_per_split (a multiple of block_n;
@@ -173,6 +173,8 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     CUDA-core kernel; default 1). ``heads_per_program`` (tensor cores): at most this many query heads
     of a group per program (default :data:`MAX_HEADS_PER_PROGRAM`); a larger group is cut into
     ``head_tiles`` programs of ``heads_per_program = ceil(group / head_tiles)`` heads each.
+    ``head_parts``: programs per head tile (the Gluon kernel cuts a head_dim above 128 into two), counted
+    with them when the splits are sized.
     """
     if not use_tensor_cores:
         if mode == "fp8":
@@ -189,6 +191,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         heads_per_program = MAX_HEADS_PER_PROGRAM
     heads_per_program = min(checks.positive_int(heads_per_program, "heads_per_program"), group)
     head_tiles = math.ceil(group / heads_per_program) if use_tensor_cores else 1
+    head_parts = checks.positive_int(head_parts, "head_parts")
     cfg = default_config(mode, cache.is_fp8, cache.head_dim, use_tensor_cores=use_tensor_cores,
                          gpu=_gpu(device or cache.device), group_pad=padded_rows(math.ceil(group / head_tiles)))
     block_n = cfg["block_n"] if block_n is None else checks.positive_int(block_n, "block_n")
@@ -207,7 +210,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     if window is not None:
         capacity = min(capacity, window)
     if num_splits is None:
-        programs = cache.num_kv_heads * (head_tiles if use_tensor_cores else group)  # per sequence and split
+        programs = cache.num_kv_heads * (head_tiles * head_parts if use_tensor_cores else group)  # per sequence, split
         num_splits = choose_num_splits(batch, programs, capacity, block_n, _num_sms(device or cache.device))
     tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
     return dict(block_n=block_n, num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
@@ -299,7 +302,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         no Triton launch override is given and each split holds GLUON_MIN_SPLIT_TOKENS tokens or more;
         else the Triton kernel (:func:`decode_launch` says which). True asks for the Gluon kernel and
         raises UnsupportedError by name outside its shapes: a CUDA GPU (sm89+), dequant mode, an FP8
-        cache with one tensor-wide scale, NHD pages, head_dim 48-128 in multiples of 16, any group (cut
+        cache with one tensor-wide scale, NHD pages, head_dim 48-256 in multiples of 16, any group (cut
         into programs of at most :func:`gluon_max_heads` query heads, or ``heads_per_program``), no
         variant; ``block_n`` 64 or 128 and ``num_stages`` its ring depth 2-4 (default:
         :func:`gluon_tile`), 4 warps. False: the Triton kernel. H200, B=64 x 16k, e4m3: 32/8/128
@@ -415,7 +418,11 @@ def gluon_tile(group: int, head_dim: int, streams: int, num_sms: int) -> tuple[i
     2147), and in tiles of 64 otherwise (32/32/128, B = 4 x 16k, 9 splits: 154.0 us against 166.6); head
     dims up to 64 in tiles of 64, 3 deep (12/4/64: 185.5 against 190.9); the rest in tiles of 64, 4 deep
     (32/8/128: 535.6 against 542.6 for 64 / 3 and 558.5 for 128 / 3; 28/4/128: 307.8, within 1 % of
-    128 / 3's 304.9)."""
+    128 / 3's 304.9). Head dims above 128 (two parts) in tiles of 128, 2 deep
+    (``...20261204T120140Z-gluon-wide.json``: 8/1/256 191.7 us against 207.8-212.4 for 64 / 2-4; 16/8/256
+    1175.7 against 1287.8-1334.9; 16/16/256 2312.3 against 2546.3-2602.9)."""
+    if head_dim > 128:
+        return 128, 2
     if group == 1 and streams >= 8 * num_sms:
         return 128, 3
     return (64, 3) if head_dim <= 64 else (64, 4)
@@ -427,10 +434,11 @@ GLUON_SMEM_EXTRA = 8192
 
 
 def gluon_smem_bytes(block_n: int, num_stages: int, head_dim: int) -> int:
-    """Shared memory one Gluon program needs: the K and V rings of ``num_stages`` tiles, and the rest."""
-    from .kernels.paged_decode_gluon import head_pad
+    """Shared memory one Gluon program needs: the K and V rings of ``num_stages`` tiles (K in each part's
+    width, V in its own part's), and the rest."""
+    from .kernels.paged_decode_gluon import head_pad, head_parts
 
-    return 2 * num_stages * block_n * head_pad(head_dim) + GLUON_SMEM_EXTRA
+    return (head_parts(head_dim) + 1) * num_stages * block_n * head_pad(head_dim) + GLUON_SMEM_EXTRA
 
 
 def _smem_per_block(device: torch.device) -> int | None:
@@ -442,10 +450,10 @@ def _smem_per_block(device: torch.device) -> int | None:
 
 def gluon_max_heads(head_dim: int) -> int:
     """The most query heads one Gluon program holds at ``head_dim`` (its MMA rows: 32 in a 64-wide tile,
-    16 in a 128-wide one); a larger group is cut into several programs per KV head."""
-    from .kernels.paged_decode_gluon import MAX_ROWS, head_pad
+    16 in a 128-wide one or two parts of 128); a larger group is cut into several programs per KV head."""
+    from .kernels.paged_decode_gluon import max_rows
 
-    return MAX_ROWS[head_pad(head_dim)]
+    return max_rows(head_dim)
 
 
 def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int | None = None,
@@ -455,10 +463,12 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
     ``block_n`` / ``num_stages`` are given, the group in as few programs per KV head as
     :func:`gluon_max_heads` allows (or of at most ``heads_per_program`` heads; :func:`gluon_refusal`
     checked it), splits as :func:`launch_config` sizes them. On a GPU with less shared memory per
-    program than the default needs (sm89 / sm120: 99 KiB) the default ring is made shallower; an
-    explicit tile that does not fit raises UnsupportedError naming it."""
+    program than the default needs (sm89 / sm120: 99 KiB) the default ring is made shallower, and where
+    even the shallowest does not fit, the default tile is 64 tokens; an explicit tile that does not fit
+    raises UnsupportedError naming it."""
     dev = torch.device(device) if device is not None else cache.device
     tile, depth = gluon_tile(group, cache.head_dim, batch * cache.num_kv_heads, _num_sms(dev))
+    default_tile = block_n is None
     block_n = tile if block_n is None else checks.one_of(checks.integer(block_n, "block_n"), "block_n",
                                                          GLUON_BLOCK_N)
     stages = depth if num_stages is None else checks.one_of(checks.integer(num_stages, "num_stages"), "num_stages",
@@ -468,12 +478,20 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
         while num_stages is None and stages > min(GLUON_STAGES) and \
                 gluon_smem_bytes(block_n, stages, cache.head_dim) > limit:
             stages -= 1
+        if default_tile and block_n > min(GLUON_BLOCK_N) and gluon_smem_bytes(block_n, stages, cache.head_dim) > limit:
+            block_n, stages = min(GLUON_BLOCK_N), max(GLUON_STAGES) if num_stages is None else stages  # smaller tiles
+            while num_stages is None and stages > min(GLUON_STAGES) and \
+                    gluon_smem_bytes(block_n, stages, cache.head_dim) > limit:
+                stages -= 1
         need = gluon_smem_bytes(block_n, stages, cache.head_dim)
         if need > limit:
             raise UnsupportedError(f"block_n={block_n}, num_stages={stages}: the Gluon kernel's rings need {need} "
                                    f"bytes of shared memory, this GPU gives a program {limit}; ask for fewer")
+    from .kernels.paged_decode_gluon import head_parts
+
     cfg = launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device, group=group,
-                        heads_per_program=heads_per_program or gluon_max_heads(cache.head_dim))
+                        heads_per_program=heads_per_program or gluon_max_heads(cache.head_dim),
+                        head_parts=head_parts(cache.head_dim))
     return {**cfg, "num_warps": 4, "num_stages": stages}
 
 
@@ -492,7 +510,7 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
     heads = overrides.get("heads_per_program")
     heads = None if heads is None else checks.positive_int(heads, "heads_per_program")
     others = sorted(k for k, v in overrides.items() if v is not None and k not in _GLUON_OPTIONS + ("num_warps",))
-    most_heads = gluon_max_heads(head_dim) if head_dim <= max(g.HEAD_PADS) else 0
+    most_heads = gluon_max_heads(head_dim) if head_dim <= g.MAX_HEAD_DIM else 0
     num_warps = overrides.get("num_warps")
     why = next((w for bad, w in (
         (bool(others), f"the Gluon kernel takes no {others}"),
@@ -501,8 +519,8 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
         (cache.granularity != "tensor", f"granularity={cache.granularity!r}: the Gluon kernel takes one "
                                         "tensor-wide scale"),
         (cache.layout != "NHD", f"layout={cache.layout!r}: the Gluon kernel reads NHD pages"),
-        (head_dim % 16 or not g.MIN_HEAD_DIM <= head_dim <= max(g.HEAD_PADS),
-         f"head_dim={head_dim}: the Gluon kernel takes multiples of 16 from {g.MIN_HEAD_DIM} to {max(g.HEAD_PADS)}"),
+        (head_dim % 16 or not g.MIN_HEAD_DIM <= head_dim <= g.MAX_HEAD_DIM,
+         f"head_dim={head_dim}: the Gluon kernel takes multiples of 16 from {g.MIN_HEAD_DIM} to {g.MAX_HEAD_DIM}"),
         (heads is not None and heads > most_heads,
          f"heads_per_program={heads}: a Gluon program holds at most {most_heads} query heads at head_dim {head_dim}"),
         (num_warps not in (None, g.NUM_WARPS), f"num_warps={num_warps!r}: the Gluon kernel runs {g.NUM_WARPS}"),
@@ -591,16 +609,16 @@ def _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype):
     lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
     k_pages, v_pages = (t.view(torch.uint8) for t in (cache.k_pages, cache.v_pages))
     s = k_pages.stride()
-    # grid (Hkv x head tiles, B, splits): a sequence's KV heads (and a KV head's programs) run side by side,
+    # grid (Hkv x head tiles x parts, B, splits): a sequence's KV heads (and a KV head's programs) run side by side,
     # so the DRAM pages of its tokens are read together (H200, 64 x 16k: 32/8/128 535.6 against 545.4 us
     # batch-first; 12/4/64 185.5 against 207.4)
-    heads, tiles = cfg["heads_per_program"], cfg["head_tiles"]
-    g.gluon_decode_kernel[(cache.num_kv_heads * tiles, b, splits)](
+    heads, tiles, parts = cfg["heads_per_program"], cfg["head_tiles"], g.head_parts(d)
+    g.gluon_decode_kernel[(cache.num_kv_heads * tiles * parts, b, splits)](
         q, k_pages, v_pages, cache.k_scale, cache.v_scale, cache.block_table, cache.seq_lens, part_out, part_lse,
         sm_scale * math.log2(math.e), cfg["tokens_per_split"], cache.num_blocks, capacity,
         q.stride(0), q.stride(1), s[0], s[1], s[2], cache.block_table.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, HEADS=heads, HEAD_TILES=tiles, ROWS=g.mma_rows(heads), HEAD_DIM=d, BLOCK_SIZE=cache.block_size,
+        GROUP=group, HEADS=heads, HEAD_TILES=tiles, ROWS=g.mma_rows(heads), PARTS=parts, HEAD_DIM=d, BLOCK_SIZE=cache.block_size,
         FP8_TY=g.gl.float8e4nv if cache.kv_dtype == "fp8_e4m3" else g.gl.float8e5, STAGES=cfg["num_stages"],
         **g.make_layouts(cfg["block_n"], d), num_warps=g.NUM_WARPS)
     _combine_splits(part_out, part_lse, out, lse)

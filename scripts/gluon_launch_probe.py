@@ -4,16 +4,18 @@
     python scripts/gluon_launch_probe.py crossover   # Gluon against Triton at B 1-16 -> GLUON_MIN_SPLIT_TOKENS
     python scripts/gluon_launch_probe.py groups      # large groups: programs per KV head -> decode_launch
     python scripts/gluon_launch_probe.py mha         # tiles and splits at the latency end -> gluon_tile
+    python scripts/gluon_launch_probe.py wide        # head_dim above 128 (two parts): tiles, and Gluon against Triton
 
 Each times ``fp8kv.ops.paged_decode`` on FP8 e4m3 caches (tensor scale, page 16, bf16 queries) with
 CUDA graphs, the median of three medians, caches rotated so every call reads HBM, and writes
-``results/bench/<gpu-slug>/<stamp>-gluon-<tiles|crossover>.json``.
+``results/bench/<gpu-slug>/<stamp>-gluon-<what>.json``, row by row (an interrupted run keeps what it measured).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 
@@ -28,6 +30,18 @@ from fp8kv.results import utc_stamp
 TILES = [(32, 8, 128), (28, 4, 128), (32, 32, 128), (12, 4, 64), (32, 32, 80), (16, 2, 96)]
 CROSSOVER = [(32, 8, 128), (32, 32, 128), (12, 4, 64)]
 GROUPS = [(71, 1, 64), (48, 1, 128), (40, 2, 64)]  # Falcon-7B, StarCoder, a group of 20
+WIDE = [(8, 1, 256), (16, 8, 256), (16, 16, 256), (32, 8, 256)]  # Gemma-2B, Gemma-2-9B, Gemma-7B
+
+
+class RowLog(list):
+    """The probe's rows, its results file rewritten as each one comes: an interrupted probe keeps them."""
+    doc: dict = {}
+    path: Path | None = None
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        if RowLog.path is not None:
+            RowLog.path.write_text(json.dumps({**RowLog.doc, "rows": list(self)}, indent=1))
 
 
 def time_us(q, caches, **launch) -> float:
@@ -46,7 +60,7 @@ def caches_for(b: int, ctx: int, hkv: int, d: int) -> list:
 
 
 def tiles() -> list[dict]:
-    rows = []
+    rows = RowLog()
     for hq, hkv, d in TILES:
         caches = caches_for(64, 16384, hkv, d)
         q = torch.randn(64, hq, d, dtype=torch.bfloat16, device="cuda")
@@ -62,7 +76,7 @@ def tiles() -> list[dict]:
 
 
 def crossover() -> list[dict]:
-    rows = []
+    rows = RowLog()
     for hq, hkv, d in CROSSOVER:
         for b in (1, 4, 16):
             for ctx in (4096, 16384):
@@ -83,7 +97,7 @@ def crossover() -> list[dict]:
 def groups() -> list[dict]:
     """Groups above 16 query heads per KV head: the Triton kernel, Gluon's default (as few programs per KV
     head as its rows allow) and programs of at most 16 heads, at B = 64 x 16k and 4 x 16k."""
-    rows = []
+    rows = RowLog()
     for hq, hkv, d in GROUPS:
         for b in (64, 4):
             caches = caches_for(b, 16384, hkv, d)
@@ -101,7 +115,7 @@ def groups() -> list[dict]:
 
 def mha() -> list[dict]:
     """Tiles, ring depths and twice the split count at small batches (MHA, and 32/8/128 beside it)."""
-    rows = []
+    rows = RowLog()
     for hq, hkv, d, b, ctx in [(32, 32, 128, 4, 16384), (32, 32, 128, 1, 16384), (32, 32, 128, 1, 4096),
                                (32, 8, 128, 1, 4096), (32, 8, 128, 4, 16384)]:
         caches = caches_for(b, ctx, hkv, d)
@@ -119,23 +133,49 @@ def mha() -> list[dict]:
     return rows
 
 
+def wide() -> list[dict]:
+    """Head dims above 128 (the Gluon kernel's two parts): the Triton kernel and Gluon at five tiles / depths,
+    and Gluon's default at 1.5 and 2 times its split count, at B = 64 x 16k; the Triton kernel, Gluon's
+    default and 64 / 4 at B = 4 and 1 x 16k."""
+    rows = RowLog()
+    for hq, hkv, d in WIDE:
+        for b in (64, 4, 1):
+            caches = caches_for(b, 16384, hkv, d)
+            q = torch.randn(b, hq, d, dtype=torch.bfloat16, device="cuda")
+            tiles = ((64, 2), (64, 3), (64, 4), (128, 2), (128, 3)) if b == 64 else ((64, 4),)
+            launches = [dict(gluon=False), dict(gluon=True)]
+            launches += [dict(gluon=True, block_n=bn, num_stages=st) for bn, st in tiles]
+            if b == 64:
+                splits = ops.decode_launch(b, caches[0], "dequant", d, hq // hkv, q.device, gluon=True)[1]["num_splits"]
+                launches += [dict(gluon=True, num_splits=n) for n in (math.ceil(1.5 * splits), 2 * splits)]
+            for launch in launches:
+                kernel, cfg = ops.decode_launch(b, caches[0], "dequant", d, hq // hkv, q.device, **launch)
+                rows.append(dict(shape=f"{hq}/{hkv}/{d}", batch=b, context=16384, kernel=kernel, launch=str(launch),
+                                 block_n=cfg["block_n"], num_stages=cfg["num_stages"], num_splits=cfg["num_splits"],
+                                 time_us=round(time_us(q, caches, **launch), 2)))
+                print(rows[-1], flush=True)
+            del caches
+            torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["tiles", "crossover", "groups", "mha"])
+    p.add_argument("what", choices=["tiles", "crossover", "groups", "mha", "wide"])
     p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU: the Gluon kernel does not run on CPU")
     stamp = utc_stamp()
-    rows = {"tiles": tiles, "crossover": crossover, "groups": groups, "mha": mha}[args.what]()
     dev = describe_device("cuda")
-    doc = {"what": f"scripts/gluon_launch_probe.py {args.what}", "device": dev, "timestamp": stamp, "rows": rows}
+    RowLog.doc = {"what": f"scripts/gluon_launch_probe.py {args.what}", "device": dev, "timestamp": stamp}
     path = Path(args.out) / dev["slug"] / f"{re.sub(r'[^0-9TZ]', '', stamp)}-gluon-{args.what}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "x") as fh:  # never overwrite an earlier run
-        json.dump(doc, fh, indent=1)
+        json.dump({**RowLog.doc, "rows": []}, fh, indent=1)
+    RowLog.path = path
+    {"tiles": tiles, "crossover": crossover, "groups": groups, "mha": mha, "wide": wide}[args.what]()
     print(f"wrote {path}")
-
 
 if __name__ == "__main__":
     main()

@@ -520,10 +520,12 @@ def test_stream_copy_copies_every_element_of_an_odd_length():
     ({}, dict(granularity="head"), (2, 8, 128), "granularity='head'"),
     ({}, dict(layout="HND"), (2, 8, 128), "layout='HND'"),
     ({}, dict(d=72), (2, 8, 72), "head_dim=72"),
-    ({}, dict(d=256), (2, 8, 256), "head_dim=256"),
+    ({}, dict(d=272), (2, 8, 272), "head_dim=272: .* multiples of 16 from 48 to 256"),
+    ({}, dict(d=200), (2, 8, 200), "head_dim=200"),
     ({}, dict(d=32), (2, 8, 32), "head_dim=32"),
     (dict(heads_per_program=17), {}, (2, 34, 128), "heads_per_program=17: .* at most 16 query heads at head_dim 128"),
     (dict(heads_per_program=33), dict(d=64), (2, 66, 64), "heads_per_program=33: .* at most 32 query heads at head_dim 64"),
+    (dict(heads_per_program=17), dict(d=256), (2, 34, 256), "heads_per_program=17: .* at most 16 query heads at head_dim 256"),
     (dict(window=8), {}, (2, 8, 128), r"no \['window'\]"),
     (dict(use_tensor_cores=False), {}, (2, 8, 128), r"no \['use_tensor_cores'\]"),
     (dict(num_warps=8), {}, (2, 8, 128), "num_warps=8"),
@@ -566,9 +568,9 @@ def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
                      dict(window=8), dict(heads_per_program=2), dict(use_tensor_cores=False)):
         assert decode_kernel(cache, "dequant", 128, 4, "cuda", **override) == "triton", override
     assert decode_kernel(cache, "dequant", 128, 4, "cuda", block_n=None) == "gluon"  # None: not given
-    for d in (48, 64, 80, 96, 112):  # any multiple of 16 up to 128 (zero-filled to the tile width)
+    for d in (48, 64, 80, 96, 112, 144, 192, 256):  # any multiple of 16 up to 256 (zero-filled to the tile width)
         assert decode_kernel(make_cache([5, 40], 2, d), "dequant", d, 4, "cuda") == "gluon", d
-    for refused in (dict(mode="fp8"), dict(head_dim=72), dict(head_dim=256)):
+    for refused in (dict(mode="fp8"), dict(head_dim=72), dict(head_dim=272), dict(head_dim=32)):
         args = {"mode": "dequant", "head_dim": 128, "group": 4, **refused}
         assert decode_kernel(cache, args["mode"], args["head_dim"], args["group"], "cuda") == "triton", refused
     for group in (17, 48, 71):  # any group: cut into programs of at most gluon_max_heads query heads
@@ -617,6 +619,29 @@ def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):
         ops.gluon_launch(2, cache, 4, block_n=128, num_stages=4)
     monkeypatch.setattr(ops, "_smem_per_block", lambda device: 232448)  # an H200: the defaults stand
     assert ops.gluon_launch(512, cache, 1)["num_stages"] == 3
+    # above 128 columns: two K tiles (both parts) and one V tile (the program's part) per stage
+    assert ops.gluon_smem_bytes(64, 3, 256) == 3 * 3 * 64 * 128 + ops.GLUON_SMEM_EXTRA
+    assert ops.gluon_smem_bytes(64, 3, 144) == ops.gluon_smem_bytes(64, 3, 256)
+    wide = make_cache([5, 300], 2, 256)
+    monkeypatch.setattr(ops, "_smem_per_block", lambda device: 101376)  # 128 / 2 needs 104 KiB: 64-token tiles
+    assert (ops.gluon_launch(2, wide, 8)["block_n"], ops.gluon_launch(2, wide, 8)["num_stages"]) == (64, 3)
+    assert ops.gluon_launch(2, wide, 8, num_stages=2)["block_n"] == 64
+    with pytest.raises(UnsupportedError, match="block_n=128, num_stages=2"):
+        ops.gluon_launch(2, wide, 8, block_n=128)
+
+
+def test_gluon_splits_count_both_parts_of_a_wide_head():
+    """A head_dim above 128 runs two programs per head tile: the splits are sized for that grid."""
+    from fp8kv import ops
+
+    wide = make_cache([5, 3000], 2, 256)
+    cfg = ops.gluon_launch(2, wide, 8)
+    assert cfg["num_splits"] == ops.launch_config(2, wide, group=8, heads_per_program=16, head_parts=2,
+                                                  block_n=cfg["block_n"])["num_splits"]
+    assert cfg["num_splits"] < ops.launch_config(2, wide, group=8, heads_per_program=16,
+                                                 block_n=cfg["block_n"])["num_splits"]
+    with pytest.raises(ValueError, match="head_parts=0"):
+        ops.launch_config(2, wide, head_parts=0)
 
 
 def test_gluon_launch_defaults_and_bad_options():
@@ -630,6 +655,7 @@ def test_gluon_launch_defaults_and_bad_options():
     mha = gluon_launch(512, cache, 1)  # 1024 sequence-heads: 8 waves of 4 SMs (the CPU's stand-in count)
     assert (mha["block_n"], mha["num_stages"], mha["num_splits"]) == (128, 3, 1)
     assert ops.gluon_tile(4, 64, 8, 132) == (64, 3)
+    assert ops.gluon_tile(8, 256, 64, 132) == ops.gluon_tile(1, 256, 8 * 132, 132) == (128, 2)  # two parts
     # MHA streams whole sequences in 128-token tiles once the sequences alone fill 8 waves; else 64
     assert ops.gluon_tile(1, 128, 8 * 132, 132) == (128, 3) and ops.gluon_tile(1, 128, 8 * 132 - 1, 132) == (64, 4)
     assert gluon_launch(2, cache, 4, block_n=128, num_stages=2)["block_n"] == 128
@@ -650,10 +676,11 @@ def test_gluon_programs_hold_a_group_in_as_few_programs_as_its_rows_allow():
     from fp8kv import ops
     from fp8kv.kernels.paged_decode_gluon import mma_rows
 
-    assert (ops.gluon_max_heads(64), ops.gluon_max_heads(48), ops.gluon_max_heads(80), ops.gluon_max_heads(128)) == \
-        (32, 32, 16, 16)
+    assert (ops.gluon_max_heads(64), ops.gluon_max_heads(48), ops.gluon_max_heads(80), ops.gluon_max_heads(128),
+            ops.gluon_max_heads(144), ops.gluon_max_heads(256)) == (32, 32, 16, 16, 16, 16)
     cases = {(71, 64, None): (24, 3), (71, 64, 16): (15, 5), (48, 128, None): (16, 3), (20, 64, None): (20, 1),
-             (20, 96, None): (10, 2), (7, 64, None): (7, 1), (1, 128, None): (1, 1)}
+             (20, 96, None): (10, 2), (7, 64, None): (7, 1), (1, 128, None): (1, 1), (20, 256, None): (10, 2),
+             (8, 256, None): (8, 1)}
     for (group, d, hpp), (heads, tiles) in cases.items():
         cfg = ops.gluon_launch(2, make_cache([5, 300], 1, d), group, heads_per_program=hpp)
         assert (cfg["heads_per_program"], cfg["head_tiles"]) == (heads, tiles), (group, d, hpp)
@@ -666,14 +693,15 @@ def test_gluon_programs_hold_a_group_in_as_few_programs_as_its_rows_allow():
 @pytest.mark.parametrize("kv_dtype,q_dtype", [("fp8_e4m3", torch.bfloat16), ("fp8_e5m2", torch.float16)])
 @pytest.mark.parametrize("hq,hkv,d", [(8, 8, 128), (32, 8, 128), (28, 4, 128), (32, 2, 128), (12, 4, 64),
                                       (7, 1, 64), (16, 2, 96), (4, 4, 80), (40, 8, 112), (6, 2, 48),
-                                      (71, 1, 64), (48, 1, 128), (40, 2, 64), (20, 1, 96)])
+                                      (71, 1, 64), (48, 1, 128), (40, 2, 64), (20, 1, 96), (8, 1, 256), (4, 4, 256),
+                                      (32, 8, 256), (12, 4, 192), (6, 2, 144)])
 @pytest.mark.parametrize("launch", [{}, {"block_n": 128, "num_stages": 3}, {"num_stages": 2, "num_splits": 1},
                                     {"heads_per_program": 5}])
 def test_gluon_kernel_matches_the_oracle_and_its_twin_on_the_gpu(kv_dtype, q_dtype, hq, hkv, d, launch):
     """The compiled Gluon kernel against the fp32 oracle (the dequant tolerance, 2u) and against the
     Triton kernel it twins, at ragged lengths (1 token, a partial page, a partial tile, 16k), MHA to
     a group of 71 (16 or 32 MMA rows, groups cut into several programs per KV head, the last one
-    partial), head dims 48 to 128 (those below the tile width zero-filled)."""
+    partial), head dims 48 to 256 (those below the tile width zero-filled; above 128 in two parts)."""
     cache = make_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype)
     q = make_q(4, hq, d, q_dtype)
     out, lse = paged_decode(q, cache, gluon=True, **launch)

@@ -28,11 +28,17 @@ padded head_dim (64 or 128) and lane = 4g + t:
 A head_dim below HP (a multiple of 16: 48, 80, 96, 112) copies only its own 16-byte chunks; the rest of
 the tile is zero-filled, so the padding costs registers and MMAs but no memory traffic.
 
+A head_dim above 128 (up to 256) is cut into PARTS = 2 parts of 128 columns, one program per part: each
+program reads all of K (two 128-wide tiles, both contracted with the query into the same scores) and the
+V columns of its own part, so that a warp's accumulator stays 16 x 128 (a 16 x 256 one alone would take
+128 registers a thread). The two programs of a KV head run side by side in the grid, so the second read
+of each K page mostly comes from L2; both compute the same scores, and part 0 writes the LSE.
+
 A program takes HEADS query heads of one KV head in ROWS MMA rows (16, or 32 in a 64-wide tile, where
 the registers allow it); a larger group is cut into HEAD_TILES programs per KV head, side by side in
 the grid so that they read the same pages while they are in L2.
 
-Scope: NHD pages, one tensor-wide K and V scale, 4 warps. :func:`fp8kv.ops.gluon_refusal` checks all of it (this is the default kernel where it holds)
+Scope: NHD pages, one tensor-wide K and V scale, head_dim a multiple of 16 from 48 to 256, 4 warps. :func:`fp8kv.ops.gluon_refusal` checks all of it (this is the default kernel where it holds)
 and :func:`fp8kv.ops.paged_decode` launches; the interpreter cannot run Gluon, so the tensor-core
 Triton kernel is its twin on CPU.
 """
@@ -46,14 +52,26 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 NUM_WARPS = 4
 HEAD_PADS = (64, 128)  # register tile widths; a head_dim runs in the smallest that holds it
 MIN_HEAD_DIM = 48  # the smallest head_dim its GPU tests cover
+MAX_HEAD_DIM = 256  # two parts of 128
 # MMA rows (query heads) one program holds at most, per tile width: a warp's fp32 output is rows x width,
-# so 32 rows of 64 columns take the registers that 16 of 128 take (sm90: 168 a thread, no spills).
+# so 32 rows of 64 columns take the registers that 16 of 128 take (sm90: 168 a thread, no spills). Two
+# parts hold the query twice as wide: 16 rows.
 MAX_ROWS = {64: 32, 128: 16}
 
 
+def head_parts(head_dim: int) -> int:
+    """Programs per (KV head, head tile): 1 up to 128 columns, 2 above (each takes 128 output columns)."""
+    return 1 if head_dim <= max(HEAD_PADS) else 2
+
+
 def head_pad(head_dim: int) -> int:
-    """The tile width a head_dim (a multiple of 16, at most 128) runs in."""
-    return next(p for p in HEAD_PADS if head_dim <= p)
+    """The tile width of one part of a head_dim (a multiple of 16, at most 256)."""
+    return next(p for p in HEAD_PADS if head_dim <= p) if head_parts(head_dim) == 1 else max(HEAD_PADS)
+
+
+def max_rows(head_dim: int) -> int:
+    """The most MMA rows (query heads) one program holds at ``head_dim``."""
+    return MAX_ROWS[head_pad(head_dim)] if head_parts(head_dim) == 1 else 16
 
 
 def mma_rows(heads_per_program: int) -> int:
@@ -175,20 +193,38 @@ def _load_pages(bt_row, n0, local, end, num_blocks, BLOCK_N: gl.constexpr, BLOCK
 
 
 @gluon.jit
-def _issue_tile(k_ptr, v_ptr, k_buf, v_buf, pages, n0, local, end, kv_head_off, stride_kb, stride_kt,
-                HP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-                CP: gl.constexpr):
-    """cp.async (16 B per thread and row chunk) of the raw FP8 bytes of tile n0's K and V rows into k_buf /
-    v_buf ([W, NW, HP] u8 smem). Rows >= end and chunks >= HEAD_DIM are zero-filled (src-size 0)."""
+def _issue_tile(k_ptr, v_ptr, k_buf, k2_buf, v_buf, pages, n0, local, end, kv_head_off, v_col0, stride_kb, stride_kt,
+                HP: gl.constexpr, HEAD_DIM: gl.constexpr, PARTS: gl.constexpr, BLOCK_N: gl.constexpr,
+                BLOCK_SIZE: gl.constexpr, CP: gl.constexpr):
+    """cp.async (16 B per thread and row chunk) of the raw FP8 bytes of tile n0's K rows (columns
+    [0, HP) into k_buf, [HP, 2 HP) into k2_buf when PARTS == 2) and V rows (columns [v_col0, v_col0 + HP))
+    into v_buf ([W, NW, HP] u8 smem). Rows >= end and columns >= HEAD_DIM are zero-filled (src-size 0)."""
     _, row = _page_rows(n0, local, BLOCK_N, BLOCK_SIZE)
     d = gl.arange(0, HP, layout=gl.SliceLayout(0, gl.SliceLayout(1, CP)))
     off = pages.to(gl.int64) * stride_kb + (row * stride_kt + kv_head_off).to(gl.int64)
-    off = gl.multiple_of(off, [16, 16])
     d3 = gl.expand_dims(gl.expand_dims(d, 0), 1)
-    offs = gl.expand_dims(off, 2) + d3
-    mask = gl.expand_dims(n0 + local < end, 2) & (d3 < HEAD_DIM)
-    async_copy.async_copy_global_to_shared(k_buf, k_ptr + offs, mask=mask)
-    async_copy.async_copy_global_to_shared(v_buf, v_ptr + offs, mask=mask)
+    live = gl.expand_dims(n0 + local < end, 2)
+    k_off = gl.expand_dims(gl.multiple_of(off, [16, 16]), 2) + d3
+    async_copy.async_copy_global_to_shared(k_buf, k_ptr + k_off, mask=live & (d3 < HEAD_DIM))
+    if PARTS == 2:
+        k2_off = gl.expand_dims(gl.multiple_of(off + HP, [16, 16]), 2) + d3
+        async_copy.async_copy_global_to_shared(k2_buf, k_ptr + k2_off, mask=live & (d3 < HEAD_DIM - HP))
+    v_off = gl.expand_dims(gl.multiple_of(off + v_col0, [16, 16]), 2) + d3
+    async_copy.async_copy_global_to_shared(v_buf, v_ptr + v_off, mask=live & (d3 < HEAD_DIM - v_col0))
+
+
+@gluon.jit
+def _load_query(q_ptr, col0, b, stride_qb, stride_qh, first_head, heads_here, W: gl.constexpr,
+                ROWS: gl.constexpr, HP: gl.constexpr, HEAD_DIM: gl.constexpr, Q_BLK: gl.constexpr):
+    """Query columns [col0, col0 + HP) of the program's heads, fp32 [W, ROWS, HP] (Q_BLK, every warp the
+    same), the columns permuted as K's contraction index; zero beyond the heads and HEAD_DIM."""
+    wq = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, Q_BLK)))
+    rows_q = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, Q_BLK)))
+    kq = gl.arange(0, HP, layout=gl.SliceLayout(0, gl.SliceLayout(1, Q_BLK)))
+    r3 = gl.expand_dims(gl.expand_dims(rows_q, 0), 2) + gl.expand_dims(gl.expand_dims(wq * 0, 1), 2)
+    d3 = gl.expand_dims(gl.expand_dims(_k_dphys(kq, HP), 0), 1) + col0
+    q_ptrs = q_ptr + b * stride_qb + (first_head + r3) * stride_qh + d3
+    return gl.load(q_ptrs, mask=(r3 < heads_here) & (d3 < HEAD_DIM), other=0.0).to(gl.float32)
 
 
 @gluon.jit
@@ -199,8 +235,9 @@ def gluon_decode_kernel(
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_btb,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     GROUP: gl.constexpr,  # query heads per KV head
-    HEADS: gl.constexpr, HEAD_TILES: gl.constexpr,  # query heads per program; programs per KV head
+    HEADS: gl.constexpr, HEAD_TILES: gl.constexpr,  # query heads per program; head tiles per KV head
     ROWS: gl.constexpr,  # MMA rows (HEADS padded: 16 or 32)
+    PARTS: gl.constexpr,  # programs per head tile, one per HP output columns (head_parts)
     HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr, FP8_TY: gl.constexpr,
     STAGES: gl.constexpr,  # smem ring depth (>= 2); STAGES - 1 tiles of copies in flight during compute
     W: gl.constexpr, HP: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr,
@@ -209,10 +246,13 @@ def gluon_decode_kernel(
     """The tensor-core kernel's split-KV decode (fp8kv.kernels.paged_decode, its twin): warps own token
     slices of every tile, K/V FP8 bytes go global -> shared memory ring by cp.async, then shared memory ->
     registers straight in K_PHYS / V_PHYS (trivially the MMA B operand layout), converted to fp16 there.
-    Grid (Hkv x HEAD_TILES, B, splits). Writes fp32 partials and log2-LSE for combine_splits_kernel."""
+    Grid (Hkv x HEAD_TILES x PARTS, B, splits). Writes fp32 partials and log2-LSE for combine_splits_kernel."""
     BLOCK_N: gl.constexpr = W * NW
-    kvh = gl.program_id(0) // HEAD_TILES  # KV heads first: a sequence's heads run side by side
-    head0 = gl.program_id(0) % HEAD_TILES * HEADS  # the program's first query head in its group
+    part = gl.program_id(0) % PARTS  # a head tile's parts side by side: they read the same K pages
+    tile = gl.program_id(0) // PARTS
+    kvh = tile // HEAD_TILES  # KV heads first: a sequence's heads run side by side
+    head0 = tile % HEAD_TILES * HEADS  # the program's first query head in its group
+    v_col0 = part * HP  # the program's V and output columns
     heads_here = gl.minimum(GROUP - head0, HEADS)
     b = gl.program_id(1)
     split = gl.program_id(2)
@@ -225,30 +265,34 @@ def gluon_decode_kernel(
     kv_head_off = kvh * stride_kh
     k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, W, NW, HP], SMEM)
     v_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, W, NW, HP], SMEM)
+    if PARTS == 2:
+        k2_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, W, NW, HP], SMEM)
+    else:
+        k2_smem = k_smem  # not copied into
     local = _slice_tokens(W, NW, gl.SliceLayout(2, CP))  # the copy layout's tokens of a tile
     # prologue: tiles 0 .. STAGES-2 in flight before the query is even loaded
     for st in gl.static_range(STAGES - 1):
         n0 = start + st * BLOCK_N
         pg = _load_pages(bt_row, n0, local, end, num_blocks, BLOCK_N, BLOCK_SIZE)
-        _issue_tile(k_ptr, v_ptr, k_smem.index(st), v_smem.index(st), pg, n0, local, end, kv_head_off,
-                    stride_kb, stride_kt, HP, HEAD_DIM, BLOCK_N, BLOCK_SIZE, CP)
+        _issue_tile(k_ptr, v_ptr, k_smem.index(st), k2_smem.index(st), v_smem.index(st), pg, n0, local, end,
+                    kv_head_off, v_col0, stride_kb, stride_kt, HP, HEAD_DIM, PARTS, BLOCK_N, BLOCK_SIZE, CP)
         async_copy.commit_group()
     pg_next = _load_pages(bt_row, start + (STAGES - 1) * BLOCK_N, local, end, num_blocks, BLOCK_N, BLOCK_SIZE)
 
     # ---- query, in every warp: each head rescaled by a power of two before fp16 rounding (as RESCALE_Q in
     # the twin), its head_dim permuted as K's contraction index
-    wq = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, Q_BLK)))
-    rows_q = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, Q_BLK)))
-    kq = gl.arange(0, HP, layout=gl.SliceLayout(0, gl.SliceLayout(1, Q_BLK)))
-    r3 = gl.expand_dims(gl.expand_dims(rows_q, 0), 2) + gl.expand_dims(gl.expand_dims(wq * 0, 1), 2)
-    d3 = gl.expand_dims(gl.expand_dims(_k_dphys(kq, HP), 0), 1)
-    q_ptrs = q_ptr + b * stride_qb + (kvh * GROUP + head0 + r3) * stride_qh + d3
-    qf = gl.load(q_ptrs, mask=(r3 < heads_here) & (d3 < HEAD_DIM), other=0.0).to(gl.float32)
+    first_head = kvh * GROUP + head0
+    qf = _load_query(q_ptr, 0, b, stride_qb, stride_qh, first_head, heads_here, W, ROWS, HP, HEAD_DIM, Q_BLK)
     amax = gl.max(gl.abs(qf), axis=2)
+    if PARTS == 2:
+        qf2 = _load_query(q_ptr, HP, b, stride_qb, stride_qh, first_head, heads_here, W, ROWS, HP, HEAD_DIM, Q_BLK)
+        amax = gl.maximum(amax, gl.max(gl.abs(qf2), axis=2))
     e = gl.where(amax > 0, gl.floor(gl.log2(gl.where(amax > 0, amax, 1.0))) - 13.0, 0.0)
     e = gl.minimum(gl.maximum(e, -126.0), 126.0).to(gl.int32)
-    up = ((127 - e) << 23).to(gl.float32, bitcast=True)
-    q_op = gl.convert_layout((qf * gl.expand_dims(up, 2)).to(gl.float16), A_OP)
+    up = gl.expand_dims(((127 - e) << 23).to(gl.float32, bitcast=True), 2)
+    q_op = gl.convert_layout((qf * up).to(gl.float16), A_OP)
+    if PARTS == 2:
+        q_op2 = gl.convert_layout((qf2 * up).to(gl.float16), A_OP)
     row_scale_q = ((127 + e) << 23).to(gl.float32, bitcast=True) * (qk_scale * gl.load(k_scale_ptr))
     row_scale = gl.expand_dims(gl.convert_layout(row_scale_q, gl.SliceLayout(2, MMA)), 2)
 
@@ -266,14 +310,18 @@ def gluon_decode_kernel(
         async_copy.wait_group(STAGES - 2)  # tile i landed (this thread's copies) ...
         gl.thread_barrier()  # ... everyone's; and everyone is done reading slot (i - 1) % STAGES
         nslot = (i + STAGES - 1) % STAGES
-        _issue_tile(k_ptr, v_ptr, k_smem.index(nslot), v_smem.index(nslot), pg_next, n0 + (STAGES - 1) * BLOCK_N,
-                    local, end, kv_head_off, stride_kb, stride_kt, HP, HEAD_DIM, BLOCK_N, BLOCK_SIZE, CP)
+        _issue_tile(k_ptr, v_ptr, k_smem.index(nslot), k2_smem.index(nslot), v_smem.index(nslot), pg_next,
+                    n0 + (STAGES - 1) * BLOCK_N, local, end, kv_head_off, v_col0, stride_kb, stride_kt, HP, HEAD_DIM,
+                    PARTS, BLOCK_N, BLOCK_SIZE, CP)
         async_copy.commit_group()
         pg_next = _load_pages(bt_row, n0 + STAGES * BLOCK_N, local, end, num_blocks, BLOCK_N, BLOCK_SIZE)
 
         slot = i % STAGES
         kt = _k_operand(k_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, FP8_TY)
-        s = mma_v2(q_op, kt, s_zero) * row_scale
+        s = mma_v2(q_op, kt, s_zero)
+        if PARTS == 2:
+            s = mma_v2(q_op2, _k_operand(k2_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, FP8_TY), s)
+        s = s * row_scale
         s = gl.where(gl.expand_dims(n0 + s_local < end, 1), s, float("-inf"))
 
         m_new = gl.maximum(m_i, gl.max(s, axis=2))
@@ -298,9 +346,9 @@ def gluon_decode_kernel(
     O_L: gl.constexpr = gl.SliceLayout(0, MMA)
     o = o * gl.expand_dims(gl.convert_layout(gl.load(v_scale_ptr) / l_safe, gl.SliceLayout(1, O_L)), 1)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_L))
-    dcol = gl.expand_dims(_v_dphys(gl.arange(0, HP, layout=gl.SliceLayout(0, O_L)), HP), 0)
-    heads = kvh * GROUP + head0 + rows
+    dcol = gl.expand_dims(_v_dphys(gl.arange(0, HP, layout=gl.SliceLayout(0, O_L)), HP), 0) + v_col0
+    heads = first_head + rows
     o_ptrs = part_out_ptr + b * stride_ob + split * stride_os + gl.expand_dims(heads * stride_oh, 1) + dcol
     gl.store(o_ptrs, o, mask=gl.expand_dims(rows < heads_here, 1) & (dcol < HEAD_DIM))
     lse_rows = gl.convert_layout(lse2, gl.SliceLayout(1, O_L))
-    gl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse_rows, mask=rows < heads_here)
+    gl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse_rows, mask=(rows < heads_here) & (part == 0))
