@@ -331,13 +331,23 @@ def test_backend_check_matrix_codes_text_and_hover():
     assert "RuntimeError: boom" in h.customdata[1][1] and "not installed" in h.customdata[1][0]
     with pytest.raises(ValueError, match="status"):
         viz.backend_check_matrix(_matrix_rows().assign(status="maybe"))
+    # a combination the matrix has no row for reads "—", not a blank cell
+    rows = pd.concat([_matrix_rows(), _matrix_rows().iloc[[1]].assign(mode="fp8")], ignore_index=True)
+    h = viz.backend_check_matrix(rows).data[0]
+    assert list(h.y) == ["triton · dequant", "flashinfer · dequant", "triton · fp8"]
+    assert h.text[2][0] == "—" and "no such combination" in h.customdata[2][0] and h.z[2][0] != h.z[2][0]
+    assert h.text[2][1] == "5.0e-01"
 
 
-def test_error_vs_tolerance_leaves_unsupported_out():
-    fig = viz.error_vs_tolerance(_matrix_rows())
+def test_error_vs_tolerance_leaves_unsupported_and_the_reference_out():
+    rows = pd.concat([_matrix_rows(), _matrix_rows().iloc[[0]].assign(backend="reference", rel_err=0.0)])
+    fig = viz.error_vs_tolerance(rows)
     shares = sorted(v for tr in fig.data for v in tr.y if v == v)
     assert shares == [pytest.approx(0.1), pytest.approx(500.0)]
     assert sum(len(tr.x) for tr in fig.data) == 3
+    assert not any("reference" in str(x) for tr in fig.data for x in tr.x)
+    assert fig.layout.yaxis.type == "log"
+    assert [s.y0 for s in fig.layout.shapes] == [1.0] and [a.y for a in fig.layout.annotations] == [0.0]
 
 
 def _quant_rows():

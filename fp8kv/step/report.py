@@ -95,8 +95,9 @@ def tokens_per_s_figure(df, *, title: str | None = None):
             fig.add_trace(go.Scatter(x=[c, c], y=[lo * 0.8, hi * 1.25], mode="lines", name=f"{kv} ceiling",
                                      legendgroup=kv, showlegend=i == 1, hovertemplate=f"{kv} ceiling: B={c}<extra></extra>",
                                      line=dict(color=_color(kv), dash="dash", width=1)), row=1, col=i)
-    fig.update_xaxes(type="log", title="batch (concurrent sequences)")
-    fig.update_yaxes(type="log", title="tokens per second (generated)")
+    # decades on x, 1-2-5 on y, written out ("20k", not a bare "2" beside "10k")
+    fig.update_xaxes(type="log", title="batch (concurrent sequences)", dtick=1, tickformat="~g")
+    fig.update_yaxes(type="log", title="tokens per second (generated)", dtick="D2", tickformat="~s")
     fig.update_layout(title=title or "Decode-step throughput against concurrency, to each KV dtype's memory ceiling",
                       height=420, legend_title_text="KV dtype")
     return fig
@@ -119,7 +120,7 @@ def attention_share_figure(df, *, title: str | None = None):
                                      line=dict(color=_color(kv)), customdata=s[["attention_us", "step_us"]],
                                      hovertemplate="B=%{x}<br>attention %{y:.0f} %<br>%{customdata[0]:.1f} of "
                                                    "%{customdata[1]:.1f} µs<extra></extra>"), row=1, col=i)
-    fig.update_xaxes(type="log", title="batch (concurrent sequences)")
+    fig.update_xaxes(type="log", title="batch (concurrent sequences)", dtick=1, tickformat="~g")
     fig.update_yaxes(title="attention share of the step (%)", range=[0, 100])
     fig.update_layout(title=title or "How much of the step is attention", height=420, legend_title_text="KV dtype")
     return fig

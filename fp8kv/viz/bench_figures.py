@@ -144,7 +144,9 @@ def backend_check_matrix(df, *, title: str | None = None) -> go.Figure:
 
     Rows: backend · mode; columns: KV dtype · granularity (16-bit caches: the dtype alone). Each cell
     shows the output's relative error (ran) or "n/a" (unsupported); hover gives the error against
-    its tolerance, the LSE error, and the capability reason or the exception.
+    its tolerance, the LSE error, and the capability reason or the exception. A cell the matrix has
+    no row for (FP8 arithmetic over a 16-bit cache is not a combination) shows "—" on white, its
+    hover saying so.
     """
     need = ["backend", "mode", "kv_dtype", "granularity", "status", "rel_err", "tol", "reason"]
     _require_columns(df, need)
@@ -178,14 +180,20 @@ def backend_check_matrix(df, *, title: str | None = None) -> go.Figure:
     def grid(v):
         return data.pivot(index="row", columns="col", values=v).reindex(index=rows, columns=cols)
 
+    absent = grid("code").isna().to_numpy()
+    text = grid("cell").fillna("").to_numpy()
+    hover = grid("hover").fillna("").to_numpy()
+    text[absent] = "—"
+    hover[absent] = "not in the matrix: no such combination"
+
     n = len(order)
     scale = []
     for i, status in enumerate(order):  # one flat colour band per status code 0..n-1
         scale += [[i / n, MATRIX_STATUS_COLORS[status]], [(i + 1) / n, MATRIX_STATUS_COLORS[status]]]
     fig = go.Figure(go.Heatmap(
         z=grid("code").to_numpy(dtype=float), x=cols, y=rows, zmin=-0.5, zmax=n - 0.5, colorscale=scale,
-        showscale=False, text=grid("cell").fillna("").to_numpy(), texttemplate="%{text}",
-        customdata=grid("hover").fillna("").to_numpy(), hovertemplate="%{y} · %{x}<br>%{customdata}<extra></extra>",
+        showscale=False, text=text, texttemplate="%{text}",
+        customdata=hover, hovertemplate="%{y} · %{x}<br>%{customdata}<extra></extra>",
         xgap=2, ygap=2,
     ))
     counts = data["status"].value_counts()
@@ -200,13 +208,15 @@ def backend_check_matrix(df, *, title: str | None = None) -> go.Figure:
 def error_vs_tolerance(df, *, title: str | None = None) -> go.Figure:
     """Share of its tolerance each combination's error uses (``rel_err / tol``; ≤ 1 passes).
 
-    ``df``: rows of ``fp8kv.matrix.backend_matrix`` (unsupported rows are left out). One bar per
-    combination, coloured by backend · mode; the dashed line at 1 is the tolerance.
+    ``df``: rows of ``fp8kv.matrix.backend_matrix`` (unsupported rows are left out, and so are the
+    reference's own, whose error is 0 by construction). One bar per combination, coloured by backend ·
+    mode, on a log axis (a failure can be hundreds of times its tolerance, a pass a tenth of it); the
+    dashed line at 1 is the tolerance.
     """
     import plotly.express as px
 
     _require_columns(df, ["backend", "mode", "kv_dtype", "granularity", "status", "rel_err", "tol"])
-    ran = df[df["status"] != "unsupported"]
+    ran = df[(df["status"] != "unsupported") & (df["backend"] != "reference")]
     ran = ran.assign(share=ran["rel_err"] / ran["tol"], setup=ran["backend"] + " · " + ran["mode"],
                      combination=ran["backend"] + " · " + ran["mode"] + " · " + ran["kv_dtype"] + " · "
                      + ran["granularity"])
@@ -215,8 +225,9 @@ def error_vs_tolerance(df, *, title: str | None = None) -> go.Figure:
                  labels={**_titles(["share", "rel_err", "tol", "status"], None), "combination": "",
                          "setup": "backend · mode"})
     _style_by_label(fig, ran["setup"].unique())
-    fig.add_hline(y=1.0, line_dash="dash", line_color="gray", annotation_text="tolerance",
-                  annotation_position="top left")
+    fig.update_yaxes(type="log", dtick="D2", tickformat="~g")  # ticks 0.1, 0.2, 0.5, 1, ... in plain numbers
+    add_line(fig, "y", 1.0, line_dash="dash", line_color="gray", annotation_text="tolerance",
+             annotation_position="top left")
     fig.update_xaxes(tickangle=-45)
     return fig
 
