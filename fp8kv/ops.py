@@ -485,8 +485,9 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
                 stages -= 1
         need = gluon_smem_bytes(block_n, stages, cache.head_dim)
         if need > limit:
-            raise UnsupportedError(f"block_n={block_n}, num_stages={stages}: the Gluon kernel's rings need {need} "
-                                   f"bytes of shared memory, this GPU gives a program {limit}; ask for fewer")
+            fell_back = " (the default tile made smaller)" if default_tile and block_n != tile else ""
+            raise UnsupportedError(f"block_n={block_n}{fell_back}, num_stages={stages}: the Gluon kernel's rings need "
+                                   f"{need} bytes of shared memory, this GPU gives a program {limit}; ask for fewer")
     from .kernels.paged_decode_gluon import head_parts
 
     cfg = launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device, group=group,

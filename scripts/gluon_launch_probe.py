@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -40,8 +41,10 @@ class RowLog(list):
 
     def append(self, row: dict) -> None:
         super().append(row)
-        if RowLog.path is not None:
-            RowLog.path.write_text(json.dumps({**RowLog.doc, "rows": list(self)}, indent=1))
+        if RowLog.path is not None:  # a whole file or the previous one, never half of one
+            part = RowLog.path.with_suffix(".json.part")
+            part.write_text(json.dumps({**RowLog.doc, "rows": list(self)}, indent=1))
+            os.replace(part, RowLog.path)
 
 
 def time_us(q, caches, **launch) -> float:

@@ -628,6 +628,8 @@ def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):
     assert ops.gluon_launch(2, wide, 8, num_stages=2)["block_n"] == 64
     with pytest.raises(UnsupportedError, match="block_n=128, num_stages=2"):
         ops.gluon_launch(2, wide, 8, block_n=128)
+    with pytest.raises(UnsupportedError, match=r"block_n=64 \(the default tile made smaller\), num_stages=4"):
+        ops.gluon_launch(2, wide, 8, num_stages=4)
 
 
 def test_gluon_splits_count_both_parts_of_a_wide_head():
@@ -717,6 +719,25 @@ def test_gluon_kernel_matches_the_oracle_and_its_twin_on_the_gpu(kv_dtype, q_dty
         if one_program:
             assert torch.equal(paged_decode(q, cache, num_splits=1)[0],
                                paged_decode(q, cache, gluon=True, num_splits=1)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kv_dtype,q_dtype", [("fp8_e4m3", torch.bfloat16), ("fp8_e5m2", torch.float16)])
+@pytest.mark.parametrize("hq,hkv,d", [(8, 1, 256), (40, 2, 256), (12, 4, 192)])
+@pytest.mark.parametrize("launch", [{"block_n": 64, "num_stages": 3}, {"block_n": 64, "num_stages": 2, "heads_per_program": 5}])
+def test_gluon_wide_heads_in_64_token_tiles_and_several_programs_on_the_gpu(kv_dtype, q_dtype, hq, hkv, d, launch):
+    """Heads above 128 columns in 64-token tiles (the default where 128-token rings do not fit: 99 KiB
+    GPUs), and with several KV heads, several head tiles and both parts at once (40/2/256 in programs
+    of 5 heads: program ids split three ways), against the oracle and the Triton twin."""
+    cache = make_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype)
+    q = make_q(4, hq, d, q_dtype)
+    out, lse = paged_decode(q, cache, gluon=True, **launch)
+    ref_o, ref_l = ref_decode(q, cache)
+    assert relative_error(out.float(), ref_o) <= dequant_tol(q_dtype, "tensor")
+    assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", q_dtype, ref_l)
+    twin_o, _ = paged_decode(q, cache, gluon=False)
+    assert relative_error(out.float(), twin_o.float()) <= 2 * unit_roundoff(q_dtype)
 
 
 @pytest.mark.gpu
