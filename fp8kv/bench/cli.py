@@ -80,10 +80,10 @@ PRESETS = {
                     kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer", "vllm"],
                     granularities=["tensor"], flashinfer_tensor_cores=[False, True]),
     # The Gluon kernel (gluon=True) beside the Triton kernel (gluon=False), FlashInfer and vLLM, on the layouts
-    # it covers (head dims 64-128, groups up to 16), bandwidth- and latency-bound.
+    # it covers (head dims 64-256, groups up to 16), bandwidth- and latency-bound.
     "gluon": dict(batches=[1, 64], contexts=[4096, 16384],
                   shapes=[(32, 8, 128), (28, 4, 128), (32, 32, 128), (14, 2, 64), (12, 4, 64), (16, 2, 96),
-                          (32, 32, 80), (32, 32, 96), (32, 8, 112)],
+                          (32, 32, 80), (32, 32, 96), (32, 8, 112), (8, 1, 256), (16, 8, 256)],
                   block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"],
                   backends=["triton", "flashinfer", "vllm"], granularities=["tensor"], flashinfer_tensor_cores=[False, True],
                   triton_options=[{"gluon": True}, {"gluon": False}]),
