@@ -690,6 +690,21 @@ def test_gluon_programs_hold_a_group_in_as_few_programs_as_its_rows_allow():
         assert mma_rows(heads) == (16 if heads <= 16 else 32)
 
 
+def _gluon_matches_oracle_and_twin(kv_dtype, q_dtype, hq, hkv, d, launch):
+    """Run the Gluon kernel at ragged lengths (1 token, a partial page, a partial tile, 16k) and check it
+    against the fp32 oracle (the dequant tolerance) and the Triton kernel it twins (2u); returns the
+    cache and query for further checks."""
+    cache = make_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype)
+    q = make_q(4, hq, d, q_dtype)
+    out, lse = paged_decode(q, cache, gluon=True, **launch)
+    ref_o, ref_l = ref_decode(q, cache)
+    assert relative_error(out.float(), ref_o) <= dequant_tol(q_dtype, "tensor")
+    assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", q_dtype, ref_l)
+    twin_o, _ = paged_decode(q, cache, gluon=False)
+    assert relative_error(out.float(), twin_o.float()) <= 2 * unit_roundoff(q_dtype)
+    return cache, q
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kv_dtype,q_dtype", [("fp8_e4m3", torch.bfloat16), ("fp8_e5m2", torch.float16)])
@@ -704,14 +719,7 @@ def test_gluon_kernel_matches_the_oracle_and_its_twin_on_the_gpu(kv_dtype, q_dty
     Triton kernel it twins, at ragged lengths (1 token, a partial page, a partial tile, 16k), MHA to
     a group of 71 (16 or 32 MMA rows, groups cut into several programs per KV head, the last one
     partial), head dims 48 to 256 (those below the tile width zero-filled; above 128 in two parts)."""
-    cache = make_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype)
-    q = make_q(4, hq, d, q_dtype)
-    out, lse = paged_decode(q, cache, gluon=True, **launch)
-    ref_o, ref_l = ref_decode(q, cache)
-    assert relative_error(out.float(), ref_o) <= dequant_tol(q_dtype, "tensor")
-    assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", q_dtype, ref_l)
-    twin_o, _ = paged_decode(q, cache, gluon=False)
-    assert relative_error(out.float(), twin_o.float()) <= 2 * unit_roundoff(q_dtype)
+    cache, q = _gluon_matches_oracle_and_twin(kv_dtype, q_dtype, hq, hkv, d, launch)
     if not launch:  # long splits run the Gluon kernel by default, where the group fits one program
         one_program = hq // hkv <= fp8kv.ops.gluon_max_heads(d)
         kernel = fp8kv.ops.decode_launch(4, cache, "dequant", d, hq // hkv, q.device, num_splits=1)[0]
@@ -730,14 +738,7 @@ def test_gluon_wide_heads_in_64_token_tiles_and_several_programs_on_the_gpu(kv_d
     """Heads above 128 columns in 64-token tiles (the default where 128-token rings do not fit: 99 KiB
     GPUs), and with several KV heads, several head tiles and both parts at once (40/2/256 in programs
     of 5 heads: program ids split three ways), against the oracle and the Triton twin."""
-    cache = make_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype)
-    q = make_q(4, hq, d, q_dtype)
-    out, lse = paged_decode(q, cache, gluon=True, **launch)
-    ref_o, ref_l = ref_decode(q, cache)
-    assert relative_error(out.float(), ref_o) <= dequant_tol(q_dtype, "tensor")
-    assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", q_dtype, ref_l)
-    twin_o, _ = paged_decode(q, cache, gluon=False)
-    assert relative_error(out.float(), twin_o.float()) <= 2 * unit_roundoff(q_dtype)
+    _gluon_matches_oracle_and_twin(kv_dtype, q_dtype, hq, hkv, d, launch)
 
 
 @pytest.mark.gpu
