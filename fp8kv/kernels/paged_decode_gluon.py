@@ -31,8 +31,8 @@ the tile is zero-filled, so the padding costs registers and MMAs but no memory t
 A head_dim above 128 (up to 256) is cut into PARTS = 2 parts of 128 columns, one program per part: each
 program reads all of K (two 128-wide tiles, both contracted with the query into the same scores) and the
 V columns of its own part, so that a warp's accumulator stays 16 x 128 (a 16 x 256 one alone would take
-128 registers a thread). The two programs of a KV head run side by side in the grid, so the second read
-of each K page mostly comes from L2; both compute the same scores, and part 0 writes the LSE.
+128 registers a thread). The two programs of a KV head run side by side in the grid, so that the second
+read of a K page can come from L2; both compute the same scores, and part 0 writes the LSE.
 
 A program takes HEADS query heads of one KV head in ROWS MMA rows (16, or 32 in a 64-wide tile, where
 the registers allow it); a larger group is cut into HEAD_TILES programs per KV head, side by side in
