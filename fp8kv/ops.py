@@ -475,14 +475,16 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
                                                            GLUON_STAGES)
     limit = _smem_per_block(dev)
     if limit is not None:
-        while num_stages is None and stages > min(GLUON_STAGES) and \
-                gluon_smem_bytes(block_n, stages, cache.head_dim) > limit:
-            stages -= 1
-        if default_tile and block_n > min(GLUON_BLOCK_N) and gluon_smem_bytes(block_n, stages, cache.head_dim) > limit:
-            block_n, stages = min(GLUON_BLOCK_N), max(GLUON_STAGES) if num_stages is None else stages  # smaller tiles
+        def fitting(block_n: int, stages: int) -> int:  # the default depth made shallower until its rings fit
             while num_stages is None and stages > min(GLUON_STAGES) and \
                     gluon_smem_bytes(block_n, stages, cache.head_dim) > limit:
                 stages -= 1
+            return stages
+
+        stages = fitting(block_n, stages)
+        if default_tile and block_n > min(GLUON_BLOCK_N) and gluon_smem_bytes(block_n, stages, cache.head_dim) > limit:
+            block_n = min(GLUON_BLOCK_N)  # smaller tiles
+            stages = fitting(block_n, max(GLUON_STAGES) if num_stages is None else stages)
         need = gluon_smem_bytes(block_n, stages, cache.head_dim)
         if need > limit:
             fell_back = " (the default tile made smaller)" if default_tile and block_n != tile else ""

@@ -204,13 +204,18 @@ def _issue_tile(k_ptr, v_ptr, k_buf, k2_buf, v_buf, pages, n0, local, end, kv_he
     off = pages.to(gl.int64) * stride_kb + (row * stride_kt + kv_head_off).to(gl.int64)
     d3 = gl.expand_dims(gl.expand_dims(d, 0), 1)
     live = gl.expand_dims(n0 + local < end, 2)
-    k_off = gl.expand_dims(gl.multiple_of(off, [16, 16]), 2) + d3
-    async_copy.async_copy_global_to_shared(k_buf, k_ptr + k_off, mask=live & (d3 < HEAD_DIM))
+    _copy_columns(k_buf, k_ptr, off, 0, d3, live, HEAD_DIM)
     if PARTS == 2:
-        k2_off = gl.expand_dims(gl.multiple_of(off + HP, [16, 16]), 2) + d3
-        async_copy.async_copy_global_to_shared(k2_buf, k_ptr + k2_off, mask=live & (d3 < HEAD_DIM - HP))
-    v_off = gl.expand_dims(gl.multiple_of(off + v_col0, [16, 16]), 2) + d3
-    async_copy.async_copy_global_to_shared(v_buf, v_ptr + v_off, mask=live & (d3 < HEAD_DIM - v_col0))
+        _copy_columns(k2_buf, k_ptr, off, HP, d3, live, HEAD_DIM)
+    _copy_columns(v_buf, v_ptr, off, v_col0, d3, live, HEAD_DIM)
+
+
+@gluon.jit
+def _copy_columns(buf, ptr, off, col0, d3, live, HEAD_DIM: gl.constexpr):
+    """cp.async of columns col0 + d3 of the rows at byte offsets ``off`` (multiples of 16, as col0 is) into
+    buf; rows not ``live`` and columns >= HEAD_DIM are zero-filled."""
+    offs = gl.expand_dims(gl.multiple_of(off + col0, [16, 16]), 2) + d3
+    async_copy.async_copy_global_to_shared(buf, ptr + offs, mask=live & (d3 < HEAD_DIM - col0))
 
 
 @gluon.jit

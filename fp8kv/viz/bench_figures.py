@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import plotly.graph_objects as go
 
 from .. import checks
@@ -180,7 +181,8 @@ def backend_check_matrix(df, *, title: str | None = None) -> go.Figure:
     def grid(v):
         return data.pivot(index="row", columns="col", values=v).reindex(index=rows, columns=cols)
 
-    absent = grid("code").isna().to_numpy()
+    code = grid("code").to_numpy(dtype=float)
+    absent = np.isnan(code)
     text = grid("cell").fillna("").to_numpy()
     hover = grid("hover").fillna("").to_numpy()
     text[absent] = "—"
@@ -191,7 +193,7 @@ def backend_check_matrix(df, *, title: str | None = None) -> go.Figure:
     for i, status in enumerate(order):  # one flat colour band per status code 0..n-1
         scale += [[i / n, MATRIX_STATUS_COLORS[status]], [(i + 1) / n, MATRIX_STATUS_COLORS[status]]]
     fig = go.Figure(go.Heatmap(
-        z=grid("code").to_numpy(dtype=float), x=cols, y=rows, zmin=-0.5, zmax=n - 0.5, colorscale=scale,
+        z=code, x=cols, y=rows, zmin=-0.5, zmax=n - 0.5, colorscale=scale,
         showscale=False, text=text, texttemplate="%{text}",
         customdata=hover, hovertemplate="%{y} · %{x}<br>%{customdata}<extra></extra>",
         xgap=2, ygap=2,
