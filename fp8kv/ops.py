@@ -299,7 +299,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     gluon : which kernel: None (default) picks the Gluon kernel
         (:mod:`fp8kv.kernels.paged_decode_gluon`: warps stream their own token slices, FP8 tiles
         converted in the tensor-core operand layout, copied through a cp.async ring) wherever it runs,
-        no Triton launch override is given and each split holds GLUON_MIN_SPLIT_TOKENS tokens or more;
+        no Triton launch override is given and each split holds GLUON_MIN_SPLIT_TOKENS tokens or more
+        (1024; 512 for head dims above 128);
         else the Triton kernel (:func:`decode_launch` says which). True asks for the Gluon kernel and
         raises UnsupportedError by name outside its shapes: a CUDA GPU (sm89+), dequant mode, an FP8
         cache with one tensor-wide scale, NHD pages, head_dim 48-256 in multiples of 16, any group (cut
@@ -386,25 +387,32 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                   CONVERT_K=_CONVERT[convert_k], CONVERT_V=_CONVERT[convert_v], KV_EVICTION=eviction_policy,
                   WINDOWED=window is not None, SOFT_CAP=soft_cap is not None, HAS_SINKS=sinks is not None,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_format_bits(cache))
+    pdl = False
     if use_tensor_cores:
         tiles = cfg["head_tiles"]
+        pdl = num_splits > 1 and combine_as_dependent(b * hkv * tiles * num_splits, q.device)
         paged_decode_kernel[(b, hkv * tiles, num_splits)](
             *args, GROUP_PAD=padded_rows(cfg["heads_per_program"]), HEAD_TILES=tiles,
-            FP8_QK=fp8_qk, FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, **common)
+            FP8_QK=fp8_qk, FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q,
+            PDL=pdl, **common)
     else:  # one program per query head
         paged_decode_cuda_core_kernel[(b, hq, num_splits)](*args, **common)
     if num_splits > 1:
-        _combine_splits(k_out, k_lse, out, lse, sinks)
+        _combine_splits(k_out, k_lse, out, lse, sinks, dependent=pdl)
     return out.to(out_dtype), lse
 
 
 GLUON_BLOCK_N = (64, 128)
 # Below this many tokens per split (the span of the cache's capacity a split covers, whatever the sequences'
-# lengths) the Gluon kernel's fixed cost per program (its ring prologue and the merge of its warps' slices)
-# outweighs its faster loop. H200, B 1-16 x 4k-16k on three layouts
-# (results/bench/nvidia-h200/20261203T211700Z-gluon-crossover.json): at <= 512 tokens per split 11 of 13
-# points slower than the Triton kernel (32/8/128, 1 x 4k: 15.0 against 10.5 us), at >= 1024 all 5 faster.
-GLUON_MIN_SPLIT_TOKENS = 1024
+# lengths), by the programs per head tile (head_parts), the Gluon kernel's fixed cost per program (its ring
+# prologue and the merge of its warps' slices) outweighs its faster loop. H200, B 1-16 x 4k-16k on three
+# layouts (results/bench/nvidia-h200/20261203T211700Z-gluon-crossover.json): at <= 512 tokens per split 11
+# of 13 points slower than the Triton kernel (32/8/128, 1 x 4k: 15.0 against 10.5 us), at >= 1024 all 5
+# faster. Head dims above 128, two parts (8/1, 16/8, 16/16 and 32/8 at D = 256, B 1-16 x 4k-16k:
+# ...20261204T144946Z-gluon-wide-crossover.json and ...145432Z-...): at 512 tokens all 17 points faster,
+# by 1.03-1.15x (16/8/256, 1 x 16k: 39.5 against 44.5 us; 8/1/256, 8 x 16k: 44.9 against 46.1), at <= 256
+# all 16 slower (8/1/256, 4 x 16k: 38.2 against 25.6 us).
+GLUON_MIN_SPLIT_TOKENS = {1: 1024, 2: 512}
 GLUON_STAGES = (2, 3, 4)  # ring depths its GPU tests and benchmarks cover
 
 
@@ -569,7 +577,8 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
                   window: int | None = None, **others) -> tuple[str, DecodeConfig]:
     """The kernel :func:`paged_decode` runs for these arguments and its launch: ``("gluon", cfg)``,
     ``("triton", cfg)`` (the tensor-core kernel) or ``("triton-cuda-core", cfg)``. By default Gluon runs
-    where :func:`decode_kernel` allows it, each split streams at least GLUON_MIN_SPLIT_TOKENS tokens and a
+    where :func:`decode_kernel` allows it, each split streams at least GLUON_MIN_SPLIT_TOKENS tokens (by
+    the head's parts) and a
     KV head's query heads fit one program (:func:`gluon_max_heads`); shorter splits (small batches:
     latency-bound) and larger groups go to the Triton kernel. A group cut into several Gluon programs
     converts every FP8 tile once per program, where the Triton kernel's one program of up to 64 heads
@@ -587,7 +596,10 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
     if kernel == "gluon":
         cfg = gluon_launch(batch, cache, group, num_splits=num_splits, block_n=block_n, num_stages=num_stages,
                            heads_per_program=heads_per_program, device=device)
-        if gluon or (cfg["tokens_per_split"] >= GLUON_MIN_SPLIT_TOKENS and cfg["head_tiles"] == 1):
+        from .kernels.paged_decode_gluon import head_parts
+
+        least = GLUON_MIN_SPLIT_TOKENS[head_parts(head_dim)]
+        if gluon or (cfg["tokens_per_split"] >= least and cfg["head_tiles"] == 1):
             return kernel, cfg
     tensor_cores = use_tensor_cores is not False
     cfg = launch_config(batch, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
@@ -628,6 +640,34 @@ def _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype):
     return out, lse
 
 
+# Programmatic dependent launch (sm90+): where the decode's programs leave at least half the SMs free, each
+# lets the split combine launch as it starts, and the combine's programs wait on the free SMs for the
+# partials, so no launch gap separates the two. H200, FP8, B 1-4 x 1000-4096 tokens (scripts/pdl_probe.py,
+# results/bench/nvidia-h200/20261204T145216Z-pdl.csv): faster at all 12 such points, by 0.05-0.89 us
+# (32/8/128, 1 x 1000: 7.40 against 8.19 us; 14/2/64, 1 x 4k: 5.97 against 6.71). With 128 programs it
+# was level or slower (28/4/128, 1 x 4k: 9.64 against 9.37 us), with more an early combine takes SMs the
+# decode's programs need (32/8/128, 4 x 4k: 20.31 against 18.43 us), and a dependent launch without the
+# early start was 0.1-0.4 us slower than a plain one: those launches stay plain.
+COMBINE_PDL = True
+
+
+@functools.cache
+def _pdl_on(device: torch.device) -> bool:
+    """Whether ``device`` takes programmatic dependent launches: sm90+, and a Triton that launches with
+    them (never under the interpreter)."""
+    if not COMBINE_PDL or device.type != "cuda" or interpreter_on() or int(current_arch(device)[2:]) < 90:
+        return False
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    return "launch_pdl" in CUDAOptions.__dataclass_fields__
+
+
+def combine_as_dependent(programs: int, device: torch.device) -> bool:
+    """Whether a split decode of ``programs`` programs launches its combine as a programmatic dependent:
+    where the device takes it and the programs leave at least half its SMs free."""
+    return _pdl_on(device) and programs <= _num_sms(device) // 2
+
+
 def _split_partials(b: int, hq: int, splits: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 partial outputs ``[B, Hq, splits, D]`` and log2-LSEs ``[B, Hq, splits]`` of a split decode."""
     return (torch.empty(b, hq, splits, d, dtype=torch.float32, device=device),
@@ -635,16 +675,18 @@ def _split_partials(b: int, hq: int, splits: int, d: int, device) -> tuple[torch
 
 
 def _combine_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                    sinks: torch.Tensor | None = None) -> None:
+                    sinks: torch.Tensor | None = None, dependent: bool = False) -> None:
     """Merge a split decode's partials into ``out`` and ``lse`` (:func:`combine_splits_kernel`), with
-    the sinks' term in the denominator when given."""
+    the sinks' term in the denominator when given; ``dependent``: launched as a programmatic dependent of
+    the decode, which let it start early (:func:`combine_as_dependent`)."""
     b, hq, splits, d = part_out.shape
+    pdl = dict(PDL=True, launch_pdl=True) if dependent else {}
     combine_splits_kernel[(b, hq)](
         part_out, part_lse, out, lse, part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), splits,
         sinks if sinks is not None else lse,
         HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), SPLITS_PAD=triton.next_power_of_2(splits),
-        HAS_SINKS=sinks is not None, num_warps=4)
+        HAS_SINKS=sinks is not None, num_warps=4, **pdl)
 
 
 def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, slot_mapping: torch.Tensor,

@@ -5,6 +5,7 @@
     python scripts/gluon_launch_probe.py groups      # large groups: programs per KV head -> decode_launch
     python scripts/gluon_launch_probe.py mha         # tiles and splits at the latency end -> gluon_tile
     python scripts/gluon_launch_probe.py wide        # head_dim above 128 (two parts): tiles, and Gluon against Triton
+    python scripts/gluon_launch_probe.py wide-crossover  # the same heads: Gluon against Triton at B 1-4
 
 Each times ``fp8kv.ops.paged_decode`` on FP8 e4m3 caches (tensor scale, page 16, bf16 queries) with
 CUDA graphs, the median of three medians, caches rotated so every call reads HBM, and writes
@@ -78,22 +79,21 @@ def tiles() -> list[dict]:
     return rows
 
 
-def crossover() -> list[dict]:
+def crossover(shapes=CROSSOVER, points=tuple((b, c) for b in (1, 4, 16) for c in (4096, 16384))) -> list[dict]:
     rows = RowLog()
-    for hq, hkv, d in CROSSOVER:
-        for b in (1, 4, 16):
-            for ctx in (4096, 16384):
-                caches = caches_for(b, ctx, hkv, d)
-                q = torch.randn(b, hq, d, dtype=torch.bfloat16, device="cuda")
-                for gluon in (True, False):
-                    cfg = ops.decode_launch(b, caches[0], "dequant", d, hq // hkv, q.device, gluon=gluon)[1]
-                    rows.append(dict(shape=f"{hq}/{hkv}/{d}", batch=b, context=ctx,
-                                     kernel="gluon" if gluon else "triton", num_splits=cfg["num_splits"],
-                                     tokens_per_split=cfg["tokens_per_split"],
-                                     time_us=round(time_us(q, caches, gluon=gluon), 2)))
-                    print(rows[-1], flush=True)
-                del caches
-                torch.cuda.empty_cache()
+    for hq, hkv, d in shapes:
+        for b, ctx in points:
+            caches = caches_for(b, ctx, hkv, d)
+            q = torch.randn(b, hq, d, dtype=torch.bfloat16, device="cuda")
+            for gluon in (True, False):
+                cfg = ops.decode_launch(b, caches[0], "dequant", d, hq // hkv, q.device, gluon=gluon)[1]
+                rows.append(dict(shape=f"{hq}/{hkv}/{d}", batch=b, context=ctx,
+                                 kernel="gluon" if gluon else "triton", num_splits=cfg["num_splits"],
+                                 tokens_per_split=cfg["tokens_per_split"],
+                                 time_us=round(time_us(q, caches, gluon=gluon), 2)))
+                print(rows[-1], flush=True)
+            del caches
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -164,7 +164,7 @@ def wide() -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["tiles", "crossover", "groups", "mha", "wide"])
+    p.add_argument("what", choices=["tiles", "crossover", "groups", "mha", "wide", "wide-crossover"])
     p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -177,7 +177,8 @@ def main() -> None:
     with open(path, "x") as fh:  # never overwrite an earlier run
         json.dump({**RowLog.doc, "rows": []}, fh, indent=1)
     RowLog.path = path
-    {"tiles": tiles, "crossover": crossover, "groups": groups, "mha": mha, "wide": wide}[args.what]()
+    {"tiles": tiles, "crossover": crossover, "groups": groups, "mha": mha, "wide": wide,
+     "wide-crossover": lambda: crossover(WIDE, [(1, 8192), (2, 8192), (8, 4096), (8, 16384), (16, 16384)])}[args.what]()
     print(f"wrote {path}")
 
 if __name__ == "__main__":

@@ -692,7 +692,7 @@ def test_triton_opt_gluon_is_a_switch(monkeypatch):
     assert (launch["block_n"], launch["num_stages"], launch["num_warps"]) == (128, 4, 4)  # the Gluon launch
     auto = bench.measure._triton_launch(Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3"), cache, torch.device("cpu"))
     assert auto["kernel"] == "triton"  # splits of 64 tokens: latency-bound, the Triton kernel's
-    monkeypatch.setattr(ops, "GLUON_MIN_SPLIT_TOKENS", 64)
+    monkeypatch.setitem(ops.GLUON_MIN_SPLIT_TOKENS, 1, 64)
     auto = bench.measure._triton_launch(Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3"), cache, torch.device("cpu"))
     assert (auto["kernel"], auto["block_n"]) == ("gluon", 64)  # the default where Gluon runs
     tuned = Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3", options={"block_n": 32})

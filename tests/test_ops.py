@@ -490,6 +490,49 @@ def test_decode_is_cuda_graph_capturable():
     assert math.isfinite(float(out.float().abs().max()))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda" or torch.cuda.get_device_capability()[0] < 9, reason="needs an sm90+ GPU")
+@pytest.mark.parametrize("sinks", [False, True])
+def test_combine_as_dependent_launch_gives_the_plain_launchs_bits(monkeypatch, sinks):
+    """The split combine launched as a programmatic dependent of the decode (it starts while the decode
+    runs, and waits for its partials) gives bit for bit what a plain launch gives, eagerly and replayed in
+    a CUDA graph: 2 sequences (1000 tokens and 1) in one-tile splits, 16/2/128, with and without a
+    sink term in the combine."""
+    from fp8kv import ops
+
+    torch.manual_seed(0)
+    cache = make_cache([1000, 1], 2, 128)
+    q = make_q(2, 16, 128, torch.bfloat16)
+    kw = dict(gluon=False, sinks=torch.randn(16, device=DEVICE) if sinks else None)
+    cfg = ops.decode_launch(2, cache, "dequant", 128, 8, q.device, gluon=False)[1]
+    programs = 2 * 2 * cfg["head_tiles"] * cfg["num_splits"]
+    results = {}
+    for pdl in (False, True):
+        monkeypatch.setattr(ops, "COMBINE_PDL", pdl)
+        ops._pdl_on.cache_clear()
+        assert cfg["num_splits"] > 1 and ops.combine_as_dependent(programs, q.device) is pdl  # the path under test
+        eager = paged_decode(q, cache, **kw)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            graphed = paged_decode(q, cache, **kw)
+        g.replay()
+        torch.cuda.synchronize()
+        results[pdl] = (eager, graphed)
+    ops._pdl_on.cache_clear()
+    plain = results[False][0]
+    for out, lse in (*results[True], results[False][1]):
+        assert torch.equal(out, plain[0]) and torch.equal(lse, plain[1])
+
+
+def test_dependent_launch_only_on_a_gpu_with_half_its_sms_free(monkeypatch):
+    from fp8kv import ops
+
+    assert not ops.combine_as_dependent(1, torch.device("cpu"))
+    monkeypatch.setattr(ops, "_pdl_on", lambda device: True)  # as on an sm90 GPU
+    monkeypatch.setattr(ops, "_num_sms", lambda device: 132)
+    assert ops.combine_as_dependent(66, torch.device("cuda")) and not ops.combine_as_dependent(67, torch.device("cuda"))
+
+
 def test_copy_kernel_copies_every_element():
     """The bandwidth ceiling's kernel (fp8kv.bench.measure_copy_bandwidth on a GPU)."""
     from fp8kv.kernels.copy import copy_kernel
@@ -593,7 +636,7 @@ def test_small_batches_run_the_triton_kernel_by_default(monkeypatch):
     monkeypatch.setattr(ops, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
     cache = make_cache([5, 300], 2, 128)  # 304 tokens of capacity: tiles of 64 make splits of 320 or 192
     long_split = dict(num_splits=1)
-    monkeypatch.setattr(ops, "GLUON_MIN_SPLIT_TOKENS", 200)
+    monkeypatch.setitem(ops.GLUON_MIN_SPLIT_TOKENS, 1, 200)
     assert ops.decode_launch(2, cache, "dequant", 128, 4, torch.device("cpu"), **long_split)[0] == "gluon"
     assert ops.decode_launch(2, cache, "dequant", 128, 4, torch.device("cpu"), num_splits=2)[0] == "triton"
     assert ops.decode_launch(2, cache, "dequant", 128, 4, torch.device("cpu"), num_splits=2, gluon=True)[0] == "gluon"
@@ -601,6 +644,21 @@ def test_small_batches_run_the_triton_kernel_by_default(monkeypatch):
     assert ops.decode_launch(2, cache, "dequant", 128, 48, torch.device("cpu"), **long_split)[0] == "triton"
     assert ops.decode_launch(2, cache, "dequant", 128, 16, torch.device("cpu"), **long_split)[0] == "gluon"
     assert ops.decode_launch(2, cache, "dequant", 128, 48, torch.device("cpu"), gluon=True, **long_split)[0] == "gluon"
+
+
+def test_two_part_heads_take_the_gluon_kernel_from_shorter_splits(monkeypatch):
+    """Above head_dim 128 (two programs per head tile) Gluon is the default from 512 tokens per split, at
+    128 and below from 1024 (GLUON_MIN_SPLIT_TOKENS)."""
+    from fp8kv import ops
+
+    monkeypatch.setattr(ops, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
+    cpu = torch.device("cpu")
+    for d, splits, kernel in ((256, 2, "gluon"), (256, 4, "triton"), (128, 2, "triton"), (128, 1, "gluon")):
+        cache = make_cache([5, 1024], 2, d)  # 1024 tokens of capacity: 2 splits of 512, 4 of 256
+        chosen, cfg = ops.decode_launch(2, cache, "dequant", d, 4, cpu, num_splits=splits)
+        assert chosen == kernel, (d, splits, cfg)
+        if chosen == "gluon":
+            assert cfg["tokens_per_split"] == 1024 // splits
 
 
 def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):

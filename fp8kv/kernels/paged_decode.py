@@ -36,6 +36,7 @@ probabilities (V) inside the loop.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..formats import FORMATS
 from .fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
@@ -186,7 +187,10 @@ def paged_decode_kernel(
     SOFT_CAP: tl.constexpr,  # scores -> cap * tanh(score / cap), in natural units
     HAS_SINKS: tl.constexpr,  # one sink logit per query head joins the denominator (here for one
     # split; several splits fold it in combine_splits_kernel)
+    PDL: tl.constexpr = False,  # sm90+: let the split combine launch now (it waits for this grid's partials)
 ):
+    if PDL:
+        gdc_launch_dependents()
     b = tl.program_id(0)
     split = tl.program_id(2)
     offs_g = tl.arange(0, GROUP_PAD)
@@ -329,11 +333,15 @@ def combine_splits_kernel(
     D_PAD: tl.constexpr,
     SPLITS_PAD: tl.constexpr,  # num_splits padded to a power of two
     HAS_SINKS: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent of the decode (sm90+)
 ):
     """out = Σ_s w_s out_s / Σ_s w_s with w_s = 2^(lse_s - max lse): the flash-decoding reduction.
 
-    A sink is one more term of the denominator with no output: ``2^(sink·log2 e - max)``.
+    A sink is one more term of the denominator with no output: ``2^(sink·log2 e - max)``. With PDL the
+    programs may start before the decode has finished: they wait for its partials first.
     """
+    if PDL:
+        gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)

@@ -1,0 +1,65 @@
+"""The measurement behind ``fp8kv.ops.combine_as_dependent`` (GPU only, sm90+):
+
+    python scripts/pdl_probe.py          # the split combine with and without programmatic dependent launch
+
+Runs the same grid (seven head layouts at B 1/4 x 1000/4096 tokens, where the combine's launch weighs,
+and 32/8/128 at B = 64 x 16k, where it should not; FP8 e4m3 with a tensor scale, page 16, bf16 queries,
+the default decode dispatch) once with ``COMBINE_PDL`` off and once on, in one process, through
+``fp8kv.bench.run`` (CUDA graphs, every row checked against the fp32 oracle first), and writes the rows,
+a ``pdl`` column added, to ``results/bench/<gpu-slug>/<stamp>-pdl.csv``; prints the two side by side.
+
+``…20261204T145216Z-pdl.csv`` also holds placements of the decode's trigger that the rule weighed:
+``start`` (the trigger at every split decode, whatever its program count), ``end`` (after its stores),
+``exit`` (no trigger: the combine launches as the decode exits) and ``auto`` (start up to one program
+per SM, end above).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from fp8kv import ops
+from fp8kv.bench import run, sweep
+from fp8kv.device import gpu_slug
+from fp8kv.results import utc_stamp
+
+LATENCY = [(32, 8, 128), (32, 32, 128), (8, 1, 256), (14, 2, 64), (28, 4, 128), (71, 1, 64), (40, 8, 128)]
+STREAMING = [(32, 8, 128)]
+KEY = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
+
+
+def cases():
+    common = dict(kv_dtypes=["fp8_e4m3"], modes=["dequant"], backends=["triton"], granularities=["tensor"])
+    return (sweep([1, 4], [1000, 4096], shapes=LATENCY, **common)
+            + sweep([64], [16384], shapes=STREAMING, **common))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
+    args = p.parse_args()
+    stamp, runs, default = utc_stamp(), [], ops.COMBINE_PDL
+    try:
+        for pdl in (False, True):
+            ops.COMBINE_PDL = pdl
+            ops._pdl_on.cache_clear()
+            runs.append(run(cases(), progress=False, rep=50).assign(pdl=str(pdl)))
+    finally:
+        ops.COMBINE_PDL = default
+        ops._pdl_on.cache_clear()
+    rows = pd.concat(runs, ignore_index=True)
+    out = Path(args.out) / gpu_slug()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{re.sub(r'[^0-9TZ]', '', stamp)}-pdl.csv"
+    rows.to_csv(path, index=False)
+    side = rows[rows["status"] == "ok"].pivot_table(index=KEY, columns="pdl", values=["num_splits", "time_us"])
+    print(side.to_string(float_format=lambda v: f"{v:.2f}"))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
