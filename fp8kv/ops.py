@@ -125,6 +125,17 @@ def padded_rows(heads_per_program: int) -> int:
     return max(16, triton.next_power_of_2(heads_per_program))
 
 
+def latency_waves(head_dim: int) -> float:
+    """``min_waves`` of :func:`choose_num_splits`'s latency rule at ``head_dim``: four waves where it is a
+    power of two, two elsewhere. H200, FP8, B 1-4 x 1000-4096 (``scripts/split_rule_probe.py``,
+    ``results/bench/nvidia-h200/20261204T151534Z-split-rule.csv``): where four waves change the count, head
+    dims 80, 96 and 112 (padded to a power of two in the Triton kernel's tiles) were slower at all 5 points
+    (32/32/80, 4 x 1000: 22.6 against 18.4 us; 32/32/96, 1 x 4k: 22.7 against 20.6; 32/8/112, 4 x 4k: 23.2
+    against 21.5), while 32/32/128 at 1 x 4k took 18.3 against 21.1 us (...103759Z-split-rule.csv: five
+    of seven such points faster at powers of two, the other two level)."""
+    return 4.0 if head_dim & (head_dim - 1) == 0 else 2.0
+
+
 def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int,
                       waves: float = 8.0, min_tiles_per_split: int = 4, min_waves: float = 4.0) -> int:
     """Split-KV factor from the launch shape (flash-decoding).
@@ -211,7 +222,8 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         capacity = min(capacity, window)
     if num_splits is None:
         programs = cache.num_kv_heads * (head_tiles * head_parts if use_tensor_cores else group)  # per sequence, split
-        num_splits = choose_num_splits(batch, programs, capacity, block_n, _num_sms(device or cache.device))
+        num_splits = choose_num_splits(batch, programs, capacity, block_n, _num_sms(device or cache.device),
+                                       min_waves=latency_waves(cache.head_dim))
     tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
     return dict(block_n=block_n, num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
                 num_splits=max(1, triton.cdiv(capacity, tokens_per_split)), tokens_per_split=tokens_per_split,

@@ -1,8 +1,9 @@
-"""The measurement behind ``fp8kv.ops.choose_num_splits``'s latency rule (GPU only):
+"""The measurement behind ``fp8kv.ops.choose_num_splits``'s latency rule and ``latency_waves`` (GPU only):
 
     python scripts/split_rule_probe.py              # min_waves 2 and 4 at B 1/4 x 1000/4096 tokens
+    python scripts/split_rule_probe.py --shapes 32/32/80 32/32/96 32/32/128 32/8/112 16/2/96
 
-Runs the same latency-bound grid (seven head layouts, FP8 e4m3 with a tensor scale, page 16, bf16
+Runs the same latency-bound grid (seven head layouts, or ``--shapes``; FP8 e4m3 with a tensor scale, page 16, bf16
 queries, the default decode dispatch) once per ``min_waves`` value in one process, through
 ``fp8kv.bench.run`` (CUDA graphs, every row checked against the fp32 oracle first), and writes the
 rows, a ``min_waves`` column added, to ``results/bench/<gpu-slug>/<stamp>-split-rule.csv``; prints the
@@ -12,7 +13,7 @@ two side by side.
 from __future__ import annotations
 
 import argparse
-import functools
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -29,21 +30,24 @@ KEY = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--min-waves", type=float, nargs="+", default=[2.0, 4.0], help="values to compare")
+    p.add_argument("--shapes", nargs="+", default=None, metavar="HQ/HKV/D",
+                   help="head layouts (default: the seven of SHAPES)")
     p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
     args = p.parse_args()
-    rule, stamp, runs = ops.choose_num_splits, utc_stamp(), []
+    shapes = [tuple(int(x) for x in s.split("/")) for s in args.shapes] if args.shapes else SHAPES
+    rule, stamp, runs = ops.latency_waves, utc_stamp(), []
     try:
         for waves in args.min_waves:
-            ops.choose_num_splits = functools.partial(rule, min_waves=waves)  # launch_config calls it by name
-            cases = sweep([1, 4], [1000, 4096], shapes=SHAPES, kv_dtypes=["fp8_e4m3"], modes=["dequant"],
+            ops.latency_waves = lambda head_dim, waves=waves: waves  # the same at every head_dim
+            cases = sweep([1, 4], [1000, 4096], shapes=shapes, kv_dtypes=["fp8_e4m3"], modes=["dequant"],
                           backends=["triton"], granularities=["tensor"])
             runs.append(run(cases, progress=False, rep=50).assign(min_waves=waves))
     finally:
-        ops.choose_num_splits = rule
+        ops.latency_waves = rule
     rows = pd.concat(runs, ignore_index=True)
     out = Path(args.out) / gpu_slug()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{stamp}-split-rule.csv"
+    path = out / f"{re.sub(r'[^0-9TZ]', '', stamp)}-split-rule.csv"
     rows.to_csv(path, index=False)
     side = rows[rows["status"] == "ok"].pivot_table(index=KEY, columns="min_waves", values=["num_splits", "time_us"])
     print(side.to_string(float_format=lambda v: f"{v:.2f}"))

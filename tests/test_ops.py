@@ -358,6 +358,7 @@ def test_splits_agree_and_batch_one_fills_the_gpu(monkeypatch):
     assert choose_num_splits(2, 1, 16384, 64, 132) == 128
     assert choose_num_splits(3, 1, 16384, 64, 132) == 64
     assert choose_num_splits(1, 1, 2**20, 128, 132) == 128  # the bandwidth rule would ask for 1056
+
     # what launch_config launches: whole tiles per split (17 wanted at B=4 x 4k -> 16 of 256 tokens)
     from fp8kv import ops
     from fp8kv.ops import launch_config
@@ -373,6 +374,18 @@ def test_splits_agree_and_batch_one_fills_the_gpu(monkeypatch):
     assert cc < tc
     with pytest.raises(ValueError, match="group"):
         launch_config(1, mha, use_tensor_cores=False)
+
+
+def test_latency_rule_takes_four_waves_only_at_power_of_two_head_dims(monkeypatch):
+    """B = 1 x 4k MHA on 132 SMs: 16 splits at D = 128 (four waves), 8 at D = 80 and 96 (two), as
+    ``latency_waves`` says."""
+    from fp8kv import ops
+
+    monkeypatch.setattr(ops, "_num_sms", lambda device: 132)
+    assert [ops.latency_waves(d) for d in (64, 80, 96, 112, 128, 256)] == [4.0, 2.0, 2.0, 2.0, 4.0, 4.0]
+    for d, splits in ((128, 16), (80, 8), (96, 8)):
+        cache = make_cache([4096], 32, d)
+        assert launch_config(1, cache, group=1)["num_splits"] == splits, d
 
 
 def test_empty_split_ranges_are_harmless():
