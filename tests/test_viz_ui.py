@@ -283,8 +283,12 @@ def test_bench_lines_facets_and_ceiling():
     assert len(fig.data) == 2 * 2  # a line per label in each of the two batch panels
     assert all(list(tr.x) == sorted(tr.x) for tr in fig.data)
     assert any(s.type == "line" and s.y0 == 100.0 for s in fig.layout.shapes)
+    assert fig.layout.yaxis.dtick is None  # a linear axis keeps plotly's ticks
     with pytest.raises(ValueError, match="lacks column"):
         viz.bench_lines(_bench_rows(), x="context", y="nope")
+    # a log value axis labels 1-2-5 in full ("2k"), not plotly's bare minor digits ("2" beside "1000")
+    logy = viz.bench_lines(_bench_rows(), x="context", y="time_us", facet="batch", log_y=True)
+    assert (logy.layout.yaxis.dtick, logy.layout.yaxis.tickformat) == ("D2", "~s")
 
 
 def test_speedup_heatmap_cells_and_log_scale():
@@ -299,6 +303,8 @@ def test_speedup_heatmap_cells_and_log_scale():
 def test_bandwidth_roofline_draws_the_roof():
     fig = viz.bandwidth_roofline(_bench_rows(), 4000.0)
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    assert (fig.layout.xaxis.dtick, fig.layout.xaxis.tickformat) == (1, "~s")  # decades: "10M", "1G"
+    assert (fig.layout.yaxis.dtick, fig.layout.yaxis.tickformat) == ("D2", "~s")
     # plotly.js places a shape at its data value on a log axis, an annotation at the value's log10
     assert [s.y0 for s in fig.layout.shapes] == [4000.0]
     assert [a.y for a in fig.layout.annotations] == [pytest.approx(math.log10(4000.0))]

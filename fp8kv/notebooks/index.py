@@ -31,12 +31,17 @@ def _fmt(value, spec=".3g", unit="") -> str:
     return f"{value:{spec}}{unit}" if isinstance(value, (int, float)) and math.isfinite(value) else "–"
 
 
+# The FP8 decode the index's speed-up column summarises: fp8kv's default (page 04's label for it).
+HEADLINE_FP8 = "triton fp8_e4m3 dequant"
+
+
 def gpu_summary(folder: str | os.PathLike) -> dict:
     """One GPU's row of the index, from the results JSON in its report folder (missing ones give "–").
 
     Keys: ``slug``, ``name``, ``arch``, ``versions``, ``mode``, ``capability`` (supported / total
-    backend × KV dtype × mode rows here), ``copy_gbps``, ``speedup`` (FP8 over the best 16-bit decode,
-    per head layout: median and best over the shapes measured), ``kv_capacity`` (per planner model:
+    backend × KV dtype × mode rows here), ``copy_gbps``, ``speedup`` (fp8kv's default FP8 decode, e4m3
+    in dequant mode, over the best 16-bit decode of the same shape, per head layout: median and best over
+    the shapes measured; FlashInfer's FP8 rows and fp8 mode are on page 04), ``kv_capacity`` (per planner model:
     FP8 e4m3 / bf16 tokens on this GPU, or the ratio where the machine has no GPU memory), ``kl``
     (per model, mean KL of e4m3 amax-scaled KV against bf16), ``timings_meaningful``, ``pages``.
     """
@@ -64,7 +69,7 @@ def gpu_summary(folder: str | os.PathLike) -> dict:
         by_heads: dict[str, list[float]] = {}
         for r in lat.get("speedup") or []:
             v = r.get("speedup_vs_bf16")
-            if isinstance(v, (int, float)) and math.isfinite(v):
+            if r.get("label") == HEADLINE_FP8 and isinstance(v, (int, float)) and math.isfinite(v):
                 by_heads.setdefault(f"{r['num_q_heads']}:{r['num_kv_heads']}", []).append(v)
         row["speedup"] = {h: (statistics.median(v), max(v)) for h, v in sorted(by_heads.items())}
     if cap:
@@ -114,10 +119,13 @@ def _overlay_figures(folders: list[Path]):
                        log_x=True, log_y=True, hover=["batch", "gbps", "pct_copy_bw"],
                        title="Decode latency vs context, every GPU (each at its largest measured batch)",
                        labels={"series": "GPU · backend · KV dtype · mode"})
+    latency.update_yaxes(dtick="D2", tickformat="~s")  # 1-2-5 written out: "2k", not a bare "2"
+    latency.update_xaxes(dtick=1, tickformat="~s")  # decades of tokens: "1k", "10k"
     share = viz.line(at_context.sort_values(["series", "batch"]), x="batch", y="pct_copy_bw", color="series",
                      log_x=True, hover=["context", "time_us", "gbps"],
                      title="Share of the copy bandwidth vs batch, every GPU (each at its largest measured context)",
                      labels={"series": "GPU · backend · KV dtype · mode"})
+    share.update_xaxes(dtick=1, tickformat="~s")  # decades of sequences: 1, 10, 100
     return [latency, share]
 
 
@@ -163,7 +171,7 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
     figure_html = "\n".join(f.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False)
                              for f in figures)
     header = ("GPU", "arch", "versions", "run", "capability", "copy bandwidth",
-              "FP8 over best 16-bit decode", "KV tokens (planner models, this GPU)", "KL, e4m3 amax vs bf16", "pages")
+              "fp8kv FP8 (e4m3, dequant) over the best 16-bit decode", "KV tokens (planner models, this GPU)", "KL, e4m3 amax vs bf16", "pages")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>fp8kv: every GPU</title>{plotly_tag}
 <style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse;font-size:90%}}
