@@ -42,7 +42,7 @@ from .kernels.paged_decode_cuda_core import paged_decode_cuda_core_kernel
 
 __all__ = ["paged_decode", "decode_launch", "decode_kernel", "gluon_refusal", "gluon_launch", "write_cache",
            "choose_num_splits", "launch_config", "DecodeConfig", "default_config", "stream_copy",
-           "MAX_HEADS_PER_PROGRAM"]
+           "MAX_HEADS_PER_PROGRAM", "latency_waves", "combine_as_dependent"]
 
 _SCALE_KIND = {"tensor": SCALE_PER_HEAD.value, "head": SCALE_PER_HEAD.value, "channel": SCALE_CHANNEL.value,
                "token_head": SCALE_TOKEN_HEAD.value}
@@ -125,19 +125,26 @@ def padded_rows(heads_per_program: int) -> int:
     return max(16, triton.next_power_of_2(heads_per_program))
 
 
+# Waves of programs the latency rule of choose_num_splits fills (its min_waves), by head dim: four where it is
+# a power of two, two where the Triton kernel pads it to one (latency_waves).
+LATENCY_WAVES, LATENCY_WAVES_PADDED = 4.0, 2.0
+
+
 def latency_waves(head_dim: int) -> float:
-    """``min_waves`` of :func:`choose_num_splits`'s latency rule at ``head_dim``: four waves where it is a
-    power of two, two elsewhere. H200, FP8, B 1-4 x 1000-4096 (``scripts/split_rule_probe.py``,
-    ``results/bench/nvidia-h200/20261204T151534Z-split-rule.csv``): where four waves change the count, head
-    dims 80, 96 and 112 (padded to a power of two in the Triton kernel's tiles) were slower at all 5 points
-    (32/32/80, 4 x 1000: 22.6 against 18.4 us; 32/32/96, 1 x 4k: 22.7 against 20.6; 32/8/112, 4 x 4k: 23.2
-    against 21.5), while 32/32/128 at 1 x 4k took 18.3 against 21.1 us (...103759Z-split-rule.csv: five
-    of seven such points faster at powers of two, the other two level)."""
-    return 4.0 if head_dim & (head_dim - 1) == 0 else 2.0
+    """``min_waves`` of :func:`choose_num_splits`'s latency rule at ``head_dim``: :data:`LATENCY_WAVES`
+    where it is a power of two, :data:`LATENCY_WAVES_PADDED` elsewhere. Measured with the Triton
+    tensor-core kernel on an H200, FP8, B 1-4 x 1000-4096 (``scripts/split_rule_probe.py``): in
+    ``results/bench/nvidia-h200/20261204T151534Z-split-rule.csv`` head dims 80, 96 and 112 (padded to a power
+    of two in the kernel's tiles) were slower with four waves at all 5 points whose count changed (32/32/80,
+    4 x 1000: 22.6 against 18.4 us; 32/32/96, 1 x 4k: 22.7 against 20.6; 32/8/112, 4 x 4k: 23.2 against
+    21.5), while 32/32/128 at 1 x 4k took 18.3 against 21.1 us; in ``...103759Z-split-rule.csv`` 3 of the
+    5 changed points (all at D = 128) were 1.18x faster, the other two within 1 %. The Gluon and CUDA-core
+    launches size their splits with the same rule (not measured separately)."""
+    return LATENCY_WAVES if head_dim & (head_dim - 1) == 0 else LATENCY_WAVES_PADDED
 
 
 def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int,
-                      waves: float = 8.0, min_tiles_per_split: int = 4, min_waves: float = 4.0) -> int:
+                      waves: float = 8.0, min_tiles_per_split: int = 4, min_waves: float = LATENCY_WAVES) -> int:
     """Split-KV factor from the launch shape (flash-decoding).
 
     Enough (sequence, KV head, split) programs to fill ``waves`` x ``num_sms`` slots, but no split
@@ -146,7 +153,8 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     splits 196 us. Where that leaves fewer than ``min_waves`` x ``num_sms`` programs (small batch and
     short context: latency-bound), splits go down to one tile each until there are: H200, 32/8/128,
     B=1 x 4k FP8: 32 one-tile splits 10.5 us against 15.4 us for 8 four-tile splits; B=3 x 1000:
-    8 splits 9.6 us against 15.0 us for 2. Four waves rather than two (``scripts/split_rule_probe.py``,
+    8 splits 9.6 us against 15.0 us for 2. Four waves rather than two at power-of-two head dims
+    (:func:`launch_config` passes :func:`latency_waves`; ``scripts/split_rule_probe.py``,
     ``results/bench/nvidia-h200/20261204T103759Z-split-rule.csv``): the five of 28 latency-bound points
     whose count changes took 1.18-1.19x less time where it doubled (32/32/128 at 1 x 4k 21.3 -> 18.0 us,
     32/8/128 and 40/8/128 at 4 x 4k 21.7 -> 18.3 and 21.9 -> 18.6 us) and 1.01x at the other two; the
@@ -652,32 +660,30 @@ def _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype):
     return out, lse
 
 
-# Programmatic dependent launch (sm90+): where the decode's programs leave at least half the SMs free, each
-# lets the split combine launch as it starts, and the combine's programs wait on the free SMs for the
-# partials, so no launch gap separates the two. H200, FP8, B 1-4 x 1000-4096 tokens (scripts/pdl_probe.py,
-# results/bench/nvidia-h200/20261204T145216Z-pdl.csv): faster at all 12 such points, by 0.05-0.89 us
-# (32/8/128, 1 x 1000: 7.40 against 8.19 us; 14/2/64, 1 x 4k: 5.97 against 6.71). With 128 programs it
-# was level or slower (28/4/128, 1 x 4k: 9.64 against 9.37 us), with more an early combine takes SMs the
-# decode's programs need (32/8/128, 4 x 4k: 20.31 against 18.43 us), and a dependent launch without the
-# early start was slower than a plain one at 23-24 of 29 points (median +0.22-0.25 us): those stay plain.
+# Programmatic dependent launch (sm90+, the Triton tensor-core kernel): where the decode's programs leave at
+# least half the SMs free, each lets the split combine launch as it starts, and the combine's programs wait on
+# the free SMs for the partials, so no launch gap separates the two. H200, FP8, B 1-4 x 1000-4096 tokens
+# (scripts/pdl_probe.py, results/bench/nvidia-h200/20261204T145216Z-pdl.csv): faster at all 12 such points,
+# by 0.05-0.89 us (32/8/128, 1 x 1000: 7.40 against 8.19 us; 14/2/64, 1 x 4k: 5.97 against 6.71). With 128
+# programs it was level or slower (28/4/128, 1 x 4k: 9.64 against 9.37 us), with more up to 2.4 us slower
+# (32/8/128, 4 x 4k: 20.31 against 18.43 us), and a dependent launch without the early start was slower than
+# a plain one at 26 of 29 points (median +0.22-0.25 us): those launches stay plain. False: plain everywhere.
 COMBINE_PDL = True
 
 
 @functools.cache
-def _pdl_on(device: torch.device) -> bool:
-    """Whether ``device`` takes programmatic dependent launches: sm90+, and a Triton that launches with
-    them (never under the interpreter)."""
-    if not COMBINE_PDL or device.type != "cuda" or interpreter_on() or int(current_arch(device)[2:]) < 90:
+def _pdl_capable(device: torch.device) -> bool:
+    """Whether ``device`` takes programmatic dependent launches: an sm90+ CUDA GPU, not the interpreter."""
+    if device.type != "cuda" or interpreter_on():
         return False
-    from triton.backends.nvidia.compiler import CUDAOptions
-
-    return "launch_pdl" in CUDAOptions.__dataclass_fields__
+    arch = current_arch(device) or ""
+    return arch.startswith("sm") and int(arch[2:]) >= 90
 
 
 def combine_as_dependent(programs: int, device: torch.device) -> bool:
     """Whether a split decode of ``programs`` programs launches its combine as a programmatic dependent:
-    where the device takes it and the programs leave at least half its SMs free."""
-    return _pdl_on(device) and programs <= _num_sms(device) // 2
+    :data:`COMBINE_PDL`, a device that takes it, and programs that leave at least half its SMs free."""
+    return COMBINE_PDL and _pdl_capable(device) and programs <= _num_sms(device) // 2
 
 
 def _split_partials(b: int, hq: int, splits: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -139,14 +139,17 @@ def collect_results(name: str, reports_dir: str | os.PathLike = "reports") -> di
 
 
 # --------------------------------------------------------------------------- tidy tables (CSV)
-def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None) -> Path:
-    """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` and a ``.json`` of metadata beside it.
+def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None, tag: str = "") -> Path:
+    """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` (``<timestamp>-<tag>.csv`` with a ``tag``) and a
+    ``.json`` of metadata beside it.
 
     ``df``: a pandas DataFrame of tidy rows with ``gpu_slug`` (one device per file) and
     ``timestamp`` columns; ``meta``: a dict stored in the JSON beside ``rows``, ``csv`` and
     ``columns``. An existing file is never overwritten (``-2``, ``-3``, ... is appended), and
     nothing outside the slug's folder is touched. Returns the CSV's path.
     """
+    if tag and not _SLUG.match(tag):
+        fail(f"tag={tag!r}; expected a folder-safe name such as 'pdl'")
     for col in ("gpu_slug", "timestamp"):
         if col not in df.columns:
             fail(f"df has no {col!r} column; expected tidy rows with gpu_slug and timestamp columns "
@@ -158,6 +161,7 @@ def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None) -> Path
         fail(f"df must hold the rows of one device with a folder-safe gpu_slug; got gpu_slug values {slugs}")
     stamp = str(df["timestamp"].dropna().iloc[0]) if df["timestamp"].notna().any() else ""
     stamp = re.sub(r"[^0-9TZ]", "", stamp) or re.sub(r"[^0-9TZ]", "", utc_stamp())  # the rows' time, or now
+    stamp += f"-{tag}" if tag else ""
     folder = Path(out_dir) / slugs[0]
     folder.mkdir(parents=True, exist_ok=True)
     for n in itertools.count(1):

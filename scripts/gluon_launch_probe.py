@@ -5,7 +5,7 @@
     python scripts/gluon_launch_probe.py groups      # large groups: programs per KV head -> decode_launch
     python scripts/gluon_launch_probe.py mha         # tiles and splits at the latency end -> gluon_tile
     python scripts/gluon_launch_probe.py wide        # head_dim above 128 (two parts): tiles, and Gluon against Triton
-    python scripts/gluon_launch_probe.py wide-crossover  # the same heads: Gluon against Triton at B 1-4
+    python scripts/gluon_launch_probe.py wide-crossover  # the same heads: Gluon against Triton at B 1-16
 
 Each times ``fp8kv.ops.paged_decode`` on FP8 e4m3 caches (tensor scale, page 16, bf16 queries) with
 CUDA graphs, the median of three medians, caches rotated so every call reads HBM, and writes
@@ -33,6 +33,10 @@ TILES = [(32, 8, 128), (28, 4, 128), (32, 32, 128), (12, 4, 64), (32, 32, 80), (
 CROSSOVER = [(32, 8, 128), (32, 32, 128), (12, 4, 64)]
 GROUPS = [(71, 1, 64), (48, 1, 128), (40, 2, 64)]  # Falcon-7B, StarCoder, a group of 20
 WIDE = [(8, 1, 256), (16, 8, 256), (16, 16, 256), (32, 8, 256)]  # Gemma-2B, Gemma-2-9B, Gemma-7B
+# (batch, context) of wide-crossover: ...20261204T144946Z-gluon-wide-crossover.json ran B 1-4 x 4k/16k,
+# ...145432Z the rest
+WIDE_CROSSOVER = [(b, c) for b in (1, 2, 4) for c in (4096, 16384)] + [(1, 8192), (2, 8192), (8, 4096), (8, 16384),
+                                                                       (16, 16384)]
 
 
 class RowLog(list):
@@ -178,7 +182,7 @@ def main() -> None:
         json.dump({**RowLog.doc, "rows": []}, fh, indent=1)
     RowLog.path = path
     {"tiles": tiles, "crossover": crossover, "groups": groups, "mha": mha, "wide": wide,
-     "wide-crossover": lambda: crossover(WIDE, [(1, 8192), (2, 8192), (8, 4096), (8, 16384), (16, 16384)])}[args.what]()
+     "wide-crossover": lambda: crossover(WIDE, WIDE_CROSSOVER)}[args.what]()
     print(f"wrote {path}")
 
 if __name__ == "__main__":

@@ -17,19 +17,12 @@ per SM, end above).
 from __future__ import annotations
 
 import argparse
-import re
-from pathlib import Path
-
-import pandas as pd
 
 from fp8kv import ops
-from fp8kv.bench import run, sweep
-from fp8kv.device import gpu_slug
-from fp8kv.results import utc_stamp
+from fp8kv.bench import run, save_comparison, sweep
 
 LATENCY = [(32, 8, 128), (32, 32, 128), (8, 1, 256), (14, 2, 64), (28, 4, 128), (71, 1, 64), (40, 8, 128)]
 STREAMING = [(32, 8, 128)]
-KEY = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
 
 
 def cases():
@@ -42,23 +35,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
     args = p.parse_args()
-    stamp, runs, default = utc_stamp(), [], ops.COMBINE_PDL
+    runs, default = {}, ops.COMBINE_PDL
     try:
         for pdl in (False, True):
             ops.COMBINE_PDL = pdl
-            ops._pdl_on.cache_clear()
-            runs.append(run(cases(), progress=False, rep=50).assign(pdl=str(pdl)))
+            runs[pdl] = run(cases(), progress=False, rep=50)
     finally:
         ops.COMBINE_PDL = default
-        ops._pdl_on.cache_clear()
-    rows = pd.concat(runs, ignore_index=True)
-    out = Path(args.out) / gpu_slug()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{re.sub(r'[^0-9TZ]', '', stamp)}-pdl.csv"
-    rows.to_csv(path, index=False)
-    side = rows[rows["status"] == "ok"].pivot_table(index=KEY, columns="pdl", values=["num_splits", "time_us"])
-    print(side.to_string(float_format=lambda v: f"{v:.2f}"))
-    print(f"wrote {path}")
+    save_comparison(runs, "pdl", "pdl", args.out)
 
 
 if __name__ == "__main__":

@@ -3,28 +3,21 @@
     python scripts/split_rule_probe.py              # min_waves 2 and 4 at B 1/4 x 1000/4096 tokens
     python scripts/split_rule_probe.py --shapes 32/32/80 32/32/96 32/32/128 32/8/112 16/2/96
 
-Runs the same latency-bound grid (seven head layouts, or ``--shapes``; FP8 e4m3 with a tensor scale, page 16, bf16
-queries, the default decode dispatch) once per ``min_waves`` value in one process, through
+Runs the same latency-bound grid (seven head layouts, or ``--shapes``; FP8 e4m3 with a tensor scale,
+page 16, bf16 queries, the default decode dispatch) once per ``min_waves`` value in one process, through
 ``fp8kv.bench.run`` (CUDA graphs, every row checked against the fp32 oracle first), and writes the
-rows, a ``min_waves`` column added, to ``results/bench/<gpu-slug>/<stamp>-split-rule.csv``; prints the
-two side by side.
+rows, a ``min_waves`` column added, to ``results/bench/<gpu-slug>/<stamp>-split-rule.csv`` (and its
+metadata beside it); prints the two side by side.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-from pathlib import Path
-
-import pandas as pd
 
 from fp8kv import ops
-from fp8kv.bench import run, sweep
-from fp8kv.device import gpu_slug
-from fp8kv.results import utc_stamp
+from fp8kv.bench import run, save_comparison, sweep
 
 SHAPES = [(32, 8, 128), (32, 32, 128), (8, 1, 256), (14, 2, 64), (28, 4, 128), (71, 1, 64), (40, 8, 128)]
-KEY = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
 
 
 def main() -> None:
@@ -35,23 +28,16 @@ def main() -> None:
     p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
     args = p.parse_args()
     shapes = [tuple(int(x) for x in s.split("/")) for s in args.shapes] if args.shapes else SHAPES
-    rule, stamp, runs = ops.latency_waves, utc_stamp(), []
+    rule, runs = ops.latency_waves, {}
     try:
         for waves in args.min_waves:
             ops.latency_waves = lambda head_dim, waves=waves: waves  # the same at every head_dim
             cases = sweep([1, 4], [1000, 4096], shapes=shapes, kv_dtypes=["fp8_e4m3"], modes=["dequant"],
                           backends=["triton"], granularities=["tensor"])
-            runs.append(run(cases, progress=False, rep=50).assign(min_waves=waves))
+            runs[waves] = run(cases, progress=False, rep=50)
     finally:
         ops.latency_waves = rule
-    rows = pd.concat(runs, ignore_index=True)
-    out = Path(args.out) / gpu_slug()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{re.sub(r'[^0-9TZ]', '', stamp)}-split-rule.csv"
-    rows.to_csv(path, index=False)
-    side = rows[rows["status"] == "ok"].pivot_table(index=KEY, columns="min_waves", values=["num_splits", "time_us"])
-    print(side.to_string(float_format=lambda v: f"{v:.2f}"))
-    print(f"wrote {path}")
+    save_comparison(runs, "min_waves", "split-rule", args.out)
 
 
 if __name__ == "__main__":

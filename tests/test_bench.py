@@ -402,6 +402,24 @@ def test_save_writes_a_new_file_under_the_slug_folder_only(tmp_path):
     assert (other / "20250101T000000Z.csv").read_text() == "keep me\n"
 
 
+def test_save_comparison_writes_one_tagged_file_per_run_never_overwriting(tmp_path, capsys):
+    """A probe's rows under each value of a launch setting: one file tagged with the probe, a column
+    naming the value, the two printed side by side; a second run in the same second gets -2."""
+    runs = {}
+    for value, t in ((False, 10.0), (True, 9.0)):
+        df = _rows([("triton", "", "fp8_e4m3", "dequant", t, "ok", True)])
+        runs[value] = df.assign(timestamp="2025-01-01T00:00:00Z", num_splits=8)
+    path = bench.save_comparison(runs, "pdl", "pdl", tmp_path)
+    assert path == tmp_path / "nvidia-h200" / "20250101T000000Z-pdl.csv"
+    rows = pd.read_csv(path)
+    assert rows["pdl"].tolist() == [False, True] and rows["time_us"].tolist() == [10.0, 9.0]
+    assert json.loads(path.with_suffix(".json").read_text())["setting"] == "pdl"
+    assert "10.00" in capsys.readouterr().out
+    assert bench.save_comparison(runs, "pdl", "pdl", tmp_path).name == "20250101T000000Z-pdl-2.csv"
+    with pytest.raises(ValueError, match="folder-safe"):
+        bench.save_comparison(runs, "pdl", "../x", tmp_path)
+
+
 def test_save_refuses_mixed_or_unsafe_slugs(tmp_path):
     df = _rows([("triton", "", "bf16", "dequant", 1.0, "ok", True)] * 2)
     df["timestamp"] = "2025-01-01T00:00:00Z"

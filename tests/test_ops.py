@@ -510,29 +510,31 @@ def test_combine_as_dependent_launch_gives_the_plain_launchs_bits(monkeypatch, s
     """The split combine launched as a programmatic dependent of the decode (it starts while the decode
     runs, and waits for its partials) gives bit for bit what a plain launch gives, eagerly and replayed in
     a CUDA graph: 2 sequences (1000 tokens and 1) in one-tile splits, 16/2/128, with and without a
-    sink term in the combine."""
+    sink term in the combine. Each measured decode follows one of another query, whose partials the
+    allocator hands on: a combine that read before the decode wrote would combine those."""
     from fp8kv import ops
 
     torch.manual_seed(0)
     cache = make_cache([1000, 1], 2, 128)
-    q = make_q(2, 16, 128, torch.bfloat16)
+    q, other = make_q(2, 16, 128, torch.bfloat16), make_q(2, 16, 128, torch.bfloat16, seed=2)
     kw = dict(gluon=False, sinks=torch.randn(16, device=DEVICE) if sinks else None)
     cfg = ops.decode_launch(2, cache, "dequant", 128, 8, q.device, gluon=False)[1]
     programs = 2 * 2 * cfg["head_tiles"] * cfg["num_splits"]
     results = {}
     for pdl in (False, True):
         monkeypatch.setattr(ops, "COMBINE_PDL", pdl)
-        ops._pdl_on.cache_clear()
         assert cfg["num_splits"] > 1 and ops.combine_as_dependent(programs, q.device) is pdl  # the path under test
+        paged_decode(other, cache, **kw)
         eager = paged_decode(q, cache, **kw)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
+            paged_decode(other, cache, **kw)
             graphed = paged_decode(q, cache, **kw)
         g.replay()
         torch.cuda.synchronize()
         results[pdl] = (eager, graphed)
-    ops._pdl_on.cache_clear()
     plain = results[False][0]
+    assert not torch.equal(paged_decode(other, cache, **kw)[0], plain[0])  # the other query's partials differ
     for out, lse in (*results[True], results[False][1]):
         assert torch.equal(out, plain[0]) and torch.equal(lse, plain[1])
 
@@ -541,9 +543,12 @@ def test_dependent_launch_only_on_a_gpu_with_half_its_sms_free(monkeypatch):
     from fp8kv import ops
 
     assert not ops.combine_as_dependent(1, torch.device("cpu"))
-    monkeypatch.setattr(ops, "_pdl_on", lambda device: True)  # as on an sm90 GPU
+    monkeypatch.setattr(ops, "_pdl_capable", lambda device: True)  # as on an sm90 GPU
     monkeypatch.setattr(ops, "_num_sms", lambda device: 132)
-    assert ops.combine_as_dependent(66, torch.device("cuda")) and not ops.combine_as_dependent(67, torch.device("cuda"))
+    gpu = torch.device("cuda")
+    assert ops.combine_as_dependent(66, gpu) and not ops.combine_as_dependent(67, gpu)
+    monkeypatch.setattr(ops, "COMBINE_PDL", False)  # the switch off: plain launches everywhere
+    assert not ops.combine_as_dependent(1, gpu)
 
 
 def test_copy_kernel_copies_every_element():

@@ -187,9 +187,10 @@ def test_index_has_a_row_per_gpu_and_loads_nothing_from_the_network(tmp_path):
         rows = [{"status": "ok", "label": "triton fp8_e4m3 dequant", "batch": b, "context": c, "time_us": 1.0 * b * c,
                  "gbps": 1.0, "pct_copy_bw": 10.0 * b} for b in (1, 4) for c in (64, 128)]
         # the column summarises fp8kv's default FP8 decode only: FlashInfer's and fp8 mode's rows stay out
-        speed = [{"num_q_heads": 4, "num_kv_heads": 2, "label": "triton fp8_e4m3 dequant", "speedup_vs_bf16": v}
-                 for v in (1.5, 1.9)] + [{"num_q_heads": 4, "num_kv_heads": 2, "label": lab, "speedup_vs_bf16": 0.5}
-                                         for lab in ("flashinfer-tc fp8_e4m3 dequant", "triton fp8_e4m3 fp8")]
+        kv = dict(num_q_heads=4, num_kv_heads=2, kv_dtype="fp8_e4m3")
+        speed = [dict(kv, backend="triton", variant="", mode="dequant", speedup_vs_bf16=v) for v in (1.5, 1.9)] + [
+            dict(kv, backend=b, variant=var, mode=m, speedup_vs_bf16=0.5)
+            for b, var, m in (("flashinfer", "tc", "dequant"), ("triton", "", "fp8"))]
         runner.save_results(folder, "04_decode_latency", {"rows": rows, "speedup": speed,
                                                           "timings_meaningful_for_gpu": slug != "cpu"}, device="cpu")
     path = runner.build_index(tmp_path)

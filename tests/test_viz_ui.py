@@ -305,6 +305,8 @@ def test_bandwidth_roofline_draws_the_roof():
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     assert (fig.layout.xaxis.dtick, fig.layout.xaxis.tickformat) == (1, "~s")  # decades: "10M", "1G"
     assert (fig.layout.yaxis.dtick, fig.layout.yaxis.tickformat) == ("D2", "~s")
+    cpu = viz.bandwidth_roofline(_bench_rows().assign(gbps=3e-4), 50.0)  # below 1 GB/s no SI prefixes ("300µ")
+    assert cpu.layout.yaxis.tickformat is None
     # plotly.js places a shape at its data value on a log axis, an annotation at the value's log10
     assert [s.y0 for s in fig.layout.shapes] == [4000.0]
     assert [a.y for a in fig.layout.annotations] == [pytest.approx(math.log10(4000.0))]

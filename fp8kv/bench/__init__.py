@@ -49,6 +49,7 @@ from .report import (
            layout_table,
            results_markdown,
            save,
+           save_comparison,
            speedup_table,
            summary,
 )
@@ -57,5 +58,5 @@ __all__ = ["Case", "sweep", "run", "speedup_table", "save", "main", "synthetic_c
            "tolerance", "footprint_bytes", "memory_budget", "summary", "results_markdown", "time_call",
            "build_parser", "PRESETS", "PRESET_HELP", "TRITON_OPTIONS", "COLUMNS", "SHAPE_KEYS", "Q_DTYPES",
            "layout_table", "layout_markdown", "LAYOUT_KEYS", "preset_grid",
-           "best_per_configuration", "case_counts", "all_checks_passed", "measure_copy_bandwidth",
+           "best_per_configuration", "save_comparison", "case_counts", "all_checks_passed", "measure_copy_bandwidth",
            "resolve_copy_bandwidth"]

@@ -166,6 +166,22 @@ def save(df: pd.DataFrame, out_dir: str | os.PathLike = "results/bench", meta: d
     return save_table(df, out_dir, meta={**df.attrs.get("bench", {}), **(meta or {})})
 
 
+def save_comparison(runs: dict, setting: str, tag: str, out_dir: str | os.PathLike = "results/bench") -> Path:
+    """Rows of one grid run once per value of a launch ``setting`` (``{value: rows}``), written with a
+    ``setting`` column to ``<out_dir>/<gpu-slug>/<stamp>-<tag>.csv`` (:func:`fp8kv.results.save_table`:
+    never overwriting); prints each shape's split count and time under every value side by side.
+    Returns the CSV's path."""
+    from ..results import save_table
+
+    rows = pd.concat([r.assign(**{setting: str(v)}) for v, r in runs.items()], ignore_index=True)
+    path = save_table(rows, out_dir, meta={"setting": setting, "values": [str(v) for v in runs]}, tag=tag)
+    key = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
+    side = rows[rows["status"] == "ok"].pivot_table(index=key, columns=setting, values=["num_splits", "time_us"])
+    print(side.to_string(float_format=lambda v: f"{v:.2f}"))
+    print(f"wrote {path}")
+    return path
+
+
 def case_counts(cases) -> str:
     """``"24 cases: 20 ready, 4 unsupported"``: a grid's cases by status, most first."""
     counts = pd.Series([c.status for c in cases], dtype=object).value_counts()

@@ -31,8 +31,8 @@ def _fmt(value, spec=".3g", unit="") -> str:
     return f"{value:{spec}}{unit}" if isinstance(value, (int, float)) and math.isfinite(value) else "–"
 
 
-# The FP8 decode the index's speed-up column summarises: fp8kv's default (page 04's label for it).
-HEADLINE_FP8 = "triton fp8_e4m3 dequant"
+# The FP8 decode the index's speed-up column summarises: fp8kv's default (its backend, KV dtype and mode).
+HEADLINE_FP8 = {"backend": "triton", "kv_dtype": "fp8_e4m3", "mode": "dequant"}
 
 
 def gpu_summary(folder: str | os.PathLike) -> dict:
@@ -69,7 +69,8 @@ def gpu_summary(folder: str | os.PathLike) -> dict:
         by_heads: dict[str, list[float]] = {}
         for r in lat.get("speedup") or []:
             v = r.get("speedup_vs_bf16")
-            if r.get("label") == HEADLINE_FP8 and isinstance(v, (int, float)) and math.isfinite(v):
+            default = all(r.get(k) == want for k, want in HEADLINE_FP8.items()) and not r.get("variant")
+            if default and isinstance(v, (int, float)) and math.isfinite(v):
                 by_heads.setdefault(f"{r['num_q_heads']}:{r['num_kv_heads']}", []).append(v)
         row["speedup"] = {h: (statistics.median(v), max(v)) for h, v in sorted(by_heads.items())}
     if cap:
@@ -119,8 +120,9 @@ def _overlay_figures(folders: list[Path]):
                        log_x=True, log_y=True, hover=["batch", "gbps", "pct_copy_bw"],
                        title="Decode latency vs context, every GPU (each at its largest measured batch)",
                        labels={"series": "GPU · backend · KV dtype · mode"})
-    latency.update_yaxes(dtick="D2", tickformat="~s")  # 1-2-5 written out: "2k", not a bare "2"
-    latency.update_xaxes(dtick=1, tickformat="~s")  # decades of tokens: "1k", "10k"
+    latency.update_yaxes(dtick="D2", tickformat="~s")  # 1-2-5 written out: "2k", not a bare "2" (all >= 1 us)
+    contexts = sorted(at_batch["context"].unique())  # the measured lengths, as "16k" (16384), not decades
+    latency.update_xaxes(tickvals=contexts, ticktext=[viz.tokens_label(c) for c in contexts])
     share = viz.line(at_context.sort_values(["series", "batch"]), x="batch", y="pct_copy_bw", color="series",
                      log_x=True, hover=["context", "time_us", "gbps"],
                      title="Share of the copy bandwidth vs batch, every GPU (each at its largest measured context)",

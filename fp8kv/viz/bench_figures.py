@@ -51,8 +51,8 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
             raise ValueError(f"ceiling must be a finite number or None, got {ceiling!r}")
         add_line(fig, "y", ceiling, line_dash="dash", line_color="gray", annotation_text=ceiling_label,
                  annotation_position="top left")
-    if log_y:  # 1-2-5 written out ("2k", not a bare "2" beside "1000")
-        fig.update_yaxes(dtick="D2", tickformat="~s")
+    if log_y and data[y].min() >= 1:  # 1-2-5 written out ("2k", not a bare "2" beside "1000"); SI
+        fig.update_yaxes(dtick="D2", tickformat="~s")  # prefixes below 1 ("500µ") would mislead
     if log_x:
         ticks = sorted(data[x].unique())  # the measured sizes, not decades; token counts as "16k", not "16.384k"
         text = [tokens_label(t) for t in ticks] if x in TOKEN_COLUMNS else [f"{t:g}" for t in ticks]
@@ -135,7 +135,8 @@ def bandwidth_roofline(df, copy_gbps: float, *, x: str = "bytes", y: str = "gbps
     _style_by_label(fig, df[color].unique())
     fig.update_traces(marker=dict(size=9))
     fig.update_xaxes(dtick=1, tickformat="~s")  # decades of bytes: "10M", "1G"
-    fig.update_yaxes(dtick="D2", tickformat="~s")  # 1-2-5 written out: "2k", not a bare "2"
+    if df[y].min() >= 1:  # 1-2-5 written out: "2k", not a bare "2" (below 1 GB/s, a CPU's, plotly's own)
+        fig.update_yaxes(dtick="D2", tickformat="~s")
     add_line(fig, "y", copy_gbps, line_dash="dash", line_color="gray",
              annotation_text=f"copy bandwidth {copy_gbps:.4g} GB/s", annotation_position="bottom right")
     return fig
