@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import argparse
 
+from split_rule_probe import FP8_DEFAULT, latency_cases  # the same latency grid (scripts/ is on sys.path)
+
 from fp8kv import ops
 from fp8kv.bench import run, save_comparison, sweep
 
-LATENCY = [(32, 8, 128), (32, 32, 128), (8, 1, 256), (14, 2, 64), (28, 4, 128), (71, 1, 64), (40, 8, 128)]
 STREAMING = [(32, 8, 128)]
 
 
 def cases():
-    common = dict(kv_dtypes=["fp8_e4m3"], modes=["dequant"], backends=["triton"], granularities=["tensor"])
-    return (sweep([1, 4], [1000, 4096], shapes=LATENCY, **common)
-            + sweep([64], [16384], shapes=STREAMING, **common))
+    return latency_cases() + sweep([64], [16384], shapes=STREAMING, **FP8_DEFAULT)
 
 
 def main() -> None:

@@ -18,6 +18,13 @@ from fp8kv import ops
 from fp8kv.bench import run, save_comparison, sweep
 
 SHAPES = [(32, 8, 128), (32, 32, 128), (8, 1, 256), (14, 2, 64), (28, 4, 128), (71, 1, 64), (40, 8, 128)]
+# FP8 e4m3, tensor scale, the default dispatch of fp8kv's own decode (scripts/pdl_probe.py times the same grid)
+FP8_DEFAULT = dict(kv_dtypes=["fp8_e4m3"], modes=["dequant"], backends=["triton"], granularities=["tensor"])
+
+
+def latency_cases(shapes=SHAPES) -> list:
+    """The latency-bound grid: ``shapes`` at B 1 / 4 x 1000 / 4096 tokens."""
+    return sweep([1, 4], [1000, 4096], shapes=shapes, **FP8_DEFAULT)
 
 
 def main() -> None:
@@ -32,9 +39,7 @@ def main() -> None:
     try:
         for waves in args.min_waves:
             ops.latency_waves = lambda head_dim, waves=waves: waves  # the same at every head_dim
-            cases = sweep([1, 4], [1000, 4096], shapes=shapes, kv_dtypes=["fp8_e4m3"], modes=["dequant"],
-                          backends=["triton"], granularities=["tensor"])
-            runs[waves] = run(cases, progress=False, rep=50)
+            runs[waves] = run(latency_cases(shapes), progress=False, rep=50)
     finally:
         ops.latency_waves = rule
     save_comparison(runs, "min_waves", "split-rule", args.out)

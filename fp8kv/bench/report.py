@@ -175,8 +175,7 @@ def save_comparison(runs: dict, setting: str, tag: str, out_dir: str | os.PathLi
 
     rows = pd.concat([r.assign(**{setting: str(v)}) for v, r in runs.items()], ignore_index=True)
     path = save_table(rows, out_dir, meta={"setting": setting, "values": [str(v) for v in runs]}, tag=tag)
-    key = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
-    side = rows[rows["status"] == "ok"].pivot_table(index=key, columns=setting, values=["num_splits", "time_us"])
+    side = rows[rows["status"] == "ok"].pivot_table(index=LAYOUT_KEYS, columns=setting, values=["num_splits", "time_us"])
     print(side.to_string(float_format=lambda v: f"{v:.2f}"))
     print(f"wrote {path}")
     return path

@@ -120,14 +120,13 @@ def _overlay_figures(folders: list[Path]):
                        log_x=True, log_y=True, hover=["batch", "gbps", "pct_copy_bw"],
                        title="Decode latency vs context, every GPU (each at its largest measured batch)",
                        labels={"series": "GPU · backend · KV dtype · mode"})
-    latency.update_yaxes(dtick="D2", tickformat="~s")  # 1-2-5 written out: "2k", not a bare "2" (all >= 1 us)
-    contexts = sorted(at_batch["context"].unique())  # the measured lengths, as "16k" (16384), not decades
-    latency.update_xaxes(tickvals=contexts, ticktext=[viz.tokens_label(c) for c in contexts])
+    viz.written_log_ticks(latency, "y", at_batch["time_us"])
+    viz.measured_ticks(latency, "x", at_batch["context"], "context")
     share = viz.line(at_context.sort_values(["series", "batch"]), x="batch", y="pct_copy_bw", color="series",
                      log_x=True, hover=["context", "time_us", "gbps"],
                      title="Share of the copy bandwidth vs batch, every GPU (each at its largest measured context)",
                      labels={"series": "GPU · backend · KV dtype · mode"})
-    share.update_xaxes(dtick=1, tickformat="~s")  # decades of sequences: 1, 10, 100
+    viz.written_log_ticks(share, "x", at_context["batch"], dtick=1)  # decades of sequences: 1, 10, 100
     return [latency, share]
 
 

@@ -78,6 +78,8 @@ def tokens_per_s_figure(df, *, title: str | None = None):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from .. import viz
+
     ok = df[df["status"] == "ok"]
     panels = list(dict.fromkeys(zip(ok["model"], ok["context"], strict=True)))
     fig = make_subplots(rows=1, cols=max(1, len(panels)), subplot_titles=[f"{m}, context {c}" for m, c in panels])
@@ -97,7 +99,8 @@ def tokens_per_s_figure(df, *, title: str | None = None):
                                      line=dict(color=_color(kv), dash="dash", width=1)), row=1, col=i)
     # decades on x, 1-2-5 on y, written out ("20k", not a bare "2" beside "10k")
     fig.update_xaxes(type="log", title="batch (concurrent sequences)", dtick=1, tickformat="~g")
-    fig.update_yaxes(type="log", title="tokens per second (generated)", dtick="D2", tickformat="~s")
+    fig.update_yaxes(type="log", title="tokens per second (generated)")
+    viz.written_log_ticks(fig, "y", ok["tokens_per_s"])
     fig.update_layout(title=title or "Decode-step throughput against concurrency, to each KV dtype's memory ceiling",
                       height=420, legend_title_text="KV dtype")
     return fig

@@ -44,11 +44,13 @@ from .style import (
     axis_title,
     color_map,
     line,
+    measured_ticks,
     mode_dash,
     mode_symbol,
     series_color,
     setup_plotly,
     tokens_label,
+    written_log_ticks,
 )
 
 __all__ = [
@@ -78,6 +80,8 @@ __all__ = [
     "per_layer",
     "layout_speedups",
     "tokens_label",
+    "written_log_ticks",
+    "measured_ticks",
     "MIN_CONTRAST",
     "MIN_COLOUR_DISTANCE",
     "FORMAT_COLORS",

@@ -12,14 +12,15 @@ from .. import checks
 from ..formats import is_fp8
 from .analysis_figures import grouped_bars
 from .style import (
-    TOKEN_COLUMNS,
     _require_columns,
     _style_by_label,
     _titles,
     add_ceiling,
     add_line,
     axis_title,
+    measured_ticks,
     tokens_label,
+    written_log_ticks,
 )
 
 # --------------------------------------------------------------------------- benchmarks and the backend matrix
@@ -51,12 +52,10 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
             raise ValueError(f"ceiling must be a finite number or None, got {ceiling!r}")
         add_line(fig, "y", ceiling, line_dash="dash", line_color="gray", annotation_text=ceiling_label,
                  annotation_position="top left")
-    if log_y and data[y].min() >= 1:  # 1-2-5 written out ("2k", not a bare "2" beside "1000"); SI
-        fig.update_yaxes(dtick="D2", tickformat="~s")  # prefixes below 1 ("500µ") would mislead
+    if log_y:
+        written_log_ticks(fig, "y", data[y])
     if log_x:
-        ticks = sorted(data[x].unique())  # the measured sizes, not decades; token counts as "16k", not "16.384k"
-        text = [tokens_label(t) for t in ticks] if x in TOKEN_COLUMNS else [f"{t:g}" for t in ticks]
-        fig.update_xaxes(tickvals=ticks, ticktext=text)
+        measured_ticks(fig, "x", data[x], x)
     return fig
 
 
@@ -134,9 +133,8 @@ def bandwidth_roofline(df, copy_gbps: float, *, x: str = "bytes", y: str = "gbps
                      labels=_titles([x, y, color, *extra, *(hover or [])], None))
     _style_by_label(fig, df[color].unique())
     fig.update_traces(marker=dict(size=9))
-    fig.update_xaxes(dtick=1, tickformat="~s")  # decades of bytes: "10M", "1G"
-    if df[y].min() >= 1:  # 1-2-5 written out: "2k", not a bare "2" (below 1 GB/s, a CPU's, plotly's own)
-        fig.update_yaxes(dtick="D2", tickformat="~s")
+    written_log_ticks(fig, "x", df[x], dtick=1)  # decades of bytes: "10M", "1G"
+    written_log_ticks(fig, "y", df[y])
     add_line(fig, "y", copy_gbps, line_dash="dash", line_color="gray",
              annotation_text=f"copy bandwidth {copy_gbps:.4g} GB/s", annotation_position="bottom right")
     return fig

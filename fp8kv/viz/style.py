@@ -74,6 +74,25 @@ def tokens_label(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
+def written_log_ticks(fig: go.Figure, axis: str, values, dtick="D2") -> go.Figure:
+    """Label the log ``axis`` ("x" or "y", every panel) in full, "2k" and "10M" rather than a bare "2",
+    at 1-2-5 steps (``dtick="D2"``) or decades (``dtick=1``). SI prefixes below 1 would read "300µ" for
+    3e-4: where ``values`` go below 1, plotly's own ticks stay."""
+    values = list(values)
+    if values and min(values) >= 1:
+        getattr(fig, f"update_{axis}axes")(dtick=dtick, tickformat="~s")
+    return fig
+
+
+def measured_ticks(fig: go.Figure, axis: str, values, column: str) -> go.Figure:
+    """Ticks of ``axis`` ("x" or "y") at the measured ``values`` of ``column`` only, not at decades; token
+    counts written as people write them ("16k", not "16.384k": :func:`tokens_label`)."""
+    ticks = sorted(set(values))
+    text = [tokens_label(t) for t in ticks] if column in TOKEN_COLUMNS else [f"{t:g}" for t in ticks]
+    getattr(fig, f"update_{axis}axes")(tickvals=ticks, ticktext=text)
+    return fig
+
+
 def axis_title(column: str) -> str:
     """Human title of a column: :data:`AXIS_TITLES`, else the name with spaces for underscores."""
     return AXIS_TITLES.get(column, str(column).replace("_", " "))
