@@ -456,8 +456,9 @@ def gluon_tile(group: int, head_dim: int, streams: int, num_sms: int) -> tuple[i
     return (64, 3) if head_dim <= 64 else (64, 4)
 
 
-# Shared memory the Gluon kernel takes besides its K and V rings (its layout conversions), bytes: sm90
-# compiles need 8 KiB more than the rings at every tile and depth.
+# Shared memory the Gluon kernel takes besides its K and V rings (its layout conversions), bytes, at most: sm90
+# builds (Triton 3.6 and 3.9, fp8kv.kernels.gluon_build) take 8 KiB more than the rings in 128-wide tiles, 4-8 KiB
+# in 64-wide ones (tests/test_gluon_build.py checks the default tiles).
 GLUON_SMEM_EXTRA = 8192
 
 
@@ -647,15 +648,12 @@ def _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype):
     # grid (Hkv x head tiles x parts, B, splits): a sequence's KV heads (and a KV head's programs) run side by side,
     # so the DRAM pages of its tokens are read together (H200, 64 x 16k: 32/8/128 535.6 against 545.4 us
     # batch-first; 12/4/64 185.5 against 207.4)
-    heads, tiles, parts = cfg["heads_per_program"], cfg["head_tiles"], g.head_parts(d)
-    g.gluon_decode_kernel[(cache.num_kv_heads * tiles * parts, b, splits)](
+    g.gluon_decode_kernel[(cache.num_kv_heads * cfg["head_tiles"] * g.head_parts(d), b, splits)](
         q, k_pages, v_pages, cache.k_scale, cache.v_scale, cache.block_table, cache.seq_lens, part_out, part_lse,
         sm_scale * math.log2(math.e), cfg["tokens_per_split"], cache.num_blocks, capacity,
         q.stride(0), q.stride(1), s[0], s[1], s[2], cache.block_table.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, HEADS=heads, HEAD_TILES=tiles, ROWS=g.mma_rows(heads), PARTS=parts, HEAD_DIM=d, BLOCK_SIZE=cache.block_size,
-        FP8_TY=g.gl.float8e4nv if cache.kv_dtype == "fp8_e4m3" else g.gl.float8e5, STAGES=cfg["num_stages"],
-        **g.make_layouts(cfg["block_n"], d), num_warps=g.NUM_WARPS)
+        **g.launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype), num_warps=g.NUM_WARPS)
     _combine_splits(part_out, part_lse, out, lse)
     return out, lse
 

@@ -49,6 +49,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+# Two builtins were renamed after Triton 3.6 (the old names then raise): the kernel calls whichever this Triton has.
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
 NUM_WARPS = 4
 HEAD_PADS = (64, 128)  # register tile widths; a head_dim runs in the smallest that holds it
 MIN_HEAD_DIM = 48  # the smallest head_dim its GPU tests cover
@@ -110,6 +114,15 @@ def make_layouts(block_n: int, head_dim: int):
                           warps_per_cta=[w, 1, 1], order=[2, 1, 0])
     return dict(W=w, HP=hp, NW=nw, MMA=mma, A_OP=a_op, B_OP=b_op, K_PHYS=k_phys, V_PHYS=v_phys, Q_BLK=q_blk, SMEM=smem,
                 CP=cp)
+
+
+def launch_constants(cfg: dict, group: int, head_dim: int, block_size: int, kv_dtype: str) -> dict:
+    """The kernel's constexprs for a launch ``cfg`` (:func:`fp8kv.ops.gluon_launch`) of ``group`` query heads per
+    KV head over pages of ``block_size`` tokens in ``kv_dtype`` ("fp8_e4m3" or "fp8_e5m2")."""
+    heads = cfg["heads_per_program"]
+    return dict(GROUP=group, HEADS=heads, HEAD_TILES=cfg["head_tiles"], ROWS=mma_rows(heads), PARTS=head_parts(head_dim),
+                HEAD_DIM=head_dim, BLOCK_SIZE=block_size, FP8_TY=gl.float8e4nv if kv_dtype == "fp8_e4m3" else gl.float8e5,
+                STAGES=cfg["num_stages"], **make_layouts(cfg["block_n"], head_dim))
 
 
 @gluon.jit
@@ -185,21 +198,23 @@ def _page_rows(n0, local, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr):
 
 
 @gluon.jit
-def _load_pages(bt_row, n0, local, end, num_blocks, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr):
-    """Block-table entries of tokens n0 + local (clamped; 0 if >= end)."""
+def _load_pages(bt_row, n0, local, end, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """Block-table entries of tokens n0 + local (0 if >= end), as stored: :func:`_issue_tile` clamps them
+    where it uses them, a tile later, so that no instruction waits on this load in the tile that issues it."""
     col, _ = _page_rows(n0, local, BLOCK_N, BLOCK_SIZE)
-    page = gl.load(bt_row + col, mask=n0 + local < end, other=0)
-    return gl.minimum(gl.maximum(page, 0), num_blocks - 1)
+    return gl.load(bt_row + col, mask=n0 + local < end, other=0)
 
 
 @gluon.jit
-def _issue_tile(k_ptr, v_ptr, k_buf, k2_buf, v_buf, pages, n0, local, end, kv_head_off, v_col0, stride_kb, stride_kt,
-                HP: gl.constexpr, HEAD_DIM: gl.constexpr, PARTS: gl.constexpr, BLOCK_N: gl.constexpr,
+def _issue_tile(k_ptr, v_ptr, k_buf, k2_buf, v_buf, pages, num_blocks, n0, local, end, kv_head_off, v_col0, stride_kb,
+                stride_kt, HP: gl.constexpr, HEAD_DIM: gl.constexpr, PARTS: gl.constexpr, BLOCK_N: gl.constexpr,
                 BLOCK_SIZE: gl.constexpr, CP: gl.constexpr):
     """cp.async (16 B per thread and row chunk) of the raw FP8 bytes of tile n0's K rows (columns
     [0, HP) into k_buf, [HP, 2 HP) into k2_buf when PARTS == 2) and V rows (columns [v_col0, v_col0 + HP))
-    into v_buf ([W, NW, HP] u8 smem). Rows >= end and columns >= HEAD_DIM are zero-filled (src-size 0)."""
+    into v_buf ([W, NW, HP] u8 smem). Rows >= end and columns >= HEAD_DIM are zero-filled (src-size 0).
+    ``pages`` (block-table entries) are clamped into [0, num_blocks) here."""
     _, row = _page_rows(n0, local, BLOCK_N, BLOCK_SIZE)
+    pages = gl.minimum(gl.maximum(pages, 0), num_blocks - 1)
     d = gl.arange(0, HP, layout=gl.SliceLayout(0, gl.SliceLayout(1, CP)))
     off = pages.to(gl.int64) * stride_kb + (row * stride_kt + kv_head_off).to(gl.int64)
     d3 = gl.expand_dims(gl.expand_dims(d, 0), 1)
@@ -215,7 +230,7 @@ def _copy_columns(buf, ptr, off, col0, d3, live, HEAD_DIM: gl.constexpr):
     """cp.async of columns col0 + d3 of the rows at byte offsets ``off`` (multiples of 16, as col0 is) into
     buf; rows not ``live`` and columns >= HEAD_DIM are zero-filled."""
     offs = gl.expand_dims(gl.multiple_of(off + col0, [16, 16]), 2) + d3
-    async_copy.async_copy_global_to_shared(buf, ptr + offs, mask=live & (d3 < HEAD_DIM - col0))
+    _async_load(buf, ptr + offs, mask=live & (d3 < HEAD_DIM - col0))
 
 
 @gluon.jit
@@ -278,11 +293,11 @@ def gluon_decode_kernel(
     # prologue: tiles 0 .. STAGES-2 in flight before the query is even loaded
     for st in gl.static_range(STAGES - 1):
         n0 = start + st * BLOCK_N
-        pg = _load_pages(bt_row, n0, local, end, num_blocks, BLOCK_N, BLOCK_SIZE)
-        _issue_tile(k_ptr, v_ptr, k_smem.index(st), k2_smem.index(st), v_smem.index(st), pg, n0, local, end,
-                    kv_head_off, v_col0, stride_kb, stride_kt, HP, HEAD_DIM, PARTS, BLOCK_N, BLOCK_SIZE, CP)
+        pg = _load_pages(bt_row, n0, local, end, BLOCK_N, BLOCK_SIZE)
+        _issue_tile(k_ptr, v_ptr, k_smem.index(st), k2_smem.index(st), v_smem.index(st), pg, num_blocks, n0, local,
+                    end, kv_head_off, v_col0, stride_kb, stride_kt, HP, HEAD_DIM, PARTS, BLOCK_N, BLOCK_SIZE, CP)
         async_copy.commit_group()
-    pg_next = _load_pages(bt_row, start + (STAGES - 1) * BLOCK_N, local, end, num_blocks, BLOCK_N, BLOCK_SIZE)
+    pg_next = _load_pages(bt_row, start + (STAGES - 1) * BLOCK_N, local, end, BLOCK_N, BLOCK_SIZE)
 
     # ---- query, in every warp: each head rescaled by a power of two before fp16 rounding (as RESCALE_Q in
     # the twin), its head_dim permuted as K's contraction index
@@ -313,13 +328,13 @@ def gluon_decode_kernel(
     for i in range(0, num_tiles):
         n0 = start + i * BLOCK_N
         async_copy.wait_group(STAGES - 2)  # tile i landed (this thread's copies) ...
-        gl.thread_barrier()  # ... everyone's; and everyone is done reading slot (i - 1) % STAGES
+        _thread_barrier()  # ... everyone's; and everyone is done reading slot (i - 1) % STAGES
         nslot = (i + STAGES - 1) % STAGES
-        _issue_tile(k_ptr, v_ptr, k_smem.index(nslot), k2_smem.index(nslot), v_smem.index(nslot), pg_next,
+        _issue_tile(k_ptr, v_ptr, k_smem.index(nslot), k2_smem.index(nslot), v_smem.index(nslot), pg_next, num_blocks,
                     n0 + (STAGES - 1) * BLOCK_N, local, end, kv_head_off, v_col0, stride_kb, stride_kt, HP, HEAD_DIM,
                     PARTS, BLOCK_N, BLOCK_SIZE, CP)
         async_copy.commit_group()
-        pg_next = _load_pages(bt_row, n0 + STAGES * BLOCK_N, local, end, num_blocks, BLOCK_N, BLOCK_SIZE)
+        pg_next = _load_pages(bt_row, n0 + STAGES * BLOCK_N, local, end, BLOCK_N, BLOCK_SIZE)
 
         slot = i % STAGES
         kt = _k_operand(k_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, FP8_TY)
