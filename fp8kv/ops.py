@@ -457,7 +457,7 @@ def gluon_tile(group: int, head_dim: int, streams: int, num_sms: int) -> tuple[i
 
 
 # Shared memory the Gluon kernel takes besides its K and V rings (its layout conversions), bytes, at most: sm90
-# builds (Triton 3.6 and 3.9, fp8kv.kernels.gluon_build) take 8 KiB more than the rings in 128-wide tiles, 4-8 KiB
+# builds (Triton 3.6 and 3.9, fp8kv.gluon_build) take 8 KiB more than the rings in 128-wide tiles, 4-8 KiB
 # in 64-wide ones (tests/test_gluon_build.py checks the default tiles).
 GLUON_SMEM_EXTRA = 8192
 
@@ -605,7 +605,9 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
     converts every FP8 tile once per program, where the Triton kernel's one program of up to 64 heads
     converts it once (H200, 64 x 16k, ``results/bench/nvidia-h200/20261203T234329Z-gluon-groups.json``:
     48/1/128 213.0 us in three Gluon programs against 153.9 in one Triton program; 71/1/64 175.5 against
-    176.5; a group of 20 in one Gluon program, 40/2/64: 134.7 against 202.4). ``others``: the
+    176.5; a group of 20 in one Gluon program, 40/2/64: 134.7 against 202.4; with the block table clamped
+    where used, ``...20261204T164000Z-gluon-page-clamp.json``: 48/1/128 206.5 against 153.9, 71/1/64 171.9
+    against 176.1, one rule for both). ``others``: the
     remaining options and variants of :func:`paged_decode` (convert, eviction_policy, compute_dtype,
     soft_cap, sinks; None = not given), which only :func:`decode_kernel` weighs."""
     if use_tensor_cores is not None and not isinstance(use_tensor_cores, bool):
@@ -629,31 +631,42 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
     return ("triton" if tensor_cores else "triton-cuda-core"), cfg
 
 
-def _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype):
-    """The Gluon launch of :func:`paged_decode` (:func:`decode_launch` chose it and its ``cfg``)."""
+def gluon_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_scale: float,
+                    part_out: torch.Tensor, part_lse: torch.Tensor) -> tuple[tuple, tuple, dict]:
+    """The Gluon kernel's grid, runtime arguments and constexprs for a decode of ``q`` over ``cache`` with
+    launch ``cfg`` into the split partials ``part_out`` / ``part_lse`` (:func:`_split_partials`): what
+    :func:`paged_decode` launches, and what :mod:`fp8kv.gluon_build` compiles."""
     from .kernels import paged_decode_gluon as g
 
     b, hq, d = q.shape
-    group = hq // cache.num_kv_heads
-    out_dtype = q.dtype if out_dtype is None else out_dtype
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
-    splits, capacity = cfg["num_splits"], cache.max_blocks_per_seq * cache.block_size
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    part_out, part_lse = _split_partials(b, hq, splits, d, q.device)
-    out = torch.empty(b, hq, d, dtype=out_dtype, device=q.device)
-    lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
     k_pages, v_pages = (t.view(torch.uint8) for t in (cache.k_pages, cache.v_pages))
     s = k_pages.stride()
     # grid (Hkv x head tiles x parts, B, splits): a sequence's KV heads (and a KV head's programs) run side by side,
     # so the DRAM pages of its tokens are read together (H200, 64 x 16k: 32/8/128 535.6 against 545.4 us
     # batch-first; 12/4/64 185.5 against 207.4)
-    g.gluon_decode_kernel[(cache.num_kv_heads * cfg["head_tiles"] * g.head_parts(d), b, splits)](
-        q, k_pages, v_pages, cache.k_scale, cache.v_scale, cache.block_table, cache.seq_lens, part_out, part_lse,
-        sm_scale * math.log2(math.e), cfg["tokens_per_split"], cache.num_blocks, capacity,
-        q.stride(0), q.stride(1), s[0], s[1], s[2], cache.block_table.stride(0),
-        part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        **g.launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype), num_warps=g.NUM_WARPS)
+    grid = (cache.num_kv_heads * cfg["head_tiles"] * g.head_parts(d), b, cfg["num_splits"])
+    args = (q, k_pages, v_pages, cache.k_scale, cache.v_scale, cache.block_table, cache.seq_lens, part_out, part_lse,
+            sm_scale * math.log2(math.e), cfg["tokens_per_split"], cache.num_blocks,
+            cache.max_blocks_per_seq * cache.block_size, q.stride(0), q.stride(1), s[0], s[1], s[2],
+            cache.block_table.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1))
+    return grid, args, g.launch_constants(cfg, hq // cache.num_kv_heads, d, cache.block_size, cache.kv_dtype)
+
+
+def _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype):
+    """The Gluon launch of :func:`paged_decode` (:func:`decode_launch` chose it and its ``cfg``)."""
+    from .kernels import paged_decode_gluon as g
+
+    b, hq, d = q.shape
+    out_dtype = q.dtype if out_dtype is None else out_dtype
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    part_out, part_lse = _split_partials(b, hq, cfg["num_splits"], d, q.device)
+    out = torch.empty(b, hq, d, dtype=out_dtype, device=q.device)
+    lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
+    grid, args, constants = gluon_arguments(q, cache, cfg, sm_scale, part_out, part_lse)
+    g.gluon_decode_kernel[grid](*args, **constants, num_warps=g.NUM_WARPS)
     _combine_splits(part_out, part_lse, out, lse)
     return out, lse
 

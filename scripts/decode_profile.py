@@ -33,10 +33,16 @@ def _number(text: str) -> float:
 def hotspots(sass_csv: Path, top: int = 20) -> tuple[list[tuple], dict[str, float]]:
     """The ``top`` instructions by stall samples, as (address, share, SASS, [(reason, samples), ...]) with the
     three largest reasons, and each opcode's share of all samples; from ncu's ``--page source --csv
-    --print-source sass`` output (a kernel-name line, a header, one row per instruction)."""
+    --print-source sass`` output (a kernel-name line, a header, one row per instruction), its first kernel
+    (profile one kernel, ``-k``, to choose it)."""
     rows = list(csv.reader(sass_csv.open()))
     header = next(r for r in rows if ALL_SAMPLES in r)
-    body = rows[rows.index(header) + 1:]
+    body = []
+    for r in rows[rows.index(header) + 1:]:  # the first kernel's rows: up to the next kernel's name line
+        if r and r[0] == "Kernel Name":
+            break
+        if len(r) == len(header):
+            body.append(r)
     col = {name: i for i, name in enumerate(header)}
     reasons = [n for n in header if n.startswith("stall_") and "Not Issued" not in n]
     total = sum(_number(r[col[ALL_SAMPLES]]) for r in body) or 1.0

@@ -1,11 +1,13 @@
-"""The Gluon decode kernel as a GPU would run it, built on any machine (``fp8kv.kernels.gluon_build``):
+"""The Gluon decode kernel as a GPU would run it, built on any machine (``fp8kv.gluon_build``):
 
     python scripts/gluon_sass.py 32/8/128                  # the default launch at B = 64 (an H200's tiles)
     python scripts/gluon_sass.py 8/1/256 --batch 4 --block-n 64 --stages 3 --sass /tmp/k.sass
 
 Prints the launch's tile, ring depth and programs per KV head, and what ptxas allocated for it (registers,
 spilled bytes, shared memory); ``--sass`` writes its SASS, which is where a profile's hot instructions are
-read. Run it without TRITON_INTERPRET.
+read. The default tile is the one ``fp8kv.ops.gluon_tile`` picks for ``--batch`` sequences on a GPU of ``--sms``
+SMs with room for its ring (an H200's); on a GPU with 99 KiB a program (sm89, sm120) ``gluon_launch`` makes
+the ring shallower, which ``--stages`` reproduces. Run it without TRITON_INTERPRET.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from pathlib import Path
 import torch
 
 from fp8kv import ops
-from fp8kv.bench import synthetic_cache
-from fp8kv.kernels.gluon_build import build
+from fp8kv.gluon_build import build
 
 
 def main() -> None:
@@ -29,16 +30,15 @@ def main() -> None:
     p.add_argument("--stages", type=int, help="ring depth (default: fp8kv.ops.gluon_tile)")
     p.add_argument("--heads-per-program", type=int)
     p.add_argument("--kv-dtype", default="fp8_e4m3", choices=["fp8_e4m3", "fp8_e5m2"])
+    p.add_argument("--q-dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--arch", type=int, default=90, help="the sm version to build for (90: Hopper)")
     p.add_argument("--sass", type=Path, help="write the SASS here")
     a = p.parse_args()
     hq, hkv, d = (int(x) for x in a.layout.split("/"))
-    group = hq // hkv
-    block_n, stages = ops.gluon_tile(group, d, a.batch * hkv, a.sms)
-    cache = synthetic_cache(1, 300, hkv, d, kv_dtype=a.kv_dtype, device="cpu")  # only its layout matters here
-    cfg = ops.gluon_launch(1, cache, group, block_n=a.block_n or block_n, num_stages=a.stages or stages,
-                           heads_per_program=a.heads_per_program, device=torch.device("cpu"))
-    kernel = build(cfg, group, d, kv_dtype=a.kv_dtype, arch=a.arch)
+    block_n, stages = ops.gluon_tile(hq // hkv, d, a.batch * hkv, a.sms)
+    kernel, cfg = build(hq, hkv, d, block_n=a.block_n or block_n, num_stages=a.stages or stages,
+                        heads_per_program=a.heads_per_program, kv_dtype=a.kv_dtype,
+                        q_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[a.q_dtype], arch=a.arch)
     print(f"{a.layout}: block_n {cfg['block_n']}, {cfg['num_stages']} stages, {cfg['head_tiles']} program(s) of "
           f"{cfg['heads_per_program']} heads per KV head | sm{a.arch}: {kernel.registers} registers, "
           f"{kernel.spilled_bytes} bytes spilled, {kernel.shared_bytes} bytes of shared memory")

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("capability", "cache", "kernels"),  # what runs where; the paged cache; @triton.jit code
     ("reference", "synthetic"),  # the fp32 oracle; synthetic K/V and caches
     ("ops", "capacity"),  # kernel launchers; the capacity planner
+    ("gluon_build",),  # the Gluon kernel's launch compiled offline (registers, spills, SASS)
     ("backends",),  # fp8kv.decode and its backends
     ("models", "results", "viz"),  # real models; results IO; figures
     ("bench", "matrix", "step", "analysis", "ui"),  # measurements behind the notebooks

@@ -1,7 +1,7 @@
 """The Gluon decode kernel compiled for sm90 on this machine (no GPU needed: Triton's bundled ptxas assembles
-it): every default tile of the H200 builds with the Triton installed here, without spilling, within the shared
-memory that fp8kv.ops reserves for it (what decides whether a ring fits a smaller GPU). Its numbers are tested
-on a GPU (tests/test_ops.py)."""
+it, fp8kv.gluon_build): the H200's tiles build with the Triton installed here without spilling, within the
+shared memory that fp8kv.ops reserves for them (what decides whether a ring fits a smaller GPU). Its numbers
+are tested on a GPU (tests/test_ops.py)."""
 
 import json
 import os
@@ -13,29 +13,26 @@ import pytest
 from fp8kv import ops
 
 gluon_kernel = pytest.importorskip("fp8kv.kernels.paged_decode_gluon")  # a Triton with the Gluon dialect
-from fp8kv.kernels.gluon_build import build  # noqa: E402
 
 H200_SMS = 132
-# (Hq, Hkv, D, B): a layout at B x 16k; the launch is fp8kv's default there (tile and ring depth for an H200).
-DEFAULT_LAUNCHES = [(32, 8, 128, 64),  # 64-token tiles, 4 deep, 16 rows
-                    (32, 32, 128, 64),  # MHA whose sequences fill 8 waves: 128-token tiles, 3 deep
-                    (12, 4, 64, 64),  # a 64-wide tile, 3 deep
-                    (71, 1, 64, 64),  # a group cut into 3 programs of 24 heads in 32 rows
-                    (32, 32, 80, 4),  # a padded head dim, 64-token tiles
-                    (8, 1, 256, 64)]  # two parts of 128 columns, 128-token tiles 2 deep
+# (Hq, Hkv, D, B): the Gluon launch gluon_launch picks for a layout at B sequences on an H200 (its tile and ring
+# depth; decode_launch runs it by default on long splits, except 71/1/64, cut into programs, which takes gluon=True)
+LAUNCHES = [(32, 8, 128, 64),  # 64-token tiles, 4 deep, 16 rows
+            (32, 32, 128, 64),  # MHA whose sequences fill 8 waves: 128-token tiles, 3 deep
+            (12, 4, 64, 64),  # a 64-wide tile, 3 deep
+            (71, 1, 64, 64),  # a group cut into 3 programs of 24 heads in 32 rows
+            (32, 32, 80, 4),  # a padded head dim, 64-token tiles
+            (8, 1, 256, 64),  # two parts of 128 columns, 128-token tiles 2 deep
+            (16, 16, 256, 64)]  # the same at a group of one: the most registers (Triton 3.6: 254)
 
 # Run in a process without the interpreter (build() refuses it): every launch above, one JSON line each.
 _BUILD_ALL = """
-import json, sys, torch
-from fp8kv import ops
-from fp8kv.bench import synthetic_cache
-from fp8kv.kernels.gluon_build import build
-for hq, hkv, d, b, block_n, stages in json.loads(sys.argv[1]):
-    group = hq // hkv
-    cache = synthetic_cache(1, 300, hkv, d, kv_dtype="fp8_e4m3", device="cpu")
-    cfg = ops.gluon_launch(1, cache, group, block_n=block_n, num_stages=stages, device=torch.device("cpu"))
-    k = build(cfg, group, d)
+import json, sys
+from fp8kv.gluon_build import build
+for hq, hkv, d, block_n, stages in json.loads(sys.argv[1]):
+    k, cfg = build(hq, hkv, d, block_n=block_n, num_stages=stages)
     print(json.dumps(dict(registers=k.registers, spilled_bytes=k.spilled_bytes, shared_bytes=k.shared_bytes,
+                          block_n=cfg["block_n"], num_stages=cfg["num_stages"],
                           hmma="HMMA.16816.F32" in k.sass, unpack="F2FP.F16.E4M3.UNPACK_B" in k.sass)), flush=True)
 """
 
@@ -46,28 +43,65 @@ def _tile(hq, hkv, d, b):
 
 @pytest.fixture(scope="module")
 def builds():
-    launches = [[*layout, *_tile(*layout)] for layout in DEFAULT_LAUNCHES]
+    launches = [[hq, hkv, d, *_tile(hq, hkv, d, b)] for hq, hkv, d, b in LAUNCHES]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", _BUILD_ALL, json.dumps(launches)], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    return dict(zip(DEFAULT_LAUNCHES, rows, strict=True))
+    return dict(zip(LAUNCHES, rows, strict=True))
 
 
-@pytest.mark.parametrize("layout", DEFAULT_LAUNCHES, ids=lambda t: "/".join(map(str, t[:3])) + f"-B{t[3]}")
-def test_default_gluon_launches_build_for_sm90_without_spills(builds, layout):
+@pytest.mark.parametrize("layout", LAUNCHES, ids=lambda t: "/".join(map(str, t[:3])) + f"-B{t[3]}")
+def test_h200_gluon_launches_build_for_sm90_without_spills(builds, layout):
     kernel = builds[layout]
-    assert kernel["spilled_bytes"] == 0, kernel
-    assert kernel["registers"] <= 255
     block_n, stages = _tile(*layout)
-    d = layout[2]
-    rings = (gluon_kernel.head_parts(d) + 1) * stages * block_n * gluon_kernel.head_pad(d)  # K in each part's width, V in the program's part
-    assert rings < kernel["shared_bytes"] <= ops.gluon_smem_bytes(block_n, stages, d)
+    assert (kernel["block_n"], kernel["num_stages"]) == (block_n, stages)  # the launch asked for was built
+    assert kernel["spilled_bytes"] == 0, kernel
+    rings = ops.gluon_smem_bytes(block_n, stages, layout[2]) - ops.GLUON_SMEM_EXTRA
+    assert rings < kernel["shared_bytes"] <= ops.gluon_smem_bytes(block_n, stages, layout[2])
     assert kernel["hmma"] and kernel["unpack"]  # fp16 tensor-core MMAs over FP8 codes unpacked in registers
 
 
-def test_the_build_refuses_the_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_the_build_refuses_an_interpreted_triton():
+    from fp8kv.gluon_build import build, interpreter_replaced_triton
+
+    if not interpreter_replaced_triton():
+        pytest.skip("triton was imported without its interpreter here")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
-        build({}, 4, 128)
+        build(32, 8, 128)
+
+
+def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeypatch):
+    """paged_decode's Gluon launch (not runnable on a CPU) hands the kernel its runtime arguments in signature
+    order and every constexpr by name: a stand-in kernel checks the call, then the combine runs on its partials."""
+    import inspect
+
+    import torch
+
+    from conftest import make_cache
+
+    params = list(inspect.signature(gluon_kernel.gluon_decode_kernel.fn).parameters)
+    seen = {}
+
+    class StandIn:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                constants = {k: v for k, v in kwargs.items() if k != "num_warps"}
+                runtime = [p for p in params if p not in constants]
+                assert len(args) == len(runtime) and set(constants) <= set(params)
+                named = dict(zip(runtime, args, strict=True))
+                assert named["stride_kt"] == named["k_ptr"].stride(1) and named["row_capacity"] % 16 == 0
+                named["part_out_ptr"].zero_()
+                named["part_lse_ptr"].zero_()
+                seen.update(grid=grid, **constants)
+            return launch
+
+    monkeypatch.setattr(gluon_kernel, "gluon_decode_kernel", StandIn())
+    cache = make_cache([40, 300], 2, 128)
+    cfg = ops.gluon_launch(2, cache, 4, device=torch.device("cpu"))
+    q = torch.randn(2, 8, 128, dtype=torch.float16)
+    out, lse = ops._paged_decode_gluon(q, cache, None, cfg, None)
+    assert seen["grid"] == (2 * cfg["head_tiles"], 2, cfg["num_splits"])
+    assert (seen["GROUP"], seen["HEAD_DIM"], seen["STAGES"]) == (4, 128, cfg["num_stages"])
+    assert out.shape == (2, 8, 128) and out.dtype == torch.float16 and lse.shape == (2, 8)

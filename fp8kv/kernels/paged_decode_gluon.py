@@ -119,9 +119,12 @@ def make_layouts(block_n: int, head_dim: int):
 def launch_constants(cfg: dict, group: int, head_dim: int, block_size: int, kv_dtype: str) -> dict:
     """The kernel's constexprs for a launch ``cfg`` (:func:`fp8kv.ops.gluon_launch`) of ``group`` query heads per
     KV head over pages of ``block_size`` tokens in ``kv_dtype`` ("fp8_e4m3" or "fp8_e5m2")."""
+    fp8_types = {"fp8_e4m3": gl.float8e4nv, "fp8_e5m2": gl.float8e5}
+    if kv_dtype not in fp8_types:
+        raise ValueError(f"kv_dtype={kv_dtype!r}: the Gluon kernel reads {sorted(fp8_types)}")
     heads = cfg["heads_per_program"]
     return dict(GROUP=group, HEADS=heads, HEAD_TILES=cfg["head_tiles"], ROWS=mma_rows(heads), PARTS=head_parts(head_dim),
-                HEAD_DIM=head_dim, BLOCK_SIZE=block_size, FP8_TY=gl.float8e4nv if kv_dtype == "fp8_e4m3" else gl.float8e5,
+                HEAD_DIM=head_dim, BLOCK_SIZE=block_size, FP8_TY=fp8_types[kv_dtype],
                 STAGES=cfg["num_stages"], **make_layouts(cfg["block_n"], head_dim))
 
 
@@ -198,7 +201,7 @@ def _page_rows(n0, local, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr):
 
 
 @gluon.jit
-def _load_pages(bt_row, n0, local, end, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+def _load_block_entries(bt_row, n0, local, end, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr):
     """Block-table entries of tokens n0 + local (0 if >= end), as stored: :func:`_issue_tile` clamps them
     where it uses them, a tile later, so that no instruction waits on this load in the tile that issues it."""
     col, _ = _page_rows(n0, local, BLOCK_N, BLOCK_SIZE)
@@ -293,11 +296,11 @@ def gluon_decode_kernel(
     # prologue: tiles 0 .. STAGES-2 in flight before the query is even loaded
     for st in gl.static_range(STAGES - 1):
         n0 = start + st * BLOCK_N
-        pg = _load_pages(bt_row, n0, local, end, BLOCK_N, BLOCK_SIZE)
+        pg = _load_block_entries(bt_row, n0, local, end, BLOCK_N, BLOCK_SIZE)
         _issue_tile(k_ptr, v_ptr, k_smem.index(st), k2_smem.index(st), v_smem.index(st), pg, num_blocks, n0, local,
                     end, kv_head_off, v_col0, stride_kb, stride_kt, HP, HEAD_DIM, PARTS, BLOCK_N, BLOCK_SIZE, CP)
         async_copy.commit_group()
-    pg_next = _load_pages(bt_row, start + (STAGES - 1) * BLOCK_N, local, end, BLOCK_N, BLOCK_SIZE)
+    pg_next = _load_block_entries(bt_row, start + (STAGES - 1) * BLOCK_N, local, end, BLOCK_N, BLOCK_SIZE)
 
     # ---- query, in every warp: each head rescaled by a power of two before fp16 rounding (as RESCALE_Q in
     # the twin), its head_dim permuted as K's contraction index
@@ -334,7 +337,7 @@ def gluon_decode_kernel(
                     n0 + (STAGES - 1) * BLOCK_N, local, end, kv_head_off, v_col0, stride_kb, stride_kt, HP, HEAD_DIM,
                     PARTS, BLOCK_N, BLOCK_SIZE, CP)
         async_copy.commit_group()
-        pg_next = _load_pages(bt_row, n0 + STAGES * BLOCK_N, local, end, BLOCK_N, BLOCK_SIZE)
+        pg_next = _load_block_entries(bt_row, n0 + STAGES * BLOCK_N, local, end, BLOCK_N, BLOCK_SIZE)
 
         slot = i % STAGES
         kt = _k_operand(k_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, FP8_TY)

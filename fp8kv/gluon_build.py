@@ -1,0 +1,100 @@
+"""The Gluon decode kernel built for a GPU that need not be here: Triton compiles and its bundled ptxas
+assembles on any machine, so the registers, spilled bytes, shared memory and SASS of a launch can be read
+on a CPU.
+
+:func:`build` compiles the launch :func:`fp8kv.ops.gluon_launch` chose for a head layout, with the grid,
+arguments and constexprs of :func:`fp8kv.ops.gluon_arguments` (those of a small cache of the same layout:
+the same strides but the batch's and the block table's) and the specialisation Triton gives a launch
+(pointers and integers that are multiples of 16 marked so). ``scripts/gluon_sass.py`` prints it for a
+layout; the CPU tests build the default tiles with it. It needs a process where the Triton interpreter
+was off when triton was first imported: the interpreter replaces Triton's own library functions, which
+then cannot be compiled.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.interpreter import InterpretedFunction
+
+from . import ops
+from .cache import PagedKVCache
+from .kernels import paged_decode_gluon as g
+
+# Pointer element types by tensor dtype, as Triton names them in a kernel signature.
+_POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.uint8: "*u8",
+                  torch.int32: "*i32"}
+
+
+@dataclass(frozen=True)
+class Build:
+    """One compiled kernel: what ptxas allocated, and its SASS."""
+    registers: int  # per thread
+    spilled_bytes: int  # stack + local memory per thread: 0 unless the registers ran out
+    shared_bytes: int  # dynamic shared memory per program
+    sass: str
+
+
+def interpreter_replaced_triton() -> bool:
+    """Whether this process imported triton with its interpreter on (then nothing can be compiled)."""
+    return isinstance(tl.max, InterpretedFunction)
+
+
+def _signature(value) -> tuple[str, bool]:
+    """(Triton type, multiple of 16) of one runtime argument, as a launch specialises it."""
+    if isinstance(value, torch.Tensor):
+        return _POINTER_TYPES[value.dtype], value.data_ptr() % 16 == 0
+    if isinstance(value, float):
+        return "fp32", False
+    return ("i32" if -2**31 <= value < 2**31 else "i64"), value % 16 == 0
+
+
+def _cuobjdump(*args: str) -> str:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return subprocess.run([str(tool), *args], capture_output=True, text=True, check=True).stdout
+
+
+def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, block_n: int | None = None,
+          num_stages: int | None = None, heads_per_program: int | None = None, q_dtype: torch.dtype = torch.bfloat16,
+          kv_dtype: str = "fp8_e4m3", block_size: int = 16, arch: int = 90) -> tuple[Build, dict]:
+    """Compile the Gluon decode of ``num_q_heads`` / ``num_kv_heads`` / ``head_dim`` for ``sm{arch}``: the launch
+    :func:`fp8kv.ops.gluon_launch` chooses with these options (None: its defaults, which on a CPU are the ring
+    depths of a GPU with enough shared memory). Returns the build and the launch."""
+    if interpreter_replaced_triton():
+        raise RuntimeError("triton was imported with its interpreter on (TRITON_INTERPRET=1): build in a process "
+                           "without it")
+    group = num_q_heads // num_kv_heads
+    cache = PagedKVCache.empty(1, 4 * block_size, num_kv_heads, head_dim, block_size=block_size, kv_dtype=kv_dtype)
+    cfg = ops.gluon_launch(1, cache, group, block_n=block_n, num_stages=num_stages,
+                           heads_per_program=heads_per_program, device=torch.device("cpu"))
+    q = torch.zeros(1, num_q_heads, head_dim, dtype=q_dtype)
+    part_out, part_lse = ops._split_partials(1, num_q_heads, cfg["num_splits"], head_dim, q.device)
+    _, args, constants = ops.gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
+    names = list(inspect.signature(g.gluon_decode_kernel.fn).parameters)
+    runtime = [n for n in names if n not in constants]
+    if len(runtime) != len(args):
+        raise RuntimeError(f"gluon_arguments gives {len(args)} runtime arguments, the kernel takes {len(runtime)}")
+    typed = dict(zip(runtime, map(_signature, args), strict=True))
+    signature = {n: "constexpr" if n in constants else typed[n][0] for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, (_, aligned) in typed.items() if aligned}
+    source = GluonASTSource(g.gluon_decode_kernel, signature,
+                            constexprs={(names.index(k),): v for k, v in constants.items()}, attrs=attrs)
+    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=g.NUM_WARPS))
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        usage = _cuobjdump("--dump-resource-usage", str(cubin))
+        sass = _cuobjdump("--dump-sass", str(cubin))
+    field = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
+    return Build(registers=field["REG"], spilled_bytes=field["STACK"] + field["LOCAL"],
+                 shared_bytes=kernel.metadata.shared, sass=sass), cfg
