@@ -6,7 +6,8 @@ on a CPU.
 arguments and constexprs of :func:`fp8kv.ops.gluon_arguments` (those of a small cache of the same layout:
 the same strides but the batch's and the block table's) and the specialisation Triton gives a launch
 (pointers and integers that are multiples of 16 marked so). ``scripts/gluon_sass.py`` prints it for a
-layout; the CPU tests build the default tiles with it. It needs a process where the Triton interpreter
+layout; the CPU tests build the default tiles with it. :func:`block_table_waits` reads the SASS's
+scheduling bits: where in the main loop the first instruction waits for each block-table load. It needs a process where the Triton interpreter
 was off when triton was first imported: the interpreter replaces Triton's own library functions, which
 then cannot be compiled.
 """
@@ -62,6 +63,61 @@ def _signature(value) -> tuple[str, bool]:
 def _cuobjdump(*args: str) -> str:
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     return subprocess.run([str(tool), *args], capture_output=True, text=True, check=True).stdout
+
+
+@dataclass(frozen=True)
+class Instruction:
+    address: int
+    text: str
+    write_barrier: int | None  # the scoreboard this variable-latency instruction sets (None: none)
+    read_barrier: int | None
+    wait_mask: int  # the scoreboards it waits for before it issues (bit i: scoreboard i)
+
+
+def instructions(sass: str) -> list[Instruction]:
+    """The instructions of ``cuobjdump --dump-sass`` output with their scheduling bits. Since sm70 each
+    instruction is 128 bits, the top 23 holding its control (as reverse-engineered in Jia et al.,
+    "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking", 2018): 4 bits stall cycles,
+    1 yield, 3 write-scoreboard index, 3 read-scoreboard index (7: none), a 6-bit wait mask, 4 reuse."""
+    lines = sass.splitlines()
+    found = []
+    for i, line in enumerate(lines[:-1]):
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s+/\* (0x[0-9a-f]+) \*/", line)
+        hi = re.search(r"^\s*/\* (0x[0-9a-f]+) \*/\s*$", lines[i + 1])
+        if m and hi:
+            control = int(hi.group(1), 16) >> 41
+            write, read = (control >> 5) & 7, (control >> 8) & 7
+            found.append(Instruction(int(m.group(1), 16), m.group(2), None if write == 7 else write,
+                                     None if read == 7 else read, (control >> 11) & 0x3F))
+    return found
+
+
+def main_loop(code: list[Instruction]) -> list[Instruction]:
+    """The instructions of the longest backward branch's loop (the decode's tile loop)."""
+    spans = [(int(m.group(1), 16), ins.address) for ins in code
+             if (m := re.search(r"\bBRA (0x[0-9a-f]+)", ins.text)) and int(m.group(1), 16) < ins.address]
+    if not spans:
+        raise ValueError("no backward branch in this SASS: no loop")
+    start, end = max(spans, key=lambda s: s[1] - s[0])
+    return [ins for ins in code if start <= ins.address <= end]
+
+
+def block_table_waits(sass: str) -> list[tuple[Instruction, Instruction, bool]]:
+    """For each 32-bit global load in the Gluon kernel's main loop (its only ones there: the block-table
+    entries of the tile it copies next), the first instruction that waits for it, by scoreboard, and whether
+    that instruction is in the next iteration. A wait in the same iteration stalls the warp for the load's
+    whole latency once a tile (docs/decode-kernel-notes.md, seventh round)."""
+    loop = main_loop(instructions(sass))
+    waits = []
+    for k, load in enumerate(loop):
+        if not re.match(r"(@!?U?P\w+\s+)?LDG\.E\s", load.text):
+            continue
+        for d in range(1, len(loop) + 1):
+            later = loop[(k + d) % len(loop)]
+            if later.wait_mask >> load.write_barrier & 1:
+                waits.append((load, later, k + d >= len(loop)))
+                break
+    return waits
 
 
 def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, block_n: int | None = None,

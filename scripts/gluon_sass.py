@@ -3,8 +3,8 @@
     python scripts/gluon_sass.py 32/8/128                  # the default launch at B = 64 (an H200's tiles)
     python scripts/gluon_sass.py 8/1/256 --batch 4 --block-n 64 --stages 3 --sass /tmp/k.sass
 
-Prints the launch's tile, ring depth and programs per KV head, and what ptxas allocated for it (registers,
-spilled bytes, shared memory); ``--sass`` writes its SASS, which is where a profile's hot instructions are
+Prints the launch's tile, ring depth and programs per KV head, what ptxas allocated for it (registers,
+spilled bytes, shared memory) and where the tile loop first waits for its block-table loads; ``--sass`` writes its SASS, which is where a profile's hot instructions are
 read. The default tile is the one ``fp8kv.ops.gluon_tile`` picks for ``--batch`` sequences on a GPU of ``--sms``
 SMs with room for its ring (an H200's); on a GPU with 99 KiB a program (sm89, sm120) ``gluon_launch`` makes
 the ring shallower, which ``--stages`` reproduces. Run it without TRITON_INTERPRET.
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from fp8kv import ops
-from fp8kv.gluon_build import build
+from fp8kv.gluon_build import block_table_waits, build
 
 
 def main() -> None:
@@ -42,6 +42,10 @@ def main() -> None:
     print(f"{a.layout}: block_n {cfg['block_n']}, {cfg['num_stages']} stages, {cfg['head_tiles']} program(s) of "
           f"{cfg['heads_per_program']} heads per KV head | sm{a.arch}: {kernel.registers} registers, "
           f"{kernel.spilled_bytes} bytes spilled, {kernel.shared_bytes} bytes of shared memory")
+    waits = block_table_waits(kernel.sass)
+    same = [f"{hex(w.address)} {w.text}" for _, w, next_tile in waits if not next_tile]
+    print(f"{len(waits)} block-table loads in the tile loop; first waited for in the next tile"
+          if not same else f"waited for in the tile that loads them: {'; '.join(same)}")
     if a.sass:
         a.sass.write_text(kernel.sass)
         print(f"SASS: {a.sass}")
