@@ -2,10 +2,11 @@
 assembles on any machine, so the registers, spilled bytes, shared memory and SASS of a launch can be read
 on a CPU.
 
-:func:`build` compiles the launch :func:`fp8kv.ops.gluon_launch` chose for a head layout, with the grid,
-arguments and constexprs of :func:`fp8kv.ops.gluon_arguments` (those of a small cache of the same layout:
-the same strides but the batch's and the block table's) and the specialisation Triton gives a launch
-(pointers and integers that are multiples of 16 marked so). ``scripts/gluon_sass.py`` prints it for a
+:func:`build` compiles the launch :func:`fp8kv.ops.gluon_launch` plans for a head layout at a batch ×
+context on a GPU of so many SMs (an H200 by default), with the arguments and constexprs of
+:func:`fp8kv.ops.gluon_arguments` for one sequence of that context (the same strides as the batch's but
+the query's and the partials' batch stride) and the specialisation Triton gives a launch (pointers and
+integers that are multiples of 16 marked so, integers equal to 1 made constants). ``scripts/gluon_sass.py`` prints it for a
 layout; the CPU tests build the default tiles with it. :func:`block_table_waits` reads the SASS's
 scheduling bits: where in the main loop the first instruction waits for each block-table load. It needs a process where the Triton interpreter
 was off when triton was first imported: the interpreter replaces Triton's own library functions, which
@@ -52,11 +53,14 @@ def interpreter_replaced_triton() -> bool:
 
 
 def _signature(value) -> tuple[str, bool]:
-    """(Triton type, multiple of 16) of one runtime argument, as a launch specialises it."""
+    """(Triton type, multiple of 16) of one runtime argument, as a launch specialises it: an integer equal
+    to 1 becomes a constant ("constexpr")."""
     if isinstance(value, torch.Tensor):
         return _POINTER_TYPES[value.dtype], value.data_ptr() % 16 == 0
     if isinstance(value, float):
         return "fp32", False
+    if value == 1:
+        return "constexpr", False
     return ("i32" if -2**31 <= value < 2**31 else "i64"), value % 16 == 0
 
 
@@ -76,7 +80,7 @@ class Instruction:
 
 def instructions(sass: str) -> list[Instruction]:
     """The instructions of ``cuobjdump --dump-sass`` output with their scheduling bits. Since sm70 each
-    instruction is 128 bits, the top 23 holding its control (as reverse-engineered in Jia et al.,
+    instruction is 128 bits, bits 105-125 holding its control (as reverse-engineered in Jia et al.,
     "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking", 2018): 4 bits stall cycles,
     1 yield, 3 write-scoreboard index, 3 read-scoreboard index (7: none), a 6-bit wait mask, 4 reuse."""
     lines = sass.splitlines()
@@ -87,8 +91,11 @@ def instructions(sass: str) -> list[Instruction]:
         if m and hi:
             control = int(hi.group(1), 16) >> 41
             write, read = (control >> 5) & 7, (control >> 8) & 7
+            wait = (control >> 11) & 0x3F
+            if (sb := re.match(r"DEPBAR\.\w+\s+SB(\d)", m.group(2))) is not None:
+                wait |= 1 << int(sb.group(1))  # waits until that scoreboard's count drops
             found.append(Instruction(int(m.group(1), 16), m.group(2), None if write == 7 else write,
-                                     None if read == 7 else read, (control >> 11) & 0x3F))
+                                     None if read == 7 else read, wait))
     return found
 
 
@@ -102,37 +109,38 @@ def main_loop(code: list[Instruction]) -> list[Instruction]:
     return [ins for ins in code if start <= ins.address <= end]
 
 
-def block_table_waits(sass: str) -> list[tuple[Instruction, Instruction, bool]]:
-    """For each 32-bit global load in the Gluon kernel's main loop (its only ones there: the block-table
-    entries of the tile it copies next), the first instruction that waits for it, by scoreboard, and whether
-    that instruction is in the next iteration. A wait in the same iteration stalls the warp for the load's
-    whole latency once a tile (docs/decode-kernel-notes.md, seventh round)."""
+def block_table_waits(sass: str) -> list[tuple[Instruction, Instruction | None, bool]]:
+    """For each global load in the Gluon kernel's main loop (its only ones there: the block-table entries of
+    the tile it copies next), the first instruction that waits for it, by scoreboard (None: none in the
+    loop), and whether that instruction is in the next iteration. A wait in the same iteration stalls the
+    warp for the load's whole latency once a tile (docs/decode-kernel-notes.md, seventh round)."""
     loop = main_loop(instructions(sass))
     waits = []
     for k, load in enumerate(loop):
-        if not re.match(r"(@!?U?P\w+\s+)?LDG\.E\s", load.text):
+        if not re.match(r"(@!?U?P\w+\s+)?LDG\.", load.text):
             continue
-        for d in range(1, len(loop) + 1):
-            later = loop[(k + d) % len(loop)]
-            if later.wait_mask >> load.write_barrier & 1:
-                waits.append((load, later, k + d >= len(loop)))
-                break
+        later = next(((loop[(k + d) % len(loop)], k + d >= len(loop)) for d in range(1, len(loop) + 1)
+                      if load.write_barrier is not None
+                      and loop[(k + d) % len(loop)].wait_mask >> load.write_barrier & 1), (None, False))
+        waits.append((load, *later))
     return waits
 
 
-def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, block_n: int | None = None,
-          num_stages: int | None = None, heads_per_program: int | None = None, q_dtype: torch.dtype = torch.bfloat16,
-          kv_dtype: str = "fp8_e4m3", block_size: int = 16, arch: int = 90) -> tuple[Build, dict]:
+def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64, context: int = 16384,
+          num_sms: int = 132, block_n: int | None = None, num_stages: int | None = None,
+          heads_per_program: int | None = None, q_dtype: torch.dtype = torch.bfloat16, kv_dtype: str = "fp8_e4m3",
+          block_size: int = 16, arch: int = 90) -> tuple[Build, dict]:
     """Compile the Gluon decode of ``num_q_heads`` / ``num_kv_heads`` / ``head_dim`` for ``sm{arch}``: the launch
-    :func:`fp8kv.ops.gluon_launch` chooses with these options (None: its defaults, which on a CPU are the ring
-    depths of a GPU with enough shared memory). Returns the build and the launch."""
+    :func:`fp8kv.ops.gluon_launch` plans for ``batch`` sequences of ``context`` tokens on ``num_sms`` SMs with
+    these options (None: its defaults, the ring depths of a GPU with room for them). Returns the build and
+    the launch."""
     if interpreter_replaced_triton():
         raise RuntimeError("triton was imported with its interpreter on (TRITON_INTERPRET=1): build in a process "
                            "without it")
     group = num_q_heads // num_kv_heads
-    cache = PagedKVCache.empty(1, 4 * block_size, num_kv_heads, head_dim, block_size=block_size, kv_dtype=kv_dtype)
-    cfg = ops.gluon_launch(1, cache, group, block_n=block_n, num_stages=num_stages,
-                           heads_per_program=heads_per_program, device=torch.device("cpu"))
+    cache = PagedKVCache.empty(1, context, num_kv_heads, head_dim, block_size=block_size, kv_dtype=kv_dtype)
+    cfg = ops.gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
+                           heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms)
     q = torch.zeros(1, num_q_heads, head_dim, dtype=q_dtype)
     part_out, part_lse = ops._split_partials(1, num_q_heads, cfg["num_splits"], head_dim, q.device)
     _, args, constants = ops.gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
@@ -141,6 +149,7 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, block_n: int | 
     if len(runtime) != len(args):
         raise RuntimeError(f"gluon_arguments gives {len(args)} runtime arguments, the kernel takes {len(runtime)}")
     typed = dict(zip(runtime, map(_signature, args), strict=True))
+    constants = {**constants, **{n: 1 for n, (kind, _) in typed.items() if kind == "constexpr"}}
     signature = {n: "constexpr" if n in constants else typed[n][0] for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, (_, aligned) in typed.items() if aligned}
     source = GluonASTSource(g.gluon_decode_kernel, signature,

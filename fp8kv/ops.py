@@ -180,7 +180,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
                   block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                   device: torch.device | None = None, window: int | None = None,
                   use_tensor_cores: bool = True, group: int | None = None,
-                  heads_per_program: int | None = None, head_parts: int = 1) -> DecodeConfig:
+                  heads_per_program: int | None = None, head_parts: int = 1, num_sms: int | None = None) -> DecodeConfig:
     """The launch :func:`paged_decode` uses for ``batch`` sequences of ``cache``: defaults plus overrides.
 
     Returns block_n, num_warps, num_stages, num_splits, tokens_per_split (a multiple of block_n;
@@ -193,7 +193,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     of a group per program (default :data:`MAX_HEADS_PER_PROGRAM`); a larger group is cut into
     ``head_tiles`` programs of ``heads_per_program = ceil(group / head_tiles)`` heads each.
     ``head_parts``: programs per head tile (the Gluon kernel cuts a head_dim above 128 into two), counted
-    with them when the splits are sized.
+    with them when the splits are sized. ``num_sms``: the GPU's SMs the splits fill (None: the device's).
     """
     if not use_tensor_cores:
         if mode == "fp8":
@@ -230,8 +230,8 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         capacity = min(capacity, window)
     if num_splits is None:
         programs = cache.num_kv_heads * (head_tiles * head_parts if use_tensor_cores else group)  # per sequence, split
-        num_splits = choose_num_splits(batch, programs, capacity, block_n, _num_sms(device or cache.device),
-                                       min_waves=latency_waves(cache.head_dim))
+        sms = _num_sms(device or cache.device) if num_sms is None else checks.positive_int(num_sms, "num_sms")
+        num_splits = choose_num_splits(batch, programs, capacity, block_n, sms, min_waves=latency_waves(cache.head_dim))
     tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
     return dict(block_n=block_n, num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
                 num_splits=max(1, triton.cdiv(capacity, tokens_per_split)), tokens_per_split=tokens_per_split,
@@ -487,16 +487,18 @@ def gluon_max_heads(head_dim: int) -> int:
 
 def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int | None = None,
                  block_n: int | None = None, num_stages: int | None = None, heads_per_program: int | None = None,
-                 device: torch.device | None = None) -> DecodeConfig:
+                 device: torch.device | None = None, num_sms: int | None = None) -> DecodeConfig:
     """The launch of the Gluon kernel for ``group`` query heads per KV head: :func:`gluon_tile` unless
     ``block_n`` / ``num_stages`` are given, the group in as few programs per KV head as
     :func:`gluon_max_heads` allows (or of at most ``heads_per_program`` heads; :func:`gluon_refusal`
     checked it), splits as :func:`launch_config` sizes them. On a GPU with less shared memory per
     program than the default needs (sm89 / sm120: 99 KiB) the default ring is made shallower, and where
     even the shallowest does not fit, the default tile is 64 tokens; an explicit tile that does not fit
-    raises UnsupportedError naming it."""
+    raises UnsupportedError naming it. ``num_sms``: the GPU's SMs (None: the device's), for a launch
+    planned on another machine (:mod:`fp8kv.gluon_build`)."""
     dev = torch.device(device) if device is not None else cache.device
-    tile, depth = gluon_tile(group, cache.head_dim, batch * cache.num_kv_heads, _num_sms(dev))
+    sms = _num_sms(dev) if num_sms is None else checks.positive_int(num_sms, "num_sms")
+    tile, depth = gluon_tile(group, cache.head_dim, batch * cache.num_kv_heads, sms)
     default_tile = block_n is None
     block_n = tile if block_n is None else checks.one_of(checks.integer(block_n, "block_n"), "block_n",
                                                          GLUON_BLOCK_N)
@@ -523,7 +525,7 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
 
     cfg = launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device, group=group,
                         heads_per_program=heads_per_program or gluon_max_heads(cache.head_dim),
-                        head_parts=head_parts(cache.head_dim))
+                        head_parts=head_parts(cache.head_dim), num_sms=sms)
     return {**cfg, "num_warps": 4, "num_stages": stages}
 
 

@@ -1,13 +1,13 @@
 """The Gluon decode kernel as a GPU would run it, built on any machine (``fp8kv.gluon_build``):
 
-    python scripts/gluon_sass.py 32/8/128                  # the default launch at B = 64 (an H200's tiles)
+    python scripts/gluon_sass.py 32/8/128                  # the default launch at B = 64 x 16k on an H200
     python scripts/gluon_sass.py 8/1/256 --batch 4 --block-n 64 --stages 3 --sass /tmp/k.sass
 
 Prints the launch's tile, ring depth and programs per KV head, what ptxas allocated for it (registers,
 spilled bytes, shared memory) and where the tile loop first waits for its block-table loads; ``--sass`` writes its SASS, which is where a profile's hot instructions are
-read. The default tile is the one ``fp8kv.ops.gluon_tile`` picks for ``--batch`` sequences on a GPU of ``--sms``
-SMs with room for its ring (an H200's); on a GPU with 99 KiB a program (sm89, sm120) ``gluon_launch`` makes
-the ring shallower, which ``--stages`` reproduces. Run it without TRITON_INTERPRET.
+read. The launch is the one ``fp8kv.ops.gluon_launch`` plans for ``--batch`` sequences of ``--context`` tokens on
+a GPU of ``--sms`` SMs with room for its ring (an H200's); on a GPU with 99 KiB a program (sm89, sm120)
+``gluon_launch`` makes the ring shallower, which ``--stages`` reproduces. Run it without TRITON_INTERPRET.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import torch
 
-from fp8kv import ops
 from fp8kv.gluon_build import block_table_waits, build
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("layout", help="Hq/Hkv/D, e.g. 32/8/128")
-    p.add_argument("--batch", type=int, default=64, help="sequences: with --sms, picks the default tile (64)")
+    p.add_argument("--batch", type=int, default=64, help="sequences (64)")
+    p.add_argument("--context", type=int, default=16384, help="tokens per sequence (16384)")
     p.add_argument("--sms", type=int, default=132, help="the GPU's SMs (132: an H200)")
     p.add_argument("--block-n", type=int, help="tokens per tile (default: fp8kv.ops.gluon_tile)")
     p.add_argument("--stages", type=int, help="ring depth (default: fp8kv.ops.gluon_tile)")
@@ -35,12 +35,11 @@ def main() -> None:
     p.add_argument("--sass", type=Path, help="write the SASS here")
     a = p.parse_args()
     hq, hkv, d = (int(x) for x in a.layout.split("/"))
-    block_n, stages = ops.gluon_tile(hq // hkv, d, a.batch * hkv, a.sms)
-    kernel, cfg = build(hq, hkv, d, block_n=a.block_n or block_n, num_stages=a.stages or stages,
-                        heads_per_program=a.heads_per_program, kv_dtype=a.kv_dtype,
+    kernel, cfg = build(hq, hkv, d, batch=a.batch, context=a.context, num_sms=a.sms, block_n=a.block_n,
+                        num_stages=a.stages, heads_per_program=a.heads_per_program, kv_dtype=a.kv_dtype,
                         q_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[a.q_dtype], arch=a.arch)
-    print(f"{a.layout}: block_n {cfg['block_n']}, {cfg['num_stages']} stages, {cfg['head_tiles']} program(s) of "
-          f"{cfg['heads_per_program']} heads per KV head | sm{a.arch}: {kernel.registers} registers, "
+    print(f"{a.layout}: block_n {cfg['block_n']}, {cfg['num_stages']} stages, {cfg['num_splits']} split(s), "
+          f"{cfg['head_tiles']} program(s) of {cfg['heads_per_program']} heads per KV head | sm{a.arch}: {kernel.registers} registers, "
           f"{kernel.spilled_bytes} bytes spilled, {kernel.shared_bytes} bytes of shared memory")
     waits = block_table_waits(kernel.sass)
     same = [f"{hex(w.address)} {w.text}" for _, w, next_tile in waits if not next_tile]

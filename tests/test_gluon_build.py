@@ -15,26 +15,27 @@ from fp8kv import ops
 gluon_kernel = pytest.importorskip("fp8kv.kernels.paged_decode_gluon")  # a Triton with the Gluon dialect
 
 H200_SMS = 132
-# (Hq, Hkv, D, B): the Gluon launch gluon_launch picks for a layout at B sequences on an H200 (its tile and ring
-# depth; decode_launch runs it by default on long splits, except 71/1/64, cut into programs, which takes gluon=True)
+# (Hq, Hkv, D, B): the Gluon launch gluon_launch plans for a layout at B sequences of 16k tokens on an H200 (tile,
+# ring depth, splits; decode_launch runs it by default there, except 71/1/64, cut into programs: gluon=True)
 LAUNCHES = [(32, 8, 128, 64),  # 64-token tiles, 4 deep, 16 rows
             (32, 32, 128, 64),  # MHA whose sequences fill 8 waves: 128-token tiles, 3 deep
             (12, 4, 64, 64),  # a 64-wide tile, 3 deep
             (71, 1, 64, 64),  # a group cut into 3 programs of 24 heads in 32 rows
             (32, 32, 80, 4),  # a padded head dim, 64-token tiles
             (8, 1, 256, 64),  # two parts of 128 columns, 128-token tiles 2 deep
-            (16, 16, 256, 64)]  # the same at a group of one: the most registers (Triton 3.6: 254)
+            (16, 16, 256, 64)]  # the same at a group of one, one split (Triton 3.6: 254 registers)
 
 # Run in a process without the interpreter (build() refuses it): every launch above, one JSON line each.
 _BUILD_ALL = """
 import json, sys
 from fp8kv.gluon_build import block_table_waits, build
-for hq, hkv, d, block_n, stages in json.loads(sys.argv[1]):
-    k, cfg = build(hq, hkv, d, block_n=block_n, num_stages=stages)
+for hq, hkv, d, b in json.loads(sys.argv[1]):
+    k, cfg = build(hq, hkv, d, batch=b, context=16384, num_sms=132)
     waits = block_table_waits(k.sass)
     print(json.dumps(dict(registers=k.registers, spilled_bytes=k.spilled_bytes, shared_bytes=k.shared_bytes,
                           block_n=cfg["block_n"], num_stages=cfg["num_stages"], block_table_loads=len(waits),
-                          waited_in_the_loading_tile=[w.text for _, w, next_tile in waits if not next_tile],
+                          never_waited_for=sum(w is None for _, w, _ in waits),
+                          waited_in_the_loading_tile=[w.text for _, w, next_tile in waits if w and not next_tile],
                           hmma="HMMA.16816.F32" in k.sass, unpack="F2FP.F16.E4M3.UNPACK_B" in k.sass)), flush=True)
 """
 
@@ -45,9 +46,8 @@ def _tile(hq, hkv, d, b):
 
 @pytest.fixture(scope="module")
 def builds():
-    launches = [[hq, hkv, d, *_tile(hq, hkv, d, b)] for hq, hkv, d, b in LAUNCHES]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _BUILD_ALL, json.dumps(launches)], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", _BUILD_ALL, json.dumps(LAUNCHES)], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -58,7 +58,7 @@ def builds():
 def test_h200_gluon_launches_build_for_sm90_without_spills(builds, layout):
     kernel = builds[layout]
     block_n, stages = _tile(*layout)
-    assert (kernel["block_n"], kernel["num_stages"]) == (block_n, stages)  # the launch asked for was built
+    assert (kernel["block_n"], kernel["num_stages"]) == (block_n, stages)  # the H200's tile and ring depth
     assert kernel["spilled_bytes"] == 0, kernel
     rings = ops.gluon_smem_bytes(block_n, stages, layout[2]) - ops.GLUON_SMEM_EXTRA
     assert rings < kernel["shared_bytes"] <= ops.gluon_smem_bytes(block_n, stages, layout[2])
@@ -74,6 +74,7 @@ def test_no_instruction_waits_for_the_block_table_in_the_tile_that_loads_it(buil
     load's scoreboard and waited for it)."""
     kernel = builds[layout]
     assert kernel["block_table_loads"] > 0  # the loop was found, and its loads
+    assert kernel["never_waited_for"] == 0  # every load's scoreboard is waited on somewhere in the loop
     assert kernel["waited_in_the_loading_tile"] == []
 
 
@@ -88,7 +89,8 @@ def test_the_build_refuses_an_interpreted_triton():
 
 def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeypatch):
     """paged_decode's Gluon launch (not runnable on a CPU) hands the kernel its runtime arguments in signature
-    order and every constexpr by name: a stand-in kernel checks the call, then the combine runs on its partials."""
+    order, each stride the one of its tensor and dimension, and every constexpr by name: a stand-in kernel
+    checks the call, then the combine runs on its partials."""
     import inspect
 
     import torch
@@ -105,7 +107,19 @@ def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeyp
                 runtime = [p for p in params if p not in constants]
                 assert len(args) == len(runtime) and set(constants) <= set(params)
                 named = dict(zip(runtime, args, strict=True))
-                assert named["stride_kt"] == named["k_ptr"].stride(1) and named["row_capacity"] % 16 == 0
+                strides = {"stride_qb": ("q_ptr", 0), "stride_qh": ("q_ptr", 1), "stride_kb": ("k_ptr", 0),
+                           "stride_kt": ("k_ptr", 1), "stride_kh": ("k_ptr", 2), "stride_btb": ("bt_ptr", 0),
+                           "stride_ob": ("part_out_ptr", 0), "stride_oh": ("part_out_ptr", 1),
+                           "stride_os": ("part_out_ptr", 2), "stride_lb": ("part_lse_ptr", 0),
+                           "stride_lh": ("part_lse_ptr", 1)}
+                for name, (tensor, dim) in strides.items():
+                    assert named[name] == named[tensor].stride(dim), name
+                assert named["k_ptr"].data_ptr() == cache.k_pages.data_ptr() and named["bt_ptr"] is cache.block_table
+                assert named["v_ptr"].data_ptr() == cache.v_pages.data_ptr() and named["seq_lens_ptr"] is cache.seq_lens
+                assert named["q_ptr"] is q and named["k_scale_ptr"] is cache.k_scale
+                assert named["qk_scale"] == pytest.approx(128 ** -0.5 * 1.4426950408889634)
+                assert (named["tokens_per_split"], named["num_blocks"], named["row_capacity"]) == (
+                    cfg["tokens_per_split"], cache.num_blocks, cache.max_blocks_per_seq * cache.block_size)
                 named["part_out_ptr"].zero_()
                 named["part_lse_ptr"].zero_()
                 seen.update(grid=grid, **constants)
@@ -113,7 +127,7 @@ def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeyp
 
     monkeypatch.setattr(gluon_kernel, "gluon_decode_kernel", StandIn())
     cache = make_cache([40, 300], 2, 128)
-    cfg = ops.gluon_launch(2, cache, 4, device=torch.device("cpu"))
+    cfg = ops.gluon_launch(2, cache, 4, num_splits=3, device=torch.device("cpu"))  # three splits: distinct strides
     q = torch.randn(2, 8, 128, dtype=torch.float16)
     out, lse = ops._paged_decode_gluon(q, cache, None, cfg, None)
     assert seen["grid"] == (2 * cfg["head_tiles"], 2, cfg["num_splits"])
