@@ -6,11 +6,12 @@ on a CPU.
 context on a GPU of so many SMs (an H200 by default), with the arguments and constexprs of
 :func:`fp8kv.ops.gluon_arguments` for one sequence of that context (the same strides as the batch's but
 the query's and the partials' batch stride) and the specialisation Triton gives a launch (pointers and
-integers that are multiples of 16 marked so, integers equal to 1 made constants). ``scripts/gluon_sass.py`` prints it for a
-layout; the CPU tests build the default tiles with it. :func:`block_table_waits` reads the SASS's
-scheduling bits: where in the main loop the first instruction waits for each block-table load. It needs a process where the Triton interpreter
-was off when triton was first imported: the interpreter replaces Triton's own library functions, which
-then cannot be compiled.
+integers that are multiples of 16 marked so, integers equal to 1 made constants). :func:`block_table_waits`
+reads the SASS's scheduling bits: where in the main loop the first instruction waits for each block-table
+load. ``scripts/gluon_sass.py`` prints both for a layout; the CPU tests check the H200's launches with them.
+
+It needs a process where the Triton interpreter was off when triton was first imported: the interpreter
+replaces Triton's own library functions, which then cannot be compiled.
 """
 
 from __future__ import annotations
@@ -124,6 +125,16 @@ def block_table_waits(sass: str) -> list[tuple[Instruction, Instruction | None, 
                       and loop[(k + d) % len(loop)].wait_mask >> load.write_barrier & 1), (None, False))
         waits.append((load, *later))
     return waits
+
+
+def block_table_summary(sass: str) -> dict:
+    """:func:`block_table_waits` in brief: how many block-table loads the tile loop has, how many of them no
+    instruction in the loop waits for, and the instructions that wait for one in the tile that loads it
+    (address and text; none in a kernel that hides the load behind a tile)."""
+    waits = block_table_waits(sass)
+    return dict(loads=len(waits), never_waited_for=sum(w is None for _, w, _ in waits),
+                waited_in_the_loading_tile=[f"{w.address:#x} {w.text}" for _, w, next_tile in waits
+                                            if w is not None and not next_tile])
 
 
 def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64, context: int = 16384,

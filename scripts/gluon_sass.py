@@ -4,10 +4,11 @@
     python scripts/gluon_sass.py 8/1/256 --batch 4 --block-n 64 --stages 3 --sass /tmp/k.sass
 
 Prints the launch's tile, ring depth and programs per KV head, what ptxas allocated for it (registers,
-spilled bytes, shared memory) and where the tile loop first waits for its block-table loads; ``--sass`` writes its SASS, which is where a profile's hot instructions are
-read. The launch is the one ``fp8kv.ops.gluon_launch`` plans for ``--batch`` sequences of ``--context`` tokens on
-a GPU of ``--sms`` SMs with room for its ring (an H200's); on a GPU with 99 KiB a program (sm89, sm120)
-``gluon_launch`` makes the ring shallower, which ``--stages`` reproduces. Run it without TRITON_INTERPRET.
+spilled bytes, shared memory) and where the tile loop first waits for its block-table loads; ``--sass``
+writes its SASS, which is where a profile's hot instructions are read. The launch is the one
+``fp8kv.ops.gluon_launch`` plans for ``--batch`` sequences of ``--context`` tokens on a GPU of ``--sms`` SMs
+with room for its ring (an H200's); on a GPU with 99 KiB a program (sm89, sm120) ``gluon_launch`` makes the
+ring shallower, which ``--stages`` reproduces. Run it without TRITON_INTERPRET.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from fp8kv.gluon_build import block_table_waits, build
+from fp8kv.gluon_build import block_table_summary, build
 
 
 def main() -> None:
@@ -39,12 +40,14 @@ def main() -> None:
                         num_stages=a.stages, heads_per_program=a.heads_per_program, kv_dtype=a.kv_dtype,
                         q_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[a.q_dtype], arch=a.arch)
     print(f"{a.layout}: block_n {cfg['block_n']}, {cfg['num_stages']} stages, {cfg['num_splits']} split(s), "
-          f"{cfg['head_tiles']} program(s) of {cfg['heads_per_program']} heads per KV head | sm{a.arch}: {kernel.registers} registers, "
-          f"{kernel.spilled_bytes} bytes spilled, {kernel.shared_bytes} bytes of shared memory")
-    waits = block_table_waits(kernel.sass)
-    same = [f"{hex(w.address)} {w.text}" for _, w, next_tile in waits if not next_tile]
-    print(f"{len(waits)} block-table loads in the tile loop; first waited for in the next tile"
-          if not same else f"waited for in the tile that loads them: {'; '.join(same)}")
+          f"{cfg['head_tiles']} program(s) of {cfg['heads_per_program']} heads per KV head | sm{a.arch}: "
+          f"{kernel.registers} registers, {kernel.spilled_bytes} bytes spilled, {kernel.shared_bytes} bytes of "
+          "shared memory")
+    waits = block_table_summary(kernel.sass)
+    same = waits["waited_in_the_loading_tile"]
+    print(f"{waits['loads']} block-table loads in the tile loop ({waits['never_waited_for']} never waited for); "
+          + (f"waited for in the tile that loads them: {'; '.join(same)}" if same else
+             "first waited for in the next tile"))
     if a.sass:
         a.sass.write_text(kernel.sass)
         print(f"SASS: {a.sass}")

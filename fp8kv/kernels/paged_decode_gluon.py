@@ -54,6 +54,7 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 _thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 NUM_WARPS = 4
+FP8_TYPES = {"fp8_e4m3": gl.float8e4nv, "fp8_e5m2": gl.float8e5}  # the caches it reads, as Gluon types
 HEAD_PADS = (64, 128)  # register tile widths; a head_dim runs in the smallest that holds it
 MIN_HEAD_DIM = 48  # the smallest head_dim its GPU tests cover
 MAX_HEAD_DIM = 256  # two parts of 128
@@ -119,12 +120,11 @@ def make_layouts(block_n: int, head_dim: int):
 def launch_constants(cfg: dict, group: int, head_dim: int, block_size: int, kv_dtype: str) -> dict:
     """The kernel's constexprs for a launch ``cfg`` (:func:`fp8kv.ops.gluon_launch`) of ``group`` query heads per
     KV head over pages of ``block_size`` tokens in ``kv_dtype`` ("fp8_e4m3" or "fp8_e5m2")."""
-    fp8_types = {"fp8_e4m3": gl.float8e4nv, "fp8_e5m2": gl.float8e5}
-    if kv_dtype not in fp8_types:
-        raise ValueError(f"kv_dtype={kv_dtype!r}: the Gluon kernel reads {sorted(fp8_types)}")
+    if kv_dtype not in FP8_TYPES:
+        raise ValueError(f"kv_dtype={kv_dtype!r}: the Gluon kernel reads {sorted(FP8_TYPES)}")
     heads = cfg["heads_per_program"]
     return dict(GROUP=group, HEADS=heads, HEAD_TILES=cfg["head_tiles"], ROWS=mma_rows(heads), PARTS=head_parts(head_dim),
-                HEAD_DIM=head_dim, BLOCK_SIZE=block_size, FP8_TY=fp8_types[kv_dtype],
+                HEAD_DIM=head_dim, BLOCK_SIZE=block_size, FP8_TY=FP8_TYPES[kv_dtype],
                 STAGES=cfg["num_stages"], **make_layouts(cfg["block_n"], head_dim))
 
 
