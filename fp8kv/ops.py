@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -88,8 +89,11 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, use_tensor_cores: 
     fastest with 128-token tiles (704 us vs 947 us at 64), 16-bit caches with 64-token tiles (979 vs
     1072 us): the same 16 KiB per K tile. At D=64 that size is 128 16-bit tokens (12/4/64: 268 vs
     317 us; 14/2/64: 144 vs 177 us). 8 warps were slower in every configuration tried, 2 warps
-    spill. FP8 tiles use 2 pipeline stages: at 3 the single-split kernel needs 164 registers instead
-    of 128 (3 CTAs per SM instead of 4; B=256: 2985 us vs 2599 us), and split kernels time the same.
+    spill. A program of 128 FP8 rows at D <= 64 (a large MQA group in one program) takes 64-token tiles
+    (71/1/64, B = 64 x 16k, 4 and 8 splits: 146.1 and 152.8 us against 156.1 and 162.7 in 128-token tiles;
+    ``results/bench/nvidia-h200/20261204T182900Z-splits.json``). FP8 tiles use 2 pipeline stages: at 3 the
+    single-split kernel needs 164 registers instead of 128 (3 CTAs per SM instead of 4; B=256: 2985 us vs
+    2599 us), and split kernels time the same.
 
     CUDA cores (one query head per program): the per-slot state holds BLOCK_N x D fp32 values;
     32 x 128 over 128 threads is 32 registers a thread.
@@ -101,17 +105,22 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, use_tensor_cores: 
     if measured is not None:
         return measured
     block_n = 128 if kv_fp8 or head_dim <= 64 else 64
-    if head_dim > 128:
+    if head_dim > 128 or (kv_fp8 and head_dim <= 64 and group_pad >= 128):
         block_n //= 2
     stages = 1 if interp else (2 if kv_fp8 else 3)
     return dict(block_n=block_n, num_warps=4, num_stages=stages)
 
 
-# Query heads one tensor-core program takes at most: larger groups (Falcon-7B's 71 per KV head) are
-# cut into several programs per KV head. H200, 71/1/64 FP8: B=1 x 4k 7.3 us in two programs of 36
-# against 9.9 us in one of 71 (16k: 10.5 vs 14.6 us); at B=64 one program is 3-5 % faster (4k: 54.8
-# vs 57.6 us; 16k: 170.7 vs 176.5 us). Programs of 16 or 24 heads were slower at B=64 (78-304 us).
+# Query heads one tensor-core program takes at most in a latency-bound launch (:func:`latency_bound`): larger
+# groups (Falcon-7B's 71 per KV head) are cut into several programs per KV head. H200, 71/1/64 FP8: B=1 x 4k
+# 7.3 us in two programs of 36 against 9.9 us in one of 71 (16k: 10.5 vs 14.6 us). Bandwidth-bound, a group of
+# up to MAX_HEADS_STREAMING runs in one program, which converts each FP8 tile once: B=64 x 16k, 64-token
+# tiles, 8 splits, 152.8 us in one program of 71 heads against 162.4-213.5 in two of 36 at 4-16 splits
+# (``results/bench/nvidia-h200/20261204T182900Z-splits.json``); with the default launch 153.4 against 177.7 us,
+# at B=16 x 16k 48.5 against 54.3 (``...20261204T184750Z-fill-waves.json``). Programs of 16 or 24 heads were
+# slower at B=64 (78-304 us).
 MAX_HEADS_PER_PROGRAM = 64
+MAX_HEADS_STREAMING = 128
 MAX_SPLITS_FOR_LATENCY = 64  # at most this many one-tile splits (the combine holds splits x D partials)
 # ... unless that leaves SMs idle (B x Hkv x head tiles x 64 < SMs: MQA at B <= 2): then up to 128. H200,
 # B=1 x 16k FP8: 8/1/256 14.6 us with 128 splits against 21.0 us with 64; 8/1/128 9.6 against 12.1 us;
@@ -143,8 +152,87 @@ def latency_waves(head_dim: int) -> float:
     return LATENCY_WAVES if head_dim & (head_dim - 1) == 0 else LATENCY_WAVES_PADDED
 
 
+def resident_programs(registers: int, shared_bytes: int, num_warps: int, *, regs_per_sm: int = 65536,
+                      smem_per_sm: int = 233472, threads_per_sm: int = 2048, max_programs: int = 32) -> int:
+    """Programs of a compiled kernel (``registers`` a thread, ``shared_bytes``, ``num_warps``) that one SM holds at
+    once, by the occupancy rules of sm80-sm90: registers are allocated per warp in units of 256, each of the
+    SM's four sub-partitions holding whole warps of a quarter of its registers, and 1 KiB of shared memory is
+    reserved per program. The defaults are an H100 / H200 SM (:func:`kernel_residency` reads the GPU's)."""
+    per_warp = -(-registers * 32 // 256) * 256
+    warps = 4 * (regs_per_sm // 4 // per_warp)
+    return max(1, min(warps // num_warps, threads_per_sm // (32 * num_warps), smem_per_sm // (shared_bytes + 1024),
+                      max_programs))
+
+
+_RESIDENCY: dict = {}
+
+
+def kernel_residency(key, device: torch.device, compile_kernel) -> int:
+    """:func:`resident_programs` of the kernel ``compile_kernel()`` compiles (a Triton ``warmup``: the
+    compiled kernel, not launched) on ``device``, computed once per ``key`` (what the kernel is specialised
+    on) and device."""
+    key = (key, device.index)
+    if key not in _RESIDENCY:
+        kernel = compile_kernel()
+        kernel._init_handles()  # loads the binary: the registers ptxas gave it
+        p = torch.cuda.get_device_properties(device)
+        _RESIDENCY[key] = resident_programs(kernel.n_regs, kernel.metadata.shared, kernel.metadata.num_warps,
+                                            regs_per_sm=getattr(p, "regs_per_multiprocessor", 65536),
+                                            smem_per_sm=p.shared_memory_per_multiprocessor,
+                                            threads_per_sm=p.max_threads_per_multi_processor)
+    return _RESIDENCY[key]
+
+
+# A bandwidth-bound launch may take up to this many times fewer splits than the rule's eight waves ask for,
+# to fill the GPU's resident program slots (fill_waves).
+FILL_WAVES_FEWER = 4
+
+
+def fill_waves(programs_per_split: int, splits: int, slots: int, capacity: int, block_n: int) -> int:
+    """The split count, from ``splits / FILL_WAVES_FEWER`` to ``splits``, whose programs fill the ``slots``
+    (SMs x :func:`resident_programs`) best: with every sequence as long as the capacity all programs take the
+    same time, so ``w`` waves of slots take ``ceil(w)`` waves' time, and the count with the highest
+    ``w / ceil(w)`` wastes the least of its last wave (ties: the fewest splits, each program's prologue and
+    partial output being fixed costs). Only counts of more than one wave are taken (or ``splits`` itself):
+    in a single wave nothing fills the slots that the programs of short sequences leave. Counts are taken as
+    :func:`launch_config` realises them (whole tiles per split).
+
+    Measured on an H200, FP8, 132 SMs, before / after in one call (``scripts/fill_waves_probe.py``,
+    ``results/bench/nvidia-h200/20261204T184750Z-fill-waves.json``): B = 64 x 16k, the Gluon kernel at 8/1/256 (2
+    programs an SM, 128 a split) 186.6 -> 157.8 us (9 -> 4 splits: 4.36 -> 1.94 waves), 28/4/128 308.2 -> 281.0
+    (5 -> 3); at B = 16 x 16k 8/1/256 79.3 -> 59.4, 32/8/128 158.1 -> 149.7; 16/16/256 at B = 4 x 16k 170.3 ->
+    147.6; none of the 24 points (6 layouts) slower by more than 0.2 %. With lengths drawn from 1 to 16k (B = 64) the new counts took
+    0.93-1.00x the time. A single wave (14/2/64 in 5 splits, 0.97 waves; ``...20261204T183700Z-fill-waves-variants.json``)
+    was 1.08x faster at full lengths but 1.23x slower at drawn ones, hence more than one wave."""
+    def realised(s: int) -> int:
+        return math.ceil(capacity / (math.ceil(math.ceil(capacity / s) / block_n) * block_n))
+
+    best, best_fill = splits, -1.0
+    for s in sorted({realised(s) for s in range(math.ceil(splits / FILL_WAVES_FEWER), splits + 1)}):
+        waves = programs_per_split * s / slots
+        fill = waves / math.ceil(waves)
+        if waves > 1 and fill > best_fill + 1e-9:
+            best, best_fill = s, fill
+    return best
+
+
+def _bandwidth_splits(base: int, tiles: int, num_sms: int, waves: float, min_tiles_per_split: int) -> int:
+    return max(1, min(math.ceil(waves * num_sms / base), math.ceil(tiles / min_tiles_per_split)))
+
+
+def latency_bound(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int, waves: float = 8.0,
+                  min_tiles_per_split: int = 4, min_waves: float = LATENCY_WAVES) -> bool:
+    """Whether the eight-wave split count of :func:`choose_num_splits` (same arguments) leaves fewer than
+    ``min_waves`` x ``num_sms`` programs (small batches, short contexts), which it then raises where the context
+    has tiles enough."""
+    base = batch * kv_heads
+    tiles = math.ceil(capacity / block_n)
+    return _bandwidth_splits(base, tiles, num_sms, waves, min_tiles_per_split) * base < min_waves * num_sms
+
+
 def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, num_sms: int,
-                      waves: float = 8.0, min_tiles_per_split: int = 4, min_waves: float = LATENCY_WAVES) -> int:
+                      waves: float = 8.0, min_tiles_per_split: int = 4, min_waves: float = LATENCY_WAVES,
+                      slots: int | None = None) -> int:
     """Split-KV factor from the launch shape (flash-decoding).
 
     Enough (sequence, KV head, split) programs to fill ``waves`` x ``num_sms`` slots, but no split
@@ -162,15 +250,19 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     the increase stops at :data:`MAX_SPLITS_FOR_LATENCY`, or at :data:`MAX_SPLITS_TO_FILL_SMS` where
     that many would leave SMs without a program (MQA at batch 1-2); no count exceeds the latter. The
     count is what is asked for;
-    :func:`launch_config` rounds it to whole tiles per split.
+    :func:`launch_config` rounds it to whole tiles per split. Given the GPU's resident program ``slots``
+    (SMs x :func:`resident_programs` of the kernel), a count that is not raised for latency is then made
+    to fill the slots' waves (:func:`fill_waves`).
     """
     base = batch * kv_heads
-    want = math.ceil(waves * num_sms / base)
     tiles = math.ceil(capacity / block_n)
-    splits = max(1, min(want, math.ceil(tiles / min_tiles_per_split)))
-    if splits * base < min_waves * num_sms and tiles >= min_tiles_per_split:
-        cap = MAX_SPLITS_FOR_LATENCY if base * MAX_SPLITS_FOR_LATENCY >= num_sms else MAX_SPLITS_TO_FILL_SMS
-        splits = max(splits, min(math.ceil(min_waves * num_sms / base), tiles, cap))
+    splits = _bandwidth_splits(base, tiles, num_sms, waves, min_tiles_per_split)
+    if latency_bound(batch, kv_heads, capacity, block_n, num_sms, waves, min_tiles_per_split, min_waves):
+        if tiles >= min_tiles_per_split:
+            cap = MAX_SPLITS_FOR_LATENCY if base * MAX_SPLITS_FOR_LATENCY >= num_sms else MAX_SPLITS_TO_FILL_SMS
+            splits = max(splits, min(math.ceil(min_waves * num_sms / base), tiles, cap))
+    elif slots is not None:
+        splits = fill_waves(base, splits, slots, capacity, block_n)
     # The combine holds splits x D partials per program: no rule asks for more than it was measured with
     # (one sequence and one KV head at 1M tokens would otherwise ask for 1056).
     return int(min(splits, MAX_SPLITS_TO_FILL_SMS))
@@ -180,7 +272,8 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
                   block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                   device: torch.device | None = None, window: int | None = None,
                   use_tensor_cores: bool = True, group: int | None = None,
-                  heads_per_program: int | None = None, head_parts: int = 1, num_sms: int | None = None) -> DecodeConfig:
+                  heads_per_program: int | None = None, head_parts: int = 1, num_sms: int | None = None,
+                  programs_per_sm: int | None = None) -> DecodeConfig:
     """The launch :func:`paged_decode` uses for ``batch`` sequences of ``cache``: defaults plus overrides.
 
     Returns block_n, num_warps, num_stages, num_splits, tokens_per_split (a multiple of block_n;
@@ -190,10 +283,14 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     for (False: the CUDA-core kernel, which runs one program per query head, so its splits are sized
     for ``group`` x Hkv programs per sequence). ``group``: query heads per KV head (required for the
     CUDA-core kernel; default 1). ``heads_per_program`` (tensor cores): at most this many query heads
-    of a group per program (default :data:`MAX_HEADS_PER_PROGRAM`); a larger group is cut into
+    of a group per program (default :data:`MAX_HEADS_PER_PROGRAM`, or a whole group of up to
+    :data:`MAX_HEADS_STREAMING` where the launch is not :func:`latency_bound`); a larger group is cut into
     ``head_tiles`` programs of ``heads_per_program = ceil(group / head_tiles)`` heads each.
     ``head_parts``: programs per head tile (the Gluon kernel cuts a head_dim above 128 into two), counted
     with them when the splits are sized. ``num_sms``: the GPU's SMs the splits fill (None: the device's).
+    ``programs_per_sm``: the kernel's resident programs an SM (:func:`resident_programs`), with which a
+    bandwidth-bound split count fills whole waves (:func:`fill_waves`); None: the count of
+    :func:`choose_num_splits` alone.
     """
     if not use_tensor_cores:
         if mode == "fp8":
@@ -206,14 +303,29 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
             raise ValueError(f"heads_per_program={heads_per_program!r} with use_tensor_cores=False: the CUDA-core "
                              "kernel runs one query head per program")
     group = 1 if group is None else checks.positive_int(group, "group")
+    if block_n is not None:
+        block_n = checks.positive_int(block_n, "block_n")
+    capacity = cache.max_blocks_per_seq * cache.block_size
+    if window is not None:
+        capacity = min(capacity, window)
+    sms = _num_sms(device or cache.device) if num_sms is None else checks.positive_int(num_sms, "num_sms")
+    gpu = _gpu(device or cache.device)
+
+    def defaults(heads: int) -> DecodeConfig:
+        return default_config(mode, cache.is_fp8, cache.head_dim, use_tensor_cores=use_tensor_cores, gpu=gpu,
+                              group_pad=padded_rows(heads))
+
     if heads_per_program is None:
         heads_per_program = MAX_HEADS_PER_PROGRAM
+        if use_tensor_cores and MAX_HEADS_PER_PROGRAM < group <= MAX_HEADS_STREAMING and not latency_bound(
+                batch, cache.num_kv_heads, capacity, block_n or defaults(group)["block_n"], sms,
+                min_waves=latency_waves(cache.head_dim)):
+            heads_per_program = group
     heads_per_program = min(checks.positive_int(heads_per_program, "heads_per_program"), group)
     head_tiles = math.ceil(group / heads_per_program) if use_tensor_cores else 1
     head_parts = checks.positive_int(head_parts, "head_parts")
-    cfg = default_config(mode, cache.is_fp8, cache.head_dim, use_tensor_cores=use_tensor_cores,
-                         gpu=_gpu(device or cache.device), group_pad=padded_rows(math.ceil(group / head_tiles)))
-    block_n = cfg["block_n"] if block_n is None else checks.positive_int(block_n, "block_n")
+    cfg = defaults(math.ceil(group / head_tiles))
+    block_n = cfg["block_n"] if block_n is None else block_n
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")
     if num_warps is not None:
@@ -225,13 +337,11 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     least = 16 if use_tensor_cores else 1  # tl.dot's minimum; the CUDA-core kernel takes any power of two
     if block_n < least or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
         raise ValueError(f"block_n={block_n} must be a power of two in [{least}, {MAX_BLOCK_N}]")
-    capacity = cache.max_blocks_per_seq * cache.block_size
-    if window is not None:
-        capacity = min(capacity, window)
     if num_splits is None:
         programs = cache.num_kv_heads * (head_tiles * head_parts if use_tensor_cores else group)  # per sequence, split
-        sms = _num_sms(device or cache.device) if num_sms is None else checks.positive_int(num_sms, "num_sms")
-        num_splits = choose_num_splits(batch, programs, capacity, block_n, sms, min_waves=latency_waves(cache.head_dim))
+        slots = None if programs_per_sm is None else sms * checks.positive_int(programs_per_sm, "programs_per_sm")
+        num_splits = choose_num_splits(batch, programs, capacity, block_n, sms, min_waves=latency_waves(cache.head_dim),
+                                       slots=slots)
     tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
     return dict(block_n=block_n, num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
                 num_splits=max(1, triton.cdiv(capacity, tokens_per_split)), tokens_per_split=tokens_per_split,
@@ -345,23 +455,52 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
     b, hq, d = q.shape
     group = hq // cache.num_kv_heads
-    kernel, cfg = decode_launch(b, cache, mode, d, group, q.device, gluon=gluon, num_splits=num_splits,
+    kernel, cfg = decode_launch(b, cache, mode, d, group, q.device, gluon=gluon, num_splits=num_splits, q_dtype=q.dtype,
                                 block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                                 heads_per_program=heads_per_program, use_tensor_cores=use_tensor_cores,
                                 window=window, convert=convert, eviction_policy=eviction_policy or None,
                                 compute_dtype=compute_dtype, soft_cap=soft_cap, sinks=sinks)
     if kernel == "gluon":
         return _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype)
+    launch = _triton_call(q, cache, cfg, mode, tensor_cores=kernel == "triton", sm_scale=sm_scale, out_dtype=out_dtype,
+                          window=window, soft_cap=soft_cap, sinks=sinks, convert=convert,
+                          eviction_policy=eviction_policy, compute_dtype=compute_dtype)
+    launch.kernel[launch.grid](*launch.args, **launch.constexprs)
+    if cfg["num_splits"] > 1:
+        _combine_splits(launch.k_out, launch.k_lse, launch.out, launch.lse, sinks, dependent=launch.pdl)
+    return launch.out.to(launch.out_dtype), launch.lse
+
+
+class _TritonCall(NamedTuple):
+    kernel: triton.runtime.JITFunction
+    grid: tuple[int, int, int]
+    args: tuple
+    constexprs: dict
+    out: torch.Tensor  # the output and LSE the caller gets (the kernel's, or the combine's with splits)
+    lse: torch.Tensor
+    k_out: torch.Tensor  # what the kernel writes: out / lse, or the split partials
+    k_lse: torch.Tensor
+    out_dtype: torch.dtype
+    pdl: bool
+
+
+def _triton_call(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, mode: str, *, tensor_cores: bool,
+                 sm_scale: float | None, out_dtype: torch.dtype | None, window: int | None, soft_cap: float | None,
+                 sinks: torch.Tensor | None, convert: str | None, eviction_policy: str,
+                 compute_dtype: torch.dtype | None) -> _TritonCall:
+    """The Triton kernel's launch for a decode of ``q`` with ``cfg`` (tensor-core or CUDA-core kernel), its
+    outputs allocated: what :func:`paged_decode` launches, and what :func:`_triton_residency` compiles."""
     if mode == "fp8" and cache.granularity == "token_head":
         raise UnsupportedError("fp8 mode takes tensor, head and channel scales; token_head needs dequant mode")
     if q.device.type != "cuda" and not interpreter_on():
         raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
     arch = current_arch(q.device) if q.device.type == "cuda" else None
 
+    b, hq, d = q.shape
+    group = hq // cache.num_kv_heads
     hkv = cache.num_kv_heads
     if window is not None and window >= cache.max_blocks_per_seq * cache.block_size:
         window = None  # no sequence can be longer: the plain kernel, compiled as without a window
-    use_tensor_cores = kernel == "triton"
     block_n, num_splits, tokens_per_split = cfg["block_n"], cfg["num_splits"], cfg["tokens_per_split"]
     convert_k, convert_v = _converts(convert, arch)
     fp8_qk, fp8_pv = _MODE_FLAGS[mode]
@@ -407,19 +546,26 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
                   CONVERT_K=_CONVERT[convert_k], CONVERT_V=_CONVERT[convert_v], KV_EVICTION=eviction_policy,
                   WINDOWED=window is not None, SOFT_CAP=soft_cap is not None, HAS_SINKS=sinks is not None,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_format_bits(cache))
-    pdl = False
-    if use_tensor_cores:
-        tiles = cfg["head_tiles"]
-        pdl = num_splits > 1 and combine_as_dependent(b * hkv * tiles * num_splits, q.device)
-        paged_decode_kernel[(b, hkv * tiles, num_splits)](
-            *args, GROUP_PAD=padded_rows(cfg["heads_per_program"]), HEAD_TILES=tiles,
-            FP8_QK=fp8_qk, FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q,
-            PDL=pdl, **common)
-    else:  # one program per query head
-        paged_decode_cuda_core_kernel[(b, hq, num_splits)](*args, **common)
-    if num_splits > 1:
-        _combine_splits(k_out, k_lse, out, lse, sinks, dependent=pdl)
-    return out.to(out_dtype), lse
+    if not tensor_cores:  # one program per query head
+        return _TritonCall(paged_decode_cuda_core_kernel, (b, hq, num_splits), args, common, out, lse, k_out, k_lse,
+                           out_dtype, False)
+    tiles = cfg["head_tiles"]
+    pdl = num_splits > 1 and combine_as_dependent(b * hkv * tiles * num_splits, q.device)
+    constexprs = dict(common, GROUP_PAD=padded_rows(cfg["heads_per_program"]), HEAD_TILES=tiles, FP8_QK=fp8_qk,
+                      FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, PDL=pdl)
+    return _TritonCall(paged_decode_kernel, (b, hkv * tiles, num_splits), args, constexprs, out, lse, k_out, k_lse,
+                       out_dtype, pdl)
+
+
+def _triton_residency(cache: PagedKVCache, cfg: DecodeConfig, mode: str, group: int, q_dtype: torch.dtype,
+                      device: torch.device, variants: dict) -> int:
+    """The tensor-core Triton programs an SM of ``device`` holds for launch ``cfg`` with these ``variants``
+    (window, soft_cap, sinks, convert, eviction_policy, compute_dtype): :func:`kernel_residency` of the kernel
+    compiled for them, not run."""
+    q = torch.zeros(1, group * cache.num_kv_heads, cache.head_dim, dtype=q_dtype, device=device)
+    call = _triton_call(q, cache, cfg, mode, tensor_cores=True, sm_scale=None, out_dtype=None, **variants)
+    key = ("triton", q_dtype, cache.kv_dtype, tuple((k, repr(v)) for k, v in sorted(call.constexprs.items())))
+    return kernel_residency(key, device, lambda: call.kernel.warmup(*call.args, grid=call.grid, **call.constexprs))
 
 
 GLUON_BLOCK_N = (64, 128)
@@ -487,7 +633,8 @@ def gluon_max_heads(head_dim: int) -> int:
 
 def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int | None = None,
                  block_n: int | None = None, num_stages: int | None = None, heads_per_program: int | None = None,
-                 device: torch.device | None = None, num_sms: int | None = None) -> DecodeConfig:
+                 device: torch.device | None = None, num_sms: int | None = None,
+                 q_dtype: torch.dtype = torch.bfloat16, programs_per_sm: int | None = None) -> DecodeConfig:
     """The launch of the Gluon kernel for ``group`` query heads per KV head: :func:`gluon_tile` unless
     ``block_n`` / ``num_stages`` are given, the group in as few programs per KV head as
     :func:`gluon_max_heads` allows (or of at most ``heads_per_program`` heads; :func:`gluon_refusal`
@@ -495,7 +642,9 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
     program than the default needs (sm89 / sm120: 99 KiB) the default ring is made shallower, and where
     even the shallowest does not fit, the default tile is 64 tokens; an explicit tile that does not fit
     raises UnsupportedError naming it. ``num_sms``: the GPU's SMs (None: the device's), for a launch
-    planned on another machine (:mod:`fp8kv.gluon_build`)."""
+    planned on another machine (:mod:`fp8kv.gluon_build`). The splits fill whole waves of the programs an SM
+    holds (:func:`fill_waves`): ``programs_per_sm``, or on a CUDA device those of the kernel compiled for this
+    launch and a ``q_dtype`` query (:func:`kernel_residency`)."""
     dev = torch.device(device) if device is not None else cache.device
     sms = _num_sms(dev) if num_sms is None else checks.positive_int(num_sms, "num_sms")
     tile, depth = gluon_tile(group, cache.head_dim, batch * cache.num_kv_heads, sms)
@@ -523,10 +672,35 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
                                    f"{need} bytes of shared memory, this GPU gives a program {limit}; ask for fewer")
     from .kernels.paged_decode_gluon import head_parts
 
-    cfg = launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device, group=group,
-                        heads_per_program=heads_per_program or gluon_max_heads(cache.head_dim),
-                        head_parts=head_parts(cache.head_dim), num_sms=sms)
-    return {**cfg, "num_warps": 4, "num_stages": stages}
+    def planned(programs_per_sm: int | None) -> DecodeConfig:
+        cfg = launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device, group=group,
+                            heads_per_program=heads_per_program or gluon_max_heads(cache.head_dim),
+                            head_parts=head_parts(cache.head_dim), num_sms=sms, programs_per_sm=programs_per_sm)
+        return {**cfg, "num_warps": 4, "num_stages": stages}
+
+    cfg = planned(programs_per_sm)
+    if num_splits is None and programs_per_sm is None and dev.type == "cuda":
+        cfg = planned(_gluon_residency(cache, cfg, group, q_dtype, dev))
+    return cfg
+
+
+def _gluon_residency(cache: PagedKVCache, cfg: DecodeConfig, group: int, q_dtype: torch.dtype,
+                     device: torch.device) -> int:
+    """The Gluon programs an SM of ``device`` holds for launch ``cfg`` (:func:`kernel_residency`): the kernel
+    is compiled for the launch's constexprs (what its registers and shared memory depend on), not run."""
+    from .kernels import paged_decode_gluon as g
+
+    d, hq = cache.head_dim, group * cache.num_kv_heads
+    constants = g.launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype)
+    key = ("gluon", q_dtype, tuple((k, repr(v)) for k, v in sorted(constants.items())))
+
+    def compile_kernel():
+        q = torch.zeros(1, hq, d, dtype=q_dtype, device=device)
+        part_out, part_lse = _split_partials(1, hq, cfg["num_splits"], d, device)
+        grid, args, _ = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
+        return g.gluon_decode_kernel.warmup(*args, grid=grid, **constants, num_warps=g.NUM_WARPS)
+
+    return kernel_residency(key, device, compile_kernel)
 
 
 # Options the Gluon kernel takes when asked for by name; any other override means the Triton kernel.
@@ -597,7 +771,7 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
                   gluon: bool | None = None, num_splits: int | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None,
                   heads_per_program: int | None = None, use_tensor_cores: bool | None = None,
-                  window: int | None = None, **others) -> tuple[str, DecodeConfig]:
+                  window: int | None = None, q_dtype: torch.dtype = torch.bfloat16, **others) -> tuple[str, DecodeConfig]:
     """The kernel :func:`paged_decode` runs for these arguments and its launch: ``("gluon", cfg)``,
     ``("triton", cfg)`` (the tensor-core kernel) or ``("triton-cuda-core", cfg)``. By default Gluon runs
     where :func:`decode_kernel` allows it, each split streams at least GLUON_MIN_SPLIT_TOKENS tokens (by
@@ -620,16 +794,26 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
                            use_tensor_cores=None if use_tensor_cores is not False else False, **others)
     if kernel == "gluon":
         cfg = gluon_launch(batch, cache, group, num_splits=num_splits, block_n=block_n, num_stages=num_stages,
-                           heads_per_program=heads_per_program, device=device)
+                           heads_per_program=heads_per_program, device=device, q_dtype=q_dtype)
         from .kernels.paged_decode_gluon import head_parts
 
         least = GLUON_MIN_SPLIT_TOKENS[head_parts(head_dim)]
         if gluon or (cfg["tokens_per_split"] >= least and cfg["head_tiles"] == 1):
             return kernel, cfg
     tensor_cores = use_tensor_cores is not False
-    cfg = launch_config(batch, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
-                        num_stages=num_stages, device=device, window=window, use_tensor_cores=tensor_cores,
-                        group=group, heads_per_program=heads_per_program)
+
+    def planned(programs_per_sm: int | None) -> DecodeConfig:
+        return launch_config(batch, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
+                             num_stages=num_stages, device=device, window=window, use_tensor_cores=tensor_cores,
+                             group=group, heads_per_program=heads_per_program, programs_per_sm=programs_per_sm)
+
+    cfg = planned(None)
+    dev = torch.device(device)
+    if tensor_cores and num_splits is None and dev.type == "cuda" and not interpreter_on():
+        variants = dict(window=window, soft_cap=others.get("soft_cap"), sinks=others.get("sinks"),
+                        convert=others.get("convert"), eviction_policy=others.get("eviction_policy") or "",
+                        compute_dtype=others.get("compute_dtype"))
+        cfg = planned(_triton_residency(cache, cfg, mode, group, q_dtype, dev, variants))
     return ("triton" if tensor_cores else "triton-cuda-core"), cfg
 
 

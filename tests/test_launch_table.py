@@ -66,16 +66,18 @@ def test_launch_config_looks_up_the_launch_of_its_programs(table_dir, monkeypatc
     monkeypatch.setattr(ops.launch_table, "lookup", lambda *a: seen.append(a) or None)
     monkeypatch.setattr(ops, "interpreter_on", lambda: False)
     cache = random_paged_cache(batch=1, context=40, num_kv_heads=1, head_dim=32, kv_dtype="fp8_e4m3", device="cpu")
-    ops.launch_config(1, cache, group=71)  # two programs of 36 heads: 64 rows
-    ops.launch_config(1, cache, group=4)
+    ops.launch_config(1, cache, group=71)  # latency-bound: two programs of 36 heads, 64 rows (128 asked first:
+    ops.launch_config(1, cache, group=4)  # the tile one program of 71 would take decides whether it streams)
     ops.launch_config(1, cache, group=71, heads_per_program=24)  # three programs of 24: 32 rows
-    assert seen == [("gpu-a", True, "dequant", 32, 64), ("gpu-a", True, "dequant", 32, 16),
-                    ("gpu-a", True, "dequant", 32, 32)]
+    assert seen == [("gpu-a", True, "dequant", 32, 128), ("gpu-a", True, "dequant", 32, 64),
+                    ("gpu-a", True, "dequant", 32, 16), ("gpu-a", True, "dequant", 32, 32)]
 
 
 def test_group_pad_matches_the_kernels_rows():
-    assert [tune.group_pad(hq, hkv) for hq, hkv in ((32, 8), (32, 32), (71, 1), (48, 1), (40, 2))] == [16, 16, 64, 64,
+    # at the tuning point (B = 64 x 16k, bandwidth-bound) Falcon's 71 heads are one program; latency-bound, two
+    assert [tune.group_pad(hq, hkv) for hq, hkv in ((32, 8), (32, 32), (71, 1), (48, 1), (40, 2))] == [16, 16, 128, 64,
                                                                                                       32]
+    assert tune.group_pad(71, 1, 64, (2, 4096)) == 64
 
 
 def test_candidates_hold_the_rule_and_stay_in_range():

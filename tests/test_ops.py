@@ -162,21 +162,34 @@ def test_head_tiles_with_a_sink_per_query_head():
         assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", torch.float16, ref_l)
 
 
-def test_falcon_group_by_default_runs_as_two_programs(kernel_spies):
-    """71 query heads per KV head, default launch: two programs of 36 and 35 heads (GROUP_PAD 64)."""
+def test_falcon_group_runs_as_two_programs_when_latency_bound_and_one_when_streaming(kernel_spies, monkeypatch):
+    """71 query heads per KV head: two programs of 36 and 35 heads (GROUP_PAD 64) in a latency-bound launch,
+    one of 71 (GROUP_PAD 128) where the launch streams; both against the oracle."""
+    from fp8kv import ops
+
     cache = make_cache([3, 40], 1, 32, granularity="head")
     q = make_q(2, 71, 32, torch.float16)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "head"), num_splits=2, block_n=16)
     assert kernel_spies["tensor"].grids == [(2, 2, 2)]
+    monkeypatch.setattr(ops, "_num_sms", lambda device: 1)  # two sequences of 13 tiles then stream
+    long = make_cache([3, 200], 1, 32, granularity="head")
+    check_against_reference(q, long, "dequant", dequant_tol(torch.float16, "head"), num_splits=2, block_n=16)
+    assert kernel_spies["tensor"].grids[-1] == (2, 1, 2)
 
 
 def test_heads_per_program_rule():
+    from fp8kv import ops
     from fp8kv.ops import MAX_HEADS_PER_PROGRAM
 
     # splits are sized for every program of a sequence: two head tiles need half the splits of one
     long = make_cache([5, 4096], 1, 32)
-    assert launch_config(8, long, group=71)["num_splits"] == 2
+    assert launch_config(8, long, group=71, heads_per_program=36)["num_splits"] == 2
     assert launch_config(8, long, group=71, heads_per_program=71)["num_splits"] == 4
+    # by default a group of up to MAX_HEADS_STREAMING is one program where the launch streams (8 x 4k on the
+    # CPU's 4 "SMs"), and cut into programs of MAX_HEADS_PER_PROGRAM where it is latency-bound (2 x 40)
+    assert launch_config(8, long, group=71)["head_tiles"] == 1
+    assert launch_config(8, long, group=ops.MAX_HEADS_STREAMING + 1)["head_tiles"] == 3
+    assert ops.latency_bound(2, 1, 48, 16, 4) and not ops.latency_bound(8, 1, 4096, 16, 4)
 
     mqa = make_cache([5, 40], 1, 32)
     assert launch_config(2, mqa, group=8) == launch_config(2, mqa, group=8, heads_per_program=8)
@@ -374,6 +387,50 @@ def test_splits_agree_and_batch_one_fills_the_gpu(monkeypatch):
     assert cc < tc
     with pytest.raises(ValueError, match="group"):
         launch_config(1, mha, use_tensor_cores=False)
+
+
+def test_resident_programs_follow_registers_shared_memory_and_threads():
+    """The occupancy rules behind fill_waves, at the builds the H200 runs (fp8kv.gluon_build: 168 registers and
+    72 KiB for 32/8/128, 96 and 28 KiB for 12/4/64, 212 and 104 KiB for MHA, 247 for 8/1/256)."""
+    from fp8kv.ops import resident_programs
+
+    assert resident_programs(168, 73728, 4) == 3  # 5376 registers a warp: 3 warps per sub-partition
+    assert resident_programs(96, 28672, 4) == 5
+    assert resident_programs(104, 28672, 4) == 4  # 8 registers more lose a program
+    assert resident_programs(212, 106496, 4) == 2
+    assert resident_programs(247, 106496, 4) == 2
+    assert resident_programs(64, 106496, 4) == 2  # shared memory bounds it: 2 x (104 + 1) KiB
+    assert resident_programs(32, 0, 4) == 16  # threads: 2048 / 128
+    assert resident_programs(32, 0, 1) == 32  # the programs-per-SM limit
+    assert resident_programs(255, 240000, 8) == 1  # never below one
+
+
+def test_fill_waves_takes_the_fewest_splits_that_waste_the_least_of_the_last_wave():
+    """The measured H200 cases of fill_waves' docstring: 132 SMs, B = 64 x 16k."""
+    from fp8kv.ops import choose_num_splits, fill_waves
+
+    # 8/1/256, Gluon: 128 programs a split, 2 an SM; the rule's 9 splits are 4.36 waves, 4 splits 1.94
+    assert choose_num_splits(64, 2, 16384, 128, 132) == 9
+    assert choose_num_splits(64, 2, 16384, 128, 132, slots=264) == 4
+    # 28/4/128: 256 a split, 3 an SM: 5 splits (3.23 waves) -> 3 (1.94)
+    assert choose_num_splits(64, 4, 16384, 64, 132, slots=396) == 3
+    # 32/8/128: the rule's 3 splits (3.88 waves) stay
+    assert choose_num_splits(64, 8, 16384, 64, 132, slots=396) == 3
+    # 71/1/64 in one Triton program: 64 a split, 2 an SM: 17 -> 8 splits (1.94 waves)
+    assert choose_num_splits(64, 1, 16384, 64, 132, slots=264) == 8
+    # 14/2/64: 128 a split, 5 an SM; 5 splits would be a single wave (0.97): kept at 9 (1.75)
+    assert choose_num_splits(64, 2, 16384, 64, 132, slots=660) == 9
+    assert fill_waves(128, 9, 660, 16384, 64) == 9
+    # a latency-bound launch keeps the latency rule's count
+    assert choose_num_splits(1, 8, 4096, 128, 132, slots=396) == 32
+
+    def realised(s: int, capacity: int = 16384, block_n: int = 64) -> int:  # launch_config's whole tiles per split
+        return math.ceil(capacity / (math.ceil(math.ceil(capacity / s) / block_n) * block_n))
+
+    for programs, splits, slots in ((128, 9, 264), (7, 40, 100), (3, 1, 50), (1000, 7, 132), (640, 30, 660)):
+        s = fill_waves(programs, splits, slots, 16384, 64)
+        assert -(-splits // 4) <= s <= splits and realised(s) == s
+        assert s == splits or programs * s > slots  # more than one wave, or the rule's own count
 
 
 def test_latency_rule_takes_four_waves_only_at_power_of_two_head_dims(monkeypatch):
@@ -720,6 +777,21 @@ def test_gluon_splits_count_both_parts_of_a_wide_head():
                                                  block_n=cfg["block_n"])["num_splits"]
     with pytest.raises(ValueError, match="head_parts=0"):
         ops.launch_config(2, wide, head_parts=0)
+
+
+def test_gluon_splits_fill_the_waves_of_the_programs_an_sm_holds():
+    """8/1/256 at B = 64 x 16k planned for an H200: the eight-wave rule's 9 splits, or with 2 programs an SM
+    (the sm90 build's) the 4 that fill two waves; programs_per_sm is validated by name."""
+    from fp8kv import ops
+    from fp8kv.cache import PagedKVCache
+
+    cache = PagedKVCache.empty(1, 16384, 1, 256)  # only its shape is read
+    assert ops.gluon_launch(64, cache, 8, num_sms=132)["num_splits"] == 9
+    cfg = ops.gluon_launch(64, cache, 8, num_sms=132, programs_per_sm=2)
+    assert (cfg["num_splits"], cfg["tokens_per_split"]) == (4, 4096)
+    assert ops.gluon_launch(64, cache, 8, num_sms=132, programs_per_sm=2, num_splits=9)["num_splits"] == 9
+    with pytest.raises(ValueError, match="programs_per_sm=0"):
+        ops.gluon_launch(64, cache, 8, num_sms=132, programs_per_sm=0)
 
 
 def test_gluon_launch_defaults_and_bad_options():

@@ -45,7 +45,7 @@ def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dic
     from ..ops import decode_launch
 
     kernel, cfg = decode_launch(case.batch, cache, case.mode, case.head_dim, case.num_q_heads // case.num_kv_heads,
-                                device, window=case.window, **case.options)
+                                device, window=case.window, q_dtype=Q_DTYPES[case.q_dtype], **case.options)
     return {"tensor_cores": kernel != "triton-cuda-core", "kernel": kernel,
             **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages", "heads_per_program")}}
 

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 
 import pandas as pd
+import torch
 
 from .. import checks, launch_table
 from ..capability import interpreter_on
@@ -43,21 +44,24 @@ CONFIRM = ((256, 4096), (2, 4096))  # a winner must also hold here: one split pe
 MARGIN = 0.03  # a candidate replaces the rule when at least 3 % faster (well above replay-to-replay noise)
 
 
-def group_pad(hq: int, hkv: int) -> int:
-    """The padded query rows of the kernel's programs for this layout (its default head tiles)."""
-    from ..ops import MAX_HEADS_PER_PROGRAM, padded_rows
+def group_pad(hq: int, hkv: int, head_dim: int = 128, point: tuple[int, int] = POINT, *, kv_dtype: str = "fp8_e4m3",
+              mode: str = "dequant", num_sms: int = 132) -> int:
+    """The padded query rows of the kernel's programs for this layout at ``point`` (batch, context) on a GPU of
+    ``num_sms`` SMs: its default head tiles there (a large group is one program where the launch streams)."""
+    from ..cache import PagedKVCache
+    from ..ops import launch_config, padded_rows
 
-    group = hq // hkv
-    tiles = -(-group // MAX_HEADS_PER_PROGRAM)
-    return padded_rows(-(-group // tiles))
+    cache = PagedKVCache.empty(1, point[1], hkv, head_dim, kv_dtype=kv_dtype)  # only its shape is read
+    cfg = launch_config(point[0], cache, mode, group=hq // hkv, num_sms=num_sms, device=torch.device("cpu"))
+    return padded_rows(cfg["heads_per_program"])
 
 
-def candidates(kv_fp8: bool, mode: str, head_dim: int) -> list[dict]:
-    """The launches tried for one shape: the rule's tile halved, kept and doubled (16-256 tokens; 32+
-    in fp8 mode), times 4 / 8 warps and 2 / 3 stages; and the rule's launch itself."""
+def candidates(kv_fp8: bool, mode: str, head_dim: int, group_pad: int = 16) -> list[dict]:
+    """The launches tried for one shape (``group_pad`` rows a program): the rule's tile halved, kept and
+    doubled (16-256 tokens; 32+ in fp8 mode), times 4 / 8 warps and 2 / 3 stages; and the rule's launch itself."""
     from ..ops import MAX_BLOCK_N, default_config
 
-    rule = default_config(mode, kv_fp8, head_dim)
+    rule = default_config(mode, kv_fp8, head_dim, group_pad=group_pad)
     least = 32 if mode == "fp8" else 16
     tiles = sorted({n for n in (rule["block_n"] // 2, rule["block_n"], rule["block_n"] * 2) if least <= n <= MAX_BLOCK_N})
     tried = [dict(block_n=n, num_warps=w, num_stages=s) for n in tiles for w in (4, 8) for s in (2, 3)]
@@ -93,7 +97,8 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
     An entry is written for every shape measured: the winner's launch, or the rule's own launch
     (``"kept": "rule"``) where no candidate beat it, so the table says the rule was checked there.
     """
-    from ..ops import default_config
+    from ..device import resolve_device
+    from ..ops import _num_sms, default_config
 
     checks.one_of(mode, "mode", ("dequant", "fp8"))
     checks.positive_float(margin, "margin")
@@ -106,14 +111,18 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
         hq, hkv, d = shape
         for kv in kv_dtypes:
             fp8 = is_fp8(kv)
-            rule = default_config(mode, fp8, d)
-            rows = run(_cases(shape, kv, mode, point, candidates(fp8, mode, d), device), rep=rep, device=device,
-                       progress=progress)
+            sms = _num_sms(resolve_device(device))
+            rows_pad = group_pad(hq, hkv, d, point, kv_dtype=kv, mode=mode, num_sms=sms)
+            rule = default_config(mode, fp8, d, group_pad=rows_pad)
+            rows = run(_cases(shape, kv, mode, point, candidates(fp8, mode, d, rows_pad), device), rep=rep,
+                       device=device, progress=progress)
             frames.append(rows.assign(tune_point="rank"))
             won = choose(rows, rule, margin)
             if won is not None:
                 launch = {k: won[k] for k in launch_table.LAUNCH_KEYS}
-                for p in confirm:  # the rule's row first, then the winner's
+                for p in confirm:  # the rule's row first, then the winner's; where the entry's shape runs
+                    if group_pad(hq, hkv, d, p, kv_dtype=kv, mode=mode, num_sms=sms) != rows_pad:
+                        continue
                     both = run(_cases(shape, kv, mode, p, [rule, launch], device), rep=rep, device=device,
                                progress=progress)
                     frames.append(both.assign(tune_point=f"confirm B={p[0]} ctx={p[1]}"))
@@ -121,7 +130,7 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
                     if not ran or float(both["time_us"].iloc[1]) > (1 + margin) * float(both["time_us"].iloc[0]):
                         won = None
                         break
-            key = launch_table.entry_key(fp8, mode, d, group_pad(hq, hkv))
+            key = launch_table.entry_key(fp8, mode, d, rows_pad)
             base = {"shape": [hq, hkv, d], "batch": point[0], "context": point[1]}
             if won is None:
                 rule_rows = rows[(rows[list(rule)] == pd.Series(rule)).all(axis=1) & (rows["status"] == "ok")
