@@ -114,13 +114,17 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, use_tensor_cores: 
 # Query heads one tensor-core program takes at most in a latency-bound launch (:func:`latency_bound`): larger
 # groups (Falcon-7B's 71 per KV head) are cut into several programs per KV head. H200, 71/1/64 FP8: B=1 x 4k
 # 7.3 us in two programs of 36 against 9.9 us in one of 71 (16k: 10.5 vs 14.6 us). Bandwidth-bound, a group of
-# up to MAX_HEADS_STREAMING runs in one program, which converts each FP8 tile once: B=64 x 16k, 64-token
+# up to MAX_HEADS_STREAMING at head dims up to MAX_STREAMING_HEAD_DIM runs in one program, which converts each
+# FP8 tile once: B=64 x 16k, 64-token
 # tiles, 8 splits, 152.8 us in one program of 71 heads against 162.4-213.5 in two of 36 at 4-16 splits
 # (``results/bench/nvidia-h200/20261204T182900Z-splits.json``); with the default launch 153.4 against 177.7 us,
 # at B=16 x 16k 48.5 against 54.3 (``...20261204T184750Z-fill-waves.json``). Programs of 16 or 24 heads were
 # slower at B=64 (78-304 us).
 MAX_HEADS_PER_PROGRAM = 64
 MAX_HEADS_STREAMING = 128
+# ... at head dims up to this: 128 rows of scores and output fit a program's registers at 64 columns, and at
+# 128 would not (128 + 128 fp32 a thread in 128-token tiles: spills, not measured)
+MAX_STREAMING_HEAD_DIM = 64
 MAX_SPLITS_FOR_LATENCY = 64  # at most this many one-tile splits (the combine holds splits x D partials)
 # ... unless that leaves SMs idle (B x Hkv x head tiles x 64 < SMs: MQA at B <= 2): then up to 128. H200,
 # B=1 x 16k FP8: 8/1/256 14.6 us with 128 splits against 21.0 us with 64; 8/1/128 9.6 against 12.1 us;
@@ -157,7 +161,8 @@ def resident_programs(registers: int, shared_bytes: int, num_warps: int, *, regs
     """Programs of a compiled kernel (``registers`` a thread, ``shared_bytes``, ``num_warps``) that one SM holds at
     once, by the occupancy rules of sm80-sm90: registers are allocated per warp in units of 256, each of the
     SM's four sub-partitions holding whole warps of a quarter of its registers, and 1 KiB of shared memory is
-    reserved per program. The defaults are an H100 / H200 SM (:func:`kernel_residency` reads the GPU's)."""
+    reserved per program, and an SM runs at most ``max_programs``. The defaults are an H100 / H200 SM
+    (:func:`kernel_residency` reads the GPU's registers, shared memory and threads)."""
     per_warp = -(-registers * 32 // 256) * 256
     warps = 4 * (regs_per_sm // 4 // per_warp)
     return max(1, min(warps // num_warps, threads_per_sm // (32 * num_warps), smem_per_sm // (shared_bytes + 1024),
@@ -169,12 +174,15 @@ _RESIDENCY: dict = {}
 
 def kernel_residency(key, device: torch.device, compile_kernel) -> int:
     """:func:`resident_programs` of the kernel ``compile_kernel()`` compiles (a Triton ``warmup``: the
-    compiled kernel, not launched) on ``device``, computed once per ``key`` (what the kernel is specialised
-    on) and device."""
-    key = (key, device.index)
+    compiled kernel, not launched) on ``device``, computed once per ``key`` and device. The key is what the
+    kernel's constexprs follow; Triton also specialises on runtime integers (equal to 1, multiples of 16),
+    which the keys leave out but for one KV head: the first launch of a key stands for the rest."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    key = (key, index)
     if key not in _RESIDENCY:
-        kernel = compile_kernel()
-        kernel._init_handles()  # loads the binary: the registers ptxas gave it
+        with torch.cuda.device(index):
+            kernel = compile_kernel()
+            kernel._init_handles()  # loads the binary: the registers ptxas gave it
         p = torch.cuda.get_device_properties(device)
         _RESIDENCY[key] = resident_programs(kernel.n_regs, kernel.metadata.shared, kernel.metadata.num_warps,
                                             regs_per_sm=getattr(p, "regs_per_multiprocessor", 65536),
@@ -195,7 +203,7 @@ def fill_waves(programs_per_split: int, splits: int, slots: int, capacity: int, 
     ``w / ceil(w)`` wastes the least of its last wave (ties: the fewest splits, each program's prologue and
     partial output being fixed costs). Only counts of more than one wave are taken (or ``splits`` itself):
     in a single wave nothing fills the slots that the programs of short sequences leave. Counts are taken as
-    :func:`launch_config` realises them (whole tiles per split).
+    :func:`launch_config` realises them (whole tiles per split), which can fall just below a quarter.
 
     Measured on an H200, FP8, 132 SMs, before / after in one call (``scripts/fill_waves_probe.py``,
     ``results/bench/nvidia-h200/20261204T184750Z-fill-waves.json``): B = 64 x 16k, the Gluon kernel at 8/1/256 (2
@@ -257,15 +265,16 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     base = batch * kv_heads
     tiles = math.ceil(capacity / block_n)
     splits = _bandwidth_splits(base, tiles, num_sms, waves, min_tiles_per_split)
-    if latency_bound(batch, kv_heads, capacity, block_n, num_sms, waves, min_tiles_per_split, min_waves):
-        if tiles >= min_tiles_per_split:
-            cap = MAX_SPLITS_FOR_LATENCY if base * MAX_SPLITS_FOR_LATENCY >= num_sms else MAX_SPLITS_TO_FILL_SMS
-            splits = max(splits, min(math.ceil(min_waves * num_sms / base), tiles, cap))
-    elif slots is not None:
-        splits = fill_waves(base, splits, slots, capacity, block_n)
+    latency = latency_bound(batch, kv_heads, capacity, block_n, num_sms, waves, min_tiles_per_split, min_waves)
+    if latency and tiles >= min_tiles_per_split:
+        cap = MAX_SPLITS_FOR_LATENCY if base * MAX_SPLITS_FOR_LATENCY >= num_sms else MAX_SPLITS_TO_FILL_SMS
+        splits = max(splits, min(math.ceil(min_waves * num_sms / base), tiles, cap))
     # The combine holds splits x D partials per program: no rule asks for more than it was measured with
     # (one sequence and one KV head at 1M tokens would otherwise ask for 1056).
-    return int(min(splits, MAX_SPLITS_TO_FILL_SMS))
+    splits = min(splits, MAX_SPLITS_TO_FILL_SMS)
+    if slots is not None and not latency:
+        splits = fill_waves(base, splits, slots, capacity, block_n)
+    return int(splits)
 
 
 def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num_splits: int | None = None,
@@ -284,7 +293,8 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     for ``group`` x Hkv programs per sequence). ``group``: query heads per KV head (required for the
     CUDA-core kernel; default 1). ``heads_per_program`` (tensor cores): at most this many query heads
     of a group per program (default :data:`MAX_HEADS_PER_PROGRAM`, or a whole group of up to
-    :data:`MAX_HEADS_STREAMING` where the launch is not :func:`latency_bound`); a larger group is cut into
+    :data:`MAX_HEADS_STREAMING` at head dims up to :data:`MAX_STREAMING_HEAD_DIM` where the launch is not
+    :func:`latency_bound`); a larger group is cut into
     ``head_tiles`` programs of ``heads_per_program = ceil(group / head_tiles)`` heads each.
     ``head_parts``: programs per head tile (the Gluon kernel cuts a head_dim above 128 into two), counted
     with them when the splits are sized. ``num_sms``: the GPU's SMs the splits fill (None: the device's).
@@ -303,6 +313,8 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
             raise ValueError(f"heads_per_program={heads_per_program!r} with use_tensor_cores=False: the CUDA-core "
                              "kernel runs one query head per program")
     group = 1 if group is None else checks.positive_int(group, "group")
+    if programs_per_sm is not None:
+        programs_per_sm = checks.positive_int(programs_per_sm, "programs_per_sm")
     if block_n is not None:
         block_n = checks.positive_int(block_n, "block_n")
     capacity = cache.max_blocks_per_seq * cache.block_size
@@ -317,7 +329,8 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
 
     if heads_per_program is None:
         heads_per_program = MAX_HEADS_PER_PROGRAM
-        if use_tensor_cores and MAX_HEADS_PER_PROGRAM < group <= MAX_HEADS_STREAMING and not latency_bound(
+        if use_tensor_cores and cache.head_dim <= MAX_STREAMING_HEAD_DIM and \
+                MAX_HEADS_PER_PROGRAM < group <= MAX_HEADS_STREAMING and not latency_bound(
                 batch, cache.num_kv_heads, capacity, block_n or defaults(group)["block_n"], sms,
                 min_waves=latency_waves(cache.head_dim)):
             heads_per_program = group
@@ -339,7 +352,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         raise ValueError(f"block_n={block_n} must be a power of two in [{least}, {MAX_BLOCK_N}]")
     if num_splits is None:
         programs = cache.num_kv_heads * (head_tiles * head_parts if use_tensor_cores else group)  # per sequence, split
-        slots = None if programs_per_sm is None else sms * checks.positive_int(programs_per_sm, "programs_per_sm")
+        slots = None if programs_per_sm is None else sms * programs_per_sm
         num_splits = choose_num_splits(batch, programs, capacity, block_n, sms, min_waves=latency_waves(cache.head_dim),
                                        slots=slots)
     tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
@@ -557,15 +570,28 @@ def _triton_call(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, mode: 
                        out_dtype, pdl)
 
 
-def _triton_residency(cache: PagedKVCache, cfg: DecodeConfig, mode: str, group: int, q_dtype: torch.dtype,
-                      device: torch.device, variants: dict) -> int:
+def _triton_residency(batch: int, cache: PagedKVCache, cfg: DecodeConfig, mode: str, group: int,
+                      q_dtype: torch.dtype, device: torch.device, variants: dict) -> int:
     """The tensor-core Triton programs an SM of ``device`` holds for launch ``cfg`` with these ``variants``
     (window, soft_cap, sinks, convert, eviction_policy, compute_dtype): :func:`kernel_residency` of the kernel
-    compiled for them, not run."""
-    q = torch.zeros(1, group * cache.num_kv_heads, cache.head_dim, dtype=q_dtype, device=device)
-    call = _triton_call(q, cache, cfg, mode, tensor_cores=True, sm_scale=None, out_dtype=None, **variants)
-    key = ("triton", q_dtype, cache.kv_dtype, tuple((k, repr(v)) for k, v in sorted(call.constexprs.items())))
-    return kernel_residency(key, device, lambda: call.kernel.warmup(*call.args, grid=call.grid, **call.constexprs))
+    compiled for them, not run, for ``batch`` sequences (whether the combine is a dependent launch is compiled
+    in). Keyed by what the kernel's constexprs follow, so that a launch seen before allocates nothing. The
+    kernel compiled is the provisional launch's (the eight-wave splits); the planned one differs only in its
+    split count, a runtime argument, unless that count is 1 (no partials) or changes the dependent launch."""
+    flags = ("window", "soft_cap", "sinks")  # compiled in or out: their values are runtime arguments
+    key = ("triton", mode, q_dtype, cache.kv_dtype, cache.granularity, cache.layout, cache.head_dim,
+           cache.block_size, cache.num_kv_heads == 1, cache.k_scale.numel() > 1, group, cfg["num_splits"] > 1,
+           cfg["num_splits"] > 1 and combine_as_dependent(
+               batch * cache.num_kv_heads * cfg["head_tiles"] * cfg["num_splits"], device),
+           tuple(sorted((k, v) for k, v in cfg.items() if k not in ("num_splits", "tokens_per_split"))),
+           tuple(sorted((k, v is not None if k in flags else v) for k, v in variants.items())))
+
+    def compile_kernel():
+        q = torch.zeros(batch, group * cache.num_kv_heads, cache.head_dim, dtype=q_dtype, device=device)
+        call = _triton_call(q, cache, cfg, mode, tensor_cores=True, sm_scale=None, out_dtype=None, **variants)
+        return call.kernel.warmup(*call.args, grid=call.grid, **call.constexprs)
+
+    return kernel_residency(key, device, compile_kernel)
 
 
 GLUON_BLOCK_N = (64, 128)
@@ -679,7 +705,7 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
         return {**cfg, "num_warps": 4, "num_stages": stages}
 
     cfg = planned(programs_per_sm)
-    if num_splits is None and programs_per_sm is None and dev.type == "cuda":
+    if num_splits is None and programs_per_sm is None and dev.type == "cuda" and not interpreter_on():
         cfg = planned(_gluon_residency(cache, cfg, group, q_dtype, dev))
     return cfg
 
@@ -691,10 +717,12 @@ def _gluon_residency(cache: PagedKVCache, cfg: DecodeConfig, group: int, q_dtype
     from .kernels import paged_decode_gluon as g
 
     d, hq = cache.head_dim, group * cache.num_kv_heads
-    constants = g.launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype)
-    key = ("gluon", q_dtype, tuple((k, repr(v)) for k, v in sorted(constants.items())))
+    # what launch_constants follows (and the query's type)
+    key = ("gluon", q_dtype, cache.kv_dtype, d, cache.block_size, cache.num_kv_heads == 1, group,
+           *(cfg[k] for k in ("block_n", "num_stages", "heads_per_program", "head_tiles")))
 
     def compile_kernel():
+        constants = g.launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype)
         q = torch.zeros(1, hq, d, dtype=q_dtype, device=device)
         part_out, part_lse = _split_partials(1, hq, cfg["num_splits"], d, device)
         grid, args, _ = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
@@ -785,7 +813,10 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
     where used, ``...20261204T164000Z-gluon-page-clamp.json``: 48/1/128 206.5 against 153.9, 71/1/64 171.9
     against 176.1, one rule for both). ``others``: the
     remaining options and variants of :func:`paged_decode` (convert, eviction_policy, compute_dtype,
-    soft_cap, sinks; None = not given), which only :func:`decode_kernel` weighs."""
+    soft_cap, sinks; None = not given), which :func:`decode_kernel` weighs and, on a GPU, the Triton kernel
+    is compiled with to read the programs an SM holds. On a GPU, unless ``num_splits`` is given, the splits
+    fill the waves of those programs (:func:`fill_waves`; the kernel compiled once per shape, for a
+    ``q_dtype`` query)."""
     if use_tensor_cores is not None and not isinstance(use_tensor_cores, bool):
         raise TypeError(f"use_tensor_cores={use_tensor_cores!r}; expected True (or None, the default: tensor "
                         "cores) or False (the CUDA-core kernel)")
@@ -813,7 +844,7 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
         variants = dict(window=window, soft_cap=others.get("soft_cap"), sinks=others.get("sinks"),
                         convert=others.get("convert"), eviction_policy=others.get("eviction_policy") or "",
                         compute_dtype=others.get("compute_dtype"))
-        cfg = planned(_triton_residency(cache, cfg, mode, group, q_dtype, dev, variants))
+        cfg = planned(_triton_residency(batch, cache, cfg, mode, group, q_dtype, dev, variants))
     return ("triton" if tensor_cores else "triton-cuda-core"), cfg
 
 

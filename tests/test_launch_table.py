@@ -74,9 +74,11 @@ def test_launch_config_looks_up_the_launch_of_its_programs(table_dir, monkeypatc
 
 
 def test_group_pad_matches_the_kernels_rows():
-    # at the tuning point (B = 64 x 16k, bandwidth-bound) Falcon's 71 heads are one program; latency-bound, two
-    assert [tune.group_pad(hq, hkv) for hq, hkv in ((32, 8), (32, 32), (71, 1), (48, 1), (40, 2))] == [16, 16, 128, 64,
+    assert [tune.group_pad(hq, hkv) for hq, hkv in ((32, 8), (32, 32), (71, 1), (48, 1), (40, 2))] == [16, 16, 64, 64,
                                                                                                       32]
+    # at the tuning point (B = 64 x 16k, bandwidth-bound) Falcon's 71 heads at D = 64 are one program; at D = 128,
+    # or latency-bound, two
+    assert tune.group_pad(71, 1, 64) == 128
     assert tune.group_pad(71, 1, 64, (2, 4096)) == 64
 
 
@@ -156,7 +158,9 @@ def test_every_shipped_table_entry_is_its_saved_measurement():
                         & (rows["num_kv_heads"] == hkv) & (rows["head_dim"] == d_) & (rows["status"] == "ok")]
             assert mine["check_passed"].all() and len(mine), (path.name, key)
             assert round(float(mine["time_us"].min()), 2) == e["us"], (path.name, key)
-            assert tune.group_pad(hq, hkv) == int(m[1:]) and d_ == int(d[1:])
+            kv = "fp8_e4m3" if kind == "fp8" else "bf16"
+            assert tune.group_pad(hq, hkv, d_, (e["batch"], e["context"]), kv_dtype=kv, mode=mode) == int(m[1:])
+            assert d_ == int(d[1:])
 
 
 def test_tune_refuses_two_formats_of_one_kind():

@@ -794,6 +794,36 @@ def test_gluon_splits_fill_the_waves_of_the_programs_an_sm_holds():
         ops.gluon_launch(64, cache, 8, num_sms=132, programs_per_sm=0)
 
 
+def test_residency_compiles_the_planned_launch_once_per_kernel(monkeypatch):
+    """What decode_launch does on a GPU, with the compile stubbed: each kernel is compiled (warmup, its full
+    argument list and constexprs) once per distinct kernel, and a variant compiled in is another kernel."""
+    from fp8kv import ops
+    from fp8kv.kernels import paged_decode_gluon as g
+
+    compiled = []
+
+    def warmup(*args, grid, **constexprs):
+        compiled.append((len(grid), len(args), constexprs))
+
+    monkeypatch.setattr(ops.paged_decode_kernel, "warmup", warmup, raising=False)
+    monkeypatch.setattr(g.gluon_decode_kernel, "warmup", warmup, raising=False)
+    known = {}
+    monkeypatch.setattr(ops, "kernel_residency", lambda key, device, compile_kernel: known.get(key) or known.setdefault(
+        key, compile_kernel() or 2))
+    cache = make_cache([5, 300], 2, 64)
+    cfg = ops.launch_config(2, cache, group=4)
+    plain = dict(window=None, soft_cap=None, sinks=None, convert=None, eviction_policy="", compute_dtype=None)
+    cpu = torch.device("cpu")
+    for variants in (plain, plain, {**plain, "soft_cap": 30.0}, {**plain, "soft_cap": 50.0}):
+        assert ops._triton_residency(2, cache, cfg, "dequant", 4, torch.float16, cpu, variants) == 2
+    assert [c[2]["SOFT_CAP"] for c in compiled] == [False, True]
+    assert all(c[0] == 3 and c[2]["GROUP_PAD"] == 16 and c[2]["num_warps"] == cfg["num_warps"] for c in compiled)
+    gcfg = ops.gluon_launch(2, cache, 4)
+    for _ in range(2):
+        assert ops._gluon_residency(cache, gcfg, 4, torch.bfloat16, cpu) == 2
+    assert len(compiled) == 3 and compiled[-1][2]["HEADS"] == 4 and compiled[-1][2]["num_warps"] == g.NUM_WARPS
+
+
 def test_gluon_launch_defaults_and_bad_options():
     from fp8kv import ops
     from fp8kv.ops import gluon_launch
