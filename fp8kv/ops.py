@@ -587,7 +587,7 @@ def _triton_residency(batch: int, cache: PagedKVCache, cfg: DecodeConfig, mode: 
            tuple(sorted((k, v is not None if k in flags else v) for k, v in variants.items())))
 
     def compile_kernel():
-        q = torch.zeros(batch, group * cache.num_kv_heads, cache.head_dim, dtype=q_dtype, device=device)
+        q = torch.empty(batch, group * cache.num_kv_heads, cache.head_dim, dtype=q_dtype, device=device)  # no kernel run
         call = _triton_call(q, cache, cfg, mode, tensor_cores=True, sm_scale=None, out_dtype=None, **variants)
         return call.kernel.warmup(*call.args, grid=call.grid, **call.constexprs)
 
@@ -723,7 +723,7 @@ def _gluon_residency(cache: PagedKVCache, cfg: DecodeConfig, group: int, q_dtype
 
     def compile_kernel():
         constants = g.launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype)
-        q = torch.zeros(1, hq, d, dtype=q_dtype, device=device)
+        q = torch.empty(1, hq, d, dtype=q_dtype, device=device)  # launches no kernel (a graph may be capturing)
         part_out, part_lse = _split_partials(1, hq, cfg["num_splits"], d, device)
         grid, args, _ = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
         return g.gluon_decode_kernel.warmup(*args, grid=grid, **constants, num_warps=g.NUM_WARPS)
