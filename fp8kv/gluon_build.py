@@ -46,6 +46,7 @@ class Build:
     spilled_bytes: int  # stack + local memory per thread: 0 unless the registers ran out
     shared_bytes: int  # dynamic shared memory per program
     sass: str
+    programs_per_sm: int  # resident on one H100 / H200 SM (fp8kv.ops.resident_programs)
 
 
 def interpreter_replaced_triton() -> bool:
@@ -144,7 +145,7 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
     """Compile the Gluon decode of ``num_q_heads`` / ``num_kv_heads`` / ``head_dim`` for ``sm{arch}``: the launch
     :func:`fp8kv.ops.gluon_launch` plans for ``batch`` sequences of ``context`` tokens on ``num_sms`` SMs with
     these options (None: its defaults, the ring depths of a GPU with room for them). Returns the build and
-    the launch."""
+    the launch, its splits filling the waves of the programs an SM holds of this build (as on the GPU)."""
     if interpreter_replaced_triton():
         raise RuntimeError("triton was imported with its interpreter on (TRITON_INTERPRET=1): build in a process "
                            "without it")
@@ -172,5 +173,11 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
         usage = _cuobjdump("--dump-resource-usage", str(cubin))
         sass = _cuobjdump("--dump-sass", str(cubin))
     field = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
+    programs = ops.resident_programs(field["REG"], kernel.metadata.shared, g.NUM_WARPS)
+    # the splits as the GPU plans them: filling the waves of the programs this build leaves an SM room for (the
+    # split count is a runtime argument: the build is the same)
+    cfg = ops.gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
+                           heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms,
+                           programs_per_sm=programs)
     return Build(registers=field["REG"], spilled_bytes=field["STACK"] + field["LOCAL"],
-                 shared_bytes=kernel.metadata.shared, sass=sass), cfg
+                 shared_bytes=kernel.metadata.shared, sass=sass, programs_per_sm=programs), cfg

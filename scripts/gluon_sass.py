@@ -42,7 +42,7 @@ def main() -> None:
     print(f"{a.layout}: block_n {cfg['block_n']}, {cfg['num_stages']} stages, {cfg['num_splits']} split(s), "
           f"{cfg['head_tiles']} program(s) of {cfg['heads_per_program']} heads per KV head | sm{a.arch}: "
           f"{kernel.registers} registers, {kernel.spilled_bytes} bytes spilled, {kernel.shared_bytes} bytes of "
-          "shared memory")
+          f"shared memory, {kernel.programs_per_sm} programs an SM")
     waits = block_table_summary(kernel.sass)
     same = waits["waited_in_the_loading_tile"]
     print(f"{waits['loads']} block-table loads in the tile loop ({waits['never_waited_for']} never waited for); "

@@ -33,7 +33,8 @@ launches, sms = json.loads(sys.argv[1])
 for hq, hkv, d, b in launches:
     k, cfg = build(hq, hkv, d, batch=b, context=16384, num_sms=sms)
     print(json.dumps(dict(registers=k.registers, spilled_bytes=k.spilled_bytes, shared_bytes=k.shared_bytes,
-                          block_n=cfg["block_n"], num_stages=cfg["num_stages"], **block_table_summary(k.sass),
+                          block_n=cfg["block_n"], num_stages=cfg["num_stages"], num_splits=cfg["num_splits"],
+                          programs_per_sm=k.programs_per_sm, **block_table_summary(k.sass),
                           hmma="HMMA.16816.F32" in k.sass, unpack="F2FP.F16.E4M3.UNPACK_B" in k.sass)), flush=True)
 """
 
@@ -61,6 +62,15 @@ def test_h200_gluon_launches_build_for_sm90_without_spills(builds, layout):
     rings = ops.gluon_smem_bytes(block_n, stages, layout[2]) - ops.GLUON_SMEM_EXTRA
     assert rings < kernel["shared_bytes"] <= ops.gluon_smem_bytes(block_n, stages, layout[2])
     assert kernel["hmma"] and kernel["unpack"]  # fp16 tensor-core MMAs over FP8 codes unpacked in registers
+
+
+def test_h200_gluon_launches_fill_the_waves_their_builds_allow(builds):
+    """The programs an SM holds, from each build's registers and shared memory, and the splits planned from them:
+    those the H200 ran in results/bench/nvidia-h200/20261204T184750Z-fill-waves.json (8/1/256: 4, 32/8/128: 3)."""
+    assert {layout[:3]: builds[layout]["programs_per_sm"] for layout in LAUNCHES} == {
+        (32, 8, 128): 3, (32, 32, 128): 2, (12, 4, 64): 5, (71, 1, 64): 3, (32, 32, 80): 3, (8, 1, 256): 2,
+        (16, 16, 256): 2}
+    assert builds[(8, 1, 256, 64)]["num_splits"] == 4 and builds[(32, 8, 128, 64)]["num_splits"] == 3
 
 
 @pytest.mark.parametrize("layout", LAUNCHES, ids=lambda t: "/".join(map(str, t[:3])) + f"-B{t[3]}")
