@@ -115,15 +115,15 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, use_tensor_cores: 
 # groups (Falcon-7B's 71 per KV head) are cut into several programs per KV head. H200, 71/1/64 FP8: B=1 x 4k
 # 7.3 us in two programs of 36 against 9.9 us in one of 71 (16k: 10.5 vs 14.6 us). Bandwidth-bound, a group of
 # up to MAX_HEADS_STREAMING at head dims up to MAX_STREAMING_HEAD_DIM runs in one program, which converts each
-# FP8 tile once: B=64 x 16k, 64-token
-# tiles, 8 splits, 152.8 us in one program of 71 heads against 162.4-213.5 in two of 36 at 4-16 splits
+# FP8 tile once: B=64 x 16k, 64-token tiles, 8 splits, 152.8 us in one program of 71 heads against 162.4-213.5
+# in two of 36 at 4-16 splits
 # (``results/bench/nvidia-h200/20261204T182900Z-splits.json``); with the default launch 153.4 against 177.7 us,
 # at B=16 x 16k 48.5 against 54.3 (``...20261204T184750Z-fill-waves.json``). Programs of 16 or 24 heads were
 # slower at B=64 (78-304 us).
 MAX_HEADS_PER_PROGRAM = 64
 MAX_HEADS_STREAMING = 128
-# ... at head dims up to this: 128 rows of scores and output fit a program's registers at 64 columns, and at
-# 128 would not (128 + 128 fp32 a thread in 128-token tiles: spills, not measured)
+# ... at head dims up to this: at 128 columns, 128 rows of scores and output in 128-token tiles would take 256
+# fp32 registers a thread (not tried)
 MAX_STREAMING_HEAD_DIM = 64
 MAX_SPLITS_FOR_LATENCY = 64  # at most this many one-tile splits (the combine holds splits x D partials)
 # ... unless that leaves SMs idle (B x Hkv x head tiles x 64 < SMs: MQA at B <= 2): then up to 128. H200,
