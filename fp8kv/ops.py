@@ -116,10 +116,9 @@ def default_config(mode: str, kv_fp8: bool, head_dim: int, *, use_tensor_cores: 
 # 7.3 us in two programs of 36 against 9.9 us in one of 71 (16k: 10.5 vs 14.6 us). Bandwidth-bound, a group of
 # up to MAX_HEADS_STREAMING at head dims up to MAX_STREAMING_HEAD_DIM runs in one program, which converts each
 # FP8 tile once: B=64 x 16k, 64-token tiles, 8 splits, 152.8 us in one program of 71 heads against 162.4-213.5
-# in two of 36 at 4-16 splits
-# (``results/bench/nvidia-h200/20261204T182900Z-splits.json``); with the default launch 153.4 against 177.7 us,
-# at B=16 x 16k 48.5 against 54.3 (``...20261204T184750Z-fill-waves.json``). Programs of 16 or 24 heads were
-# slower at B=64 (78-304 us).
+# in two of 36 at 4-16 splits (``results/bench/nvidia-h200/20261204T182900Z-splits.json``); with the default
+# launch 153.4 against 177.7 us, at B=16 x 16k 48.5 against 54.3 (``...20261204T184750Z-fill-waves.json``).
+# Programs of 16 or 24 heads were slower at B=64 (78-304 us).
 MAX_HEADS_PER_PROGRAM = 64
 MAX_HEADS_STREAMING = 128
 # ... at head dims up to this: at 128 columns, 128 rows of scores and output in 128-token tiles would take 256
@@ -209,19 +208,25 @@ def fill_waves(programs_per_split: int, splits: int, slots: int, capacity: int, 
     ``results/bench/nvidia-h200/20261204T184750Z-fill-waves.json``): B = 64 x 16k, the Gluon kernel at 8/1/256 (2
     programs an SM, 128 a split) 186.6 -> 157.8 us (9 -> 4 splits: 4.36 -> 1.94 waves), 28/4/128 308.2 -> 281.0
     (5 -> 3); at B = 16 x 16k 8/1/256 79.3 -> 59.4, 32/8/128 158.1 -> 149.7; 16/16/256 at B = 4 x 16k 170.3 ->
-    147.6; none of the 24 points (6 layouts) slower by more than 0.2 %. With lengths drawn from 1 to 16k (B = 64) the new counts took
-    0.93-1.00x the time. A single wave (14/2/64 in 5 splits, 0.97 waves; ``...20261204T183700Z-fill-waves-variants.json``)
-    was 1.08x faster at full lengths but 1.23x slower at drawn ones, hence more than one wave."""
-    def realised(s: int) -> int:
-        return math.ceil(capacity / (math.ceil(math.ceil(capacity / s) / block_n) * block_n))
-
+    147.6; none of the 24 points (6 layouts) slower by more than 0.2 %. With lengths drawn from 1 to 16k
+    (B = 64) the new counts took 0.93-1.00x the time. A single wave (14/2/64 in 5 splits, 0.97 waves;
+    ``...20261204T183700Z-fill-waves-variants.json``) was 1.08x faster at full lengths but 1.23x slower at
+    drawn ones, hence more than one wave."""
     best, best_fill = splits, -1.0
-    for s in sorted({realised(s) for s in range(math.ceil(splits / FILL_WAVES_FEWER), splits + 1)}):
+    counts = range(math.ceil(splits / FILL_WAVES_FEWER), splits + 1)
+    for s in sorted({whole_tile_splits(capacity, s, block_n)[0] for s in counts}):
         waves = programs_per_split * s / slots
         fill = waves / math.ceil(waves)
         if waves > 1 and fill > best_fill + 1e-9:
             best, best_fill = s, fill
     return best
+
+
+def whole_tile_splits(capacity: int, splits: int, block_n: int) -> tuple[int, int]:
+    """``splits`` as a launch realises it over ``capacity`` tokens: (splits, tokens per split), each split a
+    whole number of ``block_n``-token tiles, so that none is empty."""
+    tokens = triton.cdiv(triton.cdiv(capacity, splits), block_n) * block_n
+    return max(1, triton.cdiv(capacity, tokens)), tokens
 
 
 def _bandwidth_splits(base: int, tiles: int, num_sms: int, waves: float, min_tiles_per_split: int) -> int:
@@ -277,6 +282,20 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     return int(splits)
 
 
+def _split_span(cache: PagedKVCache, window: int | None) -> int:
+    """The tokens a decode's splits tile: the page table's capacity, or a shorter window."""
+    capacity = cache.max_blocks_per_seq * cache.block_size
+    return capacity if window is None else min(capacity, window)
+
+
+def _fills_waves(batch: int, cache: PagedKVCache, cfg: DecodeConfig, head_parts: int, window: int | None,
+                 num_sms: int) -> bool:
+    """Whether the programs an SM holds can change launch ``cfg``'s split count: a launch that is not
+    :func:`latency_bound` (only those fill waves), so that a latency-bound one compiles nothing to find out."""
+    return not latency_bound(batch, cache.num_kv_heads * cfg["head_tiles"] * head_parts, _split_span(cache, window),
+                             cfg["block_n"], num_sms, min_waves=latency_waves(cache.head_dim))
+
+
 def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num_splits: int | None = None,
                   block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                   device: torch.device | None = None, window: int | None = None,
@@ -317,9 +336,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         programs_per_sm = checks.positive_int(programs_per_sm, "programs_per_sm")
     if block_n is not None:
         block_n = checks.positive_int(block_n, "block_n")
-    capacity = cache.max_blocks_per_seq * cache.block_size
-    if window is not None:
-        capacity = min(capacity, window)
+    capacity = _split_span(cache, window)
     sms = _num_sms(device or cache.device) if num_sms is None else checks.positive_int(num_sms, "num_sms")
     gpu = _gpu(device or cache.device)
 
@@ -355,9 +372,9 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         slots = None if programs_per_sm is None else sms * programs_per_sm
         num_splits = choose_num_splits(batch, programs, capacity, block_n, sms, min_waves=latency_waves(cache.head_dim),
                                        slots=slots)
-    tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
+    num_splits, tokens_per_split = whole_tile_splits(capacity, num_splits, block_n)
     return dict(block_n=block_n, num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
-                num_splits=max(1, triton.cdiv(capacity, tokens_per_split)), tokens_per_split=tokens_per_split,
+                num_splits=num_splits, tokens_per_split=tokens_per_split,
                 head_tiles=head_tiles, heads_per_program=math.ceil(group / head_tiles) if use_tensor_cores else 1)
 
 
@@ -587,7 +604,8 @@ def _triton_residency(batch: int, cache: PagedKVCache, cfg: DecodeConfig, mode: 
            tuple(sorted((k, v is not None if k in flags else v) for k, v in variants.items())))
 
     def compile_kernel():
-        q = torch.empty(batch, group * cache.num_kv_heads, cache.head_dim, dtype=q_dtype, device=device)  # no kernel run
+        # allocated, not filled: no kernel runs (a graph may be capturing)
+        q = torch.empty(batch, group * cache.num_kv_heads, cache.head_dim, dtype=q_dtype, device=device)
         call = _triton_call(q, cache, cfg, mode, tensor_cores=True, sm_scale=None, out_dtype=None, **variants)
         return call.kernel.warmup(*call.args, grid=call.grid, **call.constexprs)
 
@@ -705,7 +723,8 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
         return {**cfg, "num_warps": 4, "num_stages": stages}
 
     cfg = planned(programs_per_sm)
-    if num_splits is None and programs_per_sm is None and dev.type == "cuda" and not interpreter_on():
+    if num_splits is None and programs_per_sm is None and dev.type == "cuda" and not interpreter_on() and \
+            _fills_waves(batch, cache, cfg, head_parts(cache.head_dim), None, sms):
         cfg = planned(_gluon_residency(cache, cfg, group, q_dtype, dev))
     return cfg
 
@@ -723,7 +742,7 @@ def _gluon_residency(cache: PagedKVCache, cfg: DecodeConfig, group: int, q_dtype
 
     def compile_kernel():
         constants = g.launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype)
-        q = torch.empty(1, hq, d, dtype=q_dtype, device=device)  # launches no kernel (a graph may be capturing)
+        q = torch.empty(1, hq, d, dtype=q_dtype, device=device)  # allocated, not filled (as above)
         part_out, part_lse = _split_partials(1, hq, cfg["num_splits"], d, device)
         grid, args, _ = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
         return g.gluon_decode_kernel.warmup(*args, grid=grid, **constants, num_warps=g.NUM_WARPS)
@@ -799,7 +818,8 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
                   gluon: bool | None = None, num_splits: int | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None,
                   heads_per_program: int | None = None, use_tensor_cores: bool | None = None,
-                  window: int | None = None, q_dtype: torch.dtype = torch.bfloat16, **others) -> tuple[str, DecodeConfig]:
+                  window: int | None = None, q_dtype: torch.dtype = torch.bfloat16,
+                  **others) -> tuple[str, DecodeConfig]:
     """The kernel :func:`paged_decode` runs for these arguments and its launch: ``("gluon", cfg)``,
     ``("triton", cfg)`` (the tensor-core kernel) or ``("triton-cuda-core", cfg)``. By default Gluon runs
     where :func:`decode_kernel` allows it, each split streams at least GLUON_MIN_SPLIT_TOKENS tokens (by
@@ -823,13 +843,15 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
     kernel = decode_kernel(cache, mode, head_dim, group, device, gluon=gluon, block_n=block_n, num_warps=num_warps,
                            num_stages=num_stages, heads_per_program=heads_per_program, window=window,
                            use_tensor_cores=None if use_tensor_cores is not False else False, **others)
-    if kernel == "gluon":
+    # a group cut into several Gluon programs goes to the Triton kernel unless Gluon is asked for: then it is
+    # neither planned nor compiled
+    if kernel == "gluon" and (gluon or group <= (heads_per_program or gluon_max_heads(head_dim))):
         cfg = gluon_launch(batch, cache, group, num_splits=num_splits, block_n=block_n, num_stages=num_stages,
                            heads_per_program=heads_per_program, device=device, q_dtype=q_dtype)
         from .kernels.paged_decode_gluon import head_parts
 
         least = GLUON_MIN_SPLIT_TOKENS[head_parts(head_dim)]
-        if gluon or (cfg["tokens_per_split"] >= least and cfg["head_tiles"] == 1):
+        if gluon or cfg["tokens_per_split"] >= least:
             return kernel, cfg
     tensor_cores = use_tensor_cores is not False
 
@@ -840,7 +862,8 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
 
     cfg = planned(None)
     dev = torch.device(device)
-    if tensor_cores and num_splits is None and dev.type == "cuda" and not interpreter_on():
+    if tensor_cores and num_splits is None and dev.type == "cuda" and not interpreter_on() and \
+            _fills_waves(batch, cache, cfg, 1, window, _num_sms(dev)):
         variants = dict(window=window, soft_cap=others.get("soft_cap"), sinks=others.get("sinks"),
                         convert=others.get("convert"), eviction_policy=others.get("eviction_policy") or "",
                         compute_dtype=others.get("compute_dtype"))
