@@ -20,10 +20,9 @@ import re
 from pathlib import Path
 
 import torch
-from triton.testing import do_bench_cudagraph
 
 from fp8kv import ops
-from fp8kv.bench import synthetic_cache
+from fp8kv.bench import synthetic_cache, time_call
 from fp8kv.device import gpu_slug
 from fp8kv.results import utc_stamp
 
@@ -40,8 +39,10 @@ def use_rule(name: str, fill=ops.fill_waves, streaming=ops.MAX_HEADS_STREAMING) 
 
 
 def time_us(fn, calls: int) -> float:
+    """Microseconds per decode: the middle of three CUDA-graph medians of ``fn`` (``calls`` decodes)."""
     fn()
-    return sorted(do_bench_cudagraph(fn, rep=60, return_mode="median") * 1e3 / calls for _ in range(3))[1]
+    return sorted(time_call(fn, torch.device("cuda"), graph=True, rep=60, warmup=0, cpu_reps=1)[0] * 1e6 / calls
+                  for _ in range(3))[1]
 
 
 def main() -> None:
