@@ -463,7 +463,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         (1024; 512 for head dims above 128);
         else the Triton kernel (:func:`decode_launch` says which). True asks for the Gluon kernel and
         raises UnsupportedError by name outside its shapes: a CUDA GPU (sm89+), dequant mode, an FP8
-        cache with one tensor-wide scale, NHD pages, head_dim 48-256 in multiples of 16, any group (cut
+        cache with one tensor-wide scale, NHD or HND pages, head_dim 48-256 in multiples of 16, any group (cut
         into programs of at most :func:`gluon_max_heads` query heads, or ``heads_per_program``), no
         variant; ``block_n`` 64 or 128 and ``num_stages`` its ring depth 2-4 (default:
         :func:`gluon_tile`), 4 warps. False: the Triton kernel. H200, B=64 x 16k, e4m3: 32/8/128
@@ -773,7 +773,6 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
         (not cache.is_fp8, f"kv_dtype={cache.kv_dtype}: the Gluon kernel reads FP8 caches"),
         (cache.granularity != "tensor", f"granularity={cache.granularity!r}: the Gluon kernel takes one "
                                         "tensor-wide scale"),
-        (cache.layout != "NHD", f"layout={cache.layout!r}: the Gluon kernel reads NHD pages"),
         (head_dim % 16 or not g.MIN_HEAD_DIM <= head_dim <= g.MAX_HEAD_DIM,
          f"head_dim={head_dim}: the Gluon kernel takes multiples of 16 from {g.MIN_HEAD_DIM} to {g.MAX_HEAD_DIM}"),
         (heads is not None and heads > most_heads,
@@ -880,7 +879,7 @@ def gluon_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_
 
     b, hq, d = q.shape
     k_pages, v_pages = (t.view(torch.uint8) for t in (cache.k_pages, cache.v_pages))
-    s = k_pages.stride()
+    s = _page_strides(cache)  # (page, token, head): NHD or HND
     # grid (Hkv x head tiles x parts, B, splits): a sequence's KV heads (and a KV head's programs) run side by side,
     # so the DRAM pages of its tokens are read together (H200, 64 x 16k: 32/8/128 535.6 against 545.4 us
     # batch-first; 12/4/64 185.5 against 207.4)

@@ -667,6 +667,21 @@ def test_layouts_preset_takes_whole_layouts_from_the_command_line():
         _grid_from_args(parser.parse_args(["--preset", "layouts", "--head-dims", "96"]), torch.device("cpu"))
 
 
+def test_page_layout_from_the_command_line():
+    """--page-layout HND reaches every case; vLLM's kernel (NHD only) stays in the table, refused by name."""
+    from fp8kv.bench.cli import _grid_from_args, build_parser
+
+    parser = build_parser()
+    assert "layout" not in _grid_from_args(parser.parse_args(["--preset", "smoke"]), torch.device("cpu"))
+    grid = _grid_from_args(parser.parse_args(["--preset", "smoke", "--page-layout", "HND"]), torch.device("cpu"))
+    cases = bench.sweep(**{**grid, "backends": ["triton", "vllm"]}, device="cpu")
+    assert cases and all(c.layout == "HND" for c in cases)
+    vllm = [c for c in cases if c.backend == "vllm"]
+    assert vllm and all(c.status != "ok" and "NHD" in c.reason for c in vllm)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--preset", "smoke", "--page-layout", "hnd"])
+
+
 def test_saved_runs_of_one_second_in_save_order(tmp_path):
     from fp8kv.results import load_table
 

@@ -636,7 +636,6 @@ def test_stream_copy_copies_every_element_of_an_odd_length():
     (dict(mode="fp8"), {}, (2, 8, 128), "mode='fp8'"),
     ({}, dict(kv_dtype="bf16"), (2, 8, 128), "kv_dtype=bf16"),
     ({}, dict(granularity="head"), (2, 8, 128), "granularity='head'"),
-    ({}, dict(layout="HND"), (2, 8, 128), "layout='HND'"),
     ({}, dict(d=72), (2, 8, 72), "head_dim=72"),
     ({}, dict(d=272), (2, 8, 272), "head_dim=272: .* multiples of 16 from 48 to 256"),
     ({}, dict(d=200), (2, 8, 200), "head_dim=200"),
@@ -696,7 +695,7 @@ def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
     assert decode_kernel(cache, "dequant", 128, 48, "cuda", gluon=True, heads_per_program=16) == "gluon"
     with pytest.raises(ValueError, match="heads_per_program=0"):
         decode_kernel(cache, "dequant", 128, 48, "cuda", gluon=True, heads_per_program=0)
-    for kw in (dict(kv_dtype="bf16"), dict(granularity="head"), dict(layout="HND")):
+    for kw in (dict(kv_dtype="bf16"), dict(granularity="head")):
         assert decode_kernel(make_cache([5, 40], 2, 128, **kw), "dequant", 128, 4, "cuda") == "triton", kw
     monkeypatch.setattr(ops, "current_arch", lambda device=None: "sm80")
     assert "need sm89+" in gluon_refusal(cache, "dequant", 128, 4, "cuda")  # an A100
@@ -868,11 +867,11 @@ def test_gluon_programs_hold_a_group_in_as_few_programs_as_its_rows_allow():
         assert mma_rows(heads) == (16 if heads <= 16 else 32)
 
 
-def _gluon_matches_oracle_and_twin(kv_dtype, q_dtype, hq, hkv, d, launch):
+def _gluon_matches_oracle_and_twin(kv_dtype, q_dtype, hq, hkv, d, launch, layout="NHD"):
     """Run the Gluon kernel at ragged lengths (1 token, a partial page, a partial tile, 16k) and check it
     against the fp32 oracle (the dequant tolerance) and the Triton kernel it twins (2u); returns the
     cache and query for further checks."""
-    cache = make_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype)
+    cache = make_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype, layout=layout)
     q = make_q(4, hq, d, q_dtype)
     out, lse = paged_decode(q, cache, gluon=True, **launch)
     ref_o, ref_l = ref_decode(q, cache)
@@ -917,6 +916,16 @@ def test_gluon_wide_heads_in_64_token_tiles_and_several_programs_on_the_gpu(kv_d
     GPUs), and with several KV heads, several head tiles and both parts at once (40/2/256 in programs
     of 5 heads: program ids split three ways), against the oracle and the Triton twin."""
     _gluon_matches_oracle_and_twin(kv_dtype, q_dtype, hq, hkv, d, launch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("hq,hkv,d", [(32, 32, 80), (16, 2, 96), (32, 8, 128), (71, 1, 64), (8, 1, 256)])
+@pytest.mark.parametrize("launch", [{}, {"block_n": 128, "num_stages": 3}, {"heads_per_program": 5}])
+def test_gluon_kernel_reads_hnd_pages_on_the_gpu(hq, hkv, d, launch):
+    """HND pages ([blocks, Hkv, block_size, D]: a head's rows of a page contiguous) through the same kernel,
+    its token and head strides swapped, against the oracle and the Triton twin."""
+    _gluon_matches_oracle_and_twin("fp8_e4m3", torch.bfloat16, hq, hkv, d, launch, layout="HND")
 
 
 @pytest.mark.gpu

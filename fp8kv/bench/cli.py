@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from .. import checks
+from ..cache import LAYOUTS
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..quant import GRANULARITIES
@@ -164,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=_heads, nargs="+", metavar="HQ:HKV", help="query:KV head pairs (default 32:8)")
     p.add_argument("--head-dims", type=int, nargs="+", metavar="D", help="head dimension (default 128)")
     p.add_argument("--block-sizes", type=int, nargs="+", metavar="P", help="tokens per cache page (default 16)")
+    p.add_argument("--page-layout", choices=LAYOUTS,
+                   help="cache pages [blocks, block_size, Hkv, D] (NHD, the default) or [blocks, Hkv, block_size, D] (HND)")
     p.add_argument("--kv-dtypes", nargs="+", choices=KV_DTYPE_NAMES, help="cache element types")
     p.add_argument("--modes", nargs="+", choices=MODES,
                    help="dequant: FP8 pages widened to the query's type; fp8: FP8 tensor-core dots")
@@ -246,6 +249,8 @@ def _grid_from_args(args, device: torch.device) -> dict:
         grid["triton_options"] = dict(args.triton_opt)
     if args.q_dtype:
         grid["q_dtype"] = args.q_dtype
+    if args.page_layout:
+        grid["layout"] = args.page_layout
     if args.memory_budget_gb is not None:
         grid["memory_budget_bytes"] = int(args.memory_budget_gb * 2**30)
     return grid

@@ -38,9 +38,10 @@ A program takes HEADS query heads of one KV head in ROWS MMA rows (16, or 32 in 
 the registers allow it); a larger group is cut into HEAD_TILES programs per KV head, side by side in
 the grid so that they read the same pages while they are in L2.
 
-Scope: NHD pages, one tensor-wide K and V scale, head_dim a multiple of 16 from 48 to 256, 4 warps. :func:`fp8kv.ops.gluon_refusal` checks all of it (this is the default kernel where it holds)
-and :func:`fp8kv.ops.paged_decode` launches; the interpreter cannot run Gluon, so the tensor-core
-Triton kernel is its twin on CPU.
+Scope: NHD or HND pages (the page, token and head strides are arguments), one tensor-wide K and V scale,
+head_dim a multiple of 16 from 48 to 256, 4 warps. :func:`fp8kv.ops.gluon_refusal` checks all of it (this is
+the default kernel where it holds) and :func:`fp8kv.ops.paged_decode` launches; the interpreter cannot run
+Gluon, so the tensor-core Triton kernel is its twin on CPU.
 """
 
 import math
