@@ -369,6 +369,18 @@ def test_speedup_table_against_best_bf16_and_flashinfer_fp8():
     assert by.loc[("flashinfer", "no-tc", "dequant"), "speedup_vs_flashinfer_fp8"] == pytest.approx(60 / 70)
 
 
+def test_speedup_table_keeps_page_layouts_apart():
+    """Runs of NHD and HND pages (saved runs concatenated) are different shapes: no median across them, each
+    FP8 row against the BF16 decode of its own pages; runs saved without the column count as NHD."""
+    spec = [("triton", "", "bf16", "dequant", 100.0, "ok", True), ("triton", "", "fp8_e4m3", "dequant", 50.0, "ok", True)]
+    nhd, hnd = _rows(spec), _rows(spec).assign(layout="HND")
+    hnd["time_us"] *= [0.8, 0.5]
+    sp = speedup_table(pd.concat([nhd, hnd], ignore_index=True)).set_index("layout")
+    assert sorted(sp.index) == ["HND", "NHD"]
+    assert sp.loc["NHD", "time_us"] == 50.0 and sp.loc["NHD", "speedup_vs_bf16"] == pytest.approx(2.0)
+    assert sp.loc["HND", "time_us"] == 25.0 and sp.loc["HND", "speedup_vs_bf16"] == pytest.approx(80 / 25)
+
+
 def test_speedup_table_without_baselines_gives_nan_and_rejects_foreign_frames():
     sp = speedup_table(_rows([("triton", "", "fp8_e4m3", "dequant", 50.0, "ok", True)]))
     assert len(sp) == 1 and math.isnan(sp.loc[0, "speedup_vs_bf16"]) and math.isnan(sp.loc[0, "speedup_vs_flashinfer_fp8"])
@@ -647,6 +659,19 @@ def test_saved_runs_by_preset_newest_first(tmp_path):
         load_table(tmp_path, "../etc")
 
 
+def test_layout_table_names_its_page_layout():
+    from fp8kv.bench import layout_table
+    from fp8kv.viz import layout_speedups
+
+    assert set(layout_table(_layout_rows())["layout"]) == {"NHD"}  # runs saved without the column: NHD
+    hnd = layout_table(_layout_rows().assign(layout="HND"))
+    assert set(hnd["layout"]) == {"HND"}
+    assert layout_speedups(hnd).layout.title.text.endswith(", HND pages")
+    assert "pages" not in layout_speedups(layout_table(_layout_rows().assign(layout="NHD"))).layout.title.text
+    with pytest.raises(ValueError, match="mixes layout"):
+        layout_table(pd.concat([_layout_rows().assign(layout="NHD"), _layout_rows().assign(layout="HND")]))
+
+
 def test_layout_table_refuses_rows_of_mixed_page_sizes():
     from fp8kv.bench import layout_table
 
@@ -677,7 +702,7 @@ def test_page_layout_from_the_command_line():
     cases = bench.sweep(**{**grid, "backends": ["triton", "vllm"]}, device="cpu")
     assert cases and all(c.layout == "HND" for c in cases)
     vllm = [c for c in cases if c.backend == "vllm"]
-    assert vllm and all(c.status != "ok" and "NHD" in c.reason for c in vllm)
+    assert vllm and all(c.status == "unsupported" and "NHD" in c.reason for c in vllm)
     with pytest.raises(SystemExit):
         parser.parse_args(["--preset", "smoke", "--page-layout", "hnd"])
 

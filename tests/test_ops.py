@@ -697,6 +697,7 @@ def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
         decode_kernel(cache, "dequant", 128, 48, "cuda", gluon=True, heads_per_program=0)
     for kw in (dict(kv_dtype="bf16"), dict(granularity="head")):
         assert decode_kernel(make_cache([5, 40], 2, 128, **kw), "dequant", 128, 4, "cuda") == "triton", kw
+    assert decode_kernel(make_cache([5, 40], 2, 128, layout="HND"), "dequant", 128, 4, "cuda") == "gluon"
     monkeypatch.setattr(ops, "current_arch", lambda device=None: "sm80")
     assert "need sm89+" in gluon_refusal(cache, "dequant", 128, 4, "cuda")  # an A100
     assert "need sm89+" in gluon_refusal(make_cache([5, 40], 2, 128, kv_dtype="fp8_e5m2"), "dequant", 128, 4, "cuda")
@@ -849,6 +850,23 @@ def test_gluon_launch_defaults_and_bad_options():
     assert ops.GLUON_BLOCK_N == (64, 128)
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_gluon_arguments_pass_the_page_token_and_head_strides(layout):
+    """The Gluon kernel addresses a row as page * stride_kb + token * stride_kt + head * stride_kh (bytes of
+    the uint8 view): NHD and HND pages differ only in those strides, which must be passed in that order."""
+    hkv, bs, d = 4, 16, 112
+    cache = make_cache([5, 40], hkv, d, layout=layout)
+    q = make_q(2, 8, d, torch.bfloat16)
+    cfg = fp8kv.ops.gluon_launch(2, cache, 2)
+    part_out, part_lse = fp8kv.ops._split_partials(2, 8, cfg["num_splits"], d, q.device)
+    _, args, _ = fp8kv.ops.gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
+    from fp8kv.kernels import paged_decode_gluon as g
+
+    names = g.gluon_decode_kernel.arg_names
+    strides = tuple(args[names.index(n)] for n in ("stride_kb", "stride_kt", "stride_kh"))
+    assert strides == ((bs * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * bs * d, d, bs * d))
+
+
 def test_gluon_programs_hold_a_group_in_as_few_programs_as_its_rows_allow():
     """A group larger than a program's MMA rows (32 in a 64-wide tile, 16 in a 128-wide one) is cut into
     programs of equal size, side by side per KV head; heads_per_program asks for smaller programs."""
@@ -932,10 +950,11 @@ def test_gluon_kernel_reads_hnd_pages_on_the_gpu(hq, hkv, d, launch):
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
 @pytest.mark.parametrize("block_size,launch", [(8, {}), (32, {}), (128, {}), (128, {"block_n": 128}),
                                                (256, {"block_n": 128})])
-def test_gluon_kernel_reads_every_page_size(block_size, launch):
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_gluon_kernel_reads_every_page_size(block_size, launch, layout):
     """Pages smaller than, equal to and larger than a tile: the row addressing takes two paths (the
-    page row loop-invariant, or one scalar per tile)."""
-    cache = make_cache([1, 17, 5003, 1000], 4, 128, block_size=block_size)
+    page row loop-invariant, or one scalar per tile), on either page layout."""
+    cache = make_cache([1, 17, 5003, 1000], 4, 128, block_size=block_size, layout=layout)
     q = make_q(4, 16, 128, torch.bfloat16)
     out, lse = paged_decode(q, cache, gluon=True, **launch)
     ref_o, ref_l = ref_decode(q, cache)

@@ -20,7 +20,14 @@ def check_failed(v) -> bool:
     return v is not None and not pd.isna(v) and not bool(v)
 
 
-SHAPE_KEYS = ["gpu_slug", "batch", "context", "window", "num_q_heads", "num_kv_heads", "head_dim", "block_size"]
+SHAPE_KEYS = ["gpu_slug", "batch", "context", "window", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
+              "layout"]
+
+
+def _with_page_layout(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its ``layout`` column filled: rows saved before the page layout was recorded were NHD
+    (the benchmark's default)."""
+    return df.assign(layout=df["layout"].fillna("NHD") if "layout" in df.columns else "NHD")
 
 
 def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataFrame:
@@ -35,6 +42,7 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
     """
     if "window" not in df.columns:  # results saved before windows were benchmarked: whole contexts
         df = df.assign(window=float("nan"))
+    df = _with_page_layout(df)
     need = set(SHAPE_KEYS) | {"backend", "variant", "label", "mode", "kv_dtype", "granularity", "time_us",
                               "status", "check_passed"}
     missing = sorted(need - set(df.columns))
@@ -86,12 +94,14 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     ``fp8_gbps``), ``fp8_rate_of_bf16 = fp8_gbps / bf16_gbps`` (1.0: FP8 streams as fast as BF16,
     which is 2x faster) and ``pct_of_limit``, the FP8 K/V bytes over the copy bandwidth of the same
     run as a share of ``fp8_us`` (100: FP8 at the copy kernel's rate). NaN where a side is missing.
+    ``layout``: the rows' page layout (one: rows of several are refused).
     """
     need = set(LAYOUT_KEYS) | {"backend", "label", "kv_dtype", "time_us", "kv_bytes", "copy_gbps", "status",
                                "check_passed"}
     missing = sorted(need - set(df.columns))
     if missing:
         _fail(f"df lacks columns {missing}; expected the rows of fp8kv.bench.run()")
+    df = _with_page_layout(df)
     good = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed) & df["time_us"].notna()]
     if "kernel" not in good.columns:  # runs saved before the column existed
         good = good.assign(kernel=None)
@@ -122,7 +132,9 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     t["pct_of_limit"] = 100.0 * t["fp8_gbps"] / t["fp8_copy_gbps"]
     cols = LAYOUT_KEYS + ["peer", "peer_us", "bf16_us", "fp8_row", "fp8_kernel", "fp8_us", "fp8_x_peer", "fp8_x_bf16", "bf16_gbps",
                           "fp8_gbps", "fp8_rate_of_bf16", "pct_of_limit"]
-    return t[cols].sort_values(LAYOUT_KEYS).reset_index(drop=True)
+    # the one page layout of the rows (checked above), so that a table says which pages it measured
+    page_layout = good["layout"].iloc[0] if len(good) else "NHD"
+    return t[cols].sort_values(LAYOUT_KEYS).reset_index(drop=True).assign(layout=page_layout)
 
 
 def layout_markdown(table: pd.DataFrame) -> str:

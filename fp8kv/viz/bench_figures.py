@@ -253,8 +253,10 @@ def layout_speedups(table, *, title: str | None = None) -> go.Figure:
     long = t.melt(id_vars=["shape", "fp8_us", "bf16_us", "peer_us", "pct_of_limit", *named],
                   value_vars=["fp8_x_bf16", "fp8_x_peer"], var_name="against", value_name="speedup")
     long["against"] = long["against"].map({"fp8_x_bf16": "× fp8kv's BF16 decode", "fp8_x_peer": "× best peer decode"})
+    pages = set(table["layout"]) if "layout" in table.columns else set()
+    on_pages = f", {'/'.join(sorted(pages))} pages" if pages - {"NHD"} else ""  # NHD, the default, goes unsaid
     fig = grouped_bars(long, x="shape", y="speedup", color="against",
-                       title=title or "FP8 decode speed-up per head layout (Hq/Hkv/D · batch × context)",
+                       title=(title or "FP8 decode speed-up per head layout (Hq/Hkv/D · batch × context)") + on_pages,
                        labels={"shape": "head layout · batch × context", "speedup": "FP8 speed-up (×, > 1 is faster)",
                                "against": "FP8 decode", "pct_of_limit": "% of FP8 limit", "fp8_us": "FP8 µs",
                                "bf16_us": "BF16 µs", "peer_us": "peer µs", "peer": "best peer",
