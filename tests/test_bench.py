@@ -379,6 +379,13 @@ def test_speedup_table_keeps_page_layouts_apart():
     assert sorted(sp.index) == ["HND", "NHD"]
     assert sp.loc["NHD", "time_us"] == 50.0 and sp.loc["NHD", "speedup_vs_bf16"] == pytest.approx(2.0)
     assert sp.loc["HND", "time_us"] == 25.0 and sp.loc["HND", "speedup_vs_bf16"] == pytest.approx(80 / 25)
+    from fp8kv.viz import speedup_heatmap
+
+    cells = speedup_heatmap(sp.reset_index()).data[0]  # one row per page layout, not their median
+    assert sorted(cells.y) == ["triton fp8_e4m3 dequant · HND pages", "triton fp8_e4m3 dequant · NHD pages"]
+    assert sorted(v for line in cells.text for v in line) == ["2.00×", "3.20×"]
+    no_column = speedup_table(nhd.assign(layout=float("nan")))  # an all-NaN column: NHD, without a warning
+    assert list(no_column["layout"]) == ["NHD"]
 
 
 def test_speedup_table_without_baselines_gives_nan_and_rejects_foreign_frames():

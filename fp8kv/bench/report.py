@@ -27,7 +27,7 @@ SHAPE_KEYS = ["gpu_slug", "batch", "context", "window", "num_q_heads", "num_kv_h
 def _with_page_layout(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with its ``layout`` column filled: rows saved before the page layout was recorded were NHD
     (the benchmark's default)."""
-    return df.assign(layout=df["layout"].fillna("NHD") if "layout" in df.columns else "NHD")
+    return df.assign(layout=df["layout"].astype(object).fillna("NHD") if "layout" in df.columns else "NHD")
 
 
 def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataFrame:
@@ -223,8 +223,9 @@ def summary(df: pd.DataFrame) -> str:
             lines.append("CPU wall-clock timings (interpreter / reference): they say nothing about any GPU.")
     sp = speedup_table(df)
     if len(sp) and sp["speedup_vs_bf16"].notna().any():
-        t = sp[["label", "batch", "context", "time_us", "bf16_us", "speedup_vs_bf16", "speedup_vs_flashinfer_fp8"]]
-        t.columns = ["fp8 case", "B", "ctx", "us", "best bf16 us", "x bf16", "x flashinfer fp8"]
+        t = sp[["label", "layout", "batch", "context", "time_us", "bf16_us", "speedup_vs_bf16",
+                "speedup_vs_flashinfer_fp8"]]
+        t.columns = ["fp8 case", "pages", "B", "ctx", "us", "best bf16 us", "x bf16", "x flashinfer fp8"]
         lines.append(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     for status in ("unsupported", "skipped", "error"):
         rest = df[df["status"] == status]

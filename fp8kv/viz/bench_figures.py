@@ -81,6 +81,8 @@ def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", b
     import numpy as np
 
     _require_columns(sp, [row, value, "batch", "context", "time_us"], "sp")
+    if "layout" in sp.columns and sp["layout"].nunique() > 1:  # saved runs of both page layouts: one row each
+        sp = sp.assign(**{row: sp[row].astype(str) + " · " + sp["layout"].astype(str) + " pages"})
     data = sp.sort_values(["batch", "context"])
     data = data.assign(shape=[f"B={b} · ctx={c}" for b, c in zip(data["batch"], data["context"], strict=True)])
     cols = list(dict.fromkeys(data["shape"]))
