@@ -699,8 +699,9 @@ def test_layouts_preset_takes_whole_layouts_from_the_command_line():
         _grid_from_args(parser.parse_args(["--preset", "layouts", "--head-dims", "96"]), torch.device("cpu"))
 
 
-def test_page_layout_from_the_command_line():
-    """--page-layout HND reaches every case; vLLM's kernel (NHD only) stays in the table, refused by name."""
+def test_page_layout_from_the_command_line(capsys):
+    """--page-layout HND reaches every case (and the dry-run listing); vLLM's kernel (NHD only) stays in the
+    table, refused by name."""
     from fp8kv.bench.cli import _grid_from_args, build_parser
 
     parser = build_parser()
@@ -712,6 +713,9 @@ def test_page_layout_from_the_command_line():
     assert vllm and all(c.status == "unsupported" and "NHD" in c.reason for c in vllm)
     with pytest.raises(SystemExit):
         parser.parse_args(["--preset", "smoke", "--page-layout", "hnd"])
+    assert bench.main(["--preset", "smoke", "--page-layout", "HND", "--dry-run", "--device", "cpu"]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if "page=" in line]
+    assert listed and all(" HND " in line for line in listed)
 
 
 def test_saved_runs_of_one_second_in_save_order(tmp_path):

@@ -307,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         for c in cases:
             print(f"{c.status:<11} {c.label:<40} B={c.batch:<4} ctx={c.context:<6} Hq:Hkv={c.num_q_heads}:"
-                  f"{c.num_kv_heads} D={c.head_dim} page={c.block_size}  {c.reason}")
+                  f"{c.num_kv_heads} D={c.head_dim} page={c.block_size} {c.layout}  {c.reason}")
         print(f"{ready} of {len(cases)} cases would run")
     if not ready:
         reasons = sorted({c.reason for c in cases})
