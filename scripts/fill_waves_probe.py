@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from fp8kv import ops
-from fp8kv.bench import synthetic_cache, time_call
+from fp8kv.bench import probe_us, synthetic_cache
 from fp8kv.device import gpu_slug
 from fp8kv.results import utc_stamp
 
@@ -36,13 +36,6 @@ def use_rule(name: str, fill=ops.fill_waves, streaming=ops.MAX_HEADS_STREAMING) 
     ops._RESIDENCY.clear()
     ops.fill_waves = fill if name == "after" else (lambda programs, splits, *rest: splits)
     ops.MAX_HEADS_STREAMING = streaming if name == "after" else ops.MAX_HEADS_PER_PROGRAM
-
-
-def time_us(fn, calls: int) -> float:
-    """Microseconds per decode: the middle of three CUDA-graph medians of ``fn`` (``calls`` decodes)."""
-    fn()
-    return sorted(time_call(fn, torch.device("cuda"), graph=True, rep=60, warmup=0, cpu_reps=1)[0] * 1e6 / calls
-                  for _ in range(3))[1]
 
 
 def main() -> None:
@@ -73,7 +66,7 @@ def main() -> None:
                 kernel, cfg = ops.decode_launch(b, caches[0], "dequant", d, hq // hkv, device)
                 o = ops.paged_decode(q, caches[0])[0].float()
                 first = o if first is None else first
-                t = time_us(lambda q=q, caches=caches: [ops.paged_decode(q, c) for c in caches], copies)
+                t = probe_us(lambda q=q, caches=caches: [ops.paged_decode(q, c) for c in caches], copies, device)
                 rows.append(dict(shape=shape, batch=b, context=ctx, ragged=ragged, rule=rule, kernel=kernel,
                                  splits=cfg["num_splits"], block_n=cfg["block_n"], heads=cfg["heads_per_program"],
                                  time_us=round(t, 2), rel_diff=((o - first).norm() / first.norm()).item()))

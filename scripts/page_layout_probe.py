@@ -21,18 +21,11 @@ import torch
 import triton
 
 from fp8kv import ops
-from fp8kv.bench import synthetic_cache, time_call
+from fp8kv.bench import probe_us, synthetic_cache
 from fp8kv.device import gpu_slug
 from fp8kv.results import utc_stamp
 
 SHAPES = ["32/32/80", "32/8/80", "32/32/96", "32/8/112", "32/8/128", "14/2/64"]
-
-
-def time_us(fn, calls: int) -> float:
-    """Microseconds per decode: the middle of three CUDA-graph medians of ``fn`` (``calls`` decodes)."""
-    fn()
-    return sorted(time_call(fn, torch.device("cuda"), graph=True, rep=40, warmup=0, cpu_reps=1)[0] * 1e6 / calls
-                  for _ in range(3))[1]
 
 
 def main() -> None:
@@ -58,7 +51,7 @@ def main() -> None:
                           for _ in range(copies)]
                 q = torch.randn(b, hq, d, dtype=torch.bfloat16, device=device)
                 kernel, cfg = ops.decode_launch(b, caches[0], "dequant", d, hq // hkv, device)
-                t = time_us(lambda q=q, caches=caches: [ops.paged_decode(q, c) for c in caches], copies)
+                t = probe_us(lambda q=q, caches=caches: [ops.paged_decode(q, c) for c in caches], copies, device, rep=40)
                 rows.append(dict(shape=shape, kv_dtype=kv, layout=layout, kernel=kernel, splits=cfg["num_splits"],
                                  time_us=round(t, 2)))
                 print(rows[-1], flush=True)

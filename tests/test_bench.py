@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -697,6 +698,13 @@ def test_layouts_preset_takes_whole_layouts_from_the_command_line():
     assert "shapes" not in grid and grid["heads"] == [(8, 2)] and grid["head_dims"] == [64]
     with pytest.raises(ValueError, match="both --heads and --head-dims"):
         _grid_from_args(parser.parse_args(["--preset", "layouts", "--head-dims", "96"]), torch.device("cpu"))
+
+
+def test_probe_us_is_the_middle_of_three_timings_per_decode():
+    calls = []
+    us = bench.probe_us(lambda: calls.append(time.sleep(0.002)), 2, "cpu")  # two "decodes" of ~1 ms each
+    assert len(calls) == 4  # one call first, then three timings (one call each on a CPU)
+    assert 1000 <= us < 50_000
 
 
 def test_page_layout_from_the_command_line(capsys):

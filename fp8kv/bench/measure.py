@@ -80,6 +80,15 @@ def time_call(fn: Callable, device: torch.device, *, graph: bool, rep: int, warm
     return statistics.median(times), "cpu-wallclock"
 
 
+def probe_us(fn: Callable, calls: int, device, *, rep: int = 60) -> float:
+    """Microseconds per decode of a probe's ``fn`` that makes ``calls`` decodes (over rotated caches): the
+    middle of three medians of :func:`time_call` (CUDA graphs on a GPU, ``rep`` ms each), after one call."""
+    device = torch.device(device)
+    fn()
+    return sorted(time_call(fn, device, graph=True, rep=rep, warmup=0, cpu_reps=1)[0] * 1e6 / calls
+                  for _ in range(3))[1]
+
+
 def _check_indices(batch: int, n: int) -> list[int]:
     return list(range(batch)) if batch <= n else sorted({*range(n - 1), batch - 1})
 
