@@ -95,10 +95,12 @@ def test_the_build_refuses_an_interpreted_triton():
         build(32, 8, 128)
 
 
-def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeypatch):
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeypatch, layout):
     """paged_decode's Gluon launch (not runnable on a CPU) hands the kernel its runtime arguments in signature
-    order, each stride the one of its tensor and dimension, and every constexpr by name: a stand-in kernel
-    checks the call, then the combine runs on its partials."""
+    order, each stride the one of its tensor and dimension (the pages' token and head dimensions swapped on HND
+    pages), and every constexpr by name: a stand-in kernel checks the call, then the combine runs on its
+    partials."""
     import inspect
 
     import torch
@@ -115,8 +117,9 @@ def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeyp
                 runtime = [p for p in params if p not in constants]
                 assert len(args) == len(runtime) and set(constants) <= set(params)
                 named = dict(zip(runtime, args, strict=True))
+                token, head = (1, 2) if layout == "NHD" else (2, 1)
                 strides = {"stride_qb": ("q_ptr", 0), "stride_qh": ("q_ptr", 1), "stride_kb": ("k_ptr", 0),
-                           "stride_kt": ("k_ptr", 1), "stride_kh": ("k_ptr", 2), "stride_btb": ("bt_ptr", 0),
+                           "stride_kt": ("k_ptr", token), "stride_kh": ("k_ptr", head), "stride_btb": ("bt_ptr", 0),
                            "stride_ob": ("part_out_ptr", 0), "stride_oh": ("part_out_ptr", 1),
                            "stride_os": ("part_out_ptr", 2), "stride_lb": ("part_lse_ptr", 0),
                            "stride_lh": ("part_lse_ptr", 1)}
@@ -134,7 +137,7 @@ def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeyp
             return launch
 
     monkeypatch.setattr(gluon_kernel, "gluon_decode_kernel", StandIn())
-    cache = make_cache([40, 300], 2, 128)
+    cache = make_cache([40, 300], 2, 128, layout=layout)
     cfg = ops.gluon_launch(2, cache, 4, num_splits=3, device=torch.device("cpu"))  # three splits: distinct strides
     q = torch.randn(2, 8, 128, dtype=torch.float16)
     out, lse = ops._paged_decode_gluon(q, cache, None, cfg, None)

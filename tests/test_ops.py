@@ -850,23 +850,6 @@ def test_gluon_launch_defaults_and_bad_options():
     assert ops.GLUON_BLOCK_N == (64, 128)
 
 
-@pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_gluon_arguments_pass_the_page_token_and_head_strides(layout):
-    """The Gluon kernel addresses a row as page * stride_kb + token * stride_kt + head * stride_kh (bytes of
-    the uint8 view): NHD and HND pages differ only in those strides, which must be passed in that order."""
-    hkv, bs, d = 4, 16, 112
-    cache = make_cache([5, 40], hkv, d, layout=layout)
-    q = make_q(2, 8, d, torch.bfloat16)
-    cfg = fp8kv.ops.gluon_launch(2, cache, 2)
-    part_out, part_lse = fp8kv.ops._split_partials(2, 8, cfg["num_splits"], d, q.device)
-    _, args, _ = fp8kv.ops.gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
-    from fp8kv.kernels import paged_decode_gluon as g
-
-    names = g.gluon_decode_kernel.arg_names
-    strides = tuple(args[names.index(n)] for n in ("stride_kb", "stride_kt", "stride_kh"))
-    assert strides == ((bs * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * bs * d, d, bs * d))
-
-
 def test_gluon_programs_hold_a_group_in_as_few_programs_as_its_rows_allow():
     """A group larger than a program's MMA rows (32 in a 64-wide tile, 16 in a 128-wide one) is cut into
     programs of equal size, side by side per KV head; heads_per_program asks for smaller programs."""
