@@ -10,10 +10,13 @@ GPU index or a :class:`torch.device`.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import platform
 import re
 import subprocess
+from pathlib import Path
 
 import torch
 
@@ -23,6 +26,7 @@ __all__ = [
     "gpu_slug",
     "current_arch",
     "package_version",
+    "source_digest",
 ]
 
 
@@ -82,6 +86,27 @@ def package_version(module_name: str) -> str | None:
     return str(getattr(module, "__version__", "unknown"))
 
 
+def source_digest(root: str | Path | None = None) -> str:
+    """The first 12 hex digits of a SHA-256 over fp8kv's own files (every ``.py`` and ``data/`` file of the
+    package at ``root``, default the one imported, by relative path): which code made a saved number, on a
+    machine without the repository's history. Equal digests: the same kernels, launch rules and tables."""
+    return _package_digest() if root is None else _digest(Path(root))
+
+
+@functools.lru_cache(maxsize=1)
+def _package_digest() -> str:  # once per process: the imported code does not change under it
+    return _digest(Path(__file__).resolve().parent)
+
+
+def _digest(base: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(p for p in base.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and (p.suffix == ".py" or p.relative_to(base).parts[0] == "data"))
+    for path in files:
+        h.update(path.relative_to(base).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def _arch_string(props) -> str:
     """``"sm90"`` for NVIDIA; the gfx name (``"gfx942"``) for ROCm, whose capability numbers are not SM archs."""
     if torch.version.hip:
@@ -130,7 +155,8 @@ def describe_device(device: str | int | torch.device | None = None) -> dict:
         unknown), ``cuda_version`` (CUDA runtime torch was built with, None on CPU builds),
         ``hip_version``, ``cpu`` (processor description), ``platform``, and the versions of
         ``python``, ``torch``, ``triton``, ``flashinfer``, ``vllm`` (the package providing vLLM's
-        kernel: a vLLM install or a shim), ``numpy`` (None when not importable).
+        kernel: a vLLM install or a shim), ``numpy`` (None when not importable), and ``fp8kv_source``
+        (:func:`source_digest`: which fp8kv code ran).
     """
     dev = resolve_device(device)
     info: dict = {
@@ -153,6 +179,7 @@ def describe_device(device: str | int | torch.device | None = None) -> dict:
         "flashinfer": package_version("flashinfer"),
         "vllm": package_version("vllm"),
         "numpy": package_version("numpy"),
+        "fp8kv_source": source_digest(),
     }
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)

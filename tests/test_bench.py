@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fp8kv import bench, results
-from fp8kv.bench import Case, bytes_moved, run, save, speedup_table, sweep, synthetic_cache
+from fp8kv.bench import Case, bytes_moved, layout_table, run, save, speedup_table, sweep, synthetic_cache
 from fp8kv.capability import UnsupportedError, check
 from fp8kv.quant import broadcast_scale
 from fp8kv.reference import FP8_MODE_TOL
@@ -387,6 +387,29 @@ def test_speedup_table_keeps_page_layouts_apart():
     assert sorted(v for line in cells.text for v in line) == ["2.00×", "3.20×"]
     no_column = speedup_table(nhd.assign(layout=float("nan")))  # an all-NaN column: NHD, without a warning
     assert list(no_column["layout"]) == ["NHD"]
+
+
+def test_speedup_table_keeps_saved_runs_apart():
+    """Saved runs concatenated (other code, another day) are never pooled: each run's FP8 rows against that
+    run's BF16 decode, one heatmap row per run named by its date; layout_table refuses several runs."""
+    spec = [("triton", "", "bf16", "dequant", 100.0, "ok", True), ("triton", "", "fp8_e4m3", "dequant", 50.0, "ok", True)]
+    old, new = _rows(spec).assign(timestamp="2026-12-02T15:07:36Z"), _rows(spec).assign(timestamp="2026-12-04T18:49:33Z")
+    new["time_us"] *= [0.9, 0.6]
+    both = pd.concat([old, new], ignore_index=True)
+    sp = speedup_table(both).set_index("timestamp")
+    assert sp.loc["2026-12-02T15:07:36Z", "speedup_vs_bf16"] == pytest.approx(2.0)
+    assert sp.loc["2026-12-04T18:49:33Z", "speedup_vs_bf16"] == pytest.approx(90 / 30)
+    from fp8kv.viz import speedup_heatmap
+
+    cells = speedup_heatmap(sp.reset_index()).data[0]
+    assert list(cells.y) == ["triton fp8_e4m3 dequant · run 2026-12-02 15:07Z",
+                             "triton fp8_e4m3 dequant · run 2026-12-04 18:49Z"]
+    assert [v for line in cells.text for v in line] == ["2.00×", "3.00×"]
+    assert list(speedup_heatmap(speedup_table(old)).data[0].y) == ["triton fp8_e4m3 dequant"]  # one run: no date
+    layout_cols = dict(kv_bytes=1e9, copy_gbps=4000.0)
+    assert len(layout_table(old.assign(**layout_cols))) == 1
+    with pytest.raises(ValueError, match="timestamp"):
+        layout_table(both.assign(**layout_cols))
 
 
 def test_speedup_table_without_baselines_gives_nan_and_rejects_foreign_frames():

@@ -8,6 +8,7 @@ import platform
 import re
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,6 +110,29 @@ def test_describe_device_cpu(no_gpu):
     assert info["torch"] == torch.__version__
     assert info["triton"] == D.package_version("triton")
     assert info["flashinfer"] == D.package_version("flashinfer")
+    assert info["fp8kv_source"] == D.source_digest() and re.fullmatch(r"[0-9a-f]{12}", info["fp8kv_source"])
+
+
+def test_source_digest_names_the_code_that_ran(tmp_path):
+    """Two copies of the package agree; a changed kernel or launch table changes the digest, a cache file does not."""
+    import shutil
+
+    import fp8kv
+
+    pkg = Path(fp8kv.__file__).parent
+    a, b = tmp_path / "a", tmp_path / "b"
+    for copy in (a, b):
+        shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert D.source_digest(a) == D.source_digest(b) == D.source_digest(pkg) == D.source_digest()
+    (b / "__pycache__").mkdir(exist_ok=True)
+    (b / "__pycache__" / "x.pyc").write_bytes(b"junk")
+    assert D.source_digest(b) == D.source_digest(a)
+    kernel = b / "kernels" / "paged_decode.py"
+    kernel.write_text(kernel.read_text() + "\n")
+    assert D.source_digest(b) != D.source_digest(str(a))
+    table = a / "data" / "launch_nvidia-h200.json"
+    table.write_text(table.read_text() + " ")
+    assert D.source_digest(a) != D.source_digest(pkg)
 
 
 def test_describe_device_gpu(fake_gpu):

@@ -26,7 +26,7 @@ from .cases import Q_DTYPES, Case, bytes_moved, tolerance
 from .ceiling import measure_copy_bandwidth
 
 COLUMNS = [
-    "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer", "vllm",
+    "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer", "vllm", "fp8kv_source",
     "label", "backend", "variant", "mode", "kv_dtype", "granularity", "layout", "q_dtype",
     "batch", "context", "window", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
     "tensor_cores", "kernel", "num_splits", "block_n", "num_warps", "num_stages", "heads_per_program",
@@ -156,7 +156,8 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev) if runnable else (float("nan"), None)
     base = {"timestamp": stamp, "gpu": info["name"], "gpu_slug": info["slug"], "arch": info["arch"],
             "device": info["device"], "torch": info["torch"], "triton": info["triton"],
-            "flashinfer": info["flashinfer"], "vllm": info["vllm"], "copy_gbps": copy_gbps}
+            "flashinfer": info["flashinfer"], "vllm": info["vllm"], "fp8kv_source": info["fp8kv_source"],
+            "copy_gbps": copy_gbps}
 
     rows: dict[int, dict] = {}
     for i, c in enumerate(cases):

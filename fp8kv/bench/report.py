@@ -30,6 +30,15 @@ def _with_page_layout(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(layout=df["layout"].astype(object).fillna("NHD") if "layout" in df.columns else "NHD")
 
 
+RUN_KEY = "timestamp"  # each row's run (fp8kv.bench.run stamps one time on all the rows it returns)
+
+
+def _run_keys(df: pd.DataFrame) -> list[str]:
+    """[:data:`RUN_KEY`] where ``df`` records its runs: rows of different runs (other code, other machines,
+    another day) are never pooled into one median."""
+    return [RUN_KEY] if RUN_KEY in df.columns else []
+
+
 def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataFrame:
     """FP8 rows against the best 16-bit decode and the best FlashInfer FP8 decode of the same shape.
 
@@ -39,6 +48,8 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
     over all backends (``bf16_best`` names it), ``speedup_vs_bf16 = bf16_us / time_us``;
     ``flashinfer_fp8_us`` = the fastest FlashInfer row of the shape with the same kv_dtype,
     ``speedup_vs_flashinfer_fp8 = flashinfer_fp8_us / time_us`` (NaN where there is none).
+    Saved runs concatenated (:func:`fp8kv.results.load_tables`) stay apart: each run's FP8 rows are compared
+    with that run's baseline, one output row per run (its ``timestamp``), never a median across runs.
     """
     if "window" not in df.columns:  # results saved before windows were benchmarked: whole contexts
         df = df.assign(window=float("nan"))
@@ -50,22 +61,23 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
         _fail(f"df lacks columns {missing}; expected the rows of fp8kv.bench.run()")
     good = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed)]
     good = good[good["time_us"].notna()]
-    cond = SHAPE_KEYS + ["backend", "variant", "label", "mode", "kv_dtype", "granularity"]
+    keys = SHAPE_KEYS + _run_keys(df)
+    cond = keys + ["backend", "variant", "label", "mode", "kv_dtype", "granularity"]
     med = good.groupby(cond, dropna=False, as_index=False)["time_us"].median()
 
     base = med[med["kv_dtype"] == baseline_kv_dtype].sort_values("time_us")
-    base = base.drop_duplicates(SHAPE_KEYS)[SHAPE_KEYS + ["time_us", "label"]]
+    base = base.drop_duplicates(keys)[keys + ["time_us", "label"]]
     base = base.rename(columns={"time_us": "bf16_us", "label": "bf16_best"})
     fp8_rows = med["kv_dtype"].map(is_fp8).astype(bool)  # bool even when empty: else [] selects no columns
     fi = med[(med["backend"] == "flashinfer") & fp8_rows].sort_values("time_us")
-    fi = fi.drop_duplicates(SHAPE_KEYS + ["kv_dtype"])[SHAPE_KEYS + ["kv_dtype", "time_us", "label"]]
+    fi = fi.drop_duplicates(keys + ["kv_dtype"])[keys + ["kv_dtype", "time_us", "label"]]
     fi = fi.rename(columns={"time_us": "flashinfer_fp8_us", "label": "flashinfer_fp8_best"})
 
     fp8 = med[fp8_rows]
-    out = fp8.merge(base, on=SHAPE_KEYS, how="left").merge(fi, on=SHAPE_KEYS + ["kv_dtype"], how="left")
+    out = fp8.merge(base, on=keys, how="left").merge(fi, on=keys + ["kv_dtype"], how="left")
     out["speedup_vs_bf16"] = out["bf16_us"] / out["time_us"]
     out["speedup_vs_flashinfer_fp8"] = out["flashinfer_fp8_us"] / out["time_us"]
-    return out.sort_values(SHAPE_KEYS + ["backend", "variant", "mode"]).reset_index(drop=True)
+    return out.sort_values(keys + ["backend", "variant", "mode"]).reset_index(drop=True)
 
 
 def best_per_configuration(df: pd.DataFrame) -> pd.DataFrame:
@@ -94,7 +106,8 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     ``fp8_gbps``), ``fp8_rate_of_bf16 = fp8_gbps / bf16_gbps`` (1.0: FP8 streams as fast as BF16,
     which is 2x faster) and ``pct_of_limit``, the FP8 K/V bytes over the copy bandwidth of the same
     run as a share of ``fp8_us`` (100: FP8 at the copy kernel's rate). NaN where a side is missing.
-    ``layout``: the rows' page layout (one: rows of several are refused).
+    ``layout``: the rows' page layout (one: rows of several are refused, as are rows of several runs, whose
+    copy bandwidths and code differ).
     """
     need = set(LAYOUT_KEYS) | {"backend", "label", "kv_dtype", "time_us", "kv_bytes", "copy_gbps", "status",
                                "check_passed"}
@@ -105,7 +118,7 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     good = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed) & df["time_us"].notna()]
     if "kernel" not in good.columns:  # runs saved before the column existed
         good = good.assign(kernel=None)
-    for col in ("block_size", "layout", "q_dtype", "window", "granularity"):
+    for col in ("block_size", "layout", "q_dtype", "window", "granularity", *_run_keys(good)):
         if col in good.columns and good[col].nunique(dropna=False) > 1:
             _fail(f"df mixes {col} values {sorted(map(str, good[col].unique()))}; layout_table compares head layouts "
                   f"at one {col}: select those rows first")

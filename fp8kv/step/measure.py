@@ -17,7 +17,7 @@ from .model import DecodeStep, KVPool
 from .plan import _runs, plan_sweep, run_dtype, step_bytes
 
 COLUMNS = [
-    "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton",
+    "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "fp8kv_source",
     "model", "weights", "kv_dtype", "backend", "mode", "batch", "context", "ceiling",
     "step_us", "tokens_per_s", "attention_us", "attention_share",
     "bytes_moved", "kv_bytes", "weight_bytes", "gbps", "copy_gbps", "pct_copy_bw",
@@ -84,7 +84,8 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     info = describe_device(dev)
     stamp = utc_stamp()
     base = {"timestamp": stamp, "gpu": info["name"], "gpu_slug": info["slug"], "arch": info["arch"],
-            "device": info["device"], "torch": info["torch"], "triton": info["triton"], "copy_gbps": copy_gbps}
+            "device": info["device"], "torch": info["torch"], "triton": info["triton"],
+            "fp8kv_source": info["fp8kv_source"], "copy_gbps": copy_gbps}
     rows = []
     bar = tqdm(total=sum(len(p["batches"]) for p in plans), disable=not progress, desc="step", unit="point")
     for shape in dict.fromkeys(p["shape"] for p in plans):

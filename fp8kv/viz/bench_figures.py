@@ -67,9 +67,16 @@ def bench_metric(df, metric: str, x: str) -> go.Figure:
                        log_y=metric == "time_us", title=f"{axis_title(metric)} vs {axis_title(x)}")
 
 
+def _run_date(stamp) -> str:
+    """A run's ``timestamp`` (``2026-12-02T15:07:36Z``) as a row label prints it: ``2026-12-02 15:07Z``."""
+    stamp = str(stamp)
+    return f"{stamp[:10]} {stamp[11:16]}Z" if len(stamp) >= 16 and stamp[10] == "T" else stamp
+
+
 def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", baseline: str = "bf16",
                     title: str | None = None) -> go.Figure:
-    """Heat-map of a speedup (× faster; > 1 is faster): rows = ``row`` (each FP8 configuration),
+    """Heat-map of a speedup (× faster; > 1 is faster): rows = ``row`` (each FP8 configuration; with
+    several runs, such as saved ones, one row per configuration and run, named by the run's date),
     columns = shape (batch, context), a diverging colour scale centred on 1.
 
     Parameters
@@ -83,6 +90,8 @@ def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", b
     _require_columns(sp, [row, value, "batch", "context", "time_us"], "sp")
     if "layout" in sp.columns and sp["layout"].nunique() > 1:  # saved runs of both page layouts: one row each
         sp = sp.assign(**{row: sp[row].astype(str) + " · " + sp["layout"].astype(str) + " pages"})
+    if "timestamp" in sp.columns and sp["timestamp"].nunique() > 1:  # saved runs: one row each, dated
+        sp = sp.assign(**{row: sp[row].astype(str) + " · run " + sp["timestamp"].map(_run_date)})
     data = sp.sort_values(["batch", "context"])
     data = data.assign(shape=[f"B={b} · ctx={c}" for b, c in zip(data["batch"], data["context"], strict=True)])
     cols = list(dict.fromkeys(data["shape"]))
