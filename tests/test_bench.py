@@ -608,15 +608,18 @@ def _layout_rows():
     fp8_kv, bf16_kv = 1_000_000_000, 2_000_000_000
     return pd.DataFrame([
         dict(key, backend="triton", label="triton bf16 dequant", kv_dtype="bf16", time_us=500.0, kv_bytes=bf16_kv),
-        dict(key, backend="triton", label="triton fp8_e4m3 dequant", kv_dtype="fp8_e4m3", time_us=300.0, kv_bytes=fp8_kv),
+        dict(key, backend="triton", label="triton fp8_e4m3 dequant", kv_dtype="fp8_e4m3", time_us=300.0, kv_bytes=fp8_kv,
+             rel_err=1e-3),
         dict(key, backend="triton", label="triton fp8_e4m3 fp8", kv_dtype="fp8_e4m3", time_us=280.0, kv_bytes=fp8_kv,
-             kernel="triton-tc"),
+             kernel="triton-tc", rel_err=1.5e-3),
         dict(key, backend="triton", label="triton-x fp8_e4m3 dequant", kv_dtype="fp8_e4m3", time_us=10.0,
              kv_bytes=fp8_kv, check_passed=False),  # a wrong answer never wins
         dict(key, backend="flashinfer", label="flashinfer-tc bf16 dequant", kv_dtype="bf16", time_us=520.0,
-             kv_bytes=bf16_kv),
+             kv_bytes=bf16_kv, rel_err=1e-4),  # a 16-bit peer's error is no FP8 comparison
         dict(key, backend="flashinfer", label="flashinfer-tc fp8_e4m3 dequant", kv_dtype="fp8_e4m3", time_us=540.0,
-             kv_bytes=fp8_kv),
+             kv_bytes=fp8_kv, rel_err=3e-3),
+        dict(key, backend="vllm", label="vllm fp8_e4m3 dequant", kv_dtype="fp8_e4m3", time_us=600.0,
+             kv_bytes=fp8_kv, rel_err=2e-3),  # the most accurate FP8 peer, though not the fastest
         dict(key, num_q_heads=32, num_kv_heads=32, backend="triton", label="triton bf16 dequant", kv_dtype="bf16",
              time_us=2000.0, kv_bytes=4 * bf16_kv),
     ])
@@ -634,12 +637,15 @@ def test_layout_table_rates_speedups_and_limit_by_hand():
     assert r["bf16_gbps"] == pytest.approx(2e9 / 500e-6 / 1e9) and r["fp8_gbps"] == pytest.approx(1e9 / 280e-6 / 1e9)
     assert r["fp8_rate_of_bf16"] == pytest.approx((1e9 / 280) / (2e9 / 500))
     assert r["pct_of_limit"] == pytest.approx(100 * (1e9 / 280e-6 / 1e9) / 4000)
+    assert r["fp8_rel_err"] == 1.5e-3 and r["peer_fp8_rel_err"] == 2e-3  # the row named; the peers' lowest FP8
+    assert r["fp8_err_x_peer"] == pytest.approx(0.75)
     mha = t[t["num_kv_heads"] == 32].iloc[0]  # BF16 only: the FP8 and peer columns are NaN, not invented
     assert mha["bf16_us"] == 2000.0 and math.isnan(mha["fp8_us"]) and math.isnan(mha["fp8_x_bf16"])
     md = layout_markdown(t).splitlines()
     assert md[0].startswith("| Hq/Hkv/D | B × ctx | best peer (µs) |") and len(md) == 4
     assert "| 32/8/128 | 64 × 16k | 520.0 (FlashInfer tc bf16 dequant) | 500.0 | 280.0 (triton-tc) | 1.86 | 1.79 |" in md[3] + md[2]
     assert "| 32/32/128 | 64 × 16k | — | 2000.0 | — | — | — |" in md[2] + md[3]
+    assert md[0].endswith("| FP8 error ÷ peers' lowest |") and "| 0.75 |" in md[2] + md[3]
     with pytest.raises(ValueError, match="lacks columns"):
         layout_table(pd.DataFrame({"time_us": [1.0]}))
     old = layout_table(_layout_rows().drop(columns="kernel"))  # a run saved before the kernel column

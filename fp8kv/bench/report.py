@@ -107,7 +107,10 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     which is 2x faster) and ``pct_of_limit``, the FP8 K/V bytes over the copy bandwidth of the same
     run as a share of ``fp8_us`` (100: FP8 at the copy kernel's rate). NaN where a side is missing.
     ``layout``: the rows' page layout (one: rows of several are refused, as are rows of several runs, whose
-    copy bandwidths and code differ).
+    copy bandwidths and code differ). Errors against the fp32 oracle on the same cache (medians of the
+    rows' ``rel_err``): ``fp8_rel_err`` of the FP8 row named, ``peer_fp8_rel_err`` the lowest of the peers'
+    FP8 decodes, ``fp8_err_x_peer`` their ratio (at most 1: fp8kv's FP8 decode no less accurate than the
+    most accurate peer on that cache).
     """
     need = set(LAYOUT_KEYS) | {"backend", "label", "kv_dtype", "time_us", "kv_bytes", "copy_gbps", "status",
                                "check_passed"}
@@ -118,25 +121,32 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     good = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed) & df["time_us"].notna()]
     if "kernel" not in good.columns:  # runs saved before the column existed
         good = good.assign(kernel=None)
+    if "rel_err" not in good.columns:
+        good = good.assign(rel_err=float("nan"))
     for col in ("block_size", "layout", "q_dtype", "window", "granularity", *_run_keys(good)):
         if col in good.columns and good[col].nunique(dropna=False) > 1:
             _fail(f"df mixes {col} values {sorted(map(str, good[col].unique()))}; layout_table compares head layouts "
                   f"at one {col}: select those rows first")
     med = good.groupby(LAYOUT_KEYS + ["backend", "label", "kv_dtype"], as_index=False).agg(
         time_us=("time_us", "median"), kv_bytes=("kv_bytes", "first"), copy_gbps=("copy_gbps", "first"),
-        kernel=("kernel", "first"))
+        kernel=("kernel", "first"), rel_err=("rel_err", "median"))
 
     def fastest(rows, name):
         rows = rows.sort_values("time_us").drop_duplicates(LAYOUT_KEYS)
-        return rows[LAYOUT_KEYS + ["time_us", "label", "kernel", "kv_bytes", "copy_gbps"]].rename(
+        return rows[LAYOUT_KEYS + ["time_us", "label", "kernel", "kv_bytes", "copy_gbps", "rel_err"]].rename(
             columns={"time_us": f"{name}_us", "label": f"{name}_row", "kernel": f"{name}_kernel",
-                     "kv_bytes": f"{name}_kv_bytes", "copy_gbps": f"{name}_copy_gbps"})
+                     "kv_bytes": f"{name}_kv_bytes", "copy_gbps": f"{name}_copy_gbps", "rel_err": f"{name}_rel_err"})
 
     own = med[med["backend"] == "triton"]
-    peer = fastest(med[med["backend"].isin(PEER_BACKENDS)], "peer").rename(columns={"peer_row": "peer"})
+    peers = med[med["backend"].isin(PEER_BACKENDS)]
+    peer = fastest(peers, "peer").rename(columns={"peer_row": "peer"}).drop(columns="peer_rel_err")
+    peer_err = peers[peers["kv_dtype"].map(is_fp8).astype(bool)].groupby(LAYOUT_KEYS, as_index=False).agg(
+        peer_fp8_rel_err=("rel_err", "min"))
     bf16 = fastest(own[~own["kv_dtype"].map(is_fp8)], "bf16")  # the 16-bit decode (fp16 on CPU smoke)
     fp8 = fastest(own[own["kv_dtype"].map(is_fp8)], "fp8")
     t = fp8.merge(bf16, on=LAYOUT_KEYS, how="outer").merge(peer, on=LAYOUT_KEYS, how="left")
+    t = t.merge(peer_err, on=LAYOUT_KEYS, how="left")
+    t["fp8_err_x_peer"] = t["fp8_rel_err"] / t["peer_fp8_rel_err"]
     t["fp8_x_peer"] = t["peer_us"] / t["fp8_us"]
     t["fp8_x_bf16"] = t["bf16_us"] / t["fp8_us"]
     t["bf16_gbps"] = t["bf16_kv_bytes"] / t["bf16_us"] / 1e3
@@ -144,7 +154,8 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     t["fp8_rate_of_bf16"] = t["fp8_gbps"] / t["bf16_gbps"]
     t["pct_of_limit"] = 100.0 * t["fp8_gbps"] / t["fp8_copy_gbps"]
     cols = LAYOUT_KEYS + ["peer", "peer_us", "bf16_us", "fp8_row", "fp8_kernel", "fp8_us", "fp8_x_peer", "fp8_x_bf16", "bf16_gbps",
-                          "fp8_gbps", "fp8_rate_of_bf16", "pct_of_limit"]
+                          "fp8_gbps", "fp8_rate_of_bf16", "pct_of_limit", "fp8_rel_err", "peer_fp8_rel_err",
+                          "fp8_err_x_peer"]
     # the one page layout of the rows (checked above), so that a table says which pages it measured
     page_layout = good["layout"].iloc[0] if len(good) else "NHD"
     return t[cols].sort_values(LAYOUT_KEYS).reset_index(drop=True).assign(layout=page_layout)
@@ -152,11 +163,12 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def layout_markdown(table: pd.DataFrame) -> str:
     """:func:`layout_table` as the README's Markdown table (the FP8 time with the kernel that ran, where
-    the run recorded it)."""
+    the run recorded it; the last column ``fp8_err_x_peer``)."""
     from ..viz import tokens_label
 
     head = ["Hq/Hkv/D", "B × ctx", "best peer (µs)", "fp8kv BF16 (µs)", "fp8kv FP8 (µs)", "FP8 × peer",
-            "FP8 × own BF16", "BF16 GB/s", "FP8 GB/s", "FP8 rate ÷ BF16 rate", "% of FP8 limit"]
+            "FP8 × own BF16", "BF16 GB/s", "FP8 GB/s", "FP8 rate ÷ BF16 rate", "% of FP8 limit",
+            "FP8 error ÷ peers' lowest"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def f(v, fmt):
@@ -168,7 +180,8 @@ def layout_markdown(table: pd.DataFrame) -> str:
         lines.append("| " + " | ".join([
             f"{r.num_q_heads}/{r.num_kv_heads}/{r.head_dim}", f"{r.batch} × {tokens_label(r.context)}", peer,
             f(r.bf16_us, ".1f"), fp8, f(r.fp8_x_peer, ".2f"), f(r.fp8_x_bf16, ".2f"),
-            f(r.bf16_gbps, ".0f"), f(r.fp8_gbps, ".0f"), f(r.fp8_rate_of_bf16, ".2f"), f(r.pct_of_limit, ".0f")]) + " |")
+            f(r.bf16_gbps, ".0f"), f(r.fp8_gbps, ".0f"), f(r.fp8_rate_of_bf16, ".2f"), f(r.pct_of_limit, ".0f"),
+            f(r.fp8_err_x_peer, ".2f")]) + " |")
     return "\n".join(lines)
 
 

@@ -254,13 +254,13 @@ def layout_speedups(table, *, title: str | None = None) -> go.Figure:
     ``table``: rows of :func:`fp8kv.bench.layout_table`. Dashed lines at 2× (FP8 reads half the
     bytes: the most a bandwidth-bound decode can gain over its own BF16; a peer slower than fp8kv's
     BF16 can be beaten by more) and 1× (no gain). Hover: µs, % of the FP8 copy-bandwidth limit, and
-    where the table has them the peer's row and the FP8 kernel that ran.
+    where the table has them the peer's row, the FP8 kernel that ran and its error over the peers' lowest.
     """
     _require_columns(table, ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context", "fp8_x_bf16",
                              "fp8_x_peer", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"], "table")
     t = table.assign(shape=[f"{hq}/{hkv}/{d} · {b}×{tokens_label(c)}" for hq, hkv, d, b, c in zip(
         table["num_q_heads"], table["num_kv_heads"], table["head_dim"], table["batch"], table["context"], strict=True)])
-    named = [c for c in ("peer", "fp8_kernel") if c in t.columns]
+    named = [c for c in ("peer", "fp8_kernel", "fp8_err_x_peer") if c in t.columns]
     long = t.melt(id_vars=["shape", "fp8_us", "bf16_us", "peer_us", "pct_of_limit", *named],
                   value_vars=["fp8_x_bf16", "fp8_x_peer"], var_name="against", value_name="speedup")
     long["against"] = long["against"].map({"fp8_x_bf16": "× fp8kv's BF16 decode", "fp8_x_peer": "× best peer decode"})
@@ -271,7 +271,7 @@ def layout_speedups(table, *, title: str | None = None) -> go.Figure:
                        labels={"shape": "head layout · batch × context", "speedup": "FP8 speed-up (×, > 1 is faster)",
                                "against": "FP8 decode", "pct_of_limit": "% of FP8 limit", "fp8_us": "FP8 µs",
                                "bf16_us": "BF16 µs", "peer_us": "peer µs", "peer": "best peer",
-                               "fp8_kernel": "FP8 kernel"},
+                               "fp8_kernel": "FP8 kernel", "fp8_err_x_peer": "FP8 error ÷ peers' lowest"},
                        hover=["fp8_us", "bf16_us", "peer_us", "pct_of_limit", *named])
     add_ceiling(fig, 2.0, "half the bytes (over own BF16)", dash="dash")
     add_ceiling(fig, 1.0, "no gain", dash="dot")
