@@ -25,6 +25,25 @@ def test_each_command_reaches_its_own_parser(argv, prog, capsys):
         assert all(name in out for name in ("notebooks", "bench", "step"))
 
 
+@pytest.mark.parametrize("entry", ["fp8kv notebooks", "python -m fp8kv.notebooks"])
+def test_notebooks_help_lists_every_action(entry, capsys):
+    from fp8kv import notebooks
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["notebooks", "--help"]) if entry == "fp8kv notebooks" else notebooks.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert all(f"    {action} " in out for action in ("run", "list", "index", "render")), out
+
+
+def test_python_dash_m_fp8kv_is_the_fp8kv_command():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "fp8kv", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage: fp8kv"), done.stderr[-500:]
+
+
 def test_notebooks_index_builds_the_cross_gpu_page(tmp_path, capsys):
     assert cli.main(["notebooks", "index", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "index.html").is_file()

@@ -77,7 +77,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_actions(parser: argparse.ArgumentParser) -> None:
-    """The ``run`` and ``list`` actions under ``parser`` (``fp8kv notebooks`` / ``python -m fp8kv.notebooks``).
+    """The ``run`` and ``list`` actions under ``parser`` (``fp8kv notebooks`` / ``python -m fp8kv.notebooks``),
+    and ``index`` and ``render`` named for ``--help`` (:func:`main` hands those to their own parsers).
 
     Parse with them, then call :func:`run_action` on the result.
     """
@@ -88,6 +89,10 @@ def add_actions(parser: argparse.ArgumentParser) -> None:
     ls = actions.add_parser("list", help="list the notebooks a run would execute, in order")
     ls.add_argument("--notebooks", default=None, metavar="DIR", help="notebook folder (default: ./notebooks)")
     ls.set_defaults(parser=ls)
+    # listed for --help only: their arguments are parsed by index_main / render_main, which main() calls first
+    actions.add_parser("index", help="rebuild OUT/index.html across every GPU's report (index --help)", add_help=False)
+    actions.add_parser("render", help="render the HTML pages of a report folder whose export failed (render --help)",
+                       add_help=False)
 
 
 def run_action(args: argparse.Namespace) -> int:
