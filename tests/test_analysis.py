@@ -4,6 +4,7 @@ and the capacity measurements (planner grid, ratios, walkthrough, real cache byt
 from __future__ import annotations
 
 import math
+import re
 import sys
 import types
 
@@ -184,7 +185,7 @@ def test_error_vs_context_uses_prefixes(data):
     prefix = analysis.quantization_error(k[:8], v[:8], q, formats="e4m3", granularities="tensor",
                                          scale_methods="amax", quantize="kv")
     assert df.iloc[0]["out_rel_err"] == prefix.iloc[0]["out_rel_err"] and df.iloc[0]["tokens"] == 8
-    with pytest.raises(ValueError, match=r"lengths has 38; each must be an int in \[1, 37\]"):
+    with pytest.raises(ValueError, match=r"lengths\[0\]=38; expected an int <= 37"):
         analysis.error_vs_context(k, v, q, [38])
     with pytest.raises(ValueError, match="non-empty"):
         analysis.error_vs_context(k, v, q, [])
@@ -382,3 +383,39 @@ def test_cast_comparison_saturates_where_a_bare_cast_does_not():
         assert s["fp8kv_nonfinite"] == 0 and s["fp8kv_saturated"] == 1
         assert s["fp8kv"][-1] == s["inputs"][1]  # 4 × max comes back as max
     assert summary["e5m2"]["bare_nonfinite"] >= 1  # torch's bare e5m2 cast overflows to inf
+
+
+_K = torch.randn(8, 2, 16, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: analysis.describe_kv(_K[:0], _K[:0]), ValueError, "no tokens"),
+    (lambda: analysis.channel_amax(_K[:0], _K[:0]), ValueError, "no tokens"),
+    (lambda: analysis.describe_kv([1.0], [1.0]), TypeError, "k must be a torch.Tensor"),
+    (lambda: analysis.describe_kv(_K.int(), _K.int()), TypeError, "k has dtype int32"),
+    (lambda: analysis.describe_kv(_K, _K[:4]), ValueError, "equal shapes"),
+    (lambda: analysis.describe_kv(_K, _K, top_channels=2.5), TypeError, "top_channels=2.5"),
+    (lambda: analysis.describe_kv(_K, _K, top_channels=17), ValueError, "top_channels=17; expected an int <= 16"),
+    (lambda: analysis.roundtrip_sweep([1.0], ["e4m3"]), TypeError, "magnitudes must be a torch.Tensor"),
+    (lambda: analysis.roundtrip_sweep(torch.ones(0), ["e4m3"]), ValueError, "non-empty"),
+    (lambda: analysis.roundtrip_sweep(torch.ones(4), ["e4m3"], plot_points=0), ValueError, "plot_points=0"),
+    (lambda: analysis.quantization_error(_K, _K, _K[:1], sm_scale="a"), TypeError, "sm_scale='a'"),
+    (lambda: analysis.quantization_error(_K, _K, _K[:1], sm_scale=-1.0), ValueError, "sm_scale=-1.0"),
+    (lambda: analysis.attend(_K[:1], _K, _K, sm_scale=0), ValueError, "sm_scale=0"),
+    (lambda: analysis.error_vs_context(_K, _K, _K[:1], [4, 9]), ValueError, "lengths[1]=9; expected an int <= 8"),
+    (lambda: analysis.error_vs_context(_K, _K, _K[:1], 4), ValueError, "non-empty sequence"),
+])
+def test_analysis_refuses_bad_input_by_name(call, exc, words):
+    """Empty, mistyped or out-of-range arguments are refused by name, never an IndexError or a statistic of nothing."""
+    with pytest.raises(exc, match=re.escape(words)):
+        call()
+
+
+def test_error_vs_context_takes_numpy_and_generator_lengths():
+    import numpy as np
+
+    kw = dict(formats="e4m3", granularities="tensor", scale_methods="amax", quantize="kv")
+    base = analysis.error_vs_context(_K, _K, _K[:1], [4, 8], **kw)
+    assert base["context_len"].tolist() == [4, 8]
+    for lengths in (np.array([4, 8]), [np.int64(4), np.int64(8)], (n for n in (8, 4))):
+        assert analysis.error_vs_context(_K, _K, _K[:1], lengths, **kw)["out_rel_err"].equals(base["out_rel_err"])

@@ -97,8 +97,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | 
     nq, hq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(d)
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else checks.positive_float(sm_scale, "sm_scale")
     qq = q.reshape(nq, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv * nq * g, d)
     out, _ = attention(qq, k, v, sm_scale)
     return out.reshape(hkv, nq, g, d).permute(1, 0, 2, 3).reshape(nq, hq, d)
@@ -141,8 +140,7 @@ def quantization_error(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, *, for
     granularities = tuple(checks.many_of(granularities, "granularities", GRANULARITIES))
     scale_methods = tuple(checks.many_of(scale_methods, "scale_methods", SCALE_LABELS))
     modes = tuple(checks.many_of(quantize, "quantize", QUANTIZE))
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(k.shape[-1])
+    sm_scale = 1.0 / math.sqrt(k.shape[-1]) if sm_scale is None else checks.positive_float(sm_scale, "sm_scale")
     kf, vf = k.to(torch.float32), v.to(torch.float32)
     ref = attend(q, kf, vf, sm_scale)
     shape = dict(tokens=k.shape[0], num_kv_heads=k.shape[1], num_q_heads=q.shape[1], head_dim=k.shape[2],
@@ -200,13 +198,14 @@ def error_vs_context(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, lengths:
     import pandas as pd
 
     q = _check_qkv(k, v, q)
-    if isinstance(lengths, int) or not len(lengths):
-        raise ValueError(f"lengths={lengths!r} must be a non-empty sequence of ints")
-    lens = []
-    for n in lengths:
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= k.shape[0]:
-            raise ValueError(f"lengths has {n!r}; each must be an int in [1, {k.shape[0]}] (the tokens of k)")
-        lens.append(n)
+    try:
+        lens = [] if isinstance(lengths, (str, bytes)) else list(lengths)
+    except TypeError:
+        lens = []
+    if not lens:
+        checks.fail(f"lengths={lengths!r}; expected a non-empty sequence of ints (prefix lengths of k)")
+    # each a prefix of k: at most its tokens
+    lens = [checks.integer(n, f"lengths[{i}]", minimum=1, maximum=k.shape[0]) for i, n in enumerate(lens)]
     frames = []
     for n in sorted(set(lens)):
         df = quantization_error(k[:n], v[:n], q, formats=formats, granularities=granularities,

@@ -6,7 +6,22 @@ import math
 
 import torch
 
+from .. import checks
+
 __all__ = ["describe_kv", "channel_amax"]
+
+
+def _check_kv(k, v) -> None:
+    """k and v: float tensors ``[tokens, H, D]`` of one shape, at least one token (statistics over none are
+    undefined)."""
+    for name, x in (("k", k), ("v", v)):
+        checks.tensor(x, name, ndim=3, shape_hint="[tokens, H, D]")
+        if not x.is_floating_point():
+            checks.fail(f"{name} has dtype {str(x.dtype).replace('torch.', '')}; expected a float tensor", TypeError)
+    if v.shape != k.shape:
+        checks.fail(f"k and v must have equal shapes [tokens, H, D]; got {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape[0] < 1:
+        checks.fail(f"k and v have no tokens (shape {tuple(k.shape)}); give at least one")
 
 
 def describe_kv(k: torch.Tensor, v: torch.Tensor, *, top_channels: int = 4) -> dict:
@@ -21,10 +36,8 @@ def describe_kv(k: torch.Tensor, v: torch.Tensor, *, top_channels: int = 4) -> d
     """
     from ..synthetic import kurtosis
 
-    if k.ndim != 3 or v.shape != k.shape:
-        raise ValueError(f"k and v must be [tokens, H, D] with equal shapes; got {tuple(k.shape)}, {tuple(v.shape)}")
-    if not 1 <= top_channels <= k.shape[-1]:
-        raise ValueError(f"top_channels={top_channels} must be in [1, head_dim={k.shape[-1]}]")
+    _check_kv(k, v)
+    checks.integer(top_channels, "top_channels", minimum=1, maximum=k.shape[-1])
     out = dict(tokens=k.shape[0], num_kv_heads=k.shape[1], head_dim=k.shape[2])
     for name, x in (("k", k), ("v", v)):
         x = x.detach().to(torch.float32)
@@ -46,8 +59,7 @@ def channel_amax(k: torch.Tensor, v: torch.Tensor):
     """amax over tokens of every (head, channel) of K and V: rows tensor ("K"/"V"), head, channel, amax."""
     import pandas as pd
 
-    if k.ndim != 3 or v.shape != k.shape:
-        raise ValueError(f"k and v must be [tokens, H, D] with equal shapes; got {tuple(k.shape)}, {tuple(v.shape)}")
+    _check_kv(k, v)
     frames = []
     for name, x in (("K", k), ("V", v)):
         a = x.detach().abs().to(torch.float32).amax(dim=0).cpu()  # [H, D]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import checks
 from ..formats import format as get_format
 from ..quant import quantize, relative_error
 from .selection import format_names
@@ -22,8 +23,10 @@ def roundtrip_sweep(magnitudes: torch.Tensor, formats, *, plot_points: int = 400
     """
     import pandas as pd
 
-    if magnitudes.ndim != 1 or not bool((magnitudes > 0).all()):
-        raise ValueError("magnitudes must be a 1-D tensor of positive values")
+    checks.tensor(magnitudes, "magnitudes", ndim=1, shape_hint="of positive values")
+    if not magnitudes.numel() or not bool((magnitudes > 0).all()):
+        checks.fail("magnitudes must be a non-empty 1-D tensor of positive values")
+    checks.positive_int(plot_points, "plot_points")
     mags = magnitudes.detach().to(torch.float32).cpu()
     step = max(1, mags.numel() // plot_points)
     curves, summary = [], {}
