@@ -60,3 +60,18 @@ def test_step_refuses_bad_arguments_with_exit_2(capsys):
         cli.main(["step", "--model", "Qwen3-0.6B", "--contexts", "0"])
     assert exc.value.code == 2
     assert "expected a positive int" in capsys.readouterr().err
+
+
+def test_notebooks_index_is_the_same_page_for_the_same_reports(tmp_path):
+    """No random plotly ids: rebuilding the index of unchanged reports changes no byte."""
+    import shutil
+    from pathlib import Path
+
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    root = tmp_path / "reports"
+    shutil.copytree(reports, root)
+    assert cli.main(["notebooks", "index", "--out", str(root)]) == 0
+    first = (root / "index.html").read_bytes()
+    assert b"index-figure-0" in first
+    assert cli.main(["notebooks", "index", "--out", str(root)]) == 0
+    assert (root / "index.html").read_bytes() == first

@@ -169,8 +169,9 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
             _capacity_text(r["kv_capacity"]), kl, pages)) + "</tr>")
     figures = _overlay_figures(folders)
     plotly_tag = f'<script src="{_plotlyjs_for_index(root)}" charset="utf-8"></script>' if figures else ""
-    figure_html = "\n".join(f.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False)
-                             for f in figures)
+    # fixed div ids: the same reports give the same page, byte for byte (plotly would draw random ones)
+    figure_html = "\n".join(f.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False,
+                                      div_id=f"index-figure-{i}") for i, f in enumerate(figures))
     header = ("GPU", "arch", "versions", "run", "capability", "copy bandwidth",
               "fp8kv FP8 (e4m3, dequant) over the best 16-bit decode", "KV tokens (planner models, this GPU)", "KL, e4m3 amax vs bf16", "pages")
     page = f"""<!DOCTYPE html>
