@@ -487,6 +487,31 @@ def test_main_in_process_with_the_reference(tmp_path, capsys):
     assert len(files) == 1 and len(pd.read_csv(files[0])) == 2
 
 
+def test_main_keeps_its_rows_when_out_cannot_be_written(tmp_path, monkeypatch, capsys):
+    """--out passed the checks, but the save fails (a full disk, /proc): the rows go to a temporary folder that
+    stderr names, and the exit status says so (1), instead of a traceback that loses the measurements."""
+    import tempfile
+
+    out = tmp_path / "out"
+    real_save = bench.cli.save
+
+    def failing_under_out(df, where, meta=None):
+        if str(where) == str(out):
+            raise OSError(28, "No space left on device")
+        return real_save(df, where, meta=meta)
+
+    monkeypatch.setattr(bench.cli, "save", failing_under_out)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    rc = bench.main(["--batches", "1", "--contexts", "16", "--heads", "2:1", "--head-dims", "16",
+                     "--kv-dtypes", "fp16", "--modes", "dequant", "--backends", "reference", "--out",
+                     str(out), "--quiet", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "could not write under --out" in err and "No space left" in err
+    saved = list(tmp_path.glob("fp8kv-bench-*/cpu/*.csv"))
+    assert len(saved) == 1 and str(saved[0].parent.parent) in err
+    assert pd.read_csv(saved[0])["status"].tolist() == ["ok"]
+
+
 def test_main_refuses_an_interpret_flag_that_would_come_too_late(monkeypatch, capsys):
     import triton  # noqa: F401  (imported, as in any process that imported fp8kv.bench)
 

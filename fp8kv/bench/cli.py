@@ -7,8 +7,10 @@ import argparse
 import os
 import re
 import sys
+import tempfile
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -156,9 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = checks.ArgumentParser(
         prog="fp8kv bench", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Time paged decode over a grid of cases; write results/bench/<gpu-slug>/<timestamp>.csv.",
-        epilog=f"presets:\n{presets}\n\nExit status: 0 all ran and passed their checks, 1 a check failed or "
-               "a case errored, 2 bad arguments or nothing to run, 130 interrupted (SIGINT/SIGTERM; the rows "
-               "measured so far are saved).")
+        epilog=f"presets:\n{presets}\n\nExit status: 0 all ran and passed their checks, 1 a check failed, "
+               "a case errored or --out could not be written (the rows then go to a temporary folder, named), "
+               "2 bad arguments or nothing to run, 130 interrupted (SIGINT/SIGTERM; the rows measured so far are "
+               "saved).")
     p.add_argument("--preset", choices=sorted(PRESETS), help="a named grid (see below); grid options override it")
     p.add_argument("--batches", type=int, nargs="+", metavar="B", help="sequences per decode call")
     p.add_argument("--contexts", type=int, nargs="+", metavar="N", help="tokens per sequence")
@@ -278,10 +281,23 @@ def restart_interpreted(module: str) -> None:
         os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
 
 
+def _save_somewhere(df, out: str, meta: dict) -> tuple[Path, bool]:
+    """:func:`save` under ``out``, or, where that fails (a folder that passed the checks but cannot be written,
+    a full disk), under a new temporary folder, said on stderr: measured rows are never lost to a save.
+    Returns the CSV's path and whether it is under ``out``."""
+    try:
+        return save(df, out, meta=meta), True
+    except OSError as exc:
+        fallback = tempfile.mkdtemp(prefix="fp8kv-bench-")
+        print(f"error: could not write under --out {out} ({exc}); saving to {fallback} instead", file=sys.stderr)
+        return save(df, fallback, meta=meta), False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``fp8kv bench`` entry point; returns the exit status.
 
-    0: every case that ran passed its check. 1: a check failed or a case errored. 2: bad arguments,
+    0: every case that ran passed its check. 1: a check failed, a case errored, or ``--out`` could not be
+    written (the rows are then saved under a temporary folder, named on stderr). 2: bad arguments,
     or nothing in the grid can run here (one line on stderr, as argparse reports errors). 130:
     interrupted by SIGINT or SIGTERM (the rows measured so far are saved, the rest marked skipped).
     """
@@ -320,11 +336,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         interrupted = df.attrs["bench"]["interrupted"]
         with signals_ignored():  # a signal now must not cut the save short
             print(summary(df))
+            saved_where_asked = True
             if not args.no_save:
-                path = save(df, args.out, meta={"argv": argv, "preset": args.preset})
+                path, saved_where_asked = _save_somewhere(df, args.out, meta={"argv": argv, "preset": args.preset})
                 print(f"wrote {path}")
     if interrupted:
         print("interrupted: the rows above are what was measured; the rest are marked skipped", file=sys.stderr)
         return 130
     bad = (df["status"] == "error") | df["check_passed"].map(check_failed)
-    return 1 if bad.any() else 0
+    return 1 if bad.any() or not saved_where_asked else 0
