@@ -45,10 +45,30 @@ from fp8kv.formats import KV_DTYPES, kv_dtype_info
 from fp8kv.quant import GRANULARITIES, kv_scale_bytes
 
 __all__ = ["ModelShape", "MODEL_SHAPES", "MODELS", "GPU", "GPUS", "CapacityError", "get_model", "get_gpu", "resolve_model",
-           "load_hf_config", "plan_capacity", "capacity_table", "model_table", "gpu_table"]
+           "load_hf_config", "plan_capacity", "capacity_table", "model_table", "gpu_table", "MAX_MEMORY_GIB",
+           "gib_text"]
 
 GIB = 2**30
 WEIGHT_BYTES = 2  # bf16/fp16 weights: vLLM's dtype="auto" serves fp32 checkpoints in 16-bit too
+# The largest memory the planner accepts, GiB (about a pebibyte): over 70 times a 72-GPU NVL72 rack's
+# HBM, so a larger number is a typo or a unit slip. It also keeps the byte arithmetic exact: 1e6 GiB
+# in bytes (1.07e15) is below 2**53, where float64 still counts every byte.
+MAX_MEMORY_GIB = 1e6
+
+
+def gib_text(nbytes: float) -> str:
+    """Bytes as GiB with four significant digits ("71.5 GiB", "9.313e-10 GiB"): never a bare 0.00 for a
+    small but non-zero amount."""
+    return f"{nbytes / GIB:.4g} GiB"
+
+
+def _memory_gib(value, name: str, *, allow_zero: bool = False) -> float:
+    """``value`` GiB checked: a finite number > 0 (>= 0 with ``allow_zero``) and at most :data:`MAX_MEMORY_GIB`."""
+    value = checks.real(value, name, minimum=0.0, inclusive=allow_zero)
+    if value > MAX_MEMORY_GIB:
+        checks.fail(f"{name}={value:g} GiB is over the planner's bound of {MAX_MEMORY_GIB:g} GiB (about a "
+                    "pebibyte, more than any GPU or node holds); give the memory in GiB, e.g. 80")
+    return value
 
 
 class CapacityError(ValueError):
@@ -399,7 +419,8 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         neither a name nor a torch dtype.
     ValueError
         Unknown model / kv_dtype / granularity / GPU; utilization outside (0, 1] or NaN; memory
-        that is not a positive finite number (weights_gib may be 0); block_size not a positive
+        that is not a positive finite number (weights_gib may be 0) or is over ``MAX_MEMORY_GIB``
+        (1e6 GiB, about a pebibyte: a typo, not a GPU); block_size not a positive
         power of two; both or neither of kv_memory_gib and gpu_memory_gib; a model config that is
         not JSON or whose shape fields are missing, zero, non-integer or do not divide.
     CapacityError (a ValueError)
@@ -434,16 +455,16 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         if weights_gib is not None:
             raise ValueError(f"weights_gib={weights_gib!r} only applies with gpu_memory_gib; "
                              "kv_memory_gib is already the KV budget")
-        kv_memory_gib = checks.positive_float(kv_memory_gib, "kv_memory_gib")
+        kv_memory_gib = _memory_gib(kv_memory_gib, "kv_memory_gib")
         budget = math.floor(kv_memory_gib * GIB)
     else:
         if isinstance(gpu_memory_gib, (str, GPU)):
             gpu = get_gpu(gpu_memory_gib)
             gpu_name, gpu_memory_gib = gpu.name, gpu.total_gib
-        gpu_memory_gib = checks.positive_float(gpu_memory_gib, "gpu_memory_gib")
+        gpu_memory_gib = _memory_gib(gpu_memory_gib, "gpu_memory_gib")
         gpu_bytes = gpu_memory_gib * GIB
         if weights_gib is not None:
-            weights_gib = checks.real(weights_gib, "weights_gib", minimum=0.0)
+            weights_gib = _memory_gib(weights_gib, "weights_gib", allow_zero=True)
             weights_bytes = math.ceil(weights_gib * GIB)
         elif shape.num_params is not None:
             weights_bytes = shape.num_params * WEIGHT_BYTES
@@ -453,9 +474,9 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         if budget <= 0:
             raise CapacityError(
                 f"no memory left for the KV cache{' on ' + gpu_name if gpu_name else ''}: "
-                f"gpu_memory_gib={gpu_memory_gib:.2f} x "
-                f"utilization={utilization} = {gpu_bytes * utilization / GIB:.2f} GiB, but the weights of "
-                f"{shape.name} take {weights_bytes / GIB:.2f} GiB; the weights do not fit")
+                f"gpu_memory_gib={gpu_memory_gib:.4g} x "
+                f"utilization={utilization} = {gib_text(gpu_bytes * utilization)}, but the weights of "
+                f"{shape.name} take {gib_text(weights_bytes)}; the weights do not fit")
 
     kv_bytes = budget - fixed
     block_bytes = block_size * bpt

@@ -1,6 +1,7 @@
 """Tests for fp8kv.capacity: the planner against hand-computed numbers, config loading, errors."""
 
 import json
+import re
 
 import pytest
 
@@ -341,3 +342,32 @@ def test_model_shape_validation():
         ModelShape("bad", 2, 6, 4, 64)
     with pytest.raises(ValueError, match="lacks \\['num_attention_heads'\\]"):
         plan_capacity({"num_hidden_layers": 2}, "bf16", kv_memory_gib=1)
+
+
+@pytest.mark.parametrize("key", ["kv_memory_gib", "gpu_memory_gib", "weights_gib"])
+@pytest.mark.parametrize("value", [1e300, 1e6 * 1.0001])
+def test_absurd_memory_is_refused_not_overflowed(key, value):
+    """A memory over 1e6 GiB (about a pebibyte) is a typo, refused by name; 1e300 GiB used to
+    overflow (OverflowError) in the byte arithmetic."""
+    args = {"kv_memory_gib": {"kv_memory_gib": value}, "gpu_memory_gib": {"gpu_memory_gib": value},
+            "weights_gib": {"gpu_memory_gib": 80, "weights_gib": value}}[key]
+    with pytest.raises(ValueError, match=re.escape(f"{key}={value:g} GiB is over the planner's bound of 1e+06 GiB")):
+        plan_capacity("Llama-3.1-8B", "fp8", **args)
+
+
+def test_memory_at_the_bound_plans_exactly():
+    from fp8kv.capacity import MAX_MEMORY_GIB
+
+    p = plan_capacity("Llama-3.1-8B", "bf16", kv_memory_gib=MAX_MEMORY_GIB)
+    assert p["blocks"] == int(MAX_MEMORY_GIB) * GIB // (16 * LLAMA8B_BF16_BPT)  # byte-exact at the bound
+    p = plan_capacity("Llama-3.1-8B", "bf16", gpu_memory_gib=MAX_MEMORY_GIB, weights_gib=MAX_MEMORY_GIB / 2)
+    assert p["kv_budget_bytes"] == int(MAX_MEMORY_GIB) * GIB * 9 // 10 - int(MAX_MEMORY_GIB) * GIB // 2
+
+
+def test_tiny_memory_message_keeps_its_digits():
+    """The refusal of a tiny GPU says how tiny (significant digits), not "0.00 x 0.9 = 0.00 GiB"."""
+    with pytest.raises(CapacityError) as exc:
+        plan_capacity("SmolLM2-135M", "fp8", gpu_memory_gib=1e-9)
+    msg = str(exc.value)
+    assert "gpu_memory_gib=1e-09 x utilization=0.9 = 9e-10 GiB" in msg and "0.2506 GiB" in msg
+    assert "0.00" not in msg

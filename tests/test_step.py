@@ -14,7 +14,7 @@ import torch
 from fp8kv import reference
 from fp8kv import step as S
 from fp8kv.bench import Case, tolerance
-from fp8kv.capacity import GIB, MODELS, ModelShape, plan_capacity
+from fp8kv.capacity import GIB, MODELS, CapacityError, ModelShape, plan_capacity
 from fp8kv.quant import relative_error
 
 # Two layers, GQA group 2, q/k norm, tied embeddings: every branch of the step at interpreter speed.
@@ -145,12 +145,48 @@ def test_ceiling_is_the_planners(model, context):
         plan = plan_capacity(model, kv, kv_memory_gib=(base["kv_budget_bytes"] - c["activation_bytes"]) / GIB,
                              max_model_len=context)
         per_seq = math.ceil(context / 16)
-        assert c["ceiling"] == plan["blocks"] // per_seq
-        assert c["ceiling"] * per_seq <= plan["blocks"] < (c["ceiling"] + 1) * per_seq  # one more would not fit
+        assert c["ceiling"] * per_seq <= plan["blocks"]  # the pool left beside the activations holds the ceiling
+        _assert_largest_batch_that_fits(MODELS[model], c, base, context)
         # Activations are a small part of the memory: the ceiling is the planner's concurrency, nearly.
         assert 0.99 * base["max_concurrency"] - 1 <= c["ceiling"] <= base["max_concurrency"]
     ratio = got["fp8_e4m3"]["ceiling"] / got["bf16"]["ceiling"]
     assert 1.97 <= ratio <= 2.03, ratio  # FP8 holds twice the sequences
+
+
+def _assert_largest_batch_that_fits(shape, c, base, context, dtype=torch.bfloat16):
+    """The ceiling's KV (whole blocks, plus the fixed scales) and its activations fit in the planner's
+    budget; one sequence more, with the activations of that batch, does not."""
+    seq = math.ceil(context / 16) * base["block_bytes"]
+
+    def need(b):
+        return base["fixed_scale_bytes"] + b * seq + S.activation_bytes(shape, b, dtype)
+
+    assert c["activation_bytes"] == S.activation_bytes(shape, c["ceiling"], dtype)  # counted at the ceiling
+    assert need(c["ceiling"]) <= base["kv_budget_bytes"] < need(c["ceiling"] + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("context", [16, 128, 4096])
+def test_ceiling_counts_activations_at_the_batch_planned(context, dtype):
+    """Gemma-3-270M's 262k-entry vocabulary makes the logits most of a short sequence's memory: its
+    activations at the batch the whole budget would hold (about a million sequences, 266 GiB) used to
+    refuse a model that fits 80 GiB at any batch up to tens of thousands."""
+    shape = MODELS["Gemma-3-270M"]
+    for kv in ("bf16", "fp8_e4m3"):
+        c = S.step_ceiling(shape, kv, context, gpu_memory_gib=80, dtype=dtype)
+        base = plan_capacity(shape, kv, gpu_memory_gib=80, max_model_len=context)
+        _assert_largest_batch_that_fits(shape, c, base, context, dtype)
+        # KV and activations take the budget, but for less than one sequence and its activations
+        slack = base["kv_budget_bytes"] - c["kv_memory_bytes"] - c["fixed_scale_bytes"] - c["activation_bytes"]
+        assert 0 <= slack < math.ceil(context / 16) * base["block_bytes"] + S.activation_bytes(shape, 1, dtype)
+    plans = S.plan_sweep(["Gemma-3-270M"], [context], batches=[1], gpu_memory_gib=80, device="cpu", dtype=dtype)
+    assert [p["batches"] for p in plans] == [[1], [1]]
+
+
+def test_ceiling_refuses_when_not_one_sequence_fits():
+    shape = MODELS["Gemma-3-270M"]  # 0.5 GiB of weights; 0.6 GiB x 0.9 leaves 0.04 GiB
+    with pytest.raises(CapacityError, match=r"one sequence's KV \(.* GiB\) and the activations of batch 1"):
+        S.step_ceiling(shape, "bf16", 32768, gpu_memory_gib=0.6)
 
 
 def test_batch_points_reach_every_ceiling():
@@ -254,7 +290,53 @@ def test_cli_dry_run_lists_ceilings(capsys):
     assert f"ceiling={bf16}" in out and "fp8_e4m3" in out
 
 
+@pytest.mark.parametrize("extra", [[], ["--batches", "1"]])
+def test_cli_dry_run_plans_a_large_vocabulary_model(capsys, extra):
+    """`--model Gemma-3-270M --contexts 16 --gpu-memory 80` used to stop on "activations (266.517 GiB)
+    leave no KV memory"."""
+    assert S.main(["--model", "Gemma-3-270M", "--contexts", "16", "--gpu-memory", "80", "--dry-run", *extra]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Gemma-3-270M") == 2 and ("batches=[1]" in out) == bool(extra)
+
+
+@pytest.mark.parametrize("memory", ["1e300", "2e6"])
+def test_cli_refuses_an_absurd_gpu_memory(capsys, memory):
+    code, err = _cli(capsys, "--model", "Qwen3-0.6B", "--contexts", "16", "--gpu-memory", memory, "--dry-run")
+    assert code == 2 and "Traceback" not in err
+    assert f"argument --gpu-memory: '{memory}' GiB is over the planner's bound of 1e+06 GiB" in err
+
+
+def test_cli_refuses_a_cpu_run_over_the_host_memory(capsys, monkeypatch):
+    """Off a GPU, a sweep whose pool would not fit the host is refused with a line, not OOM-killed."""
+    from fp8kv.step import measure
+
+    monkeypatch.setattr(measure, "_host_available_bytes", lambda: 2**30)
+    code, err = _cli(capsys, "--model", "SmolLM2-135M", "--contexts", "16", "--gpu-memory", "80", "--device", "cpu",
+                     "--kv-dtypes", "fp8_e4m3", "--no-save", "--quiet")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "SmolLM2-135M on cpu" in err and "fp8_e4m3 KV pool of the largest batch measured" in err
+    assert "more than the 1 GiB of host memory available" in err
+    with pytest.raises(ValueError, match="host memory available"):
+        S.sweep(["SmolLM2-135M"], [16], ["fp8_e4m3"], gpu_memory_gib=80, device="cpu", weights="random",
+                backend="reference", progress=False, copy_bandwidth=False)
+
+
 # ---------------------------------------------------------------------------------- sweep on CPU
+def test_cpu_pool_holds_what_the_batches_need_not_the_budget():
+    """Off a GPU the planned memory is not allocated: the pool is what the largest batch measured needs
+    (host memory used to grow with --gpu-memory: ~3.7 GB at 8 GiB, killed at 80)."""
+    mem = 0.5  # GiB of "GPU memory": a ~0.45 GiB pool if the budget were allocated
+    df = S.sweep([TOY], [32, 64], ["fp16"], batches=[1, 3], gpu_memory_gib=mem, weights="random",
+                 backend="reference", device="cpu", progress=False, cpu_reps=1, copy_bandwidth=False)
+    assert (df["status"] == "ok").all(), df["reason"].tolist()
+    block_bytes = 16 * TOY.num_layers * 2 * TOY.num_kv_heads * TOY.head_dim * 2
+    assert (df["kv_pool_bytes"] == 3 * math.ceil(64 / 16) * block_bytes).all()  # batch 3 at context 64
+    plans = S.plan_sweep([TOY], [32, 64], ["fp16"], batches=[1, 3], gpu_memory_gib=mem, device="cpu")
+    assert S.pool_blocks(plans, "cpu") == 12
+    assert S.pool_blocks(plans, "cuda") == max(p["plan"]["blocks"] for p in plans)  # on a GPU: the engine's pool
+
+
+
 def test_sweep_rows_on_cpu(tmp_path):
     df = S.sweep([TOY], [32], ["fp16", "fp8_e4m3"], gpu_memory_gib=0.0012, weights="random", backend="reference",
                  progress=False, cpu_reps=1, copy_bandwidth=100.0)

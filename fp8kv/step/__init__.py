@@ -33,10 +33,12 @@ Memory: one pool, per-layer pages
 ---------------------------------
 As in vLLM, the KV memory is allocated once (:class:`KVPool`: K and V pages per layer, all layers
 the same number of blocks) and every layer's cache shares one block table and one ``seq_lens``.
-The pool's size is the planner's (:func:`fp8kv.capacity.plan_capacity`): GPU memory × utilization
-− weights − activations (:func:`activation_bytes`, an upper bound of one step's transient tensors).
-:func:`step_ceiling` gives the largest batch whose KV fits at a context; the sweep allocates that pool
-for real, so a ceiling that did not fit would fail there.
+The budget is the planner's (:func:`fp8kv.capacity.plan_capacity`): GPU memory × utilization
+− weights. :func:`step_ceiling` gives the largest batch B whose KV at a context and activations
+(:func:`activation_bytes` at B, an upper bound of one step's transient tensors) fit in it together;
+the pool is the memory left beside the activations at that ceiling. On a GPU the sweep allocates that
+pool for real, so a ceiling that did not fit would fail there; off a GPU the memory is only planned
+against, and the pool holds what the largest batch measured needs (:func:`pool_blocks`).
 
 How a step is timed
 -------------------
@@ -72,7 +74,7 @@ from .layers import (
     rope_inv_freq,
     weights_from_hf,
 )
-from .measure import COLUMNS, save, sweep, sweep_runs
+from .measure import COLUMNS, check_host_memory, pool_blocks, save, sweep, sweep_runs
 from .model import STEP_BACKENDS, DecodeStep, KVPool, greedy_decode
 from .plan import (
     TOY_QWEN,
@@ -100,4 +102,4 @@ __all__ = ["LayerWeights", "StepWeights", "random_weights", "weights_from_hf", "
            "step_ceiling", "step_bytes", "batch_points", "greedy_decode", "plan_sweep", "plan_table", "run_dtype", "sweep", "sweep_runs",
            "save", "summary", "reading_markdown", "smoke_settings", "TOY_QWEN",
            "build_parser", "main", "reading", "tokens_per_s_figure", "attention_share_figure", "COLUMNS",
-           "SERIES_COLORS", "REAL_WEIGHTS", "STEP_BACKENDS"]
+           "SERIES_COLORS", "REAL_WEIGHTS", "STEP_BACKENDS", "pool_blocks", "check_host_memory"]

@@ -10,8 +10,9 @@ import time
 from collections.abc import Sequence
 
 from ..capability import interpreter_on
-from ..capacity import GIB
-from .measure import save, sweep
+from ..capacity import MAX_MEMORY_GIB, gib_text
+from ..device import resolve_device
+from .measure import check_host_memory, save, sweep
 from .model import STEP_BACKENDS
 from .plan import plan_sweep
 from .report import summary
@@ -25,6 +26,9 @@ def _gpu_memory_arg(s: str):
         return s  # a GPU name; plan_capacity checks it
     if not math.isfinite(v) or v <= 0:
         raise argparse.ArgumentTypeError(f"{s!r}: expected a positive number of GiB or a GPU name such as H200")
+    if v > MAX_MEMORY_GIB:
+        raise argparse.ArgumentTypeError(f"{s!r} GiB is over the planner's bound of {MAX_MEMORY_GIB:g} GiB (about a "
+                                         "pebibyte, more than any GPU holds); give GiB, e.g. 80, or a GPU name")
     return v
 
 
@@ -97,13 +101,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         plans = plan_sweep(args.model, args.contexts, args.kv_dtypes, batches=args.batches,
                            gpu_memory_gib=args.gpu_memory, utilization=args.utilization,
                            block_size=args.block_size, device=args.device)
-    except ValueError as e:  # unknown model, batch over the ceiling, nothing fits, no memory given
+        if not args.dry_run:
+            check_host_memory(plans, resolve_device(args.device))
+    except ValueError as e:  # unknown model, batch over the ceiling, nothing fits, no memory given, no host room
         refuse(str(e).replace("\n", " "))
     if args.dry_run:
         for p in plans:
             plan = p["plan"]
             print(f"{p['shape'].name:<16} {p['kv_dtype']:<9} ctx={p['context']:<6} ceiling={plan['ceiling']:<5} "
-                  f"KV {plan['kv_memory_bytes'] / GIB:.2f} GiB  batches={p['batches']}")
+                  f"KV {gib_text(plan['kv_memory_bytes'])}  batches={p['batches']}")
         print(f"{sum(len(p['batches']) for p in plans)} points")
         return 0
     t0 = time.perf_counter()

@@ -4,17 +4,18 @@ graph, time it; tidy rows (:data:`COLUMNS`) saved under results/step/<gpu>/."""
 from __future__ import annotations
 
 import gc
+import math
 import sys
 
 import torch
 
 from ..capability import UnsupportedError
-from ..capacity import ModelShape
+from ..capacity import ModelShape, gib_text
 from ..checks import fail as _fail
 from ..results import utc_stamp
 from .layers import REAL_WEIGHTS, StepWeights, random_weights, weights_from_hf
 from .model import DecodeStep, KVPool
-from .plan import _runs, plan_sweep, run_dtype, step_bytes
+from .plan import _runs, param_count, plan_sweep, run_dtype, step_bytes
 
 COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "fp8kv_source",
@@ -67,8 +68,10 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     rep : CUDA: milliseconds of graph replays per timing (``triton.testing.do_bench_cudagraph``).
     copy_bandwidth : None (measure now), False (skip), GB/s, or a ``measure_copy_bandwidth`` dict.
 
-    Per (model, KV dtype) one :class:`KVPool` as large as the planner allows is allocated, and every
-    batch draws its sequences from it.
+    Per (model, KV dtype) one :class:`KVPool` is allocated (:func:`pool_blocks`: on a GPU as large as the
+    planner allows, elsewhere as large as the largest batch measured needs), and every batch draws its
+    sequences from it. Off a GPU, a run whose pool and weights exceed the host's available memory is
+    refused before anything is allocated (ValueError), rather than killed by the kernel.
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -80,6 +83,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     dtype = run_dtype(dev, dtype)
     plans = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
                        utilization=utilization, block_size=block_size, device=dev, dtype=dtype)
+    check_host_memory(plans, dev, dtype)
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev)
     info = describe_device(dev)
     stamp = utc_stamp()
@@ -93,7 +97,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
         mine = [p for p in plans if p["shape"] is shape]
         for kv in dict.fromkeys(p["kv_dtype"] for p in mine):
             group = [p for p in mine if p["kv_dtype"] == kv]
-            pool = KVPool(shape, max(p["plan"]["blocks"] for p in group), kv, block_size=block_size, device=dev)
+            pool = KVPool(shape, pool_blocks(group, dev), kv, block_size=block_size, device=dev)
             for p in group:
                 for b in p["batches"]:
                     bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} B={b}")
@@ -110,6 +114,57 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
                         "settings": {"rep": rep, "backend": backend, "mode": mode, "utilization": utilization,
                                      "block_size": block_size, "weights": weights, "dtype": str(dtype)}}
     return df
+
+
+def pool_blocks(plans, dev) -> int:
+    """Blocks of the :class:`KVPool` that serves ``plans`` (:func:`plan_sweep` dicts of one model and KV dtype).
+
+    On a GPU: the planner's blocks (the KV memory an engine would hold; allocating it checks that the
+    plan fits). Elsewhere the "GPU memory" is only planned against, and a pool of that size would be
+    host memory spent for nothing: the blocks the largest batch measured needs at its context.
+    """
+    if torch.device(dev).type == "cuda":
+        return max(p["plan"]["blocks"] for p in plans)
+    return max(max(p["batches"]) * math.ceil(p["context"] / p["plan"]["block_size"]) for p in plans)
+
+
+def _host_available_bytes() -> int | None:
+    """Host memory available to a new allocation (Linux: MemAvailable), or None where unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # no psutil or no reading: skip the check
+        return None
+
+
+def check_host_memory(plans, dev, dtype=None) -> None:
+    """Off a GPU, refuse (ValueError) a sweep whose largest model's weights plus its KV pools
+    (:func:`pool_blocks`) exceed the host's available memory: the kernel would kill the process
+    without a word. A no-op on a GPU, or where the available memory is unknown."""
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        return
+    avail = _host_available_bytes()
+    if avail is None:
+        return
+    dtype = run_dtype(dev, dtype)
+    elem = torch.tensor([], dtype=dtype).element_size()
+    for shape in dict.fromkeys(p["shape"] for p in plans):
+        mine = [p for p in plans if p["shape"] is shape]
+        pools = {}  # one pool at a time: the largest counts
+        for kv in dict.fromkeys(p["kv_dtype"] for p in mine):
+            group = [p for p in mine if p["kv_dtype"] == kv]
+            pools[kv] = pool_blocks(group, dev) * group[0]["plan"]["block_bytes"]
+        kv = max(pools, key=pools.get)
+        weights = param_count(shape) * elem
+        if weights + pools[kv] > avail:
+            worst = max((p for p in mine if p["kv_dtype"] == kv),
+                        key=lambda p: max(p["batches"]) * math.ceil(p["context"] / p["plan"]["block_size"]))
+            _fail(f"{shape.name} on {dev.type}: the weights ({gib_text(weights)}) and the {kv} KV pool of the largest "
+                  f"batch measured ({gib_text(pools[kv])}: batch {max(worst['batches'])} at context "
+                  f"{worst['context']}) need {gib_text(weights + pools[kv])}, more than the {gib_text(avail)} of "
+                  "host memory available; pass smaller batches (--batches) or contexts")
 
 
 def sweep_runs(runs, kv_dtypes=("bf16", "fp8_e4m3"), **kwargs):

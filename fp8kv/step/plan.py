@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..capacity import GIB, CapacityError, ModelShape, get_model, plan_capacity
+from ..capacity import GIB, CapacityError, ModelShape, get_model, gib_text, plan_capacity
 from ..checks import fail as _fail
 from ..formats import kv_dtype_info
 from .layers import StepWeights, _require_step_shape
@@ -44,13 +44,19 @@ def activation_bytes(shape: ModelShape, batch: int, dtype: torch.dtype = torch.b
 
 def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_gib, utilization: float = 0.9,
                  block_size: int = 16, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132) -> dict:
-    """The largest batch of ``context``-token sequences whose KV fits, with the planner's accounting.
+    """The largest batch of ``context``-token sequences whose KV and activations fit, with the planner's accounting.
 
-    KV budget = ``gpu_memory_gib × utilization − weights`` (:func:`fp8kv.capacity.plan_capacity`) minus
-    :func:`activation_bytes` at the batch that budget would allow (an upper bound, since the ceiling is
-    lower). Returns the plan of that KV memory (``plan_capacity(kv_memory_gib=...)``) plus ``ceiling``
-    (= blocks // blocks per sequence), ``activation_bytes``, ``weights_bytes``, ``gpu_memory_gib``,
-    ``utilization`` and ``context``. Raises :class:`~fp8kv.capacity.CapacityError` when nothing fits.
+    Budget = ``gpu_memory_gib × utilization − weights`` (:func:`fp8kv.capacity.plan_capacity`). The
+    ceiling is the largest batch B whose KV (B × ⌈context / block_size⌉ whole blocks, plus the fixed
+    scales) and :func:`activation_bytes` at B, together, fit in it; both grow with B, so it is found by
+    bisection. The activations are counted at the batch planned, not at the batch the whole budget
+    would hold: a large vocabulary (Gemma 3's 262k logits per sequence) would otherwise reserve more
+    than the GPU for a batch that never runs. Returns the plan of the KV memory left beside the
+    activations at the ceiling (``plan_capacity(kv_memory_gib=budget − activation_bytes)``, the pool a
+    sweep allocates; it may hold a few blocks more than the ceiling needs) plus ``ceiling``,
+    ``activation_bytes`` (at the ceiling), ``weights_bytes``, ``gpu``, ``gpu_memory_gib``,
+    ``utilization`` and ``context``. Raises :class:`~fp8kv.capacity.CapacityError` when not even one
+    sequence fits.
     """
     from ..checks import positive_int
 
@@ -59,18 +65,32 @@ def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_g
     weights_gib = None if shape.num_params is not None else param_count(shape) * _elem(dtype) / GIB
     base = plan_capacity(shape, kv_dtype, gpu_memory_gib=gpu_memory_gib, utilization=utilization,
                          block_size=block_size, max_model_len=context, weights_gib=weights_gib)
+    budget, fixed = base["kv_budget_bytes"], base["fixed_scale_bytes"]
     bpseq = math.ceil(context / block_size)
-    act = activation_bytes(shape, max(1, base["blocks"] // bpseq), dtype, num_sms)
-    if act >= base["kv_budget_bytes"]:
-        raise CapacityError(f"{shape.name}: activations ({act / GIB:.3f} GiB) leave no KV memory of the "
-                            f"{base['kv_budget_bytes'] / GIB:.3f} GiB after the weights")
-    plan = plan_capacity(shape, kv_dtype, kv_memory_gib=(base["kv_budget_bytes"] - act) / GIB,
+    seq_bytes = bpseq * base["block_bytes"]
+
+    def act(batch: int) -> int:
+        return activation_bytes(shape, batch, dtype, num_sms)
+
+    def fits(batch: int) -> bool:
+        return fixed + batch * seq_bytes + act(batch) <= budget
+
+    if not fits(1):
+        raise CapacityError(f"{shape.name} with {base['kv_dtype']} KV at context {context}: one sequence's KV "
+                            f"({gib_text(seq_bytes)}) and the activations of batch 1 ({gib_text(act(1))}) do "
+                            f"not fit in the {gib_text(budget)} left after the weights")
+    lo, hi = 1, max(1, (budget - fixed) // seq_bytes)  # fits(lo); KV alone bounds the batch above
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    ceiling, activations = lo, act(lo)
+    plan = plan_capacity(shape, kv_dtype, kv_memory_gib=(budget - activations) / GIB,
                          block_size=block_size, max_model_len=context)
-    ceiling = plan["blocks"] // bpseq
+    ceiling = min(ceiling, plan["blocks"] // bpseq)  # the GiB round trip may drop a byte
     if ceiling < 1:
         raise CapacityError(f"{shape.name} with {plan['kv_dtype']} KV: {plan['blocks']} blocks hold no sequence of "
                             f"{context} tokens ({bpseq} blocks)")
-    return dict(plan, ceiling=ceiling, activation_bytes=act, weights_bytes=base["weights_bytes"],
+    return dict(plan, ceiling=ceiling, activation_bytes=activations, weights_bytes=base["weights_bytes"],
                 gpu=base["gpu"], gpu_memory_gib=base["gpu_memory_gib"], utilization=utilization, context=context)
 
 
@@ -120,8 +140,10 @@ def run_dtype(dev: torch.device, dtype=None) -> torch.dtype:
 def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, gpu_memory_gib=None,
                utilization: float = 0.9, block_size: int = 16, device=None, dtype=None) -> list[dict]:
     """What :func:`sweep` will measure, without building anything: one dict per (model, context, kv_dtype)
-    with ``shape``, ``ceiling`` (the :func:`step_ceiling` plan) and ``batches``. Explicit ``batches`` over a
-    ceiling are refused (ValueError naming the ceiling); by default :func:`batch_points`. ``dtype``
+    with ``shape``, ``plan`` (the :func:`step_ceiling` plan, ``ceiling`` among its keys) and ``batches``.
+    Explicit ``batches`` are checked against the ceiling, the largest batch whose KV and activations fit
+    (both grow with the batch, so a batch fits exactly when it is at most the ceiling); one over it is
+    refused (ValueError naming the ceiling). By default :func:`batch_points`. ``dtype``
     (of the activations; default :func:`run_dtype`, as :func:`sweep` runs) and ``device`` (its SM
     count) enter the activation estimate."""
     from ..capability import KV_DTYPE_NAMES
@@ -148,9 +170,9 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
                     over = [b for b in batches if b > c]
                     if over:
                         _fail(f"batches {over} exceed the ceiling of {c} sequences for {shape.name} with {kv} KV at "
-                              f"context {ctx} ({ceil[kv]['kv_memory_bytes'] / GIB:.2f} GiB of KV memory after "
-                              f"weights and activations, of {float(ceil[kv]['gpu_memory_gib']):.1f} GiB × "
-                              f"{utilization})")
+                              f"context {ctx}: their KV and activations do not fit in the "
+                              f"{gib_text(ceil[kv]['kv_budget_bytes'] + ceil[kv]['activation_bytes'])} left of "
+                              f"{float(ceil[kv]['gpu_memory_gib']):.4g} GiB × {utilization} after the weights")
                     pts = sorted(set(batches))
                 else:
                     pts = batch_points([x["ceiling"] for x in ceil.values()], c)
