@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models", "results", "viz"),  # real models; results IO; figures
     ("bench", "matrix", "step", "analysis", "ui"),  # measurements behind the notebooks
     ("notebooks",),  # the notebook runner
-    ("cli", "__init__"),  # the front ends: the fp8kv command, the package's public names
+    ("cli", "__init__", "__main__"),  # the front ends: the fp8kv command (also python -m fp8kv), the package's public names
 )
 
 # Deferred imports that point up a layer, and why each stays deferred rather than moved.

@@ -98,6 +98,9 @@ def test_sweep_skips_cases_over_the_memory_budget():
     assert by[(1, 64)].status == "ready"
     assert by[(8, 4096)].status == "skipped" and by[(8, 4096)].reason.startswith("does not fit")
     assert bench.footprint_bytes(large) > budget >= bench.footprint_bytes(small)
+    # small sizes keep their digits (not "needs ~0.0 GiB, budget 0.0 GiB")
+    need, have = bench.footprint_bytes(large) / 2**30, budget / 2**30
+    assert by[(8, 4096)].reason == f"does not fit: needs ~{need:.4g} GiB, budget {have:.4g} GiB" and have < 0.05
 
 
 @pytest.mark.parametrize("kwargs, arg", [(dict(batch=0), "batch"), (dict(kv_dtype="int8"), "kv_dtype"),

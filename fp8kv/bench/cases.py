@@ -17,6 +17,7 @@ from .. import checks
 from ..cache import LAYOUTS
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, check_query
 from ..capability import check as capability_check
+from ..capacity import gib_text
 from ..checks import fail as _fail
 from ..formats import KV_DTYPES, UNQUANTIZED_DTYPES, is_fp8
 from ..quant import GRANULARITIES, kv_scale_bytes
@@ -257,8 +258,7 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
                 case.status, case.reason = "unsupported", why
             elif footprint_bytes(case) > budget:
                 case.status = "skipped"
-                case.reason = (f"does not fit: needs ~{footprint_bytes(case) / 2**30:.1f} GiB, "
-                               f"budget {budget / 2**30:.1f} GiB")
+                case.reason = f"does not fit: needs ~{gib_text(footprint_bytes(case))}, budget {gib_text(budget)}"
             cases.append(case)
     return cases
 
