@@ -106,9 +106,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
     kf = k.to(torch.float32).transpose(0, 1)  # [Hkv, L, D]
     vf = v.to(torch.float32).transpose(0, 1)
     s = torch.einsum("hgd,hld->hgl", qf, kf) * sm_scale
-    if soft_cap is not None:
-        s = soft_cap * torch.tanh(s / soft_cap)
-    if window is not None:
+    if soft_cap is not None:  # in fp64: a cap beyond fp32's range (any finite float is valid) stays exact
+        s = (soft_cap * torch.tanh(s.double() / soft_cap)).float()
+    if window is not None and window < length:  # W >= L is the whole sequence (and W may exceed int64)
         outside = torch.arange(length, device=s.device) < length - window
         s = s.masked_fill(outside, float("-inf"))
     if sinks is not None:  # one more logit per head, with no value: it only enlarges the denominator
@@ -160,12 +160,20 @@ def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None, 
 
 def paged_attention(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None, *,
                     window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None):
-    """The computation of :func:`decode` on inputs already validated (by it, or ``fp8kv.decode``)."""
+    """The computation of :func:`decode` on inputs already validated (by it, or ``fp8kv.decode``).
+
+    The cache's tables are checked here on every call (``PagedKVCache.validate_tables``), also under
+    ``fp8kv.decode(..., check=False)``: the oracle refuses a corrupt table rather than answer for it.
+    """
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    # Always, even after fp8kv.decode(check=False): the oracle gathers through the tables on the
+    # host, so a corrupt entry would index out of range or answer for pages it does not own.
+    cache.validate_tables()
     lens = cache.seq_lens.tolist()
     if min(lens) < 1:
-        raise ValueError(f"seq_lens[{lens.index(min(lens))}]=0: decode needs at least one cached token "
+        i = lens.index(min(lens))
+        raise ValueError(f"seq_lens[{i}]={lens[i]}: decode needs at least one cached token "
                          "per sequence (empty sequences have no attention output)")
     outs, lses = [], []
     for i in range(q.shape[0]):

@@ -137,3 +137,67 @@ def test_input_errors_by_message(gen, make_cache):
         decode(torch.zeros(2, 3, 24), cache)
     with pytest.raises(ValueError, match=r"q is on meta but the cache is on cpu"):
         decode(torch.empty(2, 4, 24, device="meta"), cache)
+
+
+def _corrupt(cache, what):
+    bad = cache.clone()
+    if what == "block_table":
+        bad.block_table[1, 1] = 99  # a live entry (sequence 1 holds 17 tokens: two pages) past the 4-page pool
+    elif what == "seq_len_over":
+        bad.seq_lens[0] = 1000  # beyond its row's 2 x 16 tokens
+    else:
+        bad.seq_lens[0] = -5
+    return bad
+
+
+@pytest.mark.parametrize("what, message", [("block_table", r"block_table\[1, 1\]=99 is out of range \[0, 4\)"),
+                                           ("seq_len_over", r"seq_lens\[0\]=1000 exceeds the capacity"),
+                                           ("seq_len_negative", r"seq_lens\[0\]=-5 is negative")])
+def test_corrupt_tables_are_refused_by_name(what, message, gen, make_cache):
+    """Tables edited in place after the cache was built: the oracle names the entry and its value
+    (no IndexError, no answer), also through fp8kv.decode with check=False, which skips its own check."""
+    from fp8kv import decode as fp8kv_decode
+
+    cache = make_cache([5, 17], 2, 24, kv_dtype="fp8_e4m3", generator=gen, dtype=torch.bfloat16)
+    q = torch.randn(2, 4, 24, generator=gen)
+    bad = _corrupt(cache, what)
+    with pytest.raises(ValueError, match=message):
+        decode(q, bad)
+    with pytest.raises(ValueError, match=message):
+        fp8kv_decode(q, bad, backend="reference", check=False)
+
+
+def test_unused_block_table_entries_are_not_checked(gen, make_cache):
+    """Entries past a sequence's last page hold no tokens (padding such as -1 is fine): same answer."""
+    cache = make_cache([5, 17], 2, 24, kv_dtype="fp8_e4m3", generator=gen, dtype=torch.bfloat16)
+    q = torch.randn(2, 4, 24, generator=gen)
+    padded = cache.clone()
+    padded.block_table[0, 1] = -1  # sequence 0 (5 tokens) uses only its first page
+    for a, b in zip(decode(q, padded), decode(q, cache), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_window_longer_than_any_int64_is_the_whole_sequence(gen, make_cache):
+    """fp8kv.decode takes any int >= 1 as a window; one beyond int64 must not overflow the mask."""
+    from fp8kv import decode as fp8kv_decode
+
+    cache = make_cache([5, 17], 2, 24, kv_dtype="fp8_e4m3", generator=gen, dtype=torch.bfloat16)
+    q = torch.randn(2, 4, 24, generator=gen)
+    full = decode(q, cache)
+    for w in (17, 2**63, 2**70):
+        for got in (decode(q, cache, window=w), fp8kv_decode(q, cache, backend="reference", window=w)):
+            assert all(torch.equal(a, b) for a, b in zip(got, full, strict=True)), w
+
+
+def test_soft_cap_beyond_fp32_range(gen, make_cache):
+    """Any finite cap is valid: caps past fp32's max (3.4e38) are applied in fp64, not turned into
+    inf / NaN. With |s| < 100, |c tanh(s / c) - s| <= |s|^3 / (3 c^2): zero in fp32 for c >= 1e30,
+    so the answer is the uncapped one up to the fp32 summation order (REFERENCE_TOL)."""
+    cache = make_cache([5, 17], 2, 24, kv_dtype="fp8_e4m3", generator=gen, dtype=torch.bfloat16)
+    q = torch.randn(2, 4, 24, generator=gen)
+    full_out, full_lse = decode(q, cache)
+    for cap in (1e30, 1e38, 1e300):
+        out, lse = decode(q, cache, soft_cap=cap)
+        assert torch.isfinite(out).all() and torch.isfinite(lse).all(), cap
+        assert float((out - full_out).norm() / full_out.norm()) <= TOL, cap
+        assert float((lse - full_lse).abs().max()) <= TOL * max(1.0, float(full_lse.abs().max())), cap

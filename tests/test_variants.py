@@ -20,8 +20,10 @@ from fp8kv.reference import attention, lse_tolerance, output_tolerance
 from fp8kv.reference import decode as ref_decode
 
 triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 from test_ops import DEVICE, FP8_MODE_TOL, Q_DTYPES, dequant_tol, make_cache, make_q  # noqa: E402
 
+from fp8kv.kernels.paged_decode import _soft_cap  # noqa: E402
 from fp8kv.ops import launch_config, paged_decode  # noqa: E402
 
 FP8_NAN_CODE = 0x7F  # NaN in both e4m3fn (S.1111.111) and e5m2 (S.11111.11)
@@ -163,6 +165,55 @@ def test_soft_cap_with_scores_far_beyond_the_cap(mode):
     # |capped score| < 1, so lse lies within ln(L) +- 1
     lens = torch.tensor(LENS, dtype=torch.float32, device=lse.device)[:, None]
     assert ((lse - lens.log()).abs() <= 1.0 + 1e-3).all()
+
+
+@triton.jit
+def _soft_cap_probe(s_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, _soft_cap(tl.load(s_ptr + offs), 1.0))  # cap log2(e) = 1: tanh itself
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2")  # the unselected exp form of large |x|
+def test_kernel_tanh_is_accurate_near_zero_and_at_the_seam():
+    """The kernels' tanh against fp64's, on the x the kernel sees (s = 2x / ln 2 rounded to fp32).
+
+    Below |x| = 1/8 the polynomial (truncation < 1.4e-9 relative) and ~5 fp32 operations: 8u
+    relative. Above, 1 - 2 / (e^2x + 1): exp2, add, divide, subtract on values <= 2, each within
+    ~u of 2 absolute: 8u absolute, a relative 8u / tanh(1/8) = 64u at the seam. The exp form alone
+    fails the first bound near 0 (x = 1e-30 gives tanh = 0: all of it lost)."""
+    pos = [1e-30, 1e-12, 1e-6, 1e-3, 0.1, 0.124999, 0.125, 0.125001, 0.2, 0.5, 1.0, 5.0, 20.0, 100.0]
+    x = torch.tensor([0.0] + pos + [-v for v in pos], dtype=torch.float64)
+    n = triton.next_power_of_2(x.numel())
+    s = torch.zeros(n, dtype=torch.float32)
+    s[: x.numel()] = (x * (2 / math.log(2))).float()
+    got = torch.empty(n, dtype=torch.float32, device=DEVICE)
+    _soft_cap_probe[(1,)](s.to(DEVICE), got, N=n)
+    got = got.cpu()[: x.numel()].double()
+    x32 = s[: x.numel()].double() * (math.log(2) / 2)  # the x that fp32 s stands for
+    want = torch.tanh(x32)
+    u = 2.0**-24
+    poly = (s[: x.numel()] * (0.5 * math.log(2))).abs() < 0.125  # the kernel's choice, made on its fp32 x
+    bound = torch.where(poly, 8 * u * want.abs(), torch.full_like(want, 8 * u))
+    err = (got - want).abs()
+    assert (err <= bound).all(), [(float(a), float(e)) for a, e, b in zip(x32, err, bound, strict=True) if e > b]
+    assert (got[1:] != 0).all() and torch.equal(got[1:].sign(), x32[1:].sign())  # odd, never flushed to 0
+
+
+# Gemma-2's cap, then caps so large the capped scores equal the plain ones to fp32: the kernels' tanh
+# must stay accurate relative to tiny x = score / cap (the exp form lost up to cap x u absolutely).
+LARGE_CAPS = [50.0, 1e4, 1e6, 1e30]
+
+
+@pytest.mark.parametrize("cap", LARGE_CAPS, ids=[f"cap{c:g}" for c in LARGE_CAPS])
+@pytest.mark.parametrize("kernel", ["tensor_cores/dequant", "tensor_cores/fp8", "cuda_core/dequant"])
+def test_soft_cap_of_any_size_matches_oracle(kernel, cap):
+    """Normal decode tolerances (a cap adds no rounding of its own: see the module docstring)."""
+    cores, mode = kernel.split("/")
+    cache = _cache("head")
+    q = make_q(len(LENS), 8, 64, torch.float16)
+    for splits in (1, 3):
+        check_variant_against_oracle(q, cache, mode, dict(soft_cap=cap), num_splits=splits, block_n=32,
+                                     use_tensor_cores=cores == "tensor_cores")
 
 
 @pytest.mark.parametrize("mode", ["dequant", "fp8"])
