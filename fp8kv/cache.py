@@ -32,11 +32,12 @@ from .formats import UNQUANTIZED_DTYPES, kv_dtype_info, saturation_bounds
 from .quant import (
     GRANULARITIES,
     SCALE_BYTES,
+    _check_method,
+    _compute_scale,
+    _explicit_scale,
     broadcast_scale,
     cast_saturating,
-    compute_scale,
     kv_scale_bytes,
-    quantize,
 )
 from .quant import scale_shape as scale_shape_of
 
@@ -51,6 +52,29 @@ def shuffled_block_table(num_blocks: int, batch: int, blocks_per_seq: int, seed:
     shuffle of ``num_blocks`` pages: scattered, as a serving engine's allocator leaves them."""
     perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))[:batch * blocks_per_seq]
     return perm.to(torch.int32).reshape(batch, blocks_per_seq).to(device)
+
+
+def _check_data_device(dev: torch.device, what: str) -> None:
+    """The cache's data lives on a CPU or CUDA device: its checks read the tables' contents, which a
+    'meta' tensor does not have."""
+    if dev.type not in ("cpu", "cuda"):
+        _fail(f"{what} is on {dev}; a PagedKVCache holds its data on 'cpu' or a CUDA device")
+
+
+def _show_scale(value) -> str:
+    """A scale argument for a message: one line, even for a large tensor."""
+    if isinstance(value, torch.Tensor) and value.numel() > 1:
+        return f"<{str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}>"
+    return checks._show(value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value)
+
+
+def _is_unit_scale(value, name) -> bool:
+    """Whether a scale argument is None or 1 (a number or tensor of ones; other numbers are checked)."""
+    if value is None:
+        return True
+    if isinstance(value, (str, bool)):
+        return False
+    return bool((checks.positive_fp32(value, name, expected="None or 1.0") == 1).all())
 
 
 def _check_block_size(block_size) -> int:
@@ -148,6 +172,7 @@ class PagedKVCache:
             _fail(f"k_pages {tuple(k.shape)} and v_pages {tuple(v.shape)} must have the same shape")
         if v.device != k.device:
             _fail(f"v_pages is on {v.device} but k_pages is on {k.device}")
+        _check_data_device(k.device, "k_pages")
         _check_block_size(self.block_size)
         for name, n in (("num_blocks", self.num_blocks), ("num_kv_heads", self.num_kv_heads),
                         ("head_dim", self.head_dim)):
@@ -245,33 +270,61 @@ class PagedKVCache:
     def _init_scale(self, scale, name, device):
         shape = self.scale_shape()
         if not self.is_fp8:
-            if scale is not None and not torch.all(torch.as_tensor(scale) == 1):
-                _fail(f"{name} must be 1.0 (or None) for 16-bit kv_dtype={self.kv_dtype!r}")
+            if scale is not None:
+                s = checks.positive_fp32(scale, name, device=device, expected=f"None or 1.0 (kv_dtype="
+                                         f"{self.kv_dtype!r} is a 16-bit cache: it stores values unscaled)")
+                if not bool((s == 1).all()):
+                    _fail(f"{name} must be 1.0 (or None) for 16-bit kv_dtype={self.kv_dtype!r} (it stores values "
+                          f"unscaled); got {_show_scale(scale)}")
             return torch.ones((), dtype=torch.float32, device=device)
         if scale is None:
             scale = 1.0
-        if isinstance(scale, bool) or (isinstance(scale, torch.Tensor) and not scale.is_floating_point()) \
-                or not isinstance(scale, (int, float, torch.Tensor)):
-            _fail(f"{name}={scale!r} ({type(scale).__name__}); expected a positive float or a float tensor",
-                  TypeError)
-        s = torch.as_tensor(scale, dtype=torch.float32, device=device)
-        if s.device != device:
-            s = s.to(device)
+        s = checks.positive_fp32(scale, name, device=device,
+                                 expected=f"a positive float or a float tensor of shape {shape}")
         try:
-            s = torch.broadcast_to(s, shape).clone()  # owned: token_head writes update it in place
+            return torch.broadcast_to(s, shape).clone()  # owned: token_head writes update it in place
         except RuntimeError:
             _fail(f"{name} of shape {tuple(s.shape)} does not fit granularity {self.granularity!r}: "
                   f"expected shape {shape}")
-        if not torch.isfinite(s).all() or (s <= 0).any():
-            _fail(f"{name} must be positive and finite")
-        return s
+
+    def _unused_scale(self, value, name) -> None:
+        """Refuse a ``from_dense`` / ``empty`` scale this cache has no use for, rather than ignore it:
+        a 16-bit cache stores values unscaled; token_head computes its scales as it writes."""
+        if self.is_fp8:  # token_head
+            if value is None or (isinstance(value, str) and value == "amax"):
+                return  # what token_head does anyway
+            why = "granularity='token_head' computes one scale per token and head as it writes (amax / fmt.max)"
+            ok = "None (or 'amax')"
+        else:
+            if _is_unit_scale(value, name):
+                return  # the scale a 16-bit cache carries
+            why = f"kv_dtype={self.kv_dtype!r} is a 16-bit cache: it stores values unscaled"
+            ok = "None (or 1.0)"
+        _fail(f"{name}={_show_scale(value)}: {why}, so a given scale would be ignored; pass {name}={ok}")
+
+    def _static_scale(self, value, name, x: torch.Tensor, percentile) -> torch.Tensor:
+        """A tensor / head / channel scale from a ``from_dense`` argument: a method applied to the
+        valid tokens ``x`` (None is ``"amax"``), or a given number / tensor (checked)."""
+        if value is None:
+            value = "amax"
+        if isinstance(value, str):
+            pct = _check_method(value, percentile, name)
+            s = _compute_scale(x, self.fmt, self.granularity, value, pct)
+        else:
+            s = _explicit_scale(value, self.scale_shape(), self.granularity, self.device, name)
+        return self._init_scale(s, name, self.device)
 
     # ------------------------------------------------------------ construction
     @classmethod
     def empty(cls, batch_size, max_seq_len, num_kv_heads, head_dim, *, block_size=16,
               kv_dtype="fp8_e4m3", granularity="tensor", k_scale=1.0, v_scale=1.0, layout="NHD",
               num_blocks=None, device="cpu", seed=0):
-        """A cache with ``seq_lens = 0`` and every sequence's pages reserved (shuffled) up front."""
+        """A cache with ``seq_lens = 0`` and every sequence's pages reserved (shuffled) up front.
+
+        ``device``: ``"cpu"`` or a CUDA device. ``k_scale`` / ``v_scale``: the static scales of an FP8
+        tensor / head / channel cache (a positive float or a tensor of the granularity's shape); for a
+        16-bit cache and for token_head (scales computed as tokens are written) only None or 1.0.
+        """
         name, dtype, fmt = kv_dtype_info(kv_dtype)
         batch_size = checks.positive_int(batch_size, "batch_size")
         max_seq_len = checks.positive_int(max_seq_len, "max_seq_len")
@@ -281,6 +334,13 @@ class PagedKVCache:
         checks.one_of(layout, "layout", LAYOUTS)
         seed = checks.integer(seed, "seed")
         device = checks.device(device)
+        if device.type not in ("cpu", "cuda"):  # checks.device also lets 'meta' through: it holds no data
+            _fail(f"device={str(device)!r}; a PagedKVCache holds its data on 'cpu' or a CUDA device")
+        if fmt is not None and granularity == "token_head":  # a scale that every write overwrites
+            for sname, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+                if not _is_unit_scale(value, sname):
+                    _fail(f"{sname}={_show_scale(value)}: granularity='token_head' computes one scale per token "
+                          f"and head as it writes, so a given scale would be ignored; pass {sname}=None (or 1.0)")
         bpseq = max(1, math.ceil(max_seq_len / block_size))
         need = batch_size * bpseq
         num_blocks = need if num_blocks is None else checks.positive_int(num_blocks, "num_blocks")
@@ -292,10 +352,8 @@ class PagedKVCache:
         k_pages = torch.zeros(shape, dtype=dtype, device=device)
         v_pages = torch.zeros(shape, dtype=dtype, device=device)
         seq_lens = torch.zeros(batch_size, dtype=torch.int32, device=device)
-        if fmt is not None and granularity == "token_head":
-            k_scale = v_scale = torch.ones(num_blocks, block_size, num_kv_heads)
-        return cls(k_pages, v_pages, block_table, seq_lens, name, granularity,
-                   k_scale if fmt is not None else None, v_scale if fmt is not None else None, layout)
+        # The constructor checks the scales (a 16-bit cache takes None or 1.0, as token_head here).
+        return cls(k_pages, v_pages, block_table, seq_lens, name, granularity, k_scale, v_scale, layout)
 
     def clone(self) -> PagedKVCache:
         """An independent copy: pages, tables and scales copied (through the validating constructor).
@@ -337,14 +395,22 @@ class PagedKVCache:
 
         Parameters
         ----------
-        k, v : ``[B, max_len, Hkv, D]`` padded tensors, or sequences of ``[L_i, Hkv, D]`` tensors.
-        seq_lens : ints ``[B]``; only the first ``seq_lens[i]`` tokens of sequence i are stored.
+        k, v : ``[B, max_len, Hkv, D]`` padded tensors, or sequences of ``[L_i, Hkv, D]`` tensors, all
+            on one device (``"cpu"`` or CUDA), of finite values within float32's range (a float64
+            value beyond it is refused: the quantizer computes in fp32).
+        seq_lens : ints ``[B]`` (a list, or a 1-D int tensor: a batch of one is ``[n]``); only the
+            first ``seq_lens[i]`` tokens of sequence i are stored.
         scale : how both scales are found (see ``fp8kv.quant.quantize``): None/"amax", "percentile",
             a float, or a tensor. ``k_scale`` / ``v_scale`` override it for K or V alone
             (e.g. ``k_scale="vllm_k", v_scale="vllm_v"``). Static scales are computed over the
-            valid tokens only. For token_head they are always computed per token.
+            valid tokens only. Scales this cache would not use are refused, not ignored: token_head
+            computes its own per token (only None or "amax" is accepted), a 16-bit cache has none
+            (only None or 1.0).
         max_seq_len : reserve pages for this many tokens per sequence (room for appends).
         """
+        if isinstance(k, torch.Tensor) and k.ndim != 4 or isinstance(v, torch.Tensor) and v.ndim != 4:
+            _fail(f"k and v given as tensors must be 4-D [B, max_len, Hkv, D]; got shapes "
+                  f"{tuple(getattr(k, 'shape', ()))} and {tuple(getattr(v, 'shape', ()))}")
         ks = list(k) if not isinstance(k, torch.Tensor) else [k[i] for i in range(k.shape[0])]
         vs = list(v) if not isinstance(v, torch.Tensor) else [v[i] for i in range(v.shape[0])]
         for name, seqs in (("k", ks), ("v", vs)):
@@ -352,12 +418,19 @@ class PagedKVCache:
                 checks.tensor(t, f"{name}[{i}]", shape_hint="[len, Hkv, D]")
                 if not t.is_floating_point():
                     _fail(f"{name}[{i}] must be a float tensor, got {t.dtype}", TypeError)
+                first = (ks or vs)[0]  # checked above: a tensor
+                if t.device != first.device:
+                    _fail(f"{name}[{i}] is on {t.device} but {'k' if ks else 'v'}[0] is on {first.device}; "
+                          "k and v must be on one device")
         if not isinstance(seq_lens, (torch.Tensor, list, tuple)):
             _fail(f"seq_lens={seq_lens!r} ({type(seq_lens).__name__}); expected a list or int tensor of lengths, "
                   "one per sequence", TypeError)
         if isinstance(seq_lens, torch.Tensor):
             if seq_lens.is_floating_point() or seq_lens.dtype == torch.bool:
                 _fail(f"seq_lens has dtype {seq_lens.dtype}; expected integer lengths", TypeError)
+            if seq_lens.ndim != 1:  # a 0-d tensor is a length, not a batch of them
+                _fail(f"seq_lens has shape {tuple(seq_lens.shape)}; expected a 1-D tensor [B] (or a list) of "
+                      "lengths, one per sequence (a batch of one is [n])")
             seq_lens = seq_lens.tolist()
         lens = [checks.integer(x, f"seq_lens[{i}]") for i, x in enumerate(seq_lens)]
         if max_seq_len is not None:
@@ -366,6 +439,9 @@ class PagedKVCache:
             if isinstance(value, bool):
                 _fail(f"{name}={value!r} (bool); expected a scale method such as 'amax', a positive float "
                       "or a float tensor", TypeError)
+        if scale is not None and k_scale is not None and v_scale is not None:
+            _fail(f"scale={_show_scale(scale)} would be ignored: k_scale and v_scale override it for K and V; "
+                  "pass scale or k_scale/v_scale")
         if not (len(ks) == len(vs) == len(lens)):
             _fail(f"k ({len(ks)}), v ({len(vs)}) and seq_lens ({len(lens)}) must have the same batch size")
         if not lens:
@@ -378,28 +454,57 @@ class PagedKVCache:
                 _fail(f"seq_lens[{i}]={n} is outside [0, {ki.shape[0]}] (the tokens given)")
         hkv, d = ks[0].shape[1:]
         device = ks[0].device
+        _check_data_device(device, "k")
         cap = max(max(lens), max_seq_len or 0, 1)
         cache = cls.empty(len(lens), cap, hkv, d, block_size=block_size, kv_dtype=kv_dtype,
                           granularity=granularity, layout=layout, num_blocks=num_blocks, device=device,
                           seed=seed)
         k_all = torch.cat([ki[:n] for ki, n in zip(ks, lens, strict=True)])
         v_all = torch.cat([vi[:n] for vi, n in zip(vs, lens, strict=True)])
-        if cache.is_fp8 and cache.granularity != "token_head":  # static scales from the data: refuse NaN/Inf
-            checks.finite_tensor(k_all, "k")
-            checks.finite_tensor(v_all, "v")
-            ksc = scale if k_scale is None else k_scale
-            vsc = scale if v_scale is None else v_scale
-            cache.k_scale = cache._init_scale(quantize(k_all, cache.fmt, cache.granularity, ksc,
-                                                       percentile=percentile).scale, "k_scale", device)
-            cache.v_scale = cache._init_scale(quantize(v_all, cache.fmt, cache.granularity, vsc,
-                                                       percentile=percentile).scale, "v_scale", device)
+        for name, x in (("k", k_all), ("v", v_all)):  # the valid tokens only: padding is never read
+            checks.finite_tensor(x, name)
+            checks.fp32_range_tensor(x, name)
+        specs = ((scale, "scale") if k_scale is None else (k_scale, "k_scale"),
+                 (scale, "scale") if v_scale is None else (v_scale, "v_scale"))
+        if cache.is_fp8 and cache.granularity != "token_head":  # static: from the valid tokens, or as given
+            cache.k_scale = cache._static_scale(*specs[0], k_all, percentile)
+            cache.v_scale = cache._static_scale(*specs[1], v_all, percentile)
+        else:
+            for value, name in specs:
+                cache._unused_scale(value, name)
         cache.append_tokens(k_all, v_all, torch.tensor(lens, dtype=torch.int32))
         return cache
 
     # ------------------------------------------------------------------ writes
-    def slots(self, seq: int, positions: torch.Tensor) -> torch.Tensor:
-        """Slot ids (``block * block_size + offset``) of ``positions`` in sequence ``seq``."""
+    def slots(self, seq: int, positions) -> torch.Tensor:
+        """Slot ids (``block * block_size + offset``) of ``positions`` in sequence ``seq``.
+
+        ``seq``: an int in ``[0, batch_size)``. ``positions``: ints in ``[0, max_blocks_per_seq x
+        block_size)`` (a list, or a 1-D int32/int64 tensor), whose block-table entries name a page.
+        Returns int64 slots ``[N]`` on the cache's device. One host sync.
+        """
         seq = checks.integer(seq, "seq", minimum=0, maximum=self.batch_size - 1)
+        cap = self.max_blocks_per_seq * self.block_size
+        if isinstance(positions, (list, tuple)):
+            positions = torch.tensor([checks.integer(p, f"positions[{i}]") for i, p in enumerate(positions)],
+                                     dtype=torch.int64)
+        checks.int_tensor(positions, "positions", ndim=1, shape_hint="[N] (token positions)")
+        pos = positions.cpu().to(torch.int64)
+        bad = (pos < 0) | (pos >= cap)  # else -1 silently indexes the row's last entry
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            _fail(f"positions[{i}]={int(pos[i])} is outside [0, {cap}): sequence {seq}'s block-table row holds "
+                  f"{self.max_blocks_per_seq} blocks x {self.block_size} tokens")
+        pages = self.block_table[seq].cpu().to(torch.int64)[pos // self.block_size]
+        bad = (pages < 0) | (pages >= self.num_blocks)  # padding (-1): a negative slot, which writes skip
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            _fail(f"positions[{i}]={int(pos[i])} lies in block_table[{seq}, {int(pos[i]) // self.block_size}]="
+                  f"{int(pages[i])}, which is not a page in [0, {self.num_blocks})")
+        return self._slots(seq, positions.to(self.device))
+
+    def _slots(self, seq: int, positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`slots` of positions already checked."""
         positions = positions.to(self.block_table.device, torch.int64)
         blocks = self.block_table[seq].to(torch.int64)[positions // self.block_size]
         return blocks * self.block_size + positions % self.block_size
@@ -429,7 +534,7 @@ class PagedKVCache:
             i = int((start + counts > cap).nonzero()[0])
             _fail(f"sequence {i}: seq_len {int(start[i])} + {int(counts[i])} new tokens exceeds its "
                   f"capacity of {cap} tokens; build the cache with a larger max_seq_len")
-        slot_mapping = torch.cat([self.slots(i, torch.arange(int(start[i]), int(start[i] + counts[i])))
+        slot_mapping = torch.cat([self._slots(i, torch.arange(int(start[i]), int(start[i] + counts[i])))
                                   for i in range(len(counts))])
         first, last = start // self.block_size, (start + counts + self.block_size - 1) // self.block_size
         j = torch.arange(self.max_blocks_per_seq)[None, :]
@@ -462,6 +567,8 @@ class PagedKVCache:
         if finite and not torch.isfinite(t).all():
             bad = (~torch.isfinite(t)).nonzero()[0].tolist()
             _fail(f"{name} has non-finite values (first at index {tuple(bad)}); the cache stores finite values only")
+        if finite:  # float64 past fp32's range would be inf in the fp32 arithmetic below (an inf scale, NaN reads)
+            checks.fp32_range_tensor(t, name)
 
     def check_write(self, k_new, v_new, slot_mapping, *, contents: bool = True,
                     shared_checked: bool = False) -> torch.Tensor:
@@ -519,14 +626,17 @@ class PagedKVCache:
         n_sat = 0
         for pages, scale_name, new in ((self.k_pages, "k_scale", k_new), (self.v_pages, "v_scale", v_new)):
             if not self.is_fp8:
-                # Clamp like the FP8 path: a bare cast turns fp16 overflow (|x| >= 65520) into inf.
+                # Clamp like the FP8 path: a bare cast turns fp16 overflow (|x| >= 65520) into inf. The
+                # clamp is in fp32, which holds ±max exactly (in bf16, fp16's 65504 is 65536: inf in
+                # fp16), and which the fused kernel computes in too.
+                y = new.to(torch.float32)
                 fmax, overflow = saturation_bounds(self.dtype)
-                n_sat += int((new.abs() >= overflow).sum())
-                self._nhd(pages)[blk, off] = new.clamp(-fmax, fmax).to(self.dtype)
+                n_sat += int((y.abs() >= overflow).sum())
+                self._nhd(pages)[blk, off] = y.clamp(-fmax, fmax).to(self.dtype)
                 continue
             scale = getattr(self, scale_name)
             if self.granularity == "token_head":
-                s = compute_scale(new, self.fmt, "token_head", "amax")
+                s = _compute_scale(new, self.fmt, "token_head", "amax", 100.0)  # rows checked; amax ignores the 100
                 scale[blk, off] = s
                 y = new.to(torch.float32) / s.unsqueeze(-1)
             else:
@@ -545,7 +655,7 @@ class PagedKVCache:
             _fail(f"sequence index {i} is out of range [0, {self.batch_size})")
         n = int(self.seq_lens[i])
         pos = torch.arange(n, device=self.device)
-        slot = self.slots(i, pos)
+        slot = self._slots(i, pos)  # positions < seq_lens[i]: inside the row (validate_tables checks the entries)
         blk, off = slot // self.block_size, slot % self.block_size
         out = []
         for pages, scale in ((self.k_pages, self.k_scale), (self.v_pages, self.v_scale)):

@@ -18,8 +18,11 @@ from collections.abc import Iterable, Sequence
 import torch
 
 __all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of",
-           "tensor", "finite_tensor", "int_tensor", "device", "fail", "ArgumentParser", "output_folder",
-           "attention_variant"]
+           "tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
+           "ArgumentParser", "output_folder", "attention_variant"]
+
+FP32_MAX = torch.finfo(torch.float32).max
+FP32_TINY = 2.0**-149  # smallest positive float32 (a subnormal)
 
 
 def fail(msg: str, exc: type[Exception] = ValueError):
@@ -132,6 +135,57 @@ def finite_tensor(value: torch.Tensor, name: str) -> torch.Tensor:
             fail(f"{name} has {int(bad.sum())} non-finite value(s) (NaN/Inf); the first is at index {idx} "
                  f"(value {float(value[idx])}); expected finite values")
     return value
+
+
+def fp32_range_tensor(value: torch.Tensor, name: str) -> torch.Tensor:
+    """Refuse finite values beyond float32's range (|x| > 3.4028235e38; only float64 holds them).
+
+    fp8kv computes in fp32, where such a value becomes inf (an inf scale, NaN on the way back), so
+    it is refused rather than guessed at: a KV value that large is a bug upstream. NaN/Inf are left
+    to :func:`finite_tensor`. A host sync for float64 input; free for narrower dtypes.
+    """
+    if value.dtype == torch.float64 and value.numel():
+        bad = torch.isfinite(value) & (value.abs() > FP32_MAX)
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in bad.nonzero()[0])
+            fail(f"{name} has {int(bad.sum())} value(s) beyond float32's range; the first is at index {idx} "
+                 f"(value {float(value[idx])!r}); expected |values| <= {FP32_MAX!r} (float32's largest)")
+    return value
+
+
+def positive_fp32(value, name: str, *, expected: str, device=None) -> torch.Tensor:
+    """Positive finite number(s) that stay positive and finite in float32, as an fp32 tensor.
+
+    ``value``: a real number (not a bool), a real tensor or a (nested) list/tuple of numbers; the
+    shape is kept (callers broadcast). ``expected`` completes the TypeError for anything else. A
+    zero, negative, NaN or Inf entry is a ValueError naming the first; so is one that float32
+    cannot hold (1e-300 rounds to 0, 1e300 to inf), with the value as given.
+    """
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor, list, tuple)):
+        fail(f"{name}={_show(value)} ({type(value).__name__}); expected {expected}", TypeError)
+    try:
+        # Python numbers as float64: the default dtype (fp32) would turn 1e-300 into 0 before the check
+        t = torch.as_tensor(value, device=device,
+                            dtype=None if isinstance(value, torch.Tensor) else torch.float64)
+    except (TypeError, ValueError, RuntimeError):  # e.g. ["a"], ragged lists
+        fail(f"{name}={_show(value)} is not a list of numbers; expected {expected}", TypeError)
+    if t.dtype == torch.bool or t.is_complex():
+        fail(f"{name} has dtype {t.dtype}; expected a real (fp32) tensor of positive values", TypeError)
+    wide = t.to(torch.float64)
+    bad = ~torch.isfinite(wide) | (wide <= 0)
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        at = f" at index {idx}" if idx else ""
+        fail(f"{name} must be positive and finite; got {float(wide[idx])}{at}")
+    s = wide.to(torch.float32)
+    lost = (s == 0) | torch.isinf(s)
+    if bool(lost.any()):
+        idx = tuple(int(i) for i in lost.nonzero()[0])
+        at = f"[{', '.join(map(str, idx))}]" if idx else ""
+        fail(f"{name}{at}={float(wide[idx])!r} {'underflows' if s[idx] == 0 else 'overflows'} float32 (it becomes "
+             f"{float(s[idx])} there, and scales are fp32); expected positive values in "
+             f"[{FP32_TINY:.4g}, {FP32_MAX:.8g}]")
+    return s
 
 
 def int_tensor(value, name: str, *, ndim: int, device: torch.device | None = None,

@@ -52,8 +52,26 @@ class FP8Format:
 
     @property
     def overflow_threshold(self) -> float:
-        """Magnitudes at or above this round past ``max`` (max + half an ulp at max): they saturate."""
+        """max + half an ulp at max: the tie between max and the next (unrepresentable) code.
+
+        Magnitudes above it round past ``max``; the tie itself does only when :attr:`tie_overflows`.
+        """
         return self.max + 2.0 ** (math.floor(math.log2(self.max)) - self.mantissa_bits) / 2
+
+    @property
+    def tie_overflows(self) -> bool:
+        """Whether round-to-nearest-even takes :attr:`overflow_threshold` itself past max.
+
+        The tie goes to the even neighbour: to max when max's mantissa is even (e4m3fn: 448 =
+        1.110b x 2^8, so 464 -> 448), past it when odd (e5m2 57344 = 1.11b x 2^15, both fnuz).
+        """
+        return _max_mantissa_is_odd(self.max, self.mantissa_bits)
+
+    @property
+    def first_overflow(self) -> float:
+        """Smallest fp32 magnitude that rounds past max: the saturation count is ``|y| >= this``
+        for fp32 ``y`` (the tie when it overflows, else the next fp32 above the tie)."""
+        return _first_overflow(self.max, self.mantissa_bits)
 
     @property
     def unit_roundoff(self) -> float:
@@ -209,14 +227,29 @@ def kv_dtype_info(kv_dtype: str | torch.dtype) -> tuple[str, torch.dtype, FP8For
     raise ValueError(f"kv_dtype={kv_dtype!r} is not supported; expected one of {list(KV_DTYPES)}")
 
 
+def _max_mantissa_is_odd(fmax: float, mantissa_bits: int) -> bool:
+    frac = fmax / 2.0 ** math.floor(math.log2(fmax)) - 1  # in [0, 1): the mantissa field / 2^m
+    return int(round(frac * 2**mantissa_bits)) % 2 == 1
+
+
+def _first_overflow(fmax: float, mantissa_bits: int) -> float:
+    """Smallest fp32 magnitude that round-to-nearest-even takes past ``fmax`` (see FP8Format.first_overflow)."""
+    tie = fmax + 2.0 ** (math.floor(math.log2(fmax)) - mantissa_bits) / 2
+    t = torch.tensor(tie, dtype=torch.float32)  # exact for every 8/16-bit format (inf for fp32's own max)
+    if not _max_mantissa_is_odd(fmax, mantissa_bits):  # the tie rounds down to max: not an overflow
+        t = torch.nextafter(t, torch.tensor(math.inf))
+    return float(t)
+
+
 def saturation_bounds(dtype: torch.dtype) -> tuple[float, float]:
-    """``(max, overflow_threshold)`` of a float dtype: inputs at or above the threshold (max plus
-    half an ulp at max) would round past max, so a saturating store clamps and counts them."""
+    """``(max, first_overflow)`` of a float dtype: fp32 inputs at or above ``first_overflow`` would
+    round past max under round-to-nearest-even, so a saturating store clamps them to ±max and counts
+    them; smaller ones (including e4m3's tie 464, which rounds down to 448) are not counted."""
     for f in FORMATS.values():
         if f.torch_dtype == dtype:
-            return f.max, f.overflow_threshold
+            return f.max, f.first_overflow
     fi = torch.finfo(dtype)
-    return fi.max, fi.max + 2.0 ** math.floor(math.log2(fi.max)) * fi.eps / 2
+    return fi.max, _first_overflow(fi.max, round(-math.log2(fi.eps)))
 
 
 def summary_table(names=None):

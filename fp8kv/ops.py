@@ -986,6 +986,8 @@ def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, s
         return sat
     skb, skt, skh = _page_strides(cache)
     hkv = cache.num_kv_heads
+    # overflow: the first fp32 magnitude that rounds past max (e4m3's tie 464 goes to 448: not counted),
+    # the rule of PagedKVCache.write; the kernel clamps in fp32 as it does, so both store ±max alike.
     fmax, overflow = saturation_bounds(cache.dtype)
     # The interpreter rounds fp32 -> bf16 wrongly: there bf16 pages are written as rounded bits.
     bf16_bits = interpreter_on() and cache.dtype == torch.bfloat16

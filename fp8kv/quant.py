@@ -17,16 +17,16 @@ token_head   ``x.shape[:-1]`` = [..., H]  dynamic per-token quantization
 channel      ``[H, D]``                   KIVI-style keys (outlier channels)
 ============ ============================ ==================================================
 
-Saturation: values whose scaled magnitude exceeds ``fmt.max`` are clamped to ±max and counted in
-``Quantized.saturated``; a bare ``.to(float8)`` is never used, because torch versions disagree on
-overflow (e5m2 overflows to inf, e4m3fn to NaN). Non-zero values that round to zero are counted
-in ``Quantized.underflow``. The caller's tensor is never modified.
+Saturation: scaled values beyond ``fmt.max`` are clamped to ±max; those that round-to-nearest-even
+would have taken past max are counted in ``Quantized.saturated`` (see :func:`cast_saturating`). A
+bare ``.to(float8)`` is never used, because torch versions disagree on overflow (e5m2 overflows to
+inf, e4m3fn to NaN). Non-zero values that round to zero are counted in ``Quantized.underflow``. The
+caller's tensor is never modified.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
@@ -122,13 +122,13 @@ def _check_input(x) -> None:
         raise ValueError(f"x must have at least 2 dims [..., heads, head_dim]; got shape {tuple(x.shape)}")
 
 
-def _check_method(method, percentile) -> float:
-    """Validate a scale method name and the percentile; return the percentile as a float."""
+def _check_method(method, percentile, name: str = "scale") -> float:
+    """Validate a scale method name (the argument ``name``) and the percentile; return the percentile."""
     if not isinstance(method, str):
-        checks.fail(f"scale={method!r} ({type(method).__name__}); expected a method name among "
+        checks.fail(f"{name}={method!r} ({type(method).__name__}); expected a method name among "
                     f"{SCALE_METHODS}, a positive float or a tensor", TypeError)
     if method not in SCALE_METHODS:
-        raise ValueError(f"scale={method!r} is not a known scale method; expected one of {SCALE_METHODS}, "
+        raise ValueError(f"{name}={method!r} is not a known scale method; expected one of {SCALE_METHODS}, "
                          "a float or a tensor")
     value = checks.real(percentile, "percentile")
     if not 0.0 < value <= 100.0:
@@ -142,7 +142,8 @@ def compute_scale(x: torch.Tensor, fmt="e4m3", granularity="tensor", method="ama
 
     ``x`` is ``[..., H, D]`` (float16/bfloat16/float32/float64) with finite values: NaN or Inf is a
     ValueError naming the first bad index (calibrate on clean data, or quantize with
-    ``nonfinite="saturate"``, which calibrates on the finite values).
+    ``nonfinite="saturate"``, which calibrates on the finite values); so is a float64 value beyond
+    float32's range (it would make an inf scale).
 
     ``amax``: amax / fmt.max (no element saturates). ``percentile``: the p-th percentile of |x|
     maps to fmt.max (the largest values saturate); ``percentile`` is a number in (0, 100].
@@ -151,6 +152,7 @@ def compute_scale(x: torch.Tensor, fmt="e4m3", granularity="tensor", method="ama
     """
     _check_input(x)
     checks.finite_tensor(x, "x")
+    checks.fp32_range_tensor(x, "x")
     return _compute_scale(x, format(fmt), granularity, method, percentile)
 
 
@@ -170,12 +172,15 @@ def scale_from_stat(stat: torch.Tensor, divisor: float) -> torch.Tensor:
 
 
 def cast_saturating(y: torch.Tensor, fmt: FP8Format) -> tuple[torch.Tensor, int]:
-    """Clamp fp32 ``y`` to ±fmt.max and cast (round-to-nearest-even). Returns (fp8, n_saturated).
+    """Clamp ``y`` (taken as fp32) to ±fmt.max and cast (round-to-nearest-even). Returns (fp8, n_saturated).
 
-    Saturated counts the elements that an unclamped cast would have rounded past ±max
-    (|y| >= max + half an ulp); values just above max that round down to it are not counted.
+    Saturated counts the elements that an unclamped round-to-nearest-even cast would have taken
+    past ±max (``|y| >= fmt.first_overflow``). Values above max that round down to it are not
+    counted, the exact tie included when it goes to max (e4m3: 464 -> 448; e5m2's tie 61440 goes
+    up, so it is counted).
     """
-    saturated = int((y.abs() >= fmt.overflow_threshold).sum())
+    y = y.to(torch.float32)  # the threshold is an fp32 boundary, as in the Triton cache write
+    saturated = int((y.abs() >= fmt.first_overflow).sum())
     return y.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype), saturated
 
 
@@ -253,16 +258,19 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
 
     Parameters
     ----------
-    x : tensor ``[..., H, D]``; float16 / bfloat16 / float32. Never modified.
+    x : tensor ``[..., H, D]``; float16 / bfloat16 / float32 / float64. Never modified.
     fmt : ``"e4m3"`` (OCP e4m3fn, max 448), ``"e5m2"`` (max 57344), ``"e4m3fnuz"``, ``"e5m2fnuz"``.
     granularity : ``"tensor"``, ``"head"``, ``"token_head"`` or ``"channel"`` (see module docstring).
     scale : None or ``"amax"`` (from the data), ``"percentile"`` (with ``percentile``), ``"vllm_k"``
         (amax/200), ``"vllm_v"`` (amax/100), a positive float (e.g. 1.0, the engines' fallback), or
         a positive fp32 tensor of the granularity's shape (or broadcastable to it). A bool, a
-        string that is not a method, or a zero / negative / NaN / Inf scale is refused.
+        string that is not a method, a zero / negative / NaN / Inf scale, or one that float32
+        cannot hold (1e-300 would be 0 there, 1e300 inf) is refused, naming the value given.
     percentile : number in (0, 100]: the percentile of |x| that ``scale="percentile"`` maps to max.
     nonfinite : ``"raise"`` (default: NaN/Inf is a ValueError naming the count and first index) or
-        ``"saturate"`` (±Inf → ±max, NaN → 0, counted in ``Quantized.nonfinite``).
+        ``"saturate"`` (±Inf → ±max, NaN → 0, counted in ``Quantized.nonfinite``). It governs NaN/Inf
+        only: a finite float64 value beyond float32's range (|x| > 3.4e38) is a ValueError in both
+        modes (the arithmetic is fp32, where it would be inf; a value that large is a bug upstream).
     """
     _check_input(x)
     f = format(fmt)
@@ -275,12 +283,13 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
         _check_method(scale, percentile)
     else:
         s = _explicit_scale(scale, shape, granularity, x.device)
+    if nonfinite == "raise":
+        _check_finite(x, "x")  # on x itself: its own values in the message
+    checks.fp32_range_tensor(x, "x")  # before the fp32 copy turns such values into inf
     xf = x.detach().to(torch.float32)  # a copy when x is not fp32; never written in place below
     n_nonfinite = 0
     x_stat = xf  # what data-derived scales are computed from
-    if nonfinite == "raise":
-        _check_finite(xf, "x")
-    else:
+    if nonfinite == "saturate":
         bad = ~torch.isfinite(xf)
         n_nonfinite = int(bad.sum())
         if n_nonfinite:
@@ -300,22 +309,15 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
     return Quantized(data, s, f, granularity, saturated, underflow, n_nonfinite)
 
 
-def _explicit_scale(scale, shape: tuple, granularity: str, device: torch.device) -> torch.Tensor:
+def _explicit_scale(scale, shape: tuple, granularity: str, device: torch.device,
+                    name: str = "scale") -> torch.Tensor:
     """A given scale (positive finite number, or a tensor / sequence of them) as fp32 ``shape``."""
-    if isinstance(scale, bool) or not isinstance(scale, (numbers.Real, torch.Tensor, list, tuple)):
-        checks.fail(f"scale={scale!r} ({type(scale).__name__}); expected None, a method name among "
-                    f"{SCALE_METHODS}, a positive float or a positive fp32 tensor", TypeError)
-    s = torch.as_tensor(scale, device=device)
-    if s.dtype == torch.bool or s.is_complex():
-        checks.fail(f"scale has dtype {s.dtype}; expected a real (fp32) tensor of positive values", TypeError)
-    s = s.to(torch.float32)
-    if not torch.isfinite(s).all() or (s <= 0).any():
-        raise ValueError(f"scale must be positive and finite; got {s if s.numel() < 8 else 'a tensor'} "
-                         "with non-positive or non-finite entries")
+    s = checks.positive_fp32(scale, name, device=device, expected=f"None, a method name among {SCALE_METHODS}, "
+                             "a positive float or a positive fp32 tensor")
     try:
         return torch.broadcast_to(s, shape).contiguous()
     except RuntimeError:
-        raise ValueError(f"scale of shape {tuple(s.shape)} does not fit granularity {granularity!r}: "
+        raise ValueError(f"{name} of shape {tuple(s.shape)} does not fit granularity {granularity!r}: "
                          f"expected shape {shape} (or broadcastable to it)") from None
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 import torch
 
 from fp8kv.cache import PagedKVCache
 from fp8kv.formats import kv_dtype_info
+from fp8kv.ops import write_cache
 from fp8kv.quant import quantize
+from fp8kv.reference import decode as ref_decode
 
 GRANS = ("tensor", "head", "token_head", "channel")
 FP8 = ("fp8_e4m3", "fp8_e5m2")
@@ -152,7 +157,8 @@ def test_static_scale_saturates_and_counts(gen):
     lens = [17, 54]
     k, v = padded(lens, 2, 24, torch.bfloat16, gen, spread=300.0)
     c = PagedKVCache.from_dense(k, v, lens, scale=1.0)
-    exp = sum(int((t[i, :n].float().abs() >= 464).sum()) for t in (k, v) for i, n in enumerate(lens))
+    # e4m3's tie 464 rounds to max 448 (even mantissa): only what lies above it is an overflow
+    exp = sum(int((t[i, :n].float().abs() > 464).sum()) for t in (k, v) for i, n in enumerate(lens))
     assert c.saturated == exp > 0
     for i in range(len(lens)):
         gk, gv = c.gather(i)
@@ -450,7 +456,7 @@ def test_from_dense_and_gather_errors(gen):
     with pytest.raises(ValueError, match=r"k has 1 non-finite value\(s\) \(NaN/Inf\); the first is at index "
                                          r"\(7, 1, 5\)"):  # row 7 of the concatenated valid tokens
         PagedKVCache.from_dense(k_nan, v, [5, 7])
-    with pytest.raises(ValueError, match=r"k_new has non-finite values \(first at index \(7, 1, 5\)\)"):
+    with pytest.raises(ValueError, match=r"k has 1 non-finite value\(s\) .* index \(7, 1, 5\)"):  # named as given
         PagedKVCache.from_dense(k_nan, v, [5, 7], granularity="token_head")
     k_nan[0, 6] = float("nan")  # in sequence 0's padding (seq_len 5): never read
     k_nan[1, 2, 1, 5] = 0.0
@@ -460,3 +466,177 @@ def test_from_dense_and_gather_errors(gen):
         c.gather(2)
     with pytest.raises(ValueError, match=r"sequence index -1 is out of range"):
         c.gather(-1)
+
+
+# ----------------------------------------------------------------------- saturation on both write paths
+
+
+def test_bf16_rows_into_an_fp16_cache_store_max_not_inf():
+    """fp16's max 65504 is not a bf16 value (it rounds to 65536, inf in fp16): the clamp is done in
+    fp32, so both write paths store ±65504 and count the overflow, and decode stays finite."""
+    k = torch.zeros(1, 16, 2, 16, dtype=torch.bfloat16)
+    k[0, 3, 0, 0], k[0, 4, 1, 2] = 7e4, -7e4
+    c = PagedKVCache.from_dense(k, k, [16], kv_dtype="fp16")
+    gk, gv = c.gather(0)
+    assert torch.isfinite(c.k_pages).all() and torch.isfinite(c.v_pages).all()
+    assert float(gk[3, 0, 0]) == float(gv[3, 0, 0]) == 65504.0 and float(gk[4, 1, 2]) == -65504.0
+    assert c.saturated == 4  # two values, in K and in V
+    out, _ = ref_decode(torch.ones(1, 2, 16), c)
+    assert torch.isfinite(out).all()
+    a, b = (PagedKVCache.empty(1, 16, 2, 16, kv_dtype="fp16") for _ in range(2))
+    rows = k[0, :5].contiguous()
+    slots = a.slots(0, list(range(5)))
+    assert a.write(rows, -rows, slots) == int(write_cache(b, rows, -rows, slots)) == 4
+    assert a.saturated == b.saturated == 4
+    assert torch.equal(a.k_pages.view(torch.int16), b.k_pages.view(torch.int16))
+    assert torch.equal(a.v_pages.view(torch.int16), b.v_pages.view(torch.int16))
+    assert float(a.k_pages.float().abs().max()) == 65504.0
+
+
+@pytest.mark.parametrize("kv_dtype", FP8)
+def test_both_write_paths_count_only_what_rounds_past_max(kv_dtype):
+    """The tie between max and the next code: e4m3's 464 rounds (to even) down to 448, not an
+    overflow; e5m2's 61440 rounds up, one. Just above the tie both overflow. All are stored as ±max."""
+    f = kv_dtype_info(kv_dtype)[2]
+    tie = torch.tensor(f.overflow_threshold)
+    above = torch.nextafter(tie, torch.tensor(math.inf))
+    rows = torch.zeros(2, 2, 16)
+    rows[0, 0, :2] = torch.stack([tie, -tie])
+    rows[1, 1, :2] = torch.stack([above, -above])
+    a, b = (PagedKVCache.empty(1, 16, 2, 16, kv_dtype=kv_dtype, k_scale=1.0, v_scale=1.0) for _ in range(2))
+    per_side = 2 + (2 if kv_dtype == "fp8_e5m2" else 0)
+    assert a.write(rows, rows, [0, 1]) == int(write_cache(b, rows, rows, torch.tensor([0, 1]))) == 2 * per_side
+    assert torch.equal(a.k_pages.view(torch.uint8), b.k_pages.view(torch.uint8))
+    stored = a.k_pages.reshape(-1, 2, 16)[:2].float()
+    assert stored[0, 0, :2].tolist() == stored[1, 1, :2].tolist() == [f.max, -f.max]
+
+
+@pytest.mark.parametrize("kv_dtype,gran", [("fp8_e4m3", g) for g in GRANS] + [("fp16", "tensor")])
+def test_values_beyond_fp32_are_refused_where_they_enter(kv_dtype, gran):
+    """A finite float64 1e300 would be inf in the fp32 arithmetic (token_head: an inf scale, NaN
+    reads): refused, naming the argument and the value, for every granularity and path."""
+    c = PagedKVCache.empty(1, 16, 2, 16, kv_dtype=kv_dtype, granularity=gran)
+    big = torch.randn(1, 2, 16, dtype=torch.float64)
+    big[0, 1, 3] = 1e300
+    ok = torch.randn(1, 2, 16, dtype=torch.float64)
+    msg = (r"{} has 1 value\(s\) beyond float32's range; the first is at index \({}\) \(value 1e\+300\); "
+           r"expected \|values\| <= 3.4028234663852886e\+38")
+    with pytest.raises(ValueError, match=msg.format("k_new", "0, 1, 3")):
+        c.write(big, ok, [0])
+    with pytest.raises(ValueError, match=msg.format("v_new", "0, 1, 3")):
+        c.write(ok, big, [0])
+    with pytest.raises(ValueError, match=msg.format("k_new", "0, 1, 3")):
+        write_cache(c, big, ok, torch.tensor([0]))
+    with pytest.raises(ValueError, match=msg.format("k_new", "0, 1, 3")):
+        c.append(big, ok)
+    assert c.saturated == 0 and c.seq_lens.tolist() == [0] and (c.k_pages.float() == 0).all()
+    assert (c.k_scale == 1).all()  # token_head: no inf scale stored either
+    with pytest.raises(ValueError, match=msg.format("v", "0, 1, 3")):
+        PagedKVCache.from_dense(ok[None], big[None], [1], kv_dtype=kv_dtype, granularity=gran)
+
+
+# --------------------------------------------------------------------------------- scale arguments
+
+
+def test_scales_the_cache_would_not_use_are_refused_not_ignored(gen):
+    lens = [5, 7]
+    k, v = padded(lens, 2, 24, torch.float32, gen)
+    for bad in (-5.0, "bogus", 0.5, "vllm_k", torch.ones(7, 2)):
+        with pytest.raises(ValueError, match=r"scale=.*: granularity='token_head' computes one scale per token "
+                                             r"and head as it writes .* pass scale=None \(or 'amax'\)"):
+            PagedKVCache.from_dense(k, v, lens, granularity="token_head", scale=bad)
+    with pytest.raises(ValueError, match=r"v_scale=2.0: granularity='token_head'"):
+        PagedKVCache.from_dense(k, v, lens, granularity="token_head", v_scale=2.0)
+    a = PagedKVCache.from_dense(k, v, lens, granularity="token_head", scale="amax")
+    b = PagedKVCache.from_dense(k, v, lens, granularity="token_head")
+    assert torch.equal(a.k_scale, b.k_scale) and torch.equal(a.k_pages.view(torch.uint8), b.k_pages.view(torch.uint8))
+    for kv in ("bf16", "fp16"):
+        for bad, shown in (("bogus", "'bogus'"), ("amax", "'amax'"), (0.5, "0.5"),
+                           (torch.tensor([1.0, 2.0]), "<float32 tensor of shape (2,)>")):
+            shown = re.escape(shown)
+            with pytest.raises(ValueError, match=rf"scale={shown}: kv_dtype='{kv}' is a 16-bit cache: it stores "
+                                                 r"values unscaled, so a given scale would be ignored; pass "
+                                                 r"scale=None \(or 1.0\)"):
+                PagedKVCache.from_dense(k, v, lens, kv_dtype=kv, scale=bad)
+        with pytest.raises(ValueError, match=r"k_scale must be positive and finite; got -5.0"):
+            PagedKVCache.from_dense(k, v, lens, kv_dtype=kv, k_scale=-5.0)
+        assert PagedKVCache.from_dense(k, v, lens, kv_dtype=kv, scale=1.0).saturated == 0
+    with pytest.raises(ValueError, match=r"k_scale=0.5: granularity='token_head' .* pass k_scale=None \(or 1.0\)"):
+        PagedKVCache.empty(1, 16, 2, 24, granularity="token_head", k_scale=0.5)
+    with pytest.raises(ValueError, match=r"v_scale must be 1.0 \(or None\) for 16-bit kv_dtype='bf16' \(it stores "
+                                         r"values unscaled\); got 0.5"):
+        PagedKVCache.empty(1, 16, 2, 24, kv_dtype="bf16", v_scale=0.5)
+    kp16, vp16, bt, sl = _parts("bf16")
+    with pytest.raises(TypeError, match=r"k_scale='amax' \(str\); expected None or 1.0 \(kv_dtype='bf16' is a "
+                                        r"16-bit cache"):
+        PagedKVCache(kp16, vp16, bt, sl, kv_dtype="bf16", k_scale="amax")
+
+
+def test_static_scale_arguments_are_checked_under_their_own_names(gen):
+    lens = [5, 7]
+    k, v = padded(lens, 2, 24, torch.float32, gen)
+    with pytest.raises(ValueError, match=r"k_scale='max' is not a known scale method"):
+        PagedKVCache.from_dense(k, v, lens, k_scale="max")
+    with pytest.raises(ValueError, match=r"v_scale=1e-300 underflows float32 \(it becomes 0.0 there"):
+        PagedKVCache.from_dense(k, v, lens, v_scale=1e-300)
+    with pytest.raises(ValueError, match=r"k_scale of shape \(3,\) does not fit granularity 'head'"):
+        PagedKVCache.from_dense(k, v, lens, granularity="head", k_scale=torch.ones(3))
+    with pytest.raises(TypeError, match=r"scale=\['a'\] is not a list of numbers"):
+        PagedKVCache.from_dense(k, v, lens, scale=["a"])
+    with pytest.raises(ValueError, match=r"scale=0.5 would be ignored: k_scale and v_scale override it"):
+        PagedKVCache.from_dense(k, v, lens, scale=0.5, k_scale=1.0, v_scale=2.0)
+    kp, vp, bt, sl = _parts()
+    with pytest.raises(ValueError, match=r"k_scale=1e\+50 overflows float32"):
+        PagedKVCache(kp, vp, bt, sl, k_scale=1e50)
+
+
+# ------------------------------------------------------------------------ slots, devices, seq_lens
+
+
+def test_slots_take_integer_positions_inside_the_row(gen):
+    lens = [20, 5]
+    c = PagedKVCache.from_dense(*padded(lens, 2, 24, torch.float32, gen), lens, max_seq_len=32)
+    t = c.slots(0, torch.tensor([0, 17, 31]))
+    assert t.dtype == torch.int64 and torch.equal(c.slots(0, [0, 17, 31]), t)
+    assert t.tolist() == [int(c.block_table[0, p // 16]) * 16 + p % 16 for p in (0, 17, 31)]
+    for bad, shown in (([32], 32), ([-1], -1), (torch.tensor([3, 40]), 40)):
+        with pytest.raises(ValueError, match=rf"positions\[\d\]={shown} is outside \[0, 32\): sequence 0's "
+                                             r"block-table row holds 2 blocks x 16 tokens"):
+            c.slots(0, bad)
+    with pytest.raises(TypeError, match=r"positions has dtype float32; expected one of: int32, int64"):
+        c.slots(0, torch.tensor([1.7]))
+    with pytest.raises(TypeError, match=r"positions\[0\]=1.7 \(float\); expected an int"):
+        c.slots(0, [1.7])
+    with pytest.raises(ValueError, match=r"positions must be 1-D"):
+        c.slots(0, torch.tensor([[1]]))
+    with pytest.raises(ValueError, match=r"seq=2; expected an int <= 1"):
+        c.slots(2, [0])
+    c.block_table[1, 1] = -1  # padding: sequence 1 (5 tokens) never reads it
+    with pytest.raises(ValueError, match=r"positions\[0\]=20 lies in block_table\[1, 1\]=-1, which is not a page "
+                                         r"in \[0, 4\)"):
+        c.slots(1, [20])
+
+
+def test_meta_and_mixed_devices_are_refused():
+    with pytest.raises(ValueError, match=r"device='meta'; a PagedKVCache holds its data on 'cpu' or a CUDA device"):
+        PagedKVCache.empty(1, 16, 2, 16, device="meta")
+    k = torch.randn(1, 4, 2, 16)
+    with pytest.raises(ValueError, match=r"v\[0\] is on meta but k\[0\] is on cpu; k and v must be on one device"):
+        PagedKVCache.from_dense(k, k.to("meta"), [4])
+    with pytest.raises(ValueError, match=r"k is on meta; a PagedKVCache holds its data on 'cpu' or a CUDA device"):
+        PagedKVCache.from_dense(k.to("meta"), k.to("meta"), [4])
+    kp, vp, bt, sl = _parts()
+    with pytest.raises(ValueError, match=r"k_pages is on meta"):
+        PagedKVCache(kp.to("meta"), vp.to("meta"), bt.to("meta"), sl.to("meta"))
+
+
+def test_seq_lens_is_one_length_per_sequence(gen):
+    k, v = padded([3], 2, 24, torch.float32, gen)
+    for bad in (torch.tensor(3), torch.tensor([[3]])):
+        with pytest.raises(ValueError, match=rf"seq_lens has shape {re.escape(str(tuple(bad.shape)))}; expected a "
+                                             r"1-D tensor \[B\] \(or a list\) of lengths, one per sequence "
+                                             r"\(a batch of one is \[n\]\)"):
+            PagedKVCache.from_dense(k, v, bad)
+    assert PagedKVCache.from_dense(k, v, torch.tensor([3])).seq_lens.tolist() == [3]
+    with pytest.raises(ValueError, match=r"k and v given as tensors must be 4-D \[B, max_len, Hkv, D\]"):
+        PagedKVCache.from_dense(k[0], v[0], [3])

@@ -80,6 +80,41 @@ def test_tensor_checks_name_rank_dtype_device_and_contents():
         checks.finite_tensor(bad, "t")
 
 
+def test_fp32_range_tensor_refuses_float64_values_float32_cannot_hold():
+    t = torch.tensor([[1.0, 3.4e38], [-1e39, 1e300]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"t has 2 value\(s\) beyond float32's range; the first is at index "
+                                         r"\(1, 0\) \(value -1e\+39\); expected \|values\| <= 3.40282346"):
+        checks.fp32_range_tensor(t, "t")
+    ok = torch.tensor([torch.finfo(torch.float32).max, float("inf"), float("nan")], dtype=torch.float64)
+    assert checks.fp32_range_tensor(ok, "t") is ok  # NaN / Inf are finite_tensor's business
+    wide16 = torch.full((2,), 3e38, dtype=torch.bfloat16)  # narrower dtypes always fit
+    assert checks.fp32_range_tensor(wide16, "t") is wide16
+
+
+@pytest.mark.parametrize("value, exc, match", [
+    (True, TypeError, r"s=True \(bool\); expected a positive number"),
+    ("amax", TypeError, r"s='amax' \(str\); expected a positive number"),
+    (["a"], TypeError, r"s=\['a'\] is not a list of numbers; expected a positive number"),
+    (torch.tensor([True]), TypeError, r"s has dtype torch.bool"),
+    (0, ValueError, r"s must be positive and finite; got 0.0"),
+    (torch.tensor([1.0, -5.0]), ValueError, r"s must be positive and finite; got -5.0 at index \(1,\)"),
+    (math.nan, ValueError, r"s must be positive and finite; got nan"),
+    (1e-300, ValueError, r"s=1e-300 underflows float32 \(it becomes 0.0 there"),
+    ([[1.0, 1e300]], ValueError, r"s\[0, 1\]=1e\+300 overflows float32 \(it becomes inf there"),
+])
+def test_positive_fp32_refusals(value, exc, match):
+    with pytest.raises(exc, match=match):
+        checks.positive_fp32(value, "s", expected="a positive number")
+
+
+def test_positive_fp32_returns_fp32_of_the_given_shape():
+    assert torch.equal(checks.positive_fp32(2, "s", expected=""), torch.tensor(2.0))
+    got = checks.positive_fp32([[0.5, 1e-40]], "s", expected="")  # a float32 subnormal is still positive
+    assert got.dtype == torch.float32 and got.shape == (1, 2) and float(got[0, 1]) > 0
+    assert torch.equal(checks.positive_fp32(torch.tensor([3], dtype=torch.int64), "s", expected=""),
+                       torch.tensor([3.0]))
+
+
 def test_device_refusals():
     assert checks.device("cpu") == torch.device("cpu")
     with pytest.raises(TypeError, match="device=3"):

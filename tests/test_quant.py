@@ -143,7 +143,7 @@ def test_float_and_tensor_scales_follow_the_convention(gran, gen):
         assert torch.equal(q.data.view(U8), ref_cast(y, f))
         assert torch.equal(q.dequantize(), q.data.to(torch.float32) * bcast(s_exp, gran))
         assert q.dequantize(torch.bfloat16).dtype == torch.bfloat16
-        assert q.saturated == int((y.abs() >= f.overflow_threshold).sum())
+        assert q.saturated == int((y.abs() >= f.first_overflow).sum())
         if before is not None:
             assert torch.equal(given_scale, before)
 
@@ -177,7 +177,7 @@ def test_percentile_semantics(gran, p, gen):
     else:
         q = quantize(x, f, gran, "percentile", percentile=p)
         y = x / bcast(s, gran)
-        assert q.saturated == int((y.abs() >= f.overflow_threshold).sum())
+        assert q.saturated == int((y.abs() >= f.first_overflow).sum())
         assert q.saturated > 0 or n * (1 - p / 100) < 1
         assert (q.data.to(torch.float32).abs() <= f.max).all()
 
@@ -199,7 +199,7 @@ def test_every_16bit_pattern_is_rounded_like_torch(src, fmt):
     assert torch.equal(got, oracle)
     assert ties > 0  # the sweep really exercises round-half-to-even
     a = x.to(torch.float64).abs()
-    n_sat = int((a >= f.overflow_threshold).sum())
+    n_sat = int((a >= f.first_overflow).sum())  # e4m3's tie 464 rounds to 448: not counted
     assert q.saturated == n_sat
     assert n_sat > 0  # fp16's 65504 is past e5m2's threshold 61440 too
     # Non-zero values at most half the smallest subnormal round (ties to even) to zero.
@@ -220,7 +220,7 @@ def test_nonfinite_saturate_on_every_bf16_pattern(fmt):
     assert (d[torch.isnan(x)] == 0).all()
     assert q.nonfinite == int((~fin).sum()) == 256
     n_inf = int(torch.isinf(x).sum())
-    assert q.saturated == int((x[fin].to(torch.float32).abs() >= f.overflow_threshold).sum()) + n_inf
+    assert q.saturated == int((x[fin].to(torch.float32).abs() >= f.first_overflow).sum()) + n_inf
     assert torch.isfinite(d).all()
     with pytest.raises(ValueError, match=r"x has 256 non-finite value\(s\)"):
         quantize(x, fmt, "tensor", 1.0)
@@ -247,10 +247,31 @@ def test_e4m3_saturation_counts_and_sign(gen):
     x = torch.randn(54, 2, 24, generator=gen) * 300
     q = quantize(x, "e4m3", "tensor", 1.0)
     d = q.dequantize()
-    big = x.abs() >= f.overflow_threshold
+    big = x.abs() >= f.first_overflow
     assert q.saturated == int(big.sum()) > 0
     assert torch.equal(d[big], torch.sign(x[big]) * f.max)
     assert not torch.isnan(d).any()
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_saturation_counts_what_rounds_past_max_at_the_exact_tie(fmt):
+    """Counted: what round-to-nearest-even would take past max. The tie between max and the next
+    (unrepresentable) code goes to the even mantissa: e4m3's 448 = 1.110b x 2^8 is even, so its tie
+    464 rounds down to max and is not an overflow; e5m2's 57344 = 1.11b x 2^15 is odd, so its tie
+    61440 rounds up (torch's bare cast gives inf) and is. Just above the tie both overflow."""
+    f = FORMATS[fmt]
+    tie = torch.tensor(f.overflow_threshold, dtype=torch.float32)
+    below, above = torch.nextafter(tie, torch.tensor(0.0)), torch.nextafter(tie, torch.tensor(math.inf))
+    x = torch.stack([torch.tensor(f.max), below, tie, above])
+    x = torch.cat([x, -x]).reshape(-1, 1, 1)
+    tie_overflows = fmt == "e5m2"
+    q = quantize(x, fmt, "tensor", 1.0)
+    assert q.data.to(torch.float32).reshape(-1).tolist() == [f.max] * 4 + [-f.max] * 4  # all stored as ±max
+    assert q.saturated == 2 * (1 + tie_overflows)  # `above` of each sign, and the tie when it rounds up
+    assert f.tie_overflows == tie_overflows
+    assert f.first_overflow == float(tie if tie_overflows else above)
+    if fmt == "e5m2":  # IEEE-like: torch's unclamped cast shows which ones overflow
+        assert (~torch.isfinite(x.to(f.torch_dtype).float())).sum() == q.saturated
 
 
 def test_underflow_counted(gen):
@@ -346,13 +367,13 @@ def test_property_half_ulp_and_saturation(xs, scale, fmt):
     qy = q.data.to(torch.float64)
     x_hat = q.dequantize().to(torch.float64)
     assert torch.isfinite(x_hat).all()
-    inside = y.abs() < f.overflow_threshold
+    inside = y.abs() < f.first_overflow
     err_y = (y.to(torch.float64) - qy).abs()
     assert (err_y[inside] <= half_ulp_bound(y, f)[inside]).all()
     x64 = x.to(torch.float64)
     bound_x = scale * half_ulp_bound(y, f) + 2.0**-24 * (x64.abs() + x_hat.abs()) + 2.0**-149
     assert ((x64 - x_hat).abs()[inside] <= bound_x[inside]).all()
-    # Saturation: every |y| >= threshold maps to ±max with y's sign, and is counted.
+    # Saturation: every |y| >= first_overflow maps to ±max with y's sign, and is counted.
     out = ~inside
     assert torch.equal(qy[out], torch.sign(y[out]).to(torch.float64) * f.max)
     assert q.saturated == int(out.sum())
@@ -367,7 +388,7 @@ def test_property_half_ulp_and_saturation(xs, scale, fmt):
 )
 def test_property_everything_past_threshold_saturates(mags, neg, fmt):
     f = FORMATS[fmt]
-    x = torch.tensor(mags, dtype=torch.float32).reshape(-1, 1, 1) * f.overflow_threshold
+    x = torch.tensor(mags, dtype=torch.float32).reshape(-1, 1, 1) * f.first_overflow
     x = -x if neg else x
     q = quantize(x, fmt, "tensor", 1.0)
     assert q.saturated == x.numel()
@@ -401,6 +422,45 @@ def test_errors_by_message(gen):
         quantize(x[0, 0])
     with pytest.raises(ValueError, match=r"fmt='e3m4' is not a known FP8 format"):
         quantize(x, "e3m4")
+
+
+def test_float64_values_beyond_fp32_are_refused_naming_the_value():
+    """1e300 is finite: not 'non-finite (value inf)' but beyond float32's range, where the quantizer
+    computes; refused in both nonfinite modes (they are about NaN/Inf), not counted as nonfinite."""
+    x = torch.ones(2, 2, 4, dtype=torch.float64)
+    x[1, 0, 2] = -1e300
+    msg = (r"x has 1 value\(s\) beyond float32's range; the first is at index \(1, 0, 2\) \(value -1e\+300\); "
+           r"expected \|values\| <= 3.4028234663852886e\+38")
+    for nonfinite in ("raise", "saturate"):
+        with pytest.raises(ValueError, match=msg):
+            quantize(x, nonfinite=nonfinite)
+    with pytest.raises(ValueError, match=msg):
+        compute_scale(x)
+    x[1, 0, 2] = -3e38  # within float32's range: quantized as usual
+    q = quantize(x)
+    assert q.saturated == 0 and float(q.dequantize()[1, 0, 2]) == pytest.approx(-3e38, rel=2.0**-4)
+    x[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"x has 1 non-finite value\(s\) .* \(value nan\)"):
+        quantize(x)
+
+
+@pytest.mark.parametrize("scale, exc, pattern", [
+    (1e-300, ValueError, r"scale=1e-300 underflows float32 \(it becomes 0.0 there, and scales are fp32\); "
+                         r"expected positive values in \[1.401e-45, 3.4028235e\+38\]"),
+    (1e300, ValueError, r"scale=1e\+300 overflows float32 \(it becomes inf there"),
+    ([1.0, 1e-300], ValueError, r"scale\[1\]=1e-300 underflows float32"),
+    (torch.tensor([1.0, 1e-300], dtype=torch.float64), ValueError, r"scale\[1\]=1e-300 underflows float32"),
+    (["a"], TypeError, r"scale=\['a'\] is not a list of numbers; expected None, a method name among"),
+    ([[1.0], [1.0, 2.0]], TypeError, r"scale=\[\[1.0\], \[1.0, 2.0\]\] is not a list of numbers"),
+])
+def test_scales_float32_cannot_hold_and_non_numbers_are_refused(scale, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        quantize(torch.randn(4, 2, 8), "e4m3", "head", scale)
+
+
+def test_smallest_float32_scale_is_accepted():
+    q = quantize(torch.ones(1, 1, 2), "e4m3", "tensor", 1.4e-45)  # fp32's smallest subnormal
+    assert float(q.scale) == 2.0**-149 and q.saturated == 2
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2])

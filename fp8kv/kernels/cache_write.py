@@ -3,7 +3,8 @@
 The engines' ``reshape_and_cache_flash``: slot s = block * block_size + offset; slots < 0 are
 padding and skipped. Quantization matches ``fp8kv.quant`` bit for bit: y = x / scale in fp32,
 clamp to ±max, round to nearest even (software encoder, so it also runs on sm80 where Triton cannot
-cast to e4m3). Saturated elements (|y| >= max + half an ulp) are counted with one atomic add per program.
+cast to e4m3). Saturated elements (|y| at or above the first fp32 magnitude that rounds past max,
+``fp8kv.formats.saturation_bounds``) are counted with one atomic add per program.
 """
 
 import triton
@@ -34,7 +35,7 @@ def cache_write_kernel(
     MANT: tl.constexpr,
     BIAS: tl.constexpr,
     FMAX: tl.constexpr,  # largest finite value of the page dtype
-    OVERFLOW: tl.constexpr,  # FMAX + half an ulp: values at or above it saturate
+    OVERFLOW: tl.constexpr,  # the first fp32 magnitude that rounds past FMAX: values at or above it are counted
     BF16_BITS: tl.constexpr,  # bf16 pages passed as int16: round to nearest even in integer ops
 ):
     n = tl.program_id(0)
