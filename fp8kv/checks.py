@@ -22,6 +22,10 @@ __all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float
            "ArgumentParser", "output_folder", "attention_variant"]
 
 FP32_MAX = torch.finfo(torch.float32).max
+# Soft caps up to this: the kernels fold 2 / cap into the fp32 score factor, which a larger cap (with
+# sm_scale down to 1e-8) would take below fp32's normal range; and a cap of 1e30 already changes no
+# fp32 score short of 1e26. Models use 30-50.
+MAX_SOFT_CAP = 1e30
 FP32_TINY = 2.0**-149  # smallest positive float32 (a subnormal)
 
 
@@ -244,7 +248,7 @@ def attention_variant(window, soft_cap, sinks, *, num_q_heads: int, device, cont
     """The attention variants of a decode call, checked: ``(window, soft_cap, sinks)``.
 
     window : None, or an int >= 1 (tokens the query attends, itself included; not a bool or float).
-    soft_cap : None, or a finite number > 0 (a float is returned).
+    soft_cap : None, or a number in (0, :data:`MAX_SOFT_CAP`] (a float is returned).
     sinks : None, or a float32 tensor ``[num_q_heads]`` on ``device``, of finite values (checked with
         ``contents``: a host sync).
     """
@@ -252,6 +256,9 @@ def attention_variant(window, soft_cap, sinks, *, num_q_heads: int, device, cont
         window = integer(window, "window", minimum=1)
     if soft_cap is not None:
         soft_cap = positive_float(soft_cap, "soft_cap")
+        if soft_cap > MAX_SOFT_CAP:
+            fail(f"soft_cap={soft_cap:g}; expected a number in (0, {MAX_SOFT_CAP:g}] (models use 30-50; a larger cap "
+                 "changes no fp32 score, and the kernels' fp32 factor 2 / cap would underflow): pass None for no cap")
     if sinks is not None:
         tensor(sinks, "sinks", ndim=1, dtypes=(torch.float32,), device=device, shape_hint=f"[{num_q_heads}] (one "
                "logit per query head)")

@@ -106,8 +106,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
     kf = k.to(torch.float32).transpose(0, 1)  # [Hkv, L, D]
     vf = v.to(torch.float32).transpose(0, 1)
     s = torch.einsum("hgd,hld->hgl", qf, kf) * sm_scale
-    if soft_cap is not None:  # in fp64: a cap beyond fp32's range (any finite float is valid) stays exact
-        s = (soft_cap * torch.tanh(s.double() / soft_cap)).float()
+    if soft_cap is not None:  # at most checks.MAX_SOFT_CAP (1e30): s / cap and its product stay in fp32's range
+        s = soft_cap * torch.tanh(s / soft_cap)
     if window is not None and window < length:  # W >= L is the whole sequence (and W may exceed int64)
         outside = torch.arange(length, device=s.device) < length - window
         s = s.masked_fill(outside, float("-inf"))
@@ -135,7 +135,7 @@ def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None, 
         W tokens, itself included. This is transformers' ``sliding_window`` (Gemma-3, Mistral: key j
         is seen by query p when ``p - W < j <= p``) and FlashInfer's ``window_left = W - 1``
         (``window_left`` counts the keys left of the query). ``W >= L`` is the whole sequence.
-    soft_cap : logit soft-capping c > 0 or None: each scaled score ``s = sm_scale * q·k`` becomes
+    soft_cap : logit soft-capping 0 < c <= 1e30 (``fp8kv.checks.MAX_SOFT_CAP``) or None: each scaled score ``s = sm_scale * q·k`` becomes
         ``c * tanh(s / c)`` before the softmax (Gemma-2's ``attn_logit_softcapping``).
     sinks : fp32 ``[Hq]`` or None: per query head a learned logit that joins the softmax denominator
         without a value (gpt-oss): ``p_j = exp(s_j) / (exp(sink_h) + Σ_k exp(s_k))``. It is not

@@ -189,15 +189,18 @@ def test_window_longer_than_any_int64_is_the_whole_sequence(gen, make_cache):
             assert all(torch.equal(a, b) for a, b in zip(got, full, strict=True)), w
 
 
-def test_soft_cap_beyond_fp32_range(gen, make_cache):
-    """Any finite cap is valid: caps past fp32's max (3.4e38) are applied in fp64, not turned into
-    inf / NaN. With |s| < 100, |c tanh(s / c) - s| <= |s|^3 / (3 c^2): zero in fp32 for c >= 1e30,
-    so the answer is the uncapped one up to the fp32 summation order (REFERENCE_TOL)."""
+def test_soft_cap_up_to_its_bound_is_no_cap_and_beyond_it_refused(gen, make_cache):
+    """The largest cap (checks.MAX_SOFT_CAP, 1e30) stays in fp32's range: with |s| < 100,
+    |c tanh(s / c) - s| <= |s|^3 / (3 c^2) is zero in fp32, so the answer is the uncapped one up to the
+    summation order (REFERENCE_TOL). A larger cap is refused by name, not turned into inf or NaN."""
+    from fp8kv.checks import MAX_SOFT_CAP
+
     cache = make_cache([5, 17], 2, 24, kv_dtype="fp8_e4m3", generator=gen, dtype=torch.bfloat16)
     q = torch.randn(2, 4, 24, generator=gen)
     full_out, full_lse = decode(q, cache)
-    for cap in (1e30, 1e38, 1e300):
-        out, lse = decode(q, cache, soft_cap=cap)
-        assert torch.isfinite(out).all() and torch.isfinite(lse).all(), cap
-        assert float((out - full_out).norm() / full_out.norm()) <= TOL, cap
-        assert float((lse - full_lse).abs().max()) <= TOL * max(1.0, float(full_lse.abs().max())), cap
+    out, lse = decode(q, cache, soft_cap=MAX_SOFT_CAP)
+    assert float((out - full_out).norm() / full_out.norm()) <= TOL
+    assert float((lse - full_lse).abs().max()) <= TOL * max(1.0, float(full_lse.abs().max()))
+    for cap in (1.01e30, 1e38, 1e300):
+        with pytest.raises(ValueError, match=r"soft_cap=.*\(0, 1e\+30\]"):
+            decode(q, cache, soft_cap=cap)

@@ -303,7 +303,7 @@ def test_decode_entry_validates_variants_by_name():
         with pytest.raises(exc, match="window"):
             fp8kv_decode(q, cache, backend="reference", window=bad)
     for bad, exc in ((float("nan"), ValueError), (float("inf"), ValueError), (0, ValueError), (-3.0, ValueError),
-                     ("1", TypeError)):
+                     ("1", TypeError), (1e31, ValueError)):  # 1e31: above MAX_SOFT_CAP, where fp32 factors underflow
         with pytest.raises(exc, match="soft_cap"):
             fp8kv_decode(q, cache, backend="reference", soft_cap=bad)
     good = torch.zeros(4, device=DEVICE)

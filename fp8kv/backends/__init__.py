@@ -81,7 +81,7 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
     sm_scale : softmax scale, a positive finite number; default ``1 / sqrt(D)``.
     window, soft_cap, sinks : attention variants (defined in :func:`fp8kv.reference.decode`): a
         sliding window of ``window`` tokens (int >= 1), logit soft-capping ``cap * tanh(s / cap)``
-        (``soft_cap`` > 0), and per-query-head sink logits (fp32 ``[Hq]`` on q's device). None: off.
+        (0 < ``soft_cap`` <= 1e30, ``fp8kv.checks.MAX_SOFT_CAP``), and per-query-head sink logits (fp32 ``[Hq]`` on q's device). None: off.
         A backend without one raises UnsupportedError with the reason (``fp8kv.capability.variants``).
         vLLM's soft cap takes tanh from two exps: NaN once a scaled score passes about 88 × the cap.
     check : validate the *contents* too (default): q and sinks finite, and the cache's tables
