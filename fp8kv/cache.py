@@ -196,6 +196,28 @@ class PagedKVCache:
             _fail(f"block_table has shape {tuple(bt.shape)}; a cache needs at least one sequence and one "
                   "block per sequence")
 
+    def validate_arrays(self, contents: bool = True):
+        """Check what may have been replaced since construction (the attributes are plain): the pages'
+        dtypes, shapes and devices, the tables' dtypes and shapes, and each scale's dtype (fp32), shape
+        (:meth:`scale_shape`) and device; with ``contents`` also that every scale is positive and finite
+        (a host sync). A wrong-shaped scale would be read out of bounds by the kernels, a NaN or negative
+        one would decode to NaN or to a sign-flipped answer. ``fp8kv.decode`` calls it on every call,
+        with ``contents=check``."""
+        self._validate_pages()
+        shape = self.scale_shape() if self.is_fp8 else ()
+        for name in ("k_scale", "v_scale"):
+            s = getattr(self, name)
+            checks.tensor(s, name, dtypes=(torch.float32,), device=self.device,
+                          shape_hint=f"{shape} (fp32, granularity {self.granularity!r})")
+            if tuple(s.shape) != tuple(shape):
+                _fail(f"{name} has shape {tuple(s.shape)}; a {self.kv_dtype} cache of granularity {self.granularity!r} "
+                      f"holds scales of shape {tuple(shape)}")
+            if contents and s.numel():
+                bad = ~torch.isfinite(s) | (s <= 0)
+                if bool(bad.any()):
+                    idx = tuple(int(i) for i in bad.nonzero()[0])
+                    _fail(f"{name}{list(idx) if idx else ''}={float(s[idx])}; scales must be positive and finite")
+
     def validate_tables(self):
         """Check seq_lens against capacity and the used block-table entries against num_blocks.
 

@@ -640,3 +640,30 @@ def test_seq_lens_is_one_length_per_sequence(gen):
     assert PagedKVCache.from_dense(k, v, torch.tensor([3])).seq_lens.tolist() == [3]
     with pytest.raises(ValueError, match=r"k and v given as tensors must be 4-D \[B, max_len, Hkv, D\]"):
         PagedKVCache.from_dense(k[0], v[0], [3])
+
+
+def test_decode_refuses_scales_and_pages_replaced_after_the_cache_was_built():
+    """The attributes are plain: a scale or page tensor swapped in later reaches fp8kv.decode's check,
+    never a kernel (a wrong-shaped scale is read out of bounds, a NaN or negative one decodes wrongly)."""
+    import fp8kv
+
+    k, v = torch.randn(2, 20, 2, 16), torch.randn(2, 20, 2, 16)
+    cache = PagedKVCache.from_dense(k, v, [20, 5], kv_dtype="fp8_e4m3", granularity="head")
+    q = torch.randn(2, 4, 16)
+    fp8kv.decode(q, cache, backend="reference")  # as built: fine
+    cases = [("k_scale", torch.full((2,), float("nan")), ValueError, r"k_scale\[0\]=nan"),
+             ("v_scale", -cache.v_scale, ValueError, r"v_scale\[0\]=-"),
+             ("k_scale", torch.ones(5), ValueError, r"k_scale has shape \(5,\)"),
+             ("k_scale", torch.ones(2, dtype=torch.float64), TypeError, "k_scale has dtype float64"),
+             ("k_pages", cache.k_pages.view(torch.int8), TypeError, "k_pages has dtype torch.int8")]
+    for attr, value, exc, words in cases:
+        broken = cache.clone()
+        setattr(broken, attr, value)
+        for backend in ("reference", "triton"):
+            with pytest.raises(exc, match=words):
+                fp8kv.decode(q.half(), broken, backend=backend)
+    broken = cache.clone()
+    broken.k_scale = torch.full((2,), float("nan"))
+    broken.validate_arrays(contents=False)  # the values are a host sync: checked only with check=True
+    with pytest.raises(ValueError, match="k_scale"):
+        broken.validate_arrays()

@@ -84,11 +84,13 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
         (0 < ``soft_cap`` <= 1e30, ``fp8kv.checks.MAX_SOFT_CAP``), and per-query-head sink logits (fp32 ``[Hq]`` on q's device). None: off.
         A backend without one raises UnsupportedError with the reason (``fp8kv.capability.variants``).
         vLLM's soft cap takes tanh from two exps: NaN once a scaled score passes about 88 × the cap.
-    check : validate the *contents* too (default): q and sinks finite, and the cache's tables
+    check : validate the *contents* too (default): q and sinks finite, the cache's tables
         (``seq_lens`` within each row's capacity, every block-table entry that holds tokens inside
-        the page pool), which catches tables edited in place after the cache was built. It costs a
-        host sync, so a CUDA-graph capture or a timed loop passes ``check=False`` after one
-        checked call; shapes, dtypes, devices and scalars are validated either way. Without the
+        the page pool) and its scales (positive, finite), which catches tables or scales edited in
+        place after the cache was built. It costs a host sync, so a CUDA-graph capture or a timed
+        loop passes ``check=False`` after one checked call; shapes, dtypes, devices and scalars
+        (the cache's pages, tables and scales included: ``PagedKVCache.validate_arrays``) are
+        validated either way. Without the
         check a corrupt table cannot make a kernel read outside the pages (fp8kv's kernels clamp the
         indices; FlashInfer and vLLM, which do not, have the tables checked on every call), but the
         result is then meaningless.
@@ -122,6 +124,7 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
                                                        device=q.device, contents=check)
     if backend == "auto" and q.dtype == torch.float32:
         backend = "reference"  # the GPU kernels take 16-bit queries; the oracle takes fp32 as it is
+    cache.validate_arrays(contents=check)  # pages, tables and scales replaced since the cache was built
     # FlashInfer and vLLM read the table as it is (no clamping); their plans sync with the host anyway.
     if check or backend in ("flashinfer", "vllm"):
         cache.validate_tables()
