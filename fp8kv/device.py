@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import os
 import platform
 import re
 import subprocess
@@ -27,6 +28,7 @@ __all__ = [
     "current_arch",
     "package_version",
     "source_digest",
+    "free_memory_bytes",
 ]
 
 
@@ -105,6 +107,26 @@ def _digest(base: Path) -> str:
     for path in files:
         h.update(path.relative_to(base).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:12]
+
+
+def free_memory_bytes(device: str | int | torch.device | None = None) -> int | None:
+    """Memory a new allocation on ``device`` can take: a GPU's free memory (``cudaMemGetInfo``), or the
+    host's available memory (MemAvailable: free plus reclaimable caches; the free pages where that is
+    unknown). None where neither can be read."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _arch_string(props) -> str:

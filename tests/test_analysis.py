@@ -419,3 +419,14 @@ def test_error_vs_context_takes_numpy_and_generator_lengths():
     assert base["context_len"].tolist() == [4, 8]
     for lengths in (np.array([4, 8]), [np.int64(4), np.int64(8)], (n for n in (8, 4))):
         assert analysis.error_vs_context(_K, _K, _K[:1], lengths, **kw)["out_rel_err"].equals(base["out_rel_err"])
+
+
+def test_measured_cache_bytes_refuses_a_budget_beyond_the_free_memory(monkeypatch):
+    """A layer larger than the device's free memory is refused by name before the allocator fails."""
+    from fp8kv.analysis import capacity as cap
+
+    monkeypatch.setattr(cap, "free_memory_bytes", lambda device: 2**20)
+    with pytest.raises(ValueError, match=r"kv_memory_gib=1: one layer of SmolLM2-135M.*more than the 0.0009766 GiB free"):
+        analysis.measured_cache_bytes("SmolLM2-135M", "fp8_e4m3", kv_memory_gib=1)
+    monkeypatch.setattr(cap, "free_memory_bytes", lambda device: None)  # unknown: measured as before
+    assert analysis.measured_cache_bytes("SmolLM2-135M", "fp8_e4m3", kv_memory_gib=0.001)["equal"]

@@ -667,3 +667,10 @@ def test_decode_refuses_scales_and_pages_replaced_after_the_cache_was_built():
     broken.validate_arrays(contents=False)  # the values are a host sync: checked only with check=True
     with pytest.raises(ValueError, match="k_scale"):
         broken.validate_arrays()
+
+
+def test_seed_outside_torchs_generator_range_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"seed=1180591620717411303424; expected an int <= 18446744073709551615"):
+        PagedKVCache.empty(1, 16, 1, 16, seed=2**70)
+    PagedKVCache.empty(1, 16, 1, 16, seed=2**64 - 1)  # the ends of torch.Generator.manual_seed's range
+    PagedKVCache.empty(1, 16, 1, 16, seed=-(2**63))

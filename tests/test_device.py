@@ -4,6 +4,7 @@ The CUDA code paths are exercised on CPU machines through a fake ``torch.cuda`` 
 properties of an H200).
 """
 
+import os
 import platform
 import re
 import sys
@@ -193,3 +194,8 @@ def test_current_arch_rocm_uses_gfx_name(fake_gpu, monkeypatch):
 
 def test_current_arch_cpu(no_gpu):
     assert D.current_arch() is None
+
+
+def test_free_memory_bytes_of_the_host(no_gpu):
+    free = D.free_memory_bytes("cpu")
+    assert free is None or 0 < free <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

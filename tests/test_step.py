@@ -310,7 +310,7 @@ def test_cli_refuses_a_cpu_run_over_the_host_memory(capsys, monkeypatch):
     """Off a GPU, a sweep whose pool would not fit the host is refused with a line, not OOM-killed."""
     from fp8kv.step import measure
 
-    monkeypatch.setattr(measure, "_host_available_bytes", lambda: 2**30)
+    monkeypatch.setattr(measure, "free_memory_bytes", lambda dev: 2**30)
     code, err = _cli(capsys, "--model", "SmolLM2-135M", "--contexts", "16", "--gpu-memory", "80", "--device", "cpu",
                      "--kv-dtypes", "fp8_e4m3", "--no-save", "--quiet")
     assert code == 2 and err.count("\n") == 1, err

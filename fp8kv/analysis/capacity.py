@@ -16,7 +16,8 @@ import torch
 
 from .. import checks
 from ..cache import PagedKVCache
-from ..capacity import GIB, WEIGHT_BYTES, capacity_table, plan_capacity, resolve_model
+from ..capacity import GIB, WEIGHT_BYTES, capacity_table, gib_text, plan_capacity, resolve_model
+from ..device import free_memory_bytes
 from ..formats import kv_dtype_info
 from ..quant import GRANULARITIES, SCALE_BYTES, kv_scale_bytes
 
@@ -203,6 +204,11 @@ def measured_cache_bytes(model, kv_dtype, granularity: str = "tensor", *, kv_mem
     plan = plan_capacity(model, kv_dtype, kv_memory_gib=kv_memory_gib, block_size=block_size,
                          granularity=granularity, max_model_len=block_size)
     shape = resolve_model(model)
+    layer_bytes = (plan["bytes_per_token"] * plan["tokens"] + plan["fixed_scale_bytes"]) // shape.num_layers
+    free = free_memory_bytes(device)
+    if free is not None and layer_bytes > free:  # refused by name rather than failed in the allocator
+        checks.fail(f"kv_memory_gib={kv_memory_gib:g}: one layer of {shape.name}'s planned cache takes "
+                    f"{gib_text(layer_bytes)}, more than the {gib_text(free)} free on {device}; measure a smaller budget")
     cache = PagedKVCache.empty(1, plan["tokens"], shape.num_kv_heads, shape.head_dim, block_size=block_size,
                                kv_dtype=kv_dtype, granularity=granularity, device=device)
     if cache.num_blocks != plan["blocks"]:  # empty() reserves ceil(tokens / block_size) = blocks

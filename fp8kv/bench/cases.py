@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -157,19 +156,15 @@ def footprint_bytes(case: Case) -> int:
 
 
 def memory_budget(device: torch.device | str | None = None, fraction: float = 0.6) -> int:
-    """``fraction`` of the free memory of ``device`` (GPU: ``cudaMemGetInfo``; CPU: available RAM)."""
-    from ..device import resolve_device
+    """``fraction`` of the free memory of ``device`` (:func:`fp8kv.device.free_memory_bytes`)."""
+    from ..device import free_memory_bytes, resolve_device
 
     dev = resolve_device(device)
     if not 0 < fraction <= 1:
         _fail(f"fraction={fraction}; expected a number in (0, 1]")
-    if dev.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(dev)
-    else:
-        try:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):  # not Linux: assume 8 GiB
-            free = 8 * 2**30
+    free = free_memory_bytes(dev)
+    if free is None:  # unreadable here: assume 8 GiB
+        free = 8 * 2**30
     return int(free * fraction)
 
 

@@ -12,6 +12,7 @@ import torch
 from ..capability import UnsupportedError
 from ..capacity import ModelShape, gib_text
 from ..checks import fail as _fail
+from ..device import free_memory_bytes
 from ..results import utc_stamp
 from .layers import REAL_WEIGHTS, StepWeights, random_weights, weights_from_hf
 from .model import DecodeStep, KVPool
@@ -128,16 +129,6 @@ def pool_blocks(plans, dev) -> int:
     return max(max(p["batches"]) * math.ceil(p["context"] / p["plan"]["block_size"]) for p in plans)
 
 
-def _host_available_bytes() -> int | None:
-    """Host memory available to a new allocation (Linux: MemAvailable), or None where unknown."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except Exception:  # no psutil or no reading: skip the check
-        return None
-
-
 def check_host_memory(plans, dev, dtype=None) -> None:
     """Off a GPU, refuse (ValueError) a sweep whose largest model's weights plus its KV pools
     (:func:`pool_blocks`) exceed the host's available memory: the kernel would kill the process
@@ -145,7 +136,7 @@ def check_host_memory(plans, dev, dtype=None) -> None:
     dev = torch.device(dev)
     if dev.type == "cuda":
         return
-    avail = _host_available_bytes()
+    avail = free_memory_bytes(dev)
     if avail is None:
         return
     dtype = run_dtype(dev, dtype)
