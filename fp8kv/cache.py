@@ -41,7 +41,7 @@ from .quant import (
 )
 from .quant import scale_shape as scale_shape_of
 
-__all__ = ["PagedKVCache", "LAYOUTS", "QUERY_DTYPES", "shuffled_block_table"]
+__all__ = ["PagedKVCache", "LAYOUTS", "QUERY_DTYPES", "shuffled_block_table", "check_block_size"]
 
 LAYOUTS = ("NHD", "HND")
 QUERY_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # bf16, fp16, fp32 (fp32: the reference only)
@@ -77,10 +77,11 @@ def _is_unit_scale(value, name) -> bool:
     return bool((checks.positive_fp32(value, name, expected="None or 1.0") == 1).all())
 
 
-def _check_block_size(block_size) -> int:
-    bs = checks.positive_int(block_size, "block_size")
+def check_block_size(block_size, name: str = "block_size") -> int:
+    """Tokens per page: a power of two >= 8 (what every cache takes; kernels state their own limits)."""
+    bs = checks.positive_int(block_size, name)
     if bs < 8 or bs & (bs - 1):
-        _fail(f"block_size={bs} must be a power of two >= 8 (kernels state their own limits)")
+        _fail(f"{name}={bs} must be a power of two >= 8 (kernels state their own limits)")
     return bs
 
 
@@ -173,7 +174,7 @@ class PagedKVCache:
         if v.device != k.device:
             _fail(f"v_pages is on {v.device} but k_pages is on {k.device}")
         _check_data_device(k.device, "k_pages")
-        _check_block_size(self.block_size)
+        check_block_size(self.block_size)
         for name, n in (("num_blocks", self.num_blocks), ("num_kv_heads", self.num_kv_heads),
                         ("head_dim", self.head_dim)):
             if n < 1:
@@ -352,7 +353,7 @@ class PagedKVCache:
         max_seq_len = checks.positive_int(max_seq_len, "max_seq_len")
         num_kv_heads = checks.positive_int(num_kv_heads, "num_kv_heads")
         head_dim = checks.positive_int(head_dim, "head_dim")
-        block_size = _check_block_size(block_size)
+        block_size = check_block_size(block_size)
         checks.one_of(layout, "layout", LAYOUTS)
         seed = checks.integer(seed, "seed", minimum=-(2**63), maximum=2**64 - 1)  # torch.Generator.manual_seed's range
         device = checks.device(device)

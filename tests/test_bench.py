@@ -531,6 +531,14 @@ def test_main_rejects_bad_arguments():
         bench.main(["--preset", "smoke", "--heads", "32x8"])
 
 
+def test_a_page_size_no_cache_takes_is_a_usage_error(capsys):
+    """Refused before any case is built (exit 2, one line), not case by case after the run started."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--batches", "1", "--contexts", "32", "--block-sizes", "16", "12", "--backends", "reference",
+                    "--no-save", "--device", "cpu"])
+    assert exc.value.code == 2 and "block_sizes[1]=12 must be a power of two >= 8" in capsys.readouterr().err
+
+
 @ON_CPU_MACHINES
 def test_main_smoke_preset_as_a_module(tmp_path):
     # --interpret alone (TRITON_INTERPRET unset): the module imports triton before it parses its options,

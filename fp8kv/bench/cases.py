@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import checks
-from ..cache import LAYOUTS
+from ..cache import LAYOUTS, check_block_size
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, check_query
 from ..capability import check as capability_check
 from ..capacity import gib_text
@@ -230,8 +230,8 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
             if len(x) != 3:
                 _fail(f"shapes entry {x!r}; expected (num_q_heads, num_kv_heads, head_dim) triples such as (32, 8, 128)")
     cases, seen = [], set()
-    grid = itertools.product(_as_list(batches, "batches"), _as_list(contexts, "contexts"), layouts,
-                             _as_list(block_sizes, "block_sizes"),
+    block_sizes = [check_block_size(bs, f"block_sizes[{i}]") for i, bs in enumerate(_as_list(block_sizes, "block_sizes"))]
+    grid = itertools.product(_as_list(batches, "batches"), _as_list(contexts, "contexts"), layouts, block_sizes,
                              _as_list(kv_dtypes, "kv_dtypes"), _as_list(backends, "backends"),
                              _as_list(modes, "modes"), _as_list(granularities, "granularities"))
     grid = itertools.product(grid, _as_list(list(windows), "windows"))
