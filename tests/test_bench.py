@@ -415,6 +415,25 @@ def test_speedup_table_keeps_saved_runs_apart():
         layout_table(both.assign(**layout_cols))
 
 
+@pytest.mark.parametrize("apart, value_a, value_b, says", [
+    ("num_q_heads", 32, 64, ["32/8/128", "64/8/128"]),  # a head-layout sweep (--heads 32:8 64:8)
+    ("block_size", 16, 32, ["page 16", "page 32"]),
+    ("window", float("nan"), 1024, ["no window", "window 1024"]),
+    ("gpu_slug", "nvidia-h100", "nvidia-h200", ["nvidia-h100", "nvidia-h200"]),
+])
+def test_speedup_heatmap_never_takes_a_median_across_shapes(apart, value_a, value_b, says):
+    """Rows that differ in more than batch and context get a heatmap row each, named by what differs:
+    FP8 2.0x on one and 1.0x on the other is never one cell of 1.50x."""
+    from fp8kv.viz import speedup_heatmap
+
+    a = _rows([("triton", "", "bf16", "dequant", 100.0, "ok", True), ("triton", "", "fp8_e4m3", "dequant", 50.0, "ok", True)])
+    b = _rows([("triton", "", "bf16", "dequant", 100.0, "ok", True), ("triton", "", "fp8_e4m3", "dequant", 100.0, "ok", True)])
+    sp = speedup_table(pd.concat([a.assign(**{apart: value_a}), b.assign(**{apart: value_b})], ignore_index=True))
+    cells = speedup_heatmap(sp).data[0]
+    assert sorted(cells.y) == [f"triton fp8_e4m3 dequant · {w}" for w in says]
+    assert sorted(v for line in cells.text for v in line) == ["1.00×", "2.00×"]
+
+
 def test_speedup_table_without_baselines_gives_nan_and_rejects_foreign_frames():
     sp = speedup_table(_rows([("triton", "", "fp8_e4m3", "dequant", 50.0, "ok", True)]))
     assert len(sp) == 1 and math.isnan(sp.loc[0, "speedup_vs_bf16"]) and math.isnan(sp.loc[0, "speedup_vs_flashinfer_fp8"])

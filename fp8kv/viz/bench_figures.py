@@ -67,6 +67,35 @@ def bench_metric(df, metric: str, x: str) -> go.Figure:
                        log_y=metric == "time_us", title=f"{axis_title(metric)} vs {axis_title(x)}")
 
 
+def _head_layout(r) -> str:
+    return f"{r['num_q_heads']}/{r['num_kv_heads']}/{r['head_dim']}"
+
+
+def _window(r) -> str:
+    w = r["window"]
+    return "no window" if w is None or w != w else f"window {int(w)}"  # None or NaN: the whole context
+
+
+# What else tells a heatmap's rows apart besides batch and context (its columns): where any of these differ
+# among the rows, it joins the row label, so that no cell is a median across GPUs, head layouts, pages,
+# windows or runs. (columns, how a row says it)
+_APART = ((("gpu_slug",), lambda r: str(r["gpu_slug"])),
+          (("num_q_heads", "num_kv_heads", "head_dim"), _head_layout),
+          (("block_size",), lambda r: f"page {r['block_size']}"),
+          (("window",), _window),
+          (("layout",), lambda r: f"{r['layout']} pages"),
+          (("timestamp",), lambda r: f"run {_run_date(r['timestamp'])}"))
+
+
+def _rows_kept_apart(sp, row: str) -> list[str]:
+    """``sp[row]`` with " · " and whatever differs among the rows besides batch and context (:data:`_APART`)."""
+    parts = [sp[row].astype(str).tolist()]
+    for cols, say in _APART:
+        if all(c in sp.columns for c in cols) and len(sp[list(cols)].astype(str).drop_duplicates()) > 1:
+            parts.append([say(r) for _, r in sp.iterrows()])
+    return [" · ".join(p) for p in zip(*parts, strict=True)]
+
+
 def _run_date(stamp) -> str:
     """A run's ``timestamp`` (``2026-12-02T15:07:36Z``) as a row label prints it: ``2026-12-02 15:07Z``."""
     stamp = str(stamp)
@@ -75,9 +104,10 @@ def _run_date(stamp) -> str:
 
 def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", baseline: str = "bf16",
                     title: str | None = None) -> go.Figure:
-    """Heat-map of a speedup (× faster; > 1 is faster): rows = ``row`` (each FP8 configuration; with
-    several runs, such as saved ones, one row per configuration and run, named by the run's date),
-    columns = shape (batch, context), a diverging colour scale centred on 1.
+    """Heat-map of a speedup (× faster; > 1 is faster): rows = ``row`` (each FP8 configuration; where the
+    rows also differ in GPU, head layout, page size, window, page layout or run, such as saved runs
+    concatenated, one row per configuration and each of those, named), columns = shape (batch,
+    context), a diverging colour scale centred on 1. No cell is a median across any of them.
 
     Parameters
     ----------
@@ -88,10 +118,7 @@ def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", b
     import numpy as np
 
     _require_columns(sp, [row, value, "batch", "context", "time_us"], "sp")
-    if "layout" in sp.columns and sp["layout"].nunique() > 1:  # saved runs of both page layouts: one row each
-        sp = sp.assign(**{row: sp[row].astype(str) + " · " + sp["layout"].astype(str) + " pages"})
-    if "timestamp" in sp.columns and sp["timestamp"].nunique() > 1:  # saved runs: one row each, dated
-        sp = sp.assign(**{row: sp[row].astype(str) + " · run " + sp["timestamp"].map(_run_date)})
+    sp = sp.assign(**{row: _rows_kept_apart(sp, row)})
     data = sp.sort_values(["batch", "context"])
     data = data.assign(shape=[f"B={b} · ctx={c}" for b, c in zip(data["batch"], data["context"], strict=True)])
     cols = list(dict.fromkeys(data["shape"]))
