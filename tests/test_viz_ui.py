@@ -4,6 +4,7 @@ That the figures survive the HTML export is checked end to end in test_notebook_
 """
 
 import math
+import re
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -416,3 +417,25 @@ def test_series_of_one_figure_are_far_apart_in_colour():
     for a, b in itertools.combinations(colours.values(), 2):
         assert viz.style._rgb_distance(a, b) >= viz.MIN_COLOUR_DISTANCE, (a, b)
     assert viz.color_map(labels[::-1]) == colours
+
+
+def test_figures_refuse_frames_they_cannot_draw_by_name():
+    """Empty frames, NaN keys and duplicated cells: a ValueError that says what is wrong with the frame,
+    not a plotly or pandas error from inside the figure."""
+    import numpy as np
+
+    m = pd.DataFrame([dict(backend="triton", mode="dequant", kv_dtype="fp8_e4m3", granularity="tensor",
+                           status="passed", rel_err=0.01, tol=0.02, reason="r")] * 2)
+    cases = [(lambda: viz.backend_check_matrix(m), "2 rows for triton · dequant × fp8_e4m3 · tensor"),
+             (lambda: viz.backend_check_matrix(m.iloc[0:0]), "no rows"),
+             (lambda: viz.backend_check_matrix(m.iloc[:1].assign(kv_dtype=[np.nan])), "NaN in column 'kv_dtype'"),
+             (lambda: viz.quant_error_heatmap(pd.DataFrame(dict(out_rel_err=[], granularity=[], scale_method=[],
+                                                                format=[]))), "no rows"),
+             (lambda: viz.capability_matrix([]), "empty list"),
+             (lambda: viz.tokens_label(float("nan")), "token count"),
+             (lambda: viz.bench_metric(pd.DataFrame(dict(label=["a", "a"], context=[1024, np.nan], batch=[1, 1],
+                                                        time_us=[1.0, 2.0])), "time_us", "context"), "token count")]
+    for call, words in cases:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            call()
+    viz.backend_check_matrix(m.iloc[:1])  # one row per cell: drawn

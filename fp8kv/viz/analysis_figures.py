@@ -26,7 +26,8 @@ def quant_error_heatmap(df, value: str = "out_rel_err", *, row: str = "granulari
     import numpy as np
     from plotly.subplots import make_subplots
 
-    _require_columns(df, [value, row, col, facet])
+    _require_columns(df, [row, col, facet], rows=True)
+    _require_columns(df, [value])
     panels = list(dict.fromkeys(df[facet])) if facet else [None]
     rows = list(dict.fromkeys(df[row]))
     cols = list(dict.fromkeys(df[col]))

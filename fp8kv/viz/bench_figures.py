@@ -89,7 +89,7 @@ _APART = ((("gpu_slug",), lambda r: str(r["gpu_slug"])),
 
 def _rows_kept_apart(sp, row: str) -> list[str]:
     """``sp[row]`` with " · " and whatever differs among the rows besides batch and context (:data:`_APART`)."""
-    parts = [sp[row].astype(str).tolist()]
+    parts = [sp[row].map(str).tolist()]
     for cols, say in _APART:
         if all(c in sp.columns for c in cols) and len(sp[list(cols)].astype(str).drop_duplicates()) > 1:
             parts.append([say(r) for _, r in sp.iterrows()])
@@ -192,6 +192,7 @@ def backend_check_matrix(df, *, title: str | None = None) -> go.Figure:
     """
     need = ["backend", "mode", "kv_dtype", "granularity", "status", "rel_err", "tol", "reason"]
     _require_columns(df, need)
+    _require_columns(df, ["backend", "mode", "kv_dtype", "status"], rows=True)
     unknown = sorted(set(df["status"]) - set(MATRIX_STATUS_COLORS))
     if unknown:
         raise ValueError(f"df has status values {unknown}; expected {list(MATRIX_STATUS_COLORS)}")
@@ -218,14 +219,19 @@ def backend_check_matrix(df, *, title: str | None = None) -> go.Figure:
     ]
     rows = list(dict.fromkeys(data["row"]))
     cols = list(dict.fromkeys(data["col"]))
+    twice = data[data.duplicated(["row", "col"], keep=False)]
+    if len(twice):  # e.g. two q dtypes or two GPUs concatenated: one cell cannot show both
+        r = twice.iloc[0]
+        raise ValueError(f"df has {len(twice)} rows for {r['row']} × {r['col']}; one per combination is drawn: "
+                         "select one q_dtype / device first")
 
     def grid(v):
         return data.pivot(index="row", columns="col", values=v).reindex(index=rows, columns=cols)
 
     code = grid("code").to_numpy(dtype=float)
     absent = np.isnan(code)
-    text = grid("cell").fillna("").to_numpy()
-    hover = grid("hover").fillna("").to_numpy()
+    text = grid("cell").fillna("").to_numpy(copy=True)  # written below: never a read-only view
+    hover = grid("hover").fillna("").to_numpy(copy=True)
     text[absent] = "—"
     hover[absent] = "not in the matrix: no such combination"
 

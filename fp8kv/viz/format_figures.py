@@ -147,8 +147,14 @@ def capability_matrix(tables, *, highlight: str | None = None) -> go.Figure:
     """
     import pandas as pd
 
-    df = pd.concat(list(tables), ignore_index=True) if isinstance(tables, (list, tuple)) else tables
-    _require_columns(df, ["arch", "backend", "kv_dtype", "mode", "supported", "reason"], "tables")
+    if isinstance(tables, (list, tuple)):
+        if not tables:
+            raise ValueError("tables is an empty list; give fp8kv.capability.capability() tables to draw")
+        df = pd.concat(list(tables), ignore_index=True)
+    else:
+        df = tables
+    _require_columns(df, ["arch", "backend", "kv_dtype", "mode"], "tables", rows=True)
+    _require_columns(df, ["supported", "reason"], "tables")
     df = df.assign(column=df["backend"] + " · " + df["kv_dtype"] + " · " + df["mode"])
     dup = df.duplicated(["arch", "column"])
     if dup.any():

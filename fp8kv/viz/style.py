@@ -70,6 +70,8 @@ TOKEN_COLUMNS = ("context", "context_len", "tokens", "window")  # columns that c
 
 def tokens_label(n: int) -> str:
     """A token count as people write it: ``16k`` for 16384, ``1000`` for 1000."""
+    if n != n:  # NaN: a row without its context
+        raise ValueError("a token count (context, window) is NaN; each row needs a number there")
     n = int(n)
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
@@ -218,10 +220,19 @@ def setup_plotly(renderer: str = DEFAULT_RENDERER, template: str = "plotly_white
     pio.templates.default = template
 
 
-def _require_columns(df, columns, arg="df"):
+def _require_columns(df, columns, arg="df", *, rows: bool = False):
+    """``df`` has ``columns`` (None entries skipped); with ``rows``, at least one row and no NaN in them
+    (a figure that draws one cell or panel per value has nothing to draw, or a NaN cell, otherwise)."""
     missing = [c for c in columns if c is not None and c not in df.columns]
     if missing:
         raise ValueError(f"{arg} lacks column(s) {missing}; it has {list(df.columns)}")
+    if rows:
+        if not len(df):
+            raise ValueError(f"{arg} has no rows: nothing to draw")
+        for c in columns:
+            if c is not None and df[c].isna().any():
+                raise ValueError(f"{arg} has NaN in column {c!r} (row {int(df[c].isna().to_numpy().nonzero()[0][0])}); "
+                                 "each row needs a value there")
 
 
 def line(df, x: str, y: str, color: str | None = None, *, log_x: bool = False, log_y: bool = False,
