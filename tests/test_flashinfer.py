@@ -226,6 +226,21 @@ def test_prefill_validates_before_needing_flashinfer(make_cache):
         fib.prefill(q, [2, 2], cache)
     with pytest.raises(TypeError, match="bfloat16 or float16"):
         fib.prefill(q.float(), [2, 3], cache)
+    for kwargs, exc, words in ((dict(sm_scale=-1.0), ValueError, "sm_scale=-1.0"),
+                               (dict(sm_scale=float("nan")), ValueError, "sm_scale=nan"),
+                               (dict(causal="no"), TypeError, "causal='no'")):
+        with pytest.raises(exc, match=words):
+            fib.prefill(q, [2, 3], cache, **kwargs)
+    with pytest.raises(TypeError, match=r"qo_lens\[1\]=2.7"):  # not truncated to 2
+        fib.prefill(q, [2, 2.7], cache)
+    bad = q.clone()
+    bad[0, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match="q has 1 non-finite"):
+        fib.prefill(bad, [2, 3], cache)
+    broken = cache.clone()
+    broken.block_table[1, 0] = 99
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\]=99"):
+        fib.prefill(q, [2, 3], broken)
 
 
 # ------------------------------------------------------------------------------- capability rows

@@ -468,12 +468,16 @@ def prefill(q: torch.Tensor, qo_lens, cache: PagedKVCache, causal: bool = True,
     Parameters
     ----------
     q : ``[sum(qo_lens), Hq, D]`` bfloat16 / float16: the queries of sequence 0, then 1, ...
-    qo_lens : ints ``[B]``: query tokens per sequence, ``0 <= qo_lens[i] <= seq_lens[i]``. They are
+    qo_lens : ints ``[B]`` (a list, or a 1-D int tensor): query tokens per sequence,
+        ``0 <= qo_lens[i] <= seq_lens[i]``. They are
         the *last* ``qo_lens[i]`` positions of each sequence, whose K/V must already be in the cache.
     cache : the cache (every ``seq_lens[i] >= 1``; tensor / head / channel scales).
     causal : query ``j`` of sequence ``i`` sees keys ``0 .. seq_lens[i] - qo_lens[i] + j``
         (FlashInfer's bottom-right alignment); False: every query sees the whole sequence.
-    sm_scale : default ``1/sqrt(D)``.
+    sm_scale : a positive finite number, default ``1/sqrt(D)``.
+
+    Every argument is checked here (q finite, the cache's tables and scales: FlashInfer reads them as
+    they are), before FlashInfer is asked.
 
     Returns ``out`` ``[sum(qo_lens), Hq, D]`` (q's dtype) and ``lse`` ``[sum(qo_lens), Hq]`` fp32
     (natural log). Plans on every call (for notebooks, not timing).
@@ -487,7 +491,17 @@ def prefill(q: torch.Tensor, qo_lens, cache: PagedKVCache, causal: bool = True,
     if q.shape[-1] != cache.head_dim or q.shape[1] % cache.num_kv_heads:
         raise ValueError(f"q {tuple(q.shape)} does not fit the cache (head_dim {cache.head_dim}, "
                          f"{cache.num_kv_heads} KV heads: Hq must be a multiple)")
-    lens_q = torch.as_tensor(qo_lens).detach().to("cpu", torch.int64).reshape(-1)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal={causal!r} ({type(causal).__name__}); expected True or False")
+    if sm_scale is not None:
+        sm_scale = checks.positive_float(sm_scale, "sm_scale")
+    if isinstance(qo_lens, torch.Tensor):
+        lens_q = checks.int_tensor(qo_lens, "qo_lens", ndim=1).detach().to("cpu", torch.int64)
+    else:  # a list of ints: 2.7 is no query count (as_tensor would truncate it)
+        lens_q = torch.tensor([checks.integer(n, f"qo_lens[{i}]") for i, n in enumerate(qo_lens)], dtype=torch.int64)
+    cache.validate_arrays()  # FlashInfer reads the tables and scales as they are
+    cache.validate_tables()
+    checks.finite_tensor(q, "q")
     lens_kv = cache.seq_lens.detach().to("cpu", torch.int64)
     if lens_q.numel() != cache.batch_size:
         raise ValueError(f"qo_lens has {lens_q.numel()} entries but the cache holds {cache.batch_size} sequences")
@@ -511,7 +525,7 @@ def prefill(q: torch.Tensor, qo_lens, cache: PagedKVCache, causal: bool = True,
     fi = _import_flashinfer()
     hq = q.shape[1]
     fold = plan_scales(cache, hq)
-    sm_scale = 1.0 / math.sqrt(cache.head_dim) if sm_scale is None else float(sm_scale)
+    sm_scale = 1.0 / math.sqrt(cache.head_dim) if sm_scale is None else sm_scale
     indptr, indices, last = paged_kv_args(cache)
     wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace(cache.device), cache.layout)
     wrapper.plan(qo_indptr(lens_q, cache.device), indptr, indices, last, hq, cache.num_kv_heads,
