@@ -44,8 +44,10 @@ import os
 from collections.abc import Sequence
 
 from . import checks
+from .cache import LAYOUTS  # same layer as capability; cache imports nothing of it
 from .device import current_arch  # the arch of a device ("sm90"), None on CPU
 from .formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, is_fp8
+from .quant import GRANULARITIES
 
 __all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "VARIANTS", "UnsupportedError",
            "check", "check_query", "capability", "current_arch",
@@ -88,7 +90,11 @@ def check_query(backend: str, q_dtype, kv_dtype: str) -> tuple[bool, str]:
     ``kv_dtype`` cache: ``(ok, reason)``, the reason a whole message naming the query's dtype. The
     kernels take 16-bit queries (fp32: the reference only); FlashInfer and vLLM's kernel pair a 16-bit
     query with a cache of the same type or FP8 (vLLM casts the pages to the query's type); fp8kv's
-    kernel refuses an fp16 query over bf16 pages, whose fp16 dots would turn values beyond 65504 into inf."""
+    kernel refuses an fp16 query over bf16 pages, whose fp16 dots would turn values beyond 65504 into inf.
+
+    A ``backend`` or ``kv_dtype`` that is not a name is a ValueError naming it."""
+    checks.one_of(backend, "backend", BACKEND_NAMES)
+    checks.one_of(kv_dtype, "kv_dtype", KV_DTYPE_NAMES)
     q = next((n for n, dt in UNQUANTIZED_DTYPES.items() if dt == q_dtype), q_dtype)
     if q not in UNQUANTIZED_DTYPES:
         return False, f"q is {q_dtype!r}; expected one of {tuple(UNQUANTIZED_DTYPES)}"
@@ -186,10 +192,18 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
     With ``arch=None`` the question is about *this* machine: the current GPU, what is installed,
     and (on CPU) whether the Triton interpreter is on. With an explicit arch it is about that arch.
     ``layout`` is the cache's page layout ("NHD" or "HND"; vLLM's kernel reads NHD only).
+
+    Arguments outside their sets (``granularity`` of :data:`fp8kv.quant.GRANULARITIES`, ``layout``
+    of :data:`fp8kv.cache.LAYOUTS`, ``head_dim`` None or an int >= 1) are a ValueError/TypeError
+    naming them; ``(False, reason)`` is for valid arguments that do not run.
     """
     checks.one_of(backend, "backend", BACKEND_NAMES)
     checks.one_of(mode, "mode", MODES)
     checks.one_of(kv_dtype, "kv_dtype", KV_DTYPE_NAMES)
+    checks.one_of(granularity, "granularity", GRANULARITIES)
+    checks.one_of(layout, "layout", LAYOUTS)
+    if head_dim is not None:
+        head_dim = checks.positive_int(head_dim, "head_dim")
     if arch is not None:
         return _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim, layout)
     here = current_arch()
@@ -252,7 +266,7 @@ def capability(arch: str | Sequence[str] | None = None):
         for kv in KV_DTYPE_NAMES:
             for mode in MODES:
                 ok, why = check(backend, kv, mode, arch)
-                grans = [g for g in ("tensor", "head", "token_head", "channel")
+                grans = [g for g in GRANULARITIES
                          if check(backend, kv, mode, arch, granularity=g)[0]] if is_fp8(kv) else []
                 rows.append(dict(arch=label, backend=backend, kv_dtype=kv, mode=mode, supported=ok,
                                  granularities=",".join(grans) if ok else "", reason=why))

@@ -9,16 +9,26 @@ then 32 or 64). A shape the table does not hold, or a GPU without a table, keeps
 batch and context, its time and the rule's time), so the file says why it holds what it holds.
 Per GPU model, not per arch: tiles that suit an H200's bandwidth need not suit another sm90 part,
 and tuning one GPU never rewrites another's table.
+
+A table is checked as it is read: JSON holding ``{"gpu": <the slug it is looked up for>, "entries": {key:
+{block_n, num_warps, num_stages, ...}}}`` with positive int launch values, else a ValueError naming the
+file and what is wrong. It is re-read when the file changes (its inode, mtime or size), not once per process.
+Which warp counts and tile sizes a launch may take lives here too (``WARP_COUNTS``, ``MAX_BLOCK_N``), the one
+home that this table's entries and :mod:`fp8kv.ops`'s launch overrides are both checked against.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import warnings
 from pathlib import Path
 
 TABLE_DIR = Path(__file__).resolve().parent / "data"
 LAUNCH_KEYS = ("block_n", "num_warps", "num_stages")  # what an entry sets
+# What a Triton launch may take (checked here for the table's entries, by fp8kv.ops for a caller's overrides):
+WARP_COUNTS = (1, 2, 4, 8, 16)  # num_warps
+MAX_BLOCK_N = 256  # tokens per tile, a power of two: a 256 x 256 tile already exceeds every GPU's registers
 
 
 def table_path(gpu: str, table_dir: str | Path | None = None) -> Path:
@@ -31,39 +41,98 @@ def entry_key(kv_fp8: bool, mode: str, head_dim: int, group_pad: int) -> str:
     return f"{'fp8' if kv_fp8 else '16bit'}/{mode}/d{head_dim}/m{group_pad}"
 
 
-@functools.cache
-def _load(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    entries = json.loads(path.read_text())["entries"]
-    for key, e in entries.items():  # a hand-edited file fails here, by name, not inside a launch
-        if not all(isinstance(e.get(k), int) and e[k] > 0 for k in LAUNCH_KEYS):
-            raise ValueError(f"{path}: entry {key!r} needs positive ints {LAUNCH_KEYS}, got {e!r}")
+def _entry_problem(e) -> str | None:
+    """What is wrong with one entry, or None."""
+    if not isinstance(e, dict):
+        return f"is {e!r} ({type(e).__name__}); expected an object with {LAUNCH_KEYS}"
+    # bool is an int subclass: true/false in the JSON is no launch value
+    bad = [k for k in LAUNCH_KEYS if isinstance(e.get(k), bool) or not isinstance(e.get(k), int) or e[k] <= 0]
+    if bad:
+        return f"needs positive ints {LAUNCH_KEYS}; {', '.join(f'{k}={e.get(k)!r}' for k in bad)}"
+    if e["num_warps"] not in WARP_COUNTS:
+        return f"has num_warps={e['num_warps']}; expected one of {WARP_COUNTS}"
+    if e["block_n"] > MAX_BLOCK_N or e["block_n"] & (e["block_n"] - 1):
+        return f"has block_n={e['block_n']}; expected a power of two up to {MAX_BLOCK_N}"
+    return None
+
+
+def _entries(path: Path, gpu: str) -> dict:
+    """The raw entries of the table at ``path``, its structure checked (each entry is not)."""
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path}: not a launch table (not valid JSON: {exc}); rerun python -m "
+                         "fp8kv.bench.tune or delete it") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: holds a JSON {type(doc).__name__}; expected an object with 'gpu' and 'entries'")
+    entries = doc.get("entries")
+    if not isinstance(entries, dict):
+        raise ValueError(f"{path}: 'entries' is {entries!r}; expected an object mapping shape keys such as "
+                         f"{entry_key(True, 'dequant', 128, 16)!r} to launches")
+    if doc.get("gpu") != gpu:  # a table copied from another GPU's file would set launches measured elsewhere
+        raise ValueError(f"{path}: its gpu is {doc.get('gpu')!r}, but it was looked up for gpu {gpu!r}; "
+                         f"a table holds the launches of the GPU it names")
     return entries
+
+
+@functools.lru_cache(maxsize=32)
+def _load(path: Path, gpu: str, stamp: tuple[int, int, int]) -> dict:
+    """The checked entries of ``path``; ``stamp`` (inode, mtime, size) keys the cache to the file's version."""
+    entries = _entries(path, gpu)
+    for key, e in entries.items():  # a hand-edited file fails here, by name, not inside a launch
+        problem = _entry_problem(e)
+        if problem:
+            raise ValueError(f"{path}: entry {key!r} {problem}")
+    return entries
+
+
+def _table(path: Path, gpu: str) -> dict:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return {}
+    return _load(path, gpu, (st.st_ino, st.st_mtime_ns, st.st_size))
 
 
 def lookup(gpu: str | None, kv_fp8: bool, mode: str, head_dim: int, group_pad: int,
            table_dir: str | Path | None = None) -> dict | None:
-    """The measured ``{block_n, num_warps, num_stages}`` for this shape on ``gpu``, or None."""
+    """The measured ``{block_n, num_warps, num_stages}`` for this shape on ``gpu``, or None.
+
+    ValueError naming the file when ``gpu``'s table is not a valid table of that GPU."""
     if gpu is None:
         return None
-    e = _load(table_path(gpu, table_dir)).get(entry_key(kv_fp8, mode, head_dim, group_pad))
+    e = _table(table_path(gpu, table_dir), gpu).get(entry_key(kv_fp8, mode, head_dim, group_pad))
     return None if e is None else {k: e[k] for k in LAUNCH_KEYS}
 
 
 def write(gpu: str, entries: dict[str, dict], meta: dict, table_dir: str | Path | None = None) -> Path:
-    """Merge ``entries`` into the table of ``gpu`` (entries of other shapes stay) and write it.
+    """Merge ``entries`` into the table of ``gpu`` (valid entries of other shapes stay) and write it.
 
-    The file is replaced whole (written beside it, then renamed), so an interrupted write leaves the
-    previous table.
+    A new entry without positive int launch values is a ValueError naming it. An old file that is no
+    valid table of ``gpu`` (not JSON, another GPU's, no entries), and old entries that are invalid, are
+    dropped with a warning naming them. The file is replaced whole (written beside it, then renamed),
+    so an interrupted write leaves the previous table.
     """
+    for key, e in entries.items():
+        problem = _entry_problem(e)
+        if problem:
+            raise ValueError(f"entries[{key!r}] {problem}")
     path = table_path(gpu, table_dir)
-    old = json.loads(path.read_text()) if path.is_file() else {}
-    merged = {**old.get("entries", {}), **entries}
-    doc = {"gpu": gpu, **meta, "entries": dict(sorted(merged.items()))}
+    old = {}
+    if path.is_file():
+        try:
+            old = _entries(path, gpu)
+        except ValueError as exc:
+            warnings.warn(f"{exc}; replacing it with the new entries", stacklevel=2)
+        dropped = {k: p for k, e in old.items() if k not in entries and (p := _entry_problem(e))}
+        for key, problem in dropped.items():
+            warnings.warn(f"{path}: dropping invalid entry {key!r}: it {problem}", stacklevel=2)
+        old = {k: e for k, e in old.items() if k not in dropped}
+    merged = {**old, **entries}
+    doc = {**meta, "gpu": gpu, "entries": dict(sorted(merged.items()))}  # meta cannot rename the GPU
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(path)
-    _load.cache_clear()
+    _load.cache_clear()  # a rewrite within one mtime tick could keep the stamp
     return path

@@ -6,11 +6,13 @@
     df[df.status != "passed"]        # what failed, errored or cannot run here, and why
 
 For each combination :func:`fp8kv.capability.check` is asked first (``arch=None``: this machine,
-with what is installed and, on CPU, whether the Triton interpreter is on). Where it says no, the row
-has ``status="unsupported"`` and the table's reason. Otherwise :func:`fp8kv.decode` runs once through
-that backend and mode, and its output and LSE are compared with :func:`fp8kv.reference.decode` on
-the *same* cache (kernel error on the dequantized cache, not quantization error), with the output
-tolerances of :func:`fp8kv.reference.output_tolerance` and :func:`fp8kv.reference.lse_tolerance`.
+with what is installed and, on CPU, whether the Triton interpreter is on), then
+:func:`fp8kv.capability.check_query` (whether the backend takes the row's query dtype over that
+cache). Where either says no, the row has ``status="unsupported"`` and that reason. Otherwise
+:func:`fp8kv.decode` runs once through that backend and mode, and its output and LSE are compared
+with :func:`fp8kv.reference.decode` on the *same* cache (kernel error on the dequantized cache, not
+quantization error), with the output tolerances of :func:`fp8kv.reference.output_tolerance` and
+:func:`fp8kv.reference.lse_tolerance`.
 A backend that returns no LSE (vLLM's kernel; its ``reason`` says so) is judged on its output alone,
 with ``lse_err`` and ``lse_tol`` NaN.
 
@@ -24,9 +26,9 @@ Rows
 reason, error, seconds, batch, seq_lens, num_q_heads, num_kv_heads, head_dim, block_size, device,
 arch``. ``status`` is ``"passed"``, ``"failed"`` (ran; an error above its tolerance), ``"error"``
 (ran and raised although the capability table says it runs: the exception is in ``error``) or
-``"unsupported"`` (``reason`` = the capability table's reason). ``reason`` is always
-``capability.check``'s text: for rows that ran it says how the combination runs. ``seconds`` is the
-wall time of the one checked call, compilation included (not a benchmark).
+``"unsupported"`` (``reason`` = the capability table's reason, or ``check_query``'s for a query dtype
+the backend refuses). For rows that ran ``reason`` is ``capability.check``'s text: how the combination
+runs. ``seconds`` is the wall time of the one checked call, compilation included (not a benchmark).
 
 The combinations are those of :func:`fp8kv.bench.sweep`: the product of the axes minus what is not
 a combination at all. A 16-bit cache carries no scales, so its granularities collapse to one row
@@ -45,7 +47,7 @@ import torch
 
 from . import checks
 from .cache import PagedKVCache
-from .capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES
+from .capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, check_query
 from .capability import check as capability_check
 from .formats import UNQUANTIZED_DTYPES, is_fp8
 from .quant import GRANULARITIES, relative_error
@@ -178,6 +180,9 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPE_NAMES, mo
                                error="", rel_err=math.nan, lse_err=math.nan, tol=math.nan, lse_tol=math.nan,
                                seconds=math.nan)
                     ok, why = capability_check(backend, kv, mode, None, gran, head_dim)
+                    if ok:  # a query dtype the backend refuses is a fact, not a failure of the run
+                        q_ok, q_why = check_query(backend, qd, kv)
+                        ok, why = q_ok, (why if q_ok else q_why)
                     row["reason"] = why
                     if not ok:
                         row.update(status="unsupported")

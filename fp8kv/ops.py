@@ -56,8 +56,8 @@ DEFAULT_SM89_CONVERT = "ptx"
 _MODE_FLAGS = {"dequant": (False, False), "fp8": (True, True)}
 _COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 OUT_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # fp16, bf16, fp32: what the kernels store
-WARP_COUNTS = (1, 2, 4, 8, 16)  # the num_warps a Triton launch may ask for
-MAX_BLOCK_N = 256  # tokens per tile: a 256 x 256 tile already exceeds every GPU's registers
+WARP_COUNTS = launch_table.WARP_COUNTS  # the num_warps a Triton launch may ask for
+MAX_BLOCK_N = launch_table.MAX_BLOCK_N  # the most tokens per tile
 
 
 @functools.cache

@@ -84,6 +84,37 @@ def test_bad_arguments_are_named():
         check("triton", "bf16", arch="hopper")
 
 
+@pytest.mark.parametrize("arch", ["sm90", None])  # the arch's facts and this machine's view check alike
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(granularity="bogus"), ValueError, r"granularity='bogus'; expected one of \('tensor', 'head'"),
+    (dict(granularity=None), ValueError, "granularity=None"),
+    (dict(head_dim=0), ValueError, "head_dim=0; expected an int >= 1"),
+    (dict(head_dim=-5), ValueError, "head_dim=-5; expected an int >= 1"),
+    (dict(head_dim="128"), TypeError, r"head_dim='128' \(str\); expected an int"),
+    (dict(head_dim=True), TypeError, "head_dim=True"),
+    (dict(head_dim=128.0), TypeError, "head_dim=128.0"),
+    (dict(layout="XYZ"), ValueError, r"layout='XYZ'; expected one of \('NHD', 'HND'\)"),
+])
+@pytest.mark.parametrize("backend", ["triton", "vllm", "reference"])
+def test_check_refuses_arguments_outside_their_sets(backend, arch, kwargs, exc, match):
+    """Nonsense is an error naming the argument, not (True, ...) from a branch that never reads it."""
+    with pytest.raises(exc, match=match):
+        check(backend, "fp8_e4m3", "dequant", arch, **kwargs)
+
+
+def test_check_keeps_ok_reason_for_valid_arguments_that_do_not_run():
+    assert check("vllm", "fp8_e4m3", "dequant", "sm90", layout="HND")[0] is False
+    assert check("flashinfer", "bf16", "dequant", "sm90", head_dim=96)[0] is False
+    assert check("triton", "fp8_e4m3", "dequant", "sm90", head_dim=96, layout="HND")[0] is True
+
+
+def test_check_query_refuses_an_unknown_backend_or_cache_by_name():
+    with pytest.raises(ValueError, match=r"backend='bogus'; expected one of \('reference', 'triton'"):
+        check_query("bogus", "bf16", "fp8_e4m3")
+    with pytest.raises(ValueError, match="kv_dtype='int4'"):
+        check_query("triton", "bf16", "int4")
+
+
 def test_this_cpu_machine(monkeypatch):
     """With no GPU, the answers depend on what this machine can do: the reference always, Triton only
     under the interpreter, FlashInfer never."""

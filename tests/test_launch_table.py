@@ -39,9 +39,82 @@ def test_write_merges_and_lookup_reads(table_dir):
 
 
 def test_a_broken_entry_is_refused_by_name(table_dir):
-    (table_dir / "launch_gpu-a.json").write_text(json.dumps({"entries": {"fp8/dequant/d64/m16": {"block_n": 0}}}))
+    (table_dir / "launch_gpu-a.json").write_text(json.dumps({"gpu": "gpu-a",
+                                                             "entries": {"fp8/dequant/d64/m16": {"block_n": 0}}}))
     with pytest.raises(ValueError, match="fp8/dequant/d64/m16"):
         launch_table.lookup("gpu-a", True, "dequant", 64, 16)
+
+
+KEY = "fp8/dequant/d128/m16"
+GOOD = dict(block_n=64, num_warps=4, num_stages=2)
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"gpu": "gpu-a", "entries": {', "not valid JSON"),
+    ("[]", "holds a JSON list"),
+    ('{"gpu": "gpu-a"}', "'entries' is None; expected an object"),
+    ('{"gpu": "gpu-a", "entries": []}', r"'entries' is \[\]; expected an object"),
+    (json.dumps({"gpu": "gpu-a", "entries": {KEY: 5}}), rf"entry '{KEY}' is 5 \(int\); expected an object"),
+    (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "num_warps": True}}}), "num_warps=True"),
+    (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "num_stages": 2.0}}}), "num_stages=2.0"),
+    (json.dumps({"gpu": "gpu-a", "entries": {KEY: {"block_n": 64}}}), "num_warps=None, num_stages=None"),
+    (json.dumps({"gpu": "nvidia-a100", "entries": {KEY: GOOD}}), "its gpu is 'nvidia-a100', but it was looked "
+                                                                 "up for gpu 'gpu-a'"),
+    (json.dumps({"entries": {KEY: GOOD}}), "its gpu is None"),
+    (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "num_warps": 3}}}), r"num_warps=3; expected one of \(1, 2"),
+    (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "block_n": 100}}}), "block_n=100; expected a power of two"),
+    (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "block_n": 512}}}), "block_n=512; expected a power of two"),
+])
+def test_a_corrupt_or_foreign_table_is_refused_naming_the_file(table_dir, text, match):
+    path = table_dir / "launch_gpu-a.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match) as e:
+        launch_table.lookup("gpu-a", True, "dequant", 128, 16)
+    assert str(e.value).startswith(f"{path}: ")
+
+
+def test_an_edited_table_is_read_again(table_dir):
+    """The cache is keyed by the file's inode, mtime and size: an edit takes effect without write()."""
+    import os
+
+    path = table_dir / "launch_gpu-a.json"
+    path.write_text(json.dumps({"gpu": "gpu-a", "entries": {KEY: GOOD}}))
+    assert launch_table.lookup("gpu-a", True, "dequant", 128, 16) == GOOD
+    edited = dict(block_n=32, num_warps=8, num_stages=3)  # same length of text: only the mtime tells
+    path.write_text(json.dumps({"gpu": "gpu-a", "entries": {KEY: edited}}))
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a later edit, whatever the clock's tick
+    assert launch_table.lookup("gpu-a", True, "dequant", 128, 16) == edited
+    path.unlink()
+    assert launch_table.lookup("gpu-a", True, "dequant", 128, 16) is None
+
+
+def test_write_replaces_a_corrupt_or_foreign_table_with_a_warning(table_dir):
+    path = table_dir / "launch_gpu-a.json"
+    for text in ("{", json.dumps({"gpu": "gpu-b", "entries": {"old": GOOD}}), '{"gpu": "gpu-a", "entries": 3}'):
+        path.write_text(text)
+        with pytest.warns(UserWarning, match=f"{path}: .*replacing it with the new entries"):
+            launch_table.write("gpu-a", {KEY: GOOD}, {})
+        assert json.loads(path.read_text())["entries"] == {KEY: GOOD}
+        assert launch_table.lookup("gpu-a", True, "dequant", 128, 16) == GOOD
+
+
+def test_write_drops_invalid_old_entries_and_keeps_valid_ones(table_dir):
+    path = table_dir / "launch_gpu-a.json"
+    other = "16bit/dequant/d64/m16"
+    path.write_text(json.dumps({"gpu": "gpu-a", "entries": {"junk": {"block_n": -1}, other: GOOD}}))
+    with pytest.warns(UserWarning, match="dropping invalid entry 'junk'"):
+        launch_table.write("gpu-a", {KEY: GOOD}, {})
+    assert set(json.loads(path.read_text())["entries"]) == {KEY, other}
+
+
+def test_write_refuses_an_invalid_new_entry_and_keeps_its_gpu(table_dir):
+    with pytest.raises(ValueError, match=rf"entries\['{KEY}'\] needs positive ints .*num_warps=True"):
+        launch_table.write("gpu-a", {KEY: {**GOOD, "num_warps": True}}, {})
+    assert not (table_dir / "launch_gpu-a.json").exists()
+    launch_table.write("gpu-a", {KEY: GOOD}, {"gpu": "gpu-b", "entries": {}, "written": "t0"})
+    doc = json.loads((table_dir / "launch_gpu-a.json").read_text())
+    assert doc["gpu"] == "gpu-a" and doc["entries"] == {KEY: GOOD} and doc["written"] == "t0"
 
 
 def test_default_config_takes_the_table_on_its_gpu_only(table_dir, monkeypatch):

@@ -16,7 +16,7 @@ import torch
 import fp8kv.backends as backends
 from fp8kv import matrix
 from fp8kv.bench import Case, tolerance
-from fp8kv.capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, check, interpreter_on
+from fp8kv.capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, check, check_query, interpreter_on
 from fp8kv.matrix import backend_matrix, lse_tolerance, ragged_seq_lens, summarize
 from fp8kv.quant import GRANULARITIES
 
@@ -62,6 +62,9 @@ def test_one_row_per_combination(table):
 def test_unsupported_rows_carry_the_capability_reason(table):
     for _, r in table.iterrows():
         ok, why = check(r["backend"], r["kv_dtype"], r["mode"], None, r["granularity"], r["head_dim"])
+        if ok:
+            q_ok, q_why = check_query(r["backend"], r["q_dtype"], r["kv_dtype"])
+            ok, why = q_ok, why if q_ok else q_why
         assert r["reason"] == why, _key(r)
         assert (r["status"] == "unsupported") == (not ok), _key(r)
     unsupported = table[table["status"] == "unsupported"]
@@ -168,6 +171,25 @@ def test_a_backend_that_raises_is_an_error_row(monkeypatch):
     assert df["error"].str.contains("RuntimeError: kernel launch failed 42").all()
     assert df["reason"].str.len().gt(0).all()  # the capability reason is kept beside the error
     assert summarize(df)["n_error"] == 3 and summarize(df)["n_ran"] == 3
+
+
+# ----------------------------------------------------------------------------- refused query dtypes
+@pytest.mark.parametrize("q_dtype, kv_dtypes, needle", [
+    ("fp32", ["fp8_e4m3", "bf16"], "fp32 queries run on the reference only"),
+    ("fp16", ["bf16"], "q is float16 but the cache is bf16"),
+])
+def test_a_query_dtype_the_backend_refuses_is_unsupported_not_an_error(q_dtype, kv_dtypes, needle, monkeypatch):
+    """check_query's answer is a fact about the backend, not a failed run: such rows never reach decode."""
+    real, ran = backends.BACKENDS["triton"], []
+    monkeypatch.setitem(backends.BACKENDS, "triton", lambda q, cache, **kw: ran.append(q.dtype) or real(q, cache, **kw))
+    df = backend_matrix(heads=(2, 1), head_dim=32, seq_lens=[1, 17], backends=["reference", "triton"],
+                        kv_dtypes=kv_dtypes, modes=["dequant"], granularities=["tensor"], q_dtype=q_dtype)
+    tri, ref = df[df["backend"] == "triton"], df[df["backend"] == "reference"]
+    assert len(tri) == len(kv_dtypes) and (tri["status"] == "unsupported").all(), tri.to_string()
+    assert tri["reason"].str.contains(needle).all() and (tri["error"] == "").all() and not ran
+    assert (ref["status"] == "passed").all()  # the oracle takes either query dtype
+    n = summarize(df)
+    assert n["n_ran"] == len(ref) == n["n_passed"] and n["n_error"] == 0 and n["n_unsupported"] == len(tri)
 
 
 # ---------------------------------------------------------------------------------- sequences, input
