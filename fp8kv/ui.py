@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import functools
 import os
+import re
+import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from IPython.display import display
+
+from . import checks
 
 # Set (to "1") in the environment of kernels that no person watches: the notebook runner's, the tests'.
 HEADLESS_ENV = "FP8KV_HEADLESS"
@@ -54,9 +58,22 @@ class Control:
             else cls(value=self.default, **kwargs)
 
 
+def _description(description) -> str | None:
+    if description is not None and not isinstance(description, str):
+        raise TypeError(f"description={description!r} ({type(description).__name__}); expected a str or None")
+    return description
+
+
 def dropdown(options: Sequence, value=None, description: str | None = None) -> Control:
-    """A choice among ``options`` (default: the first one)."""
-    options = list(options)
+    """A choice among ``options`` (a list; default: the first one)."""
+    if isinstance(options, str):  # list("abc") would offer "a", "b", "c"
+        raise TypeError(f"dropdown options={options!r} is a string; expected a list of options, e.g. [{options!r}]")
+    try:
+        options = list(options)
+    except TypeError:
+        raise TypeError(f"dropdown options={options!r} ({type(options).__name__}); expected a list of options") \
+            from None
+    _description(description)
     if not options:
         raise ValueError("dropdown options must be a non-empty sequence, got an empty one")
     value = options[0] if value is None else value
@@ -68,33 +85,39 @@ def dropdown(options: Sequence, value=None, description: str | None = None) -> C
     return Control("dropdown", value, opts)
 
 
-def _slider(kind, cast, lo, hi, step, value, description):
+def _slider(kind, number, lo, hi, step, value, description):
+    """``number`` (:func:`checks.integer` or :func:`checks.real`) checks min, max and value by name,
+    with no cast: int(0.7) would silently be 0, and int_slider(0.5, 0.9) a slider from 0 to 0.
+    ``step`` comes checked (> 0: a step of 0 or less never moves)."""
+    lo, hi = number(lo, "min"), number(hi, "max")
     if not lo < hi:
         raise ValueError(f"slider needs min < max, got min={lo!r}, max={hi!r}")
-    value = lo if value is None else value
+    value = lo if value is None else number(value, "value")
     if not lo <= value <= hi:
-        raise ValueError(f"slider value={value!r} is outside [{lo}, {hi}]")
-    opts = {"min": cast(lo), "max": cast(hi), "step": cast(step)}
-    if description:
+        raise ValueError(f"slider value={value!r} is outside [min={lo!r}, max={hi!r}]")
+    opts = {"min": lo, "max": hi, "step": step}
+    if _description(description):
         opts["description"] = description
-    return Control(kind, cast(value), opts)
+    return Control(kind, value, opts)
 
 
 def int_slider(min: int, max: int, step: int = 1, value: int | None = None,  # noqa: A002 - widget names
                description: str | None = None) -> Control:
-    """An integer slider over ``[min, max]`` (default: ``min``)."""
-    return _slider("int_slider", int, min, max, step, value, description)
+    """An integer slider over ``[min, max]`` (default: ``min``); ints only (not floats), ``step >= 1``."""
+    return _slider("int_slider", checks.integer, min, max, checks.positive_int(step, "step"), value, description)
 
 
 def float_slider(min: float, max: float, step: float = 0.1, value: float | None = None,  # noqa: A002
                  description: str | None = None) -> Control:
-    """A float slider over ``[min, max]`` (default: ``min``)."""
-    return _slider("float_slider", float, min, max, step, value, description)
+    """A float slider over ``[min, max]`` (default: ``min``); finite numbers, ``step > 0``."""
+    return _slider("float_slider", checks.real, min, max, checks.positive_float(step, "step"), value, description)
 
 
 def checkbox(value: bool = False, description: str | None = None) -> Control:
-    """A boolean toggle."""
-    return Control("checkbox", bool(value), {"description": description} if description else {})
+    """A boolean toggle (``value`` True or False: bool("no") would be True)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"checkbox value={value!r} ({type(value).__name__}); expected True or False")
+    return Control("checkbox", value, {"description": description} if _description(description) else {})
 
 
 def _as_control(name: str, spec) -> Control:
@@ -180,16 +203,52 @@ def explore(frame, controls: Mapping[str, Any], view: Callable[..., Any] | None 
             **view_kwargs) -> None:
     """Display the rows of ``frame`` whose columns equal the controls' values, through ``view``.
 
-    Each control is named after a column of ``frame``. ``view(rows, **view_kwargs)`` draws the rows
-    (a figure function of :mod:`fp8kv.viz`), with ``title`` formatted with the values
-    (``"head {head}"``); without a view the rows are shown as a table, only ``columns`` if given.
+    ``frame`` is a pandas DataFrame; each control is named after one of its columns.
+    ``view(rows, **view_kwargs)`` draws the rows (a figure function of :mod:`fp8kv.viz`), with
+    ``title`` formatted with the controls' values (``"head {head}"``: only control names are fields);
+    without a view the rows are shown as a table, only ``columns`` (columns of ``frame``) if given.
+    ``title`` needs a view and ``columns`` needs none: either would otherwise be ignored.
     """
+    import pandas as pd
+
+    # Everything is checked here, before the first render: an error inside a widget's callback
+    # would only show in its output area, and a headless run would fail deep in pandas.
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"frame must be a pandas DataFrame, got {type(frame).__name__}")
     if view is not None and not callable(view):
         raise TypeError(f"view must be callable or None, got {type(view).__name__}")
+    values = defaults(controls)
     missing = [name for name in controls if name not in frame.columns]
     if missing:
         raise ValueError(f"controls {missing} name no column of the frame; its columns: {list(frame.columns)}")
+    if columns is not None:
+        if view is not None:
+            raise ValueError(f"columns={columns!r} selects the table shown without a view; view={view!r} draws "
+                             "the rows itself: pass columns or view, not both")
+        columns = checks.many_of(columns, "columns", list(frame.columns))
+    if title is not None:
+        if view is None:
+            raise ValueError(f"title={title!r} is passed to view, and there is none: pass a view, or no title")
+        _check_title(title, values)
     interactive(functools.partial(_rows_view, frame, view, title, columns, view_kwargs), controls, show_widgets)
+
+
+def _check_title(title, values: dict) -> None:
+    """``title`` formats with ``values`` (the controls' defaults): its fields are control names."""
+    if not isinstance(title, str):
+        raise TypeError(f"title={title!r} ({type(title).__name__}); expected a str such as 'head {{head}}'")
+    available = f"available fields: {sorted(values)} (the controls' names; write a literal brace as {{{{ or }}}})"
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(title) if f is not None]
+    except ValueError as e:  # an unmatched brace
+        raise ValueError(f"title={title!r} is not a valid template ({e}); {available}") from None
+    unknown = [f for f in fields if re.split(r"[.\[]", f)[0] not in values]  # "{head}", "{head.real}", "{x[0]}"
+    if unknown:
+        raise ValueError(f"title={title!r} has field(s) {unknown} that no control fills; {available}")
+    try:  # e.g. "{head:.2f}" with a string value
+        title.format(**values)
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as e:
+        raise ValueError(f"title={title!r} does not format with the controls' values {values}: {e}") from None
 
 
 def _rows_view(_frame, _view, _title, _columns, _kwargs, **values):

@@ -26,6 +26,7 @@ from fp8kv.models import (  # noqa: E402
     greedy_decode_paged,
     load_model,
     loading,
+    long_prompt_decode,
     model_cache_dir,
     next_token_kl,
     resolve_decode_fn,
@@ -33,6 +34,7 @@ from fp8kv.models import (  # noqa: E402
     text_tokens,
     windows,
 )
+from fp8kv.models.hook import quantize_kv  # noqa: E402
 
 N_LAYERS, HQ, HKV, D = 30, 9, 3, 64  # SmolLM2-135M
 
@@ -124,6 +126,113 @@ def test_config_validation():
     assert KVQuantConfig().label == "e4m3 tensor k=amax v=amax"
     assert KVQuantConfig(kv_dtype="e5m2").kv_dtype == "fp8_e5m2"
     assert KVQuantConfig(kv_dtype="fp8_e5m2").fp8_format.name == "e5m2"
+
+
+def test_quantize_flags_must_be_bools():
+    # "no" is truthy: it would silently quantize the side it was meant to spare.
+    with pytest.raises(TypeError, match=r"quantize_k='no' \(str\); expected True or False"):
+        KVQuantConfig(quantize_k="no")
+    with pytest.raises(TypeError, match="quantize_v=0"):
+        KVQuantConfig(quantize_v=0)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp16", "fp32", "fp8_e4m3"])
+def test_unquantized_side_is_rounded_to_bf16_and_labelled(kv_dtype):
+    """As documented: a side that is not quantized is bf16 (the baseline) whatever kv_dtype stores the
+    other, and a config whose K or V differs from the plain one never shares its label."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 5, 8)  # [B, H, T, D]; these values round differently through fp16 and bf16
+    bf16 = x.to(torch.bfloat16).float()
+    v_only, k_only, both = (KVQuantConfig(kv_dtype=kv_dtype, quantize_k=False),
+                            KVQuantConfig(kv_dtype=kv_dtype, quantize_v=False), KVQuantConfig(kv_dtype=kv_dtype))
+    assert torch.equal(quantize_kv(x, v_only, "k", 0)[0], bf16)
+    assert torch.equal(quantize_kv(x, k_only, "v", 0)[0], bf16)
+    assert torch.equal(quantize_kv(x, v_only, "v", 0)[0], quantize_kv(x, both, "v", 0)[0])
+    if kv_dtype != "fp8_e4m3":  # the stored side is the 16/32-bit cache's own rounding
+        stored = x.to({"fp16": torch.float16, "fp32": torch.float32}[kv_dtype]).float()
+        assert torch.equal(quantize_kv(x, both, "k", 0)[0], stored) and not torch.equal(stored, bf16)
+    labels = [c.label for c in (v_only, k_only, both)]
+    assert len(set(labels)) == 3, labels  # results are keyed by label
+    assert labels[0].endswith("V only") and labels[1].endswith("K only")
+    if kv_dtype == "fp16":
+        assert labels == ["fp16 V only", "fp16 K only", "fp16"]
+
+
+# ----------------------------------------------------------------------- tiny random model
+# A 2-layer Llama with random weights and a 64-token vocabulary: fast, offline, enough for checks
+# at the entry points (no weights package needed).
+
+TINY_VOCAB, TINY_LAYERS = 64, 2
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=TINY_LAYERS,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_per_layer_scales_must_cover_every_layer(tiny):
+    prompt = torch.randint(0, TINY_VOCAB, (10,))
+    short = r"k_scale has 1 per-layer entries but the model has 2 layers; expected one entry per layer"
+    with pytest.raises(ValueError, match=short):  # was an IndexError mid-prefill
+        greedy_decode_paged(tiny, prompt, 2, k_scale=[1.0], v_scale=[1.0, 1.0])
+    with pytest.raises(ValueError, match="v_scale has 3 per-layer entries but the model has 2 layers"):
+        greedy_decode_paged(tiny, prompt, 2, v_scale=(1.0, 1.0, 1.0))  # too long: scales of another model
+    with pytest.raises(ValueError, match=short):
+        long_prompt_decode(tiny, prompt, 2, k_scale=[1.0])
+    with pytest.raises(ValueError, match="k_scale has 0 per-layer entries"):
+        run_quantized(tiny, prompt, KVQuantConfig(k_scale=[]))
+    with pytest.raises(ValueError, match="v_scale has 3 per-layer entries but the model has 2"):
+        run_quantized(tiny, prompt, KVQuantConfig(v_scale=[1.0] * 3))  # used to take the first two
+    with pytest.raises(ValueError, match=r"k_scale of config 'short' has 1 per-layer entries"):
+        evaluate(tiny, torch.randint(0, TINY_VOCAB, (40,)), [KVQuantConfig(), KVQuantConfig(name="short",
+                 k_scale=[1.0])], window=20)
+    with pytest.raises(ValueError, match="layer 1 was asked for"):  # the config alone, without a model
+        KVQuantConfig(k_scale=[1.0]).layer_scale("k", 1)
+    res = greedy_decode_paged(tiny, prompt, 2, k_scale=[1.0, 2.0], v_scale=(1.0, 1.0))
+    assert [float(s) for s in res.k_scales] == [1.0, 2.0]
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_by_name(tiny):
+    toks = torch.randint(0, TINY_VOCAB, (40,))
+    bad = toks.clone()
+    bad[7] = TINY_VOCAB  # one past the last id
+    vocab = rf"vocabulary of {TINY_VOCAB} \(ids 0..{TINY_VOCAB - 1}\)"
+    with pytest.raises(ValueError, match=rf"bos_token_id=1000000 is outside the model's {vocab}"):
+        evaluate(tiny, toks, [], window=20, bos_token_id=10**6)
+    with pytest.raises(ValueError, match=rf"bos_token_id=-1 is outside the model's {vocab}"):
+        evaluate(tiny, toks, [], window=20, bos_token_id=-1)
+    with pytest.raises(TypeError, match="bos_token_id=1.5"):
+        evaluate(tiny, toks, [], window=20, bos_token_id=1.5)
+    with pytest.raises(ValueError, match=rf"tokens has 1 token id\(s\) outside the model's {vocab}; the first is "
+                                         rf"{TINY_VOCAB} at index 7"):
+        evaluate(tiny, bad, [], window=20)
+    with pytest.raises(ValueError, match=r"tokens must be 1-D int64 \[N\]; got torch.float32"):  # not truncated
+        evaluate(tiny, toks.float(), [], window=20)
+    with pytest.raises(ValueError, match=rf"prompt_ids has 10 token id.* the first is {int(toks[0]) + 1000} at index 0"):
+        greedy_decode_paged(tiny, toks[:10] + 1000, 2)
+    with pytest.raises(ValueError, match="prompt_ids has 1 token id.* the first is -3 at index 2"):
+        long_prompt_decode(tiny, torch.tensor([1, 2, -3]), 2)
+    with pytest.raises(ValueError, match=r"input_ids has 1 token id.*at index \(0, 7\)"):
+        run_quantized(tiny, bad[None])
+    with pytest.raises(ValueError, match="input_ids has 1 token id"):
+        capture_kv(tiny, bad)
+    with pytest.raises(ValueError, match="calibration_ids has 1 token id"):
+        calibrate_scales(tiny, bad, window=20)
+    with pytest.raises(ValueError, match=rf"bos_token_id=64 is outside the model's {vocab}"):
+        calibrate_scales(tiny, toks, window=20, bos_token_id=TINY_VOCAB)
+    ok = evaluate(tiny, toks, [], window=20, bos_token_id=TINY_VOCAB - 1)  # the last id is in
+    assert list(ok.config) == ["bf16"] and ok.n_tokens[0] == 40
+
+
+def test_long_prompt_decode_refuses_no_kv_dtypes(tiny):
+    with pytest.raises(ValueError, match=r"kv_dtypes=\[\] is empty"):  # was an empty table
+        long_prompt_decode(tiny, torch.tensor([1, 2, 3]), 2, kv_dtypes=[])
 
 
 # ---------------------------------------------------------------------------------- capture

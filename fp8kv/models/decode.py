@@ -25,7 +25,15 @@ import torch
 
 from ..cache import PagedKVCache
 from ..formats import kv_dtype_info
-from .hook import attention_handler, attention_variants, model_attention, num_layers, one_sequence
+from .hook import (
+    attention_handler,
+    attention_variants,
+    check_layer_scales,
+    layer_entry,
+    model_attention,
+    num_layers,
+    one_sequence,
+)
 
 __all__ = ["greedy_decode_paged", "DecodeResult", "resolve_decode_fn", "decode_backends", "long_prompt_decode"]
 
@@ -124,9 +132,7 @@ class _PagedHandler:
 
     @staticmethod
     def _layer(spec, layer):
-        if isinstance(spec, (list, tuple)):
-            return spec[layer]
-        return spec
+        return layer_entry(spec, "scale", layer)  # lengths were checked against the model on entry
 
     def __call__(self, module, q, k, v, mask, scaling, kwargs):
         layer = module.layer_idx
@@ -183,7 +189,7 @@ def greedy_decode_paged(model, prompt_ids, n_new: int, kv_dtype: str = "fp8_e4m3
     Parameters
     ----------
     model : causal LM from :func:`fp8kv.models.load_model` (batch 1).
-    prompt_ids : int64 ``[T]`` or ``[1, T]``.
+    prompt_ids : int64 ``[T]`` or ``[1, T]``, ids within the model's vocabulary.
     n_new : tokens to generate (>= 1); sliding-window layers decode with their window (any length).
     kv_dtype : ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"bf16"`` or ``"fp16"`` (see ``fp8kv.formats.KV_DTYPES``).
     backend, mode : ``"reference"``, or a backend and mode of ``fp8kv.decode`` (``"triton"``,
@@ -192,7 +198,8 @@ def greedy_decode_paged(model, prompt_ids, n_new: int, kv_dtype: str = "fp8_e4m3
         ``variants`` (``window``, ``soft_cap``, ``sinks``) are passed only to layers that have them.
     granularity, k_scale, v_scale : FP8 cache scales (``PagedKVCache.from_dense``): None = amax of
         the prompt's K/V, a method name, a float, or per-layer lists (e.g. from
-        :func:`fp8kv.models.calibrate_scales`). Static: decode tokens are written with them.
+        :func:`fp8kv.models.calibrate_scales`, one entry per layer). Static: decode tokens are
+        written with them.
     block_size : page size in tokens.
     baseline : kv_dtype of the comparison run (its scales are never needed: 16-bit).
     return_logits : keep the logits that chose each token.
@@ -201,7 +208,9 @@ def greedy_decode_paged(model, prompt_ids, n_new: int, kv_dtype: str = "fp8_e4m3
         raise ValueError(f"n_new must be a positive int; got {n_new!r}")
     kv_name = kv_dtype_info(kv_dtype)[0]
     base_name = kv_dtype_info(baseline)[0]
-    prompt = one_sequence(prompt_ids, model)
+    prompt = one_sequence(prompt_ids, model, "prompt_ids")
+    # A per-layer list shorter than the layers would fail at its first missing layer, mid-prefill.
+    check_layer_scales(model, k_scale=k_scale, v_scale=v_scale)
     fn = decode_fn if decode_fn is not None else resolve_decode_fn(backend, mode)
     label = getattr(fn, "__name__", "custom") if backend != "reference" or decode_fn is not None else backend
     toks, lg, caches, _ = _run(model, prompt, n_new, kv_name, granularity, k_scale, v_scale, block_size, fn,
@@ -239,7 +248,8 @@ def long_prompt_decode(model, prompt_ids, n_new: int = 32, kv_dtypes=("bf16", "f
     Parameters
     ----------
     model : causal LM from :func:`fp8kv.models.load_model` (batch 1), e.g. ``"gemma3-270m"``.
-    prompt_ids : int64 ``[T]`` or ``[1, T]`` (T ~ 2k for Gemma-3's 512-token windows).
+    prompt_ids : int64 ``[T]`` or ``[1, T]``, ids within the model's vocabulary (T ~ 2k for
+        Gemma-3's 512-token windows).
     n_new : tokens to generate per kv_dtype (>= 1).
     kv_dtypes : caches to run (``"bf16"`` shows what the paged path itself costs, FP8 formats the
         quantization on top).
@@ -261,7 +271,10 @@ def long_prompt_decode(model, prompt_ids, n_new: int = 32, kv_dtypes=("bf16", "f
     if isinstance(kv_dtypes, str):
         kv_dtypes = [kv_dtypes]
     names = [kv_dtype_info(k)[0] for k in kv_dtypes]
-    prompt = one_sequence(prompt_ids, model)
+    if not names:  # an empty table would read as "nothing to report", not as a mistake
+        raise ValueError(f"kv_dtypes={kv_dtypes!r} is empty; give at least one, e.g. ('bf16', 'fp8_e4m3')")
+    prompt = one_sequence(prompt_ids, model, "prompt_ids")
+    check_layer_scales(model, k_scale=k_scale, v_scale=v_scale)
     t = prompt.shape[1]
     fn = decode_fn if decode_fn is not None else resolve_decode_fn(backend, mode)
     label = getattr(fn, "__name__", "custom") if backend != "reference" or decode_fn is not None else backend

@@ -19,7 +19,17 @@ import math
 
 import torch
 
-from .hook import BASELINE, KVQuantConfig, KVStats, layer_types, num_layers, quantized_kv
+from .hook import (
+    BASELINE,
+    KVQuantConfig,
+    KVStats,
+    check_layer_scales,
+    check_token_id,
+    layer_types,
+    num_layers,
+    quantized_kv,
+    token_ids,
+)
 from .loading import windows
 
 __all__ = ["evaluate", "BASELINE", "standard_configs", "accuracy_markdown", "next_token_kl"]
@@ -94,12 +104,13 @@ def evaluate(model, tokens, configs, *, window: int = 256, n_windows: int | None
     Parameters
     ----------
     model : a causal LM from :func:`fp8kv.models.load_model`.
-    tokens : int64 ``[N]`` text tokens (:func:`fp8kv.models.text_tokens`), split into ``n_windows``
-        (default: as many as fit) consecutive windows of ``window`` tokens, each run from scratch.
+    tokens : int64 ``[N]`` text tokens (:func:`fp8kv.models.text_tokens`; ids within the model's
+        vocabulary), split into ``n_windows`` (default: as many as fit) consecutive windows of
+        ``window`` tokens, each run from scratch.
     configs : a :class:`KVQuantConfig` or a list of them (labels must be distinct).
-    bos_token_id : prefix each window with this token (Gemma needs ``<bos>``; see
-        :func:`fp8kv.models.bos_token_id`). With it every text token of a window is scored (the
-        first from BOS alone), else all but the first.
+    bos_token_id : prefix each window with this token id, within the vocabulary (Gemma needs
+        ``<bos>``; see :func:`fp8kv.models.bos_token_id`). With it every text token of a window is
+        scored (the first from BOS alone), else all but the first.
     baseline : the reference cache (bf16 K/V by default).
     per_layer : also return the per-layer table.
     measure_error : compute each layer's local attention-output error (about twice the attention cost).
@@ -126,6 +137,13 @@ def evaluate(model, tokens, configs, *, window: int = 256, n_windows: int | None
     if len(set(labels)) != len(labels):
         dup = sorted({x for x in labels if labels.count(x) > 1})
         raise ValueError(f"config labels must be distinct (give them names); duplicated: {dup}")
+    for c in configs:  # before any window runs, not at the first layer of the second config
+        check_layer_scales(model, **{f"k_scale of config {c.label!r}": c.k_scale,
+                                     f"v_scale of config {c.label!r}": c.v_scale})
+    # Ids enter here: out-of-vocabulary ones would fail in the embedding with a bare IndexError.
+    tokens = token_ids(tokens, "tokens", model)
+    if bos_token_id is not None:
+        bos_token_id = check_token_id(bos_token_id, "bos_token_id", model)
     wins = windows(tokens, window, n_windows, bos_token_id)
 
     n_l, types = num_layers(model), layer_types(model)

@@ -17,7 +17,8 @@ What a handler does with K/V:
 * The baseline is a bf16 KV cache: K/V rounded through bf16 (``kv_dtype="bf16"``). The model itself
   computes in fp32 on CPU because bf16 matmuls are several times slower there.
 * A side that is not quantized (``quantize_k=False`` or ``quantize_v=False``) is rounded to bf16
-  like the baseline, so K-vs-V attribution compares against the baseline only.
+  like the baseline, whatever ``kv_dtype`` the other side is stored in, so K-vs-V attribution
+  compares against the baseline only.
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import checks
 from ..formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, FP8Format, kv_dtype_info
 from ..quant import GRANULARITIES, SCALE_METHODS, compute_scale, quantize
 from .loading import windows
 
 __all__ = ["KVQuantConfig", "KVStats", "CapturedKV", "quantized_kv", "run_quantized", "capture_kv",
            "calibrate_scales", "attention_handler", "ATTN_NAME", "num_layers", "layer_types",
-           "attention_modules", "quantize_kv", "attention_variants", "model_attention", "one_sequence"]
+           "attention_modules", "quantize_kv", "attention_variants", "model_attention", "one_sequence",
+           "layer_entry", "check_layer_scales", "vocab_size", "check_token_ids", "check_token_id",
+           "token_ids"]
 
 ATTN_NAME = "fp8kv"
 
@@ -152,6 +156,50 @@ def attention_modules(model) -> list:
     return sorted(mods, key=lambda m: m.layer_idx)
 
 
+def vocab_size(model) -> int | None:
+    """How many token ids ``model`` embeds: its input embedding's ``num_embeddings`` (what an id
+    indexes), else the config's ``vocab_size``; None when neither is known."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    n = getattr(emb, "num_embeddings", None)
+    if n is None:
+        n = getattr(_text_config(model), "vocab_size", None)
+    return None if n is None else int(n)
+
+
+def check_token_ids(ids: torch.Tensor, name: str, model) -> torch.Tensor:
+    """Refuse an integer id tensor with an id outside ``model``'s vocabulary ``[0, V)`` by name,
+    naming the first bad id and V (a host sync). The embedding would otherwise fail with a bare
+    IndexError (on CPU) or a device-side assert (on CUDA)."""
+    n = vocab_size(model)
+    if n is None or ids.numel() == 0:
+        return ids
+    bad = (ids < 0) | (ids >= n)
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        at = idx[0] if len(idx) == 1 else idx
+        raise ValueError(f"{name} has {int(bad.sum())} token id(s) outside the model's vocabulary of {n} "
+                         f"(ids 0..{n - 1}); the first is {int(ids[idx])} at index {at}")
+    return ids
+
+
+def token_ids(tokens, name: str, model) -> torch.Tensor:
+    """1-D integer token ids (a tensor or list) within ``model``'s vocabulary, as int64 ``[N]``, by name.
+    Float ids are refused rather than truncated."""
+    ids = torch.as_tensor(tokens)
+    if ids.ndim != 1 or ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name} must be 1-D int64 [N]; got {ids.dtype} of shape {tuple(ids.shape)}")
+    return check_token_ids(ids, name, model).to(torch.int64)
+
+
+def check_token_id(value, name: str, model) -> int:
+    """One token id (an int, e.g. ``bos_token_id``) within ``model``'s vocabulary, by name."""
+    value = checks.integer(value, name)
+    n = vocab_size(model)
+    if n is not None and not 0 <= value < n:
+        raise ValueError(f"{name}={value} is outside the model's vocabulary of {n} (ids 0..{n - 1})")
+    return value
+
+
 def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype).to(x.dtype)
 
@@ -169,6 +217,34 @@ def _check_scale(value, name):
         return
     raise ValueError(f"{name}={value!r} is not a scale; expected None, one of {SCALE_METHODS}, a positive "
                      "float, a tensor, or a per-layer list of those")
+
+
+def _is_per_layer(spec) -> bool:
+    return isinstance(spec, Sequence) and not isinstance(spec, str)
+
+
+def layer_entry(spec, name: str, layer: int, n_layers: int | None = None):
+    """``spec``'s value at ``layer``: ``spec`` itself, or ``spec[layer]`` when it is a per-layer list/tuple.
+
+    A per-layer list holds one entry per layer: ValueError naming ``name`` when it has none for
+    ``layer`` or, given the model's ``n_layers`` (at an entry point), when its length differs (a
+    list calibrated on another model would otherwise fail mid-run, or silently use its first entries).
+    """
+    if not _is_per_layer(spec):
+        return spec
+    if layer >= len(spec) or (n_layers is not None and len(spec) != n_layers):
+        has = f"the model has {n_layers} layers" if n_layers is not None else f"layer {layer} was asked for"
+        raise ValueError(f"{name} has {len(spec)} per-layer entries but {has}; expected one entry per layer "
+                         "(e.g. calibrate_scales on this model)")
+    return spec[layer]
+
+
+def check_layer_scales(model, **specs) -> None:
+    """Check, once where they enter, that each per-layer scale list in ``specs`` (by argument name)
+    holds one entry per layer of ``model``; other specs pass."""
+    n = num_layers(model)
+    for name, spec in specs.items():
+        layer_entry(spec, name, 0, n)
 
 
 def _describe_scale(value) -> str:
@@ -204,7 +280,9 @@ class KVQuantConfig:
         a tensor of the granularity's scale shape, or a per-layer list of floats/tensors (e.g. from
         :func:`calibrate_scales`).
     scale_factor : multiplies whatever scale is found (``1/64`` makes most values saturate).
-    quantize_k, quantize_v : quantize that side (otherwise it is rounded to bf16, the baseline).
+    quantize_k, quantize_v : store that side in ``kv_dtype`` (otherwise it is rounded to bf16, the
+        baseline, whatever ``kv_dtype`` is: ``kv_dtype="fp16", quantize_k=False`` stores V in fp16 and K
+        in bf16, labelled ``"fp16 V only"``). Bools.
     percentile : for ``"percentile"`` scales.
     """
 
@@ -231,6 +309,10 @@ class KVQuantConfig:
             raise ValueError(f"granularity={self.granularity!r}; expected one of {GRANULARITIES}")
         _check_scale(self.k_scale, "k_scale")
         _check_scale(self.v_scale, "v_scale")
+        for flag in ("quantize_k", "quantize_v"):  # "no" or 0.0 would otherwise be read as truthy or falsy
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag}={getattr(self, flag)!r} ({type(getattr(self, flag)).__name__}); "
+                                "expected True or False")
         if not (isinstance(self.scale_factor, (int, float)) and math.isfinite(self.scale_factor)
                 and self.scale_factor > 0):
             raise ValueError(f"scale_factor={self.scale_factor!r} must be a positive finite number")
@@ -248,12 +330,15 @@ class KVQuantConfig:
     def label(self) -> str:
         if self.name:
             return self.name
+        # Results are keyed by label, so every field that changes what is computed shows in it: the
+        # quantize flags too for a 16/32-bit cache (its other side is bf16: "fp16 V only" is not "fp16").
         if not self.is_fp8:
-            return self.kv_dtype
-        parts = [self.fp8_format.name, self.granularity, f"k={_describe_scale(self.k_scale)}",
-                 f"v={_describe_scale(self.v_scale)}"]
-        if self.scale_factor != 1.0:
-            parts.append(f"x{self.scale_factor:g}")
+            parts = [self.kv_dtype]
+        else:
+            parts = [self.fp8_format.name, self.granularity, f"k={_describe_scale(self.k_scale)}",
+                     f"v={_describe_scale(self.v_scale)}"]
+            if self.scale_factor != 1.0:
+                parts.append(f"x{self.scale_factor:g}")
         if not self.quantize_k:
             parts.append("V only")
         if not self.quantize_v:
@@ -271,11 +356,7 @@ class KVQuantConfig:
         """The scale spec of K (``which="k"``) or V at ``layer``: a method name or a fixed value."""
         spec = self.k_scale if which == "k" else self.v_scale
         spec = "amax" if spec is None else spec
-        if isinstance(spec, Sequence) and not isinstance(spec, str):
-            if layer >= len(spec):
-                raise ValueError(f"{which}_scale has {len(spec)} per-layer entries but layer {layer} was asked for")
-            spec = spec[layer]
-        return spec
+        return layer_entry(spec, f"{which}_scale", layer)
 
 
 BASELINE = KVQuantConfig(name="bf16", kv_dtype="bf16")
@@ -290,9 +371,10 @@ def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
     quantize_side = cfg.quantize_k if which == "k" else cfg.quantize_v
     amax = float(x.detach().abs().amax()) if x.numel() else 0.0
     info = dict(saturated=0, underflow=0, numel=x.numel(), scale=float("nan"), amax=amax)
-    if not cfg.is_fp8 or not quantize_side:
-        dtype = UNQUANTIZED_DTYPES[cfg.kv_dtype] if not cfg.is_fp8 else torch.bfloat16
-        return _round(x, dtype), info
+    if not quantize_side:  # the baseline's bf16, for a 16/32-bit kv_dtype too (as documented)
+        return _round(x, torch.bfloat16), info
+    if not cfg.is_fp8:
+        return _round(x, UNQUANTIZED_DTYPES[cfg.kv_dtype]), info
     xt = x.transpose(1, 2)  # [B, T, H, D]: leading dims are tokens, as fp8kv.quant expects
     spec = cfg.layer_scale(which, layer)
     if isinstance(spec, str):
@@ -403,20 +485,23 @@ def quantized_kv(model, cfg: KVQuantConfig, *, measure_error: bool = True, stats
     """
     if not isinstance(cfg, KVQuantConfig):
         raise TypeError(f"cfg must be a KVQuantConfig, got {type(cfg).__name__}")
+    check_layer_scales(model, k_scale=cfg.k_scale, v_scale=cfg.v_scale)  # the config meets the model here
     stats = stats if stats is not None else KVStats(num_layers(model), layer_types(model))
     with attention_handler(model, _QuantHandler(cfg, stats, measure_error)):
         yield stats
 
 
-def one_sequence(input_ids, model) -> torch.Tensor:
-    """Token ids of one sequence (``[T]`` or ``[1, T]``, int32/int64) as int64 ``[1, T]`` on the model's device."""
+def one_sequence(input_ids, model, name: str = "input_ids") -> torch.Tensor:
+    """Token ids of one sequence (``[T]`` or ``[1, T]``, int32/int64, within the model's vocabulary)
+    as int64 ``[1, T]`` on the model's device; errors name the argument ``name``."""
     ids = torch.as_tensor(input_ids)
     if ids.dtype not in (torch.int64, torch.int32) or ids.ndim not in (1, 2):
-        raise ValueError(f"input_ids must be int64 [T] or [1, T]; got {ids.dtype} of shape {tuple(ids.shape)}")
+        raise ValueError(f"{name} must be int64 [T] or [1, T]; got {ids.dtype} of shape {tuple(ids.shape)}")
     if ids.ndim == 2 and ids.shape[0] != 1:
-        raise ValueError(f"input_ids must hold one sequence ([T] or [1, T]); got shape {tuple(ids.shape)}")
+        raise ValueError(f"{name} must hold one sequence ([T] or [1, T]); got shape {tuple(ids.shape)}")
     if ids.numel() == 0:
-        raise ValueError("input_ids is empty")
+        raise ValueError(f"{name} is empty")
+    check_token_ids(ids, name, model)
     return ids.reshape(1, -1).to(torch.int64).to(model.device)
 
 
@@ -468,7 +553,11 @@ class _CaptureHandler:
 @torch.no_grad()
 def capture_kv(model, input_ids) -> CapturedKV:
     """Capture per-layer K (after and before RoPE), V and Q of one forward of ``input_ids`` ([T] or [1, T])."""
-    ids = one_sequence(input_ids, model)
+    return _capture(model, one_sequence(input_ids, model))
+
+
+def _capture(model, ids: torch.Tensor) -> CapturedKV:
+    """:func:`capture_kv` of checked ids (int64 ``[1, T]`` on the model's device)."""
     n = num_layers(model)
     pre = [None] * n
     hooks = []
@@ -513,13 +602,14 @@ def calibrate_scales(model, calibration_ids, cfg: KVQuantConfig | None = None, *
                          f"such as 'fp8_e4m3'")
     if cfg.granularity == "token_head":
         raise ValueError("granularity='token_head' computes scales per token at write time; nothing to calibrate")
-    ids = torch.as_tensor(calibration_ids)
-    chunk = windows(ids, min(window, ids.numel()), None, bos_token_id) if ids.ndim == 1 else None
-    if chunk is None:
-        raise ValueError(f"calibration_ids must be 1-D; got shape {tuple(ids.shape)}")
+    # Ids checked once here (the model's vocabulary included), not again per window.
+    ids = token_ids(calibration_ids, "calibration_ids", model)
+    if bos_token_id is not None:
+        bos_token_id = check_token_id(bos_token_id, "bos_token_id", model)
+    chunk = windows(ids, min(window, ids.numel()), None, bos_token_id)
     ks, vs = [[] for _ in range(num_layers(model))], [[] for _ in range(num_layers(model))]
     for w in chunk:
-        cap = capture_kv(model, w)
+        cap = _capture(model, w[None].to(model.device))
         for i in range(cap.n_layers):
             ks[i].append(cap.k[i].float())
             vs[i].append(cap.v[i].float())
