@@ -21,12 +21,13 @@ import json
 import math
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from .checks import fail
 
-__all__ = ["to_jsonable", "save_results", "load_results", "collect_results", "save_table"]
+__all__ = ["to_jsonable", "save_results", "load_results", "collect_results", "save_table", "write_atomic"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -81,6 +82,44 @@ def to_jsonable(obj: Any) -> Any:
     return str(obj)
 
 
+def _umask() -> int:
+    """The process's umask, unchanged where /proc tells it (os.umask can only read it by setting it)."""
+    try:  # Linux: readable without changing it, so no other thread ever sees umask 0
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` through a temporary file of its own in the same folder, renamed into place.
+
+    A reader sees the old file or the new one, never a half-written one; and since every call has its
+    own temporary (``mkstemp``), concurrent writers of one path never rename one another's unfinished
+    file into place or away (a shared ``.<name>.tmp`` did both). On failure the temporary is removed
+    and the previous file is left as it was. The file gets the usual permissions (mkstemp's are 0600).
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding=encoding) as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
 def _check_name(name: str) -> None:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ValueError(f"name={name!r} must be a file stem of letters, digits, '_', '-', '.' "
@@ -107,11 +146,8 @@ def save_results(out_dir: str | os.PathLike, name: str, results: dict, device=No
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"notebook": name, "saved_at": utc_stamp(), "device": describe_device(device), "results": to_jsonable(results)}
-    path = out / f"{name}.json"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
-    os.replace(tmp, path)  # never leave a truncated JSON behind
-    return path
+    # never a truncated JSON, nor one writer's file renamed away by another (a temporary per write)
+    return write_atomic(out / f"{name}.json", json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
 
 def load_results(out_dir: str | os.PathLike, name: str) -> dict:
@@ -120,7 +156,15 @@ def load_results(out_dir: str | os.PathLike, name: str) -> dict:
     path = Path(out_dir) / f"{name}.json"
     if not path.is_file():
         raise FileNotFoundError(f"no results {path}; run the notebook {name!r} first")
-    return json.loads(path.read_text())
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # a truncated or foreign file: say which, not a bare JSONDecodeError
+        raise ValueError(f"{path} is not valid JSON ({exc}); expected what save_results writes") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), dict):
+        what = type(doc).__name__ if not isinstance(doc, dict) else f"'results' {type(doc.get('results')).__name__}"
+        raise ValueError(f"{path} holds a JSON {what}; expected an object with a 'results' object, "
+                         "as save_results writes")
+    return doc
 
 
 def collect_results(name: str, reports_dir: str | os.PathLike = "reports") -> dict[str, dict]:

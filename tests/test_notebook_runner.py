@@ -500,7 +500,7 @@ def test_rerun_replaces_own_folder_and_leaves_other_gpus_alone(tmp_path, books, 
     out = tmp_path / "reports"
     other = out / "nvidia-h200"
     other.mkdir(parents=True)
-    (other / "manifest.json").write_text('{"gpu_slug": "nvidia-h200"}')
+    (other / "manifest.json").write_text('{"gpu_slug": "nvidia-h200", "notebooks": []}')
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in other.iterdir()}
     stale = out / "cpu" / "stale.html"
     stale.parent.mkdir()
@@ -549,6 +549,123 @@ def test_interrupted_run_publishes_what_finished_and_keeps_the_rest(tmp_path, bo
     assert manifest["interrupted"] == "KeyboardInterrupt during 01_second" and manifest["ran"] == ["00_first"]
     assert [e["name"] for e in manifest["notebooks"]] == ["00_first", "01_second"] and manifest["ok"]
     assert sorted(p.name for p in out.iterdir()) == ["cpu", "index.html"]  # no staging folder left
+
+
+def _write_books(folder, names, write_notebook):
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        write_notebook(folder, name, "pass")
+
+
+def test_carry_over_takes_only_a_notebooks_own_files(tmp_path):
+    """Notebooks whose names are prefixes of each other: each keeps exactly its own files."""
+    previous, staging = tmp_path / "gpu", tmp_path / "staging"
+    previous.mkdir()
+    staging.mkdir()
+    names = ("04_decode", "04_decode_latency")
+    (previous / "manifest.json").write_text(json.dumps({"notebooks": [{"name": n} for n in names]}))
+    for n in names:
+        for ext in ("json", "html", "ipynb"):
+            (previous / f"{n}.{ext}").write_text(f"OLD {n}")
+    (previous / "04_decode_files").mkdir()  # nbconvert's assets folder of a page
+    (previous / "04_decode_files" / "a.png").write_text("asset")
+    (staging / "04_decode_latency.json").write_text("NEW")  # finished in this run
+
+    kept = nb_runner._carry_over(previous, staging, {"04_decode_latency"})
+    assert [e["name"] for e in kept] == ["04_decode"]
+    assert (staging / "04_decode_latency.json").read_text() == "NEW"  # not the old run's over it
+    assert sorted(p.name for p in staging.iterdir()) == ["04_decode.html", "04_decode.ipynb", "04_decode.json",
+                                                         "04_decode_files", "04_decode_latency.json"]
+    assert (staging / "04_decode_files" / "a.png").read_text() == "asset"
+
+    staging2 = tmp_path / "staging2"
+    staging2.mkdir()
+    nb_runner._carry_over(previous, staging2, {"04_decode"})  # the other way round
+    assert sorted(p.name for p in staging2.iterdir()) == [f"04_decode_latency.{e}" for e in ("html", "ipynb", "json")]
+
+
+def test_interrupted_run_never_puts_an_old_result_over_a_new_one(tmp_path, write_notebook, monkeypatch):
+    """The previous report holds 04_decode (since renamed away) beside 04_decode_latency: an
+    interrupted run publishes 04_decode_latency's fresh results, not the previous report's."""
+    books, out = tmp_path / "books", tmp_path / "reports"
+    _write_books(books, ("04_decode", "04_decode_latency", "05_next"), write_notebook)
+    monkeypatch.setattr(nb_runner, "_run_one", _fake_run_one)
+    runner.run_notebooks(books, out, smoke=True, device="cpu", seed=1, progress=False)
+    (books / "04_decode.ipynb").unlink()
+
+    monkeypatch.setattr(nb_runner, "_run_one", _interrupt_at(2, []))  # in 05_next, after 04_decode_latency
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_notebooks(books, out, smoke=True, device="cpu", seed=9, progress=False)
+    folder = out / "cpu"
+    assert json.loads((folder / "04_decode_latency.json").read_text())["results"]["seed"] == 9
+    assert json.loads((folder / "04_decode.json").read_text())["results"]["seed"] == 1  # kept, as it was
+    assert json.loads((folder / "05_next.json").read_text())["results"]["seed"] == 1  # its previous page
+    assert not (folder / "05_next_fig.png").exists()  # the stopped notebook's half-written file went
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["ran"] == ["04_decode_latency"]
+    assert [e["name"] for e in manifest["notebooks"]] == ["04_decode", "04_decode_latency", "05_next"]
+
+
+def test_interrupted_notebook_takes_no_file_of_a_longer_named_one(tmp_path, write_notebook, monkeypatch):
+    """Stopped in 04_decode (--only): its half-written files go, 04_decode_latency's (carried over) stay."""
+    books, out = tmp_path / "books", tmp_path / "reports"
+    _write_books(books, ("03_first", "04_decode", "04_decode_latency"), write_notebook)
+    monkeypatch.setattr(nb_runner, "_run_one", _fake_run_one)
+    runner.run_notebooks(books, out, smoke=True, device="cpu", seed=1, progress=False)
+    before = {p.name: p.read_bytes() for p in (out / "cpu").iterdir() if p.name.startswith("04_decode")}
+
+    monkeypatch.setattr(nb_runner, "_run_one", _interrupt_at(2, []))
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_notebooks(books, out, smoke=True, device="cpu", seed=9, only=["03", "04_decode"], progress=False)
+    folder = out / "cpu"
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("04_decode")} == before
+    assert json.loads((folder / "03_first.json").read_text())["results"]["seed"] == 9
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert [e["name"] for e in manifest["notebooks"]] == ["03_first", "04_decode", "04_decode_latency"]
+
+
+def test_a_stale_results_file_never_stands_for_a_notebook_that_wrote_none(tmp_path, write_notebook, monkeypatch):
+    """Whatever is in the staging folder under a notebook's name before it runs is not its result."""
+    import papermill
+
+    books, staging = tmp_path / "books", tmp_path / "staging"
+    _write_books(books, ("04_decode_latency",), write_notebook)
+    staging.mkdir()
+    (staging / "04_decode_latency.json").write_text(json.dumps({"results": {"run": "OLD"}}))
+
+    def execute_without_saving(src, dst, **kwargs):  # the notebook runs, and writes no results
+        Path(dst).write_bytes(Path(src).read_bytes())
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute_without_saving)
+    entry = nb_runner._run_one(books / "04_decode_latency.ipynb", staging,
+                               {"SMOKE": True, "OUT_DIR": str(staging)}, 60, False, "python3")
+    assert entry["status"] == "failed" and "did not write 04_decode_latency.json" in entry["error"]
+    assert entry["results"] is None and not (staging / "04_decode_latency.json").exists()
+
+
+def test_kernels_import_fp8kv_from_the_folder_put_on_their_path(tmp_path, monkeypatch):
+    """PYTHONPATH gets the folder that holds the fp8kv package: ``import fp8kv`` works from it alone,
+    and fp8kv's own modules (checks.py...) are not importable as top-level names."""
+    import subprocess
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with nb_runner._kernel_environment(interpret=False):
+        path = os.environ["PYTHONPATH"]
+    assert "PYTHONPATH" not in os.environ  # restored
+    assert Path(path) == REPO and (Path(path) / "fp8kv" / "__init__.py").is_file()
+    probe = "import importlib.util as u; print(u.find_spec('fp8kv').origin, u.find_spec('checks'))"
+    r = subprocess.run([sys.executable, "-S", "-c", probe], env={**os.environ, "PYTHONPATH": path},
+                       capture_output=True, text=True, timeout=60)  # -S: no site-packages, only PYTHONPATH
+    assert r.stdout.split() == [str(REPO / "fp8kv" / "__init__.py"), "None"], r.stderr
+
+
+def test_default_notebook_dir_from_another_working_directory(tmp_path, monkeypatch):
+    from fp8kv.notebooks.pages import _default_notebook_dir
+
+    monkeypatch.chdir(tmp_path)  # no ./notebooks here: the repository's notebooks/ folder
+    assert _default_notebook_dir() == NOTEBOOK_DIR
+    assert runner.discover_notebooks() == NOTEBOOKS and NOTEBOOKS
 
 
 def test_interrupted_before_any_notebook_finished_keeps_previous_report(tmp_path, books, monkeypatch):

@@ -23,6 +23,7 @@ import pytest
 from fp8kv import notebooks as runner
 from fp8kv import ui
 from fp8kv.device import gpu_slug
+from fp8kv.notebooks.pages import HTML_EXPORT_FAILED
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -204,3 +205,111 @@ def test_index_has_a_row_per_gpu_and_loads_nothing_from_the_network(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fp8kv.notebooks", "index", "--out", str(tmp_path)], env=_env(),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "2 report folder(s)" in r.stdout, r.stderr
+
+
+# --------------------------------------------------------------------------- damaged or foreign report folders
+
+
+def _good_report(root: Path, slug: str = "cpu") -> Path:
+    """A report folder as the runner writes it, with 04's speed-up rows (head layout 4:2)."""
+    folder = root / slug
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps(
+        {"mode": "smoke", "device": {"name": slug, "arch": None}, "notebooks": [
+            {"name": "00_environment", "html": "00_environment.html", "status": "ok", "error": None}]}))
+    runner.save_results(folder, "00_environment", {"copy_bandwidth": {"gbps": 12.5},
+                                                   "capability_here": [{"supported": True}]}, device="cpu")
+    speed = [dict(num_q_heads=4, num_kv_heads=2, backend="triton", kv_dtype="fp8_e4m3", mode="dequant", variant="",
+                  speedup_vs_bf16=v) for v in (1.5, 1.9)]
+    rows = [{"status": "ok", "label": "triton fp8_e4m3 dequant", "batch": b, "context": 64, "time_us": 1.0 * b,
+             "gbps": 1.0, "pct_copy_bw": 10.0} for b in (1, 4)]
+    runner.save_results(folder, "04_decode_latency", {"rows": rows, "speedup": speed}, device="cpu")
+    return folder
+
+
+def _edit_json(path: Path, edit) -> None:
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps(edit(doc) or doc))
+
+
+BAD_MANIFESTS = {
+    "truncated": '{"device": ',
+    "a list": "[]",
+    "no notebooks": "{}",
+    "notebooks not a list": '{"notebooks": {"name": "x"}}',
+    "entry without name": '{"notebooks": [{"html": "x.html"}]}',
+    "entry name a path": '{"notebooks": [{"name": "../x"}]}',
+    "html outside the folder": '{"notebooks": [{"name": "x", "html": "/etc/passwd"}]}',
+}
+
+
+@pytest.mark.parametrize("text", BAD_MANIFESTS.values(), ids=BAD_MANIFESTS.keys())
+def test_index_leaves_out_and_names_a_folder_whose_manifest_is_unreadable(tmp_path, text):
+    _good_report(tmp_path, "cpu")
+    bad = tmp_path / "nvidia-x1"
+    bad.mkdir()
+    (bad / "manifest.json").write_text(text)
+    (tmp_path / "foreign").mkdir()  # some JSON but no manifest: not a report at all, and no note either
+    (tmp_path / "foreign" / "launch_x.json").write_text('{"a": 1}')
+    r = subprocess.run([sys.executable, "-m", "fp8kv.notebooks", "index", "--out", str(tmp_path)], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "(1 report folder(s))" in r.stdout
+    assert "nvidia-x1/ left out: nvidia-x1/manifest.json" in r.stderr and "foreign" not in r.stderr
+    page = (tmp_path / "index.html").read_text(encoding="utf-8")
+    assert page.count("<tr>") == 2 and "<code>cpu</code>" in page and "<code>foreign</code>" not in page
+    assert "Not shown:" in page and "nvidia-x1/ left out: nvidia-x1/manifest.json" in page
+    assert str(tmp_path) not in page  # named relative to the page, no absolute path
+
+
+def test_index_reads_missing_or_foreign_result_fields_as_missing(tmp_path):
+    folder = _good_report(tmp_path)
+
+    def damage(doc):
+        for row in doc["results"]["speedup"]:
+            row.pop("num_q_heads")
+        for row in doc["results"]["rows"]:
+            row.pop("label")
+    _edit_json(folder / "04_decode_latency.json", damage)
+    _edit_json(folder / "00_environment.json", lambda doc: {**doc, "results": [1]})
+    runner.save_results(folder, "03_kv_capacity", {"rows": [{"gpu": "this device", "fits": True,
+                                                             "kv_dtype": "fp8_e4m3"}]}, device="cpu")
+    runner.save_results(folder, "06_model_accuracy", {"summary": [{"config": "e4m3 tensor amax"}]}, device="cpu")
+    (tmp_path / "nvidia-x1").mkdir()
+    (tmp_path / "nvidia-x1" / "manifest.json").write_text('{"notebooks": [], "device": {"name": "X1"}}')
+    (tmp_path / "nvidia-x1" / "04_decode_latency.json").write_text('{"results": ')  # truncated
+
+    page = runner.build_index(tmp_path).read_text(encoding="utf-8")
+    assert page.count("<tr>") == 3
+    assert "Hq:Hkv –:2: median 1.70×, best 1.90×" in page  # the head count missing, the numbers not
+    assert "–: – M FP8 / – M bf16" in page and "–: – nats/token" in page
+    assert "Plotly.newPlot(" not in page  # no row has what the figures plot
+    assert "cpu/00_environment.json read as missing" in page
+    assert "nvidia-x1/04_decode_latency.json read as missing" in page and "not valid JSON" in page
+    row = runner.gpu_summary(folder)
+    assert row["capability"] == "–" and row["copy_gbps"] is None
+
+
+RENDER_FAILURES = {
+    "truncated manifest": ('{"notebooks": [', "manifest.json is unreadable"),
+    "manifest a list": ("[]", "manifest.json holds a JSON list"),
+    "no notebooks": ("{}", "'notebooks' is missing"),
+    "entry without name": ('{"notebooks": [{"ipynb": "x.ipynb"}]}', "notebooks[0] has name None"),
+    "ipynb missing": (json.dumps({"notebooks": [{"name": "01_x", "ipynb": "01_x.ipynb", "html": None,
+                                                 "status": "failed", "results": "01_x.json",
+                                                 "error": HTML_EXPORT_FAILED + "OSError"}]}),
+                      "01_x.ipynb is missing"),
+}
+
+
+@pytest.mark.parametrize("text, needle", RENDER_FAILURES.values(), ids=RENDER_FAILURES.keys())
+def test_render_of_a_damaged_folder_fails_with_one_line(tmp_path, text, needle):
+    folder = tmp_path / "gpu"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(text)
+    r = subprocess.run([sys.executable, "-m", "fp8kv.notebooks", "render", str(folder)], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("fp8kv notebooks render: error: ") and needle in lines[0], lines
+    assert (folder / "manifest.json").read_text() == text  # nothing written

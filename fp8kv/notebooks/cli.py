@@ -179,8 +179,8 @@ def render_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     try:
         names = render_report(args.folder)
-    except ValueError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # a foreign or damaged report folder: one line naming the file
+        print(f"{parser.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     print(f"rendered {len(names)} page(s) in {args.folder}: {', '.join(names) or 'none needed'}")
     build_index(Path(args.folder).parent)

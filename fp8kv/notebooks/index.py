@@ -3,32 +3,70 @@ overlaid figures."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import sys
 from pathlib import Path
 
-from ..results import load_results
-from .pages import INDEX, MANIFEST, drop_network_loads
+from ..results import load_results, write_atomic
+from .pages import INDEX, MANIFEST, drop_network_loads, read_manifest
 
 # --------------------------------------------------------------------------- one page across GPUs
 
 
-def _report_folders(root: Path) -> list[Path]:
-    """The ``<gpu-slug>/`` folders of a reports root that hold a manifest or results, sorted by name."""
+def _candidate_folders(root: Path) -> list[Path]:
+    """The visible sub-folders of a reports root that hold a manifest.json, sorted by name."""
     return sorted(p for p in Path(root).iterdir() if p.is_dir() and not p.name.startswith(".")
-                  and ((p / MANIFEST).is_file() or any(p.glob("*.json"))))
+                  and (p / MANIFEST).is_file())
 
 
-def _read(folder: Path, name: str) -> dict | None:
+def _report_folders(root: Path, skipped: list[str] | None = None) -> list[Path]:
+    """The ``<gpu-slug>/`` folders of a reports root, sorted by name: those whose manifest.json reads as
+    the runner writes it (:func:`read_manifest`). A folder with some other JSON is not a report; one
+    whose manifest is truncated or foreign is left out too, and why is appended to ``skipped``."""
+    found = []
+    for folder in _candidate_folders(root):
+        try:
+            read_manifest(folder)
+        except ValueError as exc:
+            if skipped is not None:
+                skipped.append(f"{folder.name}/ left out: {str(exc).replace(str(folder.parent) + os.sep, '')}")
+            continue
+        found.append(folder)
+    return found
+
+
+def _read(folder: Path, name: str, notes: list[str] | None = None) -> dict | None:
+    """A notebook's results in ``folder``; None when there are none, or (said in ``notes``) when its
+    file is unreadable: a corrupt file reads as missing numbers, never as a crash of the index."""
+    if not (folder / f"{name}.json").is_file():
+        return None
     try:
         return load_results(folder, name)["results"]
-    except (FileNotFoundError, ValueError, KeyError):
+    except (OSError, ValueError) as exc:
+        if notes is not None:
+            notes.append(f"{folder.name}/{name}.json read as missing: "
+                         f"{str(exc).replace(str(folder.parent) + os.sep, '')}")
         return None
 
 
 def _fmt(value, spec=".3g", unit="") -> str:
-    return f"{value:{spec}}{unit}" if isinstance(value, (int, float)) and math.isfinite(value) else "–"
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return f"{value:{spec}}{unit}" if ok else "–"
+
+
+def _dicts(value) -> list[dict]:
+    """The objects of a results list (a missing or foreign value holds none)."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _obj(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value) -> str:
+    """A field shown as text: missing reads "–"."""
+    return "–" if value is None or value == "" else str(value)
 
 
 # The FP8 decode the index's speed-up column summarises: fp8kv's default (its backend, KV dtype and mode).
@@ -48,51 +86,57 @@ def gpu_summary(folder: str | os.PathLike) -> dict:
     import statistics
 
     folder = Path(folder)
-    manifest = {}
-    if (folder / MANIFEST).is_file():
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    env, cap, lat, acc = (_read(folder, n) for n in ("00_environment", "03_kv_capacity", "04_decode_latency",
-                                                     "06_model_accuracy"))
+    notes: list[str] = []
+    manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else {}
+    env, cap, lat, acc = (_read(folder, n, notes) for n in ("00_environment", "03_kv_capacity",
+                                                            "04_decode_latency", "06_model_accuracy"))
     # The manifest describes the newest run into the folder (its versions), notebook 00 its own run.
-    device = manifest.get("device") or (env or {}).get("device") or {}
-    row = {"slug": folder.name, "name": device.get("name", folder.name), "arch": device.get("arch") or "–",
+    device = _obj(manifest.get("device")) or _obj((env or {}).get("device"))
+    row = {"slug": folder.name, "name": str(device.get("name") or folder.name), "arch": _text(device.get("arch")),
            "versions": ", ".join(f"{k} {device[k]}" for k in ("torch", "triton", "flashinfer", "vllm") if device.get(k)),
-           "mode": manifest.get("mode", "–"), "capability": "–", "copy_gbps": None, "speedup": {},
-           "kv_capacity": {}, "kl": {}, "timings_meaningful": None,
+           "mode": _text(manifest.get("mode")), "capability": "–", "copy_gbps": None, "speedup": {},
+           "kv_capacity": {}, "kl": {}, "timings_meaningful": None, "notes": notes,
            "pages": [(e["name"], f"{folder.name}/{e['html']}") for e in manifest.get("notebooks", []) if e.get("html")]}
     if env:
-        here = env.get("capability_here") or []
+        here = _dicts(env.get("capability_here"))
         row["capability"] = f"{sum(bool(r.get('supported')) for r in here)} of {len(here)} run here"
-        row["copy_gbps"] = (env.get("copy_bandwidth") or {}).get("gbps")
+        row["copy_gbps"] = _obj(env.get("copy_bandwidth")).get("gbps")
     if lat:
         row["timings_meaningful"] = lat.get("timings_meaningful_for_gpu")
         by_heads: dict[str, list[float]] = {}
-        for r in lat.get("speedup") or []:
+        for r in _dicts(lat.get("speedup")):
             v = r.get("speedup_vs_bf16")
             default = all(r.get(k) == want for k, want in HEADLINE_FP8.items()) and not r.get("variant")
             if default and isinstance(v, (int, float)) and math.isfinite(v):
-                by_heads.setdefault(f"{r['num_q_heads']}:{r['num_kv_heads']}", []).append(v)
+                # a row without its head counts still counts, under "–" (missing reads as missing)
+                by_heads.setdefault(f"{_text(r.get('num_q_heads'))}:{_text(r.get('num_kv_heads'))}", []).append(v)
         row["speedup"] = {h: (statistics.median(v), max(v)) for h, v in sorted(by_heads.items())}
     if cap:
-        for r in cap.get("rows") or []:
+        for r in _dicts(cap.get("rows")):
             if r.get("gpu") == "this device" and r.get("fits") and r.get("granularity") in (None, "tensor"):
-                row["kv_capacity"].setdefault(r["model"], {})[r["kv_dtype"]] = r["tokens"]
+                row["kv_capacity"].setdefault(_text(r.get("model")), {})[_text(r.get("kv_dtype"))] = r.get("tokens")
         if not row["kv_capacity"]:
-            row["kv_capacity"] = {m: {"ratio": v} for m, v in (cap.get("fp8_over_bf16_tokens_ratio") or {}).items()}
+            row["kv_capacity"] = {m: {"ratio": v} for m, v in _obj(cap.get("fp8_over_bf16_tokens_ratio")).items()}
     if acc:
-        for r in acc.get("summary") or []:
+        for r in _dicts(acc.get("summary")):
             if r.get("config") == "e4m3 tensor amax":
-                row["kl"][r["model"]] = r.get("kl_mean")
+                row["kl"][_text(r.get("model"))] = r.get("kl_mean")
     return row
 
 
+def _millions(tokens) -> str:
+    return _fmt(tokens / 1e6, ".2f") if _fmt(tokens) != "–" else "–"
+
+
 def _capacity_text(kv: dict) -> str:
+    import html
+
     parts = []
     for model, v in kv.items():
         if "ratio" in v:
-            parts.append(f"{model}: FP8/bf16 {_fmt(v['ratio'], '.3f', '×')}")
+            parts.append(f"{html.escape(model)}: FP8/bf16 {_fmt(v['ratio'], '.3f', '×')}")
         elif "fp8_e4m3" in v:
-            parts.append(f"{model}: {v['fp8_e4m3'] / 1e6:.2f} M FP8 / {v.get('bf16', float('nan')) / 1e6:.2f} M bf16")
+            parts.append(f"{html.escape(model)}: {_millions(v['fp8_e4m3'])} M FP8 / {_millions(v.get('bf16'))} M bf16")
     return "<br>".join(parts) or "–"
 
 
@@ -104,12 +148,20 @@ def _overlay_figures(folders: list[Path]):
 
     frames = []
     for folder in folders:
-        lat = _read(folder, "04_decode_latency")
-        if lat and lat.get("rows"):
-            df = pd.DataFrame(lat["rows"])
-            df = df[df["status"] == "ok"]
-            if len(df):
-                frames.append(df.assign(gpu=folder.name))
+        rows = _dicts((_read(folder, "04_decode_latency") or {}).get("rows"))
+        df = pd.DataFrame(rows)
+        if not len(df) or not {"status", "label", "batch", "context", "time_us"} <= set(df.columns):
+            continue  # rows without what the figures plot are missing numbers, not a KeyError
+        for col in ("gbps", "pct_copy_bw"):  # hover only: absent reads as missing
+            if col not in df.columns:
+                df[col] = float("nan")
+        # a row is plotted only with a label and real numbers where the figures put it (values kept as read)
+        plotted = (df["status"] == "ok") & df["label"].map(lambda x: isinstance(x, str))
+        for col in ("batch", "context", "time_us"):
+            plotted &= df[col].map(lambda x: _fmt(x) != "–")
+        df = df[plotted]
+        if len(df):
+            frames.append(df.assign(gpu=folder.name))
     if not frames:
         return []
     data = pd.concat(frames, ignore_index=True)
@@ -138,7 +190,7 @@ def _plotlyjs_for_index(root: Path) -> str:
     for folder in _report_folders(root):
         if (folder / name).is_file():
             return f"{folder.name}/{name}"
-    (root / name).write_text(get_plotlyjs(), encoding="utf-8")
+    write_atomic(root / name, get_plotlyjs())  # the page may be open: never a half-written library
     return name
 
 
@@ -152,8 +204,14 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
     import html as _html
 
     root = Path(reports_dir)
-    folders = _report_folders(root)
+    skipped: list[str] = []
+    folders = _report_folders(root, skipped)
     rows = [gpu_summary(f) for f in folders]
+    # A folder or file that cannot be read is named on the page and on stderr, never a crash of the index
+    # (nor silently dropped); the page of readable reports alone is unchanged.
+    notes = skipped + [n for r in rows for n in r["notes"]]
+    for note in notes:
+        print(f"fp8kv notebooks index: {note}", file=sys.stderr)
     esc = _html.escape
     body = []
     for r in rows:
@@ -174,6 +232,8 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
                                       div_id=f"index-figure-{i}") for i, f in enumerate(figures))
     header = ("GPU", "arch", "versions", "run", "capability", "copy bandwidth",
               "fp8kv FP8 (e4m3, dequant) over the best 16-bit decode", "KV tokens (planner models, this GPU)", "KL, e4m3 amax vs bf16", "pages")
+    note_html = ("<p><b>Not shown:</b></p><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>\n"
+                 if notes else "")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>fp8kv: every GPU</title>{plotly_tag}
 <style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse;font-size:90%}}
@@ -181,14 +241,11 @@ td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
 </head><body>
 <h1>fp8kv: FP8 KV caches on every GPU that has run the notebooks</h1>
 <p>One row per report folder under this page ({len(rows)}). Each links to its notebook pages.</p>
-<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>
+{note_html}<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>
 {chr(10).join(body)}
 </table>
 {figure_html}
 </body></html>
 """
-    path = root / INDEX
-    tmp = path.with_name(f".{INDEX}.tmp")
-    tmp.write_text(drop_network_loads(page), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    # a temporary file per build: two runs finishing together never rename each other's half-written page
+    return write_atomic(root / INDEX, drop_network_loads(page))

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..results import to_jsonable
+from ..results import to_jsonable, write_atomic
 
 MANIFEST = "manifest.json"
 INDEX = "index.html"
@@ -23,7 +23,69 @@ def _default_notebook_dir() -> Path:
     here = Path.cwd() / "notebooks"
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parent.parent / "notebooks"
+    # this file is <repo>/fp8kv/notebooks/pages.py: <repo>/notebooks holds the .ipynb files, while
+    # <repo>/fp8kv/notebooks is this Python subpackage (no notebooks in it)
+    return Path(__file__).resolve().parents[2] / "notebooks"
+
+
+# What the runner writes for a notebook NAME: NAME.ipynb, NAME.html, NAME.json; nbconvert would put a
+# page's assets in NAME_files/. Nothing else is the notebook's: "04_decode_latency.json" is not 04_decode's.
+OWN_SUFFIXES = ("_files",)
+
+
+def owns(name: str, filename: str) -> bool:
+    """Whether ``filename`` (in a report or staging folder) is one of notebook ``name``'s own files:
+    its stem is exactly ``name`` (``name.ipynb``, ``name.html``, ``name.json``) or it is ``name``
+    followed by one of :data:`OWN_SUFFIXES`. A prefix is not enough: notebooks ``04_decode`` and
+    ``04_decode_latency`` each own only their own files."""
+    return Path(filename).stem == name or filename in {name + s for s in OWN_SUFFIXES}
+
+
+def _plain_file_name(value) -> bool:
+    return (isinstance(value, str) and value not in ("", ".", "..") and "/" not in value and "\\" not in value
+            and "\0" not in value)
+
+
+def read_manifest(folder: str | os.PathLike) -> dict:
+    """``<folder>/manifest.json`` as the runner writes it, checked; ValueError naming the file and what is wrong.
+
+    A JSON object whose ``notebooks`` is a list of objects, each with a ``name`` (a file stem); the
+    file fields ``ipynb``, ``html``, ``results`` are plain file names in the folder (or null), and
+    ``status`` / ``error`` / ``device`` have the runner's types where present. A folder without such a
+    manifest is not a report (a truncated file, a foreign folder, one written by hand).
+    """
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: not a report folder (the runner writes one per report)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is unreadable ({type(exc).__name__}: {exc}); expected the runner's JSON "
+                         "manifest") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} holds a JSON {type(manifest).__name__}; expected an object with a "
+                         "'notebooks' list, as the runner writes")
+    entries = manifest.get("notebooks")
+    if not isinstance(entries, list):
+        got = "missing" if "notebooks" not in manifest else f"{entries!r:.60}"
+        raise ValueError(f"{path}: 'notebooks' is {got}; expected a list of notebook entries")
+    if not isinstance(manifest.get("device", {}) or {}, dict):
+        raise ValueError(f"{path}: 'device' is {manifest['device']!r:.60}; expected an object")
+    for i, entry in enumerate(entries):
+        where = f"{path}: notebooks[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} is {entry!r:.60}; expected an object with a 'name'")
+        name = entry.get("name")
+        if not isinstance(name, str) or not _plain_file_name(name):
+            raise ValueError(f"{where} has name {name!r:.60}; expected the notebook's file stem")
+        for key in ("ipynb", "html", "results"):
+            if entry.get(key) is not None and not _plain_file_name(entry[key]):
+                raise ValueError(f"{where} ({name}) has {key}={entry[key]!r:.60}; expected a file name in the "
+                                 "folder, or null")
+        for key in ("status", "error"):
+            if entry.get(key) is not None and not isinstance(entry[key], str):
+                raise ValueError(f"{where} ({name}) has {key}={entry[key]!r:.60}; expected a string")
+    return manifest
 
 
 def discover_notebooks(notebook_dir: str | os.PathLike | None = None,
@@ -87,7 +149,7 @@ def render_html(executed_ipynb: str | os.PathLike, html_path: str | os.PathLike)
     dirs = template_dirs()
     body, _ = HTMLExporter(extra_template_basedirs=dirs, extra_template_paths=dirs).from_filename(str(executed_ipynb))
     html_path = Path(html_path)
-    html_path.write_text(drop_network_loads(body), encoding="utf-8")
+    write_atomic(html_path, drop_network_loads(body))  # render_report rewrites pages in a published folder
     return html_path
 
 
@@ -133,9 +195,9 @@ def externalize_plotlyjs(html_path: str | os.PathLike) -> str | None:
         return None
     name = f"plotly-{get_plotlyjs_version()}.min.js"
     target = path.with_name(name)
-    if not target.is_file():
-        target.write_text(library, encoding="utf-8")
-    path.write_text(text.replace(inline, f'<script src="{name}" charset="utf-8"></script>', 1), encoding="utf-8")
+    if not target.is_file():  # other pages may load it already: never seen half-written
+        write_atomic(target, library)
+    write_atomic(path, text.replace(inline, f'<script src="{name}" charset="utf-8"></script>', 1))
     return name
 
 
@@ -185,19 +247,29 @@ def render_report(folder: str | os.PathLike) -> list[str]:
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         raise ValueError(f"folder={str(folder)!r} holds no {MANIFEST}: not a report folder")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(folder)  # a truncated or foreign manifest: ValueError naming it
+    todo = [e for e in manifest["notebooks"] if not e.get("html") and e.get("ipynb")
+            and (e.get("error") or "").startswith(HTML_EXPORT_FAILED)]
+    for entry in todo:  # every page's notebook is checked before anything is written
+        if not (folder / entry["ipynb"]).is_file():
+            raise ValueError(f"{folder / entry['ipynb']} is missing: {manifest_path} names it as "
+                             f"{entry['name']}'s executed notebook, so its page cannot be rendered")
     done = []
-    for entry in manifest["notebooks"]:
-        error = entry.get("error") or ""
-        if entry.get("html") or not entry.get("ipynb") or not error.startswith(HTML_EXPORT_FAILED):
-            continue
-        executed = folder / entry["ipynb"]
-        entry["html"] = render_html(executed, folder / f"{entry['name']}.html").name
-        externalize_plotlyjs(folder / entry["html"])
-        strip_embedded_plotlyjs(executed)
-        entry.update(status="ok" if entry.get("results") else "failed", error=None)
-        done.append(entry["name"])
-    failed = [e["name"] for e in manifest["notebooks"] if e["status"] != "ok"]
-    manifest.update(failed=failed, ok=not failed)
-    manifest_path.write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
+    try:
+        for entry in todo:
+            executed = folder / entry["ipynb"]
+            try:
+                entry["html"] = render_html(executed, folder / f"{entry['name']}.html").name
+                externalize_plotlyjs(folder / entry["html"])
+                strip_embedded_plotlyjs(executed)
+            except Exception as exc:  # an unreadable notebook, a missing template: one line naming the file
+                entry["html"] = None
+                raise ValueError(f"{executed} could not be rendered: {type(exc).__name__}: {exc}") from exc
+            entry.update(status="ok" if entry.get("results") else "failed", error=None)
+            done.append(entry["name"])
+    finally:  # the pages rendered before a failure are recorded, not lost
+        if done or not todo:
+            failed = [e["name"] for e in manifest["notebooks"] if e.get("status") != "ok"]
+            manifest.update(failed=failed, ok=not failed)
+            write_atomic(manifest_path, json.dumps(to_jsonable(manifest), indent=1) + "\n")
     return done

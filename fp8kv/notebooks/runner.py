@@ -29,6 +29,8 @@ from .pages import (
     discover_notebooks,
     externalize_plotlyjs,
     notebook_hash,
+    owns,
+    read_manifest,
     render_html,
     strip_embedded_plotlyjs,
 )
@@ -56,7 +58,9 @@ def _kernel_environment(interpret: bool):
 
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "TRITON_INTERPRET", HEADLESS_ENV)}
     os.environ[HEADLESS_ENV] = "1"  # no person watches these kernels: fp8kv.ui shows no widgets
-    root = str(Path(__file__).resolve().parent.parent)
+    # the folder that holds the fp8kv package (<repo>, three levels up from this file), not <repo>/fp8kv:
+    # from there ``import fp8kv`` works, and fp8kv's modules do not shadow top-level names (checks, ops...)
+    root = str(Path(__file__).resolve().parents[2])
     os.environ["PYTHONPATH"] = os.pathsep.join([root, saved["PYTHONPATH"]]) if saved["PYTHONPATH"] else root
     if interpret and saved["TRITON_INTERPRET"] is None:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -102,6 +106,10 @@ def _run_one(book: Path, staging: Path, params: dict, timeout_s: int, progress: 
     entry = {"name": name, "source": book.name, "source_sha256": notebook_hash(book), "status": "ok",
              "error": None, "mode": "smoke" if params["SMOKE"] else "full", "started": utc_stamp(),
              "duration_s": None, "ipynb": None, "html": None, "results": None}
+    for stale in [f for f in staging.iterdir() if owns(name, f.name)]:
+        # nothing but this execution may stand for its results: a file already here (carried over by
+        # mistake, say) would hide "did not write NAME.json"
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     t0 = time.perf_counter()
     try:
         pm.execute_notebook(str(book), str(executed), parameters=params, kernel_name=kernel_name,
@@ -129,20 +137,29 @@ def _run_one(book: Path, staging: Path, params: dict, timeout_s: int, progress: 
 
 
 def _carry_over(previous: Path, staging: Path, rerun: set[str]) -> list[dict]:
-    """Copy the previous report's files and manifest entries of notebooks not rerun now."""
+    """Copy the previous report's files and manifest entries of notebooks not rerun now.
+
+    A notebook's files are exactly its own (:func:`owns`): a kept ``04_decode`` does not take
+    ``04_decode_latency.json``, which would put an old run's results over this run's.
+    """
     try:
-        old_manifest = json.loads((previous / MANIFEST).read_text())
-    except (OSError, ValueError):
+        old_manifest = read_manifest(previous)
+    except ValueError as exc:  # nothing to carry over from a report that cannot be read: say so
+        if (previous / MANIFEST).exists():
+            print(f"warning: nothing carried over from the previous report: {exc}", file=sys.stderr)
         return []
-    kept = [e for e in old_manifest.get("notebooks", []) if e.get("name") not in rerun]
+    kept = [e for e in old_manifest["notebooks"] if e["name"] not in rerun]
     keep_names = {e["name"] for e in kept}
     for f in previous.iterdir():
-        owner = next((n for n in keep_names if f.name.startswith((n + ".", n + "_"))), None)
-        if owner is not None and f.is_file():
-            shutil.copy2(f, staging / f.name)
-            library = _PLOTLYJS_SRC.search(f.read_text(encoding="utf-8")) if f.suffix == ".html" else None
-            if library and (previous / library.group(1)).is_file() and not (staging / library.group(1)).exists():
-                shutil.copy2(previous / library.group(1), staging / library.group(1))
+        if not any(owns(n, f.name) for n in keep_names):
+            continue
+        if f.is_dir():  # an HTML page's assets folder (NAME_files)
+            shutil.copytree(f, staging / f.name, dirs_exist_ok=True)
+            continue
+        shutil.copy2(f, staging / f.name)
+        library = _PLOTLYJS_SRC.search(f.read_text(encoding="utf-8")) if f.suffix == ".html" else None
+        if library and (previous / library.group(1)).is_file() and not (staging / library.group(1)).exists():
+            shutil.copy2(previous / library.group(1), staging / library.group(1))
     return kept
 
 
@@ -293,10 +310,14 @@ def _publish_interrupted(staging: Path, final: Path, manifest: dict, entries: li
                          current: str | None, exc: BaseException, t0: float) -> None:
     """An interrupted run loses nothing: publish the notebooks it ran to the end, and carry every
     other notebook's page over from the previous report (the one that was stopped included)."""
-    finished = {e["name"] for e in entries}
+    finished = {e["name"] for e in entries}  # run to the end now, or carried over at the start
     if current is not None and current not in finished:  # its half-written files go; its previous page,
-        for f in [*staging.glob(f"{current}.*"), *staging.glob(f"{current}_*")]:  # if any, is carried over
-            f.unlink()
+        for f in list(staging.iterdir()):                  # if any, is carried over below
+            # its own files, and what else it began (NAME_fig.png...), but never a file that is exactly
+            # another notebook's: with current "04_decode", 04_decode_latency.json stays
+            mine = f.name.startswith((current + ".", current + "_"))
+            if mine and not any(owns(n, f.name) for n in finished):
+                shutil.rmtree(f) if f.is_dir() else f.unlink()
     kept = _carry_over(final, staging, finished) if final.is_dir() else []
     what = "KeyboardInterrupt" if isinstance(exc, KeyboardInterrupt) else str(exc)
     _publish(staging, final, manifest, entries + kept, t0, ran=list(done),
