@@ -223,6 +223,22 @@ def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None, tag: st
     return csv
 
 
+def save_or_fallback(save, df, out_dir, meta: dict, *, flag: str = "--out"):
+    """``save(df, out_dir, meta=meta)`` (a command's table save), or, where writing under ``out_dir`` fails
+    (a full disk, a folder that passed the checks but cannot be written), the same under a new temporary
+    folder, said on stderr naming ``flag``: a run's measured rows are never lost to its save.
+    Returns ``(path, saved_where_asked)``."""
+    import sys
+    import tempfile
+
+    try:
+        return save(df, out_dir, meta=meta), True
+    except OSError as exc:
+        fallback = tempfile.mkdtemp(prefix="fp8kv-results-")
+        print(f"error: could not write under {flag} {out_dir} ({exc}); saving to {fallback} instead", file=sys.stderr)
+        return save(df, fallback, meta=meta), False
+
+
 def _saved_runs(out_dir, slug: str, preset: str | None):
     """``(csv, meta)`` of the tables under ``<out_dir>/<slug>/``, newest first; with ``preset`` only
     those whose metadata names it (``"preset"``, or ``--preset NAME`` in the recorded ``argv``).

@@ -522,14 +522,14 @@ def test_main_keeps_its_rows_when_out_cannot_be_written(tmp_path, monkeypatch, c
             raise OSError(28, "No space left on device")
         return real_save(df, where, meta=meta)
 
-    monkeypatch.setattr(bench.cli, "save", failing_under_out)
+    monkeypatch.setattr(bench.cli, "save", failing_under_out)  # the save the CLI hands to save_or_fallback
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     rc = bench.main(["--batches", "1", "--contexts", "16", "--heads", "2:1", "--head-dims", "16",
                      "--kv-dtypes", "fp16", "--modes", "dequant", "--backends", "reference", "--out",
                      str(out), "--quiet", "--device", "cpu"])
     err = capsys.readouterr().err
     assert rc == 1 and "could not write under --out" in err and "No space left" in err
-    saved = list(tmp_path.glob("fp8kv-bench-*/cpu/*.csv"))
+    saved = list(tmp_path.glob("fp8kv-results-*/cpu/*.csv"))
     assert len(saved) == 1 and str(saved[0].parent.parent) in err
     assert pd.read_csv(saved[0])["status"].tolist() == ["ok"]
 

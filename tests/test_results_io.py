@@ -114,3 +114,26 @@ def test_concurrent_index_builds_never_fail(tmp_path):
     assert errors == [], f"{len(errors)} builds failed, first: {errors[0]!r}"
     assert "1 GB/s" in (tmp_path / "index.html").read_text(encoding="utf-8")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu", "index.html"]
+
+
+def test_save_or_fallback_keeps_the_rows_when_the_folder_cannot_be_written(tmp_path, monkeypatch, capsys):
+    """The bench, step and tune commands save through it: a failing save under --out goes to a named
+    temporary folder instead of losing the run."""
+    import tempfile
+
+    from fp8kv.results import save_or_fallback
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    calls = []
+
+    def save(df, where, meta=None):
+        calls.append(str(where))
+        if str(where) == "/unwritable":
+            raise PermissionError(13, "Permission denied")
+        return f"{where}/rows.csv"
+
+    path, asked = save_or_fallback(save, "ROWS", "/unwritable", {"argv": []}, flag="--out")
+    assert not asked and path.startswith(str(tmp_path / "fp8kv-results-")) and len(calls) == 2
+    err = capsys.readouterr().err
+    assert "could not write under --out /unwritable" in err and calls[1] in err
+    assert save_or_fallback(save, "ROWS", str(tmp_path), {}) == (f"{tmp_path}/rows.csv", True)

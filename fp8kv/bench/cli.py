@@ -7,10 +7,8 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 import textwrap
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
@@ -19,6 +17,7 @@ from ..cache import LAYOUTS
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..quant import GRANULARITIES
+from ..results import save_or_fallback
 from .cases import Q_DTYPES, Case, sweep
 from .measure import run
 from .report import check_failed, save, summary
@@ -281,18 +280,6 @@ def restart_interpreted(module: str) -> None:
         os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
 
 
-def _save_somewhere(df, out: str, meta: dict) -> tuple[Path, bool]:
-    """:func:`save` under ``out``, or, where that fails (a folder that passed the checks but cannot be written,
-    a full disk), under a new temporary folder, said on stderr: measured rows are never lost to a save.
-    Returns the CSV's path and whether it is under ``out``."""
-    try:
-        return save(df, out, meta=meta), True
-    except OSError as exc:
-        fallback = tempfile.mkdtemp(prefix="fp8kv-bench-")
-        print(f"error: could not write under --out {out} ({exc}); saving to {fallback} instead", file=sys.stderr)
-        return save(df, fallback, meta=meta), False
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``fp8kv bench`` entry point; returns the exit status.
 
@@ -338,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(summary(df))
             saved_where_asked = True
             if not args.no_save:
-                path, saved_where_asked = _save_somewhere(df, args.out, meta={"argv": argv, "preset": args.preset})
+                path, saved_where_asked = save_or_fallback(save, df, args.out, {"argv": argv, "preset": args.preset})
                 print(f"wrote {path}")
     if interrupted:
         print("interrupted: the rows above are what was measured; the rest are marked skipped", file=sys.stderr)

@@ -30,7 +30,7 @@ from .. import checks, launch_table
 from ..capability import interpreter_on
 from ..formats import is_fp8
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
-from ..results import utc_stamp
+from ..results import save_or_fallback, utc_stamp
 from .cases import Case, sweep
 from .measure import run
 from .report import save
@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         entries, rows = tune(shapes, args.kv_dtypes, device=None, rep=args.rep, progress=not args.quiet, **kw)
         with signals_ignored():
             stamp = utc_stamp()
-            csv = save(rows, args.out, meta={"argv": argv, "preset": "tune-table"})
+            csv, _ = save_or_fallback(save, rows, args.out, {"argv": argv, "preset": "tune-table"})
             command = " ".join(["python -m fp8kv.bench.tune", *argv])
             versions = {k: rows.iloc[0][k] for k in ("torch", "triton")}
             # each entry names the run it came from: a table is merged from several runs

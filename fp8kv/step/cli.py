@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from ..capability import interpreter_on
 from ..capacity import MAX_MEMORY_GIB, gib_text
 from ..device import resolve_device
+from ..results import save_or_fallback
 from .measure import check_host_memory, save, sweep
 from .model import STEP_BACKENDS
 from .plan import plan_sweep
@@ -80,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``fp8kv step`` / ``python -m fp8kv.step``; returns the exit status (2: bad input, 1: a point failed)."""
+    """``fp8kv step`` / ``python -m fp8kv.step``; returns the exit status (2: bad input, 1: a point failed or --out could not be written: the rows then go to a temporary folder, named on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -118,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                weights=args.weights, device=args.device, rep=args.rep, progress=not args.quiet)
     print(summary(df))
     print(f"{len(df)} points in {time.perf_counter() - t0:.0f} s")
+    saved_where_asked = True
     if not args.no_save:
-        print(f"wrote {save(df, args.out, meta={'argv': argv})}")
-    return 1 if (df["status"] == "error").any() else 0
+        path, saved_where_asked = save_or_fallback(save, df, args.out, {"argv": argv})
+        print(f"wrote {path}")
+    return 1 if (df["status"] == "error").any() or not saved_where_asked else 0
