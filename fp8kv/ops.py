@@ -267,6 +267,9 @@ def choose_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int, nu
     (SMs x :func:`resident_programs` of the kernel), a count that is not raised for latency is then made
     to fill the slots' waves (:func:`fill_waves`).
     """
+    for name, v in (("batch", batch), ("kv_heads", kv_heads), ("capacity", capacity), ("block_n", block_n),
+                    ("num_sms", num_sms)):
+        checks.positive_int(v, name)
     base = batch * kv_heads
     tiles = math.ceil(capacity / block_n)
     splits = _bandwidth_splits(base, tiles, num_sms, waves, min_tiles_per_split)
@@ -321,6 +324,14 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     bandwidth-bound split count fills whole waves (:func:`fill_waves`); None: the count of
     :func:`choose_num_splits` alone.
     """
+    if not isinstance(cache, PagedKVCache):
+        checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+    batch = checks.positive_int(batch, "batch")
+    checks.one_of(mode, "mode", tuple(_MODE_FLAGS))
+    if not isinstance(use_tensor_cores, bool):
+        checks.fail(f"use_tensor_cores={use_tensor_cores!r}; expected True or False", TypeError)
+    if window is not None:
+        window = checks.integer(window, "window", minimum=1)
     if not use_tensor_cores:
         if mode == "fp8":
             raise ValueError("use_tensor_cores=False with mode='fp8': FP8 arithmetic runs on tensor cores; "
@@ -485,11 +496,11 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
     b, hq, d = q.shape
     group = hq // cache.num_kv_heads
-    kernel, cfg = decode_launch(b, cache, mode, d, group, q.device, gluon=gluon, num_splits=num_splits, q_dtype=q.dtype,
-                                block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                                heads_per_program=heads_per_program, use_tensor_cores=use_tensor_cores,
-                                window=window, convert=convert, eviction_policy=eviction_policy or None,
-                                compute_dtype=compute_dtype, soft_cap=soft_cap, sinks=sinks)
+    kernel, cfg = launch_for(b, cache, mode, group, q.device, q_dtype=q.dtype, gluon=gluon, num_splits=num_splits,
+                             block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                             heads_per_program=heads_per_program, use_tensor_cores=use_tensor_cores,
+                             window=window, convert=convert, eviction_policy=eviction_policy,
+                             compute_dtype=compute_dtype, soft_cap=soft_cap, sinks=sinks)
     if kernel == "gluon":
         return _paged_decode_gluon(q, cache, sm_scale, cfg, out_dtype)
     launch = _triton_call(q, cache, cfg, mode, tensor_cores=kernel == "triton", sm_scale=sm_scale, out_dtype=out_dtype,
@@ -813,6 +824,17 @@ def decode_kernel(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
     return "gluon" if why is None else "triton"
 
 
+def launch_for(batch: int, cache: PagedKVCache, mode: str, group: int, device, *, q_dtype: torch.dtype,
+               out_dtype: torch.dtype | None = None, eviction_policy: str = "", **options) -> tuple[str, DecodeConfig]:
+    """The kernel and launch :func:`paged_decode` takes for ``batch`` ``q_dtype`` queries with these of its
+    keyword arguments (``options``: launch overrides and variants): the one mapping from its arguments to
+    :func:`decode_launch`, so that a benchmark row names the kernel and launch that ran. ``out_dtype``
+    changes no launch; an empty ``eviction_policy`` is none."""
+    del out_dtype  # what the kernels store: every kernel takes it
+    return decode_launch(batch, cache, mode, cache.head_dim, group, device, q_dtype=q_dtype,
+                         eviction_policy=eviction_policy or None, **options)
+
+
 def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, group: int, device, *,
                   gluon: bool | None = None, num_splits: int | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None,
@@ -1012,12 +1034,17 @@ def stream_copy(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     """Copy contiguous ``src`` into ``dst`` (same numel and dtype, one device) with the streaming kernel.
 
     The bandwidth ceiling decode kernels are measured against (:func:`fp8kv.bench.measure_copy_bandwidth`).
-    No host sync: it can be captured in a CUDA graph. Returns ``dst``.
+    No host sync: it can be captured in a CUDA graph. Returns ``dst``. Overlapping ``src`` and ``dst`` are
+    refused: the kernel's blocks run in any order, so a block could read what another already wrote.
     """
+    checks.tensor(src, "src")
     checks.tensor(dst, "dst", dtypes=(src.dtype,), device=src.device)
     if not (src.is_contiguous() and dst.is_contiguous()) or src.numel() != dst.numel():
         checks.fail(f"src and dst must be contiguous with equal numel; got {tuple(src.shape)} "
                     f"(contiguous={src.is_contiguous()}) and {tuple(dst.shape)} (contiguous={dst.is_contiguous()})")
     n = src.numel()
+    nbytes = n * src.element_size()
+    if n and src.data_ptr() < dst.data_ptr() + nbytes and dst.data_ptr() < src.data_ptr() + nbytes:
+        checks.fail("src and dst overlap in memory; copy into a separate tensor")
     copy_kernel[(triton.cdiv(n, COPY_BLOCK),)](src, dst, n, BLOCK=COPY_BLOCK)
     return dst

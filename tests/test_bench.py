@@ -129,6 +129,8 @@ def test_bytes_moved_matches_hand_arithmetic():
     assert bf16["kv"] == 2 * 50 * 4 * 32 * 2 * 2 and bf16["scales"] == 0
     assert bf16["out"] == 2 * 4 * 32 * 4  # the reference returns fp32
     assert bytes_moved(Case(1, 10, 4, 2, 16, kv_dtype="fp8_e5m2", granularity="channel"))["scales"] == 2 * 2 * 16 * 4
+    wide = Case(3, 100, 8, 2, 64, kv_dtype="fp8_e4m3", q_dtype="fp16", options={"out_dtype": torch.float32})
+    assert bytes_moved(wide)["out"] == 3 * 8 * 64 * 4  # an fp32 output writes twice q's bytes
 
 
 # ---------------------------------------------------------------------------------- synthetic cache
@@ -858,3 +860,50 @@ def test_triton_opt_gluon_is_a_switch(monkeypatch):
     assert (auto["kernel"], auto["block_n"]) == ("gluon", 64)  # the default where Gluon runs
     tuned = Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3", options={"block_n": 32})
     assert bench.measure._triton_launch(tuned, cache, torch.device("cpu"))["kernel"] == "triton"  # a Triton override
+
+
+def test_a_rows_kernel_is_chosen_by_the_mapping_paged_decode_uses(monkeypatch):
+    """out_dtype and an empty eviction_policy among a case's options must reach the kernel choice as they reach
+    paged_decode's (out_dtype changes no launch, "" is no policy): passed raw, they made the Gluon kernel refuse
+    on paper, so a row named the Triton kernel and its launch while the Gluon kernel ran."""
+    from fp8kv import ops
+    from fp8kv.bench import measure
+
+    seen = []
+
+    class Chosen(Exception):
+        pass
+
+    def recording(batch, cache, mode, head_dim, group, device, **kw):
+        seen.append(kw)
+        if len(seen) > 1:
+            raise Chosen  # paged_decode's choice is made: nothing to launch
+        return "gluon", dict(num_splits=4, block_n=128, num_warps=4, num_stages=3, heads_per_program=4)
+
+    monkeypatch.setattr(ops, "decode_launch", recording)
+    case = Case(2, 64, 8, 2, 64, kv_dtype="fp8_e4m3", options={"out_dtype": torch.float32, "eviction_policy": ""})
+    cache = synthetic_cache(2, 64, 2, 64, kv_dtype="fp8_e4m3", device="cpu")
+    row = measure._triton_launch(case, cache, torch.device("cpu"))
+    q = torch.randn(2, 8, 64, dtype=torch.bfloat16)  # the case's q_dtype
+    with pytest.raises(Chosen):
+        ops.paged_decode(q, cache, out_dtype=torch.float32, eviction_policy="")
+    assert row["kernel"] == "gluon"
+    given = [{k: v for k, v in kw.items() if v is not None} for kw in seen]  # None: not given, either way
+    assert given[0] == given[1] and "out_dtype" not in seen[0] and seen[0]["eviction_policy"] is None
+
+
+def test_one_triton_opt_key_twice_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--batches", "1", "--contexts", "32", "--backends", "reference", "--no-save", "--device", "cpu",
+                    "--triton-opt", "num_splits=2", "--triton-opt", "num_splits=3"])
+    assert exc.value.code == 2 and "--triton-opt num_splits is given twice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given, exc, words", [({"gbps": -5.0}, ValueError, r"copy_bandwidth\['gbps'\]=-5.0"),
+                                               ({"x": 1}, ValueError, "holds 'gbps'"),
+                                               (float("inf"), ValueError, "copy_bandwidth=inf"),
+                                               (-1, ValueError, "copy_bandwidth=-1")])
+def test_a_copy_bandwidth_that_is_no_bandwidth_is_refused(given, exc, words):
+    """Every row's % of copy is a share of it: a negative or infinite one would print as a number."""
+    with pytest.raises(exc, match=words):
+        bench.measure.resolve_copy_bandwidth(given, torch.device("cpu"))

@@ -239,3 +239,23 @@ def test_every_shipped_table_entry_is_its_saved_measurement():
 def test_tune_refuses_two_formats_of_one_kind():
     with pytest.raises(ValueError, match="one FP8 format"):
         tune.tune(kv_dtypes=("fp8_e4m3", "fp8_e5m2"))
+
+
+def test_tune_cli_refuses_two_formats_as_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        tune.main(["--interpret", "--kv-dtypes", "fp8_e4m3", "fp8_e5m2", "--table-dir", "/tmp"])
+    assert exc.value.code == 2 and "--kv-dtypes=['fp8_e4m3', 'fp8_e5m2']: tune one FP8 format" in capsys.readouterr().err
+
+
+def test_tune_writes_no_entry_where_nothing_ran(monkeypatch):
+    """A shape where not even the rule's row ran and passed has no evidence: no "kept": "rule" entry."""
+    def nothing_ran(cases, **kw):
+        cases = list(cases)
+        return pd.DataFrame([dict(block_n=c.options.get("block_n"), num_warps=c.options.get("num_warps"),
+                                  num_stages=c.options.get("num_stages"), status="unsupported", check_passed=None,
+                                  time_us=float("nan"), reason="not here") for c in cases])
+
+    monkeypatch.setattr(tune, "run", nothing_ran)
+    monkeypatch.setattr(tune, "choose", lambda rows, rule, margin: None)
+    entries, rows = tune.tune([(4, 2, 32)], ("fp8_e4m3",), point=(2, 64), confirm=())
+    assert entries == {} and (rows["status"] == "unsupported").all()

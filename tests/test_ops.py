@@ -21,6 +21,7 @@ the benchmark and the backend matrix take them too.
 
 import functools
 import math
+import re
 
 import pytest
 import torch
@@ -629,6 +630,13 @@ def test_stream_copy_copies_every_element_of_an_odd_length():
         stream_copy(src, torch.empty(COPY_BLOCK, device=DEVICE))
     with pytest.raises(TypeError, match="dst has dtype float16"):
         stream_copy(src, torch.empty_like(src, dtype=torch.float16))
+    x = torch.arange(3 * COPY_BLOCK, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(ValueError, match="overlap"):  # blocks in any order: a block could read another's writes
+        stream_copy(x[:2 * COPY_BLOCK], x[COPY_BLOCK:])
+    with pytest.raises(TypeError, match="src must be a torch.Tensor"):
+        stream_copy([1.0], dst)
+    stream_copy(x[:COPY_BLOCK], x[COPY_BLOCK:2 * COPY_BLOCK])  # adjacent, not overlapping
+    assert torch.equal(x[COPY_BLOCK:2 * COPY_BLOCK], x[:COPY_BLOCK])
 
 
 # ------------------------------------------------------------------------------------ the Gluon kernel
@@ -943,3 +951,19 @@ def test_gluon_kernel_reads_every_page_size(block_size, launch, layout):
     ref_o, ref_l = ref_decode(q, cache)
     assert relative_error(out.float(), ref_o) <= dequant_tol(torch.bfloat16, "tensor")
     assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", torch.bfloat16, ref_l)
+
+
+@pytest.mark.parametrize("kw, exc, words", [(dict(batch=0), ValueError, "batch=0"), (dict(batch=1.5), TypeError, "batch=1.5"),
+                                            (dict(mode="bogus"), ValueError, "mode='bogus'"),
+                                            (dict(use_tensor_cores="no"), TypeError, "use_tensor_cores='no'"),
+                                            (dict(window=0), ValueError, "window=0"),
+                                            (dict(window=2.5), TypeError, "window=2.5"),
+                                            (dict(cache=None), TypeError, "cache must be a fp8kv.PagedKVCache")])
+def test_launch_config_called_directly_refuses_bad_arguments_by_name(kw, exc, words):
+    """It is public (the bench and notebooks plan with it): no ZeroDivisionError, no float token counts."""
+    from fp8kv.ops import launch_config
+
+    args = dict(batch=2, cache=make_cache([40, 5], 2, 16))
+    args.update(kw)
+    with pytest.raises(exc, match=re.escape(words)):
+        launch_config(args.pop("batch"), args.pop("cache"), num_sms=132, **args)

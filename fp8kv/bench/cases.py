@@ -106,8 +106,11 @@ def _elem_size(kv_dtype: str) -> int:
 
 
 def _out_elem_size(case: Case) -> int:
-    # The reference returns fp32; Triton, FlashInfer and vLLM return the query's dtype.
-    return 4 if case.backend == "reference" else Q_DTYPES[case.q_dtype].itemsize
+    # The reference returns fp32; Triton, FlashInfer and vLLM return the query's dtype, or the out_dtype asked for.
+    if case.backend == "reference":
+        return 4
+    out_dtype = case.options.get("out_dtype")
+    return (out_dtype or Q_DTYPES[case.q_dtype]).itemsize
 
 
 def bytes_moved(case: Case, seq_lens: Sequence[int] | None = None) -> dict:
@@ -117,7 +120,7 @@ def bytes_moved(case: Case, seq_lens: Sequence[int] | None = None) -> dict:
     ``min(seq_len_b, window)`` for a windowed case (the tokens it attends); ``scales`` = scale bytes read
     (fp32: two scalars for tensor, 2 × Hkv for head, 2 × Hkv × D for channel, 2 × Hkv per token for
     token_head; 0 for 16-bit caches); ``q`` = B × Hq × D × q's size; ``out`` = B × Hq × D × the
-    output's size. Block tables, seq_lens, the LSE and split-KV partials are not counted (< 0.1 %
+    output's size (an ``out_dtype`` among the options, else q's; fp32 for the reference). Block tables, seq_lens, the LSE and split-KV partials are not counted (< 0.1 %
     of ``kv`` at Hkv × D = 1024, except the partials, which are an implementation cost, not work).
     ``seq_lens`` defaults to ``[case.context] * case.batch``.
     """

@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--q-dtype", choices=tuple(Q_DTYPES), help="query dtype (default: bf16 on a GPU, fp16 on CPU)")
     p.add_argument("--tensor-cores", choices=("both", "on", "off"), help="FlashInfer variants (default both)")
     p.add_argument("--triton-opt", type=_kv_opt, action="append", metavar="KEY=INT",
-                   help="Triton launch override (repeatable), e.g. num_splits=8")
+                   help="Triton launch override (repeatable, one key each), e.g. num_splits=8")
     p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
     p.add_argument("--no-save", action="store_true", help="print only")
     p.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
@@ -248,7 +248,13 @@ def _grid_from_args(args, device: torch.device) -> dict:
     if grid["batches"] is None or grid["contexts"] is None:
         checks.fail("give --preset, or --batches and --contexts")
     if args.triton_opt:
-        grid["triton_options"] = dict(args.triton_opt)
+        seen = {}
+        for key, value in args.triton_opt:  # dict() would keep the last of two values silently
+            if key in seen:
+                checks.fail(f"--triton-opt {key} is given twice ({key}={seen[key]}, {key}={value}); give each option "
+                            "once (the options make one variant; fp8kv.bench.sweep(triton_options=[...]) times several)")
+            seen[key] = value
+        grid["triton_options"] = seen
     if args.q_dtype:
         grid["q_dtype"] = args.q_dtype
     if args.page_layout:

@@ -41,11 +41,12 @@ synthetic_cache = random_paged_cache  # the benchmark's cache: N(0, 1) K/V built
 
 # ------------------------------------------------------------------------------------------ calls
 def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dict:
-    """The kernel and launch parameters ``fp8kv.ops.paged_decode`` will use (:func:`fp8kv.ops.decode_launch`)."""
-    from ..ops import decode_launch
+    """The kernel and launch parameters ``fp8kv.ops.paged_decode`` will use (:func:`fp8kv.ops.launch_for`, the
+    mapping it uses itself)."""
+    from ..ops import launch_for
 
-    kernel, cfg = decode_launch(case.batch, cache, case.mode, case.head_dim, case.num_q_heads // case.num_kv_heads,
-                                device, window=case.window, q_dtype=Q_DTYPES[case.q_dtype], **case.options)
+    kernel, cfg = launch_for(case.batch, cache, case.mode, case.num_q_heads // case.num_kv_heads, device,
+                             window=case.window, q_dtype=Q_DTYPES[case.q_dtype], **case.options)
     return {"tensor_cores": kernel != "triton-cuda-core", "kernel": kernel,
             **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages", "heads_per_program")}}
 
@@ -104,9 +105,13 @@ def resolve_copy_bandwidth(copy_bandwidth, device) -> tuple[float, dict | None]:
         info = measure_copy_bandwidth(device=device)
         return float(info["gbps"]), info
     if isinstance(copy_bandwidth, dict):
-        return float(copy_bandwidth["gbps"]), copy_bandwidth
-    if isinstance(copy_bandwidth, (int, float)) and not isinstance(copy_bandwidth, bool) and copy_bandwidth > 0:
-        return float(copy_bandwidth), {"gbps": float(copy_bandwidth), "method": "given"}
+        if "gbps" not in copy_bandwidth:
+            _fail(f"copy_bandwidth has keys {sorted(copy_bandwidth)}; a measurement dict holds 'gbps' "
+                  "(fp8kv.bench.ceiling.measure_copy_bandwidth)")
+        return checks.positive_float(copy_bandwidth["gbps"], "copy_bandwidth['gbps']"), copy_bandwidth
+    if isinstance(copy_bandwidth, (int, float)) and not isinstance(copy_bandwidth, bool):
+        gbps = checks.positive_float(copy_bandwidth, "copy_bandwidth")  # a share of it is every row's % of copy
+        return gbps, {"gbps": gbps, "method": "given"}
     _fail(f"copy_bandwidth={copy_bandwidth!r}; expected None (measure), False (skip), a positive GB/s "
           "number or the dict of fp8kv.bench.ceiling.measure_copy_bandwidth")
 

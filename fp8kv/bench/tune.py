@@ -89,23 +89,29 @@ def choose(rows: pd.DataFrame, rule: dict, margin: float = MARGIN) -> dict | Non
     return {k: int(best[k]) for k in keys} | {"us": round(float(best["time_us"]), 2), "rule_us": round(rule_us, 2)}
 
 
+def check_kv_dtypes(kv_dtypes, name: str = "kv_dtypes") -> None:
+    """One FP8 format and one 16-bit type at most: the table keys a shape by FP8 or 16-bit, not by format."""
+    kinds = [is_fp8(kv) for kv in kv_dtypes]
+    if len(set(kinds)) != len(kinds):
+        checks.fail(f"{name}={list(kv_dtypes)}: tune one FP8 format and one 16-bit type at most; the "
+                    "table holds one launch per kind")
+
+
 def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[str] = ("fp8_e4m3",),
          mode: str = "dequant", point=POINT, confirm=CONFIRM, margin: float = MARGIN, *, device=None,
          rep: int = 50, progress: bool = False) -> tuple[dict, pd.DataFrame]:
     """Measure; return the table entries (key -> launch and evidence) and every row timed.
 
     An entry is written for every shape measured: the winner's launch, or the rule's own launch
-    (``"kept": "rule"``) where no candidate beat it, so the table says the rule was checked there.
+    (``"kept": "rule"``) where no candidate beat it, so the table says the rule was checked there. A shape
+    where not even the rule's row ran and passed gets no entry.
     """
     from ..device import resolve_device
     from ..ops import _num_sms, default_config
 
     checks.one_of(mode, "mode", ("dequant", "fp8"))
     checks.positive_float(margin, "margin")
-    kinds = [is_fp8(kv) for kv in kv_dtypes]
-    if len(set(kinds)) != len(kinds):  # the table keys a shape by FP8 or 16-bit, not by format
-        checks.fail(f"kv_dtypes={list(kv_dtypes)}: tune one FP8 format and one 16-bit type at most; the "
-                    "table holds one launch per kind")
+    check_kv_dtypes(kv_dtypes)
     entries, frames = {}, []
     for shape in shapes:
         hq, hkv, d = shape
@@ -135,8 +141,9 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
             if won is None:
                 rule_rows = rows[(rows[list(rule)] == pd.Series(rule)).all(axis=1) & (rows["status"] == "ok")
                                  & (rows["check_passed"] == True)]  # noqa: E712
-                entries[key] = {**rule, **base, "kept": "rule",
-                                "us": round(float(rule_rows["time_us"].min()), 2) if len(rule_rows) else None}
+                if not len(rule_rows):  # nothing ran and passed here: no evidence, so no entry
+                    continue
+                entries[key] = {**rule, **base, "kept": "rule", "us": round(float(rule_rows["time_us"].min()), 2)}
             else:
                 entries[key] = {**won, **base, "kept": "measured"}
     return entries, pd.concat(frames, ignore_index=True)
@@ -162,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 written, 2 bad arguments or no GPU, 130 interrupted)."""
+    """Entry point; returns the exit status (0 written, 1 nothing ran and passed (no table written), 2 bad
+    arguments or no GPU, 130 interrupted)."""
     import torch
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -172,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         checks.positive_int(args.rep, "--rep")
         for d in args.head_dims or ():
             checks.one_of(d, "--head-dims", tuple(sorted({s[2] for s in SHAPES})))
+        check_kv_dtypes(args.kv_dtypes, "--kv-dtypes")
         checks.output_folder(args.out, "--out")
         if args.table_dir is not None:
             checks.output_folder(args.table_dir, "--table-dir")
@@ -195,6 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu = gpu_slug()
     with sigterm_as_keyboard_interrupt():
         entries, rows = tune(shapes, args.kv_dtypes, device=None, rep=args.rep, progress=not args.quiet, **kw)
+        if not entries:  # every row unsupported or failed: a table entry would claim a check that never ran
+            reasons = sorted(set(rows["reason"].dropna().astype(str)))[:3]
+            print(f"error: no launch ran and passed its check, so the table is not written ({'; '.join(reasons)})",
+                  file=sys.stderr)
+            save_or_fallback(save, rows, args.out, {"argv": argv, "preset": "tune-table"})
+            return 1
         with signals_ignored():
             stamp = utc_stamp()
             csv, _ = save_or_fallback(save, rows, args.out, {"argv": argv, "preset": "tune-table"})
