@@ -241,22 +241,43 @@ def _first_overflow(fmax: float, mantissa_bits: int) -> float:
     return float(t)
 
 
+# The dtypes saturation_bounds answers for: the FP8 formats', the 16-bit ones, and fp32 / fp64.
+_SATURATING_DTYPES = (*(f.torch_dtype for f in FORMATS.values()), torch.float16, torch.bfloat16, torch.float32,
+                      torch.float64)
+
+
 def saturation_bounds(dtype: torch.dtype) -> tuple[float, float]:
     """``(max, first_overflow)`` of a float dtype: fp32 inputs at or above ``first_overflow`` would
     round past max under round-to-nearest-even, so a saturating store clamps them to ±max and counts
-    them; smaller ones (including e4m3's tie 464, which rounds down to 448) are not counted."""
+    them; smaller ones (including e4m3's tie 464, which rounds down to 448) are not counted.
+
+    ``dtype``: an FP8 format's torch dtype, float16, bfloat16, float32 or float64 (else a TypeError naming
+    it). For float32 and float64 no fp32 input rounds past max: ``first_overflow`` is inf (only an inf input
+    counts)."""
+    if not isinstance(dtype, torch.dtype) or dtype not in _SATURATING_DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in _SATURATING_DTYPES)
+        raise TypeError(f"dtype={dtype!r}; expected a torch float dtype among: {names}")
     for f in FORMATS.values():
         if f.torch_dtype == dtype:
             return f.max, f.first_overflow
     fi = torch.finfo(dtype)
+    if fi.bits >= 32:  # holds every fp32 value (fp64's tie does not fit a Python float: OverflowError)
+        return fi.max, math.inf
     return fi.max, _first_overflow(fi.max, round(-math.log2(fi.eps)))
 
 
 def summary_table(names=None):
-    """One row of :meth:`FP8Format.summary` per format (``names``; default every format), as a DataFrame."""
+    """One row of :meth:`FP8Format.summary` per format, as a DataFrame. ``names``: None (every format), one
+    format as :func:`format` takes it (a name, an :class:`FP8Format` or a torch dtype) or a list of them."""
     import pandas as pd
 
-    names = FORMATS if names is None else [names] if isinstance(names, str) else names
+    if names is None:
+        names = FORMATS
+    elif isinstance(names, (str, FP8Format, torch.dtype)):  # one format, not an iterable of them
+        names = [names]
+    elif not hasattr(names, "__iter__"):
+        raise TypeError(f"names={names!r} ({type(names).__name__}); expected None, a format (name, FP8Format or "
+                        "torch dtype) or a list of them")
     return pd.DataFrame([format(name).summary() for name in names])
 
 

@@ -16,6 +16,7 @@ replaces Triton's own library functions, which then cannot be compiled.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import subprocess
@@ -30,9 +31,15 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.interpreter import InterpretedFunction
 
-from . import ops
+from . import checks, ops
 from .cache import PagedKVCache
+from .capability import ARCHS, check_query
 from .kernels import paged_decode_gluon as g
+
+# The archs build() compiles for: fp8kv's targets (capability.ARCHS) that have the FP8 conversions the kernel's
+# cvt.rn.f16x2.e4m3x2 needs, sm89+ (the bound fp8kv.ops.gluon_refusal applies to a GPU). Below it Triton raises
+# a CompilationError; an arch Triton does not know can abort the process in LLVM, so only these are tried.
+BUILD_ARCHS = tuple(n for n in (int(a[2:]) for a in ARCHS) if n >= 89)
 
 # Pointer element types by tensor dtype, as Triton names them in a kernel signature.
 _POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.uint8: "*u8",
@@ -138,6 +145,47 @@ def block_table_summary(sass: str) -> dict:
                                             if w is not None and not next_tile])
 
 
+@functools.cache
+def _refusal_of_a_cpu() -> str | None:
+    """What :func:`fp8kv.ops.gluon_refusal` says of a launch inside the kernel's scope when asked on the CPU (an
+    offline build is): its refusal of the device, found by asking it of such a launch (one KV head at the largest
+    head_dim), so that any other refusal is a shape the kernel does not take, whatever its wording."""
+    cache = PagedKVCache.empty(1, 16, 1, g.MAX_HEAD_DIM, kv_dtype="fp8_e4m3")
+    return ops.gluon_refusal(cache, "dequant", g.MAX_HEAD_DIM, 1, torch.device("cpu"))
+
+
+def _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, num_stages, heads_per_program,
+                 q_dtype, kv_dtype, block_size, arch) -> tuple[PagedKVCache, int, int]:
+    """build()'s arguments against the kernel's scope, each refusal naming its argument (Triton would otherwise
+    compile some of them silently, e.g. a head_dim of 512 or an fp32 query, or fail deep inside: a head_dim of 40
+    in an MLIR pass, sm80 in a CompilationError, no KV heads in a ZeroDivisionError). Returns the one-sequence
+    cache of the build, the group and the arch."""
+    hq = checks.positive_int(num_q_heads, "num_q_heads")
+    hkv = checks.positive_int(num_kv_heads, "num_kv_heads")
+    d = checks.positive_int(head_dim, "head_dim")
+    checks.positive_int(batch, "batch")
+    context = checks.positive_int(context, "context")
+    if hq % hkv:  # the kernel's group (query heads per KV head) is Hq / Hkv: 5 / 2 would build a group of 2
+        checks.fail(f"num_q_heads={hq} is not a multiple of num_kv_heads={hkv}: each KV head serves "
+                    "num_q_heads / num_kv_heads query heads")
+    arch = checks.integer(arch, "arch")  # 90 for sm90
+    if arch not in BUILD_ARCHS:
+        checks.fail(f"arch={arch}; expected one of {BUILD_ARCHS} (fp8kv's targets with the FP8 conversions the Gluon "
+                    "kernel uses, sm89+)")
+    cache = PagedKVCache.empty(1, context, hkv, d, block_size=block_size, kv_dtype=kv_dtype)
+    why = ops.gluon_refusal(cache, "dequant", d, hq // hkv, torch.device("cpu"), block_n=block_n,
+                            num_stages=num_stages, heads_per_program=heads_per_program)
+    if why != _refusal_of_a_cpu():  # the kernel's own scope (FP8, head dims, heads per program), by name
+        checks.fail(f"{why} (num_q_heads={hq}, num_kv_heads={hkv}, head_dim={d}, kv_dtype={kv_dtype!r})")
+    # paged_decode's check before it launches either kernel: 16-bit queries (and no fp16 one over bf16 pages)
+    ok, why = check_query("triton", q_dtype, cache.kv_dtype) if isinstance(q_dtype, torch.dtype) else \
+        (False, f"q_dtype is a {type(q_dtype).__name__}, not a torch dtype")
+    if not ok:
+        checks.fail(f"q_dtype={q_dtype!r}: the Gluon kernel takes a torch.bfloat16 or torch.float16 query; {why}",
+                    TypeError)
+    return cache, hq // hkv, arch
+
+
 def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64, context: int = 16384,
           num_sms: int = 132, block_n: int | None = None, num_stages: int | None = None,
           heads_per_program: int | None = None, q_dtype: torch.dtype = torch.bfloat16, kv_dtype: str = "fp8_e4m3",
@@ -145,14 +193,21 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
     """Compile the Gluon decode of ``num_q_heads`` / ``num_kv_heads`` / ``head_dim`` for ``sm{arch}``: the launch
     :func:`fp8kv.ops.gluon_launch` plans for ``batch`` sequences of ``context`` tokens on ``num_sms`` SMs with
     these options (None: its defaults, the ring depths of a GPU with room for them). Returns the build and
-    the launch, its splits filling the waves of the programs an SM holds of this build (as on the GPU)."""
+    the launch, its splits filling the waves of the programs an SM holds of this build (as on the GPU).
+
+    The arguments must be within the kernel's scope (:func:`fp8kv.ops.gluon_refusal`): ``num_q_heads`` a
+    multiple of ``num_kv_heads``, head_dim a multiple of 16 from 48 to 256, an FP8 ``kv_dtype``, a bf16 / fp16
+    ``q_dtype``, ``arch`` in :data:`BUILD_ARCHS`; else a ValueError / TypeError naming the argument, before
+    anything is compiled."""
+    # the arguments first (the launch plan checks block_n, num_stages and num_sms): a bad one is named in any
+    # process, whatever its Triton
+    cache, group, arch = _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, num_stages,
+                                      heads_per_program, q_dtype, kv_dtype, block_size, arch)
+    cfg = ops.gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
+                           heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms)
     if interpreter_replaced_triton():
         raise RuntimeError("triton was imported with its interpreter on (TRITON_INTERPRET=1): build in a process "
                            "without it")
-    group = num_q_heads // num_kv_heads
-    cache = PagedKVCache.empty(1, context, num_kv_heads, head_dim, block_size=block_size, kv_dtype=kv_dtype)
-    cfg = ops.gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
-                           heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms)
     q = torch.zeros(1, num_q_heads, head_dim, dtype=q_dtype)
     part_out, part_lse = ops._split_partials(1, num_q_heads, cfg["num_splits"], head_dim, q.device)
     _, args, constants = ops.gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)

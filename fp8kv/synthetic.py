@@ -28,8 +28,11 @@ The outlier channels are a function of ``(head_dim, outlier_channels, rope)`` on
 (:func:`outlier_channel_indices`), the same for every head, so queries drawn with the same
 settings line up with the keys' outlier channels.
 
-Every random number comes from a NumPy generator seeded with ``seed`` on the CPU; the tensors are
-moved to ``device`` at the end, so a seed gives the same values on every device.
+Every random number comes from a NumPy generator seeded with ``seed`` (an int >= 0; None, which
+would draw fresh entropy on every call, is refused) on the CPU; the tensors are moved to ``device``
+at the end, so a seed gives the same values on every device. Values that are not finite in the
+requested dtype (scales or spreads too large for it) are a ValueError naming the parameters, never
+returned.
 
 :func:`random_paged_cache` is the other kind: a full paged cache of N(0, 1) K/V at benchmark sizes
 (gigabytes), generated on the device chunk by chunk with torch's generator (so its values depend
@@ -52,6 +55,37 @@ __all__ = ["kv_like_llm", "queries_like_llm", "outlier_channel_indices", "apply_
            "random_paged_cache", "CHUNK_ELEMS", "ragged_kv"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# The seeds each generator takes: NumPy's SeedSequence any int >= 0; torch.Generator.manual_seed an int in
+# [-2**63, 2**64 - 1] (a negative one taken modulo 2**64).
+_NUMPY_SEEDS = (0, None)
+_TORCH_SEEDS = (-2**63, 2**64 - 1)
+
+
+def _seed(value, seeds: tuple[int, int | None], generator: str) -> int:
+    """``seed`` as an int in ``seeds`` (``(lo, hi)``; hi None: no bound), else a TypeError / ValueError naming it."""
+    if value is None:  # NumPy would draw fresh entropy: different tensors on every call, unlike the promise
+        checks.fail("seed=None; expected an int (the same seed gives the same tensors; None would give new ones "
+                    "on every call)", TypeError)
+    seed = checks.integer(value, "seed")
+    lo, hi = seeds
+    if seed < lo or (hi is not None and seed > hi):
+        checks.fail(f"seed={seed}; expected an int {f'in [{lo}, {hi}]' if hi is not None else f'>= {lo}'} "
+                    f"(what {generator} takes)")
+    return seed
+
+
+def _finite_as(x: torch.Tensor, dtype: torch.dtype, what: str, params: str) -> torch.Tensor:
+    """``x`` (computed in fp32) cast to ``dtype``, or a ValueError naming ``params`` if a value is not finite there:
+    a scale or spread too large for the dtype gives inf (and NaN after RoPE), which must not be returned."""
+    y = x.to(dtype)
+    bad = ~torch.isfinite(y)
+    if bool(bad.any()):
+        name = str(dtype).replace("torch.", "")
+        limit = min(checks.FP32_MAX, torch.finfo(dtype).max)  # computed in fp32: float64 holds no more
+        checks.fail(f"{what}: {int(bad.sum())} of {y.numel()} generated values are not finite in {name} (computed "
+                    f"in float32; |values| must stay within {limit:.4g}) with {params}; make them smaller or ask "
+                    "for a wider dtype")
+    return y
 
 
 def _check_common(head_dim: int, dtype, rope: bool) -> None:
@@ -124,8 +158,10 @@ def kv_like_llm(num_tokens: int, num_kv_heads: int, head_dim: int, *, seed: int 
     Parameters
     ----------
     num_tokens, num_kv_heads, head_dim : sizes (positive ints; head_dim even with ``rope``).
-    seed : NumPy seed; the same seed gives the same tensors on every device.
-    device, dtype : where and in which float dtype the tensors are returned (computed in fp32).
+    seed : NumPy seed, an int >= 0; the same seed gives the same tensors on every device.
+    device, dtype : where (``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"meta"`` or a torch.device:
+        :func:`fp8kv.checks.device`) and in which float dtype the tensors are returned (computed in fp32;
+        a value that is not finite in ``dtype`` is a ValueError naming the scales and spreads).
     outlier_channels : key channels per head with a large constant magnitude (0 for none);
         even with ``rope`` (see :func:`outlier_channel_indices`).
     outlier_scale : their mean magnitude relative to the unit-variance ordinary channels (> 0).
@@ -145,6 +181,8 @@ def kv_like_llm(num_tokens: int, num_kv_heads: int, head_dim: int, *, seed: int 
     h = checks.positive_int(num_kv_heads, "num_kv_heads")
     d = checks.positive_int(head_dim, "head_dim")
     _check_common(d, dtype, rope)
+    seed = _seed(seed, _NUMPY_SEEDS, "NumPy's default_rng")
+    device = checks.device(device)  # here, not in .to() at the end: "cuda" without a GPU, 7, ... by name
     scale = checks.positive_float(outlier_scale, "outlier_scale")
     head_spread = checks.real(head_spread, "head_spread", minimum=1.0)
     token_spread = checks.real(token_spread, "token_spread", minimum=1.0)
@@ -156,24 +194,29 @@ def kv_like_llm(num_tokens: int, num_kv_heads: int, head_dim: int, *, seed: int 
     rng = np.random.default_rng(seed)
     # Draw order is fixed (it defines what a seed means): K noise, outlier signs, outlier noise,
     # head factors K, head factors V, token factors, V noise, V mean.
-    k = rng.standard_normal((t, h, d), dtype=np.float32)
-    n_out = len(channels)
-    if n_out:
-        signs = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=(h, n_out))
-        noise = rng.standard_normal((t, h, n_out), dtype=np.float32)
-        k[:, :, channels] = scale * (signs[None] + 0.5 * noise)
-    k *= _log_uniform(rng, h, head_spread)[None, :, None]
-    v_head = _log_uniform(rng, h, head_spread)
-    tok = _log_uniform(rng, t, token_spread)
-    k *= tok[:, None, None]
-    v = rng.standard_t(df, size=(t, h, d)).astype(np.float32) * np.float32(math.sqrt((df - 2.0) / df))
-    v += np.float32(v_mean) * rng.standard_normal((1, h, d), dtype=np.float32)
-    v *= v_head[None, :, None] * tok[:, None, None]
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow becomes inf, refused by name below
+        k = rng.standard_normal((t, h, d), dtype=np.float32)
+        n_out = len(channels)
+        if n_out:
+            signs = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=(h, n_out))
+            noise = rng.standard_normal((t, h, n_out), dtype=np.float32)
+            k[:, :, channels] = scale * (signs[None] + 0.5 * noise)
+        k *= _log_uniform(rng, h, head_spread)[None, :, None]
+        v_head = _log_uniform(rng, h, head_spread)
+        tok = _log_uniform(rng, t, token_spread)
+        k *= tok[:, None, None]
+        v = rng.standard_t(df, size=(t, h, d)).astype(np.float32) * np.float32(math.sqrt((df - 2.0) / df))
+        v += np.float32(v_mean) * rng.standard_normal((1, h, d), dtype=np.float32)
+        v *= v_head[None, :, None] * tok[:, None, None]
 
     k_t = torch.from_numpy(k)
     if rope:
         k_t = apply_rope(k_t, torch.arange(t), rope_theta)
-    return k_t.to(device=device, dtype=dtype), torch.from_numpy(v).to(device=device, dtype=dtype)
+    spreads = f"head_spread={head_spread:g}, token_spread={token_spread:g}"
+    k_t = _finite_as(k_t, dtype, "kv_like_llm keys", f"outlier_scale={scale:g}, {spreads}")
+    v_t = _finite_as(torch.from_numpy(v), dtype, "kv_like_llm values",
+                     f"{spreads}, v_tail_df={df:g}, v_mean={v_mean:g}")
+    return k_t.to(device), v_t.to(device)
 
 
 def queries_like_llm(num_queries: int, num_q_heads: int, head_dim: int, *, seed: int = 1, device="cpu",
@@ -193,9 +236,10 @@ def queries_like_llm(num_queries: int, num_q_heads: int, head_dim: int, *, seed:
     ----------
     num_queries : query vectors (each one a decode step's query, attending to the whole context).
     position : None (no rotation), an int (every query at that position, e.g. the context length
-        for the next decode step) or a sequence of ``num_queries`` positions. Rotating implies
-        RoPE-placed outlier channels (rotary pairs), as for keys with ``rope=True``.
-    seed : NumPy seed (default 1, so default queries differ from default keys' noise).
+        for the next decode step) or a sequence of ``num_queries`` positions, finite and >= 0.
+        Rotating implies RoPE-placed outlier channels (rotary pairs), as for keys with ``rope=True``.
+    seed : NumPy seed, an int >= 0 (default 1, so default queries differ from default keys' noise).
+    device, dtype : as for :func:`kv_like_llm` (a value not finite in ``dtype`` is a ValueError).
 
     Returns
     -------
@@ -206,28 +250,52 @@ def queries_like_llm(num_queries: int, num_q_heads: int, head_dim: int, *, seed:
     d = checks.positive_int(head_dim, "head_dim")
     rope = position is not None
     _check_common(d, dtype, rope)
+    seed = _seed(seed, _NUMPY_SEEDS, "NumPy's default_rng")
+    device = checks.device(device)
     scale = checks.positive_float(outlier_scale, "outlier_scale")
     head_spread = checks.real(head_spread, "head_spread", minimum=1.0)
     query_scale = checks.positive_float(query_scale, "query_scale")
     rope_theta = checks.real(rope_theta, "rope_theta", minimum=1.0, inclusive=False)
     channels = outlier_channel_indices(d, outlier_channels, rope).numpy()
     if rope:
-        pos = np.asarray(position, dtype=np.float64)
-        if pos.ndim == 0:
-            pos = np.full(n, float(pos))
-        if pos.shape != (n,):
-            raise ValueError(f"position must be an int or {n} positions; got shape {pos.shape}")
-        if (pos < 0).any():
-            raise ValueError(f"position must be >= 0; got min {pos.min()}")
+        pos = _positions(position, n)
 
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((n, hq, d), dtype=np.float32)
-    q[:, :, channels] *= np.float32(scale)
-    q *= _log_uniform(rng, hq, head_spread)[None, :, None] * np.float32(query_scale)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow becomes inf, refused by name below
+        q = rng.standard_normal((n, hq, d), dtype=np.float32)
+        q[:, :, channels] *= np.float32(scale)
+        q *= _log_uniform(rng, hq, head_spread)[None, :, None] * np.float32(query_scale)
     q_t = torch.from_numpy(q)
     if rope:
         q_t = apply_rope(q_t, torch.from_numpy(pos), rope_theta)
-    return q_t.to(device=device, dtype=dtype)
+    q_t = _finite_as(q_t, dtype, "queries_like_llm",
+                     f"outlier_scale={scale:g}, head_spread={head_spread:g}, query_scale={query_scale:g}")
+    return q_t.to(device)
+
+
+def _positions(position, n: int) -> np.ndarray:
+    """``position`` (an int, or ``n`` of them) as ``n`` float64 positions, each finite and >= 0. NaN or inf
+    would rotate every channel into NaN; a string or bool is not a position (NumPy would convert "5")."""
+    what = f"expected an int or a sequence of {n} ints (token positions >= 0)"
+    if isinstance(position, (str, bytes, bool)):
+        checks.fail(f"position={checks._show(position)} ({type(position).__name__}); {what}", TypeError)
+    try:
+        pos = np.asarray(position)
+    except (TypeError, ValueError, RuntimeError):  # ragged lists, unconvertible objects
+        pos = None
+    if pos is None or pos.dtype.kind not in "iuf":  # bools ("b"), strings, objects
+        checks.fail(f"position={checks._show(position)} is not a number or a list of numbers; {what}", TypeError)
+    pos = pos.astype(np.float64)
+    if pos.ndim == 0:
+        pos = np.full(n, float(pos))
+    if pos.shape != (n,):
+        raise ValueError(f"position must be an int or {n} positions; got shape {pos.shape}")
+    if not np.isfinite(pos).all():
+        i = int(np.flatnonzero(~np.isfinite(pos))[0])
+        checks.fail(f"position[{i}]={pos[i]}; expected finite positions >= 0")
+    if (pos < 0).any():
+        raise ValueError(f"position must be >= 0; got min {pos.min()}")
+    return pos
 
 
 def kurtosis(x: torch.Tensor, dim=None) -> torch.Tensor | float:
@@ -250,13 +318,17 @@ def ragged_kv(seq_lens, num_kv_heads: int, head_dim: int, *, seed: int = 0,
     standard normal (K drawn first, then V, from one torch generator seeded with ``seed``) and, with
     ``head_spread``, K's heads scaled log-evenly over ``[10^-0.5, 10^0.5]`` and channel 1 six times
     larger (an outlier channel, as real keys have), so the scale granularities differ. The backend
-    matrix and the kernel tests check decode on this data."""
+    matrix and the kernel tests check decode on this data. ``seed``: an int in [-2**63, 2**64 - 1]
+    (what ``torch.Generator.manual_seed`` takes)."""
+    if isinstance(seq_lens, (str, bytes)) or not hasattr(seq_lens, "__iter__"):
+        checks.fail(f"seq_lens={checks._show(seq_lens)} ({type(seq_lens).__name__}); expected a list of ints, "
+                    "one length per sequence", TypeError)
     lens = [checks.nonnegative_int(n, f"seq_lens[{i}]") for i, n in enumerate(seq_lens)]
     if not lens or max(lens) < 1:
         checks.fail(f"seq_lens={lens}; expected at least one sequence holding a token")
     h = checks.positive_int(num_kv_heads, "num_kv_heads")
     d = checks.positive_int(head_dim, "head_dim")
-    g = torch.Generator().manual_seed(checks.integer(seed, "seed"))
+    g = torch.Generator().manual_seed(_seed(seed, _TORCH_SEEDS, "torch.Generator.manual_seed"))
     k = torch.randn(len(lens), max(lens), h, d, generator=g)
     v = torch.randn(len(lens), max(lens), h, d, generator=g)
     if head_spread:
@@ -287,12 +359,15 @@ def random_paged_cache(batch: int, context: int, num_kv_heads: int, head_dim: in
     ``chunk_elems`` elements.
 
     ``device``: None / "auto" (the GPU if there is one), "cpu", "cuda", ... (:func:`fp8kv.device.resolve_device`).
+    ``seed``: an int in [-2**63, 2**64 - 1] (what ``torch.Generator.manual_seed`` takes); each chunk's generator
+    is seeded from it (modulo 2**64, as torch takes a negative seed), and the shuffled block table with it.
     Returns a :class:`~fp8kv.cache.PagedKVCache` (through its validating constructor) with
     ``seq_lens = [context] * batch``; K, V pages ``[blocks, block_size, Hkv, D]`` (NHD) or
     ``[blocks, Hkv, block_size, D]`` (HND) of ``kv_dtype``.
     """
     from .device import resolve_device
 
+    seed = _seed(seed, _TORCH_SEEDS, "torch.Generator.manual_seed")
     name, dtype, fmt = kv_dtype_info(kv_dtype)
     dev = resolve_device(device)
     checks.one_of(granularity, "granularity", GRANULARITIES)
@@ -317,7 +392,9 @@ def random_paged_cache(batch: int, context: int, num_kv_heads: int, head_dim: in
 
     pages_scales = []
     for which in (0, 1):  # K, V: independent streams
-        parts = [(i0, i1, seed * 1_000_003 + which * 500_001 + j) for j, (i0, i1) in enumerate(chunks)]
+        # modulo 2**64: torch takes seeds below 2**64 (a negative one modulo 2**64 already, so every seed whose
+        # chunk seeds fitted keeps its values), and a large seed times 1_000_003 would not fit
+        parts = [(i0, i1, (seed * 1_000_003 + which * 500_001 + j) % 2**64) for j, (i0, i1) in enumerate(chunks)]
         pages = torch.empty(shape, dtype=dtype, device=dev)
         scale = None
         if fmt is None:

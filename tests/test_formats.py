@@ -176,3 +176,41 @@ def test_kv_dtype_info(given, name, dtype):
 def test_kv_dtype_info_errors(bad):
     with pytest.raises(ValueError, match=r"kv_dtype=.* is not supported; expected one of \['bf16'"):
         kv_dtype_info(bad)
+
+
+@pytest.mark.parametrize("given", [torch.float8_e5m2, FORMATS["e4m3"], "fp8_e4m3", ["e5m2", torch.float8_e4m3fnuz]])
+def test_summary_table_takes_what_format_takes(given):
+    """One format given as a dtype or an FP8Format used to be iterated (TypeError): it is one row, as a name is."""
+    table = formats.summary_table(given)
+    expected = [formats.format(g).name for g in (given if isinstance(given, list) else [given])]
+    assert table["name"].tolist() == expected
+    assert formats.summary_table().shape[0] == len(FORMATS)
+
+
+def test_summary_table_refuses_what_is_not_a_format():
+    with pytest.raises(TypeError, match=r"names=5 \(int\); expected None, a format"):
+        formats.summary_table(5)
+    with pytest.raises(ValueError, match="fmt='xx' is not a known FP8 format"):
+        formats.summary_table(["e4m3", "xx"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_saturation_bounds_of_wide_dtypes(dtype):
+    """No fp32 input rounds past fp32's or fp64's max: the threshold is inf (fp64's tie overflowed a Python
+    float: OverflowError)."""
+    fmax, overflow = formats.saturation_bounds(dtype)
+    assert fmax == torch.finfo(dtype).max and overflow == math.inf
+
+
+def test_saturation_bounds_of_storage_dtypes_and_refusals():
+    for kv_name, (dtype, fmt) in KV_DTYPES.items():
+        fmax, overflow = formats.saturation_bounds(dtype)
+        assert fmax == torch.finfo(dtype).max, kv_name
+        if fmt is not None:
+            assert (fmax, overflow) == (fmt.max, fmt.first_overflow)
+        else:  # a 16-bit cache: the first overflow rounds to inf there, the fp32 just below it to max
+            below = torch.nextafter(torch.tensor(overflow), torch.tensor(0.0))
+            assert float(below.to(dtype)) == fmax and torch.isinf(torch.tensor(overflow).to(dtype)), kv_name
+    for bad in (torch.int8, "bf16", None):
+        with pytest.raises(TypeError, match=r"dtype=.*; expected a torch float dtype among: float8_e4m3fn"):
+            formats.saturation_bounds(bad)

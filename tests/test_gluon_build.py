@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from fp8kv import ops
 
@@ -144,3 +145,38 @@ def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeyp
     assert seen["grid"] == (2 * cfg["head_tiles"], 2, cfg["num_splits"])
     assert (seen["GROUP"], seen["HEAD_DIM"], seen["STAGES"]) == (4, 128, cfg["num_stages"])
     assert out.shape == (2, 8, 128) and out.dtype == torch.float16 and lse.shape == (2, 8)
+
+
+@pytest.mark.parametrize("args, kw, exc, match", [
+    ((5, 2, 64), {}, ValueError, "num_q_heads=5 is not a multiple of num_kv_heads=2"),  # was a silent group of 2
+    ((1, 2, 64), {}, ValueError, "num_q_heads=1 is not a multiple of num_kv_heads=2"),
+    ((8, 2, 512), {}, ValueError, "head_dim=512: the Gluon kernel takes multiples of 16 from 48 to 256"),
+    ((8, 2, 40), {}, ValueError, "head_dim=40: the Gluon kernel takes multiples of 16"),  # was an MLIR pass failure
+    ((8, 2, 32), {}, ValueError, "head_dim=32"),
+    ((8, 2, 64), dict(q_dtype=torch.float32), TypeError, "q_dtype=torch.float32: the Gluon kernel takes a torch.bfloat16"),
+    ((8, 2, 64), dict(q_dtype=torch.float16, kv_dtype="bf16"), ValueError, "kv_dtype=bf16: the Gluon kernel reads FP8"),
+    ((8, 2, 64), dict(q_dtype=5), TypeError, "q_dtype=5"),
+    ((8, 2, 64), dict(q_dtype="bf16"), TypeError, "q_dtype='bf16'.*not a torch dtype"),
+    ((8, 2, 64), dict(arch=80), ValueError, r"arch=80; expected one of \(89, 90, 100, 120\)"),  # was a CompilationError
+    ((8, 2, 64), dict(arch="sm90"), TypeError, r"arch='sm90' \(str\)"),
+    ((8, 1, 64), dict(heads_per_program=64), ValueError, "heads_per_program=64: a Gluon program holds at most 32"),
+    ((8, 2, 64), dict(block_n=32), ValueError, "block_n=32"),
+    ((8, 2, 64), dict(num_stages=5), ValueError, "num_stages=5"),
+    ((8, 2, 64), dict(batch=0), ValueError, "batch=0"),  # was a ZeroDivisionError
+    ((8, 0, 64), {}, ValueError, "num_kv_heads=0"),  # was a ZeroDivisionError
+    ((8, 2, 64), dict(context=0), ValueError, "context=0"),
+    ((8, 2, 64), dict(num_sms=0), ValueError, "num_sms=0"),
+])
+def test_build_refuses_what_the_kernel_does_not_take_by_name(args, kw, exc, match):
+    """Checked before anything compiles (and before the interpreter check: this process may have one on)."""
+    from fp8kv.gluon_build import build
+
+    with pytest.raises(exc, match=match):
+        build(*args, **{"context": 4096, **kw})
+
+
+def test_build_archs_are_fp8kvs_targets_from_sm89():
+    from fp8kv.capability import ARCHS
+    from fp8kv.gluon_build import BUILD_ARCHS
+
+    assert BUILD_ARCHS == (89, 90, 100, 120) and all(f"sm{a}" in ARCHS for a in BUILD_ARCHS)

@@ -8,7 +8,15 @@ import math
 import pytest
 import torch
 
-from fp8kv.synthetic import apply_rope, kurtosis, kv_like_llm, outlier_channel_indices, queries_like_llm
+from fp8kv.synthetic import (
+    apply_rope,
+    kurtosis,
+    kv_like_llm,
+    outlier_channel_indices,
+    queries_like_llm,
+    ragged_kv,
+    random_paged_cache,
+)
 
 
 def rope_oracle(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
@@ -171,3 +179,94 @@ def test_queries_reject_bad_arguments():
     with pytest.raises(ValueError, match="positions has 3 entries"):
         apply_rope(torch.zeros(2, 1, 4), torch.arange(3))
     assert math.isfinite(float(queries_like_llm(1, 1, 2, outlier_channels=0).sum()))
+
+
+# ------------------------------------------------------------------------------ seeds, devices, range
+@pytest.mark.parametrize("seed, exc, match", [
+    (None, TypeError, "seed=None.*same seed"),  # NumPy would draw fresh entropy: new tensors every call
+    (1.5, TypeError, r"seed=1.5 \(float\)"),
+    (True, TypeError, r"seed=True \(bool\)"),
+    ([1, 2], TypeError, "seed="),
+    (-1, ValueError, r"seed=-1; expected an int >= 0"),
+])
+def test_numpy_seeds_are_checked_by_name(seed, exc, match):
+    with pytest.raises(exc, match=match):
+        kv_like_llm(4, 2, 8, seed=seed)
+    with pytest.raises(exc, match=match):
+        queries_like_llm(2, 4, 8, seed=seed)
+
+
+def test_torch_seeds_are_checked_by_name():
+    for bad, exc in ((None, TypeError), (1.5, TypeError), (2**64, ValueError), (-2**63 - 1, ValueError)):
+        with pytest.raises(exc, match="seed="):
+            ragged_kv([3], 2, 8, seed=bad)
+        with pytest.raises(exc, match="seed="):
+            random_paged_cache(2, 20, 2, 8, seed=bad, device="cpu")
+    with pytest.raises(TypeError, match=r"seq_lens=5 \(int\)"):
+        ragged_kv(5, 2, 8)
+
+
+def test_paged_cache_seeds_across_torchs_range():
+    """A large seed times the chunk stride used to overflow manual_seed; chunk seeds are taken modulo 2**64,
+    as torch takes a negative one, so the seeds that worked keep their values."""
+    def pages(seed):
+        c = random_paged_cache(2, 20, 2, 8, seed=seed, device="cpu")
+        return c.k_pages.float(), c.v_pages.float(), c.block_table
+
+    for seed in (2**62, 2**64 - 1, -2**63):
+        a, b = pages(seed), pages(seed)
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(pages(0)[0], pages(1)[0])
+    # a negative seed gives what it gave when its chunk seeds went to torch unreduced (torch takes them modulo 2**64)
+    k, _, _ = pages(-1)  # 4 blocks in one chunk: K's chunk 0 is seeded with -1 * 1_000_003
+    expected = torch.randn(4, 16, 2, 8, generator=torch.Generator().manual_seed(-1_000_003))
+    assert torch.equal(k, expected.to(torch.bfloat16).float())
+
+
+def test_devices_are_checked_where_they_enter():
+    with pytest.raises(TypeError, match=r"device=7 \(int\)"):
+        kv_like_llm(4, 2, 8, device=7)
+    with pytest.raises(ValueError, match="device='bogus'"):
+        queries_like_llm(2, 4, 8, device="bogus")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda': this machine has no CUDA GPU"):
+            kv_like_llm(4, 2, 8, device="cuda")
+    k, v = kv_like_llm(4, 2, 8, device="meta")
+    assert k.device.type == v.device.type == "meta" and k.shape == (4, 2, 8)
+
+
+@pytest.mark.parametrize("kwargs, what, names", [
+    (dict(token_spread=1e30, dtype=torch.float16), "keys", "token_spread=1e\\+30"),
+    (dict(outlier_scale=1e39), "keys", "outlier_scale=1e\\+39"),  # beyond fp32: inf in the fp32 computation
+    (dict(outlier_scale=1e5, dtype=torch.float16), "keys", "outlier_scale=100000"),
+    (dict(outlier_scale=1e5, dtype=torch.bfloat16, head_spread=1e70, token_spread=1e70), "keys", "head_spread"),
+    (dict(outlier_channels=0, token_spread=1e12, dtype=torch.float16, rope=False), "keys", "token_spread"),
+])
+def test_values_beyond_the_dtype_are_refused_not_returned(kwargs, what, names):
+    with pytest.raises(ValueError, match=rf"kv_like_llm {what}: \d+ of \d+ generated values are not finite.*{names}"):
+        kv_like_llm(16, 2, 8, seed=0, **kwargs)
+
+
+def test_queries_beyond_the_dtype_are_refused():
+    with pytest.raises(ValueError, match="queries_like_llm: .* not finite in float16.*query_scale=1e\\+06"):
+        queries_like_llm(4, 4, 8, query_scale=1e6, dtype=torch.float16)
+    with pytest.raises(ValueError, match="not finite in float32.*outlier_scale=1e\\+39"):
+        queries_like_llm(4, 4, 8, outlier_scale=1e39, position=3)
+    # within range at the edge: 1e4 x a few is finite in fp16
+    assert torch.isfinite(queries_like_llm(4, 4, 8, query_scale=100.0, dtype=torch.float16)).all()
+
+
+@pytest.mark.parametrize("position, exc, match", [
+    (float("nan"), ValueError, r"position\[0\]=nan; expected finite"),
+    (float("inf"), ValueError, r"position\[0\]=inf"),
+    ([1.0, float("-inf")], ValueError, r"position\[1\]=-inf"),
+    ("5", TypeError, r"position='5' \(str\)"),
+    (True, TypeError, r"position=True \(bool\)"),
+    ([True, False], TypeError, "not a number or a list of numbers"),
+    ([[1], [2, 3]], TypeError, "not a number or a list of numbers"),
+])
+def test_query_positions_are_finite_numbers(position, exc, match):
+    with pytest.raises(exc, match=match):
+        queries_like_llm(2, 4, 8, position=position)
+    q = queries_like_llm(2, 4, 8, position=torch.tensor([3, 4]))  # a tensor of positions is a sequence
+    torch.testing.assert_close(q, queries_like_llm(2, 4, 8, position=[3, 4]))

@@ -593,3 +593,42 @@ def test_real_kernel_pads_a_head_dim_that_is_not_a_power_of_two(head_dim, assert
     ref, _ = fp8kv.reference.decode(q, cache)
     assert lse is None and out.shape == (3, 6, head_dim)
     assert_rel_err(out.float(), ref, output_tolerance("vllm", "dequant", q.dtype), f"D={head_dim}")
+
+
+# ------------------------------------------------------------------------- arguments before the install
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(num_q_heads="x"), TypeError, r"num_q_heads='x' \(str\)"),
+    (dict(num_q_heads=3), ValueError, "num_q_heads=3 is not a multiple of the cache's 2 KV heads"),
+    (dict(num_q_heads=0), ValueError, "num_q_heads=0"),
+    (dict(num_q_heads=6, sm_scale=-1), ValueError, "sm_scale=-1"),
+    (dict(num_q_heads=6, window=0), ValueError, "window=0"),
+    (dict(num_q_heads=6, soft_cap=float("nan")), ValueError, "soft_cap"),
+    (dict(num_q_heads=6, sinks=torch.zeros(4)), ValueError, "sinks"),
+    (dict(num_q_heads=6, trusted="no"), TypeError, r"trusted='no' \(str\); expected True or False"),
+    (dict(num_q_heads=6, trusted=1), TypeError, "trusted=1"),
+])
+def test_arguments_are_checked_before_vllm_is_required(kw, exc, match, no_vllm):
+    """Without vLLM every call used to say only "vLLM is not installed" (and trusted="no" was taken as True)."""
+    with pytest.raises(exc, match=match):
+        vb.VllmDecode(_cache(), **kw)
+    with pytest.raises(UnsupportedError, match="vLLM is not installed"):  # good arguments: then the install
+        vb.VllmDecode(_cache(), num_q_heads=6)
+
+
+def test_arguments_are_checked_with_vllm_too(fake_vllm):
+    with pytest.raises(TypeError, match="trusted='no'"):
+        vb.VllmDecode(_cache(), num_q_heads=6, trusted="no")
+    with pytest.raises(ValueError, match="num_q_heads=5"):
+        vb.VllmDecode(_cache(), num_q_heads=5, trusted=True)
+    assert not fake_vllm.calls
+
+
+@pytest.mark.parametrize("batch, hkv, exc, match", [(1, 0, ValueError, "num_kv_heads=0"),
+                                                    (0, 2, ValueError, "batch=0"), (-5, 2, ValueError, "batch=-5"),
+                                                    (2.0, 2, TypeError, r"batch=2.0 \(float\)"),
+                                                    (2, True, TypeError, "num_kv_heads=True")])
+def test_split_segments_checks_its_arguments(batch, hkv, exc, match):
+    with pytest.raises(exc, match=match):
+        vb.split_segments(batch, hkv)
+    with pytest.raises(exc, match=match):
+        vb.launch_info(batch, hkv)

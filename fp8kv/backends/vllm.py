@@ -95,7 +95,9 @@ def _batch_invariant() -> bool:
 def split_segments(batch: int, num_kv_heads: int) -> int:
     """Segments per sequence of a decode of ``batch`` sequences over ``num_kv_heads`` KV heads:
     :data:`NUM_PAR_SOFTMAX_SEGMENTS` on the split ("3D") path, which vLLM's backend takes up to
-    ``MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads`` sequences, else 1 (the "2D" path)."""
+    ``MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads`` sequences, else 1 (the "2D" path). Both positive ints."""
+    batch = checks.positive_int(batch, "batch")
+    num_kv_heads = checks.positive_int(num_kv_heads, "num_kv_heads")  # 0 divided by zero
     if _batch_invariant() or batch > MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads:
         return 1
     return NUM_PAR_SOFTMAX_SEGMENTS
@@ -113,6 +115,14 @@ def _table_width(blocks: int, block_size: int) -> int:
     """Block-table columns the kernel may load for a row of ``blocks`` blocks: whole tiles of
     :data:`MAX_TILE_SIZE` tokens (block sizes are powers of two, so one of them divides the other)."""
     return math.ceil(blocks * block_size / MAX_TILE_SIZE) * MAX_TILE_SIZE // block_size
+
+
+def _num_q_heads(cache: PagedKVCache, num_q_heads) -> int:
+    """``num_q_heads`` as a positive int that is a multiple of the cache's KV heads."""
+    hq = checks.positive_int(num_q_heads, "num_q_heads")
+    if hq % cache.num_kv_heads:
+        checks.fail(f"num_q_heads={hq} is not a multiple of the cache's {cache.num_kv_heads} KV heads")
+    return hq
 
 
 def kernel_args(cache: PagedKVCache, num_q_heads: int, *, sm_scale: float | None = None, window: int | None = None,
@@ -148,9 +158,7 @@ def kernel_args(cache: PagedKVCache, num_q_heads: int, *, sm_scale: float | None
         raise UnsupportedError(f"vLLM's FP8_PER_TENSOR mode reads one k and one v scale; the cache has "
                                f"granularity={cache.granularity!r}")
     hkv, d, bs, batch = cache.num_kv_heads, cache.head_dim, cache.block_size, cache.batch_size
-    hq = checks.positive_int(num_q_heads, "num_q_heads")
-    if hq % hkv:
-        checks.fail(f"num_q_heads={hq} is not a multiple of the cache's {hkv} KV heads")
+    hq = _num_q_heads(cache, num_q_heads)
     dev = cache.device
     # A copy, padded with page 0 where a tile could load past the table (masked tokens only): the plan
     # holds the table as it was planned, whatever the width, and is rebuilt when the tables change.
@@ -189,12 +197,13 @@ class VllmDecode:
         ``seq_lens[i] >= 1``.
     num_q_heads : the query heads Hq of the calls.
     sm_scale, window, soft_cap, sinks : as :func:`fp8kv.decode`.
-    trusted : :func:`fp8kv.decode` / :func:`fp8kv.backends.planned` checked the input and the capability
-        table already; a user's decoder (False) checks them here.
+    trusted : a bool. True: :func:`fp8kv.decode` / :func:`fp8kv.backends.planned` checked the input and the
+        capability table already; a user's decoder (False) checks them here.
 
-    The constructor imports vLLM's kernel (UnsupportedError if it cannot), checks the lengths and
-    the scales (one host sync) and builds :func:`kernel_args`; ``run(q)`` is device work only
-    (capturable in a CUDA graph). The plan reads the pages, scales and ``seq_lens`` when it runs, so
+    The constructor checks its arguments and the lengths (one host sync), then the capability table
+    (untrusted), and only then imports vLLM's kernel (UnsupportedError if it cannot: a bad argument is named
+    even where vLLM is missing); it reads the scales and builds :func:`kernel_args`; ``run(q)`` is device work
+    only (capturable in a CUDA graph). The plan reads the pages, scales and ``seq_lens`` when it runs, so
     refill those in place; it holds a copy of the block table, so build a new decoder after the
     tables change (``append``, ``write`` of new tokens). A length set to 0 after planning is not
     checked again (vLLM's split path then divides by zero).
@@ -207,24 +216,30 @@ class VllmDecode:
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, sm_scale: float | None = None,
                  window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None,
                  trusted: bool = False):
+        if not isinstance(trusted, bool):  # "no" is truthy: it would skip every check below
+            checks.fail(f"trusted={trusted!r} ({type(trusted).__name__}); expected True or False", TypeError)
         if not isinstance(cache, PagedKVCache):
             checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+        num_q_heads = _num_q_heads(cache, num_q_heads)
         if not trusted:
-            ok, why = check("vllm", cache.kv_dtype, "dequant", None, cache.granularity, cache.head_dim, cache.layout)
-            if not ok:
-                raise UnsupportedError(f"vllm backend, kv_dtype={cache.kv_dtype}, granularity={cache.granularity}: "
-                                       f"{why}")
+            # The arguments first: the capability table also says whether vLLM is installed, and that
+            # refusal must not hide a bad argument.
             if sm_scale is not None:
                 sm_scale = checks.positive_float(sm_scale, "sm_scale")
             window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=num_q_heads,
                                                                device=cache.device)
             cache.validate_tables()
-        unified_attention, quant_modes = _import_kernel()
         lens = cache.seq_lens.detach().cpu()
         if int(lens.min()) < 1:
             i = int((lens < 1).nonzero()[0])
             checks.fail(f"seq_lens[{i}]={int(lens[i])}: decode needs at least one cached token per sequence (the "
                         "query is the last of them)")
+        if not trusted:
+            ok, why = check("vllm", cache.kv_dtype, "dequant", None, cache.granularity, cache.head_dim, cache.layout)
+            if not ok:
+                raise UnsupportedError(f"vllm backend, kv_dtype={cache.kv_dtype}, granularity={cache.granularity}: "
+                                       f"{why}")
+        unified_attention, quant_modes = _import_kernel()
         self.args = kernel_args(cache, num_q_heads, sm_scale=sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
         # The largest value a page can dequantize to, for the fp16-query check in run_trusted.
         fmt = kv_dtype_info(cache.kv_dtype)[2]
