@@ -198,6 +198,10 @@ def test_the_command_writes_a_table_under_the_interpreter(tmp_path, monkeypatch)
     assert (rows["status"] == "ok").all() and rows["check_passed"].all()
     assert entry["rows"].endswith(".csv") and entry["torch"] == torch.__version__
     assert entry["command"].startswith("python -m fp8kv.bench.tune --interpret")
+    # a 16-bit table too: a bf16 cache is timed with the bf16 queries it takes (not sweep's CPU default, fp16)
+    assert tune.main(["--interpret", "--kv-dtypes", "bf16", "--table-dir", str(tmp_path), "--out", str(tmp_path / "rows"),
+                      "--quiet", "--rep", "1"]) == 0
+    assert "16bit/dequant/d32/m16" in json.loads((tmp_path / "launch_cpu.json").read_text())["entries"]
 
 
 @pytest.mark.parametrize("argv,match", [(["--rep", "0"], "--rep"), (["--head-dims", "72"], "--head-dims"),

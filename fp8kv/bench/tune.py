@@ -70,8 +70,10 @@ def candidates(kv_fp8: bool, mode: str, head_dim: int, group_pad: int = 16) -> l
 
 def _cases(shape, kv_dtype: str, mode: str, point, options: list[dict], device) -> list[Case]:
     b, ctx = point
+    # a bf16 cache takes only bf16 queries (sweep's CPU default is fp16: the --interpret check of the command)
     return sweep(batches=[b], contexts=[ctx], shapes=[shape], kv_dtypes=[kv_dtype], modes=[mode],
-                 backends=["triton"], granularities=["tensor"], triton_options=options, device=device)
+                 backends=["triton"], granularities=["tensor"], triton_options=options, device=device,
+                 q_dtype="bf16" if kv_dtype == "bf16" else None)
 
 
 def choose(rows: pd.DataFrame, rule: dict, margin: float = MARGIN) -> dict | None:
