@@ -907,3 +907,12 @@ def test_a_copy_bandwidth_that_is_no_bandwidth_is_refused(given, exc, words):
     """Every row's % of copy is a share of it: a negative or infinite one would print as a number."""
     with pytest.raises(exc, match=words):
         bench.measure.resolve_copy_bandwidth(given, torch.device("cpu"))
+
+
+def test_a_run_where_every_case_was_refused_at_launch_exits_2(capsys):
+    """gluon=True outside the Gluon kernel's shapes is known only when a case launches: nothing ran, which is no
+    success (exit 0 said every case ran and passed)."""
+    rc = bench.main(["--batches", "1", "--contexts", "32", "--heads", "4:2", "--head-dims", "16", "--kv-dtypes",
+                     "fp8_e4m3", "--modes", "dequant", "--backends", "triton", "--triton-opt", "gluon=1", "--no-save",
+                     "--quiet", "--device", "cpu"])
+    assert rc == 2 and "none of the 1 cases ran here" in capsys.readouterr().err

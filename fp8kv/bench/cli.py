@@ -291,7 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     0: every case that ran passed its check. 1: a check failed, a case errored, or ``--out`` could not be
     written (the rows are then saved under a temporary folder, named on stderr). 2: bad arguments,
-    or nothing in the grid can run here (one line on stderr, as argparse reports errors). 130:
+    or nothing in the grid can run here (one line on stderr, as argparse reports errors; or, where the
+    cases were refused only as they were launched, after the run's summary). 130:
     interrupted by SIGINT or SIGTERM (the rows measured so far are saved, the rest marked skipped).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -336,5 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if interrupted:
         print("interrupted: the rows above are what was measured; the rest are marked skipped", file=sys.stderr)
         return 130
+    if not (df["status"] == "ok").any():  # each case refused only when launched (e.g. gluon=True outside its shapes)
+        print(f"error: none of the {len(df)} cases ran here (see the reasons above)", file=sys.stderr)
+        return 2
     bad = (df["status"] == "error") | df["check_passed"].map(check_failed)
     return 1 if bad.any() or not saved_where_asked else 0
