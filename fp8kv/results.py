@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -228,9 +229,6 @@ def save_or_fallback(save, df, out_dir, meta: dict, *, flag: str = "--out"):
     (a full disk, a folder that passed the checks but cannot be written), the same under a new temporary
     folder, said on stderr naming ``flag``: a run's measured rows are never lost to its save.
     Returns ``(path, saved_where_asked)``."""
-    import sys
-    import tempfile
-
     try:
         return save(df, out_dir, meta=meta), True
     except OSError as exc:

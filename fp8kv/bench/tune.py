@@ -206,15 +206,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu = gpu_slug()
     with sigterm_as_keyboard_interrupt():
         entries, rows = tune(shapes, args.kv_dtypes, device=None, rep=args.rep, progress=not args.quiet, **kw)
-        if not entries:  # every row unsupported or failed: a table entry would claim a check that never ran
-            reasons = sorted(set(rows["reason"].dropna().astype(str)))[:3]
-            print(f"error: no launch ran and passed its check, so the table is not written ({'; '.join(reasons)})",
-                  file=sys.stderr)
-            save_or_fallback(save, rows, args.out, {"argv": argv, "preset": "tune-table"})
-            return 1
         with signals_ignored():
             stamp = utc_stamp()
             csv, _ = save_or_fallback(save, rows, args.out, {"argv": argv, "preset": "tune-table"})
+            if not entries:  # every row unsupported or failed: a table entry would claim a check that never ran
+                reasons = sorted(set(rows["reason"].dropna().astype(str)))[:3]
+                print(f"error: no launch ran and passed its check, so the table is not written "
+                      f"({'; '.join(reasons)}); the rows are in {csv}", file=sys.stderr)
+                return 1
             command = " ".join(["python -m fp8kv.bench.tune", *argv])
             versions = {k: rows.iloc[0][k] for k in ("torch", "triton")}
             # each entry names the run it came from: a table is merged from several runs

@@ -17,15 +17,19 @@ INDEX = "index.html"
 # --------------------------------------------------------------------------- discovery and rendering
 
 
+# The folder that holds the fp8kv package: this file is <repo>/fp8kv/notebooks/pages.py. <repo>/notebooks holds
+# the .ipynb files (<repo>/fp8kv/notebooks is this Python subpackage), and <repo> is what the notebooks' kernels
+# put on PYTHONPATH to import fp8kv (<repo>/fp8kv would let its modules shadow top-level names: checks, ops...).
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+
+
 def _default_notebook_dir() -> Path:
     """``./notebooks`` if present (the repository root is the usual working directory), else the
     ``notebooks`` folder beside the installed (editable) package."""
     here = Path.cwd() / "notebooks"
     if here.is_dir():
         return here
-    # this file is <repo>/fp8kv/notebooks/pages.py: <repo>/notebooks holds the .ipynb files, while
-    # <repo>/fp8kv/notebooks is this Python subpackage (no notebooks in it)
-    return Path(__file__).resolve().parents[2] / "notebooks"
+    return PACKAGE_PARENT / "notebooks"
 
 
 # What the runner writes for a notebook NAME: NAME.ipynb, NAME.html, NAME.json; nbconvert would put a

@@ -25,6 +25,7 @@ from .pages import (
     HTML_EXPORT_FAILED,
     INDEX,
     MANIFEST,
+    PACKAGE_PARENT,
     _default_notebook_dir,
     discover_notebooks,
     externalize_plotlyjs,
@@ -58,9 +59,7 @@ def _kernel_environment(interpret: bool):
 
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "TRITON_INTERPRET", HEADLESS_ENV)}
     os.environ[HEADLESS_ENV] = "1"  # no person watches these kernels: fp8kv.ui shows no widgets
-    # the folder that holds the fp8kv package (<repo>, three levels up from this file), not <repo>/fp8kv:
-    # from there ``import fp8kv`` works, and fp8kv's modules do not shadow top-level names (checks, ops...)
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(PACKAGE_PARENT)  # from there ``import fp8kv`` works
     os.environ["PYTHONPATH"] = os.pathsep.join([root, saved["PYTHONPATH"]]) if saved["PYTHONPATH"] else root
     if interpret and saved["TRITON_INTERPRET"] is None:
         os.environ["TRITON_INTERPRET"] = "1"
