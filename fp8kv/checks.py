@@ -19,13 +19,31 @@ import torch
 
 __all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of",
            "tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
-           "ArgumentParser", "output_folder", "attention_variant"]
+           "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
+           "MAX_SINK", "MAX_WINDOW", "MIN_SCORE_FACTOR", "MAX_SCORE_FACTOR"]
 
 FP32_MAX = torch.finfo(torch.float32).max
-# Soft caps up to this: the kernels fold 2 / cap into the fp32 score factor, which a larger cap (with
-# sm_scale down to 1e-8) would take below fp32's normal range; and a cap of 1e30 already changes no
-# fp32 score short of 1e26. Models use 30-50.
+# The kernels fold sm_scale x log2(e), and with a soft cap x 2 / cap, into one fp32 factor that
+# multiplies q·k (the CUDA-core kernel multiplies q's elements by it first). It must be a normal fp32
+# number (below 2^-126 it loses bits, then flushes to 0: every score 0) and leave room above it for
+# a 16-bit query (<= 2^16) times key scales up to 2^48 (above 2^64 a finite factor times a zero dot
+# could meet an inf: NaN). softmax_scale() refuses (sm_scale, soft_cap) pairs outside this range.
+MIN_SCORE_FACTOR = 2.0**-126
+MAX_SCORE_FACTOR = 2.0**64
+# Soft caps in [1e-6, 1e30] (models use 30-50). Below 1e-6 every capped score lies within 1e-6 of 0
+# (attention is uniform to that), and the cap's own factor 2 / cap (<= 2e6, 21 binary orders) is
+# what pushed the folded factor to inf for tiny caps: NaN on whole heads (a zero dot times inf).
+# Above 1e30 the cap changes no fp32 score short of 1e26, and 2 / cap takes the factor below fp32's
+# normal range for sm_scale < 4e-9.
+MIN_SOFT_CAP = 1e-6
 MAX_SOFT_CAP = 1e30
+# Sink logits in [-1e38, 1e38]: the kernels take them to log2 units (x 1/ln 2 = 1.44), which is inf
+# in fp32 past 2.36e38 (lse = -inf and NaN outputs). Learned sinks are O(1-10).
+MAX_SINK = 1e38
+# Windows of 2^31 - 1 tokens or more are the whole sequence (seq_lens are int32) and are passed on as
+# 2^31 - 1, which the backends' int32 window arguments hold (FlashInfer's window_left = W - 1).
+MAX_WINDOW = 2**31 - 1
+_LOG2E = math.log2(math.e)
 FP32_TINY = 2.0**-149  # smallest positive float32 (a subnormal)
 
 
@@ -248,17 +266,23 @@ def attention_variant(window, soft_cap, sinks, *, num_q_heads: int, device, cont
     """The attention variants of a decode call, checked: ``(window, soft_cap, sinks)``.
 
     window : None, or an int >= 1 (tokens the query attends, itself included; not a bool or float).
-    soft_cap : None, or a number in (0, :data:`MAX_SOFT_CAP`] (a float is returned).
-    sinks : None, or a float32 tensor ``[num_q_heads]`` on ``device``, of finite values (checked with
-        ``contents``: a host sync).
+        One of :data:`MAX_WINDOW` (2^31 - 1) or more is returned as :data:`MAX_WINDOW`: every
+        sequence fits in it, as it fits in any window that long.
+    soft_cap : None, or a number in [:data:`MIN_SOFT_CAP`, :data:`MAX_SOFT_CAP`] = [1e-6, 1e30] (a
+        float is returned). With ``sm_scale`` it must also pass :func:`softmax_scale`.
+    sinks : None, or a float32 tensor ``[num_q_heads]`` on ``device``, any strides (a strided or
+        expanded view is returned as a contiguous copy: the kernels read ``[Hq]`` with stride 1; no
+        host sync). With ``contents`` (a host sync) its values must be finite with ``|sink| <=``
+        :data:`MAX_SINK` (1e38).
     """
     if window is not None:
-        window = integer(window, "window", minimum=1)
+        window = min(integer(window, "window", minimum=1), MAX_WINDOW)
     if soft_cap is not None:
         soft_cap = positive_float(soft_cap, "soft_cap")
-        if soft_cap > MAX_SOFT_CAP:
-            fail(f"soft_cap={soft_cap:g}; expected a number in (0, {MAX_SOFT_CAP:g}] (models use 30-50; a larger cap "
-                 "changes no fp32 score, and the kernels' fp32 factor 2 / cap would underflow): pass None for no cap")
+        if not MIN_SOFT_CAP <= soft_cap <= MAX_SOFT_CAP:
+            fail(f"soft_cap={soft_cap:g}; expected a number in [{MIN_SOFT_CAP:g}, {MAX_SOFT_CAP:g}] (models use "
+                 "30-50; the kernels fold 2 / cap into an fp32 factor, which overflows below the range and "
+                 "underflows above it): pass None for no cap")
     if sinks is not None:
         tensor(sinks, "sinks", ndim=1, dtypes=(torch.float32,), device=device, shape_hint=f"[{num_q_heads}] (one "
                "logit per query head)")
@@ -266,4 +290,32 @@ def attention_variant(window, soft_cap, sinks, *, num_q_heads: int, device, cont
             fail(f"sinks has shape {tuple(sinks.shape)}; expected [{num_q_heads}] (one logit per query head)")
         if contents:
             finite_tensor(sinks, "sinks")
+            big = sinks.abs() > MAX_SINK
+            if bool(big.any()):
+                i = int(big.nonzero()[0])
+                fail(f"sinks[{i}]={float(sinks[i])!r}; expected sink logits in [-{MAX_SINK:g}, {MAX_SINK:g}] (the "
+                     "kernels take them to log2 units in fp32, where larger ones overflow)")
+        if not sinks.is_contiguous():  # a strided or expanded view: the kernels read sinks[h] at offset h
+            sinks = sinks.contiguous()
     return window, soft_cap, sinks
+
+
+def softmax_scale(sm_scale, soft_cap: float | None = None, name: str = "sm_scale") -> float:
+    """``sm_scale``, a positive finite number, checked with the (already checked) ``soft_cap`` it is used with.
+
+    The kernels fold ``sm_scale x log2(e)`` (``x 2 / soft_cap`` with a cap) into one fp32 factor;
+    it, and without the cap's part, must lie in [:data:`MIN_SCORE_FACTOR`, :data:`MAX_SCORE_FACTOR`] = [2^-126, 2^64] (normal
+    fp32, with room for a 16-bit query times the key scales). The ValueError names the range of
+    ``sm_scale`` that works with this cap. Returns it as a float.
+    """
+    value = positive_float(sm_scale, name)
+    # The plain factor sm_scale x log2(e) is also what the reference multiplies q·k by; with a cap the
+    # kernels' factor is 2 / cap times it. Both must lie in the range.
+    per_unit = (_LOG2E,) if soft_cap is None else (_LOG2E, _LOG2E * 2.0 / soft_cap)
+    lo = max(MIN_SCORE_FACTOR / f for f in per_unit)
+    hi = min(MAX_SCORE_FACTOR / f for f in per_unit)
+    if not lo <= value <= hi:
+        cap = "" if soft_cap is None else f" and sm_scale x log2(e) x 2 / soft_cap (soft_cap={soft_cap:g})"
+        fail(f"{name}={value:g}; expected {name} in [{lo:.3g}, {hi:.3g}]: the kernels fold sm_scale x log2(e){cap} "
+             "into fp32 factors, which must lie in [2^-126, 2^64] (fold a larger or smaller factor into q instead)")
+    return value

@@ -106,7 +106,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
     kf = k.to(torch.float32).transpose(0, 1)  # [Hkv, L, D]
     vf = v.to(torch.float32).transpose(0, 1)
     s = torch.einsum("hgd,hld->hgl", qf, kf) * sm_scale
-    if soft_cap is not None:  # at most checks.MAX_SOFT_CAP (1e30): s / cap and its product stay in fp32's range
+    if soft_cap is not None:  # in checks' [MIN_SOFT_CAP, MAX_SOFT_CAP]: 1 / cap and cap * tanh stay in fp32's range
         s = soft_cap * torch.tanh(s / soft_cap)
     if window is not None and window < length:  # W >= L is the whole sequence (and W may exceed int64)
         outside = torch.arange(length, device=s.device) < length - window
@@ -129,17 +129,21 @@ def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None, 
     ----------
     q : ``[B, Hq, D]`` float16 / bfloat16 / float32, one query token per sequence.
     cache : a :class:`~fp8kv.cache.PagedKVCache` with every ``seq_lens[i] >= 1``.
-    sm_scale : softmax scale, a positive finite number; default ``1 / sqrt(D)``.
+    sm_scale : softmax scale, a positive finite number; default ``1 / sqrt(D)``. With the soft cap
+        it must pass ``fp8kv.checks.softmax_scale`` (the kernels' folded fp32 factor
+        ``sm_scale x log2(e) (x 2 / cap)`` within [2^-126, 2^64]).
     window : sliding window W (int >= 1) or None. The query of sequence i is its last cached token,
         at position ``L - 1`` with ``L = seq_lens[i]``; it attends positions ``[max(0, L - W), L)``:
         W tokens, itself included. This is transformers' ``sliding_window`` (Gemma-3, Mistral: key j
         is seen by query p when ``p - W < j <= p``) and FlashInfer's ``window_left = W - 1``
         (``window_left`` counts the keys left of the query). ``W >= L`` is the whole sequence.
-    soft_cap : logit soft-capping 0 < c <= 1e30 (``fp8kv.checks.MAX_SOFT_CAP``) or None: each scaled score ``s = sm_scale * q·k`` becomes
+    soft_cap : logit soft-capping with 1e-6 <= c <= 1e30 (``fp8kv.checks.MIN_SOFT_CAP``,
+        ``MAX_SOFT_CAP``) or None: each scaled score ``s = sm_scale * q·k`` becomes
         ``c * tanh(s / c)`` before the softmax (Gemma-2's ``attn_logit_softcapping``).
-    sinks : fp32 ``[Hq]`` or None: per query head a learned logit that joins the softmax denominator
-        without a value (gpt-oss): ``p_j = exp(s_j) / (exp(sink_h) + Σ_k exp(s_k))``. It is not
-        scaled by sm_scale and not soft-capped.
+    sinks : fp32 ``[Hq]`` (any strides) or None: per query head a learned logit that joins the
+        softmax denominator without a value (gpt-oss): ``p_j = exp(s_j) / (exp(sink_h) + Σ_k exp(s_k))``.
+        It is not scaled by sm_scale and not soft-capped. Finite, ``|sink| <= 1e38``
+        (``fp8kv.checks.MAX_SINK``).
 
     Returns
     -------
@@ -151,10 +155,10 @@ def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None, 
     if not isinstance(cache, PagedKVCache):
         checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
     cache.check_query(q)
-    if sm_scale is not None:
-        sm_scale = checks.positive_float(sm_scale, "sm_scale")
     window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=q.shape[1],
                                                        device=q.device)
+    if sm_scale is not None:
+        sm_scale = checks.softmax_scale(sm_scale, soft_cap)
     return paged_attention(q, cache, sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
 
 
