@@ -20,7 +20,9 @@ channel      ``[H, D]``                   KIVI-style keys (outlier channels)
 Saturation: scaled values beyond ``fmt.max`` are clamped to ±max; those that round-to-nearest-even
 would have taken past max are counted in ``Quantized.saturated`` (see :func:`cast_saturating`). A
 bare ``.to(float8)`` is never used, because torch versions disagree on overflow (e5m2 overflows to
-inf, e4m3fn to NaN). Non-zero values that round to zero are counted in ``Quantized.underflow``. The
+inf, e4m3fn to NaN). Non-zero values that round to zero are counted in ``Quantized.underflow`` (x's
+values as given: a float64 value below fp32's smallest subnormal counts too). A scale computed from
+the data represents every value fp32 holds, deep subnormals included (:func:`scale_from_stat`). The
 caller's tensor is never modified.
 """
 
@@ -44,6 +46,7 @@ GRANULARITIES = ("tensor", "head", "token_head", "channel")
 SCALE_METHODS = ("amax", "percentile", "vllm_k", "vllm_v")
 _VLLM_DIVISORS = {"vllm_k": 200.0, "vllm_v": 100.0}
 SCALE_BYTES = 4  # scales are fp32
+_FP32_NORMAL_MIN = torch.finfo(torch.float32).tiny  # 2^-126
 
 
 def scale_shape(shape: torch.Size | tuple, granularity: str) -> tuple:
@@ -148,7 +151,8 @@ def compute_scale(x: torch.Tensor, fmt="e4m3", granularity="tensor", method="ama
     ``amax``: amax / fmt.max (no element saturates). ``percentile``: the p-th percentile of |x|
     maps to fmt.max (the largest values saturate); ``percentile`` is a number in (0, 100].
     ``vllm_k`` / ``vllm_v``: amax / 200 and amax / 100, independent of the format. A group with no
-    non-zero value (all zeros, or no elements at all) gets scale 1.
+    non-zero value (all zeros, or no elements at all) gets scale 1; a group of deep-subnormal values
+    a scale just as small (down to 2^-149, see :func:`scale_from_stat`), so they keep their codes.
     """
     _check_input(x)
     checks.finite_tensor(x, "x")
@@ -166,9 +170,21 @@ def _compute_scale(x: torch.Tensor, f: FP8Format, granularity, method, percentil
 
 
 def scale_from_stat(stat: torch.Tensor, divisor: float) -> torch.Tensor:
-    """``stat / divisor`` per scale group, and 1 for a group whose statistic is 0 (nothing to scale)."""
-    scale = stat / divisor
-    return torch.where(scale > 0, scale, torch.ones_like(scale))
+    """``stat / divisor`` per scale group (fp32), and 1 for a group whose statistic is 0 (nothing to scale).
+
+    A quotient below fp32's normal range (a group of deep-subnormal values: amax 1e-42 over e4m3's 448)
+    is rounded *up* to the next fp32 subnormal, not to nearest: to nearest it loses up to half its
+    value (then ``stat / scale`` passes ``divisor`` and amax would saturate) or becomes 0 (then scale 1,
+    and every code of the group flushes to 0). Up, the smallest is 2^-149, and ``stat / scale`` stays
+    within ``divisor``: every value fp32 holds gets a code. Normal quotients are rounded to nearest
+    (their 2^-24 relative error rounds back to the format's max).
+    """
+    exact = stat.to(torch.float64) / divisor
+    scale = exact.to(torch.float32)
+    low = (scale.to(torch.float64) < exact) & (scale < _FP32_NORMAL_MIN)
+    if bool(low.any()):
+        scale = torch.where(low, torch.nextafter(scale, torch.full_like(scale, math.inf)), scale)
+    return torch.where(stat > 0, scale, torch.ones_like(scale))
 
 
 def cast_saturating(y: torch.Tensor, fmt: FP8Format) -> tuple[torch.Tensor, int]:
@@ -305,7 +321,9 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
     if n_nonfinite:  # ±Inf / scale is ±Inf: make it ±fp32 max so the clamp saturates (and counts) it
         y = torch.nan_to_num(y, nan=0.0)
     data, saturated = cast_saturating(y, f)
-    underflow = int(((data.to(torch.float32) == 0) & (xf != 0)).sum())
+    # Counted against x as given: a float64 value below fp32's smallest subnormal is 0 in xf already.
+    given = x.detach()
+    underflow = int(((data.to(torch.float32) == 0) & (given != 0) & ~torch.isnan(given)).sum())
     return Quantized(data, s, f, granularity, saturated, underflow, n_nonfinite)
 
 
