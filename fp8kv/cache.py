@@ -222,24 +222,37 @@ class PagedKVCache:
     def validate_tables(self):
         """Check seq_lens against capacity and the used block-table entries against num_blocks.
 
-        One host sync. The constructor calls it; so does ``fp8kv.decode`` with ``check=True``.
+        One host sync. The constructor calls it; so does ``fp8kv.decode`` with ``check=True``, and every
+        method that reads the tables (:meth:`gather`, :meth:`slots`, the writes) checks what it reads.
         """
-        sl = self.seq_lens.cpu().to(torch.int64)
+        self._checked_tables()
+
+    def _checked_tables(self, row: int | None = None) -> torch.Tensor:
+        """The tables as they are now (the attributes are plain: ``seq_lens`` may have been edited since
+        construction), checked: every ``seq_lens`` (or ``row``'s alone) in ``[0, capacity]`` and the
+        block-table entries holding their tokens inside the page pool. A ValueError names the first bad
+        value, never an IndexError from reading through it. Returns those lengths as host int64 ``[B]``
+        (``[1]`` for a row). One host sync."""
+        self._validate_pages()  # a table swapped for one of another dtype, rank or device: named first
+        rows = slice(None) if row is None else slice(row, row + 1)
+        first = 0 if row is None else row
+        sl = self.seq_lens[rows].cpu().to(torch.int64)
         cap = self.max_blocks_per_seq * self.block_size
         if (sl < 0).any():
             i = int((sl < 0).nonzero()[0])
-            _fail(f"seq_lens[{i}]={int(sl[i])} is negative")
+            _fail(f"seq_lens[{first + i}]={int(sl[i])} is negative")
         if (sl > cap).any():
             i = int((sl > cap).nonzero()[0])
-            _fail(f"seq_lens[{i}]={int(sl[i])} exceeds the capacity of its block-table row "
+            _fail(f"seq_lens[{first + i}]={int(sl[i])} exceeds the capacity of its block-table row "
                   f"({self.max_blocks_per_seq} blocks x {self.block_size} = {cap} tokens)")
         used = torch.arange(self.max_blocks_per_seq)[None, :] < ((sl + self.block_size - 1)
                                                                   // self.block_size)[:, None]
-        bt = self.block_table.cpu().to(torch.int64)
+        bt = self.block_table[rows].cpu().to(torch.int64)
         bad = used & ((bt < 0) | (bt >= self.num_blocks))
         if bad.any():
             b, j = (int(i) for i in bad.nonzero()[0])
-            _fail(f"block_table[{b}, {j}]={int(bt[b, j])} is out of range [0, {self.num_blocks})")
+            _fail(f"block_table[{first + b}, {j}]={int(bt[b, j])} is out of range [0, {self.num_blocks})")
+        return sl
 
     def check_query(self, q) -> None:
         """Validate a decode query ``[B, Hq, D]`` against this cache (shape, dtype, device, GQA)."""
@@ -262,7 +275,7 @@ class PagedKVCache:
 
     def _live_entries(self) -> torch.Tensor:
         """[B, max_blocks] bool: the block-table entries that hold some of a sequence's tokens."""
-        sl = self.seq_lens.cpu().to(torch.int64).clamp(min=0)
+        sl = self._checked_tables()
         nblk = (sl + self.block_size - 1) // self.block_size
         return torch.arange(self.max_blocks_per_seq)[None, :] < nblk[:, None]
 
@@ -507,6 +520,7 @@ class PagedKVCache:
         Returns int64 slots ``[N]`` on the cache's device. One host sync.
         """
         seq = checks.integer(seq, "seq", minimum=0, maximum=self.batch_size - 1)
+        self._validate_pages()  # the tables read below: named if swapped for another dtype or shape
         cap = self.max_blocks_per_seq * self.block_size
         if isinstance(positions, (list, tuple)):
             positions = torch.tensor([checks.integer(p, f"positions[{i}]") for i, p in enumerate(positions)],
@@ -551,7 +565,7 @@ class PagedKVCache:
         for name, t in (("k_new", k_new), ("v_new", v_new)):
             if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[0] != int(counts.sum()):
                 _fail(f"{name} has {t.shape[0]} rows but counts sum to {int(counts.sum())}; give one row per new token")
-        start = self.seq_lens.cpu().to(torch.int64)
+        start = self._checked_tables()  # a negative length edited in would append at the row's end
         cap = self.max_blocks_per_seq * self.block_size
         if (start + counts > cap).any():
             i = int((start + counts > cap).nonzero()[0])
@@ -672,13 +686,16 @@ class PagedKVCache:
 
     # ------------------------------------------------------------------- reads
     def gather(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dequantized K, V of sequence ``i``: fp32 ``[seq_lens[i], Hkv, D]``."""
+        """Dequantized K, V of sequence ``i``: fp32 ``[seq_lens[i], Hkv, D]``.
+
+        ``seq_lens[i]`` and the block-table entries holding its tokens are checked as they are now
+        (they may have been edited since construction): a ValueError names a bad one."""
         i = checks.integer(i, "i")
         if not 0 <= i < self.batch_size:
             _fail(f"sequence index {i} is out of range [0, {self.batch_size})")
-        n = int(self.seq_lens[i])
+        n = int(self._checked_tables(row=i)[0])
         pos = torch.arange(n, device=self.device)
-        slot = self._slots(i, pos)  # positions < seq_lens[i]: inside the row (validate_tables checks the entries)
+        slot = self._slots(i, pos)  # positions < seq_lens[i]: inside the row, through entries just checked
         blk, off = slot // self.block_size, slot % self.block_size
         out = []
         for pages, scale in ((self.k_pages, self.k_scale), (self.v_pages, self.v_scale)):
