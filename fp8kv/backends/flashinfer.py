@@ -62,6 +62,7 @@ import importlib
 import math
 import re
 import weakref
+from collections.abc import Iterable
 
 import torch
 
@@ -78,8 +79,8 @@ from ..capability import (
 from ..formats import FORMATS
 from .flashinfer_scales import ScaleFold, apply_q_fold, plan_scales
 
-__all__ = ["paged_kv_args", "qo_indptr", "FlashInferDecode", "decode", "prefill", "workspace", "NOT_INSTALLED",
-           "LN2", "window_left"]
+__all__ = ["paged_kv_args", "qo_indptr", "query_counts", "FlashInferDecode", "decode", "prefill", "workspace",
+           "NOT_INSTALLED", "LN2", "window_left"]
 
 NOT_INSTALLED = "FlashInfer is not installed (pip install 'fp8kv[gpu]')"
 LN2 = math.log(2.0)  # FlashInfer's LSE is log2; natural log = log2 * ln 2
@@ -165,12 +166,28 @@ def paged_kv_args(cache: PagedKVCache, device=None):
             last.to(torch.int32).to(device))
 
 
-def qo_indptr(qo_lens, device=None) -> torch.Tensor:
-    """int32 ``[B + 1]`` prefix sums of the query lengths (FlashInfer's ``qo_indptr``)."""
-    lens = torch.as_tensor(qo_lens).detach().to("cpu", torch.int64).reshape(-1)
+def query_counts(qo_lens) -> torch.Tensor:
+    """Query tokens per sequence, checked, as host int64 ``[B]``: a list/tuple of ints or a 1-D
+    int32/int64 tensor. Floats (even integral ones: 1.5 would become a pointer step, 2.0 hides a
+    bug), float or bool tensors, bools and negative counts are refused by name (``qo_lens[i]``)."""
+    if isinstance(qo_lens, torch.Tensor):
+        lens = checks.int_tensor(qo_lens, "qo_lens", ndim=1, shape_hint="[B] (query tokens per sequence)")
+        lens = lens.detach().to("cpu", torch.int64)
+    elif isinstance(qo_lens, (str, bytes)) or not isinstance(qo_lens, Iterable):
+        checks.fail(f"qo_lens={qo_lens!r} ({type(qo_lens).__name__}); expected a list of ints or a 1-D int tensor "
+                    "(query tokens per sequence)", TypeError)
+    else:
+        lens = torch.tensor([checks.integer(n, f"qo_lens[{i}]") for i, n in enumerate(qo_lens)], dtype=torch.int64)
     if (lens < 0).any():
         i = int((lens < 0).nonzero()[0])
-        raise ValueError(f"qo_lens[{i}]={int(lens[i])} is negative")
+        checks.fail(f"qo_lens[{i}]={int(lens[i])} is negative; expected query counts >= 0")
+    return lens
+
+
+def qo_indptr(qo_lens, device=None) -> torch.Tensor:
+    """int32 ``[B + 1]`` prefix sums of the query lengths (FlashInfer's ``qo_indptr``); ``qo_lens`` as
+    :func:`query_counts` takes them."""
+    lens = query_counts(qo_lens)
     out = torch.zeros(lens.numel() + 1, dtype=torch.int64)
     out[1:] = torch.cumsum(lens, 0)
     return out.to(torch.int32).to(device or "cpu")
@@ -468,13 +485,14 @@ def prefill(q: torch.Tensor, qo_lens, cache: PagedKVCache, causal: bool = True,
     Parameters
     ----------
     q : ``[sum(qo_lens), Hq, D]`` bfloat16 / float16: the queries of sequence 0, then 1, ...
-    qo_lens : ints ``[B]`` (a list, or a 1-D int tensor): query tokens per sequence,
+    qo_lens : ints ``[B]`` (a list, or a 1-D int32/int64 tensor; floats and bools are refused):
+        query tokens per sequence,
         ``0 <= qo_lens[i] <= seq_lens[i]``. They are
         the *last* ``qo_lens[i]`` positions of each sequence, whose K/V must already be in the cache.
     cache : the cache (every ``seq_lens[i] >= 1``; tensor / head / channel scales).
     causal : query ``j`` of sequence ``i`` sees keys ``0 .. seq_lens[i] - qo_lens[i] + j``
         (FlashInfer's bottom-right alignment); False: every query sees the whole sequence.
-    sm_scale : a positive finite number, default ``1/sqrt(D)``.
+    sm_scale : a positive finite number in ``fp8kv.checks.softmax_scale``'s range, default ``1/sqrt(D)``.
 
     Every argument is checked here (q finite, the cache's tables and scales: FlashInfer reads them as
     they are), before FlashInfer is asked.
@@ -494,11 +512,8 @@ def prefill(q: torch.Tensor, qo_lens, cache: PagedKVCache, causal: bool = True,
     if not isinstance(causal, bool):
         raise TypeError(f"causal={causal!r} ({type(causal).__name__}); expected True or False")
     if sm_scale is not None:
-        sm_scale = checks.positive_float(sm_scale, "sm_scale")
-    if isinstance(qo_lens, torch.Tensor):
-        lens_q = checks.int_tensor(qo_lens, "qo_lens", ndim=1).detach().to("cpu", torch.int64)
-    else:  # a list of ints: 2.7 is no query count (as_tensor would truncate it)
-        lens_q = torch.tensor([checks.integer(n, f"qo_lens[{i}]") for i, n in enumerate(qo_lens)], dtype=torch.int64)
+        sm_scale = checks.softmax_scale(sm_scale)
+    lens_q = query_counts(qo_lens)  # 2.7 is no query count (as_tensor would truncate it)
     cache.validate_arrays()  # FlashInfer reads the tables and scales as they are
     cache.validate_tables()
     checks.finite_tensor(q, "q")
