@@ -302,6 +302,17 @@ def test_kernel_head_layouts_and_page_layouts(group, head_dim, layout, granulari
     check_kernel(q, cache, qo_lens, block_n=16, num_splits=2)
 
 
+@pytest.mark.parametrize("hkv,group,head_dim,block_m,mode", [(1, 20, 96, 16, "dequant"), (1, 16, 64, 32, "fp8"),
+                                                             (2, 2, 256, 16, "dequant")])
+def test_kernel_mqa_wide_groups_and_head_dims(hkv, group, head_dim, block_m, mode):
+    """MQA groups whose rows fill several tiles per query (20 heads in tiles of 16: a query's heads split
+    across programs) or one tile per two queries, and the widest head dim (256)."""
+    lens, qo_lens = [11, 30], [3, 9]
+    cache = make_cache(lens, hkv, head_dim, granularity="head", seed=group)
+    q = make_q(12, hkv * group, head_dim, seed=group)
+    check_kernel(q, cache, qo_lens, mode, block_m=block_m, block_n=32, num_splits=2)
+
+
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("granularity", ["tensor", "head", "token_head", "channel"])
 def test_kernel_dequant_scale_granularities(kv_dtype, granularity):
@@ -344,7 +355,7 @@ def test_kernel_bf16_cache_and_queries_and_out_dtypes():
         check_kernel(make_q(13, 4, 64), fp8, qo_lens, tol=tol, out_dtype=out_dtype, block_n=16)
 
 
-ATTEND_VARIANTS = [dict(window=1), dict(window=5), dict(window=16), dict(window=50), dict(soft_cap=2.0),
+ATTEND_VARIANTS = [dict(window=1), dict(window=5), dict(window=16), dict(window=50), dict(window=1000), dict(soft_cap=2.0),
                    dict(sinks="random"), dict(window=7, soft_cap=3.0, sinks="random")]
 
 
@@ -352,7 +363,7 @@ ATTEND_VARIANTS = [dict(window=1), dict(window=5), dict(window=16), dict(window=
 @pytest.mark.parametrize("mode,granularity", [("dequant", "token_head"), ("fp8", "head")])
 def test_kernel_variants(spec, mode, granularity):
     """Window (from each query's own position; 1: the query alone; 50: past every sequence but within the
-    page table), soft cap and sinks, over a chunk, a draft and a lone token, one split and several."""
+    page table; 1000: past the page table, the plain kernel), soft cap and sinks, over a chunk, a draft and a lone token, one split and several."""
     lens, qo_lens = [25 + 21, 9, 12], [21, 4, 1]
     cache = make_cache(lens, 2, 64, granularity=granularity, max_seq_len=64)
     q = make_q(26, 6, 64)
