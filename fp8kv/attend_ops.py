@@ -61,13 +61,6 @@ def _num_sms(device: torch.device) -> int:
     return 4  # the interpreter: a few programs per split decision, as the decode launcher assumes
 
 
-def _power_of_two(value, name: str, choices: tuple[int, ...]) -> int:
-    value = checks.integer(value, name)
-    if value not in choices:
-        checks.fail(f"{name}={value}; expected one of {choices}")
-    return value
-
-
 def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, group: int, mode: str, *,
                   window: int | None = None, num_splits: int | None = None, block_m: int | None = None,
                   block_n: int | None = None, num_warps: int | None = None,
@@ -94,7 +87,7 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
         rows = max(max(qo_lens, default=1), 1) * group
         block_m = min(max(16, triton.next_power_of_2(rows)), 128 if d_pad <= 128 else 64)
     else:
-        block_m = _power_of_two(block_m, "block_m", BLOCK_M_CHOICES)
+        block_m = checks.one_of(checks.integer(block_m, "block_m"), "block_m", BLOCK_M_CHOICES)
     if block_n is None:
         block_n = 64 if d_pad <= 128 else 32
     else:
