@@ -17,10 +17,11 @@ import math
 import torch
 
 from . import checks
+from .attend_checks import attend_arguments
 from .cache import PagedKVCache
 from .formats import FORMATS, UNQUANTIZED_DTYPES
 
-__all__ = ["decode", "attention", "paged_attention", "UNIT_ROUNDOFF", "FP8_MODE_TOL", "REFERENCE_TOL",
+__all__ = ["decode", "attend", "attention", "paged_attention", "UNIT_ROUNDOFF", "FP8_MODE_TOL", "REFERENCE_TOL",
            "unit_roundoff", "output_tolerance", "lse_tolerance"]
 
 # Unit roundoff u (relative error of one round-to-nearest) of the types a backend rounds to.
@@ -186,3 +187,57 @@ def paged_attention(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None
         outs.append(o)
         lses.append(lse)
     return torch.stack(outs), torch.stack(lses)
+
+
+def attend(q: torch.Tensor, cache: PagedKVCache, qo_indptr: torch.Tensor, *, sm_scale: float | None = None,
+           window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None,
+           return_lse: bool = False):
+    """fp32 attention of several new tokens per sequence over the dequantized cache: speculative-decode
+    verification (a few draft tokens) and chunked-prefill append (a chunk of the prompt).
+
+    Parameters
+    ----------
+    q : ``[total_q, Hq, D]`` float16 / bfloat16 / float32, finite: the new tokens of every sequence, back
+        to back (sequence i's are rows ``qo_indptr[i] .. qo_indptr[i + 1]``).
+    cache : a :class:`~fp8kv.cache.PagedKVCache` that already holds the new tokens (written before
+        attention, as vLLM and FlashInfer do): they are the last ``qo_len[i]`` tokens of row i.
+    qo_indptr : int32 / int64 ``[B + 1]`` on the cache's device: ``qo_indptr[0] = 0``, non-decreasing,
+        ``qo_indptr[B] = total_q``, ``qo_len[i] = qo_indptr[i + 1] - qo_indptr[i] <= seq_lens[i]``
+        (0: the sequence has no rows).
+    sm_scale, window, soft_cap, sinks : as in :func:`decode`, per query. Query j of sequence i sits at
+        position ``p = seq_lens[i] - qo_len[i] + j`` and attends keys ``0 .. p`` (causal among the new
+        tokens); a window W keeps keys ``p - W < key <= p``, counted back from the query's own position.
+    return_lse : also return the LSE.
+
+    Every argument is validated at entry (``fp8kv.attend_checks.attend_arguments``), the cache's tables
+    and scales included. Each query row is computed exactly as :func:`decode` computes the last token
+    of a cache truncated after position p (same arithmetic, same order): with ``qo_len = 1`` the two
+    agree bit for bit.
+
+    Returns
+    -------
+    out : ``[total_q, Hq, D]`` float32; with ``return_lse`` also lse ``[total_q, Hq]`` float32, natural
+        log, defined as :func:`decode`'s.
+    """
+    qo_lens, sm_scale, window, soft_cap, sinks = attend_arguments(q, cache, qo_indptr, sm_scale, window,
+                                                                  soft_cap, sinks)
+    if not isinstance(return_lse, bool):
+        checks.fail(f"return_lse={return_lse!r}; expected True or False", TypeError)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    hq, d = q.shape[1:]
+    out = torch.empty(q.shape[0], hq, d, dtype=torch.float32, device=q.device)
+    lse = torch.empty(q.shape[0], hq, dtype=torch.float32, device=q.device)
+    row = 0
+    for i, n in enumerate(qo_lens):
+        if n == 0:
+            continue
+        k, v = cache.gather(i)
+        first = k.shape[0] - n  # position of the sequence's first new token
+        for j in range(n):
+            p = first + j
+            # the keys up to p are what a decode of the cache truncated after p reads
+            out[row], lse[row] = attention(q[row], k[:p + 1], v[:p + 1], sm_scale, window=window,
+                                           soft_cap=soft_cap, sinks=sinks)
+            row += 1
+    return (out, lse) if return_lse else out

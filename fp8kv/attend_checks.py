@@ -1,0 +1,93 @@
+"""Argument checks of multi-token attention over a paged cache (speculative verification, chunked prefill).
+
+A call attends a ragged batch of new tokens: ``q`` ``[total_q, Hq, D]`` holds the queries of every
+sequence back to back, and ``qo_indptr`` ``[B + 1]`` says where each sequence's rows start
+(``qo_indptr[i] .. qo_indptr[i + 1]``). The new tokens are already written into the cache: they are
+the last ``qo_len[i]`` tokens of sequence i's row. These checks are shared by the oracle
+(``fp8kv.reference.attend``) and the Triton launcher (``fp8kv.attend_ops.attend``); each raises a
+``TypeError``/``ValueError`` that names the argument, the value seen and what is accepted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import checks
+from .cache import QUERY_DTYPES, PagedKVCache
+
+__all__ = ["cache_arg", "attend_query", "qo_indptr_arg", "attend_arguments"]
+
+QO_INDPTR_DTYPES = (torch.int32, torch.int64)
+
+
+def cache_arg(cache) -> PagedKVCache:
+    """A :class:`~fp8kv.cache.PagedKVCache` whose arrays (pages, tables, scales) and tables' contents
+    are sound (:meth:`PagedKVCache.validate_arrays` and :meth:`PagedKVCache.validate_tables`: one host sync)."""
+    if not isinstance(cache, PagedKVCache):
+        checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+    cache.validate_arrays(contents=True)
+    cache.validate_tables()
+    return cache
+
+
+def attend_query(q, cache: PagedKVCache) -> torch.Tensor:
+    """``q`` ``[total_q, Hq, D]``, float16 / bfloat16 / float32, on the cache's device, with the cache's
+    head dim and a multiple of its KV heads (GQA: query head h reads KV head ``h // (Hq // Hkv)``)."""
+    hint = "[total_q, Hq, D] (the new tokens of every sequence, back to back)"
+    checks.tensor(q, "q", ndim=3, dtypes=QUERY_DTYPES, shape_hint=hint)
+    _, hq, d = q.shape
+    if d != cache.head_dim:
+        checks.fail(f"q has head_dim {d} (shape {tuple(q.shape)}) but the cache has head_dim {cache.head_dim}")
+    if hq < 1 or hq % cache.num_kv_heads:
+        checks.fail(f"q has {hq} heads (shape {tuple(q.shape)}), not a multiple of the cache's "
+                    f"{cache.num_kv_heads} KV heads (GQA needs Hq = group x Hkv)")
+    if q.device != cache.device:
+        checks.fail(f"q is on {q.device} but the cache is on {cache.device}; move it with .to()")
+    return q
+
+
+def qo_indptr_arg(qo_indptr, cache: PagedKVCache, total_q: int) -> list[int]:
+    """``qo_indptr``: an int32/int64 tensor ``[B + 1]`` on the cache's device with ``qo_indptr[0] = 0``,
+    non-decreasing, ``qo_indptr[B] = total_q`` and every ``qo_len[i] = qo_indptr[i + 1] - qo_indptr[i]``
+    at most ``seq_lens[i]`` (the new tokens are the last ``qo_len[i]`` of the row). Returns the
+    ``qo_len`` as Python ints (one host sync)."""
+    b = cache.batch_size
+    checks.tensor(qo_indptr, "qo_indptr", ndim=1, dtypes=QO_INDPTR_DTYPES, device=cache.device,
+                  shape_hint=f"[{b + 1}] (B + 1 row offsets into q)")
+    if qo_indptr.shape[0] != b + 1:
+        checks.fail(f"qo_indptr has shape {tuple(qo_indptr.shape)}; expected [{b + 1}]: B + 1 offsets for the "
+                    f"cache's {b} sequences")
+    ptr = qo_indptr.cpu().to(torch.int64).tolist()
+    if ptr[0] != 0:
+        checks.fail(f"qo_indptr[0]={ptr[0]}; expected 0 (sequence 0's rows start at q[0])")
+    lens = [ptr[i + 1] - ptr[i] for i in range(b)]
+    if min(lens) < 0:
+        i = lens.index(min(lens))
+        checks.fail(f"qo_indptr decreases at {i}: qo_indptr[{i}]={ptr[i]} > qo_indptr[{i + 1}]={ptr[i + 1]}; "
+                    "expected non-decreasing offsets (qo_len >= 0)")
+    if ptr[-1] != total_q:
+        checks.fail(f"qo_indptr[{b}]={ptr[-1]}; expected q's row count, total_q={total_q}")
+    seq_lens = cache.seq_lens.cpu().tolist()
+    for i, (n, length) in enumerate(zip(lens, seq_lens, strict=True)):
+        if n > length:
+            checks.fail(f"qo_indptr gives sequence {i} qo_len={n} new tokens but seq_lens[{i}]={length}; the new "
+                        "tokens are the last qo_len of the cached ones (write them first), so qo_len <= seq_len")
+    return lens
+
+
+def attend_arguments(q, cache, qo_indptr, sm_scale, window, soft_cap, sinks) -> tuple:
+    """Every argument of an attend call, checked in order (cache, q, qo_indptr, sm_scale, the variants).
+
+    q must be finite (a host sync). Returns ``(qo_lens, sm_scale, window, soft_cap, sinks)``: the per-sequence new-token counts as ints,
+    ``sm_scale`` as a float (None stays None: ``1 / sqrt(D)``) and the variants as
+    :func:`fp8kv.checks.attention_variant` returns them (sinks ``[Hq]`` fp32 on q's device, finite).
+    """
+    cache_arg(cache)
+    attend_query(q, cache)
+    checks.finite_tensor(q, "q")
+    qo_lens = qo_indptr_arg(qo_indptr, cache, q.shape[0])
+    if sm_scale is not None:
+        sm_scale = checks.positive_float(sm_scale, "sm_scale")
+    window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=q.shape[1],
+                                                       device=q.device)
+    return qo_lens, sm_scale, window, soft_cap, sinks

@@ -1,0 +1,341 @@
+"""Paged attention of several new tokens per sequence over FP8 (or 16-bit) KV pages: speculative-decode
+verification (2-16 draft tokens) and chunked-prefill append (a chunk of the prompt), with split-KV.
+
+The new tokens of sequence b are the last ``qo_len`` tokens of its cache row, already written; query j
+sits at position ``p = seq_len - qo_len + j`` and attends keys ``0 .. p`` (``p - window < key`` with a
+window). A program owns (a tile of query rows of one sequence, a KV head, a split). Its rows are the
+flattened (query j, query head h of the KV head's group) pairs, ``row = j * GROUP + h``, so every row
+of the group reads the same K/V tile: each byte is loaded once for all of them (spec-verify: q_len x
+group rows in one tile; a long chunk: tiles of BLOCK_M rows). The programs of all sequences form one
+grid axis: sequence b's tiles start at ``qo_indptr[b] * GROUP // BLOCK_M + b`` (at least as many as its
+rows need, one empty tile at most), found by a binary search over ``qo_indptr``, so the grid follows
+from shapes alone.
+
+A tile reads only keys some row of it attends: ``[lowest window start, highest position]``, so the
+work of a chunk is proportional to the causal triangle (and the window's band), not the square. The
+per-element mask keeps each row to its own keys. Everything else is the decode kernel's
+(``fp8kv/kernels/paged_decode.py``): online softmax in fp32 in the exp2 domain, dequant mode (FP8 codes
+converted to a 16-bit type, 16-bit dots) and fp8 mode (the query quantized per row to e4m3 with scale
+amax / 448, FP8 x FP8 dots, p scaled by 448 onto e4m3's range), the same scale kinds and variants.
+Several splits write fp32 partials (normalised output, log2-sum-exp) that ``combine_attend_splits``
+merges, folding in the sinks.
+"""
+
+import triton
+import triton.language as tl
+
+from ..formats import FORMATS
+from .fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
+
+LN2 = tl.constexpr(0.6931471805599453)
+TANH_POLY_MAX = tl.constexpr(0.125)  # _capped: |x| below it takes tanh's polynomial, above it the exp form
+E4M3_MAX = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: q and p are e4m3
+P_SCALE = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: p in [0, 1] scaled onto e4m3's range before rounding
+
+# SCALE_KIND values (the decode kernel's numbering)
+SCALE_PER_HEAD = tl.constexpr(0)  # tensor and head granularity: one scalar per KV head
+SCALE_CHANNEL = tl.constexpr(1)  # [Hkv, D]: K folded into q (fp32), V applied in the epilogue
+SCALE_TOKEN_HEAD = tl.constexpr(2)  # [num_blocks, block_size, Hkv]: per token, inside the loop
+
+# CONVERT values: how dequant mode turns FP8 codes into 16-bit values
+CONVERT_CAST = tl.constexpr(0)  # Triton's fp8 cast (sm89+, and the interpreter)
+CONVERT_SOFTWARE = tl.constexpr(1)  # integer bit manipulation (any arch)
+CONVERT_PTX = tl.constexpr(2)  # inline cvt.rn.f16x2.e4m3x2 / e5m2x2 (sm89+)
+
+
+@triton.jit
+def _as_fp8(x, MANT: tl.constexpr):
+    """A tile as Triton FP8 values: uint8 codes are reinterpreted, FP8 tiles pass through."""
+    if x.dtype.is_fp8():
+        y = x
+    elif MANT == 3:
+        y = x.to(tl.float8e4nv, bitcast=True)
+    else:
+        y = x.to(tl.float8e5, bitcast=True)
+    return y
+
+
+@triton.jit
+def _to_compute(codes, COMPUTE: tl.constexpr, KV_FP8: tl.constexpr, CONVERT: tl.constexpr, MANT: tl.constexpr,
+                BIAS: tl.constexpr):
+    """A loaded K/V tile -> the dot's 16-bit type (FP8 codes converted exactly: every e4m3/e5m2 value is
+    an fp16 value)."""
+    if KV_FP8:
+        if CONVERT == CONVERT_SOFTWARE:
+            x = fp8_bits_to_fp16(codes, MANT, BIAS)
+        elif CONVERT == CONVERT_PTX:
+            x = fp8_bits_to_fp16_ptx(codes, MANT)
+        else:
+            x = _as_fp8(codes, MANT)
+        return x.to(COMPUTE)
+    return codes.to(COMPUTE)
+
+
+@triton.jit
+def _capped(s, soft_cap_log2):
+    """Scores ``s = 2x / ln 2`` with ``x = score / cap`` (the host folds 2 / cap into the QK factor) ->
+    ``cap * tanh(x)`` in log2 units; tanh from one exp2, or below |x| = 1/8 (where that form cancels)
+    from its odd Taylor polynomial to x^7 (relative error < 1.4e-9 there). The decode's rule."""
+    x = s * (0.5 * LN2)
+    x2 = x * x
+    poly = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
+    tanh = tl.where(tl.abs(x) < TANH_POLY_MAX, poly, 1.0 - 2.0 / (tl.math.exp2(s) + 1.0))
+    return soft_cap_log2 * tanh
+
+
+@triton.jit
+def _sequence_of_tile(qo_indptr_ptr, tile, batch, search_steps, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The sequence whose tiles hold grid tile ``tile``: the largest b in [0, batch) with
+    ``qo_indptr[b] * GROUP // BLOCK_M + b <= tile`` (a strictly increasing start), by binary search
+    (``search_steps`` >= log2(batch) halvings)."""
+    lo = tile * 0
+    hi = lo + batch - 1
+    for _ in range(search_steps):
+        mid = (lo + hi + 1) // 2
+        first = tl.load(qo_indptr_ptr + mid).to(tl.int32) * GROUP // BLOCK_M + mid
+        ok = first <= tile
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def paged_attend_kernel(
+    q_ptr,  # [total_q, Hq, D] 16-bit queries (fp8 mode quantizes each row here to e4m3)
+    k_pages_ptr,  # K pages: 16-bit, or FP8 as uint8 codes or FP8 values (see _to_compute); strides below
+    v_pages_ptr,  # V pages, same layout as K
+    k_scale_ptr,  # fp32 K scales: [] / [Hkv] (per head), [Hkv, D] (channel), [blocks, block_size, Hkv]
+    v_scale_ptr,  # fp32 V scales, same shapes as K's
+    block_table_ptr,  # [B, max_blocks] int32
+    seq_lens_ptr,  # [B] int32 (the new tokens included)
+    qo_indptr_ptr,  # [B + 1] int32 / int64 row offsets into q
+    out_ptr,  # [total_q, Hq, D] (not SPLIT) or fp32 partials [total_q, Hq, num_splits, D]
+    lse_ptr,  # [total_q, Hq] fp32 natural-log LSE, or fp32 partials [total_q, Hq, num_splits] in log2 units
+    qk_scale,  # sm_scale x log2(e); with SOFT_CAP sm_scale x 2 log2(e) / cap
+    tokens_per_split,  # keys each split covers (a multiple of BLOCK_N)
+    num_kv_heads,  # Hkv (token_head scale indexing)
+    num_blocks,  # pages in the pool: block-table entries are clamped into [0, num_blocks)
+    row_capacity,  # max_blocks_per_seq x BLOCK_SIZE: seq_lens are clamped to it
+    total_q,  # rows of q: row offsets are clamped to them
+    batch,  # B
+    search_steps,  # halvings of _sequence_of_tile's search: ceil(log2(B))
+    window,  # WINDOWED: keys each query attends (>= 1), counted back from its own position
+    soft_cap_log2,  # SOFT_CAP: cap x log2(e)
+    sinks_ptr,  # HAS_SINKS: [Hq] fp32 sink logits (natural log)
+    stride_qt, stride_qh,  # query strides (elements): token, head; the last dim is contiguous
+    stride_kb, stride_kt, stride_kh,  # page strides: block, token-in-block, head (NHD or HND)
+    stride_btb,  # block-table row stride
+    stride_ot, stride_oh, stride_os,  # output strides: token, head, split
+    stride_lt, stride_lh,  # LSE strides: token, head (split stride is 1)
+    GROUP: tl.constexpr,  # query heads per KV head (Hq // Hkv)
+    BLOCK_M: tl.constexpr,  # rows (query, head) per program, >= 16 (tl.dot's minimum M)
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,  # HEAD_DIM padded to a power of two (>= 16)
+    BLOCK_SIZE: tl.constexpr,  # tokens per page
+    BLOCK_N: tl.constexpr,  # keys per tile
+    SPLIT: tl.constexpr,  # False: write the final output; True: write partials for the combine
+    SCALE_KIND: tl.constexpr,
+    SCALE_HEAD_STRIDE: tl.constexpr,  # per-head kind: 0 for one tensor-wide scale, 1 for one per KV head
+    KV_FP8: tl.constexpr,
+    CONVERT_K: tl.constexpr,  # CONVERT_CAST / CONVERT_SOFTWARE / CONVERT_PTX, for the K tile
+    CONVERT_V: tl.constexpr,  # the same for the V tile
+    MANT: tl.constexpr,  # FP8 KV format: mantissa bits (3 = e4m3, 2 = e5m2)
+    BIAS: tl.constexpr,  # FP8 KV format: exponent bias
+    FP8_QK: tl.constexpr,  # FP8 query, FP8 x FP8 QK dot
+    FP8_PV: tl.constexpr,  # FP8 probabilities, FP8 x FP8 P.V dot
+    COMPUTE: tl.constexpr,  # dot type in dequant mode (fp16 / bf16; fp32 under the interpreter)
+    RESCALE_Q: tl.constexpr,  # scale each query row by a power of two before rounding it to fp16
+    WINDOWED: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,  # folded here for one split; several fold it in combine_attend_splits
+):
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    b = _sequence_of_tile(qo_indptr_ptr, tile, batch, search_steps, GROUP, BLOCK_M)
+    q_begin = tl.minimum(tl.load(qo_indptr_ptr + b).to(tl.int32), total_q)
+    q_end = tl.minimum(tl.load(qo_indptr_ptr + b + 1).to(tl.int32), total_q)
+    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), row_capacity)
+    n_new = tl.minimum(tl.maximum(q_end - q_begin, 0), seq_len)
+    row0 = (tile - (tl.load(qo_indptr_ptr + b).to(tl.int32) * GROUP // BLOCK_M + b)) * BLOCK_M
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    rows = row0 + offs_m
+    j = rows // GROUP  # the row's query (new token) ...
+    heads = kvh * GROUP + rows % GROUP  # ... and its query head
+    row_ok = rows < n_new * GROUP
+    first_pos = seq_len - n_new  # position of the sequence's first new token
+    pos = tl.where(row_ok, first_pos + j, -1)  # a row past the sequence's attends nothing
+    qrow = (q_begin + tl.where(row_ok, j, 0)).to(tl.int64)
+
+    # the keys some row of this tile attends: [kv_lo, kv_hi)
+    kv_hi = tl.max(pos, axis=0) + 1
+    if WINDOWED:
+        kv_lo = tl.maximum(first_pos + row0 // GROUP - window + 1, 0)
+    else:
+        kv_lo = 0
+    start = kv_lo + split * tokens_per_split
+    end = tl.minimum(kv_hi, start + tokens_per_split)
+
+    q_ptrs = q_ptr + qrow[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    qd_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    if SCALE_KIND == SCALE_CHANNEL:
+        # q . (s * k) = (q * s) . k, folded in fp32 before any rounding of q
+        qf = tl.load(q_ptrs, mask=qd_mask, other=0.0).to(tl.float32)
+        qf = qf * tl.load(k_scale_ptr + kvh * HEAD_DIM + offs_d, mask=offs_d < HEAD_DIM, other=0.0)[None, :]
+        k_head_scale = 1.0
+    else:
+        qf = tl.load(q_ptrs, mask=qd_mask, other=0.0)
+        if SCALE_KIND == SCALE_PER_HEAD:
+            k_head_scale = tl.load(k_scale_ptr + kvh * SCALE_HEAD_STRIDE)
+        else:
+            k_head_scale = 1.0
+    if FP8_QK:
+        # the decode's convention: one scale per query vector, amax / E4M3_MAX, exact in the fp32 scores
+        qf = qf.to(tl.float32)
+        q_scale = tl.max(tl.abs(qf), axis=1) / E4M3_MAX
+        q_scale = tl.where(q_scale > 0, q_scale, 1.0)
+        q = fp32_to_fp8_bits(qf / q_scale[:, None], 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
+        row_scale = q_scale * (qk_scale * k_head_scale)
+    elif RESCALE_Q:
+        # a bf16 query (or one with channel scales folded in) may leave fp16's range: bring each row's
+        # amax to [2^13, 2^14) by a power of two (exact) and multiply it back into the scores
+        qf = qf.to(tl.float32)
+        amax = tl.max(tl.abs(qf), axis=1)
+        e = tl.where(amax > 0, tl.floor(tl.log2(tl.where(amax > 0, amax, 1.0))) - 13.0, 0.0)
+        e = tl.minimum(tl.maximum(e, -126.0), 126.0).to(tl.int32)
+        up = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, built from its bits
+        q = (qf * up[:, None]).to(COMPUTE)
+        row_scale = ((127 + e) << 23).to(tl.float32, bitcast=True) * (qk_scale * k_head_scale)
+    else:
+        q = qf.to(COMPUTE)
+        row_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (qk_scale * k_head_scale)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    bt_row = block_table_ptr + b * stride_btb
+    kv_head_off = kvh * stride_kh
+
+    for n0 in range(start, end, BLOCK_N):
+        t = n0 + offs_n
+        t_mask = t < end
+        page = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0)
+        page = tl.minimum(tl.maximum(page, 0), num_blocks - 1).to(tl.int64)
+        in_page = t % BLOCK_SIZE
+        kv_off = (page * stride_kb + in_page * stride_kt + kv_head_off)[:, None] + offs_d[None, :]
+        kv_mask = t_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(k_pages_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_pages_ptr + kv_off, mask=kv_mask, other=0.0)
+
+        if FP8_QK:
+            s = tl.dot(q, tl.trans(_as_fp8(k, MANT)))
+        else:
+            s = tl.dot(q, tl.trans(_to_compute(k, COMPUTE, KV_FP8, CONVERT_K, MANT, BIAS)))
+        s = s * row_scale[:, None]
+        if SCALE_KIND == SCALE_TOKEN_HEAD:
+            sc_off = (page * BLOCK_SIZE + in_page) * num_kv_heads + kvh
+            s = s * tl.load(k_scale_ptr + sc_off, mask=t_mask, other=0.0)[None, :]
+        if SOFT_CAP:
+            s = _capped(s, soft_cap_log2)
+        # each row its own keys: causal (key <= p), inside the window (key > p - W), inside the split
+        keep = t_mask[None, :] & (t[None, :] <= pos[:, None])
+        if WINDOWED:
+            keep = keep & (t[None, :] > pos[:, None] - window)
+        s = tl.where(keep, s, float("-inf"))
+
+        # a row may have no key yet (all masked so far): its max stays -inf, and 0 stands in for it
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        m_i = m_new
+        if SCALE_KIND == SCALE_TOKEN_HEAD:
+            # p scaled by s_v / max(s_v) keeps the 16-bit p in range; the tile's max(s_v) multiplies the dot
+            vs_tok = tl.load(v_scale_ptr + sc_off, mask=t_mask, other=0.0)
+            vs_max = tl.max(vs_tok, axis=0)
+            vs_max = tl.where(vs_max > 0, vs_max, 1.0)
+            p = p * (vs_tok / vs_max)[None, :]
+        else:
+            vs_max = 1.0
+        if FP8_PV:
+            p8 = fp32_to_fp8_bits(p * P_SCALE, 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
+            acc += tl.dot(p8, _as_fp8(v, MANT))
+        else:
+            acc += tl.dot(p.to(COMPUTE), _to_compute(v, COMPUTE, KV_FP8, CONVERT_V, MANT, BIAS)) * vs_max
+
+    if HAS_SINKS and not SPLIT:
+        # one more logit with no value: it rescales the running state as a tile would
+        sink = tl.load(sinks_ptr + heads, mask=row_ok, other=float("-inf")) * (1.0 / LN2)
+        m_new = tl.maximum(m_i, sink)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.math.exp2(sink - m_use)
+        acc = acc * alpha[:, None]
+        m_i = m_new
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    if FP8_PV:
+        out = out * (1.0 / P_SCALE)
+    if SCALE_KIND == SCALE_PER_HEAD:
+        out = out * tl.load(v_scale_ptr + kvh * SCALE_HEAD_STRIDE)
+    elif SCALE_KIND == SCALE_CHANNEL:
+        out = out * tl.load(v_scale_ptr + kvh * HEAD_DIM + offs_d, mask=offs_d < HEAD_DIM, other=0.0)[None, :]
+    lse2 = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))
+
+    o_ptrs = out_ptr + qrow[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    l_ptrs = lse_ptr + qrow * stride_lt + heads * stride_lh
+    if SPLIT:
+        tl.store(o_ptrs + split * stride_os, out, mask=qd_mask)
+        tl.store(l_ptrs + split, lse2, mask=row_ok)
+    else:
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=qd_mask)
+        tl.store(l_ptrs, lse2 * LN2, mask=row_ok)
+
+
+@triton.jit
+def combine_attend_splits(
+    part_out_ptr,  # [total_q, Hq, num_splits, D] fp32 normalised partial outputs
+    part_lse_ptr,  # [total_q, Hq, num_splits] fp32 partial log2-sum-exp (-inf: a split with no key)
+    out_ptr,  # [total_q, Hq, D] output
+    lse_ptr,  # [total_q, Hq] fp32 natural-log LSE
+    stride_pt, stride_ph, stride_ps,  # partial-output strides: token, head, split
+    stride_plt, stride_plh,  # partial-LSE strides: token, head (split stride is 1)
+    stride_ot, stride_oh,
+    stride_lt, stride_lh,
+    num_splits,
+    sinks_ptr,  # HAS_SINKS: [Hq] fp32 sink logits (natural log)
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,  # num_splits padded to a power of two
+    HAS_SINKS: tl.constexpr,
+):
+    """out = sum_s w_s out_s / sum_s w_s with w_s = 2^(lse_s - max lse), one program per (row, head); a
+    sink is one more term of the denominator with no output."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    s_mask = offs_s < num_splits
+    lse = tl.load(part_lse_ptr + t * stride_plt + h * stride_plh + offs_s, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h) * (1.0 / LN2)
+        m = tl.maximum(m, sink)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse - m_safe)
+    den = tl.sum(w, axis=0)
+    if HAS_SINKS:
+        den += tl.math.exp2(sink - m_safe)
+    parts = tl.load(part_out_ptr + t * stride_pt + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+                    mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    den_safe = tl.where(den > 0, den, 1.0)
+    out = tl.sum(parts * w[:, None], axis=0) / den_safe
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
+    tl.store(lse_ptr + t * stride_lt + h * stride_lh,
+             tl.where(den > 0, (m_safe + tl.math.log2(den_safe)) * LN2, float("-inf")))
