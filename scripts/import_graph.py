@@ -33,9 +33,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("formats", "checks", "interrupts", "launch_table"),  # facts, argument checks, signal handling, measured
     # launch parameters: torch / stdlib only
     ("quant", "device"),  # the quantizer; what machine this is
-    ("capability", "cache", "kernels"),  # what runs where; the paged cache; @triton.jit code
+    ("capability", "cache", "kernels", "attend_checks"),  # what runs where; the paged cache; @triton.jit code;
+    # the multi-token query checks
     ("reference", "synthetic"),  # the fp32 oracle; synthetic K/V and caches
-    ("ops", "capacity"),  # kernel launchers; the capacity planner
+    ("ops", "attend_ops", "capacity"),  # kernel launchers; the capacity planner
     ("gluon_build",),  # the Gluon kernel's launch compiled offline (registers, spills, SASS)
     ("backends",),  # fp8kv.decode and its backends
     ("models", "results", "viz"),  # real models; results IO; figures
