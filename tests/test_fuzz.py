@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
@@ -786,3 +787,40 @@ def test_synthetic_generators(fn, arg):
         [out.k_pages, out.v_pages]
     for t in tensors:
         assert torch.isfinite(t.float()).all(), f"{fn}({kw}) returned non-finite values"
+
+
+# ------------------------------------------------------------------------------------------ FlashInfer prefill
+QO_LENS = tagged(st.sampled_from(["ints", "int-tensor", "numpy-ints", "int32-tensor"]),
+                 st.sampled_from(["floats", "float-tensor", "numpy-floats", "halves", "bools", "negative", "too-many",
+                                  "past-seq-len", "0d-tensor", "2d-tensor", "strings", "none"]))
+
+
+@fuzz(8)
+@given(setup=decode_setups(backends=("reference",)), qo=QO_LENS, causal=st.sampled_from([True, False, 1, None]),
+       sm_scale=st.sampled_from([None, 0.5, 0.0, float("nan"), True]))
+@example(setup=dict(TRITON_FP8, backend="reference"), qo=("none", False), causal=True, sm_scale=None)
+def test_flashinfer_prefill_arguments(setup, qo, causal, sm_scale):
+    """FlashInfer's prefill checks every argument before FlashInfer is asked: a refusal names the argument;
+    legal arguments reach FlashInfer (here: refused by the capability table when it cannot run)."""
+    from fp8kv.backends.flashinfer import prefill
+
+    setup = dict(setup, q_dtype=torch.float16 if setup["kv_dtype"] != "bf16" else torch.bfloat16)
+    _, cache = build(setup)
+    lens = cache.seq_lens.tolist()
+    (kind, legal) = qo
+    counts = [min(n, 2) for n in lens]
+    value = {"ints": counts, "int-tensor": torch.tensor(counts), "numpy-ints": np.array(counts),
+             "int32-tensor": torch.tensor(counts, dtype=torch.int32), "floats": [float(n) for n in counts],
+             "float-tensor": torch.tensor(counts, dtype=torch.float32), "numpy-floats": np.array(counts, dtype=float),
+             "halves": [n + 0.5 for n in counts], "bools": [True] * len(counts), "negative": [-1] + counts[1:],
+             "too-many": counts + [1], "past-seq-len": [lens[0] + 1] + counts[1:], "0d-tensor": torch.tensor(1),
+             "2d-tensor": torch.tensor([counts]), "strings": [str(n) for n in counts], "none": None}[kind]
+    rows = sum(counts) if legal else max(sum(counts), 1)
+    q = torch.randn(rows, cache.num_kv_heads * setup["group"], cache.head_dim).to(setup["q_dtype"])
+    bad = ([] if legal else ["qo_lens"]) + ([] if isinstance(causal, bool) else ["causal"]) + \
+        ([] if sm_scale in (None, 0.5) else ["sm_scale"])
+    try:
+        attempt(lambda: prefill(q, value, cache, causal=causal, sm_scale=sm_scale), bad or ("flashinfer", "FlashInfer"))
+    except Refused:
+        return
+    assert not bad, f"prefill accepted {bad}"
