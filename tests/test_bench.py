@@ -916,3 +916,35 @@ def test_a_run_where_every_case_was_refused_at_launch_exits_2(capsys):
                      "fp8_e4m3", "--modes", "dequant", "--backends", "triton", "--triton-opt", "gluon=1", "--no-save",
                      "--quiet", "--device", "cpu"])
     assert rc == 2 and "none of the 1 cases ran here" in capsys.readouterr().err
+
+
+GRID = ["--heads", "4:2", "--head-dims", "64", "--backends", "reference", "--kv-dtypes", "fp16", "--device", "cpu",
+        "--no-save", "--quiet"]
+
+
+@pytest.mark.parametrize("argv, refused, batches, contexts", [
+    # one case, too large for the default budget (the free memory)
+    (["--batches", "4096", "--contexts", "1000000"], "1 of 1 cases", "4096", "1000000"),
+    # several, all too large for a budget given
+    (["--batches", "2", "8", "--contexts", "48", "96", "--memory-budget-gb", "1e-9"], "4 of 4 cases", "2 8", "48 96"),
+    # too large beside cases refused for another reason: both said, the memory with its arguments
+    (["--batches", "2", "--contexts", "48", "--modes", "dequant", "fp8", "--kv-dtypes", "fp16", "fp8_e4m3",
+      "--memory-budget-gb", "1e-9"], "2 of 3 cases", "2", "48"),
+])
+def test_a_grid_that_does_not_fit_names_batches_and_contexts(capsys, argv, refused, batches, contexts):
+    """Nothing fits: one line naming the arguments to change (--batches, --contexts, --memory-budget-gb) with the
+    sizes asked and the least a case needs (it said only 'does not fit: needs ~X GiB, budget Y GiB')."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*GRID, *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "none of the" in err and "does not fit the memory budget of" in err and f"({refused};" in err
+    assert f"pass smaller --batches (now {batches}) or --contexts (now {contexts}), or a larger --memory-budget-gb" \
+        in err
+
+
+def test_a_grid_that_partly_fits_says_which_arguments_bring_the_rest_in(capsys):
+    rc = bench.main([*GRID, "--batches", "2", "4096", "--contexts", "48", "1000000", "--dry-run"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "warning: does not fit the memory budget of" in err and "(1 of 4 cases;" in err
+    assert "batch 4096 x context 1000000" in err and "--batches (now 2 4096) or --contexts (now 48 1000000)" in err

@@ -18,7 +18,7 @@ from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..quant import GRANULARITIES
 from ..results import save_or_fallback
-from .cases import Q_DTYPES, Case, sweep
+from .cases import Q_DTYPES, Case, memory_budget, sweep
 from .measure import run
 from .report import check_failed, save, summary
 
@@ -275,6 +275,23 @@ def _name_the_interpret_flag(cases: list[Case]) -> None:
             c.reason = "no GPU: add --interpret to run vLLM's Triton kernel on CPU under the Triton interpreter"
 
 
+def _memory_refusal(cases: list[Case], budget: int) -> str | None:
+    """The cases over the memory budget as one clause naming the arguments that change it, with the sizes
+    asked and those that fit (None when every case fits)."""
+    from ..capacity import gib_text
+    from .cases import footprint_bytes
+
+    over = [c for c in cases if c.status == "skipped" and c.reason.startswith("does not fit")]
+    if not over:
+        return None
+    least = min(over, key=footprint_bytes)
+    batches = " ".join(map(str, dict.fromkeys(c.batch for c in cases)))
+    contexts = " ".join(map(str, dict.fromkeys(c.context for c in cases)))
+    return (f"does not fit the memory budget of {gib_text(budget)} ({len(over)} of {len(cases)} cases; the least of "
+            f"them, batch {least.batch} x context {least.context}, needs ~{gib_text(footprint_bytes(least))}): pass "
+            f"smaller --batches (now {batches}) or --contexts (now {contexts}), or a larger --memory-budget-gb")
+
+
 def restart_interpreted(module: str) -> None:
     """``python -m <module> ... --interpret``: start the command again with TRITON_INTERPRET=1 set.
 
@@ -309,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "--interpret ...`, or set TRITON_INTERPRET=1 before starting Python")
         os.environ["TRITON_INTERPRET"] = "1"
     try:
+        grid.setdefault("memory_budget_bytes", memory_budget(device))  # fixed now, so the refusal can name it
         cases = sweep(**grid, device=device)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
@@ -319,9 +337,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{c.status:<11} {c.label:<40} B={c.batch:<4} ctx={c.context:<6} Hq:Hkv={c.num_q_heads}:"
                   f"{c.num_kv_heads} D={c.head_dim} page={c.block_size} {c.layout}  {c.reason}")
         print(f"{ready} of {len(cases)} cases would run")
+    memory = _memory_refusal(cases, grid["memory_budget_bytes"])
+    if ready and memory:  # the run goes on without them: say which arguments would bring them in
+        print(f"warning: {memory}", file=sys.stderr)
     if not ready:
-        reasons = sorted({c.reason for c in cases})
-        parser.error(f"none of the {len(cases)} cases can run here: {'; '.join(reasons)}")
+        reasons = sorted({c.reason for c in cases if memory is None or not c.reason.startswith("does not fit")})
+        parser.error(f"none of the {len(cases)} cases can run here: {'; '.join(([memory] if memory else []) + reasons)}")
     if args.dry_run:
         return 0
     with sigterm_as_keyboard_interrupt():
