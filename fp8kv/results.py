@@ -106,8 +106,17 @@ def write_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8") ->
     own temporary (``mkstemp``), concurrent writers of one path never rename one another's unfinished
     file into place or away (a shared ``.<name>.tmp`` did both). On failure the temporary is removed
     and the previous file is left as it was. The file gets the usual permissions (mkstemp's are 0600).
+    A ``path`` that is a folder (or anything but a file), or whose folder is missing or not a folder, is a
+    ValueError naming it: the rename would fail there with an OSError that names the temporary, or replace
+    what is not a file.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise ValueError(f"{path} is {kind}; a file is written there: move it away")
+    if not path.parent.is_dir():
+        what = "does not exist" if not path.parent.exists() else "is not a folder"
+        raise ValueError(f"cannot write {path}: its folder {path.parent} {what}")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding=encoding) as fh:
@@ -147,6 +156,10 @@ def save_results(out_dir: str | os.PathLike, name: str, results: dict, device=No
     if not isinstance(results, dict):
         raise TypeError(f"results must be a dict, got {type(results).__name__}")
     out = Path(out_dir)
+    blocking = next((p for p in (out, *out.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise ValueError(f"out_dir={str(out_dir)!r}: {blocking} is a file, not a folder; pass the folder the "
+                         "results go to")
     out.mkdir(parents=True, exist_ok=True)
     doc = {"notebook": name, "saved_at": utc_stamp(), "device": describe_device(device), "results": to_jsonable(results)}
     # never a truncated JSON, nor one writer's file renamed away by another (a temporary per write)
