@@ -244,17 +244,20 @@ def test_an_interrupted_run_keeps_the_rows_it_measured(monkeypatch):
         "bench"]["interrupted"] is False
 
 
-def test_main_saves_what_it_measured_when_terminated(tmp_path, monkeypatch, capsys):
-    """SIGTERM (timeout, kill) during the second case: the first is written, the exit status is 130."""
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU"])
+def test_main_saves_what_it_measured_when_terminated(tmp_path, monkeypatch, capsys, signame):
+    """SIGTERM (timeout, kill), SIGHUP (the terminal closed), ... during the second case: the first is written,
+    the exit status is 130 (SIGHUP ended the process, the rows lost)."""
     import os
     import signal
 
+    sig = signal.Signals[signame]
     real_run = bench.cli.run
 
     def terminated_after_the_first_case(cases, **kwargs):
         def terminated_on_the_second(c, *args, **kw):
             if c.batch == 2:
-                os.kill(os.getpid(), signal.SIGTERM)  # the CLI's handler raises KeyboardInterrupt here
+                os.kill(os.getpid(), sig)  # the CLI's handler raises KeyboardInterrupt here
             return measure_one(c, *args, **kw)
 
         monkeypatch.setattr(bench.measure, "_measure", terminated_on_the_second)
@@ -262,12 +265,15 @@ def test_main_saves_what_it_measured_when_terminated(tmp_path, monkeypatch, caps
 
     measure_one = bench.measure._measure
     monkeypatch.setattr(bench.cli, "run", terminated_after_the_first_case)
-    before = signal.getsignal(signal.SIGTERM)
-    rc = bench.main(["--batches", "1", "2", "--contexts", "16", "--heads", "2:1", "--head-dims", "16",
-                     "--kv-dtypes", "fp16", "--modes", "dequant", "--backends", "reference", "--out",
-                     str(tmp_path), "--quiet", "--device", "cpu"])
+    outer = signal.signal(sig, signal.SIG_DFL)  # as a shell starts the command (the test runner may hold SIGALRM...)
+    try:
+        rc = bench.main(["--batches", "1", "2", "--contexts", "16", "--heads", "2:1", "--head-dims", "16",
+                         "--kv-dtypes", "fp16", "--modes", "dequant", "--backends", "reference", "--out",
+                         str(tmp_path), "--quiet", "--device", "cpu"])
+        assert signal.getsignal(sig) == signal.SIG_DFL  # the handler is the CLI's only while it runs
+    finally:
+        signal.signal(sig, outer)
     assert rc == 130 and "interrupted" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGTERM) == before  # the handler is the CLI's only while it runs
     files = list((tmp_path / "cpu").glob("*.csv"))
     assert len(files) == 1
     df = pd.read_csv(files[0])

@@ -159,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time paged decode over a grid of cases; write results/bench/<gpu-slug>/<timestamp>.csv.",
         epilog=f"presets:\n{presets}\n\nExit status: 0 all ran and passed their checks, 1 a check failed, "
                "a case errored or --out could not be written (the rows then go to a temporary folder, named), "
-               "2 bad arguments or nothing to run, 130 interrupted (SIGINT/SIGTERM; the rows measured so far are "
-               "saved).")
+               "2 bad arguments or nothing to run, 130 interrupted (SIGINT, SIGTERM, SIGHUP or another signal that would "
+               "end it; the rows measured so far are saved).")
     p.add_argument("--preset", choices=sorted(PRESETS), help="a named grid (see below); grid options override it")
     p.add_argument("--batches", type=int, nargs="+", metavar="B", help="sequences per decode call")
     p.add_argument("--contexts", type=int, nargs="+", metavar="N", help="tokens per sequence")
@@ -310,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     written (the rows are then saved under a temporary folder, named on stderr). 2: bad arguments,
     or nothing in the grid can run here (one line on stderr, as argparse reports errors; or, where the
     cases were refused only as they were launched, after the run's summary). 130:
-    interrupted by SIGINT or SIGTERM (the rows measured so far are saved, the rest marked skipped).
+    interrupted by SIGINT, SIGTERM, SIGHUP or another signal that would end it
+    (:func:`fp8kv.interrupts.stop_signals`; the rows measured so far are saved, the rest marked skipped).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
