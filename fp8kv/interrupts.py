@@ -1,5 +1,6 @@
-"""Signals around long runs whose results must not be lost: SIGTERM stopping a run as Ctrl-C does,
-and both ignored while what was measured is saved (the benchmark CLI and the notebook runner)."""
+"""Signals around long runs whose results must not be lost: a signal that would end the process
+(SIGTERM, SIGINT, SIGHUP, ...) stopping a run as Ctrl-C does, and all of them ignored while what was
+measured is saved (the benchmark CLI and the notebook runner)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,32 @@ import contextlib
 import signal
 import threading
 
-__all__ = ["STOP_SIGNALS", "sigterm_as_keyboard_interrupt", "signals_ignored"]
+__all__ = ["STOP_SIGNALS", "stop_signals", "stop_signals_handled", "stop_signals_as_keyboard_interrupt",
+           "sigterm_as_keyboard_interrupt", "signals_ignored"]
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # what `timeout`, CI runners, `kill` and Ctrl-C send
+# Every signal whose default action ends the process and that a handler can turn into a clean stop:
+# SIGTERM and SIGINT (`timeout`, `kill`, CI runners, Ctrl-C), SIGHUP (the terminal or ssh session closed),
+# SIGQUIT (Ctrl-\), SIGXCPU (a CPU-time limit), the user and timer signals, SIGPWR, SIGIO. Left out: SIGKILL
+# and SIGSTOP (no handler runs), the faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGSYS, SIGTRAP: the
+# process cannot go on from them) and SIGPIPE / SIGXFSZ (Python ignores them). Names missing on a platform
+# (Windows has SIGTERM and SIGINT only) are skipped.
+_STOP_NAMES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGXCPU", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM",
+               "SIGPROF", "SIGPWR", "SIGIO")
+STOP_SIGNALS = tuple(getattr(signal, n) for n in _STOP_NAMES if hasattr(signal, n))
+_ALWAYS = (signal.SIGTERM, signal.SIGINT)  # what the runs have always taken over
+
+
+def _ours(handler) -> bool:
+    return bool(getattr(handler, "fp8kv_stop", False))
+
+
+def stop_signals() -> tuple:
+    """The :data:`STOP_SIGNALS` a run takes over now: SIGTERM and SIGINT always; every other one only while it
+    has its default action (ending the process) or a handler of this module's. One that is ignored
+    (``nohup``'s SIGHUP) or handled by someone else (a profiler's SIGPROF, a test timeout's SIGALRM) is left
+    to them."""
+    return tuple(s for s in STOP_SIGNALS
+                 if s in _ALWAYS or signal.getsignal(s) == signal.SIG_DFL or _ours(signal.getsignal(s)))
 
 
 def _restore(saved: dict) -> None:
@@ -18,17 +42,19 @@ def _restore(saved: dict) -> None:
 
 
 @contextlib.contextmanager
-def sigterm_as_keyboard_interrupt():
-    """SIGTERM raises KeyboardInterrupt in the main thread for the duration, so that a run stopped by
-    ``timeout`` or ``kill`` can save what it measured, as after Ctrl-C. Elsewhere a no-op."""
+def stop_signals_handled(handler, *, keep_sigint: bool = False):
+    """``handler(signum, frame)`` for each of :func:`stop_signals` in the main thread for the duration
+    (with ``keep_sigint``, SIGINT keeps its handler), the previous handlers back afterwards. Elsewhere a
+    no-op: Python sets handlers from the main thread only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def interrupt(signum, _frame):
-        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+    def ours(signum, frame):
+        return handler(signum, frame)
 
-    saved = {signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt)}
+    ours.fp8kv_stop = True  # so that signals_ignored and a nested run see it as a stop signal's handler
+    saved = {sig: signal.signal(sig, ours) for sig in stop_signals() if not (keep_sigint and sig == signal.SIGINT)}
     try:
         yield
     finally:
@@ -36,13 +62,29 @@ def sigterm_as_keyboard_interrupt():
 
 
 @contextlib.contextmanager
+def stop_signals_as_keyboard_interrupt():
+    """Each of :func:`stop_signals` raises KeyboardInterrupt in the main thread for the duration, so that a
+    run stopped by ``timeout``, ``kill`` or a closed terminal can save what it measured, as after Ctrl-C
+    (SIGINT keeps its handler: Python's raises KeyboardInterrupt already). Elsewhere a no-op."""
+
+    def interrupt(signum, _frame):
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    with stop_signals_handled(interrupt, keep_sigint=True):
+        yield
+
+
+sigterm_as_keyboard_interrupt = stop_signals_as_keyboard_interrupt  # its former name (SIGTERM was the first)
+
+
+@contextlib.contextmanager
 def signals_ignored():
-    """:data:`STOP_SIGNALS` ignored in the main thread for the duration (a save or a clean-up that a
+    """:func:`stop_signals` ignored in the main thread for the duration (a save or a clean-up that a
     second signal must not cut short). Elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in stop_signals()}
     try:
         yield
     finally:

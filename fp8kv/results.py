@@ -23,12 +23,14 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 from .checks import fail
 
-__all__ = ["to_jsonable", "save_results", "load_results", "collect_results", "save_table", "write_atomic"]
+__all__ = ["to_jsonable", "save_results", "load_results", "collect_results", "save_table", "write_atomic", "load_table",
+           "load_tables", "read_table", "check_rows", "source_of", "PartialResultWarning"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -104,8 +106,17 @@ def write_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8") ->
     own temporary (``mkstemp``), concurrent writers of one path never rename one another's unfinished
     file into place or away (a shared ``.<name>.tmp`` did both). On failure the temporary is removed
     and the previous file is left as it was. The file gets the usual permissions (mkstemp's are 0600).
+    A ``path`` that is a folder (or anything but a file), or whose folder is missing or not a folder, is a
+    ValueError naming it: the rename would fail there with an OSError that names the temporary, or replace
+    what is not a file.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise ValueError(f"{path} is {kind}; a file is written there: move it away")
+    if not path.parent.is_dir():
+        what = "does not exist" if not path.parent.exists() else "is not a folder"
+        raise ValueError(f"cannot write {path}: its folder {path.parent} {what}")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding=encoding) as fh:
@@ -145,6 +156,10 @@ def save_results(out_dir: str | os.PathLike, name: str, results: dict, device=No
     if not isinstance(results, dict):
         raise TypeError(f"results must be a dict, got {type(results).__name__}")
     out = Path(out_dir)
+    blocking = next((p for p in (out, *out.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise ValueError(f"out_dir={str(out_dir)!r}: {blocking} is a file, not a folder; pass the folder the "
+                         "results go to")
     out.mkdir(parents=True, exist_ok=True)
     doc = {"notebook": name, "saved_at": utc_stamp(), "device": describe_device(device), "results": to_jsonable(results)}
     # never a truncated JSON, nor one writer's file renamed away by another (a temporary per write)
@@ -237,10 +252,29 @@ def save_or_fallback(save, df, out_dir, meta: dict, *, flag: str = "--out"):
         return save(df, fallback, meta=meta), False
 
 
+def _read_meta(csv: Path) -> dict:
+    """The metadata :func:`save_table` wrote beside ``csv`` ({} where there is none), checked as JSON object."""
+    meta_path = csv.with_suffix(".json")
+    if not meta_path.is_file():
+        return {}
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # truncated or foreign: name the file, not a bare JSONDecodeError
+        raise ValueError(f"{meta_path} (the metadata of {csv.name}) is not valid JSON ({exc}); expected what "
+                         "save_table writes: repair or delete it") from None
+    except OSError as exc:
+        raise ValueError(f"{meta_path} (the metadata of {csv.name}) cannot be read ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path} (the metadata of {csv.name}) holds a JSON {type(meta).__name__}; expected an "
+                         "object, as save_table writes")
+    return meta
+
+
 def _saved_runs(out_dir, slug: str, preset: str | None):
     """``(csv, meta)`` of the tables under ``<out_dir>/<slug>/``, newest first; with ``preset`` only
     those whose metadata names it (``"preset"``, or ``--preset NAME`` in the recorded ``argv``).
-    Runs saved after an interruption (``"interrupted": true``, partial grids) are left out."""
+    Runs saved after an interruption (``"interrupted": true``, partial grids) are left out.
+    A metadata file that is not a JSON object is a ValueError naming it."""
     if not _SLUG.match(str(slug)):
         fail(f"slug={slug!r}; expected a folder-safe GPU slug such as 'nvidia-h200'")
     folder = Path(out_dir) / slug
@@ -250,8 +284,7 @@ def _saved_runs(out_dir, slug: str, preset: str | None):
         return stamp, int(n) if n.isdigit() else 1
 
     for csv in sorted(folder.glob("*.csv"), key=order, reverse=True) if folder.is_dir() else []:
-        meta_path = csv.with_suffix(".json")
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        meta = _read_meta(csv)
         argv = [str(a) for a in meta.get("argv") or []]
         named = meta.get("preset") or next((b for a, b in zip(argv, argv[1:], strict=False) if a == "--preset"), None) \
             or next((a.split("=", 1)[1] for a in argv if a.startswith("--preset=")), None)
@@ -259,27 +292,111 @@ def _saved_runs(out_dir, slug: str, preset: str | None):
             yield csv, meta
 
 
-def load_table(out_dir: str | os.PathLike, slug: str, *, preset: str | None = None):
-    """The newest table :func:`save_table` wrote under ``<out_dir>/<slug>/`` (with ``preset``: the
-    newest of that ``fp8kv bench --preset``), as a DataFrame with its metadata in ``df.attrs["meta"]``
-    and its file name in ``df.attrs["csv"]``; None when there is none."""
+def read_table(csv: str | os.PathLike, meta: dict | None = None):
+    """One table :func:`save_table` wrote, read and checked: a DataFrame with ``attrs["path"]`` (the file, for
+    the readers' messages). ``meta``: its metadata (default: read from the ``.json`` beside it).
+
+    A ValueError naming the file where it is empty, has a header but no rows, is not a CSV pandas reads,
+    holds fewer rows than its metadata records (cut short) or other columns than it records."""
     import pandas as pd
 
-    for csv, meta in _saved_runs(out_dir, slug, preset):
+    csv = Path(csv)
+    meta = _read_meta(csv) if meta is None else meta
+    try:
         df = pd.read_csv(csv)
-        df.attrs.update(meta=meta, csv=csv.name)
-        return df
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{csv} is empty (no header, no rows); a table save_table wrote has both: delete it or "
+                         "save the run again") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{csv} is not a CSV table pandas can read ({exc})") from None
+    except OSError as exc:
+        raise ValueError(f"{csv} cannot be read ({exc})") from None
+    if df.empty:
+        raise ValueError(f"{csv} has a header but no rows; save_table never writes one: the file was cut short")
+    rows, columns = meta.get("rows"), meta.get("columns")
+    if isinstance(rows, int) and not _ends_a_line(csv):  # pandas reads a row cut short as NaN to its end
+        raise ValueError(f"{csv} ends inside a row: the file was cut short (save_table ends every row with a newline)")
+    if isinstance(rows, int) and len(df) != rows:
+        raise ValueError(f"{csv} holds {len(df)} rows but its metadata ({csv.with_suffix('.json').name}) records "
+                         f"{rows}: the file was cut short or edited")
+    if isinstance(columns, list) and list(df.columns) != [str(c) for c in columns]:
+        missing = [c for c in columns if c not in df.columns]
+        raise ValueError(f"{csv} has columns other than its metadata records"
+                         + (f" (missing {missing})" if missing else "") + ": the file was cut short or edited")
+    df.attrs.update(meta=meta, csv=csv.name, path=str(csv))
+    return df
+
+
+def _ends_a_line(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) == b"\n"
+
+
+def load_table(out_dir: str | os.PathLike, slug: str, *, preset: str | None = None):
+    """The newest table :func:`save_table` wrote under ``<out_dir>/<slug>/`` (with ``preset``: the
+    newest of that ``fp8kv bench --preset``), as a DataFrame with its metadata in ``df.attrs["meta"]``,
+    its file name in ``df.attrs["csv"]`` and its path in ``df.attrs["path"]``; None when there is none.
+    A damaged file is a ValueError naming it (:func:`read_table`)."""
+    for csv, meta in _saved_runs(out_dir, slug, preset):
+        return read_table(csv, meta)
     return None
 
 
 def load_tables(out_dir: str | os.PathLike, slug: str, *, preset: str | None = None):
     """Every such table (with ``preset``: every run of it), concatenated oldest first, their file
-    names in ``df.attrs["csv"]`` (a list); None when there is none."""
+    names in ``df.attrs["csv"]`` and paths in ``df.attrs["path"]`` (lists); None when there is none.
+    A damaged file is a ValueError naming it (:func:`read_table`)."""
     import pandas as pd
 
     runs = list(_saved_runs(out_dir, slug, preset))[::-1]
     if not runs:
         return None
-    df = pd.concat([pd.read_csv(csv) for csv, _ in runs], ignore_index=True)
-    df.attrs["csv"] = [csv.name for csv, _ in runs]
+    df = pd.concat([read_table(csv, meta) for csv, meta in runs], ignore_index=True)
+    df.attrs = {"csv": [csv.name for csv, _ in runs], "path": [str(csv) for csv, _ in runs]}
     return df
+
+
+# ------------------------------------------------------------------------------ reading the rows
+class PartialResultWarning(UserWarning):
+    """A reader's answer covers part of its question only (an FP8-only run has no speed-up over BF16)."""
+
+
+def source_of(df) -> str:
+    """Where ``df``'s rows came from, for a reader's message: the file(s) :func:`load_table` /
+    :func:`load_tables` read (``attrs["path"]``, kept by pandas through selections), else "df"."""
+    path = getattr(df, "attrs", {}).get("path")
+    if isinstance(path, list):
+        return path[0] if len(path) == 1 else f"the {len(path)} runs {', '.join(map(str, path))}"
+    return str(path) if path else "df"
+
+
+def check_rows(df, reader: str, columns, *, values=(), expected: str) -> None:
+    """Refuse rows ``reader`` cannot read, with a ValueError naming the reader, where the rows came from
+    (:func:`source_of`) and what is wrong: ``df`` not a DataFrame, ``columns`` missing, a ``status`` column
+    with no value, or one of ``values`` with no value (all NaN) in the rows that ran (``status == "ok"``;
+    every row where there is no status column). ``expected``: what the reader takes, e.g. "the rows of
+    fp8kv.bench.run()"."""
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        fail(f"{reader}: df is a {type(df).__name__}; expected a pandas DataFrame of {expected}", TypeError)
+    missing = sorted(set(columns) - set(df.columns))
+    if missing:
+        fail(f"{reader}: {source_of(df)} lacks columns {missing}; expected {expected}")
+    if "status" in df.columns and len(df) and df["status"].isna().all():
+        fail(f"{reader}: column 'status' of {source_of(df)} holds no value in its {len(df)} rows (all NaN); "
+             f"expected {expected}")
+    ran = df[df["status"] == "ok"] if "status" in df.columns else df
+    for col in values:
+        if len(ran) and ran[col].isna().all():
+            fail(f"{reader}: column {col!r} of {source_of(df)} holds no value in its {len(ran)} rows that ran "
+                 f"(all NaN); expected {expected}")
+
+
+def warn_partial(reader: str, df, what: str) -> str:
+    """Say (a :class:`PartialResultWarning` naming ``reader`` and where the rows came from) that its answer
+    covers part of its question, ``what`` saying which; returns the message."""
+    msg = f"{reader}: {source_of(df)} {what}"
+    warnings.warn(msg, PartialResultWarning, stacklevel=3)
+    return msg

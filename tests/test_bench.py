@@ -244,17 +244,20 @@ def test_an_interrupted_run_keeps_the_rows_it_measured(monkeypatch):
         "bench"]["interrupted"] is False
 
 
-def test_main_saves_what_it_measured_when_terminated(tmp_path, monkeypatch, capsys):
-    """SIGTERM (timeout, kill) during the second case: the first is written, the exit status is 130."""
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU"])
+def test_main_saves_what_it_measured_when_terminated(tmp_path, monkeypatch, capsys, signame):
+    """SIGTERM (timeout, kill), SIGHUP (the terminal closed), ... during the second case: the first is written,
+    the exit status is 130 (SIGHUP ended the process, the rows lost)."""
     import os
     import signal
 
+    sig = signal.Signals[signame]
     real_run = bench.cli.run
 
     def terminated_after_the_first_case(cases, **kwargs):
         def terminated_on_the_second(c, *args, **kw):
             if c.batch == 2:
-                os.kill(os.getpid(), signal.SIGTERM)  # the CLI's handler raises KeyboardInterrupt here
+                os.kill(os.getpid(), sig)  # the CLI's handler raises KeyboardInterrupt here
             return measure_one(c, *args, **kw)
 
         monkeypatch.setattr(bench.measure, "_measure", terminated_on_the_second)
@@ -262,12 +265,15 @@ def test_main_saves_what_it_measured_when_terminated(tmp_path, monkeypatch, caps
 
     measure_one = bench.measure._measure
     monkeypatch.setattr(bench.cli, "run", terminated_after_the_first_case)
-    before = signal.getsignal(signal.SIGTERM)
-    rc = bench.main(["--batches", "1", "2", "--contexts", "16", "--heads", "2:1", "--head-dims", "16",
-                     "--kv-dtypes", "fp16", "--modes", "dequant", "--backends", "reference", "--out",
-                     str(tmp_path), "--quiet", "--device", "cpu"])
+    outer = signal.signal(sig, signal.SIG_DFL)  # as a shell starts the command (the test runner may hold SIGALRM...)
+    try:
+        rc = bench.main(["--batches", "1", "2", "--contexts", "16", "--heads", "2:1", "--head-dims", "16",
+                         "--kv-dtypes", "fp16", "--modes", "dequant", "--backends", "reference", "--out",
+                         str(tmp_path), "--quiet", "--device", "cpu"])
+        assert signal.getsignal(sig) == signal.SIG_DFL  # the handler is the CLI's only while it runs
+    finally:
+        signal.signal(sig, outer)
     assert rc == 130 and "interrupted" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGTERM) == before  # the handler is the CLI's only while it runs
     files = list((tmp_path / "cpu").glob("*.csv"))
     assert len(files) == 1
     df = pd.read_csv(files[0])
@@ -437,7 +443,8 @@ def test_speedup_heatmap_never_takes_a_median_across_shapes(apart, value_a, valu
 
 
 def test_speedup_table_without_baselines_gives_nan_and_rejects_foreign_frames():
-    sp = speedup_table(_rows([("triton", "", "fp8_e4m3", "dequant", 50.0, "ok", True)]))
+    with pytest.warns(results.PartialResultWarning, match="speedup_table: df holds no bf16 rows that ran"):
+        sp = speedup_table(_rows([("triton", "", "fp8_e4m3", "dequant", 50.0, "ok", True)]))
     assert len(sp) == 1 and math.isnan(sp.loc[0, "speedup_vs_bf16"]) and math.isnan(sp.loc[0, "speedup_vs_flashinfer_fp8"])
     with pytest.raises(ValueError, match="lacks columns"):
         speedup_table(pd.DataFrame({"time_us": [1.0]}))
@@ -916,3 +923,35 @@ def test_a_run_where_every_case_was_refused_at_launch_exits_2(capsys):
                      "fp8_e4m3", "--modes", "dequant", "--backends", "triton", "--triton-opt", "gluon=1", "--no-save",
                      "--quiet", "--device", "cpu"])
     assert rc == 2 and "none of the 1 cases ran here" in capsys.readouterr().err
+
+
+GRID = ["--heads", "4:2", "--head-dims", "64", "--backends", "reference", "--kv-dtypes", "fp16", "--device", "cpu",
+        "--no-save", "--quiet"]
+
+
+@pytest.mark.parametrize("argv, refused, batches, contexts", [
+    # one case, too large for the default budget (the free memory)
+    (["--batches", "4096", "--contexts", "1000000"], "1 of 1 cases", "4096", "1000000"),
+    # several, all too large for a budget given
+    (["--batches", "2", "8", "--contexts", "48", "96", "--memory-budget-gb", "1e-9"], "4 of 4 cases", "2 8", "48 96"),
+    # too large beside cases refused for another reason: both said, the memory with its arguments
+    (["--batches", "2", "--contexts", "48", "--modes", "dequant", "fp8", "--kv-dtypes", "fp16", "fp8_e4m3",
+      "--memory-budget-gb", "1e-9"], "2 of 3 cases", "2", "48"),
+])
+def test_a_grid_that_does_not_fit_names_batches_and_contexts(capsys, argv, refused, batches, contexts):
+    """Nothing fits: one line naming the arguments to change (--batches, --contexts, --memory-budget-gb) with the
+    sizes asked and the least a case needs (it said only 'does not fit: needs ~X GiB, budget Y GiB')."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*GRID, *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "none of the" in err and "does not fit the memory budget of" in err and f"({refused};" in err
+    assert f"pass smaller --batches (now {batches}) or --contexts (now {contexts}), or a larger --memory-budget-gb" \
+        in err
+
+
+def test_a_grid_that_partly_fits_says_which_arguments_bring_the_rest_in(capsys):
+    rc = bench.main([*GRID, "--batches", "2", "4096", "--contexts", "48", "1000000", "--dry-run"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "warning: does not fit the memory budget of" in err and "(1 of 4 cases;" in err
+    assert "batch 4096 x context 1000000" in err and "--batches (now 2 4096) or --contexts (now 48 1000000)" in err

@@ -1,8 +1,10 @@
-"""fp8kv.interrupts: SIGTERM as Ctrl-C around a run, both ignored while its results are saved, and
-the previous handlers back afterwards."""
+"""fp8kv.interrupts: every signal that would end the process (SIGTERM, SIGINT, SIGHUP, SIGQUIT, ...) as Ctrl-C
+around a run, all of them ignored while its results are saved, the previous handlers back afterwards; a
+signal someone else handles or ignores (nohup's SIGHUP) is left to them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -10,34 +12,95 @@ import time
 
 import pytest
 
-from fp8kv.interrupts import STOP_SIGNALS, signals_ignored, sigterm_as_keyboard_interrupt
+from fp8kv.interrupts import (
+    STOP_SIGNALS,
+    signals_ignored,
+    sigterm_as_keyboard_interrupt,
+    stop_signals,
+    stop_signals_as_keyboard_interrupt,
+)
+
+NAMES = [signal.Signals(s).name for s in STOP_SIGNALS]
+OTHERS = [n for n in NAMES if n not in ("SIGTERM", "SIGINT")]  # taken only while at their default action
 
 
-def test_sigterm_raises_keyboard_interrupt_and_the_handler_is_restored():
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(KeyboardInterrupt, match="stopped by SIGTERM"):
-        with sigterm_as_keyboard_interrupt():
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler interrupts the sleep at once
-    assert signal.getsignal(signal.SIGTERM) == before
+@contextlib.contextmanager
+def _handler(sig, handler):
+    """``sig`` handled by ``handler`` for the duration (e.g. SIG_DFL, as in a process started without a
+    test timeout's SIGALRM or nohup's SIGHUP), the previous handler back afterwards."""
+    before = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        signal.signal(sig, before)
 
 
-def test_signals_are_ignored_while_saving_and_restored_after():
-    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    with signals_ignored():
-        assert all(signal.getsignal(sig) == signal.SIG_IGN for sig in STOP_SIGNALS)
-        os.kill(os.getpid(), signal.SIGTERM)  # ignored: the process goes on
-    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
+def test_the_stop_signals_are_the_terminating_ones_a_handler_can_catch():
+    assert {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"} <= set(NAMES)
+    assert not {"SIGKILL", "SIGSTOP", "SIGSEGV", "SIGPIPE", "SIGCHLD"} & set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_stop_signal_raises_keyboard_interrupt_and_the_handler_is_restored(name):
+    sig = signal.Signals[name]
+    default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+    with _handler(sig, default):
+        with pytest.raises(KeyboardInterrupt) as exc:
+            with stop_signals_as_keyboard_interrupt():
+                os.kill(os.getpid(), sig)
+                time.sleep(5)  # the handler interrupts the sleep at once
+        if sig != signal.SIGINT:  # Python's own handler says nothing more
+            assert str(exc.value) == f"stopped by {name}"
+        assert signal.getsignal(sig) == default
+
+
+@pytest.mark.parametrize("name", OTHERS)
+@pytest.mark.parametrize("theirs", ["ignored", "handled"])
+def test_a_signal_ignored_or_handled_by_someone_else_is_left_to_them(name, theirs):
+    sig = signal.Signals[name]
+    seen = []
+
+    def handler(signum, _frame):
+        seen.append(signum)
+
+    with _handler(sig, signal.SIG_IGN if theirs == "ignored" else handler):
+        before = signal.getsignal(sig)
+        with stop_signals_as_keyboard_interrupt(), signals_ignored():
+            assert sig not in stop_signals() and signal.getsignal(sig) == before
+            os.kill(os.getpid(), sig)  # nohup's SIGHUP stays ignored; a profiler's SIGPROF reaches it
+            time.sleep(0.05)
+        assert seen == ([] if theirs == "ignored" else [sig])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_signals_are_ignored_while_saving_and_restored_after(name):
+    sig = signal.Signals[name]
+    default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+    with _handler(sig, default):
+        with stop_signals_as_keyboard_interrupt():  # as the bench saves: inside the run's handlers
+            taken = signal.getsignal(sig)
+            with signals_ignored():
+                assert signal.getsignal(sig) == signal.SIG_IGN
+                os.kill(os.getpid(), sig)  # ignored: the process goes on
+                time.sleep(0.05)
+            assert signal.getsignal(sig) == taken
+        with signals_ignored():  # and outside them
+            assert signal.getsignal(sig) == signal.SIG_IGN
+        assert signal.getsignal(sig) == default
+
+
+def test_the_former_name_is_the_same_context():
+    assert sigterm_as_keyboard_interrupt is stop_signals_as_keyboard_interrupt
 
 
 def test_both_are_no_ops_outside_the_main_thread():
     seen = []
 
     def work():
-        with sigterm_as_keyboard_interrupt(), signals_ignored():
-            seen.append(signal.getsignal(signal.SIGTERM))
+        with stop_signals_as_keyboard_interrupt(), signals_ignored():
+            seen.append({s: signal.getsignal(s) for s in STOP_SIGNALS})
 
-    before = signal.getsignal(signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     t = threading.Thread(target=work)
     t.start()
     t.join()

@@ -870,3 +870,62 @@ def test_pages_render_with_templates_only_beside_nbconvert(tmp_path, monkeypatch
     nbformat.write(nb, tmp_path / "x.ipynb")
     page = pages.render_html(tmp_path / "x.ipynb", tmp_path / "x.html").read_text()
     assert "fp8kv page" in page
+
+
+# --------------------------------------------------------------------------- names that collide
+
+
+@pytest.mark.parametrize("name", ["manifest", "Manifest", "MANIFEST"])
+def test_a_notebook_whose_results_would_be_the_manifest_is_refused_by_name(tmp_path, write_notebook, monkeypatch,
+                                                                          capsys, name):
+    """manifest.ipynb's results (manifest.json) were overwritten by the report's manifest, which still said ok."""
+    books, out = tmp_path / "books", tmp_path / "reports"
+    _write_books(books, ("00_first", name), write_notebook)
+    monkeypatch.setattr(nb_runner, "_run_one", _fake_run_one)
+    for only in (None, [name]):
+        with pytest.raises(ValueError, match=rf"notebook {books / name}\.ipynb cannot be run: its file {name}\.json "
+                                             r"would be the runner's own manifest\.json"):
+            runner.run_notebooks(books, out, smoke=True, device="cpu", only=only, progress=False)
+    assert not out.exists()
+    for argv in (["list", "--notebooks", str(books)], ["run", "--notebooks", str(books), "--out", str(out)]):
+        with pytest.raises(SystemExit) as exc:
+            runner.main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1 and f"{name}.json would be the runner's own" in err, err
+    # a run that leaves it out is a run like any other
+    assert runner.run_notebooks(books, out, smoke=True, device="cpu", only=["00_first"], progress=False)["ok"]
+
+
+def test_notebooks_differing_only_in_case_are_refused_by_name(tmp_path, write_notebook):
+    books = tmp_path / "books"
+    _write_books(books, ("01_Step", "01_step"), write_notebook)
+    with pytest.raises(ValueError, match=r"01_Step\.ipynb and .*01_step\.ipynb differ only in case"):
+        runner.discover_notebooks(books)
+
+
+@pytest.mark.parametrize("name, filename, own", [
+    ("04_decode", "04_decode.ipynb", True), ("04_decode", "04_decode.html", True),
+    ("04_decode", "04_decode.json", True), ("04_decode", "04_decode_files", True),
+    ("04_decode", "04_decode_latency.json", False), ("04_decode", "04_decode.csv", False),
+    # the pages' library is the runner's, whatever a notebook is called: a rerun of this one deleted it
+    ("plotly-2.35.2.min", "plotly-2.35.2.min.js", False), ("manifest", "manifest.json", True),
+])
+def test_a_notebook_owns_exactly_its_own_files(name, filename, own):
+    from fp8kv.notebooks.pages import owns, runner_file
+
+    assert owns(name, filename) is own
+    assert runner_file(filename) is (filename in ("manifest.json", "plotly-2.35.2.min.js"))
+
+
+def test_a_rerun_of_a_notebook_named_like_the_library_keeps_the_library(tmp_path, write_notebook, monkeypatch):
+    """Its stale files are deleted before it runs: never the pages' plotly.js."""
+    import papermill
+
+    books, staging = tmp_path / "books", tmp_path / "staging"
+    _write_books(books, ("plotly-2.35.2.min",), write_notebook)
+    staging.mkdir()
+    (staging / "plotly-2.35.2.min.js").write_text("the library")
+    monkeypatch.setattr(papermill, "execute_notebook", lambda src, dst, **kw: Path(dst).write_bytes(Path(src).read_bytes()))
+    nb_runner._run_one(books / "plotly-2.35.2.min.ipynb", staging, {"SMOKE": True, "OUT_DIR": str(staging)}, 60,
+                       False, "python3")
+    assert (staging / "plotly-2.35.2.min.js").read_text() == "the library"

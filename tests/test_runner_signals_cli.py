@@ -1,6 +1,6 @@
 """The notebook runner under a real signal, its command-line checks, the index page, headless widgets.
 
-* ``python -m fp8kv.notebooks run`` in a real subprocess, killed with SIGTERM / SIGINT while a
+* ``python -m fp8kv.notebooks run`` in a real subprocess, stopped by SIGTERM, SIGINT, SIGHUP, ... while a
   notebook's cell runs: it exits promptly and non-zero, its kernel is gone, no staging folder is
   left, and the previous report folder is byte-for-byte what it was.
 * Bad ``run`` arguments exit with status 2 and one ``error:`` line on stderr, never a traceback.
@@ -46,7 +46,12 @@ def _alive(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+# SIGTERM and SIGINT (timeout, kill, Ctrl-C), SIGHUP (the terminal closed: it left the staging folder behind),
+# SIGQUIT (Ctrl-\\) and SIGXCPU (a CPU-time limit): every signal that would end the runner stops it cleanly.
+RUN_STOPPERS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGXCPU]
+
+
+@pytest.mark.parametrize("sig", RUN_STOPPERS, ids=[s.name for s in RUN_STOPPERS])
 def test_signal_stops_the_run_and_keeps_the_previous_report(tmp_path, sig, write_notebook):
     books, out = tmp_path / "books", tmp_path / "reports"
     books.mkdir()
@@ -62,7 +67,8 @@ def test_signal_stops_the_run_and_keeps_the_previous_report(tmp_path, sig, write
 
     proc = subprocess.Popen([sys.executable, "-m", "fp8kv.notebooks", "run", "--device", "cpu", "--notebooks",
                              str(books), "--out", str(out), "--no-progress", "--timeout", "900"],
-                            env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))  # as a shell starts it, not nohup
     try:
         deadline = time.monotonic() + 120
         while not (marker.is_file() and marker.read_text().strip()):
@@ -313,3 +319,96 @@ def test_render_of_a_damaged_folder_fails_with_one_line(tmp_path, text, needle):
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and lines[0].startswith("fp8kv notebooks render: error: ") and needle in lines[0], lines
     assert (folder / "manifest.json").read_text() == text  # nothing written
+
+
+# --------------------------------------------------------------------------- a path written is a folder
+
+
+def _plotly_name() -> str:
+    from plotly.offline import get_plotlyjs_version
+
+    return f"plotly-{get_plotlyjs_version()}.min.js"
+
+
+def _page_to_render(root: Path, write_notebook) -> Path:
+    """A report folder whose 01_x ran but whose page was not exported (what ``render`` is for)."""
+    folder = root / "cpu"
+    folder.mkdir(parents=True)
+    write_notebook(folder, "01_x", "x = 1")
+    (folder / "manifest.json").write_text(json.dumps({"notebooks": [
+        {"name": "01_x", "ipynb": "01_x.ipynb", "html": None, "status": "failed", "results": "01_x.json",
+         "error": HTML_EXPORT_FAILED + "OSError"}]}))
+    return folder
+
+
+# Every path the index, render and the results writer put a file at, made a folder beforehand:
+# (set-up returning the blocked path, the call that writes there, the command line that does, if any).
+BLOCKED = {
+    "the index page": (lambda root, wn: (_good_report(root), root / "index.html")[1],
+                       lambda root: runner.build_index(root), ["index", "--out", "{root}"]),
+    "the index's plotly.js": (lambda root, wn: (_good_report(root), root / _plotly_name())[1],
+                              lambda root: runner.build_index(root), ["index", "--out", "{root}"]),
+    "a rendered page": (lambda root, wn: _page_to_render(root, wn) / "01_x.html",
+                        lambda root: runner.render_report(root / "cpu"), ["render", "{root}/cpu"]),
+    "a results file": (lambda root, wn: root / "00_x.json",
+                       lambda root: runner.save_results(root, "00_x", {"a": 1}), None),
+}
+
+
+@pytest.mark.parametrize("what", list(BLOCKED))
+def test_a_path_written_that_is_a_folder_is_named(tmp_path, what, write_notebook, capsys):
+    """os.replace onto a folder raised IsADirectoryError naming the temporary file (or nothing useful):
+    now one ValueError naming the path, from the library and as one line from the command line."""
+    from fp8kv.notebooks import cli as nb_cli
+
+    set_up, call, argv = BLOCKED[what]
+    blocked = set_up(tmp_path, write_notebook)
+    blocked.mkdir()
+    with pytest.raises(ValueError, match=f"{blocked} is a folder; a file is written there"):
+        call(tmp_path)
+    assert blocked.is_dir() and not any(blocked.iterdir())  # left as it was
+    if argv:
+        rc = nb_cli.main([a.format(root=tmp_path) for a in argv])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and f"{blocked} is a folder" in err and "Traceback" not in err, err
+
+
+def test_results_folder_that_is_a_file_is_named(tmp_path):
+    afile = tmp_path / "results"
+    afile.write_text("not a folder")
+    for out in (afile, afile / "cpu"):
+        with pytest.raises(ValueError, match=f"{afile} is a file, not a folder"):
+            runner.save_results(out, "00_x", {"a": 1})
+    assert afile.read_text() == "not a folder"
+
+
+def test_a_report_folder_that_is_a_file_is_refused_before_the_run(tmp_path, write_notebook, capsys):
+    """The swap would rename the file aside and leave it there, beside the new report."""
+    books, out = tmp_path / "books", tmp_path / "reports"
+    books.mkdir()
+    write_notebook(books, "00_x", "pass")
+    out.mkdir()
+    (out / gpu_slug("cpu")).write_text("not a folder")
+    with pytest.raises(ValueError, match=f"{out / gpu_slug('cpu')} is a file, not a report folder"):
+        runner.run_notebooks(books, out, device="cpu", progress=False)
+    assert runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--no-progress"]) == 2
+    assert "is a file, not a report folder" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == [gpu_slug("cpu")]  # no staging folder, nothing else
+
+
+def test_a_run_whose_index_page_is_a_folder_publishes_and_names_it(tmp_path, write_notebook, monkeypatch, capsys):
+    from fp8kv.notebooks import runner as nb_runner
+
+    def fake_run_one(book, staging, params, *args, **kwargs):
+        (staging / f"{book.stem}.json").write_text(json.dumps({"results": {}}))
+        return {"name": book.stem, "status": "ok", "error": None, "duration_s": 0.0, "ipynb": None, "html": None,
+                "results": f"{book.stem}.json"}
+
+    books, out = tmp_path / "books", tmp_path / "reports"
+    books.mkdir()
+    write_notebook(books, "00_x", "pass")
+    (out / "index.html").mkdir(parents=True)
+    monkeypatch.setattr(nb_runner, "_run_one", fake_run_one)
+    assert runner.run_notebooks(books, out, device="cpu", progress=False)["ok"]
+    assert (out / gpu_slug("cpu") / "00_x.json").is_file()
+    assert f"{out.resolve() / 'index.html'} is a folder" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import torch
 from fp8kv import reference
 from fp8kv import step as S
 from fp8kv.bench import Case, tolerance
+from fp8kv.capability import UnsupportedError
 from fp8kv.capacity import GIB, MODELS, CapacityError, ModelShape, plan_capacity
 from fp8kv.quant import relative_error
 
@@ -316,9 +317,146 @@ def test_cli_refuses_a_cpu_run_over_the_host_memory(capsys, monkeypatch):
     assert code == 2 and err.count("\n") == 1, err
     assert "SmolLM2-135M on cpu" in err and "fp8_e4m3 KV pool of the largest batch measured" in err
     assert "more than the 1 GiB of host memory available" in err
+    assert "pass smaller batches (--batches) or contexts (--contexts)" in err
     with pytest.raises(ValueError, match="host memory available"):
         S.sweep(["SmolLM2-135M"], [16], ["fp8_e4m3"], gpu_memory_gib=80, device="cpu", weights="random",
                 backend="reference", progress=False, copy_bandwidth=False)
+
+
+# The smoke toy under a registry name, so that the command line (which takes names) runs it in seconds.
+TOY_CLI = ["--model", "toy-qwen", "--contexts", "64", "--gpu-memory", "0.0016", "--weights", "random", "--quiet"]
+
+
+@pytest.fixture
+def toy_cli(monkeypatch):
+    from fp8kv import capacity
+
+    monkeypatch.setitem(capacity.MODEL_SHAPES, S.TOY_QWEN.name, S.TOY_QWEN)
+
+
+def _nothing_built(monkeypatch):
+    """Make building a pool or a step fail the test: a refusal must come before either."""
+    from fp8kv.step import measure
+
+    def built(*args, **kwargs):
+        raise AssertionError("a point was built before the arguments were refused")
+
+    monkeypatch.setattr(measure, "KVPool", built)
+    monkeypatch.setattr(measure, "DecodeStep", built)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 4, 3, 12, 24])
+def test_cli_refuses_a_page_size_the_cache_refuses_before_building_a_point(capsys, monkeypatch, toy_cli, block_size):
+    """1, 2 and 4 pass the planner (any power of two) but not the cache (fp8kv.cache.check_block_size: a power of
+    two >= 8); they ended in a traceback from the first pool. Non-powers of two the same way, by the same rule."""
+    _nothing_built(monkeypatch)
+    code, err = _cli(capsys, *TOY_CLI, "--device", "cpu", "--no-save", "--block-size", str(block_size))
+    assert code == 2 and "Traceback" not in err, err
+    assert f"argument --block-size: '{block_size}': --block-size={block_size} must be a power of two >= 8" in err
+    with pytest.raises(ValueError, match=f"block_size={block_size} must be a power of two >= 8"):
+        S.plan_sweep([S.TOY_QWEN], [64], ["fp16"], gpu_memory_gib=0.0016, block_size=block_size, device="cpu")
+    with pytest.raises(ValueError, match=f"block_size={block_size} must be a power of two >= 8"):
+        S.sweep([S.TOY_QWEN], [64], ["fp16"], gpu_memory_gib=0.0016, block_size=block_size, device="cpu",
+                backend="reference", weights="random", progress=False, copy_bandwidth=False)
+
+
+# What a point can raise as it is built or run, the status its row gets, and the exit status it alone gives.
+POINT_FAILURES = {
+    "unsupported": (lambda: UnsupportedError("backend=triton: no kernel for this point"), "unsupported", 0),
+    "out of memory": (lambda: torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), "error", 1),
+    "a refused argument": (lambda: TypeError("q is float16 but the cache is bf16"), "error", 1),
+    "a broken build": (lambda: RuntimeError("triton compilation failed"), "error", 1),
+}
+
+
+def _failing_at(monkeypatch, where: str, make_exc, only=lambda call: True):
+    """Make the step's ``where`` (``point``: DecodeStep, ``pool``: KVPool, ``weights``: loading them) raise
+    ``make_exc()`` on the calls ``only`` picks (its argument: the call's positional arguments)."""
+    from fp8kv.step import measure
+
+    name = {"point": "DecodeStep", "pool": "KVPool", "weights": "_load_weights"}[where]
+    real = getattr(measure, name)
+
+    def failing(*args, **kwargs):
+        if only(args):
+            raise make_exc()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, name, failing)
+
+
+def _saved_rows(tmp_path):
+    import pandas as pd
+
+    (csv,) = (tmp_path / "cpu").glob("*.csv")
+    rows = pd.read_csv(csv)
+    return rows.assign(reason=rows["reason"].fillna(""))
+
+
+@pytest.mark.parametrize("failure", list(POINT_FAILURES))
+def test_cli_records_a_failing_point_and_goes_on(capsys, monkeypatch, tmp_path, toy_cli, failure):
+    """One point's failure is that point's row (status and reason), not the end of the sweep: the other points
+    run and are saved; the exit status is the bench's (0 when a refusal is all, 1 when a point errored)."""
+    make_exc, status, rc = POINT_FAILURES[failure]
+    _failing_at(monkeypatch, "point", make_exc, only=lambda args: args[2][0].batch_size == 2)
+    code = S.main([*TOY_CLI, "--device", "cpu", "--backend", "reference", "--kv-dtypes", "fp16", "--batches", "1", "2",
+                   "--out", str(tmp_path)])
+    assert code == rc, capsys.readouterr().err
+    rows = _saved_rows(tmp_path).set_index("batch")
+    assert rows.loc[1, "status"] == "ok" and rows.loc[1, "tokens_per_s"] > 0
+    assert rows.loc[2, "status"] == status and str(make_exc()) in rows.loc[2, "reason"]
+    assert f"toy-qwen fp16 B=2: {status}:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("where", ["point", "pool", "weights"])
+@pytest.mark.parametrize("failure", list(POINT_FAILURES))
+def test_cli_exits_2_when_no_point_ran(capsys, monkeypatch, tmp_path, toy_cli, failure, where):
+    """Every point refused or failed (as it was built, or its pool, or its model's weights): no success. Exit 2
+    with the bench's line, after the summary; the rows, each with its reason, are still saved."""
+    make_exc, _, _ = POINT_FAILURES[failure]
+    _failing_at(monkeypatch, where, make_exc)
+    code = S.main([*TOY_CLI, "--device", "cpu", "--backend", "reference", "--kv-dtypes", "fp16", "fp8_e4m3",
+                   "--batches", "1", "2", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.endswith("error: none of the 4 points ran here (see the reasons above)\n"), err
+    rows = _saved_rows(tmp_path)
+    assert len(rows) == 4 and (rows["status"] != "ok").all() and rows["reason"].str.contains(str(make_exc())).all()
+
+
+def test_cli_under_the_interpreter_records_a_refused_query_pairing(capsys, tmp_path, toy_cli):
+    """Under the Triton interpreter the step's queries are fp16, which the Triton kernel refuses over a bf16
+    cache: the bf16 points are 'unsupported' with that reason, the FP8 ones run (the sweep used to end in a
+    TypeError from the first layer's decode); bf16 alone is nothing run, exit 2."""
+    code = S.main([*TOY_CLI, "--interpret", "--backend", "triton", "--kv-dtypes", "bf16", "fp8_e4m3",
+                   "--batches", "1", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    rows = _saved_rows(tmp_path).set_index("kv_dtype")
+    assert rows.loc["fp8_e4m3", "status"] == "ok"
+    assert rows.loc["bf16", "status"] == "unsupported" and "q is float16 but the cache is bf16" in rows.loc["bf16",
+                                                                                                          "reason"]
+    code = S.main([*TOY_CLI, "--interpret", "--backend", "triton", "--kv-dtypes", "bf16", "--batches", "1",
+                   "--no-save"])
+    assert code == 2 and "none of the 1 points ran here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needles", [
+    # a context whose one sequence does not fit: the contexts (and the memory) to change, with the sizes given
+    (["--contexts", "64", "4000", "--gpu-memory", "0.0016"],
+     ["toy-qwen with bf16 KV at context 4000", "pass shorter contexts (--contexts, now 64 4000)",
+      "more GPU memory (--gpu-memory, now 0.0016)"]),
+    # weights over the memory: the same two arguments
+    (["--contexts", "64", "--gpu-memory", "0.0001"], ["the weights do not fit", "--contexts, now 64",
+                                                      "--gpu-memory, now 0.0001"]),
+    # explicit batches over the ceiling: the batches that fit, and the contexts
+    (["--contexts", "64", "--gpu-memory", "0.0016", "--batches", "1", "1000"],
+     ["batches [1000] exceed the ceiling of", "pass batches (--batches) of at most", "shorter contexts (--contexts)"]),
+])
+def test_cli_memory_refusals_name_the_arguments_to_change(capsys, monkeypatch, toy_cli, argv, needles):
+    _nothing_built(monkeypatch)
+    code, err = _cli(capsys, "--model", "toy-qwen", "--kv-dtypes", "bf16", "--device", "cpu", "--dry-run", *argv)
+    assert code == 2 and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
 
 
 # ---------------------------------------------------------------------------------- sweep on CPU

@@ -18,7 +18,7 @@ from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..quant import GRANULARITIES
 from ..results import save_or_fallback
-from .cases import Q_DTYPES, Case, sweep
+from .cases import Q_DTYPES, Case, memory_budget, sweep
 from .measure import run
 from .report import check_failed, save, summary
 
@@ -159,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time paged decode over a grid of cases; write results/bench/<gpu-slug>/<timestamp>.csv.",
         epilog=f"presets:\n{presets}\n\nExit status: 0 all ran and passed their checks, 1 a check failed, "
                "a case errored or --out could not be written (the rows then go to a temporary folder, named), "
-               "2 bad arguments or nothing to run, 130 interrupted (SIGINT/SIGTERM; the rows measured so far are "
-               "saved).")
+               "2 bad arguments or nothing to run, 130 interrupted (SIGINT, SIGTERM, SIGHUP or another signal that would "
+               "end it; the rows measured so far are saved).")
     p.add_argument("--preset", choices=sorted(PRESETS), help="a named grid (see below); grid options override it")
     p.add_argument("--batches", type=int, nargs="+", metavar="B", help="sequences per decode call")
     p.add_argument("--contexts", type=int, nargs="+", metavar="N", help="tokens per sequence")
@@ -275,6 +275,23 @@ def _name_the_interpret_flag(cases: list[Case]) -> None:
             c.reason = "no GPU: add --interpret to run vLLM's Triton kernel on CPU under the Triton interpreter"
 
 
+def _memory_refusal(cases: list[Case], budget: int) -> str | None:
+    """The cases over the memory budget as one clause naming the arguments that change it, with the sizes
+    asked and those that fit (None when every case fits)."""
+    from ..capacity import gib_text
+    from .cases import footprint_bytes
+
+    over = [c for c in cases if c.status == "skipped" and c.reason.startswith("does not fit")]
+    if not over:
+        return None
+    least = min(over, key=footprint_bytes)
+    batches = " ".join(map(str, dict.fromkeys(c.batch for c in cases)))
+    contexts = " ".join(map(str, dict.fromkeys(c.context for c in cases)))
+    return (f"does not fit the memory budget of {gib_text(budget)} ({len(over)} of {len(cases)} cases; the least of "
+            f"them, batch {least.batch} x context {least.context}, needs ~{gib_text(footprint_bytes(least))}): pass "
+            f"smaller --batches (now {batches}) or --contexts (now {contexts}), or a larger --memory-budget-gb")
+
+
 def restart_interpreted(module: str) -> None:
     """``python -m <module> ... --interpret``: start the command again with TRITON_INTERPRET=1 set.
 
@@ -293,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     written (the rows are then saved under a temporary folder, named on stderr). 2: bad arguments,
     or nothing in the grid can run here (one line on stderr, as argparse reports errors; or, where the
     cases were refused only as they were launched, after the run's summary). 130:
-    interrupted by SIGINT or SIGTERM (the rows measured so far are saved, the rest marked skipped).
+    interrupted by SIGINT, SIGTERM, SIGHUP or another signal that would end it
+    (:func:`fp8kv.interrupts.stop_signals`; the rows measured so far are saved, the rest marked skipped).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -309,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "--interpret ...`, or set TRITON_INTERPRET=1 before starting Python")
         os.environ["TRITON_INTERPRET"] = "1"
     try:
+        grid.setdefault("memory_budget_bytes", memory_budget(device))  # fixed now, so the refusal can name it
         cases = sweep(**grid, device=device)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
@@ -319,9 +338,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{c.status:<11} {c.label:<40} B={c.batch:<4} ctx={c.context:<6} Hq:Hkv={c.num_q_heads}:"
                   f"{c.num_kv_heads} D={c.head_dim} page={c.block_size} {c.layout}  {c.reason}")
         print(f"{ready} of {len(cases)} cases would run")
+    memory = _memory_refusal(cases, grid["memory_budget_bytes"])
+    if ready and memory:  # the run goes on without them: say which arguments would bring them in
+        print(f"warning: {memory}", file=sys.stderr)
     if not ready:
-        reasons = sorted({c.reason for c in cases})
-        parser.error(f"none of the {len(cases)} cases can run here: {'; '.join(reasons)}")
+        reasons = sorted({c.reason for c in cases if memory is None or not c.reason.startswith("does not fit")})
+        parser.error(f"none of the {len(cases)} cases can run here: {'; '.join(([memory] if memory else []) + reasons)}")
     if args.dry_run:
         return 0
     with sigterm_as_keyboard_interrupt():

@@ -6,12 +6,16 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import pandas as pd
 
 from ..checks import fail as _fail
 from ..formats import is_fp8
+from ..results import PartialResultWarning, check_rows, source_of, warn_partial
+
+RUN_ROWS = "the rows of fp8kv.bench.run() (a CSV fp8kv bench saved)"
 
 
 # ---------------------------------------------------------------------------------------- analysis
@@ -51,14 +55,13 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
     Saved runs concatenated (:func:`fp8kv.results.load_tables`) stay apart: each run's FP8 rows are compared
     with that run's baseline, one output row per run (its ``timestamp``), never a median across runs.
     """
+    need = (set(SHAPE_KEYS) - {"window", "layout"}) | {"backend", "variant", "label", "mode", "kv_dtype",
+                                                        "granularity", "time_us", "status", "check_passed"}
+    check_rows(df, "speedup_table", need, values=["time_us", "kv_dtype", "backend", "label", "batch", "context"],
+               expected=RUN_ROWS)
     if "window" not in df.columns:  # results saved before windows were benchmarked: whole contexts
         df = df.assign(window=float("nan"))
     df = _with_page_layout(df)
-    need = set(SHAPE_KEYS) | {"backend", "variant", "label", "mode", "kv_dtype", "granularity", "time_us",
-                              "status", "check_passed"}
-    missing = sorted(need - set(df.columns))
-    if missing:
-        _fail(f"df lacks columns {missing}; expected the rows of fp8kv.bench.run()")
     good = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed)]
     good = good[good["time_us"].notna()]
     keys = SHAPE_KEYS + _run_keys(df)
@@ -77,14 +80,25 @@ def speedup_table(df: pd.DataFrame, baseline_kv_dtype: str = "bf16") -> pd.DataF
     out = fp8.merge(base, on=keys, how="left").merge(fi, on=keys + ["kv_dtype"], how="left")
     out["speedup_vs_bf16"] = out["bf16_us"] / out["time_us"]
     out["speedup_vs_flashinfer_fp8"] = out["flashinfer_fp8_us"] / out["time_us"]
-    return out.sort_values(keys + ["backend", "variant", "mode"]).reset_index(drop=True)
+    out = out.sort_values(keys + ["backend", "variant", "mode"]).reset_index(drop=True)
+    if len(med) and not len(fp8):
+        out.attrs["partial"] = warn_partial("speedup_table", df, f"holds no FP8 rows that ran (kv_dtypes "
+                                            f"{sorted(map(str, med['kv_dtype'].unique()))}): the table is empty")
+    elif len(fp8) and not len(base):
+        out.attrs["partial"] = warn_partial(
+            "speedup_table", df, f"holds no {baseline_kv_dtype} rows that ran (an FP8-only run; kv_dtypes "
+            f"{sorted(map(str, med['kv_dtype'].unique()))}): bf16_us and speedup_vs_bf16 are NaN, only the "
+            "speed-up over FlashInfer's FP8 is filled; pass baseline_kv_dtype= the 16-bit dtype the run has")
+    return out
 
 
 def best_per_configuration(df: pd.DataFrame) -> pd.DataFrame:
     """The row with the highest share of the copy bandwidth of each backend × variant × KV dtype × mode
     among ``status == "ok"`` rows: where each configuration came closest to the ceiling."""
-    ok = df[df["status"] == "ok"]
     cols = ["label", "backend", "variant", "kv_dtype", "mode", "batch", "context", "time_us", "gbps", "pct_copy_bw"]
+    check_rows(df, "best_per_configuration", [*cols, "status"], values=["pct_copy_bw", "time_us", "label"],
+               expected=RUN_ROWS)
+    ok = df[df["status"] == "ok"]
     return (ok.sort_values("pct_copy_bw", ascending=False)
             .drop_duplicates(["backend", "variant", "kv_dtype", "mode"])[cols].reset_index(drop=True))
 
@@ -114,9 +128,8 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     """
     need = set(LAYOUT_KEYS) | {"backend", "label", "kv_dtype", "time_us", "kv_bytes", "copy_gbps", "status",
                                "check_passed"}
-    missing = sorted(need - set(df.columns))
-    if missing:
-        _fail(f"df lacks columns {missing}; expected the rows of fp8kv.bench.run()")
+    check_rows(df, "layout_table", need, values=[*LAYOUT_KEYS, "backend", "label", "kv_dtype", "time_us", "kv_bytes",
+                                                 "copy_gbps"], expected=RUN_ROWS)
     df = _with_page_layout(df)
     good = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed) & df["time_us"].notna()]
     if "kernel" not in good.columns:  # runs saved before the column existed
@@ -125,7 +138,7 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
         good = good.assign(rel_err=float("nan"))
     for col in ("block_size", "layout", "q_dtype", "window", "granularity", *_run_keys(good)):
         if col in good.columns and good[col].nunique(dropna=False) > 1:
-            _fail(f"df mixes {col} values {sorted(map(str, good[col].unique()))}; layout_table compares head layouts "
+            _fail(f"layout_table: {source_of(df)} mixes {col} values {sorted(map(str, good[col].unique()))}; layout_table compares head layouts "
                   f"at one {col}: select those rows first")
     med = good.groupby(LAYOUT_KEYS + ["backend", "label", "kv_dtype"], as_index=False).agg(
         time_us=("time_us", "median"), kv_bytes=("kv_bytes", "first"), copy_gbps=("copy_gbps", "first"),
@@ -158,7 +171,15 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
                           "fp8_err_x_peer"]
     # the one page layout of the rows (checked above), so that a table says which pages it measured
     page_layout = good["layout"].iloc[0] if len(good) else "NHD"
-    return t[cols].sort_values(LAYOUT_KEYS).reset_index(drop=True).assign(layout=page_layout)
+    out = t[cols].sort_values(LAYOUT_KEYS).reset_index(drop=True).assign(layout=page_layout)
+    sides = {"fp8kv's FP8": len(fp8), "fp8kv's 16-bit": len(bf16)}
+    absent = [name for name, n in sides.items() if not n]
+    if len(good) and absent:
+        out.attrs["partial"] = warn_partial(
+            "layout_table", df, f"holds no rows of {' or '.join(absent)} decode that ran (kv_dtypes "
+            f"{sorted(map(str, good['kv_dtype'].unique()))}, backends {sorted(map(str, good['backend'].unique()))}): "
+            "the speed-ups over it are NaN")
+    return out
 
 
 def layout_markdown(table: pd.DataFrame) -> str:
@@ -236,7 +257,11 @@ def all_checks_passed(rows: pd.DataFrame, *more: pd.DataFrame) -> bool:
 
 def summary(df: pd.DataFrame) -> str:
     """A compact text table of a run: µs, GB/s, % of copy bandwidth, check, and what did not run."""
+    check_rows(df, "summary", ["label", "status", "reason"], expected=RUN_ROWS)
     ok = df[df["status"] == "ok"]
+    if len(ok):
+        check_rows(df, "summary", ["batch", "context", "num_splits", "time_us", "gbps", "pct_copy_bw", "rel_err",
+                                   "check_passed", "copy_gbps", "gpu", "timing"], values=["time_us"], expected=RUN_ROWS)
     lines = []
     if len(ok):
         t = ok[["label", "batch", "context", "num_splits", "time_us", "gbps", "pct_copy_bw", "rel_err",
@@ -247,7 +272,9 @@ def summary(df: pd.DataFrame) -> str:
         lines.append(f"copy bandwidth: {copy:.0f} GB/s on {ok['gpu'].iloc[0]}")
         if (ok["timing"] == "cpu-wallclock").any():
             lines.append("CPU wall-clock timings (interpreter / reference): they say nothing about any GPU.")
-    sp = speedup_table(df)
+    with warnings.catch_warnings():  # a run without bf16 (CPU: fp16) rows has no speed-up table: nothing to say
+        warnings.simplefilter("ignore", PartialResultWarning)
+        sp = speedup_table(df) if len(ok) else pd.DataFrame()
     if len(sp) and sp["speedup_vs_bf16"].notna().any():
         t = sp[["label", "layout", "batch", "context", "time_us", "bf16_us", "speedup_vs_bf16",
                 "speedup_vs_flashinfer_fp8"]]
@@ -267,10 +294,14 @@ def results_markdown(df: pd.DataFrame) -> str:
 
     Columns: median µs of each backend × KV dtype × mode (vLLM's kernel as "vLLM"); FP8 GB/s and % of
     the copy bandwidth for the Triton dequant kernel; its speedup over the best BF16 decode and over
-    FlashInfer's best FP8.
+    FlashInfer's best FP8; "–" where the run has no such row (an FP8-only run has no BF16 column, said
+    by a :class:`~fp8kv.results.PartialResultWarning`).
     """
-    ok = df[(df["status"] == "ok") & df["check_passed"].astype(bool)].copy()
-    ok["variant"] = ok["variant"].fillna("")
+    check_rows(df, "results_markdown", ["status", "check_passed", "variant", "backend", "kv_dtype", "mode", "time_us",
+                                        "gbps", "pct_copy_bw", "batch", "context"],
+               values=["time_us", "kv_dtype", "backend", "batch", "context"], expected=RUN_ROWS)
+    ok = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed)].copy()
+    ok["variant"] = ok["variant"].astype(object).fillna("")  # read back from a CSV, an all-empty column is float
     ok["column"] = [f"FlashInfer{'' if v == 'tc' else ' (no TC)'} {k}" if b == "flashinfer"
                     else f"vLLM {k}" if b == "vllm"
                     else f"Triton {k}{' fp8-mode' if m == 'fp8' else ''}"
@@ -286,11 +317,19 @@ def results_markdown(df: pd.DataFrame) -> str:
              if c in t.columns]
     head = ["B", "ctx", *[f"{c} µs" for c in order], "Triton fp8 GB/s", "% copy", "× best BF16", "× FlashInfer FP8"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    if len(ok) and not len(bf16):
+        warn_partial("results_markdown", df, "holds no bf16 rows that ran (an FP8-only run): the × best BF16 "
+                     "column is '–'")
+
+    def cell(v, fmt):
+        return "–" if v is None or v != v else format(v, fmt)
+
     for (b, ctx), row in t.iterrows():
-        tri = row.get("Triton fp8")
-        cells = [str(b), str(ctx), *[f"{row[c]:.1f}" for c in order],
-                 f"{fp8.loc[(b, ctx), 'gbps']:.0f}", f"{fp8.loc[(b, ctx), 'pct_copy_bw']:.0f}",
-                 f"{bf16.loc[(b, ctx)] / tri:.2f}", f"{fi8.loc[(b, ctx)] / tri:.2f}" if (b, ctx) in fi8.index else "–"]
+        tri = row.get("Triton fp8", float("nan"))
+        ours = fp8.loc[(b, ctx)] if (b, ctx) in fp8.index else {"gbps": None, "pct_copy_bw": None}
+        cells = [str(b), str(ctx), *[cell(row[c], ".1f") for c in order], cell(ours["gbps"], ".0f"),
+                 cell(ours["pct_copy_bw"], ".0f"), cell(bf16.get((b, ctx), float("nan")) / tri, ".2f"),
+                 cell(fi8.get((b, ctx), float("nan")) / tri, ".2f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -123,7 +123,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Run with parsed ``run`` options; print the summary; return the exit status.
 
     0: every notebook ran; 1: some failed (the report is published with them); 2: bad arguments
-    (one line on stderr); 128 + N: stopped by signal N (SIGINT 130, SIGTERM 143), nothing published.
+    (one line on stderr); 128 + N: stopped by signal N (SIGHUP 129, SIGINT 130, SIGTERM 143), only the
+    notebooks that finished published.
     """
     prog = "fp8kv notebooks run"
     print(f"{prog}: device {args.device}, notebooks from {args.notebooks or _default_notebook_dir()}, "
@@ -164,7 +165,11 @@ def index_main(argv: Sequence[str]) -> int:
     if not root.is_dir():
         print(f"{parser.prog}: error: out={args.out!r} is not a folder; run the notebooks first", file=sys.stderr)
         return 2
-    path = build_index(root)
+    try:
+        path = build_index(root)
+    except ValueError as exc:  # a path it writes is a folder: one line naming it
+        print(f"{parser.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     print(f"index: {path} ({len(_report_folders(root))} report folder(s))")
     return 0
 
@@ -183,7 +188,11 @@ def render_main(argv: Sequence[str]) -> int:
         print(f"{parser.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     print(f"rendered {len(names)} page(s) in {args.folder}: {', '.join(names) or 'none needed'}")
-    build_index(Path(args.folder).parent)
+    try:
+        build_index(Path(args.folder).parent)
+    except ValueError as exc:  # the pages are rendered; the index, a path of which is a folder, is not
+        print(f"{parser.prog}: error: the index was not rebuilt: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
     return 0
 
 

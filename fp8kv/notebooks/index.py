@@ -200,10 +200,15 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
     One row per ``<gpu-slug>/`` folder (:func:`gpu_summary`) with links to its pages, and figures that
     overlay the GPUs (latency vs context, share of the copy bandwidth vs batch). Built by every run
     and by ``python -m fp8kv.notebooks index``; a new GPU's folder adds a row, nothing else changes.
+    A ``reports_dir`` that is not a folder, or a path written (index.html, the plotly.js beside it) that is
+    a folder, is a ValueError naming it.
     """
     import html as _html
 
     root = Path(reports_dir)
+    if not root.is_dir():
+        raise ValueError(f"reports_dir={str(reports_dir)!r} is not a folder; pass the reports root that holds the "
+                         "<gpu-slug>/ report folders")
     skipped: list[str] = []
     folders = _report_folders(root, skipped)
     rows = [gpu_summary(f) for f in folders]

@@ -33,16 +33,42 @@ def _default_notebook_dir() -> Path:
 
 
 # What the runner writes for a notebook NAME: NAME.ipynb, NAME.html, NAME.json; nbconvert would put a
-# page's assets in NAME_files/. Nothing else is the notebook's: "04_decode_latency.json" is not 04_decode's.
-OWN_SUFFIXES = ("_files",)
+# page's assets in NAME_files/. Nothing else is the notebook's: "04_decode_latency.json" is not 04_decode's,
+# nor is plotly-<version>.min.js (the pages' library) a notebook "plotly-<version>.min"'s.
+OWN_SUFFIXES = (".ipynb", ".html", ".json", "_files")
+
+
+def own_files(name: str) -> tuple[str, ...]:
+    """The names of notebook ``name``'s files in a report folder (:data:`OWN_SUFFIXES`)."""
+    return tuple(name + s for s in OWN_SUFFIXES)
 
 
 def owns(name: str, filename: str) -> bool:
-    """Whether ``filename`` (in a report or staging folder) is one of notebook ``name``'s own files:
-    its stem is exactly ``name`` (``name.ipynb``, ``name.html``, ``name.json``) or it is ``name``
-    followed by one of :data:`OWN_SUFFIXES`. A prefix is not enough: notebooks ``04_decode`` and
-    ``04_decode_latency`` each own only their own files."""
-    return Path(filename).stem == name or filename in {name + s for s in OWN_SUFFIXES}
+    """Whether ``filename`` (in a report or staging folder) is one of notebook ``name``'s own files
+    (:func:`own_files`). A prefix is not enough: notebooks ``04_decode`` and ``04_decode_latency`` each own
+    only their own files."""
+    return filename in own_files(name)
+
+
+def runner_file(filename: str) -> bool:
+    """Whether ``filename`` in a report folder is the runner's own: its manifest or the pages' plotly.js."""
+    return filename == MANIFEST or re.fullmatch(r"plotly-[0-9A-Za-z.+-]+\.min\.js", filename) is not None
+
+
+def check_notebook_names(books: Sequence[Path]) -> None:
+    """Refuse (ValueError naming the notebook) notebooks whose files would overwrite the runner's own
+    (``manifest.ipynb``: its results would be the report's manifest.json, the report still saying ok) or
+    each other's where case is ignored (``A.ipynb`` beside ``a.ipynb``, one file on macOS or Windows)."""
+    seen: dict[str, Path] = {}
+    for book in books:
+        for f in own_files(book.stem):
+            if runner_file(f) or runner_file(f.lower()):
+                raise ValueError(f"notebook {book} cannot be run: its file {f} would be the runner's own {f.lower()} "
+                                 "in the report folder; rename the notebook")
+        other = seen.setdefault(book.stem.lower(), book)
+        if other != book:
+            raise ValueError(f"notebooks {other} and {book} differ only in case: their files would be one file "
+                             "where case is ignored (macOS, Windows); rename one")
 
 
 def _plain_file_name(value) -> bool:
@@ -101,12 +127,16 @@ def discover_notebooks(notebook_dir: str | os.PathLike | None = None,
     notebook_dir : folder of ``*.ipynb`` (default ``./notebooks``).
     only : names to keep; each matches a notebook by stem (``"01_fp8_formats"``), file name
         (``"01_fp8_formats.ipynb"``) or number prefix (``"01"``). An unknown name is a ValueError.
+
+    A notebook whose files would be the runner's own or another's (:func:`check_notebook_names`) is a
+    ValueError naming it.
     """
     folder = Path(notebook_dir) if notebook_dir is not None else _default_notebook_dir()
     if not folder.is_dir():
         raise ValueError(f"notebook_dir={str(folder)!r} is not a folder; pass the folder holding the .ipynb files")
     books = sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("."))
     if only is None:
+        check_notebook_names(books)
         return books
     if isinstance(only, str):
         only = [only]
@@ -116,6 +146,7 @@ def discover_notebooks(notebook_dir: str | os.PathLike | None = None,
         if not hits:
             raise ValueError(f"only={want!r} matches no notebook; available: {[p.stem for p in books]}")
         chosen.extend(h for h in hits if h not in chosen)
+    check_notebook_names(chosen)
     return sorted(chosen)
 
 

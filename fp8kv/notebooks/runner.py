@@ -1,5 +1,6 @@
 """The headless runner: every notebook through papermill into a staging folder, swapped into
-``reports/<gpu>/`` at the end; a manifest per run; SIGTERM and SIGINT stop it cleanly."""
+``reports/<gpu>/`` at the end; a manifest per run; SIGTERM, SIGINT, SIGHUP and every other signal that
+would end the process stop it cleanly."""
 
 from __future__ import annotations
 
@@ -10,15 +11,14 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from .. import checks
-from ..interrupts import STOP_SIGNALS, signals_ignored
-from ..results import to_jsonable, utc_stamp
+from ..interrupts import signals_ignored, stop_signals, stop_signals_handled
+from ..results import to_jsonable, utc_stamp, write_atomic
 from .index import build_index
 from .pages import (
     _PLOTLYJS_SRC,
@@ -30,9 +30,11 @@ from .pages import (
     discover_notebooks,
     externalize_plotlyjs,
     notebook_hash,
+    own_files,
     owns,
     read_manifest,
     render_html,
+    runner_file,
     strip_embedded_plotlyjs,
 )
 from .setup import machine_defaults
@@ -147,7 +149,9 @@ def _carry_over(previous: Path, staging: Path, rerun: set[str]) -> list[dict]:
         if (previous / MANIFEST).exists():
             print(f"warning: nothing carried over from the previous report: {exc}", file=sys.stderr)
         return []
-    kept = [e for e in old_manifest["notebooks"] if e["name"] not in rerun]
+    # an entry whose files would be the runner's own (a notebook named manifest, refused since) is not kept
+    kept = [e for e in old_manifest["notebooks"] if e["name"] not in rerun
+            and not any(runner_file(f) for f in own_files(e["name"]))]
     keep_names = {e["name"] for e in kept}
     for f in previous.iterdir():
         if not any(owns(n, f.name) for n in keep_names):
@@ -206,7 +210,8 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     source notebook), ``status`` ("ok"/"failed"), ``error``, ``mode``, ``started``, ``duration_s``
     and the file names ``ipynb``, ``html``, ``results``.
 
-    SIGTERM or SIGINT stops the run (:class:`RunInterrupted`; KeyboardInterrupt alike): the kernel is
+    SIGTERM, SIGINT, SIGHUP or another signal that would end the process (:func:`fp8kv.interrupts.stop_signals`)
+    stops the run (:class:`RunInterrupted`; KeyboardInterrupt alike): the kernel is
     killed, and the notebooks that ran to the end are published, each other notebook keeping its
     page from the previous report (the manifest says ``interrupted``: what stopped the run and
     which notebook it stopped); when none had finished, the previous report is left as it was.
@@ -236,12 +241,12 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     info = describe_device(dev)
     slug = info["slug"]
     root = Path(out).resolve()
-    root.mkdir(parents=True, exist_ok=True)
     final = root / slug
-    staging = Path(tempfile.mkdtemp(prefix=f".{slug}.staging-", dir=root))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; the published folder should not be
+    if final.exists() and not final.is_dir():  # the swap would rename it aside and leave it there
+        raise ValueError(f"{final} is a file, not a report folder: the report of {slug} is published there; "
+                         "move it away or pass another out")
+    root.mkdir(parents=True, exist_ok=True)
+    staging = None
     # Paths in the manifest are relative to the report folder itself, so a copied folder stays right.
     manifest = {"gpu_slug": slug, "device": info, "mode": mode, "seed": seed, "timeout_s": timeout,
                 "triton_interpret": None, "only": [b.stem for b in books] if only else None,
@@ -251,7 +256,11 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     children_before = _child_pids()
     done, current = [], None  # names run to the end by this run; the one running now
     try:
-        with _stop_on_signals(keep_pids=children_before):
+        with _stop_on_signals(keep_pids=children_before):  # from before the staging folder exists: never left behind
+            staging = Path(tempfile.mkdtemp(prefix=f".{slug}.staging-", dir=root))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; the published folder should not be
             entries = _carry_over(final, staging, {b.stem for b in books}) if only and final.is_dir() else []
             params_base = {"SMOKE": smoke, "DEVICE": str(device), "SEED": seed, "SHOW_WIDGETS": False}
             with _kernel_environment(interpret=interpret):
@@ -276,12 +285,13 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
                 _stop_processes(_child_pids() - children_before)  # anything the kernel left behind
             try:
                 # staging is gone when the signal came during the swap itself: the report is in place
-                if isinstance(exc, (RunInterrupted, KeyboardInterrupt)) and done and staging.is_dir():
+                if isinstance(exc, (RunInterrupted, KeyboardInterrupt)) and done and staging and staging.is_dir():
                     _publish_interrupted(staging, final, manifest, entries, done, current, exc, t0)
                     if isinstance(exc, RunInterrupted):
                         exc.published = True
             finally:
-                shutil.rmtree(staging, ignore_errors=True)
+                if staging is not None:
+                    shutil.rmtree(staging, ignore_errors=True)
         raise
     _rebuild_index(root)
     return manifest
@@ -294,7 +304,7 @@ def _publish(staging: Path, final: Path, manifest: dict, entries: list[dict], t0
     failed = [e["name"] for e in entries if e["status"] != "ok"]
     manifest.update(notebooks=entries, failed=failed, ok=not failed, finished=utc_stamp(),
                     duration_s=round(time.perf_counter() - t0, 2), **extra)
-    (staging / MANIFEST).write_text(json.dumps(to_jsonable(manifest), indent=1) + "\n")
+    write_atomic(staging / MANIFEST, json.dumps(to_jsonable(manifest), indent=1) + "\n")
     _swap_into_place(staging, final)
 
 
@@ -345,7 +355,8 @@ def _relative_or_absolute(path: Path, start: Path) -> str:
 
 
 class RunInterrupted(BaseException):
-    """The runner received SIGTERM or SIGINT: the run stops (what finished is published, see :func:`run_notebooks`).
+    """The runner received a signal that would end it (SIGTERM, SIGINT, SIGHUP, ...): the run stops (what
+    finished is published, see :func:`run_notebooks`).
 
     A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way swallows it.
     """
@@ -360,29 +371,24 @@ class RunInterrupted(BaseException):
 
 @contextlib.contextmanager
 def _stop_on_signals(keep_pids: set[int] = frozenset()):
-    """Turn SIGTERM and SIGINT into :class:`RunInterrupted` in the main thread, for the duration.
+    """Turn every signal that would end the process (:func:`fp8kv.interrupts.stop_signals`: SIGTERM, SIGINT,
+    SIGHUP, SIGQUIT, ...) into :class:`RunInterrupted` in the main thread, for the duration.
 
-    SIGTERM (what ``timeout``, CI runners and ``kill`` send) would otherwise end the interpreter
-    without any clean-up, and SIGINT reaches the running kernel as an ordinary cell interrupt, after
-    which the run would go on with the next notebook. The kernel (every process started since,
-    except ``keep_pids``) is killed first, so that nothing waits for its cell to finish.
+    SIGTERM or SIGHUP (what ``timeout``, CI runners, ``kill`` and a closed terminal send) would otherwise end
+    the interpreter without any clean-up, leaving the staging folder behind, and SIGINT reaches the running
+    kernel as an ordinary cell interrupt, after which the run would go on with the next notebook. The kernel
+    (every process started since, except ``keep_pids``) is killed first, so that nothing waits for its cell
+    to finish.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def stop(signum, _frame):
-        for sig in STOP_SIGNALS:  # a second signal must not interrupt the clean-up
+        for sig in stop_signals():  # a second signal must not interrupt the clean-up
             signal.signal(sig, signal.SIG_IGN)
         _stop_processes(_child_pids() - set(keep_pids))
         raise RunInterrupted(signum)
 
-    saved = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
-    try:
+    with stop_signals_handled(stop):
         yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 def _child_pids() -> set[int]:

@@ -9,8 +9,9 @@ import sys
 import time
 from collections.abc import Sequence
 
+from ..cache import check_block_size
 from ..capability import interpreter_on
-from ..capacity import MAX_MEMORY_GIB, gib_text
+from ..capacity import MAX_MEMORY_GIB, CapacityError, gib_text
 from ..device import resolve_device
 from ..results import save_or_fallback
 from .measure import check_host_memory, save, sweep
@@ -43,6 +44,14 @@ def _positive_int_arg(s: str) -> int:
     return v
 
 
+def _block_size_arg(s: str) -> int:
+    """Tokens per page by the cache's own rule (fp8kv.cache.check_block_size; the planner alone takes 1, 2, 4)."""
+    try:
+        return check_block_size(_positive_int_arg(s), "--block-size")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{s!r}: {e}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..capability import KV_DTYPE_NAMES
 
@@ -66,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "on CPU)")
     p.add_argument("--utilization", type=float, default=0.9,
                    help="fraction of GPU memory the engine may use, in (0, 1] (vLLM's gpu_memory_utilization)")
-    p.add_argument("--block-size", type=_positive_int_arg, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--block-size", type=_block_size_arg, default=16,
+                   help="tokens per KV block, a power of two >= 8 (default 16)")
     p.add_argument("--weights", choices=("auto", "real", "random"), default="auto",
                    help="auto: real weights where fp8kv loads them offline (SmolLM2-135M), random otherwise")
     p.add_argument("--rep", type=_positive_int_arg, default=50, help="ms of CUDA-graph replays per timing")
@@ -81,7 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``fp8kv step`` / ``python -m fp8kv.step``; returns the exit status (2: bad input, 1: a point failed or --out could not be written: the rows then go to a temporary folder, named on stderr)."""
+    """``fp8kv step`` / ``python -m fp8kv.step``; returns the exit status.
+
+    0: every point ran, or was refused by its backend (``unsupported``, the reason in its row). 1: a point
+    failed (``error``: out of memory, or anything else it raised; the sweep goes on and its row says why), or
+    ``--out`` could not be written (the rows then go to a temporary folder, named on stderr). 2: bad input,
+    nothing fits, or no point ran (one line on stderr; in the last case after the summary, the rows saved).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -104,7 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                            block_size=args.block_size, device=args.device)
         if not args.dry_run:
             check_host_memory(plans, resolve_device(args.device))
-    except ValueError as e:  # unknown model, batch over the ceiling, nothing fits, no memory given, no host room
+    except CapacityError as e:  # not one sequence (or not the weights) fits: name what to change, and the sizes
+        memory = ("now this GPU's total" if args.gpu_memory is None else
+                  f"now {args.gpu_memory:g}" if isinstance(args.gpu_memory, float) else f"now {args.gpu_memory}")
+        refuse(f"{e}; pass shorter contexts (--contexts, now {' '.join(map(str, args.contexts))}) or more GPU "
+               f"memory (--gpu-memory, {memory})".replace("\n", " "))
+    except ValueError as e:  # unknown model, batch over the ceiling, no memory given, no host room
         refuse(str(e).replace("\n", " "))
     if args.dry_run:
         for p in plans:
@@ -123,4 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_save:
         path, saved_where_asked = save_or_fallback(save, df, args.out, {"argv": argv})
         print(f"wrote {path}")
+    if not (df["status"] == "ok").any():  # each point refused or failed as it was built: no success
+        print(f"error: none of the {len(df)} points ran here (see the reasons above)", file=sys.stderr)
+        return 2
     return 1 if (df["status"] == "error").any() or not saved_where_asked else 0

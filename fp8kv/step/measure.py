@@ -30,9 +30,17 @@ COLUMNS = [
 
 
 # ------------------------------------------------------------------------------------------------ sweep
-def _load_weights(shape: ModelShape, weights: str, dtype, dev, seed: int) -> StepWeights:
+def _check_weights(shapes, weights: str) -> None:
+    """``weights`` checked against every model before anything is built (a refusal is bad input, not a point's
+    failure)."""
     if weights not in ("auto", "real", "random"):
         _fail(f"weights={weights!r}; expected 'auto', 'real' or 'random'")
+    for shape in shapes:
+        if weights == "real" and shape.name not in REAL_WEIGHTS:
+            _fail(f"weights='real': fp8kv loads real weights only for {sorted(REAL_WEIGHTS)}, not {shape.name}")
+
+
+def _load_weights(shape: ModelShape, weights: str, dtype, dev, seed: int) -> StepWeights:
     if weights != "random" and shape.name in REAL_WEIGHTS:
         try:
             from ..models import load_model
@@ -46,8 +54,6 @@ def _load_weights(shape: ModelShape, weights: str, dtype, dev, seed: int) -> Ste
                 raise
             print(f"{shape.name}: real weights unavailable ({e}); random weights of the same shapes",
                   file=sys.stderr)
-    elif weights == "real":
-        _fail(f"weights='real': fp8kv loads real weights only for {sorted(REAL_WEIGHTS)}, not {shape.name}")
     return random_weights(shape, dtype, dev, seed)
 
 
@@ -84,6 +90,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     dtype = run_dtype(dev, dtype)
     plans = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
                        utilization=utilization, block_size=block_size, device=dev, dtype=dtype)
+    _check_weights(dict.fromkeys(p["shape"] for p in plans), weights)
     check_host_memory(plans, dev, dtype)
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev)
     info = describe_device(dev)
@@ -94,11 +101,22 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     rows = []
     bar = tqdm(total=sum(len(p["batches"]) for p in plans), disable=not progress, desc="step", unit="point")
     for shape in dict.fromkeys(p["shape"] for p in plans):
-        w = _load_weights(shape, weights, dtype, dev, seed)
         mine = [p for p in plans if p["shape"] is shape]
+        try:
+            w = _load_weights(shape, weights, dtype, dev, seed)
+        except Exception as e:  # one model's weights must not end the sweep: its rows say why
+            rows += _failed_points(shape, mine, backend, mode, base, block_size, f"loading the weights: {_why(e)}",
+                                   bar)
+            continue
         for kv in dict.fromkeys(p["kv_dtype"] for p in mine):
             group = [p for p in mine if p["kv_dtype"] == kv]
-            pool = KVPool(shape, pool_blocks(group, dev), kv, block_size=block_size, device=dev)
+            try:
+                pool = KVPool(shape, pool_blocks(group, dev), kv, block_size=block_size, device=dev)
+            except Exception as e:  # e.g. out of memory on a GPU: the pool's points say so, the others run
+                rows += _failed_points(shape, group, backend, mode, base, block_size,
+                                       f"allocating the {kv} KV pool: {_why(e)}", bar, weights=w)
+                _free(dev)
+                continue
             for p in group:
                 for b in p["batches"]:
                     bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} B={b}")
@@ -155,7 +173,7 @@ def check_host_memory(plans, dev, dtype=None) -> None:
             _fail(f"{shape.name} on {dev.type}: the weights ({gib_text(weights)}) and the {kv} KV pool of the largest "
                   f"batch measured ({gib_text(pools[kv])}: batch {max(worst['batches'])} at context "
                   f"{worst['context']}) need {gib_text(weights + pools[kv])}, more than the {gib_text(avail)} of "
-                  "host memory available; pass smaller batches (--batches) or contexts")
+                  "host memory available; pass smaller batches (--batches) or contexts (--contexts)")
 
 
 def sweep_runs(runs, kv_dtypes=("bf16", "fp8_e4m3"), **kwargs):
@@ -173,17 +191,44 @@ def _free(dev):
         torch.cuda.empty_cache()
 
 
-def _measure_point(shape, w, pool, p, batch, backend, mode, dev, base, rep, cpu_reps, seed, time_call) -> dict:
+def _why(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _point_row(shape, p, batch, backend, mode, base, block_size, weights=None, pool=None) -> dict:
+    """A point's row before it is timed: what was asked and planned (bytes where the weights are known)."""
     ctx, kv, plan = p["context"], p["kv_dtype"], p["plan"]
-    by = step_bytes(shape, w, kv, batch, ctx)
     row = dict.fromkeys(COLUMNS)
-    row.update(base, model=shape.name, weights=w.source, kv_dtype=kv, backend=backend, mode=mode, batch=batch,
-               context=ctx, ceiling=plan["ceiling"], bytes_moved=by["total"], kv_bytes=by["kv"],
-               weight_bytes=by["weights"], num_layers=shape.num_layers, num_q_heads=shape.num_q_heads,
+    row.update(base, model=shape.name, kv_dtype=kv, backend=backend, mode=mode, batch=batch, context=ctx,
+               ceiling=plan["ceiling"], num_layers=shape.num_layers, num_q_heads=shape.num_q_heads,
                num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, hidden_size=shape.hidden_size,
-               intermediate_size=shape.intermediate_size, vocab_size=shape.vocab_size, block_size=pool.block_size,
+               intermediate_size=shape.intermediate_size, vocab_size=shape.vocab_size, block_size=block_size,
                gpu_memory_gib=float(plan["gpu_memory_gib"]), utilization=plan["utilization"],
-               kv_pool_bytes=pool.nbytes, activation_bytes=plan["activation_bytes"], status="ok", reason="")
+               activation_bytes=plan["activation_bytes"], status="ok", reason="")
+    if weights is not None:
+        by = step_bytes(shape, weights, kv, batch, ctx)
+        row.update(weights=weights.source, bytes_moved=by["total"], kv_bytes=by["kv"], weight_bytes=by["weights"])
+    if pool is not None:
+        row.update(kv_pool_bytes=pool.nbytes)
+    return row
+
+
+def _failed_points(shape, plans, backend, mode, base, block_size, reason, bar, weights=None) -> list[dict]:
+    """Rows of every point of ``plans``, none run: status ``error`` and ``reason``."""
+    rows = []
+    for p in plans:
+        for b in p["batches"]:
+            rows.append(dict(_point_row(shape, p, b, backend, mode, base, block_size, weights), status="error",
+                             reason=reason))
+            bar.update(1)
+    return rows
+
+
+def _measure_point(shape, w, pool, p, batch, backend, mode, dev, base, rep, cpu_reps, seed, time_call) -> dict:
+    """One point's row: timed (status ``ok``), or the reason it did not run (``unsupported``: the backend refuses
+    the point; ``error``: out of memory or anything else it raised; the sweep goes on either way)."""
+    ctx = p["context"]
+    row = _point_row(shape, p, batch, backend, mode, base, pool.block_size, w, pool)
     step = None
     try:
         step = DecodeStep(shape, w, pool.caches(batch, ctx, seed), backend=backend, mode=mode)
@@ -202,9 +247,12 @@ def _measure_point(shape, w, pool, p, batch, backend, mode, dev, base, rep, cpu_
     except UnsupportedError as e:
         row.update(status="unsupported", reason=str(e))
         return row
+    except Exception as e:  # one broken point must not end the sweep; its row says what happened
+        row.update(status="error", reason=_why(e))
+        return row
     finally:
         del step
-    gbps = by["total"] / step_s / 1e9
+    gbps = row["bytes_moved"] / step_s / 1e9
     copy = base["copy_gbps"]
     row.update(step_us=step_s * 1e6, tokens_per_s=batch / step_s, attention_us=attn_s * 1e6,
                attention_share=attn_s / step_s, gbps=gbps, timing=timing,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from ..cache import PagedKVCache, shuffled_block_table
-from ..capability import UnsupportedError, check, choose_backend, choose_mode
+from ..capability import UnsupportedError, check, check_query, choose_backend, choose_mode
 from ..capacity import ModelShape
 from ..checks import fail as _fail
 from ..formats import kv_dtype_info
@@ -145,6 +145,11 @@ class DecodeStep:
             self.q_dtype = dtype
         else:
             self.q_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float16
+        # Refused here, before a token runs, rather than by every layer's decode: on CPU a bf16 cache
+        # meets the fp16 queries the Triton kernel takes there, a pairing it refuses.
+        ok, why = check_query(backend, self.q_dtype, first.kv_dtype)
+        if not ok:
+            raise UnsupportedError(f"backend={backend}, kv_dtype={first.kv_dtype}: {why}")
         self.sm_scale = 1.0 / math.sqrt(shape.head_dim)
         self.inv_freq = rope_inv_freq(shape.head_dim, shape.rope_theta, dev)
         b = first.batch_size

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..cache import check_block_size
 from ..capacity import GIB, CapacityError, ModelShape, get_model, gib_text, plan_capacity
 from ..checks import fail as _fail
 from ..formats import kv_dtype_info
@@ -158,6 +159,9 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     kv_dtypes = many_of(kv_dtypes, "kv_dtypes", KV_DTYPE_NAMES)
     if batches is not None:
         batches = [positive_int(b, "batches") for b in ([batches] if isinstance(batches, int) else batches)]
+    # The cache's rule, not the planner's (which takes any power of two): a page the pool cannot hold is
+    # refused here, before a point is built.
+    block_size = check_block_size(block_size, "block_size")
     mem = _gpu_memory(gpu_memory_gib, dev)
     plans = []
     for shape in shapes:
@@ -172,7 +176,8 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
                         _fail(f"batches {over} exceed the ceiling of {c} sequences for {shape.name} with {kv} KV at "
                               f"context {ctx}: their KV and activations do not fit in the "
                               f"{gib_text(ceil[kv]['kv_budget_bytes'] + ceil[kv]['activation_bytes'])} left of "
-                              f"{float(ceil[kv]['gpu_memory_gib']):.4g} GiB × {utilization} after the weights")
+                              f"{float(ceil[kv]['gpu_memory_gib']):.4g} GiB × {utilization} after the weights; pass "
+                              f"batches (--batches) of at most {c}, or shorter contexts (--contexts)")
                     pts = sorted(set(batches))
                 else:
                     pts = batch_points([x["ceiling"] for x in ceil.values()], c)

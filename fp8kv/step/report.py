@@ -3,6 +3,14 @@ figures; a text summary."""
 
 from __future__ import annotations
 
+import warnings
+
+from ..results import PartialResultWarning, check_rows, source_of, warn_partial
+
+SWEEP_ROWS = "the rows of fp8kv.step.sweep() (a CSV fp8kv step saved)"
+READING_COLUMNS = ["status", "model", "context", "kv_dtype", "batch", "ceiling", "tokens_per_s", "step_us",
+                   "attention_share"]
+
 
 # ----------------------------------------------------------------------------------------- reading
 def _best(sub):
@@ -28,8 +36,13 @@ def reading(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> dict:
     ``speedup`` of the FP8 step there and each step's ``attention_share``), ``batch1`` (same at batch 1),
     and ``sentence``.
     """
+    check_rows(df, "reading", READING_COLUMNS, values=READING_COLUMNS[1:], expected=SWEEP_ROWS)
     out = {}
     ok = df[df["status"] == "ok"]
+    for side in (baseline, fp8):
+        if len(ok) and not (ok["kv_dtype"] == side).any():
+            warn_partial("reading", df, f"holds no {side} rows that ran (kv_dtypes "
+                         f"{sorted(map(str, ok['kv_dtype'].unique()))}): no reading compares {baseline} with {fp8}")
     for (model, ctx), g in ok.groupby(["model", "context"], sort=False):
         a, b = g[g["kv_dtype"] == baseline], g[g["kv_dtype"] == fp8]
         if a.empty or b.empty:
@@ -61,8 +74,11 @@ def reading(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> dict:
 # ------------------------------------------------------------------------------------------- figures
 def reading_markdown(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> str:
     """:func:`reading`'s sentences as a Markdown list (a notebook displays it with ``Markdown``)."""
-    text = "\n\n".join(f"* {r['sentence']}" for r in reading(df, baseline, fp8).values())
-    return text or f"no pair of {baseline} and {fp8} rows ran"
+    with warnings.catch_warnings():  # said in the text instead
+        warnings.simplefilter("ignore", PartialResultWarning)
+        text = "\n\n".join(f"* {r['sentence']}" for r in reading(df, baseline, fp8).values())
+    where = "" if source_of(df) == "df" else f" in {source_of(df)}"
+    return text or f"no pair of {baseline} and {fp8} rows ran{where}"
 
 
 SERIES_COLORS = {"bf16": "#1f77b4", "fp16": "#1f77b4", "fp8_e4m3": "#d62728", "fp8_e5m2": "#ff7f0e"}
@@ -80,6 +96,7 @@ def tokens_per_s_figure(df, *, title: str | None = None):
 
     from .. import viz
 
+    check_rows(df, "tokens_per_s_figure", READING_COLUMNS, values=READING_COLUMNS[1:], expected=SWEEP_ROWS)
     ok = df[df["status"] == "ok"]
     panels = list(dict.fromkeys(zip(ok["model"], ok["context"], strict=True)))
     fig = make_subplots(rows=1, cols=max(1, len(panels)), subplot_titles=[f"{m}, context {c}" for m, c in panels])
@@ -111,6 +128,8 @@ def attention_share_figure(df, *, title: str | None = None):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    cols = ["status", "model", "context", "kv_dtype", "batch", "attention_share", "attention_us", "step_us"]
+    check_rows(df, "attention_share_figure", cols, values=cols[1:], expected=SWEEP_ROWS)
     ok = df[df["status"] == "ok"]
     panels = list(dict.fromkeys(zip(ok["model"], ok["context"], strict=True)))
     fig = make_subplots(rows=1, cols=max(1, len(panels)), subplot_titles=[f"{m}, context {c}" for m, c in panels])
@@ -133,8 +152,11 @@ def summary(df) -> str:
     """The rows as a compact text table, then one sentence per model × context (:func:`reading`)."""
     cols = ["model", "kv_dtype", "context", "batch", "ceiling", "step_us", "tokens_per_s", "attention_us",
             "attention_share", "pct_copy_bw", "status"]
+    check_rows(df, "summary", [*cols, "reason", "timing"], expected=SWEEP_ROWS)
     lines = [df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")]
-    lines += [r["sentence"] for r in reading(df).values()]
+    with warnings.catch_warnings():  # a run of one KV dtype has rows and no reading: nothing more to say
+        warnings.simplefilter("ignore", PartialResultWarning)
+        lines += [r["sentence"] for r in reading(df).values()]
     bad = df[df["status"] != "ok"]
     lines += [f"{r.model} {r.kv_dtype} B={r.batch}: {r.status}: {r.reason}" for r in bad.itertuples()]
     if (df["timing"] == "cpu-wallclock").any():

@@ -118,6 +118,9 @@ def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", b
     import numpy as np
 
     _require_columns(sp, [row, value, "batch", "context", "time_us"], "sp")
+    if not sp[value].notna().any():  # an FP8-only run's speed-ups over BF16, or no FP8 row: a blank map says nothing
+        why = sp.attrs.get("partial") or (f"{len(sp)} rows, all NaN there" if len(sp) else "no rows")
+        raise ValueError(f"sp has no {value} to draw ({why})")
     sp = sp.assign(**{row: _rows_kept_apart(sp, row)})
     data = sp.sort_values(["batch", "context"])
     data = data.assign(shape=[f"B={b} · ctx={c}" for b, c in zip(data["batch"], data["context"], strict=True)])
@@ -291,6 +294,9 @@ def layout_speedups(table, *, title: str | None = None) -> go.Figure:
     """
     _require_columns(table, ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context", "fp8_x_bf16",
                              "fp8_x_peer", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"], "table")
+    if not (table["fp8_x_bf16"].notna().any() or table["fp8_x_peer"].notna().any()):  # blank bars say nothing
+        why = table.attrs.get("partial") or (f"{len(table)} rows, all NaN there" if len(table) else "no rows")
+        raise ValueError(f"table has no fp8_x_bf16 or fp8_x_peer to draw ({why})")
     t = table.assign(shape=[f"{hq}/{hkv}/{d} · {b}×{tokens_label(c)}" for hq, hkv, d, b, c in zip(
         table["num_q_heads"], table["num_kv_heads"], table["head_dim"], table["batch"], table["context"], strict=True)])
     named = [c for c in ("peer", "fp8_kernel", "fp8_err_x_peer") if c in t.columns]

@@ -11,6 +11,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.colors import qualitative as _qualitative
 
+from ..results import source_of
+
 # The plotly mimetype is what JupyterLab / VS Code render (interactive, through the bundled
 # jupyterlab-plotly extension); the "notebook" renderer adds a text/html copy that nbconvert keeps.
 # Its first use embeds the whole plotly.js once into the notebook, so the exported HTML views offline.
@@ -223,6 +225,8 @@ def setup_plotly(renderer: str = DEFAULT_RENDERER, template: str = "plotly_white
 def _require_columns(df, columns, arg="df", *, rows: bool = False):
     """``df`` has ``columns`` (None entries skipped); with ``rows``, at least one row and no NaN in them
     (a figure that draws one cell or panel per value has nothing to draw, or a NaN cell, otherwise)."""
+    if source_of(df) != "df":  # rows read from a file (fp8kv.results.load_table): name it
+        arg = f"{arg} (from {source_of(df)})"
     missing = [c for c in columns if c is not None and c not in df.columns]
     if missing:
         raise ValueError(f"{arg} lacks column(s) {missing}; it has {list(df.columns)}")
