@@ -267,3 +267,9 @@ def attention_variant(window, soft_cap, sinks, *, num_q_heads: int, device, cont
         if contents:
             finite_tensor(sinks, "sinks")
     return window, soft_cap, sinks
+
+
+def softmax_scale(sm_scale: float | None, head_dim: int) -> float:
+    """``sm_scale`` as given (checked where it entered: :func:`positive_float`), or for None the default
+    softmax scale ``1 / sqrt(head_dim)``: the one place that default is computed."""
+    return 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale

@@ -120,12 +120,12 @@ def test_write_refuses_an_invalid_new_entry_and_keeps_its_gpu(table_dir):
 def test_default_config_takes_the_table_on_its_gpu_only(table_dir, monkeypatch):
     rule = ops.default_config("dequant", True, 96)
     launch_table.write("gpu-a", {"fp8/dequant/d96/m16": dict(block_n=256, num_warps=8, num_stages=3)}, {})
-    monkeypatch.setattr(ops, "interpreter_on", lambda: False)  # as on a GPU
+    monkeypatch.setattr(ops.decode.splits, "interpreter_on", lambda: False)  # as on a GPU
     assert ops.default_config("dequant", True, 96, gpu="gpu-a") == dict(block_n=256, num_warps=8, num_stages=3)
     assert ops.default_config("dequant", True, 96, gpu="gpu-a", group_pad=64) == {**rule, "num_stages": 2}
     assert ops.default_config("dequant", True, 96) == {**rule, "num_stages": 2}  # no GPU named: the rule
     assert ops.default_config("dequant", True, 96, gpu="gpu-a", use_tensor_cores=False)["block_n"] == 32
-    monkeypatch.setattr(ops, "interpreter_on", lambda: True)  # the interpreter keeps its one stage
+    monkeypatch.setattr(ops.decode.splits, "interpreter_on", lambda: True)  # the interpreter keeps its one stage
     assert ops.default_config("dequant", True, 96, gpu="gpu-a") == ops.default_config("dequant", True, 96)
     assert ops.default_config("dequant", True, 96, gpu="gpu-a")["num_stages"] == 1
 
@@ -135,9 +135,9 @@ def test_launch_config_looks_up_the_launch_of_its_programs(table_dir, monkeypatc
     from fp8kv.synthetic import random_paged_cache
 
     seen = []
-    monkeypatch.setattr(ops, "_gpu", lambda device: "gpu-a")
-    monkeypatch.setattr(ops.launch_table, "lookup", lambda *a: seen.append(a) or None)
-    monkeypatch.setattr(ops, "interpreter_on", lambda: False)
+    monkeypatch.setattr(ops.decode.splits, "table_gpu", lambda device: "gpu-a")
+    monkeypatch.setattr(launch_table, "lookup", lambda *a: seen.append(a) or None)
+    monkeypatch.setattr(ops.decode.splits, "interpreter_on", lambda: False)
     cache = random_paged_cache(batch=1, context=40, num_kv_heads=1, head_dim=32, kv_dtype="fp8_e4m3", device="cpu")
     ops.launch_config(1, cache, group=71)  # latency-bound: two programs of 36 heads, 64 rows (128 asked first:
     ops.launch_config(1, cache, group=4)  # the tile one program of 71 would take decides whether it streams)
