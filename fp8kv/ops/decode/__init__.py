@@ -71,7 +71,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         converted in the tensor-core operand layout, copied through a cp.async ring) wherever it runs,
         no Triton launch override is given and each split holds GLUON_MIN_SPLIT_TOKENS tokens or more
         (1024; 512 for head dims above 128);
-        else the Triton kernel (:func:`decode_launch` says which). True asks for the Gluon kernel and
+        else the Triton kernel (:func:`fp8kv.ops.decode_launch` says which). True asks for the Gluon kernel and
         raises UnsupportedError by name outside its shapes: a CUDA GPU (sm89+), dequant mode, an FP8
         cache with one tensor-wide scale, NHD or HND pages, head_dim 48-256 in multiples of 16, any group (cut
         into programs of at most :func:`fp8kv.ops.gluon_max_heads` query heads, or ``heads_per_program``), no

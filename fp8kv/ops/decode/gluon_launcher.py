@@ -135,9 +135,9 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
             raise UnsupportedError(f"block_n={block_n}{fell_back}, num_stages={stages}: the Gluon kernel's rings need "
                                    f"{need} bytes of shared memory, this GPU gives a program {limit}; ask for fewer")
     def planned(programs_per_sm: int | None) -> DecodeConfig:
-        cfg = splits.launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device, group=group,
-                            heads_per_program=heads_per_program or gluon_max_heads(cache.head_dim),
-                            head_parts=head_parts(cache.head_dim), num_sms=sms, programs_per_sm=programs_per_sm)
+        cfg = splits.launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device,
+                                   group=group, heads_per_program=heads_per_program or gluon_max_heads(cache.head_dim),
+                                   head_parts=head_parts(cache.head_dim), num_sms=sms, programs_per_sm=programs_per_sm)
         return {**cfg, "num_warps": 4, "num_stages": stages}
 
     cfg = planned(programs_per_sm)

@@ -34,7 +34,7 @@ GLUON_OPTIONS = kernel_options("gluon")
 PLAN_OPTIONS = (*backend_options("triton"), "window", "soft_cap", "sinks")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # a plan is itself: it holds a tensor (sinks) and launch objects
 class DecodePlan:
     """A decode of ``[B, Hq, D]`` queries of one dtype over one cache, planned: run it with :func:`fp8kv.ops.run`.
 
@@ -88,7 +88,7 @@ def plan(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scal
 
 def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, device, **overrides) -> str | None:
     """Why the Gluon kernel cannot run this decode (None: it can). ``overrides``: the launch options
-    and variants of :func:`paged_decode` (None = not given)."""
+    and variants of :func:`fp8kv.ops.paged_decode` (None = not given)."""
     try:
         kernel_module()
     except ImportError as e:  # a Triton without the Gluon dialect
@@ -147,7 +147,7 @@ def decode_kernel(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
 
 def launch_for(batch: int, cache: PagedKVCache, mode: str, group: int, device, *, q_dtype: torch.dtype,
                out_dtype: torch.dtype | None = None, eviction_policy: str = "", **options) -> tuple[str, DecodeConfig]:
-    """The kernel and launch :func:`paged_decode` takes for ``batch`` ``q_dtype`` queries with these of its
+    """The kernel and launch :func:`fp8kv.ops.paged_decode` takes for ``batch`` ``q_dtype`` queries with these of its
     keyword arguments (``options``: launch overrides and variants): the one mapping from its arguments to
     :func:`decode_launch`, so that a benchmark row names the kernel and launch that ran. ``out_dtype``
     changes no launch; an empty ``eviction_policy`` is none."""
@@ -162,7 +162,7 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
                   heads_per_program: int | None = None, use_tensor_cores: bool | None = None,
                   window: int | None = None, q_dtype: torch.dtype = torch.bfloat16,
                   **others) -> tuple[str, DecodeConfig]:
-    """The kernel :func:`paged_decode` runs for these arguments and its launch: ``("gluon", cfg)``,
+    """The kernel :func:`fp8kv.ops.paged_decode` runs for these arguments and its launch: ``("gluon", cfg)``,
     ``("triton", cfg)`` (the tensor-core kernel) or ``("triton-cuda-core", cfg)``. By default Gluon runs
     where :func:`decode_kernel` allows it, each split streams at least GLUON_MIN_SPLIT_TOKENS tokens (by
     the head's parts) and a
@@ -174,7 +174,7 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
     176.5; a group of 20 in one Gluon program, 40/2/64: 134.7 against 202.4; with the block table clamped
     where used, ``...20261204T164000Z-gluon-page-clamp.json``: 48/1/128 206.5 against 153.9, 71/1/64 171.9
     against 176.1, one rule for both). ``others``: the
-    remaining options and variants of :func:`paged_decode` (convert, eviction_policy, compute_dtype,
+    remaining options and variants of :func:`fp8kv.ops.paged_decode` (convert, eviction_policy, compute_dtype,
     soft_cap, sinks; None = not given), which :func:`decode_kernel` weighs and, on a GPU, the Triton kernel
     is compiled with to read the programs an SM holds. On a GPU, unless ``num_splits`` is given, the splits
     fill the waves of those programs (:func:`fp8kv.ops.fill_waves`; the kernel compiled once per shape, for a
@@ -197,8 +197,8 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
 
     def planned(programs_per_sm: int | None) -> DecodeConfig:
         return splits.launch_config(batch, cache, mode, num_splits=num_splits, block_n=block_n, num_warps=num_warps,
-                             num_stages=num_stages, device=device, window=window, use_tensor_cores=tensor_cores,
-                             group=group, heads_per_program=heads_per_program, programs_per_sm=programs_per_sm)
+                                    num_stages=num_stages, device=device, window=window, use_tensor_cores=tensor_cores,
+                                    group=group, heads_per_program=heads_per_program, programs_per_sm=programs_per_sm)
 
     cfg = planned(None)
     dev = torch.device(device)

@@ -270,7 +270,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
                   use_tensor_cores: bool = True, group: int | None = None,
                   heads_per_program: int | None = None, head_parts: int = 1, num_sms: int | None = None,
                   programs_per_sm: int | None = None) -> DecodeConfig:
-    """The launch :func:`paged_decode` uses for ``batch`` sequences of ``cache``: defaults plus overrides.
+    """The launch :func:`fp8kv.ops.paged_decode` uses for ``batch`` sequences of ``cache``: defaults plus overrides.
 
     Returns block_n, num_warps, num_stages, num_splits, tokens_per_split (a multiple of block_n;
     num_splits is recomputed from it so that no split is empty by construction of the grid),
