@@ -4,7 +4,7 @@ A call attends a ragged batch of new tokens: ``q`` ``[total_q, Hq, D]`` holds th
 sequence back to back, and ``qo_indptr`` ``[B + 1]`` says where each sequence's rows start
 (``qo_indptr[i] .. qo_indptr[i + 1]``). The new tokens are already written into the cache: they are
 the last ``qo_len[i]`` tokens of sequence i's row. These checks are shared by the oracle
-(``fp8kv.reference.attend``) and the Triton launcher (``fp8kv.attend_ops.attend``); each raises a
+(``fp8kv.reference.attend``) and the Triton launcher (``fp8kv.ops.attend.attend``); each raises a
 ``TypeError``/``ValueError`` that names the argument, the value seen and what is accepted.
 """
 

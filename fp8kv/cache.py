@@ -219,13 +219,18 @@ class PagedKVCache:
                     idx = tuple(int(i) for i in bad.nonzero()[0])
                     _fail(f"{name}{list(idx) if idx else ''}={float(s[idx])}; scales must be positive and finite")
 
-    def validate_tables(self):
-        """Check seq_lens against capacity and the used block-table entries against num_blocks.
+    def validate_tables(self, *, nonempty: bool = False):
+        """Check seq_lens against capacity and the used block-table entries against num_blocks; with
+        ``nonempty``, also that every sequence holds a token (a decode's query attends at least itself).
 
-        One host sync. The constructor calls it; so does ``fp8kv.decode`` with ``check=True``, and every
-        method that reads the tables (:meth:`gather`, :meth:`slots`, the writes) checks what it reads.
+        One host sync. The constructor calls it; so does ``fp8kv.decode`` (``nonempty`` with ``check=True``),
+        and every method that reads the tables (:meth:`gather`, :meth:`slots`, the writes) checks what it reads.
         """
-        self._checked_tables()
+        lens = self._checked_tables()
+        if nonempty and (lens < 1).any():
+            i = int((lens < 1).nonzero()[0])
+            _fail(f"seq_lens[{i}]={int(lens[i])}: decode needs at least one cached token per sequence "
+                  "(empty sequences have no attention output)")
 
     def _checked_tables(self, row: int | None = None) -> torch.Tensor:
         """The tables as they are now (the attributes are plain: ``seq_lens`` may have been edited since

@@ -8,7 +8,7 @@ The facts, each with its source:
 
 * FP8 *storage* works on every GPU from sm80 on: a byte is a byte; a kernel that cannot convert
   in hardware loads uint8 and decodes the bits in software (``fp8_bits_to_fp16``,
-  ``fp8kv/kernels/fp8_codec.py``).
+  ``fp8kv/ops/fp8_codec.py``).
 * FP8 tensor-core arithmetic (``mma ... .e4m3/.e5m2``) needs sm89 or newer (PTX ISA, "Warp-level
   matrix instructions: mma", FP8 types require sm_89).
 * Triton compiles ``fp8e4nv`` (e4m3fn) only on sm89+; below that it offers ``fp8e5`` and
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 
 from . import checks
@@ -52,7 +53,8 @@ from .quant import GRANULARITIES
 __all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "VARIANTS", "UnsupportedError",
            "check", "check_query", "capability", "current_arch",
            "choose_backend", "choose_mode", "flashinfer_installed", "vllm_installed", "check_variant", "check_variants",
-           "variants", "VLLM_HEAD_DIMS", "VLLM_NOT_INSTALLED"]
+           "variants", "VLLM_HEAD_DIMS", "VLLM_NOT_INSTALLED", "scales_refusal", "check_query_strides",
+           "interpreter_on", "use_interpreter", "INTERPRETER_ENV"]
 
 ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
 BACKEND_NAMES = ("reference", "triton", "flashinfer", "vllm")  # fp8kv.backends.BACKENDS maps each to its runner
@@ -81,8 +83,27 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+INTERPRETER_ENV = "TRITON_INTERPRET"  # Triton runs its kernels on CPU, interpreted, where this is set (not "0")
+
+
 def interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return os.environ.get(INTERPRETER_ENV, "0") not in ("", "0")
+
+
+def use_interpreter(environ=None) -> bool:
+    """Turn the Triton interpreter on: the one place :data:`INTERPRETER_ENV` is set, by every command's
+    ``--interpret`` and the notebooks on CPU. In ``environ`` (a child process's environment), or by default in
+    this process's, where Triton reads it once, when it is first imported: True where it is on (now, or
+    already), False (nothing set) where triton was already imported without it, too late to take effect."""
+    if environ is not None:
+        environ[INTERPRETER_ENV] = "1"
+        return True
+    if interpreter_on():
+        return True
+    if "triton" in sys.modules:
+        return False
+    os.environ[INTERPRETER_ENV] = "1"
+    return True
 
 
 def check_query(backend: str, q_dtype, kv_dtype: str) -> tuple[bool, str]:
@@ -137,8 +158,6 @@ def _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim, layout="NH
         if mode == "fp8":
             if n < 89:
                 return False, f"FP8 tensor-core arithmetic needs sm89+; {arch} has none (use dequant mode)"
-            if granularity == "token_head":
-                return False, "fp8 mode takes tensor, head and channel scales; token_head needs dequant mode"
             return True, "FP8 query and probabilities, FP8 x FP8 tl.dot (fp32 accumulate)"
         if not fp8_kv:
             return True, "16-bit KV, 16-bit tl.dot (the BF16 baseline through the same kernel)"
@@ -204,6 +223,13 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
     checks.one_of(layout, "layout", LAYOUTS)
     if head_dim is not None:
         head_dim = checks.positive_int(head_dim, "head_dim")
+    ok, why = _support(backend, kv_dtype, mode, arch, granularity, head_dim, layout)
+    refusal = scales_refusal(backend, mode, granularity) if ok else None
+    return (False, refusal) if refusal else (ok, why)
+
+
+def _support(backend, kv_dtype, mode, arch, granularity, head_dim, layout) -> tuple[bool, str]:
+    """:func:`check` of valid arguments, but the refusal of :func:`scales_refusal`."""
     if arch is not None:
         return _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim, layout)
     here = current_arch()
@@ -219,8 +245,6 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
             return False, "no GPU: Triton kernels run on CPU only under TRITON_INTERPRET=1"
         if mode == "fp8" and not is_fp8(kv_dtype):
             return False, "fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode"
-        if mode == "fp8" and granularity == "token_head":
-            return False, "fp8 mode takes tensor, head and channel scales; token_head needs dequant mode"
         return True, "CPU: Triton interpreter (TRITON_INTERPRET=1), for correctness only"
     ok, why = _arch_facts(backend, kv_dtype, mode, here, granularity, head_dim, layout)
     if ok and backend == "flashinfer" and not flashinfer_installed():
@@ -228,6 +252,25 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
     if ok and backend == "vllm" and not vllm_installed():
         return False, VLLM_NOT_INSTALLED
     return ok, why
+
+
+def scales_refusal(backend: str, mode: str, granularity: str) -> str | None:
+    """Why ``backend`` cannot run ``mode`` with ``granularity`` scales on any arch, or None: fp8kv's Triton
+    kernel has no fp8 mode over per-token-head scales (they would scale the FP8 probabilities per token).
+    The one home of that refusal: :func:`check` asks it of every combination its other facts let run, and
+    :func:`fp8kv.ops.paged_decode` of its own input."""
+    if backend == "triton" and mode == "fp8" and granularity == "token_head":
+        return "fp8 mode takes tensor, head and channel scales; token_head needs dequant mode"
+    return None
+
+
+def check_query_strides(backend: str, q) -> None:
+    """ValueError naming ``q``'s strides where ``backend``'s kernels cannot address it: the GPU kernels
+    (fp8kv's, FlashInfer's, vLLM's) read head_dim with stride 1; the reference takes any layout. The one
+    home of that check: :func:`fp8kv.decode` asks it once per call, as do the backends' own entry points."""
+    if backend != "reference" and q.stride(-1) != 1:
+        checks.fail(f"q has strides {tuple(q.stride())}: the {backend} backend needs it contiguous in its last "
+                    "(head_dim) dimension; call .contiguous()")
 
 
 def _vllm_on_cpu(kv_dtype, mode, granularity, head_dim, layout) -> tuple[bool, str]:

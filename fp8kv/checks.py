@@ -319,3 +319,9 @@ def softmax_scale(sm_scale, soft_cap: float | None = None, name: str = "sm_scale
         fail(f"{name}={value:g}; expected {name} in [{lo:.3g}, {hi:.3g}]: the kernels fold sm_scale x log2(e){cap} "
              "into fp32 factors, which must lie in [2^-126, 2^64] (fold a larger or smaller factor into q instead)")
     return value
+
+
+def resolved_softmax_scale(sm_scale: float | None, head_dim: int) -> float:
+    """``sm_scale`` as given (checked where it entered: :func:`softmax_scale`), or for None the default
+    softmax scale ``1 / sqrt(head_dim)``: the one place that default is computed."""
+    return 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale

@@ -13,8 +13,8 @@ and tuning one GPU never rewrites another's table.
 A table is checked as it is read: JSON holding ``{"gpu": <the slug it is looked up for>, "entries": {key:
 {block_n, num_warps, num_stages, ...}}}`` with positive int launch values, else a ValueError naming the
 file and what is wrong. It is re-read when the file changes (its inode, mtime or size), not once per process.
-Which warp counts and tile sizes a launch may take lives here too (``WARP_COUNTS``, ``MAX_BLOCK_N``), the one
-home that this table's entries and :mod:`fp8kv.ops`'s launch overrides are both checked against.
+The options an entry sets, and the warp counts and tile sizes a launch may take (``WARP_COUNTS``,
+``MAX_BLOCK_N``), come from the option table, :mod:`fp8kv.launch_options`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import json
 import warnings
 from pathlib import Path
 
+from .launch_options import MAX_BLOCK_N, WARP_COUNTS, tuned_options
+
 TABLE_DIR = Path(__file__).resolve().parent / "data"
-LAUNCH_KEYS = ("block_n", "num_warps", "num_stages")  # what an entry sets
-# What a Triton launch may take (checked here for the table's entries, by fp8kv.ops for a caller's overrides):
-WARP_COUNTS = (1, 2, 4, 8, 16)  # num_warps
-MAX_BLOCK_N = 256  # tokens per tile, a power of two: a 256 x 256 tile already exceeds every GPU's registers
+LAUNCH_KEYS = tuned_options()  # what an entry sets: block_n, num_warps, num_stages
 
 
 def table_path(gpu: str, table_dir: str | Path | None = None) -> Path:

@@ -24,6 +24,7 @@ import torch
 from fp8kv import ops
 from fp8kv.bench import probe_us, synthetic_cache
 from fp8kv.device import gpu_slug
+from fp8kv.ops.decode import splits
 from fp8kv.results import utc_stamp
 
 SHAPES = ["8/1/256", "14/2/64", "71/1/64", "28/4/128", "32/8/128", "12/4/64", "32/32/128", "16/16/256", "32/8/112",
@@ -31,11 +32,11 @@ SHAPES = ["8/1/256", "14/2/64", "71/1/64", "28/4/128", "32/8/128", "12/4/64", "3
 POINTS = ["64x16384", "64x16384r", "16x16384", "4x16384", "8x8192"]
 
 
-def use_rule(name: str, fill=ops.fill_waves, streaming=ops.MAX_HEADS_STREAMING) -> None:
+def use_rule(name: str, fill=splits.fill_waves, streaming=splits.MAX_HEADS_STREAMING) -> None:
     """Switch fp8kv's split rule to ``"before"`` or ``"after"`` (this process only)."""
-    ops._RESIDENCY.clear()
-    ops.fill_waves = fill if name == "after" else (lambda programs, splits, *rest: splits)
-    ops.MAX_HEADS_STREAMING = streaming if name == "after" else ops.MAX_HEADS_PER_PROGRAM
+    splits.clear_residency()
+    splits.fill_waves = fill if name == "after" else (lambda programs, count, *rest: count)
+    splits.MAX_HEADS_STREAMING = streaming if name == "after" else splits.MAX_HEADS_PER_PROGRAM
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The Gluon decode kernel as a GPU would run it, built on any machine (``fp8kv.gluon_build``):
+"""The Gluon decode kernel as a GPU would run it, built on any machine (``fp8kv.ops.decode.gluon_build``):
 
     python scripts/gluon_sass.py 32/8/128                  # the default launch at B = 64 x 16k on an H200
     python scripts/gluon_sass.py 8/1/256 --batch 4 --block-n 64 --stages 3 --sass /tmp/k.sass
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from fp8kv.gluon_build import block_table_summary, build
+from fp8kv.ops.decode.gluon_build import block_table_summary, build
 
 
 def main() -> None:

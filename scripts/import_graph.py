@@ -1,7 +1,7 @@
 """fp8kv's import graph, read from its own source (``ast``): the layers, and any arrow against them.
 
 A unit is a module of ``fp8kv`` (``fp8kv/cache.py`` is ``cache``) or one of its subpackages whole
-(``fp8kv/kernels/*`` is ``kernels``). An arrow ``a -> b`` means a module of ``a`` imports one of
+(``fp8kv/ops/**`` is ``ops``). An arrow ``a -> b`` means a module of ``a`` imports one of
 ``b``: *module-level* when the import runs as ``a`` is imported, *deferred* when it sits inside a
 function (run on first use: optional dependencies, and a few calls upward that would otherwise
 close a cycle). ``LAYERS`` lists the units from the bottom up; a unit may import only units of
@@ -30,14 +30,12 @@ COMMAND = "python scripts/import_graph.py --readme"
 
 # Bottom up. Each unit imports only from its own layer and the layers below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("formats", "checks", "interrupts", "launch_table"),  # facts, argument checks, signal handling, measured
-    # launch parameters: torch / stdlib only
+    ("formats", "checks", "interrupts", "launch_options", "launch_table"),  # facts, argument checks, signal
+    # handling, the decode kernels' launch options and their measured values: torch / stdlib only
     ("quant", "device"),  # the quantizer; what machine this is
-    ("capability", "cache", "kernels", "attend_checks"),  # what runs where; the paged cache; @triton.jit code;
-    # the multi-token query checks
+    ("capability", "cache", "attend_checks"),  # what runs where; the paged cache; the multi-token query checks
     ("reference", "synthetic"),  # the fp32 oracle; synthetic K/V and caches
-    ("ops", "attend_ops", "capacity"),  # kernel launchers; the capacity planner
-    ("gluon_build",),  # the Gluon kernel's launch compiled offline (registers, spills, SASS)
+    ("ops", "capacity"),  # fp8kv's kernels and their launchers (plan, run); the capacity planner
     ("backends",),  # fp8kv.decode and its backends
     ("models", "results", "viz"),  # real models; results IO; figures
     ("bench", "matrix", "step", "analysis", "ui"),  # measurements behind the notebooks
@@ -50,7 +48,7 @@ DEFERRED_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def unit_of(module: str) -> str:
-    """``fp8kv.kernels.copy`` -> ``kernels``; ``fp8kv`` -> ``__init__``."""
+    """``fp8kv.ops.copy`` -> ``ops``; ``fp8kv`` -> ``__init__``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 

@@ -20,8 +20,8 @@ import argparse
 
 from split_rule_probe import FP8_DEFAULT, latency_cases  # the same latency grid (scripts/ is on sys.path)
 
-from fp8kv import ops
 from fp8kv.bench import run, save_comparison, sweep
+from fp8kv.ops.decode import combine
 
 STREAMING = [(32, 8, 128)]
 
@@ -34,13 +34,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
     args = p.parse_args()
-    runs, default = {}, ops.COMBINE_PDL
+    runs, default = {}, combine.COMBINE_PDL
     try:
         for pdl in (False, True):
-            ops.COMBINE_PDL = pdl
+            combine.COMBINE_PDL = pdl
             runs[pdl] = run(cases(), progress=False, rep=50)
     finally:
-        ops.COMBINE_PDL = default
+        combine.COMBINE_PDL = default
     save_comparison(runs, "pdl", "pdl", args.out)
 
 

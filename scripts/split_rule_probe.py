@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from fp8kv import ops
 from fp8kv.bench import run, save_comparison, sweep
+from fp8kv.ops.decode import splits
 
 SHAPES = [(32, 8, 128), (32, 32, 128), (8, 1, 256), (14, 2, 64), (28, 4, 128), (71, 1, 64), (40, 8, 128)]
 # FP8 e4m3, tensor scale, the default dispatch of fp8kv's own decode (scripts/pdl_probe.py times the same grid)
@@ -35,13 +35,13 @@ def main() -> None:
     p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
     args = p.parse_args()
     shapes = [tuple(int(x) for x in s.split("/")) for s in args.shapes] if args.shapes else SHAPES
-    rule, runs = ops.latency_waves, {}
+    rule, runs = splits.latency_waves, {}
     try:
         for waves in args.min_waves:
-            ops.latency_waves = lambda head_dim, waves=waves: waves  # the same at every head_dim
+            splits.latency_waves = lambda head_dim, waves=waves: waves  # the same at every head_dim
             runs[waves] = run(latency_cases(shapes), progress=False, rep=50)
     finally:
-        ops.latency_waves = rule
+        splits.latency_waves = rule
     save_comparison(runs, "min_waves", "split-rule", args.out)
 
 

@@ -93,7 +93,10 @@ def _env(path: str, cpu: bool) -> dict:
     else:
         env.pop("VLLM_BATCH_INVARIANT", None)
     if cpu:
-        env["TRITON_INTERPRET"] = "1"
+        sys.path.insert(0, str(REPO))  # the parent imports fp8kv for this alone
+        from fp8kv.capability import use_interpreter
+
+        use_interpreter(env)
     return env
 
 

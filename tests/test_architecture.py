@@ -1,7 +1,9 @@
-"""The import graph of fp8kv (scripts/import_graph.py): layered, without cycles, drawn in the README."""
+"""The import graph of fp8kv (scripts/import_graph.py): layered, without cycles, drawn in the README; and the
+op package fp8kv.ops: small modules, private names kept private, each public name defined once."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from pathlib import Path
 
@@ -51,19 +53,145 @@ def test_a_cycle_through_a_deferred_import_is_caught(graph, tmp_path):
 def test_a_module_level_cycle_and_an_upward_import_are_caught(graph, tmp_path):
     root = _package(tmp_path, {
         "__init__.py": "",
-        "formats.py": "from fp8kv.kernels.copy import copy_kernel\n",
-        "kernels/__init__.py": "",
-        "kernels/copy.py": "from ..formats import FORMATS\n",
+        "formats.py": "from fp8kv.ops.copy import copy_kernel\n",
+        "ops/__init__.py": "",
+        "ops/copy.py": "from ..formats import FORMATS\n",
         "mystery.py": "import fp8kv.formats\n",
     })
     found = graph.problems(root)
-    assert "import cycle among ['fp8kv.formats', 'fp8kv.kernels.copy'] (module-level imports)" in found
-    assert any(line.startswith("import formats -> kernels points up") for line in found)
+    assert "import cycle among ['fp8kv.formats', 'fp8kv.ops.copy'] (module-level imports)" in found
+    assert any(line.startswith("import formats -> ops points up") for line in found)
     assert any("unit 'mystery' is in no layer" in line for line in found)
-    assert graph.unit_edges(root) == {("formats", "kernels"): False, ("kernels", "formats"): False,
+    assert graph.unit_edges(root) == {("formats", "ops"): False, ("ops", "formats"): False,
                                       ("mystery", "formats"): False}
 
 
 def test_readme_holds_the_current_graph(graph):
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert graph.readme_block() in readme, f"README's import graph is stale: run {graph.COMMAND}"
+
+
+# ---------------------------------------------------------------------------- the op package, fp8kv.ops
+OPS = REPO / "fp8kv" / "ops"
+MAX_OPS_MODULE_LINES = 500  # one job a module: a module that outgrows this holds two
+
+
+def _ops_modules(graph) -> dict[str, Path]:
+    return {name: path for name, path in graph.modules().items() if name == "fp8kv.ops" or name.startswith("fp8kv.ops.")}
+
+
+def test_every_ops_module_stays_small(graph):
+    sizes = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in _ops_modules(graph).items()}
+    assert len(sizes) > 10, sorted(sizes)  # the package was found
+    assert {name: n for name, n in sizes.items() if n > MAX_OPS_MODULE_LINES} == {}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _module_of(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".") if is_package else importer.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def private_reach(path: Path, importer: str, known: set[str]) -> list[str]:
+    """Where the file at ``path`` (module ``importer``; "" outside the package) uses a private name of an
+    ``fp8kv.ops`` module other than its own: imported by name, read as an attribute of the module, or set on it
+    by ``setattr`` / ``monkeypatch.setattr``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    aliases: dict[str, str] = {}  # a local name -> the fp8kv module it is bound to
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "fp8kv":
+                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else "fp8kv"
+        elif isinstance(node, ast.ImportFrom):
+            module = _module_of(importer, is_package, node)
+            if not module.startswith("fp8kv"):
+                continue
+            for a in node.names:
+                if f"{module}.{a.name}" in known:
+                    aliases[a.asname or a.name] = f"{module}.{a.name}"
+                elif _is_private(a.name) and module.startswith("fp8kv.ops") and module != importer:
+                    found.append(f"{path.name}:{node.lineno} imports {a.name} from {module}")
+
+    def module_and_rest(expr) -> tuple[str, list[str]] | None:
+        parts = []
+        while isinstance(expr, ast.Attribute):
+            parts.append(expr.attr)
+            expr = expr.value
+        if not isinstance(expr, ast.Name) or expr.id not in aliases:
+            return None
+        module, rest = aliases[expr.id], parts[::-1]
+        while rest and f"{module}.{rest[0]}" in known:
+            module = f"{module}.{rest.pop(0)}"
+        return module, rest
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            hit = module_and_rest(node)
+            if hit and hit[0].startswith("fp8kv.ops") and hit[0] != importer and hit[1] == [node.attr]:
+                found.append(f"{path.name}:{node.lineno} reads {hit[0]}.{node.attr}")
+        elif isinstance(node, ast.Call) and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and \
+                isinstance(node.args[1].value, str) and _is_private(node.args[1].value) and \
+                (getattr(node.func, "id", None) == "setattr" or getattr(node.func, "attr", None) == "setattr"):
+            hit = module_and_rest(node.args[0])
+            if hit and hit[0].startswith("fp8kv.ops") and not hit[1] and hit[0] != importer:
+                found.append(f"{path.name}:{node.lineno} sets {hit[0]}.{node.args[1].value}")
+    return sorted(found, key=lambda line: int(line.split(" ")[0].split(":")[1]))
+
+
+def test_no_module_reaches_a_private_name_of_an_ops_module(graph):
+    """A name with a leading underscore is its module's own: the package, the tests and the scripts use the
+    public names of fp8kv.ops (a private one reached from outside is a public one to name so)."""
+    mods = graph.modules()
+    known = set(mods)
+    files = {path: name for name, path in mods.items()}
+    files.update({p: "" for folder in ("tests", "scripts") for p in sorted((REPO / folder).rglob("*.py"))})
+    found = [line for path, name in files.items() for line in private_reach(path, name, known)]
+    assert found == []
+
+
+def test_the_private_reach_check_finds_each_kind_of_reach(graph, tmp_path):
+    known = set(graph.modules())
+    probe = tmp_path / "probe.py"
+    probe.write_text("from fp8kv import ops\nfrom fp8kv.ops.decode import splits\nimport fp8kv\n"
+                     "from fp8kv.ops.decode.splits import _bandwidth_splits\n"
+                     "ops.decode.splits._RESIDENCY\nsplits._RESIDENCY.clear()\nfp8kv.ops.decode.combine._x\n"
+                     "monkeypatch.setattr(ops.decode.splits, '_RESIDENCY', {})\nsetattr(splits, '_y', 1)\n"
+                     "ops.decode.splits.sm_count\nops.__all__\n")
+    found = private_reach(probe, "", known)
+    assert [line.split(" ", 1)[0] for line in found] == [f"probe.py:{n}" for n in (4, 5, 6, 7, 8, 9)], found
+
+
+def _top_level_definitions(path: Path) -> set[str]:
+    """The public names a module defines (functions, classes, assignments), not those it imports."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+    return {n for n in names if not n.startswith("_")}
+
+
+def test_each_public_name_of_the_ops_package_is_defined_once(graph):
+    """fp8kv.ops re-exports its names; each is defined in one module (a second definition is a second
+    home, which drifts from the first)."""
+    homes: dict[str, list[str]] = {}
+    for name, path in _ops_modules(graph).items():
+        for defined in _top_level_definitions(path):
+            homes.setdefault(defined, []).append(name)
+    assert {n: m for n, m in homes.items() if len(m) > 1} == {}
+    import fp8kv.ops
+
+    everywhere = set().union(*(_top_level_definitions(p) for p in _ops_modules(graph).values()))
+    assert set(fp8kv.ops.__all__) <= everywhere | {"WARP_COUNTS", "MAX_BLOCK_N"}  # those two: fp8kv.launch_options

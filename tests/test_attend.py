@@ -1,5 +1,5 @@
 """Multi-token attention over the paged cache (speculative verification, chunked prefill): the oracle
-``fp8kv.reference.attend`` and the Triton kernel ``fp8kv.attend_ops.attend`` against it.
+``fp8kv.reference.attend`` and the Triton kernel ``fp8kv.ops.attend.attend`` against it.
 
 The oracle is checked on its own properties: one new token is :func:`fp8kv.reference.decode` bit for
 bit, every row is a decode over the cache truncated after the row's position, a later key never
@@ -27,7 +27,7 @@ from fp8kv.reference import lse_tolerance
 triton = pytest.importorskip("triton")
 from test_ops import DEVICE, FP8_MODE_TOL, dequant_tol, make_cache  # noqa: E402
 
-from fp8kv.attend_ops import attend, attend_launch  # noqa: E402
+from fp8kv.ops.attend import attend, attend_launch  # noqa: E402
 
 FP8_NAN_CODE = 0x7F  # NaN in both e4m3fn and e5m2
 

@@ -387,3 +387,73 @@ def test_a_query_strided_in_head_dim_is_refused_where_it_enters(backend, make_ca
         fp8kv.decode(q, cache, backend=backend, **({"gluon": True} if backend == "triton" else {}))
     with pytest.raises(ValueError, match="contiguous in its last"):
         paged_decode(q, cache, gluon=True)  # the launcher called directly refuses it too
+
+
+# ------------------------------------------------------------------------- each check runs once
+def _spy_everywhere(monkeypatch, owner, name: str, counts: dict) -> None:
+    """Replace ``owner.name`` (a function of a module, or a method of a class) and every binding of it in the
+    loaded fp8kv modules (``from ... import name``) by a wrapper counting its calls into ``counts[name]``."""
+    import sys
+
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def counting(*args, **kwargs):
+        counts[name] += 1
+        return original(*args, **kwargs)
+
+    counts[name] = 0
+    monkeypatch.setattr(owner, name, counting)
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("fp8kv") and module is not None and getattr(module, name, None) is original:
+            monkeypatch.setattr(module, name, counting)
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("kv_dtype,granularity,options", [("fp8_e4m3", "tensor", {}), ("fp8_e5m2", "token_head", {}),
+                                                          ("fp16", "tensor", {}),
+                                                          ("fp8_e4m3", "channel", {"num_splits": 2, "block_n": 16})])
+@pytest.mark.parametrize("entry", ["decode", "planned"])
+def test_each_check_of_the_decode_path_runs_once_per_call(monkeypatch, make_cache, backend, check, kv_dtype,
+                                                          granularity, options, entry):
+    """fp8kv.decode validates where the input enters and the layers below trust it: the query against the
+    cache (cache.check_query) and the backend (capability.check_query), its head_dim stride, the refusal of fp8
+    mode over token_head scales and the cache's arrays (validate_arrays) each run exactly once per call, on
+    either backend, checked or not, and once per plan through fp8kv.backends.planned (its runs check nothing)."""
+    import importlib
+
+    import fp8kv.ops  # noqa: F401  (loaded, so that its bindings of the checks are spied on too)
+    from fp8kv.backends import planned
+
+    capability = importlib.import_module("fp8kv.capability")  # fp8kv.capability is also a function's name
+
+    if backend == "reference" and options:
+        pytest.skip("the reference takes no launch options")
+    counts: dict[str, int] = {}
+    for name in ("check_query", "check_query_strides", "scales_refusal"):
+        _spy_everywhere(monkeypatch, capability, name, counts)
+    spied_cache = {}
+    for name in ("check_query", "validate_arrays"):
+        original = getattr(PagedKVCache, name)
+
+        def counting(self, *args, _original=original, _name=name, **kwargs):
+            spied_cache[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        spied_cache[name] = 0
+        monkeypatch.setattr(PagedKVCache, name, counting)
+    cache = make_cache(kv_dtype=kv_dtype, granularity=granularity)
+    q = query()
+    if entry == "decode":
+        out, _ = fp8kv.decode(q, cache, backend=backend, check=check, **options)
+    else:
+        if not check:
+            pytest.skip("planned() always checks")
+        call = planned(q, cache, backend, **options)
+        assert counts == dict.fromkeys(counts, 1) and spied_cache == {"check_query": 1, "validate_arrays": 1}
+        out, _ = call()
+        out, _ = call()  # a planned call checks nothing
+    assert torch.isfinite(out).all()
+    assert counts == {"check_query": 1, "check_query_strides": 1, "scales_refusal": 1}
+    assert spied_cache == {"check_query": 1, "validate_arrays": 1}

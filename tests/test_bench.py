@@ -294,7 +294,8 @@ def test_run_plans_flashinfer_once_and_times_run_only(monkeypatch):
             events.append(("init", mode, use_tensor_cores, trusted))
             self.cache = cache
 
-        def plan(self, cache, *, num_qo_heads, q_dtype):
+        def plan(self, cache, *, num_qo_heads, q_dtype, sm_scale):
+            assert sm_scale == 16 ** -0.5  # fp8kv.decode's default, resolved once where the input entered
             events.append(("plan", num_qo_heads, q_dtype))
 
         def run_trusted(self, q):  # validated where it entered, so the unchecked run
@@ -841,6 +842,14 @@ def test_layouts_cuda_core_preset_times_both_kernels_on_small_groups():
     assert any(c.backend == "flashinfer" and c.status == "ready" for c in cases)
 
 
+def _row_launch(case: Case, cache):
+    """What a bench row says of the Triton launch of ``case`` over ``cache``: its planned call's plan."""
+    from fp8kv.backends import planned
+
+    q = torch.randn(case.batch, case.num_q_heads, case.head_dim, dtype=torch.bfloat16)  # planned, never run
+    return bench.measure.planned_launch(planned(q, cache, "triton", case.mode, **case.options))
+
+
 def test_triton_opt_gluon_is_a_switch(monkeypatch):
     import argparse
 
@@ -855,26 +864,26 @@ def test_triton_opt_gluon_is_a_switch(monkeypatch):
     cache = synthetic_cache(2, 64, 2, 128, kv_dtype="fp8_e4m3", device="cpu")
     case = Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3", options={"gluon": True, "block_n": 128})
     with pytest.raises(UnsupportedError, match="CUDA GPU only"):  # no GPU here: the row says unsupported
-        bench.measure._triton_launch(case, cache, torch.device("cpu"))
-    monkeypatch.setattr(ops, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
-    launch = bench.measure._triton_launch(case, cache, torch.device("cpu"))
+        _row_launch(case, cache)
+    monkeypatch.setattr(ops.decode.planning, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
+    launch = _row_launch(case, cache)
     assert launch["kernel"] == "gluon"
     assert (launch["block_n"], launch["num_stages"], launch["num_warps"]) == (128, 4, 4)  # the Gluon launch
-    auto = bench.measure._triton_launch(Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3"), cache, torch.device("cpu"))
+    auto = _row_launch(Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3"), cache)
     assert auto["kernel"] == "triton"  # splits of 64 tokens: latency-bound, the Triton kernel's
     monkeypatch.setitem(ops.GLUON_MIN_SPLIT_TOKENS, 1, 64)
-    auto = bench.measure._triton_launch(Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3"), cache, torch.device("cpu"))
+    auto = _row_launch(Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3"), cache)
     assert (auto["kernel"], auto["block_n"]) == ("gluon", 64)  # the default where Gluon runs
     tuned = Case(2, 64, 8, 2, 128, kv_dtype="fp8_e4m3", options={"block_n": 32})
-    assert bench.measure._triton_launch(tuned, cache, torch.device("cpu"))["kernel"] == "triton"  # a Triton override
+    assert _row_launch(tuned, cache)["kernel"] == "triton"  # a Triton override
 
 
-def test_a_rows_kernel_is_chosen_by_the_mapping_paged_decode_uses(monkeypatch):
-    """out_dtype and an empty eviction_policy among a case's options must reach the kernel choice as they reach
-    paged_decode's (out_dtype changes no launch, "" is no policy): passed raw, they made the Gluon kernel refuse
-    on paper, so a row named the Triton kernel and its launch while the Gluon kernel ran."""
+def test_a_rows_kernel_is_the_kernel_its_plan_runs(monkeypatch):
+    """A row names the kernel and launch of the plan its timed call runs (read from it, not worked out again),
+    and paged_decode maps the same options to the same choice: out_dtype and an empty eviction_policy among a
+    case's options reach the kernel choice as no option ("" is no policy, out_dtype changes no launch); passed
+    raw, they made the Gluon kernel refuse on paper, so a row named the Triton kernel while the Gluon kernel ran."""
     from fp8kv import ops
-    from fp8kv.bench import measure
 
     seen = []
 
@@ -885,16 +894,17 @@ def test_a_rows_kernel_is_chosen_by_the_mapping_paged_decode_uses(monkeypatch):
         seen.append(kw)
         if len(seen) > 1:
             raise Chosen  # paged_decode's choice is made: nothing to launch
-        return "gluon", dict(num_splits=4, block_n=128, num_warps=4, num_stages=3, heads_per_program=4)
+        return "gluon", dict(num_splits=4, tokens_per_split=16, block_n=128, num_warps=4, num_stages=3,
+                             heads_per_program=4, head_tiles=1)
 
-    monkeypatch.setattr(ops, "decode_launch", recording)
+    monkeypatch.setattr(ops.decode.planning, "decode_launch", recording)
     case = Case(2, 64, 8, 2, 64, kv_dtype="fp8_e4m3", options={"out_dtype": torch.float32, "eviction_policy": ""})
     cache = synthetic_cache(2, 64, 2, 64, kv_dtype="fp8_e4m3", device="cpu")
-    row = measure._triton_launch(case, cache, torch.device("cpu"))
+    row = _row_launch(case, cache)
     q = torch.randn(2, 8, 64, dtype=torch.bfloat16)  # the case's q_dtype
     with pytest.raises(Chosen):
         ops.paged_decode(q, cache, out_dtype=torch.float32, eviction_policy="")
-    assert row["kernel"] == "gluon"
+    assert (row["kernel"], row["num_splits"], row["block_n"], row["num_stages"]) == ("gluon", 4, 128, 3)
     given = [{k: v for k, v in kw.items() if v is not None} for kw in seen]  # None: not given, either way
     assert given[0] == given[1] and "out_dtype" not in seen[0] and seen[0]["eviction_policy"] is None
 

@@ -128,7 +128,7 @@ def test_source_digest_names_the_code_that_ran(tmp_path):
     (b / "__pycache__").mkdir(exist_ok=True)
     (b / "__pycache__" / "x.pyc").write_bytes(b"junk")
     assert D.source_digest(b) == D.source_digest(a)
-    kernel = b / "kernels" / "paged_decode.py"
+    kernel = b / "ops" / "decode" / "triton_kernel.py"
     kernel.write_text(kernel.read_text() + "\n")
     assert D.source_digest(b) != D.source_digest(str(a))
     table = a / "data" / "launch_nvidia-h200.json"

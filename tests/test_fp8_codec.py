@@ -1,4 +1,4 @@
-"""fp8kv.kernels.fp8_codec against torch's own FP8 conversions.
+"""fp8kv.ops.fp8_codec against torch's own FP8 conversions.
 
 Decoder: every one of the 256 codes of e4m3fn and e5m2, bit for bit (the sign of zero included).
 Encoder: a dense sweep of fp32 inputs (every representable value, every midpoint between two
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from fp8kv.formats import FORMATS
-from fp8kv.kernels.fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
+from fp8kv.ops.fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
 
 FMTS = ["e4m3", "e5m2"]
 BLOCK = 4096

@@ -1,5 +1,5 @@
 """The Gluon decode kernel compiled for sm90 on this machine (no GPU needed: Triton's bundled ptxas assembles
-it, fp8kv.gluon_build): the H200's tiles build with the Triton installed here without spilling, within the
+it, fp8kv.ops.decode.gluon_build): the H200's tiles build with the Triton installed here without spilling, within the
 shared memory that fp8kv.ops reserves for them (what decides whether a ring fits a smaller GPU). Its numbers
 are tested on a GPU (tests/test_ops.py)."""
 
@@ -13,7 +13,7 @@ import torch
 
 from fp8kv import ops
 
-gluon_kernel = pytest.importorskip("fp8kv.kernels.paged_decode_gluon")  # a Triton with the Gluon dialect
+gluon_kernel = pytest.importorskip("fp8kv.ops.decode.gluon_kernel")  # a Triton with the Gluon dialect
 
 H200_SMS = 132
 # (Hq, Hkv, D, B): the Gluon launch gluon_launch plans for a layout at B sequences of 16k tokens on an H200 (tile,
@@ -29,7 +29,7 @@ LAUNCHES = [(32, 8, 128, 64),  # 64-token tiles, 4 deep, 16 rows
 # Run in a process without the interpreter (build() refuses it): every launch above, one JSON line each.
 _BUILD_ALL = """
 import json, sys
-from fp8kv.gluon_build import block_table_summary, build
+from fp8kv.ops.decode.gluon_build import block_table_summary, build
 launches, sms = json.loads(sys.argv[1])
 for hq, hkv, d, b in launches:
     k, cfg = build(hq, hkv, d, batch=b, context=16384, num_sms=sms)
@@ -88,7 +88,7 @@ def test_no_instruction_waits_for_the_block_table_in_the_tile_that_loads_it(buil
 
 
 def test_the_build_refuses_an_interpreted_triton():
-    from fp8kv.gluon_build import build, interpreter_replaced_triton
+    from fp8kv.ops.decode.gluon_build import build, interpreter_replaced_triton
 
     if not interpreter_replaced_triton():
         pytest.skip("triton was imported without its interpreter here")
@@ -138,10 +138,13 @@ def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeyp
             return launch
 
     monkeypatch.setattr(gluon_kernel, "gluon_decode_kernel", StandIn())
+    monkeypatch.setattr(ops.decode.planning, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
     cache = make_cache([40, 300], 2, 128, layout=layout)
-    cfg = ops.gluon_launch(2, cache, 4, num_splits=3, device=torch.device("cpu"))  # three splits: distinct strides
     q = torch.randn(2, 8, 128, dtype=torch.float16)
-    out, lse = ops._paged_decode_gluon(q, cache, None, cfg, None)
+    plan = ops.plan(q, cache, gluon=True, num_splits=3)  # three splits: distinct strides
+    cfg = plan.config
+    assert plan.kernel == "gluon" and cfg == ops.gluon_launch(2, cache, 4, num_splits=3, device=torch.device("cpu"))
+    out, lse = ops.run(plan, q, cache)
     assert seen["grid"] == (2 * cfg["head_tiles"], 2, cfg["num_splits"])
     assert (seen["GROUP"], seen["HEAD_DIM"], seen["STAGES"]) == (4, 128, cfg["num_stages"])
     assert out.shape == (2, 8, 128) and out.dtype == torch.float16 and lse.shape == (2, 8)
@@ -169,7 +172,7 @@ def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeyp
 ])
 def test_build_refuses_what_the_kernel_does_not_take_by_name(args, kw, exc, match):
     """Checked before anything compiles (and before the interpreter check: this process may have one on)."""
-    from fp8kv.gluon_build import build
+    from fp8kv.ops.decode.gluon_build import build
 
     with pytest.raises(exc, match=match):
         build(*args, **{"context": 4096, **kw})
@@ -177,6 +180,6 @@ def test_build_refuses_what_the_kernel_does_not_take_by_name(args, kw, exc, matc
 
 def test_build_archs_are_fp8kvs_targets_from_sm89():
     from fp8kv.capability import ARCHS
-    from fp8kv.gluon_build import BUILD_ARCHS
+    from fp8kv.ops.decode.gluon_build import BUILD_ARCHS
 
     assert BUILD_ARCHS == (89, 90, 100, 120) and all(f"sm{a}" in ARCHS for a in BUILD_ARCHS)

@@ -1,5 +1,5 @@
-"""The measured launch table (fp8kv.launch_table), its use by the decode launch, and the tuning
-command that writes it (fp8kv.bench.tune)."""
+"""The measured launch table (fp8kv.launch_table), its use by the decode launch, the tuning command that
+writes it (fp8kv.bench.tune), and the option table (fp8kv.launch_options) every list of launch options comes from."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import torch
 
 from fp8kv import launch_table, ops
 from fp8kv.bench import tune
+from fp8kv.cache import PagedKVCache
+from fp8kv.launch_options import OPTIONS
 
 
 @pytest.fixture
@@ -120,12 +122,12 @@ def test_write_refuses_an_invalid_new_entry_and_keeps_its_gpu(table_dir):
 def test_default_config_takes_the_table_on_its_gpu_only(table_dir, monkeypatch):
     rule = ops.default_config("dequant", True, 96)
     launch_table.write("gpu-a", {"fp8/dequant/d96/m16": dict(block_n=256, num_warps=8, num_stages=3)}, {})
-    monkeypatch.setattr(ops, "interpreter_on", lambda: False)  # as on a GPU
+    monkeypatch.setattr(ops.decode.splits, "interpreter_on", lambda: False)  # as on a GPU
     assert ops.default_config("dequant", True, 96, gpu="gpu-a") == dict(block_n=256, num_warps=8, num_stages=3)
     assert ops.default_config("dequant", True, 96, gpu="gpu-a", group_pad=64) == {**rule, "num_stages": 2}
     assert ops.default_config("dequant", True, 96) == {**rule, "num_stages": 2}  # no GPU named: the rule
     assert ops.default_config("dequant", True, 96, gpu="gpu-a", use_tensor_cores=False)["block_n"] == 32
-    monkeypatch.setattr(ops, "interpreter_on", lambda: True)  # the interpreter keeps its one stage
+    monkeypatch.setattr(ops.decode.splits, "interpreter_on", lambda: True)  # the interpreter keeps its one stage
     assert ops.default_config("dequant", True, 96, gpu="gpu-a") == ops.default_config("dequant", True, 96)
     assert ops.default_config("dequant", True, 96, gpu="gpu-a")["num_stages"] == 1
 
@@ -135,9 +137,9 @@ def test_launch_config_looks_up_the_launch_of_its_programs(table_dir, monkeypatc
     from fp8kv.synthetic import random_paged_cache
 
     seen = []
-    monkeypatch.setattr(ops, "_gpu", lambda device: "gpu-a")
-    monkeypatch.setattr(ops.launch_table, "lookup", lambda *a: seen.append(a) or None)
-    monkeypatch.setattr(ops, "interpreter_on", lambda: False)
+    monkeypatch.setattr(ops.decode.splits, "table_gpu", lambda device: "gpu-a")
+    monkeypatch.setattr(launch_table, "lookup", lambda *a: seen.append(a) or None)
+    monkeypatch.setattr(ops.decode.splits, "interpreter_on", lambda: False)
     cache = random_paged_cache(batch=1, context=40, num_kv_heads=1, head_dim=32, kv_dtype="fp8_e4m3", device="cpu")
     ops.launch_config(1, cache, group=71)  # latency-bound: two programs of 36 heads, 64 rows (128 asked first:
     ops.launch_config(1, cache, group=4)  # the tile one program of 71 would take decides whether it streams)
@@ -263,3 +265,55 @@ def test_tune_writes_no_entry_where_nothing_ran(monkeypatch):
     monkeypatch.setattr(tune, "choose", lambda rows, rule, margin: None)
     entries, rows = tune.tune([(4, 2, 32)], ("fp8_e4m3",), point=(2, 64), confirm=())
     assert entries == {} and (rows["status"] == "unsupported").all()
+
+
+# ------------------------------------------------------------------------------ the option table
+def test_every_list_of_launch_options_is_the_option_tables():
+    """The backends' accepted options, the bench's --triton-opt keys, the launch table's keys, the options
+    fp8kv.ops.plan takes and those the Gluon kernel takes all come from fp8kv.launch_options.OPTIONS."""
+    from fp8kv import launch_options
+    from fp8kv.backends import LAUNCH_OPTIONS
+    from fp8kv.bench.cli import TRITON_OPTIONS
+    from fp8kv.capability import BACKEND_NAMES
+    from fp8kv.ops.decode import planning
+
+    table = launch_options.OPTIONS
+    names = [o.name for o in table]
+    assert len(names) == len(set(names))
+    assert LAUNCH_OPTIONS == {b: tuple(o.name for o in table if b in o.backends) for b in BACKEND_NAMES}
+    assert all(set(o.backends) <= set(BACKEND_NAMES) and o.backends for o in table)
+    assert all(set(o.kernels) <= set(launch_options.KERNELS) and o.kernels for o in table)
+    assert all(o.kind in ("int", "bool", "str", "dtype") and o.help for o in table)
+    assert TRITON_OPTIONS == tuple(o.name for o in table if o.cli)
+    assert all(o.kind in ("int", "bool") and "triton" in o.backends for o in table if o.cli)  # KEY=INT
+    assert launch_table.LAUNCH_KEYS == tuple(o.name for o in table if o.tuned)
+    assert set(ops.default_config("dequant", True, 128)) == set(launch_table.LAUNCH_KEYS)  # what an entry replaces
+    assert planning.PLAN_OPTIONS == (*LAUNCH_OPTIONS["triton"], "window", "soft_cap", "sinks")
+    assert planning.GLUON_OPTIONS == tuple(o.name for o in table if "gluon" in o.kernels)
+    assert launch_table.WARP_COUNTS is launch_options.WARP_COUNTS and ops.MAX_BLOCK_N is launch_options.MAX_BLOCK_N
+
+
+@pytest.mark.parametrize("name", [o.name for o in OPTIONS])
+def test_each_option_of_the_table_reaches_the_triton_backend(name):
+    """fp8kv.decode passes every Triton option of the table on, the plan takes it, and the bench CLI parses the
+    CLI ones; a name outside the table is refused by name at both entries."""
+    import argparse
+
+    import fp8kv
+    from fp8kv.bench.cli import TRITON_OPTIONS, _kv_opt
+    from fp8kv.ops.decode import planning
+
+    option = next(o for o in OPTIONS if o.name == name)
+    assert name in planning.PLAN_OPTIONS
+    if option.cli:
+        assert _kv_opt(f"{name}=1")[0] == name
+    else:
+        assert name not in TRITON_OPTIONS
+        with pytest.raises(argparse.ArgumentTypeError, match="expected KEY=INT"):
+            _kv_opt(f"{name}=1")
+    cache = PagedKVCache.empty(1, 16, 1, 64)
+    q = torch.zeros(1, 2, 64, dtype=torch.bfloat16)
+    for entry in (lambda: fp8kv.decode(q, cache, backend="triton", **{f"{name}_typo": 1}),
+                  lambda: planning.plan(q, cache, **{f"{name}_typo": 1})):
+        with pytest.raises(TypeError, match=f"{name}_typo=1 is not an option of the triton backend"):
+            entry()

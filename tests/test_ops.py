@@ -172,7 +172,7 @@ def test_falcon_group_runs_as_two_programs_when_latency_bound_and_one_when_strea
     q = make_q(2, 71, 32, torch.float16)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "head"), num_splits=2, block_n=16)
     assert kernel_spies["tensor"].grids == [(2, 2, 2)]
-    monkeypatch.setattr(ops, "_num_sms", lambda device: 1)  # two sequences of 13 tiles then stream
+    monkeypatch.setattr(ops.decode.splits, "sm_count", lambda device: 1)  # two sequences of 13 tiles then stream
     long = make_cache([3, 200], 1, 32, granularity="head")
     check_against_reference(q, long, "dequant", dequant_tol(torch.float16, "head"), num_splits=2, block_n=16)
     assert kernel_spies["tensor"].grids[-1] == (2, 1, 2)
@@ -241,8 +241,8 @@ def kernel_spies(monkeypatch):
     from fp8kv import ops
 
     spies = {"tensor": _Spy(ops.paged_decode_kernel), "cuda": _Spy(ops.paged_decode_cuda_core_kernel)}
-    monkeypatch.setattr(ops, "paged_decode_kernel", spies["tensor"])
-    monkeypatch.setattr(ops, "paged_decode_cuda_core_kernel", spies["cuda"])
+    monkeypatch.setattr(ops.decode.triton_launcher, "paged_decode_kernel", spies["tensor"])
+    monkeypatch.setattr(ops.decode.triton_launcher, "paged_decode_cuda_core_kernel", spies["cuda"])
     return spies
 
 
@@ -377,7 +377,7 @@ def test_splits_agree_and_batch_one_fills_the_gpu(monkeypatch):
     from fp8kv import ops
     from fp8kv.ops import launch_config
 
-    monkeypatch.setattr(ops, "_num_sms", lambda device: 132)  # an H200's launch, on any machine
+    monkeypatch.setattr(ops.decode.splits, "sm_count", lambda device: 132)  # an H200's launch, on any machine
     for b, hkv, lens, want in ((4, 8, [4096] * 4, 16), (1, 8, [4096], 32), (2, 8, [1000, 1000], 8)):
         cfg = launch_config(b, make_cache(lens, hkv, 128, seed=1), block_n=128)
         assert cfg["num_splits"] == want and cfg["tokens_per_split"] % 128 == 0, (b, lens, cfg)
@@ -391,7 +391,7 @@ def test_splits_agree_and_batch_one_fills_the_gpu(monkeypatch):
 
 
 def test_resident_programs_follow_registers_shared_memory_and_threads():
-    """The occupancy rules behind fill_waves, at the builds the H200 runs (fp8kv.gluon_build: 168 registers and
+    """The occupancy rules behind fill_waves, at the builds the H200 runs (fp8kv.ops.decode.gluon_build: 168 registers and
     72 KiB for 32/8/128, 96 and 28 KiB for 12/4/64, 212 and 104 KiB for MHA, 247 for 8/1/256)."""
     from fp8kv.ops import resident_programs
 
@@ -439,7 +439,7 @@ def test_latency_rule_takes_four_waves_only_at_power_of_two_head_dims(monkeypatc
     ``latency_waves`` says."""
     from fp8kv import ops
 
-    monkeypatch.setattr(ops, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(ops.decode.splits, "sm_count", lambda device: 132)
     assert [ops.latency_waves(d) for d in (64, 80, 96, 112, 128, 256)] == [4.0, 2.0, 2.0, 2.0, 4.0, 4.0]
     for d, splits in ((128, 16), (80, 8), (96, 8)):
         cache = make_cache([4096], 32, d)
@@ -580,7 +580,7 @@ def test_combine_as_dependent_launch_gives_the_plain_launchs_bits(monkeypatch, s
     programs = 2 * 2 * cfg["head_tiles"] * cfg["num_splits"]
     results = {}
     for pdl in (False, True):
-        monkeypatch.setattr(ops, "COMBINE_PDL", pdl)
+        monkeypatch.setattr(ops.decode.combine, "COMBINE_PDL", pdl)
         assert cfg["num_splits"] > 1 and ops.combine_as_dependent(programs, q.device) is pdl  # the path under test
         paged_decode(other, cache, **kw)
         eager = paged_decode(q, cache, **kw)
@@ -601,17 +601,17 @@ def test_dependent_launch_only_on_a_gpu_with_half_its_sms_free(monkeypatch):
     from fp8kv import ops
 
     assert not ops.combine_as_dependent(1, torch.device("cpu"))
-    monkeypatch.setattr(ops, "_pdl_capable", lambda device: True)  # as on an sm90 GPU
-    monkeypatch.setattr(ops, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(ops.decode.combine, "pdl_capable", lambda device: True)  # as on an sm90 GPU
+    monkeypatch.setattr(ops.decode.splits, "sm_count", lambda device: 132)
     gpu = torch.device("cuda")
     assert ops.combine_as_dependent(66, gpu) and not ops.combine_as_dependent(67, gpu)
-    monkeypatch.setattr(ops, "COMBINE_PDL", False)  # the switch off: plain launches everywhere
+    monkeypatch.setattr(ops.decode.combine, "COMBINE_PDL", False)  # the switch off: plain launches everywhere
     assert not ops.combine_as_dependent(1, gpu)
 
 
 def test_copy_kernel_copies_every_element():
     """The bandwidth ceiling's kernel (fp8kv.bench.measure_copy_bandwidth on a GPU)."""
-    from fp8kv.kernels.copy import copy_kernel
+    from fp8kv.ops.copy import copy_kernel
 
     src = torch.randn(10_000, device=DEVICE)
     dst = torch.full_like(src, float("nan"))
@@ -683,8 +683,8 @@ def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
     with pytest.raises(TypeError, match="gluon=1"):
         decode_kernel(cache, "dequant", 128, 4, "cpu", gluon=1)
 
-    monkeypatch.setattr(ops, "interpreter_on", lambda: False)  # as on a GPU
-    monkeypatch.setattr(ops, "current_arch", lambda device=None: "sm90")
+    monkeypatch.setattr(ops.decode.planning, "interpreter_on", lambda: False)  # as on a GPU
+    monkeypatch.setattr(ops.decode.planning, "current_arch", lambda device=None: "sm90")
     assert gluon_refusal(cache, "dequant", 128, 4, "cuda") is None
     assert decode_kernel(cache, "dequant", 128, 4, "cuda") == "gluon"
     assert decode_kernel(cache, "dequant", 128, 4, "cuda", gluon=False) == "triton"
@@ -706,7 +706,7 @@ def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
     for kw in (dict(kv_dtype="bf16"), dict(granularity="head")):
         assert decode_kernel(make_cache([5, 40], 2, 128, **kw), "dequant", 128, 4, "cuda") == "triton", kw
     assert decode_kernel(make_cache([5, 40], 2, 128, layout="HND"), "dequant", 128, 4, "cuda") == "gluon"
-    monkeypatch.setattr(ops, "current_arch", lambda device=None: "sm80")
+    monkeypatch.setattr(ops.decode.planning, "current_arch", lambda device=None: "sm80")
     assert "need sm89+" in gluon_refusal(cache, "dequant", 128, 4, "cuda")  # an A100
     assert "need sm89+" in gluon_refusal(make_cache([5, 40], 2, 128, kv_dtype="fp8_e5m2"), "dequant", 128, 4, "cuda")
 
@@ -716,7 +716,7 @@ def test_small_batches_run_the_triton_kernel_by_default(monkeypatch):
     by name it runs anyway."""
     from fp8kv import ops
 
-    monkeypatch.setattr(ops, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
+    monkeypatch.setattr(ops.decode.planning, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
     cache = make_cache([5, 300], 2, 128)  # 304 tokens of capacity: tiles of 64 make splits of 320 or 192
     long_split = dict(num_splits=1)
     monkeypatch.setitem(ops.GLUON_MIN_SPLIT_TOKENS, 1, 200)
@@ -734,7 +734,7 @@ def test_two_part_heads_take_the_gluon_kernel_from_shorter_splits(monkeypatch):
     128 and below from 1024 (GLUON_MIN_SPLIT_TOKENS)."""
     from fp8kv import ops
 
-    monkeypatch.setattr(ops, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
+    monkeypatch.setattr(ops.decode.planning, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
     cpu = torch.device("cpu")
     for d, splits, kernel in ((256, 2, "gluon"), (256, 4, "triton"), (128, 2, "triton"), (128, 1, "gluon")):
         cache = make_cache([5, 1024], 2, d)  # 1024 tokens of capacity: 2 splits of 512, 4 of 256
@@ -752,19 +752,19 @@ def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):
     cache = make_cache([5, 300], 2, 128)
     assert ops.gluon_smem_bytes(128, 3, 128) == 2 * 3 * 128 * 128 + ops.GLUON_SMEM_EXTRA
     assert ops.gluon_smem_bytes(64, 3, 64) == 2 * 3 * 64 * 64 + ops.GLUON_SMEM_EXTRA  # 64-wide tile
-    monkeypatch.setattr(ops, "_smem_per_block", lambda device: 101376)
+    monkeypatch.setattr(ops.decode.gluon_launcher, "smem_per_block", lambda device: 101376)
     mha = ops.gluon_launch(512, cache, 1)  # 128 / 3 (MHA at a batch that fills 8 waves) needs 104 KiB
     assert (mha["block_n"], mha["num_stages"]) == (128, 2)
     assert ops.gluon_launch(2, cache, 4)["num_stages"] == 4  # 64 / 4: 72 KiB fits
     with pytest.raises(UnsupportedError, match="block_n=128, num_stages=4: .*101376"):
         ops.gluon_launch(2, cache, 4, block_n=128, num_stages=4)
-    monkeypatch.setattr(ops, "_smem_per_block", lambda device: 232448)  # an H200: the defaults stand
+    monkeypatch.setattr(ops.decode.gluon_launcher, "smem_per_block", lambda device: 232448)  # an H200: the defaults stand
     assert ops.gluon_launch(512, cache, 1)["num_stages"] == 3
     # above 128 columns: two K tiles (both parts) and one V tile (the program's part) per stage
     assert ops.gluon_smem_bytes(64, 3, 256) == 3 * 3 * 64 * 128 + ops.GLUON_SMEM_EXTRA
     assert ops.gluon_smem_bytes(64, 3, 144) == ops.gluon_smem_bytes(64, 3, 256)
     wide = make_cache([5, 300], 2, 256)
-    monkeypatch.setattr(ops, "_smem_per_block", lambda device: 101376)  # 128 / 2 needs 104 KiB: 64-token tiles
+    monkeypatch.setattr(ops.decode.gluon_launcher, "smem_per_block", lambda device: 101376)  # 128 / 2 needs 104 KiB: 64-token tiles
     assert (ops.gluon_launch(2, wide, 8)["block_n"], ops.gluon_launch(2, wide, 8)["num_stages"]) == (64, 3)
     assert ops.gluon_launch(2, wide, 8, num_stages=2)["block_n"] == 64
     with pytest.raises(UnsupportedError, match="block_n=128, num_stages=2"):
@@ -806,7 +806,7 @@ def test_residency_compiles_the_planned_launch_once_per_kernel(monkeypatch):
     """What decode_launch does on a GPU, with the compile stubbed: each kernel is compiled (warmup, its full
     argument list and constexprs) once per distinct kernel, and a variant compiled in is another kernel."""
     from fp8kv import ops
-    from fp8kv.kernels import paged_decode_gluon as g
+    from fp8kv.ops.decode import gluon_kernel as g
 
     compiled = []
 
@@ -816,19 +816,19 @@ def test_residency_compiles_the_planned_launch_once_per_kernel(monkeypatch):
     monkeypatch.setattr(ops.paged_decode_kernel, "warmup", warmup, raising=False)
     monkeypatch.setattr(g.gluon_decode_kernel, "warmup", warmup, raising=False)
     known = {}
-    monkeypatch.setattr(ops, "kernel_residency", lambda key, device, compile_kernel: known.get(key) or known.setdefault(
+    monkeypatch.setattr(ops.decode.splits, "kernel_residency", lambda key, device, compile_kernel: known.get(key) or known.setdefault(
         key, compile_kernel() or 2))
     cache = make_cache([5, 300], 2, 64)
     cfg = ops.launch_config(2, cache, group=4)
     plain = dict(window=None, soft_cap=None, sinks=None, convert=None, eviction_policy="", compute_dtype=None)
     cpu = torch.device("cpu")
     for variants in (plain, plain, {**plain, "soft_cap": 30.0}, {**plain, "soft_cap": 50.0}):
-        assert ops._triton_residency(2, cache, cfg, "dequant", 4, torch.float16, cpu, variants) == 2
+        assert ops.decode.triton_launcher.triton_residency(2, cache, cfg, "dequant", 4, torch.float16, cpu, variants) == 2
     assert [c[2]["SOFT_CAP"] for c in compiled] == [False, True]
     assert all(c[0] == 3 and c[2]["GROUP_PAD"] == 16 and c[2]["num_warps"] == cfg["num_warps"] for c in compiled)
     gcfg = ops.gluon_launch(2, cache, 4)
     for _ in range(2):
-        assert ops._gluon_residency(cache, gcfg, 4, torch.bfloat16, cpu) == 2
+        assert ops.decode.gluon_launcher.gluon_residency(cache, gcfg, 4, torch.bfloat16, cpu) == 2
     assert len(compiled) == 3 and compiled[-1][2]["HEADS"] == 4 and compiled[-1][2]["num_warps"] == g.NUM_WARPS
 
 
@@ -862,7 +862,7 @@ def test_gluon_programs_hold_a_group_in_as_few_programs_as_its_rows_allow():
     """A group larger than a program's MMA rows (32 in a 64-wide tile, 16 in a 128-wide one) is cut into
     programs of equal size, side by side per KV head; heads_per_program asks for smaller programs."""
     from fp8kv import ops
-    from fp8kv.kernels.paged_decode_gluon import mma_rows
+    from fp8kv.ops.decode.gluon_scope import mma_rows
 
     assert (ops.gluon_max_heads(64), ops.gluon_max_heads(48), ops.gluon_max_heads(80), ops.gluon_max_heads(128),
             ops.gluon_max_heads(144), ops.gluon_max_heads(256)) == (32, 32, 16, 16, 16, 16)

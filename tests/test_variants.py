@@ -23,8 +23,8 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from test_ops import DEVICE, FP8_MODE_TOL, Q_DTYPES, dequant_tol, make_cache, make_q  # noqa: E402
 
-from fp8kv.kernels.paged_decode import _soft_cap  # noqa: E402
 from fp8kv.ops import launch_config, paged_decode  # noqa: E402
+from fp8kv.ops.decode.triton_helpers import soft_cap_scores  # noqa: E402
 
 FP8_NAN_CODE = 0x7F  # NaN in both e4m3fn (S.1111.111) and e5m2 (S.11111.11)
 
@@ -170,7 +170,7 @@ def test_soft_cap_with_scores_far_beyond_the_cap(mode):
 @triton.jit
 def _soft_cap_probe(s_ptr, out_ptr, N: tl.constexpr):
     offs = tl.arange(0, N)
-    tl.store(out_ptr + offs, _soft_cap(tl.load(s_ptr + offs), 1.0))  # cap log2(e) = 1: tanh itself
+    tl.store(out_ptr + offs, soft_cap_scores(tl.load(s_ptr + offs), 1.0))  # cap log2(e) = 1: tanh itself
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp2")  # the unselected exp form of large |x|

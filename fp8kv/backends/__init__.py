@@ -19,10 +19,12 @@ from ..capability import (
     MODES,
     UnsupportedError,
     check_query,
+    check_query_strides,
     check_variants,
     choose_backend,
 )
 from ..capability import check as supported
+from ..launch_options import backend_options
 
 __all__ = ["decode", "planned", "BACKENDS", "LAUNCH_OPTIONS"]
 
@@ -36,9 +38,9 @@ def _reference(q, cache, *, mode, sm_scale, **variants):
 
 
 def _triton(q, cache, *, mode, sm_scale, **launch):
-    from ..ops import paged_decode
+    from ..ops.decode import plan, run
 
-    return paged_decode(q, cache, mode=mode, sm_scale=sm_scale, **launch)
+    return run(plan(q, cache, mode=mode, sm_scale=sm_scale, **launch), q, cache)
 
 
 def _flashinfer(q, cache, *, mode, sm_scale, **launch):
@@ -55,14 +57,9 @@ def _vllm(q, cache, *, mode, sm_scale, **variants):
 
 # The runner of each backend, in the order fp8kv.capability.BACKEND_NAMES names them (the one list of names).
 BACKENDS = dict(zip(BACKEND_NAMES, (_reference, _triton, _flashinfer, _vllm), strict=True))
-# Options a backend takes beyond (q, cache, mode, sm_scale); each backend validates its own.
-LAUNCH_OPTIONS = {
-    "reference": (),
-    "triton": ("num_splits", "block_n", "num_warps", "num_stages", "convert", "eviction_policy", "out_dtype",
-               "compute_dtype", "use_tensor_cores", "heads_per_program", "gluon"),
-    "flashinfer": ("use_tensor_cores",),
-    "vllm": (),
-}
+# Options a backend takes beyond (q, cache, mode, sm_scale), from the option table (fp8kv.launch_options); each
+# backend validates their values.
+LAUNCH_OPTIONS = {backend: backend_options(backend) for backend in BACKEND_NAMES}
 
 
 def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: float | None = None,
@@ -110,24 +107,25 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
 
 
 def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check, launch) -> tuple:
-    """:func:`decode`'s input checks; returns the resolved ``(backend, mode, sm_scale, variants)``."""
+    """:func:`decode`'s input checks, each once; returns the resolved ``(backend, mode, sm_scale, variants)``,
+    ``sm_scale`` a number (its default resolved here for every backend)."""
     if not isinstance(cache, PagedKVCache):
         checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
     cache.check_query(q)
     checks.one_of(backend, "backend", ("auto", *BACKENDS))
     checks.one_of(mode, "mode", DECODE_MODES)
-    if sm_scale is not None:
-        sm_scale = checks.positive_float(sm_scale, "sm_scale")
     if not isinstance(check, bool):
         checks.fail(f"check={check!r}; expected True or False", TypeError)
     window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=q.shape[1],
                                                        device=q.device, contents=check)
+    if sm_scale is not None:  # its range depends on the cap it is folded with
+        sm_scale = checks.softmax_scale(sm_scale, soft_cap)
     if backend == "auto" and q.dtype == torch.float32:
         backend = "reference"  # the GPU kernels take 16-bit queries; the oracle takes fp32 as it is
     cache.validate_arrays(contents=check)  # pages, tables and scales replaced since the cache was built
     # FlashInfer and vLLM read the table as it is (no clamping); their plans sync with the host anyway.
     if check or backend in ("flashinfer", "vllm"):
-        cache.validate_tables()
+        cache.validate_tables(nonempty=check)  # an empty row: refused for every backend alike
     if check:
         checks.finite_tensor(q, "q")
 
@@ -138,9 +136,7 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
         backend = choose_backend(cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
     variants = {k: v for k, v in dict(window=window, soft_cap=soft_cap, sinks=sinks).items() if v is not None}
     check_variants(backend, mode, variants)  # a variant the backend lacks is named before anything else
-    if backend != "reference" and q.stride(-1) != 1:  # the kernels address head_dim with stride 1
-        checks.fail(f"q has strides {tuple(q.stride())}: the {backend} backend needs it contiguous in its last "
-                    "(head_dim) dimension; call .contiguous()")
+    check_query_strides(backend, q)  # the kernels address head_dim with stride 1
     if not chosen:
         ok, why = supported(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim, cache.layout)
         if not ok:
@@ -153,15 +149,18 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
     if unknown:
         checks.fail(f"{unknown[0]}={launch[unknown[0]]!r} is not an option of the {backend} backend; it takes "
                     f"{LAUNCH_OPTIONS[backend] or 'none'}", TypeError)
-    return backend, mode, sm_scale, variants
+    return backend, mode, checks.resolved_softmax_scale(sm_scale, cache.head_dim), variants
 
 
 def planned(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: float | None = None,
             window: int | None = None, soft_cap: float | None = None, sinks=None, **launch):
     """Plan once, run many: validate as :func:`decode` does with ``check=True`` (once, here), do the
-    backend's host work (FlashInfer's plan, vLLM's arguments), and return a zero-argument callable that runs the
-    decode of ``q`` over ``cache`` with no host sync left (CUDA-graph capturable
-    for the Triton, FlashInfer and vLLM backends; the reference syncs with the host by its nature).
+    backend's host work (fp8kv's plan of kernel and launch, FlashInfer's plan, vLLM's arguments), and return a
+    zero-argument callable that runs the decode of ``q`` over ``cache`` with no host sync left (CUDA-graph
+    capturable for the Triton, FlashInfer and vLLM backends; the reference syncs with the host by its nature).
+
+    The callable is ``functools.partial(run, plan, ...)``: its first argument (``.args[0]``) is the backend's plan,
+    for the Triton backend a :class:`fp8kv.ops.DecodePlan` (``.kernel``, ``.config``: what runs).
 
     Arguments as :func:`decode`. The callable returns ``(out, lse)`` as :func:`decode` would; it
     reads ``q`` and the cache's tensors when called, so refill them in place between calls, and
@@ -169,16 +168,19 @@ def planned(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: fl
     """
     backend, mode, sm_scale, variants = _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks,
                                                   True, launch)
+    if backend == "triton":
+        from ..ops.decode import plan, run
+
+        return functools.partial(run, plan(q, cache, mode=mode, sm_scale=sm_scale, **variants, **launch), q, cache)
     if backend == "flashinfer":
         from .flashinfer import FlashInferDecode
 
         dec = FlashInferDecode(cache, mode=mode, trusted=True, **launch)
-        scale = {} if sm_scale is None else {"sm_scale": sm_scale}
-        dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype, **scale, **variants)
-        return functools.partial(dec.run_trusted, q)
+        dec.plan(cache, num_qo_heads=q.shape[1], q_dtype=q.dtype, sm_scale=sm_scale, **variants)
+        return functools.partial(FlashInferDecode.run_trusted, dec, q)
     if backend == "vllm":
         from .vllm import VllmDecode
 
         dec = VllmDecode(cache, num_q_heads=q.shape[1], sm_scale=sm_scale, trusted=True, **variants)
-        return functools.partial(dec.run_trusted, q)
-    return functools.partial(BACKENDS[backend], q, cache, mode=mode, sm_scale=sm_scale, **variants, **launch)
+        return functools.partial(VllmDecode.run_trusted, dec, q)
+    return functools.partial(_reference, q, cache, mode=mode, sm_scale=sm_scale, **variants)

@@ -72,6 +72,7 @@ from ..capability import (
     UnsupportedError,
     check,
     check_query,
+    check_query_strides,
     check_variants,
     current_arch,
     flashinfer_installed,
@@ -334,7 +335,7 @@ class FlashInferDecode:
         if not isinstance(cache, PagedKVCache):
             raise TypeError(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}")
         default_scale = sm_scale is None
-        sm_scale = 1.0 / math.sqrt(cache.head_dim) if default_scale else sm_scale
+        sm_scale = checks.resolved_softmax_scale(sm_scale, cache.head_dim)
         key = _plan_key(cache, num_qo_heads, q_dtype, sm_scale, window, soft_cap)
         if key == self._key and not force:  # planned for exactly this input, checked then
             return False
@@ -344,9 +345,10 @@ class FlashInferDecode:
         if self.use_cuda_graph and cache.batch_size != self._batch:
             raise ValueError(f"use_cuda_graph fixes the batch at {self._batch}; the cache has "
                              f"{cache.batch_size} sequences")
-        ok, why = check_query("flashinfer", q_dtype, cache.kv_dtype)  # fp8 mode quantizes the query itself
-        if not ok:
-            raise TypeError(why)
+        if not self.trusted:  # fp8kv.decode checked the query where it entered (fp8 mode quantizes it itself)
+            ok, why = check_query("flashinfer", q_dtype, cache.kv_dtype)
+            if not ok:
+                raise TypeError(why)
         hkv = cache.num_kv_heads
         if not isinstance(num_qo_heads, int) or num_qo_heads < 1 or num_qo_heads % hkv:
             raise ValueError(f"num_qo_heads={num_qo_heads!r} must be a positive multiple of {hkv} KV heads")
@@ -402,8 +404,7 @@ class FlashInferDecode:
             raise TypeError(f"q is {q.dtype} but the plan is for {self._q_dtype}; plan() again")
         if q.device != self.device:
             raise ValueError(f"q is on {q.device} but the cache is on {self.device}")
-        if q.stride(-1) != 1:
-            raise ValueError("q must be contiguous in its last (head_dim) dimension; call .contiguous()")
+        check_query_strides("flashinfer", q)
         return self.run_trusted(q)
 
     def run_trusted(self, q: torch.Tensor):

@@ -55,7 +55,14 @@ import torch
 
 from .. import checks
 from ..cache import PagedKVCache
-from ..capability import VLLM_NOT_INSTALLED, UnsupportedError, check, check_query, vllm_installed
+from ..capability import (
+    VLLM_NOT_INSTALLED,
+    UnsupportedError,
+    check,
+    check_query,
+    check_query_strides,
+    vllm_installed,
+)
 from ..formats import kv_dtype_info
 
 __all__ = ["kernel_args", "split_segments", "launch_info", "VllmDecode", "decode", "MIN_LAUNCH_GRID_SIZE_2D",
@@ -170,7 +177,7 @@ def kernel_args(cache: PagedKVCache, num_q_heads: int, *, sm_scale: float | None
         k=cache.k_pages, v=cache.v_pages,
         cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32, device=dev), max_seqlen_q=1,
         seqused_k=cache.seq_lens, max_seqlen_k=cache.max_blocks_per_seq * bs,
-        softmax_scale=1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale), causal=True,
+        softmax_scale=float(checks.resolved_softmax_scale(sm_scale, d)), causal=True,
         window_size=(-1, -1) if window is None else (window - 1, 0),
         block_table=table, softcap=0.0 if soft_cap is None else float(soft_cap),
         q_descale=None, k_descale=cache.k_scale.reshape(1), v_descale=cache.v_scale.reshape(1),
@@ -260,9 +267,7 @@ class VllmDecode:
             checks.fail(why, TypeError)
         if q.device != self.device:
             checks.fail(f"q is on {q.device} but the cache is on {self.device}")
-        if q.stride(-1) != 1:
-            checks.fail(f"q has strides {tuple(q.stride())}: vLLM's kernel needs it contiguous in its last "
-                        "(head_dim) dimension; call .contiguous()")
+        check_query_strides("vllm", q)
         return self.run_trusted(q)
 
     def run_trusted(self, q: torch.Tensor):

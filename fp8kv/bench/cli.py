@@ -16,6 +16,7 @@ from .. import checks
 from ..cache import LAYOUTS
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
+from ..launch_options import OPTIONS, cli_options
 from ..quant import GRANULARITIES
 from ..results import save_or_fallback
 from .cases import Q_DTYPES, Case, memory_budget, sweep
@@ -121,8 +122,11 @@ PRESET_HELP = {
     "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
 }
 assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"
-TRITON_OPTIONS = ("num_splits", "block_n", "num_warps", "num_stages", "heads_per_program", "gluon")  # launch overrides
-# on the CLI, integers (gluon=1: the Gluon kernel; gluon=0: the Triton kernel)
+# The --triton-opt keys, from the option table (fp8kv.launch_options): integers on the CLI, a switch 0 / 1 for
+# a bool option (gluon=1: the Gluon kernel; gluon=0: the Triton kernel)
+TRITON_OPTIONS = cli_options()
+_SWITCHES = tuple(o.name for o in OPTIONS if o.cli and o.kind == "bool")
+_OPTION_HELP = {o.name: o.help for o in OPTIONS}
 
 
 def _heads(s: str) -> tuple[int, int]:
@@ -138,11 +142,11 @@ def _heads(s: str) -> tuple[int, int]:
 
 def _kv_opt(s: str) -> tuple[str, int]:
     m = re.fullmatch(rf"({'|'.join(TRITON_OPTIONS)})=(\d+)", s)
-    if m and m.group(1) == "gluon":  # a switch: gluon=1 the Gluon kernel, gluon=0 the Triton kernel
+    if m and m.group(1) in _SWITCHES:  # a switch: gluon=1 the Gluon kernel, gluon=0 the Triton kernel
+        key = m.group(1)
         if m.group(2) not in ("0", "1"):
-            raise argparse.ArgumentTypeError(f"{s!r}: expected gluon=1 (the Gluon kernel) or gluon=0 (the Triton "
-                                             "kernel)")
-        return "gluon", m.group(2) == "1"
+            raise argparse.ArgumentTypeError(f"{s!r}: expected {key}=1 or {key}=0 ({_OPTION_HELP[key]})")
+        return key, m.group(2) == "1"
     if not m or int(m.group(2)) < 1:
         raise argparse.ArgumentTypeError(f"{s!r}: expected KEY=INT with KEY in {', '.join(TRITON_OPTIONS)} "
                                          "and INT >= 1")
@@ -177,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--q-dtype", choices=tuple(Q_DTYPES), help="query dtype (default: bf16 on a GPU, fp16 on CPU)")
     p.add_argument("--tensor-cores", choices=("both", "on", "off"), help="FlashInfer variants (default both)")
     p.add_argument("--triton-opt", type=_kv_opt, action="append", metavar="KEY=INT",
-                   help="Triton launch override (repeatable, one key each), e.g. num_splits=8")
+                   help="Triton launch override (repeatable, one key each), e.g. num_splits=8; KEY is one of: "
+                        + "; ".join(f"{k}: {_OPTION_HELP[k]}" for k in TRITON_OPTIONS).replace("%", "%%"))
     p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
     p.add_argument("--no-save", action="store_true", help="print only")
     p.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")

@@ -40,15 +40,12 @@ synthetic_cache = random_paged_cache  # the benchmark's cache: N(0, 1) K/V built
 
 
 # ------------------------------------------------------------------------------------------ calls
-def _triton_launch(case: Case, cache: PagedKVCache, device: torch.device) -> dict:
-    """The kernel and launch parameters ``fp8kv.ops.paged_decode`` will use (:func:`fp8kv.ops.launch_for`, the
-    mapping it uses itself)."""
-    from ..ops import launch_for
-
-    kernel, cfg = launch_for(case.batch, cache, case.mode, case.num_q_heads // case.num_kv_heads, device,
-                             window=case.window, q_dtype=Q_DTYPES[case.q_dtype], **case.options)
-    return {"tensor_cores": kernel != "triton-cuda-core", "kernel": kernel,
-            **{k: cfg[k] for k in ("num_splits", "block_n", "num_warps", "num_stages", "heads_per_program")}}
+def planned_launch(call: Callable) -> dict:
+    """The kernel and launch parameters the Triton backend's planned ``call`` (:func:`fp8kv.backends.planned`)
+    runs: its plan's, read, not worked out again."""
+    plan = call.args[0]  # functools.partial(fp8kv.ops.run, plan, q, cache)
+    return {"tensor_cores": plan.kernel != "triton-cuda-core", "kernel": plan.kernel,
+            **{k: plan.config[k] for k in ("num_splits", "block_n", "num_warps", "num_stages", "heads_per_program")}}
 
 
 def _vllm_launch(case: Case) -> dict:
@@ -257,15 +254,15 @@ def _measure(c: Case, caches: list[PagedKVCache], dev: torch.device, base: dict,
     try:
         g = torch.Generator(device=dev).manual_seed(c.seed + 7)
         q = torch.randn(c.batch, c.num_q_heads, c.head_dim, generator=g, device=dev).to(Q_DTYPES[c.q_dtype])
-        if c.backend == "triton":
-            values.update(_triton_launch(c, caches[0], dev))
-        elif c.backend == "vllm":
+        if c.backend == "vllm":
             values.update(_vllm_launch(c))
         elif c.backend == "flashinfer":  # its tensor-core or CUDA-core decode
             values["kernel"] = f"flashinfer-{c.variant}" if c.variant else "flashinfer"
         # validated and planned once per cache (fp8kv.backends.planned): no host work left in the timed call
         window = {} if c.window is None else {"window": c.window}
         calls = [planned(q, cache, c.backend, c.mode, **window, **c.options) for cache in caches]
+        if c.backend == "triton":
+            values.update(planned_launch(calls[0]))
         out = calls[0]()[0]
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)

@@ -19,7 +19,6 @@ each table entry keeps its shape, point and the two times, so the table can be t
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -27,7 +26,7 @@ import pandas as pd
 import torch
 
 from .. import checks, launch_table
-from ..capability import interpreter_on
+from ..capability import interpreter_on, use_interpreter
 from ..formats import is_fp8
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..results import save_or_fallback, utc_stamp
@@ -59,7 +58,8 @@ def group_pad(hq: int, hkv: int, head_dim: int = 128, point: tuple[int, int] = P
 def candidates(kv_fp8: bool, mode: str, head_dim: int, group_pad: int = 16) -> list[dict]:
     """The launches tried for one shape (``group_pad`` rows a program): the rule's tile halved, kept and
     doubled (16-256 tokens; 32+ in fp8 mode), times 4 / 8 warps and 2 / 3 stages; and the rule's launch itself."""
-    from ..ops import MAX_BLOCK_N, default_config
+    from ..launch_options import MAX_BLOCK_N
+    from ..ops import default_config
 
     rule = default_config(mode, kv_fp8, head_dim, group_pad=group_pad)
     least = 32 if mode == "fp8" else 16
@@ -109,7 +109,8 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
     where not even the rule's row ran and passed gets no entry.
     """
     from ..device import resolve_device
-    from ..ops import _num_sms, default_config
+    from ..ops import default_config
+    from ..ops.decode.splits import sm_count
 
     checks.one_of(mode, "mode", ("dequant", "fp8"))
     checks.positive_float(margin, "margin")
@@ -119,7 +120,7 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
         hq, hkv, d = shape
         for kv in kv_dtypes:
             fp8 = is_fp8(kv)
-            sms = _num_sms(resolve_device(device))
+            sms = sm_count(resolve_device(device))
             rows_pad = group_pad(hq, hkv, d, point, kv_dtype=kv, mode=mode, num_sms=sms)
             rule = default_config(mode, fp8, d, group_pad=rows_pad)
             rows = run(_cases(shape, kv, mode, point, candidates(fp8, mode, d, rows_pad), device), rep=rep,
@@ -191,10 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.interpret:
         if args.table_dir is None:
             parser.error("--interpret checks the command on CPU: give --table-dir (the package's tables are per GPU)")
-        if not interpreter_on() and "triton" in sys.modules:  # python -m fp8kv.bench.tune restarts itself instead
+        if not use_interpreter():  # python -m fp8kv.bench.tune restarts itself instead
             parser.error("--interpret has to take effect before triton is imported: run `python -m "
                          "fp8kv.bench.tune --interpret ...`, or set TRITON_INTERPRET=1 before starting Python")
-        os.environ["TRITON_INTERPRET"] = "1"
     elif not torch.cuda.is_available():
         parser.error("no GPU here: the table is per GPU (add --interpret to check the command on CPU)")
     shapes = [s for s in SHAPES if args.head_dims is None or s[2] in args.head_dims]

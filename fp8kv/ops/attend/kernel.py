@@ -24,8 +24,8 @@ merges, folding in the sinks.
 import triton
 import triton.language as tl
 
-from ..formats import FORMATS
-from .fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
+from ...formats import FORMATS
+from ..fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
 
 LN2 = tl.constexpr(0.6931471805599453)
 TANH_POLY_MAX = tl.constexpr(0.125)  # _capped: |x| below it takes tanh's polynomial, above it the exp form

@@ -1,7 +1,7 @@
 """FP8-KV paged decode in Triton's Gluon dialect: every warp streams its own tokens, and the FP8 tile
 reaches the tensor cores without an fp16 round trip through shared memory.
 
-The plain Triton kernel (:mod:`fp8kv.kernels.paged_decode`) converts each FP8 tile to fp16 in a
+The plain Triton kernel (:mod:`.triton_kernel`) converts each FP8 tile to fp16 in a
 blocked layout and lets the compiler move it through shared memory into the MMA operand layout, and
 its warps share every tile's tokens, so each tile exchanges the row max, the row sum and P across
 warps. Here:
@@ -38,10 +38,11 @@ A program takes HEADS query heads of one KV head in ROWS MMA rows (16, or 32 in 
 the registers allow it); a larger group is cut into HEAD_TILES programs per KV head, side by side in
 the grid so that they read the same pages while they are in L2.
 
-Scope: NHD or HND pages (the page, token and head strides are arguments), one tensor-wide K and V scale,
-head_dim a multiple of 16 from 48 to 256, 4 warps. :func:`fp8kv.ops.gluon_refusal` checks all of it (this is
-the default kernel where it holds) and :func:`fp8kv.ops.paged_decode` launches; the interpreter cannot run
-Gluon, so the tensor-core Triton kernel is its twin on CPU.
+Scope (:mod:`.gluon_scope`): NHD or HND pages (the page, token and head strides are arguments), one tensor-wide
+K and V scale, head_dim a multiple of 16 from 48 to 256, 4 warps. :func:`fp8kv.ops.gluon_refusal` checks all of
+it (this is the default kernel where it holds) and :mod:`.gluon_launcher` launches it; the interpreter cannot
+run Gluon, so the tensor-core Triton kernel is its twin on CPU. Besides the kernel, this module builds its
+layouts (:func:`make_layouts`, constexprs built on the host), the one part of its launch that needs Gluon.
 """
 
 import math
@@ -50,39 +51,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from .gluon_scope import NUM_WARPS, head_pad
+
 # Two builtins were renamed after Triton 3.6 (the old names then raise): the kernel calls whichever this Triton has.
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
-NUM_WARPS = 4
 FP8_TYPES = {"fp8_e4m3": gl.float8e4nv, "fp8_e5m2": gl.float8e5}  # the caches it reads, as Gluon types
-HEAD_PADS = (64, 128)  # register tile widths; a head_dim runs in the smallest that holds it
-MIN_HEAD_DIM = 48  # the smallest head_dim its GPU tests cover
-MAX_HEAD_DIM = 256  # two parts of 128
-# MMA rows (query heads) one program holds at most, per tile width: a warp's fp32 output is rows x width,
-# so 32 rows of 64 columns take the registers that 16 of 128 take (sm90: 168 a thread, no spills). Two
-# parts hold the query twice as wide: 16 rows.
-MAX_ROWS = {64: 32, 128: 16}
-
-
-def head_parts(head_dim: int) -> int:
-    """Programs per (KV head, head tile): 1 up to 128 columns, 2 above (each takes 128 output columns)."""
-    return 1 if head_dim <= max(HEAD_PADS) else 2
-
-
-def head_pad(head_dim: int) -> int:
-    """The tile width of one part of a head_dim (a multiple of 16, at most 256)."""
-    return next(p for p in HEAD_PADS if head_dim <= p) if head_parts(head_dim) == 1 else max(HEAD_PADS)
-
-
-def max_rows(head_dim: int) -> int:
-    """The most MMA rows (query heads) one program holds at ``head_dim``."""
-    return MAX_ROWS[head_pad(head_dim)] if head_parts(head_dim) == 1 else 16
-
-
-def mma_rows(heads_per_program: int) -> int:
-    """The MMA rows (ROWS) of a program of ``heads_per_program`` query heads: 16 or 32."""
-    return 16 if heads_per_program <= 16 else 32
 
 
 def make_layouts(block_n: int, head_dim: int):
@@ -116,17 +91,6 @@ def make_layouts(block_n: int, head_dim: int):
                           warps_per_cta=[w, 1, 1], order=[2, 1, 0])
     return dict(W=w, HP=hp, NW=nw, MMA=mma, A_OP=a_op, B_OP=b_op, K_PHYS=k_phys, V_PHYS=v_phys, Q_BLK=q_blk, SMEM=smem,
                 CP=cp)
-
-
-def launch_constants(cfg: dict, group: int, head_dim: int, block_size: int, kv_dtype: str) -> dict:
-    """The kernel's constexprs for a launch ``cfg`` (:func:`fp8kv.ops.gluon_launch`) of ``group`` query heads per
-    KV head over pages of ``block_size`` tokens in ``kv_dtype`` ("fp8_e4m3" or "fp8_e5m2")."""
-    if kv_dtype not in FP8_TYPES:
-        raise ValueError(f"kv_dtype={kv_dtype!r}: the Gluon kernel reads {sorted(FP8_TYPES)}")
-    heads = cfg["heads_per_program"]
-    return dict(GROUP=group, HEADS=heads, HEAD_TILES=cfg["head_tiles"], ROWS=mma_rows(heads), PARTS=head_parts(head_dim),
-                HEAD_DIM=head_dim, BLOCK_SIZE=block_size, FP8_TY=FP8_TYPES[kv_dtype],
-                STAGES=cfg["num_stages"], **make_layouts(cfg["block_n"], head_dim))
 
 
 @gluon.jit

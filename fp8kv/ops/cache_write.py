@@ -1,4 +1,5 @@
-"""Fused cache write: quantize new K/V rows and scatter them into their pages (one program per token).
+"""Fused cache write: quantize new K/V rows and scatter them into their pages (:func:`write_cache`, and its
+kernel: one program per token).
 
 The engines' ``reshape_and_cache_flash``: slot s = block * block_size + offset; slots < 0 are
 padding and skipped. Quantization matches ``fp8kv.quant`` bit for bit: y = x / scale in fp32,
@@ -7,11 +8,18 @@ cast to e4m3). Saturated elements (|y| at or above the first fp32 magnitude that
 ``fp8kv.formats.saturation_bounds``) are counted with one atomic add per program.
 """
 
+import torch
 import triton
 import triton.language as tl
 
+from ..cache import PagedKVCache
+from ..capability import UnsupportedError, interpreter_on
+from ..formats import saturation_bounds
 from .fp8_codec import fp32_to_fp8_bits
-from .paged_decode import SCALE_CHANNEL, SCALE_TOKEN_HEAD
+from .pages import SCALE_CHANNEL, SCALE_TOKEN_HEAD, format_bits, kernel_pages, page_strides, scale_kind
+
+__all__ = ["write_cache", "cache_write_kernel"]
+
 
 
 @triton.jit
@@ -77,3 +85,51 @@ def cache_write_kernel(
         else:
             tl.store(dst, clamped.to(pages_ptr.dtype.element_ty), mask=mask)
     tl.atomic_add(sat_ptr, tl.sum(tl.sum(((tl.abs(y) >= OVERFLOW) & mask).to(tl.int32), axis=1), axis=0))
+
+
+def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, slot_mapping: torch.Tensor,
+                *, count_saturated: bool = True, check: bool = True) -> torch.Tensor:
+    """Fused quantize + scatter of ``k_new``/``v_new`` ``[N, Hkv, D]`` into the cache's pages.
+
+    The Triton twin of :meth:`PagedKVCache.write` (bit-identical pages and scales). ``slot_mapping``:
+    ``[N]`` int32/int64 slots, < 0 skipped. Returns the saturation count as a device int32 tensor
+    ``[1]`` (no host sync); with ``count_saturated`` it is also added to ``cache.saturated`` (a sync:
+    a CUDA-graph capture passes ``check=False, count_saturated=False``).
+
+    ``check`` (default) validates the contents before launching (one host sync): finite rows,
+    slots inside the pool, no write into a page that two block-table entries holding tokens
+    reference (see :meth:`PagedKVCache.check_write`). With ``check=False`` (a CUDA-graph capture)
+    only shapes, dtypes and devices are checked; the kernel still skips slots outside the pool.
+    """
+    if not isinstance(check, bool):
+        raise TypeError(f"check={check!r}; expected True or False")
+    slots = cache.check_write(k_new, v_new, slot_mapping, contents=check)
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension; call .contiguous()")
+    if cache.device.type != "cuda" and not interpreter_on():
+        raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
+    slots = slots.contiguous()
+    sat = torch.zeros(1, dtype=torch.int32, device=cache.device)
+    n = k_new.shape[0]
+    if n == 0:
+        return sat
+    skb, skt, skh = page_strides(cache)
+    hkv = cache.num_kv_heads
+    # overflow: the first fp32 magnitude that rounds past max (e4m3's tie 464 goes to 448: not counted),
+    # the rule of PagedKVCache.write; the kernel clamps in fp32 as it does, so both store ±max alike.
+    fmax, overflow = saturation_bounds(cache.dtype)
+    # The interpreter rounds fp32 -> bf16 wrongly: there bf16 pages are written as rounded bits.
+    bf16_bits = interpreter_on() and cache.dtype == torch.bfloat16
+    for x, pages, scale in ((k_new, cache.k_pages, cache.k_scale), (v_new, cache.v_pages, cache.v_scale)):
+        cache_write_kernel[(n,)](
+            x, slots, pages.view(torch.int16) if bf16_bits else kernel_pages(cache, pages), scale, sat,
+            x.stride(0), x.stride(1), skb, skt, skh, hkv, cache.num_blocks * cache.block_size,
+            HKV_PAD=triton.next_power_of_2(hkv), HEAD_DIM=cache.head_dim,
+            D_PAD=triton.next_power_of_2(cache.head_dim), BLOCK_SIZE=cache.block_size, SCALE_KIND=scale_kind(cache),
+            SCALE_HEAD_STRIDE=int(scale.numel() > 1), KV_FP8=cache.is_fp8, FMAX=fmax, OVERFLOW=overflow,
+            BF16_BITS=bf16_bits, **format_bits(cache),
+        )
+    if count_saturated:
+        cache.saturated += int(sat.item())
+    return sat

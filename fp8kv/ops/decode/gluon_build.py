@@ -2,9 +2,9 @@
 assembles on any machine, so the registers, spilled bytes, shared memory and SASS of a launch can be read
 on a CPU.
 
-:func:`build` compiles the launch :func:`fp8kv.ops.gluon_launch` plans for a head layout at a batch ×
+:func:`build` compiles the launch :func:`.gluon_launcher.gluon_launch` plans for a head layout at a batch ×
 context on a GPU of so many SMs (an H200 by default), with the arguments and constexprs of
-:func:`fp8kv.ops.gluon_arguments` for one sequence of that context (the same strides as the batch's but
+:func:`.gluon_launcher.gluon_arguments` for one sequence of that context (the same strides as the batch's but
 the query's and the partials' batch stride) and the specialisation Triton gives a launch (pointers and
 integers that are multiples of 16 marked so, integers equal to 1 made constants). :func:`block_table_waits`
 reads the SASS's scheduling bits: where in the main loop the first instruction waits for each block-table
@@ -31,13 +31,17 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.interpreter import InterpretedFunction
 
-from . import checks, ops
-from .cache import PagedKVCache
-from .capability import ARCHS, check_query
-from .kernels import paged_decode_gluon as g
+from ... import checks
+from ...cache import PagedKVCache
+from ...capability import ARCHS, check_query
+from .combine import split_partials
+from .gluon_launcher import gluon_arguments, gluon_launch, kernel_module
+from .gluon_scope import MAX_HEAD_DIM, NUM_WARPS
+from .planning import gluon_refusal
+from .splits import resident_programs
 
 # The archs build() compiles for: fp8kv's targets (capability.ARCHS) that have the FP8 conversions the kernel's
-# cvt.rn.f16x2.e4m3x2 needs, sm89+ (the bound fp8kv.ops.gluon_refusal applies to a GPU). Below it Triton raises
+# cvt.rn.f16x2.e4m3x2 needs, sm89+ (the bound .planning.gluon_refusal applies to a GPU). Below it Triton raises
 # a CompilationError; an arch Triton does not know can abort the process in LLVM, so only these are tried.
 BUILD_ARCHS = tuple(n for n in (int(a[2:]) for a in ARCHS) if n >= 89)
 
@@ -53,7 +57,7 @@ class Build:
     spilled_bytes: int  # stack + local memory per thread: 0 unless the registers ran out
     shared_bytes: int  # dynamic shared memory per program
     sass: str
-    programs_per_sm: int  # resident on one H100 / H200 SM (fp8kv.ops.resident_programs)
+    programs_per_sm: int  # resident on one H100 / H200 SM (.splits.resident_programs)
 
 
 def interpreter_replaced_triton() -> bool:
@@ -147,11 +151,11 @@ def block_table_summary(sass: str) -> dict:
 
 @functools.cache
 def _refusal_of_a_cpu() -> str | None:
-    """What :func:`fp8kv.ops.gluon_refusal` says of a launch inside the kernel's scope when asked on the CPU (an
+    """What :func:`.planning.gluon_refusal` says of a launch inside the kernel's scope when asked on the CPU (an
     offline build is): its refusal of the device, found by asking it of such a launch (one KV head at the largest
     head_dim), so that any other refusal is a shape the kernel does not take, whatever its wording."""
-    cache = PagedKVCache.empty(1, 16, 1, g.MAX_HEAD_DIM, kv_dtype="fp8_e4m3")
-    return ops.gluon_refusal(cache, "dequant", g.MAX_HEAD_DIM, 1, torch.device("cpu"))
+    cache = PagedKVCache.empty(1, 16, 1, MAX_HEAD_DIM, kv_dtype="fp8_e4m3")
+    return gluon_refusal(cache, "dequant", MAX_HEAD_DIM, 1, torch.device("cpu"))
 
 
 def _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, num_stages, heads_per_program,
@@ -173,11 +177,11 @@ def _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, n
         checks.fail(f"arch={arch}; expected one of {BUILD_ARCHS} (fp8kv's targets with the FP8 conversions the Gluon "
                     "kernel uses, sm89+)")
     cache = PagedKVCache.empty(1, context, hkv, d, block_size=block_size, kv_dtype=kv_dtype)
-    why = ops.gluon_refusal(cache, "dequant", d, hq // hkv, torch.device("cpu"), block_n=block_n,
+    why = gluon_refusal(cache, "dequant", d, hq // hkv, torch.device("cpu"), block_n=block_n,
                             num_stages=num_stages, heads_per_program=heads_per_program)
     if why != _refusal_of_a_cpu():  # the kernel's own scope (FP8, head dims, heads per program), by name
         checks.fail(f"{why} (num_q_heads={hq}, num_kv_heads={hkv}, head_dim={d}, kv_dtype={kv_dtype!r})")
-    # paged_decode's check before it launches either kernel: 16-bit queries (and no fp16 one over bf16 pages)
+    # fp8kv.decode's check of a triton decode's query, whichever kernel runs: 16-bit queries (and no fp16 one over bf16 pages)
     ok, why = check_query("triton", q_dtype, cache.kv_dtype) if isinstance(q_dtype, torch.dtype) else \
         (False, f"q_dtype is a {type(q_dtype).__name__}, not a torch dtype")
     if not ok:
@@ -191,11 +195,11 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
           heads_per_program: int | None = None, q_dtype: torch.dtype = torch.bfloat16, kv_dtype: str = "fp8_e4m3",
           block_size: int = 16, arch: int = 90) -> tuple[Build, dict]:
     """Compile the Gluon decode of ``num_q_heads`` / ``num_kv_heads`` / ``head_dim`` for ``sm{arch}``: the launch
-    :func:`fp8kv.ops.gluon_launch` plans for ``batch`` sequences of ``context`` tokens on ``num_sms`` SMs with
+    :func:`.gluon_launcher.gluon_launch` plans for ``batch`` sequences of ``context`` tokens on ``num_sms`` SMs with
     these options (None: its defaults, the ring depths of a GPU with room for them). Returns the build and
     the launch, its splits filling the waves of the programs an SM holds of this build (as on the GPU).
 
-    The arguments must be within the kernel's scope (:func:`fp8kv.ops.gluon_refusal`): ``num_q_heads`` a
+    The arguments must be within the kernel's scope (:func:`.planning.gluon_refusal`): ``num_q_heads`` a
     multiple of ``num_kv_heads``, head_dim a multiple of 16 from 48 to 256, an FP8 ``kv_dtype``, a bf16 / fp16
     ``q_dtype``, ``arch`` in :data:`BUILD_ARCHS`; else a ValueError / TypeError naming the argument, before
     anything is compiled."""
@@ -203,15 +207,16 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
     # process, whatever its Triton
     cache, group, arch = _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, num_stages,
                                       heads_per_program, q_dtype, kv_dtype, block_size, arch)
-    cfg = ops.gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
+    cfg = gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
                            heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms)
     if interpreter_replaced_triton():
         raise RuntimeError("triton was imported with its interpreter on (TRITON_INTERPRET=1): build in a process "
                            "without it")
     q = torch.zeros(1, num_q_heads, head_dim, dtype=q_dtype)
-    part_out, part_lse = ops._split_partials(1, num_q_heads, cfg["num_splits"], head_dim, q.device)
-    _, args, constants = ops.gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
-    names = list(inspect.signature(g.gluon_decode_kernel.fn).parameters)
+    part_out, part_lse = split_partials(1, num_q_heads, cfg["num_splits"], head_dim, q.device)
+    _, args, constants = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
+    kernel_fn = kernel_module().gluon_decode_kernel
+    names = list(inspect.signature(kernel_fn.fn).parameters)
     runtime = [n for n in names if n not in constants]
     if len(runtime) != len(args):
         raise RuntimeError(f"gluon_arguments gives {len(args)} runtime arguments, the kernel takes {len(runtime)}")
@@ -219,19 +224,19 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
     constants = {**constants, **{n: 1 for n, (kind, _) in typed.items() if kind == "constexpr"}}
     signature = {n: "constexpr" if n in constants else typed[n][0] for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, (_, aligned) in typed.items() if aligned}
-    source = GluonASTSource(g.gluon_decode_kernel, signature,
+    source = GluonASTSource(kernel_fn, signature,
                             constexprs={(names.index(k),): v for k, v in constants.items()}, attrs=attrs)
-    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=g.NUM_WARPS))
+    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=NUM_WARPS))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
         usage = _cuobjdump("--dump-resource-usage", str(cubin))
         sass = _cuobjdump("--dump-sass", str(cubin))
     field = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
-    programs = ops.resident_programs(field["REG"], kernel.metadata.shared, g.NUM_WARPS)
+    programs = resident_programs(field["REG"], kernel.metadata.shared, NUM_WARPS)
     # the splits as the GPU plans them: filling the waves of the programs this build leaves an SM room for (the
     # split count is a runtime argument: the build is the same)
-    cfg = ops.gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
+    cfg = gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
                            heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms,
                            programs_per_sm=programs)
     return Build(registers=field["REG"], spilled_bytes=field["STACK"] + field["LOCAL"],

@@ -1,4 +1,4 @@
-"""Host launcher of the multi-token paged attention kernel (``fp8kv/kernels/paged_attend.py``):
+"""Host launcher of the multi-token paged attention kernel (``fp8kv/ops/attend/kernel.py``):
 speculative-decode verification and chunked-prefill append over an FP8 (or 16-bit) paged cache.
 
 :func:`attend` validates every argument (``fp8kv.attend_checks``: one host sync, which also reads the
@@ -16,13 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-from . import checks, launch_table
-from .attend_checks import attend_arguments
-from .cache import PagedKVCache
-from .capability import UnsupportedError, check_query, current_arch, interpreter_on
-from .capability import check as supported
-from .formats import UNQUANTIZED_DTYPES
-from .kernels.paged_attend import (
+from ... import checks, launch_options
+from ...attend_checks import attend_arguments
+from ...cache import PagedKVCache
+from ...capability import UnsupportedError, check_query, current_arch, interpreter_on
+from ...capability import check as supported
+from ...formats import UNQUANTIZED_DTYPES
+from .kernel import (
     CONVERT_CAST,
     CONVERT_PTX,
     CONVERT_SOFTWARE,
@@ -73,7 +73,7 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
       above 128): spec-verify takes one program per (sequence, KV head), a chunk tiles of 128 rows.
     * ``block_n``: keys per tile, a power of two in [16, 256] (fp8 mode: >= 32, the FP8 dot's minimum K).
       Default 64 (32 at head dims above 128: the K and V tiles then hold as many bytes).
-    * ``num_warps``: one of ``launch_table.WARP_COUNTS``; default 8 for tiles of 128 x 128 or more
+    * ``num_warps``: one of ``launch_options.WARP_COUNTS``; default 8 for tiles of 128 x 128 or more
       (query rows x padded head dim: the fp32 accumulator would take 128 registers a thread in 4 warps), else 4.
     * ``num_splits``: KV splits (a positive int). Default: one, unless the programs fill fewer than
       :data:`LATENCY_WAVES` waves of ``num_sms`` SMs (tiles of at most :data:`LATENCY_BLOCK_M` rows, as in
@@ -92,14 +92,14 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
         block_n = 64 if d_pad <= 128 else 32
     else:
         block_n = checks.integer(block_n, "block_n")
-        if block_n < 16 or block_n > launch_table.MAX_BLOCK_N or block_n & (block_n - 1):
-            checks.fail(f"block_n={block_n}; expected a power of two in [16, {launch_table.MAX_BLOCK_N}]")
+        if block_n < 16 or block_n > launch_options.MAX_BLOCK_N or block_n & (block_n - 1):
+            checks.fail(f"block_n={block_n}; expected a power of two in [16, {launch_options.MAX_BLOCK_N}]")
     if mode == "fp8" and block_n < 32:
         checks.fail(f"block_n={block_n}: fp8 mode needs block_n >= 32 (the FP8 dot's minimum K)")
     if num_warps is None:
         num_warps = 8 if block_m * d_pad >= 128 * 128 else 4
     else:
-        num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", launch_table.WARP_COUNTS)
+        num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", launch_options.WARP_COUNTS)
     longest = max(max(seq_lens, default=1), 1)
     span = longest if window is None else min(longest, window + block_m // group + 1)
     if num_splits is None:

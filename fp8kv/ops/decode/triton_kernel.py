@@ -7,9 +7,9 @@ K/V (the second read mostly from L2): one program holding every head would pad t
 128 and keep a 128-row score tile in registers. It streams the split's tokens in tiles of
 BLOCK_N through the block table (a tile may span several pages: tile size and page size are
 independent), keeps an online softmax in fp32 (exp2 domain), and writes either the final output
-(one split) or a normalised partial output plus its log2-sum-exp for ``combine_splits_kernel``.
+(one split) or a normalised partial output plus its log2-sum-exp for ``combine_splits_kernel`` (:mod:`.combine`).
 
-Modes (see fp8kv/ops.py for the host side):
+Modes (see :mod:`.triton_launcher` for the host side):
 
 * dequant: FP8 codes are turned into a 16-bit type in registers, 16-bit ``tl.dot``. CONVERT_K and
   CONVERT_V pick how, per operand: integer ops (any arch; sm80/86, where Triton has no e4m3),
@@ -25,7 +25,7 @@ Attention variants (constexpr switches; off, the kernel compiles to the plain co
   only (the host sizes them over the window), so pages before the window are never addressed.
 * SOFT_CAP: scores become ``cap * tanh(score / cap)`` in natural units; the host folds ``2 / cap``
   into the QKᵀ factor and tanh comes from one exp2: ``1 - 2 / (e^(2x) + 1)``, or for |x| < 1/8
-  (where that form cancels) from its odd Taylor polynomial (see ``_soft_cap``).
+  (where that form cancels) from its odd Taylor polynomial (see ``soft_cap_scores``).
 * HAS_SINKS: one fp32 logit per query head joins the softmax denominator, folded once: in the
   epilogue for one split, in ``combine_splits_kernel`` for several. The LSE includes it.
 
@@ -37,116 +37,23 @@ probabilities (V) inside the loop.
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents
 
-from ..formats import FORMATS
-from .fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
+from ...formats import FORMATS
+from ..fp8_codec import fp32_to_fp8_bits
+from ..pages import SCALE_CHANNEL, SCALE_PER_HEAD, SCALE_TOKEN_HEAD
 
-LN2 = tl.constexpr(0.6931471805599453)
-TANH_POLY_MAX = tl.constexpr(0.125)  # _soft_cap: |x| below it takes tanh's polynomial, above it the exp form
+# the kernel's body calls the shared helpers by these names
+from .triton_helpers import LN2
+from .triton_helpers import as_fp8 as _as_fp8
+from .triton_helpers import fold_sink as _fold_sink
+from .triton_helpers import kv_tile_to_compute as _kv_tile_to_compute
+from .triton_helpers import soft_cap_scores as _soft_cap
+from .triton_helpers import split_range as _split_range
+from .triton_helpers import tile_addresses as _tile_addresses
+
 E4M3_MAX = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: q and p are e4m3
 P_SCALE = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: p ∈ [0, 1] is scaled onto e4m3's range before rounding
-
-# SCALE_KIND values (constexpr globals: the only globals a Triton kernel may read)
-SCALE_PER_HEAD = tl.constexpr(0)  # tensor and head granularity: one scalar per KV head ([Hkv] fp32)
-SCALE_CHANNEL = tl.constexpr(1)  # [Hkv, D]: K folded into q (fp32), V applied in the epilogue
-SCALE_TOKEN_HEAD = tl.constexpr(2)  # [num_blocks, block_size, Hkv]: per token, inside the loop
-
-# CONVERT values: how dequant mode turns FP8 codes into 16-bit values
-CONVERT_CAST = tl.constexpr(0)  # Triton's fp8 cast (sm89+, and the interpreter)
-CONVERT_SOFTWARE = tl.constexpr(1)  # integer bit manipulation (any arch; sm80/86)
-CONVERT_PTX = tl.constexpr(2)  # inline cvt.rn.f16x2.e4m3x2 / e5m2x2 (sm89+)
-
-
-@triton.jit
-def _kv_tile_to_compute(codes, COMPUTE: tl.constexpr, KV_FP8: tl.constexpr, CONVERT: tl.constexpr,
-                        MANT: tl.constexpr, BIAS: tl.constexpr):
-    """A loaded K/V tile -> the dot's 16-bit type.
-
-    FP8 tiles arrive as uint8 codes (software and PTX conversion) or, for Triton's cast, as FP8
-    values: loading through an FP8 pointer lets Triton keep the tile as bytes in shared memory and
-    convert after the dot-operand load.
-    """
-    if KV_FP8:
-        if CONVERT == CONVERT_SOFTWARE:
-            x = fp8_bits_to_fp16(codes, MANT, BIAS)
-        elif CONVERT == CONVERT_PTX:
-            x = fp8_bits_to_fp16_ptx(codes, MANT)
-        else:
-            x = _as_fp8(codes, MANT)
-        return x.to(COMPUTE)
-    return codes.to(COMPUTE)
-
-
-@triton.jit
-def _as_fp8(x, MANT: tl.constexpr):
-    """A tile as Triton FP8 values: uint8 codes are reinterpreted, FP8 tiles pass through."""
-    if x.dtype.is_fp8():
-        y = x
-    elif MANT == 3:
-        y = x.to(tl.float8e4nv, bitcast=True)
-    else:
-        y = x.to(tl.float8e5, bitcast=True)
-    return y
-
-
-@triton.jit
-def _split_range(seq_lens_ptr, b, split, tokens_per_split, row_capacity, window, WINDOWED: tl.constexpr):
-    """Tokens ``[start, end)`` of sequence ``b`` that split ``split`` reads.
-
-    The length is clamped to the row's capacity, so a table edited after validation cannot send
-    the loads outside the pool. With a window, tokens before it are never addressed."""
-    seq_len = tl.minimum(tl.load(seq_lens_ptr + b), row_capacity)
-    if WINDOWED:
-        start = tl.maximum(seq_len - window, 0) + split * tokens_per_split
-    else:
-        start = split * tokens_per_split
-    return start, tl.minimum(seq_len, start + tokens_per_split)
-
-
-@triton.jit
-def _tile_addresses(bt_row, n0, end, offs_n, offs_d, num_blocks, stride_kb, stride_kt, kv_head_off,
-                    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
-    """Element offsets and mask of the K/V tile of tokens ``n0 + offs_n`` (through the block table,
-    entries clamped into the pool), with the page and in-page position of each token."""
-    t = n0 + offs_n
-    t_mask = t < end
-    page = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0)
-    page = tl.minimum(tl.maximum(page, 0), num_blocks - 1).to(tl.int64)
-    in_page = t % BLOCK_SIZE
-    kv_off = (page * stride_kb + in_page * stride_kt + kv_head_off)[:, None] + offs_d[None, :]
-    if D_PAD == HEAD_DIM:
-        kv_mask = t_mask[:, None]
-    else:
-        kv_mask = t_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
-    return t_mask, page, in_page, kv_off, kv_mask
-
-
-@triton.jit
-def _soft_cap(s, soft_cap_log2):
-    """Scores ``s = 2x / ln 2`` with ``x = score / cap`` (the host folds 2 / cap into the QKᵀ factor)
-    -> ``cap * tanh(x)`` in log2 units.
-
-    tanh(x) = 1 - 2 / (e^2x + 1) (one exp2; saturates to ±1 without overflow trouble) errs by ~u
-    *absolutely*: for small |x| that is all of tanh(x) ~ x (a cap of 1e30 turned every logit into
-    0). Below TANH_POLY_MAX its odd Taylor polynomial to x^7 is used instead: relative error
-    <= 62/2835 x^8 < 1.4e-9 there, below fp32's u; at the seam the exp form errs by ~u / 0.125."""
-    x = s * (0.5 * LN2)
-    x2 = x * x
-    poly = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
-    tanh = tl.where(tl.abs(x) < TANH_POLY_MAX, poly, 1.0 - 2.0 / (tl.math.exp2(s) + 1.0))
-    return soft_cap_log2 * tanh
-
-
-@triton.jit
-def _fold_sink(m, denom, sink):
-    """One more logit with no value (an attention sink, log2 units) joins the running softmax state
-    (max ``m``, denominator ``denom``): returns the new pair and the factor ``alpha`` the output is
-    rescaled by. A state and sink both empty (-inf) stay empty instead of turning into NaN."""
-    m_new = tl.maximum(m, sink)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m - m_use)
-    return m_new, denom * alpha + tl.math.exp2(sink - m_use), alpha
 
 
 @triton.jit
@@ -325,54 +232,3 @@ def paged_decode_kernel(
     else:
         tl.store(o_ptrs + split * stride_os, out, mask=qd_mask)
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse2, mask=g_mask)
-
-
-@triton.jit
-def combine_splits_kernel(
-    part_out_ptr,  # [B, Hq, num_splits, D] fp32 normalised partial outputs
-    part_lse_ptr,  # [B, Hq, num_splits] fp32 partial log2-sum-exp (-inf for empty splits)
-    out_ptr,  # [B, Hq, D] output (query dtype or fp32)
-    lse_ptr,  # [B, Hq] fp32 natural-log LSE
-    stride_pb, stride_ph, stride_ps,  # partial-output strides: batch, head, split
-    stride_qb_lse, stride_qh_lse,  # partial-LSE strides: batch, head (split stride is 1)
-    stride_ob, stride_oh,
-    stride_lb, stride_lh,
-    num_splits,
-    sinks_ptr,  # HAS_SINKS: [Hq] fp32 sink logits (natural log)
-    HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,  # num_splits padded to a power of two
-    HAS_SINKS: tl.constexpr,
-    PDL: tl.constexpr = False,  # launched as a programmatic dependent of the decode (sm90+)
-):
-    """out = Σ_s w_s out_s / Σ_s w_s with w_s = 2^(lse_s - max lse): the flash-decoding reduction.
-
-    A sink is one more term of the denominator with no output: ``2^(sink·log2 e - max)``. With PDL the
-    programs may start before the decode has finished: they wait for its partials first.
-    """
-    if PDL:
-        gdc_wait()
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, D_PAD)
-    s_mask = offs_s < num_splits
-    lse = tl.load(part_lse_ptr + b * stride_qb_lse + h * stride_qh_lse + offs_s,
-                  mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    if HAS_SINKS:
-        sink = tl.load(sinks_ptr + h) * (1.0 / LN2)
-        m = tl.maximum(m, sink)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.math.exp2(lse - m_safe)
-    den = tl.sum(w, axis=0)
-    if HAS_SINKS:
-        den += tl.math.exp2(sink - m_safe)
-    parts = tl.load(part_out_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-                    mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    den_safe = tl.where(den > 0, den, 1.0)
-    out = tl.sum(parts * w[:, None], axis=0) / den_safe
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
-    lse_out = tl.where(den > 0, (m_safe + tl.math.log2(den_safe)) * LN2, float("-inf"))
-    tl.store(lse_ptr + b * stride_lb + h * stride_lh, lse_out)

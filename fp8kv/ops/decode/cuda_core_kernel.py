@@ -1,6 +1,6 @@
 """Paged decode attention on CUDA cores (no ``tl.dot``), for small query groups (MHA, group 2).
 
-The tensor-core kernel (``paged_decode.py``) pads the query group to tl.dot's 16 rows: at group 1
+The tensor-core kernel (:mod:`.triton_kernel`) pads the query group to tl.dot's 16 rows: at group 1
 (MHA) fifteen of them are waste, and every FP8 tile makes an extra shared-memory round trip to reach
 the dot's operand layout. Here one program handles one *query* head (a group of 2 reads each K/V
 tile twice, the second time from L2), and the dots are FMAs in fp32 registers: a score is a
@@ -10,24 +10,22 @@ memory to registers once and never through shared memory.
 To keep cross-warp traffic out of the loop, every token slot ``n`` of the BLOCK_N-token tile runs
 its own online softmax (running max ``m[n]``, sum ``l[n]``, output row ``acc[n, :]``) across the
 tiles, as FlashInfer's CUDA-core decode gives each thread group its own state; the slots are merged
-once, after the loop. Same arguments and outputs as ``paged_decode_kernel`` (the split combine is
+once, after the loop. Same arguments and outputs as ``paged_decode_kernel`` (the split combine, :mod:`.combine`, is
 shared), grid ``(B, Hq, splits)``; dequant mode only.
 """
 
 import triton
 import triton.language as tl
 
-from .paged_decode import (
-    LN2,
-    SCALE_CHANNEL,
-    SCALE_PER_HEAD,
-    SCALE_TOKEN_HEAD,
-    _fold_sink,
-    _kv_tile_to_compute,
-    _soft_cap,
-    _split_range,
-    _tile_addresses,
-)
+from ..pages import SCALE_CHANNEL, SCALE_PER_HEAD, SCALE_TOKEN_HEAD
+
+# the kernel's body calls the shared helpers by these names
+from .triton_helpers import LN2
+from .triton_helpers import fold_sink as _fold_sink
+from .triton_helpers import kv_tile_to_compute as _kv_tile_to_compute
+from .triton_helpers import soft_cap_scores as _soft_cap
+from .triton_helpers import split_range as _split_range
+from .triton_helpers import tile_addresses as _tile_addresses
 
 
 @triton.jit

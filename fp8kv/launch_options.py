@@ -1,0 +1,89 @@
+"""The launch options of fp8kv's decode kernels: the one table of their names, what each takes, which
+kernels and backends take it, and whether the bench CLI sets it and the launch table measures it.
+
+Everything that lists these options derives the list from :data:`OPTIONS`: the options
+``fp8kv.decode`` accepts per backend (``fp8kv.backends.LAUNCH_OPTIONS``), the ``--triton-opt`` keys of
+``fp8kv bench`` (``fp8kv.bench.cli.TRITON_OPTIONS``), the keys of a launch-table entry
+(``fp8kv.launch_table.LAUNCH_KEYS``), the options :func:`fp8kv.ops.paged_decode` takes, and those the
+Gluon kernel takes when it is asked for (:func:`fp8kv.ops.gluon_refusal`). A new option is one row here,
+plus the kernel and launcher that use it. Which values a Triton launch may take for ``num_warps`` and
+``block_n`` lives here too (:data:`WARP_COUNTS`, :data:`MAX_BLOCK_N`), the one home that launch-table
+entries and a caller's overrides are both checked against.
+
+Plain Python: imported by ``fp8kv.backends`` (and so by ``import fp8kv``) without importing Triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LaunchOption", "OPTIONS", "KERNELS", "WARP_COUNTS", "MAX_BLOCK_N", "backend_options", "cli_options",
+           "tuned_options", "kernel_options", "option_names"]
+
+# The decode kernels of the Triton backend, by the names fp8kv.ops.decode_launch gives them.
+KERNELS = ("triton", "triton-cuda-core", "gluon")
+WARP_COUNTS = (1, 2, 4, 8, 16)  # the num_warps a Triton launch may ask for
+MAX_BLOCK_N = 256  # tokens per tile, a power of two: a 256 x 256 tile already exceeds every GPU's registers
+
+
+@dataclass(frozen=True)
+class LaunchOption:
+    """One launch option: its keyword ``name``, the ``kernels`` (of :data:`KERNELS`) that take it, the
+    ``kind`` of value (``"int"``, ``"bool"``, ``"str"`` or ``"dtype"``), one line of ``help``, the
+    ``fp8kv.decode`` ``backends`` that accept it, whether ``fp8kv bench --triton-opt KEY=INT`` sets it
+    (``cli``) and whether a launch-table entry holds its measured value (``tuned``)."""
+    name: str
+    kernels: tuple[str, ...]
+    kind: str
+    help: str
+    backends: tuple[str, ...] = ("triton",)
+    cli: bool = False
+    tuned: bool = False
+
+
+_ALL = KERNELS
+_TRITON = ("triton", "triton-cuda-core")
+OPTIONS: tuple[LaunchOption, ...] = (
+    LaunchOption("num_splits", _ALL, "int", "split-KV programs per sequence and KV head (default: by waves of SMs)",
+                 cli=True),
+    LaunchOption("block_n", _ALL, "int", "tokens per tile, a power of two (Gluon: 64 or 128)", cli=True, tuned=True),
+    LaunchOption("num_warps", _ALL, "int", f"warps per program, one of {WARP_COUNTS} (Gluon: 4)", cli=True,
+                 tuned=True),
+    LaunchOption("num_stages", _ALL, "int", "software-pipeline stages (Gluon: its ring depth, 2-4)", cli=True,
+                 tuned=True),
+    LaunchOption("convert", _TRITON, "str", "how dequant mode converts FP8: 'software', 'cast', 'ptx' or 'K/V'"),
+    LaunchOption("eviction_policy", _TRITON, "str", "cache hint of the K/V loads: '', 'evict_first' or 'evict_last'"),
+    LaunchOption("out_dtype", _ALL, "dtype", "the output's dtype (default: the query's)"),
+    LaunchOption("compute_dtype", _TRITON, "dtype", "16-bit type of the dequant-mode dots"),
+    LaunchOption("use_tensor_cores", _TRITON, "bool", "False: the CUDA-core kernel (Triton); FlashInfer's "
+                 "tensor-core or CUDA-core decode", backends=("triton", "flashinfer")),
+    LaunchOption("heads_per_program", ("triton", "gluon"), "int", "at most this many query heads of a group per "
+                 "program", cli=True),
+    LaunchOption("gluon", _ALL, "bool", "the kernel: None picks, True the Gluon kernel, False the Triton kernel "
+                 "(on the CLI 1 or 0)", cli=True),
+)
+
+
+def option_names() -> tuple[str, ...]:
+    """Every option's name, in the table's order."""
+    return tuple(o.name for o in OPTIONS)
+
+
+def backend_options(backend: str) -> tuple[str, ...]:
+    """The options ``fp8kv.decode`` accepts for ``backend`` (beyond q, cache, mode, sm_scale and the variants)."""
+    return tuple(o.name for o in OPTIONS if backend in o.backends)
+
+
+def cli_options() -> tuple[str, ...]:
+    """The keys of ``fp8kv bench --triton-opt KEY=INT``."""
+    return tuple(o.name for o in OPTIONS if o.cli)
+
+
+def tuned_options() -> tuple[str, ...]:
+    """The options a launch-table entry sets (measured per GPU by ``python -m fp8kv.bench.tune``)."""
+    return tuple(o.name for o in OPTIONS if o.tuned)
+
+
+def kernel_options(kernel: str) -> tuple[str, ...]:
+    """The options ``kernel`` (one of :data:`KERNELS`) takes."""
+    return tuple(o.name for o in OPTIONS if kernel in o.kernels)

@@ -1,0 +1,35 @@
+"""What the Gluon decode kernel (:mod:`.gluon_kernel`) covers and how it cuts a head, as plain facts: its
+warps, tile widths, head dims and the query heads one program holds. Read by the kernel's layouts, its
+launch (:mod:`.gluon_launcher`) and the choice of kernel (:mod:`.planning`); importing it needs no Gluon."""
+
+__all__ = ["NUM_WARPS", "HEAD_PADS", "MIN_HEAD_DIM", "MAX_HEAD_DIM", "MAX_ROWS", "head_parts", "head_pad", "max_rows",
+           "mma_rows"]
+
+NUM_WARPS = 4
+HEAD_PADS = (64, 128)  # register tile widths; a head_dim runs in the smallest that holds it
+MIN_HEAD_DIM = 48  # the smallest head_dim its GPU tests cover
+MAX_HEAD_DIM = 256  # two parts of 128
+# MMA rows (query heads) one program holds at most, per tile width: a warp's fp32 output is rows x width,
+# so 32 rows of 64 columns take the registers that 16 of 128 take (sm90: 168 a thread, no spills). Two
+# parts hold the query twice as wide: 16 rows.
+MAX_ROWS = {64: 32, 128: 16}
+
+
+def head_parts(head_dim: int) -> int:
+    """Programs per (KV head, head tile): 1 up to 128 columns, 2 above (each takes 128 output columns)."""
+    return 1 if head_dim <= max(HEAD_PADS) else 2
+
+
+def head_pad(head_dim: int) -> int:
+    """The tile width of one part of a head_dim (a multiple of 16, at most 256)."""
+    return next(p for p in HEAD_PADS if head_dim <= p) if head_parts(head_dim) == 1 else max(HEAD_PADS)
+
+
+def max_rows(head_dim: int) -> int:
+    """The most MMA rows (query heads) one program holds at ``head_dim``."""
+    return MAX_ROWS[head_pad(head_dim)] if head_parts(head_dim) == 1 else 16
+
+
+def mma_rows(heads_per_program: int) -> int:
+    """The MMA rows (ROWS) of a program of ``heads_per_program`` query heads: 16 or 32."""
+    return 16 if heads_per_program <= 16 else 32
