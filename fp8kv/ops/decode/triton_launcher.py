@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ...cache import PagedKVCache
 from ...capability import UnsupportedError, current_arch, interpreter_on
-from ...checks import softmax_scale
+from ...checks import resolved_softmax_scale
 from ..pages import format_bits, kernel_pages, page_strides, scale_kind
 from . import splits
 from .combine import combine_as_dependent, combine_splits, split_partials
@@ -195,7 +195,7 @@ def triton_residency(batch: int, cache: PagedKVCache, cfg: DecodeConfig, mode: s
         q = torch.empty(batch, group * cache.num_kv_heads, cache.head_dim, dtype=q_dtype, device=device)
         sinks = variants.get("sinks")
         launch = triton_launch(cache, cfg, mode, tensor_cores=True, batch=batch, num_q_heads=q.shape[1],
-                               q_dtype=q_dtype, device=device, sm_scale=softmax_scale(None, cache.head_dim),
+                               q_dtype=q_dtype, device=device, sm_scale=resolved_softmax_scale(None, cache.head_dim),
                                out_dtype=q_dtype, window=variants.get("window"), soft_cap=variants.get("soft_cap"),
                                sinks=sinks is not None, convert=variants.get("convert"),
                                eviction_policy=variants.get("eviction_policy") or "",
