@@ -70,6 +70,7 @@ def main(argv=None) -> int:
     summary = []
     for name, args, keys, col in jobs:
         times: dict[str, dict[tuple, list[float]]] = {"A": {}, "B": {}}
+        cases: dict[tuple, dict] = {}
         for r in range(a.rounds):
             for side, root in (("A", a.a), ("B", a.b)):
                 df = run_one(root.resolve(), args, a.out / f"{name}-{side}{r}")
@@ -77,10 +78,12 @@ def main(argv=None) -> int:
                 if "status" in df.columns:
                     df = df[df["status"].isin(["ok", "passed"])]
                 for key, rows in df.groupby(keep, dropna=False):
-                    times[side].setdefault(tuple(key), []).extend(rows[col].tolist())
+                    key = tuple(key)
+                    cases[key] = dict(zip(keep, key, strict=True))
+                    times[side].setdefault(key, []).extend(rows[col].tolist())
         for key in sorted(set(times["A"]) & set(times["B"]), key=str):
             ta, tb = statistics.median(times["A"][key]), statistics.median(times["B"][key])
-            summary.append(dict(grid=name, case=dict(zip([k for k in keys], key)), a_us=ta, b_us=tb, b_over_a=tb / ta,
+            summary.append(dict(grid=name, case=cases[key], a_us=ta, b_us=tb, b_over_a=tb / ta,
                                 a_runs=len(times["A"][key]), b_runs=len(times["B"][key])))
     (a.out / "ab.json").write_text(json.dumps(summary, indent=1, default=str))
     for s in summary:
