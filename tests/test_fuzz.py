@@ -157,8 +157,14 @@ def check_decode(q, cache, backend, mode, granularity, bad=(), **kw):
     if backend == "triton":
         assert out.dtype == q.dtype and out.shape == q.shape, f"out {out.dtype} {tuple(out.shape)}"
     bound = score_bound(q, cache, None if sm_scale is None else float(sm_scale))
-    assert_rel_err(out.float(), ref_out, output_tolerance(backend, mode, q.dtype, granularity, score_bound=bound),
-                   f"{backend} out {kw}")
+    tol = output_tolerance(backend, mode, q.dtype, granularity, score_bound=bound)
+    assert out.shape == ref_out.shape
+    # Below the output type's normal range a rounding loses up to half a subnormal step, not u relative
+    # (outputs a dominant sink shrinks to 1e-5 are fp16 subnormals): one step per element for p and out.
+    floor = math.sqrt(out.numel()) * float(torch.finfo(out.dtype).smallest_normal) * float(torch.finfo(out.dtype).eps)
+    err = float((out.double() - ref_out.double()).norm())
+    assert err <= tol * float(ref_out.double().norm()) + floor, \
+        f"{backend} out {kw}: error {err:.3e} > {tol:.1e} x |ref| {float(ref_out.norm()):.3e} + {floor:.1e}"
     err = float((lse - ref_lse).abs().max())
     tol = lse_tolerance(backend, mode, q.dtype, ref_lse, granularity, score_bound=bound)
     assert err <= tol, f"{backend} lse error {err:.3e} > {tol:.3e} ({kw})"
@@ -248,6 +254,8 @@ def make_sinks(kind: str, hq: int, value: float, device):
 @example(setup=TRITON_FP8, kind=("expanded", True), value=1.5, check=True)
 @example(setup=TRITON_FP8, kind=("values", True), value=3e38, check=True)
 @example(setup=TRITON_FP8, kind=("values", True), value=FP32_MAX, check=False)
+@example(setup=dict(TRITON_FP8, lens=[1], hkv=1, group=1, block_size=8), kind=("values", True), value=12.0,
+         check=False)  # a dominant sink: outputs near 1e-5, fp16 subnormals
 def test_decode_sinks(setup, kind, value, check):
     (kind, legal), hq = kind, setup["hkv"] * setup["group"]
     if kind in ("nan", "inf") and not check:
