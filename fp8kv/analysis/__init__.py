@@ -11,6 +11,8 @@ so notebooks only choose inputs, call, draw and save, and results of several GPU
   step by step, real caches' bytes beside the formula.
 * :mod:`~fp8kv.analysis.decode_grids` (notebook 04): the decode-latency grid presets.
 * :mod:`~fp8kv.analysis.accuracy` (notebook 06): real models with an FP8 KV cache.
+* :mod:`~fp8kv.analysis.breakeven`: the context beyond which an FP8 KV cache decodes faster than a 16-bit
+  one (latency lines fitted to bench rows, their crossing and its uncertainty).
 * :mod:`~fp8kv.analysis.selection`: names a notebook selects from a registry, checked.
 """
 
@@ -23,6 +25,17 @@ from .accuracy import (
     model_descriptions,
     printable_decodes,
     printable_text,
+)
+from .breakeven import (
+    BREAKEVEN_GRID,
+    LineFit,
+    LineFitError,
+    breakeven,
+    breakeven_answers,
+    crossings,
+    fit_line,
+    fit_lines,
+    line_points,
 )
 from .capacity import (
     capacity_grid,
@@ -61,4 +74,5 @@ __all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization
            "walkthrough_text", "measured_cache_bytes", "measured_vs_formula", "roundtrip_sweep", "scale_sweep",
            "cast_comparison", "DecodeGrid", "DECODE_GRIDS", "decode_grid", "registry_names", "format_names",
            "SUMMARY_COLUMNS", "LAYER_METRICS", "AccuracyRun", "model_accuracy", "model_descriptions",
-           "printable_text", "printable_decodes", "greedy_decode_table"]
+           "printable_text", "printable_decodes", "greedy_decode_table", "BREAKEVEN_GRID", "LineFit", "LineFitError",
+           "fit_line", "fit_lines", "line_points", "crossings", "breakeven", "breakeven_answers"]
