@@ -13,6 +13,8 @@ so notebooks only choose inputs, call, draw and save, and results of several GPU
 * :mod:`~fp8kv.analysis.accuracy` (notebook 06): real models with an FP8 KV cache.
 * :mod:`~fp8kv.analysis.breakeven`: the context beyond which an FP8 KV cache decodes faster than a 16-bit
   one (latency lines fitted to bench rows, their crossing and its uncertainty).
+* :mod:`~fp8kv.analysis.scale_health`: per layer and KV head, what each scale method saturates or flushes
+  to zero and what it costs; the layers to keep 16-bit, and their price in tokens.
 * :mod:`~fp8kv.analysis.selection`: names a notebook selects from a registry, checked.
 """
 
@@ -65,6 +67,15 @@ from .errors import (
 )
 from .kv_stats import channel_amax, describe_kv
 from .roundtrip import cast_comparison, roundtrip_sweep, scale_sweep
+from .scale_health import (
+    SCALE_HEALTH_METHODS,
+    ScaleHealth,
+    advice_capacity,
+    calibration_scales,
+    keep_bf16_advice,
+    model_scale_health,
+    scale_health,
+)
 from .selection import format_names, registry_names
 
 __all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
@@ -75,4 +86,6 @@ __all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization
            "cast_comparison", "DecodeGrid", "DECODE_GRIDS", "decode_grid", "registry_names", "format_names",
            "SUMMARY_COLUMNS", "LAYER_METRICS", "AccuracyRun", "model_accuracy", "model_descriptions",
            "printable_text", "printable_decodes", "greedy_decode_table", "BREAKEVEN_GRID", "LineFit", "LineFitError",
-           "fit_line", "fit_lines", "line_points", "crossings", "breakeven", "breakeven_answers"]
+           "fit_line", "fit_lines", "line_points", "crossings", "breakeven", "breakeven_answers",
+           "SCALE_HEALTH_METHODS", "ScaleHealth", "scale_health", "calibration_scales", "keep_bf16_advice",
+           "advice_capacity", "model_scale_health"]
