@@ -35,7 +35,7 @@ def bench_rows(lines, contexts=CONTEXTS, *, rel_noise=0.0, seed=0, batch=16, bac
 @pytest.mark.parametrize("bf16, fp8", [((10.0, 0.02), (30.0, 0.01)), ((5.0, 0.4), (900.0, 0.21)),
                                        ((12.5, 0.001), (14.0, 0.0006))])
 def test_exact_lines_are_recovered(bf16, fp8, relative):
-    lines, cr = be.breakeven(bench_rows({"bf16": bf16, "fp8_e4m3": fp8}), relative=relative)
+    lines, cr = be.breakeven_context(bench_rows({"bf16": bf16, "fp8_e4m3": fp8}), relative=relative)
     assert (lines["status"] == "ok").all()
     for kv, (a, b) in (("bf16", bf16), ("fp8_e4m3", fp8)):
         row = lines[lines["kv_dtype"] == kv].iloc[0]
@@ -75,7 +75,7 @@ def test_line_points_hold_the_residuals():
     ((10.0, 0.02), (11.0, 0.02), "never", "never pays"),  # parallel, FP8 higher
 ])
 def test_verdicts(bf16, fp8, verdict, phrase):
-    _, cr = be.breakeven(bench_rows({"bf16": bf16, "fp8_e4m3": fp8}))
+    _, cr = be.breakeven_context(bench_rows({"bf16": bf16, "fp8_e4m3": fp8}))
     row = cr.iloc[0]
     if phrase == "pays only below 200 tokens":  # the crossing (200) lies below the measured range
         assert row["verdict"] == "never" and "never pays" in row["answer"] and "outside it" in row["answer"]
@@ -92,7 +92,7 @@ def test_noisy_intervals_cover_the_truth():
     truth = (fp8[0] - bf16[0]) / (bf16[1] - fp8[1])
     covered, z, slopes_covered = [], [], []
     for seed in range(200):
-        lines, cr = be.breakeven(bench_rows({"bf16": bf16, "fp8_e4m3": fp8}, rel_noise=0.01, seed=seed))
+        lines, cr = be.breakeven_context(bench_rows({"bf16": bf16, "fp8_e4m3": fp8}, rel_noise=0.01, seed=seed))
         row = cr.iloc[0]
         assert row["status"] == "ok", row["reason"]
         covered.append(row["crossing_lo"] <= truth <= row["crossing_hi"])
@@ -105,7 +105,7 @@ def test_noisy_intervals_cover_the_truth():
 
 
 def test_nearly_parallel_lines_say_the_crossing_is_ill_determined():
-    _, cr = be.breakeven(bench_rows({"bf16": (10.0, 0.020), "fp8_e4m3": (10.5, 0.01999)}, rel_noise=0.01, seed=1))
+    _, cr = be.breakeven_context(bench_rows({"bf16": (10.0, 0.020), "fp8_e4m3": (10.5, 0.01999)}, rel_noise=0.01, seed=1))
     row = cr.iloc[0]
     assert row["slope_gap_z"] < 2
     assert "ill-determined" in row["answer"]
@@ -124,7 +124,7 @@ NONLINEAR = {
 @pytest.mark.parametrize("relative", [True, False])
 def test_nonlinear_lines_are_refused(shape, relative):
     rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": NONLINEAR[shape]})
-    lines, cr = be.breakeven(rows, relative=relative)
+    lines, cr = be.breakeven_context(rows, relative=relative)
     bad = lines[lines["kv_dtype"] == "fp8_e4m3"].iloc[0]
     assert bad["status"] == "no fit"
     assert "R²" in bad["reason"] or "off the line" in bad["reason"]
@@ -138,7 +138,7 @@ def test_nonlinear_lines_are_refused(shape, relative):
 @pytest.mark.parametrize("contexts", [[4096], [4096, 16384], [4096, 4096, 16384, 16384]])
 def test_too_few_contexts_are_refused(contexts):
     rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, contexts=contexts)
-    lines, cr = be.breakeven(rows)
+    lines, cr = be.breakeven_context(rows)
     assert (lines["status"] == "no fit").all()
     assert lines["reason"].str.contains("a line needs at least 3").all()
     assert cr.iloc[0]["status"] == "no fit"
@@ -175,7 +175,7 @@ def test_rows_that_did_not_run_are_left_out():
 def test_lines_are_kept_apart_by_batch_backend_and_mode():
     rows = pd.concat([bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, batch=b, backend=bk)
                       for b in (1, 64) for bk in ("triton", "flashinfer")], ignore_index=True)
-    lines, cr = be.breakeven(rows)
+    lines, cr = be.breakeven_context(rows)
     assert len(lines) == 8 and len(cr) == 4
     assert sorted(cr["batch"]) == [1, 1, 64, 64]
 
@@ -213,9 +213,10 @@ def test_no_row_ran():
 @pytest.mark.parametrize("kw, match", [(dict(min_tokens=10**6), "no row attends"),
                                        (dict(min_contexts=2), "min_contexts=2"),
                                        (dict(min_r2=1.5), "min_r2=1.5"),
-                                       (dict(max_rel_residual=0), "max_rel_residual=0")])
+                                       (dict(max_rel_residual=0), "max_rel_residual=0"),
+                                       (dict(relative=1), "relative=1"), (dict(relative="yes"), "relative='yes'")])
 def test_bad_options(kw, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         be.fit_lines(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}), **kw)
 
 
@@ -258,7 +259,7 @@ def test_saved_h200_target_run():
     csv = SAVED / "20261202T150736Z.csv"
     if not csv.is_file():
         pytest.skip(f"{csv} is not in this checkout")
-    lines, cr = be.breakeven(read_table(csv))
+    lines, cr = be.breakeven_context(read_table(csv))
     assert len(cr) == (lines["kv_dtype"] != "bf16").sum()
     assert (cr["status"].isin(["ok", "no fit"])).all()
     assert (cr.loc[cr["status"] == "no fit", "reason"].str.len() > 0).all()

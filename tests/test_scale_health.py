@@ -38,7 +38,7 @@ def synthetic(seed=0, *, outlier=True, tiny=True, spike=False):
 @pytest.fixture(scope="module")
 def planted():
     k, v, q = synthetic()
-    return sh.scale_health(k, v, q=q, calibration=sh.calibration_scales(k, v))
+    return sh.measure_scale_health(k, v, q=q, calibration=sh.calibration_scales(k, v))
 
 
 def _layer(health, method, layer):
@@ -90,7 +90,7 @@ def test_counts_are_the_quantizers(planted):
 
 def test_single_spike_makes_amax_flush_its_layer():
     k, v, q = synthetic(outlier=False, tiny=False, spike=True)
-    health = sh.scale_health(k, v, q=q)
+    health = sh.measure_scale_health(k, v, q=q)
     amax = _layer(health, "amax", SPIKE_LAYER)
     assert amax["k_underflow_frac"] > 0.3 and amax["out_rel_err"] > 0.2
     flagged = health.collapses[health.collapses["method"] == "amax"]
@@ -103,8 +103,8 @@ def test_single_spike_makes_amax_flush_its_layer():
 
 def test_head_scales_fix_the_outlier_head():
     k, v, q = synthetic(tiny=False)
-    tensor = sh.scale_health(k, v, q=q, methods=["amax"])
-    head = sh.scale_health(k, v, q=q, methods=["amax"], granularity="head")
+    tensor = sh.measure_scale_health(k, v, q=q, methods=["amax"])
+    head = sh.measure_scale_health(k, v, q=q, methods=["amax"], granularity="head")
     assert _layer(head, "amax", OUTLIER_LAYER)["k_rel_err"] <= _layer(tensor, "amax", OUTLIER_LAYER)["k_rel_err"] + 1e-3
     other = head.heads[(head.heads["layer"] == OUTLIER_LAYER) & (head.heads["side"] == "k")].set_index("head")
     assert other.loc[0, "scale_max"] < other.loc[1, "scale_max"] / 100  # each head its own scale
@@ -113,7 +113,7 @@ def test_head_scales_fix_the_outlier_head():
 def test_calibration_on_smaller_values_saturates():
     k, v, q = synthetic(outlier=False, tiny=False)
     cal = sh.calibration_scales([x / 4 for x in k], [x / 4 for x in v])  # a calibration text with quieter values
-    health = sh.scale_health(k, v, q=q, calibration=cal, methods=["calibrated", "amax"])
+    health = sh.measure_scale_health(k, v, q=q, calibration=cal, methods=["calibrated", "amax"])
     col = health.collapses
     assert set(col["method"]) == {"calibrated"} and set(col["kind"]) <= {"saturates", "collapsed"}
     assert len(col) == L * HKV * 2  # every head of every layer, K and V
@@ -151,7 +151,7 @@ def test_planted_layer_is_advised_first(planted):
 
 def test_metric_is_the_kv_error_without_queries():
     k, v, _ = synthetic()
-    health = sh.scale_health(k, v)
+    health = sh.measure_scale_health(k, v)
     assert health.metric == "kv" and health.layers["out_rel_err"].isna().all()
     assert (health.heads["side"] != "out").all()
     assert (health.layers["error"] == health.layers["kv_rel_err"]).all()
@@ -245,7 +245,7 @@ def test_bad_input_is_named(kind):
     exc, match = BAD[kind]
     k, v, kw = _bad(kind)
     with pytest.raises(exc, match=match):
-        sh.scale_health(k, v, **kw)
+        sh.measure_scale_health(k, v, **kw)
 
 
 @pytest.mark.parametrize("tolerance, exc", [(0, ValueError), (-0.1, ValueError), (float("nan"), ValueError),
@@ -281,3 +281,19 @@ def test_smollm2_scale_health():
     assert (advice["error_after"] <= advice["tolerance"]).all()
     assert (advice["tokens_mixed"] <= advice["tokens_fp8"]).all()
     assert any("smollm2-135m" in n for n in health.report())
+
+
+@pytest.mark.parametrize("kw, match", [(dict(kv_dtype="fp8"), "kv_dtype='fp8'"),
+                                       (dict(granularity="token_head"), "granularity='token_head'"),
+                                       (dict(num_queries=0), "num_queries=0"),
+                                       (dict(num_tokens=8, num_queries=9), "num_queries=9"),
+                                       (dict(calibration_tokens=-1), "calibration_tokens=-1")])
+def test_model_scale_health_refuses_before_loading(kw, match, monkeypatch):
+    import fp8kv.models
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(fp8kv.models, "load_model", no_load, raising=False)
+    with pytest.raises((ValueError, TypeError), match=match):
+        sh.model_scale_health(**kw)

@@ -32,8 +32,9 @@ from .breakeven import (
     BREAKEVEN_GRID,
     LineFit,
     LineFitError,
-    breakeven,
+    answer_text,
     breakeven_answers,
+    breakeven_context,
     crossings,
     fit_line,
     fit_lines,
@@ -73,8 +74,8 @@ from .scale_health import (
     advice_capacity,
     calibration_scales,
     keep_bf16_advice,
+    measure_scale_health,
     model_scale_health,
-    scale_health,
 )
 from .selection import format_names, registry_names
 
@@ -86,6 +87,6 @@ __all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization
            "cast_comparison", "DecodeGrid", "DECODE_GRIDS", "decode_grid", "registry_names", "format_names",
            "SUMMARY_COLUMNS", "LAYER_METRICS", "AccuracyRun", "model_accuracy", "model_descriptions",
            "printable_text", "printable_decodes", "greedy_decode_table", "BREAKEVEN_GRID", "LineFit", "LineFitError",
-           "fit_line", "fit_lines", "line_points", "crossings", "breakeven", "breakeven_answers",
-           "SCALE_HEALTH_METHODS", "ScaleHealth", "scale_health", "calibration_scales", "keep_bf16_advice",
-           "advice_capacity", "model_scale_health"]
+           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context",
+           "breakeven_answers", "SCALE_HEALTH_METHODS", "ScaleHealth", "measure_scale_health", "calibration_scales",
+           "keep_bf16_advice", "advice_capacity", "model_scale_health"]

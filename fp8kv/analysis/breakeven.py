@@ -41,7 +41,7 @@ import numpy as np
 from .. import checks
 
 __all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
-           "fit_line", "fit_lines", "line_points", "crossings", "breakeven", "breakeven_answers"]
+           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context", "breakeven_answers"]
 
 MIN_CONTEXTS = 3  # distinct contexts per line: two always fit exactly, a third is the first test of the line
 MIN_R2 = 0.98
@@ -166,6 +166,8 @@ def fit_line(tokens, time_us, *, min_contexts: int = MIN_CONTEXTS, min_r2: float
     min_contexts = checks.integer(min_contexts, "min_contexts", minimum=3)
     min_r2 = checks.real(min_r2, "min_r2", minimum=0.0, maximum=1.0)
     max_rel_residual = checks.real(max_rel_residual, "max_rel_residual", minimum=0.0, inclusive=False)
+    if not isinstance(relative, bool):
+        checks.fail(f"relative={relative!r} ({type(relative).__name__}); expected True or False", TypeError)
     x, y = (np.asarray(a, dtype=np.float64).ravel() for a in (tokens, time_us))
     if len(x) != len(y):
         checks.fail(f"tokens has {len(x)} values but time_us has {len(y)}; expected one time per context")
@@ -177,8 +179,6 @@ def fit_line(tokens, time_us, *, min_contexts: int = MIN_CONTEXTS, min_r2: float
     if n_contexts < min_contexts:
         raise LineFitError(f"{n_contexts} distinct context(s) {sorted(set(x.tolist()))}; a line needs at least "
                            f"{min_contexts} (two points always fit one)")
-    if not isinstance(relative, bool):
-        checks.fail(f"relative={relative!r} ({type(relative).__name__}); expected True or False", TypeError)
     fit = _least_squares(x, y, relative)
     why = _refusal(fit, min_r2, max_rel_residual)
     if why:
@@ -414,7 +414,7 @@ def answer_text(row) -> str:
     return f"{where}, {text} {what}"
 
 
-def breakeven(df, *, baseline: str = "bf16", **fit_kw):
+def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
     """:func:`crossings` of :func:`fit_lines` of bench rows ``df``: ``(lines, crossings)``.
     ``fit_kw`` (``min_tokens``, ``max_tokens``, thresholds) go to :func:`fit_lines`."""
     lines = fit_lines(df, **fit_kw)
@@ -422,5 +422,5 @@ def breakeven(df, *, baseline: str = "bf16", **fit_kw):
 
 
 def breakeven_answers(df, **kw) -> list[str]:
-    """The one-line answers of :func:`breakeven` (one per FP8 line), in its order."""
-    return list(breakeven(df, **kw)[1]["answer"])
+    """The one-line answers of :func:`breakeven_context` (one per FP8 line), in its order."""
+    return list(breakeven_context(df, **kw)[1]["answer"])

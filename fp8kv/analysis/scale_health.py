@@ -45,7 +45,7 @@ from ..quant import compute_scale, quantize, relative_error, scale_shape
 from .errors import attend, scale_argument
 
 __all__ = ["SCALE_HEALTH_METHODS", "HEALTH_GRANULARITIES", "DEFAULT_TOLERANCE", "SATURATION_LIMIT", "UNDERFLOW_LIMIT",
-           "COLLAPSE_REL_ERR", "ScaleHealth", "scale_health", "calibration_scales", "keep_bf16_advice",
+           "COLLAPSE_REL_ERR", "ScaleHealth", "measure_scale_health", "calibration_scales", "keep_bf16_advice",
            "advice_capacity", "model_scale_health"]
 
 SCALE_HEALTH_METHODS = ("1.0", "amax", "percentile", "vllm", "calibrated")
@@ -110,7 +110,7 @@ def _check_queries(q, sm_scale, k) -> tuple[list | None, list]:
     return q, sm_scale
 
 
-def _check_calibration(calibration, k, fmt, granularity) -> tuple[list, list] | None:
+def _check_calibration(calibration, k, granularity) -> tuple[list, list] | None:
     if calibration is None:
         return None
     if not isinstance(calibration, (tuple, list)) or len(calibration) != 2:
@@ -144,14 +144,13 @@ def calibration_scales(k, v, kv_dtype: str = "fp8_e4m3", granularity: str = "ten
 
 
 def _fp8(kv_dtype: str):
-    name, _, fmt = kv_dtype_info(checks.one_of(kv_dtype, "kv_dtype", ("fp8_e4m3", "fp8_e5m2")))
-    return fmt
+    return kv_dtype_info(checks.one_of(kv_dtype, "kv_dtype", ("fp8_e4m3", "fp8_e5m2")))[2]
 
 
 # ------------------------------------------------------------------------------------ measuring
 @dataclass
 class ScaleHealth:
-    """What :func:`scale_health` measured.
+    """What :func:`measure_scale_health` measured.
 
     ``heads``: one row per layer x KV head x side x method: ``layer``, ``head``, ``side`` (``"k"``, ``"v"``, or
     ``"out"``: the attention output of the query heads reading that KV head, with queries), ``method``,
@@ -242,7 +241,7 @@ def _out_rows(q, k, v, k_hat, v_hat, sm_scale, meta) -> list[dict]:
     return rows
 
 
-def scale_health(k, v, *, q=None, sm_scale=None, calibration=None, kv_dtype: str = "fp8_e4m3",
+def measure_scale_health(k, v, *, q=None, sm_scale=None, calibration=None, kv_dtype: str = "fp8_e4m3",
                  granularity: str = "tensor", methods=None, percentile: float = 99.9) -> ScaleHealth:
     """Saturation, underflow and error of every scale method, per layer and KV head (module docstring).
 
@@ -269,7 +268,7 @@ def scale_health(k, v, *, q=None, sm_scale=None, calibration=None, kv_dtype: str
     fmt = _fp8(kv_dtype)
     checks.one_of(granularity, "granularity", HEALTH_GRANULARITIES)
     q, sm_scale = _check_queries(q, sm_scale, k)
-    calibration = _check_calibration(calibration, k, fmt, granularity)
+    calibration = _check_calibration(calibration, k, granularity)
     notes = []
     if methods is None:
         methods = [m for m in SCALE_HEALTH_METHODS if m != "calibrated" or calibration is not None]
@@ -374,7 +373,7 @@ def keep_bf16_advice(health: ScaleHealth, tolerance: float = DEFAULT_TOLERANCE):
     import pandas as pd
 
     if not isinstance(health, ScaleHealth):
-        checks.fail(f"health is a {type(health).__name__}; expected scale_health()'s ScaleHealth", TypeError)
+        checks.fail(f"health is a {type(health).__name__}; expected measure_scale_health()'s ScaleHealth", TypeError)
     tolerance = checks.positive_float(tolerance, "tolerance")
     out = []
     for m in health.methods:
@@ -454,7 +453,7 @@ def advice_capacity(advice, model, *, kv_dtype: str = "fp8_e4m3", granularity: s
 def model_scale_health(model: str = "smollm2-135m", num_tokens: int = 256, calibration_tokens: int = 256,
                        num_queries: int = 16, *, device="cpu", kv_dtype: str = "fp8_e4m3",
                        granularity: str = "tensor", methods=None, percentile: float = 99.9) -> ScaleHealth:
-    """:func:`scale_health` of an offline model (``fp8kv.models``) on the fixed evaluation text.
+    """:func:`measure_scale_health` of an offline model (``fp8kv.models``) on the fixed evaluation text.
 
     One forward of ``num_tokens`` tokens captures every layer's K (after RoPE), V and Q; the last
     ``num_queries`` query rows act as decode queries over the whole captured context, with the layer's
@@ -469,11 +468,12 @@ def model_scale_health(model: str = "smollm2-135m", num_tokens: int = 256, calib
     calibration_tokens = checks.positive_int(calibration_tokens, "calibration_tokens")
     checks.integer(num_queries, "num_queries", minimum=1, maximum=num_tokens)
     checks.one_of(granularity, "granularity", HEALTH_GRANULARITIES)
+    _fp8(kv_dtype)  # refused before the model loads
     net, tok = load_model(model, dtype=torch.float32, device=device)
     cap = capture_kv(net, text_tokens(tok, num_tokens))
     cal = calibrate_scales(net, text_tokens(tok, calibration_tokens, offset=num_tokens),
                            KVQuantConfig(kv_dtype=kv_dtype, granularity=granularity), window=calibration_tokens)
-    health = scale_health([x.float() for x in cap.k], [x.float() for x in cap.v],
+    health = measure_scale_health([x.float() for x in cap.k], [x.float() for x in cap.v],
                           q=[x[-num_queries:].float() for x in cap.q], sm_scale=cap.sm_scale, calibration=cal,
                           kv_dtype=kv_dtype, granularity=granularity, methods=methods, percentile=percentile)
     health.notes.append(f"{model}: {num_tokens} tokens captured, {num_queries} decode queries, calibrated on the "
