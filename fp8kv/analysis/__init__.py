@@ -11,6 +11,10 @@ so notebooks only choose inputs, call, draw and save, and results of several GPU
   step by step, real caches' bytes beside the formula.
 * :mod:`~fp8kv.analysis.decode_grids` (notebook 04): the decode-latency grid presets.
 * :mod:`~fp8kv.analysis.accuracy` (notebook 06): real models with an FP8 KV cache.
+* :mod:`~fp8kv.analysis.breakeven`: the context beyond which an FP8 KV cache decodes faster than a 16-bit
+  one (latency lines fitted to bench rows, their crossing and its uncertainty).
+* :mod:`~fp8kv.analysis.scale_health`: per layer and KV head, what each scale method saturates or flushes
+  to zero and what it costs; the layers to keep 16-bit, and their price in tokens.
 * :mod:`~fp8kv.analysis.selection`: names a notebook selects from a registry, checked.
 """
 
@@ -23,6 +27,18 @@ from .accuracy import (
     model_descriptions,
     printable_decodes,
     printable_text,
+)
+from .breakeven import (
+    BREAKEVEN_GRID,
+    LineFit,
+    LineFitError,
+    answer_text,
+    breakeven_answers,
+    breakeven_context,
+    crossings,
+    fit_line,
+    fit_lines,
+    line_points,
 )
 from .capacity import (
     capacity_grid,
@@ -52,6 +68,15 @@ from .errors import (
 )
 from .kv_stats import channel_amax, describe_kv
 from .roundtrip import cast_comparison, roundtrip_sweep, scale_sweep
+from .scale_health import (
+    SCALE_HEALTH_METHODS,
+    ScaleHealth,
+    advice_capacity,
+    calibration_scales,
+    keep_bf16_advice,
+    measure_scale_health,
+    model_scale_health,
+)
 from .selection import format_names, registry_names
 
 __all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
@@ -61,4 +86,7 @@ __all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization
            "walkthrough_text", "measured_cache_bytes", "measured_vs_formula", "roundtrip_sweep", "scale_sweep",
            "cast_comparison", "DecodeGrid", "DECODE_GRIDS", "decode_grid", "registry_names", "format_names",
            "SUMMARY_COLUMNS", "LAYER_METRICS", "AccuracyRun", "model_accuracy", "model_descriptions",
-           "printable_text", "printable_decodes", "greedy_decode_table"]
+           "printable_text", "printable_decodes", "greedy_decode_table", "BREAKEVEN_GRID", "LineFit", "LineFitError",
+           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context",
+           "breakeven_answers", "SCALE_HEALTH_METHODS", "ScaleHealth", "measure_scale_health", "calibration_scales",
+           "keep_bf16_advice", "advice_capacity", "model_scale_health"]

@@ -1,0 +1,426 @@
+"""Where an FP8 KV cache starts to pay: decode latency as a line in the context, 16-bit against FP8.
+
+The method (vLLM's): for each line — one GPU, backend (and variant), head layout, batch, KV dtype
+and mode — fit ``time_us = intercept + slope x tokens`` by least squares over the measured contexts
+(``tokens``: tokens attended per sequence, the context, or the window where a row has one). Each
+point is weighted by ``1 / time²`` (``relative=True``, the default): timing noise is proportional to
+the time (a replayed CUDA graph varies by a percent, not by a fixed number of µs), so every point
+counts by its relative error, the measure the refusal below uses too; with unit weights (plain
+least squares, ``relative=False``) the long contexts' larger absolute scatter tilts the line and
+pushes the short contexts' relative residuals past the threshold.
+FP8 reads half the bytes per token, so its slope is lower, while its intercept (launch, dequant
+set-up, split combine) may be higher; the two lines cross at::
+
+    tokens* = (intercept_fp8 - intercept_16) / (slope_16 - slope_fp8)
+
+and FP8 pays beyond ``tokens*`` (when its slope is the lower one).
+
+Uncertainty: the fit's covariance propagated to ``tokens*`` (first-order, the delta method; the two
+lines are independent fits, so their covariances add). The interval is ``tokens* ± t x se`` with
+Student's t at 97.5 % for the smaller of the two lines' residual degrees of freedom (conservative).
+It is a linearization: when the slopes differ by less than two of their standard errors
+(``slope_gap_z < 2``) the lines are nearly parallel, the crossing is ill-determined and the
+interval means little; the answer then says so.
+
+A line is refused (status ``"no fit"`` with the reason; :func:`fit_line` raises :class:`LineFitError`)
+when it does not hold: fewer than :data:`MIN_CONTEXTS` distinct contexts, R² below :data:`MIN_R2`
+(0.98), or a point further than :data:`MAX_REL_RESIDUAL` (5 %) from the line, relative to its
+measured time. R² also refuses a line that does not rise beyond its scatter (a flat, noisy line
+has no slope to compare); restrict the contexts (``min_tokens``) where a launch-bound start bends it.
+
+:data:`BREAKEVEN_GRID` is the bench grid that measures it (:func:`fp8kv.bench.sweep` arguments).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import checks
+
+__all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
+           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context", "breakeven_answers"]
+
+MIN_CONTEXTS = 3  # distinct contexts per line: two always fit exactly, a third is the first test of the line
+MIN_R2 = 0.98
+MAX_REL_RESIDUAL = 0.05  # |measured - fitted| / measured, at every point
+
+# The bench grid (fp8kv.bench.sweep's arguments): nine contexts log-spaced from 512 to 32k (multiples of
+# 16, the block size), B 1/16/64, Llama-3-8B's GQA layout, both modes and FlashInfer's two variants.
+BREAKEVEN_GRID = dict(batches=[1, 16, 64], contexts=[512, 864, 1456, 2432, 4096, 6896, 11584, 19488, 32768],
+                      heads=[(32, 8)], head_dims=[128], block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"],
+                      modes=["dequant", "fp8"], backends=["triton", "flashinfer"], granularities=["tensor"],
+                      flashinfer_tensor_cores=[False, True])
+
+# What makes one line: the bench row's columns, those beyond REQUIRED only where the rows have them.
+REQUIRED = ("gpu", "backend", "kv_dtype", "mode", "batch", "context", "num_q_heads", "num_kv_heads", "head_dim",
+            "time_us")
+PAIR_KEYS = ("gpu", "backend", "variant", "num_q_heads", "num_kv_heads", "head_dim", "batch", "block_size",
+             "q_dtype", "layout", "window", "timing")  # an FP8 line and its 16-bit partner share these
+LINE_KEYS = PAIR_KEYS + ("kv_dtype", "mode", "granularity")
+_INT_KEYS = ("num_q_heads", "num_kv_heads", "head_dim", "batch", "block_size")  # block_size 0: not recorded
+_EXPECTED = "bench rows (fp8kv.bench.run() or a saved run under results/bench/<gpu>/)"
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
+
+
+def _t975(dof: int) -> float:
+    """Student's t 97.5 % quantile (a table, linear in 1/dof between its entries; 1.96 beyond 60)."""
+    if dof in _T975:
+        return _T975[dof]
+    if dof > 60:
+        return 1.96 + (2.000 - 1.96) * 60 / dof
+    lo = max(d for d in _T975 if d < dof)
+    hi = min(d for d in _T975 if d > dof)
+    w = (1 / dof - 1 / hi) / (1 / lo - 1 / hi)
+    return _T975[hi] + w * (_T975[lo] - _T975[hi])
+
+
+# ------------------------------------------------------------------------------------ one line
+class LineFitError(ValueError):
+    """A latency line that does not hold (too few contexts, R² too low, a point too far off it)."""
+
+
+@dataclass(frozen=True)
+class LineFit:
+    """``time_us = intercept + slope x tokens``, fitted by least squares.
+
+    ``cov`` is the 2x2 covariance of (intercept, slope) (``sigma² (XᵀX)⁻¹``, sigma² the residual variance
+    with ``n - 2`` degrees of freedom); ``residuals`` measured minus fitted, in the points' order;
+    ``r2``; ``max_rel_residual`` the largest ``|residual| / measured``.
+    """
+
+    intercept: float
+    slope: float
+    cov: tuple[tuple[float, float], tuple[float, float]]
+    residuals: tuple[float, ...]
+    r2: float
+    max_rel_residual: float
+    n_points: int
+    n_contexts: int
+
+    @property
+    def intercept_se(self) -> float:
+        return math.sqrt(self.cov[0][0])
+
+    @property
+    def slope_se(self) -> float:
+        return math.sqrt(self.cov[1][1])
+
+    @property
+    def dof(self) -> int:
+        return self.n_points - 2
+
+
+def _least_squares(x: np.ndarray, y: np.ndarray, relative: bool = True) -> LineFit:
+    """Weighted least squares: weights ``1 / y²`` with ``relative`` (each point by its relative error), else 1."""
+    n = len(x)
+    w = 1.0 / y ** 2 if relative else np.ones_like(y)
+    w = w / w.sum()
+    xm, ym = float((w * x).sum()), float((w * y).sum())
+    sxx = float((w * (x - xm) ** 2).sum())
+    slope = float((w * (x - xm) * (y - ym)).sum() / sxx)
+    intercept = ym - slope * xm
+    res = y - (intercept + slope * x)
+    ss_res = float((w * res ** 2).sum())
+    ss_tot = float((w * (y - ym) ** 2).sum())
+    # A line through every point fits perfectly, flat or not; otherwise the usual 1 - SS_res / SS_tot (weighted).
+    r2 = 1.0 if ss_res <= 1e-24 * float((w * y ** 2).sum()) else (1 - ss_res / ss_tot if ss_tot else 0.0)
+    sigma2 = ss_res / (n - 2)  # per unit of (normalized) weight
+    var_slope = sigma2 / sxx
+    cov_ab = -xm * var_slope
+    var_int = sigma2 + xm * xm * var_slope
+    return LineFit(intercept, slope, ((var_int, cov_ab), (cov_ab, var_slope)), tuple(float(r) for r in res), r2,
+                   float((np.abs(res) / y).max()), n, len(np.unique(x)))
+
+
+def _refusal(fit: LineFit, min_r2: float, max_rel_residual: float) -> str:
+    """Why ``fit`` does not hold, or "" when it does."""
+    why = []
+    if fit.r2 < min_r2:
+        why.append(f"R² {fit.r2:.4f} < {min_r2} (the latency is not a line in the context here, or does not "
+                   "rise beyond its scatter)")
+    if fit.max_rel_residual > max_rel_residual:
+        why.append(f"a point lies {fit.max_rel_residual:.1%} off the line (> {max_rel_residual:.0%})")
+    return "; ".join(why)
+
+
+def fit_line(tokens, time_us, *, min_contexts: int = MIN_CONTEXTS, min_r2: float = MIN_R2,
+             max_rel_residual: float = MAX_REL_RESIDUAL, relative: bool = True) -> LineFit:
+    """Least-squares line of ``time_us`` (positive, µs) against ``tokens`` (tokens per sequence), each point
+    weighted by ``1 / time_us²`` with ``relative`` (module docstring), else equally.
+
+    Parameters
+    ----------
+    tokens, time_us : equal-length 1-D sequences of finite numbers; repeated contexts are fine (each
+        point counts).
+    min_contexts, min_r2, max_rel_residual : the thresholds of the module docstring.
+
+    Raises
+    ------
+    ValueError on malformed input (lengths, NaN, a non-positive time); :class:`LineFitError` (a
+    ValueError) when the line does not hold, the message saying which test failed and by how much.
+    """
+    min_contexts = checks.integer(min_contexts, "min_contexts", minimum=3)
+    min_r2 = checks.real(min_r2, "min_r2", minimum=0.0, maximum=1.0)
+    max_rel_residual = checks.real(max_rel_residual, "max_rel_residual", minimum=0.0, inclusive=False)
+    if not isinstance(relative, bool):
+        checks.fail(f"relative={relative!r} ({type(relative).__name__}); expected True or False", TypeError)
+    x, y = (np.asarray(a, dtype=np.float64).ravel() for a in (tokens, time_us))
+    if len(x) != len(y):
+        checks.fail(f"tokens has {len(x)} values but time_us has {len(y)}; expected one time per context")
+    for name, a in (("tokens", x), ("time_us", y)):
+        if not np.isfinite(a).all() or (a <= 0).any():
+            bad = int(np.flatnonzero(~np.isfinite(a) | (a <= 0))[0])
+            checks.fail(f"{name}[{bad}]={a[bad]!r}; expected positive finite numbers")
+    n_contexts = len(np.unique(x))
+    if n_contexts < min_contexts:
+        raise LineFitError(f"{n_contexts} distinct context(s) {sorted(set(x.tolist()))}; a line needs at least "
+                           f"{min_contexts} (two points always fit one)")
+    fit = _least_squares(x, y, relative)
+    why = _refusal(fit, min_r2, max_rel_residual)
+    if why:
+        raise LineFitError(why)
+    return fit
+
+
+# ------------------------------------------------------------------------------------ bench rows
+def _rows(df, min_tokens, max_tokens):
+    """The bench rows that ran, checked, with ``tokens`` (attended per sequence) and every key column."""
+    import pandas as pd
+
+    from ..results import check_rows
+
+    check_rows(df, "breakeven", REQUIRED, values=["time_us"], expected=_EXPECTED)
+    ran = df[df["status"] == "ok"] if "status" in df.columns else df
+    if ran.empty:
+        checks.fail(f"breakeven: {len(df)} rows but none ran (status 'ok'); expected {_EXPECTED}")
+    ran = ran.copy()
+    window = pd.to_numeric(ran["window"], errors="coerce") if "window" in ran.columns else None
+    for col in LINE_KEYS:  # keys with a value in every row (NaN never equals itself, so never pairs)
+        if col in _INT_KEYS:
+            ran[col] = pd.to_numeric(ran[col], errors="coerce").fillna(0).astype(int) if col in ran.columns else 0
+        elif col == "window":
+            ran[col] = "" if window is None else [("" if np.isnan(w) else str(int(w))) for w in window]
+        else:
+            ran[col] = ran[col].fillna("").astype(str) if col in ran.columns else ""
+    t, ctx = pd.to_numeric(ran["time_us"], errors="coerce"), pd.to_numeric(ran["context"], errors="coerce")
+    bad = ~np.isfinite(t) | (t <= 0) | ~np.isfinite(ctx) | (ctx <= 0)
+    if bad.any():
+        i = bad.to_numpy().nonzero()[0][0]
+        checks.fail(f"breakeven: row {ran.index[i]} of rows that ran has time_us={ran['time_us'].iloc[i]!r}, "
+                    f"context={ran['context'].iloc[i]!r}; expected positive numbers")
+    tokens = ctx.astype(float)
+    if window is not None:  # a windowed row attends min(context, window) tokens
+        tokens = tokens.where(window.isna(), np.minimum(tokens, window))
+    ran["tokens"], ran["time_us"] = tokens, t.astype(float)
+    keep = np.ones(len(ran), dtype=bool)
+    if min_tokens is not None:
+        keep &= ran["tokens"].to_numpy() >= checks.real(min_tokens, "min_tokens", minimum=0.0)
+    if max_tokens is not None:
+        keep &= ran["tokens"].to_numpy() <= checks.real(max_tokens, "max_tokens", minimum=0.0)
+    if not keep.any():
+        checks.fail(f"breakeven: no row attends tokens in [{min_tokens}, {max_tokens}]; the rows hold "
+                    f"{sorted(set(ran['tokens']))}")
+    return ran[keep]
+
+
+def _fit_groups(df, min_tokens, max_tokens, thresholds):
+    """(key columns, the line's rows, its fit or None, why it was refused or "") per line."""
+    rows = _rows(df, min_tokens, max_tokens)
+    for key, g in rows.groupby(list(LINE_KEYS), sort=True, dropna=False):
+        g = g.sort_values("tokens", kind="stable")
+        head = dict(zip(LINE_KEYS, key, strict=True))
+        try:
+            fit, reason = fit_line(g["tokens"], g["time_us"], **thresholds), ""
+        except LineFitError as exc:
+            fit, reason = None, str(exc)
+            if len(np.unique(g["tokens"])) >= 3:  # the refused line's numbers, to show what was refused
+                fit = _least_squares(g["tokens"].to_numpy(float), g["time_us"].to_numpy(float),
+                                     thresholds["relative"])
+        yield head, g, fit, reason
+
+
+def fit_lines(df, *, min_tokens: float | None = None, max_tokens: float | None = None,
+              min_contexts: int = MIN_CONTEXTS, min_r2: float = MIN_R2, max_rel_residual: float = MAX_REL_RESIDUAL,
+              relative: bool = True):
+    """One least-squares latency line per (GPU, backend, variant, head layout, batch, ..., KV dtype, mode).
+
+    ``df``: bench rows (columns :data:`REQUIRED`, and ``variant``, ``block_size``, ``q_dtype``, ``layout``,
+    ``timing``, ``granularity``, ``window`` where present); only rows with ``status == "ok"`` count.
+    ``min_tokens`` / ``max_tokens`` keep the points in that range of tokens per sequence; the thresholds and
+    ``relative`` (the weights) are :func:`fit_line`'s.
+
+    Returns a DataFrame, one row per line: the :data:`LINE_KEYS`, ``n_points``, ``n_contexts``,
+    ``tokens_min``, ``tokens_max``, ``intercept_us``, ``slope_us_per_token`` (µs per token per sequence),
+    ``intercept_se``, ``slope_se``, ``cov_intercept_slope``, ``dof``, ``r2``, ``max_rel_residual``,
+    ``kernels`` (the kernels the rows name), ``status`` (``"ok"`` or ``"no fit"``) and ``reason``. A refused
+    line keeps its numbers where it has three contexts (to show what was refused) but is never used.
+
+    Raises ValueError (naming where the rows came from) on rows fp8kv's bench does not write: columns
+    missing, no row that ran, a time or context that is not a positive number.
+    """
+    import pandas as pd
+
+    thresholds = dict(min_contexts=min_contexts, min_r2=min_r2, max_rel_residual=max_rel_residual, relative=relative)
+    out = []
+    for head, g, fit, reason in _fit_groups(df, min_tokens, max_tokens, thresholds):
+        row = dict(head, n_points=len(g), n_contexts=int(g["tokens"].nunique()), tokens_min=float(g["tokens"].min()),
+                   tokens_max=float(g["tokens"].max()))
+        nan = float("nan")
+        row.update(intercept_us=fit.intercept if fit else nan, slope_us_per_token=fit.slope if fit else nan,
+                   intercept_se=fit.intercept_se if fit else nan, slope_se=fit.slope_se if fit else nan,
+                   cov_intercept_slope=fit.cov[0][1] if fit else nan, dof=fit.dof if fit else 0,
+                   r2=fit.r2 if fit else nan, max_rel_residual=fit.max_rel_residual if fit else nan)
+        kernels = sorted(set(g["kernel"].dropna().astype(str))) if "kernel" in g.columns else []
+        row.update(kernels=",".join(kernels), status="no fit" if reason else "ok", reason=reason)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def line_points(df, *, min_tokens: float | None = None, max_tokens: float | None = None, relative: bool = True):
+    """Every point of every line with its fit: the :data:`LINE_KEYS`, ``tokens``, ``time_us``, ``fitted_us``,
+    ``residual_us`` and ``rel_residual`` (NaN for a line with fewer than three contexts). A refused line's points are
+    here too: they show why it was refused."""
+    import pandas as pd
+
+    # A refused line is fitted all the same (where it has three contexts): its points show why.
+    loose = dict(min_contexts=MIN_CONTEXTS, min_r2=MIN_R2, max_rel_residual=MAX_REL_RESIDUAL, relative=relative)
+    frames = []
+    for head, g, fit, _ in _fit_groups(df, min_tokens, max_tokens, loose):
+        pts = g[["tokens", "time_us"]].reset_index(drop=True)
+        fitted = fit.intercept + fit.slope * pts["tokens"] if fit else np.nan
+        pts = pts.assign(fitted_us=fitted, residual_us=pts["time_us"] - fitted)
+        pts["rel_residual"] = pts["residual_us"] / pts["time_us"]
+        frames.append(pts.assign(**head)[[*LINE_KEYS, "tokens", "time_us", "fitted_us", "residual_us",
+                                          "rel_residual"]])
+    return pd.concat(frames, ignore_index=True)
+
+
+# ------------------------------------------------------------------------------------ crossings
+def _verdict(d_int: float, d_slope: float, lo: float, hi: float) -> tuple[str, float]:
+    """Where FP8 (time difference ``d_int - d_slope x tokens`` over 16-bit) pays within [lo, hi]."""
+    if d_slope == 0:
+        return ("every" if d_int < 0 else "never"), float("nan")
+    cross = d_int / d_slope
+    if d_slope > 0:  # FP8's line is the flatter one: it pays beyond the crossing
+        return ("every" if cross <= lo else "never" if cross >= hi else "beyond"), cross
+    return ("never" if cross <= lo else "every" if cross >= hi else "below"), cross
+
+
+def crossings(lines, *, baseline: str = "bf16"):
+    """Where each FP8 line crosses its ``baseline`` (16-bit) partner of the same GPU, backend, variant,
+    head layout and batch (:data:`PAIR_KEYS`).
+
+    ``lines``: :func:`fit_lines`' table. Returns one row per FP8 line: the pair keys, ``kv_dtype``, ``mode``,
+    ``granularity``, ``tokens_lo`` / ``tokens_hi`` (the contexts both lines measured), ``crossing_tokens``,
+    ``crossing_se`` (delta method), ``crossing_lo`` / ``crossing_hi`` (95 %), ``slope_gap_z`` (the slopes'
+    difference over its standard error), ``fp8_speedup_at_hi`` (16-bit time over FP8 time at
+    ``tokens_hi``, on the lines), ``verdict`` (``"beyond"``: FP8 pays beyond the crossing; ``"every"``:
+    at every measured context; ``"never"``: at none; ``"below"``: only below the crossing; ``""`` with
+    no fit), ``status`` (``"ok"`` / ``"no fit"``), ``reason`` and ``answer`` (:func:`answer_text`).
+    """
+    import pandas as pd
+
+    checks.one_of(baseline, "baseline", ("bf16", "fp16"))
+    need = {*PAIR_KEYS, "kv_dtype", "mode", "status", "intercept_us", "slope_us_per_token", "tokens_min"}
+    if not isinstance(lines, pd.DataFrame) or need - set(lines.columns):
+        checks.fail("crossings: lines must be fit_lines()' table; "
+                    + (f"it lacks {sorted(need - set(lines.columns))}" if isinstance(lines, pd.DataFrame)
+                       else f"got a {type(lines).__name__}"), TypeError if not isinstance(lines, pd.DataFrame)
+                   else ValueError)
+    base = {tuple(r[k] for k in PAIR_KEYS): r for _, r in lines[lines["kv_dtype"] == baseline].iterrows()}
+    out = []
+    for _, f in lines[lines["kv_dtype"].str.startswith("fp8")].iterrows():
+        key = tuple(f[k] for k in PAIR_KEYS)
+        row = {**{k: f[k] for k in PAIR_KEYS}, "kv_dtype": f["kv_dtype"], "mode": f["mode"],
+               "granularity": f.get("granularity", "")}
+        b = base.get(key)
+        row.update(_crossing(f, b, baseline))
+        row["answer"] = answer_text(row)
+        out.append(row)
+    if not out:
+        checks.fail(f"crossings: the lines hold no FP8 line (kv_dtypes {sorted(set(lines['kv_dtype']))}); "
+                    "expected fp8_e4m3 / fp8_e5m2 lines beside their 16-bit partners")
+    return pd.DataFrame(out)
+
+
+def _crossing(f, b, baseline: str) -> dict:
+    nan = float("nan")
+    row = dict(tokens_lo=nan, tokens_hi=nan, crossing_tokens=nan, crossing_se=nan, crossing_lo=nan, crossing_hi=nan,
+               slope_gap_z=nan, fp8_speedup_at_hi=nan, verdict="", status="no fit", reason="")
+    if b is None:
+        row["reason"] = f"no {baseline} line was measured beside it"
+        return row
+    refused = [f"the {name} line: {r['reason']}" for name, r in (("FP8", f), (baseline, b)) if r["status"] != "ok"]
+    if refused:
+        row["reason"] = "; ".join(refused)
+        return row
+    lo, hi = max(f["tokens_min"], b["tokens_min"]), min(f["tokens_max"], b["tokens_max"])
+    if lo >= hi:
+        row["reason"] = (f"the lines share no range of contexts (FP8 {f['tokens_min']:g}-{f['tokens_max']:g}, "
+                         f"{baseline} {b['tokens_min']:g}-{b['tokens_max']:g})")
+        return row
+    d_int = f["intercept_us"] - b["intercept_us"]
+    d_slope = b["slope_us_per_token"] - f["slope_us_per_token"]
+    var_int = f["intercept_se"] ** 2 + b["intercept_se"] ** 2
+    var_slope = f["slope_se"] ** 2 + b["slope_se"] ** 2
+    cov = -(f["cov_intercept_slope"] + b["cov_intercept_slope"])  # Cov(d_int, d_slope), independent fits
+    verdict, cross = _verdict(d_int, d_slope, lo, hi)
+    if d_slope != 0:
+        var = var_int / d_slope ** 2 + d_int ** 2 * var_slope / d_slope ** 4 - 2 * d_int * cov / d_slope ** 3
+        se = math.sqrt(max(var, 0.0))
+        t = _t975(int(min(f["dof"], b["dof"])))
+        row.update(crossing_tokens=cross, crossing_se=se, crossing_lo=cross - t * se, crossing_hi=cross + t * se)
+    row["slope_gap_z"] = abs(d_slope) / math.sqrt(var_slope) if var_slope > 0 else math.inf
+    t16, t8 = (r["intercept_us"] + r["slope_us_per_token"] * hi for r in (b, f))
+    row.update(tokens_lo=lo, tokens_hi=hi, fp8_speedup_at_hi=t16 / t8, verdict=verdict, status="ok")
+    return row
+
+
+def _n(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def answer_text(row) -> str:
+    """One line for a :func:`crossings` row: "on <gpu>, with <backend>, FP8 KV pays beyond N tokens per
+    sequence at batch B", "... at every measured context ...", "... never within the measured range ...",
+    "... only below N ...", or "no answer ...: <reason>"."""
+    backend = row["backend"] + (f"-{row['variant']}" if row.get("variant") else "")
+    where = f"on {row['gpu']}, with {backend}"
+    what = (f"({row['kv_dtype']} {row['mode']} against the 16-bit cache; heads {row['num_q_heads']}:"
+            f"{row['num_kv_heads']}, D {row['head_dim']})")
+    b = row["batch"]
+    if row["status"] != "ok":
+        return f"{where}, batch {b}: no answer {what}: {row['reason']}"
+    measured = f"{_n(row['tokens_lo'])}-{_n(row['tokens_hi'])} tokens per sequence"
+    interval = ""
+    if math.isfinite(row["crossing_tokens"]):
+        interval = f"95 % {_n(row['crossing_lo'])} to {_n(row['crossing_hi'])}"
+        if row["slope_gap_z"] < 2:
+            interval += "; ill-determined: the slopes differ by under 2 standard errors"
+    v, n = row["verdict"], _n(row["crossing_tokens"]) if math.isfinite(row["crossing_tokens"]) else ""
+    outside = f"; the lines cross at {n} ({interval}), outside it" if n else ""
+    if v == "beyond":
+        text = f"FP8 KV pays beyond {n} tokens per sequence at batch {b} ({interval})"
+    elif v == "below":
+        text = f"FP8 KV pays only below {n} tokens per sequence at batch {b} (its line is the steeper one; {interval})"
+    elif v == "every":
+        text = f"FP8 KV pays at every measured context ({measured}{outside}) at batch {b}"
+    else:
+        text = f"FP8 KV never pays within the measured range ({measured}{outside}) at batch {b}"
+    return f"{where}, {text} {what}"
+
+
+def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
+    """:func:`crossings` of :func:`fit_lines` of bench rows ``df``: ``(lines, crossings)``.
+    ``fit_kw`` (``min_tokens``, ``max_tokens``, thresholds) go to :func:`fit_lines`."""
+    lines = fit_lines(df, **fit_kw)
+    return lines, crossings(lines, baseline=baseline)
+
+
+def breakeven_answers(df, **kw) -> list[str]:
+    """The one-line answers of :func:`breakeven_context` (one per FP8 line), in its order."""
+    return list(breakeven_context(df, **kw)[1]["answer"])

@@ -1,0 +1,269 @@
+"""fp8kv.analysis.breakeven: latency lines in the context, their crossing, its uncertainty and the refusals."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fp8kv.analysis import breakeven as be
+
+CONTEXTS = be.BREAKEVEN_GRID["contexts"]
+SAVED = Path(__file__).resolve().parents[1] / "results" / "bench" / "nvidia-h200"
+
+
+def bench_rows(lines, contexts=CONTEXTS, *, rel_noise=0.0, seed=0, batch=16, backend="triton", **extra):
+    """Bench rows (the columns fp8kv.bench writes that the fit reads) of ``lines``: kv_dtype -> (intercept,
+    slope) or a function of the context; times multiplied by 1 + rel_noise x N(0, 1)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for kv, line in lines.items():
+        for c in contexts:
+            t = line(c) if callable(line) else line[0] + line[1] * c
+            out.append(dict(gpu="NVIDIA H200", backend=backend, variant="", kv_dtype=kv, mode="dequant",
+                            granularity="tensor", batch=batch, context=int(c), num_q_heads=32, num_kv_heads=8,
+                            head_dim=128, block_size=16, time_us=t * (1 + rel_noise * rng.standard_normal()),
+                            status="ok", **extra))
+    return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------------------- exact recovery
+@pytest.mark.parametrize("relative", [True, False])
+@pytest.mark.parametrize("bf16, fp8", [((10.0, 0.02), (30.0, 0.01)), ((5.0, 0.4), (900.0, 0.21)),
+                                       ((12.5, 0.001), (14.0, 0.0006))])
+def test_exact_lines_are_recovered(bf16, fp8, relative):
+    lines, cr = be.breakeven_context(bench_rows({"bf16": bf16, "fp8_e4m3": fp8}), relative=relative)
+    assert (lines["status"] == "ok").all()
+    for kv, (a, b) in (("bf16", bf16), ("fp8_e4m3", fp8)):
+        row = lines[lines["kv_dtype"] == kv].iloc[0]
+        assert row["intercept_us"] == pytest.approx(a, rel=1e-9)
+        assert row["slope_us_per_token"] == pytest.approx(b, rel=1e-9)
+        assert row["r2"] == 1.0 and row["max_rel_residual"] < 1e-9 and row["n_contexts"] == len(CONTEXTS)
+    truth = (fp8[0] - bf16[0]) / (bf16[1] - fp8[1])
+    (row,) = cr.itertuples()
+    assert row.crossing_tokens == pytest.approx(truth, rel=1e-9)
+    assert row.crossing_se < 1e-6 * truth
+    assert row.verdict == "beyond" and row.status == "ok"
+    assert row.answer.startswith(f"on NVIDIA H200, with triton, FP8 KV pays beyond {truth:,.0f} tokens per "
+                                 "sequence at batch 16")
+
+
+def test_line_points_hold_the_residuals():
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, rel_noise=0.01, seed=3)
+    pts = be.line_points(rows)
+    assert len(pts) == len(rows)
+    lines = be.fit_lines(rows)
+    for kv, g in pts.groupby("kv_dtype"):
+        line = lines[lines["kv_dtype"] == kv].iloc[0]
+        fitted = line["intercept_us"] + line["slope_us_per_token"] * g["tokens"]
+        np.testing.assert_allclose(g["fitted_us"], fitted, rtol=1e-12)
+        np.testing.assert_allclose(g["residual_us"], g["time_us"] - g["fitted_us"], rtol=1e-12)
+        assert g["rel_residual"].abs().max() == pytest.approx(line["max_rel_residual"], rel=1e-12)
+
+
+# ------------------------------------------------------------------------------- verdicts
+@pytest.mark.parametrize("bf16, fp8, verdict, phrase", [
+    ((10.0, 0.02), (30.0, 0.01), "beyond", "pays beyond 2,000 tokens per sequence"),
+    ((10.0, 0.02), (12.0, 0.01), "every", "pays at every measured context (512-32,768 tokens per sequence"),
+    ((10.0, 0.02), (400.0, 0.01), "never", "never pays within the measured range (512-32,768 tokens"),
+    ((10.0, 0.02), (8.0, 0.03), "below", "pays only below 200 tokens"),  # crossing below the range: never
+    ((30.0, 0.01), (10.0, 0.02), "below", "pays only below 2,000 tokens per sequence"),
+    ((10.0, 0.02), (9.0, 0.02), "every", "pays at every measured context"),  # parallel, FP8 lower
+    ((10.0, 0.02), (11.0, 0.02), "never", "never pays"),  # parallel, FP8 higher
+])
+def test_verdicts(bf16, fp8, verdict, phrase):
+    _, cr = be.breakeven_context(bench_rows({"bf16": bf16, "fp8_e4m3": fp8}))
+    row = cr.iloc[0]
+    if phrase == "pays only below 200 tokens":  # the crossing (200) lies below the measured range
+        assert row["verdict"] == "never" and "never pays" in row["answer"] and "outside it" in row["answer"]
+        return
+    assert row["verdict"] == verdict
+    assert phrase in row["answer"]
+
+
+# ------------------------------------------------------------------------------- uncertainty
+def test_noisy_intervals_cover_the_truth():
+    """1 % timing noise, 200 draws: the 95 % interval of the crossing (delta method) covers the true one in
+    about 95 % of them, and the standardized errors have unit spread (the standard error is right)."""
+    bf16, fp8 = (10.0, 0.02), (30.0, 0.01)
+    truth = (fp8[0] - bf16[0]) / (bf16[1] - fp8[1])
+    covered, z, slopes_covered = [], [], []
+    for seed in range(200):
+        lines, cr = be.breakeven_context(bench_rows({"bf16": bf16, "fp8_e4m3": fp8}, rel_noise=0.01, seed=seed))
+        row = cr.iloc[0]
+        assert row["status"] == "ok", row["reason"]
+        covered.append(row["crossing_lo"] <= truth <= row["crossing_hi"])
+        z.append((row["crossing_tokens"] - truth) / row["crossing_se"])
+        b = lines[lines["kv_dtype"] == "bf16"].iloc[0]
+        slopes_covered.append(abs(b["slope_us_per_token"] - bf16[1]) <= 2.365 * b["slope_se"])  # t(7 dof)
+    assert 0.9 <= np.mean(covered) <= 0.995
+    assert 0.8 <= np.std(z) <= 1.25
+    assert 0.9 <= np.mean(slopes_covered)
+
+
+def test_nearly_parallel_lines_say_the_crossing_is_ill_determined():
+    _, cr = be.breakeven_context(bench_rows({"bf16": (10.0, 0.020), "fp8_e4m3": (10.5, 0.01999)}, rel_noise=0.01, seed=1))
+    row = cr.iloc[0]
+    assert row["slope_gap_z"] < 2
+    assert "ill-determined" in row["answer"]
+
+
+# ------------------------------------------------------------------------------- refusals
+NONLINEAR = {
+    "quadratic": lambda c: 10 + 1e-6 * c * c,
+    "step (a kernel switch at 4k)": lambda c: 10 + 0.01 * c + (60 if c >= 4096 else 0),
+    "launch-bound then linear": lambda c: max(40.0, 0.01 * c),
+    "square root": lambda c: 2 * math.sqrt(c),
+}
+
+
+@pytest.mark.parametrize("shape", list(NONLINEAR))
+@pytest.mark.parametrize("relative", [True, False])
+def test_nonlinear_lines_are_refused(shape, relative):
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": NONLINEAR[shape]})
+    lines, cr = be.breakeven_context(rows, relative=relative)
+    bad = lines[lines["kv_dtype"] == "fp8_e4m3"].iloc[0]
+    assert bad["status"] == "no fit"
+    assert "R²" in bad["reason"] or "off the line" in bad["reason"]
+    row = cr.iloc[0]
+    assert row["status"] == "no fit" and math.isnan(row["crossing_tokens"]) and row["verdict"] == ""
+    assert "no answer" in row["answer"] and "the FP8 line" in row["answer"]
+    with pytest.raises(be.LineFitError):
+        be.fit_line(CONTEXTS, [NONLINEAR[shape](c) for c in CONTEXTS], relative=relative)
+
+
+@pytest.mark.parametrize("contexts", [[4096], [4096, 16384], [4096, 4096, 16384, 16384]])
+def test_too_few_contexts_are_refused(contexts):
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, contexts=contexts)
+    lines, cr = be.breakeven_context(rows)
+    assert (lines["status"] == "no fit").all()
+    assert lines["reason"].str.contains("a line needs at least 3").all()
+    assert cr.iloc[0]["status"] == "no fit"
+    with pytest.raises(be.LineFitError, match="distinct context"):
+        be.fit_line(contexts, [10.0] * len(contexts))
+
+
+def test_flat_noisy_line_is_refused_by_r2():
+    rows = bench_rows({"bf16": lambda c: 10.0, "fp8_e4m3": (30.0, 0.01)}, rel_noise=0.01, seed=2)
+    lines = be.fit_lines(rows)
+    assert lines.set_index("kv_dtype").loc["bf16", "status"] == "no fit"
+    assert "R²" in lines.set_index("kv_dtype").loc["bf16", "reason"]
+
+
+def test_windowed_rows_attend_the_window():
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, window=1024)
+    lines = be.fit_lines(rows)
+    assert (lines["tokens_max"] == 1024).all()  # contexts beyond the window attend the window
+
+
+def test_missing_baseline_is_said():
+    rows = bench_rows({"fp8_e4m3": (30.0, 0.01)})
+    row = be.crossings(be.fit_lines(rows)).iloc[0]
+    assert row["status"] == "no fit" and "no bf16 line" in row["reason"]
+
+
+def test_rows_that_did_not_run_are_left_out():
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)})
+    extra = rows.iloc[:3].assign(status="unsupported", time_us=np.nan, backend="triton")
+    lines = be.fit_lines(pd.concat([rows, extra], ignore_index=True))
+    assert (lines["n_points"] == len(CONTEXTS)).all() and (lines["status"] == "ok").all()
+
+
+def test_lines_are_kept_apart_by_batch_backend_and_mode():
+    rows = pd.concat([bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, batch=b, backend=bk)
+                      for b in (1, 64) for bk in ("triton", "flashinfer")], ignore_index=True)
+    lines, cr = be.breakeven_context(rows)
+    assert len(lines) == 8 and len(cr) == 4
+    assert sorted(cr["batch"]) == [1, 1, 64, 64]
+
+
+# ------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("drop", ["time_us", "context", "kv_dtype", "batch", "gpu"])
+def test_missing_column_is_named(drop):
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}).drop(columns=drop)
+    with pytest.raises(ValueError, match=f"lacks columns .*{drop}"):
+        be.fit_lines(rows)
+
+
+@pytest.mark.parametrize("bad", [None, [1, 2], {"time_us": [1.0]}, "rows.csv"])
+def test_not_a_dataframe(bad):
+    with pytest.raises(TypeError, match="DataFrame"):
+        be.fit_lines(bad)
+
+
+@pytest.mark.parametrize("column, value", [("time_us", np.nan), ("time_us", -3.0), ("time_us", 0.0),
+                                           ("context", 0), ("time_us", "fast")])
+def test_bad_values_in_rows_that_ran(column, value):
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)})
+    rows[column] = rows[column].astype(object)
+    rows.loc[4, column] = value
+    with pytest.raises(ValueError, match="row 4 .*expected positive numbers"):
+        be.fit_lines(rows)
+
+
+def test_no_row_ran():
+    rows = bench_rows({"bf16": (10.0, 0.02)}).assign(status="skipped")
+    with pytest.raises(ValueError, match="none ran"):
+        be.fit_lines(rows)
+
+
+@pytest.mark.parametrize("kw, match", [(dict(min_tokens=10**6), "no row attends"),
+                                       (dict(min_contexts=2), "min_contexts=2"),
+                                       (dict(min_r2=1.5), "min_r2=1.5"),
+                                       (dict(max_rel_residual=0), "max_rel_residual=0"),
+                                       (dict(relative=1), "relative=1"), (dict(relative="yes"), "relative='yes'")])
+def test_bad_options(kw, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        be.fit_lines(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}), **kw)
+
+
+@pytest.mark.parametrize("tokens, times, match", [([1, 2, 3], [1.0, 2.0], "tokens has 3 values but time_us has 2"),
+                                                  ([1, 2, np.nan], [1.0, 2.0, 3.0], r"tokens\[2\]"),
+                                                  ([1, 2, 3], [1.0, -2.0, 3.0], r"time_us\[1\]")])
+def test_fit_line_bad_input(tokens, times, match):
+    with pytest.raises(ValueError, match=match):
+        be.fit_line(tokens, times)
+
+
+def test_crossings_wants_fit_lines_table():
+    with pytest.raises(TypeError, match="fit_lines"):
+        be.crossings([1, 2])
+    with pytest.raises(ValueError, match="lacks"):
+        be.crossings(pd.DataFrame({"kv_dtype": ["bf16"]}))
+    with pytest.raises(ValueError, match="no FP8 line"):
+        be.crossings(be.fit_lines(bench_rows({"bf16": (10.0, 0.02)})))
+
+
+# ------------------------------------------------------------------------------- the grid, saved runs
+def test_grid_is_log_spaced_and_sweeps():
+    from fp8kv.bench import sweep
+
+    ctx = np.array(CONTEXTS)
+    assert len(ctx) >= 8 and ctx[0] == 512 and ctx[-1] == 32768 and (ctx % 16 == 0).all()
+    ratios = ctx[1:] / ctx[:-1]
+    assert ratios.max() / ratios.min() < 1.02  # log-spaced (to a block's rounding)
+    cases = sweep(**be.BREAKEVEN_GRID, arch="sm90", memory_budget_bytes=2**50)
+    assert {c.backend for c in cases} == {"triton", "flashinfer"}
+    assert {c.kv_dtype for c in cases} == {"bf16", "fp8_e4m3"}
+    assert {c.batch for c in cases} == {1, 16, 64} and {c.context for c in cases} == set(CONTEXTS)
+
+
+def test_saved_h200_target_run():
+    """The saved H200 target run (contexts 4k/16k/32k, the three a line needs): every FP8 line gets an answer
+    or a stated refusal; Triton's FP8 line is the flatter one at every batch that fits."""
+    from fp8kv.results import read_table
+
+    csv = SAVED / "20261202T150736Z.csv"
+    if not csv.is_file():
+        pytest.skip(f"{csv} is not in this checkout")
+    lines, cr = be.breakeven_context(read_table(csv))
+    assert len(cr) == (lines["kv_dtype"] != "bf16").sum()
+    assert (cr["status"].isin(["ok", "no fit"])).all()
+    assert (cr.loc[cr["status"] == "no fit", "reason"].str.len() > 0).all()
+    ok = lines[(lines["status"] == "ok") & (lines["backend"] == "triton") & (lines["mode"] == "dequant")]
+    slope = ok.set_index(["batch", "kv_dtype"])["slope_us_per_token"]
+    for batch in (16, 64, 256):
+        assert slope[(batch, "fp8_e4m3")] < slope[(batch, "bf16")]
