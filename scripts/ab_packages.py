@@ -39,10 +39,10 @@ KEYS = ["backend", "kv_dtype", "mode", "num_q_heads", "num_kv_heads", "head_dim"
 STEP_KEYS = ["model", "kv_dtype", "batch", "context"]
 
 
-def run_one(root: Path, args: list[str], out: Path) -> pd.DataFrame:
+def run_one(root: Path, args: list[str], out: Path, extra: list[str]) -> pd.DataFrame:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root)] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, *args, "--out", str(out), "--quiet"]
+    cmd = [sys.executable, *args, "--out", str(out), "--quiet", *extra]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     (out / "log.txt").write_text(proc.stdout + proc.stderr)
     frames = [pd.read_csv(p) for p in sorted(out.rglob("*.csv"))]
@@ -58,6 +58,7 @@ def main(argv=None) -> int:
     p.add_argument("--grid", action="append", choices=sorted(GRIDS), help="bench grids (default: all)")
     p.add_argument("--step", action="store_true", help="also a model step (Qwen3-0.6B, random weights)")
     p.add_argument("--rounds", type=int, default=2, help="runs of each package, interleaved (default 2)")
+    p.add_argument("--rep", type=int, help="ms of repetitions per case, passed to each command")
     p.add_argument("--bench-args", help="a bench command line of your own instead of the grids, e.g. "
                    "'--preset smoke --interpret' (split on spaces)")
     p.add_argument("--out", type=Path, required=True, help="folder for every run's rows and ab.json")
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
         cases: dict[tuple, dict] = {}
         for r in range(a.rounds):
             for side, root in (("A", a.a), ("B", a.b)):
-                df = run_one(root.resolve(), args, a.out / f"{name}-{side}{r}")
+                df = run_one(root.resolve(), args, a.out / f"{name}-{side}{r}", [] if a.rep is None else ["--rep", str(a.rep)])
                 keep = [k for k in keys if k in df.columns]
                 if "status" in df.columns:
                     df = df[df["status"].isin(["ok", "passed"])]
