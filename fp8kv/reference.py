@@ -22,7 +22,7 @@ from .cache import PagedKVCache
 from .formats import FORMATS, UNQUANTIZED_DTYPES
 
 __all__ = ["decode", "attend", "attention", "paged_attention", "UNIT_ROUNDOFF", "FP8_MODE_TOL", "REFERENCE_TOL",
-           "unit_roundoff", "output_tolerance", "lse_tolerance"]
+           "unit_roundoff", "output_tolerance", "score_bound", "folded_query", "lse_tolerance"]
 
 # Unit roundoff u (relative error of one round-to-nearest) of the types a backend rounds to.
 UNIT_ROUNDOFF = {**{name: torch.finfo(dtype).eps / 2 for name, dtype in UNQUANTIZED_DTYPES.items()},
@@ -44,14 +44,17 @@ def unit_roundoff(dtype) -> float:
     return UNIT_ROUNDOFF[name]
 
 
-def output_tolerance(backend: str, mode: str, q_dtype, granularity: str = "tensor") -> float:
+def output_tolerance(backend: str, mode: str, q_dtype, granularity: str = "tensor", *,
+                     score_bound: float = 1.0) -> float:
     """Allowed ``||out - ref|| / ||ref||`` of ``backend`` against :func:`decode` on the same cache.
 
     * reference: it is the oracle (same arithmetic): :data:`REFERENCE_TOL`.
     * dequant mode: FP8 → 16-bit is exact and scores accumulate in fp32, so the error comes from
       rounding p (for the P·V dot) and the output to the query's type ``q_dtype``, each ≤ u
       relative (bf16 u = 2^-8, fp16 u = 2^-11): 2u. K scales folded into the query round q once
-      more: 3u (every backend folds per-channel K scales; FlashInfer also folds per-head ones).
+      more, which moves each score by up to u x ``score_bound`` (:func:`score_bound`: the largest
+      ``sm_scale x sum |q_d k_d|``; 1 stands for scores of order one): (2 + max(1, score_bound))u
+      (every backend folds per-channel K scales; FlashInfer also folds per-head ones).
       vLLM's kernel rounds every dequantized K and V element (stored × scale) to the query's type
       before its dots: two roundings more than p and the output, 4u (also for its 16-bit caches,
       where those two are exact: one bound per backend). Rounding K moves each score by up to
@@ -66,19 +69,47 @@ def output_tolerance(backend: str, mode: str, q_dtype, granularity: str = "tenso
         return FP8_MODE_TOL
     if backend == "vllm":
         return 4 * unit_roundoff(q_dtype)
-    folded = granularity == "channel" or (backend == "flashinfer" and granularity == "head")
-    return (3 if folded else 2) * unit_roundoff(q_dtype)
+    if folded_query(backend, granularity):
+        return (2 + max(1.0, score_bound)) * unit_roundoff(q_dtype)
+    return 2 * unit_roundoff(q_dtype)
 
 
-def lse_tolerance(backend: str, mode: str, q_dtype, ref_lse: torch.Tensor) -> float:
+def folded_query(backend: str, granularity: str) -> bool:
+    """Whether ``backend`` folds the K scales of ``granularity`` into the query (rounding it once more)."""
+    return granularity == "channel" or (backend == "flashinfer" and granularity == "head")
+
+
+def score_bound(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None) -> float:
+    """``max sm_scale x sum_d |q_d| |k_d|`` over sequences, query heads and cached keys (dequantized):
+    the most a relative rounding of q's elements by u moves a score is u times it. The tolerances take
+    it (``score_bound``) where a backend rounds a query with K's scales folded in. fp32 arithmetic."""
+    sm_scale = float(checks.resolved_softmax_scale(sm_scale, q.shape[-1]))
+    group = q.shape[1] // cache.num_kv_heads
+    best = 0.0
+    for i in range(q.shape[0]):
+        k, _ = cache.gather(i)  # [L, Hkv, D] fp32
+        if k.shape[0] == 0:
+            continue
+        qa = q[i].float().abs().reshape(cache.num_kv_heads, group, -1)
+        s = torch.einsum("hgd,lhd->hgl", qa, k.abs().to(qa.device))
+        best = max(best, float(s.max()) * sm_scale)
+    return best
+
+
+def lse_tolerance(backend: str, mode: str, q_dtype, ref_lse: torch.Tensor, granularity: str = "tensor", *,
+                  score_bound: float = 1.0) -> float:
     """Allowed ``max |lse - ref_lse|`` (natural log) against :func:`decode`'s ``ref_lse``.
 
     The scores inherit the relative error of the query's rounding: e4m3 in fp8 mode (2^-4; we allow
     2^-3), the query's 16-bit type in dequant mode (u; we allow 4u, which also covers per-channel K
     scales folded into the query), none for the reference (1e-5). An absolute LSE error scales with
-    the scores, hence the factor ``max(1, max |ref_lse|)``.
+    the scores, hence the factor ``max(1, max |ref_lse|)``; where the backend folds K's scales into the
+    query (:func:`folded_query`), the scores move by up to u x ``score_bound`` (:func:`score_bound`),
+    which may exceed |lse| (a soft cap or a window bounds the lse, not the scores before them).
     """
     scale = max(1.0, float(ref_lse.abs().max()))
+    if mode != "fp8" and folded_query(backend, granularity):
+        scale = max(scale, score_bound)
     if backend == "reference":
         return REFERENCE_TOL * scale
     if mode == "fp8":

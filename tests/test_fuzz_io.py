@@ -289,6 +289,8 @@ def test_bench_cli(opts, base, capsys):
     argv = ["--dry-run", "--device", "cpu", "--interpret", *base, *[a for o, _ in opts for a in o]]
     code, err = run_cli(__import__("fp8kv.bench.cli", fromlist=["main"]).main, argv, capsys)
     bad = flags_of(opts)
+    if bad and not base:  # no grid asked for is a usage error too: naming it or a bad flag is right
+        bad = [*bad, "--preset", "--batches"]
     if bad:
         assert_refused_by_flag(code, err, bad)
     elif code != 0:  # a legal grid that cannot run here is refused in one line (nothing to run)

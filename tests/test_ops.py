@@ -752,6 +752,8 @@ def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):
     cache = make_cache([5, 300], 2, 128)
     assert ops.gluon_smem_bytes(128, 3, 128) == 2 * 3 * 128 * 128 + ops.GLUON_SMEM_EXTRA
     assert ops.gluon_smem_bytes(64, 3, 64) == 2 * 3 * 64 * 64 + ops.GLUON_SMEM_EXTRA  # 64-wide tile
+    # the tiles depend on the SM count too: the 4 SMs the launches are planned for off CUDA, on any machine
+    monkeypatch.setattr(ops.decode.splits, "sm_count", lambda device: 4)
     monkeypatch.setattr(ops.decode.gluon_launcher, "smem_per_block", lambda device: 101376)
     mha = ops.gluon_launch(512, cache, 1)  # 128 / 3 (MHA at a batch that fills 8 waves) needs 104 KiB
     assert (mha["block_n"], mha["num_stages"]) == (128, 2)

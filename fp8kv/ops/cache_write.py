@@ -18,6 +18,8 @@ from ..formats import saturation_bounds
 from .fp8_codec import fp32_to_fp8_bits
 from .pages import SCALE_CHANNEL, SCALE_TOKEN_HEAD, format_bits, kernel_pages, page_strides, scale_kind
 
+FP32_NORMAL_MIN: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).tiny)  # below it fp32 loses bits
+
 __all__ = ["write_cache", "cache_write_kernel"]
 
 
@@ -63,8 +65,13 @@ def cache_write_kernel(
         h_mask = (offs_h < num_kv_heads) & valid
         if SCALE_KIND == SCALE_TOKEN_HEAD:
             amax = tl.max(tl.abs(x), axis=1)
-            s = amax / FMAX
-            s = tl.where(s > 0, s, 1.0)
+            # fp8kv.quant.scale_from_stat's rule, bit for bit: the quotient in fp64, rounded to fp32, but up
+            # where it falls below fp32's normal range (a row of deep subnormals keeps a scale that codes it)
+            exact = amax.to(tl.float64) / FMAX
+            s = exact.to(tl.float32)
+            low = (s.to(tl.float64) < exact) & (s < FP32_NORMAL_MIN)
+            s = tl.where(low, (s.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), s)
+            s = tl.where(amax > 0, s, 1.0)
             tl.store(scale_ptr + (blk * BLOCK_SIZE + off) * num_kv_heads + offs_h, s, mask=h_mask)
             y = x / s[:, None]
         elif SCALE_KIND == SCALE_CHANNEL:
