@@ -130,8 +130,8 @@ def _query_counts(qo_indptr: torch.Tensor) -> list[int]:
 def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = "dequant",
                 sm_scale: float | None = None, qo_lens: list[int] | None = None, window: int | None = None,
                 soft_cap: float | None = None, sinks: torch.Tensor | None = None, **options) -> AttendPlan:
-    """Plan the attention of ``q`` over ``cache`` (of ``q`` only its shape, dtype and device are read: a tensor,
-    or any object that has them): the host work, done once. Reads the new-token counts of ``qo_indptr`` (one
+    """Plan the attention of ``q`` over ``cache`` (of ``q`` only its shape and dtype are read: a tensor on the
+    cache's device, or a meta tensor of its shape): the host work, done once. Reads the new-token counts of ``qo_indptr`` (one
     host sync; none where ``qo_lens``, the counts already read, are given) and the cache's lengths, picks the
     launch (:func:`attend_launch`) for the options of :data:`fp8kv.attend_checks.ATTEND_OPTIONS` (``out_dtype``,
     ``convert`` as :func:`fp8kv.ops.paged_decode` takes it, and the launch overrides), checked here, and fixes
@@ -141,7 +141,7 @@ def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = 
     if unknown:
         checks.fail(f"{unknown[0]}={options[unknown[0]]!r} is not an option of the triton attend; it takes "
                     f"{ATTEND_OPTIONS}", TypeError)
-    device = torch.device(q.device)
+    device = cache.device  # q's (checked where it entered); a meta query plans for the cache's device
     if device.type != "cuda" and not interpreter_on():
         raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
     total_q, hq, d = q.shape
