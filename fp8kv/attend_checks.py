@@ -15,9 +15,13 @@ import torch
 from . import checks
 from .cache import QUERY_DTYPES, PagedKVCache
 
-__all__ = ["cache_arg", "attend_query", "qo_indptr_arg", "attend_arguments"]
+__all__ = ["cache_arg", "attend_query", "qo_indptr_arg", "attend_arguments", "ATTEND_OPTIONS", "QO_INDPTR_DTYPES"]
 
 QO_INDPTR_DTYPES = (torch.int32, torch.int64)
+# The options of the Triton attend beyond mode, sm_scale and the variants (fp8kv.attend's launch options of the
+# triton backend; the other backends take none): the output's dtype, how dequant mode converts FP8 (as the
+# decode takes it), and the launch overrides of fp8kv.ops.attend.attend_launch.
+ATTEND_OPTIONS = ("out_dtype", "convert", "num_splits", "block_m", "block_n", "num_warps")
 
 
 def cache_arg(cache) -> PagedKVCache:
@@ -86,8 +90,8 @@ def attend_arguments(q, cache, qo_indptr, sm_scale, window, soft_cap, sinks) -> 
     attend_query(q, cache)
     checks.finite_tensor(q, "q")
     qo_lens = qo_indptr_arg(qo_indptr, cache, q.shape[0])
-    if sm_scale is not None:
-        sm_scale = checks.positive_float(sm_scale, "sm_scale")
     window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=q.shape[1],
                                                        device=q.device)
+    if sm_scale is not None:  # its range depends on the cap it is folded with
+        sm_scale = checks.softmax_scale(sm_scale, soft_cap)
     return qo_lens, sm_scale, window, soft_cap, sinks

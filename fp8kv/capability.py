@@ -35,6 +35,18 @@ The facts, each with its source:
   ``(stored * k_scale).to(q.dtype)``), loads the float8 pages as they are (so e4m3 needs Triton's
   ``fp8e4nv``: sm89+), pads head_dim to a power of two, and returns no LSE. It maps fp8kv's window,
   soft cap and sinks one to one. It is never chosen automatically: it is a peer to measure against.
+
+Two operations (:data:`OPS`): ``"decode"``, one query token per sequence (``fp8kv.decode``), and
+``"attend"``, several new tokens per sequence, causal among them (``fp8kv.attend``: speculative
+verification, chunked-prefill append). The attend runs where the decode does, by the same facts, with
+these differences (:func:`check` with ``op="attend"``; the table :func:`attend_capability`):
+
+* fp8kv's Triton backend runs its multi-token kernel (``fp8kv.ops.attend``), in both modes.
+* FlashInfer runs ``BatchPrefillWithPagedKVCacheWrapper`` (FA2, 16-bit query; causal mask aligned
+  bottom-right, ``plan(window_left=..., logits_soft_cap=...)`` as its decode), in dequant mode only: its
+  FP8-query paths are not wired for the attend.
+* vLLM's ``unified_attention`` takes ``cu_seqlens_q = qo_indptr`` and ``max_seqlen_q`` = the longest
+  count natively (its split "3D" launch only where every count is one).
 """
 
 from __future__ import annotations
@@ -54,7 +66,7 @@ __all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "VA
            "check", "check_query", "capability", "current_arch",
            "choose_backend", "choose_mode", "flashinfer_installed", "vllm_installed", "check_variant", "check_variants",
            "variants", "VLLM_HEAD_DIMS", "VLLM_NOT_INSTALLED", "scales_refusal", "check_query_strides",
-           "interpreter_on", "use_interpreter", "INTERPRETER_ENV"]
+           "interpreter_on", "use_interpreter", "INTERPRETER_ENV", "OPS", "attend_capability"]
 
 ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
 BACKEND_NAMES = ("reference", "triton", "flashinfer", "vllm")  # fp8kv.backends.BACKENDS maps each to its runner
@@ -69,6 +81,7 @@ VLLM_NOT_INSTALLED = ("vLLM is not installed (fp8kv imports its kernel from vllm
                       "PYTHONPATH)")
 TRITON_MAX_HEAD_DIM = 256
 VARIANTS = ("window", "soft_cap", "sinks")  # the keyword arguments of fp8kv.decode that name them
+OPS = ("decode", "attend")  # one query token per sequence (fp8kv.decode), several (fp8kv.attend)
 
 
 class UnsupportedError(ValueError):
@@ -205,8 +218,11 @@ def _vllm_facts(kv_dtype, mode, arch, granularity, head_dim, layout) -> tuple[bo
 
 
 def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None = None,
-          granularity: str = "tensor", head_dim: int | None = None, layout: str = "NHD") -> tuple[bool, str]:
-    """Whether ``backend`` runs ``kv_dtype`` in ``mode``, and why (not).
+          granularity: str = "tensor", head_dim: int | None = None, layout: str = "NHD", *,
+          op: str = "decode") -> tuple[bool, str]:
+    """Whether ``backend`` runs ``kv_dtype`` in ``mode``, and why (not), for ``op`` (one of :data:`OPS`: the
+    decode, or the attend of several new tokens per sequence, which runs where the decode does but as
+    :func:`_attend_facts` says).
 
     With ``arch=None`` the question is about *this* machine: the current GPU, what is installed,
     and (on CPU) whether the Triton interpreter is on. With an explicit arch it is about that arch.
@@ -221,11 +237,32 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
     checks.one_of(kv_dtype, "kv_dtype", KV_DTYPE_NAMES)
     checks.one_of(granularity, "granularity", GRANULARITIES)
     checks.one_of(layout, "layout", LAYOUTS)
+    checks.one_of(op, "op", OPS)
     if head_dim is not None:
         head_dim = checks.positive_int(head_dim, "head_dim")
     ok, why = _support(backend, kv_dtype, mode, arch, granularity, head_dim, layout)
     refusal = scales_refusal(backend, mode, granularity) if ok else None
-    return (False, refusal) if refusal else (ok, why)
+    if refusal:
+        return False, refusal
+    return _attend_facts(backend, mode, why) if ok and op == "attend" else (ok, why)
+
+
+def _attend_facts(backend: str, mode: str, why: str) -> tuple[bool, str]:
+    """The attend of a combination whose decode runs (``why``: how): how the multi-token query runs, or why not."""
+    if backend == "reference":
+        return True, "fp32 torch oracle: each query row is the decode of the cache cut after the row's position"
+    if backend == "triton":
+        return True, (f"{why}; the multi-token kernel (fp8kv.ops.attend): a tile's rows are (query, head) pairs of "
+                      "one KV head's group, so each K/V tile is read once for them, and no key past a tile's last "
+                      "row is read")
+    if backend == "flashinfer":
+        if mode == "fp8":
+            return False, ("fp8kv runs FlashInfer's BatchPrefillWithPagedKVCacheWrapper with a 16-bit query (dequant "
+                           "mode); its FP8-query kernels are not wired for the attend")
+        return True, ("FlashInfer's BatchPrefillWithPagedKVCacheWrapper (FA2) over the same pages, causal from the "
+                      "bottom right; per-head/channel scales folded into q and out as for its decode")
+    return True, ("vLLM's unified_attention with cu_seqlens_q = qo_indptr and max_seqlen_q = the longest count "
+                  "(its split launch only where every count is 1); returns no LSE")
 
 
 def _support(backend, kv_dtype, mode, arch, granularity, head_dim, layout) -> tuple[bool, str]:
@@ -331,18 +368,18 @@ def choose_mode(backend: str, kv_dtype: str, arch: str | None = None, granularit
 
 
 def choose_backend(kv_dtype: str, mode: str = "dequant", arch: str | None = None,
-                   granularity: str = "tensor", head_dim: int | None = None) -> str:
-    """``auto`` backend: Triton where it runs compiled (a GPU), else FlashInfer, else the reference;
-    never vLLM's kernel (a peer to measure against, asked for by name)."""
+                   granularity: str = "tensor", head_dim: int | None = None, *, op: str = "decode") -> str:
+    """``auto`` backend of ``op`` (:data:`OPS`): Triton where it runs compiled (a GPU), else FlashInfer, else
+    the reference; never vLLM's kernel (a peer to measure against, asked for by name)."""
     on_gpu = current_arch() is not None or arch is not None
     order = ("triton", "flashinfer", "reference") if on_gpu else ("reference",)
     reasons = []
     for b in order:
-        ok, why = check(b, kv_dtype, mode, arch, granularity, head_dim)
+        ok, why = check(b, kv_dtype, mode, arch, granularity, head_dim, op=op)
         if ok:
             return b
         reasons.append(f"{b}: {why}")
-    raise UnsupportedError(f"no backend runs kv_dtype={kv_dtype} mode={mode} here: " + "; ".join(reasons))
+    raise UnsupportedError(f"no backend runs the {op} of kv_dtype={kv_dtype} mode={mode} here: " + "; ".join(reasons))
 
 
 _VARIANT_FACTS = {
@@ -370,24 +407,36 @@ _FLASHINFER_FP8_VARIANTS = {
     "sinks": (False, "fp8kv does not pass sinks to the TRT-LLM kernels (their sink layout is untested here)"),
 }
 
+# FlashInfer's prefill wrapper (the attend) plans the same variant arguments as its decode wrapper.
+_FLASHINFER_ATTEND_VARIANTS = {
+    "window": (True, "BatchPrefillWithPagedKVCacheWrapper.plan(window_left=window - 1): the keys left of each query"),
+    "soft_cap": (True, "BatchPrefillWithPagedKVCacheWrapper.plan(logits_soft_cap=cap) in the FA2 kernels"),
+    "sinks": (False, "fp8kv passes no sinks to FlashInfer's prefill: its FA2 kernels, like its FA2 decode, have no "
+                     "sink term"),
+}
 
-def check_variant(backend: str, variant: str, mode: str = "dequant") -> tuple[bool, str]:
-    """Whether ``backend`` in ``mode`` computes attention variant ``variant`` (one of :data:`VARIANTS`), and how/why not.
+
+def check_variant(backend: str, variant: str, mode: str = "dequant", *, op: str = "decode") -> tuple[bool, str]:
+    """Whether ``backend`` in ``mode`` computes attention variant ``variant`` (one of :data:`VARIANTS`) in ``op``
+    (:data:`OPS`), and how/why not.
 
     Library facts, the same on every arch the backend runs on (:func:`check` says where that is).
     """
     checks.one_of(backend, "backend", BACKEND_NAMES)
     checks.one_of(variant, "variant", VARIANTS)
     checks.one_of(mode, "mode", MODES)
+    checks.one_of(op, "op", OPS)
+    if backend == "flashinfer" and op == "attend":
+        return _FLASHINFER_ATTEND_VARIANTS[variant]
     if backend == "flashinfer" and mode == "fp8":
         return _FLASHINFER_FP8_VARIANTS[variant]
     return _VARIANT_FACTS[(backend, variant)]
 
 
-def check_variants(backend: str, mode: str, used) -> None:
-    """Raise UnsupportedError naming the first variant in ``used`` (names) that ``backend`` cannot run."""
+def check_variants(backend: str, mode: str, used, *, op: str = "decode") -> None:
+    """Raise UnsupportedError naming the first variant in ``used`` (names) that ``backend`` cannot run in ``op``."""
     for name in used:
-        ok, why = check_variant(backend, name, mode)
+        ok, why = check_variant(backend, name, mode, op=op)
         if not ok:
             raise UnsupportedError(f"backend={backend}, mode={mode} cannot apply {name}: {why}")
 
@@ -404,4 +453,32 @@ def variants():
     rows = [dict(backend=b, mode=m, variant=v, supported=ok, reason=why)
             for b in BACKEND_NAMES for m in MODES if not (b in _NO_FP8_MODE and m == "fp8")
             for v in VARIANTS for ok, why in [check_variant(b, v, m)]]
+    return pd.DataFrame(rows)
+
+
+def attend_capability(arch: str | Sequence[str] | None = None):
+    """Table of the attend (several new tokens per sequence, :data:`OPS`): backend x kv_dtype x mode for ``arch``
+    (as :func:`capability` takes it), with the scale granularities and the attention variants each runs.
+
+    Returns a pandas DataFrame with columns arch, op (``"attend"``), backend, kv_dtype, mode, supported,
+    granularities and variants (those supported, comma-separated) and reason.
+    """
+    import pandas as pd
+
+    if isinstance(arch, (list, tuple)):
+        if not arch:
+            checks.fail("arch=[]: give one arch such as 'sm90', a list of them, or None for this machine")
+        return pd.concat([attend_capability(a) for a in arch], ignore_index=True)
+    label = arch or current_arch() or "cpu"
+    rows = []
+    for backend in BACKEND_NAMES:
+        for kv in KV_DTYPE_NAMES:
+            for mode in MODES:
+                ok, why = check(backend, kv, mode, arch, op="attend")
+                grans = [g for g in GRANULARITIES
+                         if check(backend, kv, mode, arch, granularity=g, op="attend")[0]] if is_fp8(kv) else []
+                used = [v for v in VARIANTS if check_variant(backend, v, mode, op="attend")[0]]
+                rows.append(dict(arch=label, op="attend", backend=backend, kv_dtype=kv, mode=mode, supported=ok,
+                                 granularities=",".join(grans) if ok else "", variants=",".join(used) if ok else "",
+                                 reason=why))
     return pd.DataFrame(rows)

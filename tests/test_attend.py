@@ -27,7 +27,7 @@ from fp8kv.reference import lse_tolerance
 triton = pytest.importorskip("triton")
 from test_ops import DEVICE, FP8_MODE_TOL, dequant_tol, make_cache  # noqa: E402
 
-from fp8kv.ops.attend import attend, attend_launch  # noqa: E402
+from fp8kv.ops.attend import AttendPlan, attend, attend_launch, plan, run  # noqa: E402
 
 FP8_NAN_CODE = 0x7F  # NaN in both e4m3fn and e5m2
 
@@ -438,6 +438,63 @@ def test_launch_sizes_tiles_by_the_rows_and_splits_few_rows():
         assert (cfg["num_splits"] - 1) * cfg["tokens_per_split"] < 4000 <= cfg["num_splits"] * cfg["tokens_per_split"]
     window = attend_launch([4, 4], [4000, 4000], cache, 4, "dequant", window=100, num_sms=132)
     assert window["num_splits"] * window["tokens_per_split"] < 4000  # the splits tile the window, not the row
+
+
+# ------------------------------------------------------------------------------------ plan and run
+@pytest.mark.parametrize("kw", [dict(), dict(num_splits=3, block_n=16), dict(mode="fp8", block_n=32),
+                                dict(window=7, soft_cap=20.0, sinks="sinks", out_dtype=torch.float32)],
+                         ids=["default", "split", "fp8", "variants"])
+def test_a_plan_runs_what_attend_computes_bit_for_bit(kw):
+    """attend() is checks + plan + run: a plan made once and run (twice) answers the same bits."""
+    kw = {k: (random_sinks(8) if v == "sinks" else v) for k, v in kw.items()}
+    lens, qo_lens = [21, 40, 5], [3, 16, 0]
+    cache = make_cache(lens, 2, 64, granularity="head")
+    q = make_q(sum(qo_lens), 8, 64)
+    p = plan(q, cache, indptr(qo_lens), **kw)
+    assert isinstance(p, AttendPlan) and p.qo_lens == tuple(qo_lens) and p.shape == tuple(q.shape)
+    expected = attend(q, cache, indptr(qo_lens), **kw)
+    for _ in range(2):
+        out, lse = run(p, q, cache, indptr(qo_lens))
+        assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])
+
+
+def test_a_plan_reads_the_query_when_it_runs_and_takes_counts_read_already():
+    """A plan holds no query: refilled in place, the next run answers for the new values. Planned from the
+    query's shape alone (a meta tensor) with the counts given, it is the same plan."""
+    lens, qo_lens = [9, 30], [4, 7]
+    cache = make_cache(lens, 1, 32)
+    q = make_q(11, 2, 32)
+    p = plan(q, cache, indptr(qo_lens))
+    first = run(p, q, cache, indptr(qo_lens))[0].clone()
+    q.copy_(make_q(11, 2, 32, seed=9))
+    again = run(p, q, cache, indptr(qo_lens))[0]
+    assert not torch.equal(first, again)
+    assert torch.equal(again, attend(q, cache, indptr(qo_lens))[0])
+    meta = plan(torch.empty(11, 2, 32, dtype=q.dtype, device="meta"), cache, None, qo_lens=qo_lens)
+    assert meta.grid == p.grid and meta.config == p.config and meta.constexprs == p.constexprs
+
+
+@pytest.mark.parametrize("name,options,exc,pattern", [
+    ("unknown", dict(gluon=True), TypeError, "gluon=True is not an option of the triton attend"),
+    ("use_tensor_cores", dict(use_tensor_cores=False), TypeError, "use_tensor_cores=False is not an option"),
+    ("convert-name", dict(convert="fast"), ValueError, "convert='fast'"),
+    *([("convert", dict(convert="ptx"), UnsupportedError, "convert='ptx' is inline GPU assembly")]
+      if DEVICE == "cpu" else []),
+])
+def test_a_plan_refuses_options_it_does_not_take_by_name(name, options, exc, pattern):
+    cache = make_cache([6, 9], 2, 32)
+    with pytest.raises(exc, match=pattern):
+        plan(make_q(5, 4, 32), cache, indptr([2, 3]), **options)
+
+
+def test_a_plan_refuses_split_partials_past_32_bit_offsets():
+    """The split combine addresses [total_q, Hq, splits, D] partials with 32-bit offsets: a plan whose
+    partials would pass 2^31 elements asks for fewer splits, by name (planned from the shape alone)."""
+    cache = make_cache([4096], 1, 32)
+    q = torch.empty(2**17, 8, 32, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match="num_splits=64: .* exceed"):
+        plan(q, cache, None, qo_lens=[2**17], num_splits=64, block_n=64)
+    assert plan(q, cache, None, qo_lens=[2**17], num_splits=63, block_n=64).config["num_splits"] < 64
 
 
 # ------------------------------------------------------------------------------- bad input: kernel

@@ -192,3 +192,77 @@ def test_check_query_names_the_refused_pairing(backend, q, kv, needle):
 ])
 def test_check_query_accepts_what_the_kernels_take(backend, q, kv):
     assert check_query(backend, q, kv) == (True, "")
+
+
+# ------------------------------------------------------------------------ the attend (multi-token queries)
+@pytest.mark.parametrize("arch", ["sm80", "sm89", "sm90", "sm100"])
+def test_the_attend_runs_where_the_decode_runs_but_flashinfers_fp8_mode(arch):
+    """Each backend's attend runs by the decode's facts on every arch, except FlashInfer's fp8 mode (its prefill
+    wrapper runs 16-bit queries), and says how it runs the several queries."""
+    from fp8kv.capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES
+
+    for backend in BACKEND_NAMES:
+        for kv in KV_DTYPE_NAMES:
+            for mode in MODES:
+                for gran in ("tensor", "token_head"):
+                    dec = check(backend, kv, mode, arch, gran)
+                    att = check(backend, kv, mode, arch, gran, op="attend")
+                    if backend == "flashinfer" and mode == "fp8" and dec[0]:
+                        assert att == (False, att[1]) and "16-bit query" in att[1]
+                    else:
+                        assert att[0] == dec[0], (backend, kv, mode, gran, att, dec)
+                        if not dec[0]:
+                            assert att[1] == dec[1]  # the decode's refusal, word for word
+    how = {b: check(b, "fp8_e4m3", "dequant", "sm90", op="attend")[1] for b in BACKEND_NAMES}
+    assert "truncated" in how["reference"] or "cut after" in how["reference"]
+    assert "fp8kv.ops.attend" in how["triton"]
+    assert "BatchPrefillWithPagedKVCacheWrapper" in how["flashinfer"]
+    assert "cu_seqlens_q = qo_indptr" in how["vllm"]
+
+
+@pytest.mark.parametrize("op", ["prefill", "", None, 1])
+def test_an_op_that_is_not_one_is_refused_by_name(op):
+    from fp8kv.capability import check_variant, choose_backend
+
+    for call in (lambda: check("triton", "fp8_e4m3", op=op), lambda: check_variant("triton", "window", op=op),
+                 lambda: choose_backend("fp8_e4m3", op=op)):
+        with pytest.raises((ValueError, TypeError), match="op="):
+            call()
+
+
+def test_the_attend_capability_table():
+    from fp8kv.capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, attend_capability
+
+    df = attend_capability("sm90")
+    assert list(df.columns) == ["arch", "op", "backend", "kv_dtype", "mode", "supported", "granularities",
+                                "variants", "reason"]
+    assert len(df) == len(BACKEND_NAMES) * len(KV_DTYPE_NAMES) * len(MODES) and set(df.op) == {"attend"}
+    row = df.set_index(["backend", "kv_dtype", "mode"])
+    assert row.loc[("triton", "fp8_e4m3", "dequant")].granularities == "tensor,head,token_head,channel"
+    assert row.loc[("triton", "fp8_e4m3", "fp8")].granularities == "tensor,head,channel"
+    assert row.loc[("triton", "fp8_e4m3", "dequant")].variants == "window,soft_cap,sinks"
+    fi = row.loc[("flashinfer", "fp8_e4m3", "dequant")]
+    assert fi.supported and fi.granularities == "tensor,head,channel" and fi.variants == "window,soft_cap"
+    assert not row.loc[("flashinfer", "fp8_e4m3", "fp8")].supported
+    assert row.loc[("flashinfer", "fp8_e4m3", "fp8")].variants == ""
+    assert row.loc[("vllm", "fp8_e4m3", "dequant")].granularities == "tensor"
+    assert not row.loc[("reference", "bf16", "fp8")].supported
+    both = attend_capability(["sm80", "sm90"])
+    assert list(both.arch.unique()) == ["sm80", "sm90"]
+    assert not both.set_index(["arch", "backend", "kv_dtype", "mode"]).loc[("sm80", "triton", "fp8_e4m3", "fp8")].supported
+    with pytest.raises(ValueError, match=r"arch=\[\]"):
+        attend_capability([])
+
+
+def test_flashinfers_attend_variants_are_its_prefill_wrappers():
+    from fp8kv.capability import check_variant, check_variants
+
+    assert check_variant("flashinfer", "window", op="attend")[0]
+    assert "BatchPrefillWithPagedKVCacheWrapper" in check_variant("flashinfer", "soft_cap", op="attend")[1]
+    ok, why = check_variant("flashinfer", "sinks", op="attend")
+    assert not ok and "no sink term" in why
+    with pytest.raises(UnsupportedError, match="cannot apply sinks"):
+        check_variants("flashinfer", "dequant", ["window", "sinks"], op="attend")
+    for backend in ("reference", "triton", "vllm"):  # the decode's facts
+        for v in ("window", "soft_cap", "sinks"):
+            assert check_variant(backend, v, op="attend") == check_variant(backend, v)

@@ -1,4 +1,6 @@
-"""``fp8kv.decode``: the one entry point of paged decode attention, and the backend registry.
+"""``fp8kv.decode`` and ``fp8kv.attend``: the one entry points of paged decode attention (one query token per
+sequence) and of multi-token attention (several new tokens per sequence: speculative verification, chunked
+prefill), and the backend registries.
 
 Input is validated here, once; the backends below (the fp32 oracle's computation, the Triton
 launcher, FlashInfer's wrapper, vLLM's Triton kernel) trust what they are given. FlashInfer and vLLM
@@ -12,6 +14,7 @@ import functools
 import torch
 
 from .. import checks
+from ..attend_checks import ATTEND_OPTIONS, attend_query, qo_indptr_arg
 from ..cache import PagedKVCache
 from ..capability import (
     AUTO_MODE,
@@ -26,7 +29,8 @@ from ..capability import (
 from ..capability import check as supported
 from ..launch_options import backend_options
 
-__all__ = ["decode", "planned", "BACKENDS", "LAUNCH_OPTIONS"]
+__all__ = ["decode", "planned", "attend", "planned_attend", "BACKENDS", "ATTEND_BACKENDS", "LAUNCH_OPTIONS",
+           "ATTEND_LAUNCH_OPTIONS"]
 
 DECODE_MODES = ("auto", *MODES)  # what fp8kv.decode takes: "auto" picks AUTO_MODE
 
@@ -109,10 +113,23 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
 def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check, launch) -> tuple:
     """:func:`decode`'s input checks, each once; returns the resolved ``(backend, mode, sm_scale, variants)``,
     ``sm_scale`` a number (its default resolved here for every backend)."""
+    _cache_arg(cache)
+    cache.check_query(q)
+    return _validated(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check, launch, op="decode")
+
+
+def _cache_arg(cache) -> None:
     if not isinstance(cache, PagedKVCache):
         checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
-    cache.check_query(q)
-    checks.one_of(backend, "backend", ("auto", *BACKENDS))
+
+
+def _validated(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check, launch, *, op: str) -> tuple:
+    """The checks :func:`decode` and :func:`attend` share, each once, after the query's own (its shape against
+    the cache): the backend, mode and check flag, the variants and sm_scale, the cache's arrays and tables, the
+    query's values and strides, the capability table for ``op`` and the backend's options."""
+    registry = BACKENDS if op == "decode" else ATTEND_BACKENDS
+    options = LAUNCH_OPTIONS if op == "decode" else ATTEND_LAUNCH_OPTIONS
+    checks.one_of(backend, "backend", ("auto", *registry))
     checks.one_of(mode, "mode", DECODE_MODES)
     if not isinstance(check, bool):
         checks.fail(f"check={check!r}; expected True or False", TypeError)
@@ -125,7 +142,8 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
     cache.validate_arrays(contents=check)  # pages, tables and scales replaced since the cache was built
     # FlashInfer and vLLM read the table as it is (no clamping); their plans sync with the host anyway.
     if check or backend in ("flashinfer", "vllm"):
-        cache.validate_tables(nonempty=check)  # an empty row: refused for every backend alike
+        # a decode's empty row: refused for every backend alike; an attend's row without tokens has no query
+        cache.validate_tables(nonempty=check and op == "decode")
     if check:
         checks.finite_tensor(q, "q")
 
@@ -133,22 +151,23 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
     mode = AUTO_MODE if mode == "auto" else mode
     chosen = backend == "auto"
     if chosen:
-        backend = choose_backend(cache.kv_dtype, mode, None, cache.granularity, cache.head_dim)
+        backend = choose_backend(cache.kv_dtype, mode, None, cache.granularity, cache.head_dim, op=op)
     variants = {k: v for k, v in dict(window=window, soft_cap=soft_cap, sinks=sinks).items() if v is not None}
-    check_variants(backend, mode, variants)  # a variant the backend lacks is named before anything else
+    check_variants(backend, mode, variants, op=op)  # a variant the backend lacks is named before anything else
     check_query_strides(backend, q)  # the kernels address head_dim with stride 1
     if not chosen:
-        ok, why = supported(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim, cache.layout)
+        ok, why = supported(backend, cache.kv_dtype, mode, None, cache.granularity, cache.head_dim, cache.layout,
+                            op=op)
         if not ok:
             raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={cache.kv_dtype}, "
                                    f"granularity={cache.granularity}: {why}")
     ok, why = check_query(backend, q.dtype, cache.kv_dtype)
     if not ok:
         checks.fail(why, TypeError)
-    unknown = sorted(set(launch) - set(LAUNCH_OPTIONS[backend]))
+    unknown = sorted(set(launch) - set(options[backend]))
     if unknown:
         checks.fail(f"{unknown[0]}={launch[unknown[0]]!r} is not an option of the {backend} backend; it takes "
-                    f"{LAUNCH_OPTIONS[backend] or 'none'}", TypeError)
+                    f"{options[backend] or 'none'}", TypeError)
     return backend, mode, checks.resolved_softmax_scale(sm_scale, cache.head_dim), variants
 
 
@@ -184,3 +203,107 @@ def planned(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: fl
         dec = VllmDecode(cache, num_q_heads=q.shape[1], sm_scale=sm_scale, trusted=True, **variants)
         return functools.partial(VllmDecode.run_trusted, dec, q)
     return functools.partial(_reference, q, cache, mode=mode, sm_scale=sm_scale, **variants)
+
+
+# ------------------------------------------------------------------------------------ multi-token queries
+def _attend_reference(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **variants):
+    from ..reference import attend as reference_attend
+
+    return reference_attend(q, cache, qo_indptr, sm_scale=sm_scale, return_lse=True, **variants)
+
+
+def _attend_plan_triton(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **launch):
+    from ..ops.attend import plan_attend, run_attend
+
+    return functools.partial(run_attend, plan_attend(q, cache, qo_indptr, mode=mode, sm_scale=sm_scale,
+                                                     qo_lens=qo_lens, **launch), q, cache, qo_indptr)
+
+
+def _attend_plan_flashinfer(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **variants):
+    from .flashinfer import FlashInferAttend
+
+    runner = FlashInferAttend(cache, trusted=True)
+    runner.plan(cache, qo_lens, num_qo_heads=q.shape[1], q_dtype=q.dtype, sm_scale=sm_scale, **variants)
+    return functools.partial(FlashInferAttend.run_trusted, runner, q)
+
+
+def _attend_plan_vllm(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **variants):
+    from .vllm import VllmAttend
+
+    runner = VllmAttend(cache, qo_indptr, qo_lens, num_q_heads=q.shape[1], sm_scale=sm_scale, **variants)
+    return functools.partial(VllmAttend.run_trusted, runner, q)
+
+
+def _attend_plan_reference(q, cache, qo_indptr, qo_lens, **kwargs):
+    return functools.partial(_attend_reference, q, cache, qo_indptr, qo_lens, **kwargs)
+
+
+# Each backend's planner of an attend (host work once; the callable it returns runs it), in BACKEND_NAMES' order.
+ATTEND_BACKENDS = dict(zip(BACKEND_NAMES, (_attend_plan_reference, _attend_plan_triton, _attend_plan_flashinfer,
+                                           _attend_plan_vllm), strict=True))
+# Options an attend's backend takes beyond (q, cache, qo_indptr, mode, sm_scale) and the variants.
+ATTEND_LAUNCH_OPTIONS = {backend: ATTEND_OPTIONS if backend == "triton" else () for backend in BACKEND_NAMES}
+
+
+def _validate_attend(q, cache, qo_indptr, backend, mode, sm_scale, window, soft_cap, sinks, check, launch) -> tuple:
+    """:func:`attend`'s input checks, each once (:func:`_validated`'s, then ``qo_indptr``'s: one host read of the
+    counts, which the plans need anyway); returns ``(backend, mode, sm_scale, variants, qo_lens)``."""
+    _cache_arg(cache)
+    attend_query(q, cache)
+    backend, mode, sm_scale, variants = _validated(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
+                                                   launch, op="attend")
+    return backend, mode, sm_scale, variants, qo_indptr_arg(qo_indptr, cache, q.shape[0])
+
+
+def attend(q, cache, qo_indptr, backend: str = "auto", mode: str = "auto", *, sm_scale: float | None = None,
+           window: int | None = None, soft_cap: float | None = None, sinks=None, check: bool = True, **launch):
+    """Paged attention of several new tokens per sequence (speculative verification, chunked-prefill append)
+    through the chosen backend.
+
+    Parameters
+    ----------
+    q : ``[total_q, Hq, D]`` query: bf16 / fp16 (the reference also takes fp32), the new tokens of every sequence
+        back to back; Hq a multiple of the cache's Hkv.
+    cache : :class:`~fp8kv.cache.PagedKVCache` that already holds the new tokens: those of sequence i are the
+        last ``qo_len[i]`` of its row.
+    qo_indptr : int32 / int64 ``[B + 1]`` on the cache's device: ``qo_indptr[0] = 0``, non-decreasing,
+        ``qo_indptr[B] = total_q``, ``qo_len[i] = qo_indptr[i + 1] - qo_indptr[i] <= seq_lens[i]``. Query j of
+        sequence i sits at position ``seq_lens[i] - qo_len[i] + j`` and attends keys up to it (causal).
+    backend : ``"auto"``, ``"reference"`` (:func:`fp8kv.reference.attend`), ``"triton"`` (fp8kv's multi-token
+        kernel, :mod:`fp8kv.ops.attend`), ``"flashinfer"`` (``BatchPrefillWithPagedKVCacheWrapper``; every
+        ``seq_lens[i] >= 1``) or ``"vllm"`` (``unified_attention`` with ``cu_seqlens_q = qo_indptr``; every
+        ``seq_lens[i] >= 1``; no LSE). What runs where: :func:`fp8kv.capability.check` with ``op="attend"``.
+    mode, sm_scale, window, soft_cap, sinks, check : as :func:`decode` (``check``: q and sinks finite, the cache's
+        tables and scales; ``qo_indptr`` is checked either way, its counts being read for the plan).
+    launch : the triton backend's options (:data:`ATTEND_LAUNCH_OPTIONS`: out_dtype, convert and the launch
+        overrides of :func:`fp8kv.ops.attend.attend_launch`); the other backends take none.
+
+    Returns ``out`` ``[total_q, Hq, D]`` and ``lse`` ``[total_q, Hq]`` fp32 (natural log; None for vLLM). With
+    ``qo_len = 1`` everywhere it is :func:`decode`'s answer (bit for bit on the reference).
+
+    Raises ``TypeError``/``ValueError`` naming the argument for bad input, and
+    :class:`~fp8kv.capability.UnsupportedError` with the capability table's reason where the combination cannot
+    run here. Plans on every call (a host sync): time :func:`planned_attend`'s callable instead.
+    """
+    backend, mode, sm_scale, variants, qo_lens = _validate_attend(q, cache, qo_indptr, backend, mode, sm_scale,
+                                                                  window, soft_cap, sinks, check, launch)
+    if backend == "reference":  # the oracle computes as it checks: no plan to keep
+        return _attend_reference(q, cache, qo_indptr, qo_lens, mode=mode, sm_scale=sm_scale, **variants)
+    return ATTEND_BACKENDS[backend](q, cache, qo_indptr, qo_lens, mode=mode, sm_scale=sm_scale, **variants,
+                                    **launch)()
+
+
+def planned_attend(q, cache, qo_indptr, backend: str = "auto", mode: str = "auto", *, sm_scale: float | None = None,
+                   window: int | None = None, soft_cap: float | None = None, sinks=None, **launch):
+    """Plan once, run many: validate as :func:`attend` does with ``check=True`` (once, here), do the backend's
+    host work (fp8kv's :class:`~fp8kv.ops.attend.AttendPlan`, FlashInfer's prefill plan, vLLM's arguments; the
+    new-token counts read once) and return a zero-argument callable that runs the attention of ``q`` over
+    ``cache`` with no host sync left (CUDA-graph capturable for the Triton, FlashInfer and vLLM backends).
+
+    The callable is a ``functools.partial``; for the Triton backend its first argument (``.args[0]``) is the
+    :class:`~fp8kv.ops.attend.AttendPlan` (``.config``: what runs). It reads ``q``, ``qo_indptr`` and the cache's
+    tensors when called: refill them in place, and plan again after the counts or the cache's tables change.
+    """
+    backend, mode, sm_scale, variants, qo_lens = _validate_attend(q, cache, qo_indptr, backend, mode, sm_scale,
+                                                                  window, soft_cap, sinks, True, launch)
+    return ATTEND_BACKENDS[backend](q, cache, qo_indptr, qo_lens, mode=mode, sm_scale=sm_scale, **variants, **launch)

@@ -36,7 +36,8 @@ Facts this module relies on, read in the flashinfer-python 0.6.13 wheel (paths i
   sm_scale, ..., q_data_type, kv_data_type, o_data_type)`` (``flashinfer/prefill.py``). Its causal
   mask is aligned bottom-right: query ``j`` of a request with ``qo_len`` queries and ``kv_len`` keys
   sees keys ``0 .. kv_len - qo_len + j`` (``attention/prefill.cuh``: masked when
-  ``kv_idx + qo_len > kv_len + q_idx``).
+  ``kv_idx + qo_len > kv_len + q_idx``). Its ``plan`` takes ``window_left`` and ``logits_soft_cap`` as the
+  decode wrapper's does, its ``run`` the scalar ``k_scale`` / ``v_scale`` (:class:`FlashInferAttend`).
 * Attention variants (``flashinfer/decode.py``, ``include/flashinfer/attention/variants.cuh``):
   ``plan(..., window_left=-1, logits_soft_cap=None)``. The FA2 mask keeps key ``kv_idx`` when
   ``kv_idx + qo_len + window_left >= kv_len + qo_idx``: a decode query (``qo_len = 1``) sees the last
@@ -80,7 +81,8 @@ from ..capability import (
 from ..formats import FORMATS
 from .flashinfer_scales import ScaleFold, apply_q_fold, plan_scales
 
-__all__ = ["paged_kv_args", "qo_indptr", "query_counts", "FlashInferDecode", "decode", "prefill", "workspace",
+__all__ = ["paged_kv_args", "qo_indptr", "query_counts", "FlashInferDecode", "FlashInferAttend", "decode", "prefill",
+           "workspace",
            "NOT_INSTALLED", "LN2", "window_left"]
 
 NOT_INSTALLED = "FlashInfer is not installed (pip install 'fp8kv[gpu]')"
@@ -132,6 +134,27 @@ def workspace(device, nbytes: int = DEFAULT_WORKSPACE_BYTES, family: str = "fa2"
         buf = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
         _WORKSPACES[key] = buf
     return buf
+
+
+def _plan_growing(workspace_buf: torch.Tensor, wrapper, new_wrapper, fixed: bool, *args, **kwargs):
+    """``wrapper.plan(*args, **kwargs)``, retried over a float workspace twice as large (``new_wrapper(nbytes)``:
+    a workspace of at least ``nbytes`` and a wrapper over it) while FlashInfer says that workspace is short, up to
+    :data:`MAX_WORKSPACE_BYTES`. Returns the (workspace, wrapper) that planned; on failure the caller's pair is
+    untouched. ``fixed``: the wrapper's buffers may not change (a CUDA-graph wrapper): say which size to build."""
+    while True:
+        try:
+            wrapper.plan(*args, **kwargs)
+            return workspace_buf, wrapper
+        except RuntimeError as e:
+            size = workspace_buf.numel()
+            short = _FLOAT_WORKSPACE_SHORT.search(str(e))
+            if short is None or int(short.group(1)) != size or size >= MAX_WORKSPACE_BYTES:
+                raise  # not the float workspace (FlashInfer's fixed int workspace), or at the cap
+            if fixed:
+                raise ValueError(f"FlashInfer's plan needs more than the {size} bytes of workspace this "
+                                 f"CUDA-graph decoder was built with; build it with workspace_bytes="
+                                 f"{min(2 * size, MAX_WORKSPACE_BYTES)} or more") from e
+        workspace_buf, wrapper = new_wrapper(min(2 * workspace_buf.numel(), MAX_WORKSPACE_BYTES))
 
 
 # ---------------------------------------------------------------------------- argument translation
@@ -294,21 +317,8 @@ class FlashInferDecode:
         twice as large plans instead, up to :data:`MAX_WORKSPACE_BYTES`; it replaces the current one
         only once its plan succeeded. A decoder built with ``use_cuda_graph`` never swaps its buffers
         (a captured graph would replay the old ones): it says which ``workspace_bytes`` to pass."""
-        workspace_buf, wrapper = self._workspace, self._wrapper
-        while True:
-            try:
-                wrapper.plan(*args, **kwargs)
-                break
-            except RuntimeError as e:
-                size = workspace_buf.numel()
-                short = _FLOAT_WORKSPACE_SHORT.search(str(e))
-                if short is None or int(short.group(1)) != size or size >= MAX_WORKSPACE_BYTES:
-                    raise  # not the float workspace (FlashInfer's fixed int workspace), or at the cap
-                if self.use_cuda_graph:
-                    raise ValueError(f"FlashInfer's plan needs more than the {size} bytes of workspace this "
-                                     f"CUDA-graph decoder was built with; build it with workspace_bytes="
-                                     f"{min(2 * size, MAX_WORKSPACE_BYTES)} or more") from e
-            workspace_buf, wrapper = self._new_wrapper(cache, min(2 * workspace_buf.numel(), MAX_WORKSPACE_BYTES))
+        workspace_buf, wrapper = _plan_growing(self._workspace, self._wrapper, lambda n: self._new_wrapper(cache, n),
+                                               self.use_cuda_graph, *args, **kwargs)
         self._workspace, self._wrapper, self._workspace_bytes = workspace_buf, wrapper, workspace_buf.numel()
 
     # ---------------------------------------------------------------------------------- planning
@@ -499,7 +509,7 @@ def prefill(q: torch.Tensor, qo_lens, cache: PagedKVCache, causal: bool = True,
     they are), before FlashInfer is asked.
 
     Returns ``out`` ``[sum(qo_lens), Hq, D]`` (q's dtype) and ``lse`` ``[sum(qo_lens), Hq]`` fp32
-    (natural log). Plans on every call (for notebooks, not timing).
+    (natural log). Plans on every call (for notebooks, not timing: :class:`FlashInferAttend` plans once).
     """
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}")
@@ -531,25 +541,89 @@ def prefill(q: torch.Tensor, qo_lens, cache: PagedKVCache, causal: bool = True,
                          "the queries are the last tokens of their sequence, already in the cache")
     if int(lens_q.sum()) != q.shape[0]:
         raise ValueError(f"q has {q.shape[0]} rows but sum(qo_lens) = {int(lens_q.sum())}")
-    ok, why = check("flashinfer", cache.kv_dtype, "dequant", None, cache.granularity, cache.head_dim)
+    ok, why = check("flashinfer", cache.kv_dtype, "dequant", None, cache.granularity, cache.head_dim, op="attend")
     if not ok:
         raise UnsupportedError(f"flashinfer prefill, kv_dtype={cache.kv_dtype}, "
                                f"granularity={cache.granularity}: {why}")
     ok, why = check_query("flashinfer", q.dtype, cache.kv_dtype)
     if not ok:
         raise TypeError(why)
-    fi = _import_flashinfer()
-    hq = q.shape[1]
-    fold = plan_scales(cache, hq)
-    sm_scale = 1.0 / math.sqrt(cache.head_dim) if sm_scale is None else sm_scale
-    indptr, indices, last = paged_kv_args(cache)
-    wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace(cache.device), cache.layout)
-    wrapper.plan(qo_indptr(lens_q, cache.device), indptr, indices, last, hq, cache.num_kv_heads,
-                 cache.head_dim, cache.block_size, causal=bool(causal), pos_encoding_mode="NONE",
-                 sm_scale=sm_scale, q_data_type=q.dtype, kv_data_type=cache.dtype, o_data_type=q.dtype)
-    q_in = apply_q_fold(q if q.stride(-1) == 1 else q.contiguous(), fold)
-    out, lse = wrapper.run(q_in, (cache.k_pages, cache.v_pages), k_scale=fold.k_scale,
-                           v_scale=fold.v_scale, return_lse=True)
-    if fold.out_mult is not None:
-        out.mul_(fold.out_mult)
-    return out, lse.mul_(LN2)
+    attend = FlashInferAttend(cache, trusted=True)
+    attend.plan(cache, lens_q.tolist(), num_qo_heads=q.shape[1], q_dtype=q.dtype, sm_scale=sm_scale, causal=causal)
+    return attend.run_trusted(q if q.stride(-1) == 1 else q.contiguous())
+
+
+class FlashInferAttend:
+    """Plan once, run many: FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper`` (FA2, 16-bit query) over one
+    cache's pages, for several new tokens per sequence (``fp8kv.attend``'s ``"flashinfer"`` backend, and
+    :func:`prefill`).
+
+    Parameters
+    ----------
+    cache : the :class:`~fp8kv.cache.PagedKVCache` (on a CUDA device) the wrapper is built for (held weakly).
+    workspace_bytes : the shared float workspace's size to start from (it doubles while a plan needs more).
+    trusted : ``fp8kv.attend`` / ``planned_attend`` checked the input and the capability table (once, where it
+        entered); a user's object (False) asks the capability table here.
+
+    ``plan(cache, qo_lens, num_qo_heads=..., q_dtype=...)`` does the host work (page tables, scale folding,
+    FlashInfer's scheduler; a host sync); ``run_trusted(q)`` is device work only, so it can be timed and
+    captured in a CUDA graph. The new tokens of sequence i are the last ``qo_lens[i]`` of its row, causal
+    among them (FlashInfer's bottom-right alignment), as :func:`fp8kv.reference.attend` defines them.
+    """
+
+    def __init__(self, cache: PagedKVCache, *, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, trusted: bool = False):
+        if not isinstance(cache, PagedKVCache):
+            checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+        if not isinstance(trusted, bool):
+            checks.fail(f"trusted={trusted!r} ({type(trusted).__name__}); expected True or False", TypeError)
+        checks.positive_int(workspace_bytes, "workspace_bytes")
+        if cache.device.type != "cuda":
+            raise UnsupportedError(f"FlashInfer runs on CUDA tensors only; the cache is on {cache.device}")
+        if not trusted:
+            ok, why = check("flashinfer", cache.kv_dtype, "dequant", None, cache.granularity, cache.head_dim,
+                            op="attend")
+            if not ok:
+                raise UnsupportedError(f"flashinfer attend, kv_dtype={cache.kv_dtype}, "
+                                       f"granularity={cache.granularity}: {why}")
+        self.layout, self.device = cache.layout, cache.device
+        self._workspace, self._wrapper = self._new_wrapper(workspace_bytes)
+        self._cache_ref = weakref.ref(cache)
+        self._fold: ScaleFold | None = None
+
+    def _new_wrapper(self, nbytes: int):
+        buf = workspace(self.device, nbytes, "fa2")
+        return buf, _import_flashinfer().BatchPrefillWithPagedKVCacheWrapper(buf, self.layout)
+
+    def plan(self, cache: PagedKVCache, qo_lens, *, num_qo_heads: int, q_dtype: torch.dtype,
+             sm_scale: float | None = None, window: int | None = None, soft_cap: float | None = None,
+             causal: bool = True) -> None:
+        """Host-side planning for ``qo_lens`` new tokens per sequence of ``cache`` (ints, checked by the
+        caller: ``0 <= qo_lens[i] <= seq_lens[i]``), every ``seq_lens[i] >= 1``. ``window`` / ``soft_cap`` as
+        :func:`fp8kv.reference.attend` defines them (``window_left = window - 1``), trusted. Syncs with the
+        device; not capturable."""
+        lens = cache.seq_lens.detach().cpu()
+        if lens.numel() and int(lens.min()) < 1:
+            i = int((lens < 1).nonzero()[0])
+            checks.fail(f"seq_lens[{i}]=0: FlashInfer's prefill needs at least one cached token per sequence "
+                        "(its kernels take 1 <= last_page_len <= page_size)")
+        self._fold = plan_scales(cache, num_qo_heads)
+        indptr, indices, last = paged_kv_args(cache)
+        self._workspace, self._wrapper = _plan_growing(
+            self._workspace, self._wrapper, self._new_wrapper, False, qo_indptr(qo_lens, cache.device), indptr,
+            indices, last, num_qo_heads, cache.num_kv_heads, cache.head_dim, cache.block_size, causal=causal,
+            pos_encoding_mode="NONE", sm_scale=checks.resolved_softmax_scale(sm_scale, cache.head_dim),
+            window_left=window_left(window), logits_soft_cap=soft_cap, q_data_type=q_dtype,
+            kv_data_type=cache.dtype, o_data_type=q_dtype)
+        self._cache_ref = weakref.ref(cache)
+
+    def run_trusted(self, q: torch.Tensor):
+        """Attention of ``q`` ``[sum(qo_lens), Hq, D]`` (the planned dtype, last dim contiguous): ``out`` (q's
+        dtype) and ``lse`` ``[sum(qo_lens), Hq]`` fp32, natural log. Device work only: no check, no host sync."""
+        cache, fold = self._cache_ref(), self._fold
+        if cache is None or fold is None:
+            raise RuntimeError("FlashInferAttend.run_trusted before plan(), or the planned cache has been freed")
+        out, lse = self._wrapper.run(apply_q_fold(q, fold), (cache.k_pages, cache.v_pages), k_scale=fold.k_scale,
+                                     v_scale=fold.v_scale, return_lse=True)
+        if fold.out_mult is not None:
+            out.mul_(fold.out_mult)  # computed in fp32, rounded once to q's dtype
+        return out, lse.mul_(LN2)

@@ -15,7 +15,8 @@ Facts this module relies on, read in vllm-project/vllm at commit 86a153bd
   qq_bias=None, sinks=None, mm_prefix_range=None, use_alibi_sqrt=False,
   kv_quant_mode=KVQuantMode.NONE, k_scale_cache=None, v_scale_cache=None)`` writes ``out`` in place
   and returns nothing. It computes no LSE, so this backend returns ``lse=None``.
-* ``q``/``out`` ``[tokens, Hq, D]`` (decode: one token per sequence), addressed through their first
+* ``q``/``out`` ``[tokens, Hq, D]`` (decode: one token per sequence; an attend: ``cu_seqlens_q[i + 1] -
+  cu_seqlens_q[i]`` tokens of sequence i, the last of its ``seqused_k`` keys, causal among them), addressed through their first
   two strides; ``cu_seqlens_q`` int32 ``[B + 1]``, the first token of each sequence; ``seqused_k``
   int32 ``[B]``, the keys of each sequence, the query being the last of them; ``block_table`` int32
   ``[B, blocks]`` through its row stride; ``k``/``v`` ``[num_blocks, block_size, Hkv, D]`` through
@@ -65,7 +66,7 @@ from ..capability import (
 )
 from ..formats import kv_dtype_info
 
-__all__ = ["kernel_args", "split_segments", "launch_info", "VllmDecode", "decode", "MIN_LAUNCH_GRID_SIZE_2D",
+__all__ = ["kernel_args", "split_segments", "launch_info", "VllmDecode", "VllmAttend", "decode", "MIN_LAUNCH_GRID_SIZE_2D",
            "NUM_PAR_SOFTMAX_SEGMENTS", "MAX_TILE_SIZE"]
 
 MIN_LAUNCH_GRID_SIZE_2D = 128  # vLLM's triton_attn.py: up to 128 // Hkv sequences take the split (3D) path
@@ -133,9 +134,10 @@ def _num_q_heads(cache: PagedKVCache, num_q_heads) -> int:
 
 
 def kernel_args(cache: PagedKVCache, num_q_heads: int, *, sm_scale: float | None = None, window: int | None = None,
-                soft_cap: float | None = None, sinks: torch.Tensor | None = None) -> dict:
-    """The keyword arguments of vLLM's ``unified_attention`` for a decode over ``cache``, but ``q``
-    and ``out`` (given per call).
+                soft_cap: float | None = None, sinks: torch.Tensor | None = None,
+                qo_indptr: torch.Tensor | None = None, qo_lens: list[int] | None = None) -> dict:
+    """The keyword arguments of vLLM's ``unified_attention`` for a decode over ``cache`` (or, with ``qo_indptr``
+    and ``qo_lens``, an attend of several new tokens per sequence), but ``q`` and ``out`` (given per call).
 
     Parameters
     ----------
@@ -144,6 +146,11 @@ def kernel_args(cache: PagedKVCache, num_q_heads: int, *, sm_scale: float | None
     sm_scale : default ``1 / sqrt(D)``.
     window, soft_cap, sinks : as :func:`fp8kv.reference.decode` defines them (trusted: checked by
         :func:`fp8kv.decode`).
+    qo_indptr, qo_lens : an attend's row offsets ``[B + 1]`` (int32 / int64 on the cache's device) and its
+        new-token counts (ints), trusted (checked by :func:`fp8kv.attend`): ``cu_seqlens_q`` is ``qo_indptr`` as
+        int32 (a device copy where it is int64) and ``max_seqlen_q`` the longest count, which vLLM's kernel
+        takes natively (query j of sequence i at position ``seq_lens[i] - qo_lens[i] + j``, causal). None:
+        a decode, one query per sequence.
 
     Returns a dict: the cache's own tensors for ``k``, ``v``, ``seqused_k`` (seq_lens), ``block_table``
     (a copy, padded with page 0 where a tile could load past the table, :func:`_table_width`) and
@@ -153,8 +160,8 @@ def kernel_args(cache: PagedKVCache, num_q_heads: int, *, sm_scale: float | None
     ``softcap`` (0.0: off; vLLM's tanh comes from two exps and turns to NaN once a scaled score
     exceeds about 88 times the cap), ``sinks``, and
     ``kv_quant_mode`` by its *name* in ``KVQuantMode`` (``"FP8_PER_TENSOR"`` or ``"NONE"``). With
-    :func:`split_segments` > 1 also the split path's threshold, segment count and fp32 buffers.
-    No host sync.
+    :func:`split_segments` > 1 (and, for an attend, every count 1: vLLM's split path takes one query per
+    sequence) also the split path's threshold, segment count and fp32 buffers, one row per query. No host sync.
     """
     if not isinstance(cache, PagedKVCache):
         checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
@@ -173,9 +180,14 @@ def kernel_args(cache: PagedKVCache, num_q_heads: int, *, sm_scale: float | None
     table = torch.nn.functional.pad(cache.block_table, (0, width - cache.block_table.shape[1]))
     if window is not None and window >= cache.max_blocks_per_seq * bs:
         window = None  # the whole sequence (vLLM's window is a 32-bit compile-time constant)
+    if qo_lens is None:
+        rows, longest = batch, 1
+        cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+    else:
+        rows, longest = sum(qo_lens), max(max(qo_lens, default=1), 1)
+        cu_seqlens_q = qo_indptr.to(torch.int32)
     args = dict(
-        k=cache.k_pages, v=cache.v_pages,
-        cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32, device=dev), max_seqlen_q=1,
+        k=cache.k_pages, v=cache.v_pages, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=longest,
         seqused_k=cache.seq_lens, max_seqlen_k=cache.max_blocks_per_seq * bs,
         softmax_scale=float(checks.resolved_softmax_scale(sm_scale, d)), causal=True,
         window_size=(-1, -1) if window is None else (window - 1, 0),
@@ -185,12 +197,12 @@ def kernel_args(cache: PagedKVCache, num_q_heads: int, *, sm_scale: float | None
         kv_quant_mode="FP8_PER_TENSOR" if cache.is_fp8 else "NONE",
     )
     segments = split_segments(batch, hkv)
-    if segments > 1:
+    if segments > 1 and (qo_lens is None or all(n == 1 for n in qo_lens)):
         d_pad = 1 << (d - 1).bit_length()
         args.update(seq_threshold_3D=MIN_LAUNCH_GRID_SIZE_2D // hkv, num_par_softmax_segments=segments,
-                    softmax_segm_output=torch.empty(batch, hq, segments, d_pad, dtype=torch.float32, device=dev),
-                    softmax_segm_max=torch.empty(batch, hq, segments, dtype=torch.float32, device=dev),
-                    softmax_segm_expsum=torch.empty(batch, hq, segments, dtype=torch.float32, device=dev))
+                    softmax_segm_output=torch.empty(rows, hq, segments, d_pad, dtype=torch.float32, device=dev),
+                    softmax_segm_max=torch.empty(rows, hq, segments, dtype=torch.float32, device=dev),
+                    softmax_segm_expsum=torch.empty(rows, hq, segments, dtype=torch.float32, device=dev))
     return args
 
 
@@ -246,15 +258,20 @@ class VllmDecode:
             if not ok:
                 raise UnsupportedError(f"vllm backend, kv_dtype={cache.kv_dtype}, granularity={cache.granularity}: "
                                        f"{why}")
+        self._launch_over(cache, kernel_args(cache, num_q_heads, sm_scale=sm_scale, window=window, soft_cap=soft_cap,
+                                             sinks=sinks), (cache.batch_size, num_q_heads, cache.head_dim))
+
+    def _launch_over(self, cache: PagedKVCache, args: dict, shape: tuple[int, int, int]) -> None:
+        """Import vLLM's kernel and fix its launch: ``args`` (:func:`kernel_args`) for queries of ``shape``."""
         unified_attention, quant_modes = _import_kernel()
-        self.args = kernel_args(cache, num_q_heads, sm_scale=sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
+        self.args = args
         # The largest value a page can dequantize to, for the fp16-query check in run_trusted.
         fmt = kv_dtype_info(cache.kv_dtype)[2]
         self._largest = float(torch.maximum(cache.k_scale.max(), cache.v_scale.max())) * fmt.max if fmt else 0.0
         self._kernel = unified_attention
-        self._launch = {**self.args, "kv_quant_mode": quant_modes[self.args["kv_quant_mode"]]}
+        self._launch = {**args, "kv_quant_mode": quant_modes[args["kv_quant_mode"]]}
         self.kv_dtype = cache.kv_dtype
-        self.shape = (cache.batch_size, num_q_heads, cache.head_dim)
+        self.shape = shape
         self.device = cache.device
 
     def run(self, q: torch.Tensor):
@@ -281,10 +298,38 @@ class VllmDecode:
                         f"{self._largest:.4g}: vLLM's kernel casts each one to the query's type, and fp16 ends at "
                         f"{FP16_MAX:g} (inf, then NaN); pass a bfloat16 query")
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        self._kernel(q=q, out=out, **self._launch)
+        if q.shape[0]:  # an attend without new tokens launches nothing
+            self._kernel(q=q, out=out, **self._launch)
         return out, None
 
     __call__ = run
+
+
+class VllmAttend(VllmDecode):
+    """Plan once, run many: vLLM's ``unified_attention`` over one cache for several new tokens per sequence
+    (``fp8kv.attend``'s ``"vllm"`` backend): the new tokens of sequence i are the last ``qo_lens[i]`` of its row,
+    causal among them, as :func:`fp8kv.reference.attend` defines them.
+
+    Built only from input :func:`fp8kv.attend` / :func:`fp8kv.backends.planned_attend` checked (the query, the
+    counts, the variants and the capability table): ``qo_indptr`` ``[B + 1]`` and its counts ``qo_lens`` (ints),
+    ``num_q_heads`` and the variants as :class:`VllmDecode` takes them. Checked here: every ``seq_lens[i] >= 1``
+    (one host sync). ``run(q)`` (``q`` ``[sum(qo_lens), Hq, D]``) is device work only; the plan holds a copy of
+    the block table and ``qo_indptr`` as int32 (a copy where it is int64), so build a new one after they change.
+    """
+
+    def __init__(self, cache: PagedKVCache, qo_indptr: torch.Tensor, qo_lens: list[int], *, num_q_heads: int,
+                 sm_scale: float | None = None, window: int | None = None, soft_cap: float | None = None,
+                 sinks: torch.Tensor | None = None):
+        if not isinstance(cache, PagedKVCache):
+            checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+        num_q_heads = _num_q_heads(cache, num_q_heads)
+        lens = cache.seq_lens.detach().cpu()
+        if int(lens.min()) < 1:
+            i = int((lens < 1).nonzero()[0])
+            checks.fail(f"seq_lens[{i}]={int(lens[i])}: vLLM's kernel needs at least one cached token per sequence")
+        self._launch_over(cache, kernel_args(cache, num_q_heads, sm_scale=sm_scale, window=window, soft_cap=soft_cap,
+                                             sinks=sinks, qo_indptr=qo_indptr, qo_lens=list(qo_lens)),
+                          (sum(qo_lens), num_q_heads, cache.head_dim))
 
 
 def decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scale: float | None = None,

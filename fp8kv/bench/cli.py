@@ -19,7 +19,15 @@ from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..launch_options import OPTIONS, cli_options
 from ..quant import GRANULARITIES
 from ..results import save_or_fallback
-from .cases import Q_DTYPES, Case, memory_budget, sweep
+from .attend import (
+    ATTEND_PRESET_HELP,
+    ATTEND_PRESETS,
+    attend_footprint,
+    attend_run,
+    attend_summary,
+    attend_sweep,
+)
+from .cases import Q_DTYPES, Case, footprint_bytes, memory_budget, sweep
 from .measure import run
 from .report import check_failed, save, summary
 
@@ -93,6 +101,7 @@ PRESETS = {
     "layouts-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 4, 32), (4, 1, 64), (6, 2, 48)], block_sizes=[16],
                           kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                           granularities=["tensor"], flashinfer_tensor_cores=[True]),
+    **ATTEND_PRESETS,  # several new tokens per sequence (fp8kv.bench.attend): their grids hold q_lens
 }
 # What each preset is for (printed by --help).
 PRESET_HELP = {
@@ -120,6 +129,7 @@ PRESET_HELP = {
              "FlashInfer and vLLM's Triton kernel (where vllm imports) on the layouts it covers (MHA, GQA 2-8; "
              "D 64-128), B 1-64 x context 4k-16k (GPU)",
     "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
+    **ATTEND_PRESET_HELP,
 }
 assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"
 # The --triton-opt keys, from the option table (fp8kv.launch_options): integers on the CLI, a switch 0 / 1 for
@@ -183,6 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--triton-opt", type=_kv_opt, action="append", metavar="KEY=INT",
                    help="Triton launch override (repeatable, one key each), e.g. num_splits=8; KEY is one of: "
                         + "; ".join(f"{k}: {_OPTION_HELP[k]}" for k in TRITON_OPTIONS).replace("%", "%%"))
+    counts = p.add_mutually_exclusive_group()
+    counts.add_argument("--q-lens", type=int, nargs="+", metavar="N",
+                        help="new tokens per sequence: time fp8kv.attend (speculative verification) instead of the "
+                             "decode; --contexts then counts the cached tokens before them (0 allowed)")
+    counts.add_argument("--chunks", type=int, nargs="+", metavar="N",
+                        help="prefill chunk sizes: the same as --q-lens, named for chunked-prefill append")
     p.add_argument("--out", default="results/bench", help="results folder (a sub-folder per GPU)")
     p.add_argument("--no-save", action="store_true", help="print only")
     p.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
@@ -205,9 +221,12 @@ def _check_args(args) -> torch.device:
     Raises ValueError / TypeError naming the flag and the value."""
     from ..device import resolve_device
 
-    for flag in ("batches", "contexts", "head_dims", "block_sizes"):
+    for flag in ("batches", "contexts", "head_dims", "block_sizes", "q_lens", "chunks"):
         for value in getattr(args, flag) or ():
-            checks.positive_int(value, "--" + flag.replace("_", "-"))
+            if flag == "contexts" and _attend(args):  # a prefill chunk may start a prompt: 0 cached tokens
+                checks.integer(value, "--contexts", minimum=0)
+            else:
+                checks.positive_int(value, "--" + flag.replace("_", "-"))
     checks.positive_int(args.rep, "--rep")
     if args.memory_budget_gb is not None:
         checks.positive_float(args.memory_budget_gb, "--memory-budget-gb")
@@ -235,9 +254,56 @@ def preset_grid(name: str, device=None, **overrides) -> dict:
     return grid
 
 
+def _attend(args) -> bool:
+    """Whether the options ask for the multi-token benchmark (an attend preset, --q-lens or --chunks)."""
+    return args.preset in ATTEND_PRESETS or args.q_lens is not None or args.chunks is not None
+
+
+def _attend_grid_from_args(args, device: torch.device) -> dict:
+    """The :func:`fp8kv.bench.attend.attend_sweep` arguments of parsed CLI options: an attend preset (default
+    spec-verify's grid without its batches and contexts), overridden by the explicit options. On a CPU the
+    presets' 16-bit cache is fp16, as the smoke presets' (the Triton interpreter's bf16 arithmetic is wrong)."""
+    if args.preset and args.preset not in ATTEND_PRESETS:
+        checks.fail(f"--preset {args.preset} is a decode grid; --q-lens / --chunks go with "
+                    f"{', '.join(ATTEND_PRESETS)} or no preset")
+    if args.tensor_cores:
+        checks.fail(f"--tensor-cores {args.tensor_cores} picks FlashInfer's decode kernels; the attend runs its "
+                    "prefill wrapper")
+    grid = dict(ATTEND_PRESETS[args.preset]) if args.preset else \
+        {**ATTEND_PRESETS["spec-verify"], "batches": None, "contexts": None}
+    if device.type == "cpu":  # the interpreter's bf16 is wrong: the 16-bit cache pairs with fp16 queries there
+        grid["kv_dtypes"] = ["fp16" if k == "bf16" else k for k in grid["kv_dtypes"]]
+    for name in ("batches", "contexts", "block_sizes", "kv_dtypes", "modes", "backends", "granularities"):
+        if getattr(args, name) is not None:
+            grid[name] = getattr(args, name)
+    if args.q_lens is not None or args.chunks is not None:
+        grid["q_lens"] = args.q_lens if args.q_lens is not None else args.chunks
+    if (args.heads is None) != (args.head_dims is None):
+        checks.fail("the attend grid sweeps whole head layouts; give both --heads and --head-dims to replace them, "
+                    "or neither")
+    if args.heads is not None:
+        grid["shapes"] = [(hq, hkv, d) for hq, hkv in args.heads for d in args.head_dims]
+    if grid["batches"] is None or grid["contexts"] is None:
+        checks.fail("give --preset, or --batches and --contexts")
+    if args.triton_opt:
+        opts = dict(args.triton_opt)
+        if len(opts) < len(args.triton_opt):
+            checks.fail("--triton-opt gives a key twice; give each option once")
+        grid["triton_options"] = opts
+    if args.q_dtype:
+        grid["q_dtype"] = args.q_dtype
+    if args.page_layout:
+        grid["layout"] = args.page_layout
+    if args.memory_budget_gb is not None:
+        grid["memory_budget_bytes"] = int(args.memory_budget_gb * 2**30)
+    return grid
+
+
 def _grid_from_args(args, device: torch.device) -> dict:
     """The :func:`sweep` arguments of parsed CLI options (a preset, overridden by explicit options) for
     the resolved ``device``. Raises ValueError when neither a preset nor batches and contexts are given."""
+    if _attend(args):
+        return _attend_grid_from_args(args, device)
     names = ("batches", "contexts", "heads", "head_dims", "block_sizes", "kv_dtypes", "modes", "backends",
              "granularities")
     given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
@@ -280,20 +346,19 @@ def _name_the_interpret_flag(cases: list[Case]) -> None:
             c.reason = "no GPU: add --interpret to run vLLM's Triton kernel on CPU under the Triton interpreter"
 
 
-def _memory_refusal(cases: list[Case], budget: int) -> str | None:
+def _memory_refusal(cases: list[Case], budget: int, footprint=footprint_bytes) -> str | None:
     """The cases over the memory budget as one clause naming the arguments that change it, with the sizes
-    asked and those that fit (None when every case fits)."""
+    asked and those that fit (None when every case fits); ``footprint``: a case's bytes."""
     from ..capacity import gib_text
-    from .cases import footprint_bytes
 
     over = [c for c in cases if c.status == "skipped" and c.reason.startswith("does not fit")]
     if not over:
         return None
-    least = min(over, key=footprint_bytes)
+    least = min(over, key=footprint)
     batches = " ".join(map(str, dict.fromkeys(c.batch for c in cases)))
     contexts = " ".join(map(str, dict.fromkeys(c.context for c in cases)))
     return (f"does not fit the memory budget of {gib_text(budget)} ({len(over)} of {len(cases)} cases; the least of "
-            f"them, batch {least.batch} x context {least.context}, needs ~{gib_text(footprint_bytes(least))}): pass "
+            f"them, batch {least.batch} x context {least.context}, needs ~{gib_text(footprint(least))}): pass "
             f"smaller --batches (now {batches}) or --contexts (now {contexts}), or a larger --memory-budget-gb")
 
 
@@ -331,19 +396,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--interpret has to take effect before triton is imported: run `python -m fp8kv.bench "
                          "--interpret ...`, or set TRITON_INTERPRET=1 before starting Python")
         os.environ["TRITON_INTERPRET"] = "1"
+    attend = _attend(args)  # the multi-token benchmark (fp8kv.bench.attend): its own grid, rows and summary
     try:
         grid.setdefault("memory_budget_bytes", memory_budget(device))  # fixed now, so the refusal can name it
-        cases = sweep(**grid, device=device)
+        cases = (attend_sweep if attend else sweep)(**grid, device=device)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
     _name_the_interpret_flag(cases)
     ready = sum(c.status == "ready" for c in cases)
     if args.dry_run:
         for c in cases:
-            print(f"{c.status:<11} {c.label:<40} B={c.batch:<4} ctx={c.context:<6} Hq:Hkv={c.num_q_heads}:"
+            print(f"{c.status:<11} {c.label:<40} B={c.batch:<4} ctx={c.context:<6} "
+                  + (f"q_len={c.q_len:<5} " if attend else "") + f"Hq:Hkv={c.num_q_heads}:"
                   f"{c.num_kv_heads} D={c.head_dim} page={c.block_size} {c.layout}  {c.reason}")
         print(f"{ready} of {len(cases)} cases would run")
-    memory = _memory_refusal(cases, grid["memory_budget_bytes"])
+    memory = _memory_refusal(cases, grid["memory_budget_bytes"], attend_footprint if attend else footprint_bytes)
     if ready and memory:  # the run goes on without them: say which arguments would bring them in
         print(f"warning: {memory}", file=sys.stderr)
     if not ready:
@@ -352,11 +419,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         return 0
     with sigterm_as_keyboard_interrupt():
-        df = run(cases, check=not args.no_check, rep=args.rep, progress=not args.quiet,
-                 rotate=not args.no_rotate, device=device, keep_partial=True)
+        df = (attend_run if attend else run)(cases, check=not args.no_check, rep=args.rep, progress=not args.quiet,
+                                             rotate=not args.no_rotate, device=device, keep_partial=True)
         interrupted = df.attrs["bench"]["interrupted"]
         with signals_ignored():  # a signal now must not cut the save short
-            print(summary(df))
+            print((attend_summary if attend else summary)(df))
             saved_where_asked = True
             if not args.no_save:
                 path, saved_where_asked = save_or_fallback(save, df, args.out, {"argv": argv, "preset": args.preset})

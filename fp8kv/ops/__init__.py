@@ -1,15 +1,15 @@
 """fp8kv's own kernels and their launchers, one module per job.
 
 :mod:`.decode` is paged decode attention (:func:`plan` a decode once, :func:`run` it many times, or
-:func:`paged_decode`); :mod:`.attend` several new tokens per sequence over the cache (:func:`attend`:
-speculative verification, chunked-prefill append); :mod:`.cache_write` the fused quantize-and-scatter of new K/V rows
+:func:`paged_decode`); :mod:`.attend` several new tokens per sequence over the cache (:func:`plan_attend` once,
+:func:`run_attend` many times, or :func:`attend`: speculative verification, chunked-prefill append); :mod:`.cache_write` the fused quantize-and-scatter of new K/V rows
 (:func:`write_cache`); :mod:`.copy` the streaming copy of the bandwidth ceiling (:func:`stream_copy`);
 :mod:`.pages` a cache as the kernels take it; :mod:`.fp8_codec` the kernels' FP8 conversions. The names
 below are the package's public ones, each defined in one of those modules.
 """
 
 from ..launch_options import MAX_BLOCK_N, WARP_COUNTS
-from .attend import attend, attend_launch
+from .attend import AttendPlan, attend, attend_launch, plan_attend, run_attend
 from .cache_write import cache_write_kernel, write_cache
 from .copy import COPY_BLOCK, copy_kernel, stream_copy
 from .decode import DecodePlan, paged_decode, plan, run
@@ -53,7 +53,8 @@ from .decode.triton_kernel import paged_decode_kernel
 from .decode.triton_launcher import DEFAULT_SM89_CONVERT
 from .pages import SCALE_CHANNEL, SCALE_PER_HEAD, SCALE_TOKEN_HEAD
 
-__all__ = ["paged_decode", "plan", "run", "attend", "attend_launch", "DecodePlan", "decode_launch", "decode_kernel", "gluon_refusal",
+__all__ = ["paged_decode", "plan", "run", "attend", "attend_launch", "plan_attend", "run_attend", "AttendPlan",
+           "DecodePlan", "decode_launch", "decode_kernel", "gluon_refusal",
            "gluon_launch", "write_cache", "choose_num_splits", "launch_config", "DecodeConfig", "default_config",
            "stream_copy", "MAX_HEADS_PER_PROGRAM", "latency_waves", "combine_as_dependent", "launch_for",
            "gluon_arguments", "gluon_tile", "gluon_smem_bytes", "gluon_max_heads", "padded_rows", "resident_programs",

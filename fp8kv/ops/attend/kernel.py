@@ -14,73 +14,26 @@ from shapes alone.
 A tile reads only keys some row of it attends: ``[lowest window start, highest position]``, so the
 work of a chunk is proportional to the causal triangle (and the window's band), not the square. The
 per-element mask keeps each row to its own keys. Everything else is the decode kernel's
-(``fp8kv/kernels/paged_decode.py``): online softmax in fp32 in the exp2 domain, dequant mode (FP8 codes
+(:mod:`fp8kv.ops.decode.triton_kernel`): online softmax in fp32 in the exp2 domain, dequant mode (FP8 codes
 converted to a 16-bit type, 16-bit dots) and fp8 mode (the query quantized per row to e4m3 with scale
 amax / 448, FP8 x FP8 dots, p scaled by 448 onto e4m3's range), the same scale kinds and variants.
-Several splits write fp32 partials (normalised output, log2-sum-exp) that ``combine_attend_splits``
-merges, folding in the sinks.
+Several splits write fp32 partials (normalised output, log2-sum-exp) that the decode's split combine
+(:func:`fp8kv.ops.decode.combine.combine_splits`: a row of the ragged batch is a sequence of the decode's)
+merges, folding in the sinks. The helpers shared with the decode kernels (FP8 tiles to the compute type, a
+tile's addresses, soft-capping, a sink) are theirs (:mod:`fp8kv.ops.decode.triton_helpers`).
 """
 
 import triton
 import triton.language as tl
 
-from ...formats import FORMATS
-from ..fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
-
-LN2 = tl.constexpr(0.6931471805599453)
-TANH_POLY_MAX = tl.constexpr(0.125)  # _capped: |x| below it takes tanh's polynomial, above it the exp form
-E4M3_MAX = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: q and p are e4m3
-P_SCALE = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: p in [0, 1] scaled onto e4m3's range before rounding
-
-# SCALE_KIND values (the decode kernel's numbering)
-SCALE_PER_HEAD = tl.constexpr(0)  # tensor and head granularity: one scalar per KV head
-SCALE_CHANNEL = tl.constexpr(1)  # [Hkv, D]: K folded into q (fp32), V applied in the epilogue
-SCALE_TOKEN_HEAD = tl.constexpr(2)  # [num_blocks, block_size, Hkv]: per token, inside the loop
-
-# CONVERT values: how dequant mode turns FP8 codes into 16-bit values
-CONVERT_CAST = tl.constexpr(0)  # Triton's fp8 cast (sm89+, and the interpreter)
-CONVERT_SOFTWARE = tl.constexpr(1)  # integer bit manipulation (any arch)
-CONVERT_PTX = tl.constexpr(2)  # inline cvt.rn.f16x2.e4m3x2 / e5m2x2 (sm89+)
-
-
-@triton.jit
-def _as_fp8(x, MANT: tl.constexpr):
-    """A tile as Triton FP8 values: uint8 codes are reinterpreted, FP8 tiles pass through."""
-    if x.dtype.is_fp8():
-        y = x
-    elif MANT == 3:
-        y = x.to(tl.float8e4nv, bitcast=True)
-    else:
-        y = x.to(tl.float8e5, bitcast=True)
-    return y
-
-
-@triton.jit
-def _to_compute(codes, COMPUTE: tl.constexpr, KV_FP8: tl.constexpr, CONVERT: tl.constexpr, MANT: tl.constexpr,
-                BIAS: tl.constexpr):
-    """A loaded K/V tile -> the dot's 16-bit type (FP8 codes converted exactly: every e4m3/e5m2 value is
-    an fp16 value)."""
-    if KV_FP8:
-        if CONVERT == CONVERT_SOFTWARE:
-            x = fp8_bits_to_fp16(codes, MANT, BIAS)
-        elif CONVERT == CONVERT_PTX:
-            x = fp8_bits_to_fp16_ptx(codes, MANT)
-        else:
-            x = _as_fp8(codes, MANT)
-        return x.to(COMPUTE)
-    return codes.to(COMPUTE)
-
-
-@triton.jit
-def _capped(s, soft_cap_log2):
-    """Scores ``s = 2x / ln 2`` with ``x = score / cap`` (the host folds 2 / cap into the QK factor) ->
-    ``cap * tanh(x)`` in log2 units; tanh from one exp2, or below |x| = 1/8 (where that form cancels)
-    from its odd Taylor polynomial to x^7 (relative error < 1.4e-9 there). The decode's rule."""
-    x = s * (0.5 * LN2)
-    x2 = x * x
-    poly = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
-    tanh = tl.where(tl.abs(x) < TANH_POLY_MAX, poly, 1.0 - 2.0 / (tl.math.exp2(s) + 1.0))
-    return soft_cap_log2 * tanh
+from ..decode.triton_helpers import E4M3_MAX, LN2, P_SCALE
+from ..decode.triton_helpers import as_fp8 as _as_fp8
+from ..decode.triton_helpers import fold_sink as _fold_sink
+from ..decode.triton_helpers import kv_tile_to_compute as _to_compute
+from ..decode.triton_helpers import soft_cap_scores as _capped
+from ..decode.triton_helpers import tile_addresses as _tile_addresses
+from ..fp8_codec import fp32_to_fp8_bits
+from ..pages import SCALE_CHANNEL, SCALE_PER_HEAD, SCALE_TOKEN_HEAD
 
 
 @triton.jit
@@ -147,7 +100,7 @@ def paged_attend_kernel(
     RESCALE_Q: tl.constexpr,  # scale each query row by a power of two before rounding it to fp16
     WINDOWED: tl.constexpr,
     SOFT_CAP: tl.constexpr,
-    HAS_SINKS: tl.constexpr,  # folded here for one split; several fold it in combine_attend_splits
+    HAS_SINKS: tl.constexpr,  # folded here for one split; several fold it in the split combine
 ):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -221,12 +174,9 @@ def paged_attend_kernel(
 
     for n0 in range(start, end, BLOCK_N):
         t = n0 + offs_n
-        t_mask = t < end
-        page = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0)
-        page = tl.minimum(tl.maximum(page, 0), num_blocks - 1).to(tl.int64)
-        in_page = t % BLOCK_SIZE
-        kv_off = (page * stride_kb + in_page * stride_kt + kv_head_off)[:, None] + offs_d[None, :]
-        kv_mask = t_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+        t_mask, page, in_page, kv_off, kv_mask = _tile_addresses(bt_row, n0, end, offs_n, offs_d, num_blocks,
+                                                                 stride_kb, stride_kt, kv_head_off, BLOCK_SIZE,
+                                                                 HEAD_DIM, D_PAD)
         k = tl.load(k_pages_ptr + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(v_pages_ptr + kv_off, mask=kv_mask, other=0.0)
 
@@ -271,12 +221,8 @@ def paged_attend_kernel(
     if HAS_SINKS and not SPLIT:
         # one more logit with no value: it rescales the running state as a tile would
         sink = tl.load(sinks_ptr + heads, mask=row_ok, other=float("-inf")) * (1.0 / LN2)
-        m_new = tl.maximum(m_i, sink)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.math.exp2(sink - m_use)
+        m_i, l_i, alpha = _fold_sink(m_i, l_i, sink)
         acc = acc * alpha[:, None]
-        m_i = m_new
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
     if FP8_PV:
@@ -296,46 +242,3 @@ def paged_attend_kernel(
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=qd_mask)
         tl.store(l_ptrs, lse2 * LN2, mask=row_ok)
 
-
-@triton.jit
-def combine_attend_splits(
-    part_out_ptr,  # [total_q, Hq, num_splits, D] fp32 normalised partial outputs
-    part_lse_ptr,  # [total_q, Hq, num_splits] fp32 partial log2-sum-exp (-inf: a split with no key)
-    out_ptr,  # [total_q, Hq, D] output
-    lse_ptr,  # [total_q, Hq] fp32 natural-log LSE
-    stride_pt, stride_ph, stride_ps,  # partial-output strides: token, head, split
-    stride_plt, stride_plh,  # partial-LSE strides: token, head (split stride is 1)
-    stride_ot, stride_oh,
-    stride_lt, stride_lh,
-    num_splits,
-    sinks_ptr,  # HAS_SINKS: [Hq] fp32 sink logits (natural log)
-    HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,  # num_splits padded to a power of two
-    HAS_SINKS: tl.constexpr,
-):
-    """out = sum_s w_s out_s / sum_s w_s with w_s = 2^(lse_s - max lse), one program per (row, head); a
-    sink is one more term of the denominator with no output."""
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, D_PAD)
-    s_mask = offs_s < num_splits
-    lse = tl.load(part_lse_ptr + t * stride_plt + h * stride_plh + offs_s, mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    if HAS_SINKS:
-        sink = tl.load(sinks_ptr + h) * (1.0 / LN2)
-        m = tl.maximum(m, sink)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.math.exp2(lse - m_safe)
-    den = tl.sum(w, axis=0)
-    if HAS_SINKS:
-        den += tl.math.exp2(sink - m_safe)
-    parts = tl.load(part_out_ptr + t * stride_pt + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-                    mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    den_safe = tl.where(den > 0, den, 1.0)
-    out = tl.sum(parts * w[:, None], axis=0) / den_safe
-    tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
-    tl.store(lse_ptr + t * stride_lt + h * stride_lh,
-             tl.where(den > 0, (m_safe + tl.math.log2(den_safe)) * LN2, float("-inf")))

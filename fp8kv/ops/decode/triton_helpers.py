@@ -1,15 +1,20 @@
-"""The @triton.jit helpers and constexpr codes the two Triton decode kernels share (the tensor-core
-kernel of :mod:`.triton_kernel` and the CUDA-core one of :mod:`.cuda_core_kernel`): FP8 tiles to the
-compute type, a split's token range, a tile's addresses through the block table, soft-capping, a sink.
+"""The @triton.jit helpers and constexpr codes fp8kv's Triton attention kernels share (the decode's
+tensor-core kernel of :mod:`.triton_kernel` and CUDA-core one of :mod:`.cuda_core_kernel`, and the
+multi-token kernel of :mod:`fp8kv.ops.attend.kernel`): FP8 tiles to the compute type, a split's token
+range, a tile's addresses through the block table, soft-capping, a sink, fp8 mode's e4m3 range.
 """
 
 import triton
 import triton.language as tl
 
+from ...formats import FORMATS
 from ..fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx
 
 LN2 = tl.constexpr(0.6931471805599453)
 TANH_POLY_MAX = tl.constexpr(0.125)  # soft_cap_scores: |x| below it takes tanh's polynomial, above it the exp form
+
+E4M3_MAX = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: q and p are e4m3
+P_SCALE = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: p ∈ [0, 1] is scaled onto e4m3's range before rounding
 
 # CONVERT values: how dequant mode turns FP8 codes into 16-bit values
 CONVERT_CAST = tl.constexpr(0)  # Triton's fp8 cast (sm89+, and the interpreter)

@@ -39,21 +39,17 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from ...formats import FORMATS
 from ..fp8_codec import fp32_to_fp8_bits
 from ..pages import SCALE_CHANNEL, SCALE_PER_HEAD, SCALE_TOKEN_HEAD
 
 # the kernel's body calls the shared helpers by these names
-from .triton_helpers import LN2
+from .triton_helpers import E4M3_MAX, LN2, P_SCALE
 from .triton_helpers import as_fp8 as _as_fp8
 from .triton_helpers import fold_sink as _fold_sink
 from .triton_helpers import kv_tile_to_compute as _kv_tile_to_compute
 from .triton_helpers import soft_cap_scores as _soft_cap
 from .triton_helpers import split_range as _split_range
 from .triton_helpers import tile_addresses as _tile_addresses
-
-E4M3_MAX = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: q and p are e4m3
-P_SCALE = tl.constexpr(FORMATS["e4m3"].max)  # fp8 mode: p ∈ [0, 1] is scaled onto e4m3's range before rounding
 
 
 @triton.jit

@@ -1,0 +1,188 @@
+"""A multi-token attention planned once, run many times: the launch (:func:`attend_launch`: rows per program,
+key tiles, warps, splits) and :class:`AttendPlan`, which holds it with the grid, the kernel's constexprs and
+scalars: everything a run needs but the tensors.
+
+A plan trusts what :func:`fp8kv.attend` (or :func:`fp8kv.ops.attend.attend`, called directly) checked before
+planning: the query against the cache, ``qo_indptr`` (whose counts it reads once, on the host), ``mode``,
+``sm_scale`` and the variants. What only the plan knows, its launch options, is checked here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import checks, launch_options
+from ...attend_checks import ATTEND_OPTIONS
+from ...cache import PagedKVCache
+from ...capability import UnsupportedError, current_arch, interpreter_on
+from ..decode.planning import OUT_DTYPES
+from ..decode.splits import LATENCY_WAVES, sm_count
+from ..decode.triton_launcher import CONVERT_CODES, MODE_FLAGS, converts
+from ..pages import format_bits, scale_kind
+
+__all__ = ["AttendPlan", "plan_attend", "attend_launch", "AttendConfig", "BLOCK_M_CHOICES", "ATTEND_MAX_SPLITS",
+           "LATENCY_BLOCK_M", "MIN_TILES_PER_SPLIT"]
+
+BLOCK_M_CHOICES = (16, 32, 64, 128)  # rows per program: tl.dot's minimum 16, at most 128 (registers)
+ATTEND_MAX_SPLITS = 64  # the combine holds splits x D partials per program
+# Splits are added while the programs fill fewer than LATENCY_WAVES (the decode's four) waves of SMs where tiles
+# are small (block_m <= LATENCY_BLOCK_M: a few draft tokens, which stream K/V like a decode), and one wave where
+# they are large (a chunk: each program already has work enough, and partials of many rows cost traffic).
+LATENCY_BLOCK_M = 32
+MIN_TILES_PER_SPLIT = 2  # a split of fewer key tiles would spend more on its prologue and the combine
+# The split partials ([total_q, Hq, splits, D] fp32) are addressed with 32-bit row offsets in the combine.
+MAX_PARTIAL_ELEMENTS = 2**31 - 1
+_COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+# Launch parameters by name: block_m, block_n, num_warps, num_stages, num_splits, tokens_per_split.
+AttendConfig = dict[str, int]
+
+
+def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, group: int, mode: str, *,
+                  window: int | None = None, num_splits: int | None = None, block_m: int | None = None,
+                  block_n: int | None = None, num_warps: int | None = None,
+                  num_sms: int | None = None) -> AttendConfig:
+    """The launch of a multi-token attention for sequences of ``qo_lens`` new tokens and ``seq_lens`` cached
+    ones (both ints, already checked), ``group`` query heads per KV head: defaults, then the overrides.
+
+    * ``block_m``: rows (query, head) per program, one of :data:`BLOCK_M_CHOICES`. Default: the longest
+      sequence's rows (``max(qo_len) x group``) rounded up to a power of two, at most 128 (64 at head dims
+      above 128): spec-verify takes one program per (sequence, KV head), a chunk tiles of 128 rows.
+    * ``block_n``: keys per tile, a power of two in [16, 256] (fp8 mode: >= 32, the FP8 dot's minimum K).
+      Default 64 (32 at head dims above 128: the K and V tiles then hold as many bytes).
+    * ``num_warps``: one of ``launch_options.WARP_COUNTS``; default 8 for tiles of 128 x 128 or more
+      (query rows x padded head dim: the fp32 accumulator would take 128 registers a thread in 4 warps), else 4.
+    * ``num_splits``: KV splits (a positive int). Default: one, unless the programs fill fewer than
+      :data:`~fp8kv.ops.LATENCY_WAVES` waves of ``num_sms`` SMs (tiles of at most :data:`LATENCY_BLOCK_M`
+      rows, as in spec-verify at small batch; one wave for larger tiles); then as many as fill them, each at
+      least :data:`MIN_TILES_PER_SPLIT` key tiles of the longest span a program reads (the longest sequence,
+      or the window plus the tile's queries), at most :data:`ATTEND_MAX_SPLITS`. The count is realised in
+      whole key tiles per split (``tokens_per_split``), so none is empty.
+    """
+    d_pad = max(16, triton.next_power_of_2(cache.head_dim))
+    if block_m is None:
+        rows = max(max(qo_lens, default=1), 1) * group
+        block_m = min(max(16, triton.next_power_of_2(rows)), 128 if d_pad <= 128 else 64)
+    else:
+        block_m = checks.one_of(checks.integer(block_m, "block_m"), "block_m", BLOCK_M_CHOICES)
+    if block_n is None:
+        block_n = 64 if d_pad <= 128 else 32
+    else:
+        block_n = checks.integer(block_n, "block_n")
+        if block_n < 16 or block_n > launch_options.MAX_BLOCK_N or block_n & (block_n - 1):
+            checks.fail(f"block_n={block_n}; expected a power of two in [16, {launch_options.MAX_BLOCK_N}]")
+    if mode == "fp8" and block_n < 32:
+        checks.fail(f"block_n={block_n}: fp8 mode needs block_n >= 32 (the FP8 dot's minimum K)")
+    if num_warps is None:
+        num_warps = 8 if block_m * d_pad >= 128 * 128 else 4
+    else:
+        num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", launch_options.WARP_COUNTS)
+    longest = max(max(seq_lens, default=1), 1)
+    span = longest if window is None else min(longest, window + block_m // group + 1)
+    if num_splits is None:
+        sms = sm_count(cache.device) if num_sms is None else num_sms
+        programs = cache.num_kv_heads * sum(math.ceil(n * group / block_m) for n in qo_lens)
+        waves = LATENCY_WAVES if block_m <= LATENCY_BLOCK_M else 1
+        wanted = math.ceil(waves * sms / max(programs, 1))
+        num_splits = max(1, min(wanted, math.ceil(span / (block_n * MIN_TILES_PER_SPLIT)), ATTEND_MAX_SPLITS))
+    else:
+        num_splits = checks.positive_int(num_splits, "num_splits")
+    tokens_per_split = math.ceil(math.ceil(span / num_splits) / block_n) * block_n
+    num_splits = max(1, math.ceil(span / tokens_per_split))
+    return dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=1 if interpreter_on() else 2,
+                num_splits=num_splits, tokens_per_split=tokens_per_split)
+
+
+@dataclass(frozen=True, eq=False)  # a plan is itself: it holds a tensor (sinks)
+class AttendPlan:
+    """A multi-token attention of ``[total_q, Hq, D]`` queries of one dtype over one cache, planned: run it with
+    :func:`fp8kv.ops.attend.run`.
+
+    ``config`` is the launch (:func:`attend_launch`), ``qo_lens`` the new-token counts it was sized for,
+    ``grid`` / ``constexprs`` / ``scalars`` what the kernel is launched with. The plan holds ``sinks`` (read
+    when it runs) but no other tensor: it reads the query, ``qo_indptr`` and the cache's tensors when run, so
+    refill them in place between runs and plan again after the counts or the cache's tables change."""
+    config: AttendConfig
+    mode: str
+    sm_scale: float
+    shape: tuple[int, int, int]
+    q_dtype: torch.dtype
+    out_dtype: torch.dtype
+    kernel_out_dtype: torch.dtype  # what the kernel stores (fp32 for bf16 under the interpreter)
+    qo_lens: tuple[int, ...]
+    sinks: torch.Tensor | None
+    grid: tuple[int, int, int]
+    constexprs: dict
+    scalars: dict  # the kernel's runtime scalars but strides
+    fp8_values: tuple[bool, bool]  # K / V pages read as FP8 values (else as uint8 codes)
+
+
+def _query_counts(qo_indptr: torch.Tensor) -> list[int]:
+    ptr = qo_indptr.detach().to("cpu", torch.int64).tolist()
+    return [b - a for a, b in zip(ptr[:-1], ptr[1:], strict=True)]
+
+
+def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = "dequant",
+                sm_scale: float | None = None, qo_lens: list[int] | None = None, window: int | None = None,
+                soft_cap: float | None = None, sinks: torch.Tensor | None = None, **options) -> AttendPlan:
+    """Plan the attention of ``q`` over ``cache`` (of ``q`` only its shape and dtype are read: a tensor on the
+    cache's device, or a meta tensor of its shape): the host work, done once. Reads the new-token counts of ``qo_indptr`` (one
+    host sync; none where ``qo_lens``, the counts already read, are given) and the cache's lengths, picks the
+    launch (:func:`attend_launch`) for the options of :data:`fp8kv.attend_checks.ATTEND_OPTIONS` (``out_dtype``,
+    ``convert`` as :func:`fp8kv.ops.paged_decode` takes it, and the launch overrides), checked here, and fixes
+    the grid, the constexprs and the scalars. Trusted, as checked where they entered: ``q`` against the cache,
+    ``qo_indptr``, ``mode``, ``sm_scale`` and the variants."""
+    unknown = sorted(set(options) - set(ATTEND_OPTIONS))
+    if unknown:
+        checks.fail(f"{unknown[0]}={options[unknown[0]]!r} is not an option of the triton attend; it takes "
+                    f"{ATTEND_OPTIONS}", TypeError)
+    device = cache.device  # q's (checked where it entered); a meta query plans for the cache's device
+    if device.type != "cuda" and not interpreter_on():
+        raise UnsupportedError("the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
+    total_q, hq, d = q.shape
+    group = hq // cache.num_kv_heads
+    out_dtype = options.get("out_dtype")
+    out_dtype = q.dtype if out_dtype is None else out_dtype
+    if out_dtype not in OUT_DTYPES:
+        checks.fail(f"out_dtype={out_dtype!r}; expected one of {OUT_DTYPES}", TypeError)
+    if window is not None and window >= cache.max_blocks_per_seq * cache.block_size:
+        window = None  # no sequence is longer: the plain kernel
+    qo_lens = _query_counts(qo_indptr) if qo_lens is None else list(qo_lens)
+    cfg = attend_launch(qo_lens, cache.seq_lens.tolist(), cache, group, mode, window=window,
+                        **{k: options.get(k) for k in ("num_splits", "block_m", "block_n", "num_warps")})
+    splits = cfg["num_splits"]
+    if splits > 1 and total_q * hq * splits * d > MAX_PARTIAL_ELEMENTS:
+        checks.fail(f"num_splits={splits}: {total_q} rows x {hq} heads x {splits} splits x {d} partials exceed "
+                    f"{MAX_PARTIAL_ELEMENTS} elements (the combine's 32-bit offsets); ask for fewer splits")
+    fp8_qk, fp8_pv = MODE_FLAGS[mode]
+    arch = current_arch(device) if device.type == "cuda" else None
+    convert_k, convert_v = converts(options.get("convert"), arch)
+    compute = torch.float16 if cache.is_fp8 else q.dtype
+    rescale_q = compute == torch.float16 and not fp8_qk and (q.dtype != torch.float16 or
+                                                             cache.granularity == "channel")
+    if interpreter_on():  # the interpreter's bf16 is wrong: compute and store in fp32 instead
+        compute = torch.float32 if compute == torch.bfloat16 else compute
+    kernel_out_dtype = torch.float32 if interpreter_on() and out_dtype == torch.bfloat16 else out_dtype
+    sm_scale = checks.resolved_softmax_scale(sm_scale, d)
+    b = cache.batch_size
+    block_m = cfg["block_m"]
+    constexprs = dict(
+        GROUP=group, BLOCK_M=block_m, HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)),
+        BLOCK_SIZE=cache.block_size, BLOCK_N=cfg["block_n"], SPLIT=splits > 1, SCALE_KIND=scale_kind(cache),
+        SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1), KV_FP8=cache.is_fp8,
+        CONVERT_K=CONVERT_CODES[convert_k], CONVERT_V=CONVERT_CODES[convert_v], FP8_QK=fp8_qk, FP8_PV=fp8_pv,
+        COMPUTE=_COMPUTE[compute], RESCALE_Q=rescale_q, WINDOWED=window is not None, SOFT_CAP=soft_cap is not None,
+        HAS_SINKS=sinks is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **format_bits(cache))
+    # Soft-capping takes tanh of score / cap, computed from e^(2 score / cap): fold that into q.k's factor.
+    scalars = dict(qk_scale=sm_scale * math.log2(math.e) * (1.0 if soft_cap is None else 2.0 / soft_cap),
+                   tokens_per_split=cfg["tokens_per_split"], row_capacity=cache.max_blocks_per_seq * cache.block_size,
+                   total_q=total_q, batch=b, search_steps=max(0, math.ceil(math.log2(b))), window=window or 0,
+                   soft_cap_log2=0.0 if soft_cap is None else soft_cap * math.log2(math.e))
+    return AttendPlan(cfg, mode, sm_scale, (total_q, hq, d), q.dtype, out_dtype, kernel_out_dtype, tuple(qo_lens),
+                      sinks, (total_q * group // block_m + b, cache.num_kv_heads, splits), constexprs, scalars,
+                      (fp8_qk or convert_k == "cast", fp8_pv or convert_v == "cast"))

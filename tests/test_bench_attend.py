@@ -1,0 +1,173 @@
+"""The multi-token benchmark (fp8kv.bench.attend) and its presets on the command line: bytes and FLOPs by hand,
+the grid's refusals, a tiny interpreted run checked against the oracle and saved through the bench's results
+path, and the CLI's options (dry runs of the presets, --q-lens / --chunks, contexts of 0)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from fp8kv.bench import main
+from fp8kv.bench.attend import (
+    ATTEND_COLUMNS,
+    ATTEND_PRESETS,
+    AttendCase,
+    attend_bytes,
+    attend_flops,
+    attend_footprint,
+    attend_run,
+    attend_summary,
+    attend_sweep,
+)
+from fp8kv.capability import interpreter_on
+
+ON_GPU = torch.cuda.is_available()
+
+
+# ----------------------------------------------------------------------------------- bytes and FLOPs
+def test_bytes_count_every_token_once_and_the_query_and_output():
+    c = AttendCase(3, 100, 4, 32, 8, 128, kv_dtype="fp8_e4m3", q_dtype="bf16")
+    by = attend_bytes(c)
+    assert by["kv"] == 3 * 104 * 8 * 128 * 2 * 1  # K and V of the cached and the new tokens, one byte each
+    assert by["scales"] == 2 * 4  # one fp32 k and v scale
+    assert by["q"] == by["out"] == 3 * 4 * 32 * 128 * 2
+    assert by["total"] == by["kv"] + by["scales"] + by["q"] + by["out"]
+    bf16 = attend_bytes(AttendCase(3, 100, 4, 32, 8, 128, kv_dtype="bf16", q_dtype="bf16"))
+    assert bf16["kv"] == 2 * by["kv"] and bf16["scales"] == 0
+    ref = attend_bytes(AttendCase(3, 100, 4, 32, 8, 128, backend="reference", q_dtype="bf16"))
+    assert ref["out"] == 2 * ref["q"]  # the oracle answers in fp32
+    out32 = attend_bytes(AttendCase(3, 100, 4, 32, 8, 128, q_dtype="bf16", options={"out_dtype": torch.float32}))
+    assert out32["out"] == 2 * out32["q"]
+
+
+@pytest.mark.parametrize("context,q_len", [(0, 1), (0, 5), (10, 1), (4096, 8), (32768, 8192)])
+def test_flops_count_the_keys_each_row_attends(context, q_len):
+    c = AttendCase(2, context, q_len, 32, 8, 128)
+    keys = sum(context + j + 1 for j in range(q_len))  # query j attends the cached keys and new ones up to itself
+    assert attend_flops(c) == 4 * 32 * 128 * 2 * keys
+
+
+def test_the_footprint_grows_with_the_cache_and_the_rows():
+    small = attend_footprint(AttendCase(4, 4096, 4))
+    assert attend_footprint(AttendCase(8, 4096, 4)) > small and attend_footprint(AttendCase(4, 4096, 512)) > small
+    assert small > 2 * 4 * 4100 * 8 * 128 * 2  # the pages at least
+
+
+# ---------------------------------------------------------------------------------------- the grid
+@pytest.mark.parametrize("kwargs,exc,pattern", [
+    (dict(context=-1), ValueError, "AttendCase.context"),
+    (dict(q_len=0), ValueError, "AttendCase.q_len"),
+    (dict(batch=0), ValueError, "AttendCase.batch"),
+    (dict(num_q_heads=6), ValueError, "not a multiple of num_kv_heads=8"),
+    (dict(backend="cuda"), ValueError, "AttendCase.backend"),
+    (dict(options={"gluon": True}), ValueError, "the triton backend takes"),
+    (dict(options={"num_splits": 2}, backend="flashinfer"), ValueError, "the others none"),
+    (dict(options=[("num_splits", 2)]), TypeError, "AttendCase.options must be a dict"),
+])
+def test_a_case_refuses_bad_fields_by_name(kwargs, exc, pattern):
+    fields = {**dict(batch=2, context=64, q_len=2, num_q_heads=32, num_kv_heads=8, head_dim=128), **kwargs}
+    with pytest.raises(exc, match=pattern):
+        AttendCase(**fields)
+
+
+def test_the_sweep_marks_what_cannot_run_and_what_does_not_fit():
+    cases = attend_sweep([2], [0, 40], [1, 3], shapes=[(4, 2, 64)], kv_dtypes=["fp16", "fp8_e4m3"],
+                         modes=["dequant", "fp8"], backends=["triton", "flashinfer"], device="cpu")
+    assert not any(c.mode == "fp8" and c.kv_dtype == "fp16" for c in cases)  # not a combination
+    assert len(cases) == 2 * 2 * (1 + 2) * 2
+    fi = [c for c in cases if c.backend == "flashinfer"]
+    assert fi and all(c.status == "unsupported" and "GPU" in c.reason for c in fi)
+    if not ON_GPU and interpreter_on():
+        assert all(c.status == "ready" for c in cases if c.backend == "triton")
+    tight = attend_sweep([2], [40], [3], shapes=[(4, 2, 64)], kv_dtypes=["fp16"], backends=["triton"],
+                         memory_budget_bytes=1000, device="cpu")
+    assert tight[0].status in ("skipped", "unsupported")
+    if tight[0].status == "skipped":
+        assert tight[0].reason.startswith("does not fit")
+    with pytest.raises(ValueError, match="shapes entry"):
+        attend_sweep([2], [40], [3], shapes=[(4, 2)], device="cpu")
+    with pytest.raises(ValueError, match="q_lens is empty"):
+        attend_sweep([2], [40], [], device="cpu")
+
+
+# ------------------------------------------------------------------------------- a run, interpreted
+needs_interpreter = pytest.mark.skipif(ON_GPU or not interpreter_on(),
+                                       reason="the tiny CPU run needs the Triton interpreter (TRITON_INTERPRET=1)")
+
+
+@needs_interpreter
+def test_a_tiny_run_is_checked_against_the_oracle_and_timed():
+    cases = attend_sweep([3], [0, 37], [1, 4], shapes=[(4, 2, 64)], kv_dtypes=["fp16", "fp8_e4m3"],
+                         backends=["triton", "reference"], device="cpu",
+                         triton_options=[{}, {"num_splits": 2, "block_n": 16}])
+    df = attend_run(cases, progress=False, device="cpu", copy_bandwidth=10.0, cpu_reps=1, check_seqs=2)
+    assert list(df.columns) == ATTEND_COLUMNS and len(df) == len(cases)
+    assert (df.status == "ok").all(), df[df.status != "ok"].reason.tolist()
+    assert df.check_passed.all() and (df.rel_err <= df.tol).all()
+    assert (df.op == "attend").all() and set(df.q_len) == {1, 4} and set(df.context) == {0, 37}
+    tri = df[(df.backend == "triton") & (df.variant == "")]
+    assert (tri.kernel == "triton-attend").all() and tri.block_m.notna().all()
+    # two splits asked for: realised in whole 16-key tiles, so a row of 1 key keeps one, 38 keys take two
+    assert (df[(df.variant != "") & (df.context == 37)].num_splits == 2).all()
+    assert (df[(df.variant != "") & (df.context == 0) & (df.q_len == 1)].num_splits == 1).all()
+    assert ((df.gbps / (df.bytes / df.time_us / 1e3) - 1).abs() < 1e-12).all()
+    assert ((df.tflops / (df.flops / df.time_us / 1e6) - 1).abs() < 1e-12).all()
+    assert ((df.pct_copy_bw / (100 * df.gbps / 10.0) - 1).abs() < 1e-12).all()
+    text = attend_summary(df)
+    assert "TFLOP/s" in text and "q_len" in text
+
+
+@needs_interpreter
+def test_a_failed_check_is_said_by_the_row(monkeypatch):
+    import fp8kv.bench.attend as attend_bench
+
+    monkeypatch.setattr(attend_bench, "output_tolerance", lambda *a, **k: 0.0)  # no answer is that exact
+    cases = attend_sweep([2], [20], [3], shapes=[(4, 2, 64)], kv_dtypes=["fp8_e4m3"], backends=["triton"],
+                         device="cpu")
+    df = attend_run(cases, progress=False, device="cpu", copy_bandwidth=False, cpu_reps=1)
+    assert df.status.tolist() == ["ok"] and df.check_passed.tolist() == [False]
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+@pytest.mark.parametrize("preset", sorted(ATTEND_PRESETS))
+def test_each_attend_preset_lists_its_cases(preset, capsys):
+    assert main(["--preset", preset, "--dry-run", "--device", "cpu", "--interpret"]
+                if interpreter_on() else ["--preset", preset, "--dry-run", "--device", "cpu"]) in (0, 2)
+    out = capsys.readouterr().out
+    grid = ATTEND_PRESETS[preset]
+    for n in grid["q_lens"]:
+        assert f"q_len={n} " in out
+    assert "cases would run" in out or "none of the" in out
+
+
+@needs_interpreter
+@pytest.mark.parametrize("preset,counts", [("spec-verify", ["--q-lens", "1", "3"]),
+                                           ("chunked-prefill", ["--chunks", "20"])])
+def test_a_preset_runs_interpreted_and_saves_its_rows(preset, counts, tmp_path, capsys):
+    code = main(["--preset", preset, "--interpret", "--batches", "2", "--contexts", "0", "40", *counts, "--heads",
+                 "4:2", "--head-dims", "64", "--backends", "triton", "--out", str(tmp_path), "--quiet"])
+    assert code == 0
+    (csv,) = tmp_path.glob("*/*.csv")
+    df = pd.read_csv(csv)
+    assert list(df.columns) == ATTEND_COLUMNS and (df.status == "ok").all() and df.check_passed.all()
+    assert set(df.context) == {0, 40} and set(df.kv_dtype) == {"fp16", "fp8_e4m3"}  # fp16 on CPU, not bf16
+    assert "TFLOP/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["--preset", "target", "--q-lens", "2"], "is a decode grid"),
+    (["--q-lens", "2", "--chunks", "8", "--batches", "2", "--contexts", "8"], "not allowed with argument"),
+    (["--q-lens", "0", "--batches", "2", "--contexts", "8"], "--q-lens"),
+    (["--q-lens", "2", "--batches", "2", "--contexts", "-1"], "--contexts"),
+    (["--preset", "smoke", "--contexts", "0"], "--contexts"),  # a decode reads at least one token
+    (["--preset", "spec-verify", "--tensor-cores", "on"], "prefill wrapper"),
+    (["--preset", "spec-verify", "--heads", "4:2"], "both --heads and --head-dims"),
+    (["--q-lens", "2"], "give --preset, or --batches and --contexts"),
+    (["--preset", "spec-verify", "--triton-opt", "num_stages=3"], "num_stages"),
+])
+def test_bad_attend_options_are_refused_by_name(argv, pattern, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--dry-run", "--device", "cpu"])
+    assert e.value.code == 2
+    assert pattern in capsys.readouterr().err
