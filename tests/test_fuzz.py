@@ -38,7 +38,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 import fp8kv
-from conftest import assert_rel_err, make_cache
+from conftest import make_cache
 from fp8kv import checks, reference
 from fp8kv.cache import LAYOUTS, PagedKVCache
 from fp8kv.capability import AUTO_MODE

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from .. import checks
+from ..analysis.breakeven import BREAKEVEN_GRID
 from ..cache import LAYOUTS
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
@@ -102,6 +103,7 @@ PRESETS = {
                           kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                           granularities=["tensor"], flashinfer_tensor_cores=[True]),
     **ATTEND_PRESETS,  # several new tokens per sequence (fp8kv.bench.attend): their grids hold q_lens
+    "breakeven": dict(BREAKEVEN_GRID),  # the latency lines fp8kv.analysis.breakeven fits (its one home)
 }
 # What each preset is for (printed by --help).
 PRESET_HELP = {
@@ -130,6 +132,8 @@ PRESET_HELP = {
              "D 64-128), B 1-64 x context 4k-16k (GPU)",
     "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
     **ATTEND_PRESET_HELP,
+    "breakeven": "9 log-spaced contexts 512-32k x B 1/16/64, Hq:Hkv 32:8, D 128, bf16 vs fp8_e4m3, Triton and "
+                 "FlashInfer: the latency lines fp8kv.analysis.breakeven_context fits and crosses (GPU)",
 }
 assert set(PRESET_HELP) == set(PRESETS), "every preset is described in --help"
 # The --triton-opt keys, from the option table (fp8kv.launch_options): integers on the CLI, a switch 0 / 1 for
