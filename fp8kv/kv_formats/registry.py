@@ -110,6 +110,8 @@ class Codec:
             dims = "[..., tokens, heads, head_dim]" if need == 3 else "[..., heads, head_dim]"
             raise ValueError(f"{name} must have at least {need} dims {dims} for codec {self.name!r}; got shape {shape}")
         d = shape[-1]
+        if d < 1:
+            raise ValueError(f"{name} has head_dim {d} (shape {shape}); expected head_dim >= 1")
         if self.scaling == "block" and d % self.block:
             raise ValueError(f"{name} has head_dim {d} (shape {shape}); codec {self.name!r} needs a head_dim that is a "
                              f"multiple of its block size {self.block}")
