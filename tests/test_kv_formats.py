@@ -383,6 +383,16 @@ def test_stored_bytes_are_what_the_footprint_counts(name, lead):
     assert enc.shape == shape
 
 
+@pytest.mark.parametrize("name", kvf.CODEC_NAMES)
+def test_no_tokens_and_all_zeros_store_and_decode(name):
+    c = kvf.codec(name)
+    empty = kvf.quantize(torch.zeros(0, 3, 128), c)
+    assert empty.dequantize().shape == (0, 3, 128) and empty.nbytes == kvf.footprint(c, 3, 128).nbytes(0)
+    t = c.block if c.scaling == "channel_group" else 5
+    zeros = kvf.quantize(torch.zeros(t, 3, 128), c)
+    assert bool((zeros.dequantize() == 0).all()) and (zeros.saturated, zeros.underflow) == (0, 0)
+
+
 # ----------------------------------------------------------------------- pages stand alone
 @pytest.mark.parametrize("name", OWN)
 def test_a_page_quantizes_and_decodes_alone(name):
@@ -420,6 +430,7 @@ def test_nonfinite_raises_by_default_and_saturates_when_asked(name):
     clean[1, 1, 5] = clean[2, 0, 7] = clean[0, 2, 9] = 0.0
     out = enc.dequantize()
     assert bool(torch.isfinite(out).all())
+    assert enc.underflow == int((torch.isfinite(x) & (x != 0) & (out == 0)).sum())  # NaN -> 0 is no underflow
     others = torch.ones(shape, dtype=torch.bool)
     others[1, 1, 5] = others[2, 0, 7] = others[0, 2, 9] = False
     if not c.zero_point:  # scales come from the finite values: the others are stored as without them

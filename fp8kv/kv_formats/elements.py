@@ -50,11 +50,6 @@ class Element:
     max: float  # largest
     emax: int | None  # floats only
 
-    @property
-    def levels(self) -> int:
-        """How many distinct non-negative magnitudes (integers: codes from min to max)."""
-        return int(self.max - self.min) + 1 if not self.is_float else len(E2M1_VALUES)
-
 
 ELEMENTS: dict[str, Element] = {e.name: e for e in (
     Element("int8", 8, False, -127.0, 127.0, None),

@@ -35,6 +35,12 @@ Conventions and their sources:
 * e4m3_b16: NVFP4's scaling with e4m3 codes, beside MXFP8 (e4m3_b32): the FP8 reference point at the
   block sizes of NVFP4 and MXFP4.
 * fp8_*: fp8kv.quant itself (:func:`fp8kv.quant.quantize`), so every format is compared on one footing.
+
+Saturation by design: OCP MX puts a block's amax in [2^emax, 2^(emax+1)) x X, so MXFP4 clamps scaled
+values in [7, 8) to 6 and MXFP8 those in (464, 512) to 448; e4m3_b16's block scale, rounded to nearest
+e4m3, can sit up to 1/16 below amax / 448 and clamp the block's largest values (up to 476) to 448. These
+are counted in ``saturated``, as every value that rounds past the largest code is. NVFP4 does not
+saturate with scales from the data: its top code 6 takes values up to the tie 7.
 """
 
 from __future__ import annotations

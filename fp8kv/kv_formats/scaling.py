@@ -96,7 +96,8 @@ def min_max_scale(lo_src: torch.Tensor, hi_src: torch.Tensor, dim: int, c: Codec
     return scale, zero
 
 
-def two_level_scale(block_amax: torch.Tensor, c: Codec, tensor_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def two_level_scale(block_amax: torch.Tensor, c: Codec,
+                    tensor_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4's block scales: ``(e4m3 block scale, fp32 effective scale)`` per block.
 
     ``block scale = e4m3(clamp(fp32(block_amax / element max) / tensor_scale, 2^-6, 448))``, rounded to
