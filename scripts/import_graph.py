@@ -32,7 +32,8 @@ COMMAND = "python scripts/import_graph.py --readme"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("formats", "checks", "interrupts", "launch_options", "launch_table"),  # facts, argument checks, signal
     # handling, the decode kernels' launch options and their measured values: torch / stdlib only
-    ("quant", "device"),  # the quantizer; what machine this is
+    ("quant", "device", "kv_formats"),  # the quantizer; what machine this is; INT8 / INT4 / FP4 / block-scaled
+    # KV storage formats beside FP8 (built on the quantizer)
     ("capability", "cache", "attend_checks"),  # what runs where; the paged cache; the multi-token query checks
     ("reference", "synthetic"),  # the fp32 oracle; synthetic K/V and caches
     ("ops", "capacity"),  # fp8kv's kernels and their launchers (plan, run); the capacity planner
