@@ -195,3 +195,88 @@ def test_each_public_name_of_the_ops_package_is_defined_once(graph):
 
     everywhere = set().union(*(_top_level_definitions(p) for p in _ops_modules(graph).values()))
     assert set(fp8kv.ops.__all__) <= everywhere | {"WARP_COUNTS", "MAX_BLOCK_N"}  # those two: fp8kv.launch_options
+
+
+# ---------------------------------------------------------------------------- one home for a rule
+PACKAGE_FILES = sorted((REPO / "fp8kv").rglob("*.py"))
+
+
+def _constant(node):
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        return -node.operand.value
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+def interpreter_switches(path: Path) -> list[int]:
+    """The lines of ``path`` that set the Triton interpreter's variable (TRITON_INTERPRET, or the name
+    INTERPRETER_ENV that holds it): an item assigned, a ``setdefault`` / ``putenv`` / ``setenv`` call, a
+    dict literal's key or a ``dict(...)`` keyword."""
+    def names_it(node) -> bool:
+        return _constant(node) == "TRITON_INTERPRET" or getattr(node, "id", None) == "INTERPRETER_ENV" or \
+            getattr(node, "attr", None) == "INTERPRETER_ENV"
+
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        if any(isinstance(t, ast.Subscript) and names_it(t.slice) for t in targets):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in \
+                ("setdefault", "putenv", "setenv") and node.args and names_it(node.args[0]):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Dict) and any(k is not None and names_it(k) for k in node.keys):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and any(k.arg == "TRITON_INTERPRET" for k in node.keywords):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_interpreter_is_switched_on_in_one_place():
+    """fp8kv.capability.use_interpreter sets TRITON_INTERPRET, for this process or a child's environment;
+    the commands, the notebooks, their runner and the root conftest call it."""
+    found = {str(p.relative_to(REPO)): lines for p in [*PACKAGE_FILES, REPO / "conftest.py"]
+             if (lines := interpreter_switches(p))}
+    assert set(found) == {"fp8kv/capability.py"}, found
+
+
+def test_the_interpreter_switch_check_finds_each_kind_of_setting(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\nos.environ['TRITON_INTERPRET'] = '1'\nos.environ.setdefault('TRITON_INTERPRET', '1')\n"
+                     "env = {**os.environ, 'TRITON_INTERPRET': '1'}\nenv = dict(os.environ, TRITON_INTERPRET='1')\n"
+                     "os.environ[INTERPRETER_ENV] = '1'\nmonkeypatch.setenv(capability.INTERPRETER_ENV, '1')\n"
+                     "os.environ.get('TRITON_INTERPRET')\n")
+    assert interpreter_switches(probe) == [2, 3, 4, 5, 6, 7]
+
+
+def softmax_scale_defaults(path: Path) -> list[int]:
+    """The lines of ``path`` that compute a softmax scale's default: ``1 / sqrt(...)`` or ``... ** -0.5``."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.BinOp):
+            continue
+        right = node.right
+        is_sqrt = isinstance(right, ast.Call) and "sqrt" in (getattr(right.func, "attr", None),
+                                                             getattr(right.func, "id", None))
+        if isinstance(node.op, ast.Div) and _constant(node.left) == 1 and is_sqrt or \
+                isinstance(node.op, ast.Pow) and _constant(right) == -0.5:
+            lines.append(node.lineno)
+    return lines
+
+
+# The multi-token query's launcher computes the default itself still: it is to call
+# checks.resolved_softmax_scale as every other caller does.
+SOFTMAX_DEFAULT_TO_MOVE = {"fp8kv/ops/attend/launcher.py"}
+
+
+def test_the_default_softmax_scale_is_computed_in_one_place():
+    """fp8kv.checks.resolved_softmax_scale is the one home of ``1 / sqrt(head_dim)``."""
+    found = {str(p.relative_to(REPO)): lines for p in PACKAGE_FILES if (lines := softmax_scale_defaults(p))}
+    assert set(found) - SOFTMAX_DEFAULT_TO_MOVE == {"fp8kv/checks.py"}, found
+    assert len(found["fp8kv/checks.py"]) == 1, found
+
+
+def test_the_softmax_default_check_finds_each_spelling(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import math\nx = 1.0 / math.sqrt(d)\nx = 1 / sqrt(d)\nx = d ** -0.5\nx = 2 / math.sqrt(d)\n"
+                     "x = torch.rsqrt(d)\nx = a / math.sqrt(d)\nx = 1 / torch.sqrt(t)\n")
+    assert softmax_scale_defaults(probe) == [2, 3, 4, 8]

@@ -541,7 +541,7 @@ def prefill(q: torch.Tensor, qo_lens, cache: PagedKVCache, causal: bool = True,
     fi = _import_flashinfer()
     hq = q.shape[1]
     fold = plan_scales(cache, hq)
-    sm_scale = 1.0 / math.sqrt(cache.head_dim) if sm_scale is None else sm_scale
+    sm_scale = checks.resolved_softmax_scale(sm_scale, cache.head_dim)
     indptr, indices, last = paged_kv_args(cache)
     wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace(cache.device), cache.layout)
     wrapper.plan(qo_indptr(lens_q, cache.device), indptr, indices, last, hq, cache.num_kv_heads,

@@ -546,7 +546,7 @@ class _CaptureHandler:
         self.k[i] = k[0].transpose(0, 1).detach().clone()
         self.v[i] = v[0].transpose(0, 1).detach().clone()
         self.q[i] = q[0].transpose(0, 1).detach().clone()
-        self.sm_scale[i] = float(scaling) if scaling is not None else 1.0 / math.sqrt(q.shape[-1])
+        self.sm_scale[i] = checks.resolved_softmax_scale(None if scaling is None else float(scaling), q.shape[-1])
         return model_attention(module, q, k, v, mask, scaling, kwargs)
 
 

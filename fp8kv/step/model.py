@@ -12,6 +12,7 @@ from ..cache import PagedKVCache, shuffled_block_table
 from ..capability import UnsupportedError, check, check_query, choose_backend, choose_mode
 from ..capacity import ModelShape
 from ..checks import fail as _fail
+from ..checks import resolved_softmax_scale
 from ..formats import kv_dtype_info
 from .layers import (
     StepWeights,
@@ -150,7 +151,7 @@ class DecodeStep:
         ok, why = check_query(backend, self.q_dtype, first.kv_dtype)
         if not ok:
             raise UnsupportedError(f"backend={backend}, kv_dtype={first.kv_dtype}: {why}")
-        self.sm_scale = 1.0 / math.sqrt(shape.head_dim)
+        self.sm_scale = resolved_softmax_scale(None, shape.head_dim)
         self.inv_freq = rope_inv_freq(shape.head_dim, shape.rope_theta, dev)
         b = first.batch_size
         self.input_ids = torch.zeros(b, dtype=torch.int64, device=dev)
