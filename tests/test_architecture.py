@@ -228,7 +228,7 @@ def interpreter_switches(path: Path) -> list[int]:
             lines.append(node.lineno)
         elif isinstance(node, ast.Call) and any(k.arg == "TRITON_INTERPRET" for k in node.keywords):
             lines.append(node.lineno)
-    return lines
+    return sorted(lines)
 
 
 def test_the_interpreter_is_switched_on_in_one_place():
@@ -260,7 +260,7 @@ def softmax_scale_defaults(path: Path) -> list[int]:
         if isinstance(node.op, ast.Div) and _constant(node.left) == 1 and is_sqrt or \
                 isinstance(node.op, ast.Pow) and _constant(right) == -0.5:
             lines.append(node.lineno)
-    return lines
+    return sorted(lines)
 
 
 # The multi-token query's launcher computes the default itself still: it is to call

@@ -121,10 +121,6 @@ def batch_points(ceilings: Sequence[int], ceiling: int, base: int = 4) -> list[i
     return sorted(pts)
 
 
-def _num_sms(dev: torch.device) -> int:
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
-
-
 def _gpu_memory(gpu_memory_gib, dev):
     if gpu_memory_gib is not None:
         return gpu_memory_gib
@@ -150,6 +146,7 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     from ..capability import KV_DTYPE_NAMES
     from ..checks import many_of, positive_int
     from ..device import resolve_device
+    from ..ops.decode.splits import sm_count  # here, not above: it imports triton (--interpret comes first)
 
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)  # what sweep() runs on this device, so the plan is the one timed
@@ -159,15 +156,14 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     kv_dtypes = many_of(kv_dtypes, "kv_dtypes", KV_DTYPE_NAMES)
     if batches is not None:
         batches = [positive_int(b, "batches") for b in ([batches] if isinstance(batches, int) else batches)]
-    # The cache's rule, not the planner's (which takes any power of two): a page the pool cannot hold is
-    # refused here, before a point is built.
+    # The cache's rule (the planner's too): a page the pool cannot hold is refused here, before a point is built.
     block_size = check_block_size(block_size, "block_size")
     mem = _gpu_memory(gpu_memory_gib, dev)
     plans = []
     for shape in shapes:
         for ctx in contexts:
             ceil = {kv: step_ceiling(shape, kv, ctx, gpu_memory_gib=mem, utilization=utilization,
-                                     block_size=block_size, dtype=dtype, num_sms=_num_sms(dev)) for kv in kv_dtypes}
+                                     block_size=block_size, dtype=dtype, num_sms=sm_count(dev)) for kv in kv_dtypes}
             for kv in kv_dtypes:
                 c = ceil[kv]["ceiling"]
                 if batches is not None:
