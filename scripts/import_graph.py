@@ -30,14 +30,14 @@ COMMAND = "python scripts/import_graph.py --readme"
 
 # Bottom up. Each unit imports only from its own layer and the layers below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("formats", "checks", "interrupts", "launch_options", "launch_table"),  # facts, argument checks, signal
-    # handling, the decode kernels' launch options and their measured values: torch / stdlib only
+    ("formats", "checks", "interrupts", "launch_options", "launch_table", "rope"),  # facts, argument checks,
+    # signal handling, the decode kernels' launch options and their measured values, RoPE: torch / stdlib only
     ("quant", "device"),  # the quantizer; what machine this is
     ("capability", "cache", "attend_checks"),  # what runs where; the paged cache; the multi-token query checks
     ("reference", "synthetic"),  # the fp32 oracle; synthetic K/V and caches
     ("ops", "capacity"),  # fp8kv's kernels and their launchers (plan, run); the capacity planner
     ("backends",),  # fp8kv.decode and its backends
-    ("models", "results", "viz"),  # real models; results IO; figures
+    ("models", "results", "sweeps", "viz"),  # real models; results IO; what measured sweeps share; figures
     ("bench", "matrix", "step", "analysis", "ui"),  # measurements behind the notebooks
     ("notebooks",),  # the notebook runner
     ("cli", "__init__", "__main__"),  # the front ends: the fp8kv command (also python -m fp8kv), the package's public names

@@ -39,26 +39,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
-    """fp32 ``[head_dim // 2]`` inverse frequencies ``theta ** (-2i / head_dim)`` (the Hugging Face formula)."""
-    exps = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    return (1.0 / (theta ** exps)).to(device)
-
-
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
-    """cos, sin ``[B, D]`` (``dtype``) of int positions ``[B]``; the two halves repeat (rotate-half RoPE)."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[B, H, D]`` by position: channel i pairs with i + D/2 (Llama / Qwen layout)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
 def gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """``down(silu(gate(x)) * up(x))`` with the gate and up projections fused: gate_up ``[2I, H]``, down ``[H, I]``."""
     gate, up = torch.nn.functional.linear(x, gate_up).chunk(2, dim=-1)

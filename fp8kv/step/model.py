@@ -14,15 +14,8 @@ from ..capacity import ModelShape
 from ..checks import fail as _fail
 from ..checks import resolved_softmax_scale
 from ..formats import kv_dtype_info
-from .layers import (
-    StepWeights,
-    _require_step_shape,
-    apply_rope,
-    gated_mlp,
-    rms_norm,
-    rope_cos_sin,
-    rope_inv_freq,
-)
+from ..rope import apply_rope, rope_cos_sin, rope_inv_freq
+from .layers import StepWeights, _require_step_shape, gated_mlp, rms_norm
 
 STEP_BACKENDS = ("auto", "triton", "reference")
 
