@@ -1,6 +1,6 @@
 """fp8kv's import graph, read from its own source (``ast``): the layers, and any arrow against them.
 
-A unit is a module of ``fp8kv`` (``fp8kv/cache.py`` is ``cache``) or one of its subpackages whole
+A unit is a module of ``fp8kv`` (``fp8kv/quant.py`` is ``quant``) or one of its subpackages whole
 (``fp8kv/ops/**`` is ``ops``). An arrow ``a -> b`` means a module of ``a`` imports one of
 ``b``: *module-level* when the import runs as ``a`` is imported, *deferred* when it sits inside a
 function (run on first use: optional dependencies, and a few calls upward that would otherwise
