@@ -14,7 +14,7 @@ from ..checks import fail as _fail
 # Registry models whose real weights fp8kv loads offline (fp8kv.models) -> their fp8kv.models name.
 REAL_WEIGHTS = {"SmolLM2-135M": "smollm2-135m"}
 
-def _require_step_shape(shape: ModelShape) -> ModelShape:
+def require_step_shape(shape: ModelShape) -> ModelShape:
     """The ModelShape fields a decode step needs, present (a registry entry has them all)."""
     if not isinstance(shape, ModelShape):
         _fail(f"shape must be a fp8kv.capacity.ModelShape, got {type(shape).__name__}", TypeError)
@@ -105,7 +105,7 @@ def random_weights(shape: ModelShape, dtype: torch.dtype = torch.bfloat16, devic
     """
     from ..device import resolve_device
 
-    shape = _require_step_shape(shape)
+    shape = require_step_shape(shape)
     dev = resolve_device(device)
     g = torch.Generator(device=dev).manual_seed(seed)
     h, d, inter = shape.hidden_size, shape.head_dim, shape.intermediate_size
@@ -150,7 +150,7 @@ def weights_from_hf(model, shape: ModelShape | None = None, dtype: torch.dtype |
         if name not in names:
             _fail(f"model {name!r} has no registry shape; pass shape= (known: {sorted(names)})")
         shape = get_model(names[name])
-    shape = _require_step_shape(shape)
+    shape = require_step_shape(shape)
     facts = {"num_hidden_layers": shape.num_layers, "num_attention_heads": shape.num_q_heads,
              "num_key_value_heads": shape.num_kv_heads, "hidden_size": shape.hidden_size,
              "intermediate_size": shape.intermediate_size, "vocab_size": shape.vocab_size,

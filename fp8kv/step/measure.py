@@ -16,7 +16,7 @@ from ..results import utc_stamp
 from ..sweeps import machine_fields, release_memory, run_metadata, save_run
 from .layers import REAL_WEIGHTS, StepWeights, random_weights, weights_from_hf
 from .model import DecodeStep, KVPool
-from .plan import _runs, param_count, plan_sweep, run_dtype, step_bytes
+from .plan import checked_runs, param_count, plan_sweep, run_dtype, step_bytes
 
 COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "fp8kv_source",
@@ -179,7 +179,7 @@ def sweep_runs(runs, kv_dtypes=("bf16", "fp8_e4m3"), **kwargs):
     context), as one table; ``kwargs`` as :func:`sweep` takes them."""
     import pandas as pd
 
-    return pd.concat([sweep([model], [context], kv_dtypes, **kwargs) for model, context in _runs(runs)],
+    return pd.concat([sweep([model], [context], kv_dtypes, **kwargs) for model, context in checked_runs(runs)],
                      ignore_index=True)
 
 

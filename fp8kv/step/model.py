@@ -15,7 +15,7 @@ from ..checks import fail as _fail
 from ..checks import resolved_softmax_scale
 from ..formats import kv_dtype_info
 from ..rope import apply_rope, rope_cos_sin, rope_inv_freq
-from .layers import StepWeights, _require_step_shape, gated_mlp, rms_norm
+from .layers import StepWeights, gated_mlp, require_step_shape, rms_norm
 
 STEP_BACKENDS = ("auto", "triton", "reference")
 
@@ -95,7 +95,7 @@ class DecodeStep:
 
     def __init__(self, shape: ModelShape, weights: StepWeights, caches: Sequence[PagedKVCache], *,
                  backend: str = "auto", mode: str = "auto"):
-        self.shape = _require_step_shape(shape)
+        self.shape = require_step_shape(shape)
         if not isinstance(weights, StepWeights):
             _fail(f"weights must be StepWeights (random_weights / weights_from_hf), got {type(weights).__name__}",
                   TypeError)
