@@ -5,5 +5,7 @@ import os
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from fp8kv.capability import INTERPRETER_ENV, use_interpreter
+
+if not torch.cuda.is_available() and INTERPRETER_ENV not in os.environ:  # a value set by hand is kept
+    use_interpreter()

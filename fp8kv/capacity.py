@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from fp8kv import checks
+from fp8kv.cache import check_block_size
 from fp8kv.formats import KV_DTYPES, kv_dtype_info
 from fp8kv.quant import GRANULARITIES, kv_scale_bytes
 
@@ -394,7 +395,7 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     weights_gib : float, optional
         Weight memory, GiB (>= 0); default ``num_params x 2 bytes`` from the model.
     block_size : int
-        Tokens per KV block (a positive power of two).
+        Tokens per KV block: a power of two >= 8 (:func:`fp8kv.cache.check_block_size`, the cache's rule).
     max_model_len : int, optional
         Sequence length for ``max_concurrency``; default the model's max_position_embeddings.
     granularity : str
@@ -420,8 +421,8 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     ValueError
         Unknown model / kv_dtype / granularity / GPU; utilization outside (0, 1] or NaN; memory
         that is not a positive finite number (weights_gib may be 0) or is over ``MAX_MEMORY_GIB``
-        (1e6 GiB, about a pebibyte: a typo, not a GPU); block_size not a positive
-        power of two; both or neither of kv_memory_gib and gpu_memory_gib; a model config that is
+        (1e6 GiB, about a pebibyte: a typo, not a GPU); block_size not a power of
+        two >= 8; both or neither of kv_memory_gib and gpu_memory_gib; a model config that is
         not JSON or whose shape fields are missing, zero, non-integer or do not divide.
     CapacityError (a ValueError)
         The weights leave no memory for the KV cache, or the memory holds no single block.
@@ -432,9 +433,7 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     utilization = checks.real(utilization, "utilization")
     if not 0 < utilization <= 1:
         checks.fail(f"utilization={utilization}; expected a fraction in (0, 1]")
-    block_size = checks.integer(block_size, "block_size")
-    if block_size < 1 or block_size & (block_size - 1):
-        checks.fail(f"block_size={block_size}; expected a positive power of two (e.g. 16)")
+    block_size = check_block_size(block_size)  # the cache's rule: a plan for pages no cache would build is no plan
     if max_model_len is not None:
         max_model_len = checks.positive_int(max_model_len, "max_model_len")
 

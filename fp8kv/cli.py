@@ -14,7 +14,6 @@ Each is the same as ``python -m fp8kv.<command>`` (see :mod:`fp8kv.notebooks`, :
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -42,8 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _forward(command: str, argv: list[str]) -> int:
     """Hand ``argv`` to a command's own parser (imported lazily: bench and step import kernels)."""
-    if command == "bench" and "--interpret" in argv and "triton" not in sys.modules:
-        os.environ["TRITON_INTERPRET"] = "1"  # before fp8kv.bench imports triton, which reads it once
+    if command == "bench" and "--interpret" in argv:
+        from .capability import use_interpreter
+
+        use_interpreter()  # before fp8kv.bench imports triton, which reads it once
     try:
         if command == "bench":
             from .bench import main as command_main

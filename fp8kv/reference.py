@@ -12,8 +12,6 @@ tests all take them from here.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import checks
@@ -201,8 +199,7 @@ def paged_attention(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None
     The cache's tables are checked here on every call (``PagedKVCache.validate_tables``), also under
     ``fp8kv.decode(..., check=False)``: the oracle refuses a corrupt table rather than answer for it.
     """
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    sm_scale = checks.resolved_softmax_scale(sm_scale, q.shape[-1])
     # Always, even after fp8kv.decode(check=False): the oracle gathers through the tables on the
     # host, so a corrupt entry would index out of range or answer for pages it does not own.
     cache.validate_tables()
@@ -254,8 +251,7 @@ def attend(q: torch.Tensor, cache: PagedKVCache, qo_indptr: torch.Tensor, *, sm_
                                                                   soft_cap, sinks)
     if not isinstance(return_lse, bool):
         checks.fail(f"return_lse={return_lse!r}; expected True or False", TypeError)
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    sm_scale = checks.resolved_softmax_scale(sm_scale, q.shape[-1])
     hq, d = q.shape[1:]
     out = torch.empty(q.shape[0], hq, d, dtype=torch.float32, device=q.device)
     lse = torch.empty(q.shape[0], hq, dtype=torch.float32, device=q.device)

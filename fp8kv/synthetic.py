@@ -50,6 +50,7 @@ from . import checks
 from .cache import LAYOUTS, PagedKVCache, shuffled_block_table
 from .formats import kv_dtype_info
 from .quant import GRANULARITIES, cast_saturating, reduce_dims, scale_from_stat
+from .rope import rope_at_positions as apply_rope  # its name here: synthetic K/Q turned to their positions
 
 __all__ = ["kv_like_llm", "queries_like_llm", "outlier_channel_indices", "apply_rope", "kurtosis",
            "random_paged_cache", "CHUNK_ELEMS", "ragged_kv"]
@@ -119,28 +120,6 @@ def outlier_channel_indices(head_dim: int, outlier_channels: int, rope: bool = T
                          f"and at most {2 * ((half + 1) // 2)} for head_dim={head_dim}")
     pairs = [half - 1 - 2 * j for j in range(n // 2)]
     return torch.tensor(sorted(pairs + [p + half for p in pairs]), dtype=torch.int64)
-
-
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
-    """Rotate ``x`` ``[T, H, D]`` by RoPE at ``positions`` ``[T]`` (Hugging Face ``rotate_half`` layout).
-
-    Returns a new fp32 tensor. Channel ``i < D/2`` pairs with ``i + D/2``; the pair's angle is
-    ``position * theta^(-2i/D)``.
-    """
-    if x.ndim != 3 or x.shape[-1] % 2:
-        raise ValueError(f"x must be [T, H, D] with even D; got shape {tuple(x.shape)}")
-    positions = torch.as_tensor(positions, dtype=torch.float64, device=x.device).reshape(-1)
-    if positions.numel() != x.shape[0]:
-        raise ValueError(f"positions has {positions.numel()} entries but x has {x.shape[0]} tokens")
-    d = x.shape[-1]
-    half = d // 2
-    inv_freq = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / d)
-    # Angles in fp64: at 32k positions fp32 would lose the low bits of the fast-rotating pairs.
-    ang = positions[:, None] * inv_freq[None, :]
-    cos, sin = ang.cos().to(torch.float32)[:, None, :], ang.sin().to(torch.float32)[:, None, :]
-    xf = x.to(torch.float32)
-    a, b = xf[..., :half], xf[..., half:]
-    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
 def _log_uniform(rng: np.random.Generator, n: int, spread: float) -> np.ndarray:

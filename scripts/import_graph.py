@@ -1,6 +1,6 @@
 """fp8kv's import graph, read from its own source (``ast``): the layers, and any arrow against them.
 
-A unit is a module of ``fp8kv`` (``fp8kv/cache.py`` is ``cache``) or one of its subpackages whole
+A unit is a module of ``fp8kv`` (``fp8kv/quant.py`` is ``quant``) or one of its subpackages whole
 (``fp8kv/ops/**`` is ``ops``). An arrow ``a -> b`` means a module of ``a`` imports one of
 ``b``: *module-level* when the import runs as ``a`` is imported, *deferred* when it sits inside a
 function (run on first use: optional dependencies, and a few calls upward that would otherwise
@@ -30,15 +30,15 @@ COMMAND = "python scripts/import_graph.py --readme"
 
 # Bottom up. Each unit imports only from its own layer and the layers below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("formats", "checks", "interrupts", "launch_options", "launch_table"),  # facts, argument checks, signal
-    # handling, the decode kernels' launch options and their measured values: torch / stdlib only
+    ("formats", "checks", "interrupts", "launch_options", "launch_table", "rope"),  # facts, argument checks,
+    # signal handling, the decode kernels' launch options and their measured values, RoPE: torch / stdlib only
     ("quant", "device", "kv_formats"),  # the quantizer; what machine this is; INT8 / INT4 / FP4 / block-scaled
     # KV storage formats beside FP8 (built on the quantizer)
     ("capability", "cache", "attend_checks"),  # what runs where; the paged cache; the multi-token query checks
     ("reference", "synthetic"),  # the fp32 oracle; synthetic K/V and caches
     ("ops", "capacity"),  # fp8kv's kernels and their launchers (plan, run); the capacity planner
     ("backends",),  # fp8kv.decode and its backends
-    ("models", "results", "viz"),  # real models; results IO; figures
+    ("models", "results", "sweeps", "viz"),  # real models; results IO; what measured sweeps share; figures
     ("bench", "matrix", "step", "analysis", "ui"),  # measurements behind the notebooks
     ("notebooks",),  # the notebook runner
     ("cli", "__init__", "__main__"),  # the front ends: the fp8kv command (also python -m fp8kv), the package's public names

@@ -22,7 +22,6 @@ through ``fp8kv.models``; :func:`real_kv_error_or_reason` says why not where it 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -83,6 +82,11 @@ def scale_argument(method: str, which: str):
 # --------------------------------------------------------------------------- attention
 
 
+def _checked_sm_scale(sm_scale: float | None) -> float | None:
+    """None (the default, 1/sqrt(D)), or a positive float."""
+    return None if sm_scale is None else checks.positive_float(sm_scale, "sm_scale")
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None) -> torch.Tensor:
     """fp32 attention of several decode queries against one context, by the oracle.
 
@@ -97,7 +101,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | 
     nq, hq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else checks.positive_float(sm_scale, "sm_scale")
+    sm_scale = checks.resolved_softmax_scale(_checked_sm_scale(sm_scale), d)
     qq = q.reshape(nq, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv * nq * g, d)
     out, _ = attention(qq, k, v, sm_scale)
     return out.reshape(hkv, nq, g, d).permute(1, 0, 2, 3).reshape(nq, hq, d)
@@ -140,7 +144,7 @@ def quantization_error(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, *, for
     granularities = tuple(checks.many_of(granularities, "granularities", GRANULARITIES))
     scale_methods = tuple(checks.many_of(scale_methods, "scale_methods", SCALE_LABELS))
     modes = tuple(checks.many_of(quantize, "quantize", QUANTIZE))
-    sm_scale = 1.0 / math.sqrt(k.shape[-1]) if sm_scale is None else checks.positive_float(sm_scale, "sm_scale")
+    sm_scale = checks.resolved_softmax_scale(_checked_sm_scale(sm_scale), k.shape[-1])
     kf, vf = k.to(torch.float32), v.to(torch.float32)
     ref = attend(q, kf, vf, sm_scale)
     shape = dict(tokens=k.shape[0], num_kv_heads=k.shape[1], num_q_heads=q.shape[1], head_dim=k.shape[2],

@@ -15,7 +15,7 @@ import torch
 from .. import checks
 from ..analysis.breakeven import BREAKEVEN_GRID
 from ..cache import LAYOUTS
-from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on
+from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on, use_interpreter
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..launch_options import OPTIONS, cli_options
 from ..quant import GRANULARITIES
@@ -373,7 +373,8 @@ def restart_interpreted(module: str) -> None:
     the package (and triton with it) before the command parses its options; so the flag can only
     take effect in a new process. Returns only when there is nothing to do."""
     if "--interpret" in sys.argv[1:] and not interpreter_on():
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        env = dict(os.environ)
+        use_interpreter(env)
         os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
 
 
@@ -399,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "triton" in sys.modules:  # too late for this process (python -m fp8kv.bench restarts itself instead)
             parser.error("--interpret has to take effect before triton is imported: run `python -m fp8kv.bench "
                          "--interpret ...`, or set TRITON_INTERPRET=1 before starting Python")
-        os.environ["TRITON_INTERPRET"] = "1"
+        use_interpreter()
     attend = _attend(args)  # the multi-token benchmark (fp8kv.bench.attend): its own grid, rows and summary
     try:
         grid.setdefault("memory_budget_bytes", memory_budget(device))  # fixed now, so the refusal can name it

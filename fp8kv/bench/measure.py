@@ -4,7 +4,6 @@ CUDA events or CPU wall clock), returning one tidy row per case (:data:`COLUMNS`
 
 from __future__ import annotations
 
-import gc
 import itertools
 import math
 import statistics
@@ -21,6 +20,7 @@ from ..capability import UnsupportedError
 from ..checks import fail as _fail
 from ..quant import relative_error
 from ..results import utc_stamp
+from ..sweeps import machine_fields, release_memory, run_metadata
 from ..synthetic import random_paged_cache
 from .cases import Q_DTYPES, Case, bytes_moved, tolerance
 from .ceiling import measure_copy_bandwidth
@@ -156,10 +156,7 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
     info = describe_device(dev)
     runnable = [c for c in cases if c.status == "ready"]
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev) if runnable else (float("nan"), None)
-    base = {"timestamp": stamp, "gpu": info["name"], "gpu_slug": info["slug"], "arch": info["arch"],
-            "device": info["device"], "torch": info["torch"], "triton": info["triton"],
-            "flashinfer": info["flashinfer"], "vllm": info["vllm"], "fp8kv_source": info["fp8kv_source"],
-            "copy_gbps": copy_gbps}
+    base = machine_fields(stamp, info, copy_gbps, libraries=("flashinfer", "vllm"))
 
     rows: dict[int, dict] = {}
     for i, c in enumerate(cases):
@@ -182,13 +179,13 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
         for i, c in enumerate(cases):
             if i not in rows:
                 rows[i] = _row(base, c, status="skipped", reason="the run was interrupted before this case")
-        _free(dev)
+        release_memory(dev)
     bar.close()
 
     df = pd.DataFrame([rows[i] for i in range(len(cases))], columns=COLUMNS)
-    df.attrs["bench"] = {"timestamp": stamp, "device": info, "copy_bandwidth": copy_info, "interrupted": interrupted,
-                         "settings": {"check": check, "rep": rep, "warmup": warmup, "rotate": rotate,
-                                      "check_seqs": check_seqs, "cpu_reps": cpu_reps}}
+    df.attrs["bench"] = run_metadata(stamp, info, copy_info, {"check": check, "rep": rep, "warmup": warmup,
+                                                              "rotate": rotate, "check_seqs": check_seqs,
+                                                              "cpu_reps": cpu_reps}, interrupted=interrupted)
     return df
 
 
@@ -214,7 +211,7 @@ def _measure_groups(cases, groups, rows, base, dev, bar, *, check, rep, warmup, 
                                reason=f"building the cache: {type(e).__name__}: {e}")
             bar.update(len(idx))
             caches = []
-            _free(dev)
+            release_memory(dev)
             continue
         for i in idx:
             c = cases[i]
@@ -223,13 +220,7 @@ def _measure_groups(cases, groups, rows, base, dev, bar, *, check, rep, warmup, 
                                check_seqs=check_seqs, cpu_reps=cpu_reps)
             bar.update(1)
         del caches
-        _free(dev)
-
-
-def _free(dev):
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+        release_memory(dev)
 
 
 def _row(base: dict, c: Case, **values) -> dict:

@@ -14,6 +14,7 @@ import pandas as pd
 from ..checks import fail as _fail
 from ..formats import is_fp8
 from ..results import PartialResultWarning, check_rows, source_of, warn_partial
+from ..sweeps import save_run, timing_notes
 
 RUN_ROWS = "the rows of fp8kv.bench.run() (a CSV fp8kv bench saved)"
 
@@ -220,9 +221,7 @@ def save(df: pd.DataFrame, out_dir: str | os.PathLike = "results/bench", meta: d
     """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` and a ``.json`` of metadata beside it (the run's
     ``df.attrs["bench"]`` updated with ``meta``), never overwriting (:func:`fp8kv.results.save_table`).
     Returns the CSV's path."""
-    from ..results import save_table
-
-    return save_table(df, out_dir, meta={**df.attrs.get("bench", {}), **(meta or {})})
+    return save_run(df, out_dir, "bench", meta)
 
 
 def save_comparison(runs: dict, setting: str, tag: str, out_dir: str | os.PathLike = "results/bench") -> Path:
@@ -270,8 +269,7 @@ def summary(df: pd.DataFrame) -> str:
         lines.append(t.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         copy = ok["copy_gbps"].iloc[0]
         lines.append(f"copy bandwidth: {copy:.0f} GB/s on {ok['gpu'].iloc[0]}")
-        if (ok["timing"] == "cpu-wallclock").any():
-            lines.append("CPU wall-clock timings (interpreter / reference): they say nothing about any GPU.")
+        lines += timing_notes(ok)
     with warnings.catch_warnings():  # a run without bf16 (CPU: fp16) rows has no speed-up table: nothing to say
         warnings.simplefilter("ignore", PartialResultWarning)
         sp = speedup_table(df) if len(ok) else pd.DataFrame()

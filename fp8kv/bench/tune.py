@@ -28,7 +28,7 @@ import torch
 from .. import checks, launch_table
 from ..capability import interpreter_on, use_interpreter
 from ..formats import is_fp8
-from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
+from ..interrupts import signals_ignored, stop_signals_as_keyboard_interrupt
 from ..results import save_or_fallback, utc_stamp
 from .cases import Case, sweep
 from .measure import run
@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..device import gpu_slug
 
     gpu = gpu_slug()
-    with sigterm_as_keyboard_interrupt():
+    with stop_signals_as_keyboard_interrupt():
         entries, rows = tune(shapes, args.kv_dtypes, device=None, rep=args.rep, progress=not args.quiet, **kw)
         with signals_ignored():
             stamp = utc_stamp()

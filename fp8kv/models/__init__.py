@@ -1,7 +1,9 @@
 """Real models with an FP8 KV cache: offline loading, K/V capture, quantized runs, accuracy, paged decode.
 
 ``loading``: offline models and the evaluation text; ``hook``: the attention hook that stores K/V
-through fp8kv's quantizer, K/V capture and scale calibration; ``evaluate``: accuracy vs the bf16
+through fp8kv's quantizer (its modules: ``attention``, the registered attention function; ``introspect``, a
+model's layers and vocabulary; ``kv_config``, the simulated cache; ``quantized``, runs through it;
+``capture``, K/V capture and scale calibration); ``evaluate``: accuracy vs the bf16
 KV baseline; ``decode``: a greedy decode loop whose every step reads a paged FP8 cache.
 Needs the ``models`` extra (transformers, gguf, accelerate) and a weights package.
 """

@@ -6,7 +6,7 @@ number, or calibrated per layer) and computes the prompt's attention from the de
 cache. Every decode step writes the new token's K/V with :meth:`PagedKVCache.append` and calls
 the decode function (``fp8kv.reference.decode`` by default, or any backend with the same call
 ``decode_fn(q [B, Hq, D], cache, sm_scale=..., **variants) -> out [B, Hq, D] (or (out, lse))``)
-for that layer's attention. ``variants`` are the layer's own (:func:`fp8kv.models.hook.attention_variants`:
+for that layer's attention. ``variants`` are the layer's own (:func:`fp8kv.models.attention.attention_variants`:
 ``window`` on sliding layers, ``soft_cap``, ``sinks``), passed only where the layer has them: the
 cache keeps every token and a windowed layer's decode reads only its window, so the loop runs past
 the window. The model runs without a transformers cache: one token in, its position given.
@@ -25,15 +25,9 @@ import torch
 
 from ..cache import PagedKVCache
 from ..formats import kv_dtype_info
-from .hook import (
-    attention_handler,
-    attention_variants,
-    check_layer_scales,
-    layer_entry,
-    model_attention,
-    num_layers,
-    one_sequence,
-)
+from .attention import attention_handler, attention_variants, model_attention
+from .introspect import num_layers, one_sequence
+from .kv_config import check_layer_scales, layer_entry
 
 __all__ = ["greedy_decode_paged", "DecodeResult", "resolve_decode_fn", "decode_backends", "long_prompt_decode"]
 

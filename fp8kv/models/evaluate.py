@@ -19,18 +19,10 @@ import math
 
 import torch
 
-from .hook import (
-    BASELINE,
-    KVQuantConfig,
-    KVStats,
-    check_layer_scales,
-    check_token_id,
-    layer_types,
-    num_layers,
-    quantized_kv,
-    token_ids,
-)
+from .introspect import check_token_id, layer_types, num_layers, token_ids
+from .kv_config import BASELINE, KVQuantConfig, check_layer_scales
 from .loading import windows
+from .quantized import KVStats, quantized_kv
 
 __all__ = ["evaluate", "BASELINE", "standard_configs", "accuracy_markdown", "next_token_kl"]
 

@@ -57,14 +57,15 @@ def _kernel_environment(interpret: bool):
       interpreter in smoke runs; it must be set before triton is imported, hence here;
     * ``FP8KV_HEADLESS=1`` (:func:`fp8kv.ui.headless`): no widget is ever displayed.
     """
+    from ..capability import INTERPRETER_ENV, use_interpreter
     from ..ui import HEADLESS_ENV
 
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "TRITON_INTERPRET", HEADLESS_ENV)}
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", INTERPRETER_ENV, HEADLESS_ENV)}
     os.environ[HEADLESS_ENV] = "1"  # no person watches these kernels: fp8kv.ui shows no widgets
     root = str(PACKAGE_PARENT)  # from there ``import fp8kv`` works
     os.environ["PYTHONPATH"] = os.pathsep.join([root, saved["PYTHONPATH"]]) if saved["PYTHONPATH"] else root
-    if interpret and saved["TRITON_INTERPRET"] is None:
-        os.environ["TRITON_INTERPRET"] = "1"
+    if interpret and saved[INTERPRETER_ENV] is None:
+        use_interpreter(os.environ)  # for the kernels, which import triton afresh
     try:
         yield
     finally:

@@ -38,7 +38,7 @@ def setup_notebook(smoke: bool | None = None, device="auto") -> MachineSetup:
     True/False (what the runner injects) is kept. Without a CUDA device ``TRITON_INTERPRET=1`` is set,
     which works only before triton is first imported: call this first, in the cell after the parameters.
     """
-    from ..capability import interpreter_on
+    from ..capability import interpreter_on, use_interpreter
     from ..device import resolve_device
 
     if smoke is not None and not isinstance(smoke, bool):
@@ -55,7 +55,7 @@ def setup_notebook(smoke: bool | None = None, device="auto") -> MachineSetup:
             notes.append("WARNING: triton was imported before TRITON_INTERPRET could be set; restart the kernel "
                          "and run this cell before anything imports triton")
         else:
-            os.environ["TRITON_INTERPRET"] = "1"
+            use_interpreter(os.environ)
             notes.append("set TRITON_INTERPRET=1: Triton kernels run in the Triton interpreter")
     message = "; ".join(notes)
     print(message)

@@ -61,17 +61,15 @@ server benchmark. Every sequence of a batch holds the same context.
 
 from __future__ import annotations
 
+from ..rope import apply_rope, rope_cos_sin, rope_inv_freq
 from .cli import build_parser, main
 from .layers import (
     REAL_WEIGHTS,
     LayerWeights,
     StepWeights,
-    apply_rope,
     gated_mlp,
     random_weights,
     rms_norm,
-    rope_cos_sin,
-    rope_inv_freq,
     weights_from_hf,
 )
 from .measure import COLUMNS, check_host_memory, pool_blocks, save, sweep, sweep_runs

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 from ..cache import check_block_size
-from ..capability import interpreter_on
+from ..capability import interpreter_on, use_interpreter
 from ..capacity import MAX_MEMORY_GIB, CapacityError, gib_text
 from ..device import resolve_device
 from ..results import save_or_fallback
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.interpret:
         if "triton" in sys.modules and not interpreter_on():
             print("warning: triton is already imported; --interpret has no effect", file=sys.stderr)
-        os.environ["TRITON_INTERPRET"] = "1"
+        use_interpreter(os.environ)  # set even where too late for triton: the capability checks read it
         if args.device not in (None, "cpu"):
             refuse(f"--interpret runs on CPU tensors; drop --device {args.device}")
         args.device = "cpu"

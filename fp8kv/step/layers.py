@@ -14,7 +14,7 @@ from ..checks import fail as _fail
 # Registry models whose real weights fp8kv loads offline (fp8kv.models) -> their fp8kv.models name.
 REAL_WEIGHTS = {"SmolLM2-135M": "smollm2-135m"}
 
-def _require_step_shape(shape: ModelShape) -> ModelShape:
+def require_step_shape(shape: ModelShape) -> ModelShape:
     """The ModelShape fields a decode step needs, present (a registry entry has them all)."""
     if not isinstance(shape, ModelShape):
         _fail(f"shape must be a fp8kv.capacity.ModelShape, got {type(shape).__name__}", TypeError)
@@ -37,26 +37,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
-
-
-def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
-    """fp32 ``[head_dim // 2]`` inverse frequencies ``theta ** (-2i / head_dim)`` (the Hugging Face formula)."""
-    exps = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    return (1.0 / (theta ** exps)).to(device)
-
-
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
-    """cos, sin ``[B, D]`` (``dtype``) of int positions ``[B]``; the two halves repeat (rotate-half RoPE)."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[B, H, D]`` by position: channel i pairs with i + D/2 (Llama / Qwen layout)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 def gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -125,7 +105,7 @@ def random_weights(shape: ModelShape, dtype: torch.dtype = torch.bfloat16, devic
     """
     from ..device import resolve_device
 
-    shape = _require_step_shape(shape)
+    shape = require_step_shape(shape)
     dev = resolve_device(device)
     g = torch.Generator(device=dev).manual_seed(seed)
     h, d, inter = shape.hidden_size, shape.head_dim, shape.intermediate_size
@@ -170,7 +150,7 @@ def weights_from_hf(model, shape: ModelShape | None = None, dtype: torch.dtype |
         if name not in names:
             _fail(f"model {name!r} has no registry shape; pass shape= (known: {sorted(names)})")
         shape = get_model(names[name])
-    shape = _require_step_shape(shape)
+    shape = require_step_shape(shape)
     facts = {"num_hidden_layers": shape.num_layers, "num_attention_heads": shape.num_q_heads,
              "num_key_value_heads": shape.num_kv_heads, "hidden_size": shape.hidden_size,
              "intermediate_size": shape.intermediate_size, "vocab_size": shape.vocab_size,

@@ -3,7 +3,6 @@ graph, time it; tidy rows (:data:`COLUMNS`) saved under results/step/<gpu>/."""
 
 from __future__ import annotations
 
-import gc
 import math
 import sys
 
@@ -14,9 +13,10 @@ from ..capacity import ModelShape, gib_text
 from ..checks import fail as _fail
 from ..device import free_memory_bytes
 from ..results import utc_stamp
+from ..sweeps import machine_fields, release_memory, run_metadata, save_run
 from .layers import REAL_WEIGHTS, StepWeights, random_weights, weights_from_hf
 from .model import DecodeStep, KVPool
-from .plan import _runs, param_count, plan_sweep, run_dtype, step_bytes
+from .plan import checked_runs, param_count, plan_sweep, run_dtype, step_bytes
 
 COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "fp8kv_source",
@@ -95,9 +95,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev)
     info = describe_device(dev)
     stamp = utc_stamp()
-    base = {"timestamp": stamp, "gpu": info["name"], "gpu_slug": info["slug"], "arch": info["arch"],
-            "device": info["device"], "torch": info["torch"], "triton": info["triton"],
-            "fp8kv_source": info["fp8kv_source"], "copy_gbps": copy_gbps}
+    base = machine_fields(stamp, info, copy_gbps)
     rows = []
     bar = tqdm(total=sum(len(p["batches"]) for p in plans), disable=not progress, desc="step", unit="point")
     for shape in dict.fromkeys(p["shape"] for p in plans):
@@ -115,7 +113,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
             except Exception as e:  # e.g. out of memory on a GPU: the pool's points say so, the others run
                 rows += _failed_points(shape, group, backend, mode, base, block_size,
                                        f"allocating the {kv} KV pool: {_why(e)}", bar, weights=w)
-                _free(dev)
+                release_memory(dev)
                 continue
             for p in group:
                 for b in p["batches"]:
@@ -124,14 +122,14 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
                                                seed, time_call))
                     bar.update(1)
             del pool
-            _free(dev)
+            release_memory(dev)
         del w
-        _free(dev)
+        release_memory(dev)
     bar.close()
     df = pd.DataFrame(rows, columns=COLUMNS)
-    df.attrs["step"] = {"timestamp": stamp, "device": info, "copy_bandwidth": copy_info,
-                        "settings": {"rep": rep, "backend": backend, "mode": mode, "utilization": utilization,
-                                     "block_size": block_size, "weights": weights, "dtype": str(dtype)}}
+    df.attrs["step"] = run_metadata(stamp, info, copy_info, {"rep": rep, "backend": backend, "mode": mode,
+                                                             "utilization": utilization, "block_size": block_size,
+                                                             "weights": weights, "dtype": str(dtype)})
     return df
 
 
@@ -181,14 +179,8 @@ def sweep_runs(runs, kv_dtypes=("bf16", "fp8_e4m3"), **kwargs):
     context), as one table; ``kwargs`` as :func:`sweep` takes them."""
     import pandas as pd
 
-    return pd.concat([sweep([model], [context], kv_dtypes, **kwargs) for model, context in _runs(runs)],
+    return pd.concat([sweep([model], [context], kv_dtypes, **kwargs) for model, context in checked_runs(runs)],
                      ignore_index=True)
-
-
-def _free(dev):
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def _why(e: BaseException) -> str:
@@ -263,6 +255,4 @@ def _measure_point(shape, w, pool, p, batch, backend, mode, dev, base, rep, cpu_
 def save(df, out_dir="results/step", meta: dict | None = None):
     """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` and its ``.json`` (never overwriting; see
     :func:`fp8kv.results.save_table`). Returns the CSV's path."""
-    from ..results import save_table
-
-    return save_table(df, out_dir, meta={**df.attrs.get("step", {}), **(meta or {})})
+    return save_run(df, out_dir, "step", meta)

@@ -12,16 +12,10 @@ from ..cache import PagedKVCache, shuffled_block_table
 from ..capability import UnsupportedError, check, check_query, choose_backend, choose_mode
 from ..capacity import ModelShape
 from ..checks import fail as _fail
+from ..checks import resolved_softmax_scale
 from ..formats import kv_dtype_info
-from .layers import (
-    StepWeights,
-    _require_step_shape,
-    apply_rope,
-    gated_mlp,
-    rms_norm,
-    rope_cos_sin,
-    rope_inv_freq,
-)
+from ..rope import apply_rope, rope_cos_sin, rope_inv_freq
+from .layers import StepWeights, gated_mlp, require_step_shape, rms_norm
 
 STEP_BACKENDS = ("auto", "triton", "reference")
 
@@ -101,7 +95,7 @@ class DecodeStep:
 
     def __init__(self, shape: ModelShape, weights: StepWeights, caches: Sequence[PagedKVCache], *,
                  backend: str = "auto", mode: str = "auto"):
-        self.shape = _require_step_shape(shape)
+        self.shape = require_step_shape(shape)
         if not isinstance(weights, StepWeights):
             _fail(f"weights must be StepWeights (random_weights / weights_from_hf), got {type(weights).__name__}",
                   TypeError)
@@ -150,7 +144,7 @@ class DecodeStep:
         ok, why = check_query(backend, self.q_dtype, first.kv_dtype)
         if not ok:
             raise UnsupportedError(f"backend={backend}, kv_dtype={first.kv_dtype}: {why}")
-        self.sm_scale = 1.0 / math.sqrt(shape.head_dim)
+        self.sm_scale = resolved_softmax_scale(None, shape.head_dim)
         self.inv_freq = rope_inv_freq(shape.head_dim, shape.rope_theta, dev)
         b = first.batch_size
         self.input_ids = torch.zeros(b, dtype=torch.int64, device=dev)

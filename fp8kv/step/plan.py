@@ -12,7 +12,7 @@ from ..cache import check_block_size
 from ..capacity import GIB, CapacityError, ModelShape, get_model, gib_text, plan_capacity
 from ..checks import fail as _fail
 from ..formats import kv_dtype_info
-from .layers import StepWeights, _require_step_shape
+from .layers import StepWeights, require_step_shape
 
 
 # ---------------------------------------------------------------------------------- memory and bytes
@@ -23,7 +23,7 @@ def _elem(dtype: torch.dtype) -> int:
 def param_count(shape: ModelShape) -> int:
     """Parameters of the step's weights for ``shape`` (tied embeddings once): what
     :func:`random_weights` allocates, and the planner's weight count where the shape has no ``num_params``."""
-    s = _require_step_shape(shape)
+    s = require_step_shape(shape)
     h, d = s.hidden_size, s.head_dim
     per_layer = (2 * h + (s.num_q_heads + 2 * s.num_kv_heads) * d * h + (2 * d if s.qk_norm else 0)
                  + h * s.num_q_heads * d + 3 * h * s.intermediate_size)
@@ -35,7 +35,7 @@ def activation_bytes(shape: ModelShape, batch: int, dtype: torch.dtype = torch.b
     reserves beside the KV cache): the residual stream and its norm (×3), the QKV output, the attention
     output (×2), the MLP's gate/up output and product (3 × I), the logits, and the split-KV partials
     of the Triton kernel (fp32, at most ``8 × num_sms`` split programs beyond one per sequence-head)."""
-    s = _require_step_shape(shape)
+    s = require_step_shape(shape)
     per_seq = (3 * s.hidden_size + (s.num_q_heads + 2 * s.num_kv_heads) * s.head_dim
                + 2 * s.num_q_heads * s.head_dim + 3 * s.intermediate_size + s.vocab_size)
     group = s.num_q_heads // s.num_kv_heads
@@ -61,7 +61,7 @@ def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_g
     """
     from ..checks import positive_int
 
-    shape = _require_step_shape(shape)
+    shape = require_step_shape(shape)
     context = positive_int(context, "context")
     weights_gib = None if shape.num_params is not None else param_count(shape) * _elem(dtype) / GIB
     base = plan_capacity(shape, kv_dtype, gpu_memory_gib=gpu_memory_gib, utilization=utilization,
@@ -121,10 +121,6 @@ def batch_points(ceilings: Sequence[int], ceiling: int, base: int = 4) -> list[i
     return sorted(pts)
 
 
-def _num_sms(dev: torch.device) -> int:
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
-
-
 def _gpu_memory(gpu_memory_gib, dev):
     if gpu_memory_gib is not None:
         return gpu_memory_gib
@@ -150,6 +146,7 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     from ..capability import KV_DTYPE_NAMES
     from ..checks import many_of, positive_int
     from ..device import resolve_device
+    from ..ops.decode.splits import sm_count  # here, not above: it imports triton (--interpret comes first)
 
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)  # what sweep() runs on this device, so the plan is the one timed
@@ -159,15 +156,14 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     kv_dtypes = many_of(kv_dtypes, "kv_dtypes", KV_DTYPE_NAMES)
     if batches is not None:
         batches = [positive_int(b, "batches") for b in ([batches] if isinstance(batches, int) else batches)]
-    # The cache's rule, not the planner's (which takes any power of two): a page the pool cannot hold is
-    # refused here, before a point is built.
+    # The cache's rule (the planner's too): a page the pool cannot hold is refused here, before a point is built.
     block_size = check_block_size(block_size, "block_size")
     mem = _gpu_memory(gpu_memory_gib, dev)
     plans = []
     for shape in shapes:
         for ctx in contexts:
             ceil = {kv: step_ceiling(shape, kv, ctx, gpu_memory_gib=mem, utilization=utilization,
-                                     block_size=block_size, dtype=dtype, num_sms=_num_sms(dev)) for kv in kv_dtypes}
+                                     block_size=block_size, dtype=dtype, num_sms=sm_count(dev)) for kv in kv_dtypes}
             for kv in kv_dtypes:
                 c = ceil[kv]["ceiling"]
                 if batches is not None:
@@ -196,7 +192,7 @@ def plan_table(runs, kv_dtypes=("bf16", "fp8_e4m3"), *, gpu_memory_gib=None, uti
 
     dev = resolve_device(device)
     rows = []
-    for model, context in _runs(runs):
+    for model, context in checked_runs(runs):
         for p in plan_sweep([model], [context], kv_dtypes, gpu_memory_gib=gpu_memory_gib, utilization=utilization,
                             block_size=block_size, device=dev, dtype=run_dtype(dev, dtype)):
             rows.append({"model": p["shape"].name, "context": p["context"], "kv_dtype": p["kv_dtype"],
@@ -205,7 +201,7 @@ def plan_table(runs, kv_dtypes=("bf16", "fp8_e4m3"), *, gpu_memory_gib=None, uti
     return pd.DataFrame(rows)
 
 
-def _runs(runs) -> list[tuple]:
+def checked_runs(runs) -> list[tuple]:
     """``runs`` checked: a non-empty list of ``(model, context)`` pairs (a registry name or a ModelShape)."""
     if not isinstance(runs, (list, tuple)):
         _fail(f"runs={runs!r}; expected a list of (model, context) pairs such as [('Qwen3-8B', 16384)]", TypeError)

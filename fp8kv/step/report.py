@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 
 from ..results import PartialResultWarning, check_rows, source_of, warn_partial
+from ..sweeps import timing_notes
 
 SWEEP_ROWS = "the rows of fp8kv.step.sweep() (a CSV fp8kv step saved)"
 READING_COLUMNS = ["status", "model", "context", "kv_dtype", "batch", "ceiling", "tokens_per_s", "step_us",
@@ -159,6 +160,5 @@ def summary(df) -> str:
         lines += [r["sentence"] for r in reading(df).values()]
     bad = df[df["status"] != "ok"]
     lines += [f"{r.model} {r.kv_dtype} B={r.batch}: {r.status}: {r.reason}" for r in bad.itertuples()]
-    if (df["timing"] == "cpu-wallclock").any():
-        lines.append("CPU wall-clock timings (interpreter / reference): they say nothing about any GPU.")
+    lines += timing_notes(df)
     return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""Building a :class:`~fp8kv.cache.PagedKVCache`: an empty one with every sequence's pages reserved
+(:func:`empty`), one scattered from dense sequences (:func:`from_dense`), and ones derived from another
+(:func:`clone`, :func:`select`). Each goes through the class's validating constructor."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import checks
+from ..checks import fail as _fail
+from ..formats import kv_dtype_info
+from .scales import refuse_unused_scale, static_scale
+from .validation import LAYOUTS, check_block_size, check_data_device, is_unit_scale, show_scale
+from .writing import append_tokens
+
+__all__ = ["shuffled_block_table", "empty", "clone", "select", "from_dense"]
+
+
+def shuffled_block_table(num_blocks: int, batch: int, blocks_per_seq: int, seed: int, device) -> torch.Tensor:
+    """``[batch, blocks_per_seq]`` int32 page ids, the first ``batch * blocks_per_seq`` of a seeded
+    shuffle of ``num_blocks`` pages: scattered, as a serving engine's allocator leaves them."""
+    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))[:batch * blocks_per_seq]
+    return perm.to(torch.int32).reshape(batch, blocks_per_seq).to(device)
+
+
+def empty(cls, batch_size, max_seq_len, num_kv_heads, head_dim, *, block_size, kv_dtype, granularity, k_scale,
+          v_scale, layout, num_blocks, device, seed):
+    """:meth:`PagedKVCache.empty`, building a ``cls``."""
+    name, dtype, fmt = kv_dtype_info(kv_dtype)
+    batch_size = checks.positive_int(batch_size, "batch_size")
+    max_seq_len = checks.positive_int(max_seq_len, "max_seq_len")
+    num_kv_heads = checks.positive_int(num_kv_heads, "num_kv_heads")
+    head_dim = checks.positive_int(head_dim, "head_dim")
+    block_size = check_block_size(block_size)
+    checks.one_of(layout, "layout", LAYOUTS)
+    seed = checks.integer(seed, "seed", minimum=-(2**63), maximum=2**64 - 1)  # torch.Generator.manual_seed's range
+    device = checks.device(device)
+    if device.type not in ("cpu", "cuda"):  # checks.device also lets 'meta' through: it holds no data
+        _fail(f"device={str(device)!r}; a PagedKVCache holds its data on 'cpu' or a CUDA device")
+    if fmt is not None and granularity == "token_head":  # a scale that every write overwrites
+        for sname, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not is_unit_scale(value, sname):
+                _fail(f"{sname}={show_scale(value)}: granularity='token_head' computes one scale per token "
+                      f"and head as it writes, so a given scale would be ignored; pass {sname}=None (or 1.0)")
+    bpseq = max(1, math.ceil(max_seq_len / block_size))
+    need = batch_size * bpseq
+    num_blocks = need if num_blocks is None else checks.positive_int(num_blocks, "num_blocks")
+    if num_blocks < need:
+        _fail(f"num_blocks={num_blocks} is too few: {batch_size} sequences x {bpseq} blocks need {need}")
+    block_table = shuffled_block_table(num_blocks, batch_size, bpseq, seed, device)
+    shape = ((num_blocks, block_size, num_kv_heads, head_dim) if layout == "NHD"
+             else (num_blocks, num_kv_heads, block_size, head_dim))
+    k_pages = torch.zeros(shape, dtype=dtype, device=device)
+    v_pages = torch.zeros(shape, dtype=dtype, device=device)
+    seq_lens = torch.zeros(batch_size, dtype=torch.int32, device=device)
+    # The constructor checks the scales (a 16-bit cache takes None or 1.0, as token_head here).
+    return cls(k_pages, v_pages, block_table, seq_lens, name, granularity, k_scale, v_scale, layout)
+
+
+def clone(cache):
+    """:meth:`PagedKVCache.clone`: pages, tables and scales copied."""
+    c = type(cache)(cache.k_pages.clone(), cache.v_pages.clone(), cache.block_table.clone(),
+                    cache.seq_lens.clone(), cache.kv_dtype, cache.granularity,
+                    cache.k_scale if cache.is_fp8 else None, cache.v_scale if cache.is_fp8 else None, cache.layout)
+    c.saturated = cache.saturated
+    return c
+
+
+def select(cache, indices):
+    """:meth:`PagedKVCache.select`: the sequences ``indices`` (checked), sharing ``cache``'s pages."""
+    if isinstance(indices, torch.Tensor):
+        if indices.ndim != 1 or indices.is_floating_point() or indices.dtype == torch.bool:
+            _fail(f"indices must be a 1-D int tensor or a list of ints; got a {indices.dtype} tensor of "
+                  f"shape {tuple(indices.shape)}", TypeError)
+        indices = indices.tolist()
+    if isinstance(indices, (str, bytes)) or not hasattr(indices, "__iter__"):
+        _fail(f"indices={indices!r}; expected a list of sequence indices", TypeError)
+    idx = [checks.integer(i, f"indices[{n}]", minimum=0, maximum=cache.batch_size - 1)
+           for n, i in enumerate(indices)]
+    if not idx:
+        _fail("indices is empty; give at least one sequence index")
+    sel = torch.tensor(idx, device=cache.device)
+    return type(cache)(cache.k_pages, cache.v_pages, cache.block_table[sel].contiguous(),
+                       cache.seq_lens[sel].contiguous(), cache.kv_dtype, cache.granularity,
+                       cache.k_scale if cache.is_fp8 else None, cache.v_scale if cache.is_fp8 else None,
+                       cache.layout)
+
+
+def _sequences(k, v) -> tuple[list, list]:
+    """``k`` and ``v`` as lists of ``[len, Hkv, D]`` float tensors on one device (checked)."""
+    if isinstance(k, torch.Tensor) and k.ndim != 4 or isinstance(v, torch.Tensor) and v.ndim != 4:
+        _fail(f"k and v given as tensors must be 4-D [B, max_len, Hkv, D]; got shapes "
+              f"{tuple(getattr(k, 'shape', ()))} and {tuple(getattr(v, 'shape', ()))}")
+    ks = list(k) if not isinstance(k, torch.Tensor) else [k[i] for i in range(k.shape[0])]
+    vs = list(v) if not isinstance(v, torch.Tensor) else [v[i] for i in range(v.shape[0])]
+    for name, seqs in (("k", ks), ("v", vs)):
+        for i, t in enumerate(seqs):
+            checks.tensor(t, f"{name}[{i}]", shape_hint="[len, Hkv, D]")
+            if not t.is_floating_point():
+                _fail(f"{name}[{i}] must be a float tensor, got {t.dtype}", TypeError)
+            first = (ks or vs)[0]  # checked above: a tensor
+            if t.device != first.device:
+                _fail(f"{name}[{i}] is on {t.device} but {'k' if ks else 'v'}[0] is on {first.device}; "
+                      "k and v must be on one device")
+    return ks, vs
+
+
+def _lengths(seq_lens) -> list[int]:
+    """``seq_lens`` (a list, or a 1-D int tensor) as ints (checked)."""
+    if not isinstance(seq_lens, (torch.Tensor, list, tuple)):
+        _fail(f"seq_lens={seq_lens!r} ({type(seq_lens).__name__}); expected a list or int tensor of lengths, "
+              "one per sequence", TypeError)
+    if isinstance(seq_lens, torch.Tensor):
+        if seq_lens.is_floating_point() or seq_lens.dtype == torch.bool:
+            _fail(f"seq_lens has dtype {seq_lens.dtype}; expected integer lengths", TypeError)
+        if seq_lens.ndim != 1:  # a 0-d tensor is a length, not a batch of them
+            _fail(f"seq_lens has shape {tuple(seq_lens.shape)}; expected a 1-D tensor [B] (or a list) of "
+                  "lengths, one per sequence (a batch of one is [n])")
+        seq_lens = seq_lens.tolist()
+    return [checks.integer(x, f"seq_lens[{i}]") for i, x in enumerate(seq_lens)]
+
+
+def from_dense(cls, k, v, seq_lens, *, block_size, kv_dtype, granularity, scale, seed, k_scale, v_scale, layout,
+               max_seq_len, num_blocks, percentile):
+    """:meth:`PagedKVCache.from_dense`, building a ``cls``."""
+    ks, vs = _sequences(k, v)
+    lens = _lengths(seq_lens)
+    if max_seq_len is not None:
+        checks.positive_int(max_seq_len, "max_seq_len")
+    for name, value in (("scale", scale), ("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(value, bool):
+            _fail(f"{name}={value!r} (bool); expected a scale method such as 'amax', a positive float "
+                  "or a float tensor", TypeError)
+    if scale is not None and k_scale is not None and v_scale is not None:
+        _fail(f"scale={show_scale(scale)} would be ignored: k_scale and v_scale override it for K and V; "
+              "pass scale or k_scale/v_scale")
+    if not (len(ks) == len(vs) == len(lens)):
+        _fail(f"k ({len(ks)}), v ({len(vs)}) and seq_lens ({len(lens)}) must have the same batch size")
+    if not lens:
+        _fail("seq_lens is empty: need at least one sequence")
+    for i, (ki, vi, n) in enumerate(zip(ks, vs, lens, strict=True)):
+        if ki.ndim != 3 or vi.shape != ki.shape or ki.shape[1:] != ks[0].shape[1:]:
+            _fail(f"sequence {i}: k and v must be [len, Hkv, D] with equal shapes (and the Hkv, D of "
+                  f"sequence 0, {tuple(ks[0].shape[1:])}); got {tuple(ki.shape)} and {tuple(vi.shape)}")
+        if n < 0 or n > ki.shape[0]:
+            _fail(f"seq_lens[{i}]={n} is outside [0, {ki.shape[0]}] (the tokens given)")
+    hkv, d = ks[0].shape[1:]
+    device = ks[0].device
+    check_data_device(device, "k")
+    cap = max(max(lens), max_seq_len or 0, 1)
+    cache = cls.empty(len(lens), cap, hkv, d, block_size=block_size, kv_dtype=kv_dtype,
+                      granularity=granularity, layout=layout, num_blocks=num_blocks, device=device,
+                      seed=seed)
+    k_all = torch.cat([ki[:n] for ki, n in zip(ks, lens, strict=True)])
+    v_all = torch.cat([vi[:n] for vi, n in zip(vs, lens, strict=True)])
+    for name, x in (("k", k_all), ("v", v_all)):  # the valid tokens only: padding is never read
+        checks.finite_tensor(x, name)
+        checks.fp32_range_tensor(x, name)
+    specs = ((scale, "scale") if k_scale is None else (k_scale, "k_scale"),
+             (scale, "scale") if v_scale is None else (v_scale, "v_scale"))
+    if cache.is_fp8 and cache.granularity != "token_head":  # static: from the valid tokens, or as given
+        cache.k_scale = static_scale(cache, *specs[0], k_all, percentile)
+        cache.v_scale = static_scale(cache, *specs[1], v_all, percentile)
+    else:
+        for value, name in specs:
+            refuse_unused_scale(cache, value, name)
+    append_tokens(cache, k_all, v_all, torch.tensor(lens, dtype=torch.int32))
+    return cache

@@ -1,0 +1,204 @@
+"""How a simulated KV cache stores K and V (:class:`KVQuantConfig`: dtype, granularity, scales per layer) and
+one layer's K or V stored and loaded through it (:func:`quantize_kv`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, FP8Format, kv_dtype_info
+from ..quant import GRANULARITIES, SCALE_METHODS, compute_scale, quantize
+from .introspect import num_layers
+
+__all__ = ["KV_CONFIG_DTYPES", "KVQuantConfig", "BASELINE", "quantize_kv", "round_through", "layer_entry",
+           "check_layer_scales"]
+
+
+def round_through(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` rounded through ``dtype`` and back (a cache of that dtype stores and loads it so)."""
+    return x if x.dtype == dtype else x.to(dtype).to(x.dtype)
+
+
+def _check_scale(value, name):
+    if value is None or (isinstance(value, str) and value in SCALE_METHODS):
+        return
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name}={value!r} must be positive and finite")
+        return
+    if isinstance(value, torch.Tensor) or (isinstance(value, Sequence) and not isinstance(value, str)):
+        return
+    raise ValueError(f"{name}={value!r} is not a scale; expected None, one of {SCALE_METHODS}, a positive "
+                     "float, a tensor, or a per-layer list of those")
+
+
+def _is_per_layer(spec) -> bool:
+    return isinstance(spec, Sequence) and not isinstance(spec, str)
+
+
+def layer_entry(spec, name: str, layer: int, n_layers: int | None = None):
+    """``spec``'s value at ``layer``: ``spec`` itself, or ``spec[layer]`` when it is a per-layer list/tuple.
+
+    A per-layer list holds one entry per layer: ValueError naming ``name`` when it has none for
+    ``layer`` or, given the model's ``n_layers`` (at an entry point), when its length differs (a
+    list calibrated on another model would otherwise fail mid-run, or silently use its first entries).
+    """
+    if not _is_per_layer(spec):
+        return spec
+    if layer >= len(spec) or (n_layers is not None and len(spec) != n_layers):
+        has = f"the model has {n_layers} layers" if n_layers is not None else f"layer {layer} was asked for"
+        raise ValueError(f"{name} has {len(spec)} per-layer entries but {has}; expected one entry per layer "
+                         "(e.g. calibrate_scales on this model)")
+    return spec[layer]
+
+
+def check_layer_scales(model, **specs) -> None:
+    """Check, once where they enter, that each per-layer scale list in ``specs`` (by argument name)
+    holds one entry per layer of ``model``; other specs pass."""
+    n = num_layers(model)
+    for name, spec in specs.items():
+        layer_entry(spec, name, 0, n)
+
+
+def _describe_scale(value) -> str:
+    if value is None:
+        return "amax"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return f"{value:g}"
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    return "per-layer"
+
+
+# What a simulated cache may store: the package's KV dtypes, and fp32 (an exact cache).
+KV_CONFIG_DTYPES = (*KV_DTYPE_NAMES, "fp32")
+
+
+@dataclass
+class KVQuantConfig:
+    """How K and V are stored in the simulated KV cache.
+
+    Parameters
+    ----------
+    name : label used in result tables (default: built from the fields).
+    kv_dtype : the cache's element type, named as everywhere in fp8kv (``"fp8_e4m3"``, ``"fp8_e5m2"``,
+        ``"bf16"``, ``"fp16"``; the aliases of :func:`fp8kv.formats.kv_dtype_info`, such as ``"e4m3"``, are
+        normalised), or ``"fp32"`` for an exact cache. 16/32-bit caches round K/V through that dtype.
+    granularity : ``"tensor"``, ``"head"``, ``"token_head"`` or ``"channel"`` (see ``fp8kv.quant``).
+    k_scale, v_scale : how the scale is found, per layer: ``None``/``"amax"`` (from the K/V of the
+        current forward: the best static scale in hindsight), ``"percentile"``, ``"vllm_k"``,
+        ``"vllm_v"``, a positive float (e.g. 1.0, the engines' default without checkpoint scales),
+        a tensor of the granularity's scale shape, or a per-layer list of floats/tensors (e.g. from
+        :func:`calibrate_scales`).
+    scale_factor : multiplies whatever scale is found (``1/64`` makes most values saturate).
+    quantize_k, quantize_v : store that side in ``kv_dtype`` (otherwise it is rounded to bf16, the
+        baseline, whatever ``kv_dtype`` is: ``kv_dtype="fp16", quantize_k=False`` stores V in fp16 and K
+        in bf16, labelled ``"fp16 V only"``). Bools.
+    percentile : for ``"percentile"`` scales.
+    """
+
+    name: str | None = None
+    kv_dtype: str = "fp8_e4m3"
+    granularity: str = "tensor"
+    k_scale: object = "amax"
+    v_scale: object = "amax"
+    scale_factor: float = 1.0
+    quantize_k: bool = True
+    quantize_v: bool = True
+    percentile: float = 99.9
+
+    def __post_init__(self):
+        if not isinstance(self.kv_dtype, str):
+            raise TypeError(f"kv_dtype={self.kv_dtype!r} ({type(self.kv_dtype).__name__}); expected a name among "
+                            f"{KV_CONFIG_DTYPES}")
+        if self.kv_dtype not in UNQUANTIZED_DTYPES:
+            try:
+                self.kv_dtype = kv_dtype_info(self.kv_dtype)[0]
+            except ValueError:
+                raise ValueError(f"kv_dtype={self.kv_dtype!r}; expected one of {KV_CONFIG_DTYPES}") from None
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"granularity={self.granularity!r}; expected one of {GRANULARITIES}")
+        _check_scale(self.k_scale, "k_scale")
+        _check_scale(self.v_scale, "v_scale")
+        for flag in ("quantize_k", "quantize_v"):  # "no" or 0.0 would otherwise be read as truthy or falsy
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag}={getattr(self, flag)!r} ({type(getattr(self, flag)).__name__}); "
+                                "expected True or False")
+        if not (isinstance(self.scale_factor, (int, float)) and math.isfinite(self.scale_factor)
+                and self.scale_factor > 0):
+            raise ValueError(f"scale_factor={self.scale_factor!r} must be a positive finite number")
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.kv_dtype not in UNQUANTIZED_DTYPES
+
+    @property
+    def fp8_format(self) -> FP8Format | None:
+        """The FP8 format K/V are stored in (None for a 16/32-bit cache)."""
+        return kv_dtype_info(self.kv_dtype)[2] if self.is_fp8 else None
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        # Results are keyed by label, so every field that changes what is computed shows in it: the
+        # quantize flags too for a 16/32-bit cache (its other side is bf16: "fp16 V only" is not "fp16").
+        if not self.is_fp8:
+            parts = [self.kv_dtype]
+        else:
+            parts = [self.fp8_format.name, self.granularity, f"k={_describe_scale(self.k_scale)}",
+                     f"v={_describe_scale(self.v_scale)}"]
+            if self.scale_factor != 1.0:
+                parts.append(f"x{self.scale_factor:g}")
+        if not self.quantize_k:
+            parts.append("V only")
+        if not self.quantize_v:
+            parts.append("K only")
+        return " ".join(parts)
+
+    def describe(self) -> dict:
+        """The configuration as plain columns for result tables."""
+        return dict(config=self.label, kv_dtype=self.kv_dtype, granularity=self.granularity if self.is_fp8 else "-",
+                    k_scale=_describe_scale(self.k_scale) if self.is_fp8 else "-",
+                    v_scale=_describe_scale(self.v_scale) if self.is_fp8 else "-",
+                    scale_factor=self.scale_factor, quantize_k=self.quantize_k, quantize_v=self.quantize_v)
+
+    def layer_scale(self, which: str, layer: int):
+        """The scale spec of K (``which="k"``) or V at ``layer``: a method name or a fixed value."""
+        spec = self.k_scale if which == "k" else self.v_scale
+        spec = "amax" if spec is None else spec
+        return layer_entry(spec, f"{which}_scale", layer)
+
+
+BASELINE = KVQuantConfig(name="bf16", kv_dtype="bf16")
+
+
+def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
+    """Store-and-load one layer's K or V through the configured cache.
+
+    x : ``[B, H, T, D]`` (transformers' layout). Returns ``(x_dequantized like x, info)`` where
+    info holds saturated / underflow / numel / scale (mean) / amax of this call.
+    """
+    quantize_side = cfg.quantize_k if which == "k" else cfg.quantize_v
+    amax = float(x.detach().abs().amax()) if x.numel() else 0.0
+    info = dict(saturated=0, underflow=0, numel=x.numel(), scale=float("nan"), amax=amax)
+    if not quantize_side:  # the baseline's bf16, for a 16/32-bit kv_dtype too (as documented)
+        return round_through(x, torch.bfloat16), info
+    if not cfg.is_fp8:
+        return round_through(x, UNQUANTIZED_DTYPES[cfg.kv_dtype]), info
+    xt = x.transpose(1, 2)  # [B, T, H, D]: leading dims are tokens, as fp8kv.quant expects
+    spec = cfg.layer_scale(which, layer)
+    if isinstance(spec, str):
+        s = compute_scale(xt, cfg.fp8_format, cfg.granularity, spec, cfg.percentile)
+    else:
+        s = torch.as_tensor(spec, dtype=torch.float32, device=x.device)
+    if cfg.scale_factor != 1.0:
+        s = s * cfg.scale_factor
+    q = quantize(xt, cfg.fp8_format, cfg.granularity, scale=s, percentile=cfg.percentile)
+    info.update(saturated=q.saturated, underflow=q.underflow, scale=float(q.scale.mean()))
+    return q.dequantize(torch.float32).to(x.dtype).transpose(1, 2), info

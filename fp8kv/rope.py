@@ -1,0 +1,50 @@
+"""Rotary position embedding (RoPE) in the rotate-half layout of Llama, Qwen and Hugging Face: channel ``i``
+of a head pairs with channel ``i + D/2``, and the pair turns by ``position * theta^(-2i/D)``. Used by the
+synthetic keys and queries (:mod:`fp8kv.synthetic`) and the decode step's attention (:mod:`fp8kv.step`)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["rope_inv_freq", "rope_cos_sin", "apply_rope", "rope_at_positions"]
+
+
+def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
+    """fp32 ``[head_dim // 2]`` inverse frequencies ``theta ** (-2i / head_dim)`` (the Hugging Face formula)."""
+    exps = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return (1.0 / (theta ** exps)).to(device)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
+    """cos, sin ``[B, D]`` (``dtype``) of int positions ``[B]``; the two halves repeat (rotate-half RoPE)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[B, H, D]`` by position: channel i pairs with i + D/2 (Llama / Qwen layout); ``cos``,
+    ``sin`` ``[B, D]`` as :func:`rope_cos_sin` gives them. Computed in the dtypes given."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def rope_at_positions(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """Rotate ``x`` ``[T, H, D]`` by RoPE at ``positions`` ``[T]`` (Hugging Face ``rotate_half`` layout).
+
+    Returns a new fp32 tensor. Channel ``i < D/2`` pairs with ``i + D/2``; the pair's angle is
+    ``position * theta^(-2i/D)``.
+    """
+    if x.ndim != 3 or x.shape[-1] % 2:
+        raise ValueError(f"x must be [T, H, D] with even D; got shape {tuple(x.shape)}")
+    positions = torch.as_tensor(positions, dtype=torch.float64, device=x.device).reshape(-1)
+    if positions.numel() != x.shape[0]:
+        raise ValueError(f"positions has {positions.numel()} entries but x has {x.shape[0]} tokens")
+    d = x.shape[-1]
+    half = d // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / d)
+    # Angles in fp64: at 32k positions fp32 would lose the low bits of the fast-rotating pairs.
+    ang = positions[:, None] * inv_freq[None, :]
+    ang = torch.cat((ang, ang), dim=-1)
+    return apply_rope(x.to(torch.float32), ang.cos().to(torch.float32), ang.sin().to(torch.float32))
