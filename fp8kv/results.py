@@ -371,12 +371,18 @@ def source_of(df) -> str:
     return str(path) if path else "df"
 
 
-def check_rows(df, reader: str, columns, *, values=(), expected: str) -> None:
+# Columns of the bench's and the step's rows that hold numbers: every reader that asks for one gets it
+# checked as such (a column of strings read back from a hand-edited CSV is named, not a pandas TypeError).
+NUMERIC_COLUMNS = frozenset({"time_us", "gbps", "pct_copy_bw", "kv_bytes", "copy_gbps", "rel_err", "tol", "batch",
+                             "context", "num_splits", "step_us", "tokens_per_s", "q_len", "tflops"})
+
+
+def check_rows(df, reader: str, columns, *, values=(), numeric=(), expected: str) -> None:
     """Refuse rows ``reader`` cannot read, with a ValueError naming the reader, where the rows came from
     (:func:`source_of`) and what is wrong: ``df`` not a DataFrame, ``columns`` missing, a ``status`` column
     with no value, or one of ``values`` with no value (all NaN) in the rows that ran (``status == "ok"``;
     every row where there is no status column). ``expected``: what the reader takes, e.g. "the rows of
-    fp8kv.bench.run()"."""
+    fp8kv.bench.run()"; ``numeric``: columns that must hold numbers (a column of strings is named)."""
     import pandas as pd
 
     if not isinstance(df, pd.DataFrame):
@@ -387,6 +393,12 @@ def check_rows(df, reader: str, columns, *, values=(), expected: str) -> None:
     if "status" in df.columns and len(df) and df["status"].isna().all():
         fail(f"{reader}: column 'status' of {source_of(df)} holds no value in its {len(df)} rows (all NaN); "
              f"expected {expected}")
+    for col in sorted(set(numeric) | (NUMERIC_COLUMNS & (set(columns) | set(values)))):
+        if col not in df.columns:
+            continue
+        if not pd.api.types.is_numeric_dtype(df[col]) or pd.api.types.is_bool_dtype(df[col]):
+            fail(f"{reader}: column {col!r} of {source_of(df)} holds {df[col].dtype} values, not numbers; "
+                 f"expected {expected}")
     ran = df[df["status"] == "ok"] if "status" in df.columns else df
     for col in values:
         if len(ran) and ran[col].isna().all():

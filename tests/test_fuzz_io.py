@@ -146,6 +146,9 @@ def damaged_frame(damage: str, seed: int, column: str) -> pd.DataFrame:
 @example(reader="best_per_configuration", damage="drop-column", seed=0, column="kv_dtype")
 @example(reader="all_checks_passed", damage="drop-column", seed=0, column="status")
 @example(reader="layout_markdown", damage="empty", seed=0, column="time_us")
+@example(reader="results_markdown", damage="string-times", seed=0, column="time_us")
+@example(reader="layout_markdown", damage="all-failed", seed=0, column="time_us")
+@example(reader="summary", damage="no-flashinfer", seed=0, column="time_us")
 def test_bench_readers(reader, damage, seed, column):
     """Every reader of a run's rows: a named refusal (the column, or ``df``) or an answer; and where the
     rows are intact, speedups that are the ratio of the times they name."""

@@ -140,12 +140,6 @@ def _validated(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check
     if backend == "auto" and q.dtype == torch.float32:
         backend = "reference"  # the GPU kernels take 16-bit queries; the oracle takes fp32 as it is
     cache.validate_arrays(contents=check)  # pages, tables and scales replaced since the cache was built
-    # FlashInfer and vLLM read the table as it is (no clamping); their plans sync with the host anyway.
-    if check or backend in ("flashinfer", "vllm"):
-        # a decode's empty row: refused for every backend alike; an attend's row without tokens has no query
-        cache.validate_tables(nonempty=check and op == "decode")
-    if check:
-        checks.finite_tensor(q, "q")
 
     # The capability table is asked once: by the search for a backend, or about the one named.
     mode = AUTO_MODE if mode == "auto" else mode
@@ -168,6 +162,13 @@ def _validated(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check
     if unknown:
         checks.fail(f"{unknown[0]}={launch[unknown[0]]!r} is not an option of the {backend} backend; it takes "
                     f"{options[backend] or 'none'}", TypeError)
+    # The contents last (a host sync), after every argument: FlashInfer and vLLM read the table as it is (no
+    # clamping), and their plans sync with the host anyway.
+    if check or backend in ("flashinfer", "vllm"):
+        # a decode's empty row: refused for every backend alike; an attend's row without tokens has no query
+        cache.validate_tables(nonempty=check and op == "decode")
+    if check:
+        checks.finite_tensor(q, "q")
     return backend, mode, checks.resolved_softmax_scale(sm_scale, cache.head_dim), variants
 
 

@@ -130,9 +130,15 @@ def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     need = set(LAYOUT_KEYS) | {"backend", "label", "kv_dtype", "time_us", "kv_bytes", "copy_gbps", "status",
                                "check_passed"}
     check_rows(df, "layout_table", need, values=[*LAYOUT_KEYS, "backend", "label", "kv_dtype", "time_us", "kv_bytes",
-                                                 "copy_gbps"], expected=RUN_ROWS)
+                                                 "copy_gbps"], numeric=["time_us", "kv_bytes", "copy_gbps"],
+               expected=RUN_ROWS)
+    if not len(df):
+        _fail(f"layout_table: {source_of(df)} holds no rows; expected {RUN_ROWS}")
     df = _with_page_layout(df)
     good = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed) & df["time_us"].notna()]
+    if not len(good):
+        _fail(f"layout_table: {source_of(df)} has no row that ran and passed its check against the oracle; "
+              f"expected {RUN_ROWS}")
     if "kernel" not in good.columns:  # runs saved before the column existed
         good = good.assign(kernel=None)
     if "rel_err" not in good.columns:
@@ -248,6 +254,8 @@ def case_counts(cases) -> str:
 def all_checks_passed(rows: pd.DataFrame, *more: pd.DataFrame) -> bool:
     """True when ``rows`` has at least one row that ran, every row that ran passed its check against
     the oracle, and neither ``rows`` nor any of ``more`` holds an error or a failed check."""
+    for frame in (rows, *more):
+        check_rows(frame, "all_checks_passed", ["status", "check_passed"], expected=RUN_ROWS)
     ok = rows[rows["status"] == "ok"]
     if not len(ok) or not ok["check_passed"].eq(True).all():
         return False
@@ -277,6 +285,8 @@ def summary(df: pd.DataFrame) -> str:
         t = sp[["label", "layout", "batch", "context", "time_us", "bf16_us", "speedup_vs_bf16",
                 "speedup_vs_flashinfer_fp8"]]
         t.columns = ["fp8 case", "pages", "B", "ctx", "us", "best bf16 us", "x bf16", "x flashinfer fp8"]
+        if t["x flashinfer fp8"].isna().all():  # a run without FlashInfer rows has no such ratio to show
+            t = t.drop(columns="x flashinfer fp8")
         lines.append(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     for status in ("unsupported", "skipped", "error"):
         rest = df[df["status"] == status]

@@ -10,6 +10,7 @@ import torch
 
 from .. import checks
 from ..checks import fail as _fail
+from ..device import free_memory_bytes
 from ..formats import kv_dtype_info
 from .scales import refuse_unused_scale, static_scale
 from .validation import LAYOUTS, check_block_size, check_data_device, is_unit_scale, show_scale
@@ -49,9 +50,16 @@ def empty(cls, batch_size, max_seq_len, num_kv_heads, head_dim, *, block_size, k
     num_blocks = need if num_blocks is None else checks.positive_int(num_blocks, "num_blocks")
     if num_blocks < need:
         _fail(f"num_blocks={num_blocks} is too few: {batch_size} sequences x {bpseq} blocks need {need}")
-    block_table = shuffled_block_table(num_blocks, batch_size, bpseq, seed, device)
     shape = ((num_blocks, block_size, num_kv_heads, head_dim) if layout == "NHD"
              else (num_blocks, num_kv_heads, block_size, head_dim))
+    # pages, their shuffled order (int64) and the table (int32): named here, not an allocator's RuntimeError
+    nbytes = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size() + 12 * num_blocks
+    free = free_memory_bytes(device)
+    if free is not None and nbytes > free:
+        _fail(f"num_blocks={num_blocks} (batch_size={batch_size} x max_seq_len={max_seq_len} tokens in pages of "
+              f"{block_size}) needs {nbytes / 2**30:.4g} GiB of K and V pages and tables, more than the "
+              f"{free / 2**30:.4g} GiB free on {device}; ask for fewer tokens")
+    block_table = shuffled_block_table(num_blocks, batch_size, bpseq, seed, device)
     k_pages = torch.zeros(shape, dtype=dtype, device=device)
     v_pages = torch.zeros(shape, dtype=dtype, device=device)
     seq_lens = torch.zeros(batch_size, dtype=torch.int32, device=device)

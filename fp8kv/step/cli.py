@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .. import checks
 from ..cache import check_block_size
 from ..capability import interpreter_on, use_interpreter
 from ..capacity import MAX_MEMORY_GIB, CapacityError, gib_text
@@ -55,7 +56,7 @@ def _block_size_arg(s: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from ..capability import KV_DTYPE_NAMES
 
-    p = argparse.ArgumentParser(prog="fp8kv step", description="Time a model's whole decode step (CUDA graph) "
+    p = checks.ArgumentParser(prog="fp8kv step", description="Time a model's whole decode step (CUDA graph) "
                                 "from batch 1 to each KV dtype's memory ceiling; write "
                                 "results/step/<gpu-slug>/<timestamp>.csv.")
     p.add_argument("--model", nargs="+", required=True, metavar="NAME",
