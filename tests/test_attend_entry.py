@@ -216,7 +216,7 @@ BAD = [
     ("q-head_dim", dict(q=make_q(5, 4, 16)), ValueError, "head_dim 16"),
     ("q-heads", dict(q=make_q(5, 3, 32)), ValueError, "not a multiple of the cache's 2 KV heads"),
     ("q-int", dict(q=torch.zeros(5, 4, 32, dtype=torch.int32)), TypeError, "q"),
-    ("q-nan", dict(q=make_q(5, 4, 32).index_fill(0, torch.tensor([3]), float("nan"))), ValueError, "q"),
+    ("q-nan", dict(q=make_q(5, 4, 32).index_fill(0, torch.tensor([3], device=DEVICE), float("nan"))), ValueError, "q"),
     ("q-strided", dict(q=make_q(5, 4, 64)[..., ::2], backend="triton"), ValueError, "contiguous in its last"),
     ("q-fp32-triton", dict(q=make_q(5, 4, 32, torch.float32), backend="triton"), TypeError, "q is fp32"),
     ("backend", dict(backend="cuda"), ValueError, "backend='cuda'"),
@@ -256,7 +256,7 @@ def test_unchecked_calls_still_check_shapes_and_query_counts():
     good = _good()
     with pytest.raises(ValueError, match=r"qo_indptr\[2\]=4"):
         fp8kv.attend(good["q"], good["cache"], indptr([2, 2]), "triton", check=False)
-    q = good["q"].index_fill(0, torch.tensor([3]), float("nan"))
+    q = good["q"].index_fill(0, torch.tensor([3], device=DEVICE), float("nan"))
     out, _ = fp8kv.attend(q, good["cache"], good["qo_indptr"], "triton", check=False)  # contents trusted
     assert torch.isnan(out[3]).any()
 

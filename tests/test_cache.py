@@ -503,9 +503,12 @@ def test_both_write_paths_count_only_what_rounds_past_max(kv_dtype):
     rows = torch.zeros(2, 2, 16)
     rows[0, 0, :2] = torch.stack([tie, -tie])
     rows[1, 1, :2] = torch.stack([above, -above])
-    a, b = (PagedKVCache.empty(1, 16, 2, 16, kv_dtype=kv_dtype, k_scale=1.0, v_scale=1.0) for _ in range(2))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the fused write runs on a GPU, or interpreted on the CPU
+    rows = rows.to(dev)
+    a, b = (PagedKVCache.empty(1, 16, 2, 16, kv_dtype=kv_dtype, k_scale=1.0, v_scale=1.0, device=dev) for _ in range(2))
     per_side = 2 + (2 if kv_dtype == "fp8_e5m2" else 0)
-    assert a.write(rows, rows, [0, 1]) == int(write_cache(b, rows, rows, torch.tensor([0, 1]))) == 2 * per_side
+    assert a.write(rows, rows, [0, 1]) == int(write_cache(b, rows, rows, torch.tensor([0, 1], device=dev))) \
+        == 2 * per_side
     assert torch.equal(a.k_pages.view(torch.uint8), b.k_pages.view(torch.uint8))
     stored = a.k_pages.reshape(-1, 2, 16)[:2].float()
     assert stored[0, 0, :2].tolist() == stored[1, 1, :2].tolist() == [f.max, -f.max]
