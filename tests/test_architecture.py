@@ -353,3 +353,49 @@ def test_the_softmax_default_check_finds_each_spelling(tmp_path):
     probe.write_text("import math\nx = 1.0 / math.sqrt(d)\nx = 1 / sqrt(d)\nx = d ** -0.5\nx = 2 / math.sqrt(d)\n"
                      "x = torch.rsqrt(d)\nx = a / math.sqrt(d)\nx = 1 / torch.sqrt(t)\n")
     assert softmax_scale_defaults(probe) == [2, 3, 4, 8]
+
+
+TESTS = REPO / "tests"
+
+
+def fixture_names(path: Path = TESTS / "fixtures.py") -> set[str]:
+    """The public names the fixture module defines at its top level: functions and constants."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return {n for n in names if not n.startswith("_")}
+
+
+def redefinitions(path: Path, names: set[str]) -> list[str]:
+    """``name:line`` for each function (at any depth) or module-level assignment in ``path`` named like one of ``names``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = [(n.name, n.lineno) for n in ast.walk(tree)
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in names]
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        found += [(t.id, node.lineno) for t in targets if isinstance(t, ast.Name) and t.id in names]
+    return [f"{name}:{line}" for name, line in sorted(found, key=lambda f: f[1])]
+
+
+def test_test_data_has_one_home():
+    """tests/fixtures.py is the one home of the tests' caches, queries, seeded generators, device and dequant
+    tolerance: no other test module defines a name it defines (they import it)."""
+    names = fixture_names()
+    assert {"seeded", "make_cache", "make_q", "DEVICE"} <= names
+    found = {p.name: lines for p in sorted(TESTS.glob("*.py")) if p.name != "fixtures.py"
+             if (lines := redefinitions(p, names))}
+    assert found == {}, found
+
+
+def test_the_one_home_check_finds_each_kind_of_redefinition(tmp_path):
+    home = tmp_path / "fixtures.py"
+    home.write_text("DEVICE = 'cpu'\nLIMIT: int = 3\n_PRIVATE = 1\ndef make_q(): ...\ndef _inner(): ...\n")
+    assert fixture_names(home) == {"DEVICE", "LIMIT", "make_q"}
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("DEVICE = 'cuda'\nLIMIT: int = 4\ndef make_q(): ...\ndef test_x():\n    def make_q(): ...\n"
+                     "def _inner(): ...\nmake_q_too = 1\n")
+    assert redefinitions(probe, fixture_names(home)) == ["DEVICE:1", "LIMIT:2", "make_q:3", "make_q:5"]

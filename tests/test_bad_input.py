@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from fixtures import DEVICE, make_q
 
 import fp8kv
 from fp8kv.cache import PagedKVCache
@@ -20,8 +21,6 @@ from fp8kv.ops import paged_decode, write_cache
 from fp8kv.quant import relative_error
 from fp8kv.reference import decode as ref_decode
 from fp8kv.reference import output_tolerance
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(name="make_cache")
@@ -31,8 +30,7 @@ def _device_cache(make_cache):
 
 
 def query(b=2, hq=4, d=32, dtype=torch.float16, seed=1, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, hq, d, generator=g) * scale).to(DEVICE, dtype)
+    return make_q(b, hq, d, dtype, seed, scale=scale, device=DEVICE)
 
 
 def triton_matches_oracle(q, cache, tol, **kw):

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from fixtures import seeded
 
 import fp8kv
 from fp8kv import reference
@@ -89,7 +90,7 @@ def test_fold_scales_is_exact(granularity, kv_dtype, hq_per_kv, make_cache):
     lens = [9, 16, 40]
     hkv, d = 2, 16
     cache = make_cache(lens, num_kv_heads=hkv, head_dim=d, kv_dtype=kv_dtype, granularity=granularity, seed=11)
-    q = torch.randn(len(lens), hkv * hq_per_kv, d, generator=torch.Generator().manual_seed(5))
+    q = torch.randn(len(lens), hkv * hq_per_kv, d, generator=seeded(5))
     q_f, k_s, v_s, out_mult = fis.fold_scales(q, cache)  # fp32 q: the fold without rounding
     assert isinstance(k_s, float) and isinstance(v_s, float)
     assert q_f.dtype == torch.float32 and q_f.shape == q.shape
@@ -113,7 +114,7 @@ def test_fold_scales_is_exact(granularity, kv_dtype, hq_per_kv, make_cache):
 def test_fold_without_scales_is_wrong(make_cache):
     """The same computation with the folding dropped is far off: the test above can fail."""
     cache = make_cache([20, 33], granularity="head", seed=2)
-    q = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(1))
+    q = torch.randn(2, 4, 16, generator=seeded(1))
     _, k_s, v_s, _ = fis.fold_scales(q, cache)
     codes = codes_cache(cache)
     ref_out, _ = reference.decode(q, cache)
@@ -138,7 +139,7 @@ def test_fold_ratio_and_shapes(make_cache):
 
 def test_fold_rounds_once_to_q_dtype(make_cache):
     cache = make_cache([10], granularity="head", seed=8)
-    q = torch.randn(1, 2, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    q = torch.randn(1, 2, 16, generator=seeded(3)).to(torch.bfloat16)
     q_f, *_ = fis.fold_scales(q, cache)
     fold = fis.plan_scales(cache, 2)
     assert q_f.dtype == torch.bfloat16
