@@ -185,28 +185,6 @@ def test_no_module_reaches_a_private_name_of_an_ops_module(graph):
     assert found == []
 
 
-# Private names of fp8kv modules that other fp8kv modules still reach, each to become a public name of its
-# module (or to move beside its user): today's exceptions, listed so that no new one joins them.
-PRIVATE_REACH_TODAY = {
-    # the quantizer's scale method check and computations, used by the cache's scales and writes
-    "fp8kv.cache.scales": {"fp8kv.quant._check_method", "fp8kv.quant._compute_scale", "fp8kv.quant._explicit_scale"},
-    "fp8kv.cache.writing": {"fp8kv.quant._compute_scale"},
-    # the one-line rendering of a value in an error message
-    "fp8kv.cache.validation": {"fp8kv.checks._show"},
-    "fp8kv.synthetic": {"fp8kv.checks._show"},
-    # the notebook runner's folders and the pages' plotly.js, shared by the notebooks' modules
-    "fp8kv.notebooks.cli": {"fp8kv.notebooks.index._report_folders", "fp8kv.notebooks.pages._default_notebook_dir",
-                            "fp8kv.notebooks.runner._check_out"},
-    "fp8kv.notebooks.runner": {"fp8kv.notebooks.pages._PLOTLYJS_SRC", "fp8kv.notebooks.pages._default_notebook_dir"},
-    # the figures' shared style
-    "fp8kv.viz.analysis_figures": {"fp8kv.viz.style._require_columns", "fp8kv.viz.style._style_by_label",
-                                   "fp8kv.viz.style._titles"},
-    "fp8kv.viz.bench_figures": {"fp8kv.viz.style._require_columns", "fp8kv.viz.style._style_by_label",
-                                "fp8kv.viz.style._titles"},
-    "fp8kv.viz.format_figures": {"fp8kv.viz.style._require_columns"},
-}
-
-
 def _reached(line: str) -> str:
     """The dotted private name a :func:`private_reach` line names."""
     if " imports " in line:
@@ -216,13 +194,11 @@ def _reached(line: str) -> str:
 
 
 def test_no_module_of_fp8kv_reaches_a_private_name_of_another():
-    """Across the whole package: a module uses the public names of the others (those listed in
-    PRIVATE_REACH_TODAY aside)."""
+    """Across the whole package: a module uses the public names of the others."""
     mods = _package_modules()
     known = set(mods)
-    found = {name: {_reached(line) for line in private_reach(path, name, known)} for name, path in mods.items()}
-    new = {name: sorted(reached - PRIVATE_REACH_TODAY.get(name, set())) for name, reached in found.items()}
-    assert {name: reached for name, reached in new.items() if reached} == {}
+    found = {name: sorted({_reached(line) for line in private_reach(path, name, known)}) for name, path in mods.items()}
+    assert {name: reached for name, reached in found.items() if reached} == {}
 
 
 def test_the_private_reach_check_finds_each_kind_of_reach(graph, tmp_path):
