@@ -85,7 +85,6 @@ MAX_MODULE_LINES = 500  # the same limit for every module of fp8kv
 # Modules over it today, each with the reason it has not been split yet.
 LARGE_MODULES_TODAY = {
     "fp8kv.capacity": "the planner with its model and GPU registry and the Hugging Face config reader beside it",
-    "fp8kv.backends.flashinfer": "FlashInfer's decode wrapper, its prefill and their argument checks together",
 }
 
 

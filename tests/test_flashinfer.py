@@ -17,6 +17,8 @@ from fixtures import seeded
 import fp8kv
 from fp8kv import reference
 from fp8kv.backends import flashinfer as fib
+from fp8kv.backends import flashinfer_args as fia
+from fp8kv.backends import flashinfer_decode as fid
 from fp8kv.backends import flashinfer_scales as fis
 from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError, capability, check, current_arch, flashinfer_installed
@@ -190,16 +192,16 @@ def test_import_without_flashinfer_and_decode_refuses(make_cache):
 
 
 def test_missing_flashinfer_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(fib, "flashinfer_installed", lambda: False)
+    monkeypatch.setattr(fia, "flashinfer_installed", lambda: False)
     with pytest.raises(UnsupportedError, match=r"FlashInfer is not installed \(pip install 'fp8kv\[gpu\]'\)"):
-        fib._import_flashinfer()
+        fib.import_flashinfer()
 
 
 def test_broken_flashinfer_install_names_its_dependencies(monkeypatch):
-    monkeypatch.setattr(fib, "flashinfer_installed", lambda: True)
-    monkeypatch.setattr(fib, "_MODULE", "fp8kv_test_no_such_module")
+    monkeypatch.setattr(fia, "flashinfer_installed", lambda: True)
+    monkeypatch.setattr(fia, "_MODULE", "fp8kv_test_no_such_module")
     with pytest.raises(UnsupportedError, match="apache-tvm-ffi") as e:
-        fib._import_flashinfer()
+        fib.import_flashinfer()
     assert isinstance(e.value.__cause__, ImportError)
 
 
@@ -284,10 +286,10 @@ def _decoder_with_stand_in(monkeypatch, need: int, use_cuda_graph: bool = False,
     import types
 
     monkeypatch.setattr(_NeedsWorkspace, "need", need)
-    monkeypatch.setattr(fib, "_import_flashinfer",
+    monkeypatch.setattr(fid, "import_flashinfer",
                         lambda: types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=_NeedsWorkspace))
-    monkeypatch.setattr(fib, "_WORKSPACES", {})
-    monkeypatch.setattr(fib, "MAX_WORKSPACE_BYTES", 64 * 1024)
+    monkeypatch.setattr(fia, "_WORKSPACES", {})
+    monkeypatch.setattr(fia, "MAX_WORKSPACE_BYTES", 64 * 1024)
     dec = object.__new__(fib.FlashInferDecode)  # no CUDA here: only the fields _plan_dequant uses
     dec.device, dec.layout, dec.use_tensor_cores, dec.use_cuda_graph = torch.device("cpu"), "NHD", True, use_cuda_graph
     dec._workspace, dec._wrapper = dec._new_wrapper(None, start)
