@@ -1,9 +1,12 @@
 """The one home of the tests' data: seeded generators, paged caches and queries, the test device and the
-dequant-mode tolerance. tests/conftest.py offers the cache factory and a generator as fixtures; a test module
-imports the rest from here (``from fixtures import ...``) and defines none of these names again
-(tests/test_architecture.py holds it)."""
+dequant-mode tolerance; and a call counter (:func:`count_calls`). tests/conftest.py offers the cache factory
+and a generator as fixtures; a test module imports the rest from here (``from fixtures import ...``) and
+defines none of these names again (tests/test_architecture.py holds it)."""
 
 from __future__ import annotations
+
+import functools
+import sys
 
 import torch
 
@@ -96,3 +99,20 @@ def indptr(qo_lens, device=DEVICE, dtype=torch.int32) -> torch.Tensor:
 def dequant_tol(q_dtype, granularity) -> float:
     """The Triton dequant mode's output tolerance for this query dtype and scale granularity."""
     return output_tolerance("triton", "dequant", q_dtype, granularity)
+
+
+def count_calls(monkeypatch, owner, name: str, counts: dict) -> None:
+    """Replace ``owner.name`` (a function of a module, or a method of a class) and every binding of it in the
+    loaded fp8kv modules (``from ... import name``) by a wrapper counting its calls into ``counts[name]``."""
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def counting(*args, **kwargs):
+        counts[name] += 1
+        return original(*args, **kwargs)
+
+    counts[name] = 0
+    monkeypatch.setattr(owner, name, counting)
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("fp8kv") and module is not None and getattr(module, name, None) is original:
+            monkeypatch.setattr(module, name, counting)

@@ -14,7 +14,7 @@ import importlib
 
 import pytest
 import torch
-from fixtures import DEVICE, dequant_tol, indptr, make_q, matrix_cache, random_sinks, seeded
+from fixtures import DEVICE, count_calls, dequant_tol, indptr, make_q, matrix_cache, random_sinks, seeded
 
 import fp8kv
 from fp8kv import backends
@@ -261,23 +261,6 @@ def test_unchecked_calls_still_check_shapes_and_query_counts():
 
 
 # ------------------------------------------------------------------------- each check runs once
-def _spy(monkeypatch, owner, name: str, counts: dict) -> None:
-    import sys
-
-    original = getattr(owner, name)
-
-    @functools.wraps(original)
-    def counting(*args, **kwargs):
-        counts[name] += 1
-        return original(*args, **kwargs)
-
-    counts[name] = 0
-    monkeypatch.setattr(owner, name, counting)
-    for module_name, module in list(sys.modules.items()):
-        if module_name.startswith("fp8kv") and module is not None and getattr(module, name, None) is original:
-            monkeypatch.setattr(module, name, counting)
-
-
 @pytest.mark.parametrize("kv_dtype,granularity,options", [("fp8_e4m3", "tensor", {}), ("fp8_e5m2", "token_head", {}),
                                                           ("fp16", "tensor", {"num_splits": 2, "block_n": 16})])
 @pytest.mark.parametrize("entry,check", [("attend", True), ("attend", False), ("planned_attend", True)])
@@ -292,10 +275,10 @@ def test_each_check_of_the_triton_attend_runs_once_per_call(monkeypatch, kv_dtyp
     attend_checks = importlib.import_module("fp8kv.attend_checks")
     counts: dict[str, int] = {}
     for name in ("check_query", "check_query_strides", "scales_refusal"):
-        _spy(monkeypatch, capability, name, counts)
+        count_calls(monkeypatch, capability, name, counts)
     for name in ("attend_query", "qo_indptr_arg"):
-        _spy(monkeypatch, attend_checks, name, counts)
-    _spy(monkeypatch, PagedKVCache, "validate_arrays", counts)
+        count_calls(monkeypatch, attend_checks, name, counts)
+    count_calls(monkeypatch, PagedKVCache, "validate_arrays", counts)
     cache = matrix_cache([12, 30], 2, 32, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(11, 4, 32)
     once = dict.fromkeys(counts, 1)

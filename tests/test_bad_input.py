@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from fixtures import DEVICE, make_q
+from fixtures import DEVICE, count_calls, make_q
 
 import fp8kv
 from fp8kv.cache import PagedKVCache
@@ -388,25 +388,6 @@ def test_a_query_strided_in_head_dim_is_refused_where_it_enters(backend, make_ca
 
 
 # ------------------------------------------------------------------------- each check runs once
-def _spy_everywhere(monkeypatch, owner, name: str, counts: dict) -> None:
-    """Replace ``owner.name`` (a function of a module, or a method of a class) and every binding of it in the
-    loaded fp8kv modules (``from ... import name``) by a wrapper counting its calls into ``counts[name]``."""
-    import sys
-
-    original = getattr(owner, name)
-
-    @functools.wraps(original)
-    def counting(*args, **kwargs):
-        counts[name] += 1
-        return original(*args, **kwargs)
-
-    counts[name] = 0
-    monkeypatch.setattr(owner, name, counting)
-    for module_name, module in list(sys.modules.items()):
-        if module_name.startswith("fp8kv") and module is not None and getattr(module, name, None) is original:
-            monkeypatch.setattr(module, name, counting)
-
-
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 @pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize("kv_dtype,granularity,options", [("fp8_e4m3", "tensor", {}), ("fp8_e5m2", "token_head", {}),
@@ -430,7 +411,7 @@ def test_each_check_of_the_decode_path_runs_once_per_call(monkeypatch, make_cach
         pytest.skip("the reference takes no launch options")
     counts: dict[str, int] = {}
     for name in ("check_query", "check_query_strides", "scales_refusal"):
-        _spy_everywhere(monkeypatch, capability, name, counts)
+        count_calls(monkeypatch, capability, name, counts)
     spied_cache = {}
     for name in ("check_query", "validate_arrays"):
         original = getattr(PagedKVCache, name)
