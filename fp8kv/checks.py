@@ -52,7 +52,8 @@ def fail(msg: str, exc: type[Exception] = ValueError):
     raise exc(msg)
 
 
-def _show(value) -> str:
+def show_value(value) -> str:
+    """``repr(value)`` cut to 80 characters: a value as an error message shows it."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -64,7 +65,7 @@ def integer(value, name: str, *, minimum: int | None = None, maximum: int | None
                 and value.dtype != torch.bool:
             value = int(value)
         else:
-            fail(f"{name}={_show(value)} ({type(value).__name__}); expected an int", TypeError)
+            fail(f"{name}={show_value(value)} ({type(value).__name__}); expected an int", TypeError)
     value = int(value)
     if minimum is not None and value < minimum:
         fail(f"{name}={value}; expected an int >= {minimum}")
@@ -85,7 +86,7 @@ def real(value, name: str, *, minimum: float | None = None, maximum: float | Non
          inclusive: bool = True) -> float:
     """A finite real number (int or float, not a bool or a string) within the bounds."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        fail(f"{name}={_show(value)} ({type(value).__name__}); expected a finite number", TypeError)
+        fail(f"{name}={show_value(value)} ({type(value).__name__}); expected a finite number", TypeError)
     value = float(value)
     if not math.isfinite(value):
         fail(f"{name}={value}; expected a finite number")
@@ -110,7 +111,7 @@ def one_of(value, name: str, choices: Iterable) -> object:
     except TypeError:  # unhashable or incomparable
         ok = False
     if not ok:
-        fail(f"{name}={_show(value)}; expected one of {choices}")
+        fail(f"{name}={show_value(value)}; expected one of {choices}")
     return value
 
 
@@ -121,7 +122,7 @@ def many_of(values, name: str, choices: Sequence) -> list:
     try:
         values = list(values)
     except TypeError:
-        fail(f"{name}={_show(values)}; expected a list of values among {tuple(choices)}", TypeError)
+        fail(f"{name}={show_value(values)}; expected a list of values among {tuple(choices)}", TypeError)
     if not values:
         fail(f"{name} is empty; give at least one of {tuple(choices)}")
     bad = [v for v in values if v not in tuple(choices)]
@@ -184,13 +185,13 @@ def positive_fp32(value, name: str, *, expected: str, device=None) -> torch.Tens
     cannot hold (1e-300 rounds to 0, 1e300 to inf), with the value as given.
     """
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor, list, tuple)):
-        fail(f"{name}={_show(value)} ({type(value).__name__}); expected {expected}", TypeError)
+        fail(f"{name}={show_value(value)} ({type(value).__name__}); expected {expected}", TypeError)
     try:
         # Python numbers as float64: the default dtype (fp32) would turn 1e-300 into 0 before the check
         t = torch.as_tensor(value, device=device,
                             dtype=None if isinstance(value, torch.Tensor) else torch.float64)
     except (TypeError, ValueError, RuntimeError):  # e.g. ["a"], ragged lists
-        fail(f"{name}={_show(value)} is not a list of numbers; expected {expected}", TypeError)
+        fail(f"{name}={show_value(value)} is not a list of numbers; expected {expected}", TypeError)
     if t.dtype == torch.bool or t.is_complex():
         fail(f"{name} has dtype {t.dtype}; expected a real (fp32) tensor of positive values", TypeError)
     wide = t.to(torch.float64)
@@ -220,7 +221,7 @@ def int_tensor(value, name: str, *, ndim: int, device: torch.device | None = Non
 def device(value, name: str = "device") -> torch.device:
     """A torch device that exists on this machine (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a torch.device)."""
     if not isinstance(value, (str, torch.device)):
-        fail(f"{name}={_show(value)} ({type(value).__name__}); expected a device such as 'cpu' or 'cuda'",
+        fail(f"{name}={show_value(value)} ({type(value).__name__}); expected a device such as 'cpu' or 'cuda'",
              TypeError)
     try:
         dev = torch.device(value)
@@ -248,7 +249,7 @@ class ArgumentParser(argparse.ArgumentParser):
 def output_folder(path, name: str) -> str:
     """A folder that exists or can be made and written: not a file, not under a file, writable."""
     if not isinstance(path, (str, os.PathLike)):
-        fail(f"{name}={_show(path)} ({type(path).__name__}); expected a folder path", TypeError)
+        fail(f"{name}={show_value(path)} ({type(path).__name__}); expected a folder path", TypeError)
     path = os.fspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
         fail(f"{name}={path!r} is an existing file; expected a folder")

@@ -127,7 +127,7 @@ def _check_input(x) -> None:
         raise ValueError(f"x is on {x.device}; the quantizer takes tensors on 'cpu' or a CUDA device")
 
 
-def _check_method(method, percentile, name: str = "scale") -> float:
+def check_scale_method(method, percentile, name: str = "scale") -> float:
     """Validate a scale method name (the argument ``name``) and the percentile; return the percentile."""
     if not isinstance(method, str):
         checks.fail(f"{name}={method!r} ({type(method).__name__}); expected a method name among "
@@ -159,13 +159,13 @@ def compute_scale(x: torch.Tensor, fmt="e4m3", granularity="tensor", method="ama
     _check_input(x)
     checks.finite_tensor(x, "x")
     checks.fp32_range_tensor(x, "x")
-    return _compute_scale(x, format(fmt), granularity, method, percentile)
+    return compute_scale_unchecked(x, format(fmt), granularity, method, percentile)
 
 
-def _compute_scale(x: torch.Tensor, f: FP8Format, granularity, method, percentile) -> torch.Tensor:
+def compute_scale_unchecked(x: torch.Tensor, f: FP8Format, granularity, method, percentile) -> torch.Tensor:
     """:func:`compute_scale` on an input already checked (finite, float, >= 2 dims)."""
     _check_granularity(granularity)
-    percentile = _check_method(method, percentile)
+    percentile = check_scale_method(method, percentile)
     a = x.detach().abs().to(torch.float32)
     stat = _group_stat(a, granularity, percentile if method == "percentile" else None)
     return scale_from_stat(stat, _VLLM_DIVISORS.get(method, f.max)).contiguous()
@@ -298,9 +298,9 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
     if scale is None:
         scale = "amax"
     if isinstance(scale, str):
-        _check_method(scale, percentile)
+        check_scale_method(scale, percentile)
     else:
-        s = _explicit_scale(scale, shape, granularity, x.device)
+        s = explicit_scale(scale, shape, granularity, x.device)
     if nonfinite == "raise":
         _check_finite(x, "x")  # on x itself: its own values in the message
     checks.fp32_range_tensor(x, "x")  # before the fp32 copy turns such values into inf
@@ -317,7 +317,7 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
             xf = torch.where(torch.isnan(xf), torch.zeros_like(xf), xf)
 
     if isinstance(scale, str):
-        s = _compute_scale(x_stat, f, granularity, scale, percentile)
+        s = compute_scale_unchecked(x_stat, f, granularity, scale, percentile)
 
     y = xf / broadcast_scale(s, x.ndim, granularity)
     if n_nonfinite:  # ±Inf / scale is ±Inf: make it ±fp32 max so the clamp saturates (and counts) it
@@ -329,7 +329,7 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
     return Quantized(data, s, f, granularity, saturated, underflow, n_nonfinite)
 
 
-def _explicit_scale(scale, shape: tuple, granularity: str, device: torch.device,
+def explicit_scale(scale, shape: tuple, granularity: str, device: torch.device,
                     name: str = "scale") -> torch.Tensor:
     """A given scale (positive finite number, or a tensor / sequence of them) as fp32 ``shape``."""
     s = checks.positive_fp32(scale, name, device=device, expected=f"None, a method name among {SCALE_METHODS}, "

@@ -257,13 +257,13 @@ def _positions(position, n: int) -> np.ndarray:
     would rotate every channel into NaN; a string or bool is not a position (NumPy would convert "5")."""
     what = f"expected an int or a sequence of {n} ints (token positions >= 0)"
     if isinstance(position, (str, bytes, bool)):
-        checks.fail(f"position={checks._show(position)} ({type(position).__name__}); {what}", TypeError)
+        checks.fail(f"position={checks.show_value(position)} ({type(position).__name__}); {what}", TypeError)
     try:
         pos = np.asarray(position)
     except (TypeError, ValueError, RuntimeError):  # ragged lists, unconvertible objects
         pos = None
     if pos is None or pos.dtype.kind not in "iuf":  # bools ("b"), strings, objects
-        checks.fail(f"position={checks._show(position)} is not a number or a list of numbers; {what}", TypeError)
+        checks.fail(f"position={checks.show_value(position)} is not a number or a list of numbers; {what}", TypeError)
     pos = pos.astype(np.float64)
     if pos.ndim == 0:
         pos = np.full(n, float(pos))
@@ -300,7 +300,7 @@ def ragged_kv(seq_lens, num_kv_heads: int, head_dim: int, *, seed: int = 0,
     matrix and the kernel tests check decode on this data. ``seed``: an int in [-2**63, 2**64 - 1]
     (what ``torch.Generator.manual_seed`` takes)."""
     if isinstance(seq_lens, (str, bytes)) or not hasattr(seq_lens, "__iter__"):
-        checks.fail(f"seq_lens={checks._show(seq_lens)} ({type(seq_lens).__name__}); expected a list of ints, "
+        checks.fail(f"seq_lens={checks.show_value(seq_lens)} ({type(seq_lens).__name__}); expected a list of ints, "
                     "one length per sequence", TypeError)
     lens = [checks.nonnegative_int(n, f"seq_lens[{i}]") for i, n in enumerate(seq_lens)]
     if not lens or max(lens) < 1:

@@ -36,7 +36,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # KV storage formats beside FP8 (built on the quantizer)
     ("capability", "cache", "attend_checks"),  # what runs where; the paged cache; the multi-token query checks
     ("reference", "synthetic"),  # the fp32 oracle; synthetic K/V and caches
-    ("ops", "capacity"),  # fp8kv's kernels and their launchers (plan, run); the capacity planner
+    ("ops", "capacity", "capacity_registry"),  # fp8kv's kernels and their launchers (plan, run); the capacity
+    # planner and the models and GPUs it knows
     ("backends",),  # fp8kv.decode and its backends
     ("models", "results", "sweeps", "viz"),  # real models; results IO; what measured sweeps share; figures
     ("bench", "matrix", "step", "analysis", "ui"),  # measurements behind the notebooks

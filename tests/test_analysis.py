@@ -11,6 +11,7 @@ import types
 import pandas as pd
 import pytest
 import torch
+from fixtures import seeded
 
 from fp8kv import analysis
 from fp8kv.analysis.errors import _layer_ids
@@ -138,7 +139,7 @@ def test_percentile_saturates_and_vllm_leaves_headroom(table):
 
 
 def test_token_head_beats_tensor_on_per_token_spread():
-    gen = torch.Generator().manual_seed(4)
+    gen = seeded(4)
     mags = 10.0 ** torch.linspace(-7, 0, 64)  # tokens spanning seven decades
     k = torch.randn(64, 2, 16, generator=gen) * mags[:, None, None]
     v = torch.randn(64, 2, 16, generator=gen) * mags.flip(0)[:, None, None]
@@ -364,7 +365,7 @@ def test_roundtrip_sweep_bounds_and_regions():
 def test_scale_sweep_amax_is_independent_of_spread():
     from fp8kv.analysis import scale_sweep
 
-    base = torch.randn(64, 2, 16, generator=torch.Generator().manual_seed(0))
+    base = torch.randn(64, 2, 16, generator=seeded(0))
     table = scale_sweep(base, [2.0**-20, 1.0, 2.0**20], formats=["e4m3"])
     amax = table[table["scale"] == "amax"]["rel_error"]
     one = table[table["scale"] == "1.0"].set_index("sigma")
@@ -385,7 +386,7 @@ def test_cast_comparison_saturates_where_a_bare_cast_does_not():
     assert summary["e5m2"]["bare_nonfinite"] >= 1  # torch's bare e5m2 cast overflows to inf
 
 
-_K = torch.randn(8, 2, 16, generator=torch.Generator().manual_seed(0))
+_K = torch.randn(8, 2, 16, generator=seeded(0))
 
 
 @pytest.mark.parametrize("call, exc, words", [

@@ -82,11 +82,6 @@ def _ops_modules(graph) -> dict[str, Path]:
 
 
 MAX_MODULE_LINES = 500  # the same limit for every module of fp8kv
-# Modules over it today, each with the reason it has not been split yet.
-LARGE_MODULES_TODAY = {
-    "fp8kv.capacity": "the planner with its model and GPU registry and the Hugging Face config reader beside it",
-    "fp8kv.backends.flashinfer": "FlashInfer's decode wrapper, its prefill and their argument checks together",
-}
 
 
 def _package_modules() -> dict[str, Path]:
@@ -99,8 +94,7 @@ def _package_modules() -> dict[str, Path]:
 def test_every_module_of_fp8kv_stays_small():
     sizes = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in _package_modules().items()}
     assert len(sizes) > 50, sorted(sizes)  # the package was found
-    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
-    assert {name: n for name, n in over.items() if name not in LARGE_MODULES_TODAY} == {}
+    assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
 
 
 def test_every_ops_module_stays_small(graph):
@@ -185,28 +179,6 @@ def test_no_module_reaches_a_private_name_of_an_ops_module(graph):
     assert found == []
 
 
-# Private names of fp8kv modules that other fp8kv modules still reach, each to become a public name of its
-# module (or to move beside its user): today's exceptions, listed so that no new one joins them.
-PRIVATE_REACH_TODAY = {
-    # the quantizer's scale method check and computations, used by the cache's scales and writes
-    "fp8kv.cache.scales": {"fp8kv.quant._check_method", "fp8kv.quant._compute_scale", "fp8kv.quant._explicit_scale"},
-    "fp8kv.cache.writing": {"fp8kv.quant._compute_scale"},
-    # the one-line rendering of a value in an error message
-    "fp8kv.cache.validation": {"fp8kv.checks._show"},
-    "fp8kv.synthetic": {"fp8kv.checks._show"},
-    # the notebook runner's folders and the pages' plotly.js, shared by the notebooks' modules
-    "fp8kv.notebooks.cli": {"fp8kv.notebooks.index._report_folders", "fp8kv.notebooks.pages._default_notebook_dir",
-                            "fp8kv.notebooks.runner._check_out"},
-    "fp8kv.notebooks.runner": {"fp8kv.notebooks.pages._PLOTLYJS_SRC", "fp8kv.notebooks.pages._default_notebook_dir"},
-    # the figures' shared style
-    "fp8kv.viz.analysis_figures": {"fp8kv.viz.style._require_columns", "fp8kv.viz.style._style_by_label",
-                                   "fp8kv.viz.style._titles"},
-    "fp8kv.viz.bench_figures": {"fp8kv.viz.style._require_columns", "fp8kv.viz.style._style_by_label",
-                                "fp8kv.viz.style._titles"},
-    "fp8kv.viz.format_figures": {"fp8kv.viz.style._require_columns"},
-}
-
-
 def _reached(line: str) -> str:
     """The dotted private name a :func:`private_reach` line names."""
     if " imports " in line:
@@ -216,13 +188,11 @@ def _reached(line: str) -> str:
 
 
 def test_no_module_of_fp8kv_reaches_a_private_name_of_another():
-    """Across the whole package: a module uses the public names of the others (those listed in
-    PRIVATE_REACH_TODAY aside)."""
+    """Across the whole package: a module uses the public names of the others."""
     mods = _package_modules()
     known = set(mods)
-    found = {name: {_reached(line) for line in private_reach(path, name, known)} for name, path in mods.items()}
-    new = {name: sorted(reached - PRIVATE_REACH_TODAY.get(name, set())) for name, reached in found.items()}
-    assert {name: reached for name, reached in new.items() if reached} == {}
+    found = {name: sorted({_reached(line) for line in private_reach(path, name, known)}) for name, path in mods.items()}
+    assert {name: reached for name, reached in found.items() if reached} == {}
 
 
 def test_the_private_reach_check_finds_each_kind_of_reach(graph, tmp_path):
@@ -353,3 +323,49 @@ def test_the_softmax_default_check_finds_each_spelling(tmp_path):
     probe.write_text("import math\nx = 1.0 / math.sqrt(d)\nx = 1 / sqrt(d)\nx = d ** -0.5\nx = 2 / math.sqrt(d)\n"
                      "x = torch.rsqrt(d)\nx = a / math.sqrt(d)\nx = 1 / torch.sqrt(t)\n")
     assert softmax_scale_defaults(probe) == [2, 3, 4, 8]
+
+
+TESTS = REPO / "tests"
+
+
+def fixture_names(path: Path = TESTS / "fixtures.py") -> set[str]:
+    """The public names the fixture module defines at its top level: functions and constants."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return {n for n in names if not n.startswith("_")}
+
+
+def redefinitions(path: Path, names: set[str]) -> list[str]:
+    """``name:line`` for each function (at any depth) or module-level assignment in ``path`` named like one of ``names``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = [(n.name, n.lineno) for n in ast.walk(tree)
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in names]
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        found += [(t.id, node.lineno) for t in targets if isinstance(t, ast.Name) and t.id in names]
+    return [f"{name}:{line}" for name, line in sorted(found, key=lambda f: f[1])]
+
+
+def test_test_data_has_one_home():
+    """tests/fixtures.py is the one home of the tests' caches, queries, seeded generators, device and dequant
+    tolerance: no other test module defines a name it defines (they import it)."""
+    names = fixture_names()
+    assert {"seeded", "make_cache", "make_q", "DEVICE"} <= names
+    found = {p.name: lines for p in sorted(TESTS.glob("*.py")) if p.name != "fixtures.py"
+             if (lines := redefinitions(p, names))}
+    assert found == {}, found
+
+
+def test_the_one_home_check_finds_each_kind_of_redefinition(tmp_path):
+    home = tmp_path / "fixtures.py"
+    home.write_text("DEVICE = 'cpu'\nLIMIT: int = 3\n_PRIVATE = 1\ndef make_q(): ...\ndef _inner(): ...\n")
+    assert fixture_names(home) == {"DEVICE", "LIMIT", "make_q"}
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("DEVICE = 'cuda'\nLIMIT: int = 4\ndef make_q(): ...\ndef test_x():\n    def make_q(): ...\n"
+                     "def _inner(): ...\nmake_q_too = 1\n")
+    assert redefinitions(probe, fixture_names(home)) == ["DEVICE:1", "LIMIT:2", "make_q:3", "make_q:5"]

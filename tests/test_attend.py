@@ -17,33 +17,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixtures import DEVICE, dequant_tol, indptr, make_q, matrix_cache, random_sinks
 
 from fp8kv.capability import UnsupportedError
 from fp8kv.quant import relative_error
+from fp8kv.reference import FP8_MODE_TOL, lse_tolerance
 from fp8kv.reference import attend as ref_attend
 from fp8kv.reference import decode as ref_decode
-from fp8kv.reference import lse_tolerance
 
 triton = pytest.importorskip("triton")
-from test_ops import DEVICE, FP8_MODE_TOL, dequant_tol, make_cache  # noqa: E402
 
 from fp8kv.ops.attend import AttendPlan, attend, attend_launch, plan, run  # noqa: E402
 
 FP8_NAN_CODE = 0x7F  # NaN in both e4m3fn and e5m2
-
-
-def indptr(qo_lens, device=DEVICE, dtype=torch.int32) -> torch.Tensor:
-    """``qo_indptr`` of these per-sequence new-token counts."""
-    return torch.tensor([0, *torch.tensor(qo_lens).cumsum(0).tolist()], dtype=dtype, device=device)
-
-
-def make_q(total_q, hq, d, dtype=torch.float16, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(total_q, hq, d, generator=g).to(DEVICE, dtype)
-
-
-def random_sinks(hq, seed=3):
-    return (torch.randn(hq, generator=torch.Generator().manual_seed(seed)) * 2).to(DEVICE)
 
 
 def dense_causal(q, cache, qo_lens, sm_scale, window=None, soft_cap=None, sinks=None):
@@ -93,7 +79,7 @@ def _variant(spec, hq):
 @pytest.mark.parametrize("q_dtype", [torch.float16, torch.float32])
 def test_oracle_one_new_token_is_decode_bit_for_bit(spec, q_dtype):
     lens = [1, 17, 40]
-    cache = make_cache(lens, 2, 64, granularity="head")
+    cache = matrix_cache(lens, 2, 64, granularity="head")
     q = make_q(3, 6, 64, q_dtype)
     kw = _variant(spec, 6)
     out, lse = ref_attend(q, cache, indptr([1, 1, 1]), return_lse=True, **kw)
@@ -106,7 +92,7 @@ def test_oracle_one_new_token_is_decode_bit_for_bit(spec, q_dtype):
 def test_oracle_rows_are_decodes_of_the_truncated_cache(spec):
     """Row j of sequence i is what decode answers over the cache cut after the row's position."""
     lens, qo_lens = [9, 20, 5], [4, 7, 5]  # the last sequence is all new tokens
-    cache = make_cache(lens, 1, 32, kv_dtype="fp8_e5m2", granularity="token_head")
+    cache = matrix_cache(lens, 1, 32, kv_dtype="fp8_e5m2", granularity="token_head")
     q = make_q(sum(qo_lens), 3, 32)
     kw = _variant(spec, 3)
     out, lse = ref_attend(q, cache, indptr(qo_lens), return_lse=True, **kw)
@@ -122,7 +108,7 @@ def test_oracle_rows_are_decodes_of_the_truncated_cache(spec):
 
 def test_oracle_is_causal_a_later_key_changes_no_earlier_row():
     lens, qo_lens = [12, 30], [5, 8]
-    cache = make_cache(lens, 2, 32, kv_dtype="bf16")
+    cache = matrix_cache(lens, 2, 32, kv_dtype="bf16")
     q = make_q(13, 4, 32)
     before = ref_attend(q, cache, indptr(qo_lens), return_lse=True)
     # rewrite the last token of sequence 1 (its last new token): only that query sees it
@@ -138,7 +124,7 @@ def test_oracle_is_causal_a_later_key_changes_no_earlier_row():
 @pytest.mark.parametrize("spec", VARIANTS, ids=lambda s: "-".join(s) or "plain")
 def test_oracle_matches_a_dense_causal_softmax(spec):
     lens, qo_lens = [29 + 37, 6, 8, 1], [37, 0, 3, 1]  # a chunk after 29 cached tokens, no rows, all new
-    cache = make_cache(lens, 2, 32, granularity="channel")
+    cache = matrix_cache(lens, 2, 32, granularity="channel")
     q = make_q(sum(qo_lens), 6, 32)
     kw = _variant(spec, 6)
     out, lse = ref_attend(q, cache, indptr(qo_lens, dtype=torch.int64), sm_scale=0.3, return_lse=True, **kw)
@@ -149,7 +135,7 @@ def test_oracle_matches_a_dense_causal_softmax(spec):
 
 
 def test_oracle_sequences_without_new_tokens_have_no_rows():
-    cache = make_cache([4, 10, 7], 1, 32)
+    cache = matrix_cache([4, 10, 7], 1, 32)
     q = make_q(3, 2, 32)
     out, lse = ref_attend(q, cache, indptr([0, 3, 0]), return_lse=True)
     alone = ref_attend(q, cache.select([1]), indptr([3]), return_lse=True)
@@ -157,7 +143,7 @@ def test_oracle_sequences_without_new_tokens_have_no_rows():
     empty = ref_attend(q[:0], cache, indptr([0, 0, 0]), return_lse=True)
     assert empty[0].shape == (0, 2, 32) and empty[1].shape == (0, 2)
     # a sequence of no tokens at all takes no rows either
-    short = make_cache([0, 5], 1, 32)
+    short = matrix_cache([0, 5], 1, 32)
     assert torch.equal(ref_attend(q[:2], short, indptr([0, 2])), ref_attend(q[:2], short.select([1]), indptr([2])))
 
 
@@ -213,7 +199,7 @@ BAD_ORACLE = _bad_oracle_inputs()
 
 @pytest.mark.parametrize("name,mutate,exc,pattern", BAD_ORACLE, ids=[b[0] for b in BAD_ORACLE])
 def test_oracle_refuses_bad_input_by_name(name, mutate, exc, pattern):
-    cache = make_cache([6, 9], 2, 32)
+    cache = matrix_cache([6, 9], 2, 32)
     kw = mutate(dict(q=make_q(5, 4, 32), cache=cache, qo_indptr=indptr([2, 3])))
     with pytest.raises(exc, match=pattern):
         ref_attend(kw.pop("q"), kw.pop("cache"), kw.pop("qo_indptr"), **kw)
@@ -222,11 +208,11 @@ def test_oracle_refuses_bad_input_by_name(name, mutate, exc, pattern):
 @pytest.mark.parametrize("bad", [1, "yes", None])
 def test_oracle_refuses_a_return_lse_that_is_not_a_bool(bad):
     with pytest.raises(TypeError, match="return_lse"):
-        ref_attend(make_q(5, 4, 32), make_cache([6, 9], 2, 32), indptr([2, 3]), return_lse=bad)
+        ref_attend(make_q(5, 4, 32), matrix_cache([6, 9], 2, 32), indptr([2, 3]), return_lse=bad)
 
 
 def test_oracle_refuses_a_cache_whose_tables_were_corrupted():
-    cache = make_cache([6, 9], 2, 32)
+    cache = matrix_cache([6, 9], 2, 32)
     cache.block_table[1, 0] = cache.num_blocks + 3
     with pytest.raises(ValueError, match=r"block_table\[1, 0\]"):
         ref_attend(make_q(5, 4, 32), cache, indptr([2, 3]))
@@ -259,7 +245,7 @@ def test_kernel_spec_verify_lengths(q_len):
     """Draft lengths 1-8 at group 4 (rows = q_len x 4), a sequence made of new tokens only, one past a
     page and one of several pages; one split and the default (several: few rows), e4m3 head scales."""
     lens = [q_len, 17, 40]
-    cache = make_cache(lens, 2, 64, granularity="head", seed=q_len)
+    cache = matrix_cache(lens, 2, 64, granularity="head", seed=q_len)
     q = make_q(3 * q_len, 8, 64, seed=q_len)
     for splits in (1, None):
         check_kernel(q, cache, [q_len] * 3, num_splits=splits, block_n=16)
@@ -271,7 +257,7 @@ def test_kernel_chunk_after_cached_tokens(kv_dtype, group, block_m):
     """A chunk of 37 new tokens after 29 cached ones beside a 3-token draft: tiles of 16-64 rows, some
     starting inside a query's group of heads, each reading only the keys up to its last row."""
     lens, qo_lens = [29 + 37, 11], [37, 3]
-    cache = make_cache(lens, 2, 64, kv_dtype=kv_dtype, seed=group)
+    cache = matrix_cache(lens, 2, 64, kv_dtype=kv_dtype, seed=group)
     q = make_q(40, 2 * group, 64, seed=group)
     check_kernel(q, cache, qo_lens, block_m=block_m, block_n=32)
 
@@ -280,7 +266,7 @@ def test_kernel_ragged_batch_with_sequences_without_rows():
     """qo_len 0 (a cached sequence, and an empty one) between sequences with rows; all rows of the
     batch in one call, split and not."""
     lens, qo_lens = [4, 20, 0, 9, 30, 1], [0, 5, 0, 1, 12, 1]
-    cache = make_cache(lens, 1, 64, kv_dtype="fp8_e5m2", granularity="tensor")
+    cache = matrix_cache(lens, 1, 64, kv_dtype="fp8_e5m2", granularity="tensor")
     q = make_q(sum(qo_lens), 4, 64)
     for splits in (1, 2):
         check_kernel(q, cache, qo_lens, num_splits=splits, block_m=16, block_n=16)
@@ -297,7 +283,7 @@ HEAD_LAYOUTS = [(1, 80, "HND", "channel"), (2, 64, "NHD", "token_head"), (4, 80,
 @pytest.mark.parametrize("group,head_dim,layout,granularity", HEAD_LAYOUTS)
 def test_kernel_head_layouts_and_page_layouts(group, head_dim, layout, granularity):
     lens, qo_lens = [13, 33, 6], [3, 9, 6]
-    cache = make_cache(lens, 2, head_dim, granularity=granularity, layout=layout, seed=group)
+    cache = matrix_cache(lens, 2, head_dim, granularity=granularity, layout=layout, seed=group)
     q = make_q(18, 2 * group, head_dim, seed=head_dim)
     check_kernel(q, cache, qo_lens, block_n=16, num_splits=2)
 
@@ -308,7 +294,7 @@ def test_kernel_mqa_wide_groups_and_head_dims(hkv, group, head_dim, block_m, mod
     """MQA groups whose rows fill several tiles per query (20 heads in tiles of 16: a query's heads split
     across programs) or one tile per two queries, and the widest head dim (256)."""
     lens, qo_lens = [11, 30], [3, 9]
-    cache = make_cache(lens, hkv, head_dim, granularity="head", seed=group)
+    cache = matrix_cache(lens, hkv, head_dim, granularity="head", seed=group)
     q = make_q(12, hkv * group, head_dim, seed=group)
     check_kernel(q, cache, qo_lens, mode, block_m=block_m, block_n=32, num_splits=2)
 
@@ -317,7 +303,7 @@ def test_kernel_mqa_wide_groups_and_head_dims(hkv, group, head_dim, block_m, mod
 @pytest.mark.parametrize("granularity", ["tensor", "head", "token_head", "channel"])
 def test_kernel_dequant_scale_granularities(kv_dtype, granularity):
     lens, qo_lens = [23, 8], [5, 8]
-    cache = make_cache(lens, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
+    cache = matrix_cache(lens, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(13, 4, 64)
     check_kernel(q, cache, qo_lens, block_n=16, block_m=16)
 
@@ -326,7 +312,7 @@ def test_kernel_dequant_scale_granularities(kv_dtype, granularity):
 @pytest.mark.parametrize("granularity", ["tensor", "head", "channel"])
 def test_kernel_fp8_mode_scale_granularities(kv_dtype, granularity):
     lens, qo_lens = [23, 40], [5, 29]
-    cache = make_cache(lens, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
+    cache = matrix_cache(lens, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(34, 4, 64)
     for splits in (1, 2):
         check_kernel(q, cache, qo_lens, mode="fp8", num_splits=splits, block_n=32, block_m=32)
@@ -335,7 +321,7 @@ def test_kernel_fp8_mode_scale_granularities(kv_dtype, granularity):
 def test_kernel_fp8_mode_is_really_fp8():
     """fp8 mode rounds q and p to e4m3: its error must be well above dequant mode's on the same input."""
     lens, qo_lens = [23, 40], [5, 29]
-    cache = make_cache(lens, 2, 64)
+    cache = matrix_cache(lens, 2, 64)
     q = make_q(34, 4, 64)
     e_deq = check_kernel(q, cache, qo_lens, block_n=32)
     e_fp8 = check_kernel(q, cache, qo_lens, mode="fp8", block_n=32)
@@ -346,9 +332,9 @@ def test_kernel_bf16_cache_and_queries_and_out_dtypes():
     """bf16 pages with bf16 queries (computed in fp32 by the interpreter, rounded by torch), and each
     out_dtype of an fp16 query over FP8 pages."""
     lens, qo_lens = [19, 7], [6, 7]
-    cache = make_cache(lens, 2, 64, kv_dtype="bf16")
+    cache = matrix_cache(lens, 2, 64, kv_dtype="bf16")
     check_kernel(make_q(13, 4, 64, torch.bfloat16), cache, qo_lens, block_n=16)
-    fp8 = make_cache(lens, 2, 64)
+    fp8 = matrix_cache(lens, 2, 64)
     for out_dtype in (torch.float16, torch.bfloat16, torch.float32):
         # the output is rounded to out_dtype: a bf16 output takes bf16's u in the decode's 2u bound
         tol = dequant_tol(torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float16, "tensor")
@@ -365,7 +351,7 @@ def test_kernel_variants(spec, mode, granularity):
     """Window (from each query's own position; 1: the query alone; 50: past every sequence but within the
     page table; 1000: past the page table, the plain kernel), soft cap and sinks, over a chunk, a draft and a lone token, one split and several."""
     lens, qo_lens = [25 + 21, 9, 12], [21, 4, 1]
-    cache = make_cache(lens, 2, 64, granularity=granularity, max_seq_len=64)
+    cache = matrix_cache(lens, 2, 64, granularity=granularity, max_seq_len=64)
     q = make_q(26, 6, 64)
     kw = _variant(spec, 6)
     for splits in (1, 3):
@@ -395,7 +381,7 @@ def test_kernel_reads_no_key_past_a_tiles_last_row(kv_dtype, layout, mode):
     position 8 + 15 are poisoned. The first tile's rows never read them (bit-identical to the clean
     cache), the later rows do (NaN): fully masked key tiles are skipped, not masked."""
     lens, qo_lens = [48], [40]
-    clean = make_cache(lens, 2, 64, kv_dtype=kv_dtype, layout=layout)
+    clean = matrix_cache(lens, 2, 64, kv_dtype=kv_dtype, layout=layout)
     dirty = clean.clone()
     _poison(dirty, {0: range(8 + 16, 48)})
     q = make_q(40, 2, 64)
@@ -412,7 +398,7 @@ def test_kernel_reads_no_key_before_the_window(kv_dtype, layout, mode):
     """Window 9: keys before the first query's window (of a chunk and of a draft) are poisoned; no row
     reads them, with one split and several."""
     lens, qo_lens = [30 + 20, 25], [20, 3]
-    clean = make_cache(lens, 2, 64, kv_dtype=kv_dtype, layout=layout, max_seq_len=64)
+    clean = matrix_cache(lens, 2, 64, kv_dtype=kv_dtype, layout=layout, max_seq_len=64)
     dirty = clean.clone()
     _poison(dirty, {0: range(0, 30 - 8), 1: range(0, 22 - 8)})
     q = make_q(23, 4, 64)
@@ -425,7 +411,7 @@ def test_kernel_reads_no_key_before_the_window(kv_dtype, layout, mode):
 
 # ------------------------------------------------------------------------------------------ launch
 def test_launch_sizes_tiles_by_the_rows_and_splits_few_rows():
-    cache = make_cache([4000, 4000], 2, 128)
+    cache = matrix_cache([4000, 4000], 2, 128)
     draft = attend_launch([4, 4], [4000, 4000], cache, 4, "dequant", num_sms=132)
     assert draft["block_m"] == 16 and draft["num_splits"] > 1  # 16 rows a sequence: few programs, split
     chunk = attend_launch([512, 512], [4000, 4000], cache, 4, "dequant", num_sms=132)
@@ -448,7 +434,7 @@ def test_a_plan_runs_what_attend_computes_bit_for_bit(kw):
     """attend() is checks + plan + run: a plan made once and run (twice) answers the same bits."""
     kw = {k: (random_sinks(8) if v == "sinks" else v) for k, v in kw.items()}
     lens, qo_lens = [21, 40, 5], [3, 16, 0]
-    cache = make_cache(lens, 2, 64, granularity="head")
+    cache = matrix_cache(lens, 2, 64, granularity="head")
     q = make_q(sum(qo_lens), 8, 64)
     p = plan(q, cache, indptr(qo_lens), **kw)
     assert isinstance(p, AttendPlan) and p.qo_lens == tuple(qo_lens) and p.shape == tuple(q.shape)
@@ -462,7 +448,7 @@ def test_a_plan_reads_the_query_when_it_runs_and_takes_counts_read_already():
     """A plan holds no query: refilled in place, the next run answers for the new values. Planned from the
     query's shape alone (a meta tensor) with the counts given, it is the same plan."""
     lens, qo_lens = [9, 30], [4, 7]
-    cache = make_cache(lens, 1, 32)
+    cache = matrix_cache(lens, 1, 32)
     q = make_q(11, 2, 32)
     p = plan(q, cache, indptr(qo_lens))
     first = run(p, q, cache, indptr(qo_lens))[0].clone()
@@ -482,7 +468,7 @@ def test_a_plan_reads_the_query_when_it_runs_and_takes_counts_read_already():
       if DEVICE == "cpu" else []),
 ])
 def test_a_plan_refuses_options_it_does_not_take_by_name(name, options, exc, pattern):
-    cache = make_cache([6, 9], 2, 32)
+    cache = matrix_cache([6, 9], 2, 32)
     with pytest.raises(exc, match=pattern):
         plan(make_q(5, 4, 32), cache, indptr([2, 3]), **options)
 
@@ -490,7 +476,7 @@ def test_a_plan_refuses_options_it_does_not_take_by_name(name, options, exc, pat
 def test_a_plan_refuses_split_partials_past_32_bit_offsets():
     """The split combine addresses [total_q, Hq, splits, D] partials with 32-bit offsets: a plan whose
     partials would pass 2^31 elements asks for fewer splits, by name (planned from the shape alone)."""
-    cache = make_cache([4096], 1, 32)
+    cache = matrix_cache([4096], 1, 32)
     q = torch.empty(2**17, 8, 32, dtype=torch.float16, device="meta")
     with pytest.raises(ValueError, match="num_splits=64: .* exceed"):
         plan(q, cache, None, qo_lens=[2**17], num_splits=64, block_n=64)
@@ -500,7 +486,7 @@ def test_a_plan_refuses_split_partials_past_32_bit_offsets():
 # ------------------------------------------------------------------------------- bad input: kernel
 @pytest.mark.parametrize("name,mutate,exc,pattern", BAD_ORACLE, ids=[b[0] for b in BAD_ORACLE])
 def test_kernel_refuses_what_the_oracle_refuses(name, mutate, exc, pattern):
-    cache = make_cache([6, 9], 2, 32)
+    cache = matrix_cache([6, 9], 2, 32)
     kw = mutate(dict(q=make_q(5, 4, 32), cache=cache, qo_indptr=indptr([2, 3])))
     with pytest.raises(exc, match=pattern):
         attend(kw.pop("q"), kw.pop("cache"), kw.pop("qo_indptr"), **kw)
@@ -529,7 +515,7 @@ BAD_LAUNCH = [
 
 @pytest.mark.parametrize("name,changes,exc,pattern", BAD_LAUNCH, ids=[b[0] for b in BAD_LAUNCH])
 def test_kernel_refuses_bad_launch_options_by_name(name, changes, exc, pattern):
-    kw = {**dict(q=make_q(5, 4, 32), cache=make_cache([6, 9], 2, 32), qo_indptr=indptr([2, 3])), **changes}
+    kw = {**dict(q=make_q(5, 4, 32), cache=matrix_cache([6, 9], 2, 32), qo_indptr=indptr([2, 3])), **changes}
     with pytest.raises(exc, match=pattern):
         attend(kw.pop("q"), kw.pop("cache"), kw.pop("qo_indptr"), **kw)
 
@@ -540,7 +526,7 @@ def test_kernel_refuses_bad_launch_options_by_name(name, changes, exc, pattern):
     ("fp8_e4m3", "token_head", torch.float16, UnsupportedError, "token_head needs dequant mode"),
 ])
 def test_kernel_refuses_what_it_cannot_run(kv_dtype, granularity, q_dtype, exc, pattern):
-    cache = make_cache([6, 9], 2, 32, kv_dtype=kv_dtype, granularity=granularity)
+    cache = matrix_cache([6, 9], 2, 32, kv_dtype=kv_dtype, granularity=granularity)
     with pytest.raises(exc, match=pattern):
         attend(make_q(5, 4, 32, q_dtype), cache, indptr([2, 3]), mode="dequant" if kv_dtype == "bf16" else "fp8")
 
@@ -555,7 +541,7 @@ def test_large_shapes_on_gpu(kv_dtype, granularity, mode):
     """B = 4 at ~5000 tokens (32/8/128, bf16 queries): a 4-token draft per sequence, and a 512-row chunk
     in two sequences beside drafts in the others, plain and with a window, soft cap and sinks."""
     lens = [5000, 4999, 5001, 3000]
-    cache = make_cache(lens, 8, 128, kv_dtype=kv_dtype, granularity=granularity)
+    cache = matrix_cache(lens, 8, 128, kv_dtype=kv_dtype, granularity=granularity)
     for qo_lens in ([4, 4, 4, 4], [512, 4, 512, 1]):
         q = make_q(sum(qo_lens), 32, 128, torch.bfloat16, seed=len(qo_lens))
         check_kernel(q, cache, qo_lens, mode)

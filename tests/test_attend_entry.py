@@ -14,6 +14,7 @@ import importlib
 
 import pytest
 import torch
+from fixtures import DEVICE, count_calls, dequant_tol, indptr, make_q, matrix_cache, random_sinks, seeded
 
 import fp8kv
 from fp8kv import backends
@@ -21,12 +22,10 @@ from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError
 from fp8kv.capability import check as capability_check
 from fp8kv.quant import relative_error
-from fp8kv.reference import lse_tolerance, output_tolerance
+from fp8kv.reference import FP8_MODE_TOL, lse_tolerance, output_tolerance
 
 pytest.importorskip("triton")
 import test_vllm  # noqa: E402
-from test_attend import indptr, make_q, random_sinks  # noqa: E402
-from test_ops import DEVICE, FP8_MODE_TOL, dequant_tol, make_cache  # noqa: E402
 from test_vllm import REAL_VLLM, _cache  # noqa: E402
 
 from fp8kv.ops.attend import AttendPlan  # noqa: E402
@@ -53,7 +52,7 @@ def _variants(kw: dict, hq: int) -> dict:
 @pytest.mark.parametrize("q_dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: ",".join(kw) or "plain")
 def test_one_new_token_is_the_decode_bit_for_bit_on_the_reference(kv_dtype, granularity, q_dtype, kw):
-    cache = make_cache([1, 17, 40], 2, 32, kv_dtype=kv_dtype, granularity=granularity)
+    cache = matrix_cache([1, 17, 40], 2, 32, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(3, 6, 32, q_dtype)
     kw = _variants(kw, 6)
     out, lse = fp8kv.attend(q, cache, indptr([1, 1, 1]), "reference", **kw)
@@ -68,7 +67,7 @@ def test_one_new_token_is_the_decode_bit_for_bit_on_the_reference(kv_dtype, gran
 def test_one_new_token_is_the_decode_within_its_tolerance_on_triton(kv_dtype, granularity, mode, kw):
     """Both Triton kernels meet the oracle within the decode's tolerance, so they meet each other within
     twice it (they round q, the tiles and p alike, but tile and split the keys differently)."""
-    cache = make_cache([1, 17, 70], 2, 64, kv_dtype=kv_dtype, granularity=granularity)
+    cache = matrix_cache([1, 17, 70], 2, 64, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(3, 8, 64)
     kw = _variants(kw, 8)
     out, lse = fp8kv.attend(q, cache, indptr([1, 1, 1]), "triton", mode, **kw)
@@ -94,7 +93,7 @@ def _check_against_oracle(out, lse, q, cache, qo_lens, backend, mode, kw):
 @pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: ",".join(kw) or "plain")
 def test_triton_matches_the_oracle_through_the_entry(kw):
     lens, qo_lens = [5, 40, 0, 23], [2, 16, 0, 1]
-    cache = make_cache(lens, 2, 32, granularity="head")
+    cache = matrix_cache(lens, 2, 32, granularity="head")
     q = make_q(sum(qo_lens), 4, 32)
     kw = _variants(kw, 4)
     out, lse = fp8kv.attend(q, cache, indptr(qo_lens), "triton", **kw)
@@ -103,7 +102,7 @@ def test_triton_matches_the_oracle_through_the_entry(kw):
 
 def test_auto_picks_what_the_capability_table_picks(monkeypatch):
     """On CPU the reference (bit for bit: it is what runs); an fp32 query goes to the reference anywhere."""
-    cache = make_cache([9, 12], 1, 32)
+    cache = matrix_cache([9, 12], 1, 32)
     q = make_q(5, 2, 32, torch.float32)
     out, lse = fp8kv.attend(q, cache, indptr([2, 3]))
     ref_out, ref_lse = fp8kv.reference.attend(q, cache, indptr([2, 3]), return_lse=True)
@@ -120,7 +119,7 @@ def test_auto_picks_what_the_capability_table_picks(monkeypatch):
 def test_vllm_takes_the_query_counts_natively(kv_dtype, q_dtype, kw, fake_vllm):
     cache = _cache(lens=(4, 37, 70), kv_dtype=kv_dtype)
     qo_lens = [4, 1, 9]
-    q = torch.randn(sum(qo_lens), 6, 64, generator=torch.Generator().manual_seed(2)).to(q_dtype)
+    q = torch.randn(sum(qo_lens), 6, 64, generator=seeded(2)).to(q_dtype)
     kw = _variants(kw, 6)
     if "sinks" in kw:
         kw["sinks"] = kw["sinks"].cpu()
@@ -163,7 +162,7 @@ def test_real_vllm_kernel_attends_several_tokens(kv_dtype):
         pytest.skip("runs the real kernel on CPU under the Triton interpreter")
     cache = _cache(lens=(4, 37, 70), kv_dtype=kv_dtype)
     qo_lens = [4, 1, 9]
-    q = torch.randn(sum(qo_lens), 6, 64, generator=torch.Generator().manual_seed(2)).half()
+    q = torch.randn(sum(qo_lens), 6, 64, generator=seeded(2)).half()
     for kw in ({}, {"window": 5}, {"soft_cap": 2.0, "sinks": torch.randn(6)}):
         out, lse = fp8kv.attend(q, cache, indptr(qo_lens, "cpu"), "vllm", **kw)
         _check_against_oracle(out, lse, q, cache, qo_lens, "vllm", "dequant", kw)
@@ -171,7 +170,7 @@ def test_real_vllm_kernel_attends_several_tokens(kv_dtype):
 
 @pytest.mark.skipif(not ON_CPU, reason="the CPU refusal")
 def test_flashinfer_on_cpu_is_refused_with_the_reason():
-    cache = make_cache([6, 9], 2, 64)
+    cache = matrix_cache([6, 9], 2, 64)
     with pytest.raises(UnsupportedError, match="no GPU: FlashInfer runs only on CUDA GPUs"):
         fp8kv.attend(make_q(5, 4, 64), cache, indptr([2, 3]), "flashinfer")
     with pytest.raises(UnsupportedError, match="cannot apply sinks"):  # the variant is named first
@@ -182,7 +181,7 @@ def test_flashinfer_on_cpu_is_refused_with_the_reason():
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_planned_attend_reads_refilled_inputs(backend):
     lens, qo_lens = [12, 30], [3, 8]
-    cache = make_cache(lens, 2, 32)
+    cache = matrix_cache(lens, 2, 32)
     q = make_q(11, 4, 32)
     call = backends.planned_attend(q, cache, indptr(qo_lens), backend, window=7)
     assert isinstance(call, functools.partial)
@@ -195,7 +194,7 @@ def test_planned_attend_reads_refilled_inputs(backend):
 
 
 def test_launch_options_reach_the_plan_and_other_backends_take_none():
-    cache = make_cache([12, 30], 2, 32)
+    cache = matrix_cache([12, 30], 2, 32)
     q = make_q(11, 4, 32)
     call = backends.planned_attend(q, cache, indptr([3, 8]), "triton", num_splits=2, block_n=16, block_m=32)
     assert {k: call.args[0].config[k] for k in ("num_splits", "block_n", "block_m")} == \
@@ -207,7 +206,7 @@ def test_launch_options_reach_the_plan_and_other_backends_take_none():
 
 # ------------------------------------------------------------------------------------ bad input
 def _good():
-    return dict(q=make_q(5, 4, 32), cache=make_cache([6, 9], 2, 32), qo_indptr=indptr([2, 3]))
+    return dict(q=make_q(5, 4, 32), cache=matrix_cache([6, 9], 2, 32), qo_indptr=indptr([2, 3]))
 
 
 BAD = [
@@ -233,9 +232,9 @@ BAD = [
     ("sm_scale", dict(sm_scale=float("inf")), ValueError, "sm_scale"),
     ("option", dict(backend="triton", gluon=True), TypeError, "gluon=True is not an option of the triton backend"),
     ("block_m", dict(backend="triton", block_m=48), ValueError, "block_m=48"),
-    ("fp8-mode-16-bit", dict(cache=make_cache([6, 9], 2, 32, kv_dtype="fp16"), backend="triton", mode="fp8"),
+    ("fp8-mode-16-bit", dict(cache=matrix_cache([6, 9], 2, 32, kv_dtype="fp16"), backend="triton", mode="fp8"),
      UnsupportedError, "fp8 mode needs an FP8 KV cache"),
-    ("fp8-token_head", dict(cache=make_cache([6, 9], 2, 32, granularity="token_head"), backend="triton", mode="fp8"),
+    ("fp8-token_head", dict(cache=matrix_cache([6, 9], 2, 32, granularity="token_head"), backend="triton", mode="fp8"),
      UnsupportedError, "token_head needs dequant mode"),
 ]
 
@@ -262,23 +261,6 @@ def test_unchecked_calls_still_check_shapes_and_query_counts():
 
 
 # ------------------------------------------------------------------------- each check runs once
-def _spy(monkeypatch, owner, name: str, counts: dict) -> None:
-    import sys
-
-    original = getattr(owner, name)
-
-    @functools.wraps(original)
-    def counting(*args, **kwargs):
-        counts[name] += 1
-        return original(*args, **kwargs)
-
-    counts[name] = 0
-    monkeypatch.setattr(owner, name, counting)
-    for module_name, module in list(sys.modules.items()):
-        if module_name.startswith("fp8kv") and module is not None and getattr(module, name, None) is original:
-            monkeypatch.setattr(module, name, counting)
-
-
 @pytest.mark.parametrize("kv_dtype,granularity,options", [("fp8_e4m3", "tensor", {}), ("fp8_e5m2", "token_head", {}),
                                                           ("fp16", "tensor", {"num_splits": 2, "block_n": 16})])
 @pytest.mark.parametrize("entry,check", [("attend", True), ("attend", False), ("planned_attend", True)])
@@ -293,11 +275,11 @@ def test_each_check_of_the_triton_attend_runs_once_per_call(monkeypatch, kv_dtyp
     attend_checks = importlib.import_module("fp8kv.attend_checks")
     counts: dict[str, int] = {}
     for name in ("check_query", "check_query_strides", "scales_refusal"):
-        _spy(monkeypatch, capability, name, counts)
+        count_calls(monkeypatch, capability, name, counts)
     for name in ("attend_query", "qo_indptr_arg"):
-        _spy(monkeypatch, attend_checks, name, counts)
-    _spy(monkeypatch, PagedKVCache, "validate_arrays", counts)
-    cache = make_cache([12, 30], 2, 32, kv_dtype=kv_dtype, granularity=granularity)
+        count_calls(monkeypatch, attend_checks, name, counts)
+    count_calls(monkeypatch, PagedKVCache, "validate_arrays", counts)
+    cache = matrix_cache([12, 30], 2, 32, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(11, 4, 32)
     once = dict.fromkeys(counts, 1)
     if entry == "attend":
@@ -322,7 +304,7 @@ def test_backends_on_gpu_match_the_oracle(backend, kv_dtype, granularity):
     ok, why = capability_check(backend, kv_dtype, "dequant", None, granularity, 128, op="attend")
     if not ok:
         pytest.skip(why)
-    cache = make_cache([3000, 2999, 3001, 1500], 8, 128, kv_dtype=kv_dtype, granularity=granularity)
+    cache = matrix_cache([3000, 2999, 3001, 1500], 8, 128, kv_dtype=kv_dtype, granularity=granularity)
     for qo_lens in ([4, 4, 4, 4], [512, 4, 512, 1]):
         q = make_q(sum(qo_lens), 32, 128, torch.bfloat16, seed=len(qo_lens))
         for kw in ({}, {"window": 1024, "soft_cap": 30.0}):
@@ -338,7 +320,7 @@ def test_planned_attend_replays_in_a_cuda_graph(backend):
     answers what a fresh call answers."""
     if not capability_check(backend, "fp8_e4m3", "dequant", None, "tensor", 128, op="attend")[0]:
         pytest.skip(f"{backend} cannot run here")
-    cache = make_cache([2000, 700], 8, 128)
+    cache = matrix_cache([2000, 700], 8, 128)
     qo_lens = [8, 3]
     q = make_q(11, 32, 128, torch.bfloat16)
     call = backends.planned_attend(q, cache, indptr(qo_lens), backend)

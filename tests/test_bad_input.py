@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from fixtures import DEVICE, count_calls, make_q
 
 import fp8kv
 from fp8kv.cache import PagedKVCache
@@ -20,8 +21,6 @@ from fp8kv.ops import paged_decode, write_cache
 from fp8kv.quant import relative_error
 from fp8kv.reference import decode as ref_decode
 from fp8kv.reference import output_tolerance
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(name="make_cache")
@@ -31,8 +30,7 @@ def _device_cache(make_cache):
 
 
 def query(b=2, hq=4, d=32, dtype=torch.float16, seed=1, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, hq, d, generator=g) * scale).to(DEVICE, dtype)
+    return make_q(b, hq, d, dtype, seed, scale=scale, device=DEVICE)
 
 
 def triton_matches_oracle(q, cache, tol, **kw):
@@ -390,25 +388,6 @@ def test_a_query_strided_in_head_dim_is_refused_where_it_enters(backend, make_ca
 
 
 # ------------------------------------------------------------------------- each check runs once
-def _spy_everywhere(monkeypatch, owner, name: str, counts: dict) -> None:
-    """Replace ``owner.name`` (a function of a module, or a method of a class) and every binding of it in the
-    loaded fp8kv modules (``from ... import name``) by a wrapper counting its calls into ``counts[name]``."""
-    import sys
-
-    original = getattr(owner, name)
-
-    @functools.wraps(original)
-    def counting(*args, **kwargs):
-        counts[name] += 1
-        return original(*args, **kwargs)
-
-    counts[name] = 0
-    monkeypatch.setattr(owner, name, counting)
-    for module_name, module in list(sys.modules.items()):
-        if module_name.startswith("fp8kv") and module is not None and getattr(module, name, None) is original:
-            monkeypatch.setattr(module, name, counting)
-
-
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 @pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize("kv_dtype,granularity,options", [("fp8_e4m3", "tensor", {}), ("fp8_e5m2", "token_head", {}),
@@ -432,7 +411,7 @@ def test_each_check_of_the_decode_path_runs_once_per_call(monkeypatch, make_cach
         pytest.skip("the reference takes no launch options")
     counts: dict[str, int] = {}
     for name in ("check_query", "check_query_strides", "scales_refusal"):
-        _spy_everywhere(monkeypatch, capability, name, counts)
+        count_calls(monkeypatch, capability, name, counts)
     spied_cache = {}
     for name in ("check_query", "validate_arrays"):
         original = getattr(PagedKVCache, name)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from fixtures import seeded
 
 from fp8kv import bench, results
 from fp8kv.bench import Case, bytes_moved, layout_table, run, save, speedup_table, sweep, synthetic_cache
@@ -174,7 +175,7 @@ def test_clone_copies_everything_and_select_shares_the_pages(kv_dtype, granulari
     twin.k_pages.zero_()  # independent storage: the original keeps its keys
     assert c.k_pages.to(torch.float32).abs().sum() > 0
 
-    q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(0)).to(torch.float16)
+    q = torch.randn(3, 4, 16, generator=seeded(0)).to(torch.float16)
     full, _ = ref_decode(q, c)
     sub = c.select([2, 0])
     assert sub.k_pages.data_ptr() == c.k_pages.data_ptr() and sub.batch_size == 2
@@ -635,7 +636,7 @@ def test_planned_call_validates_once_and_matches_decode():
     from fp8kv.backends import planned
 
     c = synthetic_cache(3, 21, 2, 16, kv_dtype="fp8_e4m3", granularity="head", chunk_elems=500, seed=1, device="cpu")
-    q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(3)).to(torch.float16)
+    q = torch.randn(3, 4, 16, generator=seeded(3)).to(torch.float16)
     call = planned(q, c, "reference", "dequant", window=8)
     for got, want in zip(call(), fp8kv.decode(q, c, backend="reference", mode="dequant", window=8), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)

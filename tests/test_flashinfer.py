@@ -12,10 +12,13 @@ import math
 
 import pytest
 import torch
+from fixtures import seeded
 
 import fp8kv
 from fp8kv import reference
 from fp8kv.backends import flashinfer as fib
+from fp8kv.backends import flashinfer_args as fia
+from fp8kv.backends import flashinfer_decode as fid
 from fp8kv.backends import flashinfer_scales as fis
 from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError, capability, check, current_arch, flashinfer_installed
@@ -89,7 +92,7 @@ def test_fold_scales_is_exact(granularity, kv_dtype, hq_per_kv, make_cache):
     lens = [9, 16, 40]
     hkv, d = 2, 16
     cache = make_cache(lens, num_kv_heads=hkv, head_dim=d, kv_dtype=kv_dtype, granularity=granularity, seed=11)
-    q = torch.randn(len(lens), hkv * hq_per_kv, d, generator=torch.Generator().manual_seed(5))
+    q = torch.randn(len(lens), hkv * hq_per_kv, d, generator=seeded(5))
     q_f, k_s, v_s, out_mult = fis.fold_scales(q, cache)  # fp32 q: the fold without rounding
     assert isinstance(k_s, float) and isinstance(v_s, float)
     assert q_f.dtype == torch.float32 and q_f.shape == q.shape
@@ -113,7 +116,7 @@ def test_fold_scales_is_exact(granularity, kv_dtype, hq_per_kv, make_cache):
 def test_fold_without_scales_is_wrong(make_cache):
     """The same computation with the folding dropped is far off: the test above can fail."""
     cache = make_cache([20, 33], granularity="head", seed=2)
-    q = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(1))
+    q = torch.randn(2, 4, 16, generator=seeded(1))
     _, k_s, v_s, _ = fis.fold_scales(q, cache)
     codes = codes_cache(cache)
     ref_out, _ = reference.decode(q, cache)
@@ -138,7 +141,7 @@ def test_fold_ratio_and_shapes(make_cache):
 
 def test_fold_rounds_once_to_q_dtype(make_cache):
     cache = make_cache([10], granularity="head", seed=8)
-    q = torch.randn(1, 2, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    q = torch.randn(1, 2, 16, generator=seeded(3)).to(torch.bfloat16)
     q_f, *_ = fis.fold_scales(q, cache)
     fold = fis.plan_scales(cache, 2)
     assert q_f.dtype == torch.bfloat16
@@ -189,16 +192,16 @@ def test_import_without_flashinfer_and_decode_refuses(make_cache):
 
 
 def test_missing_flashinfer_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(fib, "flashinfer_installed", lambda: False)
+    monkeypatch.setattr(fia, "flashinfer_installed", lambda: False)
     with pytest.raises(UnsupportedError, match=r"FlashInfer is not installed \(pip install 'fp8kv\[gpu\]'\)"):
-        fib._import_flashinfer()
+        fib.import_flashinfer()
 
 
 def test_broken_flashinfer_install_names_its_dependencies(monkeypatch):
-    monkeypatch.setattr(fib, "flashinfer_installed", lambda: True)
-    monkeypatch.setattr(fib, "_MODULE", "fp8kv_test_no_such_module")
+    monkeypatch.setattr(fia, "flashinfer_installed", lambda: True)
+    monkeypatch.setattr(fia, "_MODULE", "fp8kv_test_no_such_module")
     with pytest.raises(UnsupportedError, match="apache-tvm-ffi") as e:
-        fib._import_flashinfer()
+        fib.import_flashinfer()
     assert isinstance(e.value.__cause__, ImportError)
 
 
@@ -283,10 +286,10 @@ def _decoder_with_stand_in(monkeypatch, need: int, use_cuda_graph: bool = False,
     import types
 
     monkeypatch.setattr(_NeedsWorkspace, "need", need)
-    monkeypatch.setattr(fib, "_import_flashinfer",
+    monkeypatch.setattr(fid, "import_flashinfer",
                         lambda: types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=_NeedsWorkspace))
-    monkeypatch.setattr(fib, "_WORKSPACES", {})
-    monkeypatch.setattr(fib, "MAX_WORKSPACE_BYTES", 64 * 1024)
+    monkeypatch.setattr(fia, "_WORKSPACES", {})
+    monkeypatch.setattr(fia, "MAX_WORKSPACE_BYTES", 64 * 1024)
     dec = object.__new__(fib.FlashInferDecode)  # no CUDA here: only the fields _plan_dequant uses
     dec.device, dec.layout, dec.use_tensor_cores, dec.use_cuda_graph = torch.device("cpu"), "NHD", True, use_cuda_graph
     dec._workspace, dec._wrapper = dec._new_wrapper(None, start)

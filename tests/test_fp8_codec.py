@@ -17,13 +17,13 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from fixtures import DEVICE, seeded
 
 from fp8kv.formats import FORMATS
 from fp8kv.ops.fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
 
 FMTS = ["e4m3", "e5m2"]
 BLOCK = 4096
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @triton.jit
@@ -134,7 +134,7 @@ def _sweep(fmt: str) -> torch.Tensor:
     up = torch.nextafter(mids, torch.full_like(mids, float("inf")))
     down = torch.nextafter(mids, torch.zeros_like(mids))
     sub = torch.linspace(0, 2 * f.min_normal, 4097)  # dense through the subnormal range
-    gen = torch.Generator().manual_seed(0)
+    gen = seeded(0)
     lo, hi = torch.log2(torch.tensor(f.min_subnormal / 4)), torch.log2(torch.tensor(f.max * 2))
     logu = torch.exp2(lo + (hi - lo) * torch.rand(20000, generator=gen))  # every binade, at random
     tiny = torch.tensor([1e-45, 1e-40, 1.1754942e-38, f.min_subnormal / 2, f.min_subnormal * 0.5000001])

@@ -105,8 +105,7 @@ def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeyp
     import inspect
 
     import torch
-
-    from conftest import make_cache
+    from fixtures import make_cache
 
     params = list(inspect.signature(gluon_kernel.gluon_decode_kernel.fn).parameters)
     seen = {}

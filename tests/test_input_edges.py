@@ -22,6 +22,7 @@ import re
 
 import pytest
 import torch
+from fixtures import DEVICE, seeded
 
 import fp8kv
 from fp8kv import checks
@@ -32,7 +33,6 @@ from fp8kv.quant import GRANULARITIES, broadcast_scale, quantize, relative_error
 from fp8kv.reference import decode as ref_decode
 from fp8kv.reference import lse_tolerance, output_tolerance
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LOG2E = math.log2(math.e)
 LENS = (5, 19)
 
@@ -46,7 +46,7 @@ def _device_cache(make_cache):
 def query(hq=4, d=32, seed=1, worst=True):
     """fp16 ``[2, hq, d]``; ``worst``: one head all zero (a zero dot times an inf factor is NaN) and
     one holding fp16's largest magnitudes (the factor times them must stay finite)."""
-    g = torch.Generator().manual_seed(seed)
+    g = seeded(seed)
     q = torch.randn(len(LENS), hq, d, generator=g)
     if worst:  # both exact in e4m3 after fp8 mode's per-head scale (amax / 448), so every mode sees them
         q[0, 1] = 0.0
@@ -145,7 +145,7 @@ def test_sm_scale_at_the_ends_of_its_range_computes_right(cap, end, tensor_cores
 # ---------------------------------------------------------------------------------------------- sinks
 def sink_views(hq=4):
     """name -> a float32 [hq] view the kernels must not read as if contiguous."""
-    g = torch.Generator().manual_seed(7)
+    g = seeded(7)
     base = torch.randn(2 * hq, generator=g).to(DEVICE) * 3
     grid = (torch.randn(hq, 3, generator=g) * 3).to(DEVICE)
     return {
@@ -316,7 +316,7 @@ def test_explicit_scale_saturation_count_matches_the_cast(fmt, granularity, x_dt
     heads, d = 2, 8
     tokens = -(-n // (heads * d))
     yy = torch.cat([y, y[: tokens * heads * d - n]]).reshape(tokens, heads, d)
-    g = torch.Generator().manual_seed(3)
+    g = seeded(3)
     shape = scale_shape(yy.shape, granularity)
     scale = (0.25 + torch.rand(shape, generator=g) * 3).float() if shape else torch.tensor(0.37)
     s_b = broadcast_scale(scale, 3, granularity)
@@ -336,7 +336,7 @@ def test_explicit_scale_saturation_count_matches_the_cast(fmt, granularity, x_dt
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
 def test_cache_write_saturation_count_matches_the_cast(kv_dtype, granularity):
     """The cache's static-scale write counts as quantize does: against the unbounded rounding."""
-    from conftest import make_cache
+    from fixtures import make_cache
 
     cache = make_cache([1], 2, 8, kv_dtype=kv_dtype, granularity=granularity, max_seq_len=1024)
     fmt = kv_dtype.removeprefix("fp8_")
@@ -375,7 +375,7 @@ BAD_COUNTS = [
 @pytest.mark.parametrize("entry", ["prefill", "qo_indptr"])
 def test_prefill_query_counts_must_be_integers(counts, exc, words, entry):
     """Checked before FlashInfer is asked (it is not needed to reach the refusal)."""
-    from conftest import make_cache
+    from fixtures import make_cache
 
     cache = make_cache([4, 6], 2, 16)
     q = torch.randn(5, 4, 16, dtype=torch.bfloat16)

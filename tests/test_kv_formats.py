@@ -9,6 +9,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from fixtures import seeded
 from kv_format_oracles import E2M1_TABLE, E4M3_TABLE, E4M3_VALUES, boundary_sweep, rne_int, rne_on_table
 
 from fp8kv import kv_formats as kvf
@@ -128,7 +129,7 @@ def stored_scales(enc: kvf.Encoded) -> list[float]:
 
 
 def data(kind: str, shape: tuple, dtype=F32, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
+    g = seeded(seed)
     x = torch.randn(shape, generator=g)
     if kind == "outliers":  # heavy tails and a few outlier channels, as real keys have
         x = x * torch.exp(2 * torch.randn(shape, generator=g))
@@ -165,7 +166,7 @@ def sweep(c: kvf.Codec, shape: tuple, seed: int = 0) -> tuple[torch.Tensor, floa
     on and around the code grid's ties and saturation edges; the tensor scale that goes with it."""
     ties, anchors, ts = SWEEPS[(c.element.name, c.rule)]
     pool = torch.tensor(ties, dtype=F32)
-    x = pool[torch.randint(0, len(pool), shape, generator=torch.Generator().manual_seed(seed))]
+    x = pool[torch.randint(0, len(pool), shape, generator=seeded(seed))]
     for i, a in enumerate(anchors):
         if c.scaling == "channel_group":
             x[..., i::c.block, :, :] = a

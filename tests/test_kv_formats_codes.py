@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from fixtures import seeded
 from kv_format_oracles import (
     E2M1_TABLE,
     E4M3_TABLE,
@@ -55,7 +56,7 @@ def test_e2m1_encoder_is_bit_exact(source):
     if source == "sweep":
         y = boundary_sweep(E2M1_TABLE, 1e6)
     elif source == "uniform":
-        y = (torch.rand(20001, generator=torch.Generator().manual_seed(3)) - 0.5) * 20
+        y = (torch.rand(20001, generator=seeded(3)) - 0.5) * 20
     else:
         y = all_finite_16bit(torch.float16 if source == "fp16" else torch.bfloat16)
     codes, saturated = encode_e2m1(y)
@@ -135,7 +136,7 @@ def test_floor_log2_is_exact_for_every_binade_and_its_edges():
 # ----------------------------------------------------------------------------- packing
 @pytest.mark.parametrize("shape", [(2,), (3, 5, 6), (7, 1, 34)])
 def test_packing_puts_the_even_element_in_the_low_nibble(shape):
-    codes = torch.randint(0, 16, shape, generator=torch.Generator().manual_seed(1), dtype=torch.int64).to(U8)
+    codes = torch.randint(0, 16, shape, generator=seeded(1), dtype=torch.int64).to(U8)
     packed = pack_nibbles(codes)
     assert packed.shape == (*shape[:-1], shape[-1] // 2) and packed.dtype == U8
     flat_c, flat_p = codes.reshape(-1, shape[-1]), packed.reshape(-1, shape[-1] // 2)

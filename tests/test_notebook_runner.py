@@ -661,10 +661,10 @@ def test_kernels_import_fp8kv_from_the_folder_put_on_their_path(tmp_path, monkey
 
 
 def test_default_notebook_dir_from_another_working_directory(tmp_path, monkeypatch):
-    from fp8kv.notebooks.pages import _default_notebook_dir
+    from fp8kv.notebooks.pages import default_notebook_dir
 
     monkeypatch.chdir(tmp_path)  # no ./notebooks here: the repository's notebooks/ folder
-    assert _default_notebook_dir() == NOTEBOOK_DIR
+    assert default_notebook_dir() == NOTEBOOK_DIR
     assert runner.discover_notebooks() == NOTEBOOKS and NOTEBOOKS
 
 

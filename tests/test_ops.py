@@ -25,36 +25,19 @@ import re
 
 import pytest
 import torch
+from fixtures import DEVICE, dequant_tol, make_q, matrix_cache, seeded
 
-import conftest
 import fp8kv
 from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError
 from fp8kv.quant import relative_error
-from fp8kv.reference import FP8_MODE_TOL, lse_tolerance, output_tolerance, unit_roundoff
+from fp8kv.reference import FP8_MODE_TOL, lse_tolerance, unit_roundoff
 from fp8kv.reference import decode as ref_decode
 
 triton = pytest.importorskip("triton")
 from fp8kv.ops import choose_num_splits, launch_config, paged_decode, write_cache  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 Q_DTYPES = [torch.float16, torch.bfloat16]
-
-
-def dequant_tol(q_dtype, granularity):
-    return output_tolerance("triton", "dequant", q_dtype, granularity)
-
-
-def make_cache(lens, hkv, d, **kw):
-    """The shared cache factory (conftest) on the backend matrix's data (``fp8kv.synthetic.ragged_kv``:
-    K's heads spread over [10^-0.5, 10^0.5] and an outlier channel, so scale granularities differ),
-    on the test device; ``k_spread`` scales K (large scores)."""
-    return conftest.make_cache(lens, hkv, d, data="ragged", device=DEVICE, **kw)
-
-
-def make_q(b, hq, d, dtype, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(b, hq, d, generator=g).to(DEVICE, dtype)
 
 
 def check_against_reference(q, cache, mode, tol, **kw):
@@ -79,7 +62,7 @@ LENS = [1, 16, 37, 64]  # one token, a block boundary, a non-multiple, several p
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("granularity", ["tensor", "head", "token_head", "channel"])
 def test_dequant_matches_reference(kv_dtype, granularity, q_dtype):
-    cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
+    cache = matrix_cache(LENS, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(len(LENS), 8, 64, q_dtype)
     for splits in (1, 3):
         check_against_reference(q, cache, "dequant", dequant_tol(q_dtype, granularity), num_splits=splits,
@@ -89,7 +72,7 @@ def test_dequant_matches_reference(kv_dtype, granularity, q_dtype):
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("granularity", ["tensor", "head", "channel"])
 def test_fp8_mode_matches_reference(kv_dtype, granularity):
-    cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
+    cache = matrix_cache(LENS, 2, 64, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(len(LENS), 8, 64, Q_DTYPES[-1])
     for splits in (1, 2):
         check_against_reference(q, cache, "fp8", FP8_MODE_TOL, num_splits=splits, block_n=32)
@@ -97,7 +80,7 @@ def test_fp8_mode_matches_reference(kv_dtype, granularity):
 
 def test_fp8_mode_error_exceeds_dequant_error():
     """fp8 mode costs accuracy (q and p in e4m3); measure that it does, so the mode is really on."""
-    cache = make_cache(LENS, 2, 64)
+    cache = matrix_cache(LENS, 2, 64)
     q = make_q(len(LENS), 8, 64, torch.float16)
     e_deq = check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"))
     e_fp8 = check_against_reference(q, cache, "fp8", FP8_MODE_TOL)
@@ -107,13 +90,13 @@ def test_fp8_mode_error_exceeds_dequant_error():
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_gqa_groups_and_layouts(group, layout):
-    cache = make_cache([1, 17, 33], 2, 64, layout=layout, granularity="head", seed=group)
+    cache = matrix_cache([1, 17, 33], 2, 64, layout=layout, granularity="head", seed=group)
     q = make_q(3, 2 * group, 64, torch.float16, seed=group)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "head"), num_splits=2, block_n=16)
 
 
 def test_mqa_sixteen_query_heads_one_kv_head():
-    cache = make_cache([5, 40], 1, 64)
+    cache = matrix_cache([5, 40], 1, 64)
     q = make_q(2, 16, 64, torch.float16)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"))
     check_against_reference(q, cache, "fp8", FP8_MODE_TOL)
@@ -130,7 +113,7 @@ def test_odd_layouts_and_lengths(group, head_dim, block_size, use_tensor_cores):
     """Both kernels at odd groups and head dims over sequences of 1, 17 and 5003 tokens (a partial
     page, a partial tile, many splits) against the oracle."""
     lens = [1, 17, 5003]
-    cache = make_cache(lens, 2, head_dim, granularity="head", block_size=block_size, seed=group)
+    cache = matrix_cache(lens, 2, head_dim, granularity="head", block_size=block_size, seed=group)
     q = make_q(len(lens), 2 * group, head_dim, torch.float16, seed=head_dim)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "head"),
                             use_tensor_cores=use_tensor_cores)
@@ -142,7 +125,7 @@ def test_odd_layouts_and_lengths(group, head_dim, block_size, use_tensor_cores):
 def test_a_group_cut_into_head_tiles(group, heads_per_program, mode, granularity, kernel_spies):
     """Large groups are cut into several programs per KV head (5 -> 2+2+1, 7 -> 3+3+1, 71 -> 24+24+23),
     every head of the tile mapped to its own query row, output and LSE, with one split and three."""
-    cache = make_cache([1, 17, 70], 2, 32, granularity=granularity, seed=group)
+    cache = matrix_cache([1, 17, 70], 2, 32, granularity=granularity, seed=group)
     q = make_q(3, 2 * group, 32, torch.float16, seed=group)
     tol = FP8_MODE_TOL if mode == "fp8" else dequant_tol(torch.float16, granularity)
     for splits in (1, 3):
@@ -153,7 +136,7 @@ def test_a_group_cut_into_head_tiles(group, heads_per_program, mode, granularity
 
 
 def test_head_tiles_with_a_sink_per_query_head():
-    cache = make_cache([3, 40], 1, 32, granularity="head")
+    cache = matrix_cache([3, 40], 1, 32, granularity="head")
     q = make_q(2, 7, 32, torch.float16)
     sinks = torch.linspace(-3.0, 4.0, 7).to(DEVICE)  # a sink read by the wrong head would fail
     ref_o, ref_l = ref_decode(q, cache, sinks=sinks)
@@ -168,12 +151,12 @@ def test_falcon_group_runs_as_two_programs_when_latency_bound_and_one_when_strea
     one of 71 (GROUP_PAD 128) where the launch streams; both against the oracle."""
     from fp8kv import ops
 
-    cache = make_cache([3, 40], 1, 32, granularity="head")
+    cache = matrix_cache([3, 40], 1, 32, granularity="head")
     q = make_q(2, 71, 32, torch.float16)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "head"), num_splits=2, block_n=16)
     assert kernel_spies["tensor"].grids == [(2, 2, 2)]
     monkeypatch.setattr(ops.decode.splits, "sm_count", lambda device: 1)  # two sequences of 13 tiles then stream
-    long = make_cache([3, 200], 1, 32, granularity="head")
+    long = matrix_cache([3, 200], 1, 32, granularity="head")
     check_against_reference(q, long, "dequant", dequant_tol(torch.float16, "head"), num_splits=2, block_n=16)
     assert kernel_spies["tensor"].grids[-1] == (2, 1, 2)
 
@@ -183,7 +166,7 @@ def test_heads_per_program_rule():
     from fp8kv.ops import MAX_HEADS_PER_PROGRAM
 
     # splits are sized for every program of a sequence: two head tiles need half the splits of one
-    long = make_cache([5, 4096], 1, 32)
+    long = matrix_cache([5, 4096], 1, 32)
     assert launch_config(8, long, group=71, heads_per_program=36)["num_splits"] == 2
     assert launch_config(8, long, group=71, heads_per_program=71)["num_splits"] == 4
     # by default a group of up to MAX_HEADS_STREAMING is one program where the launch streams (8 x 4k on the
@@ -192,7 +175,7 @@ def test_heads_per_program_rule():
     assert launch_config(8, long, group=ops.MAX_HEADS_STREAMING + 1)["head_tiles"] == 3
     assert ops.latency_bound(2, 1, 48, 16, 4) and not ops.latency_bound(8, 1, 4096, 16, 4)
 
-    mqa = make_cache([5, 40], 1, 32)
+    mqa = matrix_cache([5, 40], 1, 32)
     assert launch_config(2, mqa, group=8) == launch_config(2, mqa, group=8, heads_per_program=8)
     cfg = launch_config(2, mqa, group=71)
     tiles = math.ceil(71 / MAX_HEADS_PER_PROGRAM)
@@ -210,14 +193,14 @@ def test_heads_per_program_rule():
 @pytest.mark.parametrize("head_dim", [40, 80, 128])
 def test_head_dims_padded(head_dim):
     """Non-powers of two are padded to the next power of two inside the kernel."""
-    cache = make_cache([3, 29], 2, head_dim)
+    cache = matrix_cache([3, 29], 2, head_dim)
     q = make_q(2, 4, head_dim, torch.float16)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"), block_n=16)
 
 
 @pytest.mark.parametrize("block_size,block_n", [(16, 64), (32, 32), (64, 16), (8, 32)])
 def test_tile_size_decoupled_from_page_size(block_size, block_n):
-    cache = make_cache([1, 31, 70], 2, 64, block_size=block_size)
+    cache = matrix_cache([1, 31, 70], 2, 64, block_size=block_size)
     q = make_q(3, 8, 64, torch.float16)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"), block_n=block_n,
                             num_splits=2)
@@ -255,7 +238,7 @@ def test_cuda_core_kernel_matches_reference(group, kv_dtype, granularity, kernel
     (empty splits included: the 1-token sequence). It computes in fp32, so only the output's rounding
     to the query dtype remains: the dequant tolerance holds with room."""
     q_dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.float16
-    cache = make_cache(LENS, 2, 48, kv_dtype=kv_dtype, granularity=granularity, seed=group)
+    cache = matrix_cache(LENS, 2, 48, kv_dtype=kv_dtype, granularity=granularity, seed=group)
     q = make_q(len(LENS), 2 * group, 48, q_dtype, seed=group)
     for splits, block_n in ((1, 16), (3, 8)):
         check_against_reference(q, cache, "dequant", dequant_tol(q_dtype, granularity), num_splits=splits,
@@ -266,7 +249,7 @@ def test_cuda_core_kernel_matches_reference(group, kv_dtype, granularity, kernel
 def test_kernel_choice_is_explicit(kernel_spies):
     """The tensor-core kernel runs unless use_tensor_cores=False asks for the CUDA-core one (opt-in
     until measured on a GPU); fp8 mode refuses CUDA cores; a non-bool is refused by name."""
-    mha = make_cache([5, 40], 4, 32)
+    mha = matrix_cache([5, 40], 4, 32)
     q = make_q(2, 4, 32, torch.float16)
     paged_decode(q, mha)
     paged_decode(q, mha, use_tensor_cores=True)
@@ -286,7 +269,7 @@ def test_kernel_choice_is_explicit(kernel_spies):
 def test_cuda_core_kernel_variants(variant):
     """Sliding window, soft-cap and sinks on the CUDA-core kernel, one split and several, at a group of 3
     with a different sink per query head (a sink read by KV head would fail)."""
-    cache = make_cache([1, 40, 70], 2, 32, granularity="head")
+    cache = matrix_cache([1, 40, 70], 2, 32, granularity="head")
     q = make_q(3, 6, 32, torch.float16)  # a group of 3: query head and KV head numbers differ
     kw = {"window": dict(window=20), "soft_cap": dict(soft_cap=4.0),
           "sinks": dict(sinks=torch.linspace(-3.0, 4.0, 6).to(DEVICE))}[variant]  # one per query head
@@ -306,7 +289,7 @@ if DEVICE == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
 def test_fp8_conversion_paths_agree(kv_dtype):
     """The sm80 path (uint8 codes decoded with integer ops), Triton's cast and (on sm89+ GPUs) the
     inline-PTX conversion are all exact, so they give bit-identical outputs, also mixed per tile."""
-    cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype)
+    cache = matrix_cache(LENS, 2, 64, kv_dtype=kv_dtype)
     q = make_q(len(LENS), 8, 64, torch.float16)
     outs = {c: paged_decode(q, cache, convert=c) for c in CONVERTS}
     first_out, first_lse = outs[CONVERTS[0]]
@@ -317,7 +300,7 @@ def test_fp8_conversion_paths_agree(kv_dtype):
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp16"])
 def test_sixteen_bit_kv_through_same_kernel(kv_dtype):
     """A 16-bit cache read with a query of its own dtype (fp16 dots over bf16 pages are refused)."""
-    cache = make_cache(LENS, 2, 64, kv_dtype=kv_dtype)
+    cache = matrix_cache(LENS, 2, 64, kv_dtype=kv_dtype)
     q_dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.float16
     q = make_q(len(LENS), 8, 64, q_dtype)
     check_against_reference(q, cache, "dequant", dequant_tol(q_dtype, "tensor"), num_splits=2)
@@ -328,7 +311,7 @@ def test_sixteen_bit_kv_through_same_kernel(kv_dtype):
 def test_non_unit_scales_are_honoured(mode, granularity):
     """K x 4 stored with k_scale 4 and V x 1/4 with v_scale 1/4 hold the same codes as unit scales:
     the scores must be identical and the output exactly 1/4 of the unit-scale output."""
-    g = torch.Generator().manual_seed(5)
+    g = seeded(5)
     lens = [9, 50]
     k = torch.randn(2, 50, 2, 64, generator=g).to(DEVICE)
     v = torch.randn(2, 50, 2, 64, generator=g).to(DEVICE)
@@ -351,7 +334,7 @@ def test_non_unit_scales_are_honoured(mode, granularity):
 
 
 def test_splits_agree_and_batch_one_fills_the_gpu(monkeypatch):
-    cache = make_cache([200], 2, 64, seed=3)
+    cache = matrix_cache([200], 2, 64, seed=3)
     q = make_q(1, 8, 64, torch.float16)
     outs = [paged_decode(q, cache, num_splits=s, block_n=16) for s in (1, 2, 5)]
     for o, lse in outs[1:]:
@@ -379,10 +362,10 @@ def test_splits_agree_and_batch_one_fills_the_gpu(monkeypatch):
 
     monkeypatch.setattr(ops.decode.splits, "sm_count", lambda device: 132)  # an H200's launch, on any machine
     for b, hkv, lens, want in ((4, 8, [4096] * 4, 16), (1, 8, [4096], 32), (2, 8, [1000, 1000], 8)):
-        cfg = launch_config(b, make_cache(lens, hkv, 128, seed=1), block_n=128)
+        cfg = launch_config(b, matrix_cache(lens, hkv, 128, seed=1), block_n=128)
         assert cfg["num_splits"] == want and cfg["tokens_per_split"] % 128 == 0, (b, lens, cfg)
     # the CUDA-core kernel runs one program per query head: its split count follows Hq, not Hkv
-    mha = make_cache([16384], 2, 64, seed=1)  # long enough that the two counts stay under their caps
+    mha = matrix_cache([16384], 2, 64, seed=1)  # long enough that the two counts stay under their caps
     tc = launch_config(1, mha, block_n=64)["num_splits"]
     cc = launch_config(1, mha, block_n=64, use_tensor_cores=False, group=4)["num_splits"]
     assert cc < tc
@@ -442,13 +425,13 @@ def test_latency_rule_takes_four_waves_only_at_power_of_two_head_dims(monkeypatc
     monkeypatch.setattr(ops.decode.splits, "sm_count", lambda device: 132)
     assert [ops.latency_waves(d) for d in (64, 80, 96, 112, 128, 256)] == [4.0, 2.0, 2.0, 2.0, 4.0, 4.0]
     for d, splits in ((128, 16), (80, 8), (96, 8)):
-        cache = make_cache([4096], 32, d)
+        cache = matrix_cache([4096], 32, d)
         assert launch_config(1, cache, group=1)["num_splits"] == splits, d
 
 
 def test_empty_split_ranges_are_harmless():
     """More splits than tokens in some sequences: empty splits must not disturb the combine."""
-    cache = make_cache([1, 2, 130], 2, 64)
+    cache = matrix_cache([1, 2, 130], 2, 64)
     q = make_q(3, 4, 64, torch.float16)
     check_against_reference(q, cache, "dequant", dequant_tol(torch.float16, "tensor"), num_splits=8, block_n=16)
 
@@ -456,7 +439,7 @@ def test_empty_split_ranges_are_harmless():
 def test_decode_errors_are_clear():
     """Bad input through the entry point (fp8kv.decode validates; the launcher checks its options)."""
     decode_triton = functools.partial(fp8kv.decode, backend="triton")
-    cache = make_cache([4, 5], 2, 64)
+    cache = matrix_cache([4, 5], 2, 64)
     q = make_q(2, 8, 64, torch.float16)
     with pytest.raises(TypeError, match="triton takes bf16/fp16 queries; fp32 queries run on the reference only"):
         decode_triton(q.float(), cache)
@@ -477,10 +460,10 @@ def test_decode_errors_are_clear():
         decode_triton(q, cache, convert=("cast", "cast"))
     with pytest.raises(ValueError, match="eviction_policy="):
         decode_triton(q, cache, eviction_policy="evict_always")
-    th = make_cache([4, 5], 2, 64, granularity="token_head")
+    th = matrix_cache([4, 5], 2, 64, granularity="token_head")
     with pytest.raises(UnsupportedError, match="token_head needs dequant"):
         decode_triton(q, th, mode="fp8")
-    bf = make_cache([4, 5], 2, 64, kv_dtype="bf16")
+    bf = matrix_cache([4, 5], 2, 64, kv_dtype="bf16")
     with pytest.raises(UnsupportedError, match="needs an FP8 KV cache"):
         decode_triton(q, bf, mode="fp8")
 
@@ -494,8 +477,8 @@ WRITE_CASES += [("fp16", "tensor"), ("bf16", "tensor")]
 def test_write_cache_bit_exact_with_torch_write(kv_dtype, granularity):
     hkv, d = 3, 40
     lens = [5, 20]
-    base = make_cache(lens, hkv, d, kv_dtype=kv_dtype, granularity=granularity)
-    g = torch.Generator().manual_seed(9)
+    base = matrix_cache(lens, hkv, d, kv_dtype=kv_dtype, granularity=granularity)
+    g = seeded(9)
     n = 11
     k_new = (torch.randn(n, hkv, d, generator=g) * 3).to(DEVICE)
     v_new = torch.randn(n, hkv, d, generator=g).to(DEVICE)
@@ -505,7 +488,7 @@ def test_write_cache_bit_exact_with_torch_write(kv_dtype, granularity):
     slots = free[torch.randperm(free.numel(), generator=g)[:n].to(DEVICE)]
     slots[3] = -1  # padding slot: skipped
     # two identical caches, then one torch write and one fused write
-    a, b = (make_cache(lens, hkv, d, kv_dtype=kv_dtype, granularity=granularity) for _ in range(2))
+    a, b = (matrix_cache(lens, hkv, d, kv_dtype=kv_dtype, granularity=granularity) for _ in range(2))
     n_torch = a.write(k_new, v_new, slots)
     sat = write_cache(b, k_new, v_new, slots)
     assert int(sat.item()) == n_torch
@@ -517,7 +500,7 @@ def test_write_cache_bit_exact_with_torch_write(kv_dtype, granularity):
 
 
 def test_write_cache_errors():
-    cache = make_cache([4], 2, 64)
+    cache = matrix_cache([4], 2, 64)
     k = torch.randn(3, 2, 64, device=DEVICE)
     with pytest.raises(ValueError, match=r"k_new must be \[N, 2, 64\]"):
         write_cache(cache, k[:, :1], k[:, :1], torch.zeros(3, dtype=torch.int64, device=DEVICE))
@@ -535,7 +518,7 @@ def test_write_cache_errors():
 def test_large_shapes_on_gpu(kv_dtype, mode):
     torch.manual_seed(0)
     lens = [4096, 1, 3000, 16384 - 5]
-    cache = make_cache(lens, 8, 128, kv_dtype=kv_dtype)
+    cache = matrix_cache(lens, 8, 128, kv_dtype=kv_dtype)
     q = make_q(len(lens), 32, 128, torch.bfloat16)
     tol = FP8_MODE_TOL if mode == "fp8" else dequant_tol(torch.bfloat16, "tensor")
     check_against_reference(q, cache, mode, tol)
@@ -544,7 +527,7 @@ def test_large_shapes_on_gpu(kv_dtype, mode):
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
 def test_decode_is_cuda_graph_capturable():
-    cache = make_cache([100, 2000], 8, 128)
+    cache = matrix_cache([100, 2000], 8, 128)
     q = make_q(2, 32, 128, torch.bfloat16)
     eager, _ = paged_decode(q, cache)
     g = torch.cuda.CUDAGraph()
@@ -573,7 +556,7 @@ def test_combine_as_dependent_launch_gives_the_plain_launchs_bits(monkeypatch, s
     from fp8kv import ops
 
     torch.manual_seed(0)
-    cache = make_cache([1000, 1], 2, 128)
+    cache = matrix_cache([1000, 1], 2, 128)
     q, other = make_q(2, 16, 128, torch.bfloat16), make_q(2, 16, 128, torch.bfloat16, seed=2)
     kw = dict(gluon=False, sinks=torch.randn(16, device=DEVICE) if sinks else None)
     cfg = ops.decode_launch(2, cache, "dequant", 128, 8, q.device, gluon=False)[1]
@@ -622,7 +605,7 @@ def test_copy_kernel_copies_every_element():
 def test_stream_copy_copies_every_element_of_an_odd_length():
     from fp8kv.ops import COPY_BLOCK, stream_copy
 
-    src = torch.randn(COPY_BLOCK + 37, generator=torch.Generator().manual_seed(3)).to(DEVICE)  # a partial last program
+    src = torch.randn(COPY_BLOCK + 37, generator=seeded(3)).to(DEVICE)  # a partial last program
     dst = torch.full_like(src, float("nan"))
     assert stream_copy(src, dst) is dst
     assert torch.equal(dst, src)
@@ -662,7 +645,7 @@ def test_gluon_kernel_refuses_what_its_shape_does_not_cover(kw, cache_kw, q_shap
     if DEVICE == "cuda" and match == "CUDA GPU only":
         pytest.skip("this machine has a GPU")
     d = cache_kw.pop("d", 128)
-    cache = make_cache([5, 40], 2, d, **cache_kw)
+    cache = matrix_cache([5, 40], 2, d, **cache_kw)
     q = make_q(*q_shape, torch.bfloat16 if cache_kw.get("kv_dtype") == "bf16" else torch.float16)
     with pytest.raises(UnsupportedError, match=match):
         paged_decode(q, cache, gluon=True, **kw)
@@ -675,7 +658,7 @@ def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
     from fp8kv import ops
     from fp8kv.ops import decode_kernel, gluon_refusal
 
-    cache = make_cache([5, 40], 2, 128)
+    cache = matrix_cache([5, 40], 2, 128)
     assert gluon_refusal(cache, "dequant", 128, 4, "cpu") is not None  # no GPU here
     assert decode_kernel(cache, "dequant", 128, 4, "cpu") == "triton"
     with pytest.raises(UnsupportedError, match="gluon=True: .*CUDA GPU only"):
@@ -694,7 +677,7 @@ def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
         assert decode_kernel(cache, "dequant", 128, 4, "cuda", **override) == "triton", override
     assert decode_kernel(cache, "dequant", 128, 4, "cuda", block_n=None) == "gluon"  # None: not given
     for d in (48, 64, 80, 96, 112, 144, 192, 256):  # any multiple of 16 up to 256 (zero-filled to the tile width)
-        assert decode_kernel(make_cache([5, 40], 2, d), "dequant", d, 4, "cuda") == "gluon", d
+        assert decode_kernel(matrix_cache([5, 40], 2, d), "dequant", d, 4, "cuda") == "gluon", d
     for refused in (dict(mode="fp8"), dict(head_dim=72), dict(head_dim=272), dict(head_dim=32)):
         args = {"mode": "dequant", "head_dim": 128, "group": 4, **refused}
         assert decode_kernel(cache, args["mode"], args["head_dim"], args["group"], "cuda") == "triton", refused
@@ -704,11 +687,11 @@ def test_the_gluon_kernel_is_the_default_where_it_runs(monkeypatch):
     with pytest.raises(ValueError, match="heads_per_program=0"):
         decode_kernel(cache, "dequant", 128, 48, "cuda", gluon=True, heads_per_program=0)
     for kw in (dict(kv_dtype="bf16"), dict(granularity="head")):
-        assert decode_kernel(make_cache([5, 40], 2, 128, **kw), "dequant", 128, 4, "cuda") == "triton", kw
-    assert decode_kernel(make_cache([5, 40], 2, 128, layout="HND"), "dequant", 128, 4, "cuda") == "gluon"
+        assert decode_kernel(matrix_cache([5, 40], 2, 128, **kw), "dequant", 128, 4, "cuda") == "triton", kw
+    assert decode_kernel(matrix_cache([5, 40], 2, 128, layout="HND"), "dequant", 128, 4, "cuda") == "gluon"
     monkeypatch.setattr(ops.decode.planning, "current_arch", lambda device=None: "sm80")
     assert "need sm89+" in gluon_refusal(cache, "dequant", 128, 4, "cuda")  # an A100
-    assert "need sm89+" in gluon_refusal(make_cache([5, 40], 2, 128, kv_dtype="fp8_e5m2"), "dequant", 128, 4, "cuda")
+    assert "need sm89+" in gluon_refusal(matrix_cache([5, 40], 2, 128, kv_dtype="fp8_e5m2"), "dequant", 128, 4, "cuda")
 
 
 def test_small_batches_run_the_triton_kernel_by_default(monkeypatch):
@@ -717,7 +700,7 @@ def test_small_batches_run_the_triton_kernel_by_default(monkeypatch):
     from fp8kv import ops
 
     monkeypatch.setattr(ops.decode.planning, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
-    cache = make_cache([5, 300], 2, 128)  # 304 tokens of capacity: tiles of 64 make splits of 320 or 192
+    cache = matrix_cache([5, 300], 2, 128)  # 304 tokens of capacity: tiles of 64 make splits of 320 or 192
     long_split = dict(num_splits=1)
     monkeypatch.setitem(ops.GLUON_MIN_SPLIT_TOKENS, 1, 200)
     assert ops.decode_launch(2, cache, "dequant", 128, 4, torch.device("cpu"), **long_split)[0] == "gluon"
@@ -737,7 +720,7 @@ def test_two_part_heads_take_the_gluon_kernel_from_shorter_splits(monkeypatch):
     monkeypatch.setattr(ops.decode.planning, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
     cpu = torch.device("cpu")
     for d, splits, kernel in ((256, 2, "gluon"), (256, 4, "triton"), (128, 2, "triton"), (128, 1, "gluon")):
-        cache = make_cache([5, 1024], 2, d)  # 1024 tokens of capacity: 2 splits of 512, 4 of 256
+        cache = matrix_cache([5, 1024], 2, d)  # 1024 tokens of capacity: 2 splits of 512, 4 of 256
         chosen, cfg = ops.decode_launch(2, cache, "dequant", d, 4, cpu, num_splits=splits)
         assert chosen == kernel, (d, splits, cfg)
         if chosen == "gluon":
@@ -749,7 +732,7 @@ def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):
     an explicit tile that cannot fit is refused by name, not left to fail at launch."""
     from fp8kv import ops
 
-    cache = make_cache([5, 300], 2, 128)
+    cache = matrix_cache([5, 300], 2, 128)
     assert ops.gluon_smem_bytes(128, 3, 128) == 2 * 3 * 128 * 128 + ops.GLUON_SMEM_EXTRA
     assert ops.gluon_smem_bytes(64, 3, 64) == 2 * 3 * 64 * 64 + ops.GLUON_SMEM_EXTRA  # 64-wide tile
     # the tiles depend on the SM count too: the 4 SMs the launches are planned for off CUDA, on any machine
@@ -765,7 +748,7 @@ def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):
     # above 128 columns: two K tiles (both parts) and one V tile (the program's part) per stage
     assert ops.gluon_smem_bytes(64, 3, 256) == 3 * 3 * 64 * 128 + ops.GLUON_SMEM_EXTRA
     assert ops.gluon_smem_bytes(64, 3, 144) == ops.gluon_smem_bytes(64, 3, 256)
-    wide = make_cache([5, 300], 2, 256)
+    wide = matrix_cache([5, 300], 2, 256)
     monkeypatch.setattr(ops.decode.gluon_launcher, "smem_per_block", lambda device: 101376)  # 128 / 2 needs 104 KiB: 64-token tiles
     assert (ops.gluon_launch(2, wide, 8)["block_n"], ops.gluon_launch(2, wide, 8)["num_stages"]) == (64, 3)
     assert ops.gluon_launch(2, wide, 8, num_stages=2)["block_n"] == 64
@@ -779,7 +762,7 @@ def test_gluon_splits_count_both_parts_of_a_wide_head():
     """A head_dim above 128 runs two programs per head tile: the splits are sized for that grid."""
     from fp8kv import ops
 
-    wide = make_cache([5, 3000], 2, 256)
+    wide = matrix_cache([5, 3000], 2, 256)
     cfg = ops.gluon_launch(2, wide, 8)
     assert cfg["num_splits"] == ops.launch_config(2, wide, group=8, heads_per_program=16, head_parts=2,
                                                   block_n=cfg["block_n"])["num_splits"]
@@ -820,7 +803,7 @@ def test_residency_compiles_the_planned_launch_once_per_kernel(monkeypatch):
     known = {}
     monkeypatch.setattr(ops.decode.splits, "kernel_residency", lambda key, device, compile_kernel: known.get(key) or known.setdefault(
         key, compile_kernel() or 2))
-    cache = make_cache([5, 300], 2, 64)
+    cache = matrix_cache([5, 300], 2, 64)
     cfg = ops.launch_config(2, cache, group=4)
     plain = dict(window=None, soft_cap=None, sinks=None, convert=None, eviction_policy="", compute_dtype=None)
     cpu = torch.device("cpu")
@@ -838,7 +821,7 @@ def test_gluon_launch_defaults_and_bad_options():
     from fp8kv import ops
     from fp8kv.ops import gluon_launch
 
-    cache = make_cache([5, 300], 2, 128)
+    cache = matrix_cache([5, 300], 2, 128)
     cfg = gluon_launch(2, cache, 4)
     assert (cfg["block_n"], cfg["num_stages"], cfg["num_warps"]) == (64, 4, 4)
     assert (gluon_launch(2, cache, 1)["block_n"], gluon_launch(2, cache, 1)["num_stages"]) == (64, 4)  # MHA, B = 2
@@ -872,7 +855,7 @@ def test_gluon_programs_hold_a_group_in_as_few_programs_as_its_rows_allow():
              (20, 96, None): (10, 2), (7, 64, None): (7, 1), (1, 128, None): (1, 1), (20, 256, None): (10, 2),
              (8, 256, None): (8, 1)}
     for (group, d, hpp), (heads, tiles) in cases.items():
-        cfg = ops.gluon_launch(2, make_cache([5, 300], 1, d), group, heads_per_program=hpp)
+        cfg = ops.gluon_launch(2, matrix_cache([5, 300], 1, d), group, heads_per_program=hpp)
         assert (cfg["heads_per_program"], cfg["head_tiles"]) == (heads, tiles), (group, d, hpp)
         assert heads * tiles >= group > heads * (tiles - 1)
         assert mma_rows(heads) == (16 if heads <= 16 else 32)
@@ -882,7 +865,7 @@ def _gluon_matches_oracle_and_twin(kv_dtype, q_dtype, hq, hkv, d, launch, layout
     """Run the Gluon kernel at ragged lengths (1 token, a partial page, a partial tile, 16k) and check it
     against the fp32 oracle (the dequant tolerance) and the Triton kernel it twins (2u); returns the
     cache and query for further checks."""
-    cache = make_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype, layout=layout)
+    cache = matrix_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype, layout=layout)
     q = make_q(4, hq, d, q_dtype)
     out, lse = paged_decode(q, cache, gluon=True, **launch)
     ref_o, ref_l = ref_decode(q, cache)
@@ -947,7 +930,7 @@ def test_gluon_kernel_reads_hnd_pages_on_the_gpu(hq, hkv, d, launch):
 def test_gluon_kernel_reads_every_page_size(block_size, launch, layout):
     """Pages smaller than, equal to and larger than a tile: the row addressing takes two paths (the
     page row loop-invariant, or one scalar per tile), on either page layout."""
-    cache = make_cache([1, 17, 5003, 1000], 4, 128, block_size=block_size, layout=layout)
+    cache = matrix_cache([1, 17, 5003, 1000], 4, 128, block_size=block_size, layout=layout)
     q = make_q(4, 16, 128, torch.bfloat16)
     out, lse = paged_decode(q, cache, gluon=True, **launch)
     ref_o, ref_l = ref_decode(q, cache)
@@ -965,7 +948,7 @@ def test_launch_config_called_directly_refuses_bad_arguments_by_name(kw, exc, wo
     """It is public (the bench and notebooks plan with it): no ZeroDivisionError, no float token counts."""
     from fp8kv.ops import launch_config
 
-    args = dict(batch=2, cache=make_cache([40, 5], 2, 16))
+    args = dict(batch=2, cache=matrix_cache([40, 5], 2, 16))
     args.update(kw)
     with pytest.raises(exc, match=re.escape(words)):
         launch_config(args.pop("batch"), args.pop("cache"), num_sms=132, **args)

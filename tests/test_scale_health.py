@@ -9,6 +9,7 @@ import math
 import pandas as pd
 import pytest
 import torch
+from fixtures import seeded
 
 from fp8kv.analysis import scale_health as sh
 from fp8kv.capacity import ModelShape, plan_capacity
@@ -22,7 +23,7 @@ def synthetic(seed=0, *, outlier=True, tiny=True, spike=False):
     """L layers of Gaussian K (x3) and V; planted: K head OUTLIER_HEAD of OUTLIER_LAYER x400 (|K| ~ 5000 > 448),
     V of TINY_LAYER x1e-4 (below e4m3's smallest subnormal at scale 1), one K value of SPIKE_LAYER at 1e6
     (an amax scale that flushes the rest of the layer)."""
-    g = torch.Generator().manual_seed(seed)
+    g = seeded(seed)
     k = [torch.randn(T, HKV, D, generator=g) * 3 for _ in range(L)]
     v = [torch.randn(T, HKV, D, generator=g) for _ in range(L)]
     q = [torch.randn(4, HQ, D, generator=g) for _ in range(L)]

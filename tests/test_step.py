@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from fixtures import seeded
 
 from fp8kv import reference
 from fp8kv import step as S
@@ -107,7 +108,7 @@ def test_triton_step_matches_reference_step(kv_dtype):
     runs = {}
     for backend in ("reference", "triton"):
         step = _toy_step(kv_dtype, backend)
-        runs[backend] = (_run(step, 6, torch.Generator().manual_seed(5)), step)
+        runs[backend] = (_run(step, 6, seeded(5)), step)
     (ref_logits, ref_step), (tri_logits, tri_step) = runs["reference"], runs["triton"]
     assert relative_error(tri_logits, ref_logits) < 2**-8
     for a, b in zip(ref_step.caches, tri_step.caches, strict=True):

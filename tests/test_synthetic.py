@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from fixtures import seeded
 
 from fp8kv.synthetic import (
     apply_rope,
@@ -111,7 +112,7 @@ def test_head_and_token_spread():
 
 
 def test_apply_rope_matches_complex_rotation_and_keeps_pair_norms():
-    x = torch.randn(37, 3, 30, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(37, 3, 30, generator=seeded(0))
     pos = torch.arange(100, 137)
     y = apply_rope(x, pos)
     torch.testing.assert_close(y.to(torch.float64), rope_oracle(x, pos), rtol=1e-5, atol=1e-5)
@@ -145,7 +146,7 @@ def test_kurtosis():
     x = torch.tensor([[0.0, 0.0, 0.0, 4.0], [1.0, -1.0, 1.0, -1.0]])
     # row 0: deviations (-1, -1, -1, 3): m4 = 84 / 4, m2 = 12 / 4
     assert kurtosis(x, dim=1).tolist() == pytest.approx([21 / 9, 1.0])
-    g = torch.randn(200_000, generator=torch.Generator().manual_seed(0))
+    g = torch.randn(200_000, generator=seeded(0))
     assert abs(kurtosis(g) - 3.0) < 0.1
 
 
@@ -219,7 +220,7 @@ def test_paged_cache_seeds_across_torchs_range():
     assert not torch.equal(pages(0)[0], pages(1)[0])
     # a negative seed gives what it gave when its chunk seeds went to torch unreduced (torch takes them modulo 2**64)
     k, _, _ = pages(-1)  # 4 blocks in one chunk: K's chunk 0 is seeded with -1 * 1_000_003
-    expected = torch.randn(4, 16, 2, 8, generator=torch.Generator().manual_seed(-1_000_003))
+    expected = torch.randn(4, 16, 2, 8, generator=seeded(-1_000_003))
     assert torch.equal(k, expected.to(torch.bfloat16).float())
 
 

@@ -13,15 +13,16 @@ import math
 
 import pytest
 import torch
+from fixtures import DEVICE, dequant_tol, make_q, matrix_cache, random_sinks, seeded
 
 from fp8kv import decode as fp8kv_decode
 from fp8kv.capability import VARIANTS, UnsupportedError, check_variant, variants
-from fp8kv.reference import attention, lse_tolerance, output_tolerance
+from fp8kv.reference import FP8_MODE_TOL, attention, lse_tolerance, output_tolerance
 from fp8kv.reference import decode as ref_decode
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
-from test_ops import DEVICE, FP8_MODE_TOL, Q_DTYPES, dequant_tol, make_cache, make_q  # noqa: E402
+from test_ops import Q_DTYPES  # noqa: E402
 
 from fp8kv.ops import launch_config, paged_decode  # noqa: E402
 from fp8kv.ops.decode.triton_helpers import soft_cap_scores  # noqa: E402
@@ -51,7 +52,7 @@ def test_oracle_window_is_transformers_sliding_window():
     the oracle's window: the last W keys, the query's own included."""
     masking = pytest.importorskip("transformers.masking_utils")
     length = 12
-    g = torch.Generator().manual_seed(0)
+    g = seeded(0)
     q, k, v = torch.randn(1, 8, generator=g), torch.randn(length, 1, 8, generator=g), torch.randn(length, 1, 8, generator=g)
     for w in (1, 5, 11, 12, 30):
         keep = masking.sliding_window_causal_mask_function(w)
@@ -88,7 +89,7 @@ def test_oracle_sinks_by_hand():
 
 
 def test_oracle_decode_validates_variants():
-    cache = make_cache([3, 5], 2, 64)
+    cache = matrix_cache([3, 5], 2, 64)
     q = make_q(2, 4, 64, torch.float16)
     for bad, exc in ((0, ValueError), (-2, ValueError), (True, TypeError), (4.0, TypeError)):
         with pytest.raises(exc, match="window"):
@@ -116,7 +117,7 @@ CASES = [
 
 def _cache(granularity, kv_dtype="fp8_e4m3", lens=LENS, seed=0):
     # pages reserved up to CAPACITY tokens per sequence, so every cache has the same page-table capacity
-    c = make_cache(lens, 2, 64, kv_dtype=kv_dtype, granularity=granularity, seed=seed, max_seq_len=CAPACITY)
+    c = matrix_cache(lens, 2, 64, kv_dtype=kv_dtype, granularity=granularity, seed=seed, max_seq_len=CAPACITY)
     assert c.max_blocks_per_seq * c.block_size == CAPACITY
     return c
 
@@ -124,8 +125,7 @@ def _cache(granularity, kv_dtype="fp8_e4m3", lens=LENS, seed=0):
 def _variants(spec, hq, seed=3):
     out = dict(spec)
     if out.get("sinks") == "random":
-        g = torch.Generator().manual_seed(seed)
-        out["sinks"] = (torch.randn(hq, generator=g) * 2).to(DEVICE)
+        out["sinks"] = random_sinks(hq, seed)
     return out
 
 
@@ -159,7 +159,7 @@ def test_variant_matches_oracle(name, spec, granularity, mode):
 @pytest.mark.parametrize("mode", ["dequant", "fp8"])
 def test_soft_cap_with_scores_far_beyond_the_cap(mode):
     """Keys x 40 push scaled scores to hundreds; a cap of 1 flattens them to within e^2 of each other."""
-    cache = make_cache(LENS, 2, 64, k_spread=40.0, granularity="head")
+    cache = matrix_cache(LENS, 2, 64, k_spread=40.0, granularity="head")
     q = make_q(len(LENS), 8, 64, torch.float16)
     out, lse = check_variant_against_oracle(q, cache, mode, dict(soft_cap=1.0), num_splits=2, block_n=32)
     # |capped score| < 1, so lse lies within ln(L) +- 1
@@ -273,9 +273,9 @@ def test_window_never_reads_tokens_before_it(kv_dtype, granularity, mode):
 
 def test_splits_are_chosen_over_the_window():
     """A 512-token window over a 16k page table gets the launch of a 512-token page table."""
-    long = make_cache([20], 2, 64)
+    long = matrix_cache([20], 2, 64)
     long.block_table = torch.zeros(1, 16384 // 16, dtype=torch.int32, device=long.device)
-    short = make_cache([20], 2, 64)
+    short = matrix_cache([20], 2, 64)
     short.block_table = torch.zeros(1, 512 // 16, dtype=torch.int32, device=short.device)
     cfg_window = launch_config(1, long, window=512, device=torch.device("cpu"))
     cfg_short = launch_config(1, short, device=torch.device("cpu"))
@@ -297,7 +297,7 @@ def test_window_at_least_the_page_table_is_the_plain_kernel():
 
 # ---------------------------------------------------------------------------------- public entry
 def test_decode_entry_validates_variants_by_name():
-    cache = make_cache([3, 5], 2, 64)
+    cache = matrix_cache([3, 5], 2, 64)
     q = make_q(2, 4, 64, torch.float16)
     for bad, exc in ((0, ValueError), (-1, ValueError), (False, TypeError), (2.5, TypeError), ("8", TypeError)):
         with pytest.raises(exc, match="window"):
@@ -336,7 +336,7 @@ def test_variant_capability_rows():
     assert check_variant("flashinfer", "soft_cap", "dequant")[0]
     with pytest.raises(ValueError, match="variant="):
         check_variant("triton", "alibi")
-    cache = make_cache([3], 1, 64)
+    cache = matrix_cache([3], 1, 64)
     q = make_q(1, 2, 64, torch.float16)
     with pytest.raises(UnsupportedError, match="sinks"):
         fp8kv_decode(q, cache, backend="flashinfer", mode="dequant", sinks=torch.zeros(2, device=DEVICE))
@@ -355,7 +355,7 @@ def test_compiled_variants_at_scale(mode, convert):
     if mode == "fp8" and convert != GPU_CONVERTS[0]:
         pytest.skip("fp8 mode has no conversion step")
     lens = [4096, 1, 3000, 16384 - 5]
-    cache = make_cache(lens, 8, 128, kv_dtype="fp8_e4m3", granularity="head")
+    cache = matrix_cache(lens, 8, 128, kv_dtype="fp8_e4m3", granularity="head")
     q = make_q(len(lens), 32, 128, torch.bfloat16)
     for spec in (dict(window=512), dict(window=1000, soft_cap=30.0), dict(sinks="random"),
                  dict(window=1024, soft_cap=50.0, sinks="random")):
@@ -368,8 +368,8 @@ def test_compiled_variants_at_scale(mode, convert):
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
 def test_compiled_window_never_reads_tokens_before_it():
     lens = [5000, 700, 129]
-    clean = make_cache(lens, 8, 128, granularity="head")
-    dirty = make_cache(lens, 8, 128, granularity="head")
+    clean = matrix_cache(lens, 8, 128, granularity="head")
+    dirty = matrix_cache(lens, 8, 128, granularity="head")
     _poison_outside_window(dirty, 512)
     q = make_q(len(lens), 32, 128, torch.bfloat16)
     for mode in ("dequant", "fp8"):
@@ -391,7 +391,7 @@ def test_flashinfer_window_and_soft_cap_against_oracle(kv_dtype, granularity, us
     if not flashinfer_installed():
         pytest.skip("FlashInfer is not installed (pip install 'fp8kv[gpu]')")
     lens = [4096, 1, 600, 513, 16384 - 5]
-    cache = make_cache(lens, 8, 128, kv_dtype=kv_dtype, granularity=granularity)
+    cache = matrix_cache(lens, 8, 128, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(len(lens), 32, 128, torch.bfloat16)
     tol = output_tolerance("flashinfer", "dequant", torch.bfloat16, granularity)
     for kw in (dict(window=512), dict(window=1000, soft_cap=30.0), dict(soft_cap=5.0), dict(window=1)):

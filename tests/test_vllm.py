@@ -21,6 +21,7 @@ from enum import IntEnum
 import pandas as pd
 import pytest
 import torch
+from fixtures import make_cache, make_q, seeded
 
 import fp8kv
 from fp8kv import backends
@@ -140,17 +141,12 @@ def no_vllm(monkeypatch):
 def _cache(lens=(1, 37, 70), hkv=2, d=64, kv_dtype="fp8_e4m3", block_size=16, layout="NHD", granularity="tensor",
            v_gain=5.0, seed=0):
     """Ragged sequences in shuffled pages; V five times larger than K so k and v scales differ."""
-    g = torch.Generator().manual_seed(seed)
-    shape = (len(lens), max(lens), hkv, d)
-    k = torch.randn(shape, generator=g)
-    v = torch.randn(shape, generator=g) * v_gain
-    return PagedKVCache.from_dense(k, v, list(lens), block_size=block_size, kv_dtype=kv_dtype,
-                                   granularity=granularity, layout=layout, seed=seed)
+    return make_cache(lens, hkv, d, kv_dtype=kv_dtype, granularity=granularity, block_size=block_size,
+                      layout=layout, seed=seed, v_head_gain=[v_gain] * hkv)
 
 
 def _query(cache, hq=6, dtype=torch.float16, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(cache.batch_size, hq, cache.head_dim, generator=g).to(dtype)
+    return make_q(cache.batch_size, hq, cache.head_dim, dtype, seed, device="cpu")
 
 
 # ---------------------------------------------------------------------------------------- capability
@@ -369,7 +365,7 @@ def test_a_window_as_long_as_the_capacity_is_the_whole_sequence():
 
 
 def test_fp16_query_refused_where_a_page_dequantizes_past_fp16(fake_vllm):
-    g = torch.Generator().manual_seed(0)
+    g = seeded(0)
     k = torch.randn(1, 20, 2, 64, generator=g) * 25000  # amax scale ~ 250: e4m3's 448 x 250 > 65504
     cache = PagedKVCache.from_dense(k, torch.randn(1, 20, 2, 64, generator=g), [20], block_size=16,
                                     kv_dtype="fp8_e4m3")
@@ -408,7 +404,7 @@ def test_decode_matches_the_oracle(kv_dtype, q_dtype, kw, fake_vllm, assert_rel_
     cache = _cache(kv_dtype=kv_dtype)
     q = _query(cache, dtype=q_dtype)
     if kw.get("sinks") == "random":
-        kw = {**kw, "sinks": torch.randn(6, generator=torch.Generator().manual_seed(5)) * 2}
+        kw = {**kw, "sinks": torch.randn(6, generator=seeded(5)) * 2}
     out, lse = fp8kv.decode(q, cache, "vllm", **kw)
     assert lse is None and out.dtype == q_dtype and out.shape == q.shape
     ref, _ = fp8kv.reference.decode(q, cache, **kw)
@@ -572,7 +568,7 @@ def test_real_kernel_under_the_interpreter(kv_dtype, two_d, monkeypatch, assert_
         monkeypatch.setattr(vb, "MIN_LAUNCH_GRID_SIZE_2D", 0)
     cache = _cache(lens=(1, 37, 70), kv_dtype=kv_dtype)
     q = _query(cache)  # fp16: the interpreter's bf16 arithmetic is wrong
-    sinks = torch.randn(6, generator=torch.Generator().manual_seed(5))
+    sinks = torch.randn(6, generator=seeded(5))
     for kw in ({}, {"window": 5}, {"soft_cap": 2.0, "sinks": sinks}):
         out, lse = fp8kv.decode(q, cache, "vllm", **kw)
         ref, _ = fp8kv.reference.decode(q, cache, **kw)

@@ -7,7 +7,7 @@ import torch
 
 from .. import checks
 from ..checks import fail as _fail
-from ..quant import _check_method, _compute_scale, _explicit_scale
+from ..quant import check_scale_method, compute_scale_unchecked, explicit_scale
 from .validation import is_unit_scale, show_scale
 
 __all__ = ["init_scale", "refuse_unused_scale", "static_scale"]
@@ -58,8 +58,8 @@ def static_scale(cache, value, name, x: torch.Tensor, percentile) -> torch.Tenso
     if value is None:
         value = "amax"
     if isinstance(value, str):
-        pct = _check_method(value, percentile, name)
-        s = _compute_scale(x, cache.fmt, cache.granularity, value, pct)
+        pct = check_scale_method(value, percentile, name)
+        s = compute_scale_unchecked(x, cache.fmt, cache.granularity, value, pct)
     else:
-        s = _explicit_scale(value, cache.scale_shape(), cache.granularity, cache.device, name)
+        s = explicit_scale(value, cache.scale_shape(), cache.granularity, cache.device, name)
     return init_scale(cache, s, name, cache.device)

@@ -37,7 +37,7 @@ def show_scale(value) -> str:
     """A scale argument for a message: one line, even for a large tensor."""
     if isinstance(value, torch.Tensor) and value.numel() > 1:
         return f"<{str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}>"
-    return checks._show(value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value)
+    return checks.show_value(value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value)
 
 
 def is_unit_scale(value, name) -> bool:

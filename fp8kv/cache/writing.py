@@ -8,7 +8,7 @@ import torch
 from .. import checks
 from ..checks import fail as _fail
 from ..formats import saturation_bounds
-from ..quant import _compute_scale, broadcast_scale, cast_saturating
+from ..quant import broadcast_scale, cast_saturating, compute_scale_unchecked
 from .reading import nhd_view, token_slots
 from .validation import check_pages, check_write, checked_tables, refuse_shared_writes
 
@@ -99,7 +99,7 @@ def write(cache, k_new, v_new, slot_mapping, *, shared_checked: bool = False) ->
             continue
         scale = getattr(cache, scale_name)
         if cache.granularity == "token_head":
-            s = _compute_scale(new, cache.fmt, "token_head", "amax", 100.0)  # rows checked; amax ignores the 100
+            s = compute_scale_unchecked(new, cache.fmt, "token_head", "amax", 100.0)  # rows checked; amax ignores the 100
             scale[blk, off] = s
             y = new.to(torch.float32) / s.unsqueeze(-1)
         else:

@@ -8,9 +8,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .index import _report_folders, build_index
-from .pages import INDEX, _default_notebook_dir, discover_notebooks, render_report
-from .runner import DEFAULT_TIMEOUT_S, RunInterrupted, _check_out, run_notebooks
+from .index import build_index, report_folders
+from .pages import INDEX, default_notebook_dir, discover_notebooks, render_report
+from .runner import DEFAULT_TIMEOUT_S, RunInterrupted, check_out_folder, run_notebooks
 
 # --------------------------------------------------------------------------- command line
 
@@ -37,7 +37,7 @@ def _device_here(text: str) -> str:
 
 def _out_folder(text: str) -> str:
     try:
-        _check_out(text)
+        check_out_folder(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
@@ -127,7 +127,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     notebooks that finished published.
     """
     prog = "fp8kv notebooks run"
-    print(f"{prog}: device {args.device}, notebooks from {args.notebooks or _default_notebook_dir()}, "
+    print(f"{prog}: device {args.device}, notebooks from {args.notebooks or default_notebook_dir()}, "
           f"out {args.out}", flush=True)
     try:
         manifest = run_notebooks(args.notebooks, args.out, smoke=args.smoke, only=args.only, timeout=args.timeout,
@@ -170,7 +170,7 @@ def index_main(argv: Sequence[str]) -> int:
     except ValueError as exc:  # a path it writes is a folder: one line naming it
         print(f"{parser.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    print(f"index: {path} ({len(_report_folders(root))} report folder(s))")
+    print(f"index: {path} ({len(report_folders(root))} report folder(s))")
     return 0
 
 

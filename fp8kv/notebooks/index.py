@@ -20,7 +20,7 @@ def _candidate_folders(root: Path) -> list[Path]:
                   and (p / MANIFEST).is_file())
 
 
-def _report_folders(root: Path, skipped: list[str] | None = None) -> list[Path]:
+def report_folders(root: Path, skipped: list[str] | None = None) -> list[Path]:
     """The ``<gpu-slug>/`` folders of a reports root, sorted by name: those whose manifest.json reads as
     the runner writes it (:func:`read_manifest`). A folder with some other JSON is not a report; one
     whose manifest is truncated or foreign is left out too, and why is appended to ``skipped``."""
@@ -187,7 +187,7 @@ def _plotlyjs_for_index(root: Path) -> str:
     from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
     name = f"plotly-{get_plotlyjs_version()}.min.js"
-    for folder in _report_folders(root):
+    for folder in report_folders(root):
         if (folder / name).is_file():
             return f"{folder.name}/{name}"
     write_atomic(root / name, get_plotlyjs())  # the page may be open: never a half-written library
@@ -210,7 +210,7 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
         raise ValueError(f"reports_dir={str(reports_dir)!r} is not a folder; pass the reports root that holds the "
                          "<gpu-slug>/ report folders")
     skipped: list[str] = []
-    folders = _report_folders(root, skipped)
+    folders = report_folders(root, skipped)
     rows = [gpu_summary(f) for f in folders]
     # A folder or file that cannot be read is named on the page and on stderr, never a crash of the index
     # (nor silently dropped); the page of readable reports alone is unchanged.

@@ -23,7 +23,7 @@ INDEX = "index.html"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 
-def _default_notebook_dir() -> Path:
+def default_notebook_dir() -> Path:
     """``./notebooks`` if present (the repository root is the usual working directory), else the
     ``notebooks`` folder beside the installed (editable) package."""
     here = Path.cwd() / "notebooks"
@@ -131,7 +131,7 @@ def discover_notebooks(notebook_dir: str | os.PathLike | None = None,
     A notebook whose files would be the runner's own or another's (:func:`check_notebook_names`) is a
     ValueError naming it.
     """
-    folder = Path(notebook_dir) if notebook_dir is not None else _default_notebook_dir()
+    folder = Path(notebook_dir) if notebook_dir is not None else default_notebook_dir()
     if not folder.is_dir():
         raise ValueError(f"notebook_dir={str(folder)!r} is not a folder; pass the folder holding the .ipynb files")
     books = sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("."))
@@ -206,7 +206,7 @@ def notebook_hash(path: str | os.PathLike) -> str:
     return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
-_PLOTLYJS_SRC = re.compile(r'<script src="(plotly-[0-9A-Za-z.+-]+\.min\.js)" charset="utf-8"></script>')
+PLOTLYJS_SRC = re.compile(r'<script src="(plotly-[0-9A-Za-z.+-]+\.min\.js)" charset="utf-8"></script>')
 
 
 def externalize_plotlyjs(html_path: str | os.PathLike) -> str | None:
@@ -221,7 +221,7 @@ def externalize_plotlyjs(html_path: str | os.PathLike) -> str | None:
 
     path = Path(html_path)
     text = path.read_text(encoding="utf-8")
-    found = _PLOTLYJS_SRC.search(text)
+    found = PLOTLYJS_SRC.search(text)
     if found:
         return found.group(1)
     library = get_plotlyjs()

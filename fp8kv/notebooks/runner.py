@@ -21,12 +21,12 @@ from ..interrupts import signals_ignored, stop_signals, stop_signals_handled
 from ..results import to_jsonable, utc_stamp, write_atomic
 from .index import build_index
 from .pages import (
-    _PLOTLYJS_SRC,
     HTML_EXPORT_FAILED,
     INDEX,
     MANIFEST,
     PACKAGE_PARENT,
-    _default_notebook_dir,
+    PLOTLYJS_SRC,
+    default_notebook_dir,
     discover_notebooks,
     externalize_plotlyjs,
     notebook_hash,
@@ -161,7 +161,7 @@ def _carry_over(previous: Path, staging: Path, rerun: set[str]) -> list[dict]:
             shutil.copytree(f, staging / f.name, dirs_exist_ok=True)
             continue
         shutil.copy2(f, staging / f.name)
-        library = _PLOTLYJS_SRC.search(f.read_text(encoding="utf-8")) if f.suffix == ".html" else None
+        library = PLOTLYJS_SRC.search(f.read_text(encoding="utf-8")) if f.suffix == ".html" else None
         if library and (previous / library.group(1)).is_file() and not (staging / library.group(1)).exists():
             shutil.copy2(previous / library.group(1), staging / library.group(1))
     return kept
@@ -229,10 +229,10 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
         timeout = DEFAULT_TIMEOUT_S[mode]
     checks.positive_int(timeout, "timeout")  # seconds per cell
     checks.integer(seed, "seed")
-    _check_out(out)
+    check_out_folder(out)
     books = discover_notebooks(notebook_dir, only)
     if not books:
-        raise ValueError(f"no notebooks found in {notebook_dir or _default_notebook_dir()}")
+        raise ValueError(f"no notebooks found in {notebook_dir or default_notebook_dir()}")
     for module in ("papermill", "nbconvert", "nbformat"):
         try:
             __import__(module)
@@ -335,7 +335,7 @@ def _publish_interrupted(staging: Path, final: Path, manifest: dict, entries: li
     _rebuild_index(final.parent)
 
 
-def _check_out(out) -> None:
+def check_out_folder(out) -> None:
     """``out`` must be a folder or a path that can become one (not a file, nor below a file)."""
     if not isinstance(out, (str, os.PathLike)) or not str(out):
         raise ValueError(f"out={out!r} must be a folder path (the reports root)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .style import _require_columns, _style_by_label, _titles, axis_title, line
+from .style import axis_title, axis_titles, line, require_columns, style_by_label
 
 # --------------------------------------------------------------------------- quantization error and KV capacity
 
@@ -26,8 +26,8 @@ def quant_error_heatmap(df, value: str = "out_rel_err", *, row: str = "granulari
     import numpy as np
     from plotly.subplots import make_subplots
 
-    _require_columns(df, [row, col, facet], rows=True)
-    _require_columns(df, [value])
+    require_columns(df, [row, col, facet], rows=True)
+    require_columns(df, [value])
     panels = list(dict.fromkeys(df[facet])) if facet else [None]
     rows = list(dict.fromkeys(df[row]))
     cols = list(dict.fromkeys(df[col]))
@@ -70,15 +70,15 @@ def grouped_bars(df, x: str, y: str, color: str | None = None, *, facet_col: str
     """
     import plotly.express as px
 
-    _require_columns(df, [x, y, color, facet_col, facet_row, text, *(hover or [])])
+    require_columns(df, [x, y, color, facet_col, facet_row, text, *(hover or [])])
     data = df.copy()
     if color is not None:
         data[color] = data[color].astype(str)  # categories, not a continuous colour bar
     fig = px.bar(data, x=x, y=y, color=color, facet_col=facet_col, facet_row=facet_row, barmode="group",
-                 log_y=log_y, title=title, labels=_titles([x, y, color, facet_col, facet_row, text, *(hover or [])],
+                 log_y=log_y, title=title, labels=axis_titles([x, y, color, facet_col, facet_row, text, *(hover or [])],
                                                           labels), hover_data=hover, text=text)
     if color is not None:
-        _style_by_label(fig, data[color].unique())
+        style_by_label(fig, data[color].unique())
     if text is not None:
         fig.update_traces(textposition="outside", cliponaxis=False)
     return fig
@@ -91,7 +91,7 @@ def per_layer(layers, model: str, metric: str) -> go.Figure:
     (``k_amax``, ``v_amax``) are drawn from the bf16 run, the errors and fractions from the others;
     the attention error on a log axis.
     """
-    _require_columns(layers, ["model", "config", "layer", "layer_type", metric], "layers")
+    require_columns(layers, ["model", "config", "layer", "layer_type", metric], "layers")
     magnitude = metric in ("k_amax", "v_amax")
     rows = layers[(layers["model"] == model) & ((layers["config"] == "bf16") == magnitude)]
     return line(rows, x="layer", y=metric, color="config", log_y=metric == "attn_rel_err",

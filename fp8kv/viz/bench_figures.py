@@ -12,13 +12,13 @@ from .. import checks
 from ..formats import is_fp8
 from .analysis_figures import grouped_bars
 from .style import (
-    _require_columns,
-    _style_by_label,
-    _titles,
     add_ceiling,
     add_line,
     axis_title,
+    axis_titles,
     measured_ticks,
+    require_columns,
+    style_by_label,
     tokens_label,
     written_log_ticks,
 )
@@ -42,11 +42,11 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
     """
     import plotly.express as px
 
-    _require_columns(df, [x, y, color, facet, *(hover or [])])
+    require_columns(df, [x, y, color, facet, *(hover or [])])
     data = df.sort_values([c for c in (facet, color, x) if c is not None])
     fig = px.line(data, x=x, y=y, color=color, facet_col=facet, log_x=log_x, log_y=log_y, markers=True,
-                  title=title, labels=_titles([x, y, color, facet, *(hover or [])], labels), hover_data=hover)
-    _style_by_label(fig, data[color].unique())
+                  title=title, labels=axis_titles([x, y, color, facet, *(hover or [])], labels), hover_data=hover)
+    style_by_label(fig, data[color].unique())
     if ceiling is not None:
         if not isinstance(ceiling, (int, float)) or not math.isfinite(ceiling):
             raise ValueError(f"ceiling must be a finite number or None, got {ceiling!r}")
@@ -117,7 +117,7 @@ def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", b
     """
     import numpy as np
 
-    _require_columns(sp, [row, value, "batch", "context", "time_us"], "sp")
+    require_columns(sp, [row, value, "batch", "context", "time_us"], "sp")
     if not sp[value].notna().any():  # an FP8-only run's speed-ups over BF16, or no FP8 row: a blank map says nothing
         why = sp.attrs.get("partial") or (f"{len(sp)} rows, all NaN there" if len(sp) else "no rows")
         raise ValueError(f"sp has no {value} to draw ({why})")
@@ -167,12 +167,12 @@ def bandwidth_roofline(df, copy_gbps: float, *, x: str = "bytes", y: str = "gbps
 
     if not isinstance(copy_gbps, (int, float)) or not math.isfinite(copy_gbps) or copy_gbps <= 0:
         raise ValueError(f"copy_gbps must be a positive finite number (GB/s), got {copy_gbps!r}")
-    _require_columns(df, [x, y, color, *(hover or [])])
+    require_columns(df, [x, y, color, *(hover or [])])
     extra = [c for c in ("batch", "context", "time_us", "pct_copy_bw") if c in df.columns and c not in (x, y)]
     fig = px.scatter(df, x=x, y=y, color=color, log_x=True, log_y=True, hover_data=extra + list(hover or []),
                      title=title or "Achieved bandwidth vs bytes moved per decode call",
-                     labels=_titles([x, y, color, *extra, *(hover or [])], None))
-    _style_by_label(fig, df[color].unique())
+                     labels=axis_titles([x, y, color, *extra, *(hover or [])], None))
+    style_by_label(fig, df[color].unique())
     fig.update_traces(marker=dict(size=9))
     written_log_ticks(fig, "x", df[x], dtick=1)  # decades of bytes: "10M", "1G"
     written_log_ticks(fig, "y", df[y])
@@ -194,8 +194,8 @@ def backend_check_matrix(df, *, title: str | None = None) -> go.Figure:
     hover saying so.
     """
     need = ["backend", "mode", "kv_dtype", "granularity", "status", "rel_err", "tol", "reason"]
-    _require_columns(df, need)
-    _require_columns(df, ["backend", "mode", "kv_dtype", "status"], rows=True)
+    require_columns(df, need)
+    require_columns(df, ["backend", "mode", "kv_dtype", "status"], rows=True)
     unknown = sorted(set(df["status"]) - set(MATRIX_STATUS_COLORS))
     if unknown:
         raise ValueError(f"df has status values {unknown}; expected {list(MATRIX_STATUS_COLORS)}")
@@ -267,16 +267,16 @@ def error_vs_tolerance(df, *, title: str | None = None) -> go.Figure:
     """
     import plotly.express as px
 
-    _require_columns(df, ["backend", "mode", "kv_dtype", "granularity", "status", "rel_err", "tol"])
+    require_columns(df, ["backend", "mode", "kv_dtype", "granularity", "status", "rel_err", "tol"])
     ran = df[(df["status"] != "unsupported") & (df["backend"] != "reference")]
     ran = ran.assign(share=ran["rel_err"] / ran["tol"], setup=ran["backend"] + " · " + ran["mode"],
                      combination=ran["backend"] + " · " + ran["mode"] + " · " + ran["kv_dtype"] + " · "
                      + ran["granularity"])
     fig = px.bar(ran, x="combination", y="share", color="setup", hover_data=["rel_err", "tol", "status"],
                  title=title or "Output error as a share of its tolerance (≤ 1 passes)",
-                 labels={**_titles(["share", "rel_err", "tol", "status"], None), "combination": "",
+                 labels={**axis_titles(["share", "rel_err", "tol", "status"], None), "combination": "",
                          "setup": "backend · mode"})
-    _style_by_label(fig, ran["setup"].unique())
+    style_by_label(fig, ran["setup"].unique())
     fig.update_yaxes(type="log", dtick="D2", tickformat="~g")  # ticks 0.1, 0.2, 0.5, 1, ... in plain numbers
     add_line(fig, "y", 1.0, line_dash="dash", line_color="gray", annotation_text="tolerance",
              annotation_position="top left")
@@ -292,7 +292,7 @@ def layout_speedups(table, *, title: str | None = None) -> go.Figure:
     BF16 can be beaten by more) and 1× (no gain). Hover: µs, % of the FP8 copy-bandwidth limit, and
     where the table has them the peer's row, the FP8 kernel that ran and its error over the peers' lowest.
     """
-    _require_columns(table, ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context", "fp8_x_bf16",
+    require_columns(table, ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context", "fp8_x_bf16",
                              "fp8_x_peer", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"], "table")
     if not (table["fp8_x_bf16"].notna().any() or table["fp8_x_peer"].notna().any()):  # blank bars say nothing
         why = table.attrs.get("partial") or (f"{len(table)} rows, all NaN there" if len(table) else "no rows")

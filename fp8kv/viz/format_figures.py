@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .style import FORMAT_COLORS, _require_columns, add_line, color_map, series_color
+from .style import FORMAT_COLORS, add_line, color_map, require_columns, series_color
 
 
 def _formats(formats):
@@ -70,7 +70,7 @@ def relative_error_vs_magnitude(df, *, x: str = "magnitude", y: str = "rel_error
     """
     from ..formats import format as get_format
 
-    _require_columns(df, [x, y, fmt_col])
+    require_columns(df, [x, y, fmt_col])
     fig = go.Figure()
     # Log axes first: shapes and annotations below are placed in log10 units (what plotly reads there).
     fig.update_xaxes(type="log", exponentformat="power", title="|input|")
@@ -111,7 +111,7 @@ def cast_comparison(df, *, x: str = "input", y: str = "output", method_col: str 
     """
     import numpy as np
 
-    _require_columns(df, [x, y, method_col, fmt_col])
+    require_columns(df, [x, y, method_col, fmt_col])
     finite_y = df[y][np.isfinite(df[y].to_numpy(dtype=float))]
     top = float(finite_y.abs().max()) * 1.15 if len(finite_y) else 1.0
     fig = go.Figure()
@@ -153,8 +153,8 @@ def capability_matrix(tables, *, highlight: str | None = None) -> go.Figure:
         df = pd.concat(list(tables), ignore_index=True)
     else:
         df = tables
-    _require_columns(df, ["arch", "backend", "kv_dtype", "mode"], "tables", rows=True)
-    _require_columns(df, ["supported", "reason"], "tables")
+    require_columns(df, ["arch", "backend", "kv_dtype", "mode"], "tables", rows=True)
+    require_columns(df, ["supported", "reason"], "tables")
     df = df.assign(column=df["backend"] + " · " + df["kv_dtype"] + " · " + df["mode"])
     dup = df.duplicated(["arch", "column"])
     if dup.any():

@@ -102,7 +102,8 @@ def axis_title(column: str) -> str:
     return AXIS_TITLES.get(column, str(column).replace("_", " "))
 
 
-def _titles(columns, labels: dict | None) -> dict:
+def axis_titles(columns, labels: dict | None) -> dict:
+    """Column -> axis title (:func:`axis_title`) for ``columns`` (None skipped), overridden by ``labels``."""
     out = {c: axis_title(c) for c in columns if c is not None}
     out.update(labels or {})
     return out
@@ -165,7 +166,7 @@ def mode_symbol(name: str) -> str:
     return MODE_SYMBOL.get(_mode_of(name), "circle")
 
 
-def _style_by_label(fig: go.Figure, labels) -> go.Figure:
+def style_by_label(fig: go.Figure, labels) -> go.Figure:
     """Colour every trace by its name (:func:`color_map`), dash and marker by the mode it names."""
     colours = color_map(labels)
     for trace in fig.data:
@@ -222,7 +223,7 @@ def setup_plotly(renderer: str = DEFAULT_RENDERER, template: str = "plotly_white
     pio.templates.default = template
 
 
-def _require_columns(df, columns, arg="df", *, rows: bool = False):
+def require_columns(df, columns, arg="df", *, rows: bool = False):
     """``df`` has ``columns`` (None entries skipped); with ``rows``, at least one row and no NaN in them
     (a figure that draws one cell or panel per value has nothing to draw, or a NaN cell, otherwise)."""
     if source_of(df) != "df":  # rows read from a file (fp8kv.results.load_table): name it
@@ -253,11 +254,11 @@ def line(df, x: str, y: str, color: str | None = None, *, log_x: bool = False, l
     """
     import plotly.express as px
 
-    _require_columns(df, [x, y, color, *(hover or [])])
+    require_columns(df, [x, y, color, *(hover or [])])
     fig = px.line(df, x=x, y=y, color=color, log_x=log_x, log_y=log_y, markers=markers, title=title,
-                  labels=_titles([x, y, color, *(hover or [])], labels), hover_data=hover)
+                  labels=axis_titles([x, y, color, *(hover or [])], labels), hover_data=hover)
     if color is not None:
-        _style_by_label(fig, df[color].unique())
+        style_by_label(fig, df[color].unique())
     return fig
 
 
