@@ -85,8 +85,9 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
         (0 < ``soft_cap`` <= 1e30, ``fp8kv.checks.MAX_SOFT_CAP``), and per-query-head sink logits (fp32 ``[Hq]`` on q's device). None: off.
         A backend without one raises UnsupportedError with the reason (``fp8kv.capability.variants``).
         vLLM's soft cap takes tanh from two exps: NaN once a scaled score passes about 88 × the cap.
-    check : validate the *contents* too (default): q and sinks finite, the cache's tables
-        (``seq_lens`` within each row's capacity, every block-table entry that holds tokens inside
+    check : validate the *contents* too (default): q finite, sinks finite and within
+        ±``fp8kv.checks.MAX_SINK``, the cache's tables (``seq_lens`` within each row's capacity and at
+        least 1, every block-table entry that holds tokens inside
         the page pool) and its scales (positive, finite), which catches tables or scales edited in
         place after the cache was built. It costs a host sync, so a CUDA-graph capture or a timed
         loop passes ``check=False`` after one checked call; shapes, dtypes, devices and scalars
@@ -94,7 +95,8 @@ def decode(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: flo
         validated either way. Without the
         check a corrupt table cannot make a kernel read outside the pages (fp8kv's kernels clamp the
         indices; FlashInfer and vLLM, which do not, have the tables checked on every call), but the
-        result is then meaningless.
+        result is then meaningless; so is one for contents the check would refuse (a sink past
+        ±1e38: lse -inf; an empty row: out 0, lse -inf): with ``check=False`` they are the caller's promise.
     launch : backend options, see ``LAUNCH_OPTIONS`` (Triton's launch overrides and its opt-in
         CUDA-core kernel, ``use_tensor_cores=False``; FlashInfer's ``use_tensor_cores``).
 
