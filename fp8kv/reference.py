@@ -19,7 +19,7 @@ from .attend_checks import attend_arguments
 from .cache import PagedKVCache
 from .formats import FORMATS, UNQUANTIZED_DTYPES
 
-__all__ = ["decode", "attend", "attention", "paged_attention", "UNIT_ROUNDOFF", "FP8_MODE_TOL", "REFERENCE_TOL",
+__all__ = ["decode", "attend", "attention", "paged_attention", "paged_attend", "UNIT_ROUNDOFF", "FP8_MODE_TOL", "REFERENCE_TOL",
            "unit_roundoff", "output_tolerance", "score_bound", "folded_query", "lse_tolerance"]
 
 # Unit roundoff u (relative error of one round-to-nearest) of the types a backend rounds to.
@@ -251,6 +251,14 @@ def attend(q: torch.Tensor, cache: PagedKVCache, qo_indptr: torch.Tensor, *, sm_
                                                                   soft_cap, sinks)
     if not isinstance(return_lse, bool):
         checks.fail(f"return_lse={return_lse!r}; expected True or False", TypeError)
+    out, lse = paged_attend(q, cache, qo_lens, sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
+    return (out, lse) if return_lse else out
+
+
+def paged_attend(q: torch.Tensor, cache: PagedKVCache, qo_lens: list[int], sm_scale: float | None = None, *,
+                 window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None):
+    """The computation of :func:`attend` on inputs already validated (by it, or ``fp8kv.attend``), with the
+    new-token counts ``qo_lens`` already read: ``(out, lse)``, both float32."""
     sm_scale = checks.resolved_softmax_scale(sm_scale, q.shape[-1])
     hq, d = q.shape[1:]
     out = torch.empty(q.shape[0], hq, d, dtype=torch.float32, device=q.device)
@@ -267,4 +275,4 @@ def attend(q: torch.Tensor, cache: PagedKVCache, qo_indptr: torch.Tensor, *, sm_
             out[row], lse[row] = attention(q[row], k[:p + 1], v[:p + 1], sm_scale, window=window,
                                            soft_cap=soft_cap, sinks=sinks)
             row += 1
-    return (out, lse) if return_lse else out
+    return out, lse

@@ -17,7 +17,7 @@ import torch
 from fixtures import DEVICE, count_calls, dequant_tol, indptr, make_q, matrix_cache, random_sinks, seeded
 
 import fp8kv
-from fp8kv import backends
+from fp8kv import backends, reference
 from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError
 from fp8kv.capability import check as capability_check
@@ -291,6 +291,23 @@ def test_each_check_of_the_triton_attend_runs_once_per_call(monkeypatch, kv_dtyp
         out, _ = call()
     assert torch.isfinite(out).all()
     assert counts == once
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_each_check_of_the_reference_attend_runs_once_per_call(monkeypatch, check):
+    """The oracle behind fp8kv.attend computes on what the entry checked (reference.paged_attend): the query,
+    qo_indptr's counts and the cache's arrays are checked once, not again by reference.attend."""
+    attend_checks = importlib.import_module("fp8kv.attend_checks")
+    counts: dict[str, int] = {}
+    for name in ("attend_query", "qo_indptr_arg"):
+        count_calls(monkeypatch, attend_checks, name, counts)
+    count_calls(monkeypatch, PagedKVCache, "validate_arrays", counts)
+    cache = matrix_cache([12, 30], 2, 32)
+    q = make_q(11, 4, 32)
+    out, lse = fp8kv.attend(q, cache, indptr([3, 8]), "reference", check=check)
+    assert counts == dict.fromkeys(counts, 1)
+    want, want_lse = reference.attend(q, cache, indptr([3, 8]), return_lse=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
 # ------------------------------------------------------------------------------------------ GPU only

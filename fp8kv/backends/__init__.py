@@ -210,9 +210,9 @@ def planned(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: fl
 
 # ------------------------------------------------------------------------------------ multi-token queries
 def _attend_reference(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **variants):
-    from ..reference import attend as reference_attend
+    from ..reference import paged_attend
 
-    return reference_attend(q, cache, qo_indptr, sm_scale=sm_scale, return_lse=True, **variants)
+    return paged_attend(q, cache, qo_lens, sm_scale, **variants)  # checked where it entered, counts read once
 
 
 def _attend_plan_triton(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **launch):
