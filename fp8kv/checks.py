@@ -19,7 +19,8 @@ import torch
 
 __all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of",
            "tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
-           "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
+           "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "resolved_softmax_scale",
+           "show_value", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
            "MAX_SINK", "MAX_WINDOW", "MIN_SCORE_FACTOR", "MAX_SCORE_FACTOR"]
 
 FP32_MAX = torch.finfo(torch.float32).max
