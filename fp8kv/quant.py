@@ -183,9 +183,8 @@ def scale_from_stat(stat: torch.Tensor, divisor: float) -> torch.Tensor:
     """
     exact = stat.to(torch.float64) / divisor
     scale = exact.to(torch.float32)
-    low = (scale.to(torch.float64) < exact) & (scale < _FP32_NORMAL_MIN)
-    if bool(low.any()):
-        scale = torch.where(low, torch.nextafter(scale, torch.full_like(scale, math.inf)), scale)
+    low = (scale.to(torch.float64) < exact) & (scale < _FP32_NORMAL_MIN)  # no host sync: where() either way
+    scale = torch.where(low, torch.nextafter(scale, torch.full_like(scale, math.inf)), scale)
     return torch.where(stat > 0, scale, torch.ones_like(scale))
 
 

@@ -290,8 +290,6 @@ def attend(q, cache, qo_indptr, backend: str = "auto", mode: str = "auto", *, sm
     """
     backend, mode, sm_scale, variants, qo_lens = _validate_attend(q, cache, qo_indptr, backend, mode, sm_scale,
                                                                   window, soft_cap, sinks, check, launch)
-    if backend == "reference":  # the oracle computes as it checks: no plan to keep
-        return _attend_reference(q, cache, qo_indptr, qo_lens, mode=mode, sm_scale=sm_scale, **variants)
     return ATTEND_BACKENDS[backend](q, cache, qo_indptr, qo_lens, mode=mode, sm_scale=sm_scale, **variants,
                                     **launch)()
 

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ... import checks, launch_options
-from ...attend_checks import ATTEND_OPTIONS
+from ...attend_checks import ATTEND_OPTIONS, qo_indptr_arg
 from ...cache import PagedKVCache
 from ...capability import UnsupportedError, current_arch, interpreter_on
 from ..decode.planning import OUT_DTYPES
@@ -122,11 +122,6 @@ class AttendPlan:
     fp8_values: tuple[bool, bool]  # K / V pages read as FP8 values (else as uint8 codes)
 
 
-def _query_counts(qo_indptr: torch.Tensor) -> list[int]:
-    ptr = qo_indptr.detach().to("cpu", torch.int64).tolist()
-    return [b - a for a, b in zip(ptr[:-1], ptr[1:], strict=True)]
-
-
 def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = "dequant",
                 sm_scale: float | None = None, qo_lens: list[int] | None = None, window: int | None = None,
                 soft_cap: float | None = None, sinks: torch.Tensor | None = None, **options) -> AttendPlan:
@@ -152,7 +147,7 @@ def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = 
         checks.fail(f"out_dtype={out_dtype!r}; expected one of {OUT_DTYPES}", TypeError)
     if window is not None and window >= cache.max_blocks_per_seq * cache.block_size:
         window = None  # no sequence is longer: the plain kernel
-    qo_lens = _query_counts(qo_indptr) if qo_lens is None else list(qo_lens)
+    qo_lens = qo_indptr_arg(qo_indptr, cache, total_q) if qo_lens is None else list(qo_lens)  # read once, checked
     cfg = attend_launch(qo_lens, cache.seq_lens.tolist(), cache, group, mode, window=window,
                         **{k: options.get(k) for k in ("num_splits", "block_m", "block_n", "num_warps")})
     splits = cfg["num_splits"]
