@@ -287,20 +287,7 @@ def _attend_grid_from_args(args, device: torch.device) -> dict:
                     "or neither")
     if args.heads is not None:
         grid["shapes"] = [(hq, hkv, d) for hq, hkv in args.heads for d in args.head_dims]
-    if grid["batches"] is None or grid["contexts"] is None:
-        checks.fail("give --preset, or --batches and --contexts")
-    if args.triton_opt:
-        opts = dict(args.triton_opt)
-        if len(opts) < len(args.triton_opt):
-            checks.fail("--triton-opt gives a key twice; give each option once")
-        grid["triton_options"] = opts
-    if args.q_dtype:
-        grid["q_dtype"] = args.q_dtype
-    if args.page_layout:
-        grid["layout"] = args.page_layout
-    if args.memory_budget_gb is not None:
-        grid["memory_budget_bytes"] = int(args.memory_budget_gb * 2**30)
-    return grid
+    return _grid_tail(args, grid)
 
 
 def _grid_from_args(args, device: torch.device) -> dict:
@@ -320,6 +307,12 @@ def _grid_from_args(args, device: torch.device) -> dict:
         grid.pop("shapes", None)  # explicit heads x head dims replace a preset's layouts
     if args.tensor_cores:
         grid["flashinfer_tensor_cores"] = {"both": [False, True], "on": [True], "off": [False]}[args.tensor_cores]
+    return _grid_tail(args, grid)
+
+
+def _grid_tail(args, grid: dict) -> dict:
+    """What the decode's and the attend's grids take alike: batches and contexts required, the Triton options
+    (each key once), the query dtype, the page layout and the memory budget."""
     if grid["batches"] is None or grid["contexts"] is None:
         checks.fail("give --preset, or --batches and --contexts")
     if args.triton_opt:
