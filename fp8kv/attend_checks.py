@@ -21,7 +21,7 @@ QO_INDPTR_DTYPES = (torch.int32, torch.int64)
 # The options of the Triton attend beyond mode, sm_scale and the variants (fp8kv.attend's launch options of the
 # triton backend; the other backends take none): the output's dtype, how dequant mode converts FP8 (as the
 # decode takes it), and the launch overrides of fp8kv.ops.attend.attend_launch.
-ATTEND_OPTIONS = ("out_dtype", "convert", "num_splits", "block_m", "block_n", "num_warps")
+ATTEND_OPTIONS = ("out_dtype", "convert", "num_splits", "block_m", "block_n", "num_warps", "num_stages")
 
 
 def cache_arg(cache) -> PagedKVCache:

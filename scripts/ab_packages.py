@@ -9,7 +9,8 @@ median time under each and B / A. The rows of every run are kept under ``--out``
 Usage (repository root; the other package's root holds its ``fp8kv/`` folder):
     git worktree add /tmp/old <commit>            # or: git archive <commit> fp8kv | tar -x -C /tmp/old
     python scripts/ab_packages.py --a /tmp/old --b . --out results/ab/<name>
-Options: --grid {decode,layouts} (repeatable), --step, --rounds N, --bench-args '...'.
+Options: --grid {decode,layouts} (repeatable; default: both, unless --step or --bench-args is given), --step,
+--rounds N, --bench-args '...'.
 Exit status 0; the JSON summary is ``<out>/ab.json`` and a table is printed.
 """
 
@@ -63,7 +64,8 @@ def main(argv=None) -> int:
                    "'--preset smoke --interpret' (split on spaces)")
     p.add_argument("--out", type=Path, required=True, help="folder for every run's rows and ab.json")
     a = p.parse_args(argv)
-    jobs = [(g, GRIDS[g], KEYS, "time_us") for g in (a.grid or sorted(GRIDS))]
+    grids = a.grid or ([] if a.step or a.bench_args else sorted(GRIDS))
+    jobs = [(g, GRIDS[g], KEYS, "time_us") for g in grids]
     if a.bench_args:
         jobs = [("bench", ["-m", "fp8kv.bench", *a.bench_args.split()], KEYS, "time_us")]
     if a.step:

@@ -508,6 +508,8 @@ BAD_LAUNCH = [
     ("block_n-fp8", dict(mode="fp8", block_n=16), ValueError, "fp8 mode needs block_n >= 32"),
     ("num_warps-3", dict(num_warps=3), ValueError, "num_warps=3"),
     ("num_warps-bool", dict(num_warps=True), TypeError, "num_warps"),
+    ("num_stages-zero", dict(num_stages=0), ValueError, "num_stages=0"),
+    ("num_stages-float", dict(num_stages=2.5), TypeError, "num_stages"),
     ("q-fp32", dict(q=make_q(5, 4, 32, torch.float32)), TypeError, "q is fp32"),
     ("q-strided", dict(q=make_q(5, 4, 64)[..., ::2]), ValueError, "contiguous in its last"),
 ]

@@ -164,7 +164,7 @@ def test_a_preset_runs_interpreted_and_saves_its_rows(preset, counts, tmp_path, 
     (["--preset", "spec-verify", "--tensor-cores", "on"], "prefill wrapper"),
     (["--preset", "spec-verify", "--heads", "4:2"], "both --heads and --head-dims"),
     (["--q-lens", "2"], "give --preset, or --batches and --contexts"),
-    (["--preset", "spec-verify", "--triton-opt", "num_stages=3"], "num_stages"),
+    (["--preset", "spec-verify", "--triton-opt", "heads_per_program=16"], "heads_per_program"),  # a decode option
 ])
 def test_bad_attend_options_are_refused_by_name(argv, pattern, capsys):
     with pytest.raises(SystemExit) as e:

@@ -12,8 +12,10 @@ rows need, one empty tile at most), found by a binary search over ``qo_indptr``,
 from shapes alone.
 
 A tile reads only keys some row of it attends: ``[lowest window start, highest position]``, so the
-work of a chunk is proportional to the causal triangle (and the window's band), not the square. The
-per-element mask keeps each row to its own keys. Everything else is the decode kernel's
+work of a chunk is proportional to the causal triangle (and the window's band), not the square. A
+per-element mask keeps each row to its own keys, in the key tiles that need one: the whole tiles up to the
+tile's lowest query position (every row attends them; no window) run the decode's unmasked step, so a
+spec-verify's loop is the decode's but for its last tile or two. Everything else is the decode kernel's
 (:mod:`fp8kv.ops.decode.triton_kernel`): online softmax in fp32 in the exp2 domain, dequant mode (FP8 codes
 converted to a 16-bit type, 16-bit dots) and fp8 mode (the query quantized per row to e4m3 with scale
 amax / 448, FP8 x FP8 dots, p scaled by 448 onto e4m3's range), the same scale kinds and variants.
@@ -50,6 +52,65 @@ def _sequence_of_tile(qo_indptr_ptr, tile, batch, search_steps, GROUP: tl.conste
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
     return lo
+
+
+@triton.jit
+def _attend_tile(q, row_scale, m_i, l_i, acc, k_pages_ptr, v_pages_ptr, k_scale_ptr, v_scale_ptr, bt_row, n0, end,
+                 pos, offs_n, offs_d, num_blocks, stride_kb, stride_kt, kv_head_off, kvh, num_kv_heads, window,
+                 soft_cap_log2, MASKED: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 D_PAD: tl.constexpr, SCALE_KIND: tl.constexpr, KV_FP8: tl.constexpr, CONVERT_K: tl.constexpr,
+                 CONVERT_V: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, FP8_QK: tl.constexpr,
+                 FP8_PV: tl.constexpr, COMPUTE: tl.constexpr, WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr):
+    """One key tile ``n0 + offs_n`` folded into the online softmax state ``(m_i, l_i, acc)``. MASKED: each row
+    keeps only its own keys (causal, window, inside the split) and a row may have none yet; unmasked (a whole
+    tile below every row's position, no window), the decode's step."""
+    t = n0 + offs_n
+    t_mask, page, in_page, kv_off, kv_mask = _tile_addresses(bt_row, n0, end, offs_n, offs_d, num_blocks,
+                                                             stride_kb, stride_kt, kv_head_off, BLOCK_SIZE,
+                                                             HEAD_DIM, D_PAD)
+    k = tl.load(k_pages_ptr + kv_off, mask=kv_mask, other=0.0)
+    v = tl.load(v_pages_ptr + kv_off, mask=kv_mask, other=0.0)
+
+    if FP8_QK:
+        s = tl.dot(q, tl.trans(_as_fp8(k, MANT)))
+    else:
+        s = tl.dot(q, tl.trans(_to_compute(k, COMPUTE, KV_FP8, CONVERT_K, MANT, BIAS)))
+    s = s * row_scale[:, None]
+    if SCALE_KIND == SCALE_TOKEN_HEAD:
+        sc_off = (page * BLOCK_SIZE + in_page) * num_kv_heads + kvh
+        s = s * tl.load(k_scale_ptr + sc_off, mask=t_mask, other=0.0)[None, :]
+    if SOFT_CAP:
+        s = _capped(s, soft_cap_log2)
+    if MASKED:
+        # each row its own keys: causal (key <= p), inside the window (key > p - W), inside the split
+        keep = t_mask[None, :] & (t[None, :] <= pos[:, None])
+        if WINDOWED:
+            keep = keep & (t[None, :] > pos[:, None] - window)
+        s = tl.where(keep, s, float("-inf"))
+        # a row may have no key yet (all masked so far): its max stays -inf, and 0 stands in for it
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = m_new
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
+    if SCALE_KIND == SCALE_TOKEN_HEAD:
+        # p scaled by s_v / max(s_v) keeps the 16-bit p in range; the tile's max(s_v) multiplies the dot
+        vs_tok = tl.load(v_scale_ptr + sc_off, mask=t_mask, other=0.0)
+        vs_max = tl.max(vs_tok, axis=0)
+        vs_max = tl.where(vs_max > 0, vs_max, 1.0)
+        p = p * (vs_tok / vs_max)[None, :]
+    else:
+        vs_max = 1.0
+    if FP8_PV:
+        p8 = fp32_to_fp8_bits(p * P_SCALE, 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
+        acc += tl.dot(p8, _as_fp8(v, MANT))
+    else:
+        acc += tl.dot(p.to(COMPUTE), _to_compute(v, COMPUTE, KV_FP8, CONVERT_V, MANT, BIAS)) * vs_max
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -172,51 +233,25 @@ def paged_attend_kernel(
     bt_row = block_table_ptr + b * stride_btb
     kv_head_off = kvh * stride_kh
 
-    for n0 in range(start, end, BLOCK_N):
-        t = n0 + offs_n
-        t_mask, page, in_page, kv_off, kv_mask = _tile_addresses(bt_row, n0, end, offs_n, offs_d, num_blocks,
-                                                                 stride_kb, stride_kt, kv_head_off, BLOCK_SIZE,
-                                                                 HEAD_DIM, D_PAD)
-        k = tl.load(k_pages_ptr + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_pages_ptr + kv_off, mask=kv_mask, other=0.0)
-
-        if FP8_QK:
-            s = tl.dot(q, tl.trans(_as_fp8(k, MANT)))
-        else:
-            s = tl.dot(q, tl.trans(_to_compute(k, COMPUTE, KV_FP8, CONVERT_K, MANT, BIAS)))
-        s = s * row_scale[:, None]
-        if SCALE_KIND == SCALE_TOKEN_HEAD:
-            sc_off = (page * BLOCK_SIZE + in_page) * num_kv_heads + kvh
-            s = s * tl.load(k_scale_ptr + sc_off, mask=t_mask, other=0.0)[None, :]
-        if SOFT_CAP:
-            s = _capped(s, soft_cap_log2)
-        # each row its own keys: causal (key <= p), inside the window (key > p - W), inside the split
-        keep = t_mask[None, :] & (t[None, :] <= pos[:, None])
-        if WINDOWED:
-            keep = keep & (t[None, :] > pos[:, None] - window)
-        s = tl.where(keep, s, float("-inf"))
-
-        # a row may have no key yet (all masked so far): its max stays -inf, and 0 stands in for it
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        m_i = m_new
-        if SCALE_KIND == SCALE_TOKEN_HEAD:
-            # p scaled by s_v / max(s_v) keeps the 16-bit p in range; the tile's max(s_v) multiplies the dot
-            vs_tok = tl.load(v_scale_ptr + sc_off, mask=t_mask, other=0.0)
-            vs_max = tl.max(vs_tok, axis=0)
-            vs_max = tl.where(vs_max > 0, vs_max, 1.0)
-            p = p * (vs_tok / vs_max)[None, :]
-        else:
-            vs_max = 1.0
-        if FP8_PV:
-            p8 = fp32_to_fp8_bits(p * P_SCALE, 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
-            acc += tl.dot(p8, _as_fp8(v, MANT))
-        else:
-            acc += tl.dot(p.to(COMPUTE), _to_compute(v, COMPUTE, KV_FP8, CONVERT_V, MANT, BIAS)) * vs_max
+    # Keys up to the tile's lowest position are attended by every row (no window): their whole tiles take the
+    # unmasked step, the rest (the causal diagonal, a split's last partial tile, a window's band) the masked one.
+    if WINDOWED:
+        body_end = start
+    else:
+        tile_first = first_pos + row0 // GROUP
+        body_end = start + tl.maximum(tl.minimum(end, tile_first + 1) - start, 0) // BLOCK_N * BLOCK_N
+    for n0 in range(start, body_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, row_scale, m_i, l_i, acc, k_pages_ptr, v_pages_ptr, k_scale_ptr,
+                                     v_scale_ptr, bt_row, n0, end, pos, offs_n, offs_d, num_blocks, stride_kb,
+                                     stride_kt, kv_head_off, kvh, num_kv_heads, window, soft_cap_log2, False,
+                                     BLOCK_SIZE, HEAD_DIM, D_PAD, SCALE_KIND, KV_FP8, CONVERT_K, CONVERT_V, MANT,
+                                     BIAS, FP8_QK, FP8_PV, COMPUTE, WINDOWED, SOFT_CAP)
+    for n0 in range(body_end, end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, row_scale, m_i, l_i, acc, k_pages_ptr, v_pages_ptr, k_scale_ptr,
+                                     v_scale_ptr, bt_row, n0, end, pos, offs_n, offs_d, num_blocks, stride_kb,
+                                     stride_kt, kv_head_off, kvh, num_kv_heads, window, soft_cap_log2, True,
+                                     BLOCK_SIZE, HEAD_DIM, D_PAD, SCALE_KIND, KV_FP8, CONVERT_K, CONVERT_V, MANT,
+                                     BIAS, FP8_QK, FP8_PV, COMPUTE, WINDOWED, SOFT_CAP)
 
     if HAS_SINKS and not SPLIT:
         # one more logit with no value: it rescales the running state as a tile would

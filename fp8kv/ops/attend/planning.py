@@ -45,7 +45,7 @@ AttendConfig = dict[str, int]
 
 def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, group: int, mode: str, *,
                   window: int | None = None, num_splits: int | None = None, block_m: int | None = None,
-                  block_n: int | None = None, num_warps: int | None = None,
+                  block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                   num_sms: int | None = None) -> AttendConfig:
     """The launch of a multi-token attention for sequences of ``qo_lens`` new tokens and ``seq_lens`` cached
     ones (both ints, already checked), ``group`` query heads per KV head: defaults, then the overrides.
@@ -57,6 +57,8 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
       Default 64 (32 at head dims above 128: the K and V tiles then hold as many bytes).
     * ``num_warps``: one of ``launch_options.WARP_COUNTS``; default 8 for tiles of 128 x 128 or more
       (query rows x padded head dim: the fp32 accumulator would take 128 registers a thread in 4 warps), else 4.
+    * ``num_stages``: software-pipeline stages of the key loop (a positive int); default 2 (1 under the
+      interpreter).
     * ``num_splits``: KV splits (a positive int). Default: one, unless the programs fill fewer than
       :data:`~fp8kv.ops.LATENCY_WAVES` waves of ``num_sms`` SMs (tiles of at most :data:`LATENCY_BLOCK_M`
       rows, as in spec-verify at small batch; one wave for larger tiles); then as many as fill them, each at
@@ -82,6 +84,10 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
         num_warps = 8 if block_m * d_pad >= 128 * 128 else 4
     else:
         num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", launch_options.WARP_COUNTS)
+    if num_stages is None:
+        num_stages = 1 if interpreter_on() else 2
+    else:
+        num_stages = checks.positive_int(num_stages, "num_stages")
     longest = max(max(seq_lens, default=1), 1)
     span = longest if window is None else min(longest, window + block_m // group + 1)
     if num_splits is None:
@@ -94,7 +100,7 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
         num_splits = checks.positive_int(num_splits, "num_splits")
     tokens_per_split = math.ceil(math.ceil(span / num_splits) / block_n) * block_n
     num_splits = max(1, math.ceil(span / tokens_per_split))
-    return dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=1 if interpreter_on() else 2,
+    return dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                 num_splits=num_splits, tokens_per_split=tokens_per_split)
 
 
@@ -149,7 +155,7 @@ def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = 
         window = None  # no sequence is longer: the plain kernel
     qo_lens = qo_indptr_arg(qo_indptr, cache, total_q) if qo_lens is None else list(qo_lens)  # read once, checked
     cfg = attend_launch(qo_lens, cache.seq_lens.tolist(), cache, group, mode, window=window,
-                        **{k: options.get(k) for k in ("num_splits", "block_m", "block_n", "num_warps")})
+                        **{k: options.get(k) for k in ("num_splits", "block_m", "block_n", "num_warps", "num_stages")})
     splits = cfg["num_splits"]
     if splits > 1 and total_q * hq * splits * d > MAX_PARTIAL_ELEMENTS:
         checks.fail(f"num_splits={splits}: {total_q} rows x {hq} heads x {splits} splits x {d} partials exceed "
