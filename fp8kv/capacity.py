@@ -116,7 +116,7 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     weights_gib : float, optional
         Weight memory, GiB (>= 0); default ``num_params x 2 bytes`` from the model.
     block_size : int
-        Tokens per KV block: a power of two >= 8 (:func:`fp8kv.cache.check_block_size`, the cache's rule).
+        Tokens per KV block: a positive int (:func:`fp8kv.cache.check_block_size`, the cache's rule).
     max_model_len : int, optional
         Sequence length for ``max_concurrency``; default the model's max_position_embeddings.
     granularity : str

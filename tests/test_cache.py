@@ -332,11 +332,23 @@ def test_constructor_accepts_valid_parts_and_ignores_unused_table_entries():
     assert (c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim, c.batch_size) == (4, 16, 2, 24, 1)
 
 
-@pytest.mark.parametrize("bs", [4, 12, 24])
-def test_block_size_power_of_two_at_least_8(bs, gen):
+@pytest.mark.parametrize("bs", [0, -3])
+def test_block_size_is_a_positive_int(bs, gen):
     k, v = padded([5], 2, 24, torch.float32, gen)
-    with pytest.raises(ValueError, match=rf"block_size={bs} must be a power of two >= 8"):
+    with pytest.raises(ValueError, match=rf"block_size={bs}; expected an int >= 1"):
         PagedKVCache.from_dense(k, v, [5], block_size=bs)
+
+
+@pytest.mark.parametrize("bs", [1, 3, 5, 12, 24, 100])
+def test_any_page_size_holds_the_rows_it_was_given(bs, gen):
+    """Pages of any size (SGLang's 1, hybrid models' odd sizes): every row reads back what 16-token pages hold."""
+    k, v = padded([5, 17, 1], 2, 24, torch.float32, gen)
+    c = PagedKVCache.from_dense(k, v, [5, 17, 1], block_size=bs)
+    ref = PagedKVCache.from_dense(k, v, [5, 17, 1], block_size=16)
+    assert c.block_size == bs and c.block_table.shape[1] == -(-17 // bs)
+    for i in range(3):
+        (kr, vr), (ks, vs) = c.gather(i), ref.gather(i)
+        assert torch.equal(kr, ks) and torch.equal(vr, vs)
 
 
 def test_table_and_length_errors():

@@ -120,9 +120,9 @@ def launch_info(batch: int, num_kv_heads: int) -> dict:
 
 
 def _table_width(blocks: int, block_size: int) -> int:
-    """Block-table columns the kernel may load for a row of ``blocks`` blocks: whole tiles of
-    :data:`MAX_TILE_SIZE` tokens (block sizes are powers of two, so one of them divides the other)."""
-    return math.ceil(blocks * block_size / MAX_TILE_SIZE) * MAX_TILE_SIZE // block_size
+    """Block-table columns the kernel may load for a row of ``blocks`` blocks: the pages of whole tiles of
+    :data:`MAX_TILE_SIZE` tokens (rounded up: a page size need not divide the tile)."""
+    return math.ceil(math.ceil(blocks * block_size / MAX_TILE_SIZE) * MAX_TILE_SIZE / block_size)
 
 
 def _num_q_heads(cache: PagedKVCache, num_q_heads) -> int:

@@ -19,11 +19,9 @@ QUERY_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # bf16, fp16, fp32 (fp32: the
 
 
 def check_block_size(block_size, name: str = "block_size") -> int:
-    """Tokens per page: a power of two >= 8 (what every cache takes; kernels state their own limits)."""
-    bs = checks.positive_int(block_size, name)
-    if bs < 8 or bs & (bs - 1):
-        _fail(f"{name}={bs} must be a power of two >= 8 (kernels state their own limits)")
-    return bs
+    """Tokens per page: any positive int, as engines use them (SGLang 1, vLLM 16, hybrid models' odd sizes;
+    FlashInfer takes any); a kernel that needs more states its own limit."""
+    return checks.positive_int(block_size, name)
 
 
 def check_data_device(dev: torch.device, what: str) -> None:

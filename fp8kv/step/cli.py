@@ -46,7 +46,7 @@ def _positive_int_arg(s: str) -> int:
 
 
 def _block_size_arg(s: str) -> int:
-    """Tokens per page by the cache's own rule (fp8kv.cache.check_block_size; the planner alone takes 1, 2, 4)."""
+    """Tokens per page by the cache's own rule (fp8kv.cache.check_block_size)."""
     try:
         return check_block_size(_positive_int_arg(s), "--block-size")
     except ValueError as e:
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--utilization", type=float, default=0.9,
                    help="fraction of GPU memory the engine may use, in (0, 1] (vLLM's gpu_memory_utilization)")
     p.add_argument("--block-size", type=_block_size_arg, default=16,
-                   help="tokens per KV block, a power of two >= 8 (default 16)")
+                   help="tokens per KV block, a positive int (default 16)")
     p.add_argument("--weights", choices=("auto", "real", "random"), default="auto",
                    help="auto: real weights where fp8kv loads them offline (SmolLM2-135M), random otherwise")
     p.add_argument("--rep", type=_positive_int_arg, default=50, help="ms of CUDA-graph replays per timing")

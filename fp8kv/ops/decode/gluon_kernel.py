@@ -157,8 +157,8 @@ def _slice_tokens(W: gl.constexpr, NW: gl.constexpr, L: gl.constexpr):
 @gluon.jit
 def _page_rows(n0, local, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr):
     """(block-table column, row in its page) of tokens n0 + local, n0 a multiple of BLOCK_N. Pages and
-    tiles are powers of two, so one divides the other: the row is loop-invariant (pages no larger than
-    a tile) or one scalar per tile (larger pages)."""
+    tiles are powers of two (the planner refuses other pages), so one divides the other: the row is
+    loop-invariant (pages no larger than a tile) or one scalar per tile (larger pages)."""
     if BLOCK_N % BLOCK_SIZE == 0:
         return n0 // BLOCK_SIZE + local // BLOCK_SIZE, local % BLOCK_SIZE
     else:

@@ -105,6 +105,8 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
         (not cache.is_fp8, f"kv_dtype={cache.kv_dtype}: the Gluon kernel reads FP8 caches"),
         (cache.granularity != "tensor", f"granularity={cache.granularity!r}: the Gluon kernel takes one "
                                         "tensor-wide scale"),
+        (cache.block_size & (cache.block_size - 1), f"block_size={cache.block_size}: the Gluon kernel's tiles "
+                                                     "take pages that divide them or that they divide (powers of two)"),
         (head_dim % 16 or not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM,
          f"head_dim={head_dim}: the Gluon kernel takes multiples of 16 from {MIN_HEAD_DIM} to {MAX_HEAD_DIM}"),
         (heads is not None and heads > most_heads,
