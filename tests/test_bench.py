@@ -566,7 +566,7 @@ def test_a_page_size_no_cache_takes_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--batches", "1", "--contexts", "32", "--block-sizes", "16", "0", "--backends", "reference",
                     "--no-save", "--device", "cpu"])
-    assert exc.value.code == 2 and "block_sizes[1]=0; expected an int >= 1" in capsys.readouterr().err
+    assert exc.value.code == 2 and "--block-sizes=0; expected an int >= 1" in capsys.readouterr().err
 
 
 @ON_CPU_MACHINES
