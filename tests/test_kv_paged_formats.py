@@ -355,3 +355,55 @@ def test_a_format_without_a_kernel_is_refused_by_name():
         paged_decode_quantized(torch.randn(1, 2, 32).half(), cache)
     out, _ = quantized_reference(torch.randn(1, 2, 32).half(), cache)  # the oracle reads every paged format
     assert torch.isfinite(out).all()
+
+
+def _padded(fill_padding=None):
+    k, v = draw(2, 5, 1, 32, seed=6)
+    if fill_padding is not None:
+        k[1, 4] = fill_padding
+    return k, v
+
+
+@pytest.mark.parametrize("args,exc,match", [
+    (lambda: (*_padded(), [6, 1]), ValueError, r"seq_lens\[0\]=6 is more than the 5 tokens"),
+    (lambda: (*_padded(), [-1, 1]), ValueError, r"seq_lens\[0\]=-1"),
+    (lambda: (*_padded(), [1]), ValueError, "seq_lens has 1 entries but k holds 2 sequences"),
+    (lambda: (*_padded(), torch.tensor([1.0, 2.0])), TypeError, "seq_lens has dtype float32"),
+    (lambda: (*_padded(), 3), TypeError, "seq_lens=3"),
+    (lambda: (*_padded(float("nan")), [5, 5]), ValueError, r"k\[1, :5\] has 32 non-finite value"),
+    (lambda: (*_padded(float("inf")), [5, 5]), ValueError, r"k\[1, :5\] has 32 non-finite value"),
+    (lambda: (_padded()[0], _padded()[1][:, :4], [1, 1]), ValueError, "must match"),
+    (lambda: (_padded()[0].int(), _padded()[1], [1, 1]), TypeError, "k must be a float tensor"),
+    (lambda: (_padded()[0][0], _padded()[1], [1, 1]), ValueError, "k must be 4-D"),
+])
+def test_from_dense_refuses_bad_sequences_by_name(args, exc, match):
+    with pytest.raises(exc, match=match):
+        QuantizedPagedKVCache.from_dense("int8_token_head", *args())
+
+
+def test_non_finite_padding_is_never_read():
+    k, v = _padded(float("nan"))
+    cache = QuantizedPagedKVCache.from_dense("nvfp4", k, v, [5, 4], block_size=8)
+    assert torch.isfinite(cache.gather(1)[0]).all() and torch.isfinite(cache.k_tensor_scale)
+
+
+@pytest.mark.parametrize("fmt", kvf.PAGED_FORMATS)
+def test_a_nan_or_non_positive_scale_code_is_named(fmt):
+    """e8m0's code 255 is NaN (no other code is bad); e4m3 and fp32 scales must be positive and finite."""
+    k, v = draw(1, 5, 1, 32, seed=8)
+    cache = QuantizedPagedKVCache.from_dense(fmt, k, v, [5], block_size=8)
+    cache.validate_arrays()
+    raw = cache.v_scales.view(torch.uint8) if cache.v_scales.element_size() == 1 else cache.v_scales
+    raw[0, 0, 0, 0] = 255 if cache.v_scales.dtype == torch.float8_e8m0fnu else 0
+    with pytest.raises(ValueError, match=r"v_scales\[0, 0, 0, 0\]=(nan|0\.0); scales must be positive and finite"):
+        cache.validate_arrays()
+
+
+def test_empty_sequences_are_stored_and_refused_by_the_decode():
+    k, v = draw(2, 5, 1, 32, seed=9)
+    cache = QuantizedPagedKVCache.from_dense("int4_token_head", k, v, [0, 3], block_size=8)
+    assert cache.gather(0)[0].shape == (0, 1, 32)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\]=0"):
+        paged_decode_quantized(torch.randn(2, 1, 32).half(), cache)
+    out, lse = paged_decode_quantized(torch.randn(2, 1, 32).half(), cache, check=False)  # unchecked: 0 and -inf
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.isinf(lse[0]).all()

@@ -224,14 +224,17 @@ class QuantizedPagedKVCache:
             seq_lens = seq_lens.tolist()
         if not isinstance(seq_lens, (list, tuple)):
             _fail(f"seq_lens={checks.show_value(seq_lens)}; expected a list or 1-D int tensor of lengths", TypeError)
-        lens = [checks.integer(n, f"seq_lens[{i}]", minimum=0, maximum=k.shape[1]) for i, n in enumerate(seq_lens)]
+        lens = [checks.integer(n, f"seq_lens[{i}]", minimum=0) for i, n in enumerate(seq_lens)]
         if len(lens) != k.shape[0]:
             _fail(f"seq_lens has {len(lens)} entries but k holds {k.shape[0]} sequences")
+        for i, n in enumerate(lens):
+            if n > k.shape[1]:
+                _fail(f"seq_lens[{i}]={n} is more than the {k.shape[1]} tokens k and v hold per sequence")
+            for name, x in (("k", k), ("v", v)):  # the valid tokens only: padding is never read
+                checks.finite_tensor(x[i, :n], f"{name}[{i}, :{n}]")
+                checks.fp32_range_tensor(x[i, :n], f"{name}[{i}, :{n}]")
         k_all = torch.cat([k[i, :n] for i, n in enumerate(lens)])
         v_all = torch.cat([v[i, :n] for i, n in enumerate(lens)])
-        for name, x in (("k", k_all), ("v", v_all)):  # the valid tokens only: padding is never read
-            checks.finite_tensor(x, name)
-            checks.fp32_range_tensor(x, name)
         if f.key.tensor_scale and k_tensor_scale is None:
             k_tensor_scale = quantize(k_all, f.key).tensor_scale
         if f.value.tensor_scale and v_tensor_scale is None:
