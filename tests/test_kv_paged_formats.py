@@ -125,8 +125,9 @@ def kernel_tolerance(q, out_dtype, cache, sm_scale=None) -> float:
     """Allowed ``||out - ref|| / ||ref||`` of the kernel against the oracle on the same pages.
 
     Both read the same codes and scales, and the kernel's dot operands are exact in fp16 (INT8 codes -127..127,
-    INT4 -7..7, NVFP4 code x e4m3 block scale: 6 significant bits within [2^-7, 2688]); per-token and tensor
-    scales are applied in fp32, where the oracle multiplies them in too. What is left is fp16's rounding (u =
+    INT4 -7..7, NVFP4 code x e4m3 block scale: 6 significant bits within [2^-7, 2688], MXFP4 code x its block's
+    power of two relative to the token's largest: exact within 2^22 of it, on this data always); per-token and
+    tensor scales are applied in fp32, where the oracle multiplies them in too. What is left is fp16's rounding (u =
     2^-11): each probability, times its V scale ratio, rounded once (u); the output rounded to out_dtype (its u;
     fp32's is negligible); and a query of another dtype rounded to fp16 (after an exact power-of-two rescale),
     which moves each score by up to u x score_bound (sm_scale x sum |q_d k_d|). fp32 accumulation order adds
@@ -179,6 +180,21 @@ def test_kernel_with_large_scores_bf16_query_and_fp32_output(fmt):
     ref, ref_lse = quantized_reference(q, cache, sm_scale=0.2)
     assert out.dtype == torch.float32
     assert_rel_err(out, ref, kernel_tolerance(q, torch.float32, cache, 0.2), fmt)
+
+
+def test_mxfp4_blocks_far_below_their_tokens_largest_weigh_nothing():
+    """MXFP4 tiles hold code x 2^(block exponent - the token's largest): a block 2^30 below it is 0 in fp16, and
+    its share of a score or an output (2^-30 of the token's) is far below the tolerance."""
+    lens = [40, 17]
+    k, v = draw(2, 40, 2, 64, seed=12)
+    k[..., 32:] *= 2.0**-30
+    v[..., :32] *= 2.0**-30
+    cache = QuantizedPagedKVCache.from_dense("mxfp4", k, v, lens, block_size=8)
+    q = q_for(cache, 4, torch.float16)
+    out, _ = paged_decode_quantized(q, cache, num_splits=2)
+    ref, _ = quantized_reference(q, cache)
+    assert_rel_err(out.float()[..., 32:], ref[..., 32:], kernel_tolerance(q, torch.float16, cache), "large block")
+    assert float(out[..., :32].float().abs().max()) <= 2.0**-20  # the small block: about 2^-30, or 0
 
 
 def _corrupt_v_scales(cache, page):
@@ -350,8 +366,8 @@ def test_tables_edited_after_construction_are_refused(entry, edit, match):
 
 def test_a_format_without_a_kernel_is_refused_by_name():
     k, v = draw(1, 5, 1, 32, seed=4)
-    cache = QuantizedPagedKVCache.from_dense("mxfp4", k, v, [5], block_size=8)
-    with pytest.raises(UnsupportedError, match="'mxfp4' has no decode kernel; the kernel reads"):
+    cache = QuantizedPagedKVCache.from_dense("e4m3_b16", k, v, [5], block_size=8)
+    with pytest.raises(UnsupportedError, match="'e4m3_b16' has no decode kernel; the kernel reads"):
         paged_decode_quantized(torch.randn(1, 2, 32).half(), cache)
     out, _ = quantized_reference(torch.randn(1, 2, 32).half(), cache)  # the oracle reads every paged format
     assert torch.isfinite(out).all()

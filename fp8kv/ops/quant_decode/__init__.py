@@ -1,5 +1,5 @@
 """Paged decode attention over the pages of a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` (INT8 and INT4
-per token and head, NVFP4): :func:`paged_decode_quantized`, checked once here, and its fp32 oracle
+per token and head, NVFP4, MXFP4): :func:`paged_decode_quantized`, checked once here, and its fp32 oracle
 :func:`quantized_reference`.
 
 Modules: :mod:`.kernel` (the Triton kernel: codes dequantized in registers), :mod:`.launcher` (its launch and the

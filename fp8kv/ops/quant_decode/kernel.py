@@ -1,6 +1,6 @@
 """Paged decode attention over the pages of a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache`: INT8 and
 INT4 codes with an fp32 scale per token and head, NVFP4 (e2m1 codes, an e4m3 scale per 16 channels, an fp32
-tensor scale).
+tensor scale) and MXFP4 (e2m1 codes, a power-of-two e8m0 scale per 32 channels).
 
 One program handles one (sequence, KV head, split), as the FP8 kernel of :mod:`fp8kv.ops.decode.triton_kernel`
 does: the GROUP query heads of the KV head together (rows padded to 16 for ``tl.dot``), the split's tokens in
@@ -15,6 +15,8 @@ Codes are dequantized in registers, never in memory:
   token_head path does.
 * NVFP4: code x block scale is exact in fp16 (a 2-bit by a 4-bit significand, magnitudes in [2^-7, 2688]), so
   the tiles are dequantized to it; the tensor scales (fp32) multiply the scores (K) and the output (V).
+* MXFP4: each token's largest block scale is factored out and handled as INT8's per-token scale; the tiles
+  hold code x the block's power of two relative to it (exact in fp16 within 2^22 of it, see ``mxfp4_halves``).
 
 The 4-bit codes are never interleaved: byte ``j`` holds channels ``2j`` (low nibble) and ``2j + 1`` (high
 nibble), so the query is loaded as its even and odd channels and q·k is two dots over D / 2 (``lo`` and
@@ -36,7 +38,9 @@ from ..fp8_codec import fp8_bits_to_fp16
 FORMAT_INT8 = tl.constexpr(0)
 FORMAT_INT4 = tl.constexpr(1)
 FORMAT_NVFP4 = tl.constexpr(2)
+FORMAT_MXFP4 = tl.constexpr(3)
 NVFP4_BLOCK = tl.constexpr(16)  # channels an NVFP4 scale covers: 8 bytes of codes
+MXFP4_BLOCK = tl.constexpr(32)  # channels an MXFP4 scale covers: 16 bytes of codes
 
 
 @triton.jit
@@ -71,10 +75,34 @@ def nvfp4_halves(codes, scale_ptrs, mask):
 
 
 @triton.jit
+def pow2_from_bits(e):
+    """``2^e`` in fp32, exactly, for int32 ``e`` in [-127, 127] (2^-127, a subnormal, from its own bits)."""
+    return tl.where(e > -127, ((e + 127) << 23), 1 << 22).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mxfp4_halves(codes, scale_ptrs, mask):
+    """An MXFP4 tile of packed codes ``[N, D / 2]`` -> its even and odd channels in fp16 and each token's factor.
+
+    ``scale_ptrs`` ``[N, D / 2]``: the e8m0 scale (code ``c`` is ``2^(c - 127)``) of each byte's block. Each
+    token's largest block scale is factored out, ``2^(c_max - 127)`` (fp32, returned ``[N]``, applied to the
+    scores or probabilities), and code x ``2^(c - c_max)`` is what the fp16 tiles hold: exact down to blocks
+    2^-22 below the token's largest (e2m1 has 2 significant bits and fp16's subnormals reach 2^-24); smaller
+    blocks are as small beside that token's norm."""
+    c = tl.load(scale_ptrs, mask=mask, other=0).to(tl.int32)
+    c_max = tl.max(c, axis=1)
+    rel = c - c_max[:, None]
+    factor = tl.where(rel > -127, pow2_from_bits(tl.maximum(rel, -126)), 0.0)
+    lo = e2m1_values(codes & 0xF, factor).to(tl.float16)
+    hi = e2m1_values(codes >> 4, factor).to(tl.float16)
+    return lo, hi, pow2_from_bits(c_max - 127)
+
+
+@triton.jit
 def quant_decode_kernel(
     q_ptr,  # [B, Hq, D] query (fp16, or fp32 for RESCALE_Q)
     k_codes_ptr, v_codes_ptr,  # [num_blocks, block_size, Hkv, C] codes: int8 (C = D), uint8 packed (C = D / 2)
-    k_scales_ptr, v_scales_ptr,  # [num_blocks, block_size, Hkv, groups]: fp32 (int), uint8 e4m3 bits (NVFP4)
+    k_scales_ptr, v_scales_ptr,  # [num_blocks, block_size, Hkv, groups]: fp32 (int), e4m3 / e8m0 bits (FP4)
     k_tensor_scale_ptr, v_tensor_scale_ptr,  # NVFP4: fp32 [] tensor scales (else any pointer, unread)
     block_table_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int32
@@ -98,11 +126,12 @@ def quant_decode_kernel(
     BLOCK_SIZE: tl.constexpr,  # tokens per page
     BLOCK_N: tl.constexpr,  # tokens per tile
     SPLIT: tl.constexpr,  # False: write the final output; True: partials for the combine
-    FORMAT: tl.constexpr,  # FORMAT_INT8 / FORMAT_INT4 / FORMAT_NVFP4
+    FORMAT: tl.constexpr,  # FORMAT_INT8 / FORMAT_INT4 / FORMAT_NVFP4 / FORMAT_MXFP4
     RESCALE_Q: tl.constexpr,  # bring each head to fp16's range by a power of two before rounding it
 ):
     PACKED: tl.constexpr = FORMAT != FORMAT_INT8
-    TOKEN_SCALE: tl.constexpr = FORMAT != FORMAT_NVFP4
+    TOKEN_SCALE: tl.constexpr = FORMAT != FORMAT_NVFP4  # a factor per token: stored (INT), or MXFP4's largest
+    BLOCK_BYTES: tl.constexpr = (NVFP4_BLOCK if FORMAT == FORMAT_NVFP4 else MXFP4_BLOCK) // 2  # code bytes a scale covers
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -151,20 +180,26 @@ def quant_decode_kernel(
         kc = tl.load(k_codes_ptr + c_off, mask=c_ld, other=0)
         vc = tl.load(v_codes_ptr + c_off, mask=c_ld, other=0)
         s_row = page * stride_sb + in_page * stride_st + kvh * stride_sh  # [BLOCK_N]: the tokens' first scale
-        blocks = s_row[:, None] + (offs_c // (NVFP4_BLOCK // 2))[None, :]  # NVFP4: each code byte's block scale
+        blocks = s_row[:, None] + (offs_c // BLOCK_BYTES)[None, :]  # FP4: each code byte's block scale
 
         if FORMAT == FORMAT_INT8:
             s = tl.dot(qa, tl.trans(kc.to(tl.float16)))
         elif FORMAT == FORMAT_INT4:
             s = tl.dot(qa, tl.trans(int4_values(kc & 0xF)))
             s = tl.dot(qb, tl.trans(int4_values(kc >> 4)), s)
-        else:
+        elif FORMAT == FORMAT_NVFP4:
             k_lo, k_hi = nvfp4_halves(kc, k_scales_ptr + blocks, c_ld)
             s = tl.dot(qa, tl.trans(k_lo))
             s = tl.dot(qb, tl.trans(k_hi), s)
+        else:
+            k_lo, k_hi, k_tok = mxfp4_halves(kc, k_scales_ptr + blocks, c_ld)
+            s = tl.dot(qa, tl.trans(k_lo))
+            s = tl.dot(qb, tl.trans(k_hi), s)
+        if FORMAT == FORMAT_INT8 or FORMAT == FORMAT_INT4:
+            k_tok = tl.load(k_scales_ptr + s_row, mask=t_mask, other=0.0)
         s = s * row_scale[:, None]
         if TOKEN_SCALE:
-            s = s * tl.load(k_scales_ptr + s_row, mask=t_mask, other=0.0)[None, :]
+            s = s * k_tok[None, :]
         s = tl.where(t_mask[None, :], s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -174,9 +209,13 @@ def quant_decode_kernel(
         acc_a = acc_a * alpha[:, None]
         acc_b = acc_b * alpha[:, None]
         m_i = m_new
+        if FORMAT == FORMAT_MXFP4:
+            v_lo, v_hi, vs = mxfp4_halves(vc, v_scales_ptr + blocks, c_ld)
+            vs = tl.where(t_mask, vs, 0.0)
+        elif TOKEN_SCALE:
+            vs = tl.load(v_scales_ptr + s_row, mask=t_mask, other=0.0)
         if TOKEN_SCALE:
             # p x s_v / max(s_v) stays in fp16's range; the tile's max(s_v) multiplies the fp32 dot.
-            vs = tl.load(v_scales_ptr + s_row, mask=t_mask, other=0.0)
             vs_max = tl.max(vs, axis=0)
             p = p * (vs / vs_max)[None, :]
         else:
@@ -187,10 +226,13 @@ def quant_decode_kernel(
         elif FORMAT == FORMAT_INT4:
             acc_a += tl.dot(pc, int4_values(vc & 0xF)) * vs_max
             acc_b += tl.dot(pc, int4_values(vc >> 4)) * vs_max
-        else:
+        elif FORMAT == FORMAT_NVFP4:
             v_lo, v_hi = nvfp4_halves(vc, v_scales_ptr + blocks, c_ld)
             acc_a = tl.dot(pc, v_lo, acc_a)
             acc_b = tl.dot(pc, v_hi, acc_b)
+        else:
+            acc_a += tl.dot(pc, v_lo) * vs_max
+            acc_b += tl.dot(pc, v_hi) * vs_max
 
     # Epilogue: normalise (and apply V's tensor scale), then store the channels where they belong.
     l_safe = tl.where(l_i > 0, l_i, 1.0)

@@ -19,14 +19,14 @@ from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import interpreter_on
 from ..decode.combine import combine_splits, split_partials
 from ..decode.splits import choose_num_splits, latency_waves, padded_rows, sm_count, whole_tile_splits
-from .kernel import FORMAT_INT4, FORMAT_INT8, FORMAT_NVFP4, quant_decode_kernel
+from .kernel import FORMAT_INT4, FORMAT_INT8, FORMAT_MXFP4, FORMAT_NVFP4, quant_decode_kernel
 
 __all__ = ["QUANT_DECODE_FORMATS", "QuantDecodeLaunch", "quant_decode_launch", "run_quant_decode",
            "quant_decode_block_n"]
 
 # format name -> the kernel's FORMAT
 QUANT_DECODE_FORMATS = {"int8_token_head": FORMAT_INT8.value, "int4_token_head": FORMAT_INT4.value,
-                        "nvfp4": FORMAT_NVFP4.value}
+                        "nvfp4": FORMAT_NVFP4.value, "mxfp4": FORMAT_MXFP4.value}
 
 
 def quant_decode_block_n(cache: QuantizedPagedKVCache) -> int:
@@ -74,7 +74,7 @@ def quant_decode_launch(cache: QuantizedPagedKVCache, *, batch: int, num_q_heads
 
 
 def _scales(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.element_size() == 1 else t  # e4m3 scales are read as their bits
+    return t.view(torch.uint8) if t.element_size() == 1 else t  # e4m3 / e8m0 scales are read as their bits
 
 
 def run_quant_decode(q: torch.Tensor, cache: QuantizedPagedKVCache,
