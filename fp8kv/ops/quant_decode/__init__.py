@@ -1,0 +1,76 @@
+"""Paged decode attention over the pages of a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` (INT8 and INT4
+per token and head, NVFP4, MXFP4): :func:`paged_decode_quantized`, checked once here, and its fp32 oracle
+:func:`quantized_reference`.
+
+Modules: :mod:`.kernel` (the Triton kernel: codes dequantized in registers), :mod:`.launcher` (its launch and the
+split combine), :mod:`.oracle` (kv_formats.dequantize, then fp8kv.reference's fp32 attention).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ... import checks
+from ...cache.quantized import QuantizedPagedKVCache
+from ...capability import UnsupportedError, interpreter_on
+from ...launch_options import MAX_BLOCK_N
+from .launcher import QUANT_DECODE_FORMATS, quant_decode_launch, run_quant_decode
+from .oracle import quantized_reference
+
+__all__ = ["paged_decode_quantized", "quantized_reference", "QUANT_DECODE_FORMATS", "QUANT_OUT_DTYPES"]
+
+QUANT_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_scale: float | None = None,
+                           out_dtype: torch.dtype | None = None, num_splits: int | None = None,
+                           block_n: int | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention of one query token per sequence over a quantized paged cache, with the Triton kernel.
+
+    Parameters
+    ----------
+    q : ``[B, Hq, D]`` float16 / bfloat16 / float32 (last dim contiguous), Hq a multiple of the cache's Hkv;
+        rounded to fp16 for the dots (a non-fp16 query first brought to fp16's range per head, exactly).
+    cache : a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` of a format in :data:`QUANT_DECODE_FORMATS`.
+    sm_scale : softmax scale, positive and finite; default ``1 / sqrt(D)``.
+    out_dtype : float16 / bfloat16 / float32; default q's dtype.
+    num_splits : split-KV factor (default: the FP8 decode's rule); block_n : tokens per tile, a power of two in
+        [16, MAX_BLOCK_N] (default :func:`.launcher.quant_decode_block_n`).
+    check : also check the scales' values and the tables (a host sync; a sequence of length 0 refused). Off,
+        the kernel still clamps block-table entries and lengths into the pool.
+
+    Returns
+    -------
+    out ``[B, Hq, D]`` (out_dtype) and lse ``[B, Hq]`` fp32 (natural log), as :func:`quantized_reference`.
+    """
+    if not isinstance(cache, QuantizedPagedKVCache):
+        checks.fail(f"cache must be a fp8kv.cache.quantized.QuantizedPagedKVCache, got {type(cache).__name__}",
+                    TypeError)
+    if cache.fmt.name not in QUANT_DECODE_FORMATS:
+        raise UnsupportedError(f"cache format {cache.fmt.name!r} has no decode kernel; the kernel reads "
+                               f"{tuple(QUANT_DECODE_FORMATS)}")
+    if not isinstance(check, bool):
+        checks.fail(f"check={check!r}; expected True or False", TypeError)
+    cache.check_query(q)
+    if q.stride(-1) != 1:
+        checks.fail(f"q has strides {tuple(q.stride())}; its last dim (head_dim) must be contiguous")
+    if q.device.type != "cuda" and not interpreter_on():
+        raise UnsupportedError("the quantized-page decode kernel needs a CUDA GPU, or TRITON_INTERPRET=1 on CPU")
+    if sm_scale is not None:
+        sm_scale = checks.softmax_scale(sm_scale)
+    sm_scale = checks.resolved_softmax_scale(sm_scale, q.shape[-1])
+    out_dtype = q.dtype if out_dtype is None else out_dtype
+    if out_dtype not in QUANT_OUT_DTYPES:
+        checks.fail(f"out_dtype={out_dtype!r}; expected one of {QUANT_OUT_DTYPES}", TypeError)
+    if num_splits is not None:
+        num_splits = checks.positive_int(num_splits, "num_splits")
+    if block_n is not None:
+        block_n = checks.positive_int(block_n, "block_n")
+        if block_n < 16 or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
+            checks.fail(f"block_n={block_n} must be a power of two in [16, {MAX_BLOCK_N}]")
+    cache.validate_arrays(contents=check)
+    if check:
+        cache.validate_tables(nonempty=True)
+    launch = quant_decode_launch(cache, batch=q.shape[0], num_q_heads=q.shape[1], q_dtype=q.dtype, device=q.device,
+                                 sm_scale=sm_scale, out_dtype=out_dtype, num_splits=num_splits, block_n=block_n)
+    return run_quant_decode(q, cache, launch)

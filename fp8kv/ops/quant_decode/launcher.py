@@ -1,0 +1,106 @@
+"""The launch of :mod:`.kernel` over a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache`:
+:func:`quant_decode_launch` fixes everything but the tensors (grid, constexprs, split count), :func:`run_quant_decode`
+allocates the outputs and launches the kernel and, with splits, :mod:`fp8kv.ops.decode.combine`. No ``.item()``,
+no host sync. Splits are sized by the FP8 decode's rule (:func:`fp8kv.ops.decode.splits.choose_num_splits`).
+
+Under the Triton interpreter (CPU), whose bf16 arithmetic is wrong, a bf16 query is widened to fp32 by torch
+(exact) and a bf16 output is stored in fp32 and rounded by torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+
+from ...cache.quantized import QuantizedPagedKVCache
+from ...capability import interpreter_on
+from ..decode.combine import combine_splits, split_partials
+from ..decode.splits import choose_num_splits, latency_waves, padded_rows, sm_count, whole_tile_splits
+from .kernel import FORMAT_INT4, FORMAT_INT8, FORMAT_MXFP4, FORMAT_NVFP4, quant_decode_kernel
+
+__all__ = ["QUANT_DECODE_FORMATS", "QuantDecodeLaunch", "quant_decode_launch", "run_quant_decode",
+           "quant_decode_block_n"]
+
+# format name -> the kernel's FORMAT
+QUANT_DECODE_FORMATS = {"int8_token_head": FORMAT_INT8.value, "int4_token_head": FORMAT_INT4.value,
+                        "nvfp4": FORMAT_NVFP4.value, "mxfp4": FORMAT_MXFP4.value}
+
+
+def quant_decode_block_n(cache: QuantizedPagedKVCache) -> int:
+    """Default tokens per tile: 64 for INT8 codes, 128 for the 4-bit ones (tiles of the same bytes, as the FP8
+    kernel's 128-token FP8 tiles against its 64-token 16-bit ones); halved above head_dim 128. Not yet measured
+    on a GPU."""
+    block_n = 64 if cache.fmt.name == "int8_token_head" else 128
+    return block_n // 2 if cache.head_dim > 128 else block_n
+
+
+class QuantDecodeLaunch(NamedTuple):
+    """A planned launch of :func:`.kernel.quant_decode_kernel`: everything but the tensors."""
+    grid: tuple[int, int, int]
+    constexprs: dict
+    qk_scale: float  # sm_scale x log2(e)
+    num_splits: int
+    tokens_per_split: int
+    widen_query: bool  # the interpreter's bf16: the query is widened to fp32 by torch first
+    out_dtype: torch.dtype  # what the caller gets
+    kernel_out_dtype: torch.dtype  # what the kernel stores
+
+
+def quant_decode_launch(cache: QuantizedPagedKVCache, *, batch: int, num_q_heads: int, q_dtype: torch.dtype,
+                        device: torch.device, sm_scale: float, out_dtype: torch.dtype, num_splits: int | None,
+                        block_n: int | None, num_warps: int = 4) -> QuantDecodeLaunch:
+    """The launch for ``batch`` queries of ``num_q_heads`` heads over ``cache`` (arguments already checked by
+    :func:`fp8kv.ops.quant_decode.paged_decode_quantized`): ``num_splits`` / ``block_n`` None for the defaults."""
+    hkv, d = cache.num_kv_heads, cache.head_dim
+    group = num_q_heads // hkv
+    block_n = quant_decode_block_n(cache) if block_n is None else block_n
+    capacity = cache.max_blocks_per_seq * cache.block_size
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, hkv, capacity, block_n, sm_count(device), min_waves=latency_waves(d))
+    num_splits, tokens_per_split = whole_tile_splits(capacity, num_splits, block_n)
+    interp = interpreter_on()
+    widen = interp and q_dtype == torch.bfloat16
+    c = d // 2 if cache.fmt.key.packed else d
+    constexprs = dict(GROUP=group, GROUP_PAD=padded_rows(group), HEAD_DIM=d, C=c,
+                      C_PAD=max(16, triton.next_power_of_2(c)), BLOCK_SIZE=cache.block_size, BLOCK_N=block_n,
+                      SPLIT=num_splits > 1, FORMAT=QUANT_DECODE_FORMATS[cache.fmt.name],
+                      RESCALE_Q=q_dtype != torch.float16, num_warps=num_warps, num_stages=1 if interp else 2)
+    kernel_out = torch.float32 if interp and out_dtype == torch.bfloat16 else out_dtype
+    return QuantDecodeLaunch((batch, hkv, num_splits), constexprs, sm_scale * math.log2(math.e), num_splits,
+                             tokens_per_split, widen, out_dtype, kernel_out)
+
+
+def _scales(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t  # e4m3 / e8m0 scales are read as their bits
+
+
+def run_quant_decode(q: torch.Tensor, cache: QuantizedPagedKVCache,
+                     launch: QuantDecodeLaunch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the planned kernel (and the split combine) for ``q`` ``[B, Hq, D]`` over ``cache``: out ``[B, Hq, D]``
+    (the launch's out_dtype) and lse ``[B, Hq]`` fp32 (natural log)."""
+    if launch.widen_query:
+        q = q.to(torch.float32)
+    b, hq, d = q.shape
+    out = torch.empty(b, hq, d, dtype=launch.kernel_out_dtype, device=q.device)
+    lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
+    if launch.num_splits > 1:
+        k_out, k_lse = split_partials(b, hq, launch.num_splits, d, q.device)
+        so = (k_out.stride(0), k_out.stride(1), k_out.stride(2))
+    else:
+        k_out, k_lse = out, lse
+        so = (out.stride(0), out.stride(1), 0)
+    ks, vs = _scales(cache.k_scales), _scales(cache.v_scales)
+    k_ts = cache.k_tensor_scale if cache.k_tensor_scale is not None else ks
+    v_ts = cache.v_tensor_scale if cache.v_tensor_scale is not None else vs
+    cp, sp = cache.k_pages.stride(), ks.stride()
+    quant_decode_kernel[launch.grid](
+        q, cache.k_pages, cache.v_pages, ks, vs, k_ts, v_ts, cache.block_table, cache.seq_lens, k_out, k_lse,
+        launch.qk_scale, launch.tokens_per_split, cache.num_blocks, cache.max_blocks_per_seq * cache.block_size,
+        q.stride(0), q.stride(1), cp[0], cp[1], cp[2], sp[0], sp[1], sp[2], cache.block_table.stride(0), *so,
+        k_lse.stride(0), k_lse.stride(1), **launch.constexprs)
+    if launch.num_splits > 1:
+        combine_splits(k_out, k_lse, out, lse)
+    return out.to(launch.out_dtype), lse

@@ -1,0 +1,38 @@
+"""The fp32 oracle of the quantized-page decode: a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` read back
+by :func:`fp8kv.kv_formats.dequantize` (its ``gather``), then :func:`fp8kv.reference.attention`, the fp32 core
+every FP8 backend is checked against. The kernel and the oracle read the same codes and scales."""
+
+from __future__ import annotations
+
+import torch
+
+from ... import checks
+from ...cache.quantized import QuantizedPagedKVCache
+from ...reference import attention
+
+__all__ = ["quantized_reference"]
+
+
+def quantized_reference(q: torch.Tensor, cache: QuantizedPagedKVCache, sm_scale: float | None = None):
+    """fp32 decode attention of ``q`` ``[B, Hq, D]`` (fp16 / bf16 / fp32) over ``cache``, every ``seq_lens[i] >= 1``.
+
+    Checked: the cache's type, arrays and tables, the query against it, ``sm_scale`` (positive, finite; default
+    ``1 / sqrt(D)``). Returns out ``[B, Hq, D]`` and the natural-log lse ``[B, Hq]``, both fp32, as
+    :func:`fp8kv.reference.decode` defines them.
+    """
+    if not isinstance(cache, QuantizedPagedKVCache):
+        checks.fail(f"cache must be a fp8kv.cache.quantized.QuantizedPagedKVCache, got {type(cache).__name__}",
+                    TypeError)
+    cache.check_query(q)
+    cache.validate_arrays()
+    cache.validate_tables(nonempty=True)
+    if sm_scale is not None:
+        sm_scale = checks.softmax_scale(sm_scale)
+    sm_scale = checks.resolved_softmax_scale(sm_scale, q.shape[-1])
+    outs, lses = [], []
+    for i in range(q.shape[0]):
+        k, v = cache.gather(i)
+        o, lse = attention(q[i], k, v, sm_scale)
+        outs.append(o)
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)

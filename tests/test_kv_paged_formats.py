@@ -1,0 +1,425 @@
+"""Quantized paged KV caches (fp8kv.cache.quantized) and their decode kernel (fp8kv.ops.quant_decode): the write
+path bit for bit against fp8kv.kv_formats.quantize, bytes per token against kv_footprint, the Triton kernel (under
+the interpreter on CPU) against the fp32 oracle on the same pages with a tolerance from fp16's rounding (and a
+corrupted scale, a swapped nibble order shown to break it), and bad input refused by name."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from fixtures import seeded
+
+from conftest import assert_rel_err
+from fp8kv import kv_formats as kvf
+from fp8kv.cache.quantized import QuantizedPagedKVCache
+from fp8kv.capability import UnsupportedError
+from fp8kv.ops.quant_decode import QUANT_DECODE_FORMATS, paged_decode_quantized, quantized_reference
+from fp8kv.quant import relative_error
+from fp8kv.reference import lse_tolerance, score_bound, unit_roundoff
+
+KERNEL_FORMATS = tuple(QUANT_DECODE_FORMATS)
+
+
+def draw(batch, length, hkv, d, seed=0, scale=1.0):
+    """K, V ``[batch, length, hkv, d]`` fp32, N(0, scale^2), from ``seeded(seed)``."""
+    g = seeded(seed)
+    return (torch.randn(batch, length, hkv, d, generator=g) * scale,
+            torch.randn(batch, length, hkv, d, generator=g) * scale)
+
+
+def valid(x, lens):
+    """The valid tokens of every sequence of ``x`` ``[B, L, H, D]``, back to back: ``[sum(lens), H, D]``."""
+    return torch.cat([x[i, :n] for i, n in enumerate(lens)])
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes as integers, so that equality is bit equality (-0 against 0, fp8 / e8m0 codes)."""
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def assert_stored_as_quantize(cache, k, v, lens):
+    """Every sequence's stored K and V are the bytes of kv_formats.quantize of its rows (the cache's tensor scales)."""
+    for i, n in enumerate(lens):
+        for enc, x, ts in zip(cache.encoded(i), (k[i, :n], v[i, :n]), (cache.k_tensor_scale, cache.v_tensor_scale),
+                              strict=True):
+            ref = kvf.quantize(x, enc.codec, tensor_scale=ts)
+            assert torch.equal(bits(enc.codes), bits(ref.codes)), f"sequence {i}: codes differ"
+            assert torch.equal(bits(enc.scales), bits(ref.scales)), f"sequence {i}: scales differ"
+            assert torch.equal(enc.dequantize(), ref.dequantize())
+
+
+# ------------------------------------------------------------------------------------------- the write path
+@pytest.mark.parametrize("fmt", kvf.PAGED_FORMATS)
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_from_dense_stores_what_quantize_gives_bit_for_bit(fmt, block_size):
+    lens = [1, 37, 23]
+    k, v = draw(3, 40, 2, 64, seed=block_size)
+    cache = QuantizedPagedKVCache.from_dense(fmt, k, v, lens, block_size=block_size)
+    assert cache.seq_lens.tolist() == lens
+    assert_stored_as_quantize(cache, k, v, lens)
+    f = kvf.kv_format(fmt)
+    if f.key.tensor_scale:  # from the valid tokens of all sequences, as quantize takes it from the whole tensor
+        assert torch.equal(cache.k_tensor_scale, kvf.quantize(valid(k, lens), f.key).tensor_scale)
+        assert torch.equal(cache.v_tensor_scale, kvf.quantize(valid(v, lens), f.value).tensor_scale)
+    for i, n in enumerate(lens):  # gather is kv_formats' round trip of the sequence
+        kg, vg = cache.gather(i)
+        kq = kvf.quantize(k[i, :n], f.key, tensor_scale=cache.k_tensor_scale)
+        assert torch.equal(kg, kq.dequantize()) and kg.dtype == torch.float32 and kg.shape == (n, 2, 64)
+        assert vg.shape == (n, 2, 64)
+
+
+@pytest.mark.parametrize("fmt", kvf.PAGED_FORMATS)
+def test_appends_in_any_batching_store_the_same_bytes(fmt):
+    """Token by token, in uneven chunks, or all at once: one write's scales belong to its tokens alone."""
+    lens = [19, 5, 33]
+    k, v = draw(3, 33, 3, 32, seed=7, scale=3.0)
+    whole = QuantizedPagedKVCache.from_dense(fmt, k, v, lens, block_size=8)
+    ts = dict(k_tensor_scale=whole.k_tensor_scale, v_tensor_scale=whole.v_tensor_scale)
+    if whole.k_tensor_scale is None:
+        ts = {}
+    cache = QuantizedPagedKVCache.empty(fmt, 3, 40, 3, 32, block_size=8, **ts)
+    done = [0, 0, 0]
+    g = seeded(3)
+    while done != lens:
+        counts = [min(int(torch.randint(0, 6, (), generator=g)), n - d) for n, d in zip(lens, done, strict=True)]
+        rows = [torch.arange(d, d + c) for d, c in zip(done, counts, strict=True)]
+        cache.append_tokens(torch.cat([k[i, r] for i, r in enumerate(rows)]),
+                            torch.cat([v[i, r] for i, r in enumerate(rows)]), counts)
+        done = [d + c for d, c in zip(done, counts, strict=True)]
+    assert cache.seq_lens.tolist() == lens
+    assert_stored_as_quantize(cache, k, v, lens)
+    one = QuantizedPagedKVCache.empty(fmt, 3, 40, 3, 32, block_size=8, **ts)
+    for t in range(2):
+        one.append(k[:, t], v[:, t])
+    assert_stored_as_quantize(one, k, v, [2, 2, 2])
+
+
+def test_write_skips_negative_slots_and_counts_saturation():
+    cache = QuantizedPagedKVCache.empty("nvfp4", 1, 16, 1, 16, block_size=8, k_tensor_scale=2.0**-10,
+                                        v_tensor_scale=1.0)
+    rows = torch.full((2, 1, 16), 1e6)  # 1e6 / (448 x 2^-10) is far past e2m1's 6: every element saturates
+    slots = cache.slots(0, [3, 4])
+    n = cache.write(rows, torch.ones(2, 1, 16), torch.stack([slots[0], torch.tensor(-1)]))
+    assert n == 16 and cache.saturated == 16
+    assert int(cache.k_pages[slots[1] // 8, slots[1] % 8].abs().sum()) == 0  # the skipped row: untouched
+
+
+# ----------------------------------------------------------------------------------------------- footprint
+@pytest.mark.parametrize("fmt", kvf.PAGED_FORMATS)
+@pytest.mark.parametrize("hkv,d", [(1, 64), (3, 128)])
+def test_bytes_per_token_are_kv_footprint(fmt, hkv, d):
+    cache = QuantizedPagedKVCache.empty(fmt, 2, 20, hkv, d, block_size=8,
+                                        **({"k_tensor_scale": 1.0, "v_tensor_scale": 1.0}
+                                           if kvf.kv_format(fmt).key.tensor_scale else {}))
+    fp = kvf.kv_footprint(fmt, num_kv_heads=hkv, head_dim=d)
+    assert cache.bytes_per_token() == fp.per_token
+    assert cache.footprint() == fp
+    assert cache.fixed_nbytes == fp.fixed
+    assert cache.nbytes == fp.nbytes(cache.num_blocks * cache.block_size)
+
+
+# ------------------------------------------------------------------------------------ the kernel vs the oracle
+def kernel_tolerance(q, out_dtype, cache, sm_scale=None) -> float:
+    """Allowed ``||out - ref|| / ||ref||`` of the kernel against the oracle on the same pages.
+
+    Both read the same codes and scales, and the kernel's dot operands are exact in fp16 (INT8 codes -127..127,
+    INT4 -7..7, NVFP4 code x e4m3 block scale: 6 significant bits within [2^-7, 2688], MXFP4 code x its block's
+    power of two relative to the token's largest: exact within 2^22 of it, on this data always); per-token and
+    tensor scales are applied in fp32, where the oracle multiplies them in too. What is left is fp16's rounding (u =
+    2^-11): each probability, times its V scale ratio, rounded once (u); the output rounded to out_dtype (its u;
+    fp32's is negligible); and a query of another dtype rounded to fp16 (after an exact power-of-two rescale),
+    which moves each score by up to u x score_bound (sm_scale x sum |q_d k_d|). fp32 accumulation order adds
+    ~1e-7. The probabilities' rounding errors are independent and average out across tokens, as in
+    fp8kv.reference.output_tolerance's dequant mode (2u for an fp16 query and output).
+    """
+    u16 = unit_roundoff("fp16")
+    tol = u16 + unit_roundoff(out_dtype)
+    if q.dtype != torch.float16:
+        tol += u16 * max(1.0, score_bound(q, cache, sm_scale))
+    return tol
+
+
+def q_for(cache, group, dtype, seed=1, scale=1.0):
+    q = torch.randn(cache.batch_size, cache.num_kv_heads * group, cache.head_dim, generator=seeded(seed)) * scale
+    return q.to(dtype)
+
+
+CASES = [  # (lens, Hkv, group, D, block_size, num_splits): B 1-3, lengths 1..100, not multiples of the page
+    ([77], 1, 4, 64, 8, None), ([1, 37, 100], 2, 1, 128, 16, 3), ([9, 63], 2, 4, 128, 8, 2),
+    ([100, 1, 45], 1, 1, 64, 16, 1), ([51], 3, 4, 64, 16, 4), ([13, 29, 3], 1, 4, 128, 8, None),
+]
+
+
+@pytest.mark.parametrize("fmt", KERNEL_FORMATS)
+@pytest.mark.parametrize("lens,hkv,group,d,block_size,num_splits", CASES)
+@pytest.mark.parametrize("q_dtype", [torch.float16, torch.float32])
+def test_kernel_matches_the_oracle_on_the_same_pages(fmt, lens, hkv, group, d, block_size, num_splits, q_dtype):
+    k, v = draw(len(lens), max(lens), hkv, d, seed=len(lens) + d)
+    cache = QuantizedPagedKVCache.from_dense(fmt, k, v, lens, block_size=block_size, max_seq_len=max(lens) + 5)
+    q = q_for(cache, group, q_dtype)
+    out, lse = paged_decode_quantized(q, cache, num_splits=num_splits)
+    ref, ref_lse = quantized_reference(q, cache)
+    assert out.dtype == q_dtype and lse.dtype == torch.float32 and out.shape == q.shape
+    assert_rel_err(out.float(), ref, kernel_tolerance(q, q_dtype, cache), f"{fmt} {lens}")
+    sb = score_bound(q, cache)
+    tol = lse_tolerance("triton", "dequant", torch.float16, ref_lse, "channel" if q_dtype != torch.float16 else "tensor",
+                        score_bound=sb)
+    assert float((lse - ref_lse).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("fmt", KERNEL_FORMATS)
+def test_kernel_with_large_scores_bf16_query_and_fp32_output(fmt):
+    """K of scale 8 (scores of tens: a peaked softmax), a bf16 query, an fp32 output, sm_scale given."""
+    lens = [41, 6]
+    k, v = draw(2, 41, 2, 64, seed=5)
+    cache = QuantizedPagedKVCache.from_dense(fmt, k * 8, v, lens, block_size=16)
+    q = q_for(cache, 4, torch.bfloat16, scale=2.0)
+    out, lse = paged_decode_quantized(q, cache, sm_scale=0.2, out_dtype=torch.float32, num_splits=2, block_n=16)
+    ref, ref_lse = quantized_reference(q, cache, sm_scale=0.2)
+    assert out.dtype == torch.float32
+    assert_rel_err(out, ref, kernel_tolerance(q, torch.float32, cache, 0.2), fmt)
+
+
+def test_mxfp4_blocks_far_below_their_tokens_largest_weigh_nothing():
+    """MXFP4 tiles hold code x 2^(block exponent - the token's largest): a block 2^30 below it is 0 in fp16, and
+    its share of a score or an output (2^-30 of the token's) is far below the tolerance."""
+    lens = [40, 17]
+    k, v = draw(2, 40, 2, 64, seed=12)
+    k[..., 32:] *= 2.0**-30
+    v[..., :32] *= 2.0**-30
+    cache = QuantizedPagedKVCache.from_dense("mxfp4", k, v, lens, block_size=8)
+    q = q_for(cache, 4, torch.float16)
+    out, _ = paged_decode_quantized(q, cache, num_splits=2)
+    ref, _ = quantized_reference(q, cache)
+    assert_rel_err(out.float()[..., 32:], ref[..., 32:], kernel_tolerance(q, torch.float16, cache), "large block")
+    assert float(out[..., :32].float().abs().max()) <= 2.0**-20  # the small block: about 2^-30, or 0
+
+
+def _corrupt_v_scales(cache, page):
+    """Double the V scales of one page (every token, head and block of it)."""
+    s = cache.v_scales
+    cache.v_scales = s.clone()
+    cache.v_scales[page] = (s[page].to(torch.float32) * 2).to(s.dtype)
+
+
+def _swap_k_nibbles(cache, page):
+    """Swap the two channels of every K byte of one page (packed codes), or negate its INT8 codes."""
+    p = cache.k_pages.clone()
+    p[page] = (p[page] >> 4) | (p[page] << 4) if p.dtype == torch.uint8 else -p[page]
+    cache.k_pages = p
+
+
+@pytest.mark.parametrize("fmt", KERNEL_FORMATS)
+@pytest.mark.parametrize("fault", [_corrupt_v_scales, _swap_k_nibbles])
+def test_the_tolerance_catches_a_corrupted_page(fmt, fault):
+    """The kernel reading one page wrongly (a scale doubled, the nibble order swapped) is far outside the tolerance."""
+    lens = [60, 33]
+    k, v = draw(2, 60, 2, 64, seed=11)
+    cache = QuantizedPagedKVCache.from_dense(fmt, k, v, lens, block_size=16)
+    q = q_for(cache, 4, torch.float16)
+    ref, _ = quantized_reference(q, cache)
+    tol = kernel_tolerance(q, torch.float16, cache)
+    out, _ = paged_decode_quantized(q, cache)
+    assert_rel_err(out.float(), ref, tol, fmt)  # the pages as written: within it
+    broken = copy.copy(cache)
+    fault(broken, int(cache.block_table[0, 1]))  # the second page of sequence 0 (tokens 16-31)
+    out, _ = paged_decode_quantized(q, broken)
+    assert relative_error(out.float(), ref) > 10 * tol
+
+
+# --------------------------------------------------------------------------------------------------- bad input
+def _tensor_scales(fmt):
+    return {"k_tensor_scale": 1.0, "v_tensor_scale": 1.0} if kvf.kv_format(fmt).key.tensor_scale else {}
+
+
+@pytest.mark.parametrize("fmt,match", [
+    ("kivi4_g32", "cannot be paged"), ("int8_tensor", "cannot be paged"), ("fp8_e4m3_token_head", "cannot be paged"),
+    ("int9", "not a known KV format"),
+])
+def test_formats_that_cannot_be_paged_are_refused_by_name(fmt, match):
+    with pytest.raises(ValueError, match=match) as e:
+        QuantizedPagedKVCache.empty(fmt, 1, 8, 1, 64)
+    assert repr(fmt) in str(e.value)
+
+
+@pytest.mark.parametrize("fmt,head_dim,match", [
+    ("int4_token_head", 33, "even head_dim"), ("nvfp4", 40, "multiple of its block size 16"),
+    ("mxfp4", 48, "multiple of its block size 32"), ("int8_token_head", 0, "head_dim"),
+])
+def test_head_dims_a_format_cannot_store_are_refused(fmt, head_dim, match):
+    with pytest.raises(ValueError, match=match):
+        QuantizedPagedKVCache.empty(fmt, 1, 8, 1, head_dim, **_tensor_scales(fmt))
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    ({}, ValueError, "k_tensor_scale is None"),
+    ({"k_tensor_scale": 1.0}, ValueError, "v_tensor_scale is None"),
+    ({"k_tensor_scale": 0.0, "v_tensor_scale": 1.0}, ValueError, "k_tensor_scale must be positive"),
+    ({"k_tensor_scale": float("nan"), "v_tensor_scale": 1.0}, ValueError, "k_tensor_scale must be positive"),
+    ({"k_tensor_scale": 1.0, "v_tensor_scale": "big"}, TypeError, "v_tensor_scale='big'"),
+    ({"k_tensor_scale": [1.0, 2.0], "v_tensor_scale": 1.0}, ValueError, r"k_tensor_scale has shape \(2,\)"),
+])
+def test_nvfp4_tensor_scales_are_checked(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        QuantizedPagedKVCache.empty("nvfp4", 1, 8, 1, 16, **kw)
+
+
+def test_a_tensor_scale_for_a_format_without_one_is_refused():
+    with pytest.raises(ValueError, match="k_tensor_scale=2.0, but format 'int8_token_head' has no per-tensor"):
+        QuantizedPagedKVCache.empty("int8_token_head", 1, 8, 1, 16, k_tensor_scale=2.0)
+
+
+def _cache(fmt="int4_token_head"):
+    k, v = draw(2, 20, 2, 32, seed=2)
+    return QuantizedPagedKVCache.from_dense(fmt, k, v, [20, 7], block_size=8, max_seq_len=24)
+
+
+def _replace(name, make):
+    def corrupt(cache):
+        setattr(cache, name, make(getattr(cache, name)))
+    return corrupt
+
+
+@pytest.mark.parametrize("corrupt,exc,match", [
+    (_replace("k_scales", lambda s: s.half()), TypeError, "k_scales has dtype float16; expected one of: float32"),
+    (_replace("v_scales", lambda s: s[..., :0]), ValueError, r"v_scales has shape .* holds scales of shape"),
+    (_replace("k_scales", lambda s: -s), ValueError, r"k_scales\[0, 0, 0, 0\]=-"),
+    (_replace("v_scales", lambda s: s * float("nan")), ValueError, "scales must be positive and finite"),
+    (_replace("k_pages", lambda p: p.to(torch.int8)), TypeError, "k_pages has dtype torch.int8"),
+    (_replace("k_pages", lambda p: p[..., :8].contiguous()), ValueError, "k_pages .* must have the same shape"),
+    (_replace("block_table", lambda t: t.long()), TypeError, "block_table must be int32"),
+])
+def test_arrays_replaced_with_bad_ones_are_named(corrupt, exc, match):
+    cache = _cache()
+    corrupt(cache)
+    with pytest.raises(exc, match=match):
+        cache.validate_arrays()
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda c: c.append_tokens(torch.full((1, 2, 32), float("inf")), torch.zeros(1, 2, 32), [1, 0]), ValueError,
+     "k_new has non-finite values"),
+    (lambda c: c.append_tokens(torch.zeros(1, 2, 30), torch.zeros(1, 2, 30), [1, 0]), ValueError,
+     r"k_new must be \[N, 2, 32\]"),
+    (lambda c: c.append_tokens(torch.zeros(2, 2, 32), torch.zeros(2, 2, 32), [1, 0]), ValueError,
+     "k_new has 2 rows but counts sum to 1"),
+    (lambda c: c.append_tokens(torch.zeros(5, 2, 32), torch.zeros(5, 2, 32), [5, 0]), ValueError,
+     "seq_len 20 \\+ 5 new tokens exceeds its capacity of 24"),
+    (lambda c: c.append_tokens(torch.zeros(1, 2, 32), torch.zeros(1, 2, 32), [-1, 2]), ValueError, "counts\\[0\\]"),
+    (lambda c: c.append_tokens(torch.zeros(1, 2, 32), torch.zeros(1, 2, 32), [1]), ValueError,
+     "one entry per sequence"),
+    (lambda c: c.append_tokens(torch.zeros(1, 2, 32), torch.zeros(1, 2, 32), [0.5, 0.5]), TypeError, "counts\\[0\\]"),
+    (lambda c: c.write(torch.zeros(1, 2, 32), torch.zeros(1, 2, 32), [10**6]), ValueError,
+     "slot_mapping has slot 1000000 >= num_blocks x block_size"),
+    (lambda c: c.write(torch.zeros(1, 2, 32), torch.zeros(1, 2, 32), torch.tensor([1.0])), TypeError, "slot_mapping"),
+    (lambda c: c.slots(2, [0]), ValueError, "seq=2"),
+    (lambda c: c.encoded(-1), ValueError, "i=-1"),
+])
+def test_bad_writes_and_reads_are_refused_before_anything_changes(call, exc, match):
+    cache = _cache()
+    before = [t.clone() for t in (cache.k_pages, cache.v_pages, cache.k_scales, cache.v_scales, cache.seq_lens)]
+    with pytest.raises(exc, match=match):
+        call(cache)
+    after = (cache.k_pages, cache.v_pages, cache.k_scales, cache.v_scales, cache.seq_lens)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda c, q: paged_decode_quantized(q, object()), TypeError, "cache must be a fp8kv.cache.quantized"),
+    (lambda c, q: paged_decode_quantized(q.to(torch.int32), c), TypeError, "q must be float16/bfloat16/float32"),
+    (lambda c, q: paged_decode_quantized(q[:, :3], c), ValueError, "q has 3 heads, not a multiple"),
+    (lambda c, q: paged_decode_quantized(q[..., :16], c), ValueError, "q has head_dim 16"),
+    (lambda c, q: paged_decode_quantized(q[:1], c), ValueError, "q has batch 1"),
+    (lambda c, q: paged_decode_quantized(q.transpose(1, 2).contiguous().transpose(1, 2), c), ValueError,
+     "last dim .* must be contiguous"),
+    (lambda c, q: paged_decode_quantized(q, c, sm_scale=0.0), ValueError, "sm_scale"),
+    (lambda c, q: paged_decode_quantized(q, c, sm_scale=float("nan")), ValueError, "sm_scale"),
+    (lambda c, q: paged_decode_quantized(q, c, out_dtype=torch.int8), TypeError, "out_dtype=torch.int8"),
+    (lambda c, q: paged_decode_quantized(q, c, num_splits=0), ValueError, "num_splits"),
+    (lambda c, q: paged_decode_quantized(q, c, block_n=24), ValueError, "block_n=24 must be a power of two"),
+    (lambda c, q: paged_decode_quantized(q, c, block_n=8), ValueError, "block_n=8 must be a power of two in"),
+    (lambda c, q: paged_decode_quantized(q, c, check=1), TypeError, "check=1"),
+    (lambda c, q: quantized_reference(q, c, sm_scale=-1.0), ValueError, "sm_scale"),
+    (lambda c, q: quantized_reference(q, "cache"), TypeError, "cache must be a fp8kv.cache.quantized"),
+])
+def test_bad_decode_arguments_are_refused_by_name(call, exc, match):
+    cache = _cache()
+    q = torch.randn(2, 4, 32).half()
+    with pytest.raises(exc, match=match):
+        call(cache, q)
+
+
+@pytest.mark.parametrize("entry", [paged_decode_quantized, quantized_reference])
+@pytest.mark.parametrize("edit,match", [
+    (lambda c: c.seq_lens.__setitem__(1, 0), r"seq_lens\[1\]=0: decode needs at least one cached token"),
+    (lambda c: c.seq_lens.__setitem__(0, 99), r"seq_lens\[0\]=99 exceeds the capacity"),
+    (lambda c: c.block_table.__setitem__((0, 1), 10**4), r"block_table\[0, 1\]=10000 is out of range"),
+])
+def test_tables_edited_after_construction_are_refused(entry, edit, match):
+    cache = _cache()
+    edit(cache)
+    with pytest.raises(ValueError, match=match):
+        entry(torch.randn(2, 4, 32).half(), cache)
+
+
+def test_a_format_without_a_kernel_is_refused_by_name():
+    k, v = draw(1, 5, 1, 32, seed=4)
+    cache = QuantizedPagedKVCache.from_dense("e4m3_b16", k, v, [5], block_size=8)
+    with pytest.raises(UnsupportedError, match="'e4m3_b16' has no decode kernel; the kernel reads"):
+        paged_decode_quantized(torch.randn(1, 2, 32).half(), cache)
+    out, _ = quantized_reference(torch.randn(1, 2, 32).half(), cache)  # the oracle reads every paged format
+    assert torch.isfinite(out).all()
+
+
+def _padded(fill_padding=None):
+    k, v = draw(2, 5, 1, 32, seed=6)
+    if fill_padding is not None:
+        k[1, 4] = fill_padding
+    return k, v
+
+
+@pytest.mark.parametrize("args,exc,match", [
+    (lambda: (*_padded(), [6, 1]), ValueError, r"seq_lens\[0\]=6 is more than the 5 tokens"),
+    (lambda: (*_padded(), [-1, 1]), ValueError, r"seq_lens\[0\]=-1"),
+    (lambda: (*_padded(), [1]), ValueError, "seq_lens has 1 entries but k holds 2 sequences"),
+    (lambda: (*_padded(), torch.tensor([1.0, 2.0])), TypeError, "seq_lens has dtype float32"),
+    (lambda: (*_padded(), 3), TypeError, "seq_lens=3"),
+    (lambda: (*_padded(float("nan")), [5, 5]), ValueError, r"k\[1, :5\] has 32 non-finite value"),
+    (lambda: (*_padded(float("inf")), [5, 5]), ValueError, r"k\[1, :5\] has 32 non-finite value"),
+    (lambda: (_padded()[0], _padded()[1][:, :4], [1, 1]), ValueError, "must match"),
+    (lambda: (_padded()[0].int(), _padded()[1], [1, 1]), TypeError, "k must be a float tensor"),
+    (lambda: (_padded()[0][0], _padded()[1], [1, 1]), ValueError, "k must be 4-D"),
+])
+def test_from_dense_refuses_bad_sequences_by_name(args, exc, match):
+    with pytest.raises(exc, match=match):
+        QuantizedPagedKVCache.from_dense("int8_token_head", *args())
+
+
+def test_non_finite_padding_is_never_read():
+    k, v = _padded(float("nan"))
+    cache = QuantizedPagedKVCache.from_dense("nvfp4", k, v, [5, 4], block_size=8)
+    assert torch.isfinite(cache.gather(1)[0]).all() and torch.isfinite(cache.k_tensor_scale)
+
+
+@pytest.mark.parametrize("fmt", kvf.PAGED_FORMATS)
+def test_a_nan_or_non_positive_scale_code_is_named(fmt):
+    """e8m0's code 255 is NaN (no other code is bad); e4m3 and fp32 scales must be positive and finite."""
+    k, v = draw(1, 5, 1, 32, seed=8)
+    cache = QuantizedPagedKVCache.from_dense(fmt, k, v, [5], block_size=8)
+    cache.validate_arrays()
+    raw = cache.v_scales.view(torch.uint8) if cache.v_scales.element_size() == 1 else cache.v_scales
+    raw[0, 0, 0, 0] = 255 if cache.v_scales.dtype == torch.float8_e8m0fnu else 0
+    with pytest.raises(ValueError, match=r"v_scales\[0, 0, 0, 0\]=(nan|0\.0); scales must be positive and finite"):
+        cache.validate_arrays()
+
+
+def test_empty_sequences_are_stored_and_refused_by_the_decode():
+    k, v = draw(2, 5, 1, 32, seed=9)
+    cache = QuantizedPagedKVCache.from_dense("int4_token_head", k, v, [0, 3], block_size=8)
+    assert cache.gather(0)[0].shape == (0, 1, 32)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\]=0"):
+        paged_decode_quantized(torch.randn(2, 1, 32).half(), cache)
+    out, lse = paged_decode_quantized(torch.randn(2, 1, 32).half(), cache, check=False)  # unchecked: 0 and -inf
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.isinf(lse[0]).all()
