@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from .decode import decode_latency
+from .layouts import layouts
 from .render import fill, unified_diff
 from .sources import REPO, Sources
 
 __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
-SECTIONS = (decode_latency,)
+SECTIONS = (decode_latency, layouts)
 
 
 def compute(src: Sources) -> dict[str, str]:
