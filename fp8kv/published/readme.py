@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .decode import decode_latency
+from .earlier import earlier
+from .gluon import gluon
 from .layouts import layouts
 from .render import fill, unified_diff
 from .sources import REPO, Sources
@@ -13,7 +15,7 @@ from .sources import REPO, Sources
 __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
-SECTIONS = (decode_latency, layouts)
+SECTIONS = (decode_latency, layouts, gluon, earlier)
 
 
 def compute(src: Sources) -> dict[str, str]:
