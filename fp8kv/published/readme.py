@@ -11,11 +11,12 @@ from .gluon import gluon
 from .layouts import layouts
 from .render import fill, unified_diff
 from .sources import REPO, Sources
+from .step import step, window
 
 __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
-SECTIONS = (decode_latency, layouts, gluon, earlier)
+SECTIONS = (decode_latency, layouts, gluon, earlier, window, step)
 
 
 def compute(src: Sources) -> dict[str, str]:
