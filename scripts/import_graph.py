@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("backends",),  # fp8kv.decode and its backends
     ("models", "results", "sweeps", "viz"),  # real models; results IO; what measured sweeps share; figures
     ("bench", "matrix", "step", "analysis", "ui"),  # measurements behind the notebooks
-    ("notebooks",),  # the notebook runner
+    ("notebooks", "published"),  # the notebook runner; the README's results, generated from their files
     ("cli", "__init__", "__main__"),  # the front ends: the fp8kv command (also python -m fp8kv), the package's public names
 )
 

@@ -1,0 +1,46 @@
+"""The README as generated: every section's values computed from the files it cites, placed into
+README.md's markers (:mod:`fp8kv.published.render`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .decode import decode_latency
+from .earlier import earlier
+from .gluon import gluon
+from .layouts import layouts
+from .render import fill, unified_diff
+from .sources import REPO, Sources
+from .step import step, window
+
+__all__ = ["SECTIONS", "compute", "generate", "check"]
+
+# One function per README section: Sources -> {name: text}.
+SECTIONS = (decode_latency, layouts, gluon, earlier, window, step)
+
+
+def compute(src: Sources) -> dict[str, str]:
+    """Every generated name's text; a name computed by two sections is an error."""
+    values: dict[str, str] = {}
+    for section in SECTIONS:
+        part = section(src)
+        twice = sorted(set(part) & set(values))
+        if twice:
+            raise ValueError(f"{section.__name__} computes {twice}, which another section computes too")
+        values.update(part)
+    return values
+
+
+def generate(readme: str | Path = REPO / "README.md", root: str | Path = REPO) -> tuple[str, str]:
+    """``(committed, generated)``: README.md's text as it is and as the results files make it."""
+    path = Path(readme)
+    if not path.is_file():
+        raise ValueError(f"readme={str(readme)!r} does not exist; expected the README.md to regenerate")
+    text = path.read_text(encoding="utf-8")
+    return text, fill(text, compute(Sources(root)))
+
+
+def check(readme: str | Path = REPO / "README.md", root: str | Path = REPO) -> str:
+    """The unified diff between README.md and its regeneration ("" when it is current)."""
+    old, new = generate(readme, root)
+    return unified_diff(old, new, Path(readme).name)
