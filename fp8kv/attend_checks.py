@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import checks
-from .cache import QUERY_DTYPES, PagedKVCache
+from .cache import PagedKVCache
 
 __all__ = ["cache_arg", "attend_query", "qo_indptr_arg", "attend_arguments", "ATTEND_OPTIONS", "QO_INDPTR_DTYPES"]
 
@@ -35,18 +35,9 @@ def cache_arg(cache) -> PagedKVCache:
 
 
 def attend_query(q, cache: PagedKVCache) -> torch.Tensor:
-    """``q`` ``[total_q, Hq, D]``, float16 / bfloat16 / float32, on the cache's device, with the cache's
-    head dim and a multiple of its KV heads (GQA: query head h reads KV head ``h // (Hq // Hkv)``)."""
-    hint = "[total_q, Hq, D] (the new tokens of every sequence, back to back)"
-    checks.tensor(q, "q", ndim=3, dtypes=QUERY_DTYPES, shape_hint=hint)
-    _, hq, d = q.shape
-    if d != cache.head_dim:
-        checks.fail(f"q has head_dim {d} (shape {tuple(q.shape)}) but the cache has head_dim {cache.head_dim}")
-    if hq < 1 or hq % cache.num_kv_heads:
-        checks.fail(f"q has {hq} heads (shape {tuple(q.shape)}), not a multiple of the cache's "
-                    f"{cache.num_kv_heads} KV heads (GQA needs Hq = group x Hkv)")
-    if q.device != cache.device:
-        checks.fail(f"q is on {q.device} but the cache is on {cache.device}; move it with .to()")
+    """``q`` ``[total_q, Hq, D]`` against the cache, by the decode's rule (:meth:`PagedKVCache.check_query`)
+    but for the row count, which ``qo_indptr`` fixes."""
+    cache.check_query(q, one_per_sequence=False)
     return q
 
 

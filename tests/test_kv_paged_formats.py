@@ -328,7 +328,7 @@ def test_bad_writes_and_reads_are_refused_before_anything_changes(call, exc, mat
 
 @pytest.mark.parametrize("call,exc,match", [
     (lambda c, q: paged_decode_quantized(q, object()), TypeError, "cache must be a fp8kv.cache.quantized"),
-    (lambda c, q: paged_decode_quantized(q.to(torch.int32), c), TypeError, "q must be float16/bfloat16/float32"),
+    (lambda c, q: paged_decode_quantized(q.to(torch.int32), c), TypeError, "q has dtype int32; expected one of"),
     (lambda c, q: paged_decode_quantized(q[:, :3], c), ValueError, "q has 3 heads, not a multiple"),
     (lambda c, q: paged_decode_quantized(q[..., :16], c), ValueError, "q has head_dim 16"),
     (lambda c, q: paged_decode_quantized(q[:1], c), ValueError, "q has batch 1"),

@@ -104,9 +104,10 @@ class PagedKVCache:
         """
         validation.check_tables(self, nonempty=nonempty)
 
-    def check_query(self, q) -> None:
-        """Validate a decode query ``[B, Hq, D]`` against this cache (shape, dtype, device, GQA)."""
-        validation.check_query(self, q)
+    def check_query(self, q, *, one_per_sequence: bool = True) -> None:
+        """Validate a query against this cache (shape, dtype, device, GQA): a decode's ``[B, Hq, D]``, or with
+        ``one_per_sequence=False`` an attend's ``[total_q, Hq, D]``."""
+        validation.check_query(self, q, one_per_sequence=one_per_sequence)
 
     # ------------------------------------------------------------ construction
     @classmethod

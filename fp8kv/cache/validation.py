@@ -147,24 +147,25 @@ def checked_tables(cache, row: int | None = None) -> torch.Tensor:
     return sl
 
 
-def check_query(cache, q) -> None:
-    """A decode query ``[B, Hq, D]`` against ``cache`` (shape, dtype, device, GQA)."""
-    if not isinstance(q, torch.Tensor):
-        _fail(f"q must be a torch.Tensor [B, Hq, D], got {type(q).__name__}", TypeError)
-    if q.ndim != 3:
-        _fail(f"q must be [B, Hq, D] (one query token per sequence); got shape {tuple(q.shape)}")
-    if q.dtype not in QUERY_DTYPES:
-        _fail(f"q must be float16/bfloat16/float32, got {q.dtype}", TypeError)
-    b, hq, d = q.shape
-    if b != cache.batch_size:
-        _fail(f"q has batch {b} but the cache holds {cache.batch_size} sequences")
+def check_query(cache, q, *, one_per_sequence: bool = True) -> None:
+    """A query against ``cache``: a tensor ``[B, Hq, D]`` (a decode: one token per sequence) or, with
+    ``one_per_sequence=False``, ``[total_q, Hq, D]`` (an attend: the new tokens of every sequence, back to
+    back); float16 / bfloat16 / float32, the cache's head dim, a multiple of its KV heads (GQA: query head h
+    reads KV head ``h // (Hq // Hkv)``), on the cache's device."""
+    hint = ("[B, Hq, D] (one query token per sequence)" if one_per_sequence
+            else "[total_q, Hq, D] (the new tokens of every sequence, back to back)")
+    checks.tensor(q, "q", ndim=3, dtypes=QUERY_DTYPES, shape_hint=hint)
+    rows, hq, d = q.shape
+    shape = f"(q's shape {tuple(q.shape)})"
+    if one_per_sequence and rows != cache.batch_size:
+        _fail(f"q has batch {rows} but the cache holds {cache.batch_size} sequences {shape}")
     if d != cache.head_dim:
-        _fail(f"q has head_dim {d} but the cache has head_dim {cache.head_dim}")
+        _fail(f"q has head_dim {d} but the cache has head_dim {cache.head_dim} {shape}")
     if hq < 1 or hq % cache.num_kv_heads:
-        _fail(f"q has {hq} heads, not a multiple of the cache's {cache.num_kv_heads} KV heads "
-              "(GQA needs Hq = group x Hkv)")
+        _fail(f"q has {hq} heads, not a multiple of the cache's {cache.num_kv_heads} KV heads (GQA needs "
+              f"Hq = group x Hkv) {shape}")
     if q.device != cache.device:
-        _fail(f"q is on {q.device} but the cache is on {cache.device}")
+        _fail(f"q is on {q.device} but the cache is on {cache.device}; move it with .to()")
 
 
 def live_entries(cache) -> torch.Tensor:
