@@ -36,7 +36,8 @@ def verify_reading(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> dict:
         if len(best) < 2:
             continue
         ratio = float(best[fp8]["accepted_tokens_per_s"] / best[baseline]["accepted_tokens_per_s"])
-        text = (f"{model} at {ctx} tokens, {int(k)} draft tokens accepted at {a:g}: FP8 KV's best is "
+        what = "the decode step (no drafts)" if k == 0 else f"{int(k)} draft tokens accepted at {a:g} each"
+        text = (f"{model} at {ctx} tokens, {what}: FP8 KV's best is "
                 f"{best[fp8]['accepted_tokens_per_s']:,.0f} accepted tokens/s (batch {int(best[fp8]['batch'])}) "
                 f"against {best[baseline]['accepted_tokens_per_s']:,.0f} for {baseline} (batch "
                 f"{int(best[baseline]['batch'])}), {ratio:.2f}×.")
@@ -62,7 +63,8 @@ def prefill_reading(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> dict:
         out[f"{model} prompt={n} chunk={c}"] = {
             "model": model, "prompt": int(n), "chunk": int(c), "ttft_us": t, "speedup": speedup,
             "sentence": f"{model}, a {n}-token prompt in chunks of {c}: time to first token {t[fp8] / 1e3:,.2f} ms "
-                        f"with FP8 KV against {t[baseline] / 1e3:,.2f} ms with {baseline}, {speedup:.2f}× faster."}
+                        f"with FP8 KV against {t[baseline] / 1e3:,.2f} ms with {baseline}: FP8 runs at {speedup:.2f}× "
+                        f"{baseline}'s speed."}
     return out
 
 
