@@ -400,3 +400,15 @@ def test_cli_runs_and_saves_each_kind_in_its_folder(capsys, tmp_path, toy_cli, k
     rows = pd.read_csv(csvs[0])
     assert list(rows.columns) == (S.VERIFY_COLUMNS if kind == "verify" else S.PREFILL_COLUMNS)
     assert (rows["status"] == "ok").all()
+
+
+def test_draft_cost_is_draft_len_decode_steps_of_the_draft_model():
+    kw = dict(backend="reference", device="cpu", cpu_reps=1)
+    assert S.draft_cost_us(S.TOY_QWEN, 2, 32, 0, "fp16", **kw) == 0.0
+    us = S.draft_cost_us(S.TOY_QWEN, 2, 32, 3, "fp16", **kw)
+    assert us > 0 and math.isfinite(us)
+    for bad, exc, needle in ((-1, ValueError, "draft_len=-1"), (2.0, TypeError, "draft_len=2.0")):
+        with pytest.raises(exc, match=needle):
+            S.draft_cost_us(S.TOY_QWEN, 2, 32, bad, "fp16", **kw)
+    with pytest.raises(ValueError, match="batch=0"):
+        S.draft_cost_us(S.TOY_QWEN, 0, 32, 3, "fp16", **kw)
