@@ -375,7 +375,7 @@ def _failing_at(monkeypatch, where: str, make_exc, only=lambda call: True):
     ``make_exc()`` on the calls ``only`` picks (its argument: the call's positional arguments)."""
     from fp8kv.step import measure
 
-    name = {"point": "DecodeStep", "pool": "KVPool", "weights": "_load_weights"}[where]
+    name = {"point": "DecodeStep", "pool": "KVPool", "weights": "load_weights"}[where]
     real = getattr(measure, name)
 
     def failing(*args, **kwargs):

@@ -20,6 +20,16 @@ this module times what a serving engine runs per generated token, built from a m
 
 Command line: ``python -m fp8kv.step --model Qwen3-0.6B --contexts 4096`` (see :func:`main`).
 
+Several new tokens per sequence
+-------------------------------
+``DecodeStep(..., q_len=k + 1)`` is the target model's verification of k draft tokens (every row through every
+layer, RoPE at each token's position, the k + 1 new K/V written, attention through :func:`fp8kv.planned_attend`,
+the LM head on every row); :func:`verify_sweep` times it and reads accepted tokens per second under i.i.d.
+acceptance (:func:`expected_accepted`; :mod:`fp8kv.step.speculative` documents the model and the draft's cost).
+:class:`ChunkedPrefill` runs a prompt in chunks of ``q_len = C``; :func:`prefill_sweep` times the time to first
+token (:mod:`fp8kv.step.prefill`). ``python -m fp8kv.step --model Qwen3-8B --contexts 16384 --draft-lens 0 2 4 8
+--acceptance 0.7`` and ``python -m fp8kv.step --model Qwen3-8B --prompt-lens 4096 16384 --chunks 512 2048``.
+
 Weights
 -------
 SmolLM2-135M can run with its real weights (``fp8kv.models``, offline); every other model runs with
@@ -73,7 +83,17 @@ from .layers import (
     weights_from_hf,
 )
 from .measure import COLUMNS, check_host_memory, pool_blocks, save, sweep, sweep_runs
-from .model import STEP_BACKENDS, DecodeStep, KVPool, greedy_decode
+from .model import STEP_BACKENDS, STEP_LOGITS, DecodeStep, KVPool, greedy_decode
+from .multi_report import (
+    accepted_tokens_figure,
+    attend_speedup,
+    attend_speedup_figure,
+    prefill_reading,
+    prefill_summary,
+    ttft_figure,
+    verify_reading,
+    verify_summary,
+)
 from .plan import (
     TOY_QWEN,
     activation_bytes,
@@ -86,6 +106,7 @@ from .plan import (
     step_bytes,
     step_ceiling,
 )
+from .prefill import PREFILL_COLUMNS, ChunkedPrefill, chunk_spans, prefill_sweep
 from .report import (
     SERIES_COLORS,
     attention_share_figure,
@@ -94,10 +115,14 @@ from .report import (
     summary,
     tokens_per_s_figure,
 )
+from .speculative import VERIFY_COLUMNS, draft_cost_us, expected_accepted, verify_sweep
 
 __all__ = ["LayerWeights", "StepWeights", "random_weights", "weights_from_hf", "KVPool", "DecodeStep",
            "param_count", "rms_norm", "rope_inv_freq", "rope_cos_sin", "apply_rope", "gated_mlp", "activation_bytes",
            "step_ceiling", "step_bytes", "batch_points", "greedy_decode", "plan_sweep", "plan_table", "run_dtype", "sweep", "sweep_runs",
            "save", "summary", "reading_markdown", "smoke_settings", "TOY_QWEN",
            "build_parser", "main", "reading", "tokens_per_s_figure", "attention_share_figure", "COLUMNS",
-           "SERIES_COLORS", "REAL_WEIGHTS", "STEP_BACKENDS", "pool_blocks", "check_host_memory"]
+           "SERIES_COLORS", "REAL_WEIGHTS", "STEP_BACKENDS", "pool_blocks", "check_host_memory",
+           "STEP_LOGITS", "expected_accepted", "verify_sweep", "draft_cost_us", "VERIFY_COLUMNS", "ChunkedPrefill",
+           "chunk_spans", "prefill_sweep", "PREFILL_COLUMNS", "verify_reading", "prefill_reading", "verify_summary",
+           "prefill_summary", "accepted_tokens_figure", "ttft_figure", "attend_speedup", "attend_speedup_figure"]

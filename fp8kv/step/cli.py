@@ -17,8 +17,14 @@ from ..device import resolve_device
 from ..results import save_or_fallback
 from .measure import check_host_memory, save, sweep
 from .model import STEP_BACKENDS
+from .multi_report import prefill_summary, verify_summary
 from .plan import plan_sweep
+from .prefill import prefill_sweep
 from .report import summary
+from .speculative import verify_sweep
+
+# Where each kind of run saves its rows by default (their columns differ: one folder each).
+OUT_DIRS = {"decode": "results/step", "verify": "results/step-verify", "prefill": "results/step-prefill"}
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -45,6 +51,34 @@ def _positive_int_arg(s: str) -> int:
     return v
 
 
+def _nonnegative_int_arg(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected an int >= 0") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected an int >= 0")
+    return v
+
+
+def _number_arg(s: str, lo: float, hi: float | None, what: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected {what}") from None
+    if not math.isfinite(v) or v < lo or (hi is not None and v > hi):
+        raise argparse.ArgumentTypeError(f"{s!r}: expected {what}")
+    return v
+
+
+def _acceptance_arg(s: str) -> float:
+    return _number_arg(s, 0.0, 1.0, "a per-token acceptance rate in [0, 1]")
+
+
+def _draft_us_arg(s: str) -> float:
+    return _number_arg(s, 0.0, None, "the draft's microseconds per step, a finite number >= 0")
+
+
 def _block_size_arg(s: str) -> int:
     """Tokens per page by the cache's own rule (fp8kv.cache.check_block_size)."""
     try:
@@ -58,11 +92,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = checks.ArgumentParser(prog="fp8kv step", description="Time a model's whole decode step (CUDA graph) "
                                 "from batch 1 to each KV dtype's memory ceiling; write "
-                                "results/step/<gpu-slug>/<timestamp>.csv.")
+                                "results/step/<gpu-slug>/<timestamp>.csv. With --draft-lens: the speculative "
+                                "verification step and accepted tokens/s (results/step-verify); with "
+                                "--prompt-lens and --chunks: chunked prefill's time to first token "
+                                "(results/step-prefill).")
     p.add_argument("--model", nargs="+", required=True, metavar="NAME",
                    help="registry model name(s) (fp8kv.capacity.MODELS), e.g. Qwen3-0.6B Llama-3.1-8B")
-    p.add_argument("--contexts", type=_positive_int_arg, nargs="+", required=True, metavar="TOKENS",
-                   help="tokens per sequence (the new token included), e.g. 4096 16384")
+    p.add_argument("--contexts", type=_positive_int_arg, nargs="+", metavar="TOKENS",
+                   help="tokens per sequence (the new tokens included), e.g. 4096 16384; required but with "
+                        "--prompt-lens")
+    p.add_argument("--draft-lens", type=_nonnegative_int_arg, nargs="+", metavar="K",
+                   help="speculative decoding: draft tokens verified per step, e.g. 0 2 4 8 (0: the decode step)")
+    p.add_argument("--acceptance", type=_acceptance_arg, nargs="+", metavar="A",
+                   help="with --draft-lens: per-token acceptance rate(s) in [0, 1] (i.i.d.; default 0.7)")
+    p.add_argument("--draft-us", type=_draft_us_arg, metavar="US",
+                   help="with --draft-lens: the draft's cost per step in microseconds (default 0: MTP heads or "
+                        "n-gram drafts)")
+    p.add_argument("--prompt-lens", type=_positive_int_arg, nargs="+", metavar="N",
+                   help="chunked prefill: prompt lengths in tokens (with --chunks), e.g. 4096 16384")
+    p.add_argument("--chunks", type=_positive_int_arg, nargs="+", metavar="C",
+                   help="with --prompt-lens: chunk sizes in tokens, e.g. 512 2048 (one at least the prompt: the "
+                        "full prefill)")
     p.add_argument("--batches", type=_positive_int_arg, nargs="+", metavar="B",
                    help="batch sizes to time (each must fit every KV dtype's ceiling); default: powers of 4, "
                         "both ceilings")
@@ -81,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", choices=("auto", "real", "random"), default="auto",
                    help="auto: real weights where fp8kv loads them offline (SmolLM2-135M), random otherwise")
     p.add_argument("--rep", type=_positive_int_arg, default=50, help="ms of CUDA-graph replays per timing")
-    p.add_argument("--out", default="results/step", help="results folder (a sub-folder per GPU)")
+    p.add_argument("--out", help="results folder (a sub-folder per GPU; default results/step, results/step-verify "
+                                 "with --draft-lens, results/step-prefill with --prompt-lens)")
     p.add_argument("--no-save", action="store_true", help="print only")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one, else the CPU)")
     p.add_argument("--interpret", action="store_true",
@@ -115,6 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.device = "cpu"
     if not 0 < args.utilization <= 1:
         refuse(f"--utilization {args.utilization}: expected a number in (0, 1]")
+    kind = _kind(args, refuse)
+    if kind != "decode":
+        return _main_multi(kind, args, argv, refuse)
     try:
         plans = plan_sweep(args.model, args.contexts, args.kv_dtypes, batches=args.batches,
                            gpu_memory_gib=args.gpu_memory, utilization=args.utilization,
@@ -143,9 +197,80 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{len(df)} points in {time.perf_counter() - t0:.0f} s")
     saved_where_asked = True
     if not args.no_save:
-        path, saved_where_asked = save_or_fallback(save, df, args.out, {"argv": argv})
+        path, saved_where_asked = save_or_fallback(save, df, args.out or OUT_DIRS[kind], {"argv": argv})
         print(f"wrote {path}")
+    return _exit_status(df, saved_where_asked)
+
+
+def _exit_status(df, saved_where_asked: bool) -> int:
     if not (df["status"] == "ok").any():  # each point refused or failed as it was built: no success
         print(f"error: none of the {len(df)} points ran here (see the reasons above)", file=sys.stderr)
         return 2
     return 1 if (df["status"] == "error").any() or not saved_where_asked else 0
+
+
+def _kind(args, refuse) -> str:
+    """Which run the arguments ask for (``decode``, ``verify`` or ``prefill``); the options of another refused."""
+    verify, prefill = args.draft_lens is not None, args.prompt_lens is not None or args.chunks is not None
+    if verify and prefill:
+        refuse("--draft-lens and --prompt-lens/--chunks ask for two runs; give one of them per command")
+    if not verify:
+        for name, value in (("--acceptance", args.acceptance), ("--draft-us", args.draft_us)):
+            if value is not None:
+                refuse(f"{name} {value if not isinstance(value, list) else ' '.join(map(str, value))}: applies to "
+                       "the verification run; add --draft-lens")
+    if prefill:
+        if args.prompt_lens is None or args.chunks is None:
+            refuse("--prompt-lens and --chunks go together: give the prompt lengths and the chunk sizes")
+        for name, value in (("--contexts", args.contexts), ("--batches", args.batches)):
+            if value is not None:
+                refuse(f"{name} {' '.join(map(str, value))}: a prefill runs one prompt of each --prompt-lens; "
+                       f"drop {name}")
+        return "prefill"
+    if args.contexts is None:
+        refuse("--contexts is required (tokens per sequence, e.g. 4096), but with --prompt-lens")
+    return "verify" if verify else "decode"
+
+
+def _main_multi(kind: str, args, argv, refuse) -> int:
+    """The verification (``--draft-lens``) or chunked-prefill (``--prompt-lens``) run of :func:`main`."""
+    common = dict(backend=args.backend, mode=args.mode, gpu_memory_gib=args.gpu_memory, utilization=args.utilization,
+                  block_size=args.block_size, weights=args.weights, device=args.device, rep=args.rep,
+                  progress=not args.quiet)
+    try:
+        if args.dry_run:
+            for p in _plans(kind, args):
+                print(f"{p['shape'].name:<16} {p['kv_dtype']:<9} context={p['context']:<6} q_len={p['plan']['q_len']:<5} "
+                      f"ceiling={p['plan']['ceiling']:<5} batches={p['batches']}")
+            return 0
+        check_host_memory(_plans(kind, args), resolve_device(args.device))
+    except CapacityError as e:
+        refuse(f"{e}; pass shorter contexts or prompts, or more GPU memory (--gpu-memory)".replace("\n", " "))
+    except ValueError as e:
+        refuse(str(e).replace("\n", " "))
+    t0 = time.perf_counter()
+    if kind == "verify":
+        df = verify_sweep(args.model, args.contexts, args.draft_lens, args.acceptance or [0.7], args.kv_dtypes,
+                          batches=args.batches, draft_us=args.draft_us or 0.0, **common)
+        print(verify_summary(df))
+    else:
+        df = prefill_sweep(args.model, args.prompt_lens, args.chunks, args.kv_dtypes, **common)
+        print(prefill_summary(df))
+    print(f"{len(df)} rows in {time.perf_counter() - t0:.0f} s")
+    saved_where_asked = True
+    if not args.no_save:
+        path, saved_where_asked = save_or_fallback(save, df, args.out or OUT_DIRS[kind], {"argv": argv})
+        print(f"wrote {path}")
+    return _exit_status(df, saved_where_asked)
+
+
+def _plans(kind: str, args) -> list[dict]:
+    """What the run will measure: :func:`plan_sweep` of each draft length, or of each prompt and chunk (batch 1)."""
+    common = dict(gpu_memory_gib=args.gpu_memory, utilization=args.utilization, block_size=args.block_size,
+                  device=args.device)
+    if kind == "verify":
+        return [p for k in dict.fromkeys(args.draft_lens)
+                for p in plan_sweep(args.model, args.contexts, args.kv_dtypes, batches=args.batches, q_len=k + 1,
+                                    **common)]
+    return [p for n in dict.fromkeys(args.prompt_lens) for c in dict.fromkeys(args.chunks)
+            for p in plan_sweep(args.model, [n], args.kv_dtypes, batches=[1], q_len=min(c, n), **common)]

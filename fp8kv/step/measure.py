@@ -30,7 +30,7 @@ COLUMNS = [
 
 
 # ------------------------------------------------------------------------------------------------ sweep
-def _check_weights(shapes, weights: str) -> None:
+def check_weights(shapes, weights: str) -> None:
     """``weights`` checked against every model before anything is built (a refusal is bad input, not a point's
     failure)."""
     if weights not in ("auto", "real", "random"):
@@ -40,7 +40,9 @@ def _check_weights(shapes, weights: str) -> None:
             _fail(f"weights='real': fp8kv loads real weights only for {sorted(REAL_WEIGHTS)}, not {shape.name}")
 
 
-def _load_weights(shape: ModelShape, weights: str, dtype, dev, seed: int) -> StepWeights:
+def load_weights(shape: ModelShape, weights: str, dtype, dev, seed: int) -> StepWeights:
+    """The step's weights of ``shape``: real where asked and fp8kv loads them (``weights`` "auto" / "real"),
+    else random of the same shapes (:func:`random_weights`)."""
     if weights != "random" and shape.name in REAL_WEIGHTS:
         try:
             from ..models import load_model
@@ -90,7 +92,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     dtype = run_dtype(dev, dtype)
     plans = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
                        utilization=utilization, block_size=block_size, device=dev, dtype=dtype)
-    _check_weights(dict.fromkeys(p["shape"] for p in plans), weights)
+    check_weights(dict.fromkeys(p["shape"] for p in plans), weights)
     check_host_memory(plans, dev, dtype)
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev)
     info = describe_device(dev)
@@ -101,9 +103,9 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     for shape in dict.fromkeys(p["shape"] for p in plans):
         mine = [p for p in plans if p["shape"] is shape]
         try:
-            w = _load_weights(shape, weights, dtype, dev, seed)
+            w = load_weights(shape, weights, dtype, dev, seed)
         except Exception as e:  # one model's weights must not end the sweep: its rows say why
-            rows += _failed_points(shape, mine, backend, mode, base, block_size, f"loading the weights: {_why(e)}",
+            rows += _failed_points(shape, mine, backend, mode, base, block_size, f"loading the weights: {why_failed(e)}",
                                    bar)
             continue
         for kv in dict.fromkeys(p["kv_dtype"] for p in mine):
@@ -112,7 +114,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
                 pool = KVPool(shape, pool_blocks(group, dev), kv, block_size=block_size, device=dev)
             except Exception as e:  # e.g. out of memory on a GPU: the pool's points say so, the others run
                 rows += _failed_points(shape, group, backend, mode, base, block_size,
-                                       f"allocating the {kv} KV pool: {_why(e)}", bar, weights=w)
+                                       f"allocating the {kv} KV pool: {why_failed(e)}", bar, weights=w)
                 release_memory(dev)
                 continue
             for p in group:
@@ -183,7 +185,8 @@ def sweep_runs(runs, kv_dtypes=("bf16", "fp8_e4m3"), **kwargs):
                      ignore_index=True)
 
 
-def _why(e: BaseException) -> str:
+def why_failed(e: BaseException) -> str:
+    """An exception as a row's reason: its type and message."""
     return f"{type(e).__name__}: {e}"
 
 
@@ -240,7 +243,7 @@ def _measure_point(shape, w, pool, p, batch, backend, mode, dev, base, rep, cpu_
         row.update(status="unsupported", reason=str(e))
         return row
     except Exception as e:  # one broken point must not end the sweep; its row says what happened
-        row.update(status="error", reason=_why(e))
+        row.update(status="error", reason=why_failed(e))
         return row
     finally:
         del step

@@ -1,5 +1,6 @@
-"""The KV pool (one paged cache per layer over one block table) and the decode step that runs a
-whole model for one token per sequence; greedy decoding through it."""
+"""The KV pool (one paged cache per layer over one block table) and the step that runs a whole model
+for one new token per sequence (decode) or several (speculative verification, a prefill chunk); greedy
+decoding through it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..rope import apply_rope, rope_cos_sin, rope_inv_freq
 from .layers import StepWeights, gated_mlp, require_step_shape, rms_norm
 
 STEP_BACKENDS = ("auto", "triton", "reference")
+STEP_LOGITS = ("all", "last")  # LM head on every new token's row, or on each sequence's last one (prefill)
 
 # -------------------------------------------------------------------------------------------- KV pool
 class KVPool:
@@ -76,7 +78,9 @@ class KVPool:
 
 # ------------------------------------------------------------------------------------------- the step
 class DecodeStep:
-    """One decode step of a dense decoder over per-layer paged caches (see the module docstring).
+    """One step of a dense decoder over per-layer paged caches: ``q_len`` new tokens per sequence through
+    every layer (see the package docstring). ``q_len = 1`` is the decode step; ``q_len = k + 1`` the target
+    model's verification of k draft tokens; ``q_len = C`` a chunk of a prompt (chunked prefill).
 
     Parameters
     ----------
@@ -87,15 +91,26 @@ class DecodeStep:
     backend : ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"``.
         FlashInfer plans on the host at every :func:`fp8kv.decode` call, which a CUDA graph cannot hold.
     mode : ``"auto"``, ``"dequant"`` or ``"fp8"`` (:func:`fp8kv.decode`'s).
+    q_len : new tokens per sequence, a positive int (default 1). One token attends through
+        :func:`fp8kv.decode`; several through :func:`fp8kv.planned_attend`, planned once per
+        :meth:`set_positions` (the host work an engine does per step, outside the timed forward).
+    logits : ``"all"`` (default: the LM head on every new token, as verification needs) or ``"last"``
+        (on each sequence's last new token only, as an engine's prefill computes them).
 
-    Inputs live in fixed buffers (graph replays read them): ``input_ids`` ``[B]`` int64 and, set by
-    :meth:`set_positions`, ``positions`` / ``slot_mapping`` ``[B]`` int64 and the caches' ``seq_lens``.
-    :meth:`forward` returns logits ``[B, vocab]`` in the weights' dtype.
+    Inputs live in fixed buffers (graph replays read them): ``input_ids`` ``[B × q_len]`` int64 (sequence
+    by sequence, each one's tokens in order) and, set by :meth:`set_positions`, ``positions`` /
+    ``slot_mapping`` ``[B × q_len]`` int64 and the caches' ``seq_lens``. :meth:`forward` returns logits
+    ``[B × q_len, vocab]`` (``logits="last"``: ``[B, vocab]``) in the weights' dtype. With ``q_len = 1``
+    every tensor and call is the decode step's, so its logits are the decode step's bit for bit.
     """
 
     def __init__(self, shape: ModelShape, weights: StepWeights, caches: Sequence[PagedKVCache], *,
-                 backend: str = "auto", mode: str = "auto"):
+                 backend: str = "auto", mode: str = "auto", q_len: int = 1, logits: str = "all"):
+        from ..checks import one_of, positive_int
+
         self.shape = require_step_shape(shape)
+        self.q_len = positive_int(q_len, "q_len")
+        self.logits = one_of(logits, "logits", STEP_LOGITS)
         if not isinstance(weights, StepWeights):
             _fail(f"weights must be StepWeights (random_weights / weights_from_hf), got {type(weights).__name__}",
                   TypeError)
@@ -127,7 +142,8 @@ class DecodeStep:
                 backend = "reference"
         if mode == "auto":
             mode = choose_mode(backend, first.kv_dtype, None, first.granularity)
-        ok, why = check(backend, first.kv_dtype, mode, None, first.granularity, shape.head_dim)
+        ok, why = check(backend, first.kv_dtype, mode, None, first.granularity, shape.head_dim,
+                        op="decode" if self.q_len == 1 else "attend")
         if not ok:
             raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={first.kv_dtype}: {why}")
         self.weights, self.caches, self.backend, self.mode = weights, caches, backend, mode
@@ -146,13 +162,17 @@ class DecodeStep:
             raise UnsupportedError(f"backend={backend}, kv_dtype={first.kv_dtype}: {why}")
         self.sm_scale = resolved_softmax_scale(None, shape.head_dim)
         self.inv_freq = rope_inv_freq(shape.head_dim, shape.rope_theta, dev)
-        b = first.batch_size
-        self.input_ids = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.slot_mapping = torch.zeros(b, dtype=torch.int64, device=dev)
-        # A fixed query for timing attention alone (values do not change its time).
+        n = first.batch_size * self.q_len
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.slot_mapping = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.qo_indptr = torch.arange(0, n + 1, self.q_len, dtype=torch.int32, device=dev)  # [B + 1]
+        self.last_rows = self.qo_indptr[1:].to(torch.int64) - 1  # each sequence's last new token
+        # A fixed query for timing attention alone (values do not change its time). Several tokens: it is
+        # also the buffer the planned attention reads, each layer's query copied in.
         g = torch.Generator(device=dev).manual_seed(0)
-        self.probe_q = torch.randn(b, shape.num_q_heads, shape.head_dim, generator=g, device=dev).to(self.q_dtype)
+        self.probe_q = torch.randn(n, shape.num_q_heads, shape.head_dim, generator=g, device=dev).to(self.q_dtype)
+        self._attend_calls = None  # per layer, planned by set_positions (q_len > 1)
 
     @property
     def batch(self) -> int:
@@ -167,32 +187,56 @@ class DecodeStep:
         return self.caches[0].seq_lens
 
     def set_positions(self, positions) -> None:
-        """Place the next token of every sequence at ``positions`` (an int for all, or ``[B]`` ints):
-        ``seq_lens = positions + 1`` and the slots it is written to. Host-side, between steps."""
+        """Place the new tokens of every sequence from ``positions`` on (an int for all, or ``[B]`` ints: the
+        position of each sequence's first new token; its ``q_len`` tokens take the positions from there):
+        ``seq_lens = positions + q_len`` and the slots they are written to. With several new tokens the
+        attention is planned here for these lengths. Host-side, between steps."""
         cap = self.caches[0].max_blocks_per_seq * self.caches[0].block_size
         pos = torch.as_tensor(positions, dtype=torch.int64).cpu()
         if pos.ndim == 0:
             pos = pos.expand(self.batch)
         if pos.shape != (self.batch,):
             _fail(f"positions has shape {tuple(pos.shape)}; expected an int or [{self.batch}] ints")
-        if (pos < 0).any() or (pos >= cap).any():
-            _fail(f"positions {pos.tolist()[:8]} outside [0, {cap}): the caches hold {cap} tokens per sequence")
+        last = cap - self.q_len + 1  # the first new token's positions that leave room for all q_len
+        if (pos < 0).any() or (pos >= last).any():
+            room = "" if self.q_len == 1 else f" and each step writes {self.q_len} new ones"
+            _fail(f"positions {pos.tolist()[:8]} outside [0, {last}): the caches hold {cap} tokens per sequence"
+                  + room)
         pos = pos.to(self.positions.device)
         bs = self.caches[0].block_size
-        blocks = self.block_table.to(torch.int64).gather(1, (pos // bs)[:, None])[:, 0]
-        self.positions.copy_(pos)
-        self.slot_mapping.copy_(blocks * bs + pos % bs)
-        self.seq_lens.copy_((pos + 1).to(torch.int32))
+        every = (pos[:, None] + torch.arange(self.q_len, device=pos.device)).reshape(-1)  # [B * q_len]
+        rows = torch.arange(self.batch, device=pos.device).repeat_interleave(self.q_len)
+        blocks = self.block_table.to(torch.int64)[rows, every // bs]
+        self.positions.copy_(every)
+        self.slot_mapping.copy_(blocks * bs + every % bs)
+        self.seq_lens.copy_((pos + self.q_len).to(torch.int32))
+        if self.q_len > 1:
+            self._plan_attention()
+
+    def _plan_attention(self) -> None:
+        """One planned attention per layer (:func:`fp8kv.planned_attend`) for the lengths just set: each reads
+        :attr:`probe_q`, into which :meth:`attend` copies the layer's query."""
+        from ..backends import planned_attend
+
+        self._attend_calls = [planned_attend(self.probe_q, cache, self.qo_indptr, self.backend, self.mode,
+                                             sm_scale=self.sm_scale) for cache in self.caches]
 
     def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """Attention of ``q`` ``[B, Hq, D]`` over layer ``layer``'s cache through :func:`fp8kv.decode`:
-        out ``[B, Hq, D]`` (the backend's dtype)."""
+        """Attention of ``q`` ``[B × q_len, Hq, D]`` over layer ``layer``'s cache: out ``[B × q_len, Hq, D]``
+        (the backend's dtype). One token: :func:`fp8kv.decode`; several: the attention planned by
+        :meth:`set_positions` (call it first)."""
         from ..backends import decode
 
-        # The step builds its own tables and checks positions in set_positions: the content checks
-        # (a host sync) would break the CUDA-graph capture.
-        return decode(q.to(self.q_dtype), self.caches[layer], backend=self.backend, mode=self.mode,
-                      sm_scale=self.sm_scale, check=False)[0]
+        if self.q_len == 1:
+            # The step builds its own tables and checks positions in set_positions: the content checks
+            # (a host sync) would break the CUDA-graph capture.
+            return decode(q.to(self.q_dtype), self.caches[layer], backend=self.backend, mode=self.mode,
+                          sm_scale=self.sm_scale, check=False)[0]
+        if self._attend_calls is None:
+            _fail(f"a step of q_len={self.q_len} attends as planned by set_positions; call it before forward")
+        if q is not self.probe_q:
+            self.probe_q.copy_(q)
+        return self._attend_calls[layer]()[0]
 
     def _write(self, cache: PagedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.backend == "reference":
@@ -203,9 +247,10 @@ class DecodeStep:
             write_cache(cache, k, v, self.slot_mapping, count_saturated=False, check=False)  # no host sync
 
     def forward(self) -> torch.Tensor:
-        """The step: logits ``[B, vocab]`` of the tokens in ``input_ids`` at ``positions``."""
+        """The step: logits ``[B × q_len, vocab]`` (``logits="last"``: ``[B, vocab]``) of the tokens in
+        ``input_ids`` at ``positions``."""
         s, w = self.shape, self.weights
-        b, hq, hkv, d, eps = self.batch, s.num_q_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps
+        b, hq, hkv, d, eps = self.batch * self.q_len, s.num_q_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps
         lin = torch.nn.functional.linear
         cos, sin = rope_cos_sin(self.positions, self.inv_freq, w.dtype)
         x = w.embed[self.input_ids]
@@ -220,6 +265,8 @@ class DecodeStep:
             attn = self.attend(layer, q).to(w.dtype)
             x = x + lin(attn.reshape(b, hq * d), lw.o)
             x = x + gated_mlp(rms_norm(x, lw.post_norm, eps), lw.gate_up, lw.down)
+        if self.logits == "last" and self.q_len > 1:
+            x = x[self.last_rows]
         return lin(rms_norm(x, w.final_norm, eps), w.lm_head)
 
     def attention_only(self) -> None:
@@ -238,8 +285,9 @@ def greedy_decode(step: DecodeStep, prompt_ids, n_new: int) -> list[int]:
     from ..checks import positive_int
 
     n_new = positive_int(n_new, "n_new")
-    if step.batch != 1:
-        _fail(f"greedy_decode runs one sequence; the step has batch {step.batch}")
+    if step.batch != 1 or step.q_len != 1:
+        _fail(f"greedy_decode runs one sequence a token at a time; the step has batch {step.batch}, "
+              f"q_len {step.q_len}")
     prompt = torch.as_tensor(prompt_ids).reshape(-1).tolist()
     if not prompt:
         _fail("prompt_ids is empty; give at least one token")

@@ -30,22 +30,33 @@ def param_count(shape: ModelShape) -> int:
     return s.vocab_size * h * (1 if s.tie_word_embeddings else 2) + s.num_layers * per_layer + h
 
 
-def activation_bytes(shape: ModelShape, batch: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132) -> int:
-    """Upper bound of one step's transient device bytes at ``batch`` (what an engine's profiling run
-    reserves beside the KV cache): the residual stream and its norm (×3), the QKV output, the attention
-    output (×2), the MLP's gate/up output and product (3 × I), the logits, and the split-KV partials
-    of the Triton kernel (fp32, at most ``8 × num_sms`` split programs beyond one per sequence-head)."""
+def activation_bytes(shape: ModelShape, batch: int, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
+                     q_len: int = 1) -> int:
+    """Upper bound of one step's transient device bytes at ``batch`` sequences of ``q_len`` new tokens (what an
+    engine's profiling run reserves beside the KV cache), per token row: the residual stream and its norm (×3),
+    the QKV output, the attention output (×2), the MLP's gate/up output and product (3 × I), the logits; and
+    the split-KV partials of the Triton kernels (fp32). The decode's: at most ``8 × num_sms`` split programs
+    beyond one per sequence-head. The multi-token kernel's: its splits fill at most ``num_sms`` programs of
+    up to 128 rows (four waves of tiles of up to 32: the same bound) beyond one split per row and head
+    (:func:`fp8kv.ops.attend.attend_launch`)."""
     s = require_step_shape(shape)
-    per_seq = (3 * s.hidden_size + (s.num_q_heads + 2 * s.num_kv_heads) * s.head_dim
+    per_row = (3 * s.hidden_size + (s.num_q_heads + 2 * s.num_kv_heads) * s.head_dim
                + 2 * s.num_q_heads * s.head_dim + 3 * s.intermediate_size + s.vocab_size)
     group = s.num_q_heads // s.num_kv_heads
-    partials = (8 * num_sms + batch * s.num_kv_heads) * group * (s.head_dim + 1) * 4
-    return batch * per_seq * _elem(dtype) + partials
+    if q_len == 1:
+        partials = (8 * num_sms + batch * s.num_kv_heads) * group * (s.head_dim + 1) * 4
+    else:
+        partials = (128 * num_sms + batch * q_len * s.num_q_heads) * (s.head_dim + 1) * 4
+    return batch * q_len * per_row * _elem(dtype) + partials
 
 
 def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_gib, utilization: float = 0.9,
-                 block_size: int = 16, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132) -> dict:
+                 block_size: int = 16, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
+                 q_len: int = 1) -> dict:
     """The largest batch of ``context``-token sequences whose KV and activations fit, with the planner's accounting.
+
+    ``q_len``: new tokens per sequence in the step (1: decode; k + 1: verification of k drafts). They are
+    the last ``q_len`` of the ``context``, so the KV per sequence is the same; the activations grow with them.
 
     Budget = ``gpu_memory_gib × utilization − weights`` (:func:`fp8kv.capacity.plan_capacity`). The
     ceiling is the largest batch B whose KV (B × ⌈context / block_size⌉ whole blocks, plus the fixed
@@ -63,6 +74,9 @@ def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_g
 
     shape = require_step_shape(shape)
     context = positive_int(context, "context")
+    q_len = positive_int(q_len, "q_len")
+    if q_len > context:
+        _fail(f"q_len={q_len} new tokens do not fit a context of {context} tokens (they are its last q_len)")
     weights_gib = None if shape.num_params is not None else param_count(shape) * _elem(dtype) / GIB
     base = plan_capacity(shape, kv_dtype, gpu_memory_gib=gpu_memory_gib, utilization=utilization,
                          block_size=block_size, max_model_len=context, weights_gib=weights_gib)
@@ -71,14 +85,15 @@ def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_g
     seq_bytes = bpseq * base["block_bytes"]
 
     def act(batch: int) -> int:
-        return activation_bytes(shape, batch, dtype, num_sms)
+        return activation_bytes(shape, batch, dtype, num_sms, q_len)
 
     def fits(batch: int) -> bool:
         return fixed + batch * seq_bytes + act(batch) <= budget
 
     if not fits(1):
+        rows = "" if q_len == 1 else f" ({q_len} tokens)"
         raise CapacityError(f"{shape.name} with {base['kv_dtype']} KV at context {context}: one sequence's KV "
-                            f"({gib_text(seq_bytes)}) and the activations of batch 1 ({gib_text(act(1))}) do "
+                            f"({gib_text(seq_bytes)}) and the activations of batch 1{rows} ({gib_text(act(1))}) do "
                             f"not fit in the {gib_text(budget)} left after the weights")
     lo, hi = 1, max(1, (budget - fixed) // seq_bytes)  # fits(lo); KV alone bounds the batch above
     while lo < hi:
@@ -92,20 +107,22 @@ def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_g
         raise CapacityError(f"{shape.name} with {plan['kv_dtype']} KV: {plan['blocks']} blocks hold no sequence of "
                             f"{context} tokens ({bpseq} blocks)")
     return dict(plan, ceiling=ceiling, activation_bytes=activations, weights_bytes=base["weights_bytes"],
-                gpu=base["gpu"], gpu_memory_gib=base["gpu_memory_gib"], utilization=utilization, context=context)
+                gpu=base["gpu"], gpu_memory_gib=base["gpu_memory_gib"], utilization=utilization, context=context,
+                q_len=q_len)
 
 
-def step_bytes(shape: ModelShape, weights: StepWeights, kv_dtype: str, batch: int, context: int) -> dict:
+def step_bytes(shape: ModelShape, weights: StepWeights, kv_dtype: str, batch: int, context: int,
+               q_len: int = 1) -> dict:
     """Useful bytes of one step (ints): ``weights`` read (all layers, final norm, LM head; of the
-    embedding only the B rows looked up unless it is the LM head), ``kv`` read by attention (B ×
-    context tokens per layer, K and V) plus the new token's K/V written; ``total``."""
+    embedding only the B × q_len rows looked up unless it is the LM head), ``kv`` read by attention (B ×
+    context tokens per layer, K and V) plus the ``q_len`` new tokens' K/V written; ``total``."""
     elem = _elem(weights.dtype)
     layer_bytes = sum(t.numel() * t.element_size() for lw in weights.layers for t in lw.tensors())
     head = weights.lm_head.numel() * weights.lm_head.element_size()
-    embed = 0 if weights.lm_head is weights.embed else batch * shape.hidden_size * elem
+    embed = 0 if weights.lm_head is weights.embed else batch * q_len * shape.hidden_size * elem
     w = layer_bytes + weights.final_norm.numel() * elem + head + embed
     per_token = shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * _elem(kv_dtype_info(kv_dtype)[1])
-    kv = batch * (context + 1) * per_token
+    kv = batch * (context + q_len) * per_token
     return {"weights": w, "kv": kv, "total": w + kv}
 
 
@@ -135,14 +152,14 @@ def run_dtype(dev: torch.device, dtype=None) -> torch.dtype:
 
 
 def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, gpu_memory_gib=None,
-               utilization: float = 0.9, block_size: int = 16, device=None, dtype=None) -> list[dict]:
+               utilization: float = 0.9, block_size: int = 16, device=None, dtype=None, q_len: int = 1) -> list[dict]:
     """What :func:`sweep` will measure, without building anything: one dict per (model, context, kv_dtype)
     with ``shape``, ``plan`` (the :func:`step_ceiling` plan, ``ceiling`` among its keys) and ``batches``.
     Explicit ``batches`` are checked against the ceiling, the largest batch whose KV and activations fit
     (both grow with the batch, so a batch fits exactly when it is at most the ceiling); one over it is
     refused (ValueError naming the ceiling). By default :func:`batch_points`. ``dtype``
     (of the activations; default :func:`run_dtype`, as :func:`sweep` runs) and ``device`` (its SM
-    count) enter the activation estimate."""
+    count) enter the activation estimate; ``q_len`` (new tokens per sequence, :func:`step_ceiling`'s) too."""
     from ..capability import KV_DTYPE_NAMES
     from ..checks import many_of, positive_int
     from ..device import resolve_device
@@ -163,7 +180,8 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     for shape in shapes:
         for ctx in contexts:
             ceil = {kv: step_ceiling(shape, kv, ctx, gpu_memory_gib=mem, utilization=utilization,
-                                     block_size=block_size, dtype=dtype, num_sms=sm_count(dev)) for kv in kv_dtypes}
+                                     block_size=block_size, dtype=dtype, num_sms=sm_count(dev), q_len=q_len)
+                    for kv in kv_dtypes}
             for kv in kv_dtypes:
                 c = ceil[kv]["ceiling"]
                 if batches is not None:

@@ -1,0 +1,197 @@
+"""Reading the multi-token runs: whether FP8 KV still pays with speculative decoding (accepted tokens per second)
+and with chunked prefill (time to first token), in numbers and sentences; their figures; the text summaries; and
+the figure of the attention kernel's own FP8 / 16-bit speed-up (rows of :func:`fp8kv.bench.attend_run`)."""
+
+from __future__ import annotations
+
+from ..results import check_rows
+from ..sweeps import timing_notes
+from .report import SERIES_COLORS
+
+VERIFY_ROWS = "the rows of fp8kv.step.verify_sweep() (a CSV fp8kv step --draft-lens saved)"
+PREFILL_ROWS = "the rows of fp8kv.step.prefill_sweep() (a CSV fp8kv step --prompt-lens saved)"
+ATTEND_ROWS = "the rows of fp8kv.bench.attend_run()"
+VERIFY_READ = ["status", "model", "context", "kv_dtype", "draft_len", "acceptance", "batch", "ceiling",
+               "accepted_tokens_per_s", "verify_us"]
+PREFILL_READ = ["status", "model", "kv_dtype", "prompt", "chunk", "ttft_us"]
+
+
+def _color(kv: str) -> str:
+    return SERIES_COLORS.get(kv, "#7f7f7f")
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def verify_reading(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> dict:
+    """Per (model, context, draft_len, acceptance): each KV dtype's best accepted tokens/s (any batch up to its
+    ceiling) and the batch it came at, ``ratio`` (FP8 ÷ baseline), and a ``sentence``."""
+    check_rows(df, "verify_reading", VERIFY_READ, values=VERIFY_READ[1:], expected=VERIFY_ROWS)
+    ok = df[df["status"] == "ok"]
+    out = {}
+    for (model, ctx, k, a), g in ok.groupby(["model", "context", "draft_len", "acceptance"], sort=False):
+        best = {}
+        for kv in (baseline, fp8):
+            s = g[g["kv_dtype"] == kv]
+            if len(s):
+                best[kv] = s.loc[s["accepted_tokens_per_s"].idxmax()]
+        if len(best) < 2:
+            continue
+        ratio = float(best[fp8]["accepted_tokens_per_s"] / best[baseline]["accepted_tokens_per_s"])
+        what = "the decode step (no drafts)" if k == 0 else f"{int(k)} draft tokens accepted at {a:g} each"
+        text = (f"{model} at {ctx} tokens, {what}: FP8 KV's best is "
+                f"{best[fp8]['accepted_tokens_per_s']:,.0f} accepted tokens/s (batch {int(best[fp8]['batch'])}) "
+                f"against {best[baseline]['accepted_tokens_per_s']:,.0f} for {baseline} (batch "
+                f"{int(best[baseline]['batch'])}), {ratio:.2f}×.")
+        out[f"{model} @ {ctx} k={int(k)} a={a:g}"] = {
+            "model": model, "context": int(ctx), "draft_len": int(k), "acceptance": float(a),
+            "best_accepted_tokens_per_s": {kv: float(r["accepted_tokens_per_s"]) for kv, r in best.items()},
+            "best_batch": {kv: int(r["batch"]) for kv, r in best.items()}, "ratio": ratio, "sentence": text}
+    return out
+
+
+def prefill_reading(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> dict:
+    """Per (model, prompt, chunk): each KV dtype's time to first token, ``speedup`` (baseline ÷ FP8: above 1,
+    FP8 is faster) and a ``sentence``."""
+    check_rows(df, "prefill_reading", PREFILL_READ, values=PREFILL_READ[1:], expected=PREFILL_ROWS)
+    ok = df[df["status"] == "ok"]
+    out = {}
+    for (model, n, c), g in ok.groupby(["model", "prompt", "chunk"], sort=False):
+        t = {kv: float(g[g["kv_dtype"] == kv]["ttft_us"].iloc[0]) for kv in (baseline, fp8)
+             if (g["kv_dtype"] == kv).any()}
+        if len(t) < 2:
+            continue
+        speedup = t[baseline] / t[fp8]
+        out[f"{model} prompt={n} chunk={c}"] = {
+            "model": model, "prompt": int(n), "chunk": int(c), "ttft_us": t, "speedup": speedup,
+            "sentence": f"{model}, a {n}-token prompt in chunks of {c}: time to first token {t[fp8] / 1e3:,.2f} ms "
+                        f"with FP8 KV against {t[baseline] / 1e3:,.2f} ms with {baseline}: FP8 runs at {speedup:.2f}× "
+                        f"{baseline}'s speed."}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ figures
+def accepted_tokens_figure(df, *, draft_len: int | None = None, acceptance: float | None = None,
+                           title: str | None = None):
+    """Accepted tokens per second against batch (log-log), one panel per model × context, one line per KV dtype
+    and draft length (dashed: draft length 0, the decode step); ``draft_len`` / ``acceptance`` pick one (the
+    acceptance default: the first in the rows)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    check_rows(df, "accepted_tokens_figure", VERIFY_READ, values=VERIFY_READ[1:], expected=VERIFY_ROWS)
+    ok = df[df["status"] == "ok"]
+    if acceptance is None and len(ok):
+        acceptance = ok["acceptance"].iloc[0]
+    ok = ok[ok["acceptance"] == acceptance] if acceptance is not None else ok
+    if draft_len is not None:
+        ok = ok[ok["draft_len"].isin([0, draft_len])]
+    panels = list(dict.fromkeys(zip(ok["model"], ok["context"], strict=True)))
+    fig = make_subplots(rows=1, cols=max(1, len(panels)), subplot_titles=[f"{m}, context {c}" for m, c in panels])
+    for i, (model, ctx) in enumerate(panels, start=1):
+        g = ok[(ok["model"] == model) & (ok["context"] == ctx)]
+        for (kv, k), s in g.groupby(["kv_dtype", "draft_len"], sort=False):
+            s = s.sort_values("batch")
+            name = f"{kv} KV, " + ("decode" if k == 0 else f"k={int(k)}")
+            fig.add_trace(go.Scatter(x=s["batch"], y=s["accepted_tokens_per_s"], mode="lines+markers", name=name,
+                                     legendgroup=name, showlegend=i == 1,
+                                     line=dict(color=_color(kv), dash="dash" if k == 0 else "solid"),
+                                     customdata=s[["verify_us", "ceiling"]],
+                                     hovertemplate="B=%{x}<br>%{y:,.0f} accepted tokens/s<br>verify %{customdata[0]:.1f}"
+                                                   " µs<br>ceiling %{customdata[1]}<extra></extra>"), row=1, col=i)
+    fig.update_xaxes(type="log", title="batch (concurrent sequences)", dtick=1, tickformat="~g")
+    fig.update_yaxes(type="log", title="accepted tokens per second")
+    fig.update_layout(title=title or f"Speculative decoding: accepted tokens/s, acceptance {acceptance}, to each "
+                                     "KV dtype's ceiling", height=420, legend_title_text="KV dtype, drafts")
+    return fig
+
+
+def ttft_figure(df, *, title: str | None = None):
+    """Time to first token (ms) against prompt length (log-log), one panel per model, one line per KV dtype and
+    chunk size."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    check_rows(df, "ttft_figure", PREFILL_READ, values=PREFILL_READ[1:], expected=PREFILL_ROWS)
+    ok = df[df["status"] == "ok"]
+    models = list(dict.fromkeys(ok["model"]))
+    fig = make_subplots(rows=1, cols=max(1, len(models)), subplot_titles=list(models))
+    dashes = ["solid", "dot", "dash", "longdash", "dashdot"]
+    chunks = sorted(set(ok["chunk"]))
+    for i, model in enumerate(models, start=1):
+        g = ok[ok["model"] == model]
+        for (kv, c), s in g.groupby(["kv_dtype", "chunk"], sort=False):
+            s = s.sort_values("prompt")
+            name = f"{kv} KV, chunk {int(c)}"
+            fig.add_trace(go.Scatter(x=s["prompt"], y=s["ttft_us"] / 1e3, mode="lines+markers", name=name,
+                                     legendgroup=name, showlegend=i == 1,
+                                     line=dict(color=_color(kv), dash=dashes[chunks.index(c) % len(dashes)]),
+                                     hovertemplate="prompt %{x}<br>TTFT %{y:,.2f} ms<extra></extra>"), row=1, col=i)
+    fig.update_xaxes(type="log", title="prompt length (tokens)", tickformat="~g")
+    fig.update_yaxes(type="log", title="time to first token (ms)")
+    fig.update_layout(title=title or "Chunked prefill: time to first token", height=420,
+                      legend_title_text="KV dtype, chunk")
+    return fig
+
+
+def attend_speedup(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3"):
+    """The attention kernel's FP8 speed-up (baseline time ÷ FP8 time) per cell of :func:`fp8kv.bench.attend_run`'s
+    rows that ran in both KV dtypes: columns backend, mode, batch, context, q_len, and ``speedup``."""
+    import pandas as pd
+
+    keys = ["backend", "mode", "batch", "context", "q_len", "num_q_heads", "num_kv_heads", "head_dim"]
+    check_rows(rows, "attend_speedup", [*keys, "kv_dtype", "time_us", "status"], expected=ATTEND_ROWS)
+    ok = rows[rows["status"] == "ok"]
+    a = ok[ok["kv_dtype"] == baseline].set_index(keys)["time_us"]
+    b = ok[ok["kv_dtype"] == fp8].set_index(keys)["time_us"]
+    both = pd.concat([a.rename("base_us"), b.rename("fp8_us")], axis=1, join="inner").reset_index()
+    return both.assign(speedup=both["base_us"] / both["fp8_us"])
+
+
+def attend_speedup_figure(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3", *, title: str | None = None):
+    """FP8 ÷ 16-bit attention speed-up against q_len (left; one line per context) and against context (right; one
+    line per q_len), at each row's batch and backend; 1 is the dotted line of no gain."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    sp = attend_speedup(rows, baseline, fp8)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["against new tokens per sequence (q_len)", "against context"])
+    for (be, b, ctx), s in sp.groupby(["backend", "batch", "context"], sort=True):
+        s = s.sort_values("q_len")
+        fig.add_trace(go.Scatter(x=s["q_len"], y=s["speedup"], mode="lines+markers", name=f"{be}, B={b}, ctx={ctx}",
+                                 hovertemplate="q_len %{x}<br>%{y:.2f}×<extra></extra>"), row=1, col=1)
+    for (be, b, q), s in sp.groupby(["backend", "batch", "q_len"], sort=True):
+        s = s.sort_values("context")
+        fig.add_trace(go.Scatter(x=s["context"], y=s["speedup"], mode="lines+markers", name=f"{be}, B={b}, q_len={q}",
+                                 hovertemplate="context %{x}<br>%{y:.2f}×<extra></extra>"), row=1, col=2)
+    for col in (1, 2):
+        fig.add_hline(y=1.0, line=dict(dash="dot", color="#7f7f7f"), row=1, col=col)
+    fig.update_xaxes(type="log", tickformat="~g")
+    fig.update_xaxes(title="q_len", row=1, col=1)
+    fig.update_xaxes(title="cached tokens before the new ones", row=1, col=2)
+    fig.update_yaxes(title=f"attention speed-up, {fp8} over {baseline}")
+    fig.update_layout(title=title or "Multi-token attention: FP8 KV's speed-up over 16-bit KV", height=420)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ summaries
+def verify_summary(df) -> str:
+    """The verification rows as a compact text table, then :func:`verify_reading`'s sentences and the failures."""
+    cols = ["model", "kv_dtype", "context", "draft_len", "acceptance", "batch", "ceiling", "verify_us", "draft_us",
+            "accepted_per_step", "accepted_tokens_per_s", "status"]
+    check_rows(df, "verify_summary", [*cols, "reason", "timing"], expected=VERIFY_ROWS)
+    lines = [df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+    lines += [r["sentence"] for r in verify_reading(df).values()]
+    bad = df[df["status"] != "ok"].drop_duplicates(["model", "kv_dtype", "context", "draft_len", "batch"])
+    lines += [f"{r.model} {r.kv_dtype} k={r.draft_len} B={r.batch}: {r.status}: {r.reason}" for r in bad.itertuples()]
+    return "\n".join(lines + timing_notes(df))
+
+
+def prefill_summary(df) -> str:
+    """The prefill rows as a compact text table, then :func:`prefill_reading`'s sentences and the failures."""
+    cols = ["model", "kv_dtype", "prompt", "chunk", "n_chunks", "ttft_us", "attention_share", "status"]
+    check_rows(df, "prefill_summary", [*cols, "reason", "timing"], expected=PREFILL_ROWS)
+    lines = [df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+    lines += [r["sentence"] for r in prefill_reading(df).values()]
+    bad = df[df["status"] != "ok"]
+    lines += [f"{r.model} {r.kv_dtype} prompt={r.prompt} chunk={r.chunk}: {r.status}: {r.reason}"
+              for r in bad.itertuples()]
+    return "\n".join(lines + timing_notes(df))

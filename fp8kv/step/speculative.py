@@ -1,0 +1,269 @@
+"""Speculative decoding's step: the target model verifies k draft tokens and the one after them in one forward
+(``q_len = k + 1`` rows per sequence through every layer, :class:`~fp8kv.step.DecodeStep`), and the tokens per
+second it accepts, BF16 against FP8 KV, from batch 1 to each KV dtype's ceiling.
+
+The acceptance model (Leviathan et al., 2023, "Fast Inference from Transformers via Speculative Decoding"):
+each draft token is accepted independently with probability ``a`` (the per-token acceptance rate), and the
+verification yields the accepted prefix plus one token of the target's own (the correction, or the bonus token
+after k accepted drafts). The tokens a step yields per sequence are then, in expectation,
+
+    E(a, k) = 1 + a + a² + … + a^k = (1 − a^(k+1)) / (1 − a),   E(1, k) = k + 1,   E(a, 0) = 1
+
+(:func:`expected_accepted`). Real drafts are not i.i.d. (acceptance falls along the draft and varies by text):
+``a`` is a parameter to set from measured acceptance, not something this module measures.
+
+The draft's cost per step is ``draft_us``, a parameter: 0 by default, the cost of drafts that come nearly free
+beside the target's step (multi-token-prediction heads, n-gram / prompt-lookup drafts). A separate draft model
+costs k decode steps of its own: :func:`draft_cost_us` times them with :class:`~fp8kv.step.DecodeStep` on the
+draft model's shapes (its KV in the same dtype as the target's), and the result is passed as ``draft_us``. Its
+weights and KV are then not counted in the target's memory ceiling: pass ``gpu_memory_gib`` less them.
+
+Accepted tokens per second = ``B × E / (t_verify + t_draft)``. ``draft_len = 0`` is the plain decode step
+(``q_len = 1``, :func:`fp8kv.decode`), the baseline the other draft lengths are read against.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+import torch
+
+from ..capability import UnsupportedError
+from ..checks import fail as _fail
+from ..checks import nonnegative_int, real
+from ..results import utc_stamp
+from ..sweeps import machine_fields, release_memory, run_metadata
+from .measure import check_weights, load_weights, pool_blocks, why_failed
+from .model import DecodeStep, KVPool
+from .plan import plan_sweep, run_dtype
+
+VERIFY_COLUMNS = [
+    "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "fp8kv_source",
+    "model", "weights", "kv_dtype", "backend", "mode", "batch", "context", "ceiling",
+    "draft_len", "q_len", "acceptance", "accepted_per_step", "verify_us", "draft_us", "step_us",
+    "accepted_tokens_per_s", "attention_us", "attention_share",
+    "num_layers", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "gpu_memory_gib", "utilization",
+    "activation_bytes", "timing", "logits_finite", "status", "reason",
+]
+
+
+def expected_accepted(acceptance: float, draft_len: int) -> float:
+    """Tokens a verification step yields per sequence in expectation, ``(1 − a^(k+1)) / (1 − a)`` (``k + 1`` at
+    ``a = 1``): i.i.d. acceptance of each draft token with probability ``acceptance`` (a number in [0, 1]), the
+    accepted prefix of the ``draft_len`` (an int >= 0) drafts plus the target's own token."""
+    a = acceptance_arg(acceptance, "acceptance")
+    k = draft_len_arg(draft_len, "draft_len")
+    if a == 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def acceptance_arg(value, name: str = "acceptance") -> float:
+    """A per-token acceptance rate: a finite number in [0, 1]."""
+    return real(value, name, minimum=0.0, maximum=1.0)
+
+
+def draft_len_arg(value, name: str = "draft_len") -> int:
+    """A draft length: an int >= 0 (0: the plain decode step)."""
+    return nonnegative_int(value, name)
+
+
+def many_values(values, name: str, check) -> list:
+    """A non-empty list (or one value) of ``check``-ed values, duplicates dropped in order."""
+    if isinstance(values, (numbers.Number, torch.Tensor)) and not isinstance(values, bool) or values is None:
+        values = [values]
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        _fail(f"{name}={values!r}; expected a list of values", TypeError)
+    if not values:
+        _fail(f"{name} is empty; give at least one value")
+    return list(dict.fromkeys(check(v, name) for v in values))
+
+
+def draft_us_arg(value, name: str = "draft_us") -> float:
+    """A draft cost per step: finite microseconds >= 0."""
+    return real(value, name, minimum=0.0)
+
+
+# ------------------------------------------------------------------------------------------------ sweep
+def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_dtypes=("bf16", "fp8_e4m3"), *,
+                 batches=None, draft_us: float = 0.0, backend: str = "auto", mode: str = "auto",
+                 gpu_memory_gib=None, utilization: float = 0.9, block_size: int = 16, weights: str = "auto",
+                 device=None, dtype=None, rep: int = 50, progress: bool = True, seed: int = 0, cpu_reps: int = 3):
+    """Time the verification step of each draft length from batch 1 to each KV dtype's ceiling (at that
+    ``q_len``: :func:`~fp8kv.step.step_ceiling`); one tidy row per (model, context, kv_dtype, draft_len, batch,
+    acceptance) (columns :data:`VERIFY_COLUMNS`).
+
+    Parameters
+    ----------
+    models, contexts, kv_dtypes, batches, backend, mode, gpu_memory_gib, utilization, block_size, weights, device,
+    dtype, rep, seed, cpu_reps : as :func:`fp8kv.step.sweep`. ``contexts``: tokens per sequence the step attends,
+        its new ``draft_len + 1`` included (so every draft length holds the same KV per sequence).
+    draft_lens : ints >= 0 (0: the decode step, the baseline).
+    acceptance : per-token acceptance rate(s) in [0, 1]; each is a row of the same timing.
+    draft_us : the draft's cost per step in µs (default 0: MTP heads or n-gram drafts; see the module docstring).
+
+    The timing is the step's (CUDA graph on a GPU); every argument is checked before anything is built.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from ..bench import time_call
+    from ..device import describe_device, resolve_device
+
+    draft_lens = many_values(draft_lens, "draft_lens", draft_len_arg)
+    accept = many_values(acceptance, "acceptance", acceptance_arg)
+    draft_us = draft_us_arg(draft_us)
+    dev = resolve_device(device)
+    dtype = run_dtype(dev, dtype)
+    plans = {k: plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
+                           utilization=utilization, block_size=block_size, device=dev, dtype=dtype, q_len=k + 1)
+             for k in draft_lens}
+    shapes = list(dict.fromkeys(p["shape"] for p in plans[draft_lens[0]]))
+    check_weights(shapes, weights)
+    _check_host(plans, dev, dtype)
+    info = describe_device(dev)
+    stamp = utc_stamp()
+    base = machine_fields(stamp, info, float("nan"))
+    base = {k: v for k, v in base.items() if k in VERIFY_COLUMNS}
+    rows = []
+    total = sum(len(p["batches"]) for group in plans.values() for p in group)
+    bar = tqdm(total=total, disable=not progress, desc="verify", unit="point")
+    for shape in shapes:
+        try:
+            w = load_weights(shape, weights, dtype, dev, seed)
+        except Exception as e:  # one model's weights must not end the sweep: its rows say why
+            for k, group in plans.items():
+                for p in (p for p in group if p["shape"] is shape):
+                    for b in p["batches"]:
+                        rows += _rows(base, shape, p, b, k, accept, draft_us, backend, mode, block_size,
+                                      {"status": "error", "reason": f"loading the weights: {why_failed(e)}"})
+                        bar.update(1)
+            continue
+        for kv in dict.fromkeys(p["kv_dtype"] for p in plans[draft_lens[0]] if p["shape"] is shape):
+            mine = {k: [p for p in group if p["shape"] is shape and p["kv_dtype"] == kv] for k, group in plans.items()}
+            try:
+                pool = KVPool(shape, max(pool_blocks(g, dev) for g in mine.values()), kv, block_size=block_size,
+                              device=dev)
+            except Exception as e:  # e.g. out of memory on a GPU: the pool's points say so, the others run
+                for k, group in mine.items():
+                    for p in group:
+                        for b in p["batches"]:
+                            rows += _rows(base, shape, p, b, k, accept, draft_us, backend, mode, block_size,
+                                          {"status": "error", "reason": f"allocating the {kv} KV pool: {why_failed(e)}",
+                                           "weights": w.source})
+                            bar.update(1)
+                release_memory(dev)
+                continue
+            for k, group in mine.items():
+                for p in group:
+                    for b in p["batches"]:
+                        bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} k={k} B={b}")
+                        got = time_step(shape, w, pool, b, p["context"], k + 1, backend, mode, dev, rep, cpu_reps,
+                                        seed, time_call)
+                        rows += _rows(base, shape, p, b, k, accept, draft_us, backend, mode, block_size,
+                                      dict(got, weights=w.source))
+                        bar.update(1)
+            del pool
+            release_memory(dev)
+        del w
+        release_memory(dev)
+    bar.close()
+    df = pd.DataFrame(rows, columns=VERIFY_COLUMNS)
+    df.attrs["step"] = run_metadata(stamp, info, None, {"rep": rep, "backend": backend, "mode": mode,
+                                                        "utilization": utilization, "block_size": block_size,
+                                                        "weights": weights, "dtype": str(dtype),
+                                                        "draft_lens": draft_lens, "acceptance": accept,
+                                                        "draft_us": draft_us, "kind": "verify"})
+    return df
+
+
+def _check_host(plans: dict, dev, dtype) -> None:
+    """Off a GPU, the largest pool of any draft length against the host's memory (:func:`check_host_memory`)."""
+    from .measure import check_host_memory
+
+    merged = []
+    for group in plans.values():
+        merged += group
+    check_host_memory(merged, dev, dtype)
+
+
+def time_step(shape, w, pool, batch: int, context: int, q_len: int, backend, mode, dev, rep, cpu_reps, seed,
+              time_call, *, logits: str = "all") -> dict:
+    """One step of ``batch`` sequences whose last ``q_len`` of ``context`` tokens are new, built over ``pool`` and
+    timed: ``step_us``, ``attention_us``, ``timing``, ``logits_finite``, ``backend``, ``mode``, ``status`` ``ok``;
+    or ``status`` ``unsupported`` / ``error`` and the ``reason`` (the sweep goes on either way)."""
+    step = None
+    try:
+        step = DecodeStep(shape, w, pool.caches(batch, context, seed), backend=backend, mode=mode, q_len=q_len,
+                          logits=logits)
+        out = {"backend": step.backend, "mode": step.mode}
+        step.input_ids.copy_(torch.arange(batch * q_len, device=dev) % shape.vocab_size)
+        step.set_positions(context - q_len)  # the new tokens are the last q_len: attention reads context tokens
+        logits_out = step.forward()
+        out["logits_finite"] = bool(torch.isfinite(logits_out).all())
+        del logits_out
+        graph = step.backend != "reference"
+        step_s, timing = time_call(step.forward, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
+        attn_s, _ = time_call(step.attention_only, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
+    except torch.OutOfMemoryError as e:
+        return {"status": "error", "reason": f"out of memory below the planned ceiling: {e}"}
+    except UnsupportedError as e:
+        return {"status": "unsupported", "reason": str(e)}
+    except Exception as e:  # one broken point must not end the sweep; its row says what happened
+        return {"status": "error", "reason": why_failed(e)}
+    finally:
+        del step
+    return dict(out, step_us=step_s * 1e6, attention_us=attn_s * 1e6, timing=timing, status="ok", reason="")
+
+
+def _rows(base, shape, p, batch, draft_len, accept, draft_us, backend, mode, block_size, got) -> list[dict]:
+    """The rows of one timed (or failed) point, one per acceptance rate."""
+    plan = p["plan"]
+    row = dict.fromkeys(VERIFY_COLUMNS)
+    row.update(base, model=shape.name, kv_dtype=p["kv_dtype"], backend=backend, mode=mode, batch=batch,
+               context=p["context"], ceiling=plan["ceiling"], draft_len=draft_len, q_len=draft_len + 1,
+               draft_us=draft_us, num_layers=shape.num_layers, num_q_heads=shape.num_q_heads,
+               num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, block_size=block_size,
+               gpu_memory_gib=float(plan["gpu_memory_gib"]), utilization=plan["utilization"],
+               activation_bytes=plan["activation_bytes"], status="ok", reason="")
+    row.update({k: v for k, v in got.items() if k in VERIFY_COLUMNS and k != "step_us"})
+    if got.get("status") == "ok":
+        verify = got["step_us"]
+        row.update(verify_us=verify, step_us=verify + draft_us, attention_share=got["attention_us"] / verify)
+    out = []
+    for a in accept:
+        r = dict(row, acceptance=a, accepted_per_step=expected_accepted(a, draft_len))
+        if got.get("status") == "ok":
+            r["accepted_tokens_per_s"] = batch * r["accepted_per_step"] / (r["step_us"] * 1e-6)
+        out.append(r)
+    return out
+
+
+def draft_cost_us(draft_model, batch: int, context: int, draft_len: int, kv_dtype: str = "bf16", *,
+                  backend: str = "auto", mode: str = "auto", block_size: int = 16, weights: str = "random",
+                  device=None, dtype=None, rep: int = 50, seed: int = 0, cpu_reps: int = 3) -> float:
+    """Microseconds a draft model spends on ``draft_len`` drafts of ``batch`` sequences at ``context``: that many
+    of its decode steps, one measured (:class:`~fp8kv.step.DecodeStep` over a pool just large enough, its KV in
+    ``kv_dtype``). Pass the result as :func:`verify_sweep`'s ``draft_us``. Raises what the step raises (an
+    unsupported combination, out of memory) rather than return a number that was not measured."""
+    from ..bench import time_call
+    from ..capacity import ModelShape, get_model
+    from ..checks import positive_int
+    from ..device import resolve_device
+
+    shape = draft_model if isinstance(draft_model, ModelShape) else get_model(draft_model)
+    batch, context = positive_int(batch, "batch"), positive_int(context, "context")
+    draft_len = draft_len_arg(draft_len)
+    if draft_len == 0:
+        return 0.0
+    dev = resolve_device(device)
+    dtype = run_dtype(dev, dtype)
+    check_weights([shape], weights)
+    w = load_weights(shape, weights, dtype, dev, seed)
+    pool = KVPool(shape, batch * math.ceil(context / block_size), kv_dtype, block_size=block_size, device=dev)
+    got = time_step(shape, w, pool, batch, context, 1, backend, mode, dev, rep, cpu_reps, seed, time_call)
+    if got["status"] != "ok":
+        _fail(f"the draft model {shape.name}'s decode step did not run ({got['status']}): {got['reason']}")
+    return draft_len * got["step_us"]

@@ -1,0 +1,415 @@
+"""The step with several new tokens per sequence (fp8kv.step): q_len 1 is the decode step bit for bit; the
+verification step's logits against decoding the same tokens one at a time through the fp32 oracle; chunked
+prefill against the full prefill; the accepted-tokens formula; the sweeps' rows; every new argument refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from fixtures import seeded
+
+from fp8kv import decode
+from fp8kv import step as S
+from fp8kv.capacity import ModelShape
+from fp8kv.quant import relative_error
+from fp8kv.rope import apply_rope, rope_cos_sin
+
+# Two layers, GQA group 2, q/k norm, tied embeddings: every branch of the step at interpreter speed.
+TOY = ModelShape("toy", 2, 4, 2, 32, hidden_size=64, max_position_embeddings=4096, intermediate_size=96,
+                 vocab_size=128, tie_word_embeddings=True, rope_theta=10_000.0, rms_norm_eps=1e-6, qk_norm=True)
+# The Triton path against the oracle's: fp16 roundings of the query and of the attention output (2^-11 each),
+# compounded over 2 layers (as tests/test_step.py bounds the decode step's).
+TRITON_TOL = 2**-8
+# The reference path against itself at another row count: the fp32 GEMMs of B x q_len rows may round apart from
+# those of B rows (2^-24 relative), which can move a 16-bit / FP8 cache element across a rounding boundary on
+# rare elements; the logits stay within far less than one fp16 ulp (2^-11).
+REFERENCE_TOL = 2**-13
+
+
+def _weights(seed=1):
+    return S.random_weights(TOY, torch.float32, "cpu", seed=seed)
+
+
+def _tokens(batch, n, seed=3):
+    return torch.randint(0, TOY.vocab_size, (batch, n), generator=seeded(seed))
+
+
+def _decode_logits(w, kv, tokens, backend="reference"):
+    """Every position's logits ``[B, T, V]`` of ``tokens`` ``[B, T]`` fed one at a time through the decode step."""
+    b, t = tokens.shape
+    step = S.DecodeStep(TOY, w, S.KVPool(TOY, 16, kv).caches(b, 64), backend=backend)
+    out = []
+    for pos in range(t):
+        step.input_ids.copy_(tokens[:, pos])
+        step.set_positions(pos)
+        out.append(step.forward())
+    return torch.stack(out, 1), step
+
+
+def _verify_logits(w, kv, tokens, q_len, backend):
+    """The same tokens fed ``q_len`` at a time through the verification step: ``[B, T, V]``."""
+    b, t = tokens.shape
+    step = S.DecodeStep(TOY, w, S.KVPool(TOY, 16, kv).caches(b, 64), backend=backend, q_len=q_len)
+    out = []
+    for start in range(0, t, q_len):
+        step.input_ids.copy_(tokens[:, start:start + q_len].reshape(-1))
+        step.set_positions(start)
+        out.append(step.forward().view(b, q_len, -1))
+    return torch.cat(out, 1), step
+
+
+# ----------------------------------------------------------------------------------- q_len 1: the decode step
+def _decode_formula(w, caches, tokens, backend):
+    """The decode step written out from its pieces (RMSNorm, fused QKV, q/k norm, RoPE, the cache write,
+    fp8kv.decode, the MLP, the LM head): the computation q_len = 1 must keep bit for bit."""
+    from fp8kv.ops import write_cache
+
+    b, t = tokens.shape
+    hq, hkv, d, eps = TOY.num_q_heads, TOY.num_kv_heads, TOY.head_dim, TOY.rms_norm_eps
+    inv = S.rope_inv_freq(d, TOY.rope_theta)
+    lin = torch.nn.functional.linear
+    q_dtype = torch.float32 if backend == "reference" else torch.float16
+    logits = None
+    for pos in range(t):
+        slot = caches[0].block_table[:, pos // 16].long() * 16 + pos % 16
+        caches[0].seq_lens.fill_(pos + 1)
+        cos, sin = rope_cos_sin(torch.full((b,), pos), inv, torch.float32)
+        x = w.embed[tokens[:, pos]]
+        for lw, cache in zip(w.layers, caches, strict=True):
+            q, k, v = lin(S.rms_norm(x, lw.input_norm, eps), lw.qkv).split([hq * d, hkv * d, hkv * d], -1)
+            q, k, v = q.view(b, hq, d), k.view(b, hkv, d), v.reshape(b, hkv, d)
+            q, k = S.rms_norm(q, lw.q_norm, eps), S.rms_norm(k, lw.k_norm, eps)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if backend == "reference":
+                cache.write(k, v, slot)
+            else:
+                write_cache(cache, k, v, slot, count_saturated=False, check=False)
+            attn = decode(q.to(q_dtype), cache, backend=backend, sm_scale=d ** -0.5, check=False)[0].float()
+            x = x + lin(attn.reshape(b, hq * d), lw.o)
+            x = x + S.gated_mlp(S.rms_norm(x, lw.post_norm, eps), lw.gate_up, lw.down)
+        logits = lin(S.rms_norm(x, w.final_norm, eps), w.lm_head)
+    return logits
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("kv_dtype", ["fp16", "fp8_e4m3"])
+def test_q_len_1_is_the_decode_step_bit_for_bit(kv_dtype, backend):
+    w, tokens = _weights(), _tokens(2, 18)
+    step = S.DecodeStep(TOY, w, S.KVPool(TOY, 16, kv_dtype).caches(2, 48), backend=backend, q_len=1)
+    for pos in range(tokens.shape[1]):
+        step.input_ids.copy_(tokens[:, pos])
+        step.set_positions(pos)
+        got = step.forward()
+    want = _decode_formula(w, S.KVPool(TOY, 16, kv_dtype).caches(2, 48), tokens, backend)
+    assert got.shape == (2, TOY.vocab_size)
+    assert torch.equal(got, want)
+
+
+# ------------------------------------------------------------------------------------ the verification step
+@pytest.mark.parametrize("backend,tol", [("reference", REFERENCE_TOL), ("triton", TRITON_TOL)])
+@pytest.mark.parametrize("kv_dtype", ["fp16", "fp8_e4m3"])
+def test_verify_step_matches_decoding_one_token_at_a_time(kv_dtype, backend, tol):
+    """q_len = 4 rows per sequence (RoPE at each row's position, the four K/V written, causal attention among
+    them) give each row the logits the oracle's decode gives that token, and leave the same cache."""
+    w, tokens = _weights(), _tokens(2, 20)
+    want, ref_step = _decode_logits(w, kv_dtype, tokens)
+    got, step = _verify_logits(w, kv_dtype, tokens, 4, backend)
+    assert got.shape == want.shape
+    assert relative_error(got, want) < tol
+    # per position, not only on the whole: a row attending the wrong keys would stand out
+    per_pos = [relative_error(got[:, p], want[:, p]) for p in range(tokens.shape[1])]
+    assert max(per_pos) < 4 * tol, per_pos
+    assert step.seq_lens.tolist() == [20, 20]
+    for a, b in zip(ref_step.caches, step.caches, strict=True):
+        for i in range(2):
+            (ka, va), (kb, vb) = a.gather(i), b.gather(i)
+            assert relative_error(kb, ka) < (2**-4 if kv_dtype.startswith("fp8") else 2**-10)
+            assert relative_error(vb, va) < (2**-4 if kv_dtype.startswith("fp8") else 2**-10)
+
+
+def test_verify_rows_at_swapped_positions_would_be_caught():
+    """The comparison above fails for a step whose rows are rotated at each other's positions (RoPE sees only
+    distances, so a shift of them all would not show; an order reversed does): the test can fail."""
+    w, tokens = _weights(), _tokens(1, 8)
+    want, _ = _decode_logits(w, "fp16", tokens)
+    step = S.DecodeStep(TOY, w, S.KVPool(TOY, 16, "fp16").caches(1, 64), backend="reference", q_len=8)
+    step.input_ids.copy_(tokens.reshape(-1))
+    step.set_positions(0)
+    step.positions.copy_(step.positions.flip(0))  # the first new token rotated as the last, and so on
+    assert relative_error(step.forward().view(1, 8, -1), want) > 100 * REFERENCE_TOL
+
+
+def test_logits_last_is_each_sequences_last_row():
+    w, tokens = _weights(), _tokens(3, 5)
+    every, _ = _verify_logits(w, "fp16", tokens, 5, "reference")
+    step = S.DecodeStep(TOY, w, S.KVPool(TOY, 16, "fp16").caches(3, 64), backend="reference", q_len=5,
+                        logits="last")
+    step.input_ids.copy_(tokens.reshape(-1))
+    step.set_positions(0)
+    last = step.forward()
+    assert last.shape == (3, TOY.vocab_size)
+    assert relative_error(last, every[:, -1]) < REFERENCE_TOL
+
+
+# ------------------------------------------------------------------------------------------ chunked prefill
+@pytest.mark.parametrize("backend,tol", [("reference", REFERENCE_TOL), ("triton", TRITON_TOL)])
+@pytest.mark.parametrize("kv_dtype", ["fp16", "fp8_e4m3"])
+def test_chunked_prefill_gives_the_full_prefills_last_logits(kv_dtype, backend, tol):
+    w, prompt = _weights(), _tokens(1, 40)
+    full = S.ChunkedPrefill(TOY, w, S.KVPool(TOY, 16, kv_dtype).caches(1, 48), 40, 40, backend="reference")
+    want = full.run(prompt)
+    for chunk in (16, 7):  # chunks that end inside a page, and a shorter last chunk (40 = 2 x 16 + 8, 5 x 7 + 5)
+        pre = S.ChunkedPrefill(TOY, w, S.KVPool(TOY, 16, kv_dtype).caches(1, 48), 40, chunk, backend=backend)
+        assert [n for _, n in pre.spans] == [chunk] * (40 // chunk) + [40 % chunk]
+        got = pre.run(prompt[0])
+        assert got.shape == (1, TOY.vocab_size)
+        assert relative_error(got, want) < tol, chunk
+    # and the full prefill's last logits are those of decoding the prompt token by token
+    dec, _ = _decode_logits(w, kv_dtype, prompt)
+    assert relative_error(want, dec[:, -1]) < REFERENCE_TOL
+
+
+def test_chunk_spans_cover_the_prompt():
+    for prompt in (1, 15, 16, 17, 100):
+        for chunk in (1, 3, 16, 200):
+            spans = S.chunk_spans(prompt, chunk)
+            assert spans[0][0] == 0 and sum(n for _, n in spans) == prompt
+            assert all(s + n == s2 for (s, n), (s2, _) in zip(spans, spans[1:], strict=False))
+            assert all(1 <= n <= chunk for _, n in spans) and len(spans) == math.ceil(prompt / chunk)
+
+
+# ------------------------------------------------------------------------------- accepted tokens per step
+@pytest.mark.parametrize("a,k,want", [(0.0, 4, 1.0), (1.0, 4, 5.0), (1.0, 0, 1.0), (0.7, 0, 1.0), (0.5, 2, 1.75),
+                                      (0.5, 1, 1.5), (0.9, 8, (1 - 0.9**9) / 0.1)])
+def test_expected_accepted_edges(a, k, want):
+    assert S.expected_accepted(a, k) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 8, 16])
+def test_expected_accepted_is_the_geometric_series(k):
+    for a in (0.0, 0.1, 0.5, 0.8, 0.999999, 1.0):
+        assert S.expected_accepted(a, k) == pytest.approx(sum(a**i for i in range(k + 1)), rel=1e-9)
+    # near a = 1 the closed form approaches k + 1 continuously
+    assert S.expected_accepted(1 - 1e-9, k) == pytest.approx(k + 1, rel=1e-6)
+
+
+@pytest.mark.parametrize("bad,exc", [(-0.1, ValueError), (1.0001, ValueError), (float("nan"), ValueError),
+                                     (float("inf"), ValueError), ("0.5", TypeError), (True, TypeError),
+                                     (None, TypeError)])
+def test_expected_accepted_refuses_a_bad_acceptance(bad, exc):
+    with pytest.raises(exc, match="acceptance"):
+        S.expected_accepted(bad, 2)
+
+
+@pytest.mark.parametrize("bad,exc", [(-1, ValueError), (1.5, TypeError), (True, TypeError), ("2", TypeError)])
+def test_expected_accepted_refuses_a_bad_draft_len(bad, exc):
+    with pytest.raises(exc, match="draft_len"):
+        S.expected_accepted(0.5, bad)
+
+
+# ------------------------------------------------------------------------------------------ bad arguments
+@pytest.mark.parametrize("kwargs,exc,needle", [
+    ({"q_len": 0}, ValueError, "q_len=0"), ({"q_len": -2}, ValueError, "q_len=-2"),
+    ({"q_len": 1.5}, TypeError, "q_len=1.5"), ({"q_len": True}, TypeError, "q_len=True"),
+    ({"q_len": "2"}, TypeError, "q_len="), ({"logits": "first"}, ValueError, "logits='first'"),
+    ({"logits": None}, ValueError, "logits=None"),
+])
+def test_step_refuses_bad_multi_token_arguments(kwargs, exc, needle):
+    pool = S.KVPool(TOY, 16, "fp16")
+    with pytest.raises(exc, match=needle):
+        S.DecodeStep(TOY, _weights(), pool.caches(1, 32), backend="reference", **kwargs)
+
+
+def test_set_positions_leaves_room_for_every_new_token():
+    step = S.DecodeStep(TOY, _weights(), S.KVPool(TOY, 16, "fp16").caches(1, 32), backend="reference", q_len=4)
+    step.set_positions(28)  # tokens 28..31: the last four slots
+    assert step.positions.tolist() == [28, 29, 30, 31] and step.seq_lens.tolist() == [32]
+    with pytest.raises(ValueError, match=r"outside \[0, 29\).*writes 4 new ones"):
+        step.set_positions(29)
+    fresh = S.DecodeStep(TOY, _weights(), S.KVPool(TOY, 16, "fp16").caches(1, 32), backend="reference", q_len=4)
+    with pytest.raises(ValueError, match="call it before forward"):
+        fresh.forward()
+
+
+SWEEP = dict(gpu_memory_gib=0.0016, backend="reference", weights="random", device="cpu", progress=False, cpu_reps=1)
+
+
+@pytest.mark.parametrize("kwargs,exc,needle", [
+    ({"draft_lens": []}, ValueError, "draft_lens is empty"), ({"draft_lens": [-1]}, ValueError, "draft_lens=-1"),
+    ({"draft_lens": ["2"]}, TypeError, "draft_lens="), ({"draft_lens": [1.5]}, TypeError, "draft_lens=1.5"),
+    ({"draft_lens": "2"}, TypeError, "draft_lens="),
+    ({"acceptance": 1.5}, ValueError, "acceptance=1.5"), ({"acceptance": [0.5, -0.5]}, ValueError, "acceptance=-0.5"),
+    ({"acceptance": []}, ValueError, "acceptance is empty"), ({"acceptance": "0.7"}, TypeError, "acceptance="),
+    ({"draft_us": -1.0}, ValueError, "draft_us=-1.0"), ({"draft_us": float("nan")}, ValueError, "draft_us=nan"),
+    ({"draft_us": "5"}, TypeError, "draft_us="),
+    ({"contexts": [4], "draft_lens": [4]}, ValueError, "q_len=5 new tokens do not fit a context of 4"),
+])
+def test_verify_sweep_refuses_bad_input_before_building(monkeypatch, kwargs, exc, needle):
+    from fp8kv.step import speculative
+
+    monkeypatch.setattr(speculative, "KVPool", _never)
+    args = dict(contexts=[64], draft_lens=[2], acceptance=0.7) | kwargs
+    with pytest.raises(exc, match=needle):
+        S.verify_sweep([S.TOY_QWEN], args.pop("contexts"), args.pop("draft_lens"), args.pop("acceptance"), ["fp16"],
+                       **args, **SWEEP)
+
+
+@pytest.mark.parametrize("prompts,chunks,exc,needle", [
+    ([], [16], ValueError, "prompt_lens is empty"), ([0], [16], ValueError, "prompt_lens=0"),
+    ([32], [0], ValueError, "chunks=0"), ([32], [], ValueError, "chunks is empty"),
+    ([32.0], [16], TypeError, "prompt_lens=32.0"), ([32], ["16"], TypeError, "chunks="),
+])
+def test_prefill_sweep_refuses_bad_input_before_building(monkeypatch, prompts, chunks, exc, needle):
+    from fp8kv.step import prefill
+
+    monkeypatch.setattr(prefill, "KVPool", _never)
+    with pytest.raises(exc, match=needle):
+        S.prefill_sweep([S.TOY_QWEN], prompts, chunks, ["fp16"], **SWEEP)
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("built before the arguments were refused")
+
+
+def test_chunked_prefill_refuses_prompts_that_do_not_fit():
+    w = _weights()
+    with pytest.raises(ValueError, match="prompt=40 tokens do not fit the caches' 32"):
+        S.ChunkedPrefill(TOY, w, S.KVPool(TOY, 16, "fp16").caches(1, 32), 40, 16, backend="reference")
+    pre = S.ChunkedPrefill(TOY, w, S.KVPool(TOY, 16, "fp16").caches(1, 32), 20, 16, backend="reference")
+    for bad in (torch.zeros(19, dtype=torch.int64), torch.zeros(2, 20, dtype=torch.int64), torch.zeros(20)):
+        with pytest.raises(ValueError, match=r"prompt_ids has shape .* expected ints of shape \[1, 20\]"):
+            pre.run(bad)
+
+
+# ---------------------------------------------------------------------------------------------- the ceiling
+def test_ceiling_counts_the_verify_rows():
+    shape, kw = _model("Qwen3-8B"), dict(gpu_memory_gib="H200")
+    one = S.step_ceiling(shape, "bf16", 16384, **kw)
+    assert S.step_ceiling(shape, "bf16", 16384, q_len=1, **kw)["ceiling"] == one["ceiling"]
+    prev = one["ceiling"]
+    for q in (2, 5, 9, 64, 512):
+        c = S.step_ceiling(shape, "bf16", 16384, q_len=q, **kw)
+        assert c["q_len"] == q and c["ceiling"] <= prev
+        assert c["activation_bytes"] == S.activation_bytes(shape, c["ceiling"], q_len=q)
+        prev = c["ceiling"]
+    assert prev < one["ceiling"]  # 512 rows per sequence cost batch
+
+
+def _model(name):
+    from fp8kv.capacity import get_model
+
+    return get_model(name)
+
+
+def test_activations_grow_with_the_rows():
+    shape = _model("Qwen3-8B")
+    base = S.activation_bytes(shape, 4)
+    assert S.activation_bytes(shape, 4, q_len=1) == base
+    assert S.activation_bytes(shape, 4, q_len=8) > 8 * (base - S.activation_bytes(shape, 0))
+
+
+# ---------------------------------------------------------------------------------------------- the sweeps
+def test_verify_sweep_rows():
+    df = S.verify_sweep([S.TOY_QWEN], [40], [0, 3], [0.5, 1.0], ["fp16", "fp8_e4m3"], batches=[1, 2], draft_us=7.0,
+                        **SWEEP)
+    assert list(df.columns) == S.VERIFY_COLUMNS
+    assert (df["status"] == "ok").all(), df["reason"].tolist()
+    assert len(df) == 2 * 2 * 2 * 2  # dtypes x draft lengths x batches x acceptances
+    for r in df.itertuples():
+        assert r.q_len == r.draft_len + 1 and r.step_us == pytest.approx(r.verify_us + 7.0)
+        assert r.accepted_per_step == pytest.approx(S.expected_accepted(r.acceptance, r.draft_len))
+        assert r.accepted_tokens_per_s == pytest.approx(r.batch * r.accepted_per_step / (r.step_us * 1e-6))
+        assert r.logits_finite is True and r.batch <= r.ceiling
+    same = df.groupby(["kv_dtype", "draft_len", "batch"])["verify_us"].nunique()
+    assert (same == 1).all()  # one timing serves every acceptance rate
+    assert S.verify_summary(df)
+    S.accepted_tokens_figure(df, draft_len=3, acceptance=0.5)
+
+
+def test_prefill_sweep_rows():
+    df = S.prefill_sweep([S.TOY_QWEN], [24, 40], [16, 64], ["fp16", "fp8_e4m3"], **SWEEP)
+    assert list(df.columns) == S.PREFILL_COLUMNS
+    assert (df["status"] == "ok").all(), df["reason"].tolist()
+    assert len(df) == 2 * 2 * 2
+    for r in df.itertuples():
+        assert r.n_chunks == math.ceil(r.prompt / r.chunk) and r.ttft_us > 0
+        assert r.prefill_tokens_per_s == pytest.approx(r.prompt / (r.ttft_us * 1e-6))
+        # the attention calls are timed apart from the chunks: on a busy CPU's wall clock their share may pass 1
+        assert r.attention_share == pytest.approx(r.attention_us / r.ttft_us) and r.attention_share > 0
+    assert S.prefill_summary(df)
+    S.ttft_figure(df)
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+@pytest.fixture
+def toy_cli(monkeypatch):
+    from fp8kv import capacity
+
+    monkeypatch.setitem(capacity.MODEL_SHAPES, S.TOY_QWEN.name, S.TOY_QWEN)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--acceptance", "1.5"], "argument --acceptance: '1.5'"),
+    (["--acceptance", "nan"], "argument --acceptance: 'nan'"),
+    (["--draft-lens", "-1"], "argument --draft-lens: '-1'"),
+    (["--draft-lens", "x"], "argument --draft-lens: 'x'"),
+    (["--draft-us", "-3"], "argument --draft-us: '-3'"),
+    (["--draft-us", "inf"], "argument --draft-us: 'inf'"),
+    (["--prompt-lens", "0", "--chunks", "16"], "argument --prompt-lens: '0'"),
+    (["--prompt-lens", "32", "--chunks", "0"], "argument --chunks: '0'"),
+    (["--prompt-lens", "32"], "--prompt-lens and --chunks go together"),
+    (["--chunks", "32"], "--prompt-lens and --chunks go together"),
+    (["--acceptance", "0.5"], "--acceptance 0.5: applies to the verification run"),
+    (["--draft-us", "5"], "--draft-us 5.0: applies to the verification run"),
+    (["--draft-lens", "2", "--prompt-lens", "32", "--chunks", "16"], "ask for two runs"),
+    (["--draft-lens", "80"], "q_len=81 new tokens do not fit a context of 64"),
+])
+def test_cli_refuses_bad_multi_token_arguments(capsys, toy_cli, extra, needle):
+    argv = ["--model", "toy-qwen", "--gpu-memory", "0.0016", "--device", "cpu", "--dry-run"]
+    if "--prompt-lens" not in extra:
+        argv += ["--contexts", "64"]
+    with pytest.raises(SystemExit) as e:
+        S.main(argv + extra)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_cli_prefill_refuses_contexts(capsys, toy_cli):
+    with pytest.raises(SystemExit) as e:
+        S.main(["--model", "toy-qwen", "--gpu-memory", "0.0016", "--prompt-lens", "32", "--chunks", "16",
+                "--contexts", "64", "--dry-run"])
+    assert e.value.code == 2 and "drop --contexts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind,extra,folder", [
+    ("verify", ["--contexts", "40", "--draft-lens", "0", "2", "--acceptance", "0.6", "--batches", "1"],
+     "step-verify"),
+    ("prefill", ["--prompt-lens", "24", "--chunks", "16"], "step-prefill"),
+])
+def test_cli_runs_and_saves_each_kind_in_its_folder(capsys, tmp_path, toy_cli, kind, extra, folder):
+    import pandas as pd
+
+    out = tmp_path / folder
+    argv = ["--model", "toy-qwen", "--gpu-memory", "0.0016", "--device", "cpu", "--backend", "reference",
+            "--weights", "random", "--kv-dtypes", "fp16", "--quiet", "--out", str(out), *extra]
+    assert S.main(argv) == 0
+    assert S.main(argv) == 0  # a second run beside the first, never over it
+    csvs = sorted((out / "cpu").glob("*.csv"))
+    assert len(csvs) == 2
+    rows = pd.read_csv(csvs[0])
+    assert list(rows.columns) == (S.VERIFY_COLUMNS if kind == "verify" else S.PREFILL_COLUMNS)
+    assert (rows["status"] == "ok").all()
+
+
+def test_draft_cost_is_draft_len_decode_steps_of_the_draft_model():
+    kw = dict(backend="reference", device="cpu", cpu_reps=1)
+    assert S.draft_cost_us(S.TOY_QWEN, 2, 32, 0, "fp16", **kw) == 0.0
+    us = S.draft_cost_us(S.TOY_QWEN, 2, 32, 3, "fp16", **kw)
+    assert us > 0 and math.isfinite(us)
+    for bad, exc, needle in ((-1, ValueError, "draft_len=-1"), (2.0, TypeError, "draft_len=2.0")):
+        with pytest.raises(exc, match=needle):
+            S.draft_cost_us(S.TOY_QWEN, 2, 32, bad, "fp16", **kw)
+    with pytest.raises(ValueError, match="batch=0"):
+        S.draft_cost_us(S.TOY_QWEN, 0, 32, 3, "fp16", **kw)
