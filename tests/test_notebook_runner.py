@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import re
 import sys
@@ -277,6 +278,28 @@ def check_07_decode_step(doc):
     assert len(r["reading"]) == len(fp8) and all(x["sentence"] for x in r["reading"].values())
 
 
+def check_08_multi_token(doc):
+    r = doc["results"]
+    assert r["timings_meaningful_for_gpu"] is (doc["device"]["type"] == "cuda")
+    for key in ("verify_rows", "prefill_rows"):
+        assert r[key] and all(row["status"] == "ok" for row in r[key]), [row["reason"] for row in r[key]]
+    for row in r["verify_rows"]:
+        a, k = row["acceptance"], row["draft_len"]
+        want = k + 1 if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+        assert row["q_len"] == k + 1 and row["accepted_per_step"] == pytest.approx(want)
+        assert row["step_us"] == pytest.approx(row["verify_us"] + row["draft_us"])
+        assert row["accepted_tokens_per_s"] == pytest.approx(row["batch"] * want / (row["step_us"] * 1e-6))
+        assert 1 <= row["batch"] <= row["ceiling"] and row["logits_finite"] is True
+    for row in r["prefill_rows"]:
+        assert row["n_chunks"] == math.ceil(row["prompt"] / row["chunk"]) and row["ttft_us"] > 0
+    assert r["attend_speedup"] and all(s["speedup"] > 0 for s in r["attend_speedup"])
+    assert {s["q_len"] for s in r["attend_speedup"]} == {row["q_len"] for row in r["attend_rows"]}
+    base = r["baseline_kv_dtype"]
+    assert all(set(x["best_accepted_tokens_per_s"]) == {base, "fp8_e4m3"} for x in r["verify_reading"].values())
+    assert len(r["verify_reading"]) == len({(row["draft_len"], row["acceptance"]) for row in r["verify_rows"]})
+    assert len(r["prefill_reading"]) == len({(row["prompt"], row["chunk"]) for row in r["prefill_rows"]})
+
+
 CHECKS = {
     "00_environment": check_00_environment,
     "01_fp8_formats": check_01_fp8_formats,
@@ -286,6 +309,7 @@ CHECKS = {
     "05_backend_matrix": check_05_backend_matrix,
     "06_model_accuracy": check_06_model_accuracy,
     "07_decode_step": check_07_decode_step,
+    "08_multi_token": check_08_multi_token,
 }
 
 
