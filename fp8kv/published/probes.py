@@ -12,7 +12,7 @@ import pandas as pd
 
 from .fmt import num
 
-__all__ = ["shape_col", "point_label", "rule_ratios", "ctx_label"]
+__all__ = ["shape_col", "point_label", "rule_ratios", "ctx_label", "arrow"]
 
 
 def shape_col(df: pd.DataFrame) -> pd.Series:
@@ -47,7 +47,7 @@ def rule_ratios(df: pd.DataFrame, keys: list[str], rule: str, new, old, rel: str
         a, b = g[g[rule] == old], g[g[rule] == new]
         if a.empty or b.empty:
             raise ValueError(f"{rel}: point {point} lacks a row under {rule}={old!r} or {rule}={new!r}")
-        row = dict(zip(keys, point if isinstance(point, tuple) else (point,)))
+        row = dict(zip(keys, point if isinstance(point, tuple) else (point,), strict=True))
         row.update(old_us=a[value].mean(), new_us=b[value].mean())
         row["x"] = row["new_us"] / row["old_us"]
         for c in extra:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .decode import decode_latency
-from .earlier import earlier
+from .earlier import earlier, later
 from .gluon import gluon
 from .layout_probes import layout_probes
 from .layouts import layouts
@@ -17,7 +17,7 @@ from .step import step, window
 __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
-SECTIONS = (decode_latency, layouts, layout_probes, gluon, earlier, window, step)
+SECTIONS = (decode_latency, layouts, layout_probes, gluon, earlier, later, window, step)
 
 
 def compute(src: Sources) -> dict[str, str]:
