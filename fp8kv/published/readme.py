@@ -8,6 +8,7 @@ from pathlib import Path
 from .decode import decode_latency
 from .earlier import earlier, later
 from .gluon import gluon
+from .gluon_probes import gluon_probes
 from .layout_probes import layout_probes
 from .layouts import layouts
 from .render import fill, unified_diff
@@ -17,7 +18,7 @@ from .step import step, window
 __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
-SECTIONS = (decode_latency, layouts, layout_probes, gluon, earlier, later, window, step)
+SECTIONS = (decode_latency, layouts, layout_probes, gluon, gluon_probes, earlier, later, window, step)
 
 
 def compute(src: Sources) -> dict[str, str]:
