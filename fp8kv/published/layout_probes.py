@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .decode import claim
 from .fmt import num, span, times
-from .layouts import LAYOUTS_1, _table
+from .layouts import LAYOUTS_1, table_of
 from .probes import rule_ratios, shape_col
 from .sources import Sources, ok_rows
 from .textfiles import profile_section, profile_sections
@@ -59,7 +59,7 @@ def _two_waves(src: Sources) -> dict[str, str]:
     dag = [(s, 1, 4096) for s in ("32/32/80", "32/32/96")]
     claim((r.loc[dag, "num_splits_old"] == 8).all() and (r.loc[dag, "num_splits_new"] == 16).all(),
           "two waves give 8 splits and four give 16 at 32/32/80 and /96, 1 × 4k", SPLIT_RULE_ODD)
-    bf16 = _table(src, LAYOUTS_1)["bf16_us"]
+    bf16 = table_of(src, LAYOUTS_1)["bf16_us"]
     x_bf16 = [bf16[s] / r.loc[(s, b, c), "old_us"] for s, b, c in dag]
     claim(max(x_bf16) < 1, "at 8 splits FP8 is still slower than fp8kv's BF16 at 32/32/80 and /96", SPLIT_RULE_ODD)
     return {"dagger.two_waves_us": " and ".join(num(r.loc[p, "old_us"]) for p in dag),
