@@ -75,12 +75,18 @@ def _copy_results(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     for folder in ("results", "reports"):
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("*.gz", "*.html", "*.ipynb"))
+    (root / "fp8kv/data").mkdir(parents=True)
+    for table in (REPO / "fp8kv/data").glob("launch_*.json"):  # the measured launch table the README quotes
+        shutil.copy(table, root / "fp8kv/data" / table.name)
     return root
 
 
 @pytest.mark.parametrize("rel", ["results/bench/nvidia-h200/20261202T161742Z.csv",
                                  "results/bench/nvidia-h200/20261204T201542Z-page-layout.json",
-                                 "reports/nvidia-h200/04_decode_latency.json"])
+                                 "reports/nvidia-h200/04_decode_latency.json",
+                                 "results/bench/nvidia-h200/20261204T163000Z-decode-profile.txt",
+                                 "results/bench/nvidia-h200/20261203T181041Z-console.txt",
+                                 "fp8kv/data/launch_nvidia-h200.json"])
 def test_a_missing_cited_file_is_named(tmp_path, rel, capsys):
     root = _copy_results(tmp_path)
     (root / rel).unlink()
