@@ -5,6 +5,7 @@ rounded once, a missing file named, a mutated number found, an errored peer left
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -74,12 +75,18 @@ def _copy_results(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     for folder in ("results", "reports"):
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("*.gz", "*.html", "*.ipynb"))
+    (root / "fp8kv/data").mkdir(parents=True)
+    for table in (REPO / "fp8kv/data").glob("launch_*.json"):  # the measured launch table the README quotes
+        shutil.copy(table, root / "fp8kv/data" / table.name)
     return root
 
 
 @pytest.mark.parametrize("rel", ["results/bench/nvidia-h200/20261202T161742Z.csv",
                                  "results/bench/nvidia-h200/20261204T201542Z-page-layout.json",
-                                 "reports/nvidia-h200/04_decode_latency.json"])
+                                 "reports/nvidia-h200/04_decode_latency.json",
+                                 "results/bench/nvidia-h200/20261204T163000Z-decode-profile.txt",
+                                 "results/bench/nvidia-h200/20261203T181041Z-console.txt",
+                                 "fp8kv/data/launch_nvidia-h200.json"])
 def test_a_missing_cited_file_is_named(tmp_path, rel, capsys):
     root = _copy_results(tmp_path)
     (root / rel).unlink()
@@ -219,3 +226,191 @@ def test_a_csv_without_the_columns_a_table_needs_is_named(tmp_path):
     (tmp_path / "t.csv").write_text("a,b\n1,2\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"t\.csv: lacks columns \['time_us'\]"):
         Sources(tmp_path).csv("t.csv", ["time_us"])
+
+
+# ----------------------------------------------------- no typed measurement in the Results section
+# A number with a unit of time, rate or share, a ratio (1.27×, 1.27x), a relative error (1.6e-3) or a
+# range of decimals (0.16–0.86), outside the generated markers, is a measurement typed by hand: it has
+# no file behind it and goes stale silently. A product of sizes (64 × 16k, 2 × 71) is not one.
+_NUM = r"\d+(?:[.,]\d+)*(?:e-?\d+)?"
+TYPED = re.compile(
+    rf"(?<![\w.]){_NUM}(?:\s*[–-]\s*{_NUM})?"
+    r"(?:\s*(?:µs|us|ms|GB/s|TB/s|GiB|MiB|KiB|%)(?!\w)|\s*×(?!\s*[\d(])|x\b)"
+    r"|(?<![\w.])\d+\.\d+e-\d+"
+    r"|(?<![\w.])\d+\.\d+\s*–\s*\d+\.\d+")
+# Numbers in the Results section that are not measurements, each with why; every entry must still
+# appear in the README (a stale entry fails), and it is matched as written, context included.
+NOT_MEASURED = {
+    "exceed 100 %": "a threshold (the copy rate counts read + write)",
+    "at ≤ 600 µs": "the project's latency target",
+    "≥ 1.3× FlashInfer FP8": "the project's speed-up target",
+    "the 10 µs goal": "the project's latency goal",
+    "(128 MiB by default)": "FlashInfer's default workspace",
+    "(up to 4 GiB)": "fp8kv's cap on that workspace",
+    "≥ 3 % faster": "fp8kv.bench.tune's threshold",
+    "99 KiB": "those GPUs' shared memory per block",
+    "Below 90 % of BF16's rate": "a threshold the bullet names",
+    "short of the 1.5×": "the ratio of bytes, FP8 against BF16 with its scales",
+    "KL < 2e-3": "a test's tolerance",
+}
+
+
+def typed_measurements(readme: str) -> list[str]:
+    """``"line N: text"`` for each measurement-like number of the Results section outside generated
+    markers and not in :data:`NOT_MEASURED`."""
+    head, results = readme.split("## Results", 1)
+    first_line = head.count("\n") + 1
+    found = []
+    lines = results.split("\n")
+    in_block = False
+    for i, line in enumerate(lines):
+        if line.strip().startswith("<!-- generated: "):
+            in_block = True
+            continue
+        if line.strip() == "<!-- /generated -->":
+            in_block = False
+            continue
+        if in_block:
+            continue
+        line = re.sub(r"<!--v [^>]*-->.*?<!--/v-->", "<value>", line)
+        for phrase in NOT_MEASURED:
+            line = line.replace(phrase, "<not measured>")
+        found += [f"line {first_line + i}: {m.group(0)!r} in {line.strip()[:100]!r}" for m in TYPED.finditer(line)]
+    return found
+
+
+def test_no_measurement_is_typed_in_the_results_section():
+    found = typed_measurements((REPO / "README.md").read_text(encoding="utf-8"))
+    assert not found, ("measurements typed by hand in README.md's Results section (generate each from the results "
+                       "file it cites, or remove it):\n" + "\n".join(found))
+
+
+def test_every_allowed_number_is_still_in_the_readme():
+    results = (REPO / "README.md").read_text(encoding="utf-8").split("## Results", 1)[1]
+    assert [p for p in NOT_MEASURED if p not in results] == []
+
+
+@pytest.mark.parametrize("typed", ["took 12.5 µs", "at 3.2 TB/s", "4110 GB/s", "at 93 % of", "1.27× faster",
+                                   "1.27x the bytes", "0.93–1.24× the time", "2.9–3.5e-3", "error 1.6e-3",
+                                   "a range 0.16–0.86", "3–24 % slower", "2.4 ms", "(0.93× / 0.95×"])
+def test_a_typed_measurement_is_found(typed):
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    edited = readme.replace("### Rendered reports\n", f"### Rendered reports\n\nIt {typed} here.\n", 1)
+    assert edited != readme
+    found = typed_measurements(edited)
+    assert found and all("here." in f for f in found), found  # found, and only on the line that was added
+
+
+@pytest.mark.parametrize("text", ["B = 64 × 16k", "on 2026-12-04", "FlashInfer 0.6.13", "32/8/128 and 71/1/64",
+                                  "16k contexts", "2 × 71 FLOPs", "1–16 × 4k–16k", "pages of 8 to 256 tokens",
+                                  "commit 86a153bd", "about 2 × (FP8 bytes/s ÷ BF16 bytes/s)",
+                                  "<!--v decode.cells-->12 µs<!--/v-->"])
+def test_a_non_measurement_or_a_generated_value_is_not_found(text):
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    edited = readme.replace("### Rendered reports\n", f"### Rendered reports\n\nIt {text} here.\n", 1)
+    assert typed_measurements(edited) == []
+
+
+def test_a_typed_measurement_inside_a_generated_block_is_the_block_s():
+    readme = "## Results\n<!-- generated: t -->\n| 12.5 µs |\n<!-- /generated -->\nthen 3.1 µs\n"
+    assert [f.split(":")[0] for f in typed_measurements(readme)] == ["line 5"]
+
+
+# ---------------------------------------------------------------------------- the text-file readers
+PROFILE = """Nsight Compute summary of one decode.
+
+== 32/32/80 (K+V 5.37 GB)
+  duration 2.02 ms, DRAM 70.4 % (3.39 TB/s: 6.85 GB read, 1.27x the K and V), L2 throughput 93.1 %,
+  L2 hit rate 29.0 %, issue slots busy 37.8 %, warps an SM 7.9
+  top stalls: VIMNMX (block-table clamp) 7.1 % long_sb; tile barrier 6.7 %
+
+== 71/1/64 FP8 e4m3, triton (default)
+  duration 168.3 us, DRAM 18.9 %, issue active 40.4 %, tensor pipe 22.8 %, warps an SM 7.8, registers 225.0 a thread
+   18.6%  BAR.SYNC.DEFER_BLOCKING 0x0                                   long_sb 3322, wait 17
+    5.0%  WARPGROUP.DEPBAR.LE gsb0, 0x0                                 barrier 858, not_selected 28
+  by opcode: BAR 21.1%, MUFU 13.7%
+"""
+
+
+def test_profile_sections_read_the_figures_the_readme_quotes():
+    from fp8kv.published.textfiles import profile_section, profile_sections
+    secs = profile_sections(PROFILE, "p.txt")
+    odd = profile_section(secs, "32/32/80 ", "p.txt")
+    assert (odd["duration"], odd["DRAM"], odd["bytes_x"], odd["L2 throughput"]) == (2020.0, 70.4, 1.27, 93.1)
+    assert odd["issue slots busy"] == 37.8 and odd["samples"] == []  # the stall line is not a sample
+    t = profile_section(secs, "71/1/64 FP8 e4m3, triton", "p.txt")
+    assert (t["issue active"], t["tensor pipe"], t["DRAM"], t["warps an SM"]) == (40.4, 22.8, 18.9, 7.8)
+    assert "bytes_x" not in t
+    assert t["samples"] == [(18.6, "BAR.SYNC.DEFER_BLOCKING 0x0"), (5.0, "WARPGROUP.DEPBAR.LE gsb0, 0x0")]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("no sections at all\n", "no '== <kernel>' section"),
+    ("== 8/1/256\n  DRAM 50 %\n", "has no 'duration'"),
+    ("== a\n  duration 1 us\n== a\n  duration 2 us\n", "appears twice"),
+])
+def test_a_profile_that_is_not_a_summary_is_named(text, message):
+    from fp8kv.published.textfiles import profile_sections
+    with pytest.raises(ValueError, match=message) as err:
+        profile_sections(text, "p.txt")
+    assert "p.txt" in str(err.value)
+
+
+@pytest.mark.parametrize("starts", ["16/16/256", ""])  # none, both
+def test_a_profile_section_that_is_not_there_or_not_one_is_named(starts):
+    from fp8kv.published.textfiles import profile_section, profile_sections
+    with pytest.raises(ValueError, match="expected one"):
+        profile_section(profile_sections(PROFILE, "p.txt"), starts, "p.txt")
+
+
+CONSOLE = """# header
+
+                          case   B   ctx  splits        us  GB/s  %copy  rel_err check
+           triton bf16 dequant   1  4096      32     12.38  1357  33.02 0.002077  True
+triton-gluon=True fp8 dequant   1  4096      32        10 840.1  20.45 0.001665  True
+           triton bf16 dequant   1  4096       8     22.50  2000  40.00 0.002000  True
+triton-gluon=True fp8 dequant   1  4096       8     17.47  1921  46.76 0.001694  True
+           triton bf16 dequant  64 16384       3      1000  4000  90.00 0.002000  True
+triton-gluon=True fp8 dequant  64 16384       3 1.075e+04  3196  77.78 0.001681  True
+           triton bf16 dequant  64 16384       1      4000  4000  90.00 0.002000  True
+triton-gluon=True fp8 dequant  64 16384       1      2384  3604  87.71 0.001653 False
+copy bandwidth: 4109 GB/s
+"""
+
+
+def test_console_table_gives_each_row_its_shape():
+    from fp8kv.published.textfiles import console_table
+    t = console_table(CONSOLE, ["32/8/128", "32/32/128"], "c.txt")
+    assert len(t) == 8 and list(t["shape"]) == ["32/8/128"] * 2 + ["32/32/128"] * 2 + ["32/8/128"] * 2 + ["32/32/128"] * 2
+    g = t[t["case"] == "triton-gluon=True fp8 dequant"].set_index(["shape", "batch"])
+    assert g.loc[("32/8/128", 64), "time_us"] == 10750.0 and g.loc[("32/32/128", 1), "time_us"] == 17.47
+    assert not g.loc[("32/32/128", 64), "check_passed"] and g.loc[("32/32/128", 1), "check_passed"]
+
+
+@pytest.mark.parametrize("text, shapes, message", [
+    ("no table\n", ["a"], "no table headed"),
+    (CONSOLE, ["32/8/128"], "more than 1 shapes"),
+    (CONSOLE, ["a", "b", "c"], "expected 3"),
+    (CONSOLE.replace("12.38", "twelve"), ["a", "b"], "does not parse"),
+    (CONSOLE.replace("   1  4096      32     12.38", "   1  4096", 1), ["a", "b"], "does not parse"),
+    (CONSOLE.replace("           triton bf16 dequant   1  4096      32     12.38  1357  33.02 0.002077  True",
+                     "      1  4096  True", 1), ["a", "b"], "fields"),
+])
+def test_a_console_table_that_does_not_read_is_named(text, shapes, message):
+    from fp8kv.published.textfiles import console_table
+    with pytest.raises(ValueError, match=message) as err:
+        console_table(text, shapes, "c.txt")
+    assert "c.txt" in str(err.value)
+
+
+def test_rule_ratios_average_repeated_timings_and_name_a_missing_rule():
+    from fp8kv.published.probes import rule_ratios
+    rows = pd.DataFrame({"shape": ["a"] * 3 + ["b"] * 2, "rule": ["before", "after", "before", "before", "after"],
+                         "time_us": [10.0, 9.0, 8.0, 4.0, 5.0], "splits": [3, 2, 3, 1, 1]})
+    r = rule_ratios(rows, ["shape"], "rule", "after", "before", "x.json", extra=("splits",)).set_index("shape")
+    assert r.loc["a", "old_us"] == 9.0 and r.loc["a", "x"] == 1.0 and r.loc["b", "x"] == 1.25
+    assert (r.loc["a", "splits_old"], r.loc["a", "splits_new"]) == (3, 2)
+    with pytest.raises(ValueError, match=r"x\.json: point .*'b'.* lacks"):
+        rule_ratios(rows.drop(index=4), ["shape"], "rule", "after", "before", "x.json")
+    with pytest.raises(ValueError, match=r"x\.json: lacks columns \['min_waves'\]"):
+        rule_ratios(rows, ["shape"], "min_waves", 4, 2, "x.json")

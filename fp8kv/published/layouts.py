@@ -17,7 +17,7 @@ from .decode import claim
 from .fmt import num, pct, sci_span, span, times
 from .sources import Sources, ok_rows
 
-__all__ = ["layouts", "shape_of", "LAYOUTS_64", "LAYOUTS_1", "LAYOUTS_64_BEFORE"]
+__all__ = ["layouts", "shape_of", "table_of", "LAYOUTS_64", "LAYOUTS_1", "LAYOUTS_64_BEFORE"]
 
 LAYOUTS_64 = "results/bench/nvidia-h200/20261204T184933Z.csv"
 LAYOUTS_1 = "results/bench/nvidia-h200/20261204T150103Z.csv"
@@ -33,7 +33,8 @@ def shape_of(row) -> str:
     return f"{int(row['num_q_heads'])}/{int(row['num_kv_heads'])}/{int(row['head_dim'])}"
 
 
-def _table(src: Sources, rel: str) -> pd.DataFrame:
+def table_of(src: Sources, rel: str) -> pd.DataFrame:
+    """:func:`~fp8kv.bench.layout_table` of a layouts run, indexed by shape (``"32/8/128"``)."""
     t = layout_table(src.csv(rel, ["status", "check_passed", "time_us"]))
     return t.assign(shape=[shape_of(r) for _, r in t.iterrows()]).set_index("shape")
 
@@ -48,7 +49,7 @@ def layouts(src: Sources) -> dict[str, str]:
     """Both layout tables, their notes and bullets."""
     v: dict[str, str] = {}
     raw = src.csv(LAYOUTS_64, ["status", "backend", "vllm", "copy_gbps"])
-    t64, t1 = _table(src, LAYOUTS_64), _table(src, LAYOUTS_1)
+    t64, t1 = table_of(src, LAYOUTS_64), table_of(src, LAYOUTS_1)
     v["layouts.table_64"] = layout_markdown(t64.reset_index(drop=True))
     dagger = {s for s in ("32/32/80", "32/32/96")}
     lines = layout_markdown(t1.reset_index(drop=True)).split("\n")
@@ -81,7 +82,7 @@ def layouts(src: Sources) -> dict[str, str]:
 
 def _bullets_64(src: Sources, t: pd.DataFrame) -> dict[str, str]:
     v = {}
-    before = _table(src, LAYOUTS_64_BEFORE)
+    before = table_of(src, LAYOUTS_64_BEFORE)
     for s in ("8/1/256", "28/4/128", "71/1/64"):
         key = s.replace("/", "_")
         v[f"layouts.before.{key}"] = f"{num(before.loc[s, 'fp8_us'])} → {num(t.loc[s, 'fp8_us'])}"
@@ -138,7 +139,7 @@ def _bullets_1(src: Sources, t: pd.DataFrame) -> dict[str, str]:
           "FP8 slower than its own BF16 exactly at 32/32/80, 32/32/96, 8/1/256 and 71/1/64", LAYOUTS_1)
     v["layouts.b1.x_bf16.8_1_256"] = times(t.loc["8/1/256", "fp8_x_bf16"])
     v["layouts.b1.x_bf16.71_1_64"] = times(t.loc["71/1/64", "fp8_x_bf16"])
-    before = _table(src, LAYOUTS_1_BEFORE)
+    before = table_of(src, LAYOUTS_1_BEFORE)
     for s in ("14/2/64", "71/1/64", "8/1/256", "32/32/128", "32/32/80", "32/32/96"):
         v[f"layouts.b1.before.{s.replace('/', '_')}"] = f"{num(before.loc[s, 'fp8_us'])} → {num(t.loc[s, 'fp8_us'])}"
     v["layouts.b1.before.14_2_64_bf16"] = f"{num(before.loc['14/2/64', 'bf16_us'])} → {num(t.loc['14/2/64', 'bf16_us'])}"

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .decode import decode_latency
-from .earlier import earlier
+from .earlier import earlier, later
 from .gluon import gluon
+from .gluon_probes import gluon_probes
+from .layout_probes import layout_probes
 from .layouts import layouts
 from .render import fill, unified_diff
 from .sources import REPO, Sources
@@ -16,7 +18,7 @@ from .step import step, window
 __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
-SECTIONS = (decode_latency, layouts, gluon, earlier, window, step)
+SECTIONS = (decode_latency, layouts, layout_probes, gluon, gluon_probes, earlier, later, window, step)
 
 
 def compute(src: Sources) -> dict[str, str]:

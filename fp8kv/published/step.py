@@ -43,6 +43,9 @@ def step(src: Sources) -> dict[str, str]:
         b4.append(four["bf16"] / four["fp8_e4m3"] - 1)
     claim(len(b1) == 3, "three models in the render", STEP)
     v = {"step.table": "\n".join(lines)}
+    shares = [100 * r["at_baseline_ceiling"]["attention_share"][k] for r in res["reading"].values()
+              for k in ("bf16", "fp8_e4m3")]
+    v["step.ceiling_attention"] = span(shares, 0)
     v["step.b1_within"] = num(max(abs(x["speedup"] - 1) for x in b1) * 100, 1)
     v["step.b1_attention"] = span([100 * x["attention_share"][k] for x in b1 for k in ("bf16", "fp8_e4m3")], 0)
     v["step.fp8_over_bf16_rate"] = ", ".join(times(r.loc["fp8_e4m3"] / r.loc["bf16"]) for r in rates.values())
