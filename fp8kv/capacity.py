@@ -1,4 +1,5 @@
-"""KV-cache capacity planner: how many tokens fit, in bf16 vs FP8, on a given GPU. The models and GPUs it
+"""KV-cache capacity planner: how many tokens fit, in bf16, FP8 or a format of :mod:`fp8kv.kv_formats` (INT8,
+INT4, KIVI, NVFP4, MXFP4, ...: bytes from ``kv_footprint``), on a given GPU. The models and GPUs it
 knows and the Hugging Face config reader are :mod:`fp8kv.capacity_registry`'s (importable from here too).
 
 The accounting follows the paged engines (vLLM's block manager):
@@ -54,6 +55,7 @@ from fp8kv.capacity_registry import (
     resolve_model,
 )
 from fp8kv.formats import KV_DTYPES, kv_dtype_info
+from fp8kv.kv_formats import KV_FORMAT_NAMES, KVFormat, kv_footprint, kv_format
 from fp8kv.quant import GRANULARITIES, kv_scale_bytes
 
 __all__ = ["ModelShape", "MODEL_SHAPES", "MODELS", "GPU", "GPUS", "CapacityError", "get_model", "get_gpu", "resolve_model",
@@ -87,12 +89,40 @@ class CapacityError(ValueError):
     """The inputs are valid but leave no room for a single KV block (e.g. weights do not fit)."""
 
 
-def _kv_dtype(kv_dtype):
-    """``kv_dtype_info`` that refuses non-strings (a bool or None is not a dtype name)."""
+def _kv_dtype(kv_dtype) -> tuple[str, torch.dtype | None, object, KVFormat | None]:
+    """``(name, torch dtype, fp8 format, None)`` of a KV element type (``kv_dtype_info``), or ``(name, None, None,
+    KVFormat)`` of a storage format of :mod:`fp8kv.kv_formats` (its codes and scales counted by ``kv_footprint``).
+    Non-strings (a bool or None is not a name) are a TypeError, unknown names a ValueError naming both sets."""
     if not isinstance(kv_dtype, (str, torch.dtype)):
         checks.fail(f"kv_dtype={kv_dtype!r} ({type(kv_dtype).__name__}); expected a name among "
-                    f"{list(KV_DTYPES)} or a torch dtype", TypeError)
-    return kv_dtype_info(kv_dtype)
+                    f"{list(KV_DTYPES)}, a KV format among {list(KV_FORMAT_NAMES)} or a torch dtype", TypeError)
+    try:
+        return (*kv_dtype_info(kv_dtype), None)
+    except ValueError:
+        if isinstance(kv_dtype, torch.dtype):
+            raise
+    try:
+        f = kv_format(kv_dtype)
+    except ValueError:
+        checks.fail(f"kv_dtype={kv_dtype!r} is not supported; expected one of the element types {list(KV_DTYPES)} "
+                    f"or a KV format among {list(KV_FORMAT_NAMES)}")
+    return f.name, None, None, f
+
+
+def _exact(x):
+    """An exact byte count (int or Fraction) as an int where it is whole, else as the float nearest it."""
+    return int(x) if getattr(x, "denominator", 1) == 1 else float(x)
+
+
+def _format_bytes(f: KVFormat, shape: ModelShape) -> tuple[object, object, int]:
+    """``(codes, scales)`` bytes per token and fixed bytes of format ``f`` for the whole model, from
+    :func:`fp8kv.kv_formats.kv_footprint` (the one count of a format's bytes). A format that cannot hold the
+    model's head_dim (a block that does not divide it) is a CapacityError naming both."""
+    try:
+        fp = kv_footprint(f, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, num_layers=shape.num_layers)
+    except ValueError as e:
+        raise CapacityError(f"kv_dtype={f.name!r} cannot store {shape.name}'s head_dim {shape.head_dim}: {e}") from e
+    return fp.codes, fp.per_token_scales, fp.fixed
 
 
 def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, utilization=0.9,
@@ -105,7 +135,13 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         Registry name (see ``MODEL_SHAPES``), a dict of ModelShape fields or a Hugging Face config
         dict, a ModelShape, or a path to a ``config.json`` (or its folder).
     kv_dtype : str | torch.dtype
-        KV element type: ``"bf16"``, ``"fp16"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` (or aliases).
+        KV element type: ``"bf16"``, ``"fp16"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` (or aliases), or a storage
+        format of :mod:`fp8kv.kv_formats` (``"int8_token_head"``, ``"int4_token_head"``, ``"kivi4_g32"``,
+        ``"nvfp4"``, ``"mxfp4"``, ... :data:`~fp8kv.kv_formats.KV_FORMAT_NAMES`): its bytes per token and fixed
+        bytes are :func:`~fp8kv.kv_formats.kv_footprint`'s (codes in ``kv_data_bytes_per_token``, scales and zero
+        points in ``scale_bytes_per_token``; ``element_size`` is the code's bits / 8), ``granularity`` is
+        ignored (None: the format names its scales), and a format whose block does not divide the model's
+        head_dim is a CapacityError.
     kv_memory_gib : float, optional
         Memory given to the KV cache, GiB. Exclusive with ``gpu_memory_gib``.
     gpu_memory_gib : float | str, optional
@@ -149,7 +185,7 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         The weights leave no memory for the KV cache, or the memory holds no single block.
     """
     shape = resolve_model(model)
-    kv_name, kv_torch_dtype, fmt = _kv_dtype(kv_dtype)
+    kv_name, kv_torch_dtype, fmt, storage = _kv_dtype(kv_dtype)
     checks.one_of(granularity, "granularity", GRANULARITIES)
     utilization = checks.real(utilization, "utilization")
     if not 0 < utilization <= 1:
@@ -159,11 +195,16 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         max_model_len = checks.positive_int(max_model_len, "max_model_len")
 
     layers, hkv, d = shape.num_layers, shape.num_kv_heads, shape.head_dim
-    elem = torch.tensor([], dtype=kv_torch_dtype).element_size()
-    data_bpt = layers * 2 * hkv * d * elem
-    if fmt is None:
-        granularity = None  # 16-bit caches carry no scales
-    fixed, scale_bpt = kv_scale_bytes(granularity, num_layers=layers, num_kv_heads=hkv, head_dim=d)
+    if storage is not None:  # a kv_formats format: its codes and scales as kv_footprint counts them
+        granularity = None  # the format names its own scales
+        elem = storage.key.bits / 8
+        data_bpt, scale_bpt, fixed = _format_bytes(storage, shape)
+    else:
+        elem = torch.tensor([], dtype=kv_torch_dtype).element_size()
+        data_bpt = layers * 2 * hkv * d * elem
+        if fmt is None:
+            granularity = None  # 16-bit caches carry no scales
+        fixed, scale_bpt = kv_scale_bytes(granularity, num_layers=layers, num_kv_heads=hkv, head_dim=d)
     bpt = data_bpt + scale_bpt
 
     gpu_name, weights_bytes = None, None
@@ -199,7 +240,8 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
                 f"{shape.name} take {gib_text(weights_bytes)}; the weights do not fit")
 
     kv_bytes = budget - fixed
-    block_bytes = block_size * bpt
+    # A group spanning tokens (KIVI's keys) can leave a fraction of a byte per token: a block rounds up.
+    block_bytes = math.ceil(block_size * bpt)
     blocks = kv_bytes // block_bytes if kv_bytes > 0 else 0
     if blocks == 0:
         raise CapacityError(f"KV memory of {budget} bytes ({fixed} of them fixed scales) holds no block "
@@ -214,10 +256,10 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     return dict(
         model=shape.name, kv_dtype=kv_name, granularity=granularity, block_size=block_size,
         element_size=elem, num_layers=layers, num_kv_heads=hkv, head_dim=d,
-        kv_data_bytes_per_token=data_bpt, scale_bytes_per_token=scale_bpt, bytes_per_token=bpt,
+        kv_data_bytes_per_token=_exact(data_bpt), scale_bytes_per_token=_exact(scale_bpt), bytes_per_token=_exact(bpt),
         fixed_scale_bytes=fixed, kv_budget_bytes=budget, kv_memory_bytes=kv_bytes,
         block_bytes=block_bytes, blocks=blocks, tokens=tokens, max_model_len=max_model_len,
-        max_concurrency=tokens / max_model_len, scale_overhead_bytes=fixed + scale_bpt * tokens,
+        max_concurrency=tokens / max_model_len, scale_overhead_bytes=_exact(fixed + scale_bpt * tokens),
         weights_bytes=weights_bytes, gpu=gpu_name, gpu_memory_gib=gpu_memory_gib,
         utilization=utilization, weights_gib=weights_gib, kv_memory_gib=kv_memory_gib,
     )
@@ -263,7 +305,7 @@ def capacity_table(models, gpus, kv_dtypes, granularities=("tensor",), **kw):
     for model in models:
         for gpu in (gpus if gpus is not None else [None]):
             for kv_dtype in kv_dtypes:
-                kv_name, _, fmt = _kv_dtype(kv_dtype)
+                kv_name, _, fmt, _ = _kv_dtype(kv_dtype)
                 for gran in (granularities if fmt is not None else granularities[:1]):
                     args = dict(kw, granularity=gran)
                     if gpu is not None:

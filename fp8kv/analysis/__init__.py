@@ -66,6 +66,14 @@ from .errors import (
     scale_argument,
     synthetic_vs_real,
 )
+from .format_errors import (
+    COMPARED_FORMATS,
+    format_accuracy,
+    kv_format_errors,
+    model_format_errors,
+    synthetic_format_errors,
+    through_format,
+)
 from .kv_stats import channel_amax, describe_kv
 from .roundtrip import cast_comparison, roundtrip_sweep, scale_sweep
 from .scale_health import (
@@ -79,7 +87,8 @@ from .scale_health import (
 )
 from .selection import format_names, registry_names
 
-__all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
+__all__ = ["COMPARED_FORMATS", "format_accuracy", "kv_format_errors", "model_format_errors", "synthetic_format_errors",
+           "through_format", "SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
            "error_vs_context", "attribution", "key_numbers", "saturation_long", "describe_kv", "channel_amax",
            "real_kv_error", "real_kv_error_or_reason", "synthetic_vs_real", "quantization_results",
            "capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough", "capacity_walkthroughs",

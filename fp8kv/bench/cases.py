@@ -22,6 +22,7 @@ from ..formats import KV_DTYPES, UNQUANTIZED_DTYPES, is_fp8
 from ..quant import GRANULARITIES, kv_scale_bytes
 from ..reference import output_tolerance
 from ..synthetic import CHUNK_ELEMS
+from .formats import QUANT_KV_DTYPES, format_bytes, format_footprint_bytes, format_support, is_quantized
 
 Q_DTYPES = UNQUANTIZED_DTYPES  # the query types a case may ask for
 
@@ -64,7 +65,7 @@ class Case:
             checks.positive_int(getattr(self, name), f"Case.{name}")
         if self.num_q_heads % self.num_kv_heads:
             _fail(f"Case.num_q_heads={self.num_q_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
-        choices = {"kv_dtype": KV_DTYPE_NAMES, "mode": MODES, "backend": BACKEND_NAMES,
+        choices = {"kv_dtype": (*KV_DTYPE_NAMES, *QUANT_KV_DTYPES), "mode": MODES, "backend": BACKEND_NAMES,
                    "granularity": GRANULARITIES, "q_dtype": tuple(Q_DTYPES), "layout": LAYOUTS,
                    "status": ("ready", "unsupported", "skipped")}
         for name, allowed in choices.items():
@@ -73,8 +74,11 @@ class Case:
         if not isinstance(self.options, dict):
             _fail(f"Case.options must be a dict of backend keyword arguments, got {type(self.options).__name__}",
                   TypeError)
+        if is_quantized(self.kv_dtype) and self.mode != "dequant":
+            _fail(f"Case.mode={self.mode!r} with kv_dtype={self.kv_dtype!r}; a quantized format's codes are "
+                  "dequantized in registers: expected 'dequant'")
         if not is_fp8(self.kv_dtype):
-            self.granularity = "tensor"  # 16-bit caches carry no scales
+            self.granularity = "tensor"  # 16-bit caches carry no scales; a quantized format names its own
         if not self.label:
             self.label = " ".join(x for x in (self.backend + (f"-{self.variant}" if self.variant else ""),
                                               self.kv_dtype, self.mode,
@@ -119,7 +123,9 @@ def bytes_moved(case: Case, seq_lens: Sequence[int] | None = None) -> dict:
     ``kv`` = Σ_b tokens_b × Hkv × D × 2 (K and V) × element size, with ``tokens_b = seq_len_b``, or
     ``min(seq_len_b, window)`` for a windowed case (the tokens it attends); ``scales`` = scale bytes read
     (fp32: two scalars for tensor, 2 × Hkv for head, 2 × Hkv × D for channel, 2 × Hkv per token for
-    token_head; 0 for 16-bit caches); ``q`` = B × Hq × D × q's size; ``out`` = B × Hq × D × the
+    token_head; 0 for 16-bit caches). A quantized format (:data:`.formats.QUANT_KV_DTYPES`) counts ``kv`` as its
+    codes and ``scales`` as its per-token and tensor scales, both from ``kv_footprint``
+    (:func:`.formats.format_bytes`); ``q`` = B × Hq × D × q's size; ``out`` = B × Hq × D × the
     output's size (an ``out_dtype`` among the options, else q's; fp32 for the reference). Block tables, seq_lens, the LSE and split-KV partials are not counted (< 0.1 %
     of ``kv`` at Hkv × D = 1024, except the partials, which are an implementation cost, not work).
     ``seq_lens`` defaults to ``[case.context] * case.batch``.
@@ -127,10 +133,13 @@ def bytes_moved(case: Case, seq_lens: Sequence[int] | None = None) -> dict:
     lens = [case.context] * case.batch if seq_lens is None else [int(n) for n in seq_lens]
     tokens = sum(lens) if case.window is None else sum(min(n, case.window) for n in lens)
     hkv, d = case.num_kv_heads, case.head_dim
-    kv = tokens * hkv * d * 2 * _elem_size(case.kv_dtype)
-    fixed, per_token = kv_scale_bytes(case.granularity if case.is_fp8 else None, num_layers=1, num_kv_heads=hkv,
-                                      head_dim=d)
-    scales = fixed + per_token * tokens
+    if is_quantized(case.kv_dtype):
+        kv, scales = format_bytes(case.kv_dtype, tokens, hkv, d)
+    else:
+        kv = tokens * hkv * d * 2 * _elem_size(case.kv_dtype)
+        fixed, per_token = kv_scale_bytes(case.granularity if case.is_fp8 else None, num_layers=1,
+                                          num_kv_heads=hkv, head_dim=d)
+        scales = fixed + per_token * tokens
     q = case.batch * case.num_q_heads * d * Q_DTYPES[case.q_dtype].itemsize
     out = case.batch * case.num_q_heads * d * _out_elem_size(case)
     return {"kv": kv, "scales": scales, "q": q, "out": out, "total": kv + scales + q + out}
@@ -138,13 +147,18 @@ def bytes_moved(case: Case, seq_lens: Sequence[int] | None = None) -> dict:
 
 def tolerance(case: Case) -> float:
     """Allowed ``||out - ref|| / ||ref||`` of ``case`` against the fp32 reference on the same dequantized
-    cache: :func:`fp8kv.reference.output_tolerance` (where the tolerance model is derived)."""
+    cache: :func:`fp8kv.reference.output_tolerance` (where the tolerance model is derived). A quantized
+    format's row takes its tolerance from its data (:func:`.formats.check_quantized`): NaN here."""
+    if is_quantized(case.kv_dtype):
+        return float("nan")
     return output_tolerance(case.backend, case.mode, case.q_dtype, case.granularity)
 
 
 # ----------------------------------------------------------------------------------------- memory
 def footprint_bytes(case: Case) -> int:
     """Device bytes a case needs at peak: pages + scales + build workspace + check + split partials."""
+    if is_quantized(case.kv_dtype):
+        return format_footprint_bytes(case)
     bs = case.block_size
     num_blocks = case.batch * math.ceil(case.context / bs)
     page_elems = num_blocks * bs * case.num_kv_heads * case.head_dim
@@ -240,7 +254,7 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
     grid = itertools.product(grid, _as_list(list(windows), "windows"))
     for (b, ctx, (hq, hkv, d), bs, kv, backend, mode, gran), window in grid:
         if mode == "fp8" and not is_fp8(kv):
-            continue  # not a combination: fp8 mode is about FP8 KV
+            continue  # not a combination: fp8 mode is about FP8 KV (a quantized format's runs in dequant mode)
         opts_list = {"triton": tri_opts, "flashinfer": fi_opts}.get(backend, [{}])
         for opts in opts_list:
             case = Case(b, ctx, hq, hkv, d, bs, kv, mode, backend, gran, q_dtype, layout, dict(opts), window=window,
@@ -249,9 +263,14 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
             if key in seen:
                 continue
             seen.add(key)
-            ok, why = capability_check(backend, kv, mode, arch, case.granularity, d, layout)
-            if ok:
-                ok, why = check_query(backend, q_dtype, kv)
+            if is_quantized(kv):  # the format's capability rows; the kernel takes any 16/32-bit query
+                ok, why = format_support(backend, kv, arch)
+                if ok and window is not None:
+                    ok, why = False, f"the quantized-page kernel reads the whole context; {kv} has no window rows"
+            else:
+                ok, why = capability_check(backend, kv, mode, arch, case.granularity, d, layout)
+                if ok:
+                    ok, why = check_query(backend, q_dtype, kv)
             if not ok:
                 case.status, case.reason = "unsupported", why
             elif footprint_bytes(case) > budget:

@@ -29,6 +29,7 @@ from .attend import (
     attend_sweep,
 )
 from .cases import Q_DTYPES, Case, footprint_bytes, memory_budget, sweep
+from .formats import QUANT_KV_DTYPES
 from .measure import run
 from .report import check_failed, save, summary
 
@@ -102,6 +103,14 @@ PRESETS = {
     "layouts-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 4, 32), (4, 1, 64), (6, 2, 48)], block_sizes=[16],
                           kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                           granularities=["tensor"], flashinfer_tensor_cores=[True]),
+    # The quantized formats through fp8kv's quantized-page kernel beside FP8 and BF16, same shapes (Llama-3-8B's
+    # GQA and an MQA-like 8:1), every row checked against its oracle first.
+    "formats": dict(batches=[1, 16, 64], contexts=[4096, 16384, 32768], shapes=[(32, 8, 128), (8, 1, 128)],
+                    block_sizes=[16], kv_dtypes=[*QUANT_KV_DTYPES, "fp8_e4m3", "bf16"], modes=["dequant"],
+                    backends=["triton"], granularities=["tensor"]),
+    "formats-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 2, 64), (2, 1, 32)], block_sizes=[16],
+                          kv_dtypes=[*QUANT_KV_DTYPES, "fp8_e4m3", "bf16"], modes=["dequant"],
+                          backends=["triton", "reference"], granularities=["tensor"]),
     **ATTEND_PRESETS,  # several new tokens per sequence (fp8kv.bench.attend): their grids hold q_lens
     "breakeven": dict(BREAKEVEN_GRID),  # the latency lines fp8kv.analysis.breakeven fits (its one home)
 }
@@ -131,6 +140,10 @@ PRESET_HELP = {
              "FlashInfer and vLLM's Triton kernel (where vllm imports) on the layouts it covers (MHA, GQA 2-8; "
              "D 64-128), B 1-64 x context 4k-16k (GPU)",
     "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
+    "formats": "the quantized KV formats (INT8 / INT4 per token and head, NVFP4, MXFP4) through fp8kv's "
+               "quantized-page kernel beside fp8_e4m3 and bf16: B 1/16/64 x context 4k/16k/32k, Hq:Hkv:D 32:8:128 "
+               "and 8:1:128, every row checked against its oracle (GPU)",
+    "formats-smoke": "the same formats at a tiny size that runs anywhere, the oracle beside; on CPU add --interpret",
     **ATTEND_PRESET_HELP,
     "breakeven": "9 log-spaced contexts 512-32k x B 1/16/64, Hq:Hkv 32:8, D 128, bf16 vs fp8_e4m3, Triton and "
                  "FlashInfer: the latency lines fp8kv.analysis.breakeven_context fits and crosses (GPU)",
@@ -187,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-sizes", type=int, nargs="+", metavar="P", help="tokens per cache page (default 16)")
     p.add_argument("--page-layout", choices=LAYOUTS,
                    help="cache pages [blocks, block_size, Hkv, D] (NHD, the default) or [blocks, Hkv, block_size, D] (HND)")
-    p.add_argument("--kv-dtypes", nargs="+", choices=KV_DTYPE_NAMES, help="cache element types")
+    p.add_argument("--kv-dtypes", nargs="+", choices=(*KV_DTYPE_NAMES, *QUANT_KV_DTYPES),
+                   help="cache element types, or quantized formats read by fp8kv's quantized-page kernel")
     p.add_argument("--modes", nargs="+", choices=MODES,
                    help="dequant: FP8 pages widened to the query's type; fp8: FP8 tensor-core dots")
     p.add_argument("--backends", nargs="+", choices=BACKEND_NAMES, help="decode implementations to time")
@@ -253,7 +267,7 @@ def preset_grid(name: str, device=None, **overrides) -> dict:
 
     checks.one_of(name, "preset", tuple(PRESETS))
     grid = {**PRESETS[name], **overrides}
-    if name in ("smoke", "layouts-smoke") and "kv_dtypes" not in overrides and resolve_device(device).type == "cpu":
+    if name in ("smoke", "layouts-smoke", "formats", "formats-smoke") and "kv_dtypes" not in overrides and resolve_device(device).type == "cpu":
         grid["kv_dtypes"] = ["fp16" if k == "bf16" else k for k in grid["kv_dtypes"]]
     return grid
 

@@ -24,6 +24,7 @@ from ..sweeps import machine_fields, release_memory, run_metadata
 from ..synthetic import random_paged_cache
 from .cases import Q_DTYPES, Case, bytes_moved, tolerance
 from .ceiling import measure_copy_bandwidth
+from .formats import check_quantized, clone_quantized, is_quantized, quantized_cache, quantized_call
 
 COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer", "vllm", "fp8kv_source",
@@ -195,13 +196,18 @@ def _measure_groups(cases, groups, rows, base, dev, bar, *, check, rep, warmup, 
         first = cases[idx[0]]
         caches: list[PagedKVCache] = []
         try:
-            caches = [synthetic_cache(first.batch, first.context, first.num_kv_heads, first.head_dim,
-                                      block_size=first.block_size, kv_dtype=first.kv_dtype,
-                                      granularity=first.granularity, layout=first.layout, device=dev,
-                                      seed=first.seed)]
+            quantized = is_quantized(first.kv_dtype)
+            if quantized:
+                caches = [quantized_cache(first, dev)]
+            else:
+                caches = [synthetic_cache(first.batch, first.context, first.num_kv_heads, first.head_dim,
+                                          block_size=first.block_size, kv_dtype=first.kv_dtype,
+                                          granularity=first.granularity, layout=first.layout, device=dev,
+                                          seed=first.seed)]
             if rotate and dev.type == "cuda":
                 kvb = caches[0].nbytes
-                caches += [caches[0].clone() for _ in range(math.ceil(4 * _l2_bytes(dev) / kvb) - 1)]
+                copy = clone_quantized if quantized else type(caches[0]).clone
+                caches += [copy(caches[0]) for _ in range(math.ceil(4 * _l2_bytes(dev) / kvb) - 1)]
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
         except Exception as e:  # OOM or a broken build: the group's rows say so, the sweep goes on
@@ -251,13 +257,20 @@ def _measure(c: Case, caches: list[PagedKVCache], dev: torch.device, base: dict,
             values["kernel"] = f"flashinfer-{c.variant}" if c.variant else "flashinfer"
         # validated and planned once per cache (fp8kv.backends.planned): no host work left in the timed call
         window = {} if c.window is None else {"window": c.window}
-        calls = [planned(q, cache, c.backend, c.mode, **window, **c.options) for cache in caches]
-        if c.backend == "triton":
+        quantized = is_quantized(c.kv_dtype)
+        if quantized:  # fp8kv.ops.quant_decode: the kernel or its oracle, checked once per cache
+            calls = [quantized_call(q, cache, c.backend, c.options) for cache in caches]
+            values["kernel"] = "triton-quantized" if c.backend == "triton" else "reference-quantized"
+        else:
+            calls = [planned(q, cache, c.backend, c.mode, **window, **c.options) for cache in caches]
+        if c.backend == "triton" and not quantized:
             values.update(planned_launch(calls[0]))
         out = calls[0]()[0]
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        if check:
+        if check and quantized:  # against quantized_reference on the same pages, the tolerance from its scores
+            values.update(check_quantized(out, q, caches[0], _check_indices(c.batch, check_seqs), c.backend))
+        elif check:
             from ..reference import decode as ref_decode
 
             idx = _check_indices(c.batch, check_seqs)

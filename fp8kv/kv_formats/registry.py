@@ -165,10 +165,17 @@ class KVFormat:
 class Footprint:
     """Bytes of a stored tensor (or cache): ``per_token`` with each token (codes, per-token and grouped
     scales, zero points; exact, a Fraction when a group spans tokens) and ``fixed`` held once whatever
-    the length (per-tensor / per-head / per-channel scales)."""
+    the length (per-tensor / per-head / per-channel scales). ``codes`` is the part of ``per_token`` that is
+    codes; the rest, :attr:`per_token_scales`, is scales and zero points."""
 
     per_token: Fraction
     fixed: int
+    codes: Fraction = Fraction(0)
+
+    @property
+    def per_token_scales(self) -> Fraction:
+        """Bytes of scales and zero points stored with each token (``per_token - codes``)."""
+        return self.per_token - self.codes
 
     def nbytes(self, tokens: int) -> int:
         """Exact bytes for ``tokens`` tokens (a whole number when the token groups are full)."""
@@ -178,10 +185,10 @@ class Footprint:
         return int(total)
 
     def __add__(self, other: Footprint) -> Footprint:
-        return Footprint(self.per_token + other.per_token, self.fixed + other.fixed)
+        return Footprint(self.per_token + other.per_token, self.fixed + other.fixed, self.codes + other.codes)
 
     def __mul__(self, n: int) -> Footprint:
-        return Footprint(self.per_token * n, self.fixed * n)
+        return Footprint(self.per_token * n, self.fixed * n, self.codes * n)
 
 
 def footprint(c: Codec | str, num_heads: int, head_dim: int) -> Footprint:
@@ -197,7 +204,7 @@ def footprint(c: Codec | str, num_heads: int, head_dim: int) -> Footprint:
                         "channel_group": Fraction(h * d, c.block or 1)}.get(c.scaling, 0)
     fixed_scales = {"tensor": 1, "head": h, "channel": h * d}.get(c.scaling, 0)
     fixed = fixed_scales * per_scale + (SCALE_BYTES if c.tensor_scale else 0)
-    return Footprint(codes + per_token_scales * per_scale, fixed)
+    return Footprint(codes + per_token_scales * per_scale, fixed, codes)
 
 
 def kv_footprint(fmt: KVFormat | str, *, num_kv_heads: int, head_dim: int, num_layers: int = 1) -> Footprint:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from ..formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, FP8Format, kv_dtype_info
+from ..kv_formats import kv_format
+from ..kv_formats import quantize as format_quantize
 from ..quant import GRANULARITIES, SCALE_METHODS, compute_scale, quantize
 from .introspect import num_layers
 
@@ -100,6 +102,13 @@ class KVQuantConfig:
         baseline, whatever ``kv_dtype`` is: ``kv_dtype="fp16", quantize_k=False`` stores V in fp16 and K
         in bf16, labelled ``"fp16 V only"``). Bools.
     percentile : for ``"percentile"`` scales.
+    fmt : a storage format of :mod:`fp8kv.kv_formats` (``"int8_token_head"``, ``"int4_token_head"``,
+        ``"kivi4_g32"``, ``"nvfp4"``, ``"mxfp4"``, ...: :data:`~fp8kv.kv_formats.KV_FORMAT_NAMES`) instead of
+        ``kv_dtype``: K and V go through :func:`fp8kv.kv_formats.quantize` with the format's own scales
+        (``kv_dtype``, ``granularity`` and the scale fields are then not used). Token-local scales are those
+        of each token as it enters the cache; NVFP4's tensor scale comes from the forward's K (V), as
+        ``"amax"`` FP8 scales do; KIVI's keys are quantized in whole groups of G tokens, the last partial
+        group kept in bf16 (KIVI's full-precision residual).
     """
 
     name: str | None = None
@@ -111,8 +120,11 @@ class KVQuantConfig:
     quantize_k: bool = True
     quantize_v: bool = True
     percentile: float = 99.9
+    fmt: str | None = None
 
     def __post_init__(self):
+        if self.fmt is not None:
+            self.fmt = kv_format(self.fmt).name  # TypeError / ValueError naming fmt and the formats
         if not isinstance(self.kv_dtype, str):
             raise TypeError(f"kv_dtype={self.kv_dtype!r} ({type(self.kv_dtype).__name__}); expected a name among "
                             f"{KV_CONFIG_DTYPES}")
@@ -146,6 +158,9 @@ class KVQuantConfig:
     def label(self) -> str:
         if self.name:
             return self.name
+        if self.fmt is not None:
+            return " ".join([self.fmt] + (["V only"] if not self.quantize_k else []) +
+                            (["K only"] if not self.quantize_v else []))
         # Results are keyed by label, so every field that changes what is computed shows in it: the
         # quantize flags too for a 16/32-bit cache (its other side is bf16: "fp16 V only" is not "fp16").
         if not self.is_fp8:
@@ -163,6 +178,9 @@ class KVQuantConfig:
 
     def describe(self) -> dict:
         """The configuration as plain columns for result tables."""
+        if self.fmt is not None:
+            return dict(config=self.label, kv_dtype=self.fmt, granularity="-", k_scale="-", v_scale="-",
+                        scale_factor=self.scale_factor, quantize_k=self.quantize_k, quantize_v=self.quantize_v)
         return dict(config=self.label, kv_dtype=self.kv_dtype, granularity=self.granularity if self.is_fp8 else "-",
                     k_scale=_describe_scale(self.k_scale) if self.is_fp8 else "-",
                     v_scale=_describe_scale(self.v_scale) if self.is_fp8 else "-",
@@ -189,6 +207,8 @@ def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
     info = dict(saturated=0, underflow=0, numel=x.numel(), scale=float("nan"), amax=amax)
     if not quantize_side:  # the baseline's bf16, for a 16/32-bit kv_dtype too (as documented)
         return round_through(x, torch.bfloat16), info
+    if cfg.fmt is not None:
+        return _through_format(x, cfg, which, info)
     if not cfg.is_fp8:
         return round_through(x, UNQUANTIZED_DTYPES[cfg.kv_dtype]), info
     xt = x.transpose(1, 2)  # [B, T, H, D]: leading dims are tokens, as fp8kv.quant expects
@@ -202,3 +222,18 @@ def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
     q = quantize(xt, cfg.fp8_format, cfg.granularity, scale=s, percentile=cfg.percentile)
     info.update(saturated=q.saturated, underflow=q.underflow, scale=float(q.scale.mean()))
     return q.dequantize(torch.float32).to(x.dtype).transpose(1, 2), info
+
+
+def _through_format(x: torch.Tensor, cfg: KVQuantConfig, which: str, info: dict):
+    """:func:`quantize_kv` of a kv_formats format: ``x`` ``[B, H, T, D]`` quantized per the format's K or V codec
+    and dequantized (tokens in whole groups where its scales span tokens; the rest rounded to bf16)."""
+    f = kv_format(cfg.fmt)
+    codec = f.key if which == "k" else f.value
+    xt = x.detach().transpose(1, 2).float()  # [B, T, H, D]: leading dims are tokens
+    n = xt.shape[1] // codec.block * codec.block if codec.scaling == "channel_group" else xt.shape[1]
+    out = round_through(xt, torch.bfloat16)  # KIVI's residual: tokens of a group not yet full
+    if n:
+        enc = format_quantize(xt[:, :n].contiguous(), codec)
+        out[:, :n] = enc.dequantize()
+        info.update(saturated=enc.saturated, underflow=enc.underflow, scale=float(enc.scales.float().mean()))
+    return out.to(x.dtype).transpose(1, 2), info

@@ -15,9 +15,9 @@ from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, interpreter_on
 from ...launch_options import MAX_BLOCK_N
 from .launcher import QUANT_DECODE_FORMATS, quant_decode_launch, run_quant_decode
-from .oracle import quantized_reference
+from .oracle import kernel_tolerance, quantized_reference
 
-__all__ = ["paged_decode_quantized", "quantized_reference", "QUANT_DECODE_FORMATS", "QUANT_OUT_DTYPES"]
+__all__ = ["paged_decode_quantized", "quantized_reference", "kernel_tolerance", "QUANT_DECODE_FORMATS", "QUANT_OUT_DTYPES"]
 
 QUANT_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

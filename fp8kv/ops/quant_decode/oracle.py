@@ -8,9 +8,9 @@ import torch
 
 from ... import checks
 from ...cache.quantized import QuantizedPagedKVCache
-from ...reference import attention
+from ...reference import attention, score_bound, unit_roundoff
 
-__all__ = ["quantized_reference"]
+__all__ = ["quantized_reference", "kernel_tolerance"]
 
 
 def quantized_reference(q: torch.Tensor, cache: QuantizedPagedKVCache, sm_scale: float | None = None):
@@ -36,3 +36,23 @@ def quantized_reference(q: torch.Tensor, cache: QuantizedPagedKVCache, sm_scale:
         outs.append(o)
         lses.append(lse)
     return torch.stack(outs), torch.stack(lses)
+
+
+def kernel_tolerance(q: torch.Tensor, out_dtype: torch.dtype, cache: QuantizedPagedKVCache,
+                     sm_scale: float | None = None) -> float:
+    """Allowed ``||out - ref|| / ||ref||`` of :func:`~fp8kv.ops.quant_decode.paged_decode_quantized` against
+    :func:`quantized_reference` on the same pages.
+
+    Both read the same codes and scales, and the kernel's dot operands are exact in fp16 (INT8 codes -127..127,
+    INT4 -7..7, NVFP4 code x e4m3 block scale, MXFP4 code x its block's power of two relative to the token's
+    largest); per-token and tensor scales are applied in fp32, as the oracle does. What is left is fp16's rounding
+    (u = 2^-11): each probability times its V scale ratio, rounded once (u); the output rounded to ``out_dtype``
+    (its u); and a query of another dtype rounded to fp16, which moves each score by up to u x
+    :func:`fp8kv.reference.score_bound`. The probabilities' rounding errors average out across tokens, as in
+    :func:`fp8kv.reference.output_tolerance`'s dequant mode.
+    """
+    u16 = unit_roundoff("fp16")
+    tol = u16 + unit_roundoff(out_dtype)
+    if q.dtype != torch.float16:
+        tol += u16 * max(1.0, score_bound(q, cache, sm_scale))
+    return tol
