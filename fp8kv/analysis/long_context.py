@@ -37,7 +37,7 @@ close a flip came.
 
 :func:`long_context_verdict`: per entry x mode x error, *flat* when the error (median over heads) at the
 longest context is within ``max_growth`` (1.5) times its value at ``reference_context`` (4096), and the
-needle top-1 at every context; :func:`verdict_text` says it in sentences.
+needle top-1 at every context; :func:`long_context_text` says it in sentences.
 
 Memory: the fp32 K/V of the longest context (``2 x L x Hkv x D x 4`` bytes: 256 MiB at 128k with the
 default 2 KV heads of 128) plus its FP8 cache; the scores are ``Hq x L`` per query. On a CPU (Triton's
@@ -55,7 +55,7 @@ from .. import checks
 from ..formats import kv_dtype_info
 
 __all__ = ["LONG_CONTEXTS", "SMOKE_CONTEXTS", "LONG_CONTEXT_MODES", "ENTRIES", "ERRORS", "DEFAULT_MARGIN",
-           "MAX_GROWTH", "long_context_error", "long_context_verdict", "verdict_text"]
+           "MAX_GROWTH", "long_context_error", "long_context_verdict", "long_context_text"]
 
 LONG_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)  # a GPU's run: 4k to 128k, doubling
 SMOKE_CONTEXTS = (256, 512, 1024, 2048)  # what Triton's interpreter does in seconds
@@ -214,7 +214,7 @@ def _one_context(k_all, v_all, length, *, q_len, num_q_heads, modes, entries, kv
 
     rng = np.random.default_rng([seed, length])  # the needle's depth and direction: per context, reproducible
     d = k_all.shape[-1]
-    sm_scale = 1.0 / math.sqrt(d)
+    sm_scale = checks.resolved_softmax_scale(None, d)
     k, v = k_all[:length].clone(), v_all[:length]
     q = queries_like_llm(q_len, num_q_heads, d, seed=seed + 1, position=list(range(length - q_len, length)),
                          device=device)
@@ -398,7 +398,7 @@ def long_context_verdict(errors, needles, *, reference_context: int = 4096, max_
     return pd.DataFrame(out)
 
 
-def verdict_text(verdict, error: str = "total") -> list[str]:
+def long_context_text(verdict, error: str = "total") -> list[str]:
     """One sentence per entry x mode of :func:`long_context_verdict`'s table, for ``error`` (one of :data:`ERRORS`)."""
     import pandas as pd
 
