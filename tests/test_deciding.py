@@ -47,6 +47,11 @@ def test_headline_speed_per_batch_best_line_first():
     assert "at every measured context (512-32,768 tokens) at batch 64 (triton, fp8 mode)" in text
     assert "batch 4" not in text  # a line that was refused answers nothing
     assert "beyond 6,000" in dc.headline("NVIDIA H200", crossings=cr, backend="triton")
+    sure = cr.assign(crossing_lo=2800.0, crossing_hi=3200.0, slope_gap_z=5.0)
+    assert "beyond 3,000 tokens per sequence (95 %: 2,800-3,200) at batch 1" in dc.headline("H200", crossings=sure)
+    loose = sure.assign(crossing_lo=-900.0, slope_gap_z=1.5)
+    assert ("beyond 3,000 tokens per sequence (95 %: 0-3,200) (ill-determined: the lines are nearly parallel) at "
+            "batch 1") in dc.headline("H200", crossings=loose)
     assert "no FP8 latency line held" in dc.headline("cpu", crossings=cr[cr["status"] != "ok"])
 
 

@@ -97,10 +97,18 @@ def _pays(crossings, backend: str | None) -> list[str]:
                        f"{batch} ({_what(r)})")
         elif not beyond.empty:
             r = beyond.iloc[0]
-            out.append(f"beyond {r['crossing_tokens']:,.0f} tokens per sequence at batch {batch} ({_what(r)})")
+            out.append(f"beyond {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at batch {batch} "
+                       f"({_what(r)})")
         else:
             out.append(f"never within {g['tokens_lo'].min():,.0f}-{g['tokens_hi'].max():,.0f} tokens at batch {batch}")
     return out
+
+
+def _interval(r) -> str:
+    """`` (95 %: lo-hi)``, and a warning where the lines are nearly parallel (the crossing is ill-determined)."""
+    lo, hi, z = r.get("crossing_lo", math.nan), r.get("crossing_hi", math.nan), r.get("slope_gap_z", math.inf)
+    text = f" (95 %: {max(lo, 0):,.0f}-{hi:,.0f})" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return text + (" (ill-determined: the lines are nearly parallel)" if z < 2 else "")
 
 
 def _what(r) -> str:
