@@ -105,12 +105,12 @@ def test_exact_attention_is_the_oracle_on_unrounded_values():
 
 
 @pytest.mark.parametrize("margin", [0.25, 2.0])
-def test_needle_leads_by_the_margin_in_exact_attention(margin):
+def test_needle_beats_the_runner_up_by_the_margin_in_exact_attention(margin):
     errors, needles = lc.long_context_error((64,), backend="reference", modes="dequant", margin=margin,
                                             **SMALL)
     assert needles["needle_top1_exact"].all()
-    # over all the queries (the attend's) the tightest head leads by exactly the margin (the needle's length is
-    # chosen for it); the decode's one query leads by at least that
+    # over all the queries (the attend's) the tightest head beats the runner-up by exactly the margin (the needle's length is
+    # chosen for it); the decode's one query by at least that
     attend = needles[needles["entry"] == "attend"]
     np.testing.assert_allclose(attend["margin_exact"], margin, rtol=1e-4)
     assert (needles["margin_exact"] >= margin * (1 - 1e-4)).all()
@@ -118,7 +118,7 @@ def test_needle_leads_by_the_margin_in_exact_attention(margin):
 
 
 def test_needle_survives_e4m3_and_the_kernel_weights_it_as_the_oracle(triton_run):
-    """With the default lead of one logit the needle stays on top of the e4m3 cache, and the weight the kernel
+    """With the default margin of one logit the needle stays on top of the e4m3 cache, and the weight the kernel
     gives it (from its LSE) is the oracle's within the kernel's LSE tolerance."""
     _, needles = triton_run
     assert needles["needle_top1"].all() and (needles["needle_top1_frac"] == 1).all()
@@ -131,8 +131,8 @@ def test_needle_survives_e4m3_and_the_kernel_weights_it_as_the_oracle(triton_run
 
 
 def test_a_needle_within_fp8s_noise_is_seen_to_flip():
-    """A lead of a thousandth of a logit on an e5m2 cache (two mantissa bits): the quantized scores put another
-    position first for some query heads, and the table says so where the measured lead is below zero."""
+    """A margin of a thousandth of a logit on an e5m2 cache (two mantissa bits): the quantized scores put another
+    position first for some query heads, and the table says so where the measured margin is below zero."""
     _, needles = lc.long_context_error((40, 96), backend="reference", modes="dequant", kv_dtype="fp8_e5m2",
                                        margin=1e-3, **SMALL)
     assert needles["needle_top1_exact"].all()

@@ -63,9 +63,9 @@ LONG_CONTEXT_MODES = ("dequant", "fp8")
 ENTRIES = ("decode", "attend")
 ERRORS = ("kernel", "quantization", "total")
 BACKENDS = ("triton", "flashinfer", "reference")  # those that return an LSE (the needle's kernel weight needs it)
-# The needle's score lead over the runner-up, in logits: e^1 = 2.7x the runner-up's weight, a clear retrieval.
+# The needle's score margin over the runner-up, in logits: e^1 = 2.7x the runner-up's weight, a clear retrieval.
 # e4m3 moves the needle queries' scores (of order ten to twenty) by up to about a logit (measured on these
-# synthetic caches: a lead of 0.5 flips in a few of 48 draws, one of 1.0 in none), so a flip is possible,
+# synthetic caches: a margin of 0.5 flips in a few of 48 draws, one of 1.0 in none), so a flip is possible,
 # not expected.
 DEFAULT_MARGIN = 1.0
 MAX_GROWTH = 1.5  # "flat": the longest context's error within 1.5x the reference context's
@@ -136,8 +136,8 @@ def _plant_needle(k, q, position: int, margin: float, sm_scale: float, rng: np.r
         visible = torch.arange(length, device=k.device)[None, :] <= (length - n + torch.arange(n, device=k.device))[:, None]
         s = s.masked_fill(~(visible & others)[:, None, :], float("-inf"))
         best = s.amax(dim=-1)  # [n, G]: the runner-up's score of every query head
-        lead = torch.einsum("ngd,d->ng", qh, u[h]) * sm_scale  # score per unit of needle length, > 0
-        length_needed = float(((best + margin) / lead).amax())
+        per_length = torch.einsum("ngd,d->ng", qh, u[h]) * sm_scale  # score per unit of needle length, > 0
+        length_needed = float(((best + margin) / per_length).amax())
         k[position, h] = length_needed * u[h]
         lengths.append(length_needed / float(k[:, h].norm(dim=-1).median()))
     return rounded, lengths
@@ -275,7 +275,7 @@ def long_context_error(contexts=LONG_CONTEXTS, *, modes=LONG_CONTEXT_MODES, entr
         :class:`~fp8kv.capability.UnsupportedError` before anything runs.
     q_dtype : the queries' type: None (bf16 on a GPU, fp16 on a CPU, where Triton's interpreter gets bf16
         wrong), ``"bf16"``, ``"fp16"`` or the torch dtype. Every path reads the same rounded queries.
-    block_size : the cache's page size. margin : the needle's exact score lead, logits (> 0).
+    block_size : the cache's page size. margin : the needle's exact score margin, logits (> 0).
     seed : an int >= 0; K/V, queries and each context's needle follow from it.
     device : None / ``"auto"`` (a GPU where there is one), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
 
@@ -287,7 +287,7 @@ def long_context_error(contexts=LONG_CONTEXTS, *, modes=LONG_CONTEXT_MODES, entr
         context) and ``needle_length_ratio`` (its length over the median key's). ``needles``: one row per
         context x entry x mode with those keys and ``needle_top1`` (every query head's top-scored position on
         the dequantized cache is the needle), ``needle_top1_frac``, ``needle_top1_exact`` (the same on exact
-        scores: True by construction), ``margin_exact`` / ``margin_fp8`` (the smallest score lead over the
+        scores: True by construction), ``margin_exact`` / ``margin_fp8`` (the smallest score margin over the
         runner-up, logits), ``needle_weight_exact`` / ``_oracle`` / ``_kernel`` (median over heads and queries).
     """
     import pandas as pd

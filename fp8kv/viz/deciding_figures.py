@@ -253,7 +253,7 @@ def long_context_errors(errors, *, statistic: str = "rel_err_median", title: str
 def needle_margins(needles, *, title: str | None = None) -> go.Figure:
     """The needle test of ``fp8kv.analysis.long_context_error`` against the context, two panels.
 
-    Left: the needle's score lead over the runner-up (logits, the smallest over heads and queries), exact and on
+    Left: the needle's score margin over the runner-up (logits, the smallest over heads and queries), exact and on
     the dequantized FP8 cache, a line per entry (the scores do not depend on the mode); below the dashed zero
     line the needle lost top-1, and such points are crosses. Right: the weight the kernel gave the needle (from
     its LSE, median over heads, %) per entry and mode (FP8 mode dashed), exact attention's weight in grey."""
@@ -262,7 +262,7 @@ def needle_margins(needles, *, title: str | None = None) -> go.Figure:
     require_columns(needles, ["context", "entry", "mode", "margin_exact", "margin_fp8", "needle_top1",
                               "needle_weight_exact", "needle_weight_kernel"], "needles", rows=True)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=["score lead over the runner-up (logits)", "weight on the needle (%)"])
+                        subplot_titles=["score margin over the runner-up (logits)", "weight on the needle (%)"])
     entries = list(dict.fromkeys(needles["entry"]))
     pairs = list(dict.fromkeys(zip(needles["entry"], needles["mode"], strict=True)))
     labels = ["exact (fp32 K/V)"] + [f"FP8 cache, fp8kv.{e}" for e in entries] + [f"fp8kv.{e} {m}" for e, m in pairs]
@@ -270,7 +270,7 @@ def needle_margins(needles, *, title: str | None = None) -> go.Figure:
     exact = needles.groupby("context", as_index=False)[["margin_exact", "needle_weight_exact"]].min()
     fig.add_trace(go.Scatter(x=exact["context"], y=exact["margin_exact"], mode="lines+markers", name=labels[0],
                              line=dict(color="gray", width=3), legendgroup="exact",
-                             hovertemplate="%{x:,} tokens: lead %{y:.3f} logits<extra>exact</extra>"), row=1, col=1)
+                             hovertemplate="%{x:,} tokens: margin %{y:.3f} logits<extra>exact</extra>"), row=1, col=1)
     for entry in entries:
         g = needles[needles["entry"] == entry].groupby("context", as_index=False).agg(
             margin_fp8=("margin_fp8", "min"), needle_top1=("needle_top1", "all")).sort_values("context")
@@ -279,7 +279,7 @@ def needle_margins(needles, *, title: str | None = None) -> go.Figure:
                                  line=dict(color=colours[name]),
                                  marker=dict(color=colours[name], size=9,
                                              symbol=["circle" if ok else "x" for ok in g["needle_top1"]]),
-                                 hovertemplate="%{x:,} tokens: lead %{y:.3f} logits<extra>" + name + "</extra>"),
+                                 hovertemplate="%{x:,} tokens: margin %{y:.3f} logits<extra>" + name + "</extra>"),
                       row=1, col=1)
     fig.add_hline(y=0, line_dash="dash", line_color="gray", row=1, col=1)
     fig.add_trace(go.Scatter(x=exact["context"], y=exact["needle_weight_exact"], mode="lines", showlegend=False,
@@ -297,6 +297,6 @@ def needle_margins(needles, *, title: str | None = None) -> go.Figure:
     measured_ticks(fig, "x", needles["context"].unique(), "context")
     fig.update_yaxes(title_text="logits", row=1, col=1)
     fig.update_yaxes(title_text="attention weight (%)", tickformat=PERCENT, rangemode="tozero", row=1, col=2)
-    fig.update_layout(title=title or "Needle: still the top position after FP8? (lead in logits; below 0 it is "
+    fig.update_layout(title=title or "Needle: still the top position after FP8? (margin in logits; below 0 it is "
                                      "not; weight in %)", legend_title_text="scores / weights")
     return fig
