@@ -15,6 +15,10 @@ so notebooks only choose inputs, call, draw and save, and results of several GPU
   one (latency lines fitted to bench rows, their crossing and its uncertainty).
 * :mod:`~fp8kv.analysis.scale_health`: per layer and KV head, what each scale method saturates or flushes
   to zero and what it costs; the layers to keep 16-bit, and their price in tokens.
+* :mod:`~fp8kv.analysis.long_context`: error against context to 128k tokens for fp8kv's decode and attend
+  (the kernel's error apart from FP8's) and a planted needle that must stay the top-attended position.
+* :mod:`~fp8kv.analysis.deciding` (notebook 09): the answer in a sentence from the three above it, and
+  whether the keep-16-bit advice holds on text it was not chosen on.
 * :mod:`~fp8kv.analysis.selection`: names a notebook selects from a registry, checked.
 """
 
@@ -50,6 +54,7 @@ from .capacity import (
     tokens_ratio,
     walkthrough_text,
 )
+from .deciding import headline, heldout_advice, heldout_scale_health
 from .decode_grids import DECODE_GRIDS, DecodeGrid, decode_grid
 from .errors import (
     QUANTIZE,
@@ -75,6 +80,13 @@ from .format_errors import (
     through_format,
 )
 from .kv_stats import channel_amax, describe_kv
+from .long_context import (
+    LONG_CONTEXTS,
+    SMOKE_CONTEXTS,
+    long_context_error,
+    long_context_text,
+    long_context_verdict,
+)
 from .roundtrip import cast_comparison, roundtrip_sweep, scale_sweep
 from .scale_health import (
     SCALE_HEALTH_METHODS,
@@ -98,4 +110,6 @@ __all__ = ["COMPARED_FORMATS", "format_accuracy", "kv_format_errors", "model_for
            "printable_text", "printable_decodes", "greedy_decode_table", "BREAKEVEN_GRID", "LineFit", "LineFitError",
            "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context",
            "breakeven_answers", "SCALE_HEALTH_METHODS", "ScaleHealth", "measure_scale_health", "calibration_scales",
-           "keep_bf16_advice", "advice_capacity", "model_scale_health"]
+           "keep_bf16_advice", "advice_capacity", "model_scale_health", "LONG_CONTEXTS", "SMOKE_CONTEXTS",
+           "long_context_error", "long_context_verdict", "long_context_text", "headline", "heldout_advice",
+           "heldout_scale_health"]

