@@ -300,6 +300,27 @@ def check_08_multi_token(doc):
     assert len(r["prefill_reading"]) == len({(row["prompt"], row["chunk"]) for row in r["prefill_rows"]})
 
 
+def check_09_will_fp8_pay(doc):
+    from fp8kv.reference import FP8_MODE_TOL
+
+    r = doc["results"]
+    assert r["timings_meaningful_for_gpu"] is (doc["device"]["type"] == "cuda")
+    assert r["answer"] and r["answer"].startswith("**Smoke run") is r["smoke"]
+    assert r["rows"] and all(row["status"] == "ok" for row in r["rows"] if row["backend"] == "triton")
+    assert r["crossings"] and all(c["answer"] and c["kv_dtype"].startswith("fp8") for c in r["crossings"])
+    assert {layer["layer"] for layer in r["scale_health_layers"]} == set(range(30))  # SmolLM2-135M
+    for a in r["advice"]:
+        assert a["error_after"] <= a["tolerance"] and a["tokens_mixed"] <= a["tokens_fp8"]
+        assert (a["tokens_lost"] > 0) == (a["n_layers_bf16"] > 0)
+        assert a["heldout_after"] <= a["heldout_all_fp8"]
+    errors, needles, verdict = r["long_context_errors"], r["long_context_needles"], r["long_context_verdict"]
+    assert {e["error"] for e in errors} == {"kernel", "quantization", "total"}
+    assert {(e["entry"], e["mode"]) for e in errors} == {(e, m) for e in ("decode", "attend") for m in ("dequant", "fp8")}
+    assert all(e["rel_err_max"] <= FP8_MODE_TOL for e in errors if e["error"] == "kernel")
+    assert all(n["needle_top1_exact"] for n in needles)
+    assert len(verdict) == 12 and all(v["longest_context"] == max(r["settings"]["contexts"]) for v in verdict)
+
+
 CHECKS = {
     "00_environment": check_00_environment,
     "01_fp8_formats": check_01_fp8_formats,
@@ -310,6 +331,7 @@ CHECKS = {
     "06_model_accuracy": check_06_model_accuracy,
     "07_decode_step": check_07_decode_step,
     "08_multi_token": check_08_multi_token,
+    "09_will_fp8_pay": check_09_will_fp8_pay,
 }
 
 
