@@ -256,3 +256,76 @@ def test_committed_index_is_what_the_index_builder_writes(tmp_path):
     copy = tmp_path / "reports"
     shutil.copytree(REPO / "reports", copy, ignore=shutil.ignore_patterns("*.ipynb", "*.html"))
     assert runner.build_index(copy).read_bytes() == index.read_bytes()
+
+
+# --------------------------------------------------------------------------- smoke runs on the index
+
+
+def _report(root: Path, slug: str, mode: str, *, name: str, kl: float, time_us: float, meaningful: bool) -> None:
+    """A report folder as the runner leaves one: a manifest (each notebook's mode) and results of 00, 04 and 06."""
+    folder = root / slug
+    folder.mkdir(parents=True)
+    rows = [dict(status="ok", label=f"triton {kv} dequant", backend="triton", kv_dtype=kv, mode="dequant", batch=b,
+                 context=c, time_us=time_us * (2 if kv == "bf16" else 1) * b * c / 1024, gbps=1.0, pct_copy_bw=50.0)
+            for kv in ("bf16", "fp8_e4m3") for b in (1, 16) for c in (1024, 4096)]
+    speedup = [dict(r, speedup_vs_bf16=2.0, num_q_heads=32, num_kv_heads=8) for r in rows if r["kv_dtype"] != "bf16"]
+    results = {"00_environment": {"capability_here": [{"supported": True}], "copy_bandwidth": {"gbps": 123.0}},
+               "04_decode_latency": {"rows": rows, "speedup": speedup, "timings_meaningful_for_gpu": meaningful,
+                                     "grid": {"smoke": mode == "smoke"}},
+               "06_model_accuracy": {"summary": [{"model": "smollm2-135m", "config": "e4m3 tensor amax",
+                                                  "kl_mean": kl}]}}
+    for nb, res in results.items():
+        (folder / f"{nb}.json").write_text(json.dumps({"notebook": nb, "results": res}))
+        (folder / f"{nb}.html").write_text("<html></html>")
+    entries = [dict(name=nb, status="ok", mode=mode, html=f"{nb}.html", results=f"{nb}.json") for nb in results]
+    (folder / "manifest.json").write_text(json.dumps({"mode": mode, "device": {"name": name},
+                                                      "notebooks": entries}))
+
+
+def test_index_keeps_smoke_runs_apart_and_never_shows_their_numbers(tmp_path):
+    """A CPU smoke run beside a GPU's full run: its KL (7.77e-01) and timings appear nowhere on the index;
+    it is listed under the smoke runs, linked; the overlays draw the GPU alone and say what grid they show."""
+    _report(tmp_path, "nvidia-h200", "full", name="NVIDIA H200", kl=1.23e-3, time_us=10.0, meaningful=True)
+    _report(tmp_path, "cpu", "smoke", name="cpu", kl=7.77e-1, time_us=50_000.0, meaningful=False)
+    html = runner.build_index(tmp_path).read_text(encoding="utf-8")
+    full, smoke = html.split("<h2>Smoke runs")
+    assert "NVIDIA H200" in full and "1.23e-03" in full and 'href="cpu/' not in full
+    assert "7.77e-01" not in html and 'href="cpu/04_decode_latency.html"' in smoke
+    assert "over 4 shapes, B 1–16 × 1k–4k tokens" in full  # what the median is over
+    figures = plotly_figures(html)
+    assert len(figures) == 2
+    for fig in figures:
+        names = {t.get("name") for t in fig["data"]}
+        assert names and all(n.startswith("nvidia-h200 · ") for n in names), names
+        assert "nvidia-h200" in _title_text(fig["layout"].get("title"))
+        assert max(v for t in fig["data"] for v in _numbers(t["y"])) < 50_000
+
+
+def _numbers(values) -> list[float]:
+    """A trace's values as the page holds them: a list, or plotly's typed array (base64 ``bdata``)."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(values, dict) and "bdata" in values:
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).tolist()
+    return [v for v in values if isinstance(v, (int, float))]
+
+
+@pytest.mark.parametrize("how", ["manifest mode", "results flag", "cpu timings"])
+def test_a_smoke_run_is_known_however_it_is_recorded(tmp_path, how):
+    """The manifest's entry mode, else the results' smoke flag or CPU timings, mark a run as smoke."""
+    from fp8kv.notebooks.index import smoke_notebooks
+
+    _report(tmp_path, "cpu", "smoke" if how == "manifest mode" else "full", name="cpu", kl=0.5, time_us=1.0,
+            meaningful=how != "cpu timings")
+    manifest = json.loads((tmp_path / "cpu" / "manifest.json").read_text())
+    if how != "manifest mode":
+        for e in manifest["notebooks"]:
+            e.pop("mode")
+        manifest.pop("mode")
+    if how == "results flag":
+        doc = json.loads((tmp_path / "cpu" / "04_decode_latency.json").read_text())
+        doc["results"]["grid"]["smoke"] = True
+        (tmp_path / "cpu" / "04_decode_latency.json").write_text(json.dumps(doc))
+    assert "04_decode_latency" in smoke_notebooks(manifest, tmp_path / "cpu")

@@ -69,6 +69,38 @@ def _text(value) -> str:
     return "–" if value is None or value == "" else str(value)
 
 
+def smoke_notebooks(manifest: dict, folder: Path | None = None) -> set[str]:
+    """The notebooks of a report whose last run was a smoke run: its manifest entry's ``mode`` (the runner's
+    record), else the run's own (the manifest's), else what the results say (``grid.smoke``,
+    ``settings.smoke``, ``shape.smoke``, ``timings_meaningful_for_gpu`` false). A smoke run checks the code
+    path at toy sizes, often on a CPU: its numbers are no result, for this GPU or any."""
+    out = set()
+    for entry in _dicts(manifest.get("notebooks")):
+        name = entry.get("name")
+        mode = entry.get("mode") or manifest.get("mode")
+        if mode == "smoke":
+            out.add(name)
+        elif mode is None and folder is not None:
+            res = _read(folder, name) or {}
+            flags = [_obj(res.get(k)).get("smoke") for k in ("grid", "settings", "shape")]
+            if any(f is True for f in flags) or res.get("timings_meaningful_for_gpu") is False:
+                out.add(name)
+    return out
+
+
+def _shapes_text(rows: list[dict]) -> str:
+    """The grid a median was taken over: ``12 shapes, B 1-256 x 1k-64k tokens``."""
+    shapes = {(r.get("batch"), r.get("context")) for r in rows}
+    batches = sorted(b for b, _ in shapes if isinstance(b, (int, float)))
+    contexts = sorted(c for _, c in shapes if isinstance(c, (int, float)) and math.isfinite(c))
+    if not batches or not contexts:
+        return f"{len(shapes)} shapes"
+    from ..viz.style import tokens_label
+
+    return (f"{len(shapes)} shape{'s' * (len(shapes) != 1)}, B {batches[0]}–{batches[-1]} × "
+            f"{tokens_label(contexts[0])}–{tokens_label(contexts[-1])} tokens")
+
+
 # The FP8 decode the index's speed-up column summarises: fp8kv's default (its backend, KV dtype and mode).
 HEADLINE_FP8 = {"backend": "triton", "kv_dtype": "fp8_e4m3", "mode": "dequant"}
 
@@ -81,35 +113,44 @@ def gpu_summary(folder: str | os.PathLike) -> dict:
     in dequant mode, over the best 16-bit decode of the same shape, per head layout: median and best over
     the shapes measured; FlashInfer's FP8 rows and fp8 mode are on page 04), ``kv_capacity`` (per planner model:
     FP8 e4m3 / bf16 tokens on this GPU, or the ratio where the machine has no GPU memory), ``kl``
-    (per model, mean KL of e4m3 amax-scaled KV against bf16), ``timings_meaningful``, ``pages``.
+    (per model, mean KL of e4m3 amax-scaled KV against bf16), ``timings_meaningful``, ``pages``,
+    ``smoke`` (the notebooks whose last run was a smoke run: :func:`smoke_notebooks`; their numbers are left
+    out, as no result) and ``speedup_grid`` (the shapes the speed-up's median is over).
     """
     import statistics
 
     folder = Path(folder)
     notes: list[str] = []
     manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else {}
-    env, cap, lat, acc = (_read(folder, n, notes) for n in ("00_environment", "03_kv_capacity",
-                                                            "04_decode_latency", "06_model_accuracy"))
+    smoke = smoke_notebooks(manifest, folder)
+    # a smoke run's numbers are no result: read as missing (its pages stay linked)
+    env, cap, lat, acc = (None if n in smoke and n != "00_environment" else _read(folder, n, notes)
+                          for n in ("00_environment", "03_kv_capacity", "04_decode_latency", "06_model_accuracy"))
     # The manifest describes the newest run into the folder (its versions), notebook 00 its own run.
     device = _obj(manifest.get("device")) or _obj((env or {}).get("device"))
     row = {"slug": folder.name, "name": str(device.get("name") or folder.name), "arch": _text(device.get("arch")),
            "versions": ", ".join(f"{k} {device[k]}" for k in ("torch", "triton", "flashinfer", "vllm") if device.get(k)),
            "mode": _text(manifest.get("mode")), "capability": "–", "copy_gbps": None, "speedup": {},
-           "kv_capacity": {}, "kl": {}, "timings_meaningful": None, "notes": notes,
+           "kv_capacity": {}, "kl": {}, "timings_meaningful": None, "notes": notes, "smoke": smoke,
+           "speedup_grid": "",
            "pages": [(e["name"], f"{folder.name}/{e['html']}") for e in manifest.get("notebooks", []) if e.get("html")]}
     if env:
         here = _dicts(env.get("capability_here"))
         row["capability"] = f"{sum(bool(r.get('supported')) for r in here)} of {len(here)} run here"
-        row["copy_gbps"] = _obj(env.get("copy_bandwidth")).get("gbps")
+        if "00_environment" not in smoke:  # what runs here is a fact in any run; a bandwidth only in a full one
+            row["copy_gbps"] = _obj(env.get("copy_bandwidth")).get("gbps")
     if lat:
         row["timings_meaningful"] = lat.get("timings_meaningful_for_gpu")
         by_heads: dict[str, list[float]] = {}
+        used = []
         for r in _dicts(lat.get("speedup")):
             v = r.get("speedup_vs_bf16")
             default = all(r.get(k) == want for k, want in HEADLINE_FP8.items()) and not r.get("variant")
             if default and isinstance(v, (int, float)) and math.isfinite(v):
                 # a row without its head counts still counts, under "–" (missing reads as missing)
                 by_heads.setdefault(f"{_text(r.get('num_q_heads'))}:{_text(r.get('num_kv_heads'))}", []).append(v)
+                used.append(r)
+        row["speedup_grid"] = _shapes_text(used) if used else ""
         row["speedup"] = {h: (statistics.median(v), max(v)) for h, v in sorted(by_heads.items())}
     if cap:
         for r in _dicts(cap.get("rows")):
@@ -141,14 +182,21 @@ def _capacity_text(kv: dict) -> str:
 
 
 def _overlay_figures(folders: list[Path]):
-    """Latency vs context (each GPU's largest batch) and % of copy bandwidth vs batch (largest context)."""
+    """Latency vs context (each GPU's largest batch) and % of copy bandwidth vs batch (largest context), of
+    full GPU runs only: a smoke run's timings (toy sizes, often Triton's interpreter on a CPU) are never
+    drawn beside a GPU's."""
     import pandas as pd
 
     from .. import viz
 
     frames = []
     for folder in folders:
-        rows = _dicts((_read(folder, "04_decode_latency") or {}).get("rows"))
+        if "04_decode_latency" in smoke_notebooks(read_manifest(folder), folder):
+            continue
+        results = _read(folder, "04_decode_latency") or {}
+        if results.get("timings_meaningful_for_gpu") is not True:
+            continue  # a CPU's timings mean nothing for any GPU
+        rows = _dicts(results.get("rows"))
         df = pd.DataFrame(rows)
         if not len(df) or not {"status", "label", "batch", "context", "time_us"} <= set(df.columns):
             continue  # rows without what the figures plot are missing numbers, not a KeyError
@@ -168,15 +216,17 @@ def _overlay_figures(folders: list[Path]):
     data["series"] = data["gpu"] + " · " + data["label"]
     at_batch = data[data["batch"] == data.groupby("gpu")["batch"].transform("max")]
     at_context = data[data["context"] == data.groupby("gpu")["context"].transform("max")]
+    batches = ", ".join(f"{g} B = {int(b)}" for g, b in at_batch.groupby("gpu")["batch"].max().items())
+    contexts = ", ".join(f"{g} {viz.tokens_label(c)} tokens" for g, c in at_context.groupby("gpu")["context"].max().items())
     latency = viz.line(at_batch.sort_values(["series", "context"]), x="context", y="time_us", color="series",
                        log_x=True, log_y=True, hover=["batch", "gbps", "pct_copy_bw"],
-                       title="Decode latency vs context, every GPU (each at its largest measured batch)",
+                       title=f"Decode latency vs context, full GPU runs, one point per measured row ({batches})",
                        labels={"series": "GPU · backend · KV dtype · mode"})
     viz.written_log_ticks(latency, "y", at_batch["time_us"])
     viz.measured_ticks(latency, "x", at_batch["context"], "context")
     share = viz.line(at_context.sort_values(["series", "batch"]), x="batch", y="pct_copy_bw", color="series",
                      log_x=True, hover=["context", "time_us", "gbps"],
-                     title="Share of the copy bandwidth vs batch, every GPU (each at its largest measured context)",
+                     title=f"Share of the copy bandwidth vs batch, full GPU runs, one point per measured row ({contexts})",
                      labels={"series": "GPU · backend · KV dtype · mode"})
     viz.written_log_ticks(share, "x", at_context["batch"], dtick=1)  # decades of sequences: 1, 10, 100
     return [latency, share]
@@ -218,18 +268,31 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
     for note in notes:
         print(f"fp8kv notebooks index: {note}", file=sys.stderr)
     esc = _html.escape
-    body = []
-    for r in rows:
+
+    def only_smoke(r) -> bool:
+        return bool(r["pages"]) and all(name in r["smoke"] for name, _ in r["pages"])
+
+    def cells(r) -> list[str]:
         speed = "<br>".join(f"Hq:Hkv {h}: median {_fmt(m, '.2f', '×')}, best {_fmt(b, '.2f', '×')}"
                             for h, (m, b) in r["speedup"].items()) or "–"
+        if r["speedup"] and r["speedup_grid"]:
+            speed += f"<br><i>over {esc(r['speedup_grid'])}</i>"
         if r["timings_meaningful"] is False:
             speed += "<br><i>(CPU timings: not meaningful for any GPU)</i>"
         kl = "<br>".join(f"{esc(m)}: {_fmt(v, '.2e')} nats/token" for m, v in r["kl"].items()) or "–"
         pages = " · ".join(f'<a href="{esc(href)}">{esc(name)}</a>' for name, href in r["pages"]) or "–"
-        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
-            f"<b>{esc(r['name'])}</b><br><code>{esc(r['slug'])}</code>", esc(r["arch"]), esc(r["versions"]),
-            esc(r["mode"]), esc(r["capability"]), _fmt(r["copy_gbps"], ".4g", " GB/s"), speed,
-            _capacity_text(r["kv_capacity"]), kl, pages)) + "</tr>")
+        smoke = sorted(r["smoke"])
+        run = esc(r["mode"]) + (f"<br><i>smoke, no numbers shown: {esc(', '.join(smoke))}</i>"
+                                if smoke and not only_smoke(r) else "")
+        return [f"<b>{esc(r['name'])}</b><br><code>{esc(r['slug'])}</code>", esc(r["arch"]), esc(r["versions"]),
+                run, esc(r["capability"]), _fmt(r["copy_gbps"], ".4g", " GB/s"), speed,
+                _capacity_text(r["kv_capacity"]), kl, pages]
+
+    full_rows = [r for r in rows if not only_smoke(r)]
+    smoke_rows = [r for r in rows if only_smoke(r)]
+    body = ["<tr>" + "".join(f"<td>{c}</td>" for c in cells(r)) + "</tr>" for r in full_rows]
+    smoke_body = ["<tr>" + "".join(f"<td>{c}</td>" for c in (cells(r)[:5] + [cells(r)[-1]])) + "</tr>"
+                  for r in smoke_rows]
     figures = _overlay_figures(folders)
     plotly_tag = f'<script src="{_plotlyjs_for_index(root)}" charset="utf-8"></script>' if figures else ""
     # fixed div ids: the same reports give the same page, byte for byte (plotly would draw random ones)
@@ -237,8 +300,14 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
                                       div_id=f"index-figure-{i}") for i, f in enumerate(figures))
     header = ("GPU", "arch", "versions", "run", "capability", "copy bandwidth",
               "fp8kv FP8 (e4m3, dequant) over the best 16-bit decode", "KV tokens (planner models, this GPU)", "KL, e4m3 amax vs bf16", "pages")
+    smoke_header = header[:5] + header[-1:]
     note_html = ("<p><b>Not shown:</b></p><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>\n"
                  if notes else "")
+    smoke_html = ("<h2>Smoke runs: code-path checks, not results</h2>\n<p>Toy sizes, often Triton's interpreter on a "
+                  "CPU: these runs check that every notebook runs. Their numbers are no result for any GPU and are "
+                  "not shown here nor drawn in the figures.</p>\n"
+                  f"<table><tr>{''.join(f'<th>{h}</th>' for h in smoke_header)}</tr>\n{chr(10).join(smoke_body)}\n"
+                  "</table>\n" if smoke_rows else "")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>fp8kv: every GPU</title>{plotly_tag}
 <style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse;font-size:90%}}
@@ -246,11 +315,12 @@ td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
 </head><body>
 <h1>fp8kv: FP8 KV caches on every GPU that has run the notebooks</h1>
 <p>One row per report folder under this page ({len(rows)}). Each links to its notebook pages.</p>
-{note_html}<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>
+{note_html}<h2>Full runs</h2>
+<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>
 {chr(10).join(body)}
 </table>
 {figure_html}
-</body></html>
+{smoke_html}</body></html>
 """
     # a temporary file per build: two runs finishing together never rename each other's half-written page
     return write_atomic(root / INDEX, drop_network_loads(page))
