@@ -329,3 +329,59 @@ def test_a_smoke_run_is_known_however_it_is_recorded(tmp_path, how):
         doc["results"]["grid"]["smoke"] = True
         (tmp_path / "cpu" / "04_decode_latency.json").write_text(json.dumps(doc))
     assert "04_decode_latency" in smoke_notebooks(manifest, tmp_path / "cpu")
+
+
+# --------------------------------------------------------------------------- each page's first screen
+
+
+def _saved(name: str) -> dict:
+    """A committed results file of notebook ``name``: the H200's full run, else the CPU's."""
+    for slug in ("nvidia-h200", "cpu"):
+        path = REPO / "reports" / slug / f"{name}.json"
+        if path.is_file():
+            return json.loads(path.read_text(encoding="utf-8"))
+    pytest.skip(f"no committed results of {name}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_page_opens_with_its_answer(path):
+    """Each notebook ends in one cell tagged "headline" that writes its answer from the results it saved; the
+    page moves it to the first screen. From real results the sentence names the machine and gives numbers;
+    as a smoke run it gives none of them."""
+    from fp8kv.notebooks.index import page_headline
+
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    tagged = [c for c in nb["cells"] if "headline" in c.get("metadata", {}).get("tags", [])]
+    if not path.stem[:2].isdigit() or int(path.stem[:2]) > 7:
+        pytest.skip("a notebook this page list does not cover")
+    assert len(tagged) == 1 and f'"{path.stem}"' in "".join(tagged[0]["source"])
+    doc = _saved(path.stem)
+    full = page_headline(path.stem, doc["results"], doc["device"], smoke=False)
+    smoke = page_headline(path.stem, doc["results"], doc["device"], smoke=True)
+    name = doc["device"]["name"]
+    assert full.startswith(f"On **{name}**") and re.search(r"\d", full.split(":", 1)[1])
+    assert smoke.startswith(f"**Smoke run** on **{name}**") and "no result" in smoke
+    assert full.split(": ", 1)[1] not in smoke
+
+
+def test_headline_cells_move_to_the_first_screen():
+    import nbformat
+
+    from fp8kv.notebooks.pages import headline_first
+
+    v4 = nbformat.v4
+    head = v4.new_code_cell("Markdown(answer)", metadata={"tags": ["headline"]})
+    nb = v4.new_notebook(cells=[v4.new_markdown_cell("# title"), v4.new_code_cell("x = 1"),
+                                v4.new_markdown_cell("## results"), head])
+    assert [c.source for c in headline_first(nb).cells] == ["# title", "Markdown(answer)", "x = 1", "## results"]
+    untagged = v4.new_notebook(cells=[v4.new_markdown_cell("# t"), v4.new_code_cell("y")])
+    assert [c.source for c in headline_first(untagged).cells] == ["# t", "y"]
+
+
+@pytest.mark.parametrize("bad, error", [(("99_x", {}, {}), ValueError), (("00_environment", [], {}), TypeError),
+                                        (("04_decode_latency", {}, None), TypeError)])
+def test_page_headline_refuses_what_it_cannot_read(bad, error):
+    from fp8kv.notebooks.index import page_headline
+
+    with pytest.raises(error, match="name=|results and device"):
+        page_headline(*bad, smoke=False)

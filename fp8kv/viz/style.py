@@ -451,3 +451,41 @@ def add_ceiling(fig: go.Figure, value: float, label: str = "copy bandwidth", *, 
     add_line(fig, "y", value, line_dash=dash, line_color=color, annotation_text=f"{label}: {value:.4g}",
              annotation_position="top left")
     return fig
+
+
+class ReadableTable:
+    """A DataFrame shown whole in a notebook: long text wraps instead of being cut at pandas' 50 characters
+    ("..."), URLs are links; its plain-text form is the frame's own table (never an object repr)."""
+
+    def __init__(self, df, html: str):
+        self.df, self.html = df, html
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def __repr__(self) -> str:
+        return self.df.to_string()
+
+
+def readable_table(df, *, max_width_em: int = 40) -> ReadableTable:
+    """``df`` as a :class:`ReadableTable`: every text cell whole and wrapped (at most ``max_width_em`` wide),
+    ``http(s)://`` values as links. ``df``: a pandas DataFrame (index shown as pandas shows it)."""
+    import html
+
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"df must be a pandas DataFrame, got {type(df).__name__}")
+
+    def cell(value) -> str:
+        text = str(value)
+        if re.fullmatch(r"https?://\S+", text):
+            return f'<a href="{html.escape(text)}">{html.escape(text)}</a>'
+        return html.escape(text)
+
+    texts = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]  # object, str and bool columns
+    with pd.option_context("display.max_colwidth", None):
+        body = df.to_html(escape=False, formatters={c: cell for c in texts}, classes="fp8kv-readable", border=0)
+    style = (f"<style>table.fp8kv-readable td{{white-space:normal;overflow-wrap:anywhere;max-width:{max_width_em}em;"
+             "text-align:left;vertical-align:top}</style>")
+    return ReadableTable(df, style + body)
