@@ -11,6 +11,8 @@ figures are parsed from its HTML, and the test fails on
 * two series of one figure in one colour (plotly's colour cycle included);
 * anything the page loads from the network (``<script src>`` / ``<link href>`` with a URL);
 * ``staging`` or an absolute path anywhere in a page or its folder's ``manifest.json``;
+* a cell output showing an object's repr (``DecodeGrid(...)``, ``object at 0x...``) where a table or a
+  sentence belongs;
 * a page whose source notebook has changed since it was rendered (the manifest's ``source_sha256``
   against :func:`fp8kv.notebooks.notebook_hash` of ``notebooks/<name>.ipynb``).
 """
@@ -122,8 +124,21 @@ def repeated_colour_problems(fig: dict) -> list[str]:
     return problems
 
 
+OBJECT_REPR = re.compile(r"DataFrame\(|DecodeGrid\(|Styler object|object at 0x|&lt;IPython\.core\.display\.")
+
+
+def output_reprs(html: str) -> list[str]:
+    """Object reprs in a page's cell outputs (its code cells' sources may name DataFrame( freely)."""
+    found = []
+    for cell in html.split('<div class="jp-Cell ')[1:]:
+        at = cell.find("jp-OutputArea-output")
+        if at >= 0:
+            found += [cell[max(at, m.start() - 60):m.end() + 60] for m in OBJECT_REPR.finditer(cell, at)]
+    return found
+
+
 def page_problems(html: str) -> list[str]:
-    problems = []
+    problems = [f"object repr in an output: {r!r}" for r in output_reprs(html)]
     for m in NETWORK_LOAD.finditer(html):
         problems.append(f"loads from the network: {html[m.start():m.start() + 120]!r}")
     if "staging" in html:
@@ -199,6 +214,9 @@ def test_the_reader_catches_what_it_looks_for():
             '</script>')
     found = page_problems(html)
     assert any("network" in p for p in found) and any("staging" in p for p in found)
+    shown = ('<div class="jp-Cell jp-CodeCell"><pre>grid = pd.DataFrame(x)</pre><div class="jp-OutputArea-output">'
+             "<pre>DecodeGrid(batches=(1, 2))</pre></div></div>")
+    assert len(output_reprs(shown)) == 1 and output_reprs(shown.replace("DecodeGrid(", "batches ")) == []
     assert any("absolute path" in p for p in found) and any("batch_size" in p for p in found)
 
 

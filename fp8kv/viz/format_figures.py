@@ -147,7 +147,7 @@ def cast_comparison(df, *, x: str = "input", y: str = "output", method_col: str 
                 if hit.any():  # the same series, drawn where its values are not finite
                     name = f"{method}: {kind} (drawn at the top)"
                     fig.add_trace(go.Scatter(x=part[x][hit], y=[top] * int(hit.sum()), mode="markers", name=name,
-                                             legendgroup=name, showlegend=name not in shown,
+                                             legendgroup=str(method), showlegend=name not in shown,
                                              hovertemplate=f"input %{{x:g}}: {kind}<extra>{method}</extra>",
                                              marker=dict(symbol=symbol, size=10, color=colour)), row=1, col=col)
                     shown.add(name)
