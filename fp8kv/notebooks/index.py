@@ -73,8 +73,12 @@ def smoke_notebooks(manifest: dict, folder: Path | None = None) -> set[str]:
     """The notebooks of a report whose last run was a smoke run: its manifest entry's ``mode`` (the runner's
     record), else the run's own (the manifest's), else what the results say (``grid.smoke``,
     ``settings.smoke``, ``shape.smoke``, ``timings_meaningful_for_gpu`` false). A smoke run checks the code
-    path at toy sizes, often on a CPU: its numbers are no result, for this GPU or any."""
+    path at toy sizes, often on a CPU: its numbers are no result, for this GPU or any. A results file the
+    manifest has no entry for takes the manifest's mode."""
     out = set()
+    listed = {e.get("name") for e in _dicts(manifest.get("notebooks"))}
+    if manifest.get("mode") == "smoke" and folder is not None:  # results the manifest lists no entry for: its run's
+        out |= {p.stem for p in Path(folder).glob("*.json") if p.name != MANIFEST and p.stem not in listed}
     for entry in _dicts(manifest.get("notebooks")):
         name = entry.get("name")
         mode = entry.get("mode") or manifest.get("mode")
@@ -194,7 +198,7 @@ def _overlay_figures(folders: list[Path]):
         if "04_decode_latency" in smoke_notebooks(read_manifest(folder), folder):
             continue
         results = _read(folder, "04_decode_latency") or {}
-        if results.get("timings_meaningful_for_gpu") is not True:
+        if results.get("timings_meaningful_for_gpu") is False:
             continue  # a CPU's timings mean nothing for any GPU
         rows = _dicts(results.get("rows"))
         df = pd.DataFrame(rows)
@@ -308,6 +312,8 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
                   "not shown here nor drawn in the figures.</p>\n"
                   f"<table><tr>{''.join(f'<th>{h}</th>' for h in smoke_header)}</tr>\n{chr(10).join(smoke_body)}\n"
                   "</table>\n" if smoke_rows else "")
+    full_html = (f"<h2>Full runs</h2>\n<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>\n"
+                 f"{chr(10).join(body)}\n</table>\n" if body else "")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>fp8kv: every GPU</title>{plotly_tag}
 <style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse;font-size:90%}}
@@ -315,11 +321,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
 </head><body>
 <h1>fp8kv: FP8 KV caches on every GPU that has run the notebooks</h1>
 <p>One row per report folder under this page ({len(rows)}). Each links to its notebook pages.</p>
-{note_html}<h2>Full runs</h2>
-<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>
-{chr(10).join(body)}
-</table>
-{figure_html}
+{note_html}{full_html}{figure_html}
 {smoke_html}</body></html>
 """
     # a temporary file per build: two runs finishing together never rename each other's half-written page
