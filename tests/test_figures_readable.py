@@ -349,6 +349,12 @@ def test_speedup_heatmap_says_when_a_cell_is_a_median():
     assert "median of up to 2 rows" in viz.speedup_heatmap(twice).layout.title.text
 
 
+def test_quant_error_heatmap_says_when_a_cell_is_a_mean():
+    rows = _quant_rows()
+    assert "mean of up to 3 rows" in viz.quant_error_heatmap(rows).layout.title.text  # k, v and kv rows
+    assert "mean" not in viz.quant_error_heatmap(rows[rows.quantize == "kv"]).layout.title.text
+
+
 def test_half_the_bytes_line_is_drawn_only_over_the_own_bf16_bars():
     fig = viz.layout_speedups(_layouts())
     at_two = [s for s in fig.layout.shapes if s.y0 == 2.0]

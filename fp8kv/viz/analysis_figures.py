@@ -30,7 +30,8 @@ def quant_error_heatmap(df, value: str = "out_rel_err", *, row: str = "granulari
     Parameters
     ----------
     df : tidy rows (``fp8kv.analysis.quantization_error``), one row per (facet, row, col) cell;
-        filter other conditions (e.g. ``quantize == "kv"``) first. Duplicates are averaged.
+        filter other conditions (e.g. ``quantize == "kv"``) first. Duplicates are averaged, and the title
+        then says over how many rows.
     value : the column coloured and printed in each cell (e.g. ``k_rel_err``, ``out_rel_err``).
     log_color : colour by log10 of the value (errors span decades); the text and the colour bar's
         ticks show the value (``10⁻³``), never its logarithm.
@@ -68,7 +69,9 @@ def quant_error_heatmap(df, value: str = "out_rel_err", *, row: str = "granulari
         ), row=1, col=i + 1)
         fig.update_xaxes(title_text=axis_title(col), row=1, col=i + 1)
     fig.update_yaxes(title_text=axis_title(row), autorange="reversed", row=1, col=1)
-    fig.update_layout(title=title or f"{axis_title(value)} by {axis_title(row)} × {axis_title(col)}",
+    per_cell = int(df.groupby([c for c in (facet, row, col) if c]).size().max())
+    mean = f"; a cell is the mean of up to {per_cell} rows" if per_cell > 1 else ""
+    fig.update_layout(title=(title or f"{axis_title(value)} by {axis_title(row)} × {axis_title(col)}") + mean,
                       height=max(300, 50 * len(rows) + 200))
     return readable_axes(fig)
 
