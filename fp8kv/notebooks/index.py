@@ -421,8 +421,9 @@ def _answer_07(r: dict) -> tuple[str, str]:
     sentences = [_obj(x).get("sentence") for x in _obj(r.get("reading")).values()]
     sentences = [s for s in sentences if s]
     more = f" ({len(sentences) - 1} more below)" if len(sentences) > 1 else ""
-    return ("whole decode steps, BF16 against FP8 KV", (sentences[0] + more) if sentences else
-            "no pair of BF16 and FP8 steps ran.")
+    base = _text(r.get("baseline_kv_dtype")) if r.get("baseline_kv_dtype") else "16-bit"
+    return (f"whole decode steps, {base} against FP8 KV", (sentences[0] + more) if sentences else
+            f"no pair of {base} and FP8 steps ran.")
 
 
 _ANSWERS = {"00": _answer_00, "01": _answer_01, "02": _answer_02, "03": _answer_03, "04": _answer_04,
