@@ -3,7 +3,8 @@
 JupyterLab is started headless on a free local port (token set); Chromium (Debian's ``chromium``,
 driven by Playwright's Python client) opens ``03_kv_capacity``, runs all cells with the notebook's
 own defaults, picks another model in the dropdown of the tokens-per-GPU figure, and the figure must
-redraw with different numbers. Skipped only where no Chromium is installed (CI installs it).
+redraw with different numbers; no cell output may show an object's repr (``DataFrame(``, ``object at
+0x``) where a table or a sentence belongs. Skipped only where no Chromium is installed (CI installs it).
 
 ``FP8KV_SCREENSHOT=docs/jupyterlab.png pytest tests/test_jupyterlab_browser.py`` also saves the page.
 """
@@ -11,6 +12,7 @@ redraw with different numbers. Skipped only where no Chromium is installed (CI i
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -89,6 +91,12 @@ BUSY = r"""() => {
 }"""
 
 
+# What a cell shows when it displays an object instead of what it holds.
+OBJECT_REPR = re.compile(r"DataFrame\(|DecodeGrid\(|Styler object|object at 0x|<IPython\.core\.display\.")
+
+OUTPUT_TEXTS = """() => Array.from(document.querySelectorAll('.jp-OutputArea-output')).map(o => o.innerText)"""
+
+
 def test_widget_redraws_the_figure_in_jupyterlab(jupyterlab, tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -117,6 +125,8 @@ def test_widget_redraws_the_figure_in_jupyterlab(jupyterlab, tmp_path):
             errors = page.query_selector_all(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'] "
                                              ":text('Traceback')")
             assert not errors, errors[0].inner_text()[:2000]
+            reprs = [t[:200] for t in page.evaluate(OUTPUT_TEXTS) if OBJECT_REPR.search(t)]
+            assert not reprs, reprs
             page.wait_for_function(f"({FIGURE_NUMBERS})() !== null")
             before = page.evaluate(FIGURE_NUMBERS)
             dropdown = page.locator(".widget-dropdown select").first

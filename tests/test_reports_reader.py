@@ -11,6 +11,8 @@ figures are parsed from its HTML, and the test fails on
 * two series of one figure in one colour (plotly's colour cycle included);
 * anything the page loads from the network (``<script src>`` / ``<link href>`` with a URL);
 * ``staging`` or an absolute path anywhere in a page or its folder's ``manifest.json``;
+* a cell output showing an object's repr (``DecodeGrid(...)``, ``object at 0x...``) where a table or a
+  sentence belongs;
 * a page whose source notebook has changed since it was rendered (the manifest's ``source_sha256``
   against :func:`fp8kv.notebooks.notebook_hash` of ``notebooks/<name>.ipynb``).
 """
@@ -122,8 +124,21 @@ def repeated_colour_problems(fig: dict) -> list[str]:
     return problems
 
 
+OBJECT_REPR = re.compile(r"DataFrame\(|DecodeGrid\(|Styler object|object at 0x|&lt;IPython\.core\.display\.")
+
+
+def output_reprs(html: str) -> list[str]:
+    """Object reprs in a page's cell outputs (its code cells' sources may name DataFrame( freely)."""
+    found = []
+    for cell in html.split('<div class="jp-Cell ')[1:]:
+        at = cell.find("jp-OutputArea-output")
+        if at >= 0:
+            found += [cell[max(at, m.start() - 60):m.end() + 60] for m in OBJECT_REPR.finditer(cell, at)]
+    return found
+
+
 def page_problems(html: str) -> list[str]:
-    problems = []
+    problems = [f"object repr in an output: {r!r}" for r in output_reprs(html)]
     for m in NETWORK_LOAD.finditer(html):
         problems.append(f"loads from the network: {html[m.start():m.start() + 120]!r}")
     if "staging" in html:
@@ -199,6 +214,9 @@ def test_the_reader_catches_what_it_looks_for():
             '</script>')
     found = page_problems(html)
     assert any("network" in p for p in found) and any("staging" in p for p in found)
+    shown = ('<div class="jp-Cell jp-CodeCell"><pre>grid = pd.DataFrame(x)</pre><div class="jp-OutputArea-output">'
+             "<pre>DecodeGrid(batches=(1, 2))</pre></div></div>")
+    assert len(output_reprs(shown)) == 1 and output_reprs(shown.replace("DecodeGrid(", "batches ")) == []
     assert any("absolute path" in p for p in found) and any("batch_size" in p for p in found)
 
 
@@ -256,3 +274,132 @@ def test_committed_index_is_what_the_index_builder_writes(tmp_path):
     copy = tmp_path / "reports"
     shutil.copytree(REPO / "reports", copy, ignore=shutil.ignore_patterns("*.ipynb", "*.html"))
     assert runner.build_index(copy).read_bytes() == index.read_bytes()
+
+
+# --------------------------------------------------------------------------- smoke runs on the index
+
+
+def _report(root: Path, slug: str, mode: str, *, name: str, kl: float, time_us: float, meaningful: bool) -> None:
+    """A report folder as the runner leaves one: a manifest (each notebook's mode) and results of 00, 04 and 06."""
+    folder = root / slug
+    folder.mkdir(parents=True)
+    rows = [dict(status="ok", label=f"triton {kv} dequant", backend="triton", kv_dtype=kv, mode="dequant", batch=b,
+                 context=c, time_us=time_us * (2 if kv == "bf16" else 1) * b * c / 1024, gbps=1.0, pct_copy_bw=50.0)
+            for kv in ("bf16", "fp8_e4m3") for b in (1, 16) for c in (1024, 4096)]
+    speedup = [dict(r, speedup_vs_bf16=2.0, num_q_heads=32, num_kv_heads=8) for r in rows if r["kv_dtype"] != "bf16"]
+    results = {"00_environment": {"capability_here": [{"supported": True}], "copy_bandwidth": {"gbps": 123.0}},
+               "04_decode_latency": {"rows": rows, "speedup": speedup, "timings_meaningful_for_gpu": meaningful,
+                                     "grid": {"smoke": mode == "smoke"}},
+               "06_model_accuracy": {"summary": [{"model": "smollm2-135m", "config": "e4m3 tensor amax",
+                                                  "kl_mean": kl}]}}
+    for nb, res in results.items():
+        (folder / f"{nb}.json").write_text(json.dumps({"notebook": nb, "results": res}))
+        (folder / f"{nb}.html").write_text("<html></html>")
+    entries = [dict(name=nb, status="ok", mode=mode, html=f"{nb}.html", results=f"{nb}.json") for nb in results]
+    (folder / "manifest.json").write_text(json.dumps({"mode": mode, "device": {"name": name},
+                                                      "notebooks": entries}))
+
+
+def test_index_keeps_smoke_runs_apart_and_never_shows_their_numbers(tmp_path):
+    """A CPU smoke run beside a GPU's full run: its KL (7.77e-01) and timings appear nowhere on the index;
+    it is listed under the smoke runs, linked; the overlays draw the GPU alone and say what grid they show."""
+    _report(tmp_path, "nvidia-h200", "full", name="NVIDIA H200", kl=1.23e-3, time_us=10.0, meaningful=True)
+    _report(tmp_path, "cpu", "smoke", name="cpu", kl=7.77e-1, time_us=50_000.0, meaningful=False)
+    html = runner.build_index(tmp_path).read_text(encoding="utf-8")
+    full, smoke = html.split("<h2>Smoke runs")
+    assert "NVIDIA H200" in full and "1.23e-03" in full and 'href="cpu/' not in full
+    assert "7.77e-01" not in html and 'href="cpu/04_decode_latency.html"' in smoke
+    assert "over 4 shapes, B 1–16 × 1k–4k tokens" in full  # what the median is over
+    figures = plotly_figures(html)
+    assert len(figures) == 2
+    for fig in figures:
+        names = {t.get("name") for t in fig["data"]}
+        assert names and all(n.startswith("nvidia-h200 · ") for n in names), names
+        assert "nvidia-h200" in _title_text(fig["layout"].get("title"))
+        assert max(v for t in fig["data"] for v in _numbers(t["y"])) < 50_000
+
+
+def _numbers(values) -> list[float]:
+    """A trace's values as the page holds them: a list, or plotly's typed array (base64 ``bdata``)."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(values, dict) and "bdata" in values:
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).tolist()
+    return [v for v in values if isinstance(v, (int, float))]
+
+
+@pytest.mark.parametrize("how", ["manifest mode", "results flag", "cpu timings"])
+def test_a_smoke_run_is_known_however_it_is_recorded(tmp_path, how):
+    """The manifest's entry mode, else the results' smoke flag or CPU timings, mark a run as smoke."""
+    from fp8kv.notebooks.index import smoke_notebooks
+
+    _report(tmp_path, "cpu", "smoke" if how == "manifest mode" else "full", name="cpu", kl=0.5, time_us=1.0,
+            meaningful=how != "cpu timings")
+    manifest = json.loads((tmp_path / "cpu" / "manifest.json").read_text())
+    if how != "manifest mode":
+        for e in manifest["notebooks"]:
+            e.pop("mode")
+        manifest.pop("mode")
+    if how == "results flag":
+        doc = json.loads((tmp_path / "cpu" / "04_decode_latency.json").read_text())
+        doc["results"]["grid"]["smoke"] = True
+        (tmp_path / "cpu" / "04_decode_latency.json").write_text(json.dumps(doc))
+    assert "04_decode_latency" in smoke_notebooks(manifest, tmp_path / "cpu")
+
+
+# --------------------------------------------------------------------------- each page's first screen
+
+
+def _saved(name: str) -> dict:
+    """A committed results file of notebook ``name``: the H200's full run, else the CPU's."""
+    for slug in ("nvidia-h200", "cpu"):
+        path = REPO / "reports" / slug / f"{name}.json"
+        if path.is_file():
+            return json.loads(path.read_text(encoding="utf-8"))
+    pytest.skip(f"no committed results of {name}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_page_opens_with_its_answer(path):
+    """Each notebook ends in one cell tagged "headline" that writes its answer from the results it saved; the
+    page moves it to the first screen. From real results the sentence names the machine and gives numbers;
+    as a smoke run it gives none of them."""
+    from fp8kv.notebooks.index import page_headline
+
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    tagged = [c for c in nb["cells"] if "headline" in c.get("metadata", {}).get("tags", [])]
+    if not path.stem[:2].isdigit() or int(path.stem[:2]) > 7:
+        pytest.skip("a notebook this page list does not cover")
+    assert len(tagged) == 1 and f'"{path.stem}"' in "".join(tagged[0]["source"])
+    doc = _saved(path.stem)
+    full = page_headline(path.stem, doc["results"], doc["device"], smoke=False)
+    smoke = page_headline(path.stem, doc["results"], doc["device"], smoke=True)
+    name = doc["device"]["name"]
+    assert full.startswith(f"On **{name}**") and re.search(r"\d", full.split(":", 1)[1])
+    assert smoke.startswith(f"**Smoke run** on **{name}**") and "no result" in smoke
+    assert full.split(": ", 1)[1] not in smoke
+
+
+def test_headline_cells_move_to_the_first_screen():
+    import nbformat
+
+    from fp8kv.notebooks.pages import headline_first
+
+    v4 = nbformat.v4
+    head = v4.new_code_cell("Markdown(answer)", metadata={"tags": ["headline"]})
+    nb = v4.new_notebook(cells=[v4.new_markdown_cell("# title"), v4.new_code_cell("x = 1"),
+                                v4.new_markdown_cell("## results"), head])
+    assert [c.source for c in headline_first(nb).cells] == ["# title", "Markdown(answer)", "x = 1", "## results"]
+    untagged = v4.new_notebook(cells=[v4.new_markdown_cell("# t"), v4.new_code_cell("y")])
+    assert [c.source for c in headline_first(untagged).cells] == ["# t", "y"]
+
+
+@pytest.mark.parametrize("bad, error", [(("99_x", {}, {}), ValueError), (("00_environment", [], {}), TypeError),
+                                        (("04_decode_latency", {}, None), TypeError)])
+def test_page_headline_refuses_what_it_cannot_read(bad, error):
+    from fp8kv.notebooks.index import page_headline
+
+    with pytest.raises(error, match="name=|results and device"):
+        page_headline(*bad, smoke=False)

@@ -95,7 +95,7 @@ def test_relative_error_vs_magnitude_drops_zero_errors_and_marks_regions():
     assert {format("e4m3").max, format("e5m2").max, format("e4m3").min_normal} <= vlines
     labels = {a.text: (a.x if a.xref == "x" else a.y) for a in fig.layout.annotations}
     assert labels["e4m3 max 448"] == pytest.approx(math.log10(448))
-    assert labels["e5m2 unit roundoff 2^-3"] == pytest.approx(math.log10(format("e5m2").unit_roundoff))
+    assert labels["e5m2: unit roundoff 2^-3"] == pytest.approx(math.log10(format("e5m2").unit_roundoff))
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
 
 
@@ -113,10 +113,11 @@ def test_cast_comparison_draws_nonfinite_as_labelled_markers():
     })
     fig = viz.cast_comparison(df)
     names = [t.name for t in fig.data]
-    assert names == ["e5m2: bare", "e5m2: bare (non-finite)", "e5m2: fp8kv"]
+    assert names == ["bare", "bare: inf (drawn at the top)", "fp8kv"]
     marker = fig.data[1]
-    assert list(marker.text) == ["inf"] and list(marker.x) == [2.0]
+    assert marker.marker.symbol == "triangle-up" and "inf" in marker.hovertemplate and list(marker.x) == [2.0]
     assert marker.y[0] > 2.0  # above every finite output
+    assert marker.marker.color == fig.data[0].line.color  # the same series
 
 
 def test_capability_matrix_cells_follow_the_table():
@@ -296,7 +297,7 @@ def test_speedup_heatmap_cells_and_log_scale():
     sp = pd.DataFrame([dict(label="fp8", batch=b, context=c, time_us=1.0, bf16_us=v, speedup_vs_bf16=v)
                        for (b, c), v in {(1, 4096): 2.0, (16, 4096): 0.5}.items()])
     h = viz.speedup_heatmap(sp).data[0]
-    assert list(h.x) == ["B=1 · ctx=4096", "B=16 · ctx=4096"] and list(h.y) == ["fp8"]
+    assert list(h.x) == ["B = 1 · 4k tokens", "B = 16 · 4k tokens"] and list(h.y) == ["fp8"]
     assert [list(r) for r in h.text] == [["2.00×", "0.50×"]]
     assert [list(r) for r in h.z] == [[1.0, -1.0]] and h.zmid == 0 and h.zmax == 1.0
 
@@ -404,7 +405,7 @@ def test_token_axes_read_as_people_write_them():
 
 
 def test_series_of_one_figure_are_far_apart_in_colour():
-    """Up to eight series in one figure get colours no closer than MIN_COLOUR_DISTANCE (three
+    """Up to eight series in one figure get colours no closer than MIN_COLOUR_DISTANCE (CIEDE2000; three
     magentas side by side read as one), independent of the order the labels come in."""
     import itertools
 
@@ -415,7 +416,7 @@ def test_series_of_one_figure_are_far_apart_in_colour():
               "flashinfer-tc fp8_e4m3 dequant", "flashinfer-no-tc fp8_e4m3 dequant"]
     colours = viz.color_map(labels)
     for a, b in itertools.combinations(colours.values(), 2):
-        assert viz.style._rgb_distance(a, b) >= viz.MIN_COLOUR_DISTANCE, (a, b)
+        assert viz.style.colour_distance(a, b) >= viz.MIN_COLOUR_DISTANCE, (a, b)
     assert viz.color_map(labels[::-1]) == colours
 
 

@@ -69,6 +69,42 @@ def _text(value) -> str:
     return "–" if value is None or value == "" else str(value)
 
 
+def smoke_notebooks(manifest: dict, folder: Path | None = None) -> set[str]:
+    """The notebooks of a report whose last run was a smoke run: its manifest entry's ``mode`` (the runner's
+    record), else the run's own (the manifest's), else what the results say (``grid.smoke``,
+    ``settings.smoke``, ``shape.smoke``, ``timings_meaningful_for_gpu`` false). A smoke run checks the code
+    path at toy sizes, often on a CPU: its numbers are no result, for this GPU or any. A results file the
+    manifest has no entry for takes the manifest's mode."""
+    out = set()
+    listed = {e.get("name") for e in _dicts(manifest.get("notebooks"))}
+    if manifest.get("mode") == "smoke" and folder is not None:  # results the manifest lists no entry for: its run's
+        out |= {p.stem for p in Path(folder).glob("*.json") if p.name != MANIFEST and p.stem not in listed}
+    for entry in _dicts(manifest.get("notebooks")):
+        name = entry.get("name")
+        mode = entry.get("mode") or manifest.get("mode")
+        if mode == "smoke":
+            out.add(name)
+        elif mode is None and folder is not None:
+            res = _read(folder, name) or {}
+            flags = [_obj(res.get(k)).get("smoke") for k in ("grid", "settings", "shape")]
+            if any(f is True for f in flags) or res.get("timings_meaningful_for_gpu") is False:
+                out.add(name)
+    return out
+
+
+def _shapes_text(rows: list[dict]) -> str:
+    """The grid a median was taken over: ``12 shapes, B 1-256 x 1k-64k tokens``."""
+    shapes = {(r.get("batch"), r.get("context")) for r in rows}
+    batches = sorted(b for b, _ in shapes if isinstance(b, (int, float)))
+    contexts = sorted(c for _, c in shapes if isinstance(c, (int, float)) and math.isfinite(c))
+    if not batches or not contexts:
+        return f"{len(shapes)} shapes"
+    from ..viz.style import tokens_label
+
+    return (f"{len(shapes)} shape{'s' * (len(shapes) != 1)}, B {batches[0]}–{batches[-1]} × "
+            f"{tokens_label(contexts[0])}–{tokens_label(contexts[-1])} tokens")
+
+
 # The FP8 decode the index's speed-up column summarises: fp8kv's default (its backend, KV dtype and mode).
 HEADLINE_FP8 = {"backend": "triton", "kv_dtype": "fp8_e4m3", "mode": "dequant"}
 
@@ -81,35 +117,44 @@ def gpu_summary(folder: str | os.PathLike) -> dict:
     in dequant mode, over the best 16-bit decode of the same shape, per head layout: median and best over
     the shapes measured; FlashInfer's FP8 rows and fp8 mode are on page 04), ``kv_capacity`` (per planner model:
     FP8 e4m3 / bf16 tokens on this GPU, or the ratio where the machine has no GPU memory), ``kl``
-    (per model, mean KL of e4m3 amax-scaled KV against bf16), ``timings_meaningful``, ``pages``.
+    (per model, mean KL of e4m3 amax-scaled KV against bf16), ``timings_meaningful``, ``pages``,
+    ``smoke`` (the notebooks whose last run was a smoke run: :func:`smoke_notebooks`; their numbers are left
+    out, as no result) and ``speedup_grid`` (the shapes the speed-up's median is over).
     """
     import statistics
 
     folder = Path(folder)
     notes: list[str] = []
     manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else {}
-    env, cap, lat, acc = (_read(folder, n, notes) for n in ("00_environment", "03_kv_capacity",
-                                                            "04_decode_latency", "06_model_accuracy"))
+    smoke = smoke_notebooks(manifest, folder)
+    # a smoke run's numbers are no result: read as missing (its pages stay linked)
+    env, cap, lat, acc = (None if n in smoke and n != "00_environment" else _read(folder, n, notes)
+                          for n in ("00_environment", "03_kv_capacity", "04_decode_latency", "06_model_accuracy"))
     # The manifest describes the newest run into the folder (its versions), notebook 00 its own run.
     device = _obj(manifest.get("device")) or _obj((env or {}).get("device"))
     row = {"slug": folder.name, "name": str(device.get("name") or folder.name), "arch": _text(device.get("arch")),
            "versions": ", ".join(f"{k} {device[k]}" for k in ("torch", "triton", "flashinfer", "vllm") if device.get(k)),
            "mode": _text(manifest.get("mode")), "capability": "–", "copy_gbps": None, "speedup": {},
-           "kv_capacity": {}, "kl": {}, "timings_meaningful": None, "notes": notes,
+           "kv_capacity": {}, "kl": {}, "timings_meaningful": None, "notes": notes, "smoke": smoke,
+           "speedup_grid": "",
            "pages": [(e["name"], f"{folder.name}/{e['html']}") for e in manifest.get("notebooks", []) if e.get("html")]}
     if env:
         here = _dicts(env.get("capability_here"))
         row["capability"] = f"{sum(bool(r.get('supported')) for r in here)} of {len(here)} run here"
-        row["copy_gbps"] = _obj(env.get("copy_bandwidth")).get("gbps")
+        if "00_environment" not in smoke:  # what runs here is a fact in any run; a bandwidth only in a full one
+            row["copy_gbps"] = _obj(env.get("copy_bandwidth")).get("gbps")
     if lat:
         row["timings_meaningful"] = lat.get("timings_meaningful_for_gpu")
         by_heads: dict[str, list[float]] = {}
+        used = []
         for r in _dicts(lat.get("speedup")):
             v = r.get("speedup_vs_bf16")
             default = all(r.get(k) == want for k, want in HEADLINE_FP8.items()) and not r.get("variant")
             if default and isinstance(v, (int, float)) and math.isfinite(v):
                 # a row without its head counts still counts, under "–" (missing reads as missing)
                 by_heads.setdefault(f"{_text(r.get('num_q_heads'))}:{_text(r.get('num_kv_heads'))}", []).append(v)
+                used.append(r)
+        row["speedup_grid"] = _shapes_text(used) if used else ""
         row["speedup"] = {h: (statistics.median(v), max(v)) for h, v in sorted(by_heads.items())}
     if cap:
         for r in _dicts(cap.get("rows")):
@@ -141,14 +186,21 @@ def _capacity_text(kv: dict) -> str:
 
 
 def _overlay_figures(folders: list[Path]):
-    """Latency vs context (each GPU's largest batch) and % of copy bandwidth vs batch (largest context)."""
+    """Latency vs context (each GPU's largest batch) and % of copy bandwidth vs batch (largest context), of
+    full GPU runs only: a smoke run's timings (toy sizes, often Triton's interpreter on a CPU) are never
+    drawn beside a GPU's."""
     import pandas as pd
 
     from .. import viz
 
     frames = []
     for folder in folders:
-        rows = _dicts((_read(folder, "04_decode_latency") or {}).get("rows"))
+        if "04_decode_latency" in smoke_notebooks(read_manifest(folder), folder):
+            continue
+        results = _read(folder, "04_decode_latency") or {}
+        if results.get("timings_meaningful_for_gpu") is False:
+            continue  # a CPU's timings mean nothing for any GPU
+        rows = _dicts(results.get("rows"))
         df = pd.DataFrame(rows)
         if not len(df) or not {"status", "label", "batch", "context", "time_us"} <= set(df.columns):
             continue  # rows without what the figures plot are missing numbers, not a KeyError
@@ -168,15 +220,17 @@ def _overlay_figures(folders: list[Path]):
     data["series"] = data["gpu"] + " · " + data["label"]
     at_batch = data[data["batch"] == data.groupby("gpu")["batch"].transform("max")]
     at_context = data[data["context"] == data.groupby("gpu")["context"].transform("max")]
+    batches = ", ".join(f"{g} B = {int(b)}" for g, b in at_batch.groupby("gpu")["batch"].max().items())
+    contexts = ", ".join(f"{g} {viz.tokens_label(c)} tokens" for g, c in at_context.groupby("gpu")["context"].max().items())
     latency = viz.line(at_batch.sort_values(["series", "context"]), x="context", y="time_us", color="series",
                        log_x=True, log_y=True, hover=["batch", "gbps", "pct_copy_bw"],
-                       title="Decode latency vs context, every GPU (each at its largest measured batch)",
+                       title=f"Decode latency vs context, full GPU runs, one point per measured row ({batches})",
                        labels={"series": "GPU · backend · KV dtype · mode"})
     viz.written_log_ticks(latency, "y", at_batch["time_us"])
     viz.measured_ticks(latency, "x", at_batch["context"], "context")
     share = viz.line(at_context.sort_values(["series", "batch"]), x="batch", y="pct_copy_bw", color="series",
                      log_x=True, hover=["context", "time_us", "gbps"],
-                     title="Share of the copy bandwidth vs batch, every GPU (each at its largest measured context)",
+                     title=f"Share of the copy bandwidth vs batch, full GPU runs, one point per measured row ({contexts})",
                      labels={"series": "GPU · backend · KV dtype · mode"})
     viz.written_log_ticks(share, "x", at_context["batch"], dtick=1)  # decades of sequences: 1, 10, 100
     return [latency, share]
@@ -218,18 +272,31 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
     for note in notes:
         print(f"fp8kv notebooks index: {note}", file=sys.stderr)
     esc = _html.escape
-    body = []
-    for r in rows:
+
+    def only_smoke(r) -> bool:
+        return bool(r["pages"]) and all(name in r["smoke"] for name, _ in r["pages"])
+
+    def cells(r) -> list[str]:
         speed = "<br>".join(f"Hq:Hkv {h}: median {_fmt(m, '.2f', '×')}, best {_fmt(b, '.2f', '×')}"
                             for h, (m, b) in r["speedup"].items()) or "–"
+        if r["speedup"] and r["speedup_grid"]:
+            speed += f"<br><i>over {esc(r['speedup_grid'])}</i>"
         if r["timings_meaningful"] is False:
             speed += "<br><i>(CPU timings: not meaningful for any GPU)</i>"
         kl = "<br>".join(f"{esc(m)}: {_fmt(v, '.2e')} nats/token" for m, v in r["kl"].items()) or "–"
         pages = " · ".join(f'<a href="{esc(href)}">{esc(name)}</a>' for name, href in r["pages"]) or "–"
-        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
-            f"<b>{esc(r['name'])}</b><br><code>{esc(r['slug'])}</code>", esc(r["arch"]), esc(r["versions"]),
-            esc(r["mode"]), esc(r["capability"]), _fmt(r["copy_gbps"], ".4g", " GB/s"), speed,
-            _capacity_text(r["kv_capacity"]), kl, pages)) + "</tr>")
+        smoke = sorted(r["smoke"])
+        run = esc(r["mode"]) + (f"<br><i>smoke, no numbers shown: {esc(', '.join(smoke))}</i>"
+                                if smoke and not only_smoke(r) else "")
+        return [f"<b>{esc(r['name'])}</b><br><code>{esc(r['slug'])}</code>", esc(r["arch"]), esc(r["versions"]),
+                run, esc(r["capability"]), _fmt(r["copy_gbps"], ".4g", " GB/s"), speed,
+                _capacity_text(r["kv_capacity"]), kl, pages]
+
+    full_rows = [r for r in rows if not only_smoke(r)]
+    smoke_rows = [r for r in rows if only_smoke(r)]
+    body = ["<tr>" + "".join(f"<td>{c}</td>" for c in cells(r)) + "</tr>" for r in full_rows]
+    smoke_body = ["<tr>" + "".join(f"<td>{c}</td>" for c in (cells(r)[:5] + [cells(r)[-1]])) + "</tr>"
+                  for r in smoke_rows]
     figures = _overlay_figures(folders)
     plotly_tag = f'<script src="{_plotlyjs_for_index(root)}" charset="utf-8"></script>' if figures else ""
     # fixed div ids: the same reports give the same page, byte for byte (plotly would draw random ones)
@@ -237,8 +304,16 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
                                       div_id=f"index-figure-{i}") for i, f in enumerate(figures))
     header = ("GPU", "arch", "versions", "run", "capability", "copy bandwidth",
               "fp8kv FP8 (e4m3, dequant) over the best 16-bit decode", "KV tokens (planner models, this GPU)", "KL, e4m3 amax vs bf16", "pages")
+    smoke_header = header[:5] + header[-1:]
     note_html = ("<p><b>Not shown:</b></p><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>\n"
                  if notes else "")
+    smoke_html = ("<h2>Smoke runs: code-path checks, not results</h2>\n<p>Toy sizes, often Triton's interpreter on a "
+                  "CPU: these runs check that every notebook runs. Their numbers are no result for any GPU and are "
+                  "not shown here nor drawn in the figures.</p>\n"
+                  f"<table><tr>{''.join(f'<th>{h}</th>' for h in smoke_header)}</tr>\n{chr(10).join(smoke_body)}\n"
+                  "</table>\n" if smoke_rows else "")
+    full_html = (f"<h2>Full runs</h2>\n<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>\n"
+                 f"{chr(10).join(body)}\n</table>\n" if body else "")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>fp8kv: every GPU</title>{plotly_tag}
 <style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse;font-size:90%}}
@@ -246,11 +321,133 @@ td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
 </head><body>
 <h1>fp8kv: FP8 KV caches on every GPU that has run the notebooks</h1>
 <p>One row per report folder under this page ({len(rows)}). Each links to its notebook pages.</p>
-{note_html}<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>
-{chr(10).join(body)}
-</table>
-{figure_html}
-</body></html>
+{note_html}{full_html}{figure_html}
+{smoke_html}</body></html>
 """
     # a temporary file per build: two runs finishing together never rename each other's half-written page
     return write_atomic(root / INDEX, drop_network_loads(page))
+
+
+# --------------------------------------------------------------------------- each page's first screen
+
+
+def _device_words(device: dict) -> str:
+    name = str(device.get("name") or device.get("device") or "this machine")
+    arch = device.get("arch")
+    mem = device.get("memory_gib")
+    extra = ", ".join(x for x in (str(arch) if arch else "", f"{mem:.0f} GiB" if isinstance(mem, (int, float)) else "")
+                      if x)
+    return f"**{name}**" + (f" ({extra})" if extra else "")
+
+
+def _pct(v) -> str:
+    return _fmt(100 * v, ".3g", " %") if _fmt(v) != "–" else "–"
+
+
+def _answer_00(r: dict) -> tuple[str, str]:
+    here = _dicts(r.get("capability_here"))
+    gbps = _obj(r.get("copy_bandwidth")).get("gbps")
+    return ("its copy bandwidth and what runs on it",
+            f"one device-to-device copy moves {_fmt(gbps, '.4g', ' GB/s')}; "
+            f"{sum(bool(x.get('supported')) for x in here)} of {len(here)} backend × KV dtype × mode combinations "
+            "run here.")
+
+
+def _answer_01(r: dict) -> tuple[str, str]:
+    parts = []
+    for name, f in _obj(r.get("roundtrip")).items():
+        f = _obj(f)
+        parts.append(f"{name} {_fmt(f.get('max_rel_error_normal'), '.3g')} (bound {_fmt(f.get('unit_roundoff'), '.3g')})")
+    casts = ", ".join(f"{n} {_obj(c).get('bare_nonfinite')} of {len(_obj(c).get('inputs') or [])}"
+                      for n, c in _obj(r.get("casts")).items() if isinstance(_obj(c).get("bare_nonfinite"), int))
+    return ("the FP8 formats' round trip and casts on this device",
+            f"largest relative error of a normal value: {', '.join(parts) or '–'}; inputs near and beyond max that a "
+            f"bare cast turns into inf/NaN: {casts or '–'} (fp8kv's clamp: none).")
+
+
+def _answer_02(r: dict) -> tuple[str, str]:
+    sizes = _obj(r.get("sizes"))
+    k = r.get("e4m3_tensor_amax_k_rel_err")
+    out = r.get("e4m3_tensor_amax_out_rel_err")
+    e5 = _obj(r.get("key_numbers")).get("e5m2_tensor_amax_out_rel_err")
+    return (f"quantization error of synthetic K/V ({_text(sizes.get('tokens'))} tokens)",
+            f"e4m3 with one amax scale per tensor: K relative error {_fmt(k, '.2e')}, attention output "
+            f"{_fmt(out, '.2e')} (e5m2: {_fmt(e5, '.2e')}).")
+
+
+def _answer_03(r: dict) -> tuple[str, str]:
+    rows = _dicts(r.get("fp8_over_bf16_tokens_ratio_rows"))
+    ratios = [x.get("ratio") for x in rows if _fmt(x.get("ratio")) != "–"]
+    span = "–" if not ratios else (f"{min(ratios):.3f}×" if f"{min(ratios):.3f}" == f"{max(ratios):.3f}"
+                                   else f"{min(ratios):.3f}–{max(ratios):.3f}×")
+    ref = _text(r.get("reference_gpu"))
+    elsewhere = ", ".join(f"{_text(x.get('model'))} on {_text(x.get('gpu'))}" for x in rows if x.get("gpu") != ref)
+    return ("how many KV tokens fit, by the paged engines' accounting",
+            f"FP8 e4m3 with per-tensor scales holds {span} the tokens of bf16 for the {len(rows)} models on {ref}"
+            + (f" ({elsewhere}, whose bf16 weights do not fit {ref})" if elsewhere else "")
+            + f", at utilization {_text(r.get('utilization'))}.")
+
+
+def _answer_04(r: dict) -> tuple[str, str]:
+    used = [x for x in _dicts(r.get("speedup")) if all(x.get(k) == v for k, v in HEADLINE_FP8.items())
+            and not x.get("variant") and _fmt(x.get("speedup_vs_bf16")) != "–"]
+    import statistics
+
+    v = [x["speedup_vs_bf16"] for x in used]
+    best = max((_obj(x).get("pct_copy_bw") for x in _dicts(r.get("best_pct_copy_bw"))
+                if _fmt(_obj(x).get("pct_copy_bw")) != "–"), default=None)
+    answer = (f"fp8kv's FP8 decode (e4m3, dequant) is {statistics.median(v):.2f}× as fast as the best 16-bit decode "
+              f"(median; best {max(v):.2f}×) over {_shapes_text(used)}" if v else "no FP8-over-BF16 speed-up ran")
+    return ("paged decode latency of every backend × KV dtype × mode",
+            answer + (f"; the fastest calls reach {best:.0f} % of the copy bandwidth." if best is not None else "."))
+
+
+def _answer_05(r: dict) -> tuple[str, str]:
+    return ("every backend × KV format against the fp32 reference",
+            f"{_text(r.get('n_ran'))} of {_text(r.get('n_rows'))} combinations ran here: {_text(r.get('n_passed'))} "
+            f"within their tolerance, {_text(r.get('n_failed'))} above it, {_text(r.get('n_error'))} raised; "
+            f"{_text(r.get('n_unsupported'))} cannot run here.")
+
+
+def _answer_06(r: dict) -> tuple[str, str]:
+    rows = [x for x in _dicts(r.get("summary")) if x.get("config") == "e4m3 tensor amax"]
+    parts = [f"{_text(x.get('model'))}: KL {_fmt(x.get('kl_mean'), '.2e')} nats/token, top-1 agreement "
+             f"{_pct(x.get('top1_agree'))}" for x in rows]
+    return ("real models' next-token predictions with an FP8 KV cache against bf16",
+            f"e4m3 with per-tensor amax scales: {'; '.join(parts) or '–'}.")
+
+
+def _answer_07(r: dict) -> tuple[str, str]:
+    sentences = [_obj(x).get("sentence") for x in _obj(r.get("reading")).values()]
+    sentences = [s for s in sentences if s]
+    more = f" ({len(sentences) - 1} more below)" if len(sentences) > 1 else ""
+    base = _text(r.get("baseline_kv_dtype")) if r.get("baseline_kv_dtype") else "16-bit"
+    return (f"whole decode steps, {base} against FP8 KV", (sentences[0] + more) if sentences else
+            f"no pair of {base} and FP8 steps ran.")
+
+
+_ANSWERS = {"00": _answer_00, "01": _answer_01, "02": _answer_02, "03": _answer_03, "04": _answer_04,
+            "05": _answer_05, "06": _answer_06, "07": _answer_07}
+
+
+def page_headline(name: str, results: dict, device: dict, *, smoke: bool) -> str:
+    """The first screen of notebook ``name``'s page, as Markdown written from its ``results`` (the JSON
+    ``save_results`` wrote): the machine, what was measured, and the answer in a sentence. A smoke run says
+    that its numbers are no result instead of giving them as one."""
+    if not isinstance(results, dict) or not isinstance(device, dict):
+        raise TypeError(f"results and device must be the dicts of a results file, got {type(results).__name__} "
+                        f"and {type(device).__name__}")
+    answer = _ANSWERS.get(str(name)[:2])
+    if answer is None:
+        raise ValueError(f"name={name!r} has no headline; expected one of the notebooks {sorted(_ANSWERS)}")
+    what, said = answer(results)
+    if smoke:
+        return (f"**Smoke run** on {_device_words(device)}: {what}, at toy sizes to check the code path. "
+                "Its numbers are no result for this machine or any GPU.")
+    return f"On {_device_words(device)}, {what}: {said}"
+
+
+def headline_markdown(out_dir: str | os.PathLike, name: str, *, smoke: bool) -> str:
+    """:func:`page_headline` of the results notebook ``name`` saved in ``out_dir``."""
+    doc = load_results(out_dir, name)
+    return page_headline(name, doc["results"], _obj(doc.get("device")), smoke=bool(smoke))

@@ -175,14 +175,39 @@ def template_dirs() -> list[str]:
     return [str(root)] if root.is_dir() else []
 
 
+HEADLINE_TAG = "headline"
+
+
+def headline_first(nb):
+    """The notebook ``nb`` (nbformat) with its cells tagged :data:`HEADLINE_TAG` moved right after its first
+    Markdown cell (the title), so that a page's first screen gives the answer its last cells computed.
+    Returns ``nb``, changed in place."""
+    tagged = [c for c in nb.cells if HEADLINE_TAG in c.get("metadata", {}).get("tags", [])]
+    if tagged:
+        rest = [c for c in nb.cells if c not in tagged]
+        at = next((i + 1 for i, c in enumerate(rest) if c.cell_type == "markdown"), 0)
+        nb.cells = rest[:at] + tagged + rest[at:]
+    return nb
+
+
 def render_html(executed_ipynb: str | os.PathLike, html_path: str | os.PathLike) -> Path:
     """Render an executed notebook to a standalone HTML file (nbconvert ``HTMLExporter``, lab template)
-    that loads nothing from the network (:func:`drop_network_loads`)."""
+    that loads nothing from the network (:func:`drop_network_loads`), its headline cells on the first
+    screen (:func:`headline_first`)."""
+    import nbformat
     from nbconvert import HTMLExporter
 
     # Both: the base dirs find the lab template, the plain paths its ``{% extends 'base/...' %}``.
     dirs = template_dirs()
-    body, _ = HTMLExporter(extra_template_basedirs=dirs, extra_template_paths=dirs).from_filename(str(executed_ipynb))
+    exporter = HTMLExporter(extra_template_basedirs=dirs, extra_template_paths=dirs)
+    path = Path(executed_ipynb)
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if f'"{HEADLINE_TAG}"' in text:
+        nb = headline_first(nbformat.reads(text, as_version=4))
+        # the resources from_filename would give: the page's <title> is the notebook's name
+        body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": path.stem, "path": str(path.parent)}})
+    else:  # nothing to move (or nothing readable here: the exporter names the file)
+        body, _ = exporter.from_filename(str(path))
     html_path = Path(html_path)
     write_atomic(html_path, drop_network_loads(body))  # render_report rewrites pages in a published folder
     return html_path

@@ -82,11 +82,14 @@ def reading_markdown(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> str:
     return text or f"no pair of {baseline} and {fp8} rows ran{where}"
 
 
-SERIES_COLORS = {"bf16": "#1f77b4", "fp16": "#1f77b4", "fp8_e4m3": "#d62728", "fp8_e5m2": "#ff7f0e"}
+# fp8kv.viz.style.KV_DTYPE_COLORS (plotly is imported only by the figures): the palette every figure shares
+SERIES_COLORS = {"bf16": "#1f77b4", "fp16": "#1f77b4", "fp8_e4m3": "#d62728", "fp8_e5m2": "#b68100"}
 
 
 def _color(kv: str) -> str:
-    return SERIES_COLORS.get(kv, "#7f7f7f")
+    from ..viz.style import series_color
+
+    return SERIES_COLORS.get(kv) or series_color(kv)
 
 
 def tokens_per_s_figure(df, *, title: str | None = None):
@@ -121,13 +124,15 @@ def tokens_per_s_figure(df, *, title: str | None = None):
     viz.written_log_ticks(fig, "y", ok["tokens_per_s"])
     fig.update_layout(title=title or "Decode-step throughput against concurrency, to each KV dtype's memory ceiling",
                       height=420, legend_title_text="KV dtype")
-    return fig
+    return viz.style.readable_axes(fig)
 
 
 def attention_share_figure(df, *, title: str | None = None):
     """Attention's share of the step (%) against batch (log x), one panel per model × context."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
+
+    from .. import viz
 
     cols = ["status", "model", "context", "kv_dtype", "batch", "attention_share", "attention_us", "step_us"]
     check_rows(df, "attention_share_figure", cols, values=cols[1:], expected=SWEEP_ROWS)
@@ -146,7 +151,7 @@ def attention_share_figure(df, *, title: str | None = None):
     fig.update_xaxes(type="log", title="batch (concurrent sequences)", dtick=1, tickformat="~g")
     fig.update_yaxes(title="attention share of the step (%)", range=[0, 100])
     fig.update_layout(title=title or "How much of the step is attention", height=420, legend_title_text="KV dtype")
-    return fig
+    return viz.style.readable_axes(fig)
 
 
 def summary(df) -> str:

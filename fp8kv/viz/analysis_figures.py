@@ -5,7 +5,20 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .style import axis_title, axis_titles, line, require_columns, style_by_label
+from .style import (
+    FRACTION_COLUMNS,
+    axis_title,
+    axis_titles,
+    facet_label,
+    line,
+    log_colour_ticks,
+    name_facets,
+    percent_axis,
+    power_of_ten,
+    readable_axes,
+    require_columns,
+    style_by_label,
+)
 
 # --------------------------------------------------------------------------- quantization error and KV capacity
 
@@ -17,9 +30,11 @@ def quant_error_heatmap(df, value: str = "out_rel_err", *, row: str = "granulari
     Parameters
     ----------
     df : tidy rows (``fp8kv.analysis.quantization_error``), one row per (facet, row, col) cell;
-        filter other conditions (e.g. ``quantize == "kv"``) first. Duplicates are averaged.
+        filter other conditions (e.g. ``quantize == "kv"``) first. Duplicates are averaged, and the title
+        then says over how many rows.
     value : the column coloured and printed in each cell (e.g. ``k_rel_err``, ``out_rel_err``).
-    log_color : colour by log10 of the value (errors span decades); the text shows the value.
+    log_color : colour by log10 of the value (errors span decades); the text and the colour bar's
+        ticks show the value (``10⁻³``), never its logarithm.
 
     Every panel shares one colour scale, so colours compare across panels.
     """
@@ -35,8 +50,11 @@ def quant_error_heatmap(df, value: str = "out_rel_err", *, row: str = "granulari
     pos = vals[np.isfinite(vals) & (vals > 0)] if log_color else vals[np.isfinite(vals)]
     tf = (lambda a: np.log10(np.where(a > 0, a, np.nan))) if log_color else (lambda a: a)
     lo, hi = (float(tf(pos).min()), float(tf(pos).max())) if pos.size else (0.0, 1.0)
+    bar = dict(title=axis_title(value))
+    if log_color:
+        bar.update(log_colour_ticks(lo, hi, 10.0, power_of_ten))
     fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=[f"{axis_title(facet)} = {p}" for p in panels] if facet else None)
+                        subplot_titles=[facet_label(facet, p) for p in panels] if facet else None)
     for i, p in enumerate(panels):
         part = df if p is None else df[df[facet] == p]
         z = part.pivot_table(index=row, columns=col, values=value, aggfunc="mean", sort=False)
@@ -45,15 +63,17 @@ def quant_error_heatmap(df, value: str = "out_rel_err", *, row: str = "granulari
         fig.add_trace(go.Heatmap(
             z=tf(z), x=[str(c) for c in cols], y=[str(r) for r in rows], text=text, texttemplate="%{text}",
             customdata=z, zmin=lo, zmax=hi, colorscale="Viridis", showscale=i == len(panels) - 1,
-            colorbar=dict(title=f"log10 of {axis_title(value)}" if log_color else axis_title(value)), xgap=2, ygap=2,
+            colorbar=bar, xgap=2, ygap=2,
             hovertemplate=f"{axis_title(row)} %{{y}}<br>{axis_title(col)} %{{x}}<br>{axis_title(value)} "
                           f"%{{customdata:.4g}}<extra>{p or ''}</extra>",
         ), row=1, col=i + 1)
         fig.update_xaxes(title_text=axis_title(col), row=1, col=i + 1)
     fig.update_yaxes(title_text=axis_title(row), autorange="reversed", row=1, col=1)
-    fig.update_layout(title=title or f"{axis_title(value)} by {axis_title(row)} × {axis_title(col)}",
+    per_cell = int(df.groupby([c for c in (facet, row, col) if c]).size().max())
+    mean = f"; a cell is the mean of up to {per_cell} rows" if per_cell > 1 else ""
+    fig.update_layout(title=(title or f"{axis_title(value)} by {axis_title(row)} × {axis_title(col)}") + mean,
                       height=max(300, 50 * len(rows) + 200))
-    return fig
+    return readable_axes(fig)
 
 
 def grouped_bars(df, x: str, y: str, color: str | None = None, *, facet_col: str | None = None,
@@ -67,6 +87,10 @@ def grouped_bars(df, x: str, y: str, color: str | None = None, *, facet_col: str
     facet_col, facet_row : one panel per value of these columns.
     text : a column printed on the bars (e.g. rounded values).
     labels, hover : axis/legend titles by column; extra columns on hover.
+    title : default "<y's title> by <x's title>".
+
+    Panels are titled "B = 1" / "format: e4m3" (:func:`~fp8kv.viz.style.facet_label`); a fraction
+    (:data:`~fp8kv.viz.style.FRACTION_COLUMNS`) ticks in percent, small numbers as powers of ten.
     """
     import plotly.express as px
 
@@ -74,14 +98,17 @@ def grouped_bars(df, x: str, y: str, color: str | None = None, *, facet_col: str
     data = df.copy()
     if color is not None:
         data[color] = data[color].astype(str)  # categories, not a continuous colour bar
+    names = axis_titles([x, y, color, facet_col, facet_row, text, *(hover or [])], labels)
     fig = px.bar(data, x=x, y=y, color=color, facet_col=facet_col, facet_row=facet_row, barmode="group",
-                 log_y=log_y, title=title, labels=axis_titles([x, y, color, facet_col, facet_row, text, *(hover or [])],
-                                                          labels), hover_data=hover, text=text)
+                 log_y=log_y, title=title or f"{names[y]} by {names[x]}", labels=names, hover_data=hover, text=text)
+    name_facets(fig, {c: names[c] for c in (facet_col, facet_row) if c is not None})
     if color is not None:
         style_by_label(fig, data[color].unique())
     if text is not None:
         fig.update_traces(textposition="outside", cliponaxis=False)
-    return fig
+    if y in FRACTION_COLUMNS:
+        percent_axis(fig, "y")
+    return readable_axes(fig)
 
 
 def per_layer(layers, model: str, metric: str) -> go.Figure:

@@ -10,13 +10,15 @@ import plotly.graph_objects as go
 
 from .. import checks
 from ..formats import is_fp8
-from .analysis_figures import grouped_bars
 from .style import (
-    add_ceiling,
+    FRACTION_COLUMNS,
     add_line,
     axis_title,
     axis_titles,
     measured_ticks,
+    name_facets,
+    percent_axis,
+    readable_axes,
     require_columns,
     style_by_label,
     tokens_label,
@@ -38,14 +40,18 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
     ceiling : a horizontal line drawn in every panel (e.g. 100 for ``pct_copy_bw``).
     labels, hover : axis/legend titles by column; extra columns on hover.
 
-    Points are sorted by ``x`` within each line so lines run left to right.
+    Points are sorted by ``x`` within each line so lines run left to right; panels are titled "B = 1" or
+    "16k tokens"; the title defaults to "<y's title> vs <x's title>".
     """
     import plotly.express as px
 
     require_columns(df, [x, y, color, facet, *(hover or [])])
     data = df.sort_values([c for c in (facet, color, x) if c is not None])
+    names = axis_titles([x, y, color, facet, *(hover or [])], labels)
     fig = px.line(data, x=x, y=y, color=color, facet_col=facet, log_x=log_x, log_y=log_y, markers=True,
-                  title=title, labels=axis_titles([x, y, color, facet, *(hover or [])], labels), hover_data=hover)
+                  title=title or f"{names[y]} vs {names[x]}", labels=names, hover_data=hover)
+    if facet is not None:
+        name_facets(fig, {facet: names[facet]})
     style_by_label(fig, data[color].unique())
     if ceiling is not None:
         if not isinstance(ceiling, (int, float)) or not math.isfinite(ceiling):
@@ -56,7 +62,9 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
         written_log_ticks(fig, "y", data[y])
     if log_x:
         measured_ticks(fig, "x", data[x], x)
-    return fig
+    if y in FRACTION_COLUMNS:
+        percent_axis(fig, "y")
+    return readable_axes(fig)
 
 
 def bench_metric(df, metric: str, x: str) -> go.Figure:
@@ -102,12 +110,32 @@ def _run_date(stamp) -> str:
     return f"{stamp[:10]} {stamp[11:16]}Z" if len(stamp) >= 16 and stamp[10] == "T" else stamp
 
 
+# Colour-bar ticks of a speed-up map: ratios people read, the finest first dropped where many fit.
+_RATIO_TICKS = (1 / 8, 1 / 4, 1 / 2, 2 / 3, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0)
+
+
+def _ratio_ticks(span: float) -> dict:
+    """Colour-bar ticks for log2 colours within ±``span``, written as the ratio: ``0.5×``, ``1×``, ``2×``."""
+    ticks = [r for r in _RATIO_TICKS if abs(math.log2(r)) <= span + 1e-9]
+    if len(ticks) > 7:  # wide spans: powers of two only
+        ticks = [r for r in ticks if abs(math.log2(r) - round(math.log2(r))) < 1e-9]
+    return dict(tickvals=[math.log2(r) for r in ticks], ticktext=[f"{r:.3g}×" for r in ticks])
+
+
+def _shape_label(batch, context) -> str:
+    return f"B = {int(batch)} · {tokens_label(context)} tokens"
+
+
 def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", baseline: str = "bf16",
                     title: str | None = None) -> go.Figure:
     """Heat-map of a speedup (× faster; > 1 is faster): rows = ``row`` (each FP8 configuration; where the
     rows also differ in GPU, head layout, page size, window, page layout or run, such as saved runs
     concatenated, one row per configuration and each of those, named), columns = shape (batch,
-    context), a diverging colour scale centred on 1. No cell is a median across any of them.
+    context), a diverging colour scale centred on 1, its colour bar written in ratios (0.5×, 1×, 2×).
+
+    A cell is the median of the rows of its configuration and shape; where any cell holds more than one
+    row (repeated measurements), the title says so and over how many. No cell is a median across GPUs,
+    head layouts, pages, windows or runs.
 
     Parameters
     ----------
@@ -115,25 +143,23 @@ def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", b
         bf16_us and bf16_best are shown on hover when present).
     baseline : the name of the baseline in the title.
     """
-    import numpy as np
-
     require_columns(sp, [row, value, "batch", "context", "time_us"], "sp")
     if not sp[value].notna().any():  # an FP8-only run's speed-ups over BF16, or no FP8 row: a blank map says nothing
         why = sp.attrs.get("partial") or (f"{len(sp)} rows, all NaN there" if len(sp) else "no rows")
         raise ValueError(f"sp has no {value} to draw ({why})")
     sp = sp.assign(**{row: _rows_kept_apart(sp, row)})
     data = sp.sort_values(["batch", "context"])
-    data = data.assign(shape=[f"B={b} · ctx={c}" for b, c in zip(data["batch"], data["context"], strict=True)])
+    data = data.assign(shape=[_shape_label(b, c) for b, c in zip(data["batch"], data["context"], strict=True)])
     cols = list(dict.fromkeys(data["shape"]))
     rows = list(dict.fromkeys(sp.sort_values(row)[row]))
-    z = data.pivot_table(index=row, columns="shape", values=value, aggfunc="median").reindex(index=rows, columns=cols)
-    t = data.pivot_table(index=row, columns="shape", values="time_us", aggfunc="median").reindex(index=rows,
-                                                                                                 columns=cols)
-    if "bf16_us" in data.columns:
-        b = data.pivot_table(index=row, columns="shape", values="bf16_us", aggfunc="median")
-        b = b.reindex(index=rows, columns=cols)
-    else:
-        b = t * np.nan
+
+    def cells(column, how="median"):
+        return data.pivot_table(index=row, columns="shape", values=column, aggfunc=how).reindex(index=rows,
+                                                                                              columns=cols)
+
+    z, t = cells(value), cells("time_us")
+    b = cells("bf16_us") if "bf16_us" in data.columns else t * np.nan
+    per_cell = int(data.groupby([row, "shape"]).size().max())
     zz = z.to_numpy(dtype=float)
     text = [[f"{v:.2f}×" if np.isfinite(v) else "" for v in line] for line in zz]
     finite = zz[np.isfinite(zz)]
@@ -143,15 +169,17 @@ def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", b
         z=np.log2(np.where(zz > 0, zz, np.nan)), x=cols, y=rows, text=text, texttemplate="%{text}",
         customdata=np.stack([t.to_numpy(dtype=float), b.to_numpy(dtype=float), zz], axis=-1),
         colorscale="RdBu", zmid=0, zmin=-span, zmax=span,
-        colorbar=dict(title="log2(×)"), xgap=2, ygap=2,
+        colorbar=dict(title="× faster", **_ratio_ticks(span)), xgap=2, ygap=2,
         hovertemplate="%{y}<br>%{x}<br>%{customdata[2]:.3f}×<br>%{customdata[0]:.4g} µs vs "
                       "%{customdata[1]:.4g} µs<extra></extra>",
     ))
-    fig.update_layout(title=title or f"FP8 decode over the best {baseline} decode of the same shape "
-                                     "(× faster; blue > 1)",
+    median = f"; a cell is the median of up to {per_cell} rows" if per_cell > 1 else ""
+    fig.update_layout(title=(title or f"FP8 decode over the best {baseline} decode of the same shape "
+                                      "(× faster; blue > 1)") + median,
                       height=max(250, 40 * len(rows) + 200))
-    fig.update_yaxes(autorange="reversed")
-    return fig
+    fig.update_xaxes(title="shape (batch · context)")
+    fig.update_yaxes(autorange="reversed", title="FP8 configuration")
+    return readable_axes(fig)
 
 
 def bandwidth_roofline(df, copy_gbps: float, *, x: str = "bytes", y: str = "gbps", color: str = "label",
@@ -178,7 +206,7 @@ def bandwidth_roofline(df, copy_gbps: float, *, x: str = "bytes", y: str = "gbps
     written_log_ticks(fig, "y", df[y])
     add_line(fig, "y", copy_gbps, line_dash="dash", line_color="gray",
              annotation_text=f"copy bandwidth {copy_gbps:.4g} GB/s", annotation_position="bottom right")
-    return fig
+    return readable_axes(fig)
 
 
 MATRIX_STATUS_COLORS = {"failed": "#e06666", "error": "#f6b26b", "unsupported": "#e8e8e8", "passed": "#93c47d"}
@@ -252,9 +280,9 @@ def backend_check_matrix(df, *, title: str | None = None) -> go.Figure:
     legend = " · ".join(f"{s} {int(counts.get(s, 0))}" for s in order)
     fig.update_layout(title=title or f"Every backend against the fp32 reference: {legend}",
                       height=max(250, 45 * len(rows) + 220))
-    fig.update_xaxes(tickangle=-45)
-    fig.update_yaxes(autorange="reversed")
-    return fig
+    fig.update_xaxes(tickangle=-45, title="KV dtype · scale granularity")
+    fig.update_yaxes(autorange="reversed", title="backend · mode")
+    return readable_axes(fig)
 
 
 def error_vs_tolerance(df, *, title: str | None = None) -> go.Figure:
@@ -280,18 +308,22 @@ def error_vs_tolerance(df, *, title: str | None = None) -> go.Figure:
     fig.update_yaxes(type="log", dtick="D2", tickformat="~g")  # ticks 0.1, 0.2, 0.5, 1, ... in plain numbers
     add_line(fig, "y", 1.0, line_dash="dash", line_color="gray", annotation_text="tolerance",
              annotation_position="top left")
-    fig.update_xaxes(tickangle=-45)
-    return fig
+    fig.update_xaxes(tickangle=-45, title="backend · mode · KV dtype · scale granularity")
+    return readable_axes(fig)
 
 
 def layout_speedups(table, *, title: str | None = None) -> go.Figure:
-    """FP8 decode per head layout: × own BF16 decode and × the best peer, as grouped bars.
+    """FP8 decode per head layout, two panels of bars: × fp8kv's own BF16 decode (left) and × the best
+    peer decode (right).
 
-    ``table``: rows of :func:`fp8kv.bench.layout_table`. Dashed lines at 2× (FP8 reads half the
-    bytes: the most a bandwidth-bound decode can gain over its own BF16; a peer slower than fp8kv's
-    BF16 can be beaten by more) and 1× (no gain). Hover: µs, % of the FP8 copy-bandwidth limit, and
-    where the table has them the peer's row, the FP8 kernel that ran and its error over the peers' lowest.
+    ``table``: rows of :func:`fp8kv.bench.layout_table`. The left panel has a dashed line at 2× (FP8
+    reads half the bytes: the most a bandwidth-bound decode can gain over its own BF16); a peer slower
+    than fp8kv's BF16 can be beaten by more, so the right panel has only the line at 1× (no gain), as has
+    the left. Hover: µs, % of the FP8 copy-bandwidth limit, and where the table has them the peer's row,
+    the FP8 kernel that ran and its error over the peers' lowest.
     """
+    import plotly.express as px
+
     require_columns(table, ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context", "fp8_x_bf16",
                              "fp8_x_peer", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"], "table")
     if not (table["fp8_x_bf16"].notna().any() or table["fp8_x_peer"].notna().any()):  # blank bars say nothing
@@ -300,18 +332,27 @@ def layout_speedups(table, *, title: str | None = None) -> go.Figure:
     t = table.assign(shape=[f"{hq}/{hkv}/{d} · {b}×{tokens_label(c)}" for hq, hkv, d, b, c in zip(
         table["num_q_heads"], table["num_kv_heads"], table["head_dim"], table["batch"], table["context"], strict=True)])
     named = [c for c in ("peer", "fp8_kernel", "fp8_err_x_peer") if c in t.columns]
+    panels = {"fp8_x_bf16": "× fp8kv's BF16 decode", "fp8_x_peer": "× best peer decode"}
     long = t.melt(id_vars=["shape", "fp8_us", "bf16_us", "peer_us", "pct_of_limit", *named],
-                  value_vars=["fp8_x_bf16", "fp8_x_peer"], var_name="against", value_name="speedup")
-    long["against"] = long["against"].map({"fp8_x_bf16": "× fp8kv's BF16 decode", "fp8_x_peer": "× best peer decode"})
+                  value_vars=list(panels), var_name="against", value_name="speedup")
+    long["against"] = long["against"].map(panels)
     pages = set(table["layout"]) if "layout" in table.columns else set()
     on_pages = f", {'/'.join(sorted(pages))} pages" if pages - {"NHD"} else ""  # NHD, the default, goes unsaid
-    fig = grouped_bars(long, x="shape", y="speedup", color="against",
-                       title=(title or "FP8 decode speed-up per head layout (Hq/Hkv/D · batch × context)") + on_pages,
-                       labels={"shape": "head layout · batch × context", "speedup": "FP8 speed-up (×, > 1 is faster)",
-                               "against": "FP8 decode", "pct_of_limit": "% of FP8 limit", "fp8_us": "FP8 µs",
-                               "bf16_us": "BF16 µs", "peer_us": "peer µs", "peer": "best peer",
-                               "fp8_kernel": "FP8 kernel", "fp8_err_x_peer": "FP8 error ÷ peers' lowest"},
-                       hover=["fp8_us", "bf16_us", "peer_us", "pct_of_limit", *named])
-    add_ceiling(fig, 2.0, "half the bytes (over own BF16)", dash="dash")
-    add_ceiling(fig, 1.0, "no gain", dash="dot")
-    return fig
+    labels = {"shape": "head layout · batch × context", "speedup": "FP8 speed-up (×, > 1 is faster)",
+              "against": "FP8 decode", "pct_of_limit": "% of FP8 limit", "fp8_us": "FP8 µs", "bf16_us": "BF16 µs",
+              "peer_us": "peer µs", "peer": "best peer", "fp8_kernel": "FP8 kernel",
+              "fp8_err_x_peer": "FP8 error ÷ peers' lowest"}
+    fig = px.bar(long, x="shape", y="speedup", color="against", facet_col="against",
+                 category_orders={"against": list(panels.values())}, labels=labels,
+                 hover_data=["fp8_us", "bf16_us", "peer_us", "pct_of_limit", *named],
+                 title=(title or "FP8 decode speed-up per head layout (Hq/Hkv/D · batch × context)") + on_pages)
+    for note in fig.layout.annotations:  # each panel is named by what it divides by
+        note.text = str(note.text).split("=", 1)[-1]
+    style_by_label(fig, long["against"].unique())
+    fig.update_layout(showlegend=False)
+    fig.update_xaxes(tickangle=-45)
+    add_line(fig, "y", 2.0, line_dash="dash", line_color="gray", annotation_text="half the bytes: 2×",
+             annotation_position="top left", row=1, col=1)
+    add_line(fig, "y", 1.0, line_dash="dot", line_color="gray", annotation_text="no gain",
+             annotation_position="bottom left", row="all", col="all")
+    return readable_axes(fig)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .style import FORMAT_COLORS, add_line, color_map, require_columns, series_color
+from .style import FORMAT_COLORS, add_line, color_map, readable_axes, require_columns, series_color
 
 
 def _formats(formats):
@@ -51,7 +51,7 @@ def fp8_code_values(formats=None, *, log_y: bool = True) -> go.Figure:
                       xaxis_title="code (uint8)", yaxis_title="value", legend_title="format")
     if log_y:
         fig.update_yaxes(type="log", exponentformat="power")
-    return fig
+    return readable_axes(fig)
 
 
 def relative_error_vs_magnitude(df, *, x: str = "magnitude", y: str = "rel_error", fmt_col: str = "format",
@@ -76,64 +76,85 @@ def relative_error_vs_magnitude(df, *, x: str = "magnitude", y: str = "rel_error
     fig.update_xaxes(type="log", exponentformat="power", title="|input|")
     fig.update_yaxes(type="log", exponentformat="power", title="relative error of the round trip")
     lo, hi = float(df[x].min()), float(df[x].max())
+    roundoffs: dict[float, list] = {}  # formats sharing a threshold share one line label, never two on top
+    maxima: dict[float, list] = {}
     for name, part in df.groupby(fmt_col, sort=False):
         part = part[part[y] > 0]
         color = series_color(str(name))
         fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines", name=str(name), line=dict(color=color, width=1)))
         if show_regions:
             f = get_format(str(name))
-            add_line(fig, "y", f.unit_roundoff, line_dash="dot", line_color=color,
-                     annotation_text=f"{f.name} unit roundoff 2^-{f.mantissa_bits + 1}",
-                     annotation_position="bottom right")
+            roundoffs.setdefault(f.unit_roundoff, []).append(f)
+            maxima.setdefault(f.max, []).append(f)
             if lo < f.min_normal:  # shapes take data values on log axes too
                 fig.add_vrect(x0=lo, x1=f.min_normal, fillcolor=color, opacity=0.07, line_width=0)
             add_line(fig, "x", f.min_normal, line_dash="dot", line_color=color)
             if f.max < hi:
                 fig.add_vrect(x0=f.max, x1=hi, fillcolor=color, opacity=0.07, line_width=0)
-            add_line(fig, "x", f.max, line_dash="dash", line_color=color,
-                     annotation_text=f"{f.name} max {f.max:g}", annotation_position="top left")
+    for u, fs in roundoffs.items():
+        add_line(fig, "y", u, line_dash="dot", line_color=series_color(fs[0].name),
+                 annotation_text=f"{', '.join(f.name for f in fs)}: unit roundoff 2^-{fs[0].mantissa_bits + 1}",
+                 annotation_position="bottom right")
+    # Maxima close on the log axis (240 and 448) would print their labels over each other: each lower one
+    # steps down a line.
+    for i, (m, fs) in enumerate(sorted(maxima.items())):
+        add_line(fig, "x", m, line_dash="dash", line_color=series_color(fs[0].name),
+                 annotation_text=f"{', '.join(f.name for f in fs)} max {m:g}", annotation_position="top left",
+                 annotation_yshift=-18 * (len(maxima) - 1 - i))
     fig.update_layout(title="Relative error vs magnitude: subnormal (left shade), normal, saturated (right shade)",
                       legend_title="format")
-    return fig
+    return readable_axes(fig)
 
 
 def cast_comparison(df, *, x: str = "input", y: str = "output", method_col: str = "method",
                     fmt_col: str = "format") -> go.Figure:
-    """Output of different FP8 casts against their input near the top of the range.
+    """Output of different FP8 casts against their input near the top of the range: one panel per format.
 
     Parameters
     ----------
     df : DataFrame with columns ``x``, ``y`` (the cast result as float; may be inf/NaN),
         ``method_col`` (e.g. "bare .to()" / "fp8kv saturating") and ``fmt_col``.
 
-    Finite outputs are drawn as lines; inf and NaN outputs are drawn as ``x`` markers placed just
-    above the largest finite output and labelled, since they cannot sit on a value axis.
+    Each format has its own panel and axes (e4m3's 448 and e5m2's 57344 on one linear axis would squash
+    the smaller format's points at 0). Finite outputs are drawn as lines, one colour per cast method;
+    inf (triangles) and NaN (crosses) outputs, which no value axis holds, as markers just above the
+    panel's largest finite output, what they are in the legend and on hover.
     """
     import numpy as np
+    from plotly.subplots import make_subplots
 
     require_columns(df, [x, y, method_col, fmt_col])
-    finite_y = df[y][np.isfinite(df[y].to_numpy(dtype=float))]
-    top = float(finite_y.abs().max()) * 1.15 if len(finite_y) else 1.0
-    fig = go.Figure()
-    dashes = ["solid", "dash", "dot", "dashdot"]
+    formats = list(dict.fromkeys(df[fmt_col]))
     methods = list(dict.fromkeys(df[method_col]))
-    groups = list(df.groupby([fmt_col, method_col], sort=False))
-    colours = color_map(f"{fmt}: {method}" for (fmt, method), _ in groups)
-    for (fmt, method), part in groups:
-        vals = part[y].to_numpy(dtype=float)
-        ok = np.isfinite(vals)
-        name = f"{fmt}: {method}"
-        color = colours[name]
-        fig.add_trace(go.Scatter(x=part[x][ok], y=vals[ok], mode="lines+markers", name=name, legendgroup=name,
-                                 line=dict(color=color, dash=dashes[methods.index(method) % len(dashes)])))
-        if (~ok).any():  # the same series, drawn where its values are not finite
-            labels = ["inf" if np.isinf(v) else "NaN" for v in vals[~ok]]
-            fig.add_trace(go.Scatter(x=part[x][~ok], y=[top] * int((~ok).sum()), mode="markers+text",
-                                     text=labels, textposition="top center", name=f"{name} (non-finite)",
-                                     legendgroup=name, marker=dict(symbol="x", size=10, color=color)))
-    fig.update_layout(title="Casting values beyond the format's max", xaxis_title="input", yaxis_title="output",
-                      legend_title="format: cast")
-    return fig
+    colours = color_map(methods)
+    fig = make_subplots(rows=1, cols=max(1, len(formats)), subplot_titles=[str(f) for f in formats],
+                        horizontal_spacing=0.06)
+    shown = set()
+    for col, fmt in enumerate(formats, start=1):
+        part_f = df[df[fmt_col] == fmt]
+        finite_y = part_f[y][np.isfinite(part_f[y].to_numpy(dtype=float))]
+        top = float(finite_y.abs().max()) * 1.15 if len(finite_y) else 1.0
+        for method in methods:
+            part = part_f[part_f[method_col] == method]
+            vals = part[y].to_numpy(dtype=float)
+            ok = np.isfinite(vals)
+            colour = colours[str(method)]
+            fig.add_trace(go.Scatter(x=part[x][ok], y=vals[ok], mode="lines+markers", name=str(method),
+                                     legendgroup=str(method), showlegend=str(method) not in shown,
+                                     line=dict(color=colour)), row=1, col=col)
+            shown.add(str(method))
+            for kind, symbol, hit in (("inf", "triangle-up", np.isinf(vals)), ("NaN", "x", np.isnan(vals))):
+                if hit.any():  # the same series, drawn where its values are not finite
+                    name = f"{method}: {kind} (drawn at the top)"
+                    fig.add_trace(go.Scatter(x=part[x][hit], y=[top] * int(hit.sum()), mode="markers", name=name,
+                                             legendgroup=str(method), showlegend=name not in shown,
+                                             hovertemplate=f"input %{{x:g}}: {kind}<extra>{method}</extra>",
+                                             marker=dict(symbol=symbol, size=10, color=colour)), row=1, col=col)
+                    shown.add(name)
+    fig.update_xaxes(title="input")
+    fig.update_yaxes(title="output", row=1, col=1)
+    fig.update_layout(title="Casting values beyond the format's max, one panel per format", legend_title="cast")
+    return readable_axes(fig)
 
 
 def capability_matrix(tables, *, highlight: str | None = None) -> go.Figure:
@@ -172,6 +193,6 @@ def capability_matrix(tables, *, highlight: str | None = None) -> go.Figure:
     ))
     fig.update_layout(title="What runs where (green: supported; hover for the reason)",
                       height=max(250, 45 * len(rows) + 200))
-    fig.update_xaxes(tickangle=-45)
-    fig.update_yaxes(autorange="reversed")
-    return fig
+    fig.update_xaxes(tickangle=-45, title="backend · KV dtype · mode")
+    fig.update_yaxes(autorange="reversed", title="architecture")
+    return readable_axes(fig)

@@ -3,13 +3,13 @@ styles per mode, axis titles, token-count labels, the renderer; line charts and 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
 
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.colors import qualitative as _qualitative
 
 from ..results import source_of
 
@@ -17,7 +17,6 @@ from ..results import source_of
 # jupyterlab-plotly extension); the "notebook" renderer adds a text/html copy that nbconvert keeps.
 # Its first use embeds the whole plotly.js once into the notebook, so the exported HTML views offline.
 DEFAULT_RENDERER = "plotly_mimetype+notebook"
-FORMAT_COLORS = {"e4m3": "#1f77b4", "e5m2": "#d62728", "e4m3fnuz": "#17becf", "e5m2fnuz": "#ff7f0e"}
 
 
 def _rgb(hex_colour: str) -> list[int]:
@@ -34,11 +33,80 @@ def _contrast_on_white(hex_colour: str) -> float:
 
 
 MIN_CONTRAST = 3.0  # WCAG's minimum for graphics: pale yellows and greys vanish on a white page
-# Distinct colours (plotly's Dark24, then Alphabet's that are not in it) that stand out on white:
-# enough for every series of a figure to have its own, and for a label to keep its colour from
-# figure to figure and GPU to GPU.
-PALETTE = tuple(c for c in dict.fromkeys(c.lower() for c in (*_qualitative.Dark24, *_qualitative.Alphabet))
-                if _contrast_on_white(c) >= MIN_CONTRAST)
+# Two series of one figure must differ by at least this CIEDE2000 colour difference (ΔE00): about 2 is
+# "just noticeable" side by side, 20 is told apart at a glance in a legend and in thin lines; the
+# magenta and crimson shades a hash of Dark24 once gave 02's k/v/kv bars are 6 to 12 apart.
+MIN_COLOUR_DISTANCE = 20.0
+# The colours of every figure: each stands out on white (MIN_CONTRAST) and every two of them are at least
+# MIN_COLOUR_DISTANCE apart, so any set of distinct entries is a readable legend (test_figures_readable).
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#b68100", "#00a08b", "#fc0080", "#6c4516",
+           "#0d2a63", "#7f7f7f", "#222a2a", "#750d86")
+# FP8 formats keep their colour in every figure (members of PALETTE: far from each other and the rest).
+FORMAT_COLORS = {"e4m3": "#1f77b4", "e5m2": "#d62728", "e4m3fnuz": "#00a08b", "e5m2fnuz": "#b68100"}
+# KV dtypes likewise (16-bit caches one colour, as they are one baseline).
+KV_DTYPE_COLORS = {"bf16": "#1f77b4", "fp16": "#1f77b4", "fp8_e4m3": "#d62728", "fp8_e5m2": "#b68100"}
+
+
+def _lab(hex_colour: str) -> tuple[float, float, float]:
+    """``#rrggbb`` (sRGB) -> CIELAB (D65 white)."""
+    rgb = [c / 255 for c in _rgb(hex_colour)]
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb)
+    xyz = (0.4124564 * r + 0.3575761 * g + 0.1804375 * b, 0.2126729 * r + 0.7151522 * g + 0.0721750 * b,
+           0.0193339 * r + 0.1191920 * g + 0.9503041 * b)
+
+    def f(t):
+        return t ** (1 / 3) if t > (6 / 29) ** 3 else t / (3 * (6 / 29) ** 2) + 4 / 29
+
+    fx, fy, fz = (f(v / w) for v, w in zip(xyz, (0.95047, 1.0, 1.08883), strict=True))
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def ciede2000(lab1, lab2) -> float:
+    """CIEDE2000 colour difference of two CIELAB colours (Sharma, Wu and Dalal 2005, eqs. 1-17)."""
+    (l1, a1, b1), (l2, a2, b2) = lab1, lab2
+    c_mean = (math.hypot(a1, b1) + math.hypot(a2, b2)) / 2
+    g = 0.5 * (1 - math.sqrt(c_mean ** 7 / (c_mean ** 7 + 25 ** 7)))
+    a1p, a2p = (1 + g) * a1, (1 + g) * a2
+    c1p, c2p = math.hypot(a1p, b1), math.hypot(a2p, b2)
+    h1p = math.degrees(math.atan2(b1, a1p)) % 360 if c1p else 0.0
+    h2p = math.degrees(math.atan2(b2, a2p)) % 360 if c2p else 0.0
+    dh = 0.0 if c1p * c2p == 0 else (h2p - h1p + 180) % 360 - 180
+    d_l, d_c = l2 - l1, c2p - c1p
+    d_h = 2 * math.sqrt(c1p * c2p) * math.sin(math.radians(dh / 2))
+    l_mean, cp_mean = (l1 + l2) / 2, (c1p + c2p) / 2
+    if c1p * c2p == 0:
+        h_mean = h1p + h2p
+    elif abs(h1p - h2p) <= 180:
+        h_mean = (h1p + h2p) / 2
+    else:
+        h_mean = (h1p + h2p + 360) / 2 if h1p + h2p < 360 else (h1p + h2p - 360) / 2
+    t = (1 - 0.17 * math.cos(math.radians(h_mean - 30)) + 0.24 * math.cos(math.radians(2 * h_mean))
+         + 0.32 * math.cos(math.radians(3 * h_mean + 6)) - 0.20 * math.cos(math.radians(4 * h_mean - 63)))
+    d_theta = 30 * math.exp(-(((h_mean - 275) / 25) ** 2))
+    r_c = 2 * math.sqrt(cp_mean ** 7 / (cp_mean ** 7 + 25 ** 7))
+    s_l = 1 + 0.015 * (l_mean - 50) ** 2 / math.sqrt(20 + (l_mean - 50) ** 2)
+    s_c, s_h = 1 + 0.045 * cp_mean, 1 + 0.015 * cp_mean * t
+    r_t = -math.sin(math.radians(2 * d_theta)) * r_c
+    return math.sqrt((d_l / s_l) ** 2 + (d_c / s_c) ** 2 + (d_h / s_h) ** 2 + r_t * (d_c / s_c) * (d_h / s_h))
+
+
+@functools.lru_cache(maxsize=4096)
+def colour_distance(a: str, b: str) -> float:
+    """CIEDE2000 difference of two ``#rrggbb`` colours (0: the same; :data:`MIN_COLOUR_DISTANCE` apart: distinct)."""
+    return ciede2000(_lab(a), _lab(b))
+
+
+def colours_alike(colours, min_distance: float = MIN_COLOUR_DISTANCE) -> list[tuple[str, str, float]]:
+    """The pairs of ``colours`` (``#rrggbb``) closer than ``min_distance`` (CIEDE2000), with their distance:
+    empty when every two of them can be told apart (the rule every figure's series keep)."""
+    colours = [str(c).lower() for c in colours]
+    for c in colours:
+        if not re.fullmatch(r"#[0-9a-f]{6}", c):
+            raise ValueError(f"colours holds {c!r}; expected '#rrggbb' colours")
+    return [(a, b, d) for i, a in enumerate(colours) for b in colours[i + 1:]
+            if (d := colour_distance(a, b)) < min_distance]
+
+
 # Line dash and marker per decode mode, so a mode reads the same in every figure.
 MODE_DASH = {"dequant": "solid", "fp8": "dash"}
 MODE_SYMBOL = {"dequant": "circle", "fp8": "diamond"}
@@ -116,35 +184,29 @@ def _preferred_slot(label: str) -> int:
 def series_color(label: str) -> str:
     """The colour of a series label, the same in every figure, page and GPU.
 
-    FP8 format names keep :data:`FORMAT_COLORS`; any other label a colour of :data:`PALETTE`
-    chosen by a hash of the label (not by its position among the traces).
+    FP8 format names keep :data:`FORMAT_COLORS`, KV dtypes :data:`KV_DTYPE_COLORS`; any other label a
+    colour of :data:`PALETTE` chosen by a hash of the label (not by its position among the traces).
     """
-    return FORMAT_COLORS.get(str(label)) or PALETTE[_preferred_slot(label)]
-
-
-MIN_COLOUR_DISTANCE = 100.0  # RGB distance (0-441) below which two series of one figure look alike
-
-
-def _rgb_distance(a: str, b: str) -> float:
-    return math.dist(_rgb(a), _rgb(b))
+    label = str(label)
+    return FORMAT_COLORS.get(label) or KV_DTYPE_COLORS.get(label) or PALETTE[_preferred_slot(label)]
 
 
 def color_map(labels) -> dict:
     """``{label: colour}`` for the labels of one figure: each its :func:`series_color`, no two alike.
 
-    When a label's colour is taken or close to a taken one (:data:`MIN_COLOUR_DISTANCE`: three
-    magentas side by side read as one), the label later in sorted order takes the next colour of
-    :data:`PALETTE` that is far from all taken ones (else the next free one), so the result depends
-    only on the set of labels, never on trace order.
+    When a label's colour is taken or close to a taken one (CIEDE2000 below :data:`MIN_COLOUR_DISTANCE`:
+    three magentas side by side read as one), the label later in sorted order takes the next colour of
+    :data:`PALETTE` that is far from all taken ones (else, past the palette's size, the next free one),
+    so the result depends only on the set of labels, never on trace order.
     """
     taken: list[str] = []
     out = {}
     for label in sorted({str(x) for x in labels}):
         colour = series_color(label)
-        if any(_rgb_distance(colour, t) < MIN_COLOUR_DISTANCE for t in taken):
+        if any(colour_distance(colour, t) < MIN_COLOUR_DISTANCE for t in taken):
             start = _preferred_slot(label)
             order = [PALETTE[(start + i) % len(PALETTE)] for i in range(1, len(PALETTE) + 1)]
-            colour = next((c for c in order if all(_rgb_distance(c, t) >= MIN_COLOUR_DISTANCE for t in taken)),
+            colour = next((c for c in order if all(colour_distance(c, t) >= MIN_COLOUR_DISTANCE for t in taken)),
                           next((c for c in order if c not in taken), colour))
         taken.append(colour)
         out[label] = colour
@@ -179,6 +241,114 @@ def style_by_label(fig: go.Figure, labels) -> go.Figure:
         elif trace.type == "bar":
             trace.update(marker=dict(color=colours[name]))
     return fig
+
+
+# Columns that hold a share of a whole (0 to 1): their axes tick in percent ("0.1%"), never "1m".
+FRACTION_COLUMNS = ("saturated_fraction", "underflow_fraction", "fraction", "scale_fraction", "k_sat_frac",
+                    "v_sat_frac", "k_underflow_frac", "v_underflow_frac", "top1_agree", "attention_share")
+# How a facet panel names its value: "B = 1", "16k tokens", not px's "batch (sequences)=1".
+FACET_NAMES = {"batch": "B", "num_splits": "splits", "gpu": "GPU"}
+# Tick formats that never write SI prefixes: percent, exponent, general (d3 types %, e, g, f, r).
+SAFE_TICKFORMAT = re.compile(r"^[^a-zA-Z%]*[%efgr]$")
+
+
+def facet_label(column: str, value) -> str:
+    """A facet panel's title: ``B = 64`` for batch, ``16k tokens`` for a token count, ``format: e4m3``
+    otherwise (never px's ``column title=value``)."""
+    if column in TOKEN_COLUMNS:
+        try:
+            return f"{tokens_label(float(value))} tokens"
+        except (TypeError, ValueError):
+            return f"{value} tokens"
+    if column in FACET_NAMES:
+        return f"{FACET_NAMES[column]} = {value}"
+    return f"{axis_title(column)}: {value}"
+
+
+def name_facets(fig: go.Figure, titles: dict) -> go.Figure:
+    """Rewrite plotly express's facet titles (``"<title>=<value>"``) as :func:`facet_label` writes them.
+
+    ``titles``: ``{column: the label px was given for it}`` of the facet columns."""
+    for note in fig.layout.annotations:
+        text = str(note.text or "")
+        for column, title in titles.items():
+            if column is not None and text.startswith(f"{title}="):
+                note.text = facet_label(column, text[len(title) + 1:])
+                break
+    return fig
+
+
+def _numbers(values) -> list[float]:
+    """The finite numbers among ``values`` (None, strings and categories left out)."""
+    import numpy as np
+
+    if values is None:
+        return []
+    try:
+        arr = np.asarray(values, dtype=float).ravel()
+    except (TypeError, ValueError):
+        return []
+    return [float(v) for v in arr[np.isfinite(arr)]]
+
+
+def _axis_values(fig: go.Figure) -> dict[str, list[float]]:
+    """``{"xaxis": [...], "yaxis2": [...]}``: the numbers each axis of ``fig`` holds (heat-maps' x/y are cells)."""
+    out: dict[str, list[float]] = {}
+    for trace in fig.data:
+        if trace.type not in ("scatter", "scattergl", "bar", "box", "histogram"):
+            continue
+        for letter in ("x", "y"):
+            ref = getattr(trace, f"{letter}axis", None) or letter
+            out.setdefault(f"{letter}axis{ref[1:]}", []).extend(_numbers(getattr(trace, letter, None)))
+    return out
+
+
+def percent_axis(fig: go.Figure, axis: str) -> go.Figure:
+    """Tick ``axis`` ("y", "x", every panel) in percent of a fraction: ``25%``, ``0.01%``."""
+    getattr(fig, f"update_{axis}axes")(tickformat="~%")
+    return fig
+
+
+def readable_axes(fig: go.Figure) -> go.Figure:
+    """Make every numeric axis and colour bar of ``fig`` write small numbers without SI prefixes.
+
+    plotly's default ``exponentformat`` writes 8e-4 as "800µ" and 1e-9 as "1n": an axis or colour bar
+    that holds a number below 1 (a fraction, an error) and has no format of its own (or the SI one
+    "~s") gets ``exponentformat="power"`` (8×10⁻⁴). Axes whose ticks are written out (``ticktext``),
+    percent or exponent formats are left as they are. Returns ``fig``.
+    """
+    for name, values in _axis_values(fig).items():
+        axis = fig.layout[name] if name in fig.layout else None
+        if axis is None or not any(0 < abs(v) < 1 for v in values) or axis.ticktext is not None:
+            continue
+        if axis.tickformat and SAFE_TICKFORMAT.match(axis.tickformat):
+            continue
+        fig.layout[name].update(tickformat=None, exponentformat="power")
+    for trace in fig.data:
+        if trace.type == "heatmap" and trace.showscale is not False and trace.colorbar.ticktext is None:
+            z = _numbers(trace.z)
+            if any(0 < abs(v) < 1 for v in z) and not (trace.colorbar.tickformat
+                                                        and SAFE_TICKFORMAT.match(trace.colorbar.tickformat)):
+                trace.colorbar.update(tickformat=None, exponentformat="power")
+    return fig
+
+
+def log_colour_ticks(lo: float, hi: float, base: float, write) -> dict:
+    """Colour-bar ticks of a colour scale in log units (``log_base`` of the value) from ``lo`` to ``hi``,
+    written as the values themselves: ``dict(tickvals=[...], ticktext=[write(value), ...])``."""
+    first, last = math.floor(lo), math.ceil(hi)
+    step = max(1, math.ceil((last - first) / 8))  # at most about 9 ticks
+    vals = [float(e) for e in range(first, last + 1, step) if lo - 1e-9 <= e <= hi + 1e-9] or [lo, hi]
+    return dict(tickvals=vals, ticktext=[write(base ** v) for v in vals])
+
+
+def power_of_ten(value: float) -> str:
+    """``1e-3`` -> ``10⁻³`` (a decade), else ``2.5e-03``."""
+    e = math.log10(value) if value > 0 else float("nan")
+    if e == e and abs(e - round(e)) < 1e-9:
+        sup = str(int(round(e))).translate(str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹"))
+        return f"10{sup}"
+    return f"{value:.1e}"
 
 
 def _is_log(fig: go.Figure, ref: str) -> bool:
@@ -251,15 +421,23 @@ def line(df, x: str, y: str, color: str | None = None, *, log_x: bool = False, l
     log_x, log_y : log axes.
     labels : axis/legend titles by column name.
     hover : extra columns shown on hover.
+    title : default "<y's title> vs <x's title>".
+
+    A fraction (:data:`FRACTION_COLUMNS`) ticks in percent, small numbers as powers of ten
+    (:func:`readable_axes`).
     """
     import plotly.express as px
 
     require_columns(df, [x, y, color, *(hover or [])])
-    fig = px.line(df, x=x, y=y, color=color, log_x=log_x, log_y=log_y, markers=markers, title=title,
-                  labels=axis_titles([x, y, color, *(hover or [])], labels), hover_data=hover)
+    names = axis_titles([x, y, color, *(hover or [])], labels)
+    fig = px.line(df, x=x, y=y, color=color, log_x=log_x, log_y=log_y, markers=markers,
+                  title=title or f"{names[y]} vs {names[x]}", labels=names, hover_data=hover)
     if color is not None:
         style_by_label(fig, df[color].unique())
-    return fig
+    for axis, column in (("x", x), ("y", y)):
+        if column in FRACTION_COLUMNS:
+            percent_axis(fig, axis)
+    return readable_axes(fig)
 
 
 def add_ceiling(fig: go.Figure, value: float, label: str = "copy bandwidth", *, dash: str = "dash",
@@ -273,3 +451,41 @@ def add_ceiling(fig: go.Figure, value: float, label: str = "copy bandwidth", *, 
     add_line(fig, "y", value, line_dash=dash, line_color=color, annotation_text=f"{label}: {value:.4g}",
              annotation_position="top left")
     return fig
+
+
+class ReadableTable:
+    """A DataFrame shown whole in a notebook: long text wraps instead of being cut at pandas' 50 characters
+    ("..."), URLs are links; its plain-text form is the frame's own table (never an object repr)."""
+
+    def __init__(self, df, html: str):
+        self.df, self.html = df, html
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def __repr__(self) -> str:
+        return self.df.to_string()
+
+
+def readable_table(df, *, max_width_em: int = 40) -> ReadableTable:
+    """``df`` as a :class:`ReadableTable`: every text cell whole and wrapped (at most ``max_width_em`` wide),
+    ``http(s)://`` values as links. ``df``: a pandas DataFrame (index shown as pandas shows it)."""
+    import html
+
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"df must be a pandas DataFrame, got {type(df).__name__}")
+
+    def cell(value) -> str:
+        text = str(value)
+        if re.fullmatch(r"https?://\S+", text):
+            return f'<a href="{html.escape(text)}">{html.escape(text)}</a>'
+        return html.escape(text)
+
+    texts = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]  # object, str and bool columns
+    with pd.option_context("display.max_colwidth", None):
+        body = df.to_html(escape=False, formatters={c: cell for c in texts}, classes="fp8kv-readable", border=0)
+    style = (f"<style>table.fp8kv-readable td{{white-space:normal;overflow-wrap:anywhere;max-width:{max_width_em}em;"
+             "text-align:left;vertical-align:top}</style>")
+    return ReadableTable(df, style + body)
