@@ -43,6 +43,7 @@ from .format_pareto import (
     format_bytes,
     format_layer_errors,
     format_pareto,
+    format_pick,
     pareto_front,
 )
 from .style import (
@@ -114,5 +115,6 @@ __all__ = [
     "format_pareto",
     "format_bytes",
     "format_layer_errors",
+    "format_pick",
     "format_answer",
 ]

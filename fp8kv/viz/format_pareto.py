@@ -18,7 +18,7 @@ from .. import checks
 from .style import add_line, axis_title, color_map, require_columns
 
 __all__ = ["ERROR_METRICS", "pareto_front", "error_metric", "format_pareto", "format_bytes", "format_layer_errors",
-           "format_answer"]
+           "format_pick", "format_answer"]
 
 # The error a format is judged by, best first: next-token KL on a model, else the attention output's error.
 ERROR_METRICS = ("kl_mean", "out_rel_err")
@@ -94,11 +94,13 @@ def _sizes(values, largest) -> list[float]:
             for v in values]
 
 
-def format_pareto(table, *, error: str | None = None, model: str | None = None, title: str | None = None) -> go.Figure:
+def format_pareto(table, *, error: str | None = None, tolerance: float | None = None, model: str | None = None,
+                  title: str | None = None) -> go.Figure:
     """Error against KV bytes per token, one marker per format (its own colour), the Pareto front joined by a
     grey line and its formats' names in bold. Marker area is proportional to the decode tokens/s where the
     table has timings (an open marker: a format not timed), else to the tokens that fit. ``error``: the column
-    of :data:`ERROR_METRICS` drawn (default :func:`error_metric`). Log error axis in powers of ten."""
+    of :data:`ERROR_METRICS` drawn (default :func:`error_metric`); ``tolerance``: the error the answer allows,
+    dashed (:func:`format_answer`). Log error axis in powers of ten."""
     require_columns(table, ["format", "bytes_per_token", "tokens"], "table", rows=True)
     metric = _resolve_metric(table, error)
     data = table.dropna(subset=[metric, "bytes_per_token"])
@@ -126,6 +128,10 @@ def format_pareto(table, *, error: str | None = None, model: str | None = None, 
                         symbol="circle" if (measured or not timed) else "circle-open", line=dict(width=1)),
             hovertext=[hover], hoverinfo="text"))
     fig.update_yaxes(type="log", exponentformat="power", dtick="D2", title_text=f"{_METRIC_TEXT[metric]}, log")
+    if tolerance is not None:
+        tolerance = checks.positive_float(tolerance, "tolerance")
+        add_line(fig, "y", tolerance, line_dash="dash", line_color="gray", annotation_text=f"tolerance {tolerance:g}",
+                 annotation_position="bottom left")
     fig.update_xaxes(tickformat=",", title_text="KV bytes per token (all layers, K + V, codes + scales)")
     if timed:
         point = data.dropna(subset=["tokens_per_s"]).iloc[0]
@@ -206,6 +212,25 @@ def _error_text(metric: str, row) -> str:
     return f"attention-output relative error {row.out_rel_err:.3g} (mean over layers)"
 
 
+def _pick(table, tolerance, error):
+    tolerance = checks.positive_float(tolerance, "tolerance")
+    require_columns(table, ["format", "bytes_per_token", "tokens"], "table", rows=True)
+    metric = _resolve_metric(table, error)
+    fits = table[(table["tokens"] > 0)].dropna(subset=[metric, "bytes_per_token"])
+    if fits.empty:
+        checks.fail(f"table has no format that fits and has its {metric!r} measured: nothing to pick")
+    front = pareto_front(fits, "bytes_per_token", metric)
+    within = front[front[metric] <= tolerance]
+    pick = within.iloc[0] if len(within) else front.sort_values(metric, kind="stable").iloc[0]
+    return pick, front, within, metric
+
+
+def format_pick(table, *, tolerance: float, error: str | None = None) -> str:
+    """The format :func:`format_answer` picks: of the Pareto front (error against bytes per token, formats that
+    fit), the one with the fewest bytes per token whose error is within ``tolerance``, else the most accurate."""
+    return str(_pick(table, tolerance, error)[0]["format"])
+
+
 def format_answer(table, *, model: str, gpu: str, tolerance: float, smoke: bool, error: str | None = None,
                   baseline_tokens: int | None = None, baseline: str = "bf16") -> str:
     """The first-screen answer (Markdown): which format to pick for ``model`` on ``gpu``, with its numbers.
@@ -222,22 +247,18 @@ def format_answer(table, *, model: str, gpu: str, tolerance: float, smoke: bool,
             checks.fail(f"{name}={checks.show_value(value)}; expected a non-empty name", TypeError)
     if not isinstance(smoke, bool):
         checks.fail(f"smoke={smoke!r}; expected True or False", TypeError)
-    tolerance = checks.positive_float(tolerance, "tolerance")
-    require_columns(table, ["format", "bytes_per_token", "tokens"], "table", rows=True)
-    metric = _resolve_metric(table, error)
-    fits = table[(table["tokens"] > 0)].dropna(subset=[metric, "bytes_per_token"])
-    if fits.empty:
-        checks.fail(f"table has no format that fits and has its {metric!r} measured: nothing to pick")
-    front = pareto_front(fits, "bytes_per_token", metric)
-    within = front[front[metric] <= tolerance]
-    pick = (within.iloc[0] if len(within) else front.sort_values(metric, kind="stable").iloc[0])
+    if baseline_tokens is not None:
+        baseline_tokens = checks.positive_int(baseline_tokens, "baseline_tokens")
+    pick, front, within, metric = _pick(table, tolerance, error)
     unit = "nats/token" if metric == "kl_mean" else "(relative)"
     planned = pick.get("gpu")  # a GPU of the planner's registry: this machine's memory was not measured
-    memory = f"{gpu}'s memory" if planned is None or planned != planned else f"{planned} memory (planned)"
+    ratio = f"{pick['tokens'] / baseline_tokens:.2f}× {baseline}'s {int(baseline_tokens):,}" if baseline_tokens else ""
+    if planned is None or planned != planned:
+        memory = f"{gpu}'s memory" + (f" ({ratio})" if ratio else "")
+    else:
+        memory = f"{planned} memory (planned" + (f"; {ratio}" if ratio else "") + ")"
     parts = [_error_text(metric, pick), f"{pick['bytes_per_token']:,.6g} bytes per token (all layers, K + V, scales "
-             f"included)", f"{int(pick['tokens']):,} tokens fit in {memory}"
-             + (f" ({pick['tokens'] / baseline_tokens:.2f}× {baseline}'s {int(baseline_tokens):,})"
-                if baseline_tokens else "")]
+             f"included)", f"{int(pick['tokens']):,} tokens fit in {memory}"]
     speed = pick.get("tokens_per_s", math.nan)
     if speed == speed:
         at = f"batch {int(pick['timed_batch'])}, context {int(pick['timed_context']):,}"
