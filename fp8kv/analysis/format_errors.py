@@ -136,9 +136,14 @@ def fitting_formats(formats=COMPARED_FORMATS, *, num_kv_heads: int, head_dim: in
 def bench_format_name(kv_dtype: str, granularity=None) -> str | None:
     """The KV format a bench row's ``kv_dtype`` (and FP8 ``granularity``) stores, or None for a 16-bit cache:
     the quantized formats keep their names, ``fp8_e4m3`` with scales per ``tensor`` is ``fp8_e4m3_tensor``."""
-    if kv_dtype in KV_FORMAT_NAMES:
-        return kv_format(kv_dtype).name
-    name = f"{kv_dtype}_{granularity}"
+    if not isinstance(kv_dtype, str):
+        checks.fail(f"kv_dtype={checks.show_value(kv_dtype)} ({type(kv_dtype).__name__}); expected a bench row's "
+                    "kv_dtype name", TypeError)
+    try:
+        return kv_format(kv_dtype).name  # names and aliases, in any case
+    except ValueError:
+        pass
+    name = f"{kv_dtype.lower()}_{granularity}"
     return name if name in KV_FORMAT_NAMES else None
 
 

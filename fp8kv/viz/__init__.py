@@ -42,8 +42,8 @@ from .format_pareto import (
     format_answer,
     format_bytes,
     format_layer_errors,
-    format_pareto,
     format_pick,
+    pareto_figure,
     pareto_front,
 )
 from .style import (
@@ -112,7 +112,7 @@ __all__ = [
     "long_context_errors",
     "needle_margins",
     "pareto_front",
-    "format_pareto",
+    "pareto_figure",
     "format_bytes",
     "format_layer_errors",
     "format_pick",

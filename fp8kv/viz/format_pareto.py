@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from .. import checks
 from .style import add_line, axis_title, color_map, require_columns
 
-__all__ = ["ERROR_METRICS", "pareto_front", "error_metric", "format_pareto", "format_bytes", "format_layer_errors",
+__all__ = ["ERROR_METRICS", "pareto_front", "error_metric", "pareto_figure", "format_bytes", "format_layer_errors",
            "format_pick", "format_answer"]
 
 # The error a format is judged by, best first: next-token KL on a model, else the attention output's error.
@@ -94,7 +94,7 @@ def _sizes(values, largest) -> list[float]:
             for v in values]
 
 
-def format_pareto(table, *, error: str | None = None, tolerance: float | None = None, model: str | None = None,
+def pareto_figure(table, *, error: str | None = None, tolerance: float | None = None, model: str | None = None,
                   title: str | None = None) -> go.Figure:
     """Error against KV bytes per token, one marker per format (its own colour), the Pareto front joined by a
     grey line and its formats' names in bold. Marker area is proportional to the decode tokens/s where the
