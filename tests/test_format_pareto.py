@@ -202,7 +202,8 @@ def test_pareto_figure_draws_the_front_joined_and_named_in_bold():
     size = {n: t.marker.size[0] for n, t in points.items()}
     assert size["mxfp4"] == pytest.approx(44) and size["int8_token_head"] == pytest.approx(44 * math.sqrt(40 / 61))
     assert points["kivi4_g32"].marker.symbol == "circle-open" and points["mxfp4"].marker.symbol == "circle"
-    assert [s.y0 for s in fig.layout.shapes] == [0.01]  # the tolerance
+    assert [s.y0 for s in fig.layout.shapes] == [0.01]  # the tolerance, with its unit
+    assert [a.text for a in fig.layout.annotations] == ["tolerance 0.01 nats/token"]
     colours = [t.marker.color for t in points.values()]
     assert len(set(colours)) == len(colours) and set(colours) <= set(viz.PALETTE) | set(viz.FORMAT_COLORS.values())
 

@@ -130,7 +130,7 @@ def pareto_figure(table, *, error: str | None = None, tolerance: float | None = 
     fig.update_yaxes(type="log", exponentformat="power", dtick="D2", title_text=f"{_METRIC_TEXT[metric]}, log")
     if tolerance is not None:
         tolerance = checks.positive_float(tolerance, "tolerance")
-        add_line(fig, "y", tolerance, line_dash="dash", line_color="gray", annotation_text=f"tolerance {tolerance:g}",
+        add_line(fig, "y", tolerance, line_dash="dash", line_color="gray", annotation_text=f"tolerance {tolerance:g}{' nats/token' if metric == 'kl_mean' else ''}",
                  annotation_position="bottom left")
     fig.update_xaxes(tickformat=",", title_text="KV bytes per token (all layers, K + V, codes + scales)")
     if timed:
