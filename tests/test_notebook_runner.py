@@ -321,6 +321,43 @@ def check_09_will_fp8_pay(doc):
     assert len(verdict) == 12 and all(v["longest_context"] == max(r["settings"]["contexts"]) for v in verdict)
 
 
+def check_10_kv_formats(doc):
+    from fp8kv.capacity import get_model
+    from fp8kv.kv_formats import kv_footprint
+    from fp8kv.viz import pareto_front
+
+    r = doc["results"]
+    on_gpu = doc["device"]["type"] == "cuda"
+    assert r["timings_meaningful_for_gpu"] is on_gpu
+    assert r["rows"] and all(row["status"] == "ok" and row["check_passed"] for row in r["rows"])
+    shape = get_model(r["capacity_model"])
+    table = {row["format"]: row for row in r["table"]}
+    assert list(table) == r["formats"] and "kivi4_g128" not in table  # KIVI's groups of 128 cannot hold D=64
+    for fmt, row in table.items():  # the planner's bytes are kv_footprint's, codes and scales apart
+        fp = kv_footprint(fmt, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, num_layers=shape.num_layers)
+        assert row["bytes_per_token"] == float(fp.per_token) and row["code_bytes_per_token"] == float(fp.codes)
+        assert row["scale_bytes_per_token"] == float(fp.per_token_scales) and row["tokens"] > 0
+        assert row["kl_mean"] >= 0 and 0 <= row["top1_agree"] <= 1 and row["out_rel_err"] > 0
+    assert table["int8_token_head"]["kl_mean"] < table["int4_token_head"]["kl_mean"]  # 8 bits beat 4 on the same scales
+    # Untimed formats were saved as "nan" (save_results writes non-finite floats as strings).
+    timed = {row["format"] for row in r["table"] if isinstance(row["tokens_per_s"], float) and row["tokens_per_s"] > 0}
+    assert timed == {"int8_token_head", "int4_token_head", "nvfp4", "mxfp4", "fp8_e4m3_tensor"}  # the bench's formats
+    # The front is non-empty, non-dominated, and what pareto_front finds in the saved table.
+    front = r["front"]
+    assert front and front == list(pareto_front(r["table"], "bytes_per_token", "kl_mean")["format"])
+    for name in front:
+        f = table[name]
+        assert not any(o["bytes_per_token"] <= f["bytes_per_token"] and o["kl_mean"] <= f["kl_mean"]
+                       and (o["bytes_per_token"] < f["bytes_per_token"] or o["kl_mean"] < f["kl_mean"])
+                       for o in r["table"])
+    assert r["pick"] in front and f"pick **{r['pick']}**" in r["answer"]
+    assert r["answer"].startswith("**Smoke run") is r["smoke"]
+    if not on_gpu:
+        assert r["smoke"] and "planned: no GPU here" in r["answer"]
+        assert ("CPU smoke timing" in r["answer"]) is (r["pick"] in timed)
+    assert {row["layer"] for row in r["layer_errors"]} == set(range(shape.num_layers))
+
+
 CHECKS = {
     "00_environment": check_00_environment,
     "01_fp8_formats": check_01_fp8_formats,
@@ -332,6 +369,7 @@ CHECKS = {
     "07_decode_step": check_07_decode_step,
     "08_multi_token": check_08_multi_token,
     "09_will_fp8_pay": check_09_will_fp8_pay,
+    "10_kv_formats": check_10_kv_formats,
 }
 
 

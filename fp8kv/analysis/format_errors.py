@@ -21,7 +21,7 @@ from ..reference import attention
 from ..synthetic import kv_like_llm, queries_like_llm
 
 __all__ = ["COMPARED_FORMATS", "through_format", "kv_format_errors", "synthetic_format_errors",
-           "model_format_errors", "format_accuracy"]
+           "model_format_errors", "format_accuracy", "fitting_formats", "bench_format_name", "format_table"]
 
 # The formats compared by default: FP8 per tensor and per token and head, INT8 / INT4, KIVI, the FP4 formats.
 COMPARED_FORMATS = ("fp8_e4m3_tensor", "fp8_e4m3_token_head", "int8_token_head", "int4_token_head", "kivi4_g32",
@@ -118,3 +118,107 @@ def format_accuracy(model, tokens, formats=COMPARED_FORMATS, *, window: int = 25
     configs = [KVQuantConfig(fmt=f) for f in _formats(formats)]
     return evaluate(model, tokens, configs, window=window, n_windows=n_windows, bos_token_id=bos_token_id,
                     per_layer=per_layer)
+
+
+def fitting_formats(formats=COMPARED_FORMATS, *, num_kv_heads: int, head_dim: int) -> list[str]:
+    """The names among ``formats`` that can store ``num_kv_heads`` heads of ``head_dim`` (their blocks divide it:
+    KIVI's groups of 128 cannot hold a head_dim of 64), in the order given."""
+    out = []
+    for f in _formats(formats):
+        try:
+            kv_footprint(f, num_kv_heads=num_kv_heads, head_dim=head_dim)
+        except ValueError:
+            continue
+        out.append(f)
+    return out
+
+
+def bench_format_name(kv_dtype: str, granularity=None) -> str | None:
+    """The KV format a bench row's ``kv_dtype`` (and FP8 ``granularity``) stores, or None for a 16-bit cache:
+    the quantized formats keep their names, ``fp8_e4m3`` with scales per ``tensor`` is ``fp8_e4m3_tensor``."""
+    if not isinstance(kv_dtype, str):
+        checks.fail(f"kv_dtype={checks.show_value(kv_dtype)} ({type(kv_dtype).__name__}); expected a bench row's "
+                    "kv_dtype name", TypeError)
+    try:
+        return kv_format(kv_dtype).name  # names and aliases, in any case
+    except ValueError:
+        pass
+    name = f"{kv_dtype.lower()}_{granularity}"
+    return name if name in KV_FORMAT_NAMES else None
+
+
+_TABLE_COLUMNS = ("format", "bytes_per_token", "code_bytes_per_token", "scale_bytes_per_token", "tokens", "fits",
+                  "out_rel_err", "k_rel_err", "v_rel_err", "kl_mean", "top1_agree", "tokens_per_s", "timing",
+                  "timed_batch", "timed_context", "gpu", "gpu_memory_gib")
+
+
+def _require(df, columns, arg):
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        checks.fail(f"{arg} lacks column(s) {missing}; it has {list(df.columns)}")
+
+
+def _timed(bench, backend: str) -> dict:
+    """format -> (tokens/s, timing, batch, context) of ``backend``'s ok rows at the bench's largest batch, then its
+    largest context: the bandwidth-bound point where bytes per token decide the speed."""
+    _require(bench, ("backend", "kv_dtype", "granularity", "batch", "context", "time_us", "status", "timing"), "bench")
+    ok = bench[(bench["backend"] == backend) & (bench["status"] == "ok")]
+    if ok.empty:
+        return {}
+    batch = int(ok["batch"].max())
+    ok = ok[ok["batch"] == batch]
+    context = int(ok["context"].max())
+    out = {}
+    for r in ok[ok["context"] == context].itertuples():
+        name = bench_format_name(r.kv_dtype, r.granularity)
+        if name is not None:
+            out[name] = (batch / (float(r.time_us) * 1e-6), r.timing, batch, context)
+    return out
+
+
+def format_table(capacity, *, errors=None, accuracy=None, bench=None, backend: str = "triton"):
+    """One row per KV format of ``capacity``: what it costs and what it does to the model, side by side.
+
+    Parameters
+    ----------
+    capacity : :func:`fp8kv.capacity.capacity_table` of one model and one GPU (rows whose ``kv_dtype`` is not a
+        KV format, such as ``bf16``, are left out): ``bytes_per_token`` (all layers, K + V, codes and scales),
+        ``code_bytes_per_token`` and ``scale_bytes_per_token``, ``tokens`` that fit (0 where none does).
+    errors : :func:`model_format_errors` (or :func:`synthetic_format_errors`): ``out_rel_err``, ``k_rel_err``,
+        ``v_rel_err`` averaged over layers (NaN where a format was not measured).
+    accuracy : :func:`format_accuracy`'s table: ``kl_mean`` and ``top1_agree`` per format.
+    bench : bench rows (:func:`fp8kv.bench.run`): ``tokens_per_s`` (sequences / decode time) of ``backend``'s
+        ok rows at their largest batch and context, with ``timing`` (``cpu-wallclock``: a CPU smoke number).
+
+    Returns a pandas DataFrame with the columns of :data:`_TABLE_COLUMNS`, in ``capacity``'s order.
+    """
+    import pandas as pd
+
+    _require(capacity, ("kv_dtype", "bytes_per_token", "kv_data_bytes_per_token", "scale_bytes_per_token", "tokens",
+                        "fits", "gpu", "gpu_memory_gib"), "capacity")
+    cap = capacity[capacity["kv_dtype"].isin(KV_FORMAT_NAMES)]
+    if cap.empty:
+        checks.fail(f"capacity has no row of a KV format (its kv_dtype: {sorted(set(capacity['kv_dtype']))}); "
+                    f"expected names among {KV_FORMAT_NAMES}")
+    err = {}
+    if errors is not None:
+        _require(errors, ("format", "out_rel_err", "k_rel_err", "v_rel_err"), "errors")
+        err = errors.dropna(subset=["out_rel_err"]).groupby("format")[["out_rel_err", "k_rel_err", "v_rel_err"]] \
+            .mean().to_dict("index")
+    acc = {}
+    if accuracy is not None:
+        _require(accuracy, ("config", "kl_mean", "top1_agree"), "accuracy")
+        acc = accuracy.set_index("config")[["kl_mean", "top1_agree"]].to_dict("index")
+    timed = _timed(bench, backend) if bench is not None else {}
+    rows = []
+    for r in cap.itertuples():
+        e, a = err.get(r.kv_dtype, {}), acc.get(r.kv_dtype, {})
+        tps, timing, batch, context = timed.get(r.kv_dtype, (math.nan, None, None, None))
+        rows.append(dict(format=r.kv_dtype, bytes_per_token=float(r.bytes_per_token),
+                         code_bytes_per_token=float(r.kv_data_bytes_per_token),
+                         scale_bytes_per_token=float(r.scale_bytes_per_token), tokens=int(r.tokens), fits=bool(r.fits),
+                         out_rel_err=e.get("out_rel_err", math.nan), k_rel_err=e.get("k_rel_err", math.nan),
+                         v_rel_err=e.get("v_rel_err", math.nan), kl_mean=a.get("kl_mean", math.nan),
+                         top1_agree=a.get("top1_agree", math.nan), tokens_per_s=tps, timing=timing,
+                         timed_batch=batch, timed_context=context, gpu=r.gpu, gpu_memory_gib=r.gpu_memory_gib))
+    return pd.DataFrame(rows, columns=list(_TABLE_COLUMNS))

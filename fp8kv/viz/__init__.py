@@ -38,6 +38,14 @@ from .format_figures import (
     fp8_code_values,
     relative_error_vs_magnitude,
 )
+from .format_pareto import (
+    format_answer,
+    format_bytes,
+    format_layer_errors,
+    format_pick,
+    pareto_figure,
+    pareto_front,
+)
 from .style import (
     AXIS_TITLES,
     DEFAULT_RENDERER,
@@ -103,4 +111,10 @@ __all__ = [
     "advice_bars",
     "long_context_errors",
     "needle_margins",
+    "pareto_front",
+    "pareto_figure",
+    "format_bytes",
+    "format_layer_errors",
+    "format_pick",
+    "format_answer",
 ]
