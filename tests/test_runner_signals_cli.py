@@ -187,7 +187,8 @@ def test_index_has_a_row_per_gpu_and_loads_nothing_from_the_network(tmp_path):
         folder.mkdir()
         device = {"name": name, "arch": None if slug == "cpu" else "sm90", "torch": "2.13", "type": "cpu"}
         (folder / "manifest.json").write_text(json.dumps(
-            {"mode": "smoke", "device": device, "notebooks": [{"name": "00_environment", "html": "00_environment.html"}]}))
+            {"mode": "smoke" if slug == "cpu" else "full", "device": device,
+             "notebooks": [{"name": "00_environment", "html": "00_environment.html"}]}))
         runner.save_results(folder, "00_environment", {
             "device": device, "copy_bandwidth": {"gbps": gbps},
             "capability_here": [{"supported": True}, {"supported": False}]}, device="cpu")
@@ -202,8 +203,8 @@ def test_index_has_a_row_per_gpu_and_loads_nothing_from_the_network(tmp_path):
                                                           "timings_meaningful_for_gpu": slug != "cpu"}, device="cpu")
     path = runner.build_index(tmp_path)
     page = path.read_text(encoding="utf-8")
-    assert page.count("<tr>") == 3  # header + one per GPU
-    assert "NVIDIA X1" in page and "3000 GB/s" in page and "12.5 GB/s" in page
+    assert page.count("<tr>") == 4  # full runs: header + the GPU; smoke runs: header + the CPU
+    assert "NVIDIA X1" in page and "3000 GB/s" in page and "12.5 GB/s" not in page  # a smoke run's numbers: none
     assert 'href="cpu/00_environment.html"' in page and "1 of 2 run here" in page
     assert "median 1.70×, best 1.90×" in page
     assert "http://" not in page.split("<body>")[0] and "https://" not in page.split("<body>")[0]
@@ -221,7 +222,7 @@ def _good_report(root: Path, slug: str = "cpu") -> Path:
     folder = root / slug
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(json.dumps(
-        {"mode": "smoke", "device": {"name": slug, "arch": None}, "notebooks": [
+        {"mode": "full", "device": {"name": slug, "arch": None}, "notebooks": [
             {"name": "00_environment", "html": "00_environment.html", "status": "ok", "error": None}]}))
     runner.save_results(folder, "00_environment", {"copy_bandwidth": {"gbps": 12.5},
                                                    "capability_here": [{"supported": True}]}, device="cpu")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..results import load_results, write_atomic
-from .pages import INDEX, MANIFEST, drop_network_loads, read_manifest
+from .pages import INDEX, MANIFEST, default_notebook_dir, drop_network_loads, notebook_hash, read_manifest
 
 # --------------------------------------------------------------------------- one page across GPUs
 
@@ -109,7 +109,24 @@ def _shapes_text(rows: list[dict]) -> str:
 HEADLINE_FP8 = {"backend": "triton", "kv_dtype": "fp8_e4m3", "mode": "dequant"}
 
 
-def gpu_summary(folder: str | os.PathLike) -> dict:
+def stale_pages(manifest: dict, notebook_dir: str | os.PathLike | None = None) -> set[str]:
+    """The notebooks of a report whose recorded ``source_sha256`` is not the hash of the notebook of that name
+    in ``notebook_dir`` (default: the repository's, :func:`~.pages.default_notebook_dir`) today, or that
+    record none, or whose notebook is gone: rendered from an earlier version, so not what the notebook shows
+    now. A page stays linked; the index says it is stale until the notebook is run again on that machine."""
+    folder = Path(notebook_dir) if notebook_dir is not None else default_notebook_dir()
+    stale = set()
+    for e in _dicts(manifest.get("notebooks")):
+        name = e.get("name")
+        if not isinstance(name, str):
+            continue
+        source = folder / f"{name}.ipynb"
+        if not source.is_file() or e.get("source_sha256") != notebook_hash(source):
+            stale.add(name)
+    return stale
+
+
+def gpu_summary(folder: str | os.PathLike, notebook_dir: str | os.PathLike | None = None) -> dict:
     """One GPU's row of the index, from the results JSON in its report folder (missing ones give "–").
 
     Keys: ``slug``, ``name``, ``arch``, ``versions``, ``mode``, ``capability`` (supported / total
@@ -119,7 +136,8 @@ def gpu_summary(folder: str | os.PathLike) -> dict:
     FP8 e4m3 / bf16 tokens on this GPU, or the ratio where the machine has no GPU memory), ``kl``
     (per model, mean KL of e4m3 amax-scaled KV against bf16), ``timings_meaningful``, ``pages``,
     ``smoke`` (the notebooks whose last run was a smoke run: :func:`smoke_notebooks`; their numbers are left
-    out, as no result) and ``speedup_grid`` (the shapes the speed-up's median is over).
+    out, as no result), ``stale`` (:func:`stale_pages`: pages rendered from another version of their notebook
+    than ``notebook_dir``'s, flagged on the page) and ``speedup_grid`` (the shapes the speed-up's median is over).
     """
     import statistics
 
@@ -136,7 +154,7 @@ def gpu_summary(folder: str | os.PathLike) -> dict:
            "versions": ", ".join(f"{k} {device[k]}" for k in ("torch", "triton", "flashinfer", "vllm") if device.get(k)),
            "mode": _text(manifest.get("mode")), "capability": "–", "copy_gbps": None, "speedup": {},
            "kv_capacity": {}, "kl": {}, "timings_meaningful": None, "notes": notes, "smoke": smoke,
-           "speedup_grid": "",
+           "speedup_grid": "", "stale": stale_pages(manifest, notebook_dir),
            "pages": [(e["name"], f"{folder.name}/{e['html']}") for e in manifest.get("notebooks", []) if e.get("html")]}
     if env:
         here = _dicts(env.get("capability_here"))
@@ -248,13 +266,14 @@ def _plotlyjs_for_index(root: Path) -> str:
     return name
 
 
-def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
+def build_index(reports_dir: str | os.PathLike = "reports", notebook_dir: str | os.PathLike | None = None) -> Path:
     """Write ``<reports_dir>/index.html``: every GPU's report on one page, viewable offline.
 
     One row per ``<gpu-slug>/`` folder (:func:`gpu_summary`) with links to its pages, and figures that
     overlay the GPUs (latency vs context, share of the copy bandwidth vs batch). Built by every run
     and by ``python -m fp8kv.notebooks index``; a new GPU's folder adds a row, nothing else changes.
-    A ``reports_dir`` that is not a folder, or a path written (index.html, the plotly.js beside it) that is
+    A page rendered from another version of its notebook than ``notebook_dir``'s is flagged stale
+    (:func:`stale_pages`). A ``reports_dir`` that is not a folder, or a path written (index.html, the plotly.js beside it) that is
     a folder, is a ValueError naming it.
     """
     import html as _html
@@ -265,7 +284,7 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
                          "<gpu-slug>/ report folders")
     skipped: list[str] = []
     folders = report_folders(root, skipped)
-    rows = [gpu_summary(f) for f in folders]
+    rows = [gpu_summary(f, notebook_dir) for f in folders]
     # A folder or file that cannot be read is named on the page and on stderr, never a crash of the index
     # (nor silently dropped); the page of readable reports alone is unchanged.
     notes = skipped + [n for r in rows for n in r["notes"]]
@@ -284,7 +303,12 @@ def build_index(reports_dir: str | os.PathLike = "reports") -> Path:
         if r["timings_meaningful"] is False:
             speed += "<br><i>(CPU timings: not meaningful for any GPU)</i>"
         kl = "<br>".join(f"{esc(m)}: {_fmt(v, '.2e')} nats/token" for m, v in r["kl"].items()) or "–"
-        pages = " · ".join(f'<a href="{esc(href)}">{esc(name)}</a>' for name, href in r["pages"]) or "–"
+        pages = " · ".join(f'<a href="{esc(href)}">{esc(name)}</a>' + (" (stale)" if name in r["stale"] else "")
+                           for name, href in r["pages"]) or "–"
+        if r["stale"]:
+            pages += (f"<br><i>stale: {esc(', '.join(sorted(r['stale'])))} rendered from earlier versions of their "
+                      "notebooks (their numbers stand for the code of that run); run them again on this machine to "
+                      "refresh them</i>")
         smoke = sorted(r["smoke"])
         run = esc(r["mode"]) + (f"<br><i>smoke, no numbers shown: {esc(', '.join(smoke))}</i>"
                                 if smoke and not only_smoke(r) else "")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..results import check_rows
 from ..sweeps import timing_notes
-from .report import SERIES_COLORS
+from ..viz.style import color_map, readable_axes
 
 VERIFY_ROWS = "the rows of fp8kv.step.verify_sweep() (a CSV fp8kv step --draft-lens saved)"
 PREFILL_ROWS = "the rows of fp8kv.step.prefill_sweep() (a CSV fp8kv step --prompt-lens saved)"
@@ -14,10 +14,6 @@ ATTEND_ROWS = "the rows of fp8kv.bench.attend_run()"
 VERIFY_READ = ["status", "model", "context", "kv_dtype", "draft_len", "acceptance", "batch", "ceiling",
                "accepted_tokens_per_s", "verify_us"]
 PREFILL_READ = ["status", "model", "kv_dtype", "prompt", "chunk", "ttft_us"]
-
-
-def _color(kv: str) -> str:
-    return SERIES_COLORS.get(kv, "#7f7f7f")
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -86,6 +82,8 @@ def accepted_tokens_figure(df, *, draft_len: int | None = None, acceptance: floa
         ok = ok[ok["draft_len"].isin([0, draft_len])]
     panels = list(dict.fromkeys(zip(ok["model"], ok["context"], strict=True)))
     fig = make_subplots(rows=1, cols=max(1, len(panels)), subplot_titles=[f"{m}, context {c}" for m, c in panels])
+    colours = color_map(f"{kv} KV, " + ("decode" if k == 0 else f"k={int(k)}")
+                        for kv, k in zip(ok["kv_dtype"], ok["draft_len"], strict=True))
     for i, (model, ctx) in enumerate(panels, start=1):
         g = ok[(ok["model"] == model) & (ok["context"] == ctx)]
         for (kv, k), s in g.groupby(["kv_dtype", "draft_len"], sort=False):
@@ -93,7 +91,7 @@ def accepted_tokens_figure(df, *, draft_len: int | None = None, acceptance: floa
             name = f"{kv} KV, " + ("decode" if k == 0 else f"k={int(k)}")
             fig.add_trace(go.Scatter(x=s["batch"], y=s["accepted_tokens_per_s"], mode="lines+markers", name=name,
                                      legendgroup=name, showlegend=i == 1,
-                                     line=dict(color=_color(kv), dash="dash" if k == 0 else "solid"),
+                                     line=dict(color=colours[name], dash="dash" if k == 0 else "solid"),
                                      customdata=s[["verify_us", "ceiling"]],
                                      hovertemplate="B=%{x}<br>%{y:,.0f} accepted tokens/s<br>verify %{customdata[0]:.1f}"
                                                    " µs<br>ceiling %{customdata[1]}<extra></extra>"), row=1, col=i)
@@ -101,6 +99,7 @@ def accepted_tokens_figure(df, *, draft_len: int | None = None, acceptance: floa
     fig.update_yaxes(type="log", title="accepted tokens per second")
     fig.update_layout(title=title or f"Speculative decoding: accepted tokens/s, acceptance {acceptance}, to each "
                                      "KV dtype's ceiling", height=420, legend_title_text="KV dtype, drafts")
+    readable_axes(fig)
     return fig
 
 
@@ -116,6 +115,7 @@ def ttft_figure(df, *, title: str | None = None):
     fig = make_subplots(rows=1, cols=max(1, len(models)), subplot_titles=list(models))
     dashes = ["solid", "dot", "dash", "longdash", "dashdot"]
     chunks = sorted(set(ok["chunk"]))
+    colours = color_map(f"{kv} KV, chunk {int(c)}" for kv, c in zip(ok["kv_dtype"], ok["chunk"], strict=True))
     for i, model in enumerate(models, start=1):
         g = ok[ok["model"] == model]
         for (kv, c), s in g.groupby(["kv_dtype", "chunk"], sort=False):
@@ -123,12 +123,13 @@ def ttft_figure(df, *, title: str | None = None):
             name = f"{kv} KV, chunk {int(c)}"
             fig.add_trace(go.Scatter(x=s["prompt"], y=s["ttft_us"] / 1e3, mode="lines+markers", name=name,
                                      legendgroup=name, showlegend=i == 1,
-                                     line=dict(color=_color(kv), dash=dashes[chunks.index(c) % len(dashes)]),
+                                     line=dict(color=colours[name], dash=dashes[chunks.index(c) % len(dashes)]),
                                      hovertemplate="prompt %{x}<br>TTFT %{y:,.2f} ms<extra></extra>"), row=1, col=i)
     fig.update_xaxes(type="log", title="prompt length (tokens)", tickformat="~g")
     fig.update_yaxes(type="log", title="time to first token (ms)")
     fig.update_layout(title=title or "Chunked prefill: time to first token", height=420,
                       legend_title_text="KV dtype, chunk")
+    readable_axes(fig)
     return fig
 
 
@@ -154,21 +155,27 @@ def attend_speedup_figure(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3", *
 
     sp = attend_speedup(rows, baseline, fp8)
     fig = make_subplots(rows=1, cols=2, subplot_titles=["against new tokens per sequence (q_len)", "against context"])
-    for (be, b, ctx), s in sp.groupby(["backend", "batch", "context"], sort=True):
+    left = {key: f"{key[0]}, B = {key[1]}, {key[2]} cached tokens" for key, _ in sp.groupby(["backend", "batch", "context"])}
+    right = {key: f"{key[0]}, B = {key[1]}, {key[2]} new tokens" for key, _ in sp.groupby(["backend", "batch", "q_len"])}
+    colours = color_map([*left.values(), *right.values()])
+    for key, s in sp.groupby(["backend", "batch", "context"], sort=True):
         s = s.sort_values("q_len")
-        fig.add_trace(go.Scatter(x=s["q_len"], y=s["speedup"], mode="lines+markers", name=f"{be}, B={b}, ctx={ctx}",
-                                 hovertemplate="q_len %{x}<br>%{y:.2f}×<extra></extra>"), row=1, col=1)
-    for (be, b, q), s in sp.groupby(["backend", "batch", "q_len"], sort=True):
+        fig.add_trace(go.Scatter(x=s["q_len"], y=s["speedup"], mode="lines+markers", name=left[key],
+                                 line=dict(color=colours[left[key]]),
+                                 hovertemplate="%{x} new tokens<br>%{y:.2f}×<extra></extra>"), row=1, col=1)
+    for key, s in sp.groupby(["backend", "batch", "q_len"], sort=True):
         s = s.sort_values("context")
-        fig.add_trace(go.Scatter(x=s["context"], y=s["speedup"], mode="lines+markers", name=f"{be}, B={b}, q_len={q}",
-                                 hovertemplate="context %{x}<br>%{y:.2f}×<extra></extra>"), row=1, col=2)
+        fig.add_trace(go.Scatter(x=s["context"], y=s["speedup"], mode="lines+markers", name=right[key],
+                                 line=dict(color=colours[right[key]], dash="dash"),
+                                 hovertemplate="%{x} cached tokens<br>%{y:.2f}×<extra></extra>"), row=1, col=2)
     for col in (1, 2):
         fig.add_hline(y=1.0, line=dict(dash="dot", color="#7f7f7f"), row=1, col=col)
     fig.update_xaxes(type="log", tickformat="~g")
-    fig.update_xaxes(title="q_len", row=1, col=1)
+    fig.update_xaxes(title="new tokens per sequence", row=1, col=1)
     fig.update_xaxes(title="cached tokens before the new ones", row=1, col=2)
-    fig.update_yaxes(title=f"attention speed-up, {fp8} over {baseline}")
+    fig.update_yaxes(title=f"attention speed-up, {fp8} over {baseline} (×)")
     fig.update_layout(title=title or "Multi-token attention: FP8 KV's speed-up over 16-bit KV", height=420)
+    readable_axes(fig)
     return fig
 
 
