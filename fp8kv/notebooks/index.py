@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -450,8 +451,33 @@ def _answer_07(r: dict) -> tuple[str, str]:
             f"no pair of {base} and FP8 steps ran.")
 
 
+def _answer_08(r: dict) -> tuple[str, str]:
+    readings = [_obj(x) for x in _obj(r.get("verify_reading")).values()]
+    spec = [x for x in readings if x.get("draft_len") and x.get("sentence")]
+    chunked = [_obj(x).get("sentence") for x in _obj(r.get("prefill_reading")).values()]
+    said = " ".join(s for s in (spec[0]["sentence"] if spec else None, next(iter(chunked), None)) if s)
+    return ("speculative-decoding verify steps and chunked prefill, 16-bit against FP8 KV",
+            said or "no pair of 16-bit and FP8 runs completed.")
+
+
+def _drop_smoke_banner(text: str) -> str:
+    """A notebook's own answer without the smoke banner it may open with (the headline says it once)."""
+    return re.sub(r"^\*\*Smoke run[^*]*\*\*\s*", "", text)
+
+
+def _answer_09(r: dict) -> tuple[str, str]:
+    return ("the break-even context of FP8 KV, a real model's scale health and error against context",
+            _drop_smoke_banner(_text(r.get("answer"))) or "no answer was written.")
+
+
+def _answer_10(r: dict) -> tuple[str, str]:
+    return ("every KV format's error, bytes per token and speed",
+            _drop_smoke_banner(_text(r.get("answer"))) or "no answer was written.")
+
+
 _ANSWERS = {"00": _answer_00, "01": _answer_01, "02": _answer_02, "03": _answer_03, "04": _answer_04,
-            "05": _answer_05, "06": _answer_06, "07": _answer_07}
+            "05": _answer_05, "06": _answer_06, "07": _answer_07, "08": _answer_08, "09": _answer_09,
+            "10": _answer_10}
 
 
 def page_headline(name: str, results: dict, device: dict, *, smoke: bool) -> str:
