@@ -396,7 +396,7 @@ def test_every_page_opens_with_its_answer(path):
     """Each notebook ends in one cell tagged "headline" that writes its answer from the results it saved; the
     page moves it to the first screen. From real results the sentence names the machine and gives numbers;
     as a smoke run it gives none of them."""
-    from fp8kv.notebooks.index import page_headline
+    from fp8kv.notebooks.headlines import page_headline
 
     nb = json.loads(path.read_text(encoding="utf-8"))
     tagged = [c for c in nb["cells"] if "headline" in c.get("metadata", {}).get("tags", [])]
@@ -427,7 +427,7 @@ def test_headline_cells_move_to_the_first_screen():
 @pytest.mark.parametrize("bad, error", [(("99_x", {}, {}), ValueError), (("00_environment", [], {}), TypeError),
                                         (("04_decode_latency", {}, None), TypeError)])
 def test_page_headline_refuses_what_it_cannot_read(bad, error):
-    from fp8kv.notebooks.index import page_headline
+    from fp8kv.notebooks.headlines import page_headline
 
     with pytest.raises(error, match="name=|results and device"):
         page_headline(*bad, smoke=False)

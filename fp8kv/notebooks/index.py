@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -51,21 +50,21 @@ def _read(folder: Path, name: str, notes: list[str] | None = None) -> dict | Non
         return None
 
 
-def _fmt(value, spec=".3g", unit="") -> str:
+def fmt_value(value, spec=".3g", unit="") -> str:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return f"{value:{spec}}{unit}" if ok else "–"
 
 
-def _dicts(value) -> list[dict]:
+def as_dicts(value) -> list[dict]:
     """The objects of a results list (a missing or foreign value holds none)."""
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
-def _obj(value) -> dict:
+def as_dict(value) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _text(value) -> str:
+def as_text(value) -> str:
     """A field shown as text: missing reads "–"."""
     return "–" if value is None or value == "" else str(value)
 
@@ -77,23 +76,23 @@ def smoke_notebooks(manifest: dict, folder: Path | None = None) -> set[str]:
     path at toy sizes, often on a CPU: its numbers are no result, for this GPU or any. A results file the
     manifest has no entry for takes the manifest's mode."""
     out = set()
-    listed = {e.get("name") for e in _dicts(manifest.get("notebooks"))}
+    listed = {e.get("name") for e in as_dicts(manifest.get("notebooks"))}
     if manifest.get("mode") == "smoke" and folder is not None:  # results the manifest lists no entry for: its run's
         out |= {p.stem for p in Path(folder).glob("*.json") if p.name != MANIFEST and p.stem not in listed}
-    for entry in _dicts(manifest.get("notebooks")):
+    for entry in as_dicts(manifest.get("notebooks")):
         name = entry.get("name")
         mode = entry.get("mode") or manifest.get("mode")
         if mode == "smoke":
             out.add(name)
         elif mode is None and folder is not None:
             res = _read(folder, name) or {}
-            flags = [_obj(res.get(k)).get("smoke") for k in ("grid", "settings", "shape")]
+            flags = [as_dict(res.get(k)).get("smoke") for k in ("grid", "settings", "shape")]
             if any(f is True for f in flags) or res.get("timings_meaningful_for_gpu") is False:
                 out.add(name)
     return out
 
 
-def _shapes_text(rows: list[dict]) -> str:
+def shapes_text(rows: list[dict]) -> str:
     """The grid a median was taken over: ``12 shapes, B 1-256 x 1k-64k tokens``."""
     shapes = {(r.get("batch"), r.get("context")) for r in rows}
     batches = sorted(b for b, _ in shapes if isinstance(b, (int, float)))
@@ -117,7 +116,7 @@ def stale_pages(manifest: dict, notebook_dir: str | os.PathLike | None = None) -
     now. A page stays linked; the index says it is stale until the notebook is run again on that machine."""
     folder = Path(notebook_dir) if notebook_dir is not None else default_notebook_dir()
     stale = set()
-    for e in _dicts(manifest.get("notebooks")):
+    for e in as_dicts(manifest.get("notebooks")):
         name = e.get("name")
         if not isinstance(name, str):
             continue
@@ -150,46 +149,46 @@ def gpu_summary(folder: str | os.PathLike, notebook_dir: str | os.PathLike | Non
     env, cap, lat, acc = (None if n in smoke and n != "00_environment" else _read(folder, n, notes)
                           for n in ("00_environment", "03_kv_capacity", "04_decode_latency", "06_model_accuracy"))
     # The manifest describes the newest run into the folder (its versions), notebook 00 its own run.
-    device = _obj(manifest.get("device")) or _obj((env or {}).get("device"))
-    row = {"slug": folder.name, "name": str(device.get("name") or folder.name), "arch": _text(device.get("arch")),
+    device = as_dict(manifest.get("device")) or as_dict((env or {}).get("device"))
+    row = {"slug": folder.name, "name": str(device.get("name") or folder.name), "arch": as_text(device.get("arch")),
            "versions": ", ".join(f"{k} {device[k]}" for k in ("torch", "triton", "flashinfer", "vllm") if device.get(k)),
-           "mode": _text(manifest.get("mode")), "capability": "–", "copy_gbps": None, "speedup": {},
+           "mode": as_text(manifest.get("mode")), "capability": "–", "copy_gbps": None, "speedup": {},
            "kv_capacity": {}, "kl": {}, "timings_meaningful": None, "notes": notes, "smoke": smoke,
            "speedup_grid": "", "stale": stale_pages(manifest, notebook_dir),
            "pages": [(e["name"], f"{folder.name}/{e['html']}") for e in manifest.get("notebooks", []) if e.get("html")]}
     if env:
-        here = _dicts(env.get("capability_here"))
+        here = as_dicts(env.get("capability_here"))
         row["capability"] = f"{sum(bool(r.get('supported')) for r in here)} of {len(here)} run here"
         if "00_environment" not in smoke:  # what runs here is a fact in any run; a bandwidth only in a full one
-            row["copy_gbps"] = _obj(env.get("copy_bandwidth")).get("gbps")
+            row["copy_gbps"] = as_dict(env.get("copy_bandwidth")).get("gbps")
     if lat:
         row["timings_meaningful"] = lat.get("timings_meaningful_for_gpu")
         by_heads: dict[str, list[float]] = {}
         used = []
-        for r in _dicts(lat.get("speedup")):
+        for r in as_dicts(lat.get("speedup")):
             v = r.get("speedup_vs_bf16")
             default = all(r.get(k) == want for k, want in HEADLINE_FP8.items()) and not r.get("variant")
             if default and isinstance(v, (int, float)) and math.isfinite(v):
                 # a row without its head counts still counts, under "–" (missing reads as missing)
-                by_heads.setdefault(f"{_text(r.get('num_q_heads'))}:{_text(r.get('num_kv_heads'))}", []).append(v)
+                by_heads.setdefault(f"{as_text(r.get('num_q_heads'))}:{as_text(r.get('num_kv_heads'))}", []).append(v)
                 used.append(r)
-        row["speedup_grid"] = _shapes_text(used) if used else ""
+        row["speedup_grid"] = shapes_text(used) if used else ""
         row["speedup"] = {h: (statistics.median(v), max(v)) for h, v in sorted(by_heads.items())}
     if cap:
-        for r in _dicts(cap.get("rows")):
+        for r in as_dicts(cap.get("rows")):
             if r.get("gpu") == "this device" and r.get("fits") and r.get("granularity") in (None, "tensor"):
-                row["kv_capacity"].setdefault(_text(r.get("model")), {})[_text(r.get("kv_dtype"))] = r.get("tokens")
+                row["kv_capacity"].setdefault(as_text(r.get("model")), {})[as_text(r.get("kv_dtype"))] = r.get("tokens")
         if not row["kv_capacity"]:
-            row["kv_capacity"] = {m: {"ratio": v} for m, v in _obj(cap.get("fp8_over_bf16_tokens_ratio")).items()}
+            row["kv_capacity"] = {m: {"ratio": v} for m, v in as_dict(cap.get("fp8_over_bf16_tokens_ratio")).items()}
     if acc:
-        for r in _dicts(acc.get("summary")):
+        for r in as_dicts(acc.get("summary")):
             if r.get("config") == "e4m3 tensor amax":
-                row["kl"][_text(r.get("model"))] = r.get("kl_mean")
+                row["kl"][as_text(r.get("model"))] = r.get("kl_mean")
     return row
 
 
 def _millions(tokens) -> str:
-    return _fmt(tokens / 1e6, ".2f") if _fmt(tokens) != "–" else "–"
+    return fmt_value(tokens / 1e6, ".2f") if fmt_value(tokens) != "–" else "–"
 
 
 def _capacity_text(kv: dict) -> str:
@@ -198,7 +197,7 @@ def _capacity_text(kv: dict) -> str:
     parts = []
     for model, v in kv.items():
         if "ratio" in v:
-            parts.append(f"{html.escape(model)}: FP8/bf16 {_fmt(v['ratio'], '.3f', '×')}")
+            parts.append(f"{html.escape(model)}: FP8/bf16 {fmt_value(v['ratio'], '.3f', '×')}")
         elif "fp8_e4m3" in v:
             parts.append(f"{html.escape(model)}: {_millions(v['fp8_e4m3'])} M FP8 / {_millions(v.get('bf16'))} M bf16")
     return "<br>".join(parts) or "–"
@@ -219,7 +218,7 @@ def _overlay_figures(folders: list[Path]):
         results = _read(folder, "04_decode_latency") or {}
         if results.get("timings_meaningful_for_gpu") is False:
             continue  # a CPU's timings mean nothing for any GPU
-        rows = _dicts(results.get("rows"))
+        rows = as_dicts(results.get("rows"))
         df = pd.DataFrame(rows)
         if not len(df) or not {"status", "label", "batch", "context", "time_us"} <= set(df.columns):
             continue  # rows without what the figures plot are missing numbers, not a KeyError
@@ -229,7 +228,7 @@ def _overlay_figures(folders: list[Path]):
         # a row is plotted only with a label and real numbers where the figures put it (values kept as read)
         plotted = (df["status"] == "ok") & df["label"].map(lambda x: isinstance(x, str))
         for col in ("batch", "context", "time_us"):
-            plotted &= df[col].map(lambda x: _fmt(x) != "–")
+            plotted &= df[col].map(lambda x: fmt_value(x) != "–")
         df = df[plotted]
         if len(df):
             frames.append(df.assign(gpu=folder.name))
@@ -297,13 +296,13 @@ def build_index(reports_dir: str | os.PathLike = "reports", notebook_dir: str | 
         return bool(r["pages"]) and all(name in r["smoke"] for name, _ in r["pages"])
 
     def cells(r) -> list[str]:
-        speed = "<br>".join(f"Hq:Hkv {h}: median {_fmt(m, '.2f', '×')}, best {_fmt(b, '.2f', '×')}"
+        speed = "<br>".join(f"Hq:Hkv {h}: median {fmt_value(m, '.2f', '×')}, best {fmt_value(b, '.2f', '×')}"
                             for h, (m, b) in r["speedup"].items()) or "–"
         if r["speedup"] and r["speedup_grid"]:
             speed += f"<br><i>over {esc(r['speedup_grid'])}</i>"
         if r["timings_meaningful"] is False:
             speed += "<br><i>(CPU timings: not meaningful for any GPU)</i>"
-        kl = "<br>".join(f"{esc(m)}: {_fmt(v, '.2e')} nats/token" for m, v in r["kl"].items()) or "–"
+        kl = "<br>".join(f"{esc(m)}: {fmt_value(v, '.2e')} nats/token" for m, v in r["kl"].items()) or "–"
         pages = " · ".join(f'<a href="{esc(href)}">{esc(name)}</a>' + (" (stale)" if name in r["stale"] else "")
                            for name, href in r["pages"]) or "–"
         if r["stale"]:
@@ -314,7 +313,7 @@ def build_index(reports_dir: str | os.PathLike = "reports", notebook_dir: str | 
         run = esc(r["mode"]) + (f"<br><i>smoke, no numbers shown: {esc(', '.join(smoke))}</i>"
                                 if smoke and not only_smoke(r) else "")
         return [f"<b>{esc(r['name'])}</b><br><code>{esc(r['slug'])}</code>", esc(r["arch"]), esc(r["versions"]),
-                run, esc(r["capability"]), _fmt(r["copy_gbps"], ".4g", " GB/s"), speed,
+                run, esc(r["capability"]), fmt_value(r["copy_gbps"], ".4g", " GB/s"), speed,
                 _capacity_text(r["kv_capacity"]), kl, pages]
 
     full_rows = [r for r in rows if not only_smoke(r)]
@@ -351,153 +350,3 @@ td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
 """
     # a temporary file per build: two runs finishing together never rename each other's half-written page
     return write_atomic(root / INDEX, drop_network_loads(page))
-
-
-# --------------------------------------------------------------------------- each page's first screen
-
-
-def _device_words(device: dict) -> str:
-    name = str(device.get("name") or device.get("device") or "this machine")
-    arch = device.get("arch")
-    mem = device.get("memory_gib")
-    extra = ", ".join(x for x in (str(arch) if arch else "", f"{mem:.0f} GiB" if isinstance(mem, (int, float)) else "")
-                      if x)
-    return f"**{name}**" + (f" ({extra})" if extra else "")
-
-
-def _pct(v) -> str:
-    return _fmt(100 * v, ".3g", " %") if _fmt(v) != "–" else "–"
-
-
-def _answer_00(r: dict) -> tuple[str, str]:
-    here = _dicts(r.get("capability_here"))
-    gbps = _obj(r.get("copy_bandwidth")).get("gbps")
-    return ("its copy bandwidth and what runs on it",
-            f"one device-to-device copy moves {_fmt(gbps, '.4g', ' GB/s')}; "
-            f"{sum(bool(x.get('supported')) for x in here)} of {len(here)} backend × KV dtype × mode combinations "
-            "run here.")
-
-
-def _answer_01(r: dict) -> tuple[str, str]:
-    parts = []
-    for name, f in _obj(r.get("roundtrip")).items():
-        f = _obj(f)
-        parts.append(f"{name} {_fmt(f.get('max_rel_error_normal'), '.3g')} (bound {_fmt(f.get('unit_roundoff'), '.3g')})")
-    casts = ", ".join(f"{n} {_obj(c).get('bare_nonfinite')} of {len(_obj(c).get('inputs') or [])}"
-                      for n, c in _obj(r.get("casts")).items() if isinstance(_obj(c).get("bare_nonfinite"), int))
-    return ("the FP8 formats' round trip and casts on this device",
-            f"largest relative error of a normal value: {', '.join(parts) or '–'}; inputs near and beyond max that a "
-            f"bare cast turns into inf/NaN: {casts or '–'} (fp8kv's clamp: none).")
-
-
-def _answer_02(r: dict) -> tuple[str, str]:
-    sizes = _obj(r.get("sizes"))
-    k = r.get("e4m3_tensor_amax_k_rel_err")
-    out = r.get("e4m3_tensor_amax_out_rel_err")
-    e5 = _obj(r.get("key_numbers")).get("e5m2_tensor_amax_out_rel_err")
-    return (f"quantization error of synthetic K/V ({_text(sizes.get('tokens'))} tokens)",
-            f"e4m3 with one amax scale per tensor: K relative error {_fmt(k, '.2e')}, attention output "
-            f"{_fmt(out, '.2e')} (e5m2: {_fmt(e5, '.2e')}).")
-
-
-def _answer_03(r: dict) -> tuple[str, str]:
-    rows = _dicts(r.get("fp8_over_bf16_tokens_ratio_rows"))
-    ratios = [x.get("ratio") for x in rows if _fmt(x.get("ratio")) != "–"]
-    span = "–" if not ratios else (f"{min(ratios):.3f}×" if f"{min(ratios):.3f}" == f"{max(ratios):.3f}"
-                                   else f"{min(ratios):.3f}–{max(ratios):.3f}×")
-    ref = _text(r.get("reference_gpu"))
-    elsewhere = ", ".join(f"{_text(x.get('model'))} on {_text(x.get('gpu'))}" for x in rows if x.get("gpu") != ref)
-    return ("how many KV tokens fit, by the paged engines' accounting",
-            f"FP8 e4m3 with per-tensor scales holds {span} the tokens of bf16 for the {len(rows)} models on {ref}"
-            + (f" ({elsewhere}, whose bf16 weights do not fit {ref})" if elsewhere else "")
-            + f", at utilization {_text(r.get('utilization'))}.")
-
-
-def _answer_04(r: dict) -> tuple[str, str]:
-    used = [x for x in _dicts(r.get("speedup")) if all(x.get(k) == v for k, v in HEADLINE_FP8.items())
-            and not x.get("variant") and _fmt(x.get("speedup_vs_bf16")) != "–"]
-    import statistics
-
-    v = [x["speedup_vs_bf16"] for x in used]
-    best = max((_obj(x).get("pct_copy_bw") for x in _dicts(r.get("best_pct_copy_bw"))
-                if _fmt(_obj(x).get("pct_copy_bw")) != "–"), default=None)
-    answer = (f"fp8kv's FP8 decode (e4m3, dequant) is {statistics.median(v):.2f}× as fast as the best 16-bit decode "
-              f"(median; best {max(v):.2f}×) over {_shapes_text(used)}" if v else "no FP8-over-BF16 speed-up ran")
-    return ("paged decode latency of every backend × KV dtype × mode",
-            answer + (f"; the fastest calls reach {best:.0f} % of the copy bandwidth." if best is not None else "."))
-
-
-def _answer_05(r: dict) -> tuple[str, str]:
-    return ("every backend × KV format against the fp32 reference",
-            f"{_text(r.get('n_ran'))} of {_text(r.get('n_rows'))} combinations ran here: {_text(r.get('n_passed'))} "
-            f"within their tolerance, {_text(r.get('n_failed'))} above it, {_text(r.get('n_error'))} raised; "
-            f"{_text(r.get('n_unsupported'))} cannot run here.")
-
-
-def _answer_06(r: dict) -> tuple[str, str]:
-    rows = [x for x in _dicts(r.get("summary")) if x.get("config") == "e4m3 tensor amax"]
-    parts = [f"{_text(x.get('model'))}: KL {_fmt(x.get('kl_mean'), '.2e')} nats/token, top-1 agreement "
-             f"{_pct(x.get('top1_agree'))}" for x in rows]
-    return ("real models' next-token predictions with an FP8 KV cache against bf16",
-            f"e4m3 with per-tensor amax scales: {'; '.join(parts) or '–'}.")
-
-
-def _answer_07(r: dict) -> tuple[str, str]:
-    sentences = [_obj(x).get("sentence") for x in _obj(r.get("reading")).values()]
-    sentences = [s for s in sentences if s]
-    more = f" ({len(sentences) - 1} more below)" if len(sentences) > 1 else ""
-    base = _text(r.get("baseline_kv_dtype")) if r.get("baseline_kv_dtype") else "16-bit"
-    return (f"whole decode steps, {base} against FP8 KV", (sentences[0] + more) if sentences else
-            f"no pair of {base} and FP8 steps ran.")
-
-
-def _answer_08(r: dict) -> tuple[str, str]:
-    readings = [_obj(x) for x in _obj(r.get("verify_reading")).values()]
-    spec = [x for x in readings if x.get("draft_len") and x.get("sentence")]
-    chunked = [_obj(x).get("sentence") for x in _obj(r.get("prefill_reading")).values()]
-    said = " ".join(s for s in (spec[0]["sentence"] if spec else None, next(iter(chunked), None)) if s)
-    return ("speculative-decoding verify steps and chunked prefill, 16-bit against FP8 KV",
-            said or "no pair of 16-bit and FP8 runs completed.")
-
-
-def _drop_smoke_banner(text: str) -> str:
-    """A notebook's own answer without the smoke banner it may open with (the headline says it once)."""
-    return re.sub(r"^\*\*Smoke run[^*]*\*\*\s*", "", text)
-
-
-def _answer_09(r: dict) -> tuple[str, str]:
-    return ("the break-even context of FP8 KV, a real model's scale health and error against context",
-            _drop_smoke_banner(_text(r.get("answer"))) or "no answer was written.")
-
-
-def _answer_10(r: dict) -> tuple[str, str]:
-    return ("every KV format's error, bytes per token and speed",
-            _drop_smoke_banner(_text(r.get("answer"))) or "no answer was written.")
-
-
-_ANSWERS = {"00": _answer_00, "01": _answer_01, "02": _answer_02, "03": _answer_03, "04": _answer_04,
-            "05": _answer_05, "06": _answer_06, "07": _answer_07, "08": _answer_08, "09": _answer_09,
-            "10": _answer_10}
-
-
-def page_headline(name: str, results: dict, device: dict, *, smoke: bool) -> str:
-    """The first screen of notebook ``name``'s page, as Markdown written from its ``results`` (the JSON
-    ``save_results`` wrote): the machine, what was measured, and the answer in a sentence. A smoke run says
-    that its numbers are no result instead of giving them as one."""
-    if not isinstance(results, dict) or not isinstance(device, dict):
-        raise TypeError(f"results and device must be the dicts of a results file, got {type(results).__name__} "
-                        f"and {type(device).__name__}")
-    answer = _ANSWERS.get(str(name)[:2])
-    if answer is None:
-        raise ValueError(f"name={name!r} has no headline; expected one of the notebooks {sorted(_ANSWERS)}")
-    what, said = answer(results)
-    if smoke:
-        return (f"**Smoke run** on {_device_words(device)}: {what}, at toy sizes to check the code path. "
-                "Its numbers are no result for this machine or any GPU.")
-    return f"On {_device_words(device)}, {what}: {said}"
-
-
-def headline_markdown(out_dir: str | os.PathLike, name: str, *, smoke: bool) -> str:
-    """:func:`page_headline` of the results notebook ``name`` saved in ``out_dir``."""
-    doc = load_results(out_dir, name)
-    return page_headline(name, doc["results"], _obj(doc.get("device")), smoke=bool(smoke))

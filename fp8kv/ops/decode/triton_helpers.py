@@ -1,14 +1,16 @@
 """The @triton.jit helpers and constexpr codes fp8kv's Triton attention kernels share (the decode's
 tensor-core kernel of :mod:`.triton_kernel` and CUDA-core one of :mod:`.cuda_core_kernel`, and the
-multi-token kernel of :mod:`fp8kv.ops.attend.kernel`): FP8 tiles to the compute type, a split's token
-range, a tile's addresses through the block table, soft-capping, a sink, fp8 mode's e4m3 range.
+multi-token kernel of :mod:`fp8kv.ops.attend.kernel`): the query rows as the QK dot takes them, FP8 tiles to
+the compute type, a split's token range, a tile's addresses through the block table, soft-capping, a sink,
+fp8 mode's e4m3 range.
 """
 
 import triton
 import triton.language as tl
 
 from ...formats import FORMATS
-from ..fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx
+from ..fp8_codec import fp8_bits_to_fp16, fp8_bits_to_fp16_ptx, fp32_to_fp8_bits
+from ..pages import SCALE_CHANNEL, SCALE_PER_HEAD
 
 LN2 = tl.constexpr(0.6931471805599453)
 TANH_POLY_MAX = tl.constexpr(0.125)  # soft_cap_scores: |x| below it takes tanh's polynomial, above it the exp form
@@ -111,3 +113,47 @@ def fold_sink(m, denom, sink):
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m - m_use)
     return m_new, denom * alpha + tl.math.exp2(sink - m_use), alpha
+
+
+@triton.jit
+def query_rows(q_ptrs, qd_mask, offs_d, k_scale_ptr, kvh, qk_scale, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+               SCALE_KIND: tl.constexpr, SCALE_HEAD_STRIDE: tl.constexpr, FP8_QK: tl.constexpr,
+               RESCALE_Q: tl.constexpr, COMPUTE: tl.constexpr):
+    """A program's query rows ``[ROWS, D_PAD]`` as its QK dot takes them, and each row's factor on the scores
+    (``qk_scale`` times what was taken out of the row, times a per-head K scale).
+
+    Per-channel K scales are folded into the query in fp32 before any rounding (q . (s * k) = (q * s) . k).
+    fp8 mode (FP8_QK): each row is quantized to e4m3 with scale amax / E4M3_MAX, exact in the fp32 scores.
+    RESCALE_Q: a bf16 row (or one with channel scales folded in) may leave fp16's range or sink into its
+    subnormals: its amax is brought to [2^13, 2^14) by a power of two (exact) that the factor carries back.
+    Per row, not one scalar per query group: on the H200 (32/8/128, FP8, B=64 x 16k decode) per row ran 668 us,
+    one scalar per group 818 us in a run of the same day (``results/bench/nvidia-h200/20261203T101714Z.csv``).
+    Else the row is rounded to COMPUTE."""
+    if SCALE_KIND == SCALE_CHANNEL:
+        qf = tl.load(q_ptrs, mask=qd_mask, other=0.0).to(tl.float32)
+        qf = qf * tl.load(k_scale_ptr + kvh * HEAD_DIM + offs_d, mask=offs_d < HEAD_DIM, other=0.0)[None, :]
+        k_head_scale = 1.0
+    else:
+        qf = tl.load(q_ptrs, mask=qd_mask, other=0.0)
+        if SCALE_KIND == SCALE_PER_HEAD:
+            k_head_scale = tl.load(k_scale_ptr + kvh * SCALE_HEAD_STRIDE)
+        else:
+            k_head_scale = 1.0
+    if FP8_QK:
+        qf = qf.to(tl.float32)
+        q_scale = tl.max(tl.abs(qf), axis=1) / E4M3_MAX
+        q_scale = tl.where(q_scale > 0, q_scale, 1.0)
+        q = fp32_to_fp8_bits(qf / q_scale[:, None], 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
+        row_scale = q_scale * (qk_scale * k_head_scale)
+    elif RESCALE_Q:
+        qf = qf.to(tl.float32)
+        amax = tl.max(tl.abs(qf), axis=1)
+        e = tl.where(amax > 0, tl.floor(tl.log2(tl.where(amax > 0, amax, 1.0))) - 13.0, 0.0)
+        e = tl.minimum(tl.maximum(e, -126.0), 126.0).to(tl.int32)
+        up = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, built exactly from its bits
+        q = (qf * up[:, None]).to(COMPUTE)
+        row_scale = ((127 + e) << 23).to(tl.float32, bitcast=True) * (qk_scale * k_head_scale)
+    else:
+        q = qf.to(COMPUTE)
+        row_scale = tl.full([ROWS], 1.0, tl.float32) * (qk_scale * k_head_scale)
+    return q, row_scale

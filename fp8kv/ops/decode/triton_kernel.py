@@ -47,6 +47,7 @@ from .triton_helpers import E4M3_MAX, LN2, P_SCALE
 from .triton_helpers import as_fp8 as _as_fp8
 from .triton_helpers import fold_sink as _fold_sink
 from .triton_helpers import kv_tile_to_compute as _kv_tile_to_compute
+from .triton_helpers import query_rows as _query_rows
 from .triton_helpers import soft_cap_scores as _soft_cap
 from .triton_helpers import split_range as _split_range
 from .triton_helpers import tile_addresses as _tile_addresses
@@ -124,39 +125,8 @@ def paged_decode_kernel(
 
     q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     qd_mask = g_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
-    if SCALE_KIND == SCALE_CHANNEL:
-        # Exact algebra: q · (s ⊙ k̂) = (q ⊙ s) · k̂, folded in fp32 before any rounding of q.
-        qf = tl.load(q_ptrs, mask=qd_mask, other=0.0).to(tl.float32)
-        qf = qf * tl.load(k_scale_ptr + kvh * HEAD_DIM + offs_d, mask=offs_d < HEAD_DIM, other=0.0)[None, :]
-        k_head_scale = 1.0
-    else:
-        qf = tl.load(q_ptrs, mask=qd_mask, other=0.0)
-        if SCALE_KIND == SCALE_PER_HEAD:
-            k_head_scale = tl.load(k_scale_ptr + kvh * SCALE_HEAD_STRIDE)
-        else:
-            k_head_scale = 1.0
-    if FP8_QK:
-        # Per-(sequence, head) query scale: amax / E4M3_MAX, applied exactly to the fp32 scores.
-        qf = qf.to(tl.float32)
-        q_scale = tl.max(tl.abs(qf), axis=1) / E4M3_MAX
-        q_scale = tl.where(q_scale > 0, q_scale, 1.0)
-        q = fp32_to_fp8_bits(qf / q_scale[:, None], 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
-        row_scale = q_scale * (qk_scale * k_head_scale)
-    elif RESCALE_Q:
-        # A bf16 query (or one with channel scales folded in) can exceed fp16's range or sink into
-        # its subnormals: bring each head's amax to [2^13, 2^14) by a power of two, exact in fp32,
-        # and multiply it back into the scores. Per head: on the H200 (32/8/128, FP8, B=64 x 16k) it ran
-        # 668 us, one scalar per query group 818 us in a run of the same day (BF16 rows within 2.4 %).
-        qf = qf.to(tl.float32)
-        amax = tl.max(tl.abs(qf), axis=1)
-        e = tl.where(amax > 0, tl.floor(tl.log2(tl.where(amax > 0, amax, 1.0))) - 13.0, 0.0)
-        e = tl.minimum(tl.maximum(e, -126.0), 126.0).to(tl.int32)
-        up = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, built exactly from its bits
-        q = (qf * up[:, None]).to(COMPUTE)
-        row_scale = ((127 + e) << 23).to(tl.float32, bitcast=True) * (qk_scale * k_head_scale)
-    else:
-        q = qf.to(COMPUTE)
-        row_scale = tl.full([GROUP_PAD], 1.0, tl.float32) * (qk_scale * k_head_scale)
+    q, row_scale = _query_rows(q_ptrs, qd_mask, offs_d, k_scale_ptr, kvh, qk_scale, GROUP_PAD, HEAD_DIM, SCALE_KIND,
+                               SCALE_HEAD_STRIDE, FP8_QK, RESCALE_Q, COMPUTE)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
