@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import checks
-from .cache import PagedKVCache
+from .cache import PagedKVCache, check_paged_cache
 
 __all__ = ["cache_arg", "attend_query", "qo_indptr_arg", "attend_arguments", "ATTEND_OPTIONS", "QO_INDPTR_DTYPES"]
 
@@ -27,8 +27,7 @@ ATTEND_OPTIONS = ("out_dtype", "convert", "num_splits", "block_m", "block_n", "n
 def cache_arg(cache) -> PagedKVCache:
     """A :class:`~fp8kv.cache.PagedKVCache` whose arrays (pages, tables, scales) and tables' contents
     are sound (:meth:`PagedKVCache.validate_arrays` and :meth:`PagedKVCache.validate_tables`: one host sync)."""
-    if not isinstance(cache, PagedKVCache):
-        checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+    check_paged_cache(cache)
     cache.validate_arrays(contents=True)
     cache.validate_tables()
     return cache

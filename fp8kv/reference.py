@@ -16,7 +16,7 @@ import torch
 
 from . import checks
 from .attend_checks import attend_arguments
-from .cache import PagedKVCache
+from .cache import PagedKVCache, check_paged_cache
 from .formats import FORMATS, UNQUANTIZED_DTYPES
 
 __all__ = ["decode", "attend", "attention", "paged_attention", "paged_attend", "UNIT_ROUNDOFF", "FP8_MODE_TOL", "REFERENCE_TOL",
@@ -182,8 +182,7 @@ def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None, 
         in the window (after capping), plus the sink term when there is one. So
         ``out * exp(lse) = Σ_j exp(s_j) v_j`` holds with or without sinks.
     """
-    if not isinstance(cache, PagedKVCache):
-        checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+    check_paged_cache(cache)
     cache.check_query(q)
     window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=q.shape[1],
                                                        device=q.device)

@@ -423,3 +423,18 @@ def test_empty_sequences_are_stored_and_refused_by_the_decode():
         paged_decode_quantized(torch.randn(2, 1, 32).half(), cache)
     out, lse = paged_decode_quantized(torch.randn(2, 1, 32).half(), cache, check=False)  # unchecked: 0 and -inf
     assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.isinf(lse[0]).all()
+
+
+def test_the_fp8_entries_name_the_decode_that_reads_a_quantized_cache():
+    """fp8kv.decode, fp8kv.attend and the reference read FP8 and 16-bit pages; handed a quantized cache they say
+    which decode reads it instead of failing inside."""
+    import fp8kv
+    from fp8kv.reference import decode as ref_decode
+
+    cache = QuantizedPagedKVCache.from_dense("int8_token_head", torch.randn(1, 5, 1, 64), torch.randn(1, 5, 1, 64),
+                                              [5], block_size=8)
+    q = torch.randn(1, 2, 64, dtype=torch.float16)
+    for call in (lambda: fp8kv.decode(q, cache), lambda: ref_decode(q, cache),
+                 lambda: fp8kv.attend(q, cache, torch.tensor([0, 1], dtype=torch.int32))):
+        with pytest.raises(TypeError, match="got QuantizedPagedKVCache; .*paged_decode_quantized"):
+            call()

@@ -15,7 +15,7 @@ import torch
 
 from .. import checks
 from ..attend_checks import ATTEND_OPTIONS, attend_query, qo_indptr_arg
-from ..cache import PagedKVCache
+from ..cache import check_paged_cache
 from ..capability import (
     AUTO_MODE,
     BACKEND_NAMES,
@@ -121,8 +121,7 @@ def _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check,
 
 
 def _cache_arg(cache) -> None:
-    if not isinstance(cache, PagedKVCache):
-        checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+    check_paged_cache(cache)
 
 
 def _validated(q, cache, backend, mode, sm_scale, window, soft_cap, sinks, check, launch, *, op: str) -> tuple:

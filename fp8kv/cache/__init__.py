@@ -27,7 +27,7 @@ and :mod:`~fp8kv.cache.reading` (``gather``).
 """
 
 from .construction import shuffled_block_table
-from .paged import PagedKVCache
+from .paged import PagedKVCache, check_paged_cache
 from .validation import LAYOUTS, QUERY_DTYPES, check_block_size
 
-__all__ = ["PagedKVCache", "LAYOUTS", "QUERY_DTYPES", "shuffled_block_table", "check_block_size"]
+__all__ = ["PagedKVCache", "LAYOUTS", "QUERY_DTYPES", "shuffled_block_table", "check_block_size", "check_paged_cache"]

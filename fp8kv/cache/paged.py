@@ -12,7 +12,7 @@ from ..quant import scale_shape as scale_shape_of
 from . import construction, reading, validation, writing
 from .scales import init_scale
 
-__all__ = ["PagedKVCache"]
+__all__ = ["PagedKVCache", "check_paged_cache"]
 
 
 class PagedKVCache:
@@ -240,3 +240,16 @@ class PagedKVCache:
         return (f"PagedKVCache(kv_dtype={self.kv_dtype}, granularity={self.granularity}, layout={self.layout}, "
                 f"batch={self.batch_size}, blocks={self.num_blocks}x{self.block_size}, Hkv={self.num_kv_heads}, "
                 f"D={self.head_dim}, seq_lens={self.seq_lens.tolist() if self.batch_size <= 8 else '...'})")
+
+
+def check_paged_cache(cache, name: str = "cache") -> None:
+    """``cache`` is a :class:`~fp8kv.cache.PagedKVCache` (FP8 or 16-bit pages: what fp8kv.decode, fp8kv.attend and
+    the reference read). A :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` is named with the decode that
+    reads it."""
+    if isinstance(cache, PagedKVCache):
+        return
+    hint = ""
+    if type(cache).__name__ == "QuantizedPagedKVCache":
+        hint = ("; a QuantizedPagedKVCache (INT8 / INT4 / FP4 pages) is read by "
+                "fp8kv.ops.quant_decode.paged_decode_quantized and its oracle quantized_reference")
+    _fail(f"{name} must be a fp8kv.PagedKVCache, got {type(cache).__name__}{hint}", TypeError)
