@@ -202,7 +202,7 @@ def test_append_counts_must_be_non_negative_integers(make_cache):
         c.append_tokens(x, x, [-1, 2])
     with pytest.raises(TypeError, match=r"counts\[1\]=0.5"):
         c.append_tokens(x, x, [1, 0.5])
-    with pytest.raises(TypeError, match="counts has dtype torch.float32"):
+    with pytest.raises(TypeError, match=r"counts has dtype (torch\.)?float32"):
         c.append_tokens(x, x, torch.tensor([1.0, 0.0]))
 
 

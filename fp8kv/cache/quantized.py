@@ -36,6 +36,7 @@ from ..kv_formats.pages import page_shapes, paged_format
 from . import validation
 from .construction import shuffled_block_table
 from .reading import token_slots
+from .writing import append_tokens as _append_tokens
 from .writing import slots as _slots
 
 __all__ = ["QuantizedPagedKVCache"]
@@ -277,43 +278,11 @@ class QuantizedPagedKVCache:
 
     def append_tokens(self, k_new, v_new, counts) -> int:
         """Append ``counts[i]`` tokens to each sequence i (``k_new`` / ``v_new`` ``[sum(counts), Hkv, D]``:
-        their rows, concatenated in order). Refused before anything is written: counts that are not
-        non-negative integers (one per sequence), rows that do not match them, appends past a row's
-        capacity or through a block-table entry outside the pool, and appends into a shared page."""
-        if isinstance(counts, torch.Tensor):
-            checks.int_tensor(counts, "counts", ndim=1, shape_hint="[B] (tokens per sequence)")
-            counts = counts.tolist()
-        if isinstance(counts, (str, bytes)) or not hasattr(counts, "__len__"):
-            _fail(f"counts={checks.show_value(counts)}; expected one token count per sequence", TypeError)
-        counts = torch.tensor([checks.integer(c, f"counts[{i}]", minimum=0) for i, c in enumerate(counts)],
-                              dtype=torch.int64)
-        if counts.shape != (self.batch_size,):
-            _fail(f"counts must have one entry per sequence ({self.batch_size}); got {counts.numel()}")
-        for name, t in (("k_new", k_new), ("v_new", v_new)):
-            if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[0] != int(counts.sum()):
-                _fail(f"{name} has {t.shape[0]} rows but counts sum to {int(counts.sum())}; give one row per new token")
-        start = validation.checked_tables(self)
-        cap = self.max_blocks_per_seq * self.block_size
-        over = start + counts > cap
-        if bool(over.any()):
-            i = int(over.nonzero()[0])
-            _fail(f"sequence {i}: seq_len {int(start[i])} + {int(counts[i])} new tokens exceeds its capacity of "
-                  f"{cap} tokens; build the cache with a larger max_seq_len")
-        first, last = start // self.block_size, (start + counts + self.block_size - 1) // self.block_size
-        j = torch.arange(self.max_blocks_per_seq)[None, :]
-        writers = (j >= first[:, None]) & (j < last[:, None]) & (counts > 0)[:, None]
-        bt = self.block_table.cpu().to(torch.int64)
-        bad = writers & ((bt < 0) | (bt >= self.num_blocks))
-        if bool(bad.any()):
-            b, jj = (int(i) for i in bad.nonzero()[0])
-            _fail(f"block_table[{b}, {jj}]={int(bt[b, jj])} is out of range [0, {self.num_blocks}): sequence {b} "
-                  "would append through it")
-        validation.refuse_shared_writes(self, bt[writers], writers)
-        slot_mapping = torch.cat([token_slots(self, i, torch.arange(int(start[i]), int(start[i] + counts[i])))
-                                  for i in range(self.batch_size)])
-        n = self.write(k_new, v_new, slot_mapping, shared_checked=True)
-        self.seq_lens += counts.to(self.seq_lens.device, torch.int32)
-        return n
+        their rows, concatenated in order). Refused before anything is written, as for a PagedKVCache
+        (:func:`fp8kv.cache.writing.append_tokens`): counts that are not non-negative integers (one per
+        sequence), rows that do not match them, appends past a row's capacity or through a block-table entry
+        outside the pool, and appends into a shared page."""
+        return _append_tokens(self, k_new, v_new, counts, writer=type(self).write)
 
     def append(self, k_new, v_new) -> int:
         """Append one token per sequence: ``k_new``, ``v_new`` ``[B, Hkv, D]``. Returns the saturations."""

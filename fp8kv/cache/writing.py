@@ -39,19 +39,11 @@ def slots(cache, seq, positions) -> torch.Tensor:
     return token_slots(cache, seq, positions.to(cache.device))
 
 
-def append_tokens(cache, k_new, v_new, counts) -> int:
-    """:meth:`PagedKVCache.append_tokens`: everything checked before anything is written; returns the
-    saturations."""
-    if not isinstance(counts, torch.Tensor):
-        counts = [checks.integer(c, f"counts[{i}]") for i, c in enumerate(counts)]
-    elif counts.is_floating_point() or counts.dtype == torch.bool:
-        _fail(f"counts has dtype {counts.dtype}; expected integer token counts", TypeError)
-    counts = torch.as_tensor(counts, dtype=torch.int64).cpu()
-    if counts.shape != (cache.batch_size,):
-        _fail(f"counts must have one entry per sequence ({cache.batch_size}); got shape {tuple(counts.shape)}")
-    if (counts < 0).any():
-        i = int((counts < 0).nonzero()[0])
-        _fail(f"counts[{i}]={int(counts[i])}; expected token counts >= 0")
+def append_tokens(cache, k_new, v_new, counts, *, writer=None) -> int:
+    """:meth:`PagedKVCache.append_tokens` (and a QuantizedPagedKVCache's): everything checked before anything
+    is written, then ``writer(cache, k_new, v_new, slots, shared_checked=True)`` (default :func:`write`)
+    stores the rows and the lengths grow. Returns the saturations."""
+    counts = checked_counts(cache, counts)
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[0] != int(counts.sum()):
             _fail(f"{name} has {t.shape[0]} rows but counts sum to {int(counts.sum())}; give one row per new token")
@@ -61,8 +53,6 @@ def append_tokens(cache, k_new, v_new, counts) -> int:
         i = int((start + counts > cap).nonzero()[0])
         _fail(f"sequence {i}: seq_len {int(start[i])} + {int(counts[i])} new tokens exceeds its "
               f"capacity of {cap} tokens; build the cache with a larger max_seq_len")
-    slot_mapping = torch.cat([token_slots(cache, i, torch.arange(int(start[i]), int(start[i] + counts[i])))
-                              for i in range(len(counts))])
     first, last = start // cache.block_size, (start + counts + cache.block_size - 1) // cache.block_size
     j = torch.arange(cache.max_blocks_per_seq)[None, :]
     writers = (j >= first[:, None]) & (j < last[:, None]) & (counts > 0)[:, None]
@@ -73,9 +63,25 @@ def append_tokens(cache, k_new, v_new, counts) -> int:
         _fail(f"block_table[{b}, {jj}]={int(bt[b, jj])} is out of range [0, {cache.num_blocks}): sequence {b} "
               "would append through it")
     refuse_shared_writes(cache, bt[writers], writers)
-    n = write(cache, k_new, v_new, slot_mapping, shared_checked=True)
+    slot_mapping = torch.cat([token_slots(cache, i, torch.arange(int(start[i]), int(start[i] + counts[i])))
+                              for i in range(len(counts))])
+    n = (writer or write)(cache, k_new, v_new, slot_mapping, shared_checked=True)
     cache.seq_lens += counts.to(cache.seq_lens.device, torch.int32)
     return n
+
+
+def checked_counts(cache, counts) -> torch.Tensor:
+    """``counts``: one non-negative integer per sequence (a list, tuple or 1-D int tensor), as host int64 ``[B]``."""
+    if isinstance(counts, torch.Tensor):
+        checks.int_tensor(counts, "counts", ndim=1, shape_hint="[B] (tokens per sequence)")
+        counts = counts.tolist()
+    if isinstance(counts, (str, bytes)) or not hasattr(counts, "__len__"):
+        _fail(f"counts={checks.show_value(counts)}; expected one token count per sequence", TypeError)
+    counts = torch.tensor([checks.integer(c, f"counts[{i}]", minimum=0) for i, c in enumerate(counts)],
+                          dtype=torch.int64)
+    if counts.shape != (cache.batch_size,):
+        _fail(f"counts must have one entry per sequence ({cache.batch_size}); got {counts.numel()}")
+    return counts
 
 
 def write(cache, k_new, v_new, slot_mapping, *, shared_checked: bool = False) -> int:
