@@ -19,7 +19,8 @@ Quantization follows ``fp8kv.quant`` (stored = Q(x / scale), dequantized = store
 Tensor / head / channel scales are static: fixed when the cache is built and applied to every
 write, as engines do. Token-head scales are computed per written token and stored beside it.
 
-One module a job: :mod:`~fp8kv.cache.paged` (the class :class:`PagedKVCache`, its shapes and sizes),
+One module a job: :mod:`~fp8kv.cache.tables` (what every paged cache shares: table sizes, slots),
+:mod:`~fp8kv.cache.paged` (the class :class:`PagedKVCache`, its shapes and sizes),
 :mod:`~fp8kv.cache.validation` (the checks of its arrays, tables, queries and writes),
 :mod:`~fp8kv.cache.scales` (its scales as given or computed), :mod:`~fp8kv.cache.construction`
 (``empty``, ``from_dense``, ``clone``, ``select``), :mod:`~fp8kv.cache.writing` (slots, writes, appends)

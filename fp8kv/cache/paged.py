@@ -11,11 +11,12 @@ from ..quant import GRANULARITIES, SCALE_BYTES, kv_scale_bytes
 from ..quant import scale_shape as scale_shape_of
 from . import construction, reading, validation, writing
 from .scales import init_scale
+from .tables import PagedTables
 
 __all__ = ["PagedKVCache", "check_paged_cache"]
 
 
-class PagedKVCache:
+class PagedKVCache(PagedTables):
     """Paged K/V storage with block tables (see :mod:`fp8kv.cache` for shapes).
 
     Build one with :meth:`from_dense` (ragged sequences scattered into shuffled pages),
@@ -50,10 +51,6 @@ class PagedKVCache:
 
     # ------------------------------------------------------------------ shapes
     @property
-    def num_blocks(self) -> int:
-        return self.k_pages.shape[0]
-
-    @property
     def block_size(self) -> int:
         return self.k_pages.shape[1 if self.layout == "NHD" else 2]
 
@@ -64,18 +61,6 @@ class PagedKVCache:
     @property
     def head_dim(self) -> int:
         return self.k_pages.shape[3]
-
-    @property
-    def batch_size(self) -> int:
-        return self.block_table.shape[0]
-
-    @property
-    def max_blocks_per_seq(self) -> int:
-        return self.block_table.shape[1]
-
-    @property
-    def device(self) -> torch.device:
-        return self.k_pages.device
 
     @property
     def is_fp8(self) -> bool:
@@ -94,15 +79,6 @@ class PagedKVCache:
         one would decode to NaN or to a sign-flipped answer. ``fp8kv.decode`` calls it on every call,
         with ``contents=check``."""
         validation.check_arrays(self, contents)
-
-    def validate_tables(self, *, nonempty: bool = False):
-        """Check seq_lens against capacity and the used block-table entries against num_blocks; with
-        ``nonempty``, also that every sequence holds a token (a decode's query attends at least itself).
-
-        One host sync. The constructor calls it; so does ``fp8kv.decode`` (``nonempty`` with ``check=True``),
-        and every method that reads the tables (:meth:`gather`, :meth:`slots`, the writes) checks what it reads.
-        """
-        validation.check_tables(self, nonempty=nonempty)
 
     def check_query(self, q, *, one_per_sequence: bool = True) -> None:
         """Validate a query against this cache (shape, dtype, device, GQA): a decode's ``[B, Hq, D]``, or with
@@ -164,15 +140,6 @@ class PagedKVCache:
                                        num_blocks=num_blocks, percentile=percentile)
 
     # ------------------------------------------------------------------ writes
-    def slots(self, seq: int, positions) -> torch.Tensor:
-        """Slot ids (``block * block_size + offset``) of ``positions`` in sequence ``seq``.
-
-        ``seq``: an int in ``[0, batch_size)``. ``positions``: ints in ``[0, max_blocks_per_seq x
-        block_size)`` (a list, or a 1-D int32/int64 tensor), whose block-table entries name a page.
-        Returns int64 slots ``[N]`` on the cache's device. One host sync.
-        """
-        return writing.slots(self, seq, positions)
-
     def append_tokens(self, k_new, v_new, counts):
         """Append ``counts[i]`` tokens to each sequence i (``k_new``: their rows, concatenated in order).
 

@@ -36,8 +36,8 @@ from ..kv_formats.pages import page_shapes, paged_format
 from . import validation
 from .construction import shuffled_block_table
 from .reading import token_slots
+from .tables import PagedTables
 from .writing import append_tokens as _append_tokens
-from .writing import slots as _slots
 
 __all__ = ["QuantizedPagedKVCache"]
 
@@ -47,7 +47,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.element_size() == 1 else t
 
 
-class QuantizedPagedKVCache:
+class QuantizedPagedKVCache(PagedTables):
     """Paged K/V in a token-local format of :data:`fp8kv.kv_formats.PAGED_FORMATS` (see the module for shapes).
 
     Build one with :meth:`empty` or :meth:`from_dense`; add tokens with :meth:`write` / :meth:`append_tokens`
@@ -90,10 +90,6 @@ class QuantizedPagedKVCache:
 
     # ------------------------------------------------------------------ shapes
     @property
-    def num_blocks(self) -> int:
-        return self.k_pages.shape[0]
-
-    @property
     def block_size(self) -> int:
         return self.k_pages.shape[1]
 
@@ -104,18 +100,6 @@ class QuantizedPagedKVCache:
     @property
     def head_dim(self) -> int:
         return self.k_pages.shape[3] * (2 if self.fmt.key.packed else 1)
-
-    @property
-    def batch_size(self) -> int:
-        return self.block_table.shape[0]
-
-    @property
-    def max_blocks_per_seq(self) -> int:
-        return self.block_table.shape[1]
-
-    @property
-    def device(self) -> torch.device:
-        return self.k_pages.device
 
     def page_shapes(self) -> tuple[tuple, tuple]:
         """Shapes of the codes and of the scales (the same for K and V): see the module."""
@@ -156,11 +140,6 @@ class QuantizedPagedKVCache:
                     _fail(f"{name}={float(t)}; the tensor scale must be positive and finite")
             elif t is not None:
                 _fail(f"{name} is set, but format {self.fmt.name!r} has no per-tensor scale; it must be None")
-
-    def validate_tables(self, *, nonempty: bool = False) -> None:
-        """:meth:`fp8kv.cache.PagedKVCache.validate_tables`: lengths against capacity, the used block-table
-        entries inside the pool, and with ``nonempty`` a token in every sequence. One host sync."""
-        validation.check_tables(self, nonempty=nonempty)
 
     def check_query(self, q) -> None:
         """Validate a decode query ``[B, Hq, D]`` against this cache (shape, dtype, device, GQA)."""
@@ -247,10 +226,6 @@ class QuantizedPagedKVCache:
         return cache
 
     # ------------------------------------------------------------------ writes
-    def slots(self, seq: int, positions) -> torch.Tensor:
-        """:meth:`fp8kv.cache.PagedKVCache.slots`: int64 slots of ``positions`` of sequence ``seq`` (checked)."""
-        return _slots(self, seq, positions)
-
     def write(self, k_new, v_new, slot_mapping, *, shared_checked: bool = False) -> int:
         """Quantize ``k_new`` / ``v_new`` ``[N, Hkv, D]`` (finite floats) with the format's codecs
         (:func:`fp8kv.kv_formats.quantize`, the cache's tensor scales) into the slots of ``slot_mapping``

@@ -1,0 +1,51 @@
+"""What every paged cache of :mod:`fp8kv.cache` shares: its block table and lengths, and the sizes and slots read
+from them (:class:`PagedTables`, the base of :class:`~fp8kv.cache.PagedKVCache` and
+:class:`~fp8kv.cache.quantized.QuantizedPagedKVCache`). The page axes differ per cache (NHD or HND pages,
+packed codes), so ``block_size``, ``num_kv_heads`` and ``head_dim`` are each cache's own."""
+
+from __future__ import annotations
+
+import torch
+
+from . import validation, writing
+
+__all__ = ["PagedTables"]
+
+
+class PagedTables:
+    """Sizes of the block table (``[B, max_blocks_per_seq]`` int32) and the page pool, and the checked
+    reads of the tables. A subclass sets ``k_pages``, ``block_table``, ``seq_lens`` and ``block_size``."""
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k_pages.shape[0]
+
+    @property
+    def batch_size(self) -> int:
+        return self.block_table.shape[0]
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return self.block_table.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k_pages.device
+
+    def validate_tables(self, *, nonempty: bool = False) -> None:
+        """Check seq_lens against capacity and the used block-table entries against num_blocks; with
+        ``nonempty``, also that every sequence holds a token (a decode's query attends at least itself).
+
+        One host sync. The constructor calls it; so does ``fp8kv.decode`` (``nonempty`` with ``check=True``),
+        and every method that reads the tables (gather, slots, the writes) checks what it reads.
+        """
+        validation.check_tables(self, nonempty=nonempty)
+
+    def slots(self, seq: int, positions) -> torch.Tensor:
+        """Slot ids (``block * block_size + offset``) of ``positions`` in sequence ``seq``.
+
+        ``seq``: an int in ``[0, batch_size)``. ``positions``: ints in ``[0, max_blocks_per_seq x
+        block_size)`` (a list, or a 1-D int32/int64 tensor), whose block-table entries name a page.
+        Returns int64 slots ``[N]`` on the cache's device. One host sync.
+        """
+        return writing.slots(self, seq, positions)
