@@ -278,3 +278,35 @@ def test_a_step_refuses_caches_of_mixed_kinds_or_formats():
     mx = S.KVPool(TOY, 16, "mxfp4").caches(1, 32)
     with pytest.raises(ValueError, match=r"caches\[1\] holds mxfp4, caches\[0\] nvfp4"):
         S.DecodeStep(TOY, w, [nv[0], mx[1]], backend="reference")
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def _rows(points):
+    """Sweep rows of the toy at context 64: (kv_dtype, bytes per token, ceiling, batch, tokens/s) each."""
+    import pandas as pd
+
+    rows = []
+    for kv, per_token, ceiling, batch, tps in points:
+        row = dict.fromkeys(S.COLUMNS)
+        row.update(model="toy-qwen", context=64, kv_dtype=kv, kv_format=format_name(kv), bytes_per_token=per_token,
+                   ceiling=ceiling, batch=batch, tokens_per_s=tps, step_us=1e6 * batch / tps, attention_share=0.5,
+                   attention_us=1.0, pct_copy_bw=float("nan"), status="ok", reason="", timing="cpu-wallclock")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=S.COLUMNS)
+
+
+def test_ceiling_table_reads_tokens_per_s_to_each_formats_ceiling():
+    df = _rows([("fp16", 2048, 4, 1, 100.0), ("fp16", 2048, 4, 4, 300.0),
+                ("nvfp4", 576, 14, 1, 90.0), ("nvfp4", 576, 14, 4, 280.0), ("nvfp4", 576, 14, 14, 700.0),
+                ("mxfp4", 544, 15, 1, 95.0), ("mxfp4", 544, 15, 4, 290.0)])  # mxfp4's ceiling not measured
+    t = S.ceiling_table(df)
+    assert list(t["kv_dtype"]) == ["fp16", "nvfp4", "mxfp4"] and list(t["kv_format"]) == ["", "nvfp4", "mxfp4"]
+    assert list(t["bytes_per_token"]) == [2048, 576, 544] and list(t["ceiling"]) == [4, 14, 15]
+    assert list(t["best_tokens_per_s"]) == [300.0, 700.0, 290.0] and list(t["best_batch"]) == [4, 14, 4]
+    assert t["ceiling_tokens_per_s"].tolist()[:2] == [300.0, 700.0] and t["ceiling_tokens_per_s"].isna().tolist()[2]
+    sentence = S.reading(df, baseline="fp16", fp8="nvfp4")["toy-qwen @ 64"]["sentence"]
+    assert sentence.startswith("toy-qwen at 64 tokens: nvfp4 KV's best is 700 tokens/s (batch 14)")
+    text = S.summary(df)
+    assert "tokens/s to each KV dtype's ceiling:" in text and "bytes_per_token" in text
+    with pytest.raises(ValueError, match="ceiling_table"):
+        S.ceiling_table(df.drop(columns=["ceiling"]))
