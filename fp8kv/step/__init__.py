@@ -30,6 +30,16 @@ acceptance (:func:`expected_accepted`; :mod:`fp8kv.step.speculative` documents t
 token (:mod:`fp8kv.step.prefill`). ``python -m fp8kv.step --model Qwen3-8B --contexts 16384 --draft-lens 0 2 4 8
 --acceptance 0.7`` and ``python -m fp8kv.step --model Qwen3-8B --prompt-lens 4096 16384 --chunks 512 2048``.
 
+Quantized KV formats
+--------------------
+Beside bf16 / fp16 / FP8 pages, the KV dtype may be a format a paged cache holds token by token
+(:data:`STEP_FORMATS`: ``int8_token_head``, ``int4_token_head``, ``nvfp4``, ``mxfp4``, ``e4m3_b16``, ``e4m3_b32``;
+:mod:`fp8kv.step.quantized`): each layer's cache is a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache`, read
+by :func:`fp8kv.ops.quant_decode.paged_decode_quantized` (Triton) or its fp32 oracle (reference), and its ceiling
+is planned with the planner's bytes per token for the format (codes and scales). ``python -m fp8kv.step --model
+Qwen3-8B --contexts 16384 --kv-dtypes bf16 fp8_e4m3 int8_token_head nvfp4 mxfp4``; rows carry ``kv_format`` and
+``bytes_per_token``, and :func:`ceiling_table` reads tokens/s to each one's ceiling.
+
 Weights
 -------
 SmolLM2-135M can run with its real weights (``fp8kv.models``, offline); every other model runs with
@@ -98,6 +108,7 @@ from .plan import (
     TOY_QWEN,
     activation_bytes,
     batch_points,
+    kv_bytes_per_token,
     param_count,
     plan_sweep,
     plan_table,
@@ -107,9 +118,11 @@ from .plan import (
     step_ceiling,
 )
 from .prefill import PREFILL_COLUMNS, ChunkedPrefill, chunk_spans, prefill_sweep
+from .quantized import STEP_FORMATS, STEP_KV_DTYPES
 from .report import (
     SERIES_COLORS,
     attention_share_figure,
+    ceiling_table,
     reading,
     reading_markdown,
     summary,
@@ -125,4 +138,5 @@ __all__ = ["LayerWeights", "StepWeights", "random_weights", "weights_from_hf", "
            "SERIES_COLORS", "REAL_WEIGHTS", "STEP_BACKENDS", "pool_blocks", "check_host_memory",
            "STEP_LOGITS", "expected_accepted", "verify_sweep", "draft_cost_us", "VERIFY_COLUMNS", "ChunkedPrefill",
            "chunk_spans", "prefill_sweep", "PREFILL_COLUMNS", "verify_reading", "prefill_reading", "verify_summary",
-           "prefill_summary", "accepted_tokens_figure", "ttft_figure", "attend_speedup", "attend_speedup_figure"]
+           "prefill_summary", "accepted_tokens_figure", "ttft_figure", "attend_speedup", "attend_speedup_figure",
+           "STEP_FORMATS", "STEP_KV_DTYPES", "kv_bytes_per_token", "ceiling_table"]

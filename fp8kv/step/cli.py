@@ -20,6 +20,7 @@ from .model import STEP_BACKENDS
 from .multi_report import prefill_summary, verify_summary
 from .plan import plan_sweep
 from .prefill import prefill_sweep
+from .quantized import STEP_KV_DTYPES, step_kv_dtype
 from .report import summary
 from .speculative import verify_sweep
 
@@ -87,9 +88,15 @@ def _block_size_arg(s: str) -> int:
         raise argparse.ArgumentTypeError(f"{s!r}: {e}") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from ..capability import KV_DTYPE_NAMES
+def _kv_dtype_arg(s: str) -> str:
+    """A KV dtype or quantized format by its canonical name (fp8kv.step.quantized.step_kv_dtype, aliases read)."""
+    try:
+        return step_kv_dtype(s, "--kv-dtypes")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
+
+def build_parser() -> argparse.ArgumentParser:
     p = checks.ArgumentParser(prog="fp8kv step", description="Time a model's whole decode step (CUDA graph) "
                                 "from batch 1 to each KV dtype's memory ceiling; write "
                                 "results/step/<gpu-slug>/<timestamp>.csv. With --draft-lens: the speculative "
@@ -116,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=_positive_int_arg, nargs="+", metavar="B",
                    help="batch sizes to time (each must fit every KV dtype's ceiling); default: powers of 4, "
                         "both ceilings")
-    p.add_argument("--kv-dtypes", nargs="+", choices=KV_DTYPE_NAMES, default=["bf16", "fp8_e4m3"],
-                   help="KV-cache dtypes (default: bf16 fp8_e4m3)")
+    p.add_argument("--kv-dtypes", nargs="+", type=_kv_dtype_arg, default=["bf16", "fp8_e4m3"], metavar="KV",
+                   help="KV-cache dtypes or quantized formats, each timed to its own ceiling (default: bf16 "
+                        f"fp8_e4m3); one of {' '.join(STEP_KV_DTYPES)}")
     p.add_argument("--backend", choices=STEP_BACKENDS, default="auto",
                    help="attention backend of fp8kv.decode (auto: Triton on a GPU, else the reference)")
     p.add_argument("--mode", choices=("auto", "dequant", "fp8"), default="auto", help="attention mode (default auto)")
@@ -172,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plans = plan_sweep(args.model, args.contexts, args.kv_dtypes, batches=args.batches,
                            gpu_memory_gib=args.gpu_memory, utilization=args.utilization,
-                           block_size=args.block_size, device=args.device)
+                           block_size=args.block_size, device=args.device, backend=args.backend, mode=args.mode)
         if not args.dry_run:
             check_host_memory(plans, resolve_device(args.device))
     except CapacityError as e:  # not one sequence (or not the weights) fits: name what to change, and the sizes
@@ -180,12 +188,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"now {args.gpu_memory:g}" if isinstance(args.gpu_memory, float) else f"now {args.gpu_memory}")
         refuse(f"{e}; pass shorter contexts (--contexts, now {' '.join(map(str, args.contexts))}) or more GPU "
                f"memory (--gpu-memory, {memory})".replace("\n", " "))
-    except ValueError as e:  # unknown model, batch over the ceiling, no memory given, no host room
+    except ValueError as e:  # unknown model, batch over the ceiling, no memory given, no host room, a format
+        # the backend does not read or whose block does not fit the model
         refuse(str(e).replace("\n", " "))
     if args.dry_run:
         for p in plans:
             plan = p["plan"]
-            print(f"{p['shape'].name:<16} {p['kv_dtype']:<9} ctx={p['context']:<6} ceiling={plan['ceiling']:<5} "
+            print(f"{p['shape'].name:<16} {p['kv_dtype']:<15} ctx={p['context']:<6} "
+                  f"bytes/token={plan['bytes_per_token']:<8} ceiling={plan['ceiling']:<5} "
                   f"KV {gib_text(plan['kv_memory_bytes'])}  batches={p['batches']}")
         print(f"{sum(len(p['batches']) for p in plans)} points")
         return 0
@@ -267,7 +277,7 @@ def _main_multi(kind: str, args, argv, refuse) -> int:
 def _plans(kind: str, args) -> list[dict]:
     """What the run will measure: :func:`plan_sweep` of each draft length, or of each prompt and chunk (batch 1)."""
     common = dict(gpu_memory_gib=args.gpu_memory, utilization=args.utilization, block_size=args.block_size,
-                  device=args.device)
+                  device=args.device, backend=args.backend, mode=args.mode)
     if kind == "verify":
         return [p for k in dict.fromkeys(args.draft_lens)
                 for p in plan_sweep(args.model, args.contexts, args.kv_dtypes, batches=args.batches, q_len=k + 1,

@@ -17,10 +17,11 @@ from ..sweeps import machine_fields, release_memory, run_metadata, save_run
 from .layers import REAL_WEIGHTS, StepWeights, random_weights, weights_from_hf
 from .model import DecodeStep, KVPool
 from .plan import checked_runs, param_count, plan_sweep, run_dtype, step_bytes
+from .quantized import format_name
 
 COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "fp8kv_source",
-    "model", "weights", "kv_dtype", "backend", "mode", "batch", "context", "ceiling",
+    "model", "weights", "kv_dtype", "kv_format", "bytes_per_token", "backend", "mode", "batch", "context", "ceiling",
     "step_us", "tokens_per_s", "attention_us", "attention_share",
     "bytes_moved", "kv_bytes", "weight_bytes", "gbps", "copy_gbps", "pct_copy_bw",
     "num_layers", "num_q_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size", "vocab_size",
@@ -70,6 +71,11 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     ----------
     models : registry names (``fp8kv.capacity.MODELS``) or ModelShapes with the step's fields.
     contexts : tokens per sequence, the new one included.
+    kv_dtypes : element types (``bf16``, ``fp16``, ``fp8_e4m3``, ``fp8_e5m2``) or quantized formats
+        (:data:`fp8kv.step.quantized.STEP_FORMATS`: ``int8_token_head``, ``nvfp4``, ...); each one's ceiling from
+        the planner's bytes per token (scales counted), its rows with ``kv_format`` and ``bytes_per_token``.
+        A format the backend does not read, or whose block does not fit a model's head_dim, is refused
+        before anything runs (ValueError).
     batches : explicit batch sizes (each must fit every KV dtype's ceiling), else :func:`batch_points`.
     gpu_memory_gib : GiB or a GPU name to plan against; default this GPU's total (required on CPU).
     weights : ``"auto"`` (real where fp8kv loads them, else random), ``"real"`` or ``"random"``.
@@ -91,7 +97,8 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
     plans = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
-                       utilization=utilization, block_size=block_size, device=dev, dtype=dtype)
+                       utilization=utilization, block_size=block_size, device=dev, dtype=dtype, backend=backend,
+                       mode=mode)
     check_weights(dict.fromkeys(p["shape"] for p in plans), weights)
     check_host_memory(plans, dev, dtype)
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev)
@@ -194,7 +201,8 @@ def _point_row(shape, p, batch, backend, mode, base, block_size, weights=None, p
     """A point's row before it is timed: what was asked and planned (bytes where the weights are known)."""
     ctx, kv, plan = p["context"], p["kv_dtype"], p["plan"]
     row = dict.fromkeys(COLUMNS)
-    row.update(base, model=shape.name, kv_dtype=kv, backend=backend, mode=mode, batch=batch, context=ctx,
+    row.update(base, model=shape.name, kv_dtype=kv, kv_format=format_name(kv),
+               bytes_per_token=plan["bytes_per_token"], backend=backend, mode=mode, batch=batch, context=ctx,
                ceiling=plan["ceiling"], num_layers=shape.num_layers, num_q_heads=shape.num_q_heads,
                num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, hidden_size=shape.hidden_size,
                intermediate_size=shape.intermediate_size, vocab_size=shape.vocab_size, block_size=block_size,

@@ -10,13 +10,16 @@ from collections.abc import Sequence
 import torch
 
 from ..cache import PagedKVCache, shuffled_block_table
+from ..cache.quantized import QuantizedPagedKVCache
 from ..capability import UnsupportedError, check, check_query, choose_backend, choose_mode
 from ..capacity import ModelShape
 from ..checks import fail as _fail
 from ..checks import resolved_softmax_scale
 from ..formats import kv_dtype_info
+from ..kv_formats import kv_format, page_shapes
 from ..rope import apply_rope, rope_cos_sin, rope_inv_freq
 from .layers import StepWeights, gated_mlp, require_step_shape, rms_norm
+from .quantized import check_format_shape, check_format_step, is_format, step_kv_dtype, write_rows
 
 STEP_BACKENDS = ("auto", "triton", "reference")
 STEP_LOGITS = ("all", "last")  # LM head on every new token's row, or on each sequence's last one (prefill)
@@ -26,7 +29,13 @@ class KVPool:
     """The KV memory of an engine, allocated once: K and V pages ``[num_blocks, block_size, Hkv, D]``
     per layer (``kv_dtype``), zero-filled, with per-layer per-tensor scales (FP8; default 1.0, the
     engines' value when a checkpoint carries none). :meth:`caches` hands out per-layer caches over
-    a batch that share one block table and one ``seq_lens``, as every layer of an engine does."""
+    a batch that share one block table and one ``seq_lens``, as every layer of an engine does.
+
+    ``kv_dtype`` may also be a quantized format (:data:`fp8kv.step.quantized.STEP_FORMATS`): per layer, its
+    codes and scales as a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` lays them out (codes zero, scales
+    one: an unwritten slot decodes to 0), ``k_scales`` / ``v_scales`` its fixed fp32 tensor scales (NVFP4 and
+    e4m3_b16; ignored by the formats without one, as by 16-bit pages). A format that cannot store the model's
+    head_dim is refused here (ValueError naming the formats that can)."""
 
     def __init__(self, shape: ModelShape, num_blocks: int, kv_dtype: str = "fp8_e4m3", *, block_size: int = 16,
                  device=None, k_scales=1.0, v_scales=1.0):
@@ -35,7 +44,7 @@ class KVPool:
 
         self.shape = shape
         self.num_blocks = positive_int(num_blocks, "num_blocks")
-        self.kv_dtype, self.dtype, fmt = kv_dtype_info(kv_dtype)
+        self.kv_dtype = step_kv_dtype(kv_dtype)
         self.block_size = positive_int(block_size, "block_size")
         self.device = resolve_device(device)
         n = shape.num_layers
@@ -43,15 +52,35 @@ class KVPool:
         vs = list(v_scales) if isinstance(v_scales, (list, tuple)) else [v_scales] * n
         if len(ks) != n or len(vs) != n:
             _fail(f"k_scales/v_scales have {len(ks)}/{len(vs)} entries; expected one per layer ({n})")
+        if is_format(self.kv_dtype):
+            check_format_shape(self.kv_dtype, shape.num_kv_heads, shape.head_dim, model=shape.name)
+            self.format = kv_format(self.kv_dtype)
+            self.dtype = self.format.key.code_dtype
+            self.k_scales = ks if self.format.key.tensor_scale else [None] * n
+            self.v_scales = vs if self.format.value.tensor_scale else [None] * n
+            self.pages = [self._format_arrays() for _ in range(n)]
+            return
+        self.format = None
+        _, self.dtype, fmt = kv_dtype_info(self.kv_dtype)
         self.k_scales, self.v_scales = (ks, vs) if fmt is not None else ([None] * n, [None] * n)
         page = (self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim)
         self.pages = [(torch.zeros(page, dtype=self.dtype, device=self.device),
                        torch.zeros(page, dtype=self.dtype, device=self.device)) for _ in range(n)]
 
+    def _format_arrays(self) -> tuple[torch.Tensor, ...]:
+        """One layer's K codes, V codes, K scales and V scales in the pool's format."""
+        s = self.shape
+        codes, scales = page_shapes(self.format.key, self.num_blocks, self.block_size, s.num_kv_heads, s.head_dim)
+        out = [torch.zeros(codes, dtype=c.code_dtype, device=self.device) for c in self.format.codecs]
+        out += [torch.ones(scales, dtype=torch.float32, device=self.device).to(c.scale_dtype)  # e8m0: code 127
+                for c in self.format.codecs]
+        return tuple(out)
+
     @property
     def nbytes(self) -> int:
-        k, _ = self.pages[0]
-        return 2 * len(self.pages) * k.numel() * k.element_size()
+        """Bytes of every layer's pages (codes and scales; a format's tensor scales too)."""
+        fixed = sum(4 for s in (*self.k_scales, *self.v_scales) if s is not None) if self.format is not None else 0
+        return sum(t.numel() * t.element_size() for arrays in self.pages for t in arrays) + fixed
 
     def blocks_per_seq(self, max_context: int) -> int:
         return math.ceil(max_context / self.block_size)
@@ -60,9 +89,10 @@ class KVPool:
         """Sequences of ``max_context`` tokens the pool holds."""
         return self.num_blocks // self.blocks_per_seq(max_context)
 
-    def caches(self, batch: int, max_context: int, seed: int = 0) -> list[PagedKVCache]:
+    def caches(self, batch: int, max_context: int, seed: int = 0) -> list[PagedKVCache | QuantizedPagedKVCache]:
         """Per-layer caches of ``batch`` empty sequences with room for ``max_context`` tokens each,
-        their blocks drawn at random from the pool (as an allocator leaves them)."""
+        their blocks drawn at random from the pool (as an allocator leaves them): PagedKVCache, or
+        QuantizedPagedKVCache for a format."""
         from ..checks import positive_int
 
         batch, max_context = positive_int(batch, "batch"), positive_int(max_context, "max_context")
@@ -72,6 +102,10 @@ class KVPool:
                   f"{self.num_blocks} (at most {self.max_batch(max_context)} such sequences)")
         table = shuffled_block_table(self.num_blocks, batch, bpseq, seed, self.device)
         seq_lens = torch.zeros(batch, dtype=torch.int32, device=self.device)
+        if self.format is not None:
+            return [QuantizedPagedKVCache(self.format, kp, vp, kss, vss, table, seq_lens, k_tensor_scale=ks,
+                                          v_tensor_scale=vs)
+                    for (kp, vp, kss, vss), ks, vs in zip(self.pages, self.k_scales, self.v_scales, strict=True)]
         return [PagedKVCache(k, v, table, seq_lens, self.kv_dtype, "tensor", ks, vs)
                 for (k, v), ks, vs in zip(self.pages, self.k_scales, self.v_scales, strict=True)]
 
@@ -87,9 +121,14 @@ class DecodeStep:
     shape : the model's :class:`~fp8kv.capacity.ModelShape` (hidden, intermediate and vocabulary sizes set).
     weights : :class:`StepWeights` of that shape.
     caches : one :class:`~fp8kv.cache.PagedKVCache` per layer, sharing one block table and ``seq_lens``
-        (:meth:`KVPool.caches`).
+        (:meth:`KVPool.caches`); or one :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` per layer, all of
+        one format (a pool of a quantized format): written by :func:`fp8kv.step.quantized.write_rows`, read by
+        :func:`fp8kv.ops.quant_decode.paged_decode_quantized` (Triton) or its fp32 oracle (reference).
     backend : ``"auto"`` (Triton on a GPU, else the reference), ``"triton"`` or ``"reference"``.
         FlashInfer plans on the host at every :func:`fp8kv.decode` call, which a CUDA graph cannot hold.
+        A quantized format: ``"auto"`` is Triton where the format has a kernel and this machine runs it (a GPU,
+        or the Triton interpreter), else the reference; a backend that does not read the format, a mode but
+        auto / dequant, or ``q_len`` above 1 is a ValueError naming what is accepted.
     mode : ``"auto"``, ``"dequant"`` or ``"fp8"`` (:func:`fp8kv.decode`'s).
     q_len : new tokens per sequence, a positive int (default 1). One token attends through
         :func:`fp8kv.decode`; several through :func:`fp8kv.planned_attend`, planned once per
@@ -119,9 +158,15 @@ class DecodeStep:
             _fail(f"{shape.name} has {shape.num_layers} layers; got {len(caches)} caches and "
                   f"{len(weights.layers)} layers of weights")
         first = caches[0]
+        quantized = isinstance(first, QuantizedPagedKVCache)
+        kind = QuantizedPagedKVCache if quantized else PagedKVCache
         for i, c in enumerate(caches):
-            if not isinstance(c, PagedKVCache):
-                _fail(f"caches[{i}] is a {type(c).__name__}; expected PagedKVCache", TypeError)
+            if not isinstance(c, kind):
+                _fail(f"caches[{i}] is a {type(c).__name__}; expected {kind.__name__}, as caches[0] (one pool's caches, "
+                      "KVPool.caches)", TypeError)
+            if c.kv_dtype != first.kv_dtype:
+                _fail(f"caches[{i}] holds {c.kv_dtype}, caches[0] {first.kv_dtype}; every layer's cache must hold the "
+                      "same KV dtype (KVPool.caches)")
             if (c.num_kv_heads, c.head_dim) != (shape.num_kv_heads, shape.head_dim):
                 _fail(f"caches[{i}] holds Hkv={c.num_kv_heads}, D={c.head_dim}; {shape.name} has "
                       f"Hkv={shape.num_kv_heads}, D={shape.head_dim}")
@@ -135,17 +180,11 @@ class DecodeStep:
                   "call, which the step's CUDA graph cannot hold)")
         if mode not in ("auto", "dequant", "fp8"):
             _fail(f"mode={mode!r}; expected 'auto', 'dequant' or 'fp8'")
-        if backend == "auto":
-            backend = choose_backend(first.kv_dtype, "dequant" if mode == "auto" else mode, None, "tensor",
-                                     shape.head_dim)
-            if backend not in STEP_BACKENDS:
-                backend = "reference"
-        if mode == "auto":
-            mode = choose_mode(backend, first.kv_dtype, None, first.granularity)
-        ok, why = check(backend, first.kv_dtype, mode, None, first.granularity, shape.head_dim,
-                        op="decode" if self.q_len == 1 else "attend")
-        if not ok:
-            raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={first.kv_dtype}: {why}")
+        self.quantized = quantized
+        if quantized:
+            backend, mode = self._format_backend(first.kv_dtype, backend, mode, weights.device)
+        else:
+            backend, mode = self._backend(first, backend, mode)
         self.weights, self.caches, self.backend, self.mode = weights, caches, backend, mode
         self.kv_dtype = first.kv_dtype
         dev, dtype = weights.device, weights.dtype
@@ -155,11 +194,12 @@ class DecodeStep:
             self.q_dtype = dtype
         else:
             self.q_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float16
-        # Refused here, before a token runs, rather than by every layer's decode: on CPU a bf16 cache
-        # meets the fp16 queries the Triton kernel takes there, a pairing it refuses.
-        ok, why = check_query(backend, self.q_dtype, first.kv_dtype)
-        if not ok:
-            raise UnsupportedError(f"backend={backend}, kv_dtype={first.kv_dtype}: {why}")
+        if not quantized:
+            # Refused here, before a token runs, rather than by every layer's decode: on CPU a bf16 cache
+            # meets the fp16 queries the Triton kernel takes there, a pairing it refuses.
+            ok, why = check_query(backend, self.q_dtype, first.kv_dtype)
+            if not ok:
+                raise UnsupportedError(f"backend={backend}, kv_dtype={first.kv_dtype}: {why}")
         self.sm_scale = resolved_softmax_scale(None, shape.head_dim)
         self.inv_freq = rope_inv_freq(shape.head_dim, shape.rope_theta, dev)
         n = first.batch_size * self.q_len
@@ -173,6 +213,34 @@ class DecodeStep:
         g = torch.Generator(device=dev).manual_seed(0)
         self.probe_q = torch.randn(n, shape.num_q_heads, shape.head_dim, generator=g, device=dev).to(self.q_dtype)
         self._attend_calls = None  # per layer, planned by set_positions (q_len > 1)
+
+    def _backend(self, first: PagedKVCache, backend: str, mode: str) -> tuple[str, str]:
+        """``backend`` and ``mode`` resolved for 16-bit and FP8 pages, refused where this machine cannot run them."""
+        shape = self.shape
+        if backend == "auto":
+            backend = choose_backend(first.kv_dtype, "dequant" if mode == "auto" else mode, None, "tensor",
+                                     shape.head_dim)
+            if backend not in STEP_BACKENDS:
+                backend = "reference"
+        if mode == "auto":
+            mode = choose_mode(backend, first.kv_dtype, None, first.granularity)
+        ok, why = check(backend, first.kv_dtype, mode, None, first.granularity, shape.head_dim,
+                        op="decode" if self.q_len == 1 else "attend")
+        if not ok:
+            raise UnsupportedError(f"backend={backend}, mode={mode}, kv_dtype={first.kv_dtype}: {why}")
+        return backend, mode
+
+    def _format_backend(self, kv_dtype: str, backend: str, mode: str, dev: torch.device) -> tuple[str, str]:
+        """``backend`` and ``mode`` resolved for quantized pages (:func:`~fp8kv.step.quantized.check_format_step`:
+        a backend, mode or q_len that cannot read the format is a ValueError); the Triton kernel refused
+        (UnsupportedError) where this machine has neither a CUDA GPU nor the Triton interpreter."""
+        from ..capability import interpreter_on
+
+        backend = check_format_step(kv_dtype, backend, mode, self.q_len, on_gpu=dev.type == "cuda")
+        if backend == "triton" and dev.type != "cuda" and not interpreter_on():
+            raise UnsupportedError(f"backend=triton, kv_dtype={kv_dtype}: the quantized-page decode kernel needs a "
+                                   "CUDA GPU, or TRITON_INTERPRET=1 on CPU")
+        return backend, "dequant"
 
     @property
     def batch(self) -> int:
@@ -227,6 +295,8 @@ class DecodeStep:
         :meth:`set_positions` (call it first)."""
         from ..backends import decode
 
+        if self.quantized:
+            return self._attend_quantized(layer, q)
         if self.q_len == 1:
             # The step builds its own tables and checks positions in set_positions: the content checks
             # (a host sync) would break the CUDA-graph capture.
@@ -238,8 +308,20 @@ class DecodeStep:
             self.probe_q.copy_(q)
         return self._attend_calls[layer]()[0]
 
-    def _write(self, cache: PagedKVCache, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _attend_quantized(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Decode attention over layer ``layer``'s quantized pages: fp8kv's kernel (its content checks, a host
+        sync, off: the step checks positions in set_positions), or the fp32 oracle on the reference backend."""
+        from ..ops.quant_decode import paged_decode_quantized, quantized_reference
+
+        q = q.to(self.q_dtype)
         if self.backend == "reference":
+            return quantized_reference(q, self.caches[layer], self.sm_scale)[0]
+        return paged_decode_quantized(q, self.caches[layer], sm_scale=self.sm_scale, check=False)[0]
+
+    def _write(self, cache, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.quantized and self.backend != "reference":
+            write_rows(cache, k, v, self.slot_mapping)  # the cache's bytes, no host sync (a CUDA graph holds it)
+        elif self.backend == "reference":
             cache.write(k, v, self.slot_mapping)
         else:
             from ..ops import write_cache

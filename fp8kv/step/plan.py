@@ -9,10 +9,10 @@ from collections.abc import Sequence
 import torch
 
 from ..cache import check_block_size
-from ..capacity import GIB, CapacityError, ModelShape, get_model, gib_text, plan_capacity
+from ..capacity import GIB, MAX_MEMORY_GIB, CapacityError, ModelShape, get_model, gib_text, plan_capacity
 from ..checks import fail as _fail
-from ..formats import kv_dtype_info
 from .layers import StepWeights, require_step_shape
+from .quantized import check_format_shape, check_format_step, is_format, step_kv_dtype
 
 
 # ---------------------------------------------------------------------------------- memory and bytes
@@ -111,18 +111,25 @@ def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_g
                 q_len=q_len)
 
 
+def kv_bytes_per_token(shape: ModelShape, kv_dtype: str, block_size: int = 16):
+    """Bytes one token's K and V take in every layer, the planner's count (:func:`fp8kv.capacity.plan_capacity`'s
+    ``bytes_per_token``: codes and, for FP8 and the quantized formats, the scales stored with each token)."""
+    return plan_capacity(shape, kv_dtype, kv_memory_gib=MAX_MEMORY_GIB, block_size=block_size,
+                         max_model_len=1)["bytes_per_token"]
+
+
 def step_bytes(shape: ModelShape, weights: StepWeights, kv_dtype: str, batch: int, context: int,
                q_len: int = 1) -> dict:
     """Useful bytes of one step (ints): ``weights`` read (all layers, final norm, LM head; of the
     embedding only the B × q_len rows looked up unless it is the LM head), ``kv`` read by attention (B ×
-    context tokens per layer, K and V) plus the ``q_len`` new tokens' K/V written; ``total``."""
+    context tokens per layer, K and V) plus the ``q_len`` new tokens' K/V written, at
+    :func:`kv_bytes_per_token` (a quantized format's scales counted with its codes); ``total``."""
     elem = _elem(weights.dtype)
     layer_bytes = sum(t.numel() * t.element_size() for lw in weights.layers for t in lw.tensors())
     head = weights.lm_head.numel() * weights.lm_head.element_size()
     embed = 0 if weights.lm_head is weights.embed else batch * q_len * shape.hidden_size * elem
     w = layer_bytes + weights.final_norm.numel() * elem + head + embed
-    per_token = shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * _elem(kv_dtype_info(kv_dtype)[1])
-    kv = batch * (context + q_len) * per_token
+    kv = round(batch * (context + q_len) * kv_bytes_per_token(shape, kv_dtype))
     return {"weights": w, "kv": kv, "total": w + kv}
 
 
@@ -152,16 +159,22 @@ def run_dtype(dev: torch.device, dtype=None) -> torch.dtype:
 
 
 def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, gpu_memory_gib=None,
-               utilization: float = 0.9, block_size: int = 16, device=None, dtype=None, q_len: int = 1) -> list[dict]:
+               utilization: float = 0.9, block_size: int = 16, device=None, dtype=None, q_len: int = 1,
+               backend: str | None = None, mode: str = "auto") -> list[dict]:
     """What :func:`sweep` will measure, without building anything: one dict per (model, context, kv_dtype)
     with ``shape``, ``plan`` (the :func:`step_ceiling` plan, ``ceiling`` among its keys) and ``batches``.
     Explicit ``batches`` are checked against the ceiling, the largest batch whose KV and activations fit
     (both grow with the batch, so a batch fits exactly when it is at most the ceiling); one over it is
     refused (ValueError naming the ceiling). By default :func:`batch_points`. ``dtype``
     (of the activations; default :func:`run_dtype`, as :func:`sweep` runs) and ``device`` (its SM
-    count) enter the activation estimate; ``q_len`` (new tokens per sequence, :func:`step_ceiling`'s) too."""
-    from ..capability import KV_DTYPE_NAMES
-    from ..checks import many_of, positive_int
+    count) enter the activation estimate; ``q_len`` (new tokens per sequence, :func:`step_ceiling`'s) too.
+
+    ``kv_dtypes``: element types or quantized formats (:func:`fp8kv.step.quantized.step_kv_dtype`; each plan's
+    ``kv_dtype`` is the canonical name), a format's ceiling from the planner's bytes per token for it (codes and
+    scales). Refused before any ceiling (ValueError naming ``kv_dtypes``, the value and what is accepted): an
+    unknown name, a format whose block does not fit a model's head_dim, a format with ``q_len`` above 1 and,
+    where ``backend`` (and ``mode``) is given, a format that backend does not read."""
+    from ..checks import positive_int
     from ..device import resolve_device
     from ..ops.decode.splits import sm_count  # here, not above: it imports triton (--interpret comes first)
 
@@ -170,7 +183,7 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     shapes = [m if isinstance(m, ModelShape) else get_model(m) for m in ([models] if isinstance(models, (str, ModelShape))
                                                                            else list(models))]
     contexts = [positive_int(c, "contexts") for c in ([contexts] if isinstance(contexts, int) else contexts)]
-    kv_dtypes = many_of(kv_dtypes, "kv_dtypes", KV_DTYPE_NAMES)
+    kv_dtypes = checked_kv_dtypes(kv_dtypes, shapes, q_len, backend, mode, dev)
     if batches is not None:
         batches = [positive_int(b, "batches") for b in ([batches] if isinstance(batches, int) else batches)]
     # The cache's rule (the planner's too): a page the pool cannot hold is refused here, before a point is built.
@@ -199,10 +212,34 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     return plans
 
 
+def checked_kv_dtypes(kv_dtypes, shapes, q_len: int = 1, backend: str | None = None, mode: str = "auto",
+                      device=None) -> list[str]:
+    """``kv_dtypes`` as canonical names (in order, once each), every quantized format checked against each of
+    ``shapes`` (its head_dim), ``q_len`` and, where given, ``backend`` / ``mode`` (see :func:`plan_sweep`)."""
+    if isinstance(kv_dtypes, str):
+        kv_dtypes = [kv_dtypes]
+    try:
+        kv_dtypes = list(kv_dtypes)
+    except TypeError:
+        _fail(f"kv_dtypes={kv_dtypes!r}; expected a list of KV dtype or format names", TypeError)
+    if not kv_dtypes:
+        _fail("kv_dtypes is empty; give at least one KV dtype or format name")
+    names = list(dict.fromkeys(step_kv_dtype(kv, "kv_dtypes") for kv in kv_dtypes))
+    on_gpu = None if device is None else torch.device(device).type == "cuda"
+    for kv in filter(is_format, names):
+        for shape in shapes:
+            check_format_shape(kv, shape.num_kv_heads, shape.head_dim, model=shape.name, name="kv_dtypes")
+        if backend is not None:
+            check_format_step(kv, backend, mode, q_len, on_gpu=on_gpu)
+        else:
+            check_format_step(kv, "auto", "auto", q_len)
+    return names
+
+
 def plan_table(runs, kv_dtypes=("bf16", "fp8_e4m3"), *, gpu_memory_gib=None, utilization: float = 0.9,
                block_size: int = 16, device=None, dtype=None):
     """:func:`plan_sweep` of each ``(model, context)`` of ``runs`` as one table: model, context, kv_dtype,
-    ceiling (sequences), KV GiB, activations GiB and the batches :func:`~fp8kv.step.sweep_runs` will
+    bytes/token (the planner's: all layers, K and V, codes and scales), ceiling (sequences), KV GiB, activations GiB and the batches :func:`~fp8kv.step.sweep_runs` will
     time with the same arguments (``dtype`` defaults as there: :func:`run_dtype`)."""
     import pandas as pd
 
@@ -214,7 +251,7 @@ def plan_table(runs, kv_dtypes=("bf16", "fp8_e4m3"), *, gpu_memory_gib=None, uti
         for p in plan_sweep([model], [context], kv_dtypes, gpu_memory_gib=gpu_memory_gib, utilization=utilization,
                             block_size=block_size, device=dev, dtype=run_dtype(dev, dtype)):
             rows.append({"model": p["shape"].name, "context": p["context"], "kv_dtype": p["kv_dtype"],
-                         "ceiling": p["plan"]["ceiling"], "KV GiB": p["plan"]["kv_memory_bytes"] / GIB,
+                         "bytes/token": p["plan"]["bytes_per_token"], "ceiling": p["plan"]["ceiling"], "KV GiB": p["plan"]["kv_memory_bytes"] / GIB,
                          "activations GiB": p["plan"]["activation_bytes"] / GIB, "batches": p["batches"]})
     return pd.DataFrame(rows)
 

@@ -1,5 +1,5 @@
-"""Reading a sweep: whether FP8 KV pays per model and context, in numbers and a sentence; the
-figures; a text summary."""
+"""Reading a sweep: whether FP8 KV (or a quantized format) pays per model and context, in numbers and a
+sentence; each KV dtype's tokens/s up to its ceiling (:func:`ceiling_table`); the figures; a text summary."""
 
 from __future__ import annotations
 
@@ -53,16 +53,17 @@ def reading(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> dict:
 
         hi, one = _pair_at(a, b, ceil_a, baseline, fp8), _pair_at(a, b, 1, baseline, fp8)
         ratio = float(best_b["tokens_per_s"] / best_a["tokens_per_s"])
-        text = (f"{model} at {ctx} tokens: FP8 KV's best is {best_b['tokens_per_s']:,.0f} tokens/s (batch "
+        name = "FP8" if fp8 == "fp8_e4m3" else fp8
+        text = (f"{model} at {ctx} tokens: {name} KV's best is {best_b['tokens_per_s']:,.0f} tokens/s (batch "
                 f"{int(best_b['batch'])}) against {best_a['tokens_per_s']:,.0f} for {baseline} KV (batch "
                 f"{int(best_a['batch'])}), {ratio:.2f}×")
         if hi is not None:
             text += (f"; at batch {hi['batch']}, {baseline}'s ceiling, attention is "
-                     f"{100 * hi['attention_share'][baseline]:.0f} % of the {baseline} step and FP8 KV speeds the "
+                     f"{100 * hi['attention_share'][baseline]:.0f} % of the {baseline} step and {name} KV speeds the "
                      f"step up {hi['speedup']:.2f}×")
         if one is not None:
             text += (f"; at batch 1 attention is {100 * one['attention_share'][baseline]:.0f} % of the step, the weights' "
-                     f"GEMMs the rest, and FP8 changes the step by {one['speedup']:.2f}×")
+                     f"GEMMs the rest, and {name} changes the step by {one['speedup']:.2f}×")
         out[f"{model} @ {ctx}"] = {"model": model, "context": int(ctx),
                                    "best_tokens_per_s": {baseline: float(best_a["tokens_per_s"]),
                                                          fp8: float(best_b["tokens_per_s"])},
@@ -154,12 +155,41 @@ def attention_share_figure(df, *, title: str | None = None):
     return viz.style.readable_axes(fig)
 
 
+CEILING_COLUMNS = ["status", "model", "context", "kv_dtype", "batch", "ceiling", "tokens_per_s"]
+
+
+def ceiling_table(df):
+    """Tokens/s to each KV dtype's ceiling: one row per model × context × KV dtype that ran, with its
+    ``kv_format`` and ``bytes_per_token`` (where the rows carry them), ``ceiling`` (sequences), ``best_tokens_per_s``
+    and ``best_batch`` (the fastest batch measured) and ``ceiling_tokens_per_s`` (at the ceiling; NaN where the
+    ceiling was not measured), in the rows' order."""
+    import pandas as pd
+
+    check_rows(df, "ceiling_table", CEILING_COLUMNS, values=CEILING_COLUMNS[1:], expected=SWEEP_ROWS)
+    extra = [c for c in ("kv_format", "bytes_per_token") if c in df.columns]
+    rows = []
+    ok = df[df["status"] == "ok"]
+    for (model, ctx, kv), g in ok.groupby(["model", "context", "kv_dtype"], sort=False):
+        best, ceiling = _best(g), int(g["ceiling"].iloc[0])
+        at = g[g["batch"] == ceiling]
+        rows.append({"model": model, "context": int(ctx), "kv_dtype": kv, **{c: g[c].iloc[0] for c in extra},
+                     "ceiling": ceiling, "best_tokens_per_s": float(best["tokens_per_s"]),
+                     "best_batch": int(best["batch"]),
+                     "ceiling_tokens_per_s": float(at["tokens_per_s"].iloc[0]) if len(at) else float("nan")})
+    return pd.DataFrame(rows, columns=["model", "context", "kv_dtype", *extra, "ceiling", "best_tokens_per_s",
+                                       "best_batch", "ceiling_tokens_per_s"])
+
+
 def summary(df) -> str:
     """The rows as a compact text table, then one sentence per model × context (:func:`reading`)."""
     cols = ["model", "kv_dtype", "context", "batch", "ceiling", "step_us", "tokens_per_s", "attention_us",
             "attention_share", "pct_copy_bw", "status"]
     check_rows(df, "summary", [*cols, "reason", "timing"], expected=SWEEP_ROWS)
+    cols[2:2] = [c for c in ("bytes_per_token",) if c in df.columns]  # rows saved before it was a column lack it
     lines = [df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")]
+    if (df["status"] == "ok").any():
+        lines += ["tokens/s to each KV dtype's ceiling:",
+                  ceiling_table(df).to_string(index=False, float_format=lambda v: f"{v:,.4g}")]
     with warnings.catch_warnings():  # a run of one KV dtype has rows and no reading: nothing more to say
         warnings.simplefilter("ignore", PartialResultWarning)
         lines += [r["sentence"] for r in reading(df).values()]

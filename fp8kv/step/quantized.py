@@ -1,0 +1,189 @@
+"""The step's KV in a quantized format of :mod:`fp8kv.kv_formats` (INT8 / INT4 per token and head, NVFP4,
+MXFP4, block-scaled e4m3): which names the step takes, which backend reads each, the checks of a format
+against a model, and the write of a step's new tokens into a
+:class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` without a host sync.
+
+A step's KV dtype is an element type of :data:`fp8kv.formats.KV_DTYPE_NAMES` (a
+:class:`~fp8kv.cache.PagedKVCache`) or a format of :data:`STEP_FORMATS` (the formats a paged cache holds
+token by token, :data:`fp8kv.kv_formats.PAGED_FORMATS`). The Triton backend reads a format through
+:func:`fp8kv.ops.quant_decode.paged_decode_quantized` (the formats of
+:data:`~fp8kv.ops.quant_decode.QUANT_DECODE_FORMATS`); the reference through its fp32 oracle
+:func:`~fp8kv.ops.quant_decode.quantized_reference` (every paged format). A format is read one new token per
+sequence: the multi-token attention reads 16-bit and FP8 pages only.
+
+Why a write of its own: :meth:`QuantizedPagedKVCache.write` checks its slots and counts saturations (host
+syncs), which a CUDA graph cannot hold. :func:`write_rows` stores the same bytes (the codec's scale rules of
+:mod:`fp8kv.kv_formats.scaling`, round-to-nearest-even onto the element's codes, clamped) with neither; the
+step's slots are its own (:meth:`DecodeStep.set_positions` checks them). ``tests/test_step_formats.py`` holds
+it to the cache's write, byte for byte.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..capability import interpreter_on
+from ..checks import fail as _fail
+from ..formats import KV_DTYPE_NAMES, kv_dtype_info
+from ..kv_formats import PAGED_FORMATS, Codec, kv_format, page_shapes
+from ..kv_formats.packing import pack_nibbles
+from ..kv_formats.scaling import amax_scale, group_amax, group_view, pow2_scale, two_level_scale
+
+__all__ = ["STEP_FORMATS", "STEP_KV_DTYPES", "step_kv_dtype", "is_format", "format_backends", "check_format_shape",
+           "check_format_step", "format_name", "kernel_formats", "write_rows"]
+
+STEP_FORMATS: tuple[str, ...] = PAGED_FORMATS
+STEP_KV_DTYPES: tuple[str, ...] = (*KV_DTYPE_NAMES, *STEP_FORMATS)
+
+
+def step_kv_dtype(value, name: str = "kv_dtype") -> str:
+    """The canonical name of a step's KV dtype: an element type (aliases as :func:`fp8kv.formats.kv_dtype_info`
+    reads them) or a format of :data:`STEP_FORMATS` (aliases as :func:`fp8kv.kv_formats.kv_format` reads them,
+    in any case). Anything else is a ValueError (TypeError for a non-string) naming ``name``, the value and
+    :data:`STEP_KV_DTYPES`; a known format a paged cache cannot hold (KIVI, tensor-wide scales) says so."""
+    if not isinstance(value, str):
+        _fail(f"{name}={value!r} ({type(value).__name__}); expected a name among {STEP_KV_DTYPES}", TypeError)
+    try:
+        return kv_dtype_info(value)[0]
+    except ValueError:
+        pass
+    try:
+        fmt = kv_format(value).name
+    except ValueError:
+        _fail(f"{name}={value!r} is not a KV dtype the step runs; expected one of {STEP_KV_DTYPES}")
+    if fmt not in STEP_FORMATS:
+        _fail(f"{name}={value!r}: format {fmt!r} cannot be paged token by token (its scales span tokens or the "
+              f"whole tensor), so no step cache holds it; expected one of {STEP_KV_DTYPES}")
+    return fmt
+
+
+def is_format(kv_dtype: str) -> bool:
+    """Whether the canonical ``kv_dtype`` is a quantized format (a QuantizedPagedKVCache), not an element type."""
+    return kv_dtype in STEP_FORMATS
+
+
+def format_name(kv_dtype: str) -> str:
+    """The :mod:`fp8kv.kv_formats` name of what a step's cache stores: the format itself, ``fp8_*_tensor`` for
+    the FP8 pool (one scale per layer and tensor), ``""`` for a 16-bit cache (no format: the model's own
+    numbers)."""
+    if is_format(kv_dtype):
+        return kv_dtype
+    return f"{kv_dtype}_tensor" if kv_dtype_info(kv_dtype)[2] is not None else ""
+
+
+def kernel_formats() -> tuple[str, ...]:
+    """The formats fp8kv's quantized-page decode kernel reads (imported here, not above: it imports triton,
+    which reads the interpreter switch once, and ``--interpret`` comes first)."""
+    from ..ops.quant_decode import QUANT_DECODE_FORMATS
+
+    return tuple(QUANT_DECODE_FORMATS)
+
+
+def format_backends(kv_dtype: str) -> tuple[str, ...]:
+    """The step backends that read format ``kv_dtype`` on some machine: the Triton kernel where it has one,
+    and the fp32 oracle."""
+    return ("triton", "reference") if kv_dtype in kernel_formats() else ("reference",)
+
+
+def check_format_shape(kv_dtype: str, num_kv_heads: int, head_dim: int, *, model: str = "the model",
+                       name: str = "kv_dtype") -> None:
+    """Refuse (ValueError) a format whose codec cannot hold ``head_dim`` (a block that does not divide it, an
+    odd head_dim for 4-bit codes), naming ``name``, the model's head_dim and the formats that fit it."""
+    c = kv_format(kv_dtype).key
+    try:
+        page_shapes(c, 1, 1, num_kv_heads, head_dim)
+    except ValueError as e:
+        fits = [f for f in STEP_FORMATS if _holds(kv_format(f).key, num_kv_heads, head_dim)]
+        _fail(f"{name}={kv_dtype!r} cannot store {model}'s head_dim {head_dim}: {e}; formats that fit it: {fits}")
+
+
+def _holds(c: Codec, num_kv_heads: int, head_dim: int) -> bool:
+    try:
+        page_shapes(c, 1, 1, num_kv_heads, head_dim)
+    except ValueError:
+        return False
+    return True
+
+
+def check_format_step(kv_dtype: str, backend: str, mode: str = "auto", q_len: int = 1, *,
+                      on_gpu: bool | None = None) -> str:
+    """The backend that reads format ``kv_dtype`` in a step of ``q_len`` new tokens, ``backend`` resolved
+    (``"auto"``: the Triton kernel where the format has one and this machine runs it, a CUDA GPU or the Triton
+    interpreter, else the fp32 oracle). Refused (ValueError naming the argument, its value and what is
+    accepted): a backend that does not read the format, a ``mode`` but ``auto`` / ``dequant`` (codes become
+    16-bit values in registers: no FP8 arithmetic), ``q_len`` above 1. ``on_gpu``: whether the step runs on a
+    CUDA device (None: unknown; the machine is then not asked about)."""
+    if mode not in ("auto", "dequant"):
+        _fail(f"mode={mode!r} with kv_dtype={kv_dtype!r}: a quantized format's codes are dequantized in registers; "
+              "expected mode 'auto' or 'dequant'")
+    if q_len != 1:
+        _fail(f"q_len={q_len} with kv_dtype={kv_dtype!r}: quantized pages are read by a decode of one new token per "
+              "sequence (the multi-token attention reads 16-bit and FP8 pages); expected q_len=1, or kv_dtypes among "
+              f"{KV_DTYPE_NAMES}")
+    readers = format_backends(kv_dtype)
+    if backend == "auto":
+        runs_here = on_gpu or interpreter_on()
+        return "triton" if "triton" in readers and runs_here else "reference"
+    if backend not in readers:
+        kernel = (f"fp8kv's quantized-page decode kernel reads {kernel_formats()}, not {kv_dtype!r}"
+                  if backend == "triton" else f"backend {backend!r} reads no quantized pages")
+        _fail(f"backend={backend!r} cannot read kv_dtype={kv_dtype!r} ({kernel}); expected backend among "
+              f"{('auto', *readers)}")
+    return backend
+
+
+# --------------------------------------------------------------------------------- the step's write
+def _round_e2m1(y: torch.Tensor) -> torch.Tensor:
+    """fp32 ``y`` to e2m1 codes (uint8 0..15), round-to-nearest-even, clamped at ±6: the codes of
+    :func:`fp8kv.kv_formats.elements.encode_e2m1`, without its saturation count (a host sync)."""
+    a = y.abs()
+    step = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0))
+    q = (torch.round(a / step) * step).clamp(max=6.0)
+    mag = torch.where(q < 2, q * 2, torch.where(q < 4, q + 2, q / 2 + 4)).to(torch.uint8)
+    return mag | (torch.signbit(y).to(torch.uint8) << 3)
+
+
+def _encode(x: torch.Tensor, c: Codec, tensor_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``x`` ``[N, Hkv, D]`` as codec ``c`` stores them: codes ``[N, Hkv, D or D // 2]`` and scales
+    ``[N, Hkv, groups]``, both viewed as bytes where they are one byte wide."""
+    xf = x.detach().to(torch.float32)
+    vg, dim = group_view(xf, c)
+    if c.rule == "amax":
+        scales = amax_scale(vg, dim, c, None)
+        y = vg / scales
+    elif c.rule == "two_level":
+        scales, eff = two_level_scale(group_amax(vg, dim), c, tensor_scale)
+        y = vg / eff
+    elif c.rule == "pow2":
+        scales, factor = pow2_scale(group_amax(vg, dim), c)
+        y = vg / factor
+    else:  # not a paged format: step_kv_dtype refuses it before a cache is built
+        raise AssertionError(f"codec {c.name!r} (rule {c.rule!r}) has no step write")
+    y = y.reshape(x.shape)
+    name = c.element.name
+    if name == "e2m1":
+        codes = pack_nibbles(_round_e2m1(y))
+    elif name == "e4m3":
+        codes = y.clamp(-c.element.max, c.element.max).to(torch.float8_e4m3fn)
+    else:  # int8 / int4: ties to even (torch.round), clamped to the symmetric range
+        r = torch.round(y).clamp(c.element.min, c.element.max).to(torch.int16)
+        codes = r.to(torch.int8) if name == "int8" else pack_nibbles(r)
+    scales = scales.reshape(*x.shape[:-1], -1)
+    return _bytes(codes), _bytes(scales)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t  # index writes into fp8 / e8m0 need bytes
+
+
+def write_rows(cache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store ``k``, ``v`` ``[N, Hkv, D]`` (float) into ``cache`` (a QuantizedPagedKVCache) at ``slot_mapping``
+    ``[N]`` (int64, every slot inside the pool: unchecked), as its :meth:`write` stores them, with no host sync
+    (no checks, no saturation counts): a CUDA graph holds it."""
+    blk, off = slot_mapping // cache.block_size, slot_mapping % cache.block_size
+    for codec, pages, scales, tensor_scale, new in (
+            (cache.fmt.key, cache.k_pages, cache.k_scales, cache.k_tensor_scale, k),
+            (cache.fmt.value, cache.v_pages, cache.v_scales, cache.v_tensor_scale, v)):
+        codes, sc = _encode(new, codec, tensor_scale)
+        _bytes(pages)[blk, off] = codes
+        _bytes(scales)[blk, off] = sc
