@@ -153,3 +153,30 @@ def test_signed_nibbles_are_twos_complement():
     nibbles = (values & 0xF).to(U8)
     assert torch.equal(signed_nibbles(nibbles), values)
     assert int(pack_nibbles(torch.tensor([-7, 7]) & 0xF)) == 0x79
+
+
+@pytest.mark.parametrize("name", ["int8_token_head", "int4_token_head", "nvfp4", "mxfp4", "e4m3_b16", "e4m3_b32"])
+def test_encode_rows_stores_what_quantize_stores(name):
+    """The sync-free write path (a step's cache write) gives quantize's bytes, saturating rows included."""
+    from fp8kv.kv_formats import codec as codec_of
+    from fp8kv.kv_formats import encode_rows, kv_format, quantize
+
+    c = kv_format(name).key
+    x = torch.randn(5, 2, 64, generator=seeded(3)) * 4
+    x[1, 0, :7] = torch.tensor([1e4, -3e3, 0.0, 1e-30, -1e-30, 2.5, -7.0])  # outliers, zeros, underflow
+    ts = quantize(x, c).tensor_scale
+    ref = quantize(x, c, tensor_scale=ts)
+    codes, scales = encode_rows(x, codec_of(c.name), ts)
+    view = (lambda t: t.view(torch.uint8)) if codes.element_size() == 1 else (lambda t: t)
+    assert torch.equal(view(codes), view(ref.codes))
+    sv = (lambda t: t.view(torch.uint8)) if scales.element_size() == 1 else (lambda t: t)
+    assert torch.equal(sv(scales), sv(ref.scales.reshape(*x.shape[:-1], -1)))
+
+
+@pytest.mark.parametrize("name", ["kivi4_key_g32", "kivi4_value_g32", "fp8_e4m3_token_head"])
+def test_encode_rows_refuses_codecs_that_are_not_token_local(name):
+    from fp8kv.kv_formats import encode_rows
+    from fp8kv.kv_formats import codec as codec_of
+
+    with pytest.raises(ValueError, match="not token-local"):
+        encode_rows(torch.ones(4, 1, 64), codec_of(name))

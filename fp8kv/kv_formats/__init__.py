@@ -6,7 +6,7 @@ counted (bytes per token, saturation, underflow) on one footing.
 * :mod:`.packing` -- two 4-bit codes per byte (element ``2i`` in the low nibble);
 * :mod:`.registry` -- the codecs and KV formats as data, and :func:`footprint` (bytes, exactly);
 * :mod:`.scaling` -- which values share a scale, and how each rule chooses it;
-* :mod:`.codec` -- :func:`quantize` / :func:`dequantize`;
+* :mod:`.codec` -- :func:`quantize` / :func:`dequantize` (and :func:`encode_rows`, its sync-free write path);
 * :mod:`.pages` -- the formats a paged cache holds token by token (:data:`PAGED_FORMATS`) and their page
   shapes (``fp8kv.cache.quantized.QuantizedPagedKVCache`` is that cache).
 
@@ -20,7 +20,7 @@ Typical use::
         per_token = kvf.kv_footprint(f, num_kv_heads=8, head_dim=128).per_token
 """
 
-from .codec import INPUT_DTYPES, NONFINITE_MODES, Encoded, decode_codes, dequantize, quantize
+from .codec import INPUT_DTYPES, NONFINITE_MODES, Encoded, decode_codes, dequantize, encode_rows, quantize
 from .elements import ELEMENTS, Element
 from .pages import PAGED_FORMATS, page_shapes, paged_format, scale_groups
 from .registry import (
@@ -42,5 +42,5 @@ from .registry import (
 
 __all__ = ["Codec", "KVFormat", "Footprint", "Encoded", "Element", "ELEMENTS", "CODECS", "CODEC_NAMES",
            "KV_FORMATS", "KV_FORMAT_NAMES", "KIVI_GROUPS", "INPUT_DTYPES", "NONFINITE_MODES", "codec", "kv_format",
-           "kivi", "footprint", "kv_footprint", "summary_table", "quantize", "dequantize", "decode_codes",
+           "kivi", "footprint", "kv_footprint", "summary_table", "quantize", "encode_rows", "dequantize", "decode_codes",
            "PAGED_FORMATS", "paged_format", "scale_groups", "page_shapes"]

@@ -39,7 +39,7 @@ from .scaling import (
     two_level_scale,
 )
 
-__all__ = ["Encoded", "quantize", "dequantize", "decode_codes", "NONFINITE_MODES", "INPUT_DTYPES"]
+__all__ = ["Encoded", "quantize", "encode_rows", "dequantize", "decode_codes", "NONFINITE_MODES", "INPUT_DTYPES"]
 
 NONFINITE_MODES = ("raise", "saturate")
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -155,29 +155,21 @@ def quantize(x: torch.Tensor, codec_name: Codec | str, *, tensor_scale=None, non
     vg, dim = group_view(values, c)
     fg, _ = group_view(finite, c)
     zero_points = stored_tensor_scale = None
-    if c.rule == "amax":
-        s = amax_scale(fg, dim, c, given)
-        y = vg / s
-        scales = s.reshape(c.scale_shape(x.shape))
-    elif c.rule == "min_max":
+    if c.rule == "min_max":
         lo = group_view(torch.where(bad, torch.inf, xf), c)[0] if n_nonfinite else fg
         hi = group_view(torch.where(bad, -torch.inf, xf), c)[0] if n_nonfinite else fg
         scales, zero_points = min_max_scale(lo, hi, dim, c)
         y = (vg - zero_points.to(torch.float32)) / scales.to(torch.float32)
-    elif c.rule == "two_level":
-        stored_tensor_scale = given if given is not None else tensor_scale_for(group_amax(finite.reshape(1, -1), -1), c)
-        scales, eff = two_level_scale(group_amax(fg, dim), c, stored_tensor_scale)
-        y = vg / eff
-    else:  # pow2
-        scales, factor = pow2_scale(group_amax(fg, dim), c)
-        y = vg / factor
+    else:
+        if c.rule == "two_level":
+            stored_tensor_scale = given if given is not None else tensor_scale_for(group_amax(finite.reshape(1, -1), -1), c)
+        y, scales = _scaled(vg, fg, dim, c, given if c.rule == "amax" else stored_tensor_scale)
     if n_nonfinite:  # ±Inf / scale is ±Inf: made ±fp32 max, so that the clamp saturates (and counts) it
         y = torch.nan_to_num(y, nan=0.0)
     codes, saturated = _encode(y.reshape(x.shape), c)
-    if c.rule != "amax":
-        new_shape = c.scale_shape(x.shape)
-        scales = scales.reshape(new_shape)
-        zero_points = None if zero_points is None else zero_points.reshape(new_shape)
+    new_shape = c.scale_shape(x.shape)
+    scales = scales.reshape(new_shape)
+    zero_points = None if zero_points is None else zero_points.reshape(new_shape)
     enc = Encoded(c, codes, scales.contiguous(), zero_points, stored_tensor_scale, saturated, 0, n_nonfinite)
     decoded = enc.dequantize()
     given_x = x.detach()
@@ -185,15 +177,43 @@ def quantize(x: torch.Tensor, codec_name: Codec | str, *, tensor_scale=None, non
     return Encoded(c, codes, enc.scales, zero_points, stored_tensor_scale, saturated, underflow, n_nonfinite)
 
 
-def _encode(y: torch.Tensor, c: Codec) -> tuple[torch.Tensor, int]:
-    """Scaled fp32 values ``[..., H, D]`` to stored codes (packed for 4-bit elements), and the saturated count."""
+def _scaled(vg: torch.Tensor, fg: torch.Tensor, dim: int, c: Codec, given) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped values ``vg`` divided by the scales of a token-local rule (amax, two_level, pow2), the scales
+    taken from the finite values ``fg``; ``given``: the amax rule's fixed scale or the two-level tensor scale.
+    Returns ``(scaled values, stored scales)``, grouped as ``vg``."""
+    if c.rule == "amax":
+        s = amax_scale(fg, dim, c, given)
+        return vg / s, s
+    if c.rule == "two_level":
+        scales, eff = two_level_scale(group_amax(fg, dim), c, given)
+        return vg / eff, scales
+    scales, factor = pow2_scale(group_amax(fg, dim), c)
+    return vg / factor, scales
+
+
+def encode_rows(x: torch.Tensor, c: Codec, tensor_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`quantize` stores for finite rows ``x`` ``[..., H, D]`` of a token-local codec (amax, two-level
+    or power-of-two scales; ``tensor_scale``: the two-level codecs' fixed fp32 second level), with no checks
+    and no counts: no host sync, so a CUDA graph holds it. Returns ``(codes, scales [..., H, groups])``."""
+    if c.rule not in ("amax", "two_level", "pow2"):
+        raise ValueError(f"codec {c.name!r} (rule {c.rule!r}) is not token-local; encode_rows takes amax, "
+                         "two_level or pow2 codecs")
+    vg, dim = group_view(x.detach().to(torch.float32), c)
+    y, scales = _scaled(vg, vg, dim, c, tensor_scale)
+    codes, _ = _encode(y.reshape(x.shape), c, count=False)
+    return codes, scales.reshape(*x.shape[:-1], -1)
+
+
+def _encode(y: torch.Tensor, c: Codec, *, count: bool = True) -> tuple[torch.Tensor, int | None]:
+    """Scaled fp32 values ``[..., H, D]`` to stored codes (packed for 4-bit elements), and the saturated count
+    (None without ``count``)."""
     name = c.element.name
     if name == "e2m1":
-        codes, saturated = encode_e2m1(y)
+        codes, saturated = encode_e2m1(y, count=count)
     elif name == "e4m3":
-        return encode_e4m3(y)
+        return encode_e4m3(y, count=count)
     else:
-        codes, saturated = encode_int(y, c.element)
+        codes, saturated = encode_int(y, c.element, count=count)
         if name == "int8":
             return codes.to(torch.int8), saturated
     return pack_nibbles(codes), saturated

@@ -61,28 +61,30 @@ ELEMENTS: dict[str, Element] = {e.name: e for e in (
 )}
 
 
-def encode_int(y: torch.Tensor, element: Element) -> tuple[torch.Tensor, int]:
+def encode_int(y: torch.Tensor, element: Element, *, count: bool = True) -> tuple[torch.Tensor, int | None]:
     """Round fp32 ``y`` to the nearest integer (ties to even, as ``torch.round``), clamp to the
     element's range. Returns ``(codes as int16, saturated)``; saturated counts the rounded values
-    outside the range (127.5 rounds to 128: counted; -0.5 rounds to -0: in range for uint4)."""
+    outside the range (127.5 rounds to 128: counted; -0.5 rounds to -0: in range for uint4); None
+    without ``count`` (the count is a host sync, which a CUDA graph cannot hold)."""
     r = torch.round(y.to(torch.float32))
-    saturated = int(((r > element.max) | (r < element.min)).sum())
+    saturated = int(((r > element.max) | (r < element.min)).sum()) if count else None
     return r.clamp(element.min, element.max).to(torch.int16), saturated
 
 
-def encode_e2m1(y: torch.Tensor) -> tuple[torch.Tensor, int]:
+def encode_e2m1(y: torch.Tensor, *, count: bool = True) -> tuple[torch.Tensor, int | None]:
     """fp32 ``y`` to e2m1 codes (uint8, 0..15), round-to-nearest-even, saturating at ±6.
 
     The code grid has spacing 0.5 below 2, 1 in [2, 4) and 2 in [4, 6]; on each stretch the codes
     are consecutive, so rounding ``|y| / step`` to the even integer is rounding to the even code
     (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 5 -> 4, and 7 -> 8, past 6: saturated and counted). The sign
     bit is kept for values that round to zero (-0.1 -> 0x8, -0), as a float cast keeps it.
+    Without ``count`` the saturated count is None (no host sync).
     """
     y = y.to(torch.float32)
     a = y.abs()
     step = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0))
     q = torch.round(a / step) * step  # exact: division and product by powers of two
-    saturated = int((q > E2M1_MAX).sum())
+    saturated = int((q > E2M1_MAX).sum()) if count else None
     q = q.clamp(max=E2M1_MAX)
     # value -> code: below 2 the code is 2q; 2, 3 -> 4, 5; 4, 6 -> 6, 7
     mag = torch.where(q < 2, q * 2, torch.where(q < 4, q + 2, q / 2 + 4)).to(torch.uint8)
@@ -97,8 +99,12 @@ def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
     return _E2M1_TABLE.to(codes.device)[codes.to(torch.int64)]
 
 
-def encode_e4m3(y: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """fp32 ``y`` to OCP e4m3fn (torch.float8_e4m3fn), saturating at ±448 (:func:`fp8kv.quant.cast_saturating`)."""
+def encode_e4m3(y: torch.Tensor, *, count: bool = True) -> tuple[torch.Tensor, int | None]:
+    """fp32 ``y`` to OCP e4m3fn (torch.float8_e4m3fn), saturating at ±448 (:func:`fp8kv.quant.cast_saturating`);
+    without ``count`` the same codes and None (no host sync)."""
+    if not count:
+        fmt = FORMATS["e4m3"]
+        return y.to(torch.float32).clamp(-fmt.max, fmt.max).to(fmt.torch_dtype), None
     return cast_saturating(y, FORMATS["e4m3"])
 
 

@@ -12,10 +12,10 @@ token by token, :data:`fp8kv.kv_formats.PAGED_FORMATS`). The Triton backend read
 sequence: the multi-token attention reads 16-bit and FP8 pages only.
 
 Why a write of its own: :meth:`QuantizedPagedKVCache.write` checks its slots and counts saturations (host
-syncs), which a CUDA graph cannot hold. :func:`write_rows` stores the same bytes (the codec's scale rules of
-:mod:`fp8kv.kv_formats.scaling`, round-to-nearest-even onto the element's codes, clamped) with neither; the
-step's slots are its own (:meth:`DecodeStep.set_positions` checks them). ``tests/test_step_formats.py`` holds
-it to the cache's write, byte for byte.
+syncs), which a CUDA graph cannot hold. :func:`write_rows` stores the same bytes through the codec's own
+sync-free encoder (:func:`fp8kv.kv_formats.encode_rows`) with neither; the step's slots are its own
+(:meth:`DecodeStep.set_positions` checks them). ``tests/test_step_formats.py`` holds it to the cache's write,
+byte for byte.
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ import torch
 from ..capability import interpreter_on
 from ..checks import fail as _fail
 from ..formats import KV_DTYPE_NAMES, kv_dtype_info
-from ..kv_formats import PAGED_FORMATS, Codec, kv_format, page_shapes
-from ..kv_formats.packing import pack_nibbles
-from ..kv_formats.scaling import amax_scale, group_amax, group_view, pow2_scale, two_level_scale
+from ..kv_formats import PAGED_FORMATS, Codec, encode_rows, kv_format, page_shapes
 
 __all__ = ["STEP_FORMATS", "STEP_KV_DTYPES", "step_kv_dtype", "is_format", "format_backends", "check_format_shape",
            "check_format_step", "format_name", "kernel_formats", "write_rows"]
@@ -133,45 +131,6 @@ def check_format_step(kv_dtype: str, backend: str, mode: str = "auto", q_len: in
 
 
 # --------------------------------------------------------------------------------- the step's write
-def _round_e2m1(y: torch.Tensor) -> torch.Tensor:
-    """fp32 ``y`` to e2m1 codes (uint8 0..15), round-to-nearest-even, clamped at ±6: the codes of
-    :func:`fp8kv.kv_formats.elements.encode_e2m1`, without its saturation count (a host sync)."""
-    a = y.abs()
-    step = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0))
-    q = (torch.round(a / step) * step).clamp(max=6.0)
-    mag = torch.where(q < 2, q * 2, torch.where(q < 4, q + 2, q / 2 + 4)).to(torch.uint8)
-    return mag | (torch.signbit(y).to(torch.uint8) << 3)
-
-
-def _encode(x: torch.Tensor, c: Codec, tensor_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows ``x`` ``[N, Hkv, D]`` as codec ``c`` stores them: codes ``[N, Hkv, D or D // 2]`` and scales
-    ``[N, Hkv, groups]``, both viewed as bytes where they are one byte wide."""
-    xf = x.detach().to(torch.float32)
-    vg, dim = group_view(xf, c)
-    if c.rule == "amax":
-        scales = amax_scale(vg, dim, c, None)
-        y = vg / scales
-    elif c.rule == "two_level":
-        scales, eff = two_level_scale(group_amax(vg, dim), c, tensor_scale)
-        y = vg / eff
-    elif c.rule == "pow2":
-        scales, factor = pow2_scale(group_amax(vg, dim), c)
-        y = vg / factor
-    else:  # not a paged format: step_kv_dtype refuses it before a cache is built
-        raise AssertionError(f"codec {c.name!r} (rule {c.rule!r}) has no step write")
-    y = y.reshape(x.shape)
-    name = c.element.name
-    if name == "e2m1":
-        codes = pack_nibbles(_round_e2m1(y))
-    elif name == "e4m3":
-        codes = y.clamp(-c.element.max, c.element.max).to(torch.float8_e4m3fn)
-    else:  # int8 / int4: ties to even (torch.round), clamped to the symmetric range
-        r = torch.round(y).clamp(c.element.min, c.element.max).to(torch.int16)
-        codes = r.to(torch.int8) if name == "int8" else pack_nibbles(r)
-    scales = scales.reshape(*x.shape[:-1], -1)
-    return _bytes(codes), _bytes(scales)
-
-
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.element_size() == 1 else t  # index writes into fp8 / e8m0 need bytes
 
@@ -184,6 +143,6 @@ def write_rows(cache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tens
     for codec, pages, scales, tensor_scale, new in (
             (cache.fmt.key, cache.k_pages, cache.k_scales, cache.k_tensor_scale, k),
             (cache.fmt.value, cache.v_pages, cache.v_scales, cache.v_tensor_scale, v)):
-        codes, sc = _encode(new, codec, tensor_scale)
-        _bytes(pages)[blk, off] = codes
-        _bytes(scales)[blk, off] = sc
+        codes, sc = encode_rows(new, codec, tensor_scale)
+        _bytes(pages)[blk, off] = _bytes(codes)
+        _bytes(scales)[blk, off] = _bytes(sc)
