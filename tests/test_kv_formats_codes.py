@@ -175,8 +175,8 @@ def test_encode_rows_stores_what_quantize_stores(name):
 
 @pytest.mark.parametrize("name", ["kivi4_key_g32", "kivi4_value_g32", "fp8_e4m3_token_head"])
 def test_encode_rows_refuses_codecs_that_are_not_token_local(name):
-    from fp8kv.kv_formats import encode_rows
     from fp8kv.kv_formats import codec as codec_of
+    from fp8kv.kv_formats import encode_rows
 
     with pytest.raises(ValueError, match="not token-local"):
         encode_rows(torch.ones(4, 1, 64), codec_of(name))
