@@ -74,9 +74,13 @@ def _layers():
                          for c in ("bf16", "e4m3 tensor amax", "e5m2 tensor amax", "e4m3 head amax") for i in range(4)])
 
 
-def _step_rows():
+FORMAT_SERIES = ("int8_token_head", "int4_token_head", "nvfp4", "mxfp4")  # beside bf16 and FP8: six lines
+
+
+def _step_rows(formats=()):
     rows = []
-    for kv, ceiling, speed in (("bf16", 64, 1.0), ("fp8_e4m3", 128, 1.3)):
+    series = [("bf16", 64, 1.0), ("fp8_e4m3", 128, 1.3)] + [(f, 128 + 16 * i, 1.2) for i, f in enumerate(formats)]
+    for kv, ceiling, speed in series:
         for b in (1, 4, 16, 64, 128):
             if b > ceiling:
                 continue
@@ -130,6 +134,8 @@ BUILDERS = {
     "per_layer_fraction": (lambda: viz.per_layer(_layers(), "m", "k_sat_frac"), ()),
     "tokens_per_s_figure": (lambda: step.tokens_per_s_figure(_step_rows()), ()),
     "attention_share_figure": (lambda: step.attention_share_figure(_step_rows()), ()),
+    "tokens_per_s_figure_formats": (lambda: step.tokens_per_s_figure(_step_rows(FORMAT_SERIES)), ()),
+    "attention_share_figure_formats": (lambda: step.attention_share_figure(_step_rows(FORMAT_SERIES)), ()),
 }
 
 
@@ -208,6 +214,14 @@ def readability_problems(fig: go.Figure, percent_axes=()) -> list[str]:
             if bar.title and re.search(r"log\d*\s*\(|log\d+ of", str(bar.title.text)):
                 problems.append(f"colour bar in log units ({bar.title.text!r}): show the value itself")
     colours = sorted({c.lower() for c in map(_trace_colour, fig.data) if c and c.startswith("#")})
+    groups: dict[str, set] = {}  # one colour for two series (a trace's legend group, else its name): unreadable
+    for trace in fig.data:
+        c, series = _trace_colour(trace), getattr(trace, "legendgroup", None) or trace.name
+        if c and c.startswith("#") and series:
+            groups.setdefault(c.lower(), set()).add(series)
+    for c, series in groups.items():
+        if len(series) > 1:
+            problems.append(f"series {sorted(series)} share the colour {c}")
     for a, b, d in style.colours_alike(colours):
         problems.append(f"series colours {a} and {b} are alike (CIEDE2000 {d:.1f} < {style.MIN_COLOUR_DISTANCE})")
     for text in _strings(fig.to_plotly_json()):
@@ -282,9 +296,8 @@ def test_ciede2000_matches_sharmas_reference_pairs():
 def test_the_palette_is_distinct_and_readable_on_white():
     assert style.colours_alike(style.PALETTE) == []
     assert all(style._contrast_on_white(c) >= style.MIN_CONTRAST for c in style.PALETTE)
-    for fixed in (style.FORMAT_COLORS, style.KV_DTYPE_COLORS, step.SERIES_COLORS):
+    for fixed in (style.FORMAT_COLORS, style.KV_DTYPE_COLORS):
         assert set(fixed.values()) <= set(style.PALETTE)
-    assert step.SERIES_COLORS == style.KV_DTYPE_COLORS
 
 
 @pytest.mark.parametrize("alike", [("#e377c2", "#fb00d1"), ("#d62728", "#e0282a"), ("#1f77b4", "#1f78b6"),

@@ -120,7 +120,6 @@ from .plan import (
 from .prefill import PREFILL_COLUMNS, ChunkedPrefill, chunk_spans, prefill_sweep
 from .quantized import STEP_FORMATS, STEP_KV_DTYPES
 from .report import (
-    SERIES_COLORS,
     attention_share_figure,
     ceiling_table,
     reading,
@@ -135,7 +134,7 @@ __all__ = ["LayerWeights", "StepWeights", "random_weights", "weights_from_hf", "
            "step_ceiling", "step_bytes", "batch_points", "greedy_decode", "plan_sweep", "plan_table", "run_dtype", "sweep", "sweep_runs",
            "save", "summary", "reading_markdown", "smoke_settings", "TOY_QWEN",
            "build_parser", "main", "reading", "tokens_per_s_figure", "attention_share_figure", "COLUMNS",
-           "SERIES_COLORS", "REAL_WEIGHTS", "STEP_BACKENDS", "pool_blocks", "check_host_memory",
+           "REAL_WEIGHTS", "STEP_BACKENDS", "pool_blocks", "check_host_memory",
            "STEP_LOGITS", "expected_accepted", "verify_sweep", "draft_cost_us", "VERIFY_COLUMNS", "ChunkedPrefill",
            "chunk_spans", "prefill_sweep", "PREFILL_COLUMNS", "verify_reading", "prefill_reading", "verify_summary",
            "prefill_summary", "accepted_tokens_figure", "ttft_figure", "attend_speedup", "attend_speedup_figure",

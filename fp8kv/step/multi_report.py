@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from ..results import check_rows
 from ..sweeps import timing_notes
-from ..viz.style import color_map, readable_axes
 
 VERIFY_ROWS = "the rows of fp8kv.step.verify_sweep() (a CSV fp8kv step --draft-lens saved)"
 PREFILL_ROWS = "the rows of fp8kv.step.prefill_sweep() (a CSV fp8kv step --prompt-lens saved)"
@@ -73,6 +72,8 @@ def accepted_tokens_figure(df, *, draft_len: int | None = None, acceptance: floa
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from ..viz.style import color_map, readable_axes  # plotly only where a figure is drawn
+
     check_rows(df, "accepted_tokens_figure", VERIFY_READ, values=VERIFY_READ[1:], expected=VERIFY_ROWS)
     ok = df[df["status"] == "ok"]
     if acceptance is None and len(ok):
@@ -108,6 +109,8 @@ def ttft_figure(df, *, title: str | None = None):
     chunk size."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
+
+    from ..viz.style import color_map, readable_axes  # plotly only where a figure is drawn
 
     check_rows(df, "ttft_figure", PREFILL_READ, values=PREFILL_READ[1:], expected=PREFILL_ROWS)
     ok = df[df["status"] == "ok"]
@@ -152,6 +155,8 @@ def attend_speedup_figure(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3", *
     line per q_len), at each row's batch and backend; 1 is the dotted line of no gain."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
+
+    from ..viz.style import color_map, readable_axes  # plotly only where a figure is drawn
 
     sp = attend_speedup(rows, baseline, fp8)
     fig = make_subplots(rows=1, cols=2, subplot_titles=["against new tokens per sequence (q_len)", "against context"])

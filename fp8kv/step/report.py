@@ -83,14 +83,12 @@ def reading_markdown(df, baseline: str = "bf16", fp8: str = "fp8_e4m3") -> str:
     return text or f"no pair of {baseline} and {fp8} rows ran{where}"
 
 
-# fp8kv.viz.style.KV_DTYPE_COLORS (plotly is imported only by the figures): the palette every figure shares
-SERIES_COLORS = {"bf16": "#1f77b4", "fp16": "#1f77b4", "fp8_e4m3": "#d62728", "fp8_e5m2": "#b68100"}
+def _colors(kv_dtypes) -> dict:
+    """One colour per KV dtype of a figure, none alike (:func:`fp8kv.viz.style.color_map`: bf16 and FP8 keep
+    the colours every page gives them)."""
+    from ..viz.style import color_map
 
-
-def _color(kv: str) -> str:
-    from ..viz.style import series_color
-
-    return SERIES_COLORS.get(kv) or series_color(kv)
+    return color_map(kv_dtypes)
 
 
 def tokens_per_s_figure(df, *, title: str | None = None):
@@ -103,6 +101,7 @@ def tokens_per_s_figure(df, *, title: str | None = None):
 
     check_rows(df, "tokens_per_s_figure", READING_COLUMNS, values=READING_COLUMNS[1:], expected=SWEEP_ROWS)
     ok = df[df["status"] == "ok"]
+    colors = _colors(ok["kv_dtype"])
     panels = list(dict.fromkeys(zip(ok["model"], ok["context"], strict=True)))
     fig = make_subplots(rows=1, cols=max(1, len(panels)), subplot_titles=[f"{m}, context {c}" for m, c in panels])
     for i, (model, ctx) in enumerate(panels, start=1):
@@ -111,14 +110,14 @@ def tokens_per_s_figure(df, *, title: str | None = None):
         for kv, s in g.groupby("kv_dtype", sort=False):
             s = s.sort_values("batch")
             fig.add_trace(go.Scatter(x=s["batch"], y=s["tokens_per_s"], mode="lines+markers", name=f"{kv} KV",
-                                     legendgroup=kv, showlegend=i == 1, line=dict(color=_color(kv)),
+                                     legendgroup=kv, showlegend=i == 1, line=dict(color=colors[kv]),
                                      customdata=s[["step_us", "attention_share"]],
                                      hovertemplate="B=%{x}<br>%{y:,.0f} tokens/s<br>step %{customdata[0]:.1f} µs"
                                                    "<br>attention %{customdata[1]:.0%}<extra></extra>"), row=1, col=i)
             c = int(s["ceiling"].iloc[0])
             fig.add_trace(go.Scatter(x=[c, c], y=[lo * 0.8, hi * 1.25], mode="lines", name=f"{kv} ceiling",
                                      legendgroup=kv, showlegend=i == 1, hovertemplate=f"{kv} ceiling: B={c}<extra></extra>",
-                                     line=dict(color=_color(kv), dash="dash", width=1)), row=1, col=i)
+                                     line=dict(color=colors[kv], dash="dash", width=1)), row=1, col=i)
     # decades on x, 1-2-5 on y, written out ("20k", not a bare "2" beside "10k")
     fig.update_xaxes(type="log", title="batch (concurrent sequences)", dtick=1, tickformat="~g")
     fig.update_yaxes(type="log", title="tokens per second (generated)")
@@ -138,6 +137,7 @@ def attention_share_figure(df, *, title: str | None = None):
     cols = ["status", "model", "context", "kv_dtype", "batch", "attention_share", "attention_us", "step_us"]
     check_rows(df, "attention_share_figure", cols, values=cols[1:], expected=SWEEP_ROWS)
     ok = df[df["status"] == "ok"]
+    colors = _colors(ok["kv_dtype"])
     panels = list(dict.fromkeys(zip(ok["model"], ok["context"], strict=True)))
     fig = make_subplots(rows=1, cols=max(1, len(panels)), subplot_titles=[f"{m}, context {c}" for m, c in panels])
     for i, (model, ctx) in enumerate(panels, start=1):
@@ -146,7 +146,7 @@ def attention_share_figure(df, *, title: str | None = None):
             s = s.sort_values("batch")
             fig.add_trace(go.Scatter(x=s["batch"], y=100 * s["attention_share"], mode="lines+markers",
                                      name=f"{kv} KV", legendgroup=kv, showlegend=i == 1,
-                                     line=dict(color=_color(kv)), customdata=s[["attention_us", "step_us"]],
+                                     line=dict(color=colors[kv]), customdata=s[["attention_us", "step_us"]],
                                      hovertemplate="B=%{x}<br>attention %{y:.0f} %<br>%{customdata[0]:.1f} of "
                                                    "%{customdata[1]:.1f} µs<extra></extra>"), row=1, col=i)
     fig.update_xaxes(type="log", title="batch (concurrent sequences)", dtick=1, tickformat="~g")
