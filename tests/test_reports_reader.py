@@ -431,3 +431,20 @@ def test_page_headline_refuses_what_it_cannot_read(bad, error):
 
     with pytest.raises(error, match="name=|results and device"):
         page_headline(*bad, smoke=False)
+
+
+def test_formats_headline_reads_the_whole_step_from_its_rows():
+    """Page 10's first screen adds the whole-step reading: the fastest KV dtype at its best batch against the
+    16-bit one, computed from the rows (a ratio of the two, not a typed number); none without a 16-bit row."""
+    from fp8kv.notebooks.headlines import _step_sentence
+
+    rows = [{"model": "Qwen3-8B", "context": 16384, "kv_dtype": "bf16", "kv_format": "", "ceiling": 49,
+             "best_tokens_per_s": 2000.0, "best_batch": 49},
+            {"model": "Qwen3-8B", "context": 16384, "kv_dtype": "nvfp4", "kv_format": "nvfp4", "ceiling": 175,
+             "best_tokens_per_s": 5000.0, "best_batch": 175},
+            {"model": "Qwen3-8B", "context": 16384, "kv_dtype": "fp8_e4m3", "kv_format": "fp8_e4m3_tensor",
+             "ceiling": 98, "best_tokens_per_s": 3500.0, "best_batch": 98}]
+    said = _step_sentence(rows)
+    assert "nvfp4 KV reaches 5,000 tokens/s at batch 175" in said and "2.50x bf16 KV's best (2,000" in said
+    assert _step_sentence(rows[1:]) == "" and _step_sentence([]) == ""
+    assert "no format outran bf16" in _step_sentence([rows[0], {**rows[1], "best_tokens_per_s": 100.0}])

@@ -128,9 +128,28 @@ def _answer_09(r: dict) -> tuple[str, str]:
             _drop_smoke_banner(as_text(r.get("answer"))) or "no answer was written.")
 
 
+def _step_sentence(rows) -> str:
+    """The whole-step reading of notebook 10: the fastest KV dtype at its best batch against the 16-bit one."""
+    rows = [as_dict(x) for x in (rows or []) if as_dict(x).get("best_tokens_per_s") is not None]
+    base = next((x for x in rows if not x.get("kv_format")), None)
+    if not rows or base is None:
+        return ""
+    best = max(rows, key=lambda x: float(x["best_tokens_per_s"]))
+    if best is base:
+        return (f" In a whole decode step ({as_text(base.get('model'))}, context {base.get('context')}) no format "
+                f"outran {as_text(base.get('kv_dtype'))} KV ({float(base['best_tokens_per_s']):,.0f} tokens/s).")
+    return (f" In a whole decode step ({as_text(best.get('model'))}, context {best.get('context')}), "
+            f"{as_text(best.get('kv_dtype'))} KV reaches {float(best['best_tokens_per_s']):,.0f} tokens/s at batch "
+            f"{best.get('best_batch')} (its ceiling {best.get('ceiling')}), "
+            f"{float(best['best_tokens_per_s']) / float(base['best_tokens_per_s']):.2f}x "
+            f"{as_text(base.get('kv_dtype'))} KV's best ({float(base['best_tokens_per_s']):,.0f} at batch "
+            f"{base.get('best_batch')}).")
+
+
 def _answer_10(r: dict) -> tuple[str, str]:
+    said = _drop_smoke_banner(as_text(r.get("answer")))
     return ("every KV format's error, bytes per token and speed",
-            _drop_smoke_banner(as_text(r.get("answer"))) or "no answer was written.")
+            (said + _step_sentence(r.get("step_ceilings"))) if said else "no answer was written.")
 
 
 _ANSWERS = {"00": _answer_00, "01": _answer_01, "02": _answer_02, "03": _answer_03, "04": _answer_04,
