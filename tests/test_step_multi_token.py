@@ -328,6 +328,64 @@ def test_verify_sweep_rows():
     S.accepted_tokens_figure(df, draft_len=3, acceptance=0.5)
 
 
+TOY_DRAFT = ModelShape("toy-draft", 1, 2, 1, 32, hidden_size=32, max_position_embeddings=4096, intermediate_size=48,
+                       vocab_size=128, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3", "nvfp4"])
+def test_a_draft_model_takes_its_weights_and_kv_off_the_ceiling(kv):
+    """With a draft model on the GPU the ceiling is the largest batch whose target KV, draft KV (same dtype and
+    context, the planner's bytes) and activations fit what is left after both models' weights."""
+    from fp8kv.capacity import plan_capacity
+
+    target, draft = _model("Qwen3-8B"), _model("Qwen3-0.6B")
+    alone = S.step_ceiling(target, kv, 16384, gpu_memory_gib=141)
+    both = S.step_ceiling(target, kv, 16384, gpu_memory_gib=141, draft_model="Qwen3-0.6B")
+    d = plan_capacity(draft, kv, gpu_memory_gib=141, max_model_len=16384)
+    bpseq = 16384 // 16
+    assert both["draft_model"] == "Qwen3-0.6B" and both["draft_weights_bytes"] == d["weights_bytes"] > 0
+    assert both["draft_bytes_per_seq"] == bpseq * d["block_bytes"]
+    assert alone["draft_bytes_per_seq"] == 0 and alone["draft_model"] is None
+    budget = alone["kv_budget_bytes"] + alone["activation_bytes"]  # what the target alone planned in
+
+    def fits(b):
+        need = b * bpseq * (alone["block_bytes"] + d["block_bytes"]) + S.activation_bytes(target, b)
+        return need + alone["fixed_scale_bytes"] + d["fixed_scale_bytes"] <= budget - d["weights_bytes"]
+    c = both["ceiling"]
+    assert 1 <= c < alone["ceiling"] and fits(c) and not fits(c + 1)
+
+
+@pytest.mark.parametrize("bad,exc,needle", [("NoSuchModel", ValueError, "NoSuchModel"), (7, TypeError, "draft_model=7")])
+def test_verify_sweep_refuses_a_bad_draft_model(monkeypatch, bad, exc, needle):
+    from fp8kv.step import speculative
+
+    monkeypatch.setattr(speculative, "KVPool", _never)
+    with pytest.raises(exc, match=needle):
+        S.verify_sweep([S.TOY_QWEN], [40], [2], 0.7, ["fp16"], draft_model=bad, **SWEEP)
+
+
+def test_verify_sweep_times_the_draft_models_steps():
+    """Given a draft model and no draft_us, each batch's draft cost is k of the draft's own decode steps (one
+    timing per batch, 0 for the plain decode step); its weights and KV lower the ceiling."""
+    df = S.verify_sweep([S.TOY_QWEN], [40], [0, 2, 3], [0.5], ["fp16"], batches=[1, 2], draft_model=TOY_DRAFT,
+                        **SWEEP)
+    assert (df["status"] == "ok").all(), df["reason"].tolist()
+    assert set(df["draft_model"]) == {"toy-draft"}
+    assert (df[df["draft_len"] == 0]["draft_us"] == 0).all()
+    for b in (1, 2):
+        per = df[(df["batch"] == b) & (df["draft_len"] > 0)]
+        one = per["draft_us"] / per["draft_len"]
+        assert (one > 0).all() and one.nunique() == 1  # k x one measured draft step
+    for r in df.itertuples():
+        assert r.step_us == pytest.approx(r.verify_us + r.draft_us)
+    plain = S.verify_sweep([S.TOY_QWEN], [40], [0], [0.5], ["fp16"], batches=[1], **SWEEP)
+    assert df["ceiling"].iloc[0] < plain["ceiling"].iloc[0]
+    fixed = S.verify_sweep([S.TOY_QWEN], [40], [2], [0.5], ["fp16"], batches=[1], draft_model=TOY_DRAFT,
+                           draft_us=5.0, **SWEEP)
+    assert (fixed["draft_us"] == 5.0).all()  # a given cost is used as given; the memory still counts
+    assert fixed["ceiling"].iloc[0] == df[df["draft_len"] == 2]["ceiling"].iloc[0]
+
+
 def test_prefill_sweep_rows():
     df = S.prefill_sweep([S.TOY_QWEN], [24, 40], [16, 64], ["fp16", "fp8_e4m3"], **SWEEP)
     assert list(df.columns) == S.PREFILL_COLUMNS
@@ -363,6 +421,8 @@ def toy_cli(monkeypatch):
     (["--chunks", "32"], "--prompt-lens and --chunks go together"),
     (["--acceptance", "0.5"], "--acceptance 0.5: applies to the verification run"),
     (["--draft-us", "5"], "--draft-us 5.0: applies to the verification run"),
+    (["--draft-model", "Qwen3-0.6B"], "--draft-model Qwen3-0.6B: applies to the verification run"),
+    (["--draft-lens", "2", "--draft-model", "NoSuchModel"], "NoSuchModel"),
     (["--draft-lens", "2", "--prompt-lens", "32", "--chunks", "16"], "ask for two runs"),
     (["--draft-lens", "80"], "q_len=81 new tokens do not fit a context of 64"),
 ])

@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-us", type=_draft_us_arg, metavar="US",
                    help="with --draft-lens: the draft's cost per step in microseconds (default 0: MTP heads or "
                         "n-gram drafts)")
+    p.add_argument("--draft-model", metavar="NAME",
+                   help="with --draft-lens: a separate draft model (registry name, e.g. Qwen3-0.6B) on the same GPU: "
+                        "its weights and KV come off the ceiling and, unless --draft-us is given, k of its decode "
+                        "steps are timed as the draft's cost")
     p.add_argument("--prompt-lens", type=_positive_int_arg, nargs="+", metavar="N",
                    help="chunked prefill: prompt lengths in tokens (with --chunks), e.g. 4096 16384")
     p.add_argument("--chunks", type=_positive_int_arg, nargs="+", metavar="C",
@@ -225,7 +229,8 @@ def _kind(args, refuse) -> str:
     if verify and prefill:
         refuse("--draft-lens and --prompt-lens/--chunks ask for two runs; give one of them per command")
     if not verify:
-        for name, value in (("--acceptance", args.acceptance), ("--draft-us", args.draft_us)):
+        for name, value in (("--acceptance", args.acceptance), ("--draft-us", args.draft_us),
+                            ("--draft-model", args.draft_model)):
             if value is not None:
                 refuse(f"{name} {value if not isinstance(value, list) else ' '.join(map(str, value))}: applies to "
                        "the verification run; add --draft-lens")
@@ -261,7 +266,7 @@ def _main_multi(kind: str, args, argv, refuse) -> int:
     t0 = time.perf_counter()
     if kind == "verify":
         df = verify_sweep(args.model, args.contexts, args.draft_lens, args.acceptance or [0.7], args.kv_dtypes,
-                          batches=args.batches, draft_us=args.draft_us or 0.0, **common)
+                          batches=args.batches, draft_us=args.draft_us, draft_model=args.draft_model, **common)
         print(verify_summary(df))
     else:
         df = prefill_sweep(args.model, args.prompt_lens, args.chunks, args.kv_dtypes, **common)
@@ -281,6 +286,6 @@ def _plans(kind: str, args) -> list[dict]:
     if kind == "verify":
         return [p for k in dict.fromkeys(args.draft_lens)
                 for p in plan_sweep(args.model, args.contexts, args.kv_dtypes, batches=args.batches, q_len=k + 1,
-                                    **common)]
+                                    draft_model=args.draft_model, **common)]
     return [p for n in dict.fromkeys(args.prompt_lens) for c in dict.fromkeys(args.chunks)
             for p in plan_sweep(args.model, [n], args.kv_dtypes, batches=[1], q_len=min(c, n), **common)]

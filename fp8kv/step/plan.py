@@ -52,7 +52,7 @@ def activation_bytes(shape: ModelShape, batch: int, dtype: torch.dtype = torch.b
 
 def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_gib, utilization: float = 0.9,
                  block_size: int = 16, dtype: torch.dtype = torch.bfloat16, num_sms: int = 132,
-                 q_len: int = 1) -> dict:
+                 q_len: int = 1, draft_model=None) -> dict:
     """The largest batch of ``context``-token sequences whose KV and activations fit, with the planner's accounting.
 
     ``q_len``: new tokens per sequence in the step (1: decode; k + 1: verification of k drafts). They are
@@ -69,10 +69,18 @@ def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_g
     ``activation_bytes`` (at the ceiling), ``weights_bytes``, ``gpu``, ``gpu_memory_gib``,
     ``utilization`` and ``context``. Raises :class:`~fp8kv.capacity.CapacityError` when not even one
     sequence fits.
+
+    ``draft_model`` (a registry name or ModelShape; speculative decoding with a separate draft model): its
+    weights come off the budget and each sequence holds the draft's KV beside the target's (same KV dtype and
+    context, :func:`fp8kv.capacity.plan_capacity`'s bytes), so the ceiling is the batch both models' KV fit;
+    the draft's activations (a few MiB) are not counted. The plan gains ``draft_model``,
+    ``draft_weights_bytes`` and ``draft_bytes_per_seq`` (0 without one).
     """
     from ..checks import positive_int
 
     shape = require_step_shape(shape)
+    draft = None if draft_model is None else require_step_shape(
+        draft_model if isinstance(draft_model, ModelShape) else get_model(draft_model))
     context = positive_int(context, "context")
     q_len = positive_int(q_len, "q_len")
     if q_len > context:
@@ -83,6 +91,16 @@ def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_g
     budget, fixed = base["kv_budget_bytes"], base["fixed_scale_bytes"]
     bpseq = math.ceil(context / block_size)
     seq_bytes = bpseq * base["block_bytes"]
+    draft_weights = draft_seq = 0
+    if draft is not None:  # the draft model lives on the same GPU: its weights once, its KV per sequence
+        dw = None if draft.num_params is not None else param_count(draft) * _elem(dtype) / GIB
+        d = plan_capacity(draft, kv_dtype, gpu_memory_gib=gpu_memory_gib, utilization=utilization,
+                          block_size=block_size, max_model_len=context, weights_gib=dw)
+        draft_weights, draft_seq = d["weights_bytes"], bpseq * d["block_bytes"]
+        budget -= draft_weights
+        fixed += d["fixed_scale_bytes"]
+    target_seq = seq_bytes
+    seq_bytes += draft_seq
 
     def act(batch: int) -> int:
         return activation_bytes(shape, batch, dtype, num_sms, q_len)
@@ -92,23 +110,26 @@ def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_g
 
     if not fits(1):
         rows = "" if q_len == 1 else f" ({q_len} tokens)"
-        raise CapacityError(f"{shape.name} with {base['kv_dtype']} KV at context {context}: one sequence's KV "
-                            f"({gib_text(seq_bytes)}) and the activations of batch 1{rows} ({gib_text(act(1))}) do "
-                            f"not fit in the {gib_text(budget)} left after the weights")
+        with_draft = "" if draft is None else f" (with the draft {draft.name}'s)"
+        raise CapacityError(f"{shape.name} with {base['kv_dtype']} KV at context {context}: one sequence's KV"
+                            f"{with_draft} ({gib_text(seq_bytes)}) and the activations of batch 1{rows} "
+                            f"({gib_text(act(1))}) do not fit in the {gib_text(max(budget, 0))} left after the weights")
     lo, hi = 1, max(1, (budget - fixed) // seq_bytes)  # fits(lo); KV alone bounds the batch above
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     ceiling, activations = lo, act(lo)
-    plan = plan_capacity(shape, kv_dtype, kv_memory_gib=(budget - activations) / GIB,
-                         block_size=block_size, max_model_len=context)
+    # The target's pool: its share of the KV memory (the draft's KV is the rest).
+    target_kv = (budget - activations) * target_seq // seq_bytes
+    plan = plan_capacity(shape, kv_dtype, kv_memory_gib=target_kv / GIB, block_size=block_size, max_model_len=context)
     ceiling = min(ceiling, plan["blocks"] // bpseq)  # the GiB round trip may drop a byte
     if ceiling < 1:
         raise CapacityError(f"{shape.name} with {plan['kv_dtype']} KV: {plan['blocks']} blocks hold no sequence of "
                             f"{context} tokens ({bpseq} blocks)")
     return dict(plan, ceiling=ceiling, activation_bytes=activations, weights_bytes=base["weights_bytes"],
                 gpu=base["gpu"], gpu_memory_gib=base["gpu_memory_gib"], utilization=utilization, context=context,
-                q_len=q_len)
+                q_len=q_len, draft_model=None if draft is None else draft.name, draft_weights_bytes=draft_weights,
+                draft_bytes_per_seq=draft_seq)
 
 
 def kv_bytes_per_token(shape: ModelShape, kv_dtype: str, block_size: int = 16):
@@ -160,7 +181,7 @@ def run_dtype(dev: torch.device, dtype=None) -> torch.dtype:
 
 def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, gpu_memory_gib=None,
                utilization: float = 0.9, block_size: int = 16, device=None, dtype=None, q_len: int = 1,
-               backend: str | None = None, mode: str = "auto") -> list[dict]:
+               backend: str | None = None, mode: str = "auto", draft_model=None) -> list[dict]:
     """What :func:`sweep` will measure, without building anything: one dict per (model, context, kv_dtype)
     with ``shape``, ``plan`` (the :func:`step_ceiling` plan, ``ceiling`` among its keys) and ``batches``.
     Explicit ``batches`` are checked against the ceiling, the largest batch whose KV and activations fit
@@ -173,7 +194,8 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     ``kv_dtype`` is the canonical name), a format's ceiling from the planner's bytes per token for it (codes and
     scales). Refused before any ceiling (ValueError naming ``kv_dtypes``, the value and what is accepted): an
     unknown name, a format whose block does not fit a model's head_dim, a format with ``q_len`` above 1 and,
-    where ``backend`` (and ``mode``) is given, a format that backend does not read."""
+    where ``backend`` (and ``mode``) is given, a format that backend does not read. ``draft_model``: a separate
+    draft model sharing the GPU (:func:`step_ceiling`)."""
     from ..checks import positive_int
     from ..device import resolve_device
     from ..ops.decode.splits import sm_count  # here, not above: it imports triton (--interpret comes first)
@@ -193,7 +215,8 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     for shape in shapes:
         for ctx in contexts:
             ceil = {kv: step_ceiling(shape, kv, ctx, gpu_memory_gib=mem, utilization=utilization,
-                                     block_size=block_size, dtype=dtype, num_sms=sm_count(dev), q_len=q_len)
+                                     block_size=block_size, dtype=dtype, num_sms=sm_count(dev), q_len=q_len,
+                                     draft_model=draft_model)
                     for kv in kv_dtypes}
             for kv in kv_dtypes:
                 c = ceil[kv]["ceiling"]

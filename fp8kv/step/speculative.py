@@ -14,9 +14,10 @@ after k accepted drafts). The tokens a step yields per sequence are then, in exp
 
 The draft's cost per step is ``draft_us``, a parameter: 0 by default, the cost of drafts that come nearly free
 beside the target's step (multi-token-prediction heads, n-gram / prompt-lookup drafts). A separate draft model
-costs k decode steps of its own: :func:`draft_cost_us` times them with :class:`~fp8kv.step.DecodeStep` on the
-draft model's shapes (its KV in the same dtype as the target's), and the result is passed as ``draft_us``. Its
-weights and KV are then not counted in the target's memory ceiling: pass ``gpu_memory_gib`` less them.
+costs k decode steps of its own: pass it as ``draft_model`` and :func:`verify_sweep` times one of its decode
+steps at each batch (:class:`~fp8kv.step.DecodeStep` on its shapes, KV in the same dtype as the target's) and
+counts k of them as ``draft_us``; its weights and its KV per sequence come off the memory the ceiling is
+planned in (:func:`~fp8kv.step.step_ceiling`). :func:`draft_cost_us` is that timing alone.
 
 Accepted tokens per second = ``B × E / (t_verify + t_draft)``. ``draft_len = 0`` is the plain decode step
 (``q_len = 1``, :func:`fp8kv.decode`), the baseline the other draft lengths are read against.
@@ -42,7 +43,7 @@ from .plan import plan_sweep, run_dtype
 VERIFY_COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "fp8kv_source",
     "model", "weights", "kv_dtype", "backend", "mode", "batch", "context", "ceiling",
-    "draft_len", "q_len", "acceptance", "accepted_per_step", "verify_us", "draft_us", "step_us",
+    "draft_model", "draft_len", "q_len", "acceptance", "accepted_per_step", "verify_us", "draft_us", "step_us",
     "accepted_tokens_per_s", "attention_us", "attention_share",
     "num_layers", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "gpu_memory_gib", "utilization",
     "activation_bytes", "timing", "logits_finite", "status", "reason",
@@ -88,7 +89,7 @@ def draft_us_arg(value, name: str = "draft_us") -> float:
 
 # ------------------------------------------------------------------------------------------------ sweep
 def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_dtypes=("bf16", "fp8_e4m3"), *,
-                 batches=None, draft_us: float = 0.0, backend: str = "auto", mode: str = "auto",
+                 batches=None, draft_us: float | None = None, draft_model=None, backend: str = "auto", mode: str = "auto",
                  gpu_memory_gib=None, utilization: float = 0.9, block_size: int = 16, weights: str = "auto",
                  device=None, dtype=None, rep: int = 50, progress: bool = True, seed: int = 0, cpu_reps: int = 3):
     """Time the verification step of each draft length from batch 1 to each KV dtype's ceiling (at that
@@ -103,6 +104,9 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
     draft_lens : ints >= 0 (0: the decode step, the baseline).
     acceptance : per-token acceptance rate(s) in [0, 1]; each is a row of the same timing.
     draft_us : the draft's cost per step in µs (default 0: MTP heads or n-gram drafts; see the module docstring).
+    draft_model : a separate draft model (registry name or ModelShape) on the same GPU: its weights and KV in the
+        ceiling, and (unless ``draft_us`` is given) ``draft_len`` of its decode steps timed at each batch as the
+        draft's cost.
 
     The timing is the step's (CUDA graph on a GPU); every argument is checked before anything is built.
     """
@@ -114,14 +118,19 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
 
     draft_lens = many_values(draft_lens, "draft_lens", draft_len_arg)
     accept = many_values(acceptance, "acceptance", acceptance_arg)
-    draft_us = draft_us_arg(draft_us)
+    timed_draft = draft_model is not None and draft_us is None  # the draft model's own steps are its cost
+    draft_us = 0.0 if draft_us is None else draft_us_arg(draft_us)
+    draft = None if draft_model is None else _draft_shape(draft_model)
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
     plans = {k: plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
-                           utilization=utilization, block_size=block_size, device=dev, dtype=dtype, q_len=k + 1)
+                           utilization=utilization, block_size=block_size, device=dev, dtype=dtype, q_len=k + 1,
+                           draft_model=draft)
              for k in draft_lens}
     shapes = list(dict.fromkeys(p["shape"] for p in plans[draft_lens[0]]))
     check_weights(shapes, weights)
+    if draft is not None:
+        check_weights([draft], "random" if weights == "auto" else weights)
     _check_host(plans, dev, dtype)
     info = describe_device(dev)
     stamp = utc_stamp()
@@ -156,14 +165,25 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
                             bar.update(1)
                 release_memory(dev)
                 continue
+            one_draft = {}  # (context, batch) -> µs of one draft decode step (or the reason it has none)
             for k, group in mine.items():
                 for p in group:
                     for b in p["batches"]:
                         bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} k={k} B={b}")
                         got = time_step(shape, w, pool, b, p["context"], k + 1, backend, mode, dev, rep, cpu_reps,
                                         seed, time_call)
-                        rows += _rows(base, shape, p, b, k, accept, draft_us, backend, mode, block_size,
-                                      dict(got, weights=w.source))
+                        cost = draft_us
+                        if timed_draft and k > 0 and got.get("status") == "ok":
+                            key = (p["context"], b)
+                            if key not in one_draft:
+                                one_draft[key] = _one_draft_step(draft, b, p["context"], kv, backend, mode, block_size,
+                                                                 weights, dev, dtype, rep, seed, cpu_reps)
+                            if isinstance(one_draft[key], str):
+                                got = {"status": "error", "reason": f"the draft model's step: {one_draft[key]}"}
+                            else:
+                                cost = k * one_draft[key]
+                        rows += _rows(base, shape, p, b, k, accept, cost, backend, mode, block_size,
+                                      dict(got, weights=w.source, draft_model=draft.name if draft else ""))
                         bar.update(1)
             del pool
             release_memory(dev)
@@ -175,8 +195,38 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
                                                         "utilization": utilization, "block_size": block_size,
                                                         "weights": weights, "dtype": str(dtype),
                                                         "draft_lens": draft_lens, "acceptance": accept,
-                                                        "draft_us": draft_us, "kind": "verify"})
+                                                        "draft_us": "timed" if timed_draft else draft_us,
+                                                        "draft_model": draft.name if draft else None,
+                                                        "kind": "verify"})
     return df
+
+
+def _draft_shape(draft_model):
+    from ..capacity import ModelShape, get_model
+    from .layers import require_step_shape
+
+    if not isinstance(draft_model, (str, ModelShape)):
+        _fail(f"draft_model={draft_model!r} ({type(draft_model).__name__}); expected a registry model name "
+              "(fp8kv.capacity.MODELS) or a ModelShape", TypeError)
+    return require_step_shape(draft_model if isinstance(draft_model, ModelShape) else get_model(draft_model))
+
+
+def _one_draft_step(draft, batch, context, kv, backend, mode, block_size, weights, dev, dtype, rep, seed,
+                    cpu_reps):
+    """µs of one decode step of the draft model at ``batch`` × ``context`` (its own weights and pool, freed
+    after), or the reason it did not run (a string: the verify rows of that batch say it)."""
+    from ..bench import time_call
+
+    try:
+        w = load_weights(draft, "random" if weights == "auto" else weights, dtype, dev, seed)
+        pool = KVPool(draft, batch * math.ceil(context / block_size), kv, block_size=block_size, device=dev)
+    except Exception as e:
+        release_memory(dev)
+        return why_failed(e)
+    got = time_step(draft, w, pool, batch, context, 1, backend, mode, dev, rep, cpu_reps, seed, time_call)
+    del w, pool
+    release_memory(dev)
+    return got["step_us"] if got["status"] == "ok" else f"{got['status']}: {got['reason']}"
 
 
 def _check_host(plans: dict, dev, dtype) -> None:
