@@ -169,6 +169,25 @@ def test_kernel_matches_the_oracle_on_the_same_pages(fmt, lens, hkv, group, d, b
     assert float((lse - ref_lse).abs().max()) <= tol
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the interpreter twin runs above)")
+@pytest.mark.parametrize("fmt", KERNEL_FORMATS)
+@pytest.mark.parametrize("lens,hkv,group,d,block_size,num_splits", CASES[:4])
+@pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16])
+def test_kernel_matches_the_oracle_on_a_gpu(fmt, lens, hkv, group, d, block_size, num_splits, q_dtype):
+    """The compiled kernel (not the interpreter) on the GPU's pages, bf16 queries included."""
+    k, v = draw(len(lens), max(lens), hkv, d, seed=len(lens) + d)
+    cache = QuantizedPagedKVCache.from_dense(fmt, k.cuda(), v.cuda(), lens, block_size=block_size)
+    q = q_for(cache, group, q_dtype).cuda()
+    out, lse = paged_decode_quantized(q, cache, num_splits=num_splits)
+    ref, ref_lse = quantized_reference(q, cache)
+    assert_rel_err(out.float(), ref, kernel_tolerance(q, q_dtype, cache), f"{fmt} {lens} on {torch.cuda.get_device_name()}")
+    sb = score_bound(q, cache)
+    tol = lse_tolerance("triton", "dequant", torch.float16, ref_lse, "channel" if q_dtype != torch.float16 else "tensor",
+                        score_bound=sb)
+    assert float((lse - ref_lse).abs().max()) <= tol
+
+
 @pytest.mark.parametrize("fmt", KERNEL_FORMATS)
 def test_kernel_with_large_scores_bf16_query_and_fp32_output(fmt):
     """K of scale 8 (scores of tens: a peaked softmax), a bf16 query, an fp32 output, sm_scale given."""
