@@ -116,3 +116,13 @@ def count_calls(monkeypatch, owner, name: str, counts: dict) -> None:
     for module_name, module in list(sys.modules.items()):
         if module_name.startswith("fp8kv") and module is not None and getattr(module, name, None) is original:
             monkeypatch.setattr(module, name, counting)
+
+
+def run_tokens(step, n_tokens: int, gen: torch.Generator):
+    """Decode ``n_tokens`` random tokens through a DecodeStep (positions 0, 1, ...); the last logits."""
+    logits = None
+    for pos in range(n_tokens):
+        step.input_ids.copy_(torch.randint(0, step.shape.vocab_size, (step.batch,), generator=gen))
+        step.set_positions(pos)
+        logits = step.forward()
+    return logits

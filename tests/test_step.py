@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from fixtures import seeded
+from fixtures import run_tokens, seeded
 
 from fp8kv import reference
 from fp8kv import step as S
@@ -28,15 +28,6 @@ def _toy_step(kv_dtype, backend, batch=2, context=48, seed=0):
     weights = S.random_weights(TOY, torch.float32, "cpu", seed=seed)
     pool = S.KVPool(TOY, 16, kv_dtype)
     return S.DecodeStep(TOY, weights, pool.caches(batch, context), backend=backend)
-
-
-def _run(step, n_tokens, gen):
-    logits = None
-    for pos in range(n_tokens):
-        step.input_ids.copy_(torch.randint(0, TOY.vocab_size, (step.batch,), generator=gen))
-        step.set_positions(pos)
-        logits = step.forward()
-    return logits
 
 
 # ------------------------------------------------------------------------------------------ pieces
@@ -90,7 +81,7 @@ def test_param_count_is_the_registry_count():
 @pytest.mark.parametrize("kv_dtype", ["fp16", "fp8_e4m3"])
 def test_step_attention_matches_the_oracle(kv_dtype, gen):
     step = _toy_step(kv_dtype, "triton")  # the Triton write and decode kernels, in the interpreter on CPU
-    _run(step, 19, gen)  # 19 tokens: two pages and a partial third per sequence
+    run_tokens(step, 19, gen)  # 19 tokens: two pages and a partial third per sequence
     assert step.seq_lens.tolist() == [19, 19]
     q = torch.randn(step.batch, TOY.num_q_heads, TOY.head_dim, generator=gen).to(step.q_dtype)
     case = Case(step.batch, 19, TOY.num_q_heads, TOY.num_kv_heads, TOY.head_dim, kv_dtype="fp16", q_dtype="fp16")
@@ -108,7 +99,7 @@ def test_triton_step_matches_reference_step(kv_dtype):
     runs = {}
     for backend in ("reference", "triton"):
         step = _toy_step(kv_dtype, backend)
-        runs[backend] = (_run(step, 6, seeded(5)), step)
+        runs[backend] = (run_tokens(step, 6, seeded(5)), step)
     (ref_logits, ref_step), (tri_logits, tri_step) = runs["reference"], runs["triton"]
     assert relative_error(tri_logits, ref_logits) < 2**-8
     for a, b in zip(ref_step.caches, tri_step.caches, strict=True):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import seeded
+from fixtures import run_tokens, seeded
 
 from fp8kv import step as S
 from fp8kv.cache.quantized import QuantizedPagedKVCache
@@ -27,15 +27,6 @@ def _step(kv_dtype, backend, batch=2, context=48, seed=0, **kw):
     weights = S.random_weights(TOY, torch.float32, "cpu", seed=seed)
     pool = S.KVPool(TOY, 16, kv_dtype, **kw)
     return S.DecodeStep(TOY, weights, pool.caches(batch, context), backend=backend)
-
-
-def _run(step, n_tokens, gen):
-    logits = None
-    for pos in range(n_tokens):
-        step.input_ids.copy_(torch.randint(0, TOY.vocab_size, (step.batch,), generator=gen))
-        step.set_positions(pos)
-        logits = step.forward()
-    return logits
 
 
 # ---------------------------------------------------------------------------------------------- write
@@ -69,7 +60,7 @@ def test_quantized_step_attention_matches_the_oracle(fmt, gen):
     oracle reading the same pages, every layer, within kernel_tolerance: both read the same codes and scales, so
     only fp16's roundings of the probabilities, the output and the query separate them."""
     step = _step(fmt, "triton")
-    logits = _run(step, 19, gen)  # two pages and a partial third per sequence
+    logits = run_tokens(step, 19, gen)  # two pages and a partial third per sequence
     assert step.backend == "triton" and step.mode == "dequant" and step.kv_dtype == fmt
     assert torch.isfinite(logits).all() and step.seq_lens.tolist() == [19, 19]
     for q_dtype in (torch.float16, torch.float32):
@@ -88,7 +79,7 @@ def test_reference_step_reads_every_format_through_the_oracle(fmt, gen):
     format runs, the two formats without a kernel included; "auto" on CPU with the interpreter picks the kernel
     where the format has one."""
     step = _step(fmt, "reference")
-    assert torch.isfinite(_run(step, 5, gen)).all()
+    assert torch.isfinite(run_tokens(step, 5, gen)).all()
     q = torch.randn(step.batch, TOY.num_q_heads, TOY.head_dim, generator=gen)
     assert torch.equal(step.attend(0, q), quantized_reference(q, step.caches[0], step.sm_scale)[0])
     assert _step(fmt, "auto").backend == ("triton" if fmt in KERNEL_FORMATS else "reference")
