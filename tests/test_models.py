@@ -494,3 +494,21 @@ def test_gemma3_accuracy_and_capture():
     assert len(res.tokens) == 4 and len(res.k_scales) == 18
     past = greedy_decode_paged(model, text_tokens(tok, 510), 8)  # runs past the 512-token windows
     assert len(past.tokens) == 8 and past.match_fraction > 0.5
+
+
+def test_every_format_on_a_loaded_model():
+    """Notebook 06's formats table: each loaded model's bf16 row and the formats that can hold its KV heads
+    (SmolLM2's head_dim 64 leaves KIVI's groups of 128 out), quantized as tokens enter the cache."""
+    from fp8kv.analysis.format_errors import models_format_accuracy
+    from fp8kv.models.introspect import kv_head_layout
+
+    model, tok = load_model("smollm2-135m")
+    assert kv_head_layout(model) == (3, 64)
+    t = models_format_accuracy({"smollm2-135m": (model, tok)}, ["int8_token_head", "nvfp4", "kivi4_g128"],
+                               window=24, n_windows=1)
+    assert list(t.columns[:2]) == ["model", "config"] and set(t["model"]) == {"smollm2-135m"}
+    assert list(t["config"]) == ["bf16", "int8_token_head", "nvfp4"]
+    kl = t.set_index("config")["kl_mean"]
+    assert kl["bf16"] == 0 and 0 < kl["int8_token_head"] < kl["nvfp4"]
+    with pytest.raises(TypeError, match="loaded="):
+        models_format_accuracy({}, ["int8_token_head"])

@@ -248,6 +248,10 @@ def check_06_model_accuracy(doc):
         assert 0 < v_only["kl_mean"] and 0 < k_only["kl_mean"]
         n_layers = {lr["layer"] for lr in r["layers"] if lr["model"] == model}
         assert n_layers == set(range(len(n_layers))) and len(n_layers) > 1
+        fmts = {f["config"]: f for f in r["formats"] if f["model"] == model}
+        # the smoke run's formats, each where it holds the model's heads, beside the model's bf16 row
+        assert list(fmts) == ["bf16", "int8_token_head", "int4_token_head", "nvfp4"] and fmts["bf16"]["kl_mean"] == 0
+        assert 0 < fmts["int8_token_head"]["kl_mean"] < fmts["int4_token_head"]["kl_mean"]
     assert r["decode_backends"] == ["reference"]  # the CPU run; a GPU adds triton and flashinfer
     assert len(r["decode"]) == 3 * len(r["models"]) * len(r["decode_backends"])
     assert {d["backend"] for d in r["decode"]} == set(r["decode_backends"])

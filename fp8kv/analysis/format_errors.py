@@ -21,7 +21,7 @@ from ..reference import attention
 from ..synthetic import kv_like_llm, queries_like_llm
 
 __all__ = ["COMPARED_FORMATS", "through_format", "kv_format_errors", "synthetic_format_errors",
-           "model_format_errors", "format_accuracy", "fitting_formats", "bench_format_name", "format_table"]
+           "model_format_errors", "format_accuracy", "models_format_accuracy", "fitting_formats", "bench_format_name", "format_table"]
 
 # The formats compared by default: FP8 per tensor and per token and head, INT8 / INT4, KIVI, the FP4 formats.
 COMPARED_FORMATS = ("fp8_e4m3_tensor", "fp8_e4m3_token_head", "int8_token_head", "int4_token_head", "kivi4_g32",
@@ -118,6 +118,30 @@ def format_accuracy(model, tokens, formats=COMPARED_FORMATS, *, window: int = 25
     configs = [KVQuantConfig(fmt=f) for f in _formats(formats)]
     return evaluate(model, tokens, configs, window=window, n_windows=n_windows, bos_token_id=bos_token_id,
                     per_layer=per_layer)
+
+
+def models_format_accuracy(loaded: dict, formats=COMPARED_FORMATS, *, window: int = 256, n_windows: int = 8):
+    """:func:`format_accuracy` of each loaded model (``{name: (model, tokenizer)}``, as
+    :func:`fp8kv.analysis.model_accuracy` leaves them) over the first ``n_windows`` windows of ``window`` text
+    tokens, BOS first where its tokenizer puts one, with the formats among ``formats`` that can hold its KV heads
+    (:func:`fitting_formats`). One table, a ``model`` column first; each model's bf16 baseline row included."""
+    import pandas as pd
+
+    from ..models import bos_token_id, text_tokens
+    from ..models.introspect import kv_head_layout
+
+    window, n_windows = checks.positive_int(window, "window"), checks.positive_int(n_windows, "n_windows")
+    if not isinstance(loaded, dict) or not loaded:
+        checks.fail(f"loaded={checks.show_value(loaded)}; expected a non-empty dict of model name -> (model, "
+                    "tokenizer), as fp8kv.analysis.model_accuracy(...).loaded", TypeError)
+    tables = []
+    for name, (model, tok) in loaded.items():
+        hkv, d = kv_head_layout(model)
+        fits = fitting_formats(formats, num_kv_heads=hkv, head_dim=d)
+        t = format_accuracy(model, text_tokens(tok, window * n_windows), fits, window=window, n_windows=n_windows,
+                            bos_token_id=bos_token_id(tok))
+        tables.append(t.assign(model=name)[["model", *[c for c in t.columns if c != "model"]]])
+    return pd.concat(tables, ignore_index=True)
 
 
 def fitting_formats(formats=COMPARED_FORMATS, *, num_kv_heads: int, head_dim: int) -> list[str]:

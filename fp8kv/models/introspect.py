@@ -7,8 +7,8 @@ import torch
 
 from .. import checks
 
-__all__ = ["num_layers", "layer_types", "attention_modules", "vocab_size", "check_token_ids", "token_ids",
-           "check_token_id", "one_sequence"]
+__all__ = ["num_layers", "layer_types", "attention_modules", "vocab_size", "kv_head_layout", "check_token_ids",
+           "token_ids", "check_token_id", "one_sequence"]
 
 
 def _text_config(model):
@@ -32,6 +32,15 @@ def attention_modules(model) -> list:
     """The attention modules in layer order (those with ``layer_idx`` and ``k_proj``)."""
     mods = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "k_proj")]
     return sorted(mods, key=lambda m: m.layer_idx)
+
+
+def kv_head_layout(model) -> tuple[int, int]:
+    """``(num_kv_heads, head_dim)`` of ``model``'s KV cache, from its config (head_dim given, else hidden size
+    over attention heads; KV heads given, else one per attention head)."""
+    cfg = _text_config(model)
+    heads = int(cfg.num_attention_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return int(getattr(cfg, "num_key_value_heads", None) or heads), int(head_dim)
 
 
 def vocab_size(model) -> int | None:
