@@ -473,3 +473,35 @@ def test_draft_cost_is_draft_len_decode_steps_of_the_draft_model():
             S.draft_cost_us(S.TOY_QWEN, 2, 32, bad, "fp16", **kw)
     with pytest.raises(ValueError, match="batch=0"):
         S.draft_cost_us(S.TOY_QWEN, 0, 32, 3, "fp16", **kw)
+
+
+@pytest.mark.parametrize("which", ["decode", "verify"])
+def test_a_pool_or_weights_that_cannot_be_built_fail_their_rows_only(monkeypatch, which):
+    """Both sweeps run through one loop (fp8kv.step.measure.run_pools): a KV pool that cannot be allocated
+    (out of memory on a GPU) turns its own points into error rows naming why and the other dtype runs; weights
+    that do not load turn every point of the model into such rows. Nothing is left out, nothing raises."""
+    from fp8kv.step import measure
+
+    real = measure.KVPool
+
+    def pool(shape, blocks, kv, **kw):
+        if kv == "fp8_e4m3":
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(shape, blocks, kv, **kw)
+
+    def run():
+        if which == "decode":
+            return S.sweep([S.TOY_QWEN], [40], ["fp16", "fp8_e4m3"], batches=[1, 2], **SWEEP)
+        return S.verify_sweep([S.TOY_QWEN], [40], [0, 2], [0.5], ["fp16", "fp8_e4m3"], batches=[1, 2], **SWEEP)
+
+    monkeypatch.setattr(measure, "KVPool", pool)
+    df = run()
+    assert len(df) == 2 * 2 * (1 if which == "decode" else 2)
+    bad, ok = df[df["kv_dtype"] == "fp8_e4m3"], df[df["kv_dtype"] == "fp16"]
+    assert (ok["status"] == "ok").all(), ok["reason"].tolist()
+    assert (bad["status"] == "error").all()
+    assert bad["reason"].str.contains("allocating the fp8_e4m3 KV pool: OutOfMemoryError").all()
+    monkeypatch.setattr(measure, "KVPool", real)
+    monkeypatch.setattr(measure, "load_weights", lambda *a, **k: (_ for _ in ()).throw(OSError("no weights")))
+    df = run()
+    assert (df["status"] == "error").all() and df["reason"].str.contains("loading the weights: OSError").all()

@@ -105,35 +105,28 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     info = describe_device(dev)
     stamp = utc_stamp()
     base = machine_fields(stamp, info, copy_gbps)
-    rows = []
     bar = tqdm(total=sum(len(p["batches"]) for p in plans), disable=not progress, desc="step", unit="point")
-    for shape in dict.fromkeys(p["shape"] for p in plans):
-        mine = [p for p in plans if p["shape"] is shape]
-        try:
-            w = load_weights(shape, weights, dtype, dev, seed)
-        except Exception as e:  # one model's weights must not end the sweep: its rows say why
-            rows += _failed_points(shape, mine, backend, mode, base, block_size, f"loading the weights: {why_failed(e)}",
-                                   bar)
-            continue
-        for kv in dict.fromkeys(p["kv_dtype"] for p in mine):
-            group = [p for p in mine if p["kv_dtype"] == kv]
-            try:
-                pool = KVPool(shape, pool_blocks(group, dev), kv, block_size=block_size, device=dev)
-            except Exception as e:  # e.g. out of memory on a GPU: the pool's points say so, the others run
-                rows += _failed_points(shape, group, backend, mode, base, block_size,
-                                       f"allocating the {kv} KV pool: {why_failed(e)}", bar, weights=w)
-                release_memory(dev)
-                continue
-            for p in group:
-                for b in p["batches"]:
-                    bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} B={b}")
-                    rows.append(_measure_point(shape, w, pool, p, b, backend, mode, dev, base, rep, cpu_reps,
-                                               seed, time_call))
-                    bar.update(1)
-            del pool
-            release_memory(dev)
-        del w
-        release_memory(dev)
+
+    def mine(shape, kv=None):
+        return [p for p in plans if p["shape"] is shape and kv in (None, p["kv_dtype"])]
+
+    def measure(shape, kv, w, pool):
+        rows = []
+        for p in mine(shape, kv):
+            for b in p["batches"]:
+                bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} B={b}")
+                rows.append(_measure_point(shape, w, pool, p, b, backend, mode, dev, base, rep, cpu_reps, seed,
+                                           time_call))
+                bar.update(1)
+        return rows
+
+    def failed(shape, kv, w, reason):
+        return _failed_points(shape, mine(shape, kv), backend, mode, base, block_size, reason, bar, weights=w)
+
+    rows = run_pools(dict.fromkeys(p["shape"] for p in plans),
+                     lambda shape: dict.fromkeys(p["kv_dtype"] for p in mine(shape)),
+                     lambda shape, kv: pool_blocks(mine(shape, kv), dev), measure, failed, weights=weights,
+                     dtype=dtype, dev=dev, seed=seed, block_size=block_size)
     bar.close()
     df = pd.DataFrame(rows, columns=COLUMNS)
     df.attrs["step"] = run_metadata(stamp, info, copy_info, {"rep": rep, "backend": backend, "mode": mode,
@@ -197,6 +190,63 @@ def why_failed(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def run_pools(shapes, kv_dtypes_of, blocks_of, measure, failed, *, weights, dtype, dev, seed, block_size) -> list:
+    """The loop every step sweep runs: per model its weights, then per KV dtype (``kv_dtypes_of(shape)``) one
+    :class:`KVPool` of ``blocks_of(shape, kv)`` blocks handed to ``measure(shape, kv, w, pool)`` (its rows), each
+    pool freed before the next is allocated (a GPU holds one at a time). What cannot be built does not end the
+    sweep: ``failed(shape, kv, w, reason)`` gives its rows (``kv`` None and ``w`` None: the model's weights did not
+    load, for all its points; else that pool, e.g. out of memory). The rows, in order."""
+    rows = []
+    for shape in shapes:
+        try:
+            w = load_weights(shape, weights, dtype, dev, seed)
+        except Exception as e:  # one model's weights must not end the sweep: its rows say why
+            rows += failed(shape, None, None, f"loading the weights: {why_failed(e)}")
+            continue
+        for kv in kv_dtypes_of(shape):
+            try:
+                pool = KVPool(shape, blocks_of(shape, kv), kv, block_size=block_size, device=dev)
+            except Exception as e:  # e.g. out of memory on a GPU: the pool's points say so, the others run
+                rows += failed(shape, kv, w, f"allocating the {kv} KV pool: {why_failed(e)}")
+                release_memory(dev)
+                continue
+            rows += measure(shape, kv, w, pool)
+            del pool
+            release_memory(dev)
+        del w
+        release_memory(dev)
+    return rows
+
+
+def time_step(shape, w, pool, batch: int, context: int, q_len: int, backend, mode, dev, rep, cpu_reps, seed,
+              time_call, *, logits: str = "all") -> dict:
+    """One step of ``batch`` sequences whose last ``q_len`` of ``context`` tokens are new, built over ``pool`` and
+    timed: ``step_us``, ``attention_us``, ``timing``, ``logits_finite``, ``backend``, ``mode``, ``status`` ``ok``;
+    or ``status`` ``unsupported`` / ``error`` and the ``reason`` (the sweep goes on either way)."""
+    step = None
+    try:
+        step = DecodeStep(shape, w, pool.caches(batch, context, seed), backend=backend, mode=mode, q_len=q_len,
+                          logits=logits)
+        out = {"backend": step.backend, "mode": step.mode}
+        step.input_ids.copy_(torch.arange(batch * q_len, device=dev) % shape.vocab_size)
+        step.set_positions(context - q_len)  # the new tokens are the last q_len: attention reads context tokens
+        logits_out = step.forward()
+        out["logits_finite"] = bool(torch.isfinite(logits_out).all())
+        del logits_out
+        graph = step.backend != "reference"
+        step_s, timing = time_call(step.forward, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
+        attn_s, _ = time_call(step.attention_only, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
+    except torch.OutOfMemoryError as e:
+        return {"status": "error", "reason": f"out of memory below the planned ceiling: {e}"}
+    except UnsupportedError as e:
+        return {"status": "unsupported", "reason": str(e)}
+    except Exception as e:  # one broken point must not end the sweep; its row says what happened
+        return {"status": "error", "reason": why_failed(e)}
+    finally:
+        del step
+    return dict(out, step_us=step_s * 1e6, attention_us=attn_s * 1e6, timing=timing, status="ok", reason="")
+
+
 def _point_row(shape, p, batch, backend, mode, base, block_size, weights=None, pool=None) -> dict:
     """A point's row before it is timed: what was asked and planned (bytes where the weights are known)."""
     ctx, kv, plan = p["context"], p["kv_dtype"], p["plan"]
@@ -230,35 +280,17 @@ def _failed_points(shape, plans, backend, mode, base, block_size, reason, bar, w
 def _measure_point(shape, w, pool, p, batch, backend, mode, dev, base, rep, cpu_reps, seed, time_call) -> dict:
     """One point's row: timed (status ``ok``), or the reason it did not run (``unsupported``: the backend refuses
     the point; ``error``: out of memory or anything else it raised; the sweep goes on either way)."""
-    ctx = p["context"]
     row = _point_row(shape, p, batch, backend, mode, base, pool.block_size, w, pool)
-    step = None
-    try:
-        step = DecodeStep(shape, w, pool.caches(batch, ctx, seed), backend=backend, mode=mode)
-        row.update(backend=step.backend, mode=step.mode)
-        step.input_ids.copy_(torch.arange(batch, device=dev) % shape.vocab_size)
-        step.set_positions(ctx - 1)  # the new token is the context-th: attention reads ctx tokens
-        logits = step.forward()
-        row["logits_finite"] = bool(torch.isfinite(logits).all())
-        del logits
-        graph = step.backend != "reference"
-        step_s, timing = time_call(step.forward, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
-        attn_s, _ = time_call(step.attention_only, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
-    except torch.OutOfMemoryError as e:
-        row.update(status="error", reason=f"out of memory below the planned ceiling: {e}")
+    got = time_step(shape, w, pool, batch, p["context"], 1, backend, mode, dev, rep, cpu_reps, seed, time_call)
+    row.update({k: got[k] for k in ("backend", "mode", "logits_finite") if k in got})
+    if got["status"] != "ok":
+        row.update(status=got["status"], reason=got["reason"])
         return row
-    except UnsupportedError as e:
-        row.update(status="unsupported", reason=str(e))
-        return row
-    except Exception as e:  # one broken point must not end the sweep; its row says what happened
-        row.update(status="error", reason=why_failed(e))
-        return row
-    finally:
-        del step
+    step_s = got["step_us"] * 1e-6
     gbps = row["bytes_moved"] / step_s / 1e9
     copy = base["copy_gbps"]
-    row.update(step_us=step_s * 1e6, tokens_per_s=batch / step_s, attention_us=attn_s * 1e6,
-               attention_share=attn_s / step_s, gbps=gbps, timing=timing,
+    row.update(step_us=got["step_us"], tokens_per_s=batch / step_s, attention_us=got["attention_us"],
+               attention_share=got["attention_us"] / got["step_us"], gbps=gbps, timing=got["timing"],
                pct_copy_bw=100.0 * gbps / copy if copy == copy else float("nan"))
     return row
 

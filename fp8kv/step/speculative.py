@@ -31,13 +31,12 @@ from collections.abc import Sequence
 
 import torch
 
-from ..capability import UnsupportedError
 from ..checks import fail as _fail
 from ..checks import nonnegative_int, real
 from ..results import utc_stamp
 from ..sweeps import machine_fields, release_memory, run_metadata
-from .measure import check_weights, load_weights, pool_blocks, why_failed
-from .model import DecodeStep, KVPool
+from .measure import check_weights, load_weights, pool_blocks, run_pools, time_step, why_failed
+from .model import KVPool
 from .plan import plan_sweep, run_dtype
 
 VERIFY_COLUMNS = [
@@ -136,59 +135,46 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
     stamp = utc_stamp()
     base = machine_fields(stamp, info, float("nan"))
     base = {k: v for k, v in base.items() if k in VERIFY_COLUMNS}
-    rows = []
     total = sum(len(p["batches"]) for group in plans.values() for p in group)
     bar = tqdm(total=total, disable=not progress, desc="verify", unit="point")
-    for shape in shapes:
-        try:
-            w = load_weights(shape, weights, dtype, dev, seed)
-        except Exception as e:  # one model's weights must not end the sweep: its rows say why
-            for k, group in plans.items():
-                for p in (p for p in group if p["shape"] is shape):
-                    for b in p["batches"]:
-                        rows += _rows(base, shape, p, b, k, accept, draft_us, backend, mode, block_size,
-                                      {"status": "error", "reason": f"loading the weights: {why_failed(e)}"})
-                        bar.update(1)
-            continue
-        for kv in dict.fromkeys(p["kv_dtype"] for p in plans[draft_lens[0]] if p["shape"] is shape):
-            mine = {k: [p for p in group if p["shape"] is shape and p["kv_dtype"] == kv] for k, group in plans.items()}
-            try:
-                pool = KVPool(shape, max(pool_blocks(g, dev) for g in mine.values()), kv, block_size=block_size,
-                              device=dev)
-            except Exception as e:  # e.g. out of memory on a GPU: the pool's points say so, the others run
-                for k, group in mine.items():
-                    for p in group:
-                        for b in p["batches"]:
-                            rows += _rows(base, shape, p, b, k, accept, draft_us, backend, mode, block_size,
-                                          {"status": "error", "reason": f"allocating the {kv} KV pool: {why_failed(e)}",
-                                           "weights": w.source})
-                            bar.update(1)
-                release_memory(dev)
-                continue
-            one_draft = {}  # (context, batch) -> µs of one draft decode step (or the reason it has none)
-            for k, group in mine.items():
-                for p in group:
-                    for b in p["batches"]:
-                        bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} k={k} B={b}")
-                        got = time_step(shape, w, pool, b, p["context"], k + 1, backend, mode, dev, rep, cpu_reps,
-                                        seed, time_call)
-                        cost = draft_us
-                        if timed_draft and k > 0 and got.get("status") == "ok":
-                            key = (p["context"], b)
-                            if key not in one_draft:
-                                one_draft[key] = _one_draft_step(draft, b, p["context"], kv, backend, mode, block_size,
-                                                                 weights, dev, dtype, rep, seed, cpu_reps)
-                            if isinstance(one_draft[key], str):
-                                got = {"status": "error", "reason": f"the draft model's step: {one_draft[key]}"}
-                            else:
-                                cost = k * one_draft[key]
-                        rows += _rows(base, shape, p, b, k, accept, cost, backend, mode, block_size,
-                                      dict(got, weights=w.source, draft_model=draft.name if draft else ""))
-                        bar.update(1)
-            del pool
-            release_memory(dev)
-        del w
-        release_memory(dev)
+    drafted = draft.name if draft else ""
+
+    def mine(shape, kv=None):  # draft length -> its plans of this model (and KV dtype)
+        return {k: [p for p in group if p["shape"] is shape and kv in (None, p["kv_dtype"])] for k, group in plans.items()}
+
+    def points(shape, kv=None):
+        return [(k, p, b) for k, group in mine(shape, kv).items() for p in group for b in p["batches"]]
+
+    def failed(shape, kv, w, reason):
+        got = {"status": "error", "reason": reason, "draft_model": drafted, **({"weights": w.source} if w else {})}
+        rows = [r for k, p, b in points(shape, kv)
+                for r in _rows(base, shape, p, b, k, accept, draft_us, backend, mode, block_size, got)]
+        bar.update(len(points(shape, kv)))
+        return rows
+
+    def measure(shape, kv, w, pool):
+        rows, one_draft = [], {}  # (context, batch) -> µs of one draft decode step (or the reason it has none)
+        for k, p, b in points(shape, kv):
+            bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} k={k} B={b}")
+            got = time_step(shape, w, pool, b, p["context"], k + 1, backend, mode, dev, rep, cpu_reps, seed, time_call)
+            cost = draft_us
+            if timed_draft and k > 0 and got.get("status") == "ok":
+                key = (p["context"], b)
+                if key not in one_draft:
+                    one_draft[key] = _one_draft_step(draft, b, p["context"], kv, backend, mode, block_size, weights,
+                                                     dev, dtype, rep, seed, cpu_reps)
+                if isinstance(one_draft[key], str):
+                    got = {"status": "error", "reason": f"the draft model's step: {one_draft[key]}"}
+                else:
+                    cost = k * one_draft[key]
+            rows += _rows(base, shape, p, b, k, accept, cost, backend, mode, block_size,
+                          dict(got, weights=w.source, draft_model=drafted))
+            bar.update(1)
+        return rows
+
+    rows = run_pools(shapes, lambda shape: dict.fromkeys(p["kv_dtype"] for p in plans[draft_lens[0]] if p["shape"] is shape),
+                     lambda shape, kv: max(pool_blocks(g, dev) for g in mine(shape, kv).values()), measure, failed,
+                     weights=weights, dtype=dtype, dev=dev, seed=seed, block_size=block_size)
     bar.close()
     df = pd.DataFrame(rows, columns=VERIFY_COLUMNS)
     df.attrs["step"] = run_metadata(stamp, info, None, {"rep": rep, "backend": backend, "mode": mode,
@@ -237,35 +223,6 @@ def _check_host(plans: dict, dev, dtype) -> None:
     for group in plans.values():
         merged += group
     check_host_memory(merged, dev, dtype)
-
-
-def time_step(shape, w, pool, batch: int, context: int, q_len: int, backend, mode, dev, rep, cpu_reps, seed,
-              time_call, *, logits: str = "all") -> dict:
-    """One step of ``batch`` sequences whose last ``q_len`` of ``context`` tokens are new, built over ``pool`` and
-    timed: ``step_us``, ``attention_us``, ``timing``, ``logits_finite``, ``backend``, ``mode``, ``status`` ``ok``;
-    or ``status`` ``unsupported`` / ``error`` and the ``reason`` (the sweep goes on either way)."""
-    step = None
-    try:
-        step = DecodeStep(shape, w, pool.caches(batch, context, seed), backend=backend, mode=mode, q_len=q_len,
-                          logits=logits)
-        out = {"backend": step.backend, "mode": step.mode}
-        step.input_ids.copy_(torch.arange(batch * q_len, device=dev) % shape.vocab_size)
-        step.set_positions(context - q_len)  # the new tokens are the last q_len: attention reads context tokens
-        logits_out = step.forward()
-        out["logits_finite"] = bool(torch.isfinite(logits_out).all())
-        del logits_out
-        graph = step.backend != "reference"
-        step_s, timing = time_call(step.forward, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
-        attn_s, _ = time_call(step.attention_only, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
-    except torch.OutOfMemoryError as e:
-        return {"status": "error", "reason": f"out of memory below the planned ceiling: {e}"}
-    except UnsupportedError as e:
-        return {"status": "unsupported", "reason": str(e)}
-    except Exception as e:  # one broken point must not end the sweep; its row says what happened
-        return {"status": "error", "reason": why_failed(e)}
-    finally:
-        del step
-    return dict(out, step_us=step_s * 1e6, attention_us=attn_s * 1e6, timing=timing, status="ok", reason="")
 
 
 def _rows(base, shape, p, batch, draft_len, accept, draft_us, backend, mode, block_size, got) -> list[dict]:
