@@ -546,3 +546,15 @@ def test_attention_time_in_the_step_agrees_with_the_kernel_benchmark():
         assert 0.85 <= ratio <= 1.15, (kv, per_layer * 1e6, row["time_us"])
         del step, pool
         torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("error,status,words", [
+    (torch.OutOfMemoryError("CUDA out of memory"), "error", "out of memory below the planned ceiling"),
+    (UnsupportedError("backend=triton: no kernel"), "unsupported", "backend=triton: no kernel"),
+    (RuntimeError("boom"), "error", "RuntimeError: boom"),
+])
+def test_a_point_that_raises_becomes_its_rows_status_and_reason(error, status, words):
+    from fp8kv.step.measure import point_failure
+
+    got = point_failure(error)
+    assert got["status"] == status and words in got["reason"]

@@ -190,6 +190,16 @@ def why_failed(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def point_failure(e: Exception) -> dict:
+    """A point that raised, as its row's ``status`` and ``reason``: ``unsupported`` where the backend refuses it,
+    ``error`` otherwise (out of memory below the planned ceiling said so)."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return {"status": "error", "reason": f"out of memory below the planned ceiling: {e}"}
+    if isinstance(e, UnsupportedError):
+        return {"status": "unsupported", "reason": str(e)}
+    return {"status": "error", "reason": why_failed(e)}
+
+
 def run_pools(shapes, kv_dtypes_of, blocks_of, measure, failed, *, weights, dtype, dev, seed, block_size) -> list:
     """The loop every step sweep runs: per model its weights, then per KV dtype (``kv_dtypes_of(shape)``) one
     :class:`KVPool` of ``blocks_of(shape, kv)`` blocks handed to ``measure(shape, kv, w, pool)`` (its rows), each
@@ -236,12 +246,8 @@ def time_step(shape, w, pool, batch: int, context: int, q_len: int, backend, mod
         graph = step.backend != "reference"
         step_s, timing = time_call(step.forward, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
         attn_s, _ = time_call(step.attention_only, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
-    except torch.OutOfMemoryError as e:
-        return {"status": "error", "reason": f"out of memory below the planned ceiling: {e}"}
-    except UnsupportedError as e:
-        return {"status": "unsupported", "reason": str(e)}
     except Exception as e:  # one broken point must not end the sweep; its row says what happened
-        return {"status": "error", "reason": why_failed(e)}
+        return point_failure(e)
     finally:
         del step
     return dict(out, step_us=step_s * 1e6, attention_us=attn_s * 1e6, timing=timing, status="ok", reason="")

@@ -21,7 +21,7 @@ from ..checks import positive_int
 from ..results import utc_stamp
 from ..sweeps import machine_fields, release_memory, run_metadata
 from .layers import StepWeights
-from .measure import check_host_memory, check_weights, load_weights, why_failed
+from .measure import check_host_memory, check_weights, load_weights, point_failure, why_failed
 from .model import DecodeStep, KVPool
 from .plan import plan_sweep, run_dtype
 from .speculative import many_values
@@ -158,7 +158,6 @@ def prefill_sweep(models, prompt_lens, chunks, kv_dtypes=("bf16", "fp8_e4m3"), *
 def _time_prefill(shape, w, kv, prompt, chunk, backend, mode, block_size, dev, rep, cpu_reps, seed,
                   time_call) -> dict:
     """One (prompt, chunk) point: every chunk's forward run in order, each timed where it stands; the sums."""
-    from ..capability import UnsupportedError
 
     pre = pool = None
     try:
@@ -175,12 +174,8 @@ def _time_prefill(shape, w, kv, prompt, chunk, backend, mode, block_size, dev, r
             a, _ = time_call(step.attention_only, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
             total, attn = total + s, attn + a
         out["logits_finite"] = bool(torch.isfinite(logits).all())
-    except torch.OutOfMemoryError as e:
-        return {"status": "error", "reason": f"out of memory below the planned ceiling: {e}"}
-    except UnsupportedError as e:
-        return {"status": "unsupported", "reason": str(e)}
     except Exception as e:  # one broken point must not end the sweep; its row says what happened
-        return {"status": "error", "reason": why_failed(e)}
+        return point_failure(e)
     finally:
         del pre, pool
     return dict(out, ttft_us=total * 1e6, prefill_tokens_per_s=prompt / total, attention_us=attn * 1e6,
