@@ -28,6 +28,16 @@ def require_step_shape(shape: ModelShape) -> ModelShape:
     return shape
 
 
+def step_shape(model, name: str = "model") -> ModelShape:
+    """A step's model argument as its ModelShape: a registry name (:func:`fp8kv.capacity.get_model`) or a
+    ModelShape, with the fields a decode step needs (:func:`require_step_shape`); anything else is a TypeError
+    naming ``name``."""
+    if not isinstance(model, (str, ModelShape)):
+        _fail(f"{name}={model!r} ({type(model).__name__}); expected a registry model name (fp8kv.capacity.MODELS) "
+              "or a ModelShape", TypeError)
+    return require_step_shape(model if isinstance(model, ModelShape) else get_model(model))
+
+
 # ------------------------------------------------------------------------------------------ pieces
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim as Llama/Qwen compute it: in fp32, cast back, then × weight.

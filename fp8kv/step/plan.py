@@ -11,7 +11,7 @@ import torch
 from ..cache import check_block_size
 from ..capacity import GIB, MAX_MEMORY_GIB, CapacityError, ModelShape, get_model, gib_text, plan_capacity
 from ..checks import fail as _fail
-from .layers import StepWeights, require_step_shape
+from .layers import StepWeights, require_step_shape, step_shape
 from .quantized import check_format_shape, check_format_step, is_format, step_kv_dtype
 
 
@@ -79,8 +79,7 @@ def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_g
     from ..checks import positive_int
 
     shape = require_step_shape(shape)
-    draft = None if draft_model is None else require_step_shape(
-        draft_model if isinstance(draft_model, ModelShape) else get_model(draft_model))
+    draft = None if draft_model is None else step_shape(draft_model, "draft_model")
     context = positive_int(context, "context")
     q_len = positive_int(q_len, "q_len")
     if q_len > context:

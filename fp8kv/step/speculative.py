@@ -35,6 +35,7 @@ from ..checks import fail as _fail
 from ..checks import nonnegative_int, real
 from ..results import utc_stamp
 from ..sweeps import machine_fields, release_memory, run_metadata
+from .layers import step_shape
 from .measure import check_weights, load_weights, pool_blocks, run_pools, time_step, why_failed
 from .model import KVPool
 from .plan import plan_sweep, run_dtype
@@ -119,7 +120,7 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
     accept = many_values(acceptance, "acceptance", acceptance_arg)
     timed_draft = draft_model is not None and draft_us is None  # the draft model's own steps are its cost
     draft_us = 0.0 if draft_us is None else draft_us_arg(draft_us)
-    draft = None if draft_model is None else _draft_shape(draft_model)
+    draft = None if draft_model is None else step_shape(draft_model, "draft_model")
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
     plans = {k: plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
@@ -147,10 +148,10 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
 
     def failed(shape, kv, w, reason):
         got = {"status": "error", "reason": reason, "draft_model": drafted, **({"weights": w.source} if w else {})}
-        rows = [r for k, p, b in points(shape, kv)
-                for r in _rows(base, shape, p, b, k, accept, draft_us, backend, mode, block_size, got)]
-        bar.update(len(points(shape, kv)))
-        return rows
+        failing = points(shape, kv)
+        bar.update(len(failing))
+        return [r for k, p, b in failing for r in _rows(base, shape, p, b, k, accept, draft_us, backend, mode,
+                                                          block_size, got)]
 
     def measure(shape, kv, w, pool):
         rows, one_draft = [], {}  # (context, batch) -> µs of one draft decode step (or the reason it has none)
@@ -187,32 +188,32 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
     return df
 
 
-def _draft_shape(draft_model):
-    from ..capacity import ModelShape, get_model
-    from .layers import require_step_shape
-
-    if not isinstance(draft_model, (str, ModelShape)):
-        _fail(f"draft_model={draft_model!r} ({type(draft_model).__name__}); expected a registry model name "
-              "(fp8kv.capacity.MODELS) or a ModelShape", TypeError)
-    return require_step_shape(draft_model if isinstance(draft_model, ModelShape) else get_model(draft_model))
-
-
 def _one_draft_step(draft, batch, context, kv, backend, mode, block_size, weights, dev, dtype, rep, seed,
                     cpu_reps):
-    """µs of one decode step of the draft model at ``batch`` × ``context`` (its own weights and pool, freed
-    after), or the reason it did not run (a string: the verify rows of that batch say it)."""
-    from ..bench import time_call
-
+    """µs of one decode step of the draft model at ``batch`` × ``context`` (:func:`_time_draft_step`), or the reason
+    it did not run (a string: the verify rows of that batch say it)."""
     try:
-        w = load_weights(draft, "random" if weights == "auto" else weights, dtype, dev, seed)
-        pool = KVPool(draft, batch * math.ceil(context / block_size), kv, block_size=block_size, device=dev)
+        got = _time_draft_step(draft, batch, context, kv, backend, mode, block_size,
+                               "random" if weights == "auto" else weights, dev, dtype, rep, seed, cpu_reps)
     except Exception as e:
         release_memory(dev)
         return why_failed(e)
+    return got["step_us"] if got["status"] == "ok" else f"{got['status']}: {got['reason']}"
+
+
+def _time_draft_step(draft, batch, context, kv, backend, mode, block_size, weights, dev, dtype, rep, seed,
+                     cpu_reps) -> dict:
+    """One decode step of the draft model at ``batch`` × ``context`` over its own weights and a pool just large
+    enough (freed after), timed (:func:`~fp8kv.step.measure.time_step`'s dict). Loading the weights or allocating
+    the pool raises."""
+    from ..bench import time_call
+
+    w = load_weights(draft, weights, dtype, dev, seed)
+    pool = KVPool(draft, batch * math.ceil(context / block_size), kv, block_size=block_size, device=dev)
     got = time_step(draft, w, pool, batch, context, 1, backend, mode, dev, rep, cpu_reps, seed, time_call)
     del w, pool
     release_memory(dev)
-    return got["step_us"] if got["status"] == "ok" else f"{got['status']}: {got['reason']}"
+    return got
 
 
 def _check_host(plans: dict, dev, dtype) -> None:
@@ -255,12 +256,10 @@ def draft_cost_us(draft_model, batch: int, context: int, draft_len: int, kv_dtyp
     of its decode steps, one measured (:class:`~fp8kv.step.DecodeStep` over a pool just large enough, its KV in
     ``kv_dtype``). Pass the result as :func:`verify_sweep`'s ``draft_us``. Raises what the step raises (an
     unsupported combination, out of memory) rather than return a number that was not measured."""
-    from ..bench import time_call
-    from ..capacity import ModelShape, get_model
     from ..checks import positive_int
     from ..device import resolve_device
 
-    shape = draft_model if isinstance(draft_model, ModelShape) else get_model(draft_model)
+    shape = step_shape(draft_model, "draft_model")
     batch, context = positive_int(batch, "batch"), positive_int(context, "context")
     draft_len = draft_len_arg(draft_len)
     if draft_len == 0:
@@ -268,9 +267,8 @@ def draft_cost_us(draft_model, batch: int, context: int, draft_len: int, kv_dtyp
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
     check_weights([shape], weights)
-    w = load_weights(shape, weights, dtype, dev, seed)
-    pool = KVPool(shape, batch * math.ceil(context / block_size), kv_dtype, block_size=block_size, device=dev)
-    got = time_step(shape, w, pool, batch, context, 1, backend, mode, dev, rep, cpu_reps, seed, time_call)
+    got = _time_draft_step(shape, batch, context, kv_dtype, backend, mode, block_size, weights, dev, dtype, rep, seed,
+                           cpu_reps)
     if got["status"] != "ok":
         _fail(f"the draft model {shape.name}'s decode step did not run ({got['status']}): {got['reason']}")
     return draft_len * got["step_us"]
