@@ -188,16 +188,17 @@ def scale_from_stat(stat: torch.Tensor, divisor: float) -> torch.Tensor:
     return torch.where(stat > 0, scale, torch.ones_like(scale))
 
 
-def cast_saturating(y: torch.Tensor, fmt: FP8Format) -> tuple[torch.Tensor, int]:
+def cast_saturating(y: torch.Tensor, fmt: FP8Format, *, count: bool = True) -> tuple[torch.Tensor, int | None]:
     """Clamp ``y`` (taken as fp32) to ±fmt.max and cast (round-to-nearest-even). Returns (fp8, n_saturated).
 
     Saturated counts the elements that an unclamped round-to-nearest-even cast would have taken
     past ±max (``|y| >= fmt.first_overflow``). Values above max that round down to it are not
     counted, the exact tie included when it goes to max (e4m3: 464 -> 448; e5m2's tie 61440 goes
-    up, so it is counted).
+    up, so it is counted). Without ``count`` it is None: the count is a host sync, which a CUDA graph
+    cannot hold.
     """
     y = y.to(torch.float32)  # the threshold is an fp32 boundary, as in the Triton cache write
-    saturated = int((y.abs() >= fmt.first_overflow).sum())
+    saturated = int((y.abs() >= fmt.first_overflow).sum()) if count else None
     return y.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype), saturated
 
 

@@ -102,10 +102,7 @@ def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
 def encode_e4m3(y: torch.Tensor, *, count: bool = True) -> tuple[torch.Tensor, int | None]:
     """fp32 ``y`` to OCP e4m3fn (torch.float8_e4m3fn), saturating at ±448 (:func:`fp8kv.quant.cast_saturating`);
     without ``count`` the same codes and None (no host sync)."""
-    if not count:
-        fmt = FORMATS["e4m3"]
-        return y.to(torch.float32).clamp(-fmt.max, fmt.max).to(fmt.torch_dtype), None
-    return cast_saturating(y, FORMATS["e4m3"])
+    return cast_saturating(y, FORMATS["e4m3"], count=count)
 
 
 def floor_log2(a: torch.Tensor) -> torch.Tensor:
