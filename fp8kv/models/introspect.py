@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import checks
+from ..capacity_registry import resolve_model
 
 __all__ = ["num_layers", "layer_types", "attention_modules", "vocab_size", "kv_head_layout", "check_token_ids",
            "token_ids", "check_token_id", "one_sequence"]
@@ -35,12 +36,11 @@ def attention_modules(model) -> list:
 
 
 def kv_head_layout(model) -> tuple[int, int]:
-    """``(num_kv_heads, head_dim)`` of ``model``'s KV cache, from its config (head_dim given, else hidden size
-    over attention heads; KV heads given, else one per attention head)."""
-    cfg = _text_config(model)
-    heads = int(cfg.num_attention_heads)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return int(getattr(cfg, "num_key_value_heads", None) or heads), int(head_dim)
+    """``(num_kv_heads, head_dim)`` of ``model``'s KV cache, read from its config as the capacity planner reads a
+    Hugging Face config (:func:`fp8kv.capacity.resolve_model`: KV heads else one per attention head, head_dim
+    else hidden size over attention heads)."""
+    shape = resolve_model(_text_config(model).to_dict())
+    return shape.num_kv_heads, shape.head_dim
 
 
 def vocab_size(model) -> int | None:
