@@ -589,3 +589,12 @@ def test_the_listing_names_every_format_once_with_its_codecs():
     assert list(table["name"]) == list(kvf.KV_FORMAT_NAMES)
     assert dict(zip(table["name"], table["bytes_per_token"], strict=True))["nvfp4"] == 2 * 72
     assert "kivi4_g128" not in set(kvf.summary_table(head_dim=96)["name"])  # 96 is no multiple of 128
+
+
+def test_holding_formats_keeps_those_whose_blocks_divide_the_head_dim():
+    from fp8kv.kv_formats import holding_formats
+
+    names = ["nvfp4", "mxfp4", "kivi4_g128", "int8_token_head", "e4m3_b32"]
+    assert holding_formats(names, num_kv_heads=2, head_dim=48) == ["nvfp4", "int8_token_head"]
+    assert holding_formats(names, num_kv_heads=2, head_dim=128) == names
+    assert holding_formats(["int4_token_head"], num_kv_heads=1, head_dim=63) == []  # two 4-bit codes a byte

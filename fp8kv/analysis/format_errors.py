@@ -15,7 +15,7 @@ import math
 import torch
 
 from .. import checks
-from ..kv_formats import KV_FORMAT_NAMES, kv_footprint, kv_format
+from ..kv_formats import KV_FORMAT_NAMES, holding_formats, kv_footprint, kv_format
 from ..models.kv_config import KVQuantConfig, quantize_kv
 from ..reference import attention
 from ..synthetic import kv_like_llm, queries_like_llm
@@ -146,15 +146,9 @@ def models_format_accuracy(loaded: dict, formats=COMPARED_FORMATS, *, window: in
 
 def fitting_formats(formats=COMPARED_FORMATS, *, num_kv_heads: int, head_dim: int) -> list[str]:
     """The names among ``formats`` that can store ``num_kv_heads`` heads of ``head_dim`` (their blocks divide it:
-    KIVI's groups of 128 cannot hold a head_dim of 64), in the order given."""
-    out = []
-    for f in _formats(formats):
-        try:
-            kv_footprint(f, num_kv_heads=num_kv_heads, head_dim=head_dim)
-        except ValueError:
-            continue
-        out.append(f)
-    return out
+    KIVI's groups of 128 cannot hold a head_dim of 64), in the order given (:func:`fp8kv.kv_formats.holding_formats`
+    of the checked names)."""
+    return holding_formats(_formats(formats), num_kv_heads=num_kv_heads, head_dim=head_dim)
 
 
 def bench_format_name(kv_dtype: str, granularity=None) -> str | None:

@@ -34,6 +34,7 @@ from .registry import (
                        KVFormat,
                        codec,
                        footprint,
+                       holding_formats,
                        kivi,
                        kv_footprint,
                        kv_format,
@@ -42,5 +43,5 @@ from .registry import (
 
 __all__ = ["Codec", "KVFormat", "Footprint", "Encoded", "Element", "ELEMENTS", "CODECS", "CODEC_NAMES",
            "KV_FORMATS", "KV_FORMAT_NAMES", "KIVI_GROUPS", "INPUT_DTYPES", "NONFINITE_MODES", "codec", "kv_format",
-           "kivi", "footprint", "kv_footprint", "summary_table", "quantize", "encode_rows", "dequantize", "decode_codes",
+           "kivi", "footprint", "kv_footprint", "holding_formats", "summary_table", "quantize", "encode_rows", "dequantize", "decode_codes",
            "PAGED_FORMATS", "paged_format", "scale_groups", "page_shapes"]

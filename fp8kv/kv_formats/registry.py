@@ -56,7 +56,7 @@ from .elements import ELEMENTS, Element
 
 __all__ = ["Codec", "KVFormat", "Footprint", "CODECS", "KV_FORMATS", "KV_FORMAT_NAMES", "CODEC_NAMES",
            "KIVI_GROUPS", "SCALINGS", "RULES", "codec", "kv_format", "kivi", "footprint", "kv_footprint",
-           "summary_table"]
+           "holding_formats", "summary_table"]
 
 KIVI_GROUPS = (32, 64, 128)
 # How values share a scale: fp8kv.quant's granularities, plus KIVI's keys (a channel over a group of
@@ -212,6 +212,19 @@ def kv_footprint(fmt: KVFormat | str, *, num_kv_heads: int, head_dim: int, num_l
     f = kv_format(fmt)
     num_layers = checks.positive_int(num_layers, "num_layers")
     return (footprint(f.key, num_kv_heads, head_dim) + footprint(f.value, num_kv_heads, head_dim)) * num_layers
+
+
+def holding_formats(formats, *, num_kv_heads: int, head_dim: int) -> list[str]:
+    """The names (canonical) among ``formats`` whose codecs can store ``num_kv_heads`` heads of ``head_dim`` (blocks
+    that divide it, an even head_dim for 4-bit codes: :func:`kv_footprint` accepts the shape), in the order given."""
+    out = []
+    for f in formats:
+        try:
+            kv_footprint(f, num_kv_heads=num_kv_heads, head_dim=head_dim)
+        except ValueError:
+            continue
+        out.append(kv_format(f).name)
+    return out
 
 
 def _fp8_codecs() -> list[Codec]:

@@ -25,7 +25,7 @@ import torch
 from ..capability import interpreter_on
 from ..checks import fail as _fail
 from ..formats import KV_DTYPE_NAMES, kv_dtype_info
-from ..kv_formats import PAGED_FORMATS, Codec, encode_rows, kv_format, page_shapes
+from ..kv_formats import PAGED_FORMATS, encode_rows, holding_formats, kv_format, page_shapes
 
 __all__ = ["STEP_FORMATS", "STEP_KV_DTYPES", "step_kv_dtype", "is_format", "format_backends", "check_format_shape",
            "check_format_step", "format_name", "kernel_formats", "write_rows"]
@@ -91,16 +91,8 @@ def check_format_shape(kv_dtype: str, num_kv_heads: int, head_dim: int, *, model
     try:
         page_shapes(c, 1, 1, num_kv_heads, head_dim)
     except ValueError as e:
-        fits = [f for f in STEP_FORMATS if _holds(kv_format(f).key, num_kv_heads, head_dim)]
+        fits = holding_formats(STEP_FORMATS, num_kv_heads=num_kv_heads, head_dim=head_dim)
         _fail(f"{name}={kv_dtype!r} cannot store {model}'s head_dim {head_dim}: {e}; formats that fit it: {fits}")
-
-
-def _holds(c: Codec, num_kv_heads: int, head_dim: int) -> bool:
-    try:
-        page_shapes(c, 1, 1, num_kv_heads, head_dim)
-    except ValueError:
-        return False
-    return True
 
 
 def check_format_step(kv_dtype: str, backend: str, mode: str = "auto", q_len: int = 1, *,
