@@ -100,13 +100,13 @@ def test_every_row_is_checked_against_the_oracle_before_timing():
 def test_a_wrong_kernel_fails_its_check(monkeypatch):
     from fp8kv.bench import formats
 
-    real = formats.paged_decode_quantized
+    real = formats.run_quant_decode
 
-    def off_by_a_percent(q, cache, **kw):
-        out, lse = real(q, cache, **kw)
+    def off_by_a_percent(q, cache, launch):
+        out, lse = real(q, cache, launch)
         return out * 1.01, lse
 
-    monkeypatch.setattr(formats, "paged_decode_quantized", off_by_a_percent)
+    monkeypatch.setattr(formats, "run_quant_decode", off_by_a_percent)
     cases = sweep(**{**SMALL, "kv_dtypes": ["int4_token_head"], "backends": ["triton"]})
     df = run(cases, copy_bandwidth=False, progress=False, device="cpu", cpu_reps=1)
     assert df.status.tolist() == ["ok"] and not df.check_passed.any() and (df.rel_err > df.tol).all()
@@ -120,6 +120,22 @@ def test_the_formats_presets():
     assert preset_grid("formats", device="cpu")["kv_dtypes"][-1] == "fp16"  # the interpreter's bf16 is wrong
     cases = sweep(**grid, arch="sm90", memory_budget_bytes=2**40, device="cpu", q_dtype="bf16")
     assert len(cases) == 3 * 3 * 2 * 6 and {c.status for c in cases} == {"ready"}
+
+
+def test_the_formats_tune_preset_varies_one_launch_option_at_a_time():
+    grid = PRESETS["formats-tune"]
+    assert grid["kv_dtypes"] == ["int8_token_head", "int4_token_head", "nvfp4", "mxfp4"]
+    cases = sweep(**grid, arch="sm90", memory_budget_bytes=2**40, device="cpu", q_dtype="bf16")
+    assert len(cases) == 2 * 2 * 2 * 4 * 6 and {c.status for c in cases} == {"ready"}
+    assert {c.variant for c in cases} == {"", "convert=cast", "convert=ptx", "block_n=32", "block_n=64", "block_n=128"}
+
+
+def test_a_row_records_the_launch_it_timed():
+    """The quantized rows carry their planned launch (splits, tile, warps, stages), read from the plan."""
+    cases = sweep(**{**SMALL, "kv_dtypes": ["nvfp4"], "backends": ["triton"], "triton_options": [{"block_n": 32}]})
+    df = run(cases, copy_bandwidth=False, progress=False, device="cpu", cpu_reps=1)
+    assert df.status.tolist() == ["ok"] and df.block_n.tolist() == [32] and (df.num_splits >= 1).all()
+    assert df.num_warps.tolist() == [4] and df.num_stages.tolist() == [1]
 
 
 def test_the_cli_takes_the_formats():

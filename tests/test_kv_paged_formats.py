@@ -15,7 +15,7 @@ from conftest import assert_rel_err
 from fp8kv import kv_formats as kvf
 from fp8kv.cache.quantized import QuantizedPagedKVCache
 from fp8kv.capability import UnsupportedError
-from fp8kv.ops.quant_decode import QUANT_DECODE_FORMATS, paged_decode_quantized, quantized_reference
+from fp8kv.ops.quant_decode import QUANT_CONVERTS, QUANT_DECODE_FORMATS, paged_decode_quantized, quantized_reference
 from fp8kv.quant import relative_error
 from fp8kv.reference import lse_tolerance, score_bound, unit_roundoff
 
@@ -169,17 +169,35 @@ def test_kernel_matches_the_oracle_on_the_same_pages(fmt, lens, hkv, group, d, b
     assert float((lse - ref_lse).abs().max()) <= tol
 
 
+@pytest.mark.parametrize("fmt", KERNEL_FORMATS)
+@pytest.mark.parametrize("lens,hkv,group,d,block_size,num_splits", [CASES[2], ([30, 7], 2, 3, 96, 8, 2)])
+def test_every_code_conversion_gives_the_same_output_bit_for_bit(fmt, lens, hkv, group, d, block_size, num_splits):
+    """"software" (the default) places the codes' bits into fp16's fields, "cast" converts integers: the same
+    dot operands (module fp8kv.ops.quant_decode.codes), so the same outputs and LSEs to the bit; D 96 pads the
+    code bytes and the block scales (NVFP4 6 of 8, MXFP4 3 of 4)."""
+    k, v = draw(len(lens), max(lens), hkv, d, seed=3 + d)
+    cache = QuantizedPagedKVCache.from_dense(fmt, k, v * 3, lens, block_size=block_size)
+    q = q_for(cache, group, torch.float16)
+    out_s, lse_s = paged_decode_quantized(q, cache, num_splits=num_splits, convert="software")
+    out_c, lse_c = paged_decode_quantized(q, cache, num_splits=num_splits, convert="cast")
+    assert torch.equal(out_s, out_c) and torch.equal(lse_s, lse_c)
+    ref, _ = quantized_reference(q, cache)
+    assert_rel_err(out_s.float(), ref, kernel_tolerance(q, torch.float16, cache), f"{fmt} D {d}")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the interpreter twin runs above)")
 @pytest.mark.parametrize("fmt", KERNEL_FORMATS)
-@pytest.mark.parametrize("lens,hkv,group,d,block_size,num_splits", CASES[:4])
+@pytest.mark.parametrize("lens,hkv,group,d,block_size,num_splits", [*CASES[:4], ([30, 7], 2, 3, 96, 8, 2)])
 @pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16])
-def test_kernel_matches_the_oracle_on_a_gpu(fmt, lens, hkv, group, d, block_size, num_splits, q_dtype):
-    """The compiled kernel (not the interpreter) on the GPU's pages, bf16 queries included."""
+@pytest.mark.parametrize("convert", QUANT_CONVERTS)
+def test_kernel_matches_the_oracle_on_a_gpu(fmt, lens, hkv, group, d, block_size, num_splits, q_dtype, convert):
+    """The compiled kernel (not the interpreter) on the GPU's pages, bf16 queries included, every code
+    conversion (inline PTX too)."""
     k, v = draw(len(lens), max(lens), hkv, d, seed=len(lens) + d)
     cache = QuantizedPagedKVCache.from_dense(fmt, k.cuda(), v.cuda(), lens, block_size=block_size)
     q = q_for(cache, group, q_dtype).cuda()
-    out, lse = paged_decode_quantized(q, cache, num_splits=num_splits)
+    out, lse = paged_decode_quantized(q, cache, num_splits=num_splits, convert=convert)
     ref, ref_lse = quantized_reference(q, cache)
     assert_rel_err(out.float(), ref, kernel_tolerance(q, q_dtype, cache), f"{fmt} {lens} on {torch.cuda.get_device_name()}")
     sb = score_bound(q, cache)
@@ -360,6 +378,8 @@ def test_bad_writes_and_reads_are_refused_before_anything_changes(call, exc, mat
     (lambda c, q: paged_decode_quantized(q, c, block_n=24), ValueError, "block_n=24 must be a power of two"),
     (lambda c, q: paged_decode_quantized(q, c, block_n=8), ValueError, "block_n=8 must be a power of two in"),
     (lambda c, q: paged_decode_quantized(q, c, check=1), TypeError, "check=1"),
+    (lambda c, q: paged_decode_quantized(q, c, convert="fast"), ValueError, "convert='fast'; expected one of"),
+    (lambda c, q: paged_decode_quantized(q, c, convert="ptx"), UnsupportedError, "convert='ptx' is inline GPU"),
     (lambda c, q: quantized_reference(q, c, sm_scale=-1.0), ValueError, "sm_scale"),
     (lambda c, q: quantized_reference(q, "cache"), TypeError, "cache must be a fp8kv.cache.quantized"),
 ])

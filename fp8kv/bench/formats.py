@@ -1,7 +1,8 @@
 """The bench's rows of the quantized KV formats (INT8 and INT4 per token and head, NVFP4, MXFP4): their caches
 (:class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` of N(0, 1) K/V, as the FP8 and BF16 rows'), the bytes a
 decode reads (from :func:`fp8kv.kv_formats.kv_footprint`, the one count of a format's bytes), what runs them
-(:func:`fp8kv.ops.quant_decode.paged_decode_quantized` for ``triton``, its oracle for ``reference``) and the
+(:func:`fp8kv.ops.quant_decode.plan_decode_quantized` once, then its launch, for ``triton``; its oracle for
+``reference``) and the
 check of every row against :func:`~fp8kv.ops.quant_decode.quantized_reference` before it is timed."""
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from ..kv_formats import kv_footprint, kv_format, quantize
 from ..ops.quant_decode import (
     QUANT_DECODE_FORMATS,
     kernel_tolerance,
-    paged_decode_quantized,
+    plan_decode_quantized,
     quantized_reference,
+    run_quant_decode,
 )
 from ..quant import relative_error
 from ..reference import REFERENCE_TOL
@@ -101,12 +103,16 @@ def clone_quantized(cache: QuantizedPagedKVCache) -> QuantizedPagedKVCache:
 
 
 def quantized_call(q: torch.Tensor, cache: QuantizedPagedKVCache, backend: str, options: dict):
-    """The zero-argument decode of ``q`` over ``cache`` a row times: the kernel (checked once here, then called
-    with ``check=False``: no host sync in the timed call) or the oracle."""
+    """The zero-argument decode of ``q`` over ``cache`` a row times and the launch columns of its row: the
+    kernel (planned once here, every argument and the tables checked; the timed call only launches) or the
+    oracle (no columns)."""
     if backend == "reference":
-        return functools.partial(quantized_reference, q, cache)
-    paged_decode_quantized(q, cache, **options)  # every argument and the tables checked once
-    return functools.partial(paged_decode_quantized, q, cache, check=False, **options)
+        return functools.partial(quantized_reference, q, cache), {}
+    launch = plan_decode_quantized(q, cache, **options)
+    k = launch.constexprs
+    columns = dict(num_splits=launch.num_splits, block_n=k["BLOCK_N"], num_warps=k["num_warps"],
+                   num_stages=k["num_stages"])
+    return functools.partial(run_quant_decode, q, cache, launch), columns
 
 
 def _subset(cache: QuantizedPagedKVCache, idx: list[int]) -> QuantizedPagedKVCache:

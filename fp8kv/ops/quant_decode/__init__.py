@@ -1,9 +1,10 @@
 """Paged decode attention over the pages of a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` (INT8 and INT4
-per token and head, NVFP4, MXFP4): :func:`paged_decode_quantized`, checked once here, and its fp32 oracle
+per token and head, NVFP4, MXFP4): :func:`paged_decode_quantized`, checked once here (or planned once by
+:func:`plan_decode_quantized` and run many times by :func:`run_quant_decode`), and its fp32 oracle
 :func:`quantized_reference`.
 
-Modules: :mod:`.kernel` (the Triton kernel: codes dequantized in registers), :mod:`.launcher` (its launch and the
-split combine), :mod:`.oracle` (kv_formats.dequantize, then fp8kv.reference's fp32 attention).
+Modules: :mod:`.kernel` (the Triton kernel: codes dequantized in registers), :mod:`.codes` (code tiles to fp16,
+three ways), :mod:`.launcher` (its launch and the split combine), :mod:`.oracle` (kv_formats.dequantize, then fp8kv.reference's fp32 attention).
 """
 
 from __future__ import annotations
@@ -14,18 +15,28 @@ from ... import checks
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, interpreter_on
 from ...launch_options import MAX_BLOCK_N
-from .launcher import QUANT_DECODE_FORMATS, quant_decode_launch, run_quant_decode
+from .launcher import (
+    DEFAULT_QUANT_CONVERT,
+    QUANT_CONVERTS,
+    QUANT_DECODE_FORMATS,
+    QuantDecodeLaunch,
+    quant_decode_launch,
+    run_quant_decode,
+)
 from .oracle import kernel_tolerance, quantized_reference
 
-__all__ = ["paged_decode_quantized", "quantized_reference", "kernel_tolerance", "QUANT_DECODE_FORMATS", "QUANT_OUT_DTYPES"]
+__all__ = ["paged_decode_quantized", "plan_decode_quantized", "run_quant_decode", "QuantDecodeLaunch",
+           "quantized_reference", "kernel_tolerance", "QUANT_DECODE_FORMATS", "QUANT_OUT_DTYPES", "QUANT_CONVERTS"]
 
 QUANT_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_scale: float | None = None,
                            out_dtype: torch.dtype | None = None, num_splits: int | None = None,
-                           block_n: int | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode attention of one query token per sequence over a quantized paged cache, with the Triton kernel.
+                           block_n: int | None = None, convert: str = DEFAULT_QUANT_CONVERT,
+                           check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention of one query token per sequence over a quantized paged cache, with the Triton kernel:
+    :func:`plan_decode_quantized` (every check, the launch) and :func:`run_quant_decode`.
 
     Parameters
     ----------
@@ -36,6 +47,8 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
     out_dtype : float16 / bfloat16 / float32; default q's dtype.
     num_splits : split-KV factor (default: the FP8 decode's rule); block_n : tokens per tile, a power of two in
         [16, MAX_BLOCK_N] (default :func:`.launcher.quant_decode_block_n`).
+    convert : how code tiles become fp16, one of :data:`QUANT_CONVERTS` (:mod:`.codes`; the same values every
+        way): "software" (default), "cast", or "ptx" (inline assembly: a CUDA GPU only).
     check : also check the scales' values and the tables (a host sync; a sequence of length 0 refused). Off,
         the kernel still clamps block-table entries and lengths into the pool.
 
@@ -43,6 +56,17 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
     -------
     out ``[B, Hq, D]`` (out_dtype) and lse ``[B, Hq]`` fp32 (natural log), as :func:`quantized_reference`.
     """
+    launch = plan_decode_quantized(q, cache, sm_scale=sm_scale, out_dtype=out_dtype, num_splits=num_splits,
+                                   block_n=block_n, convert=convert, check=check)
+    return run_quant_decode(q, cache, launch)
+
+
+def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_scale: float | None = None,
+                          out_dtype: torch.dtype | None = None, num_splits: int | None = None,
+                          block_n: int | None = None, convert: str = DEFAULT_QUANT_CONVERT,
+                          check: bool = True) -> QuantDecodeLaunch:
+    """The checked launch of :func:`paged_decode_quantized` (same arguments): run it any number of times on
+    ``q`` and ``cache`` of the same shapes with ``run_quant_decode(q, cache, launch)``, no host work left."""
     if not isinstance(cache, QuantizedPagedKVCache):
         checks.fail(f"cache must be a fp8kv.cache.quantized.QuantizedPagedKVCache, got {type(cache).__name__}",
                     TypeError)
@@ -68,9 +92,13 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
         block_n = checks.positive_int(block_n, "block_n")
         if block_n < 16 or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
             checks.fail(f"block_n={block_n} must be a power of two in [16, {MAX_BLOCK_N}]")
+    checks.one_of(convert, "convert", QUANT_CONVERTS)
+    if convert == "ptx" and q.device.type != "cuda":
+        raise UnsupportedError("convert='ptx' is inline GPU assembly: the Triton interpreter cannot run it; "
+                               f"use one of {tuple(c for c in QUANT_CONVERTS if c != 'ptx')}")
     cache.validate_arrays(contents=check)
     if check:
         cache.validate_tables(nonempty=True)
-    launch = quant_decode_launch(cache, batch=q.shape[0], num_q_heads=q.shape[1], q_dtype=q.dtype, device=q.device,
-                                 sm_scale=sm_scale, out_dtype=out_dtype, num_splits=num_splits, block_n=block_n)
-    return run_quant_decode(q, cache, launch)
+    return quant_decode_launch(cache, batch=q.shape[0], num_q_heads=q.shape[1], q_dtype=q.dtype, device=q.device,
+                               sm_scale=sm_scale, out_dtype=out_dtype, num_splits=num_splits, block_n=block_n,
+                               convert=convert)

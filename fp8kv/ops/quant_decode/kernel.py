@@ -16,7 +16,11 @@ Codes are dequantized in registers, never in memory:
 * NVFP4: code x block scale is exact in fp16 (a 2-bit by a 4-bit significand, magnitudes in [2^-7, 2688]), so
   the tiles are dequantized to it; the tensor scales (fp32) multiply the scores (K) and the output (V).
 * MXFP4: each token's largest block scale is factored out and handled as INT8's per-token scale; the tiles
-  hold code x the block's power of two relative to it (exact in fp16 within 2^22 of it, see ``mxfp4_halves``).
+  hold code x the block's power of two relative to it (exact in fp16 within 2^22 of it, see
+  :func:`.codes.mxfp4_tiles`).
+
+How the code tiles become fp16 (CONVERT: integer conversions, bits placed into fp16's fields, or the same in
+inline PTX on four codes at a time) is :mod:`.codes`; every way gives the same values.
 
 The 4-bit codes are never interleaved: byte ``j`` holds channels ``2j`` (low nibble) and ``2j + 1`` (high
 nibble), so the query is loaded as its even and odd channels and q·k is two dots over D / 2 (``lo`` and
@@ -32,7 +36,7 @@ import triton
 import triton.language as tl
 
 from ..decode.triton_helpers import LN2, split_range, tile_addresses
-from ..fp8_codec import fp8_bits_to_fp16
+from .codes import CONVERT_CAST, NVFP4_UNIT, int4_tiles, int8_tile, mxfp4_tiles, nvfp4_tiles
 
 # FORMAT values (constexpr): the page formats the kernel reads
 FORMAT_INT8 = tl.constexpr(0)
@@ -41,61 +45,6 @@ FORMAT_NVFP4 = tl.constexpr(2)
 FORMAT_MXFP4 = tl.constexpr(3)
 NVFP4_BLOCK = tl.constexpr(16)  # channels an NVFP4 scale covers: 8 bytes of codes
 MXFP4_BLOCK = tl.constexpr(32)  # channels an MXFP4 scale covers: 16 bytes of codes
-
-
-@triton.jit
-def int4_values(nibbles):
-    """Two's complement nibbles (0..15, any int type) -> their values -8..7 as fp16 (exact)."""
-    n = nibbles.to(tl.int32)
-    return ((n ^ 8) - 8).to(tl.float16)
-
-
-@triton.jit
-def e2m1_values(nibbles, scale):
-    """e2m1 codes (0..15) times fp32 ``scale`` -> fp32. |code| x 4 is an integer: ``2m`` for exponent 0,
-    ``(2 + m) << e`` otherwise (e: bits 1-2, m: bit 0), so 0, 0.5, 1, 1.5, 2, 3, 4, 6 come out exactly; bit 3
-    is the sign (code 8 is -0)."""
-    n = nibbles.to(tl.int32)
-    e = (n >> 1) & 3
-    m = n & 1
-    mag4 = tl.where(e == 0, 2 * m, (2 + m) << e)
-    signed = tl.where((n & 8) != 0, -mag4, mag4).to(tl.float32)
-    return signed * (scale * 0.25)
-
-
-@triton.jit
-def nvfp4_halves(codes, scale_ptrs, mask):
-    """An NVFP4 tile of packed codes ``[N, D / 2]`` (uint8) -> its even and odd channels, code x block scale in
-    fp16 (exact). ``scale_ptrs`` ``[N, D / 2]``: the e4m3 block scale of each byte (byte j lies in block
-    ``2j // 16``), read as bits and widened exactly (e4m3 fits in fp16)."""
-    scale = fp8_bits_to_fp16(tl.load(scale_ptrs, mask=mask, other=0), 3, 7).to(tl.float32)
-    lo = e2m1_values(codes & 0xF, scale).to(tl.float16)
-    hi = e2m1_values(codes >> 4, scale).to(tl.float16)
-    return lo, hi
-
-
-@triton.jit
-def pow2_from_bits(e):
-    """``2^e`` in fp32, exactly, for int32 ``e`` in [-127, 127] (2^-127, a subnormal, from its own bits)."""
-    return tl.where(e > -127, ((e + 127) << 23), 1 << 22).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def mxfp4_halves(codes, scale_ptrs, mask):
-    """An MXFP4 tile of packed codes ``[N, D / 2]`` -> its even and odd channels in fp16 and each token's factor.
-
-    ``scale_ptrs`` ``[N, D / 2]``: the e8m0 scale (code ``c`` is ``2^(c - 127)``) of each byte's block. Each
-    token's largest block scale is factored out, ``2^(c_max - 127)`` (fp32, returned ``[N]``, applied to the
-    scores or probabilities), and code x ``2^(c - c_max)`` is what the fp16 tiles hold: exact down to blocks
-    2^-22 below the token's largest (e2m1 has 2 significant bits and fp16's subnormals reach 2^-24); smaller
-    blocks are as small beside that token's norm."""
-    c = tl.load(scale_ptrs, mask=mask, other=0).to(tl.int32)
-    c_max = tl.max(c, axis=1)
-    rel = c - c_max[:, None]
-    factor = tl.where(rel > -127, pow2_from_bits(tl.maximum(rel, -126)), 0.0)
-    lo = e2m1_values(codes & 0xF, factor).to(tl.float16)
-    hi = e2m1_values(codes >> 4, factor).to(tl.float16)
-    return lo, hi, pow2_from_bits(c_max - 127)
 
 
 @triton.jit
@@ -128,10 +77,14 @@ def quant_decode_kernel(
     SPLIT: tl.constexpr,  # False: write the final output; True: partials for the combine
     FORMAT: tl.constexpr,  # FORMAT_INT8 / FORMAT_INT4 / FORMAT_NVFP4 / FORMAT_MXFP4
     RESCALE_Q: tl.constexpr,  # bring each head to fp16's range by a power of two before rounding it
+    CONVERT: tl.constexpr,  # how code tiles become fp16 (.codes): CONVERT_CAST / CONVERT_SOFTWARE / CONVERT_PTX
 ):
     PACKED: tl.constexpr = FORMAT != FORMAT_INT8
     TOKEN_SCALE: tl.constexpr = FORMAT != FORMAT_NVFP4  # a factor per token: stored (INT), or MXFP4's largest
     BLOCK_BYTES: tl.constexpr = (NVFP4_BLOCK if FORMAT == FORMAT_NVFP4 else MXFP4_BLOCK) // 2  # code bytes a scale covers
+    NB: tl.constexpr = C // BLOCK_BYTES  # FP4: block scales per token and head
+    # NVFP4 tiles other than cast's hold code x block scale / 128: the fp32 score and output factors undo it
+    NV_UNIT: tl.constexpr = NVFP4_UNIT if FORMAT == FORMAT_NVFP4 and CONVERT != CONVERT_CAST else 1.0
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -166,7 +119,7 @@ def quant_decode_kernel(
     qa = qa.to(tl.float16)
     qb = qb.to(tl.float16)
     if FORMAT == FORMAT_NVFP4:
-        row_scale = row_scale * tl.load(k_tensor_scale_ptr)
+        row_scale = row_scale * (tl.load(k_tensor_scale_ptr) * NV_UNIT)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -180,19 +133,18 @@ def quant_decode_kernel(
         kc = tl.load(k_codes_ptr + c_off, mask=c_ld, other=0)
         vc = tl.load(v_codes_ptr + c_off, mask=c_ld, other=0)
         s_row = page * stride_sb + in_page * stride_st + kvh * stride_sh  # [BLOCK_N]: the tokens' first scale
-        blocks = s_row[:, None] + (offs_c // BLOCK_BYTES)[None, :]  # FP4: each code byte's block scale
 
         if FORMAT == FORMAT_INT8:
-            s = tl.dot(qa, tl.trans(kc.to(tl.float16)))
-        elif FORMAT == FORMAT_INT4:
-            s = tl.dot(qa, tl.trans(int4_values(kc & 0xF)))
-            s = tl.dot(qb, tl.trans(int4_values(kc >> 4)), s)
-        elif FORMAT == FORMAT_NVFP4:
-            k_lo, k_hi = nvfp4_halves(kc, k_scales_ptr + blocks, c_ld)
-            s = tl.dot(qa, tl.trans(k_lo))
-            s = tl.dot(qb, tl.trans(k_hi), s)
+            s = tl.dot(qa, tl.trans(int8_tile(kc, CONVERT)))
         else:
-            k_lo, k_hi, k_tok = mxfp4_halves(kc, k_scales_ptr + blocks, c_ld)
+            if FORMAT == FORMAT_INT4:
+                k_lo, k_hi = int4_tiles(kc, CONVERT)
+            elif FORMAT == FORMAT_NVFP4:
+                k_lo, k_hi = nvfp4_tiles(kc, k_scales_ptr, s_row, t_mask, c_ld, CONVERT, BLOCK_N, C_PAD, NB,
+                                         BLOCK_BYTES)
+            else:
+                k_lo, k_hi, k_tok = mxfp4_tiles(kc, k_scales_ptr, s_row, t_mask, c_ld, CONVERT, BLOCK_N, C_PAD, NB,
+                                                BLOCK_BYTES)
             s = tl.dot(qa, tl.trans(k_lo))
             s = tl.dot(qb, tl.trans(k_hi), s)
         if FORMAT == FORMAT_INT8 or FORMAT == FORMAT_INT4:
@@ -210,7 +162,8 @@ def quant_decode_kernel(
         acc_b = acc_b * alpha[:, None]
         m_i = m_new
         if FORMAT == FORMAT_MXFP4:
-            v_lo, v_hi, vs = mxfp4_halves(vc, v_scales_ptr + blocks, c_ld)
+            v_lo, v_hi, vs = mxfp4_tiles(vc, v_scales_ptr, s_row, t_mask, c_ld, CONVERT, BLOCK_N, C_PAD, NB,
+                                         BLOCK_BYTES)
             vs = tl.where(t_mask, vs, 0.0)
         elif TOKEN_SCALE:
             vs = tl.load(v_scales_ptr + s_row, mask=t_mask, other=0.0)
@@ -222,12 +175,13 @@ def quant_decode_kernel(
             vs_max = 1.0
         pc = p.to(tl.float16)
         if FORMAT == FORMAT_INT8:
-            acc_a += tl.dot(pc, vc.to(tl.float16)) * vs_max
+            acc_a += tl.dot(pc, int8_tile(vc, CONVERT)) * vs_max
         elif FORMAT == FORMAT_INT4:
-            acc_a += tl.dot(pc, int4_values(vc & 0xF)) * vs_max
-            acc_b += tl.dot(pc, int4_values(vc >> 4)) * vs_max
+            v_lo, v_hi = int4_tiles(vc, CONVERT)
+            acc_a += tl.dot(pc, v_lo) * vs_max
+            acc_b += tl.dot(pc, v_hi) * vs_max
         elif FORMAT == FORMAT_NVFP4:
-            v_lo, v_hi = nvfp4_halves(vc, v_scales_ptr + blocks, c_ld)
+            v_lo, v_hi = nvfp4_tiles(vc, v_scales_ptr, s_row, t_mask, c_ld, CONVERT, BLOCK_N, C_PAD, NB, BLOCK_BYTES)
             acc_a = tl.dot(pc, v_lo, acc_a)
             acc_b = tl.dot(pc, v_hi, acc_b)
         else:
@@ -238,7 +192,7 @@ def quant_decode_kernel(
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out_scale = 1.0 / l_safe
     if FORMAT == FORMAT_NVFP4:
-        out_scale = out_scale * tl.load(v_tensor_scale_ptr)
+        out_scale = out_scale * (tl.load(v_tensor_scale_ptr) * NV_UNIT)
     out_a = acc_a * out_scale[:, None]
     out_b = acc_b * out_scale[:, None]
     lse2 = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))

@@ -19,14 +19,22 @@ from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import interpreter_on
 from ..decode.combine import combine_splits, split_partials
 from ..decode.splits import choose_num_splits, latency_waves, padded_rows, sm_count, whole_tile_splits
+from ..decode.triton_launcher import CONVERT_CODES
 from .kernel import FORMAT_INT4, FORMAT_INT8, FORMAT_MXFP4, FORMAT_NVFP4, quant_decode_kernel
 
-__all__ = ["QUANT_DECODE_FORMATS", "QuantDecodeLaunch", "quant_decode_launch", "run_quant_decode",
-           "quant_decode_block_n"]
+__all__ = ["QUANT_DECODE_FORMATS", "QUANT_CONVERTS", "DEFAULT_QUANT_CONVERT", "QuantDecodeLaunch",
+           "quant_decode_launch", "run_quant_decode", "quant_decode_block_n"]
 
 # format name -> the kernel's FORMAT
 QUANT_DECODE_FORMATS = {"int8_token_head": FORMAT_INT8.value, "int4_token_head": FORMAT_INT4.value,
                         "nvfp4": FORMAT_NVFP4.value, "mxfp4": FORMAT_MXFP4.value}
+# How code tiles become fp16 (fp8kv.ops.quant_decode.codes), named as the FP8 decode's conversions are. The
+# default is "software": the same values as "cast" without its integer-to-float conversions (a quarter-rate
+# instruction per value, two of them and a scale read per code byte for the 4-bit floats), the instructions
+# the first kernel's GPU rows were bound by (H100: 11-36 % of the copy rate, results/bench/nvidia-h100-80gb-hbm3/
+# 20261205T130030Z.csv). "ptx" does the same bit moves on four codes per instruction, GPU only.
+QUANT_CONVERTS = tuple(CONVERT_CODES)
+DEFAULT_QUANT_CONVERT = "software"
 
 
 def quant_decode_block_n(cache: QuantizedPagedKVCache) -> int:
@@ -47,13 +55,20 @@ class QuantDecodeLaunch(NamedTuple):
     widen_query: bool  # the interpreter's bf16: the query is widened to fp32 by torch first
     out_dtype: torch.dtype  # what the caller gets
     kernel_out_dtype: torch.dtype  # what the kernel stores
+    convert: str  # how code tiles become fp16 (QUANT_CONVERTS)
+
+    @property
+    def block_n(self) -> int:
+        return self.constexprs["BLOCK_N"]
 
 
 def quant_decode_launch(cache: QuantizedPagedKVCache, *, batch: int, num_q_heads: int, q_dtype: torch.dtype,
                         device: torch.device, sm_scale: float, out_dtype: torch.dtype, num_splits: int | None,
-                        block_n: int | None, num_warps: int = 4) -> QuantDecodeLaunch:
+                        block_n: int | None, convert: str = DEFAULT_QUANT_CONVERT,
+                        num_warps: int = 4) -> QuantDecodeLaunch:
     """The launch for ``batch`` queries of ``num_q_heads`` heads over ``cache`` (arguments already checked by
-    :func:`fp8kv.ops.quant_decode.paged_decode_quantized`): ``num_splits`` / ``block_n`` None for the defaults."""
+    :func:`fp8kv.ops.quant_decode.paged_decode_quantized`): ``num_splits`` / ``block_n`` None for the defaults,
+    ``convert`` one of :data:`QUANT_CONVERTS`."""
     hkv, d = cache.num_kv_heads, cache.head_dim
     group = num_q_heads // hkv
     block_n = quant_decode_block_n(cache) if block_n is None else block_n
@@ -67,10 +82,11 @@ def quant_decode_launch(cache: QuantizedPagedKVCache, *, batch: int, num_q_heads
     constexprs = dict(GROUP=group, GROUP_PAD=padded_rows(group), HEAD_DIM=d, C=c,
                       C_PAD=max(16, triton.next_power_of_2(c)), BLOCK_SIZE=cache.block_size, BLOCK_N=block_n,
                       SPLIT=num_splits > 1, FORMAT=QUANT_DECODE_FORMATS[cache.fmt.name],
-                      RESCALE_Q=q_dtype != torch.float16, num_warps=num_warps, num_stages=1 if interp else 2)
+                      RESCALE_Q=q_dtype != torch.float16, CONVERT=CONVERT_CODES[convert], num_warps=num_warps,
+                      num_stages=1 if interp else 2)
     kernel_out = torch.float32 if interp and out_dtype == torch.bfloat16 else out_dtype
     return QuantDecodeLaunch((batch, hkv, num_splits), constexprs, sm_scale * math.log2(math.e), num_splits,
-                             tokens_per_split, widen, out_dtype, kernel_out)
+                             tokens_per_split, widen, out_dtype, kernel_out, convert)
 
 
 def _scales(t: torch.Tensor) -> torch.Tensor:
