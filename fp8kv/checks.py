@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of",
+__all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed",
            "tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
            "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "resolved_softmax_scale",
            "show_value", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
@@ -116,16 +116,23 @@ def one_of(value, name: str, choices: Iterable) -> object:
     return value
 
 
-def many_of(values, name: str, choices: Sequence) -> list:
-    """A non-empty list of ``choices`` (a single string counts as a list of one)."""
+def listed(values, name: str, what: str) -> list:
+    """``values`` as a non-empty list (a single string counts as a list of one); ``what`` names its items in
+    the messages ("values among (...)", "KV dtype or format names")."""
     if isinstance(values, str):
         values = [values]
     try:
         values = list(values)
     except TypeError:
-        fail(f"{name}={show_value(values)}; expected a list of values among {tuple(choices)}", TypeError)
+        fail(f"{name}={show_value(values)}; expected a list of {what}", TypeError)
     if not values:
-        fail(f"{name} is empty; give at least one of {tuple(choices)}")
+        fail(f"{name} is empty; give at least one of the {what}")
+    return values
+
+
+def many_of(values, name: str, choices: Sequence) -> list:
+    """A non-empty list of ``choices`` (a single string counts as a list of one)."""
+    values = listed(values, name, f"values among {tuple(choices)}")
     bad = [v for v in values if v not in tuple(choices)]
     if bad:
         fail(f"{name} has {bad}; expected values among {tuple(choices)}")

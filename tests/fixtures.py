@@ -1,5 +1,5 @@
 """The one home of the tests' data: seeded generators, paged caches and queries, the test device and the
-dequant-mode tolerance; and a call counter (:func:`count_calls`). tests/conftest.py offers the cache factory
+dequant-mode tolerance; bench rows of given latency lines (:func:`breakeven_rows`); and a call counter (:func:`count_calls`). tests/conftest.py offers the cache factory
 and a generator as fixtures; a test module imports the rest from here (``from fixtures import ...``) and
 defines none of these names again (tests/test_architecture.py holds it)."""
 
@@ -126,3 +126,24 @@ def run_tokens(step, n_tokens: int, gen: torch.Generator):
         step.set_positions(pos)
         logits = step.forward()
     return logits
+
+
+def breakeven_rows(lines, contexts=None, *, rel_noise=0.0, seed=0, batch=16, backend="triton", **extra):
+    """Bench rows (the columns fp8kv.bench writes that fp8kv.analysis.breakeven reads) of ``lines``: kv_dtype ->
+    (intercept, slope) or a function of the context; times multiplied by 1 + rel_noise x N(0, 1)."""
+    import numpy as np
+    import pandas as pd
+
+    from fp8kv.analysis.breakeven import BREAKEVEN_GRID
+
+    contexts = BREAKEVEN_GRID["contexts"] if contexts is None else contexts
+    rng = np.random.default_rng(seed)
+    out = []
+    for kv, line in lines.items():
+        for c in contexts:
+            t = line(c) if callable(line) else line[0] + line[1] * c
+            out.append(dict(gpu="NVIDIA H200", backend=backend, variant="", kv_dtype=kv, mode="dequant",
+                            granularity="tensor", batch=batch, context=int(c), num_q_heads=32, num_kv_heads=8,
+                            head_dim=128, block_size=16, time_us=t * (1 + rel_noise * rng.standard_normal()),
+                            status="ok", **extra))
+    return pd.DataFrame(out)

@@ -9,25 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fixtures import breakeven_rows as bench_rows
+
 from fp8kv.analysis import breakeven as be
 
 CONTEXTS = be.BREAKEVEN_GRID["contexts"]
 SAVED = Path(__file__).resolve().parents[1] / "results" / "bench" / "nvidia-h200"
-
-
-def bench_rows(lines, contexts=CONTEXTS, *, rel_noise=0.0, seed=0, batch=16, backend="triton", **extra):
-    """Bench rows (the columns fp8kv.bench writes that the fit reads) of ``lines``: kv_dtype -> (intercept,
-    slope) or a function of the context; times multiplied by 1 + rel_noise x N(0, 1)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for kv, line in lines.items():
-        for c in contexts:
-            t = line(c) if callable(line) else line[0] + line[1] * c
-            out.append(dict(gpu="NVIDIA H200", backend=backend, variant="", kv_dtype=kv, mode="dequant",
-                            granularity="tensor", batch=batch, context=int(c), num_q_heads=32, num_kv_heads=8,
-                            head_dim=128, block_size=16, time_us=t * (1 + rel_noise * rng.standard_normal()),
-                            status="ok", **extra))
-    return pd.DataFrame(out)
 
 
 # ------------------------------------------------------------------------------- exact recovery
@@ -133,6 +120,31 @@ def test_nonlinear_lines_are_refused(shape, relative):
     assert "no answer" in row["answer"] and "the FP8 line" in row["answer"]
     with pytest.raises(be.LineFitError):
         be.fit_line(CONTEXTS, [NONLINEAR[shape](c) for c in CONTEXTS], relative=relative)
+
+
+def _steps(c):  # a split rule's steps: the time drops where the program count changes, no line holds
+    return 10.0 + 0.001 * c if c < 4096 else 4.0 + 0.0004 * c
+
+
+@pytest.mark.parametrize("bf16, fp8, said", [
+    (_steps, lambda c: _steps(c) * (1.05 if c < 864 else 0.8), "FP8 faster from 864 tokens on (1.25-1.25x), "
+                                                                "slower at 512"),
+    (_steps, lambda c: 0.9 * _steps(c), "FP8 faster at every measured context (512-32,768 tokens; 1.11-1.11x)"),
+    (_steps, lambda c: 1.2 * _steps(c), "FP8 slower at every measured context"),
+    (_steps, lambda c: _steps(c) * (0.9 if c < 4096 else 1.1), "FP8 faster at 512, 864, 1,456, 2,432 tokens only"),
+])
+def test_a_pair_without_a_line_says_what_the_points_measured(bf16, fp8, said):
+    """Lines refused (steps), the answer still reports the measured comparison, context by context."""
+    rows = bench_rows({"bf16": bf16, "fp8_e4m3": fp8})
+    _, cr = be.breakeven_context(rows)
+    row = cr.iloc[0]
+    assert row["status"] == "no fit" and "no answer" in row["answer"]
+    assert said in row["measured"] and row["answer"].endswith("measured, without a line: " + row["measured"])
+
+
+def test_a_pair_with_lines_has_no_measured_text():
+    _, cr = be.breakeven_context(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}))
+    assert cr.iloc[0]["status"] == "ok" and cr.iloc[0]["measured"] == "" and "measured" not in cr.iloc[0]["answer"]
 
 
 @pytest.mark.parametrize("contexts", [[4096], [4096, 16384], [4096, 4096, 16384, 16384]])

@@ -10,7 +10,9 @@ import re
 import pandas as pd
 import pytest
 import torch
+from fixtures import breakeven_rows as bench_rows
 
+from fp8kv.analysis import breakeven as be
 from fp8kv.analysis import deciding as dc
 from fp8kv.analysis import keep_bf16_advice, measure_scale_health
 
@@ -53,6 +55,22 @@ def test_headline_speed_per_batch_best_line_first():
     assert ("beyond 3,000 tokens per sequence (95 %: 0-3,200) (ill-determined: the lines are nearly parallel) at "
             "batch 1") in dc.headline("H200", crossings=loose)
     assert "no FP8 latency line held" in dc.headline("cpu", crossings=cr[cr["status"] != "ok"])
+
+
+def test_headline_says_what_the_points_measured_where_no_line_held():
+    """A batch whose lines were refused answers with its measured comparison (breakeven_context's ``measured``),
+    apart from the fitted answers."""
+    steps = lambda c: 10.0 + 0.001 * c if c < 4096 else 4.0 + 0.0004 * c  # noqa: E731
+    rows = pd.concat([bench_rows({"bf16": steps, "fp8_e4m3": lambda c: steps(c) * (1.05 if c < 864 else 0.8)},
+                                 batch=1),
+                      bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, batch=64)])
+    _, cr = be.breakeven_context(rows)
+    text = dc.headline("NVIDIA H200", crossings=cr)
+    assert "FP8 KV decodes faster than a 16-bit cache beyond 2,000 tokens per sequence" in text
+    assert ("Where no latency line held, point by point: at batch 1, FP8 faster from 864 tokens on (1.25-1.25x), "
+            "slower at 512 (triton, dequant mode).") in text
+    only = dc.headline("cpu", crossings=cr[cr["batch"] == 1])
+    assert only.startswith("On cpu, no FP8 latency line held; point by point: at batch 1, FP8 faster from 864")
 
 
 def test_headline_accuracy_and_advice_in_one_sentence():

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from fp8kv.ops.decode.triton_launcher import CONVERT_CODES
-from fp8kv.ops.quant_decode.codes import _e2m1_halves, e2m1_values, int4_tiles, int8_tile, pow2_fp16
+from fp8kv.ops.quant_decode.codes import e2m1_halves, e2m1_values, int4_tiles, int8_tile, pow2_fp16
 
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0-7; bit 3 is the sign
 
@@ -28,7 +28,7 @@ def _decode_every_byte(codes_ptr, signed_ptr, lo_ptr, hi_ptr, WHICH: tl.constexp
         lo = e2m1_values(c & 0xF, 1.0).to(tl.float16)
         hi = e2m1_values(c >> 4, 1.0).to(tl.float16)
     else:
-        lo, hi = _e2m1_halves(c, CONVERT)
+        lo, hi = e2m1_halves(c, CONVERT)
         lo = lo.to(tl.float32) * 16384.0  # the bits hold value x 2^-14
         hi = hi.to(tl.float32) * 16384.0
     tl.store(lo_ptr + offs, lo.to(tl.float32))

@@ -43,6 +43,7 @@ from .breakeven import (
     fit_line,
     fit_lines,
     line_points,
+    measured_comparison,
 )
 from .capacity import (
     capacity_grid,
@@ -108,7 +109,7 @@ __all__ = ["COMPARED_FORMATS", "format_accuracy", "kv_format_errors", "model_for
            "cast_comparison", "DecodeGrid", "DECODE_GRIDS", "decode_grid", "registry_names", "format_names",
            "SUMMARY_COLUMNS", "LAYER_METRICS", "AccuracyRun", "model_accuracy", "model_descriptions",
            "printable_text", "printable_decodes", "greedy_decode_table", "BREAKEVEN_GRID", "LineFit", "LineFitError",
-           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context",
+           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "measured_comparison", "breakeven_context",
            "breakeven_answers", "SCALE_HEALTH_METHODS", "ScaleHealth", "measure_scale_health", "calibration_scales",
            "keep_bf16_advice", "advice_capacity", "model_scale_health", "LONG_CONTEXTS", "SMOKE_CONTEXTS",
            "long_context_error", "long_context_verdict", "long_context_text", "headline", "heldout_advice",

@@ -41,7 +41,8 @@ import numpy as np
 from .. import checks
 
 __all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
-           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context", "breakeven_answers"]
+           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "measured_comparison", "breakeven_context",
+           "breakeven_answers"]
 
 MIN_CONTEXTS = 3  # distinct contexts per line: two always fit exactly, a third is the first test of the line
 MIN_R2 = 0.98
@@ -414,11 +415,60 @@ def answer_text(row) -> str:
     return f"{where}, {text} {what}"
 
 
+def measured_comparison(fp8_points, base_points) -> str:
+    """Where the measured FP8 times beat the 16-bit ones, context by context, without a line: for a pair whose
+    lines do not hold (a split rule or a launch floor makes the latency steppy), what the points themselves say.
+    ``fp8_points`` / ``base_points``: ``(tokens, time_us)`` pairs; the median per context of each, compared at
+    the contexts both measured. "" when they share none."""
+    import pandas as pd
+
+    f, b = (pd.DataFrame(list(p), columns=["tokens", "time_us"]).groupby("tokens")["time_us"].median()
+            for p in (fp8_points, base_points))
+    both = sorted(set(f.index) & set(b.index))
+    if not both:
+        return ""
+    speedup = np.array([b[t] / f[t] for t in both])
+    faster = speedup > 1
+    span = f"{speedup.min():.2f}-{speedup.max():.2f}x"
+    if faster.all():
+        return f"FP8 faster at every measured context ({_n(both[0])}-{_n(both[-1])} tokens; {span})"
+    if not faster.any():
+        return f"FP8 slower at every measured context ({_n(both[0])}-{_n(both[-1])} tokens; {span})"
+    first = int(np.flatnonzero(~faster)[-1]) + 1  # faster from here to the end, if anywhere
+    if first < len(both):
+        slower = ", ".join(_n(t) for t, ok in zip(both[:first], faster[:first], strict=True) if not ok)
+        return (f"FP8 faster from {_n(both[first])} tokens on ({speedup[first:].min():.2f}-{speedup[first:].max():.2f}x), "
+                f"slower at {slower}")
+    return ("FP8 faster at " + ", ".join(_n(t) for t, ok in zip(both, faster, strict=True) if ok)
+            + f" tokens only, slower at the longest ({_n(both[-1])}: {speedup[-1]:.2f}x)")
+
+
 def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
     """:func:`crossings` of :func:`fit_lines` of bench rows ``df``: ``(lines, crossings)``.
-    ``fit_kw`` (``min_tokens``, ``max_tokens``, thresholds) go to :func:`fit_lines`."""
+    ``fit_kw`` (``min_tokens``, ``max_tokens``, thresholds) go to :func:`fit_lines`.
+
+    A pair with no answer (a line does not hold) gets ``measured``, :func:`measured_comparison` of its points,
+    added to its answer; the others get ``measured`` "" (their answer is the fit's)."""
     lines = fit_lines(df, **fit_kw)
-    return lines, crossings(lines, baseline=baseline)
+    cross = crossings(lines, baseline=baseline)
+    rows = _rows(df, fit_kw.get("min_tokens"), fit_kw.get("max_tokens"))
+    measured = []
+    for _, r in cross.iterrows():
+        text = ""
+        if r["status"] != "ok":
+            pair = np.ones(len(rows), dtype=bool)
+            for k in PAIR_KEYS:
+                pair &= (rows[k] == r[k]).to_numpy()
+            own = pair & (rows["kv_dtype"] == r["kv_dtype"]).to_numpy() & (rows["mode"] == r["mode"]).to_numpy() & \
+                (rows["granularity"] == r["granularity"]).to_numpy()
+            base = pair & (rows["kv_dtype"] == baseline).to_numpy()
+            text = measured_comparison(zip(rows["tokens"][own], rows["time_us"][own], strict=True),
+                                       zip(rows["tokens"][base], rows["time_us"][base], strict=True))
+        measured.append(text)
+    cross["measured"] = measured
+    cross["answer"] = [a + (f"; measured, without a line: {m}" if m else "") for a, m in
+                       zip(cross["answer"], measured, strict=True)]
+    return lines, cross
 
 
 def breakeven_answers(df, **kw) -> list[str]:

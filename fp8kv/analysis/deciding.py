@@ -104,6 +104,20 @@ def _pays(crossings, backend: str | None) -> list[str]:
     return out
 
 
+def _measured(crossings, backend: str | None) -> list[str]:
+    """Per batch where no line held, what its points measured (``crossings``' ``measured``, the first pair's)."""
+    if "measured" not in crossings.columns:
+        return []
+    rows = crossings if backend is None else crossings[crossings["backend"] == backend]
+    held = set(rows.loc[rows["status"] == "ok", "batch"])
+    out = []
+    for batch, g in rows[(rows["status"] != "ok") & (rows["measured"] != "")].groupby("batch", sort=True):
+        if batch not in held:
+            r = g.iloc[0]
+            out.append(f"at batch {batch}, {r['measured']} ({_what(r)})")
+    return out
+
+
 def _interval(r) -> str:
     """`` (95 %: lo-hi)``, and a warning where the lines are nearly parallel (the crossing is ill-determined)."""
     lo, hi, z = r.get("crossing_lo", math.nan), r.get("crossing_hi", math.nan), r.get("slope_gap_z", math.inf)
@@ -132,9 +146,14 @@ def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str 
         checks.fail(f"smoke={smoke!r}; expected True or False", TypeError)
     sentences = []
     if crossings is not None:
-        pays = _pays(crossings, backend)
-        sentences.append(f"On {gpu}, FP8 KV decodes faster than a 16-bit cache " + "; ".join(pays) + "."
-                         if pays else f"On {gpu}, no FP8 latency line held: no speed answer.")
+        pays, measured = _pays(crossings, backend), _measured(crossings, backend)
+        if pays:
+            sentences.append(f"On {gpu}, FP8 KV decodes faster than a 16-bit cache " + "; ".join(pays) + ".")
+        if measured:
+            sentences.append(("Where no latency line held, point by point: " if pays else
+                              f"On {gpu}, no FP8 latency line held; point by point: ") + "; ".join(measured) + ".")
+        if not pays and not measured:
+            sentences.append(f"On {gpu}, no FP8 latency line held: no speed answer.")
     accuracy = []
     if verdict is not None:
         accuracy.append(_accuracy(verdict))

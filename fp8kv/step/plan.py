@@ -10,6 +10,7 @@ import torch
 
 from ..cache import check_block_size
 from ..capacity import GIB, MAX_MEMORY_GIB, CapacityError, ModelShape, get_model, gib_text, plan_capacity
+from .. import checks
 from ..checks import fail as _fail
 from .layers import StepWeights, require_step_shape, step_shape
 from .quantized import check_format_shape, check_format_step, is_format, step_kv_dtype
@@ -238,14 +239,7 @@ def checked_kv_dtypes(kv_dtypes, shapes, q_len: int = 1, backend: str | None = N
                       device=None) -> list[str]:
     """``kv_dtypes`` as canonical names (in order, once each), every quantized format checked against each of
     ``shapes`` (its head_dim), ``q_len`` and, where given, ``backend`` / ``mode`` (see :func:`plan_sweep`)."""
-    if isinstance(kv_dtypes, str):
-        kv_dtypes = [kv_dtypes]
-    try:
-        kv_dtypes = list(kv_dtypes)
-    except TypeError:
-        _fail(f"kv_dtypes={kv_dtypes!r}; expected a list of KV dtype or format names", TypeError)
-    if not kv_dtypes:
-        _fail("kv_dtypes is empty; give at least one KV dtype or format name")
+    kv_dtypes = checks.listed(kv_dtypes, "kv_dtypes", "KV dtype or format names")
     names = list(dict.fromkeys(step_kv_dtype(kv, "kv_dtypes") for kv in kv_dtypes))
     on_gpu = None if device is None else torch.device(device).type == "cuda"
     for kv in filter(is_format, names):

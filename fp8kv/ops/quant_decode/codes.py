@@ -32,7 +32,7 @@ from ..fp8_codec import fp8_bits_to_fp16
 NVFP4_UNIT = tl.constexpr(128.0)  # software / ptx NVFP4 tiles hold code x scale / 128: the kernel multiplies it back
 
 __all__ = ["CONVERT_CAST", "CONVERT_SOFTWARE", "CONVERT_PTX", "NVFP4_UNIT", "int8_tile", "int4_tiles",
-           "nvfp4_tiles", "mxfp4_tiles"]
+           "nvfp4_tiles", "mxfp4_tiles", "e2m1_halves"]
 
 
 # --- cast: integer -> float conversions --------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def _e2m1_ptx(codes, HIGH: tl.constexpr):
 
 
 @triton.jit
-def _e2m1_halves(codes, CONVERT: tl.constexpr):
+def e2m1_halves(codes, CONVERT: tl.constexpr):
     """Packed e2m1 bytes -> (even, odd) channels as fp16 value x 2^-14."""
     if CONVERT == CONVERT_PTX:
         return _e2m1_ptx(codes, False), _e2m1_ptx(codes, True)
@@ -200,7 +200,7 @@ def nvfp4_tiles(codes, scale_ptr, s_row, t_mask, c_ld, CONVERT: tl.constexpr, BL
         NB_PAD: tl.constexpr = C_PAD // BLOCK_BYTES
         s = fp8_bits_to_fp16(block_scale_codes(scale_ptr, s_row, t_mask, NB, NB_PAD), 3, 7) * (16384.0 / NVFP4_UNIT)
         s = per_code_byte(s.to(tl.float16), BLOCK_N, NB_PAD, BLOCK_BYTES)
-        lo, hi = _e2m1_halves(codes, CONVERT)
+        lo, hi = e2m1_halves(codes, CONVERT)
         lo = lo * s
         hi = hi * s
     return lo, hi
@@ -229,7 +229,7 @@ def mxfp4_tiles(codes, scale_ptr, s_row, t_mask, c_ld, CONVERT: tl.constexpr, BL
         c_max = tl.max(c, axis=1)
         # code x 2^-14 (the bits) x 2^(c - c_max + 14): code x 2^(c - c_max)
         f = per_code_byte(pow2_fp16(c - c_max[:, None] + 14), BLOCK_N, NB_PAD, BLOCK_BYTES)
-        lo, hi = _e2m1_halves(codes, CONVERT)
+        lo, hi = e2m1_halves(codes, CONVERT)
         lo = lo * f
         hi = hi * f
     return lo, hi, pow2_from_bits(c_max - 127)
