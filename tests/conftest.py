@@ -42,14 +42,14 @@ def _make_cache_fixture():
 
 @pytest.fixture(name="write_notebook")
 def _write_notebook_fixture():
-    """``write_notebook(folder, name, body) -> path``: a three-cell notebook as the runner expects
-    (a title, the tagged parameters cell of every fp8kv notebook, then ``body``)."""
+    """``write_notebook(folder, name, body, params="") -> path``: a three-cell notebook as the runner expects
+    (a title, the tagged parameters cell of every fp8kv notebook plus ``params``' lines, then ``body``)."""
     import nbformat
 
-    def write(folder, name: str, body: str):
+    def write(folder, name: str, body: str, params: str = ""):
         nb = nbformat.v4.new_notebook()
         params = nbformat.v4.new_code_cell('SMOKE = None\nDEVICE = "auto"\nOUT_DIR = "results"\nSEED = 0\n'
-                                           'SHOW_WIDGETS = True')
+                                           'SHOW_WIDGETS = True' + (f"\n{params}" if params else ""))
         params.metadata["tags"] = ["parameters"]
         nb.cells = [nbformat.v4.new_markdown_cell(f"# {name}"), params, nbformat.v4.new_code_cell(body)]
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

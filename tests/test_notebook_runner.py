@@ -553,6 +553,52 @@ def test_failures_are_reported_kept_and_do_not_stop_the_run(tmp_path, capsys, wr
     assert (folder / "b_raises.json").is_file()
 
 
+GRID_SAVE = ('from fp8kv.notebooks import save_results\n'
+             'save_results(OUT_DIR, "{name}", {{"grid": GRID, "label": LABEL}}, device=DEVICE)')
+
+
+def test_parameters_override_a_notebooks_own_and_are_recorded(tmp_path, capsys, write_notebook):
+    """--param NAME=VALUE reaches the notebook (a Python literal), and the manifest and the page say so."""
+    books = tmp_path / "books"
+    books.mkdir()
+    write_notebook(books, "a_grid", GRID_SAVE.format(name="a_grid"), params='GRID = [1, 4, 16]\nLABEL = "full"')
+    out = tmp_path / "reports"
+    rc = runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--no-progress",
+                      "--param", "GRID=[1, 16]", "--param", "LABEL='trimmed'"])
+    assert rc == 0
+    folder = out / "cpu"
+    assert runner.load_results(folder, "a_grid")["results"] == {"grid": [1, 16], "label": "trimmed"}
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["parameters"] == {"GRID": [1, 16], "LABEL": "trimmed"}
+    assert manifest["notebooks"][0]["parameters"] == {"GRID": [1, 16], "LABEL": "trimmed"}
+    injected = [c for c in nbformat.read(folder / "a_grid.ipynb", as_version=4).cells
+                if "injected-parameters" in c.metadata.get("tags", [])]
+    assert "GRID = [1, 16]" in injected[0].source and 'LABEL = "trimmed"' in injected[0].source  # the page shows it
+    rc = runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--no-progress"])
+    assert rc == 0 and runner.load_results(folder, "a_grid")["results"]["grid"] == [1, 4, 16]
+    assert json.loads((folder / "manifest.json").read_text())["parameters"] == {}
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--param", "GRID"], "--param 'GRID': expected NAME=VALUE"),
+    (["--param", "1X=2"], "--param '1X=2': expected NAME=VALUE"),
+    (["--param", "GRID=[1, 2"], "is not a Python literal"),
+    (["--param", "GRID=range(3)"], "is not a Python literal"),
+    (["--param", "GRID=[1]", "--param", "GRID=[2]"], r"--param names \['GRID'\] more than once"),
+    (["--param", "SEED=3"], r"parameters \['SEED'\] are set by the runner itself"),
+    (["--param", "GRIDS=[1]"], r"parameters \['GRIDS'\] are not declared by a_grid; its parameters are \['GRID'\]"),
+])
+def test_bad_parameter_overrides_are_refused_by_name(tmp_path, capsys, write_notebook, argv, match):
+    books = tmp_path / "books"
+    books.mkdir()
+    write_notebook(books, "a_grid", "pass", params="GRID = [1, 4, 16]")
+    out = tmp_path / "reports"
+    with pytest.raises(SystemExit) as exc:
+        runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--no-progress", *argv])
+    assert exc.value.code == 2 and re.search(match, capsys.readouterr().err)
+    assert not out.exists()
+
+
 def test_cell_timeout_fails_the_notebook(tmp_path, write_notebook):
     books = tmp_path / "books"
     books.mkdir()

@@ -35,6 +35,21 @@ def _device_here(text: str) -> str:
     return text
 
 
+def _parameter(text: str) -> tuple[str, object]:
+    """``NAME=VALUE`` -> (NAME, the Python literal VALUE)."""
+    import ast
+
+    name, eq, value = text.partition("=")
+    name = name.strip()
+    if not eq or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"--param {text!r}: expected NAME=VALUE, e.g. VERIFY_BATCHES=[1,16,64]")
+    try:
+        return name, ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError) as exc:
+        raise argparse.ArgumentTypeError(f"--param {text!r}: {value.strip()!r} is not a Python literal "
+                                         f"(numbers, strings in quotes, lists, None, True/False): {exc}") from None
+
+
 def _out_folder(text: str) -> str:
     try:
         check_out_folder(text)
@@ -74,6 +89,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DEVICE parameter: auto, cpu, cuda, cuda:N; must exist here (default: auto)")
     parser.add_argument("--seed", type=int, default=0, help="SEED parameter (default: 0)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no per-cell progress bar")
+    parser.add_argument("--param", dest="params", action="append", type=_parameter, default=[], metavar="NAME=VALUE",
+                        help="override a notebook parameter (a Python literal, e.g. VERIFY_BATCHES=[1,16,64]); "
+                             "repeatable; every notebook run must declare NAME")
 
 
 def add_actions(parser: argparse.ArgumentParser) -> None:
@@ -114,9 +132,16 @@ def run_action(args: argparse.Namespace) -> int:
 
 def check_run_args(args: argparse.Namespace) -> None:
     """What ``notebooks run`` would otherwise find only after starting: the notebooks named by
-    --only (the device, the timeout and the reports folder are checked as they are parsed).
+    --only and the --param overrides (the device, the timeout and the reports folder are checked as they are
+    parsed).
     Raises ValueError naming the flag."""
-    discover_notebooks(args.notebooks, args.only)
+    from .runner import check_parameters
+
+    names = [n for n, _ in args.params]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"--param names {twice} more than once; give each parameter one value")
+    check_parameters(discover_notebooks(args.notebooks, args.only), dict(args.params))
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -131,7 +156,8 @@ def run_from_args(args: argparse.Namespace) -> int:
           f"out {args.out}", flush=True)
     try:
         manifest = run_notebooks(args.notebooks, args.out, smoke=args.smoke, only=args.only, timeout=args.timeout,
-                                 device=args.device, seed=args.seed, progress=args.progress)
+                                 device=args.device, seed=args.seed, progress=args.progress,
+                                 parameters=dict(args.params))
     except (TypeError, ValueError) as exc:
         print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

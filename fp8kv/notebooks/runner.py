@@ -41,6 +41,32 @@ from .setup import machine_defaults
 
 # Parameters every notebook declares in its cell tagged "parameters" (and the runner injects).
 PARAMETER_NAMES = ("SMOKE", "DEVICE", "OUT_DIR", "SEED", "SHOW_WIDGETS")
+
+
+def check_parameters(books: Sequence[Path], parameters) -> dict:
+    """``parameters`` (name -> value) checked against every notebook of ``books``: each name declared in its
+    cell tagged "parameters" and not one the runner sets itself (:data:`PARAMETER_NAMES`). A page run with
+    overrides shows them in its injected-parameters cell and its manifest entry."""
+    import papermill as pm
+
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict) or not all(isinstance(k, str) for k in parameters):
+        checks.fail(f"parameters={checks.show_value(parameters)}; expected a dict of parameter names to values",
+                    TypeError)
+    own = sorted(set(parameters) & set(PARAMETER_NAMES))
+    if own:
+        checks.fail(f"parameters {own} are set by the runner itself (use its options: --smoke/--full, --device, "
+                    f"--seed, --out); overrides may name a notebook's own parameters only")
+    for book in books:
+        declared = pm.inspect_notebook(str(book))
+        unknown = sorted(set(parameters) - set(declared))
+        if unknown:
+            checks.fail(f"parameters {unknown} are not declared by {book.stem}; its parameters are "
+                        f"{sorted(set(declared) - set(PARAMETER_NAMES))}")
+    return dict(parameters)
+
+
 # Per-cell execution timeout, seconds, by mode.
 DEFAULT_TIMEOUT_S = {"smoke": 600, "full": 1800}
 KERNEL_NAME = "python3"
@@ -106,7 +132,8 @@ def _run_one(book: Path, staging: Path, params: dict, timeout_s: int, progress: 
     name = book.stem
     executed = staging / f"{name}.ipynb"
     entry = {"name": name, "source": book.name, "source_sha256": notebook_hash(book), "status": "ok",
-             "error": None, "mode": "smoke" if params["SMOKE"] else "full", "started": utc_stamp(),
+             "error": None, "mode": "smoke" if params["SMOKE"] else "full",
+             "parameters": {k: v for k, v in params.items() if k not in PARAMETER_NAMES}, "started": utc_stamp(),
              "duration_s": None, "ipynb": None, "html": None, "results": None}
     for stale in [f for f in staging.iterdir() if owns(name, f.name)]:
         # nothing but this execution may stand for its results: a file already here (carried over by
@@ -186,7 +213,7 @@ def _swap_into_place(staging: Path, final: Path) -> None:
 def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.PathLike = "reports", *,
                   smoke: bool | None = None, only: Sequence[str] | None = None, timeout: int | None = None,
                   device: str = "auto", seed: int = 0, progress: bool = True,
-                  kernel_name: str = KERNEL_NAME) -> dict:
+                  kernel_name: str = KERNEL_NAME, parameters: dict | None = None) -> dict:
     """Execute the notebooks and publish ``<out>/<gpu-slug>/``; return the manifest (also written).
 
     Parameters
@@ -199,11 +226,15 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     device : the ``DEVICE`` parameter; also decides which GPU's folder is written.
     seed : the ``SEED`` parameter.
     progress : papermill's per-cell progress bar.
+    parameters : overrides of the notebooks' own parameters (name -> value), each declared by every notebook
+        run (:func:`check_parameters`), e.g. a smaller grid that fits a time limit; recorded in the manifest
+        and in each page's injected-parameters cell.
 
     Returns
     -------
     dict, the manifest: ``gpu_slug``, ``device`` (:func:`fp8kv.device.describe_device`), ``mode``,
-    ``seed``, ``timeout_s``, ``triton_interpret``, ``only``, ``started``, ``finished``,
+    ``seed``, ``timeout_s``, ``triton_interpret``, ``only``, ``parameters`` (the overrides), ``started``,
+    ``finished``,
     ``duration_s``, ``ok`` (every notebook in the report is ok), ``failed`` (names of those that are
     not), ``ran`` (names executed by this run; the others were carried over), ``report_dir`` (the
     folder's name, relative to ``out``: the manifest holds no absolute path), and ``notebooks``: one
@@ -238,6 +269,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
             __import__(module)
         except ImportError as exc:
             raise ImportError(f"the notebook runner needs {module}: pip install 'fp8kv[notebooks]'") from exc
+    parameters = check_parameters(books, parameters)
 
     info = describe_device(dev)
     slug = info["slug"]
@@ -251,6 +283,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     # Paths in the manifest are relative to the report folder itself, so a copied folder stays right.
     manifest = {"gpu_slug": slug, "device": info, "mode": mode, "seed": seed, "timeout_s": timeout,
                 "triton_interpret": None, "only": [b.stem for b in books] if only else None,
+                "parameters": parameters,
                 "started": utc_stamp(), "finished": None, "duration_s": None, "ok": None, "failed": [],
                 "ran": [b.stem for b in books], "report_dir": slug, "notebooks": []}
     t0 = time.perf_counter()
@@ -263,7 +296,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
             os.umask(umask)
             os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; the published folder should not be
             entries = _carry_over(final, staging, {b.stem for b in books}) if only and final.is_dir() else []
-            params_base = {"SMOKE": smoke, "DEVICE": str(device), "SEED": seed, "SHOW_WIDGETS": False}
+            params_base = {**parameters, "SMOKE": smoke, "DEVICE": str(device), "SEED": seed, "SHOW_WIDGETS": False}
             with _kernel_environment(interpret=interpret):
                 manifest["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
                 for i, book in enumerate(books, 1):
