@@ -126,8 +126,9 @@ def test_the_formats_tune_preset_varies_one_launch_option_at_a_time():
     grid = PRESETS["formats-tune"]
     assert grid["kv_dtypes"] == ["int8_token_head", "int4_token_head", "nvfp4", "mxfp4"]
     cases = sweep(**grid, arch="sm90", memory_budget_bytes=2**40, device="cpu", q_dtype="bf16")
-    assert len(cases) == 2 * 2 * 2 * 4 * 6 and {c.status for c in cases} == {"ready"}
-    assert {c.variant for c in cases} == {"", "convert=cast", "convert=ptx", "block_n=32", "block_n=64", "block_n=128"}
+    assert len(cases) == 2 * 2 * 2 * 4 * 9 and {c.status for c in cases} == {"ready"}
+    assert {c.variant for c in cases} == {"", "convert=cast", "convert=ptx", "block_n=32", "block_n=64", "block_n=128",
+                                          "num_warps=8", "num_stages=1", "convert=ptx,num_stages=1,num_warps=8"}
 
 
 def test_a_row_records_the_launch_it_timed():

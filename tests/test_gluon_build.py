@@ -88,7 +88,8 @@ def test_no_instruction_waits_for_the_block_table_in_the_tile_that_loads_it(buil
 
 
 def test_the_build_refuses_an_interpreted_triton():
-    from fp8kv.ops.decode.gluon_build import build, interpreter_replaced_triton
+    from fp8kv.ops.decode.gluon_build import build
+    from fp8kv.ops.offline_build import interpreter_replaced_triton
 
     if not interpreter_replaced_triton():
         pytest.skip("triton was imported without its interpreter here")

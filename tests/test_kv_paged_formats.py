@@ -380,6 +380,9 @@ def test_bad_writes_and_reads_are_refused_before_anything_changes(call, exc, mat
     (lambda c, q: paged_decode_quantized(q, c, check=1), TypeError, "check=1"),
     (lambda c, q: paged_decode_quantized(q, c, convert="fast"), ValueError, "convert='fast'; expected one of"),
     (lambda c, q: paged_decode_quantized(q, c, convert="ptx"), UnsupportedError, "convert='ptx' is inline GPU"),
+    (lambda c, q: paged_decode_quantized(q, c, num_warps=3), ValueError, r"num_warps=3; expected one of \(1, 2, 4"),
+    (lambda c, q: paged_decode_quantized(q, c, num_warps=4.0), TypeError, "num_warps=4.0"),
+    (lambda c, q: paged_decode_quantized(q, c, num_stages=0), ValueError, "num_stages"),
     (lambda c, q: quantized_reference(q, c, sm_scale=-1.0), ValueError, "sm_scale"),
     (lambda c, q: quantized_reference(q, "cache"), TypeError, "cache must be a fp8kv.cache.quantized"),
 ])

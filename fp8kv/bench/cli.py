@@ -114,7 +114,8 @@ PRESETS = {
                          block_sizes=[16], kv_dtypes=list(QUANT_KV_DTYPES), modes=["dequant"], backends=["triton"],
                          granularities=["tensor"],
                          triton_options=[{}, {"convert": "cast"}, {"convert": "ptx"}, {"block_n": 32},
-                                         {"block_n": 64}, {"block_n": 128}]),
+                                         {"block_n": 64}, {"block_n": 128}, {"num_warps": 8}, {"num_stages": 1},
+                                         {"convert": "ptx", "num_warps": 8, "num_stages": 1}]),
     "formats-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 2, 64), (2, 1, 32)], block_sizes=[16],
                           kv_dtypes=[*QUANT_KV_DTYPES, "fp8_e4m3", "bf16"], modes=["dequant"],
                           backends=["triton", "reference"], granularities=["tensor"]),
@@ -151,7 +152,8 @@ PRESET_HELP = {
                "quantized-page kernel beside fp8_e4m3 and bf16: B 1/16/64 x context 4k/16k/32k, Hq:Hkv:D 32:8:128 "
                "and 8:1:128, every row checked against its oracle (GPU)",
     "formats-tune": "launch variants of the quantized-page kernel, one option at a time (code conversion cast / "
-                    "ptx against the default software, tiles of 32-128 tokens), B 16/64 x context 16k/32k, "
+                    "ptx against the default software, tiles of 32-128 tokens, 8 warps, 1 stage) and the leanest "
+                    "build by SASS (ptx, 8 warps, 1 stage), B 16/64 x context 16k/32k, "
                     "Hq:Hkv:D 32:8:128 and 8:1:128 (GPU)",
     "formats-smoke": "the same formats at a tiny size that runs anywhere, the oracle beside; on CPU add --interpret",
     **ATTEND_PRESET_HELP,

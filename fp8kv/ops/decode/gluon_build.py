@@ -1,6 +1,5 @@
-"""The Gluon decode kernel built for a GPU that need not be here: Triton compiles and its bundled ptxas
-assembles on any machine, so the registers, spilled bytes, shared memory and SASS of a launch can be read
-on a CPU.
+"""The Gluon decode kernel built for a GPU that need not be here (:mod:`fp8kv.ops.offline_build`): the
+registers, spilled bytes, shared memory and SASS of a launch read on a CPU.
 
 :func:`build` compiles the launch :func:`.gluon_launcher.gluon_launch` plans for a head layout at a batch ×
 context on a GPU of so many SMs (an H200 by default), with the arguments and constexprs of
@@ -17,23 +16,16 @@ replaces Triton's own library functions, which then cannot be compiled.
 from __future__ import annotations
 
 import functools
-import inspect
 import re
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
-from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.interpreter import InterpretedFunction
 
 from ... import checks
 from ...cache import PagedKVCache
 from ...capability import ARCHS, check_query
+from ..offline_build import Instruction, compile_kernel, instructions, main_loop
 from .combine import split_partials
 from .gluon_launcher import gluon_arguments, gluon_launch, kernel_module
 from .gluon_scope import MAX_HEAD_DIM, NUM_WARPS
@@ -45,10 +37,6 @@ from .splits import resident_programs
 # a CompilationError; an arch Triton does not know can abort the process in LLVM, so only these are tried.
 BUILD_ARCHS = tuple(n for n in (int(a[2:]) for a in ARCHS) if n >= 89)
 
-# Pointer element types by tensor dtype, as Triton names them in a kernel signature.
-_POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.uint8: "*u8",
-                  torch.int32: "*i32"}
-
 
 @dataclass(frozen=True)
 class Build:
@@ -58,68 +46,6 @@ class Build:
     shared_bytes: int  # dynamic shared memory per program
     sass: str
     programs_per_sm: int  # resident on one H100 / H200 SM (.splits.resident_programs)
-
-
-def interpreter_replaced_triton() -> bool:
-    """Whether this process imported triton with its interpreter on (then nothing can be compiled)."""
-    return isinstance(tl.max, InterpretedFunction)
-
-
-def _signature(value) -> tuple[str, bool]:
-    """(Triton type, multiple of 16) of one runtime argument, as a launch specialises it: an integer equal
-    to 1 becomes a constant ("constexpr")."""
-    if isinstance(value, torch.Tensor):
-        return _POINTER_TYPES[value.dtype], value.data_ptr() % 16 == 0
-    if isinstance(value, float):
-        return "fp32", False
-    if value == 1:
-        return "constexpr", False
-    return ("i32" if -2**31 <= value < 2**31 else "i64"), value % 16 == 0
-
-
-def _cuobjdump(*args: str) -> str:
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return subprocess.run([str(tool), *args], capture_output=True, text=True, check=True).stdout
-
-
-@dataclass(frozen=True)
-class Instruction:
-    address: int
-    text: str
-    write_barrier: int | None  # the scoreboard this variable-latency instruction sets (None: none)
-    read_barrier: int | None
-    wait_mask: int  # the scoreboards it waits for before it issues (bit i: scoreboard i)
-
-
-def instructions(sass: str) -> list[Instruction]:
-    """The instructions of ``cuobjdump --dump-sass`` output with their scheduling bits. Since sm70 each
-    instruction is 128 bits, bits 105-125 holding its control (as reverse-engineered in Jia et al.,
-    "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking", 2018): 4 bits stall cycles,
-    1 yield, 3 write-scoreboard index, 3 read-scoreboard index (7: none), a 6-bit wait mask, 4 reuse."""
-    lines = sass.splitlines()
-    found = []
-    for i, line in enumerate(lines[:-1]):
-        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s+/\* (0x[0-9a-f]+) \*/", line)
-        hi = re.search(r"^\s*/\* (0x[0-9a-f]+) \*/\s*$", lines[i + 1])
-        if m and hi:
-            control = int(hi.group(1), 16) >> 41
-            write, read = (control >> 5) & 7, (control >> 8) & 7
-            wait = (control >> 11) & 0x3F
-            if (sb := re.match(r"DEPBAR\.\w+\s+SB(\d)", m.group(2))) is not None:
-                wait |= 1 << int(sb.group(1))  # waits until that scoreboard's count drops
-            found.append(Instruction(int(m.group(1), 16), m.group(2), None if write == 7 else write,
-                                     None if read == 7 else read, wait))
-    return found
-
-
-def main_loop(code: list[Instruction]) -> list[Instruction]:
-    """The instructions of the longest backward branch's loop (the decode's tile loop)."""
-    spans = [(int(m.group(1), 16), ins.address) for ins in code
-             if (m := re.search(r"\bBRA (0x[0-9a-f]+)", ins.text)) and int(m.group(1), 16) < ins.address]
-    if not spans:
-        raise ValueError("no backward branch in this SASS: no loop")
-    start, end = max(spans, key=lambda s: s[1] - s[0])
-    return [ins for ins in code if start <= ins.address <= end]
 
 
 def block_table_waits(sass: str) -> list[tuple[Instruction, Instruction | None, bool]]:
@@ -209,35 +135,16 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
                                       heads_per_program, q_dtype, kv_dtype, block_size, arch)
     cfg = gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
                            heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms)
-    if interpreter_replaced_triton():
-        raise RuntimeError("triton was imported with its interpreter on (TRITON_INTERPRET=1): build in a process "
-                           "without it")
     q = torch.zeros(1, num_q_heads, head_dim, dtype=q_dtype)
     part_out, part_lse = split_partials(1, num_q_heads, cfg["num_splits"], head_dim, q.device)
     _, args, constants = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
-    kernel_fn = kernel_module().gluon_decode_kernel
-    names = list(inspect.signature(kernel_fn.fn).parameters)
-    runtime = [n for n in names if n not in constants]
-    if len(runtime) != len(args):
-        raise RuntimeError(f"gluon_arguments gives {len(args)} runtime arguments, the kernel takes {len(runtime)}")
-    typed = dict(zip(runtime, map(_signature, args), strict=True))
-    constants = {**constants, **{n: 1 for n, (kind, _) in typed.items() if kind == "constexpr"}}
-    signature = {n: "constexpr" if n in constants else typed[n][0] for n in names}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, (_, aligned) in typed.items() if aligned}
-    source = GluonASTSource(kernel_fn, signature,
-                            constexprs={(names.index(k),): v for k, v in constants.items()}, attrs=attrs)
-    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=NUM_WARPS))
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "kernel.cubin"
-        cubin.write_bytes(kernel.asm["cubin"])
-        usage = _cuobjdump("--dump-resource-usage", str(cubin))
-        sass = _cuobjdump("--dump-sass", str(cubin))
-    field = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
-    programs = resident_programs(field["REG"], kernel.metadata.shared, NUM_WARPS)
+    kernel = compile_kernel(kernel_module().gluon_decode_kernel, args, constants, arch=arch, num_warps=NUM_WARPS,
+                            source_cls=GluonASTSource)
+    programs = resident_programs(kernel.registers, kernel.shared_bytes, NUM_WARPS)
     # the splits as the GPU plans them: filling the waves of the programs this build leaves an SM room for (the
     # split count is a runtime argument: the build is the same)
     cfg = gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
                            heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms,
                            programs_per_sm=programs)
-    return Build(registers=field["REG"], spilled_bytes=field["STACK"] + field["LOCAL"],
-                 shared_bytes=kernel.metadata.shared, sass=sass, programs_per_sm=programs), cfg
+    return Build(registers=kernel.registers, spilled_bytes=kernel.spilled_bytes, shared_bytes=kernel.shared_bytes,
+                 sass=kernel.sass, programs_per_sm=programs), cfg

@@ -14,7 +14,7 @@ import torch
 from ... import checks
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, interpreter_on
-from ...launch_options import MAX_BLOCK_N
+from ...launch_options import MAX_BLOCK_N, WARP_COUNTS
 from .launcher import (
     DEFAULT_QUANT_CONVERT,
     QUANT_CONVERTS,
@@ -34,6 +34,7 @@ QUANT_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_scale: float | None = None,
                            out_dtype: torch.dtype | None = None, num_splits: int | None = None,
                            block_n: int | None = None, convert: str = DEFAULT_QUANT_CONVERT,
+                           num_warps: int | None = None, num_stages: int | None = None,
                            check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode attention of one query token per sequence over a quantized paged cache, with the Triton kernel:
     :func:`plan_decode_quantized` (every check, the launch) and :func:`run_quant_decode`.
@@ -49,6 +50,8 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
         [16, MAX_BLOCK_N] (default :func:`.launcher.quant_decode_block_n`).
     convert : how code tiles become fp16, one of :data:`QUANT_CONVERTS` (:mod:`.codes`; the same values every
         way): "software" (default), "cast", or "ptx" (inline assembly: a CUDA GPU only).
+    num_warps : warps per program, one of WARP_COUNTS (default 4); num_stages : software-pipeline stages, a
+        positive int (default 2 on a GPU, 1 under the interpreter).
     check : also check the scales' values and the tables (a host sync; a sequence of length 0 refused). Off,
         the kernel still clamps block-table entries and lengths into the pool.
 
@@ -57,13 +60,15 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
     out ``[B, Hq, D]`` (out_dtype) and lse ``[B, Hq]`` fp32 (natural log), as :func:`quantized_reference`.
     """
     launch = plan_decode_quantized(q, cache, sm_scale=sm_scale, out_dtype=out_dtype, num_splits=num_splits,
-                                   block_n=block_n, convert=convert, check=check)
+                                   block_n=block_n, convert=convert, num_warps=num_warps, num_stages=num_stages,
+                                   check=check)
     return run_quant_decode(q, cache, launch)
 
 
 def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_scale: float | None = None,
                           out_dtype: torch.dtype | None = None, num_splits: int | None = None,
                           block_n: int | None = None, convert: str = DEFAULT_QUANT_CONVERT,
+                          num_warps: int | None = None, num_stages: int | None = None,
                           check: bool = True) -> QuantDecodeLaunch:
     """The checked launch of :func:`paged_decode_quantized` (same arguments): run it any number of times on
     ``q`` and ``cache`` of the same shapes with ``run_quant_decode(q, cache, launch)``, no host work left."""
@@ -93,6 +98,10 @@ def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_s
         if block_n < 16 or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
             checks.fail(f"block_n={block_n} must be a power of two in [16, {MAX_BLOCK_N}]")
     checks.one_of(convert, "convert", QUANT_CONVERTS)
+    if num_warps is not None:
+        checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", WARP_COUNTS)
+    if num_stages is not None:
+        num_stages = checks.positive_int(num_stages, "num_stages")
     if convert == "ptx" and q.device.type != "cuda":
         raise UnsupportedError("convert='ptx' is inline GPU assembly: the Triton interpreter cannot run it; "
                                f"use one of {tuple(c for c in QUANT_CONVERTS if c != 'ptx')}")
@@ -101,4 +110,4 @@ def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_s
         cache.validate_tables(nonempty=True)
     return quant_decode_launch(cache, batch=q.shape[0], num_q_heads=q.shape[1], q_dtype=q.dtype, device=q.device,
                                sm_scale=sm_scale, out_dtype=out_dtype, num_splits=num_splits, block_n=block_n,
-                               convert=convert)
+                               convert=convert, num_warps=num_warps, num_stages=num_stages)

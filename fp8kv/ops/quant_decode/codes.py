@@ -6,9 +6,10 @@ FP8 decode's names and constexpr values from :mod:`fp8kv.ops.decode.triton_helpe
   fp32 -> fp16 conversion and read their block scale once per code byte.
 * ``software`` (CONVERT_SOFTWARE): the code's bits are placed into fp16's fields with integer ops and one fp16
   subtraction or product, no conversion instruction (the magic-number decoding of INT8 / INT4 weights in GPU
-  GEMM kernels); the 4-bit floats load each block scale once per block. Bit for bit the values of ``cast``
-  (NVFP4's scaled by 2^-7 exactly, the kernel multiplies it back in fp32).
-* ``ptx`` (CONVERT_PTX): the same bit moves on four codes per instruction (``prmt`` / ``lop3`` / ``sub.f16x2``)
+  GEMM kernels); the 4-bit floats load each block scale once per block. The values of ``cast`` (NVFP4's
+  scaled by 2^-7 exactly, the kernel multiplies it back in fp32; e2m1's code 8 is -0 here, +0 there).
+* ``ptx`` (CONVERT_PTX): the same bit moves on four codes per instruction (``prmt``, ``and`` / ``or``, which
+  ptxas merges into ``lop3``, and ``sub.f16x2``)
   in inline PTX (sm80+ GPUs; the interpreter cannot run assembly).
 
 Why the bits are exact:
@@ -19,8 +20,8 @@ Why the bits are exact:
   top mantissa bit, which is the e2m1 value x 2^-14 (exponent 0: fp16's subnormals give m x 2^-15 = 0.5 m x
   2^-14). NVFP4 multiplies it by its e4m3 block scale x 2^7 (fp16, exact: at most 448 x 128 = 57344):
   code x scale x 2^-7 is a multiple of 2^-17 (codes are multiples of 1/2, e4m3 scales of 2^-9) with at most 6
-  significant bits and at most 21, so fp16 holds it exactly, and it is normal wherever the scale is (>= 2^-6):
-  the dot operands are subnormal only where cast's are too.
+  significant bits and at most 21, so fp16 holds it exactly; it is an fp16 subnormal (down to 2^-17) only
+  where the block scale is an e4m3 subnormal (below 2^-6), which fp16 arithmetic and the tensor cores keep.
 """
 
 import triton
@@ -111,37 +112,35 @@ def _int8_ptx(codes):
 
 @triton.jit
 def _int4_ptx(codes, HIGH: tl.constexpr):
-    """uint8 bytes of two int4 codes -> fp16 of the low (HIGH False) or high nibble: bytes spread into 16-bit
-    lanes by ``prmt``, the nibble masked into 0x6400 | (n ^ 8), minus 1032 (0x6408)."""
+    """uint8 bytes of two int4 codes -> fp16 of the low (HIGH False) or high nibble: the four bytes' nibbles
+    masked in place and flipped (n ^ 8), spread under 0x64 by ``prmt``, minus 1032 (0x6408)."""
     if HIGH:
         asm: tl.constexpr = (
-            "{ .reg .b32 t, z, k, a, b; xor.b32 t, $2, 0x88888888; mov.b32 z, 0; mov.b32 k, 0x64086408; "
-            "prmt.b32 a, t, z, 0x4140; prmt.b32 b, t, z, 0x4342; shr.b32 a, a, 4; shr.b32 b, b, 4; "
-            "and.b32 a, a, 0x000F000F; and.b32 b, b, 0x000F000F; or.b32 a, a, 0x64006400; "
-            "or.b32 b, b, 0x64006400; sub.f16x2 $0, a, k; sub.f16x2 $1, b, k; }")
+            "{ .reg .b32 t, m, k; shr.b32 t, $2, 4; and.b32 t, t, 0x0F0F0F0F; xor.b32 t, t, 0x08080808; "
+            "mov.b32 m, 0x64646464; mov.b32 k, 0x64086408; prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; "
+            "sub.f16x2 $0, $0, k; sub.f16x2 $1, $1, k; }")
     else:
         asm: tl.constexpr = (
-            "{ .reg .b32 t, z, k, a, b; xor.b32 t, $2, 0x88888888; mov.b32 z, 0; mov.b32 k, 0x64086408; "
-            "prmt.b32 a, t, z, 0x4140; prmt.b32 b, t, z, 0x4342; "
-            "and.b32 a, a, 0x000F000F; and.b32 b, b, 0x000F000F; or.b32 a, a, 0x64006400; "
-            "or.b32 b, b, 0x64006400; sub.f16x2 $0, a, k; sub.f16x2 $1, b, k; }")
+            "{ .reg .b32 t, m, k; and.b32 t, $2, 0x0F0F0F0F; xor.b32 t, t, 0x08080808; "
+            "mov.b32 m, 0x64646464; mov.b32 k, 0x64086408; prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; "
+            "sub.f16x2 $0, $0, k; sub.f16x2 $1, $1, k; }")
     return tl.inline_asm_elementwise(asm, "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4)
 
 
 @triton.jit
 def _e2m1_ptx(codes, HIGH: tl.constexpr):
-    """uint8 bytes of two e2m1 codes -> fp16 of the low or high code x 2^-14: bytes spread into 16-bit lanes,
-    magnitude bits shifted to 9-11 and the sign to 15."""
+    """uint8 bytes of two e2m1 codes -> fp16 of the low or high code x 2^-14. In all four bytes at once, each
+    code becomes the high byte of its fp16 (sign to bit 7, magnitude to bits 1-3); ``prmt`` puts those bytes
+    over zero low bytes."""
     if HIGH:
         asm: tl.constexpr = (
-            "{ .reg .b32 z, a, b, x, y; mov.b32 z, 0; prmt.b32 a, $2, z, 0x4140; prmt.b32 b, $2, z, 0x4342; "
-            "shl.b32 x, a, 5; shl.b32 y, a, 8; and.b32 x, x, 0x0E000E00; and.b32 y, y, 0x80008000; or.b32 $0, x, y; "
-            "shl.b32 x, b, 5; shl.b32 y, b, 8; and.b32 x, x, 0x0E000E00; and.b32 y, y, 0x80008000; or.b32 $1, x, y; }")
+            "{ .reg .b32 a, b, z; shr.b32 a, $2, 3; and.b32 a, a, 0x0E0E0E0E; and.b32 b, $2, 0x80808080; "
+            "or.b32 a, a, b; mov.b32 z, 0; prmt.b32 $0, a, z, 0x1404; prmt.b32 $1, a, z, 0x3424; }")
     else:
         asm: tl.constexpr = (
-            "{ .reg .b32 z, a, b, x, y; mov.b32 z, 0; prmt.b32 a, $2, z, 0x4140; prmt.b32 b, $2, z, 0x4342; "
-            "shl.b32 x, a, 9; shl.b32 y, a, 12; and.b32 x, x, 0x0E000E00; and.b32 y, y, 0x80008000; or.b32 $0, x, y; "
-            "shl.b32 x, b, 9; shl.b32 y, b, 12; and.b32 x, x, 0x0E000E00; and.b32 y, y, 0x80008000; or.b32 $1, x, y; }")
+            "{ .reg .b32 a, b, z; shl.b32 a, $2, 1; and.b32 a, a, 0x0E0E0E0E; shl.b32 b, $2, 4; "
+            "and.b32 b, b, 0x80808080; or.b32 a, a, b; mov.b32 z, 0; prmt.b32 $0, a, z, 0x1404; "
+            "prmt.b32 $1, a, z, 0x3424; }")
     return tl.inline_asm_elementwise(asm, "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4)
 
 
@@ -212,9 +211,8 @@ def mxfp4_tiles(codes, scale_ptr, s_row, t_mask, c_ld, CONVERT: tl.constexpr, BL
     """An MXFP4 tile of packed codes -> its even and odd channels in fp16 and each token's factor (fp32 ``[N]``).
 
     Each token's largest block scale ``2^(c_max - 127)`` (e8m0 code ``c`` is ``2^(c - 127)``) is factored out
-    and returned; the tiles hold code x ``2^(c - c_max)``: exact down to blocks 2^-22 (cast) or 2^-23 (software,
-    ptx: fp16's subnormals end at 2^-24) below the token's largest; smaller blocks are as small beside that
-    token's norm."""
+    and returned; the tiles hold code x ``2^(c - c_max)``: exact down to blocks 2^-23 below the token's largest
+    (fp16's subnormals end at 2^-24), every way; smaller blocks are as small beside that token's norm."""
     if CONVERT == CONVERT_CAST:
         blocks = s_row[:, None] + (tl.arange(0, C_PAD) // BLOCK_BYTES)[None, :]
         c = tl.load(scale_ptr + blocks, mask=c_ld, other=0).to(tl.int32)

@@ -13,10 +13,10 @@ Codes are dequantized in registers, never in memory:
   -7..7 are exact in fp16); K's scale multiplies the score columns, V's the probabilities (divided by the
   tile's largest V scale, which multiplies the dot's fp32 result: p stays in fp16's range), as the FP8
   token_head path does.
-* NVFP4: code x block scale is exact in fp16 (a 2-bit by a 4-bit significand, magnitudes in [2^-7, 2688]), so
+* NVFP4: code x block scale is exact in fp16 (a 2-bit by a 4-bit significand, magnitudes in [2^-10, 2688]), so
   the tiles are dequantized to it; the tensor scales (fp32) multiply the scores (K) and the output (V).
 * MXFP4: each token's largest block scale is factored out and handled as INT8's per-token scale; the tiles
-  hold code x the block's power of two relative to it (exact in fp16 within 2^22 of it, see
+  hold code x the block's power of two relative to it (exact in fp16 within 2^23 of it, see
   :func:`.codes.mxfp4_tiles`).
 
 How the code tiles become fp16 (CONVERT: integer conversions, bits placed into fp16's fields, or the same in

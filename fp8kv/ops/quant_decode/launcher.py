@@ -23,7 +23,7 @@ from ..decode.triton_launcher import CONVERT_CODES
 from .kernel import FORMAT_INT4, FORMAT_INT8, FORMAT_MXFP4, FORMAT_NVFP4, quant_decode_kernel
 
 __all__ = ["QUANT_DECODE_FORMATS", "QUANT_CONVERTS", "DEFAULT_QUANT_CONVERT", "QuantDecodeLaunch",
-           "quant_decode_launch", "run_quant_decode", "quant_decode_block_n"]
+           "quant_decode_launch", "quant_decode_arguments", "run_quant_decode", "quant_decode_block_n"]
 
 # format name -> the kernel's FORMAT
 QUANT_DECODE_FORMATS = {"int8_token_head": FORMAT_INT8.value, "int4_token_head": FORMAT_INT4.value,
@@ -65,10 +65,10 @@ class QuantDecodeLaunch(NamedTuple):
 def quant_decode_launch(cache: QuantizedPagedKVCache, *, batch: int, num_q_heads: int, q_dtype: torch.dtype,
                         device: torch.device, sm_scale: float, out_dtype: torch.dtype, num_splits: int | None,
                         block_n: int | None, convert: str = DEFAULT_QUANT_CONVERT,
-                        num_warps: int = 4) -> QuantDecodeLaunch:
+                        num_warps: int | None = None, num_stages: int | None = None) -> QuantDecodeLaunch:
     """The launch for ``batch`` queries of ``num_q_heads`` heads over ``cache`` (arguments already checked by
-    :func:`fp8kv.ops.quant_decode.paged_decode_quantized`): ``num_splits`` / ``block_n`` None for the defaults,
-    ``convert`` one of :data:`QUANT_CONVERTS`."""
+    :func:`fp8kv.ops.quant_decode.paged_decode_quantized`): ``num_splits`` / ``block_n`` / ``num_warps`` (4) /
+    ``num_stages`` (2; 1 under the interpreter) None for the defaults, ``convert`` one of :data:`QUANT_CONVERTS`."""
     hkv, d = cache.num_kv_heads, cache.head_dim
     group = num_q_heads // hkv
     block_n = quant_decode_block_n(cache) if block_n is None else block_n
@@ -82,8 +82,9 @@ def quant_decode_launch(cache: QuantizedPagedKVCache, *, batch: int, num_q_heads
     constexprs = dict(GROUP=group, GROUP_PAD=padded_rows(group), HEAD_DIM=d, C=c,
                       C_PAD=max(16, triton.next_power_of_2(c)), BLOCK_SIZE=cache.block_size, BLOCK_N=block_n,
                       SPLIT=num_splits > 1, FORMAT=QUANT_DECODE_FORMATS[cache.fmt.name],
-                      RESCALE_Q=q_dtype != torch.float16, CONVERT=CONVERT_CODES[convert], num_warps=num_warps,
-                      num_stages=1 if interp else 2)
+                      RESCALE_Q=q_dtype != torch.float16, CONVERT=CONVERT_CODES[convert],
+                      num_warps=4 if num_warps is None else num_warps,
+                      num_stages=(1 if interp else 2) if num_stages is None else num_stages)
     kernel_out = torch.float32 if interp and out_dtype == torch.bfloat16 else out_dtype
     return QuantDecodeLaunch((batch, hkv, num_splits), constexprs, sm_scale * math.log2(math.e), num_splits,
                              tokens_per_split, widen, out_dtype, kernel_out, convert)
@@ -91,6 +92,21 @@ def quant_decode_launch(cache: QuantizedPagedKVCache, *, batch: int, num_q_heads
 
 def _scales(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.element_size() == 1 else t  # e4m3 / e8m0 scales are read as their bits
+
+
+def quant_decode_arguments(q: torch.Tensor, cache: QuantizedPagedKVCache, launch: QuantDecodeLaunch, out: torch.Tensor,
+                           lse: torch.Tensor) -> list:
+    """The kernel's runtime arguments, in its order, for ``q`` over ``cache`` writing ``out`` and ``lse`` (the
+    final ones, or the split partials of :func:`~fp8kv.ops.decode.combine.split_partials`)."""
+    so = (out.stride(0), out.stride(1), out.stride(2) if launch.num_splits > 1 else 0)
+    ks, vs = _scales(cache.k_scales), _scales(cache.v_scales)
+    k_ts = cache.k_tensor_scale if cache.k_tensor_scale is not None else ks
+    v_ts = cache.v_tensor_scale if cache.v_tensor_scale is not None else vs
+    cp, sp = cache.k_pages.stride(), ks.stride()
+    return [q, cache.k_pages, cache.v_pages, ks, vs, k_ts, v_ts, cache.block_table, cache.seq_lens, out, lse,
+            launch.qk_scale, launch.tokens_per_split, cache.num_blocks, cache.max_blocks_per_seq * cache.block_size,
+            q.stride(0), q.stride(1), cp[0], cp[1], cp[2], sp[0], sp[1], sp[2], cache.block_table.stride(0), *so,
+            lse.stride(0), lse.stride(1)]
 
 
 def run_quant_decode(q: torch.Tensor, cache: QuantizedPagedKVCache,
@@ -104,19 +120,9 @@ def run_quant_decode(q: torch.Tensor, cache: QuantizedPagedKVCache,
     lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
     if launch.num_splits > 1:
         k_out, k_lse = split_partials(b, hq, launch.num_splits, d, q.device)
-        so = (k_out.stride(0), k_out.stride(1), k_out.stride(2))
     else:
         k_out, k_lse = out, lse
-        so = (out.stride(0), out.stride(1), 0)
-    ks, vs = _scales(cache.k_scales), _scales(cache.v_scales)
-    k_ts = cache.k_tensor_scale if cache.k_tensor_scale is not None else ks
-    v_ts = cache.v_tensor_scale if cache.v_tensor_scale is not None else vs
-    cp, sp = cache.k_pages.stride(), ks.stride()
-    quant_decode_kernel[launch.grid](
-        q, cache.k_pages, cache.v_pages, ks, vs, k_ts, v_ts, cache.block_table, cache.seq_lens, k_out, k_lse,
-        launch.qk_scale, launch.tokens_per_split, cache.num_blocks, cache.max_blocks_per_seq * cache.block_size,
-        q.stride(0), q.stride(1), cp[0], cp[1], cp[2], sp[0], sp[1], sp[2], cache.block_table.stride(0), *so,
-        k_lse.stride(0), k_lse.stride(1), **launch.constexprs)
+    quant_decode_kernel[launch.grid](*quant_decode_arguments(q, cache, launch, k_out, k_lse), **launch.constexprs)
     if launch.num_splits > 1:
         combine_splits(k_out, k_lse, out, lse)
     return out.to(launch.out_dtype), lse

@@ -1,0 +1,163 @@
+"""fp8kv's Triton kernels built for a GPU that need not be here: Triton compiles and its bundled ptxas
+assembles on any machine, so what ptxas allocated (registers, spilled bytes, shared memory) and the SASS of a
+launch can be read on a CPU. :func:`compile_kernel` builds a kernel for its runtime arguments as a launch
+specialises them (pointers and integers that are multiples of 16 marked so, integers equal to 1 made constants);
+:func:`instructions` reads the SASS with its scheduling bits, :func:`main_loop` its tile loop and
+:func:`instruction_mix` counts that loop's instructions by kind.
+
+It needs a process where the Triton interpreter was off when triton was first imported: the interpreter
+replaces Triton's own library functions, which then cannot be compiled.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.interpreter import InterpretedFunction
+
+__all__ = ["Compiled", "Instruction", "compile_kernel", "instructions", "main_loop", "instruction_mix",
+           "interpreter_replaced_triton", "signature_of", "INSTRUCTION_KINDS"]
+
+# Pointer element types by tensor dtype, as Triton names them in a kernel signature.
+POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.uint8: "*u8",
+                 torch.int8: "*i8", torch.int32: "*i32"}
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One compiled kernel: what ptxas allocated, and its SASS."""
+    registers: int  # per thread
+    spilled_bytes: int  # stack + local memory per thread: 0 unless the registers ran out
+    shared_bytes: int  # dynamic shared memory per program
+    sass: str
+
+
+def interpreter_replaced_triton() -> bool:
+    """Whether this process imported triton with its interpreter on (then nothing can be compiled)."""
+    return isinstance(tl.max, InterpretedFunction)
+
+
+def signature_of(value) -> tuple[str, bool]:
+    """(Triton type, multiple of 16) of one runtime argument, as a launch specialises it: an integer equal
+    to 1 becomes a constant ("constexpr")."""
+    if isinstance(value, torch.Tensor):
+        return POINTER_TYPES[value.dtype], value.data_ptr() % 16 == 0
+    if isinstance(value, float):
+        return "fp32", False
+    if value == 1:
+        return "constexpr", False
+    return ("i32" if -2**31 <= value < 2**31 else "i64"), value % 16 == 0
+
+
+def _cuobjdump(*args: str) -> str:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return subprocess.run([str(tool), *args], capture_output=True, text=True, check=True).stdout
+
+
+def compile_kernel(kernel_fn, args: list, constants: dict, *, arch: int, num_warps: int,
+                   num_stages: int | None = None, source_cls=ASTSource) -> Compiled:
+    """Compile ``kernel_fn`` (a ``@triton.jit`` or Gluon function; ``source_cls`` its AST source class) for
+    ``sm{arch}`` with the runtime ``args`` (in the kernel's order, constexprs left out) and ``constants`` (the
+    constexprs by name), as a launch with these arguments specialises it."""
+    if interpreter_replaced_triton():
+        raise RuntimeError("triton was imported with its interpreter on (TRITON_INTERPRET=1): build in a process "
+                           "without it")
+    names = list(inspect.signature(kernel_fn.fn).parameters)
+    runtime = [n for n in names if n not in constants]
+    if len(runtime) != len(args):
+        raise RuntimeError(f"{len(args)} runtime arguments given, {kernel_fn.fn.__name__} takes {len(runtime)}")
+    typed = dict(zip(runtime, map(signature_of, args), strict=True))
+    constants = {**constants, **{n: 1 for n, (kind, _) in typed.items() if kind == "constexpr"}}
+    signature = {n: "constexpr" if n in constants else typed[n][0] for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, (_, aligned) in typed.items() if aligned}
+    source = source_cls(kernel_fn, signature, constexprs={(names.index(k),): v for k, v in constants.items()},
+                        attrs=attrs)
+    options = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps, num_stages=num_stages)
+    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        usage = _cuobjdump("--dump-resource-usage", str(cubin))
+        sass = _cuobjdump("--dump-sass", str(cubin))
+    field = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
+    return Compiled(registers=field["REG"], spilled_bytes=field["STACK"] + field["LOCAL"],
+                    shared_bytes=kernel.metadata.shared, sass=sass)
+
+
+@dataclass(frozen=True)
+class Instruction:
+    address: int
+    text: str
+    write_barrier: int | None  # the scoreboard this variable-latency instruction sets (None: none)
+    read_barrier: int | None
+    wait_mask: int  # the scoreboards it waits for before it issues (bit i: scoreboard i)
+
+    @property
+    def opcode(self) -> str:
+        """The instruction's name with its modifiers, its predicate left out (``@P0 LDG.E.128`` -> ``LDG.E.128``)."""
+        return re.sub(r"^@!?U?P\w+\s+", "", self.text).split()[0]
+
+
+def instructions(sass: str) -> list[Instruction]:
+    """The instructions of ``cuobjdump --dump-sass`` output with their scheduling bits. Since sm70 each
+    instruction is 128 bits, bits 105-125 holding its control (as reverse-engineered in Jia et al.,
+    "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking", 2018): 4 bits stall cycles,
+    1 yield, 3 write-scoreboard index, 3 read-scoreboard index (7: none), a 6-bit wait mask, 4 reuse."""
+    lines = sass.splitlines()
+    found = []
+    for i, line in enumerate(lines[:-1]):
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s+/\* (0x[0-9a-f]+) \*/", line)
+        hi = re.search(r"^\s*/\* (0x[0-9a-f]+) \*/\s*$", lines[i + 1])
+        if m and hi:
+            control = int(hi.group(1), 16) >> 41
+            write, read = (control >> 5) & 7, (control >> 8) & 7
+            wait = (control >> 11) & 0x3F
+            if (sb := re.match(r"DEPBAR\.\w+\s+SB(\d)", m.group(2))) is not None:
+                wait |= 1 << int(sb.group(1))  # waits until that scoreboard's count drops
+            found.append(Instruction(int(m.group(1), 16), m.group(2), None if write == 7 else write,
+                                     None if read == 7 else read, wait))
+    return found
+
+
+def main_loop(code: list[Instruction]) -> list[Instruction]:
+    """The instructions of the longest backward branch's loop (the decode's tile loop)."""
+    spans = [(int(m.group(1), 16), ins.address) for ins in code
+             if (m := re.search(r"\bBRA (0x[0-9a-f]+)", ins.text)) and int(m.group(1), 16) < ins.address]
+    if not spans:
+        raise ValueError("no backward branch in this SASS: no loop")
+    start, end = max(spans, key=lambda s: s[1] - s[0])
+    return [ins for ins in code if start <= ins.address <= end]
+
+
+# Instruction kinds by SASS opcode prefix (the first that matches), for :func:`instruction_mix`.
+INSTRUCTION_KINDS = (
+    ("convert", ("I2F", "F2F", "F2I", "I2FP", "F2FP", "I2I")),  # number-format conversions
+    ("tensor core", ("HMMA", "HGMMA", "IMMA", "QGMMA", "WARPGROUP")),
+    ("fp16", ("HADD2", "HMUL2", "HFMA2", "HMNMX2", "HSETP2")),
+    ("fp32", ("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL", "MUFU", "FCHK")),
+    ("integer", ("LOP3", "PRMT", "SHF", "IADD3", "IMAD", "ISETP", "SEL", "LEA", "IABS", "IMNMX", "VIMNMX", "BMSK",
+                 "SGXT", "POPC", "FLO", "BREV")),
+    ("global memory", ("LDG", "STG", "LDGSTS", "LDGDEPBAR", "RED", "ATOMG")),
+    ("shared memory", ("LDS", "STS", "LDSM", "STSM")),
+)
+
+
+def instruction_mix(code: list[Instruction]) -> dict[str, int]:
+    """How many of ``code``'s instructions are of each kind of :data:`INSTRUCTION_KINDS` ("other" for the rest:
+    moves, branches, barriers, ...), and ``total``."""
+    counts = collections.Counter()
+    for ins in code:
+        op = ins.opcode
+        counts[next((kind for kind, prefixes in INSTRUCTION_KINDS if op.startswith(prefixes)), "other")] += 1
+    return {**{kind: counts[kind] for kind, _ in INSTRUCTION_KINDS}, "other": counts["other"], "total": len(code)}

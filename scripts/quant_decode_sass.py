@@ -1,0 +1,54 @@
+"""The quantized-page decode kernel as a GPU would run it, built on any machine
+(``fp8kv.ops.quant_decode.build``): per format and code conversion, the tile loop's instructions by kind.
+
+    python scripts/quant_decode_sass.py                       # 32/8/128, every format and conversion, sm90
+    python scripts/quant_decode_sass.py 8/1/128 --formats nvfp4 --num-warps 8 --num-stages 1 --sass /tmp/k
+
+``issue/token`` is what the program's warps issue per token of K and V; an SM issues four warp instructions
+a clock, so a kernel streams its bytes only while that count stays under 4 x (bytes per token) / (bytes an
+SM reads a clock: an H100's 3.35 TB/s over 132 SMs at 1.755 GHz is ~14.5). Static counts of one build with
+this machine's Triton, not times: the GPU's Triton may schedule differently, and only a benchmark says what
+runs faster. Run it without TRITON_INTERPRET.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fp8kv.ops.quant_decode import QUANT_CONVERTS, QUANT_DECODE_FORMATS
+from fp8kv.ops.quant_decode.build import build_quant_decode, loop_mix
+
+KINDS = ("convert", "integer", "fp16", "fp32", "tensor core", "shared memory", "global memory", "other")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("layout", nargs="?", default="32/8/128", help="Hq/Hkv/D (32/8/128)")
+    p.add_argument("--formats", nargs="+", default=list(QUANT_DECODE_FORMATS), choices=list(QUANT_DECODE_FORMATS))
+    p.add_argument("--converts", nargs="+", default=list(QUANT_CONVERTS), choices=list(QUANT_CONVERTS))
+    p.add_argument("--block-n", type=int, help="tokens per tile (default: the launch's)")
+    p.add_argument("--num-warps", type=int, help="warps per program (default: the launch's)")
+    p.add_argument("--num-stages", type=int, help="pipeline stages (default: the launch's on a GPU)")
+    p.add_argument("--arch", type=int, default=90, help="the sm version to build for (90: Hopper)")
+    p.add_argument("--sass", type=Path, help="write each build's SASS into this folder")
+    a = p.parse_args()
+    hq, hkv, d = (int(x) for x in a.layout.split("/"))
+    print(f"{a.layout}, sm{a.arch}: the tile loop of one warp, instructions by kind")
+    print(f"{'format':16} {'convert':9} {'tile':>4} {'warps':>5} {'regs':>4} {'spill':>5} "
+          + " ".join(f"{k[:7]:>7}" for k in KINDS) + f" {'total':>6} {'issue/token':>11}")
+    for fmt in a.formats:
+        for conv in a.converts:
+            kernel, launch = build_quant_decode(fmt, hq, hkv, d, convert=conv, block_n=a.block_n,
+                                                num_warps=a.num_warps, num_stages=a.num_stages, arch=a.arch)
+            m = loop_mix(kernel, launch)
+            print(f"{fmt:16} {conv:9} {m['block_n']:>4} {m['num_warps']:>5} {kernel.registers:>4} "
+                  f"{kernel.spilled_bytes:>5} " + " ".join(f"{m[k]:>7}" for k in KINDS)
+                  + f" {m['total']:>6} {m['issue_per_token']:>11.1f}")
+            if a.sass:
+                a.sass.mkdir(parents=True, exist_ok=True)
+                (a.sass / f"{fmt}-{conv}.sass").write_text(kernel.sass)
+
+
+if __name__ == "__main__":
+    main()
