@@ -32,8 +32,8 @@ from ..fp8_codec import fp8_bits_to_fp16
 
 NVFP4_UNIT = tl.constexpr(128.0)  # software / ptx NVFP4 tiles hold code x scale / 128: the kernel multiplies it back
 
-__all__ = ["CONVERT_CAST", "CONVERT_SOFTWARE", "CONVERT_PTX", "NVFP4_UNIT", "int8_tile", "int4_tiles",
-           "nvfp4_tiles", "mxfp4_tiles", "e2m1_halves"]
+__all__ = ["CONVERT_CAST", "CONVERT_SOFTWARE", "CONVERT_PTX", "NVFP4_UNIT", "INT8_PTX", "INT4_PTX_LO", "INT4_PTX_HI",
+           "E2M1_PTX_LO", "E2M1_PTX_HI", "int8_tile", "int4_tiles", "nvfp4_tiles", "mxfp4_tiles", "e2m1_halves"]
 
 
 # --- cast: integer -> float conversions --------------------------------------------------------------------------
@@ -101,54 +101,39 @@ def block_scale_codes(scale_ptr, s_row, t_mask, NB: tl.constexpr, NB_PAD: tl.con
 
 # --- ptx: four codes per instruction ------------------------------------------------------------------------------
 
-@triton.jit
-def _int8_ptx(codes):
-    """int8 codes -> fp16: bytes spread into fp16 lanes above 0x64 by ``prmt``, then minus 1152 (0x6480)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b32 t, m, k; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64646464; mov.b32 k, 0x64806480; "
-        "prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; sub.f16x2 $0, $0, k; sub.f16x2 $1, $1, k; }",
-        "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4)
+# The inline PTX, four codes of one 32-bit register ($2, code i in byte i) to four fp16 (codes 0-1 in $0, 2-3 in
+# $1, the lower code in the lower half), as Triton's inline_asm_elementwise packs them (tests/test_quant_codes.py
+# runs each on every byte value in every position through an emulation of these instructions).
+# INT8: each byte flipped (c ^ 0x80), spread under 0x64 by prmt (1024 + c + 128), minus 1152 (0x6480).
+INT8_PTX = tl.constexpr(
+    "{ .reg .b32 t, m, k; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64646464; mov.b32 k, 0x64806480; "
+    "prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; sub.f16x2 $0, $0, k; sub.f16x2 $1, $1, k; }")
+# INT4, the low (LO) or high (HI) nibbles: masked in place and flipped (n ^ 8), spread under 0x64, minus 1032.
+_INT4_SPREAD = ("mov.b32 m, 0x64646464; mov.b32 k, 0x64086408; prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; "
+                "sub.f16x2 $0, $0, k; sub.f16x2 $1, $1, k; }")
+INT4_PTX_LO = tl.constexpr("{ .reg .b32 t, m, k; and.b32 t, $2, 0x0F0F0F0F; xor.b32 t, t, 0x08080808; "
+                           + _INT4_SPREAD)
+INT4_PTX_HI = tl.constexpr("{ .reg .b32 t, m, k; shr.b32 t, $2, 4; and.b32 t, t, 0x0F0F0F0F; "
+                           "xor.b32 t, t, 0x08080808; " + _INT4_SPREAD)
+# e2m1 x 2^-14, the low or high codes: in all four bytes at once each code becomes its fp16's high byte (sign to
+# bit 7, magnitude to bits 1-3), which prmt puts over zero low bytes.
+_E2M1_SPREAD = "or.b32 a, a, b; mov.b32 z, 0; prmt.b32 $0, a, z, 0x1404; prmt.b32 $1, a, z, 0x3424; }"
+E2M1_PTX_LO = tl.constexpr("{ .reg .b32 a, b, z; shl.b32 a, $2, 1; and.b32 a, a, 0x0E0E0E0E; shl.b32 b, $2, 4; "
+                           "and.b32 b, b, 0x80808080; " + _E2M1_SPREAD)
+E2M1_PTX_HI = tl.constexpr("{ .reg .b32 a, b, z; shr.b32 a, $2, 3; and.b32 a, a, 0x0E0E0E0E; "
+                           "and.b32 b, $2, 0x80808080; " + _E2M1_SPREAD)
 
 
 @triton.jit
-def _int4_ptx(codes, HIGH: tl.constexpr):
-    """uint8 bytes of two int4 codes -> fp16 of the low (HIGH False) or high nibble: the four bytes' nibbles
-    masked in place and flipped (n ^ 8), spread under 0x64 by ``prmt``, minus 1032 (0x6408)."""
-    if HIGH:
-        asm: tl.constexpr = (
-            "{ .reg .b32 t, m, k; shr.b32 t, $2, 4; and.b32 t, t, 0x0F0F0F0F; xor.b32 t, t, 0x08080808; "
-            "mov.b32 m, 0x64646464; mov.b32 k, 0x64086408; prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; "
-            "sub.f16x2 $0, $0, k; sub.f16x2 $1, $1, k; }")
-    else:
-        asm: tl.constexpr = (
-            "{ .reg .b32 t, m, k; and.b32 t, $2, 0x0F0F0F0F; xor.b32 t, t, 0x08080808; "
-            "mov.b32 m, 0x64646464; mov.b32 k, 0x64086408; prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; "
-            "sub.f16x2 $0, $0, k; sub.f16x2 $1, $1, k; }")
-    return tl.inline_asm_elementwise(asm, "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4)
-
-
-@triton.jit
-def _e2m1_ptx(codes, HIGH: tl.constexpr):
-    """uint8 bytes of two e2m1 codes -> fp16 of the low or high code x 2^-14. In all four bytes at once, each
-    code becomes the high byte of its fp16 (sign to bit 7, magnitude to bits 1-3); ``prmt`` puts those bytes
-    over zero low bytes."""
-    if HIGH:
-        asm: tl.constexpr = (
-            "{ .reg .b32 a, b, z; shr.b32 a, $2, 3; and.b32 a, a, 0x0E0E0E0E; and.b32 b, $2, 0x80808080; "
-            "or.b32 a, a, b; mov.b32 z, 0; prmt.b32 $0, a, z, 0x1404; prmt.b32 $1, a, z, 0x3424; }")
-    else:
-        asm: tl.constexpr = (
-            "{ .reg .b32 a, b, z; shl.b32 a, $2, 1; and.b32 a, a, 0x0E0E0E0E; shl.b32 b, $2, 4; "
-            "and.b32 b, b, 0x80808080; or.b32 a, a, b; mov.b32 z, 0; prmt.b32 $0, a, z, 0x1404; "
-            "prmt.b32 $1, a, z, 0x3424; }")
-    return tl.inline_asm_elementwise(asm, "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4)
+def _ptx(codes, ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(ASM, "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4)
 
 
 @triton.jit
 def e2m1_halves(codes, CONVERT: tl.constexpr):
     """Packed e2m1 bytes -> (even, odd) channels as fp16 value x 2^-14."""
     if CONVERT == CONVERT_PTX:
-        return _e2m1_ptx(codes, False), _e2m1_ptx(codes, True)
+        return _ptx(codes, E2M1_PTX_LO), _ptx(codes, E2M1_PTX_HI)
     c = codes.to(tl.uint16)
     return e2m1_scaled_fp16(c & 0xF), e2m1_scaled_fp16(c >> 4)
 
@@ -159,7 +144,7 @@ def e2m1_halves(codes, CONVERT: tl.constexpr):
 def int8_tile(codes, CONVERT: tl.constexpr):
     """An int8 code tile -> fp16 values (exact, every way)."""
     if CONVERT == CONVERT_PTX:
-        x = _int8_ptx(codes)
+        x = _ptx(codes, INT8_PTX)
     elif CONVERT == CONVERT_SOFTWARE:
         u = codes.to(tl.uint8, bitcast=True).to(tl.uint16)
         x = _fp16_from_bits((u ^ 0x80) | 0x6400) - 1152.0
@@ -172,8 +157,8 @@ def int8_tile(codes, CONVERT: tl.constexpr):
 def int4_tiles(codes, CONVERT: tl.constexpr):
     """A tile of packed int4 bytes -> the (even, odd) channels' values in fp16 (exact, every way)."""
     if CONVERT == CONVERT_PTX:
-        lo = _int4_ptx(codes, False)
-        hi = _int4_ptx(codes, True)
+        lo = _ptx(codes, INT4_PTX_LO)
+        hi = _ptx(codes, INT4_PTX_HI)
     elif CONVERT == CONVERT_SOFTWARE:
         x = codes.to(tl.uint16) ^ 0x88  # both nibbles' sign bits flipped at once
         lo = _fp16_from_bits((x & 0xF) | 0x6400) - 1032.0
