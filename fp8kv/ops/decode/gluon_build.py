@@ -25,7 +25,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from ... import checks
 from ...cache import PagedKVCache
 from ...capability import ARCHS, check_query
-from ..offline_build import Instruction, compile_kernel, instructions, main_loop
+from ..offline_build import Compiled, Instruction, compile_kernel, instructions, main_loop
 from .combine import split_partials
 from .gluon_launcher import gluon_arguments, gluon_launch, kernel_module
 from .gluon_scope import MAX_HEAD_DIM, NUM_WARPS
@@ -39,12 +39,9 @@ BUILD_ARCHS = tuple(n for n in (int(a[2:]) for a in ARCHS) if n >= 89)
 
 
 @dataclass(frozen=True)
-class Build:
-    """One compiled kernel: what ptxas allocated, and its SASS."""
-    registers: int  # per thread
-    spilled_bytes: int  # stack + local memory per thread: 0 unless the registers ran out
-    shared_bytes: int  # dynamic shared memory per program
-    sass: str
+class Build(Compiled):
+    """One compiled Gluon kernel (:class:`~fp8kv.ops.offline_build.Compiled`) and how many of its programs an
+    SM holds."""
     programs_per_sm: int  # resident on one H100 / H200 SM (.splits.resident_programs)
 
 
