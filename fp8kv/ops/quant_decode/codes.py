@@ -84,10 +84,12 @@ def pow2_fp16(e):
 
 
 @triton.jit
-def per_code_byte(x, BLOCK_N: tl.constexpr, NB_PAD: tl.constexpr, BLOCK_BYTES: tl.constexpr):
-    """``[BLOCK_N, NB_PAD]`` per-block values -> ``[BLOCK_N, NB_PAD x BLOCK_BYTES]``, one per code byte."""
-    wide = tl.broadcast_to(x[:, :, None], (BLOCK_N, NB_PAD, BLOCK_BYTES))
-    return tl.reshape(wide, (BLOCK_N, NB_PAD * BLOCK_BYTES))
+def scaled_by_block(x, s, BLOCK_N: tl.constexpr, NB_PAD: tl.constexpr, BLOCK_BYTES: tl.constexpr):
+    """``x`` ``[BLOCK_N, NB_PAD x BLOCK_BYTES]`` times its block's ``s`` ``[BLOCK_N, NB_PAD]``, byte ``j`` in block
+    ``j // BLOCK_BYTES``: the tile seen as ``[BLOCK_N, NB_PAD, BLOCK_BYTES]``, the scales broadcast along its
+    last dim."""
+    x3 = tl.reshape(x, (BLOCK_N, NB_PAD, BLOCK_BYTES))
+    return tl.reshape(x3 * s[:, :, None], (BLOCK_N, NB_PAD * BLOCK_BYTES))
 
 
 @triton.jit
@@ -183,10 +185,9 @@ def nvfp4_tiles(codes, scale_ptr, s_row, t_mask, c_ld, CONVERT: tl.constexpr, BL
     else:
         NB_PAD: tl.constexpr = C_PAD // BLOCK_BYTES
         s = fp8_bits_to_fp16(block_scale_codes(scale_ptr, s_row, t_mask, NB, NB_PAD), 3, 7) * (16384.0 / NVFP4_UNIT)
-        s = per_code_byte(s.to(tl.float16), BLOCK_N, NB_PAD, BLOCK_BYTES)
         lo, hi = e2m1_halves(codes, CONVERT)
-        lo = lo * s
-        hi = hi * s
+        lo = scaled_by_block(lo, s.to(tl.float16), BLOCK_N, NB_PAD, BLOCK_BYTES)
+        hi = scaled_by_block(hi, s.to(tl.float16), BLOCK_N, NB_PAD, BLOCK_BYTES)
     return lo, hi
 
 
@@ -211,8 +212,8 @@ def mxfp4_tiles(codes, scale_ptr, s_row, t_mask, c_ld, CONVERT: tl.constexpr, BL
         c = block_scale_codes(scale_ptr, s_row, t_mask, NB, NB_PAD)
         c_max = tl.max(c, axis=1)
         # code x 2^-14 (the bits) x 2^(c - c_max + 14): code x 2^(c - c_max)
-        f = per_code_byte(pow2_fp16(c - c_max[:, None] + 14), BLOCK_N, NB_PAD, BLOCK_BYTES)
+        f = pow2_fp16(c - c_max[:, None] + 14)
         lo, hi = e2m1_halves(codes, CONVERT)
-        lo = lo * f
-        hi = hi * f
+        lo = scaled_by_block(lo, f, BLOCK_N, NB_PAD, BLOCK_BYTES)
+        hi = scaled_by_block(hi, f, BLOCK_N, NB_PAD, BLOCK_BYTES)
     return lo, hi, pow2_from_bits(c_max - 127)
