@@ -126,7 +126,7 @@ def listed(values, name: str, what: str) -> list:
     except TypeError:
         fail(f"{name}={show_value(values)}; expected a list of {what}", TypeError)
     if not values:
-        fail(f"{name} is empty; give at least one of the {what}")
+        fail(f"{name} is empty; expected a list of {what} with at least one")
     return values
 
 

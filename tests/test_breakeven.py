@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from fixtures import breakeven_rows as bench_rows
 
 from fp8kv.analysis import breakeven as be
+from fp8kv.analysis import measured
 
 CONTEXTS = be.BREAKEVEN_GRID["contexts"]
 SAVED = Path(__file__).resolve().parents[1] / "results" / "bench" / "nvidia-h200"
@@ -127,19 +127,52 @@ def _steps(c):  # a split rule's steps: the time drops where the program count c
 
 
 @pytest.mark.parametrize("bf16, fp8, said", [
-    (_steps, lambda c: _steps(c) * (1.05 if c < 864 else 0.8), "FP8 faster from 864 tokens on (1.25-1.25x), "
+    (_steps, lambda c: _steps(c) * (1.05 if c < 864 else 0.8), "FP8 faster from 864 tokens on (1.25-1.25x); "
                                                                 "slower at 512"),
     (_steps, lambda c: 0.9 * _steps(c), "FP8 faster at every measured context (512-32,768 tokens; 1.11-1.11x)"),
     (_steps, lambda c: 1.2 * _steps(c), "FP8 slower at every measured context"),
-    (_steps, lambda c: _steps(c) * (0.9 if c < 4096 else 1.1), "FP8 faster at 512, 864, 1,456, 2,432 tokens only"),
+    (_steps, lambda c: _steps(c) * (0.9 if c < 4096 else 1.1),
+     "FP8 faster at 512, 864, 1,456, 2,432 tokens only; slower at 4,096, 6,896, 11,584, 19,488, 32,768 (the longest, "
+     "32,768: 0.91x)"),
+    (_steps, lambda c: _steps(c) * (0.8 if c in (864, 4096) else 1.0),
+     "FP8 faster at 864, 4,096 tokens only; level at 512, 1,456, 2,432, 6,896, 11,584, 19,488, 32,768"),
+    (_steps, lambda c: _steps(c) * (1.0 if c < 4096 else 0.8), "FP8 faster from 4,096 tokens on (1.25-1.25x); level at "
+                                                               "512, 864, 1,456, 2,432"),
+    (_steps, lambda c: _steps(c) * 1.005, "FP8 level (within 1%) at every measured context"),
 ])
 def test_a_pair_without_a_line_says_what_the_points_measured(bf16, fp8, said):
-    """Lines refused (steps), the answer still reports the measured comparison, context by context."""
+    """Lines refused (steps), the answer still reports the measured comparison, context by context; a speedup
+    within 1 % of 1 is level, neither faster nor slower."""
     rows = bench_rows({"bf16": bf16, "fp8_e4m3": fp8})
     _, cr = be.breakeven_context(rows)
     row = cr.iloc[0]
     assert row["status"] == "no fit" and "no answer" in row["answer"]
     assert said in row["measured"] and row["answer"].endswith("measured, without a line: " + row["measured"])
+
+
+def test_the_measured_start_and_best_speedup_of_a_pair_without_a_line():
+    rows = bench_rows({"bf16": _steps, "fp8_e4m3": lambda c: _steps(c) * (1.05 if c < 864 else 0.8)})
+    row = be.breakeven_context(rows)[1].iloc[0]
+    assert row["measured_faster_from"] == 864 and row["measured_best_speedup"] == pytest.approx(1.25)
+    rows = bench_rows({"bf16": _steps, "fp8_e4m3": lambda c: 1.2 * _steps(c)})
+    row = be.breakeven_context(rows)[1].iloc[0]
+    assert row["measured_faster_from"] == math.inf
+
+
+@pytest.mark.parametrize("fp8, base, exc, match", [
+    ([(512, float("nan"))], [(512, 1.0)], ValueError, r"fp8_points holds \(512.0, nan\); expected positive"),
+    ([(512, 1.0)], [(512, -2.0)], ValueError, r"base_points holds \(512.0, -2.0\)"),
+    ([(0, 1.0)], [(0, 1.0)], ValueError, "fp8_points holds"),
+    (5, [(512, 1.0)], TypeError, "fp8_points must be \\(tokens, time_us\\) pairs"),
+    ([(512, "x")], [(512, 1.0)], TypeError, "fp8_points must be"),
+])
+def test_measured_comparison_refuses_bad_points_by_name(fp8, base, exc, match):
+    with pytest.raises(exc, match=match):
+        measured.measured_comparison(fp8, base)
+
+
+def test_measured_comparison_of_points_sharing_no_context_is_empty():
+    assert measured.measured_comparison([(512, 1.0)], [(1024, 1.0)]) == ""
 
 
 def test_a_pair_with_lines_has_no_measured_text():

@@ -67,10 +67,25 @@ def test_headline_says_what_the_points_measured_where_no_line_held():
     _, cr = be.breakeven_context(rows)
     text = dc.headline("NVIDIA H200", crossings=cr)
     assert "FP8 KV decodes faster than a 16-bit cache beyond 2,000 tokens per sequence" in text
-    assert ("Where no latency line held, point by point: at batch 1, FP8 faster from 864 tokens on (1.25-1.25x), "
-            "slower at 512 (triton, dequant mode).") in text
+    assert ("Where no latency line held, point by point: at batch 1 with triton, dequant mode, FP8 faster from 864 "
+            "tokens on (1.25-1.25x); slower at 512.") in text
     only = dc.headline("cpu", crossings=cr[cr["batch"] == 1])
-    assert only.startswith("On cpu, no FP8 latency line held; point by point: at batch 1, FP8 faster from 864")
+    assert only.startswith("On cpu, no FP8 latency line held; point by point: at batch 1 with triton, dequant mode, "
+                           "FP8 faster from 864")
+
+
+def test_headline_takes_the_best_pair_where_no_line_held():
+    """Of several backends at a batch without a line, the one FP8 pays for from the earliest context."""
+    steps = lambda c: 10.0 + 0.001 * c if c < 4096 else 4.0 + 0.0004 * c  # noqa: E731
+    rows = pd.concat([bench_rows({"bf16": steps, "fp8_e4m3": lambda c: 1.2 * steps(c)}, batch=1, backend="slowpeer"),
+                      bench_rows({"bf16": steps, "fp8_e4m3": lambda c: steps(c) * (1.05 if c < 4096 else 0.8)},
+                                 batch=1, backend="latepeer"),
+                      bench_rows({"bf16": steps, "fp8_e4m3": lambda c: steps(c) * (1.05 if c < 864 else 0.8)},
+                                 batch=1, backend="triton")])
+    _, cr = be.breakeven_context(rows)
+    text = dc.headline("NVIDIA H200", crossings=cr)
+    assert "at batch 1 with triton, dequant mode, FP8 faster from 864 tokens on" in text
+    assert "slowpeer" not in text and "latepeer" not in text
 
 
 def test_headline_accuracy_and_advice_in_one_sentence():

@@ -15,7 +15,12 @@ from conftest import assert_rel_err
 from fp8kv import kv_formats as kvf
 from fp8kv.cache.quantized import QuantizedPagedKVCache
 from fp8kv.capability import UnsupportedError
-from fp8kv.ops.quant_decode import QUANT_CONVERTS, QUANT_DECODE_FORMATS, paged_decode_quantized, quantized_reference
+from fp8kv.ops.quant_decode import (
+    QUANT_CONVERTS,
+    QUANT_DECODE_FORMATS,
+    paged_decode_quantized,
+    quantized_reference,
+)
 from fp8kv.quant import relative_error
 from fp8kv.reference import lse_tolerance, score_bound, unit_roundoff
 

@@ -563,7 +563,7 @@ def test_parameters_override_a_notebooks_own_and_are_recorded(tmp_path, capsys, 
     books.mkdir()
     write_notebook(books, "a_grid", GRID_SAVE.format(name="a_grid"), params='GRID = [1, 4, 16]\nLABEL = "full"')
     out = tmp_path / "reports"
-    rc = runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--no-progress",
+    rc = runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--no-progress", "--full",
                       "--param", "GRID=[1, 16]", "--param", "LABEL='trimmed'"])
     assert rc == 0
     folder = out / "cpu"
@@ -574,7 +574,7 @@ def test_parameters_override_a_notebooks_own_and_are_recorded(tmp_path, capsys, 
     injected = [c for c in nbformat.read(folder / "a_grid.ipynb", as_version=4).cells
                 if "injected-parameters" in c.metadata.get("tags", [])]
     assert "GRID = [1, 16]" in injected[0].source and 'LABEL = "trimmed"' in injected[0].source  # the page shows it
-    rc = runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--no-progress"])
+    rc = runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--no-progress", "--full"])
     assert rc == 0 and runner.load_results(folder, "a_grid")["results"]["grid"] == [1, 4, 16]
     assert json.loads((folder / "manifest.json").read_text())["parameters"] == {}
 
@@ -587,16 +587,33 @@ def test_parameters_override_a_notebooks_own_and_are_recorded(tmp_path, capsys, 
     (["--param", "GRID=[1]", "--param", "GRID=[2]"], r"--param names \['GRID'\] more than once"),
     (["--param", "SEED=3"], r"parameters \['SEED'\] are set by the runner itself"),
     (["--param", "GRIDS=[1]"], r"parameters \['GRIDS'\] are not declared by a_grid; its parameters are \['GRID'\]"),
+    (["--param", "GRID=(16, 4)"], r"parameter GRID=\(16, 4\); expected None, a bool, .* write \[16, 4\] for"),
+    (["--param", "GRID=[(16, 4)]"], r"parameter GRID=\[\(16, 4\)\]; expected"),
+    (["--param", "GRID={1, 2}"], r"parameter GRID=\{1, 2\}; expected"),
+    (["--smoke", "--param", "GRID=[1]"], r"given to a smoke run; .* go with a full-size run \(--full\)"),
+    (["--device", "cpu", "--param", "GRID=[1]"], r"given to a smoke run"),  # smoke by default on a CPU
 ])
 def test_bad_parameter_overrides_are_refused_by_name(tmp_path, capsys, write_notebook, argv, match):
     books = tmp_path / "books"
     books.mkdir()
     write_notebook(books, "a_grid", "pass", params="GRID = [1, 4, 16]")
     out = tmp_path / "reports"
+    full = [] if "--smoke" in argv or "--device" in argv else ["--full", "--device", "cpu"]
     with pytest.raises(SystemExit) as exc:
-        runner.main(["--notebooks", str(books), "--out", str(out), "--device", "cpu", "--no-progress", *argv])
+        runner.main(["--notebooks", str(books), "--out", str(out), "--no-progress", *full, *argv])
     assert exc.value.code == 2 and re.search(match, capsys.readouterr().err)
     assert not out.exists()
+
+
+def test_parameters_through_the_api_are_checked_as_through_the_cli(tmp_path, write_notebook):
+    books = tmp_path / "books"
+    books.mkdir()
+    write_notebook(books, "a_grid", "pass", params="GRID = [1, 4, 16]")
+    with pytest.raises(TypeError, match=r"parameter GRID=\(1, 2\)"):
+        runner.run_notebooks(books, tmp_path / "reports", smoke=False, device="cpu", parameters={"GRID": (1, 2)})
+    with pytest.raises(ValueError, match="given to a smoke run"):
+        runner.run_notebooks(books, tmp_path / "reports", device="cpu", parameters={"GRID": [1]})
+    assert not (tmp_path / "reports").exists()
 
 
 def test_cell_timeout_fails_the_notebook(tmp_path, write_notebook):

@@ -117,6 +117,11 @@ def _f16x2(word: int) -> np.ndarray:
     return np.array([word & 0xFFFF, word >> 16], dtype=np.uint16).view(np.float16)
 
 
+_OPS = {"xor.b32": lambda a, b: a ^ b, "and.b32": lambda a, b: a & b, "or.b32": lambda a, b: a | b,
+        "mov.b32": lambda a: a, "shl.b32": lambda a, n: (a << n) & 0xFFFFFFFF, "shr.b32": lambda a, n: a >> n,
+        "prmt.b32": _prmt}
+
+
 def _emulate(asm: str, word: int) -> list[float]:
     """Run one of fp8kv's inline-PTX strings on the 32-bit input ``$2``: the four fp16 of ``$0`` and ``$1``
     (only the instructions they use; any other is an error)."""
@@ -135,9 +140,7 @@ def _emulate(asm: str, word: int) -> list[float]:
             r = (_f16x2(v[0]).astype(np.float64) - _f16x2(v[1]).astype(np.float64)).astype(np.float16).view(np.uint16)
             regs[dest] = int(r[0]) | int(r[1]) << 16
             continue
-        regs[dest] = {"xor.b32": lambda: v[0] ^ v[1], "and.b32": lambda: v[0] & v[1], "or.b32": lambda: v[0] | v[1],
-                      "mov.b32": lambda: v[0], "shl.b32": lambda: (v[0] << v[1]) & 0xFFFFFFFF,
-                      "shr.b32": lambda: v[0] >> v[1], "prmt.b32": lambda: _prmt(*v)}[op]()
+        regs[dest] = _OPS[op](*v)
     return [*_f16x2(regs["$0"]).tolist(), *_f16x2(regs["$1"]).tolist()]
 
 

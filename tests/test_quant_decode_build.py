@@ -1,6 +1,6 @@
 """The quantized-page decode kernel compiled for sm90 on this machine (no GPU needed: Triton's bundled ptxas
 assembles it, fp8kv.ops.quant_decode.build): at the default launch of 32/8/128, every format and code
-conversion builds without spilling (cast's NVFP4 aside, the reason it is not the default), the "software" and
+conversion builds, "software" and "ptx" without spilling (cast's NVFP4 spills), the "software" and
 "ptx" tile loops hold no per-code conversion instruction where "cast" holds one per code, and "ptx" issues the
 fewest instructions per token. Counts, not times: the GPU's numbers come from ``--preset formats-tune``."""
 

@@ -43,7 +43,6 @@ from .breakeven import (
     fit_line,
     fit_lines,
     line_points,
-    measured_comparison,
 )
 from .capacity import (
     capacity_grid,
@@ -88,6 +87,7 @@ from .long_context import (
     long_context_text,
     long_context_verdict,
 )
+from .measured import measured_comparison
 from .roundtrip import cast_comparison, roundtrip_sweep, scale_sweep
 from .scale_health import (
     SCALE_HEALTH_METHODS,

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import checks
+from .measured import LEVEL, count_text, measured_comparison, measured_speedups
 
 __all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
-           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "measured_comparison", "breakeven_context",
-           "breakeven_answers"]
+           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context", "breakeven_answers"]
 
 MIN_CONTEXTS = 3  # distinct contexts per line: two always fit exactly, a third is the first test of the line
 MIN_R2 = 0.98
@@ -381,10 +381,6 @@ def _crossing(f, b, baseline: str) -> dict:
     return row
 
 
-def _n(x: float) -> str:
-    return f"{x:,.0f}"
-
-
 def answer_text(row) -> str:
     """One line for a :func:`crossings` row: "on <gpu>, with <backend>, FP8 KV pays beyond N tokens per
     sequence at batch B", "... at every measured context ...", "... never within the measured range ...",
@@ -396,13 +392,13 @@ def answer_text(row) -> str:
     b = row["batch"]
     if row["status"] != "ok":
         return f"{where}, batch {b}: no answer {what}: {row['reason']}"
-    measured = f"{_n(row['tokens_lo'])}-{_n(row['tokens_hi'])} tokens per sequence"
+    measured = f"{count_text(row['tokens_lo'])}-{count_text(row['tokens_hi'])} tokens per sequence"
     interval = ""
     if math.isfinite(row["crossing_tokens"]):
-        interval = f"95 % {_n(row['crossing_lo'])} to {_n(row['crossing_hi'])}"
+        interval = f"95 % {count_text(row['crossing_lo'])} to {count_text(row['crossing_hi'])}"
         if row["slope_gap_z"] < 2:
             interval += "; ill-determined: the slopes differ by under 2 standard errors"
-    v, n = row["verdict"], _n(row["crossing_tokens"]) if math.isfinite(row["crossing_tokens"]) else ""
+    v, n = row["verdict"], count_text(row["crossing_tokens"]) if math.isfinite(row["crossing_tokens"]) else ""
     outside = f"; the lines cross at {n} ({interval}), outside it" if n else ""
     if v == "beyond":
         text = f"FP8 KV pays beyond {n} tokens per sequence at batch {b} ({interval})"
@@ -415,46 +411,19 @@ def answer_text(row) -> str:
     return f"{where}, {text} {what}"
 
 
-def measured_comparison(fp8_points, base_points) -> str:
-    """Where the measured FP8 times beat the 16-bit ones, context by context, without a line: for a pair whose
-    lines do not hold (a split rule or a launch floor makes the latency steppy), what the points themselves say.
-    ``fp8_points`` / ``base_points``: ``(tokens, time_us)`` pairs; the median per context of each, compared at
-    the contexts both measured. "" when they share none."""
-    import pandas as pd
-
-    f, b = (pd.DataFrame(list(p), columns=["tokens", "time_us"]).groupby("tokens")["time_us"].median()
-            for p in (fp8_points, base_points))
-    both = sorted(set(f.index) & set(b.index))
-    if not both:
-        return ""
-    speedup = np.array([b[t] / f[t] for t in both])
-    faster = speedup > 1
-    span = f"{speedup.min():.2f}-{speedup.max():.2f}x"
-    if faster.all():
-        return f"FP8 faster at every measured context ({_n(both[0])}-{_n(both[-1])} tokens; {span})"
-    if not faster.any():
-        return f"FP8 slower at every measured context ({_n(both[0])}-{_n(both[-1])} tokens; {span})"
-    first = int(np.flatnonzero(~faster)[-1]) + 1  # faster from here to the end, if anywhere
-    if first < len(both):
-        slower = ", ".join(_n(t) for t, ok in zip(both[:first], faster[:first], strict=True) if not ok)
-        return (f"FP8 faster from {_n(both[first])} tokens on ({speedup[first:].min():.2f}-{speedup[first:].max():.2f}x), "
-                f"slower at {slower}")
-    return ("FP8 faster at " + ", ".join(_n(t) for t, ok in zip(both, faster, strict=True) if ok)
-            + f" tokens only, slower at the longest ({_n(both[-1])}: {speedup[-1]:.2f}x)")
-
-
 def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
     """:func:`crossings` of :func:`fit_lines` of bench rows ``df``: ``(lines, crossings)``.
     ``fit_kw`` (``min_tokens``, ``max_tokens``, thresholds) go to :func:`fit_lines`.
 
     A pair with no answer (a line does not hold) gets ``measured``, :func:`measured_comparison` of its points,
-    added to its answer; the others get ``measured`` "" (their answer is the fit's)."""
+    added to its answer, ``measured_faster_from`` (the context from which FP8 is faster at every longer one; inf:
+    not at the longest) and ``measured_best_speedup``; the others get "" and NaN (their answer is the fit's)."""
     lines = fit_lines(df, **fit_kw)
     cross = crossings(lines, baseline=baseline)
     rows = _rows(df, fit_kw.get("min_tokens"), fit_kw.get("max_tokens"))
-    measured = []
+    measured, faster_from, best = [], [], []
     for _, r in cross.iterrows():
-        text = ""
+        text, start, top = "", math.nan, math.nan
         if r["status"] != "ok":
             pair = np.ones(len(rows), dtype=bool)
             for k in PAIR_KEYS:
@@ -462,10 +431,19 @@ def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
             own = pair & (rows["kv_dtype"] == r["kv_dtype"]).to_numpy() & (rows["mode"] == r["mode"]).to_numpy() & \
                 (rows["granularity"] == r["granularity"]).to_numpy()
             base = pair & (rows["kv_dtype"] == baseline).to_numpy()
-            text = measured_comparison(zip(rows["tokens"][own], rows["time_us"][own], strict=True),
-                                       zip(rows["tokens"][base], rows["time_us"][base], strict=True))
+            fp8_pts = list(zip(rows["tokens"][own], rows["time_us"][own], strict=True))
+            base_pts = list(zip(rows["tokens"][base], rows["time_us"][base], strict=True))
+            text = measured_comparison(fp8_pts, base_pts)
+            both, speedup = measured_speedups(fp8_pts, base_pts)
+            if both:
+                top = max(speedup)
+                faster = [x > 1 + LEVEL for x in speedup]
+                tail = len(faster) - next((i for i, f in enumerate(reversed(faster)) if not f), len(faster))
+                start = both[tail] if tail < len(both) else math.inf
         measured.append(text)
-    cross["measured"] = measured
+        faster_from.append(start)
+        best.append(top)
+    cross["measured"], cross["measured_faster_from"], cross["measured_best_speedup"] = measured, faster_from, best
     cross["answer"] = [a + (f"; measured, without a line: {m}" if m else "") for a, m in
                        zip(cross["answer"], measured, strict=True)]
     return lines, cross

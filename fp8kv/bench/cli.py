@@ -152,8 +152,9 @@ PRESET_HELP = {
                "quantized-page kernel beside fp8_e4m3 and bf16: B 1/16/64 x context 4k/16k/32k, Hq:Hkv:D 32:8:128 "
                "and 8:1:128, every row checked against its oracle (GPU)",
     "formats-tune": "launch variants of the quantized-page kernel, one option at a time (code conversion cast / "
-                    "ptx against the default software, tiles of 32-128 tokens, 8 warps, 1 stage) and the leanest "
-                    "build by SASS (ptx, 8 warps, 1 stage), B 16/64 x context 16k/32k, "
+                    "ptx against the default software, tiles of 32-128 tokens (each format's default tile among "
+                    "them: a repeat of its default row), 8 warps, 1 stage) and ptx with 8 warps and 1 stage, "
+                    "B 16/64 x context 16k/32k, "
                     "Hq:Hkv:D 32:8:128 and 8:1:128 (GPU)",
     "formats-smoke": "the same formats at a tiny size that runs anywhere, the oracle beside; on CPU add --interpret",
     **ATTEND_PRESET_HELP,

@@ -104,14 +104,13 @@ def clone_quantized(cache: QuantizedPagedKVCache) -> QuantizedPagedKVCache:
 
 def quantized_call(q: torch.Tensor, cache: QuantizedPagedKVCache, backend: str, options: dict):
     """The zero-argument decode of ``q`` over ``cache`` a row times and the launch columns of its row: the
-    kernel (planned once here, every argument and the tables checked; the timed call only launches) or the
-    oracle (no columns)."""
+    kernel (planned once here, every argument and the tables checked; the timed call only launches; its
+    ``kernel`` names the code conversion, e.g. ``triton-quantized-software``) or the oracle."""
     if backend == "reference":
-        return functools.partial(quantized_reference, q, cache), {}
+        return functools.partial(quantized_reference, q, cache), {"kernel": "reference-quantized"}
     launch = plan_decode_quantized(q, cache, **options)
-    k = launch.constexprs
-    columns = dict(num_splits=launch.num_splits, block_n=k["BLOCK_N"], num_warps=k["num_warps"],
-                   num_stages=k["num_stages"])
+    columns = dict(kernel=f"triton-quantized-{launch.convert}", num_splits=launch.num_splits, block_n=launch.block_n,
+                   num_warps=launch.constexprs["num_warps"], num_stages=launch.constexprs["num_stages"])
     return functools.partial(run_quant_decode, q, cache, launch), columns
 
 

@@ -259,8 +259,8 @@ def _measure(c: Case, caches: list[PagedKVCache], dev: torch.device, base: dict,
         window = {} if c.window is None else {"window": c.window}
         quantized = is_quantized(c.kv_dtype)
         if quantized:  # fp8kv.ops.quant_decode: the kernel or its oracle, checked once per cache
-            calls, launch = zip(*(quantized_call(q, cache, c.backend, c.options) for cache in caches), strict=True)
-            values.update(launch[0], kernel="triton-quantized" if c.backend == "triton" else "reference-quantized")
+            calls, columns = zip(*(quantized_call(q, cache, c.backend, c.options) for cache in caches), strict=True)
+            values.update(columns[0])  # the same plan for every copy of the cache
         else:
             calls = [planned(q, cache, c.backend, c.mode, **window, **c.options) for cache in caches]
         if c.backend == "triton" and not quantized:

@@ -90,8 +90,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="SEED parameter (default: 0)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no per-cell progress bar")
     parser.add_argument("--param", dest="params", action="append", type=_parameter, default=[], metavar="NAME=VALUE",
-                        help="override a notebook parameter (a Python literal, e.g. VERIFY_BATCHES=[1,16,64]); "
-                             "repeatable; every notebook run must declare NAME")
+                        help="override a notebook parameter in a full-size run (a Python literal: a number, a "
+                             "quoted string, None, True/False, or a list or dict of them, e.g. "
+                             "'VERIFY_BATCHES=[1,16,64]'); repeatable; every notebook run must declare NAME")
 
 
 def add_actions(parser: argparse.ArgumentParser) -> None:
@@ -141,7 +142,12 @@ def check_run_args(args: argparse.Namespace) -> None:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ValueError(f"--param names {twice} more than once; give each parameter one value")
-    check_parameters(discover_notebooks(args.notebooks, args.only), dict(args.params))
+    if args.params:
+        from ..device import resolve_device
+        from .setup import machine_defaults
+
+        smoke = machine_defaults(resolve_device(args.device))[0] if args.smoke is None else args.smoke
+        check_parameters(discover_notebooks(args.notebooks, args.only), dict(args.params), smoke=smoke)
 
 
 def run_from_args(args: argparse.Namespace) -> int:

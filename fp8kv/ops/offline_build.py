@@ -26,8 +26,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.interpreter import InterpretedFunction
 
+from ..capability import ARCHS
+
 __all__ = ["Compiled", "Instruction", "compile_kernel", "instructions", "main_loop", "instruction_mix",
-           "interpreter_replaced_triton", "signature_of", "INSTRUCTION_KINDS"]
+           "interpreter_replaced_triton", "signature_of", "INSTRUCTION_KINDS", "TARGET_ARCHS"]
+
+# The sm versions a build may target: fp8kv's (capability.ARCHS). An arch Triton does not know can abort the
+# process in LLVM, so no other is tried.
+TARGET_ARCHS = tuple(int(a[2:]) for a in ARCHS)
 
 # Pointer element types by tensor dtype, as Triton names them in a kernel signature.
 POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.uint8: "*u8",
@@ -68,8 +74,10 @@ def _cuobjdump(*args: str) -> str:
 def compile_kernel(kernel_fn, args: list, constants: dict, *, arch: int, num_warps: int,
                    num_stages: int | None = None, source_cls=ASTSource) -> Compiled:
     """Compile ``kernel_fn`` (a ``@triton.jit`` or Gluon function; ``source_cls`` its AST source class) for
-    ``sm{arch}`` with the runtime ``args`` (in the kernel's order, constexprs left out) and ``constants`` (the
-    constexprs by name), as a launch with these arguments specialises it."""
+    ``sm{arch}`` (one of :data:`TARGET_ARCHS`) with the runtime ``args`` (in the kernel's order, constexprs left
+    out) and ``constants`` (the constexprs by name), as a launch with these arguments specialises it."""
+    if arch not in TARGET_ARCHS:
+        raise ValueError(f"arch={arch!r}; expected one of {TARGET_ARCHS}")
     if interpreter_replaced_triton():
         raise RuntimeError("triton was imported with its interpreter on (TRITON_INTERPRET=1): build in a process "
                            "without it")
@@ -140,24 +148,22 @@ def main_loop(code: list[Instruction]) -> list[Instruction]:
     return [ins for ins in code if start <= ins.address <= end]
 
 
-# Instruction kinds by SASS opcode prefix (the first that matches), for :func:`instruction_mix`.
+# Instruction kinds by SASS opcode (its name before the first modifier), for :func:`instruction_mix`.
 INSTRUCTION_KINDS = (
     ("convert", ("I2F", "F2F", "F2I", "I2FP", "F2FP", "I2I")),  # number-format conversions
-    ("tensor core", ("HMMA", "HGMMA", "IMMA", "QGMMA", "WARPGROUP")),
+    ("integer", ("LOP3", "PRMT", "SHF", "IADD3", "IMAD", "ISETP", "SEL", "LEA", "IABS", "IMNMX", "VIMNMX", "BMSK",
+                 "SGXT", "POPC", "FLO", "BREV", "VIADD")),
     ("fp16", ("HADD2", "HMUL2", "HFMA2", "HMNMX2", "HSETP2")),
     ("fp32", ("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL", "MUFU", "FCHK")),
-    ("integer", ("LOP3", "PRMT", "SHF", "IADD3", "IMAD", "ISETP", "SEL", "LEA", "IABS", "IMNMX", "VIMNMX", "BMSK",
-                 "SGXT", "POPC", "FLO", "BREV")),
-    ("global memory", ("LDG", "STG", "LDGSTS", "LDGDEPBAR", "RED", "ATOMG")),
+    ("tensor core", ("HMMA", "HGMMA", "IMMA", "QGMMA", "WARPGROUP")),
     ("shared memory", ("LDS", "STS", "LDSM", "STSM")),
+    ("global memory", ("LDG", "STG", "LDGSTS", "LDGDEPBAR", "RED", "REDG", "ATOMG")),
 )
+_KIND_OF = {op: kind for kind, ops in INSTRUCTION_KINDS for op in ops}
 
 
 def instruction_mix(code: list[Instruction]) -> dict[str, int]:
     """How many of ``code``'s instructions are of each kind of :data:`INSTRUCTION_KINDS` ("other" for the rest:
     moves, branches, barriers, ...), and ``total``."""
-    counts = collections.Counter()
-    for ins in code:
-        op = ins.opcode
-        counts[next((kind for kind, prefixes in INSTRUCTION_KINDS if op.startswith(prefixes)), "other")] += 1
+    counts = collections.Counter(_KIND_OF.get(ins.opcode.split(".")[0], "other") for ins in code)
     return {**{kind: counts[kind] for kind, _ in INSTRUCTION_KINDS}, "other": counts["other"], "total": len(code)}

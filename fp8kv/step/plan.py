@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import checks
 from ..cache import check_block_size
 from ..capacity import GIB, MAX_MEMORY_GIB, CapacityError, ModelShape, get_model, gib_text, plan_capacity
-from .. import checks
 from ..checks import fail as _fail
 from .layers import StepWeights, require_step_shape, step_shape
 from .quantized import check_format_shape, check_format_step, is_format, step_kv_dtype

@@ -24,8 +24,8 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from ... import checks
 from ...cache import PagedKVCache
-from ...capability import ARCHS, check_query
-from ..offline_build import Compiled, Instruction, compile_kernel, instructions, main_loop
+from ...capability import check_query
+from ..offline_build import TARGET_ARCHS, Compiled, Instruction, compile_kernel, instructions, main_loop
 from .combine import split_partials
 from .gluon_launcher import gluon_arguments, gluon_launch, kernel_module
 from .gluon_scope import MAX_HEAD_DIM, NUM_WARPS
@@ -35,7 +35,7 @@ from .splits import resident_programs
 # The archs build() compiles for: fp8kv's targets (capability.ARCHS) that have the FP8 conversions the kernel's
 # cvt.rn.f16x2.e4m3x2 needs, sm89+ (the bound .planning.gluon_refusal applies to a GPU). Below it Triton raises
 # a CompilationError; an arch Triton does not know can abort the process in LLVM, so only these are tried.
-BUILD_ARCHS = tuple(n for n in (int(a[2:]) for a in ARCHS) if n >= 89)
+BUILD_ARCHS = tuple(n for n in TARGET_ARCHS if n >= 89)
 
 
 @dataclass(frozen=True)

@@ -335,7 +335,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")
     if num_warps is not None:
-        checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", WARP_COUNTS)
+        num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", WARP_COUNTS)
     if num_stages is not None:
         num_stages = checks.positive_int(num_stages, "num_stages")
     if mode == "fp8" and block_n < 32:

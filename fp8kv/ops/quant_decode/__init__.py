@@ -25,10 +25,28 @@ from .launcher import (
 )
 from .oracle import kernel_tolerance, quantized_reference
 
-__all__ = ["paged_decode_quantized", "plan_decode_quantized", "run_quant_decode", "QuantDecodeLaunch",
+__all__ = ["paged_decode_quantized", "plan_decode_quantized", "run_quant_decode", "check_launch_options",
+           "QuantDecodeLaunch",
            "quantized_reference", "kernel_tolerance", "QUANT_DECODE_FORMATS", "QUANT_OUT_DTYPES", "QUANT_CONVERTS"]
 
 QUANT_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_launch_options(num_splits, block_n, convert, num_warps, num_stages) -> tuple:
+    """The launch options of :func:`paged_decode_quantized` (None: the default), checked by name: ``(num_splits,
+    block_n, num_warps, num_stages)`` as ints or None."""
+    if num_splits is not None:
+        num_splits = checks.positive_int(num_splits, "num_splits")
+    if block_n is not None:
+        block_n = checks.positive_int(block_n, "block_n")
+        if block_n < 16 or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
+            checks.fail(f"block_n={block_n} must be a power of two in [16, {MAX_BLOCK_N}]")
+    checks.one_of(convert, "convert", QUANT_CONVERTS)
+    if num_warps is not None:
+        num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", WARP_COUNTS)
+    if num_stages is not None:
+        num_stages = checks.positive_int(num_stages, "num_stages")
+    return num_splits, block_n, num_warps, num_stages
 
 
 def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_scale: float | None = None,
@@ -71,7 +89,8 @@ def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_s
                           num_warps: int | None = None, num_stages: int | None = None,
                           check: bool = True) -> QuantDecodeLaunch:
     """The checked launch of :func:`paged_decode_quantized` (same arguments): run it any number of times on
-    ``q`` and ``cache`` of the same shapes with ``run_quant_decode(q, cache, launch)``, no host work left."""
+    ``q`` and ``cache`` of the same shapes, dtypes and device with ``run_quant_decode(q, cache, launch)``, no
+    host work left."""
     if not isinstance(cache, QuantizedPagedKVCache):
         checks.fail(f"cache must be a fp8kv.cache.quantized.QuantizedPagedKVCache, got {type(cache).__name__}",
                     TypeError)
@@ -91,17 +110,8 @@ def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_s
     out_dtype = q.dtype if out_dtype is None else out_dtype
     if out_dtype not in QUANT_OUT_DTYPES:
         checks.fail(f"out_dtype={out_dtype!r}; expected one of {QUANT_OUT_DTYPES}", TypeError)
-    if num_splits is not None:
-        num_splits = checks.positive_int(num_splits, "num_splits")
-    if block_n is not None:
-        block_n = checks.positive_int(block_n, "block_n")
-        if block_n < 16 or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
-            checks.fail(f"block_n={block_n} must be a power of two in [16, {MAX_BLOCK_N}]")
-    checks.one_of(convert, "convert", QUANT_CONVERTS)
-    if num_warps is not None:
-        checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", WARP_COUNTS)
-    if num_stages is not None:
-        num_stages = checks.positive_int(num_stages, "num_stages")
+    num_splits, block_n, num_warps, num_stages = check_launch_options(num_splits, block_n, convert, num_warps,
+                                                                      num_stages)
     if convert == "ptx" and q.device.type != "cuda":
         raise UnsupportedError("convert='ptx' is inline GPU assembly: the Triton interpreter cannot run it; "
                                f"use one of {tuple(c for c in QUANT_CONVERTS if c != 'ptx')}")

@@ -49,7 +49,7 @@ def int4_values(nibbles):
 def e2m1_values(nibbles, scale):
     """e2m1 codes (0..15) times fp32 ``scale`` -> fp32. |code| x 4 is an integer: ``2m`` for exponent 0,
     ``(2 + m) << e`` otherwise (e: bits 1-2, m: bit 0), so 0, 0.5, 1, 1.5, 2, 3, 4, 6 come out exactly; bit 3
-    is the sign (code 8 is -0)."""
+    is the sign (code 8, -0, gives +0 here)."""
     n = nibbles.to(tl.int32)
     e = (n >> 1) & 3
     m = n & 1

@@ -20,7 +20,8 @@ Codes are dequantized in registers, never in memory:
   :func:`.codes.mxfp4_tiles`).
 
 How the code tiles become fp16 (CONVERT: integer conversions, bits placed into fp16's fields, or the same in
-inline PTX on four codes at a time) is :mod:`.codes`; every way gives the same values.
+inline PTX on four codes at a time) is :mod:`.codes`; every way gives the same values (NVFP4's software and
+ptx tiles scaled by 2^-7 exactly, undone in fp32 by NV_UNIT).
 
 The 4-bit codes are never interleaved: byte ``j`` holds channels ``2j`` (low nibble) and ``2j + 1`` (high
 nibble), so the query is loaded as its even and odd channels and q·k is two dots over D / 2 (``lo`` and

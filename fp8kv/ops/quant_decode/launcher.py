@@ -30,9 +30,9 @@ QUANT_DECODE_FORMATS = {"int8_token_head": FORMAT_INT8.value, "int4_token_head":
                         "nvfp4": FORMAT_NVFP4.value, "mxfp4": FORMAT_MXFP4.value}
 # How code tiles become fp16 (fp8kv.ops.quant_decode.codes), named as the FP8 decode's conversions are. The
 # default is "software": the same values as "cast" without its integer-to-float conversions (a quarter-rate
-# instruction per value, two of them and a scale read per code byte for the 4-bit floats), the instructions
-# the first kernel's GPU rows were bound by (H100: 11-36 % of the copy rate, results/bench/nvidia-h100-80gb-hbm3/
-# 20261205T130030Z.csv). "ptx" does the same bit moves on four codes per instruction, GPU only.
+# instruction per value, two of them and a scale read per code byte for the 4-bit floats), which bound the
+# first kernel's GPU rows (docs/decode-kernel-notes.md). "ptx" does the same bit moves on four codes per
+# instruction, GPU only: the default once a GPU has run and timed it.
 QUANT_CONVERTS = tuple(CONVERT_CODES)
 DEFAULT_QUANT_CONVERT = "software"
 
