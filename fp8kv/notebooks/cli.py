@@ -142,12 +142,13 @@ def check_run_args(args: argparse.Namespace) -> None:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ValueError(f"--param names {twice} more than once; give each parameter one value")
+    books = discover_notebooks(args.notebooks, args.only)
     if args.params:
         from ..device import resolve_device
         from .setup import machine_defaults
 
         smoke = machine_defaults(resolve_device(args.device))[0] if args.smoke is None else args.smoke
-        check_parameters(discover_notebooks(args.notebooks, args.only), dict(args.params), smoke=smoke)
+        check_parameters(books, dict(args.params), smoke=smoke)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
