@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import checks
-from .measured import LEVEL, count_text, measured_comparison, measured_speedups
+from .measured import Measured, count_text, measured_summary
 
 __all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
            "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context", "breakeven_answers"]
@@ -415,35 +415,28 @@ def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
     """:func:`crossings` of :func:`fit_lines` of bench rows ``df``: ``(lines, crossings)``.
     ``fit_kw`` (``min_tokens``, ``max_tokens``, thresholds) go to :func:`fit_lines`.
 
-    A pair with no answer (a line does not hold) gets ``measured``, :func:`measured_comparison` of its points,
+    A pair with no answer (a line does not hold) gets ``measured``, :func:`.measured.measured_summary` of its points,
     added to its answer, ``measured_faster_from`` (the context from which FP8 is faster at every longer one; inf:
     not at the longest) and ``measured_best_speedup``; the others get "" and NaN (their answer is the fit's)."""
     lines = fit_lines(df, **fit_kw)
     cross = crossings(lines, baseline=baseline)
     rows = _rows(df, fit_kw.get("min_tokens"), fit_kw.get("max_tokens"))
-    measured, faster_from, best = [], [], []
+    got = []
     for _, r in cross.iterrows():
-        text, start, top = "", math.nan, math.nan
-        if r["status"] != "ok":
-            pair = np.ones(len(rows), dtype=bool)
-            for k in PAIR_KEYS:
-                pair &= (rows[k] == r[k]).to_numpy()
-            own = pair & (rows["kv_dtype"] == r["kv_dtype"]).to_numpy() & (rows["mode"] == r["mode"]).to_numpy() & \
-                (rows["granularity"] == r["granularity"]).to_numpy()
-            base = pair & (rows["kv_dtype"] == baseline).to_numpy()
-            fp8_pts = list(zip(rows["tokens"][own], rows["time_us"][own], strict=True))
-            base_pts = list(zip(rows["tokens"][base], rows["time_us"][base], strict=True))
-            text = measured_comparison(fp8_pts, base_pts)
-            both, speedup = measured_speedups(fp8_pts, base_pts)
-            if both:
-                top = max(speedup)
-                faster = [x > 1 + LEVEL for x in speedup]
-                tail = len(faster) - next((i for i, f in enumerate(reversed(faster)) if not f), len(faster))
-                start = both[tail] if tail < len(both) else math.inf
-        measured.append(text)
-        faster_from.append(start)
-        best.append(top)
-    cross["measured"], cross["measured_faster_from"], cross["measured_best_speedup"] = measured, faster_from, best
+        if r["status"] == "ok":
+            got.append(Measured("", math.nan, math.nan))
+            continue
+        pair = np.ones(len(rows), dtype=bool)
+        for k in PAIR_KEYS:
+            pair &= (rows[k] == r[k]).to_numpy()
+        own = pair & (rows["kv_dtype"] == r["kv_dtype"]).to_numpy() & (rows["mode"] == r["mode"]).to_numpy() & \
+            (rows["granularity"] == r["granularity"]).to_numpy()
+        base = pair & (rows["kv_dtype"] == baseline).to_numpy()
+        got.append(measured_summary(zip(rows["tokens"][own], rows["time_us"][own], strict=True),
+                                    zip(rows["tokens"][base], rows["time_us"][base], strict=True)))
+    measured = [g.text for g in got]
+    cross["measured"], cross["measured_faster_from"] = measured, [g.faster_from for g in got]
+    cross["measured_best_speedup"] = [g.best_speedup for g in got]
     cross["answer"] = [a + (f"; measured, without a line: {m}" if m else "") for a, m in
                        zip(cross["answer"], measured, strict=True)]
     return lines, cross

@@ -5,12 +5,13 @@ floor makes the latency steppy) so that a pair still has an answer."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import checks
 
-__all__ = ["LEVEL", "count_text", "measured_speedups", "measured_comparison"]
+__all__ = ["LEVEL", "count_text", "measured_speedups", "Measured", "measured_summary", "measured_comparison"]
 
 
 def count_text(x: float) -> str:
@@ -44,23 +45,42 @@ def measured_speedups(fp8_points, base_points) -> tuple[list[float], list[float]
     return both, [b[t] / f[t] for t in both]
 
 
-def measured_comparison(fp8_points, base_points) -> str:
+@dataclass(frozen=True)
+class Measured:
+    """What a pair's points say (:func:`measured_summary`)."""
+    text: str  # the answer's words ("" when the points share no context)
+    faster_from: float  # the context from which FP8 is faster at every longer one; inf: not at the longest
+    best_speedup: float  # the largest 16-bit time over FP8 time (NaN when the points share no context)
+
+
+def measured_summary(fp8_points, base_points) -> Measured:
     """Where the measured FP8 times beat the 16-bit ones, context by context, without a line: for a pair whose
     lines do not hold (a split rule or a launch floor makes the latency steppy), what the points themselves say.
-    A speedup within :data:`LEVEL` of 1 counts as level. "" when the points share no context."""
+    A speedup within :data:`LEVEL` of 1 counts as level, neither faster nor slower."""
     both, speedup = measured_speedups(fp8_points, base_points)
     if not both:
-        return ""
+        return Measured("", math.nan, math.nan)
     kind = ["faster" if x > 1 + LEVEL else "slower" if x < 1 - LEVEL else "level" for x in speedup]
+    # the faster suffix starts here (len(kind): FP8 is not faster at the longest context)
+    tail = len(kind) - next((i for i, c in enumerate(reversed(kind)) if c != "faster"), len(kind))
+    faster_from = both[tail] if tail < len(kind) else math.inf
     span = lambda i, j: f"{min(speedup[i:j]):.2f}-{max(speedup[i:j]):.2f}x"  # noqa: E731
     if len(set(kind)) == 1:
         what = {"faster": "FP8 faster", "slower": "FP8 slower", "level": f"FP8 level (within {LEVEL:.0%})"}[kind[0]]
-        return f"{what} at every measured context ({count_text(both[0])}-{count_text(both[-1])} tokens; {span(0, len(both))})"
+        text = f"{what} at every measured context ({count_text(both[0])}-{count_text(both[-1])} tokens; " \
+               f"{span(0, len(both))})"
+        return Measured(text, faster_from, max(speedup))
     at = {k: ", ".join(count_text(t) for t, c in zip(both, kind, strict=True) if c == k) for k in ("slower", "level")}
     rest = "; ".join(f"{k} at {at[k]}" for k in ("slower", "level") if at[k])
-    tail = len(kind) - next(i for i, c in enumerate(reversed(kind)) if c != "faster")  # the faster suffix starts here
     if tail < len(kind):
-        return f"FP8 faster from {count_text(both[tail])} tokens on ({span(tail, len(kind))}); {rest}"
-    faster = ", ".join(count_text(t) for t, c in zip(both, kind, strict=True) if c == "faster")
-    return (f"FP8 faster at {faster} tokens only" if faster else "FP8 never faster") + \
-        f"; {rest} (the longest, {count_text(both[-1])}: {speedup[-1]:.2f}x)"
+        text = f"FP8 faster from {count_text(both[tail])} tokens on ({span(tail, len(kind))}); {rest}"
+    else:
+        faster = ", ".join(count_text(t) for t, c in zip(both, kind, strict=True) if c == "faster")
+        text = (f"FP8 faster at {faster} tokens only" if faster else "FP8 never faster") + \
+            f"; {rest} (the longest, {count_text(both[-1])}: {speedup[-1]:.2f}x)"
+    return Measured(text, faster_from, max(speedup))
+
+
+def measured_comparison(fp8_points, base_points) -> str:
+    """:func:`measured_summary`'s words: "" when the points share no context."""
+    return measured_summary(fp8_points, base_points).text
