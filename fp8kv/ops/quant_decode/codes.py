@@ -185,9 +185,10 @@ def nvfp4_tiles(codes, scale_ptr, s_row, t_mask, c_ld, CONVERT: tl.constexpr, BL
     else:
         NB_PAD: tl.constexpr = C_PAD // BLOCK_BYTES
         s = fp8_bits_to_fp16(block_scale_codes(scale_ptr, s_row, t_mask, NB, NB_PAD), 3, 7) * (16384.0 / NVFP4_UNIT)
+        s = s.to(tl.float16)
         lo, hi = e2m1_halves(codes, CONVERT)
-        lo = scaled_by_block(lo, s.to(tl.float16), BLOCK_N, NB_PAD, BLOCK_BYTES)
-        hi = scaled_by_block(hi, s.to(tl.float16), BLOCK_N, NB_PAD, BLOCK_BYTES)
+        lo = scaled_by_block(lo, s, BLOCK_N, NB_PAD, BLOCK_BYTES)
+        hi = scaled_by_block(hi, s, BLOCK_N, NB_PAD, BLOCK_BYTES)
     return lo, hi
 
 
