@@ -1,6 +1,7 @@
 """Signals around long runs whose results must not be lost: a signal that would end the process
 (SIGTERM, SIGINT, SIGHUP, ...) stopping a run as Ctrl-C does, and all of them ignored while what was
-measured is saved (the benchmark CLI and the notebook runner)."""
+measured is saved (the benchmark CLI and the notebook runner), and those handlers taken back from a library
+that replaced them behind Python's back (:func:`reclaim_stop_signals`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import signal
 import threading
 
 __all__ = ["STOP_SIGNALS", "stop_signals", "stop_signals_handled", "stop_signals_as_keyboard_interrupt",
-           "sigterm_as_keyboard_interrupt", "signals_ignored"]
+           "sigterm_as_keyboard_interrupt", "signals_ignored", "reclaim_stop_signals"]
 
 # Every signal whose default action ends the process and that a handler can turn into a clean stop:
 # SIGTERM and SIGINT (`timeout`, `kill`, CI runners, Ctrl-C), SIGHUP (the terminal or ssh session closed),
@@ -89,3 +90,20 @@ def signals_ignored():
         yield
     finally:
         _restore(saved)
+
+
+def reclaim_stop_signals() -> None:
+    """Put Python's handlers of :data:`STOP_SIGNALS` back at the C level, where a library replaced them.
+
+    LLVM inside Triton (``libtriton.so``) installs its own handlers of SIGTERM, SIGINT, SIGHUP, ... when a
+    compile first needs them (measured on an H100: after some 40 kernels of ``--preset formats-tune``); they
+    clean up and end the process by the default action, so a ``timeout`` then lost every row. Python's table
+    still names the old handler, so setting it again is what restores it. Runs call this after each case
+    (a compile happens in one). Only handlers Python installed are set again (this module's, and
+    Python's own KeyboardInterrupt one); elsewhere than in the main thread a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in STOP_SIGNALS:
+        handler = signal.getsignal(sig)
+        if _ours(handler) or handler is signal.default_int_handler:
+            signal.signal(sig, handler)

@@ -41,6 +41,21 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def interruptible(work, *, keep_partial: bool, dev: torch.device) -> bool:
+    """Run ``work()``, which appends its rows as it measures them. True when a KeyboardInterrupt (Ctrl-C, or a
+    stop signal a CLI turned into one) stopped it and ``keep_partial``: the rows appended so far stand, the
+    device's memory is handed back. False when it finished. Without ``keep_partial`` the interrupt goes on to
+    the caller (a notebook cell stops, as it would anyway)."""
+    try:
+        work()
+    except KeyboardInterrupt:
+        if not keep_partial:
+            raise
+        release_memory(dev)
+        return True
+    return False
+
+
 def save_run(df, out_dir: str | os.PathLike, kind: str, meta: dict | None = None) -> Path:
     """Write ``<out_dir>/<gpu-slug>/<timestamp>.csv`` and its ``.json`` (never overwriting;
     :func:`fp8kv.results.save_table`): the metadata is the run's ``df.attrs[kind]`` updated with ``meta``.

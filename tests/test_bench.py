@@ -966,3 +966,41 @@ def test_a_grid_that_partly_fits_says_which_arguments_bring_the_rest_in(capsys):
     err = capsys.readouterr().err
     assert rc == 0 and "warning: does not fit the memory budget of" in err and "(1 of 4 cases;" in err
     assert "batch 4096 x context 1000000" in err and "--batches (now 2 4096) or --contexts (now 48 1000000)" in err
+
+
+# The first case's compile lets a library (LLVM inside Triton) take SIGTERM; a `timeout` then stops the run
+# during the second. In a child process: where the CLI does not take the handler back, the signal ends it.
+TIMEOUT_AFTER_A_LIBRARY_TOOK_SIGTERM = """
+import ctypes, os, signal, sys
+from fp8kv import bench
+libc = ctypes.CDLL(None)
+libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+measure_one = bench.measure._measure
+def measured(c, *args, **kwargs):
+    if c.batch == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+    row = measure_one(c, *args, **kwargs)
+    libc.signal(signal.SIGTERM, None)  # SIG_DFL behind Python's back, as LLVM's handlers are installed
+    return row
+bench.measure._measure = measured
+if sys.argv[2] == "as-is":
+    bench.measure.reclaim_stop_signals = lambda: None
+sys.exit(bench.main(["--batches", "1", "2", "--contexts", "16", "--heads", "2:1", "--head-dims", "16",
+                     "--kv-dtypes", "fp16", "--modes", "dequant", "--backends", "reference", "--out", sys.argv[1],
+                     "--quiet", "--device", "cpu"]))
+"""
+
+
+@pytest.mark.parametrize("reclaim", [True, False])
+def test_a_timeout_after_triton_took_sigterm_keeps_the_rows(tmp_path, reclaim):
+    import signal
+
+    got = subprocess.run([sys.executable, "-c", TIMEOUT_AFTER_A_LIBRARY_TOOK_SIGTERM, str(tmp_path),
+                          "reclaim" if reclaim else "as-is"], capture_output=True, text=True, timeout=300)
+    saved = list(tmp_path.glob("*/*.csv"))
+    if not reclaim:  # the control: without taking the handler back the process ends and the row is lost
+        assert got.returncode == -signal.SIGTERM and not saved, (got.returncode, got.stderr)
+        return
+    assert got.returncode == 130 and "interrupted" in got.stderr, (got.returncode, got.stderr)
+    rows = pd.read_csv(saved[0])
+    assert list(rows["status"]) == ["ok", "skipped"] and list(rows["batch"]) == [1, 2]

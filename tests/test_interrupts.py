@@ -14,6 +14,7 @@ import pytest
 
 from fp8kv.interrupts import (
     STOP_SIGNALS,
+    reclaim_stop_signals,
     signals_ignored,
     sigterm_as_keyboard_interrupt,
     stop_signals,
@@ -105,3 +106,43 @@ def test_both_are_no_ops_outside_the_main_thread():
     t.start()
     t.join()
     assert seen == [before]  # signal handlers can only be set from the main thread: left alone
+
+
+# A library taking a stop signal behind Python's back, as LLVM inside Triton does when a compile first needs
+# it: the C-level handler becomes the default action while Python's table still names the run's handler.
+# Run in a child process: where the handler is not taken back, the signal ends that process, not the tests.
+LIBRARY_TAKES_SIGTERM = """
+import ctypes, os, signal, sys, time
+from fp8kv.interrupts import reclaim_stop_signals, stop_signals_as_keyboard_interrupt
+libc = ctypes.CDLL(None)
+libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+with stop_signals_as_keyboard_interrupt():
+    libc.signal(signal.SIGTERM, None)  # SIG_DFL, set where Python does not see it
+    if sys.argv[1] == "reclaim":
+        reclaim_stop_signals()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except KeyboardInterrupt as e:
+        print(e)
+"""
+
+
+@pytest.mark.parametrize("reclaim", [True, False])
+def test_a_handler_a_library_took_is_taken_back(reclaim):
+    import subprocess
+    import sys
+
+    got = subprocess.run([sys.executable, "-c", LIBRARY_TAKES_SIGTERM, "reclaim" if reclaim else "as-is"],
+                         capture_output=True, text=True, timeout=120)
+    if reclaim:
+        assert got.returncode == 0 and got.stdout.strip() == "stopped by SIGTERM", got.stderr
+    else:  # what a timeout did to a benchmark before: the process ended, nothing saved
+        assert got.returncode == -signal.SIGTERM, (got.returncode, got.stderr)
+
+
+def test_reclaiming_leaves_handlers_python_did_not_install_alone():
+    with _handler(signal.SIGHUP, signal.SIG_IGN), _handler(signal.SIGUSR1, signal.SIG_DFL):
+        reclaim_stop_signals()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL

@@ -1,5 +1,6 @@
 """The quantized-page decode kernel compiled for sm90 on this machine (no GPU needed: Triton's bundled ptxas
-assembles it, fp8kv.ops.quant_decode.build): at the default launch of 32/8/128, every format and code
+assembles it, fp8kv.ops.quant_decode.build): at one launch of 32/8/128 for every conversion (the one the
+formats were tuned from: 64-token INT8 and 128-token 4-bit tiles, 4 warps, 2 stages), every format and code
 conversion builds, "software" and "ptx" without spilling (cast's NVFP4 spills), the "software" and
 "ptx" tile loops hold no per-code conversion instruction where "cast" holds one per code, and "ptx" issues the
 fewest instructions per token. Counts, not times: the GPU's numbers come from ``--preset formats-tune``."""
@@ -19,7 +20,8 @@ from fp8kv.ops.quant_decode.build import build_quant_decode, loop_mix
 from fp8kv.ops.quant_decode import QUANT_CONVERTS, QUANT_DECODE_FORMATS
 for fmt in QUANT_DECODE_FORMATS:
     for conv in QUANT_CONVERTS:
-        k, launch = build_quant_decode(fmt, 32, 8, 128, convert=conv)
+        k, launch = build_quant_decode(fmt, 32, 8, 128, convert=conv, block_n=64 if fmt == "int8_token_head" else 128,
+                                       num_warps=4, num_stages=2)
         print(json.dumps(dict(fmt=fmt, conversion=conv, spilled_bytes=k.spilled_bytes, **loop_mix(k, launch))), flush=True)
 """
 

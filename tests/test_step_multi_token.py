@@ -505,3 +505,81 @@ def test_a_pool_or_weights_that_cannot_be_built_fail_their_rows_only(monkeypatch
     monkeypatch.setattr(measure, "load_weights", lambda *a, **k: (_ for _ in ()).throw(OSError("no weights")))
     df = run()
     assert (df["status"] == "error").all() and df["reason"].str.contains("loading the weights: OSError").all()
+
+
+def _interrupt_at(monkeypatch, n: int):
+    """Ctrl-C (or a stop signal the CLI turns into it) as the ``n``-th step of the run is built."""
+    from fp8kv.step import measure, prefill
+
+    built = []
+
+    def build(real):
+        def step(*args, **kwargs):
+            built.append(1)
+            if len(built) == n:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+        return step
+
+    monkeypatch.setattr(measure, "DecodeStep", build(measure.DecodeStep))
+    monkeypatch.setattr(prefill, "DecodeStep", build(prefill.DecodeStep))
+
+
+@pytest.mark.parametrize("kind", ["decode", "verify", "prefill"])
+def test_an_interrupted_sweep_keeps_the_points_it_measured(monkeypatch, kind):
+    """Each step sweep: by default an interrupt stops the caller (a notebook cell); with keep_partial the rows
+    measured before it come back, marked interrupted, and a run that was not interrupted says so."""
+    run = {"decode": lambda **kw: S.sweep([S.TOY_QWEN], [40], ["fp16"], batches=[1, 2, 3], copy_bandwidth=False,
+                                          **SWEEP, **kw),
+           "verify": lambda **kw: S.verify_sweep([S.TOY_QWEN], [40], [0, 2], 0.5, ["fp16"], batches=[1, 2], **SWEEP,
+                                                 **kw),
+           "prefill": lambda **kw: S.prefill_sweep([S.TOY_QWEN], [24, 40], [64], ["fp16"], **SWEEP, **kw)}[kind]
+    whole = run()
+    assert whole.attrs["step"]["interrupted"] is False and len(whole) >= 2 and (whole["status"] == "ok").all()
+    _interrupt_at(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    _interrupt_at(monkeypatch, 2)
+    df = run(keep_partial=True)
+    assert df.attrs["step"]["interrupted"] is True
+    assert len(df) == 1 and (df["status"] == "ok").all()  # the first point, whole; none after the interrupt
+    point = [c for c in ("model", "kv_dtype", "context", "prompt", "chunk", "draft_len", "batch", "acceptance")
+             if c in df.columns]
+    assert df[point].iloc[0].equals(whole[point].iloc[0])  # the first point of the whole run
+
+STEP_TIMEOUT_AFTER_A_LIBRARY_TOOK_SIGTERM = """
+import ctypes, os, signal, sys
+from fp8kv import capacity, step
+from fp8kv.step import measure
+capacity.MODEL_SHAPES[step.TOY_QWEN.name] = step.TOY_QWEN
+libc = ctypes.CDLL(None)
+libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+real, built = measure.DecodeStep, []
+def build(*args, **kwargs):
+    built.append(1)
+    if len(built) == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+    got = real(*args, **kwargs)
+    libc.signal(signal.SIGTERM, None)  # SIG_DFL behind Python's back, as LLVM's handlers are installed
+    return got
+measure.DecodeStep = build
+sys.exit(step.main(["--model", "toy-qwen", "--contexts", "64", "--gpu-memory", "0.0016", "--weights", "random",
+                    "--quiet", "--device", "cpu", "--backend", "reference", "--kv-dtypes", "fp16", "--batches", "1",
+                    "2", "--out", sys.argv[1]]))
+"""
+
+
+def test_the_step_cli_saves_what_it_measured_when_terminated(tmp_path):
+    """A timeout's SIGTERM during the second point, after a library took the handler in the first: the first
+    point is saved and the exit status is 130."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    got = subprocess.run([sys.executable, "-c", STEP_TIMEOUT_AFTER_A_LIBRARY_TOOK_SIGTERM, str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert got.returncode == 130 and "interrupted" in got.stderr, (got.returncode, got.stderr[-2000:])
+    (csv,) = tmp_path.glob("*/*.csv")
+    rows = pd.read_csv(csv)
+    assert list(rows["batch"]) == [1] and list(rows["status"]) == ["ok"]

@@ -32,6 +32,7 @@ from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, UnsupportedError,
 from ..capability import check as capability_check
 from ..capacity import gib_text
 from ..formats import KV_DTYPES, is_fp8
+from ..interrupts import reclaim_stop_signals
 from ..quant import GRANULARITIES, kv_scale_bytes, relative_error
 from ..reference import output_tolerance
 from ..results import utc_stamp
@@ -352,6 +353,7 @@ def attend_run(cases: Sequence[AttendCase], *, check: bool = True, rep: int = 10
                 bar.set_postfix_str(f"{cases[i].label} B={cases[i].batch} ctx={cases[i].context}")
                 rows[i] = _measure(cases[i], caches, dev, base, check=check, rep=rep, warmup=warmup,
                                    check_seqs=check_seqs, cpu_reps=cpu_reps)
+                reclaim_stop_signals()  # a compile in the case may have let LLVM take them
                 bar.update(1)
             del caches
             if dev.type == "cuda":

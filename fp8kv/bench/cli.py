@@ -110,12 +110,12 @@ PRESETS = {
                     backends=["triton"], granularities=["tensor"]),
     # Launch variants of the quantized-page kernel around its defaults, one option at a time: the code conversion
     # (fp8kv.ops.quant_decode.codes) and the tile, where the formats row's time is decided.
-    "formats-tune": dict(batches=[16, 64], contexts=[16384, 32768], shapes=[(32, 8, 128), (8, 1, 128)],
+    "formats-tune": dict(batches=[16, 64], contexts=[32768], shapes=[(32, 8, 128), (8, 1, 128)],
                          block_sizes=[16], kv_dtypes=list(QUANT_KV_DTYPES), modes=["dequant"], backends=["triton"],
                          granularities=["tensor"],
-                         triton_options=[{}, {"convert": "cast"}, {"convert": "ptx"}, {"block_n": 32},
-                                         {"block_n": 64}, {"block_n": 128}, {"num_warps": 8}, {"num_stages": 1},
-                                         {"convert": "ptx", "num_warps": 8, "num_stages": 1}]),
+                         triton_options=[{}, {"convert": "software"}, {"convert": "ptx"}, {"convert": "cast"},
+                                         {"block_n": 64}, {"block_n": 128}, {"num_stages": 1}, {"num_stages": 2},
+                                         {"num_stages": 3}, {"num_warps": 8}]),
     "formats-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 2, 64), (2, 1, 32)], block_sizes=[16],
                           kv_dtypes=[*QUANT_KV_DTYPES, "fp8_e4m3", "bf16"], modes=["dequant"],
                           backends=["triton", "reference"], granularities=["tensor"]),
@@ -151,10 +151,10 @@ PRESET_HELP = {
     "formats": "the quantized KV formats (INT8 / INT4 per token and head, NVFP4, MXFP4) through fp8kv's "
                "quantized-page kernel beside fp8_e4m3 and bf16: B 1/16/64 x context 4k/16k/32k, Hq:Hkv:D 32:8:128 "
                "and 8:1:128, every row checked against its oracle (GPU)",
-    "formats-tune": "launch variants of the quantized-page kernel, one option at a time (code conversion cast / "
-                    "ptx against the default software, tiles of 32-128 tokens (each format's default tile among "
-                    "them: a repeat of its default row), 8 warps, 1 stage) and ptx with 8 warps and 1 stage, "
-                    "B 16/64 x context 16k/32k, "
+    "formats-tune": "launch variants of the quantized-page kernel around each format's default "
+                    "(fp8kv.ops.quant_decode.launcher.QUANT_LAUNCH_DEFAULTS), one option at a time: code "
+                    "conversion software / ptx / cast, tiles of 64 / 128 tokens, 1-3 stages, 8 warps (an option "
+                    "equal to a format's default repeats its default row), B 16/64 x context 32k, "
                     "Hq:Hkv:D 32:8:128 and 8:1:128 (GPU)",
     "formats-smoke": "the same formats at a tiny size that runs anywhere, the oracle beside; on CPU add --interpret",
     **ATTEND_PRESET_HELP,

@@ -18,6 +18,7 @@ from ..backends import planned
 from ..cache import PagedKVCache
 from ..capability import UnsupportedError
 from ..checks import fail as _fail
+from ..interrupts import reclaim_stop_signals
 from ..quant import relative_error
 from ..results import utc_stamp
 from ..sweeps import machine_fields, release_memory, run_metadata
@@ -224,6 +225,7 @@ def _measure_groups(cases, groups, rows, base, dev, bar, *, check, rep, warmup, 
             bar.set_postfix_str(f"{c.label} B={c.batch} ctx={c.context}")
             rows[i] = _measure(c, caches, dev, base, check=check, rep=rep, warmup=warmup,
                                check_seqs=check_seqs, cpu_reps=cpu_reps)
+            reclaim_stop_signals()  # a compile in the case may have let LLVM take them (a stop would lose the rows)
             bar.update(1)
         del caches
         release_memory(dev)

@@ -14,6 +14,7 @@ from ..cache import check_block_size
 from ..capability import interpreter_on, use_interpreter
 from ..capacity import MAX_MEMORY_GIB, CapacityError, gib_text
 from ..device import resolve_device
+from ..interrupts import signals_ignored, stop_signals_as_keyboard_interrupt
 from ..results import save_or_fallback
 from .measure import check_host_memory, save, sweep
 from .model import STEP_BACKENDS
@@ -161,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed (``error``: out of memory, or anything else it raised; the sweep goes on and its row says why), or
     ``--out`` could not be written (the rows then go to a temporary folder, named on stderr). 2: bad input,
     nothing fits, or no point ran (one line on stderr; in the last case after the summary, the rows saved).
+    130: stopped by SIGINT, SIGTERM, SIGHUP or another signal that would end it
+    (:func:`fp8kv.interrupts.stop_signals`; the points measured so far are saved).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -203,16 +206,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"KV {gib_text(plan['kv_memory_bytes'])}  batches={p['batches']}")
         print(f"{sum(len(p['batches']) for p in plans)} points")
         return 0
+    return _run_and_save(lambda: sweep(args.model, args.contexts, args.kv_dtypes, batches=args.batches,
+                                       backend=args.backend, mode=args.mode, gpu_memory_gib=args.gpu_memory,
+                                       utilization=args.utilization, block_size=args.block_size,
+                                       weights=args.weights, device=args.device, rep=args.rep,
+                                       progress=not args.quiet, keep_partial=True),
+                         summary, args, argv, kind)
+
+
+def _run_and_save(run, summarize, args, argv, kind: str) -> int:
+    """``run()`` (a sweep with ``keep_partial``) with every stop signal (SIGTERM, SIGHUP, ...) as Ctrl-C, then
+    its summary and its rows saved, which no signal can cut short; the exit status (130: a signal stopped the
+    sweep; the points measured before it are saved)."""
     t0 = time.perf_counter()
-    df = sweep(args.model, args.contexts, args.kv_dtypes, batches=args.batches, backend=args.backend, mode=args.mode,
-               gpu_memory_gib=args.gpu_memory, utilization=args.utilization, block_size=args.block_size,
-               weights=args.weights, device=args.device, rep=args.rep, progress=not args.quiet)
-    print(summary(df))
-    print(f"{len(df)} points in {time.perf_counter() - t0:.0f} s")
-    saved_where_asked = True
-    if not args.no_save:
-        path, saved_where_asked = save_or_fallback(save, df, args.out or OUT_DIRS[kind], {"argv": argv})
-        print(f"wrote {path}")
+    with stop_signals_as_keyboard_interrupt():
+        df = run()
+        with signals_ignored():  # a signal now must not cut the save short
+            print(summarize(df))
+            print(f"{len(df)} rows in {time.perf_counter() - t0:.0f} s")
+            saved_where_asked = True
+            if not args.no_save:
+                path, saved_where_asked = save_or_fallback(save, df, args.out or OUT_DIRS[kind], {"argv": argv})
+                print(f"wrote {path}")
+    if df.attrs["step"]["interrupted"]:
+        print("interrupted: the rows above are what was measured; the other points did not run", file=sys.stderr)
+        return 130
     return _exit_status(df, saved_where_asked)
 
 
@@ -263,20 +281,14 @@ def _main_multi(kind: str, args, argv, refuse) -> int:
         refuse(f"{e}; pass shorter contexts or prompts, or more GPU memory (--gpu-memory)".replace("\n", " "))
     except ValueError as e:
         refuse(str(e).replace("\n", " "))
-    t0 = time.perf_counter()
     if kind == "verify":
-        df = verify_sweep(args.model, args.contexts, args.draft_lens, args.acceptance or [0.7], args.kv_dtypes,
-                          batches=args.batches, draft_us=args.draft_us, draft_model=args.draft_model, **common)
-        print(verify_summary(df))
-    else:
-        df = prefill_sweep(args.model, args.prompt_lens, args.chunks, args.kv_dtypes, **common)
-        print(prefill_summary(df))
-    print(f"{len(df)} rows in {time.perf_counter() - t0:.0f} s")
-    saved_where_asked = True
-    if not args.no_save:
-        path, saved_where_asked = save_or_fallback(save, df, args.out or OUT_DIRS[kind], {"argv": argv})
-        print(f"wrote {path}")
-    return _exit_status(df, saved_where_asked)
+        return _run_and_save(lambda: verify_sweep(args.model, args.contexts, args.draft_lens, args.acceptance or [0.7],
+                                                  args.kv_dtypes, batches=args.batches, draft_us=args.draft_us,
+                                                  draft_model=args.draft_model, keep_partial=True, **common),
+                             verify_summary, args, argv, kind)
+    return _run_and_save(lambda: prefill_sweep(args.model, args.prompt_lens, args.chunks, args.kv_dtypes,
+                                               keep_partial=True, **common),
+                         prefill_summary, args, argv, kind)
 
 
 def _plans(kind: str, args) -> list[dict]:

@@ -12,8 +12,9 @@ from ..capability import UnsupportedError
 from ..capacity import ModelShape, gib_text
 from ..checks import fail as _fail
 from ..device import free_memory_bytes
+from ..interrupts import reclaim_stop_signals
 from ..results import utc_stamp
-from ..sweeps import machine_fields, release_memory, run_metadata, save_run
+from ..sweeps import interruptible, machine_fields, release_memory, run_metadata, save_run
 from .layers import REAL_WEIGHTS, StepWeights, random_weights, weights_from_hf
 from .model import DecodeStep, KVPool
 from .plan import checked_runs, param_count, plan_sweep, run_dtype, step_bytes
@@ -63,7 +64,7 @@ def load_weights(shape: ModelShape, weights: str, dtype, dev, seed: int) -> Step
 def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, backend: str = "auto",
           mode: str = "auto", gpu_memory_gib=None, utilization: float = 0.9, block_size: int = 16,
           weights: str = "auto", device=None, dtype=None, rep: int = 50, copy_bandwidth=None,
-          progress: bool = True, seed: int = 0, cpu_reps: int = 3):
+          progress: bool = True, seed: int = 0, cpu_reps: int = 3, keep_partial: bool = False):
     """Time the decode step from batch 1 to each KV dtype's ceiling; one tidy row per (model, context,
     kv_dtype, batch) (columns :data:`COLUMNS`).
 
@@ -82,6 +83,8 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     dtype : weights and activations; default bf16 on a GPU, fp32 on CPU.
     rep : CUDA: milliseconds of graph replays per timing (``triton.testing.do_bench_cudagraph``).
     copy_bandwidth : None (measure now), False (skip), GB/s, or a ``measure_copy_bandwidth`` dict.
+    keep_partial : on KeyboardInterrupt (Ctrl-C, or a stop signal the CLI turns into one), return the points
+        measured so far (``df.attrs["step"]["interrupted"]`` True) instead of stopping: what the CLI does.
 
     Per (model, KV dtype) one :class:`KVPool` is allocated (:func:`pool_blocks`: on a GPU as large as the
     planner allows, elsewhere as large as the largest batch measured needs), and every batch draws its
@@ -110,28 +113,29 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     def mine(shape, kv=None):
         return [p for p in plans if p["shape"] is shape and kv in (None, p["kv_dtype"])]
 
+    rows = []
+
     def measure(shape, kv, w, pool):
-        rows = []
         for p in mine(shape, kv):
             for b in p["batches"]:
                 bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} B={b}")
                 rows.append(_measure_point(shape, w, pool, p, b, backend, mode, dev, base, rep, cpu_reps, seed,
                                            time_call))
                 bar.update(1)
-        return rows
 
     def failed(shape, kv, w, reason):
         return _failed_points(shape, mine(shape, kv), backend, mode, base, block_size, reason, bar, weights=w)
 
-    rows = run_pools(dict.fromkeys(p["shape"] for p in plans),
-                     lambda shape: dict.fromkeys(p["kv_dtype"] for p in mine(shape)),
-                     lambda shape, kv: pool_blocks(mine(shape, kv), dev), measure, failed, weights=weights,
-                     dtype=dtype, dev=dev, seed=seed, block_size=block_size)
+    interrupted = interruptible(lambda: run_pools(
+        dict.fromkeys(p["shape"] for p in plans), lambda shape: dict.fromkeys(p["kv_dtype"] for p in mine(shape)),
+        lambda shape, kv: pool_blocks(mine(shape, kv), dev), measure, failed, rows=rows, weights=weights,
+        dtype=dtype, dev=dev, seed=seed, block_size=block_size), keep_partial=keep_partial, dev=dev)
     bar.close()
     df = pd.DataFrame(rows, columns=COLUMNS)
     df.attrs["step"] = run_metadata(stamp, info, copy_info, {"rep": rep, "backend": backend, "mode": mode,
                                                              "utilization": utilization, "block_size": block_size,
-                                                             "weights": weights, "dtype": str(dtype)})
+                                                             "weights": weights, "dtype": str(dtype)},
+                                    interrupted=interrupted)
     return df
 
 
@@ -200,13 +204,14 @@ def point_failure(e: Exception) -> dict:
     return {"status": "error", "reason": why_failed(e)}
 
 
-def run_pools(shapes, kv_dtypes_of, blocks_of, measure, failed, *, weights, dtype, dev, seed, block_size) -> list:
+def run_pools(shapes, kv_dtypes_of, blocks_of, measure, failed, *, rows: list, weights, dtype, dev, seed,
+              block_size) -> None:
     """The loop every step sweep runs: per model its weights, then per KV dtype (``kv_dtypes_of(shape)``) one
-    :class:`KVPool` of ``blocks_of(shape, kv)`` blocks handed to ``measure(shape, kv, w, pool)`` (its rows), each
-    pool freed before the next is allocated (a GPU holds one at a time). What cannot be built does not end the
-    sweep: ``failed(shape, kv, w, reason)`` gives its rows (``kv`` None and ``w`` None: the model's weights did not
-    load, for all its points; else that pool, e.g. out of memory). The rows, in order."""
-    rows = []
+    :class:`KVPool` of ``blocks_of(shape, kv)`` blocks handed to ``measure(shape, kv, w, pool)``, which appends
+    each point's row to ``rows`` as it is measured (an interrupted sweep keeps them), each pool freed before the
+    next is allocated (a GPU holds one at a time). What cannot be built does not end the sweep:
+    ``failed(shape, kv, w, reason)`` gives its rows (``kv`` None and ``w`` None: the model's weights did not
+    load, for all its points; else that pool, e.g. out of memory), appended to ``rows`` too."""
     for shape in shapes:
         try:
             w = load_weights(shape, weights, dtype, dev, seed)
@@ -220,12 +225,11 @@ def run_pools(shapes, kv_dtypes_of, blocks_of, measure, failed, *, weights, dtyp
                 rows += failed(shape, kv, w, f"allocating the {kv} KV pool: {why_failed(e)}")
                 release_memory(dev)
                 continue
-            rows += measure(shape, kv, w, pool)
+            measure(shape, kv, w, pool)
             del pool
             release_memory(dev)
         del w
         release_memory(dev)
-    return rows
 
 
 def time_step(shape, w, pool, batch: int, context: int, q_len: int, backend, mode, dev, rep, cpu_reps, seed,
@@ -250,6 +254,7 @@ def time_step(shape, w, pool, batch: int, context: int, q_len: int, backend, mod
         return point_failure(e)
     finally:
         del step
+        reclaim_stop_signals()  # a compile in the step may have let LLVM take them (a stop would lose the rows)
     return dict(out, step_us=step_s * 1e6, attention_us=attn_s * 1e6, timing=timing, status="ok", reason="")
 
 

@@ -18,8 +18,9 @@ import torch
 from ..capacity import ModelShape
 from ..checks import fail as _fail
 from ..checks import positive_int
+from ..interrupts import reclaim_stop_signals
 from ..results import utc_stamp
-from ..sweeps import machine_fields, release_memory, run_metadata
+from ..sweeps import interruptible, machine_fields, release_memory, run_metadata
 from .layers import StepWeights
 from .measure import check_host_memory, check_weights, load_weights, point_failure, why_failed
 from .model import DecodeStep, KVPool
@@ -93,13 +94,13 @@ class ChunkedPrefill:
 def prefill_sweep(models, prompt_lens, chunks, kv_dtypes=("bf16", "fp8_e4m3"), *, backend: str = "auto",
                   mode: str = "auto", gpu_memory_gib=None, utilization: float = 0.9, block_size: int = 16,
                   weights: str = "auto", device=None, dtype=None, rep: int = 50, progress: bool = True,
-                  seed: int = 0, cpu_reps: int = 3):
+                  seed: int = 0, cpu_reps: int = 3, keep_partial: bool = False):
     """Time to first token of one prompt of each length in ``prompt_lens`` for each chunk size of ``chunks``
     (ints >= 1; a chunk at least the prompt is the full prefill), per KV dtype; one tidy row per (model,
     kv_dtype, prompt, chunk) (columns :data:`PREFILL_COLUMNS`). Each chunk's forward is timed as the step's (CUDA
     graph on a GPU) and the times summed. A prompt whose KV and chunk activations do not fit the memory planned
     against is refused before anything is built (:class:`~fp8kv.capacity.CapacityError`). Other arguments as
-    :func:`fp8kv.step.sweep`."""
+    :func:`fp8kv.step.sweep` (``keep_partial`` too)."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -123,35 +124,41 @@ def prefill_sweep(models, prompt_lens, chunks, kv_dtypes=("bf16", "fp8_e4m3"), *
     base = {k: v for k, v in machine_fields(stamp, info, float("nan")).items() if k in PREFILL_COLUMNS}
     rows = []
     bar = tqdm(total=sum(len(g) for g in plans.values()), disable=not progress, desc="prefill", unit="point")
-    for shape in shapes:
-        try:
-            w = load_weights(shape, weights, dtype, dev, seed)
-        except Exception as e:  # one model's weights must not end the sweep: its rows say why
-            w, reason = None, f"loading the weights: {why_failed(e)}"
-        for (n, c), group in plans.items():
-            for p in (p for p in group if p["shape"] is shape):
-                row = dict.fromkeys(PREFILL_COLUMNS)
-                row.update(base, model=shape.name, kv_dtype=p["kv_dtype"], backend=backend, mode=mode, batch=1,
-                           prompt=n, chunk=c, n_chunks=math.ceil(n / c), num_layers=shape.num_layers,
-                           num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-                           block_size=block_size, gpu_memory_gib=float(p["plan"]["gpu_memory_gib"]),
-                           utilization=utilization, status="ok", reason="")
-                bar.set_postfix_str(f"{shape.name} {p['kv_dtype']} prompt={n} chunk={c}")
-                if w is None:
-                    row.update(status="error", reason=reason)
-                else:
-                    row.update(weights=w.source, **_time_prefill(shape, w, p["kv_dtype"], n, c, backend, mode,
-                                                                  block_size, dev, rep, cpu_reps, seed, time_call))
-                rows.append(row)
-                bar.update(1)
-                release_memory(dev)
-        del w
-        release_memory(dev)
+
+    def measure():
+        for shape in shapes:
+            try:
+                w = load_weights(shape, weights, dtype, dev, seed)
+            except Exception as e:  # one model's weights must not end the sweep: its rows say why
+                w, reason = None, f"loading the weights: {why_failed(e)}"
+            for (n, c), group in plans.items():
+                for p in (p for p in group if p["shape"] is shape):
+                    row = dict.fromkeys(PREFILL_COLUMNS)
+                    row.update(base, model=shape.name, kv_dtype=p["kv_dtype"], backend=backend, mode=mode, batch=1,
+                               prompt=n, chunk=c, n_chunks=math.ceil(n / c), num_layers=shape.num_layers,
+                               num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+                               block_size=block_size, gpu_memory_gib=float(p["plan"]["gpu_memory_gib"]),
+                               utilization=utilization, status="ok", reason="")
+                    bar.set_postfix_str(f"{shape.name} {p['kv_dtype']} prompt={n} chunk={c}")
+                    if w is None:
+                        row.update(status="error", reason=reason)
+                    else:
+                        row.update(weights=w.source, **_time_prefill(shape, w, p["kv_dtype"], n, c, backend, mode,
+                                                                      block_size, dev, rep, cpu_reps, seed, time_call))
+                    rows.append(row)
+                    reclaim_stop_signals()  # the chunks' compiles may have let LLVM take them
+                    bar.update(1)
+                    release_memory(dev)
+            del w
+            release_memory(dev)
+
+    interrupted = interruptible(measure, keep_partial=keep_partial, dev=dev)
     bar.close()
     df = pd.DataFrame(rows, columns=PREFILL_COLUMNS)
     df.attrs["step"] = run_metadata(stamp, info, None, {"rep": rep, "backend": backend, "mode": mode,
                                                         "utilization": utilization, "block_size": block_size,
-                                                        "weights": weights, "dtype": str(dtype), "kind": "prefill"})
+                                                        "weights": weights, "dtype": str(dtype), "kind": "prefill"},
+                                    interrupted=interrupted)
     return df
 
 

@@ -34,7 +34,7 @@ import torch
 from ..checks import fail as _fail
 from ..checks import nonnegative_int, real
 from ..results import utc_stamp
-from ..sweeps import machine_fields, release_memory, run_metadata
+from ..sweeps import interruptible, machine_fields, release_memory, run_metadata
 from .layers import step_shape
 from .measure import check_weights, load_weights, pool_blocks, run_pools, time_step, why_failed
 from .model import KVPool
@@ -91,7 +91,8 @@ def draft_us_arg(value, name: str = "draft_us") -> float:
 def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_dtypes=("bf16", "fp8_e4m3"), *,
                  batches=None, draft_us: float | None = None, draft_model=None, backend: str = "auto", mode: str = "auto",
                  gpu_memory_gib=None, utilization: float = 0.9, block_size: int = 16, weights: str = "auto",
-                 device=None, dtype=None, rep: int = 50, progress: bool = True, seed: int = 0, cpu_reps: int = 3):
+                 device=None, dtype=None, rep: int = 50, progress: bool = True, seed: int = 0, cpu_reps: int = 3,
+                 keep_partial: bool = False):
     """Time the verification step of each draft length from batch 1 to each KV dtype's ceiling (at that
     ``q_len``: :func:`~fp8kv.step.step_ceiling`); one tidy row per (model, context, kv_dtype, draft_len, batch,
     acceptance) (columns :data:`VERIFY_COLUMNS`).
@@ -99,7 +100,7 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
     Parameters
     ----------
     models, contexts, kv_dtypes, batches, backend, mode, gpu_memory_gib, utilization, block_size, weights, device,
-    dtype, rep, seed, cpu_reps : as :func:`fp8kv.step.sweep`. ``contexts``: tokens per sequence the step attends,
+    dtype, rep, seed, cpu_reps, keep_partial : as :func:`fp8kv.step.sweep`. ``contexts``: tokens per sequence the step attends,
         its new ``draft_len + 1`` included (so every draft length holds the same KV per sequence).
     draft_lens : ints >= 0 (0: the decode step, the baseline).
     acceptance : per-token acceptance rate(s) in [0, 1]; each is a row of the same timing.
@@ -153,8 +154,10 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
         return [r for k, p, b in failing for r in _rows(base, shape, p, b, k, accept, draft_us, backend, mode,
                                                           block_size, got)]
 
+    rows = []
+
     def measure(shape, kv, w, pool):
-        rows, one_draft = [], {}  # (context, batch) -> µs of one draft decode step (or the reason it has none)
+        one_draft = {}  # (context, batch) -> µs of one draft decode step (or the reason it has none)
         for k, p, b in points(shape, kv):
             bar.set_postfix_str(f"{shape.name} {kv} ctx={p['context']} k={k} B={b}")
             got = time_step(shape, w, pool, b, p["context"], k + 1, backend, mode, dev, rep, cpu_reps, seed, time_call)
@@ -168,14 +171,14 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
                     got = {"status": "error", "reason": f"the draft model's step: {one_draft[key]}"}
                 else:
                     cost = k * one_draft[key]
-            rows += _rows(base, shape, p, b, k, accept, cost, backend, mode, block_size,
-                          dict(got, weights=w.source, draft_model=drafted))
+            rows.extend(_rows(base, shape, p, b, k, accept, cost, backend, mode, block_size,
+                              dict(got, weights=w.source, draft_model=drafted)))
             bar.update(1)
-        return rows
 
-    rows = run_pools(shapes, lambda shape: dict.fromkeys(p["kv_dtype"] for p in plans[draft_lens[0]] if p["shape"] is shape),
-                     lambda shape, kv: max(pool_blocks(g, dev) for g in mine(shape, kv).values()), measure, failed,
-                     weights=weights, dtype=dtype, dev=dev, seed=seed, block_size=block_size)
+    interrupted = interruptible(lambda: run_pools(
+        shapes, lambda shape: dict.fromkeys(p["kv_dtype"] for p in plans[draft_lens[0]] if p["shape"] is shape),
+        lambda shape, kv: max(pool_blocks(g, dev) for g in mine(shape, kv).values()), measure, failed, rows=rows,
+        weights=weights, dtype=dtype, dev=dev, seed=seed, block_size=block_size), keep_partial=keep_partial, dev=dev)
     bar.close()
     df = pd.DataFrame(rows, columns=VERIFY_COLUMNS)
     df.attrs["step"] = run_metadata(stamp, info, None, {"rep": rep, "backend": backend, "mode": mode,
@@ -184,7 +187,7 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
                                                         "draft_lens": draft_lens, "acceptance": accept,
                                                         "draft_us": "timed" if timed_draft else draft_us,
                                                         "draft_model": draft.name if draft else None,
-                                                        "kind": "verify"})
+                                                        "kind": "verify"}, interrupted=interrupted)
     return df
 
 

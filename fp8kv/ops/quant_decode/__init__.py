@@ -16,7 +16,6 @@ from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, interpreter_on
 from ...launch_options import MAX_BLOCK_N, WARP_COUNTS
 from .launcher import (
-    DEFAULT_QUANT_CONVERT,
     QUANT_CONVERTS,
     QUANT_DECODE_FORMATS,
     QuantDecodeLaunch,
@@ -41,7 +40,8 @@ def check_launch_options(num_splits, block_n, convert, num_warps, num_stages) ->
         block_n = checks.positive_int(block_n, "block_n")
         if block_n < 16 or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
             checks.fail(f"block_n={block_n} must be a power of two in [16, {MAX_BLOCK_N}]")
-    checks.one_of(convert, "convert", QUANT_CONVERTS)
+    if convert is not None:
+        checks.one_of(convert, "convert", QUANT_CONVERTS)
     if num_warps is not None:
         num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", WARP_COUNTS)
     if num_stages is not None:
@@ -51,7 +51,7 @@ def check_launch_options(num_splits, block_n, convert, num_warps, num_stages) ->
 
 def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_scale: float | None = None,
                            out_dtype: torch.dtype | None = None, num_splits: int | None = None,
-                           block_n: int | None = None, convert: str = DEFAULT_QUANT_CONVERT,
+                           block_n: int | None = None, convert: str | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
                            check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode attention of one query token per sequence over a quantized paged cache, with the Triton kernel:
@@ -65,11 +65,12 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
     sm_scale : softmax scale, positive and finite; default ``1 / sqrt(D)``.
     out_dtype : float16 / bfloat16 / float32; default q's dtype.
     num_splits : split-KV factor (default: the FP8 decode's rule); block_n : tokens per tile, a power of two in
-        [16, MAX_BLOCK_N] (default :func:`.launcher.quant_decode_block_n`).
+        [16, MAX_BLOCK_N].
     convert : how code tiles become fp16, one of :data:`QUANT_CONVERTS` (:mod:`.codes`; the same values every
-        way): "software" (default), "cast", or "ptx" (inline assembly: a CUDA GPU only).
-    num_warps : warps per program, one of WARP_COUNTS (default 4); num_stages : software-pipeline stages, a
-        positive int (default 2 on a GPU, 1 under the interpreter).
+        way): "software", "cast", or "ptx" (inline assembly: a CUDA GPU only).
+    num_warps : warps per program, one of WARP_COUNTS; num_stages : software-pipeline stages, a positive int.
+        Each option None: the format's measured default (:data:`.launcher.QUANT_LAUNCH_DEFAULTS`; under the
+        interpreter "software" for "ptx" and one stage).
     check : also check the scales' values and the tables (a host sync; a sequence of length 0 refused). Off,
         the kernel still clamps block-table entries and lengths into the pool.
 
@@ -85,7 +86,7 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
 
 def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_scale: float | None = None,
                           out_dtype: torch.dtype | None = None, num_splits: int | None = None,
-                          block_n: int | None = None, convert: str = DEFAULT_QUANT_CONVERT,
+                          block_n: int | None = None, convert: str | None = None,
                           num_warps: int | None = None, num_stages: int | None = None,
                           check: bool = True) -> QuantDecodeLaunch:
     """The checked launch of :func:`paged_decode_quantized` (same arguments): run it any number of times on

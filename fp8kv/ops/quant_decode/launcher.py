@@ -22,27 +22,39 @@ from ..decode.splits import choose_num_splits, latency_waves, padded_rows, sm_co
 from ..decode.triton_launcher import CONVERT_CODES
 from .kernel import FORMAT_INT4, FORMAT_INT8, FORMAT_MXFP4, FORMAT_NVFP4, quant_decode_kernel
 
-__all__ = ["QUANT_DECODE_FORMATS", "QUANT_CONVERTS", "DEFAULT_QUANT_CONVERT", "QuantDecodeLaunch",
-           "quant_decode_launch", "quant_decode_arguments", "run_quant_decode", "quant_decode_block_n"]
+__all__ = ["QUANT_DECODE_FORMATS", "QUANT_CONVERTS", "QUANT_LAUNCH_DEFAULTS", "QuantDecodeLaunch",
+           "quant_decode_launch", "quant_decode_arguments", "run_quant_decode", "quant_launch_defaults"]
 
 # format name -> the kernel's FORMAT
 QUANT_DECODE_FORMATS = {"int8_token_head": FORMAT_INT8.value, "int4_token_head": FORMAT_INT4.value,
                         "nvfp4": FORMAT_NVFP4.value, "mxfp4": FORMAT_MXFP4.value}
-# How code tiles become fp16 (fp8kv.ops.quant_decode.codes), named as the FP8 decode's conversions are. The
-# default is "software": the same values as "cast" without its integer-to-float conversions (a quarter-rate
-# instruction per value, two of them and a scale read per code byte for the 4-bit floats), which bound the
-# first kernel's GPU rows (docs/decode-kernel-notes.md). "ptx" does the same bit moves on four codes per
-# instruction, GPU only: the default once a GPU has run and timed it.
+# How code tiles become fp16 (fp8kv.ops.quant_decode.codes), named as the FP8 decode's conversions are: "cast"
+# (integer-to-float conversions, a quarter-rate instruction per value), "software" (the codes' bits placed into
+# fp16's fields) and "ptx" (the same bit moves on four codes per instruction; GPU only). The same values every way.
 QUANT_CONVERTS = tuple(CONVERT_CODES)
-DEFAULT_QUANT_CONVERT = "software"
+# Each format's launch where the caller names none: the fastest row of `fp8kv bench --preset formats-tune
+# --batches 64 --contexts 32768` on an H100 (results/bench/nvidia-h100-80gb-hbm3/20261205T153643Z.csv, every row
+# checked; 32/8/128 and 8/1/128 agree), each one option away from the launch the four formats started from
+# (software, 4 warps, 2 stages, 64-token INT8 and 128-token 4-bit tiles). Its time there against that start, at
+# 32/8/128 and 8/1/128, in the comments; tests/test_quant_decode_defaults.py reads the file again.
+QUANT_LAUNCH_DEFAULTS = {
+    "int8_token_head": {"convert": "software", "block_n": 128, "num_warps": 4, "num_stages": 2},  # 0.77x, 0.76x
+    "int4_token_head": {"convert": "ptx", "block_n": 128, "num_warps": 4, "num_stages": 2},  # 0.92x, 0.92x
+    "nvfp4": {"convert": "ptx", "block_n": 128, "num_warps": 4, "num_stages": 2},  # 0.83x, 0.85x
+    "mxfp4": {"convert": "software", "block_n": 128, "num_warps": 4, "num_stages": 1},  # 0.85x, 0.90x
+}
 
 
-def quant_decode_block_n(cache: QuantizedPagedKVCache) -> int:
-    """Default tokens per tile: 64 for INT8 codes, 128 for the 4-bit ones (tiles of the same bytes, as the FP8
-    kernel's 128-token FP8 tiles against its 64-token 16-bit ones); halved above head_dim 128. Not yet measured
-    on a GPU."""
-    block_n = 64 if cache.fmt.name == "int8_token_head" else 128
-    return block_n // 2 if cache.head_dim > 128 else block_n
+def quant_launch_defaults(cache: QuantizedPagedKVCache) -> dict:
+    """:data:`QUANT_LAUNCH_DEFAULTS` of the cache's format as this process runs them: tiles halved above head_dim
+    128 (registers; not yet measured); under the Triton interpreter "software" for "ptx" (inline assembly it
+    cannot run; the same values) and one stage."""
+    launch = dict(QUANT_LAUNCH_DEFAULTS[cache.fmt.name])
+    if cache.head_dim > 128:
+        launch["block_n"] //= 2
+    if interpreter_on():
+        launch.update(convert="software" if launch["convert"] == "ptx" else launch["convert"], num_stages=1)
+    return launch
 
 
 class QuantDecodeLaunch(NamedTuple):
@@ -64,14 +76,16 @@ class QuantDecodeLaunch(NamedTuple):
 
 def quant_decode_launch(cache: QuantizedPagedKVCache, *, batch: int, num_q_heads: int, q_dtype: torch.dtype,
                         device: torch.device, sm_scale: float, out_dtype: torch.dtype, num_splits: int | None,
-                        block_n: int | None, convert: str = DEFAULT_QUANT_CONVERT,
+                        block_n: int | None, convert: str | None = None,
                         num_warps: int | None = None, num_stages: int | None = None) -> QuantDecodeLaunch:
     """The launch for ``batch`` queries of ``num_q_heads`` heads over ``cache`` (arguments already checked by
-    :func:`fp8kv.ops.quant_decode.paged_decode_quantized`): ``num_splits`` / ``block_n`` / ``num_warps`` (4) /
-    ``num_stages`` (2; 1 under the interpreter) None for the defaults, ``convert`` one of :data:`QUANT_CONVERTS`."""
+    :func:`fp8kv.ops.quant_decode.paged_decode_quantized`): ``num_splits`` (the FP8 decode's rule) / ``block_n`` /
+    ``convert`` / ``num_warps`` / ``num_stages`` None for the format's defaults (:func:`quant_launch_defaults`)."""
     hkv, d = cache.num_kv_heads, cache.head_dim
     group = num_q_heads // hkv
-    block_n = quant_decode_block_n(cache) if block_n is None else block_n
+    given = {"convert": convert, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    launch = {k: v if given[k] is None else given[k] for k, v in quant_launch_defaults(cache).items()}
+    convert, block_n = launch["convert"], launch["block_n"]
     capacity = cache.max_blocks_per_seq * cache.block_size
     if num_splits is None:
         num_splits = choose_num_splits(batch, hkv, capacity, block_n, sm_count(device), min_waves=latency_waves(d))
@@ -83,8 +97,7 @@ def quant_decode_launch(cache: QuantizedPagedKVCache, *, batch: int, num_q_heads
                       C_PAD=max(16, triton.next_power_of_2(c)), BLOCK_SIZE=cache.block_size, BLOCK_N=block_n,
                       SPLIT=num_splits > 1, FORMAT=QUANT_DECODE_FORMATS[cache.fmt.name],
                       RESCALE_Q=q_dtype != torch.float16, CONVERT=CONVERT_CODES[convert],
-                      num_warps=4 if num_warps is None else num_warps,
-                      num_stages=(1 if interp else 2) if num_stages is None else num_stages)
+                      num_warps=launch["num_warps"], num_stages=launch["num_stages"])
     kernel_out = torch.float32 if interp and out_dtype == torch.bfloat16 else out_dtype
     return QuantDecodeLaunch((batch, hkv, num_splits), constexprs, sm_scale * math.log2(math.e), num_splits,
                              tokens_per_split, widen, out_dtype, kernel_out, convert)
