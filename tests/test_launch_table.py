@@ -267,6 +267,57 @@ def test_tune_writes_no_entry_where_nothing_ran(monkeypatch):
     assert entries == {} and (rows["status"] == "unsupported").all()
 
 
+def _interrupted_at_the_second_run(monkeypatch):
+    """tune's runs return ok rows; the second is cut by an interrupt (with keep_partial: rows marked so)."""
+    calls = []
+
+    def run(cases, keep_partial=False, **kw):
+        cases = list(cases)
+        calls.append(len(cases))
+        if len(calls) == 2 and not keep_partial:
+            raise KeyboardInterrupt
+        rows = pd.DataFrame([dict(block_n=c.options.get("block_n"), num_warps=c.options.get("num_warps"),
+                                  num_stages=c.options.get("num_stages"), status="ok", check_passed=True,
+                                  time_us=100.0, reason="", timestamp="20261205T000000Z", gpu_slug="cpu", torch="t",
+                                  triton="t")
+                             for c in cases])
+        rows.attrs["bench"] = {"interrupted": len(calls) == 2}
+        return rows
+
+    monkeypatch.setattr(tune, "run", run)
+    monkeypatch.setattr(tune, "choose", lambda rows, rule, margin: None)
+    return calls
+
+
+def test_an_interrupted_tune_keeps_its_rows_and_the_shapes_it_finished(monkeypatch):
+    calls = _interrupted_at_the_second_run(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):  # by default an interrupt stops the caller
+        tune.tune([(4, 2, 32), (4, 2, 64), (4, 2, 128)], ("fp8_e4m3",), point=(2, 64), confirm=())
+    calls.clear()
+    entries, rows = tune.tune([(4, 2, 32), (4, 2, 64), (4, 2, 128)], ("fp8_e4m3",), point=(2, 64), confirm=(),
+                              keep_partial=True)
+    assert rows.attrs["tune"]["interrupted"] is True and len(calls) == 2  # nothing ran after the interrupt
+    assert list(entries) == ["fp8/dequant/d32/m16"]  # the finished shape; none for the one cut short
+    assert len(rows) == sum(calls)
+    calls.clear()
+    entries, rows = tune.tune([(4, 2, 32)], ("fp8_e4m3",), point=(2, 64), confirm=(), keep_partial=True)
+    assert rows.attrs["tune"]["interrupted"] is False
+
+
+def test_an_interrupted_tune_command_saves_the_rows_and_writes_no_table(tmp_path, monkeypatch, capsys):
+    from fp8kv.capability import interpreter_on
+
+    if not interpreter_on():
+        pytest.skip("the command's CPU check runs under the Triton interpreter")
+    calls = _interrupted_at_the_second_run(monkeypatch)
+    code = tune.main(["--interpret", "--kv-dtypes", "fp8_e4m3", "bf16", "--table-dir", str(tmp_path),
+                      "--out", str(tmp_path / "rows"), "--quiet", "--rep", "1"])
+    assert code == 130 and "interrupted: the rows measured are in" in capsys.readouterr().err
+    assert not (tmp_path / "launch_cpu.json").exists()
+    (csv,) = (tmp_path / "rows" / "cpu").glob("*.csv")
+    assert len(calls) == 2 and len(pd.read_csv(csv)) == sum(calls)  # both runs' rows, the cut one's too
+
+
 # ------------------------------------------------------------------------------ the option table
 def test_every_list_of_launch_options_is_the_option_tables():
     """The backends' accepted options, the bench's --triton-opt keys, the launch table's keys, the options

@@ -101,12 +101,14 @@ def check_kv_dtypes(kv_dtypes, name: str = "kv_dtypes") -> None:
 
 def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[str] = ("fp8_e4m3",),
          mode: str = "dequant", point=POINT, confirm=CONFIRM, margin: float = MARGIN, *, device=None,
-         rep: int = 50, progress: bool = False) -> tuple[dict, pd.DataFrame]:
+         rep: int = 50, progress: bool = False, keep_partial: bool = False) -> tuple[dict, pd.DataFrame]:
     """Measure; return the table entries (key -> launch and evidence) and every row timed.
 
     An entry is written for every shape measured: the winner's launch, or the rule's own launch
     (``"kept": "rule"``) where no candidate beat it, so the table says the rule was checked there. A shape
-    where not even the rule's row ran and passed gets no entry.
+    where not even the rule's row ran and passed gets no entry. ``keep_partial``: on KeyboardInterrupt (Ctrl-C,
+    or a stop signal the CLI turns into one) the rows timed so far come back (``rows.attrs["tune"]
+    ["interrupted"]`` True) with the entries of the shapes finished before it.
     """
     from ..device import resolve_device
     from ..ops import default_config
@@ -115,30 +117,42 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
     checks.one_of(mode, "mode", ("dequant", "fp8"))
     checks.positive_float(margin, "margin")
     check_kv_dtypes(kv_dtypes)
-    entries, frames = {}, []
+    entries, frames, stopped = {}, [], False
+
+    def timed(cases, point: str) -> pd.DataFrame:  # run, its rows kept; stopped: an interrupt ended it
+        nonlocal stopped
+        rows = run(cases, rep=rep, device=device, progress=progress, keep_partial=keep_partial)
+        frames.append(rows.assign(tune_point=point))
+        stopped = bool(rows.attrs.get("bench", {}).get("interrupted"))
+        return rows
+
     for shape in shapes:
         hq, hkv, d = shape
         for kv in kv_dtypes:
+            if stopped:
+                break
             fp8 = is_fp8(kv)
             sms = sm_count(resolve_device(device))
             rows_pad = group_pad(hq, hkv, d, point, kv_dtype=kv, mode=mode, num_sms=sms)
             rule = default_config(mode, fp8, d, group_pad=rows_pad)
-            rows = run(_cases(shape, kv, mode, point, candidates(fp8, mode, d, rows_pad), device), rep=rep,
-                       device=device, progress=progress)
-            frames.append(rows.assign(tune_point="rank"))
+            rows = timed(_cases(shape, kv, mode, point, candidates(fp8, mode, d, rows_pad), device), "rank")
+            if stopped:
+                break
             won = choose(rows, rule, margin)
             if won is not None:
                 launch = {k: won[k] for k in launch_table.LAUNCH_KEYS}
                 for p in confirm:  # the rule's row first, then the winner's; where the entry's shape runs
                     if group_pad(hq, hkv, d, p, kv_dtype=kv, mode=mode, num_sms=sms) != rows_pad:
                         continue
-                    both = run(_cases(shape, kv, mode, p, [rule, launch], device), rep=rep, device=device,
-                               progress=progress)
-                    frames.append(both.assign(tune_point=f"confirm B={p[0]} ctx={p[1]}"))
+                    both = timed(_cases(shape, kv, mode, p, [rule, launch], device), f"confirm B={p[0]} ctx={p[1]}")
+                    if stopped:
+                        break
                     ran = both["status"].eq("ok").all() and both["check_passed"].eq(True).all()
                     if not ran or float(both["time_us"].iloc[1]) > (1 + margin) * float(both["time_us"].iloc[0]):
                         won = None
                         break
+            if stopped:  # this shape's confirmation was cut short: no entry for it
+                break
             key = launch_table.entry_key(fp8, mode, d, rows_pad)
             base = {"shape": [hq, hkv, d], "batch": point[0], "context": point[1]}
             if won is None:
@@ -149,7 +163,9 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
                 entries[key] = {**rule, **base, "kept": "rule", "us": round(float(rule_rows["time_us"].min()), 2)}
             else:
                 entries[key] = {**won, **base, "kept": "measured"}
-    return entries, pd.concat(frames, ignore_index=True)
+    rows = pd.concat(frames, ignore_index=True)
+    rows.attrs["tune"] = {"interrupted": stopped}
+    return entries, rows
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,10 +221,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     gpu = gpu_slug()
     with stop_signals_as_keyboard_interrupt():
-        entries, rows = tune(shapes, args.kv_dtypes, device=None, rep=args.rep, progress=not args.quiet, **kw)
+        entries, rows = tune(shapes, args.kv_dtypes, device=None, rep=args.rep, progress=not args.quiet,
+                             keep_partial=True, **kw)
         with signals_ignored():
             stamp = utc_stamp()
             csv, _ = save_or_fallback(save, rows, args.out, {"argv": argv, "preset": "tune-table"})
+            if rows.attrs["tune"]["interrupted"]:  # a table is written from a whole run only
+                print(f"interrupted: the rows measured are in {csv}; the table is not written", file=sys.stderr)
+                return 130
             if not entries:  # every row unsupported or failed: a table entry would claim a check that never ran
                 reasons = sorted(set(rows["reason"].dropna().astype(str)))[:3]
                 print(f"error: no launch ran and passed its check, so the table is not written "
