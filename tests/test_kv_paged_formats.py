@@ -485,3 +485,26 @@ def test_the_fp8_entries_name_the_decode_that_reads_a_quantized_cache():
                  lambda: fp8kv.attend(q, cache, torch.tensor([0, 1], dtype=torch.int32))):
         with pytest.raises(TypeError, match="got QuantizedPagedKVCache; .*paged_decode_quantized"):
             call()
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "int8_token_head"])
+def test_scales_replaced_after_planning_by_a_strided_view_are_refused_at_launch(fmt):
+    """The kernel loads each token's block scales as one vector from a multiple of their count, which only
+    contiguous scales give: a launch over scales that no longer are (swapped in after the plan) is refused by
+    name, not read wrong."""
+    from fp8kv.capability import interpreter_on
+    from fp8kv.ops.quant_decode import plan_decode_quantized, run_quant_decode
+
+    if not interpreter_on():
+        pytest.skip("launches the kernel: under the Triton interpreter (or on a GPU, where the GPU tests do)")
+    scale = {"k_tensor_scale": 1.0, "v_tensor_scale": 1.0} if fmt == "nvfp4" else {}
+    k, v = draw(2, 20, 2, 32, seed=2)
+    cache = QuantizedPagedKVCache.from_dense(fmt, k, v, [20, 7], block_size=8, max_seq_len=24, **scale)
+    q = torch.randn(2, 4, 32, dtype=torch.float16)
+    launch = plan_decode_quantized(q, cache)
+    run_quant_decode(q, cache, launch)  # as planned: runs
+    wide = torch.zeros(*cache.k_scales.shape[:-1], 2 * cache.k_scales.shape[-1], dtype=cache.k_scales.dtype)
+    wide[..., ::2] = cache.k_scales
+    cache.k_scales = wide[..., ::2]  # the same values and shape, every other element of a wider tensor
+    with pytest.raises(ValueError, match=r"k_scales / v_scales have strides .*the kernel reads contiguous scales"):
+        run_quant_decode(q, cache, launch)

@@ -97,7 +97,10 @@ def block_scale_codes(scale_ptr, s_row, t_mask, NB: tl.constexpr, NB_PAD: tl.con
     """The ``NB`` block-scale bytes of each token (``s_row``: its first) as ``[BLOCK_N, NB_PAD]`` int32, 0 where
     masked: one load per block, not per code byte."""
     offs_b = tl.arange(0, NB_PAD)
-    mask = t_mask[:, None] & (offs_b < NB)[None, :]
+    if NB == NB_PAD:  # a mask the same along each token's scales: they load as one vector
+        mask = t_mask[:, None] & (offs_b >= 0)[None, :]
+    else:
+        mask = t_mask[:, None] & (offs_b < NB)[None, :]
     return tl.load(scale_ptr + s_row[:, None] + offs_b[None, :], mask=mask, other=0).to(tl.int32)
 
 

@@ -84,6 +84,7 @@ def quant_decode_kernel(
     TOKEN_SCALE: tl.constexpr = FORMAT != FORMAT_NVFP4  # a factor per token: stored (INT), or MXFP4's largest
     BLOCK_BYTES: tl.constexpr = (NVFP4_BLOCK if FORMAT == FORMAT_NVFP4 else MXFP4_BLOCK) // 2  # code bytes a scale covers
     NB: tl.constexpr = C // BLOCK_BYTES  # FP4: block scales per token and head
+    NB_ALIGN: tl.constexpr = NB & (~NB + 1)  # the largest power of two dividing NB
     # NVFP4 tiles other than cast's hold code x block scale / 128: the fp32 score and output factors undo it
     NV_UNIT: tl.constexpr = NVFP4_UNIT if FORMAT == FORMAT_NVFP4 and CONVERT != CONVERT_CAST else 1.0
     b = tl.program_id(0)
@@ -134,6 +135,10 @@ def quant_decode_kernel(
         kc = tl.load(k_codes_ptr + c_off, mask=c_ld, other=0)
         vc = tl.load(v_codes_ptr + c_off, mask=c_ld, other=0)
         s_row = page * stride_sb + in_page * stride_st + kvh * stride_sh  # [BLOCK_N]: the tokens' first scale
+        if FORMAT == FORMAT_NVFP4 or FORMAT == FORMAT_MXFP4:
+            # The scales are contiguous (the cache checks it), so each token's NB block scales start at a
+            # multiple of NB: said, they load as one vector a token, not a byte at a time.
+            s_row = tl.multiple_of(s_row, NB_ALIGN)
 
         if FORMAT == FORMAT_INT8:
             s = tl.dot(qa, tl.trans(int8_tile(kc, CONVERT)))

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 import triton
 
+from ... import checks
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import interpreter_on
 from ..decode.combine import combine_splits, split_partials
@@ -116,6 +117,10 @@ def quant_decode_arguments(q: torch.Tensor, cache: QuantizedPagedKVCache, launch
     k_ts = cache.k_tensor_scale if cache.k_tensor_scale is not None else ks
     v_ts = cache.v_tensor_scale if cache.v_tensor_scale is not None else vs
     cp, sp = cache.k_pages.stride(), ks.stride()
+    if ks.stride() != vs.stride() or any(s % ks.shape[-1] for s in sp[:3]):  # the kernel loads a token's scales
+        # as one vector from a multiple of their count (tl.multiple_of): only contiguous scales are that
+        checks.fail(f"k_scales / v_scales have strides {tuple(ks.stride())} / {tuple(vs.stride())}; the kernel reads "
+                    "contiguous scales (call .contiguous() on them and plan again)")
     return [q, cache.k_pages, cache.v_pages, ks, vs, k_ts, v_ts, cache.block_table, cache.seq_lens, out, lse,
             launch.qk_scale, launch.tokens_per_split, cache.num_blocks, cache.max_blocks_per_seq * cache.block_size,
             q.stride(0), q.stride(1), cp[0], cp[1], cp[2], sp[0], sp[1], sp[2], cache.block_table.stride(0), *so,
