@@ -51,9 +51,10 @@ def interruptible(work, *, keep_partial: bool, dev: torch.device) -> bool:
     except KeyboardInterrupt:
         if not keep_partial:
             raise
-        release_memory(dev)
-        return True
-    return False
+    else:
+        return False
+    release_memory(dev)  # here, not in the except: its traceback holds the run's frames (pools, weights)
+    return True
 
 
 def save_run(df, out_dir: str | os.PathLike, kind: str, meta: dict | None = None) -> Path:

@@ -141,8 +141,35 @@ def test_a_handler_a_library_took_is_taken_back(reclaim):
         assert got.returncode == -signal.SIGTERM, (got.returncode, got.stderr)
 
 
-def test_reclaiming_leaves_handlers_python_did_not_install_alone():
-    with _handler(signal.SIGHUP, signal.SIG_IGN), _handler(signal.SIGUSR1, signal.SIG_DFL):
-        reclaim_stop_signals()
-        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
-        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+def test_reclaiming_sets_again_only_the_handlers_python_installed(monkeypatch):
+    """Which handlers are set again: a run's own and Python's Ctrl-C one; never an ignored or default one
+    (nohup's SIGHUP, a signal left to end the process), nor another thread's."""
+    import fp8kv.interrupts as interrupts
+
+    set_again = []
+    real = signal.signal
+
+    def recorded(sig, handler):
+        set_again.append(signal.Signals(sig).name)
+        return real(sig, handler)
+
+    with _handler(signal.SIGHUP, signal.SIG_IGN), _handler(signal.SIGUSR1, signal.SIG_DFL), \
+            _handler(signal.SIGINT, signal.default_int_handler):
+        with stop_signals_as_keyboard_interrupt():
+            monkeypatch.setattr(interrupts.signal, "signal", recorded)
+            reclaim_stop_signals()
+            monkeypatch.setattr(interrupts.signal, "signal", real)
+            assert "SIGTERM" in set_again and "SIGINT" in set_again  # the run's, and Python's Ctrl-C handler
+            assert "SIGHUP" not in set_again  # ignored (nohup): left alone
+        set_again.clear()
+        monkeypatch.setattr(interrupts.signal, "signal", recorded)
+        reclaim_stop_signals()  # outside a run: only Python's Ctrl-C handler is Python's own
+        monkeypatch.setattr(interrupts.signal, "signal", real)
+        assert set_again == ["SIGINT"]
+        thread = threading.Thread(target=reclaim_stop_signals)
+        set_again.clear()
+        monkeypatch.setattr(interrupts.signal, "signal", recorded)
+        thread.start()
+        thread.join()
+        monkeypatch.setattr(interrupts.signal, "signal", real)
+        assert set_again == []

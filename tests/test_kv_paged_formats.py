@@ -14,12 +14,14 @@ from fixtures import seeded
 from conftest import assert_rel_err
 from fp8kv import kv_formats as kvf
 from fp8kv.cache.quantized import QuantizedPagedKVCache
-from fp8kv.capability import UnsupportedError
+from fp8kv.capability import UnsupportedError, interpreter_on
 from fp8kv.ops.quant_decode import (
     QUANT_CONVERTS,
     QUANT_DECODE_FORMATS,
     paged_decode_quantized,
+    plan_decode_quantized,
     quantized_reference,
+    run_quant_decode,
 )
 from fp8kv.quant import relative_error
 from fp8kv.reference import lse_tolerance, score_bound, unit_roundoff
@@ -487,24 +489,73 @@ def test_the_fp8_entries_name_the_decode_that_reads_a_quantized_cache():
             call()
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "int8_token_head"])
-def test_scales_replaced_after_planning_by_a_strided_view_are_refused_at_launch(fmt):
-    """The kernel loads each token's block scales as one vector from a multiple of their count, which only
-    contiguous scales give: a launch over scales that no longer are (swapped in after the plan) is refused by
-    name, not read wrong."""
-    from fp8kv.capability import interpreter_on
-    from fp8kv.ops.quant_decode import plan_decode_quantized, run_quant_decode
-
-    if not interpreter_on():
-        pytest.skip("launches the kernel: under the Triton interpreter (or on a GPU, where the GPU tests do)")
+def _planned(fmt, num_kv_heads=2):
+    """A planned launch over a cache of ``fmt`` at head_dim 64 (NVFP4: 4 block scales a token and head, MXFP4: 2)."""
     scale = {"k_tensor_scale": 1.0, "v_tensor_scale": 1.0} if fmt == "nvfp4" else {}
-    k, v = draw(2, 20, 2, 32, seed=2)
+    k, v = draw(2, 20, num_kv_heads, 64, seed=2)
     cache = QuantizedPagedKVCache.from_dense(fmt, k, v, [20, 7], block_size=8, max_seq_len=24, **scale)
-    q = torch.randn(2, 4, 32, dtype=torch.float16)
-    launch = plan_decode_quantized(q, cache)
+    q = torch.randn(2, 2 * num_kv_heads, 64, dtype=torch.float16)
+    return q, cache, plan_decode_quantized(q, cache)
+
+
+def _spread(s, dim):
+    """The same values and shape, every other element of a tensor twice as large along ``dim``."""
+    shape = list(s.shape)
+    shape[dim] *= 2
+    wide = torch.zeros(shape, dtype=s.dtype)
+    index = [slice(None)] * s.dim()
+    index[dim] = slice(None, None, 2)
+    wide[tuple(index)] = s
+    return wide[tuple(index)]
+
+
+needs_kernel = pytest.mark.skipif(not interpreter_on(), reason="launches the kernel: under the Triton interpreter "
+                                                               "(or on a GPU, where the GPU tests do)")
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("which", ["k_scales", "v_scales", "both"])
+def test_scales_swapped_for_strided_views_after_planning_are_refused_at_launch(fmt, which):
+    """The kernel reads each token's block scales as one vector from a multiple of their count, which only
+    contiguous scales give: scales swapped after the plan for views whose scales are not consecutive (K's,
+    V's, or both alike) are refused by name, not read wrong."""
+    q, cache, launch = _planned(fmt)
     run_quant_decode(q, cache, launch)  # as planned: runs
-    wide = torch.zeros(*cache.k_scales.shape[:-1], 2 * cache.k_scales.shape[-1], dtype=cache.k_scales.dtype)
-    wide[..., ::2] = cache.k_scales
-    cache.k_scales = wide[..., ::2]  # the same values and shape, every other element of a wider tensor
-    with pytest.raises(ValueError, match=r"k_scales / v_scales have strides .*the kernel reads contiguous scales"):
+    for name in (("k_scales", "v_scales") if which == "both" else (which,)):
+        setattr(cache, name, _spread(getattr(cache, name), -1))
+    refusal = "contiguous scales" if which == "both" else "(contiguous scales|both with one set of strides)"
+    with pytest.raises(ValueError, match=rf"_scales has strides \(.*the kernel reads {refusal}"):
         run_quant_decode(q, cache, launch)
+
+
+@needs_kernel
+def test_per_token_scales_may_be_strided_alike_but_not_apart():
+    """INT8's scales (one a token and head) are read through their strides: K and V strided alike give the
+    contiguous run's answer; K strided and V not is refused by name (the kernel takes one set of strides)."""
+    q, cache, launch = _planned("int8_token_head")
+    want = run_quant_decode(q, cache, launch)
+    k_scales, v_scales = cache.k_scales, cache.v_scales
+    cache.k_scales, cache.v_scales = _spread(k_scales, 2), _spread(v_scales, 2)
+    got = run_quant_decode(q, cache, launch)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    cache.v_scales = v_scales
+    with pytest.raises(ValueError, match=r"k_scales has strides .* and v_scales .*one set of strides"):
+        run_quant_decode(q, cache, launch)
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_a_size_one_dimension_of_any_stride_is_read_as_it_is(fmt):
+    """One KV head: torch calls scales contiguous whatever the head dimension's stride (its index is always 0).
+    The launch takes them and reads the same values."""
+    q, cache, launch = _planned(fmt, num_kv_heads=1)
+    want = run_quant_decode(q, cache, launch)
+    for name in ("k_scales", "v_scales"):
+        s = getattr(cache, name)
+        odd = torch.empty(s.shape[0], s.shape[1], s.shape[3], 1, dtype=s.dtype).permute(0, 1, 3, 2)
+        odd.copy_(s)
+        assert odd.is_contiguous() and odd.stride() != s.stride()
+        setattr(cache, name, odd)
+    got = run_quant_decode(q, cache, launch)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -304,6 +304,27 @@ def test_an_interrupted_tune_keeps_its_rows_and_the_shapes_it_finished(monkeypat
     assert rows.attrs["tune"]["interrupted"] is False
 
 
+def test_an_interrupt_between_runs_keeps_the_rows_too(monkeypatch):
+    """Ctrl-C outside a run's measuring loop (choosing the winner, a copy-bandwidth timing): the rows timed
+    before it come back all the same; with nothing timed yet, an empty table marked interrupted."""
+    _interrupted_at_the_second_run(monkeypatch)
+
+    def stopped(rows, rule, margin):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tune, "choose", stopped)
+    entries, rows = tune.tune([(4, 2, 32), (4, 2, 64)], ("fp8_e4m3",), point=(2, 64), confirm=(), keep_partial=True)
+    assert rows.attrs["tune"]["interrupted"] is True and entries == {}
+    assert len(rows) == len(tune.candidates(True, "dequant", 32)) and (rows["status"] == "ok").all()
+
+    def stopped_at_once(cases, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tune, "run", stopped_at_once)
+    entries, rows = tune.tune([(4, 2, 32)], ("fp8_e4m3",), point=(2, 64), confirm=(), keep_partial=True)
+    assert rows.empty and rows.attrs["tune"]["interrupted"] is True and entries == {}
+
+
 def test_an_interrupted_tune_command_saves_the_rows_and_writes_no_table(tmp_path, monkeypatch, capsys):
     from fp8kv.capability import interpreter_on
 

@@ -583,3 +583,23 @@ def test_the_step_cli_saves_what_it_measured_when_terminated(tmp_path):
     (csv,) = tmp_path.glob("*/*.csv")
     rows = pd.read_csv(csv)
     assert list(rows["batch"]) == [1] and list(rows["status"]) == ["ok"]
+
+
+def test_a_step_run_interrupted_before_its_first_point_exits_130_and_saves_nothing(monkeypatch, tmp_path, capsys):
+    from fp8kv import capacity
+
+    monkeypatch.setitem(capacity.MODEL_SHAPES, S.TOY_QWEN.name, S.TOY_QWEN)
+    _interrupt_at(monkeypatch, 1)
+    code = S.main(["--model", "toy-qwen", "--contexts", "64", "--gpu-memory", "0.0016", "--weights", "random",
+                   "--quiet", "--device", "cpu", "--backend", "reference", "--kv-dtypes", "fp16", "--batches", "1",
+                   "--out", str(tmp_path)])
+    assert code == 130 and "interrupted before a point was measured: nothing to save" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.csv"))
+
+
+def test_sweep_runs_stops_at_an_interrupted_pair(monkeypatch):
+    _interrupt_at(monkeypatch, 2)
+    df = S.sweep_runs([(S.TOY_QWEN, 40), (S.TOY_QWEN, 48)], ["fp16"], batches=[1, 2], copy_bandwidth=False,
+                      keep_partial=True, **SWEEP)
+    assert df.attrs["step"]["interrupted"] is True
+    assert list(df["context"]) == [40] and list(df["batch"]) == [1]  # the second pair never started

@@ -181,6 +181,7 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
         for i, c in enumerate(cases):
             if i not in rows:
                 rows[i] = _row(base, c, status="skipped", reason="the run was interrupted before this case")
+    if interrupted:  # here, not in the except: its traceback holds the group's caches
         release_memory(dev)
     bar.close()
 
@@ -268,6 +269,7 @@ def _measure(c: Case, caches: list[PagedKVCache], dev: torch.device, base: dict,
         if c.backend == "triton" and not quantized:
             values.update(planned_launch(calls[0]))
         out = calls[0]()[0]
+        reclaim_stop_signals()  # the first call compiled: take the handlers back before the timing's minutes
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         if check and quantized:  # against quantized_reference on the same pages, the tolerance from its scores

@@ -126,44 +126,49 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
         stopped = bool(rows.attrs.get("bench", {}).get("interrupted"))
         return rows
 
-    for shape in shapes:
-        hq, hkv, d = shape
-        for kv in kv_dtypes:
-            if stopped:
-                break
-            fp8 = is_fp8(kv)
-            sms = sm_count(resolve_device(device))
-            rows_pad = group_pad(hq, hkv, d, point, kv_dtype=kv, mode=mode, num_sms=sms)
-            rule = default_config(mode, fp8, d, group_pad=rows_pad)
-            rows = timed(_cases(shape, kv, mode, point, candidates(fp8, mode, d, rows_pad), device), "rank")
-            if stopped:
-                break
-            won = choose(rows, rule, margin)
-            if won is not None:
-                launch = {k: won[k] for k in launch_table.LAUNCH_KEYS}
-                for p in confirm:  # the rule's row first, then the winner's; where the entry's shape runs
-                    if group_pad(hq, hkv, d, p, kv_dtype=kv, mode=mode, num_sms=sms) != rows_pad:
+    try:  # an interrupt outside run()'s loop (its copy-bandwidth timing, a plan) keeps the frames too
+        for shape in shapes:
+            hq, hkv, d = shape
+            for kv in kv_dtypes:
+                if stopped:
+                    break
+                fp8 = is_fp8(kv)
+                sms = sm_count(resolve_device(device))
+                rows_pad = group_pad(hq, hkv, d, point, kv_dtype=kv, mode=mode, num_sms=sms)
+                rule = default_config(mode, fp8, d, group_pad=rows_pad)
+                rows = timed(_cases(shape, kv, mode, point, candidates(fp8, mode, d, rows_pad), device), "rank")
+                if stopped:
+                    break
+                won = choose(rows, rule, margin)
+                if won is not None:
+                    launch = {k: won[k] for k in launch_table.LAUNCH_KEYS}
+                    for p in confirm:  # the rule's row first, then the winner's; where the entry's shape runs
+                        if group_pad(hq, hkv, d, p, kv_dtype=kv, mode=mode, num_sms=sms) != rows_pad:
+                            continue
+                        both = timed(_cases(shape, kv, mode, p, [rule, launch], device), f"confirm B={p[0]} ctx={p[1]}")
+                        if stopped:
+                            break
+                        ran = both["status"].eq("ok").all() and both["check_passed"].eq(True).all()
+                        if not ran or float(both["time_us"].iloc[1]) > (1 + margin) * float(both["time_us"].iloc[0]):
+                            won = None
+                            break
+                if stopped:  # this shape's confirmation was cut short: no entry for it
+                    break
+                key = launch_table.entry_key(fp8, mode, d, rows_pad)
+                base = {"shape": [hq, hkv, d], "batch": point[0], "context": point[1]}
+                if won is None:
+                    rule_rows = rows[(rows[list(rule)] == pd.Series(rule)).all(axis=1) & (rows["status"] == "ok")
+                                     & (rows["check_passed"] == True)]  # noqa: E712
+                    if not len(rule_rows):  # nothing ran and passed here: no evidence, so no entry
                         continue
-                    both = timed(_cases(shape, kv, mode, p, [rule, launch], device), f"confirm B={p[0]} ctx={p[1]}")
-                    if stopped:
-                        break
-                    ran = both["status"].eq("ok").all() and both["check_passed"].eq(True).all()
-                    if not ran or float(both["time_us"].iloc[1]) > (1 + margin) * float(both["time_us"].iloc[0]):
-                        won = None
-                        break
-            if stopped:  # this shape's confirmation was cut short: no entry for it
-                break
-            key = launch_table.entry_key(fp8, mode, d, rows_pad)
-            base = {"shape": [hq, hkv, d], "batch": point[0], "context": point[1]}
-            if won is None:
-                rule_rows = rows[(rows[list(rule)] == pd.Series(rule)).all(axis=1) & (rows["status"] == "ok")
-                                 & (rows["check_passed"] == True)]  # noqa: E712
-                if not len(rule_rows):  # nothing ran and passed here: no evidence, so no entry
-                    continue
-                entries[key] = {**rule, **base, "kept": "rule", "us": round(float(rule_rows["time_us"].min()), 2)}
-            else:
-                entries[key] = {**won, **base, "kept": "measured"}
-    rows = pd.concat(frames, ignore_index=True)
+                    entries[key] = {**rule, **base, "kept": "rule", "us": round(float(rule_rows["time_us"].min()), 2)}
+                else:
+                    entries[key] = {**won, **base, "kept": "measured"}
+    except KeyboardInterrupt:
+        if not keep_partial:
+            raise
+        stopped = True
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     rows.attrs["tune"] = {"interrupted": stopped}
     return entries, rows
 
@@ -223,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with stop_signals_as_keyboard_interrupt():
         entries, rows = tune(shapes, args.kv_dtypes, device=None, rep=args.rep, progress=not args.quiet,
                              keep_partial=True, **kw)
+        if rows.empty and rows.attrs["tune"]["interrupted"]:
+            print("interrupted before a row was measured: nothing to save", file=sys.stderr)
+            return 130
         with signals_ignored():
             stamp = utc_stamp()
             csv, _ = save_or_fallback(save, rows, args.out, {"argv": argv, "preset": "tune-table"})

@@ -221,6 +221,9 @@ def _run_and_save(run, summarize, args, argv, kind: str) -> int:
     t0 = time.perf_counter()
     with stop_signals_as_keyboard_interrupt():
         df = run()
+        if df.attrs["step"]["interrupted"] and df.empty:
+            print("interrupted before a point was measured: nothing to save", file=sys.stderr)
+            return 130
         with signals_ignored():  # a signal now must not cut the save short
             print(summarize(df))
             print(f"{len(df)} rows in {time.perf_counter() - t0:.0f} s")

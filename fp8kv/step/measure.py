@@ -185,8 +185,14 @@ def sweep_runs(runs, kv_dtypes=("bf16", "fp8_e4m3"), **kwargs):
     context), as one table; ``kwargs`` as :func:`sweep` takes them."""
     import pandas as pd
 
-    return pd.concat([sweep([model], [context], kv_dtypes, **kwargs) for model, context in checked_runs(runs)],
-                     ignore_index=True)
+    frames = []
+    for model, context in checked_runs(runs):
+        frames.append(sweep([model], [context], kv_dtypes, **kwargs))
+        if frames[-1].attrs["step"]["interrupted"]:  # keep_partial: the pairs after it do not run
+            break
+    df = pd.concat(frames, ignore_index=True)  # the runs' metadata kept only where they all agree (pandas)
+    df.attrs.setdefault("step", {})["interrupted"] = frames[-1].attrs["step"]["interrupted"]
+    return df
 
 
 def why_failed(e: BaseException) -> str:

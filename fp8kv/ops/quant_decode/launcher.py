@@ -35,9 +35,11 @@ QUANT_DECODE_FORMATS = {"int8_token_head": FORMAT_INT8.value, "int4_token_head":
 QUANT_CONVERTS = tuple(CONVERT_CODES)
 # Each format's launch where the caller names none: the fastest row of `fp8kv bench --preset formats-tune
 # --batches 64 --contexts 32768` on an H100 (results/bench/nvidia-h100-80gb-hbm3/20261205T153643Z.csv, every row
-# checked; 32/8/128 and 8/1/128 agree), each one option away from the launch the four formats started from
-# (software, 4 warps, 2 stages, 64-token INT8 and 128-token 4-bit tiles). Its time there against that start, at
-# 32/8/128 and 8/1/128, in the comments; tests/test_quant_decode_defaults.py reads the file again.
+# checked; 32/8/128 and 8/1/128 agree; the preset then held cast / ptx, tiles of 32-128, 8 warps, 1 stage and
+# ptx + 8 warps + 1 stage, one at a time, as the file's rows and its .json's argv record), each one option away
+# from the launch the four formats started from (software, 4 warps, 2 stages, 64-token INT8 and 128-token 4-bit
+# tiles). Its time there against that start, at 32/8/128 and 8/1/128, in the comments;
+# tests/test_quant_decode_defaults.py reads the file again.
 QUANT_LAUNCH_DEFAULTS = {
     "int8_token_head": {"convert": "software", "block_n": 128, "num_warps": 4, "num_stages": 2},  # 0.77x, 0.76x
     "int4_token_head": {"convert": "ptx", "block_n": 128, "num_warps": 4, "num_stages": 2},  # 0.92x, 0.92x
@@ -108,6 +110,27 @@ def _scales(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.element_size() == 1 else t  # e4m3 / e8m0 scales are read as their bits
 
 
+def _scale_strides(ks: torch.Tensor, vs: torch.Tensor) -> tuple[int, int, int]:
+    """The block, token and head strides the kernel reads both scale arrays with. It takes one set for K and V,
+    reads each token's scales as consecutive elements, and tells Triton they start at a multiple of the
+    largest power of two dividing their count (the FP4 scales then load as one vector): what contiguous arrays
+    give. A stride of a size-1 dimension never moves an address (its index is 0), so it is not compared;
+    anything else that breaks this is refused by name, never read wrong."""
+    count = ks.shape[-1]
+    align = count & -count
+    for name, t in (("k_scales", ks), ("v_scales", vs)):
+        outer = [stride for size, stride in zip(t.shape[:3], t.stride()[:3], strict=True) if size > 1]
+        if (count > 1 and t.stride(-1) != 1) or any(stride % align for stride in outer):
+            checks.fail(f"{name} has strides {tuple(t.stride())} for shape {tuple(t.shape)}; the kernel reads "
+                        "contiguous scales (call .contiguous() on them and plan again)")
+    k_used = [st if size > 1 else 0 for size, st in zip(ks.shape[:3], ks.stride()[:3], strict=True)]
+    v_used = [st if size > 1 else 0 for size, st in zip(vs.shape[:3], vs.stride()[:3], strict=True)]
+    if k_used != v_used:
+        checks.fail(f"k_scales has strides {tuple(ks.stride())} and v_scales {tuple(vs.stride())}; the kernel reads "
+                    "both with one set of strides (call .contiguous() on them and plan again)")
+    return tuple(k_used)
+
+
 def quant_decode_arguments(q: torch.Tensor, cache: QuantizedPagedKVCache, launch: QuantDecodeLaunch, out: torch.Tensor,
                            lse: torch.Tensor) -> list:
     """The kernel's runtime arguments, in its order, for ``q`` over ``cache`` writing ``out`` and ``lse`` (the
@@ -116,11 +139,7 @@ def quant_decode_arguments(q: torch.Tensor, cache: QuantizedPagedKVCache, launch
     ks, vs = _scales(cache.k_scales), _scales(cache.v_scales)
     k_ts = cache.k_tensor_scale if cache.k_tensor_scale is not None else ks
     v_ts = cache.v_tensor_scale if cache.v_tensor_scale is not None else vs
-    cp, sp = cache.k_pages.stride(), ks.stride()
-    if ks.stride() != vs.stride() or any(s % ks.shape[-1] for s in sp[:3]):  # the kernel loads a token's scales
-        # as one vector from a multiple of their count (tl.multiple_of): only contiguous scales are that
-        checks.fail(f"k_scales / v_scales have strides {tuple(ks.stride())} / {tuple(vs.stride())}; the kernel reads "
-                    "contiguous scales (call .contiguous() on them and plan again)")
+    cp, sp = cache.k_pages.stride(), _scale_strides(ks, vs)
     return [q, cache.k_pages, cache.v_pages, ks, vs, k_ts, v_ts, cache.block_table, cache.seq_lens, out, lse,
             launch.qk_scale, launch.tokens_per_split, cache.num_blocks, cache.max_blocks_per_seq * cache.block_size,
             q.stride(0), q.stride(1), cp[0], cp[1], cp[2], sp[0], sp[1], sp[2], cache.block_table.stride(0), *so,
