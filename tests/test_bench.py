@@ -1004,3 +1004,16 @@ def test_a_timeout_after_triton_took_sigterm_keeps_the_rows(tmp_path, reclaim):
     assert got.returncode == 130 and "interrupted" in got.stderr, (got.returncode, got.stderr)
     rows = pd.read_csv(saved[0])
     assert list(rows["status"]) == ["ok", "skipped"] and list(rows["batch"]) == [1, 2]
+
+
+def test_the_stages_preset_sets_two_stages_against_three_on_the_triton_kernel():
+    """Each point: the default launch, the Triton kernel with its rule (two stages) and with three, and
+    FlashInfer's two decodes where it builds the head dim."""
+    from fp8kv.bench import PRESETS, sweep
+
+    grid = PRESETS["stages"]
+    assert grid["triton_options"] == [{}, {"gluon": False}, {"gluon": False, "num_stages": 3}]
+    cases = sweep(**grid, arch="sm90", memory_budget_bytes=2**40, device="cpu", q_dtype="bf16")
+    triton = [c for c in cases if c.backend == "triton"]
+    assert {c.status for c in triton} == {"ready"} and len(triton) == 3 * 3 * 2 * 6
+    assert {c.head_dim for c in cases if c.backend == "flashinfer" and c.status != "ready"} == {80}

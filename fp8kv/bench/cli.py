@@ -92,6 +92,14 @@ PRESETS = {
                     shapes=[(32, 8, 128), (8, 1, 256), (32, 32, 128), (14, 2, 64)], block_sizes=[16],
                     kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer", "vllm"],
                     granularities=["tensor"], flashinfer_tensor_cores=[False, True]),
+    # The Triton kernel with two stages (the rule) and three: with two its loop waits on block-table loads every
+    # tile (SASS: 24 loads a tile at 8/1/256, waited on 2-44 instructions later), with three Triton pipelines
+    # them (docs/decode-kernel-notes.md); latency- and bandwidth-bound, FlashInfer beside.
+    "stages": dict(batches=[1, 4, 64], contexts=[4096, 16384],
+                   shapes=[(16, 8, 256), (8, 1, 256), (14, 2, 64), (12, 4, 64), (32, 32, 80), (32, 8, 128)],
+                   block_sizes=[16], kv_dtypes=["fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
+                   granularities=["tensor"], flashinfer_tensor_cores=[False, True],
+                   triton_options=[{}, {"gluon": False}, {"gluon": False, "num_stages": 3}]),
     # The Gluon kernel (gluon=True) beside the Triton kernel (gluon=False), FlashInfer and vLLM, on the layouts
     # it covers (head dims 64-256, groups up to 16), bandwidth- and latency-bound.
     "gluon": dict(batches=[1, 64], contexts=[4096, 16384],
@@ -144,6 +152,9 @@ PRESET_HELP = {
     "latency": "latency-bound decode, B 1-4 x context 1000-16k on four layouts (GQA, MQA with D 256, MHA, "
                "group 7 with D 64), bf16 vs fp8_e4m3, Triton, FlashInfer and vLLM's Triton kernel (where vllm "
                "imports) side by side (GPU)",
+    "stages": "the Triton FP8 kernel with 2 pipeline stages (its rule) and 3 (its block-table loads pipelined), "
+              "the default launch beside, B 1/4/64 x context 4k/16k on six layouts (D 64-256), FlashInfer "
+              "beside (GPU)",
     "gluon": "the Gluon FP8 kernel (gluon=1; the default on long splits) beside the Triton kernel (gluon=0), "
              "FlashInfer and vLLM's Triton kernel (where vllm imports) on the layouts it covers (MHA, GQA 2-8; "
              "D 64-128), B 1-64 x context 4k-16k (GPU)",
