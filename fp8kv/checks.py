@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed",
+__all__ = ["flag", "integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed",
            "tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
            "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "resolved_softmax_scale",
            "show_value", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
@@ -98,6 +98,13 @@ def real(value, name: str, *, minimum: float | None = None, maximum: float | Non
         hi = "" if maximum is None else f"{'<=' if inclusive else '<'} {maximum}"
         fail(f"{name}={value}; expected a finite number {' and '.join(x for x in (lo, hi) if x)}")
     return value
+
+
+def flag(value, name: str) -> bool:
+    """``value`` if it is True or False; not a truthy stand-in such as 1 or "no"."""
+    if not isinstance(value, bool):
+        fail(f"{name}={show_value(value)} ({type(value).__name__}); expected True or False", TypeError)
+    return bool(value)
 
 
 def positive_float(value, name: str) -> float:

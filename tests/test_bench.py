@@ -1017,3 +1017,10 @@ def test_the_stages_preset_sets_two_stages_against_three_on_the_triton_kernel():
     triton = [c for c in cases if c.backend == "triton"]
     assert {c.status for c in triton} == {"ready"} and len(triton) == 3 * 3 * 2 * 6
     assert {c.head_dim for c in cases if c.backend == "flashinfer" and c.status != "ready"} == {80}
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_run_refuses_a_keep_partial_that_is_not_a_bool(value):
+    case = Case(2, 16, 2, 1, 16, kv_dtype="fp16", backend="reference", q_dtype="fp16")
+    with pytest.raises(TypeError, match=rf"keep_partial={value!r} \({type(value).__name__}\); expected True or False"):
+        run([case], copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu", keep_partial=value)

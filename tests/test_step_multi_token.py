@@ -603,3 +603,13 @@ def test_sweep_runs_stops_at_an_interrupted_pair(monkeypatch):
                       keep_partial=True, **SWEEP)
     assert df.attrs["step"]["interrupted"] is True
     assert list(df["context"]) == [40] and list(df["batch"]) == [1]  # the second pair never started
+
+
+@pytest.mark.parametrize("kind", ["decode", "verify", "prefill"])
+@pytest.mark.parametrize("value", [1, "no", None])
+def test_keep_partial_must_be_a_bool(kind, value):
+    run = {"decode": lambda **kw: S.sweep([S.TOY_QWEN], [40], ["fp16"], batches=[1], **SWEEP, **kw),
+           "verify": lambda **kw: S.verify_sweep([S.TOY_QWEN], [40], [0], 0.5, ["fp16"], batches=[1], **SWEEP, **kw),
+           "prefill": lambda **kw: S.prefill_sweep([S.TOY_QWEN], [24], [64], ["fp16"], **SWEEP, **kw)}[kind]
+    with pytest.raises(TypeError, match=rf"keep_partial={value!r} \({type(value).__name__}\); expected True or False"):
+        run(keep_partial=value)

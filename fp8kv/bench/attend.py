@@ -317,6 +317,7 @@ def attend_run(cases: Sequence[AttendCase], *, check: bool = True, rep: int = 10
             checks.fail(f"cases[{i}] is a {type(c).__name__}; expected fp8kv.bench.attend.AttendCase", TypeError)
     for name, v in (("rep", rep), ("warmup", warmup), ("check_seqs", check_seqs), ("cpu_reps", cpu_reps)):
         checks.positive_int(v, name)
+    checks.flag(keep_partial, "keep_partial")
     info = describe_device(dev)
     ready = [i for i, c in enumerate(cases) if c.status == "ready"]
     copy_gbps, copy_info = resolve_copy_bandwidth(copy_bandwidth, dev) if ready else (float("nan"), None)

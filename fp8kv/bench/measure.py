@@ -154,6 +154,7 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
             _fail(f"cases[{i}] is a {type(c).__name__}; expected fp8kv.bench.Case (see sweep())", TypeError)
     for name, v in (("rep", rep), ("warmup", warmup), ("check_seqs", check_seqs), ("cpu_reps", cpu_reps)):
         checks.positive_int(v, name)
+    checks.flag(keep_partial, "keep_partial")
     stamp = utc_stamp()
     info = describe_device(dev)
     runnable = [c for c in cases if c.status == "ready"]

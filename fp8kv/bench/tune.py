@@ -115,6 +115,7 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
     from ..ops.decode.splits import sm_count
 
     checks.one_of(mode, "mode", ("dequant", "fp8"))
+    checks.flag(keep_partial, "keep_partial")
     checks.positive_float(margin, "margin")
     check_kv_dtypes(kv_dtypes)
     entries, frames, stopped = {}, [], False

@@ -11,6 +11,7 @@ import torch
 from ..capability import UnsupportedError
 from ..capacity import ModelShape, gib_text
 from ..checks import fail as _fail
+from ..checks import flag
 from ..device import free_memory_bytes
 from ..interrupts import reclaim_stop_signals
 from ..results import utc_stamp
@@ -97,6 +98,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     from ..bench import resolve_copy_bandwidth, time_call
     from ..device import describe_device, resolve_device
 
+    flag(keep_partial, "keep_partial")
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
     plans = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,

@@ -17,7 +17,7 @@ import torch
 
 from ..capacity import ModelShape
 from ..checks import fail as _fail
-from ..checks import positive_int
+from ..checks import flag, positive_int
 from ..interrupts import reclaim_stop_signals
 from ..results import utc_stamp
 from ..sweeps import interruptible, machine_fields, release_memory, run_metadata
@@ -109,6 +109,7 @@ def prefill_sweep(models, prompt_lens, chunks, kv_dtypes=("bf16", "fp8_e4m3"), *
 
     prompt_lens = many_values(prompt_lens, "prompt_lens", positive_int)
     chunks = many_values(chunks, "chunks", positive_int)
+    flag(keep_partial, "keep_partial")
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
     # One sequence per prompt: the plan of the largest chunk (the most activations) at each prompt length.

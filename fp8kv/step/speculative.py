@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from ..checks import fail as _fail
-from ..checks import nonnegative_int, real
+from ..checks import flag, nonnegative_int, real
 from ..results import utc_stamp
 from ..sweeps import interruptible, machine_fields, release_memory, run_metadata
 from .layers import step_shape
@@ -122,6 +122,7 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
     timed_draft = draft_model is not None and draft_us is None  # the draft model's own steps are its cost
     draft_us = 0.0 if draft_us is None else draft_us_arg(draft_us)
     draft = None if draft_model is None else step_shape(draft_model, "draft_model")
+    flag(keep_partial, "keep_partial")
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
     plans = {k: plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
