@@ -1006,7 +1006,7 @@ def test_a_timeout_after_triton_took_sigterm_keeps_the_rows(tmp_path, reclaim):
     assert list(rows["status"]) == ["ok", "skipped"] and list(rows["batch"]) == [1, 2]
 
 
-def test_the_stages_preset_sets_two_stages_against_three_on_the_triton_kernel():
+def test_the_stages_preset_sets_two_stages_against_three_on_the_triton_kernel(monkeypatch):
     """Each point: the default launch, the Triton kernel with its rule (two stages) and with three, and
     FlashInfer's two decodes where it builds the head dim."""
     from fp8kv.bench import PRESETS, sweep
@@ -1017,6 +1017,20 @@ def test_the_stages_preset_sets_two_stages_against_three_on_the_triton_kernel():
     triton = [c for c in cases if c.backend == "triton"]
     assert {c.status for c in triton} == {"ready"} and len(triton) == 3 * 3 * 2 * 6
     assert {c.head_dim for c in cases if c.backend == "flashinfer" and c.status != "ready"} == {80}
+    # what the two Triton rows launch: the Triton kernel, with the rule's two stages and with three
+    import torch
+
+    from fp8kv.cache import PagedKVCache
+    from fp8kv.ops.decode import splits
+    from fp8kv.ops.decode.planning import launch_for
+
+    monkeypatch.setattr(splits, "interpreter_on", lambda: False)  # the rule as a GPU takes it (no table here)
+    for hq, hkv, d in grid["shapes"]:
+        cache = PagedKVCache.empty(1, 4096, hkv, d, block_size=16, kv_dtype="fp8_e4m3")
+        for options, stages in ((grid["triton_options"][1], 2), (grid["triton_options"][2], 3)):
+            kernel, cfg = launch_for(64, cache, "dequant", hq // hkv, torch.device("cpu"), q_dtype=torch.bfloat16,
+                                     **options)
+            assert (kernel, cfg["num_stages"]) == ("triton", stages), (hq, hkv, d, options)
 
 
 @pytest.mark.parametrize("value", [1, "yes", None])

@@ -129,6 +129,25 @@ def test_a_failed_check_is_said_by_the_row(monkeypatch):
     assert df.status.tolist() == ["ok"] and df.check_passed.tolist() == [False]
 
 
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_run_refuses_a_keep_partial_that_is_not_a_bool(value):
+    with pytest.raises(TypeError, match=rf"keep_partial={value!r} \({type(value).__name__}\); expected True or False"):
+        attend_run([], copy_bandwidth=False, device="cpu", keep_partial=value)
+
+
+def test_the_handlers_are_taken_back_after_each_case_and_its_first_call(monkeypatch):
+    """A case's first call compiles (and LLVM inside Triton may take the stop signals then): the run takes
+    them back right after it, before the timing, and again after the case."""
+    import fp8kv.bench.attend as attend_bench
+
+    taken_back = []
+    monkeypatch.setattr(attend_bench, "reclaim_stop_signals", lambda: taken_back.append(1))
+    cases = attend_sweep([1, 2], [20], [3], shapes=[(4, 2, 64)], kv_dtypes=["fp8_e4m3"], backends=["reference"],
+                         device="cpu")
+    df = attend_run(cases, progress=False, device="cpu", copy_bandwidth=False, cpu_reps=1)
+    assert (df.status == "ok").all() and len(taken_back) == 2 * len(df) == 4
+
+
 # ---------------------------------------------------------------------------------------------- CLI
 @pytest.mark.parametrize("preset", sorted(ATTEND_PRESETS))
 def test_each_attend_preset_lists_its_cases(preset, capsys):

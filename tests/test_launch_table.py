@@ -391,10 +391,10 @@ def test_each_option_of_the_table_reaches_the_triton_backend(name):
             entry()
 
 
-def test_tune_refuses_a_keep_partial_that_is_not_a_bool():
+def test_tune_refuses_a_keep_partial_that_is_not_a_bool(monkeypatch):
+    def nothing_may_run(cases, **kw):
+        raise AssertionError("a run started before keep_partial was checked")
+
+    monkeypatch.setattr(tune, "run", nothing_may_run)
     with pytest.raises(TypeError, match=r"keep_partial=1 \(int\); expected True or False"):
         tune.tune([(4, 2, 32)], ("fp8_e4m3",), point=(2, 64), confirm=(), keep_partial=1)
-    from fp8kv.bench.attend import attend_run
-
-    with pytest.raises(TypeError, match=r"keep_partial='yes' \(str\); expected True or False"):
-        attend_run([], copy_bandwidth=False, device="cpu", keep_partial="yes")
