@@ -36,6 +36,7 @@ from ..interrupts import reclaim_stop_signals
 from ..quant import GRANULARITIES, kv_scale_bytes, relative_error
 from ..reference import output_tolerance
 from ..results import utc_stamp
+from ..sweeps import interruptible
 from ..synthetic import CHUNK_ELEMS
 from .cases import Q_DTYPES, memory_budget
 from .measure import resolve_copy_bandwidth, synthetic_cache, time_call
@@ -331,8 +332,8 @@ def attend_run(cases: Sequence[AttendCase], *, check: bool = True, rep: int = 10
     for i in ready:
         groups.setdefault(cases[i].cache_key, []).append(i)
     bar = tqdm(total=len(ready), disable=not progress, desc="attend", unit="case")
-    interrupted = False
-    try:
+
+    def measure_groups():
         for idx in groups.values():
             first = cases[idx[0]]
             try:
@@ -360,10 +361,9 @@ def attend_run(cases: Sequence[AttendCase], *, check: bool = True, rep: int = 10
             del caches
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-    except KeyboardInterrupt:
-        if not keep_partial:
-            raise
-        interrupted = True
+
+    interrupted = interruptible(measure_groups, keep_partial=keep_partial, dev=dev)
+    if interrupted:
         for i, c in enumerate(cases):
             rows.setdefault(i, _row(base, c, status="skipped", reason="the run was interrupted before this case"))
     bar.close()

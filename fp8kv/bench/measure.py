@@ -21,7 +21,7 @@ from ..checks import fail as _fail
 from ..interrupts import reclaim_stop_signals
 from ..quant import relative_error
 from ..results import utc_stamp
-from ..sweeps import machine_fields, release_memory, run_metadata
+from ..sweeps import interruptible, machine_fields, release_memory, run_metadata
 from ..synthetic import random_paged_cache
 from .cases import Q_DTYPES, Case, bytes_moved, tolerance
 from .ceiling import measure_copy_bandwidth
@@ -171,19 +171,13 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
             groups.setdefault(c.cache_key, []).append(i)
 
     bar = tqdm(total=len(runnable), disable=not progress, desc="bench", unit="case")
-    try:
-        _measure_groups(cases, groups, rows, base, dev, bar, check=check, rep=rep, warmup=warmup, rotate=rotate,
-                        check_seqs=check_seqs, cpu_reps=cpu_reps)
-        interrupted = False
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by the CLI: keep what was measured
-        if not keep_partial:
-            raise
-        interrupted = True
+    # Ctrl-C, or SIGTERM turned into it by the CLI: keep what was measured
+    interrupted = interruptible(lambda: _measure_groups(cases, groups, rows, base, dev, bar, check=check, rep=rep,
+                                                        warmup=warmup, rotate=rotate, check_seqs=check_seqs,
+                                                        cpu_reps=cpu_reps), keep_partial=keep_partial, dev=dev)
+    if interrupted:
         for i, c in enumerate(cases):
-            if i not in rows:
-                rows[i] = _row(base, c, status="skipped", reason="the run was interrupted before this case")
-    if interrupted:  # here, not in the except: its traceback holds the group's caches
-        release_memory(dev)
+            rows.setdefault(i, _row(base, c, status="skipped", reason="the run was interrupted before this case"))
     bar.close()
 
     df = pd.DataFrame([rows[i] for i in range(len(cases))], columns=COLUMNS)

@@ -30,6 +30,7 @@ from ..capability import interpreter_on, use_interpreter
 from ..formats import is_fp8
 from ..interrupts import signals_ignored, stop_signals_as_keyboard_interrupt
 from ..results import save_or_fallback, utc_stamp
+from ..sweeps import interruptible
 from .cases import Case, sweep
 from .measure import run
 from .report import save
@@ -127,7 +128,7 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
         stopped = bool(rows.attrs.get("bench", {}).get("interrupted"))
         return rows
 
-    try:  # an interrupt outside run()'s loop (its copy-bandwidth timing, a plan) keeps the frames too
+    def measure():
         for shape in shapes:
             hq, hkv, d = shape
             for kv in kv_dtypes:
@@ -165,9 +166,9 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
                     entries[key] = {**rule, **base, "kept": "rule", "us": round(float(rule_rows["time_us"].min()), 2)}
                 else:
                     entries[key] = {**won, **base, "kept": "measured"}
-    except KeyboardInterrupt:
-        if not keep_partial:
-            raise
+
+    # an interrupt outside run()'s loop (its copy-bandwidth timing, a plan) keeps the frames too
+    if interruptible(measure, keep_partial=keep_partial, dev=resolve_device(device)):
         stopped = True
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     rows.attrs["tune"] = {"interrupted": stopped}
