@@ -118,14 +118,16 @@ def _scale_strides(ks: torch.Tensor, vs: torch.Tensor) -> tuple[int, int, int]:
     anything else that breaks this is refused by name, never read wrong."""
     count = ks.shape[-1]
     align = count & -count
+
+    def used(t: torch.Tensor) -> list[int]:  # block, token, head strides; 0 for a size-1 dimension
+        return [stride if size > 1 else 0 for size, stride in zip(t.shape[:3], t.stride()[:3], strict=True)]
+
     for name, t in (("k_scales", ks), ("v_scales", vs)):
-        outer = [stride for size, stride in zip(t.shape[:3], t.stride()[:3], strict=True) if size > 1]
-        if (count > 1 and t.stride(-1) != 1) or any(stride % align for stride in outer):
+        if (count > 1 and t.stride(-1) != 1) or any(stride % align for stride in used(t)):
             checks.fail(f"{name} has strides {tuple(t.stride())} for shape {tuple(t.shape)}; the kernel reads "
                         "contiguous scales (call .contiguous() on them and plan again)")
-    k_used = [st if size > 1 else 0 for size, st in zip(ks.shape[:3], ks.stride()[:3], strict=True)]
-    v_used = [st if size > 1 else 0 for size, st in zip(vs.shape[:3], vs.stride()[:3], strict=True)]
-    if k_used != v_used:
+    k_used = used(ks)
+    if k_used != used(vs):
         checks.fail(f"k_scales has strides {tuple(ks.stride())} and v_scales {tuple(vs.stride())}; the kernel reads "
                     "both with one set of strides (call .contiguous() on them and plan again)")
     return tuple(k_used)
