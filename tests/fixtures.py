@@ -147,3 +147,15 @@ def breakeven_rows(lines, contexts=None, *, rel_noise=0.0, seed=0, batch=16, bac
                             head_dim=128, block_size=16, time_us=t * (1 + rel_noise * rng.standard_normal()),
                             status="ok", **extra))
     return pd.DataFrame(out)
+
+
+# The prelude of the stop-signal tests' child processes: library_takes_sigterm() sets SIGTERM's C-level handler to
+# the default action behind Python's back, as LLVM inside Triton does when a compile first needs it (Python's
+# table still names the run's handler). In a child: where the handler is not taken back, the signal ends it.
+LIBRARY_TAKES_SIGTERM = """
+import ctypes, signal
+_libc = ctypes.CDLL(None)
+_libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+def library_takes_sigterm():
+    _libc.signal(signal.SIGTERM, None)
+"""

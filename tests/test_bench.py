@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from fixtures import seeded
+from fixtures import LIBRARY_TAKES_SIGTERM, seeded
 
 from fp8kv import bench, results
 from fp8kv.bench import Case, bytes_moved, layout_table, run, save, speedup_table, sweep, synthetic_cache
@@ -970,17 +970,15 @@ def test_a_grid_that_partly_fits_says_which_arguments_bring_the_rest_in(capsys):
 
 # The first case's compile lets a library (LLVM inside Triton) take SIGTERM; a `timeout` then stops the run
 # during the second. In a child process: where the CLI does not take the handler back, the signal ends it.
-TIMEOUT_AFTER_A_LIBRARY_TOOK_SIGTERM = """
-import ctypes, os, signal, sys
+TIMEOUT_AFTER_A_LIBRARY_TOOK_SIGTERM = LIBRARY_TAKES_SIGTERM + """
+import os, sys
 from fp8kv import bench
-libc = ctypes.CDLL(None)
-libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
 measure_one = bench.measure._measure
 def measured(c, *args, **kwargs):
     if c.batch == 2:
         os.kill(os.getpid(), signal.SIGTERM)
     row = measure_one(c, *args, **kwargs)
-    libc.signal(signal.SIGTERM, None)  # SIG_DFL behind Python's back, as LLVM's handlers are installed
+    library_takes_sigterm()
     return row
 bench.measure._measure = measured
 if sys.argv[2] == "as-is":

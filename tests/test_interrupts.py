@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from fixtures import LIBRARY_TAKES_SIGTERM
 
 from fp8kv.interrupts import (
     STOP_SIGNALS,
@@ -108,16 +109,12 @@ def test_both_are_no_ops_outside_the_main_thread():
     assert seen == [before]  # signal handlers can only be set from the main thread: left alone
 
 
-# A library taking a stop signal behind Python's back, as LLVM inside Triton does when a compile first needs
-# it: the C-level handler becomes the default action while Python's table still names the run's handler.
-# Run in a child process: where the handler is not taken back, the signal ends that process, not the tests.
-LIBRARY_TAKES_SIGTERM = """
-import ctypes, os, signal, sys, time
+# A library taking a stop signal behind Python's back (fixtures.LIBRARY_TAKES_SIGTERM), then the signal.
+TAKEN_THEN_STOPPED = LIBRARY_TAKES_SIGTERM + """
+import os, sys, time
 from fp8kv.interrupts import reclaim_stop_signals, stop_signals_as_keyboard_interrupt
-libc = ctypes.CDLL(None)
-libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
 with stop_signals_as_keyboard_interrupt():
-    libc.signal(signal.SIGTERM, None)  # SIG_DFL, set where Python does not see it
+    library_takes_sigterm()
     if sys.argv[1] == "reclaim":
         reclaim_stop_signals()
     try:
@@ -133,7 +130,7 @@ def test_a_handler_a_library_took_is_taken_back(reclaim):
     import subprocess
     import sys
 
-    got = subprocess.run([sys.executable, "-c", LIBRARY_TAKES_SIGTERM, "reclaim" if reclaim else "as-is"],
+    got = subprocess.run([sys.executable, "-c", TAKEN_THEN_STOPPED, "reclaim" if reclaim else "as-is"],
                          capture_output=True, text=True, timeout=120)
     if reclaim:
         assert got.returncode == 0 and got.stdout.strip() == "stopped by SIGTERM", got.stderr

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from fixtures import seeded
+from fixtures import LIBRARY_TAKES_SIGTERM, seeded
 
 from fp8kv import decode
 from fp8kv import step as S
@@ -547,20 +547,19 @@ def test_an_interrupted_sweep_keeps_the_points_it_measured(monkeypatch, kind):
              if c in df.columns]
     assert df[point].iloc[0].equals(whole[point].iloc[0])  # the first point of the whole run
 
-STEP_TIMEOUT_AFTER_A_LIBRARY_TOOK_SIGTERM = """
-import ctypes, os, signal, sys
+
+STEP_TIMEOUT_AFTER_A_LIBRARY_TOOK_SIGTERM = LIBRARY_TAKES_SIGTERM + """
+import os, sys
 from fp8kv import capacity, step
 from fp8kv.step import measure
 capacity.MODEL_SHAPES[step.TOY_QWEN.name] = step.TOY_QWEN
-libc = ctypes.CDLL(None)
-libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
 real, built = measure.DecodeStep, []
 def build(*args, **kwargs):
     built.append(1)
     if len(built) == 2:
         os.kill(os.getpid(), signal.SIGTERM)
     got = real(*args, **kwargs)
-    libc.signal(signal.SIGTERM, None)  # SIG_DFL behind Python's back, as LLVM's handlers are installed
+    library_takes_sigterm()
     return got
 measure.DecodeStep = build
 sys.exit(step.main(["--model", "toy-qwen", "--contexts", "64", "--gpu-memory", "0.0016", "--weights", "random",
