@@ -167,8 +167,7 @@ def fit_line(tokens, time_us, *, min_contexts: int = MIN_CONTEXTS, min_r2: float
     min_contexts = checks.integer(min_contexts, "min_contexts", minimum=3)
     min_r2 = checks.real(min_r2, "min_r2", minimum=0.0, maximum=1.0)
     max_rel_residual = checks.real(max_rel_residual, "max_rel_residual", minimum=0.0, inclusive=False)
-    if not isinstance(relative, bool):
-        checks.fail(f"relative={relative!r} ({type(relative).__name__}); expected True or False", TypeError)
+    checks.flag(relative, "relative")
     x, y = (np.asarray(a, dtype=np.float64).ravel() for a in (tokens, time_us))
     if len(x) != len(y):
         checks.fail(f"tokens has {len(x)} values but time_us has {len(y)}; expected one time per context")

@@ -58,8 +58,7 @@ def prefill(q: torch.Tensor, qo_lens, cache: PagedKVCache, causal: bool = True,
     if q.shape[-1] != cache.head_dim or q.shape[1] % cache.num_kv_heads:
         raise ValueError(f"q {tuple(q.shape)} does not fit the cache (head_dim {cache.head_dim}, "
                          f"{cache.num_kv_heads} KV heads: Hq must be a multiple)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal={causal!r} ({type(causal).__name__}); expected True or False")
+    checks.flag(causal, "causal")
     if sm_scale is not None:
         sm_scale = checks.softmax_scale(sm_scale)
     lens_q = query_counts(qo_lens)  # 2.7 is no query count (as_tensor would truncate it)
@@ -112,8 +111,7 @@ class FlashInferAttend:
     def __init__(self, cache: PagedKVCache, *, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, trusted: bool = False):
         if not isinstance(cache, PagedKVCache):
             checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
-        if not isinstance(trusted, bool):
-            checks.fail(f"trusted={trusted!r} ({type(trusted).__name__}); expected True or False", TypeError)
+        checks.flag(trusted, "trusted")
         checks.positive_int(workspace_bytes, "workspace_bytes")
         if cache.device.type != "cuda":
             raise UnsupportedError(f"FlashInfer runs on CUDA tensors only; the cache is on {cache.device}")

@@ -235,8 +235,7 @@ class VllmDecode:
     def __init__(self, cache: PagedKVCache, *, num_q_heads: int, sm_scale: float | None = None,
                  window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None,
                  trusted: bool = False):
-        if not isinstance(trusted, bool):  # "no" is truthy: it would skip every check below
-            checks.fail(f"trusted={trusted!r} ({type(trusted).__name__}); expected True or False", TypeError)
+        checks.flag(trusted, "trusted")  # "no" is truthy: it would skip every check below
         if not isinstance(cache, PagedKVCache):
             checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
         num_q_heads = _num_q_heads(cache, num_q_heads)
