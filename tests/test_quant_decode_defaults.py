@@ -14,7 +14,7 @@ from fp8kv.cache.quantized import QuantizedPagedKVCache
 from fp8kv.ops.quant_decode.launcher import QUANT_LAUNCH_DEFAULTS, quant_decode_launch, quant_launch_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
-TUNE = ROOT / "results/bench/nvidia-h100-80gb-hbm3/20261205T153643Z.csv"  # the file the table's comment cites
+TUNE = ROOT / "results/bench/nvidia-h100-80gb-hbm3/20261205T180924Z.csv"  # the file the table's comment cites
 
 
 def test_the_table_cites_the_file_read_here():
@@ -22,16 +22,25 @@ def test_the_table_cites_the_file_read_here():
     assert str(TUNE.relative_to(ROOT)) in source
 
 
+def _launch(row) -> tuple:
+    return (row["kernel"].removeprefix("triton-quantized-"), int(row["block_n"]), int(row["num_warps"]),
+            int(row["num_stages"]))
+
+
 @pytest.mark.parametrize("fmt", list(QUANT_LAUNCH_DEFAULTS))
 def test_each_default_is_the_fastest_launch_measured(fmt):
+    """Fastest on average over the head layouts measured, each launch's time taken relative to the fastest row of
+    its layout (where the layouts disagree on the fastest, no launch is the fastest of both)."""
     rows = pd.read_csv(TUNE)
     rows = rows[rows["kv_dtype"] == fmt]
     assert len(rows) and (rows["status"] == "ok").all() and rows["check_passed"].all()
-    for heads, shape in rows.groupby("num_q_heads"):
-        best = shape.loc[shape["time_us"].idxmin()]
-        measured = {"convert": best["kernel"].removeprefix("triton-quantized-"), "block_n": int(best["block_n"]),
-                    "num_warps": int(best["num_warps"]), "num_stages": int(best["num_stages"])}
-        assert measured == QUANT_LAUNCH_DEFAULTS[fmt], (fmt, heads)
+    assert rows["num_q_heads"].nunique() == 2
+    relative = rows["time_us"] / rows.groupby("num_q_heads")["time_us"].transform("min")
+    launches = rows.apply(_launch, axis=1)
+    per_launch = relative.groupby(launches).mean()
+    assert (rows["num_q_heads"].groupby(launches).nunique() == 2).all()  # each launch measured at both layouts
+    d = QUANT_LAUNCH_DEFAULTS[fmt]
+    assert per_launch.idxmin() == (d["convert"], d["block_n"], d["num_warps"], d["num_stages"]), per_launch.sort_values()
 
 
 @pytest.mark.parametrize("fmt", list(QUANT_LAUNCH_DEFAULTS))
