@@ -248,8 +248,7 @@ def attend(q: torch.Tensor, cache: PagedKVCache, qo_indptr: torch.Tensor, *, sm_
     """
     qo_lens, sm_scale, window, soft_cap, sinks = attend_arguments(q, cache, qo_indptr, sm_scale, window,
                                                                   soft_cap, sinks)
-    if not isinstance(return_lse, bool):
-        checks.fail(f"return_lse={return_lse!r}; expected True or False", TypeError)
+    checks.flag(return_lse, "return_lse")
     out, lse = paged_attend(q, cache, qo_lens, sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
     return (out, lse) if return_lse else out
 

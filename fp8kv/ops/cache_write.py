@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import checks
 from ..cache import PagedKVCache
 from ..capability import UnsupportedError, interpreter_on
 from ..formats import saturation_bounds
@@ -108,8 +109,7 @@ def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, s
     reference (see :meth:`PagedKVCache.check_write`). With ``check=False`` (a CUDA-graph capture)
     only shapes, dtypes and devices are checked; the kernel still skips slots outside the pool.
     """
-    if not isinstance(check, bool):
-        raise TypeError(f"check={check!r}; expected True or False")
+    checks.flag(check, "check")
     slots = cache.check_write(k_new, v_new, slot_mapping, contents=check)
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         if t.stride(-1) != 1:

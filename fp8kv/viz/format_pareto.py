@@ -245,8 +245,7 @@ def format_answer(table, *, model: str, gpu: str, tolerance: float, smoke: bool,
     for name, value in (("model", model), ("gpu", gpu)):
         if not isinstance(value, str) or not value:
             checks.fail(f"{name}={checks.show_value(value)}; expected a non-empty name", TypeError)
-    if not isinstance(smoke, bool):
-        checks.fail(f"smoke={smoke!r}; expected True or False", TypeError)
+    checks.flag(smoke, "smoke")
     if baseline_tokens is not None:
         baseline_tokens = checks.positive_int(baseline_tokens, "baseline_tokens")
     pick, front, within, metric = _pick(table, tolerance, error)

@@ -293,8 +293,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
     batch = checks.positive_int(batch, "batch")
     checks.one_of(mode, "mode", MODES)
-    if not isinstance(use_tensor_cores, bool):
-        checks.fail(f"use_tensor_cores={use_tensor_cores!r}; expected True or False", TypeError)
+    checks.flag(use_tensor_cores, "use_tensor_cores")
     if window is not None:
         window = checks.integer(window, "window", minimum=1)
     if not use_tensor_cores:

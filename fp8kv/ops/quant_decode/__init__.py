@@ -98,8 +98,7 @@ def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_s
     if cache.fmt.name not in QUANT_DECODE_FORMATS:
         raise UnsupportedError(f"cache format {cache.fmt.name!r} has no decode kernel; the kernel reads "
                                f"{tuple(QUANT_DECODE_FORMATS)}")
-    if not isinstance(check, bool):
-        checks.fail(f"check={check!r}; expected True or False", TypeError)
+    checks.flag(check, "check")
     cache.check_query(q)
     if q.stride(-1) != 1:
         checks.fail(f"q has strides {tuple(q.stride())}; its last dim (head_dim) must be contiguous")
