@@ -36,7 +36,7 @@ from ..interrupts import reclaim_stop_signals
 from ..quant import GRANULARITIES, kv_scale_bytes, relative_error
 from ..reference import output_tolerance
 from ..results import utc_stamp
-from ..sweeps import interruptible
+from ..sweeps import interruptible, release_memory
 from ..synthetic import CHUNK_ELEMS
 from .cases import Q_DTYPES, memory_budget
 from .measure import resolve_copy_bandwidth, synthetic_cache, time_call
@@ -359,8 +359,7 @@ def attend_run(cases: Sequence[AttendCase], *, check: bool = True, rep: int = 10
                 reclaim_stop_signals()  # a compile in the case may have let LLVM take them
                 bar.update(1)
             del caches
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
+            release_memory(dev)
 
     interrupted = interruptible(measure_groups, keep_partial=keep_partial, dev=dev)
     if interrupted:

@@ -136,8 +136,8 @@ def quant_decode_kernel(
         vc = tl.load(v_codes_ptr + c_off, mask=c_ld, other=0)
         s_row = page * stride_sb + in_page * stride_st + kvh * stride_sh  # [BLOCK_N]: the tokens' first scale
         if FORMAT == FORMAT_NVFP4 or FORMAT == FORMAT_MXFP4:
-            # The scales are contiguous (the cache checks it), so each token's NB block scales start at a
-            # multiple of NB: said, they load as one vector a token, not a byte at a time.
+            # The scales are contiguous (the launch in .launcher checks it), so each token's NB block scales start
+            # at a multiple of NB: said, they load as one vector a token, not a byte at a time.
             s_row = tl.multiple_of(s_row, NB_ALIGN)
 
         if FORMAT == FORMAT_INT8:
