@@ -111,7 +111,7 @@ NONLINEAR = {
 @pytest.mark.parametrize("relative", [True, False])
 def test_nonlinear_lines_are_refused(shape, relative):
     rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": NONLINEAR[shape]})
-    lines, cr = be.breakeven_context(rows, relative=relative)
+    lines, cr = be.breakeven_context(rows, relative=relative, trim=False)
     bad = lines[lines["kv_dtype"] == "fp8_e4m3"].iloc[0]
     assert bad["status"] == "no fit"
     assert "R²" in bad["reason"] or "off the line" in bad["reason"]
@@ -122,8 +122,45 @@ def test_nonlinear_lines_are_refused(shape, relative):
         be.fit_line(CONTEXTS, [NONLINEAR[shape](c) for c in CONTEXTS], relative=relative)
 
 
+@pytest.mark.parametrize("shape", ["quadratic", "square root"])
+def test_trimming_never_rescues_a_curve(shape):
+    """Leaving out short contexts cannot make a line of a curve: it stays refused with trimming on."""
+    lines, cr = be.breakeven_context(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": NONLINEAR[shape]}))
+    assert lines.set_index("kv_dtype").loc["fp8_e4m3", "status"] == "no fit"
+    assert cr.iloc[0]["status"] == "no fit"
+
+
+def test_a_launch_floor_is_left_out_and_said():
+    """max(40, 0.01 c) against a line: the FP8 line holds from 4,096 tokens (the four shorter contexts sit on the
+    floor); the pair's answer is read over 4,096-32,768 and says what the floor's contexts measured."""
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": NONLINEAR["launch-bound then linear"]})
+    lines, cr = be.breakeven_context(rows)
+    fp8 = lines.set_index("kv_dtype").loc["fp8_e4m3"]
+    assert fp8["status"] == "ok" and fp8["tokens_min"] == 4096 and fp8["left_out"] == 4
+    assert fp8["n_contexts"] == 5 and fp8["slope_us_per_token"] == pytest.approx(0.01, rel=1e-6)
+    assert lines.set_index("kv_dtype").loc["bf16", "left_out"] == 0
+    row = cr.iloc[0]
+    assert row["status"] == "ok" and row["tokens_lo"] == 4096 and row["left_out"] == 4 and row["verdict"] == "every"
+    assert "(4,096-32,768 tokens per sequence, where both lines hold" in row["answer"]
+    # 16-bit 10 + 0.02 c against FP8's floor of 40 µs: slower up to 1,456 (39.1 µs), faster at 2,432 (58.6 µs)
+    assert row["answer"].endswith("; below 4,096 tokens, off the lines, measured: FP8 faster from 2,432 tokens on "
+                                  "(1.47x); slower at 512, 864, 1,456")
+    pts = be.line_points(rows)
+    fp8_pts = pts[pts["kv_dtype"] == "fp8_e4m3"]
+    assert list(fp8_pts["in_fit"]) == [c >= 4096 for c in CONTEXTS]
+    assert (fp8_pts.loc[~fp8_pts["in_fit"], "rel_residual"].abs() > 0.05).all()  # why they were left out
+    assert be.line_points(rows, trim=False)["in_fit"].all()
+
+
+def test_trimming_keeps_at_least_five_contexts():
+    """A floor covering six of nine contexts leaves too few on the line: refused, never fitted over three."""
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": lambda c: max(200.0, 0.01 * c)})
+    fp8 = be.fit_lines(rows).set_index("kv_dtype").loc["fp8_e4m3"]
+    assert fp8["status"] == "no fit" and fp8["left_out"] == 0 and fp8["tokens_min"] == 512
+
+
 def _steps(c):  # a split rule's steps: the time drops where the program count changes, no line holds
-    return 10.0 + 0.001 * c if c < 4096 else 4.0 + 0.0004 * c
+    return 10.0 + 0.001 * c if c < 8192 else 4.0 + 0.0004 * c
 
 
 @pytest.mark.parametrize("bf16, fp8, said", [

@@ -57,10 +57,20 @@ def test_headline_speed_per_batch_best_line_first():
     assert "no FP8 latency line held" in dc.headline("cpu", crossings=cr[cr["status"] != "ok"])
 
 
+def test_headline_names_the_pair_fp8_gains_most_with_where_several_pay_everywhere():
+    cr = _crossings([dict(backend="flashinfer", mode="dequant", batch=16, verdict="every", crossing_tokens=-5.0,
+                          fp8_speedup_at_hi=1.31),
+                     dict(backend="triton", mode="dequant", batch=16, verdict="every", crossing_tokens=-9.0,
+                          fp8_speedup_at_hi=1.86, tokens_lo=4096.0)])
+    text = dc.headline("NVIDIA H100", crossings=cr)
+    assert text == ("On NVIDIA H100, FP8 KV decodes faster than a 16-bit cache at every measured context "
+                    "(4,096-32,768 tokens; 1.86x at 32,768) at batch 16 (triton, dequant mode).")
+
+
 def test_headline_says_what_the_points_measured_where_no_line_held():
     """A batch whose lines were refused answers with its measured comparison (breakeven_context's ``measured``),
     apart from the fitted answers."""
-    steps = lambda c: 10.0 + 0.001 * c if c < 4096 else 4.0 + 0.0004 * c  # noqa: E731
+    steps = lambda c: 10.0 + 0.001 * c if c < 8192 else 4.0 + 0.0004 * c  # noqa: E731
     rows = pd.concat([bench_rows({"bf16": steps, "fp8_e4m3": lambda c: steps(c) * (1.05 if c < 864 else 0.8)},
                                  batch=1),
                       bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, batch=64)])
@@ -76,7 +86,7 @@ def test_headline_says_what_the_points_measured_where_no_line_held():
 
 def test_headline_takes_the_best_pair_where_no_line_held():
     """Of several backends at a batch without a line, the one FP8 pays for from the earliest context."""
-    steps = lambda c: 10.0 + 0.001 * c if c < 4096 else 4.0 + 0.0004 * c  # noqa: E731
+    steps = lambda c: 10.0 + 0.001 * c if c < 8192 else 4.0 + 0.0004 * c  # noqa: E731
     rows = pd.concat([bench_rows({"bf16": steps, "fp8_e4m3": lambda c: 1.2 * steps(c)}, batch=1, backend="slowpeer"),
                       bench_rows({"bf16": steps, "fp8_e4m3": lambda c: steps(c) * (1.05 if c < 4096 else 0.8)},
                                  batch=1, backend="latepeer"),

@@ -86,6 +86,21 @@ def test_breakeven_residuals_in_percent_with_the_refusal_band():
     assert sorted({s.y0 for s in viz.breakeven_residuals(points, max_rel_residual=0.1).layout.shapes}) == [-0.1, 0.1]
 
 
+def test_points_a_trimmed_line_left_out_are_open_and_its_line_starts_after_them():
+    from fixtures import breakeven_rows
+
+    points = be.line_points(breakeven_rows({"bf16": (10.0, 0.02), "fp8_e4m3": lambda c: max(40.0, 0.01 * c)}))
+    name = "fp8_e4m3 dequant"
+    for fig in (viz.breakeven_lines(points), viz.breakeven_residuals(points)):
+        assert "open markers: left out of the fit" in fig.layout.title.text
+        trace = next(t for t in fig.data if t.name == name and "markers" in t.mode)
+        assert [s.endswith("-open") for s in trace.marker.symbol] == [x < 4096 for x in trace.x]
+        base = next(t for t in fig.data if t.name == "bf16 dequant" and "markers" in t.mode)
+        assert not any(s.endswith("-open") for s in base.marker.symbol)
+    line = next(t for t in viz.breakeven_lines(points).data if t.name == f"{name} (fit)")
+    assert min(line.x) == 4096
+
+
 # ------------------------------------------------------------------------------------ scale health
 @pytest.fixture(scope="module")
 def health():

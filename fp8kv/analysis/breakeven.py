@@ -26,7 +26,15 @@ A line is refused (status ``"no fit"`` with the reason; :func:`fit_line` raises 
 when it does not hold: fewer than :data:`MIN_CONTEXTS` distinct contexts, R² below :data:`MIN_R2`
 (0.98), or a point further than :data:`MAX_REL_RESIDUAL` (5 %) from the line, relative to its
 measured time. R² also refuses a line that does not rise beyond its scatter (a flat, noisy line
-has no slope to compare); restrict the contexts (``min_tokens``) where a launch-bound start bends it.
+has no slope to compare).
+
+A launch floor bends the short end: below a few thousand tokens a decode's time is its launch and set-up,
+not its bytes. With ``trim`` (the default) a line refused over all its contexts is fitted again without its
+shortest contexts, one at a time, while at least :data:`MIN_TRIMMED_CONTEXTS` contexts (and half of them)
+remain; the first that holds is the line, over the range it was fitted on (``tokens_min``, ``left_out`` the
+contexts below it). Its pair's crossing is read in that range only, and what the left-out contexts measured is
+said beside it (:mod:`.measured`). Only the short end is ever left out: a line that bends anywhere else stays
+refused.
 
 :data:`BREAKEVEN_GRID` is the bench grid that measures it (:func:`fp8kv.bench.sweep` arguments).
 """
@@ -41,10 +49,11 @@ import numpy as np
 from .. import checks
 from .measured import Measured, count_text, measured_summary
 
-__all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
+__all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_TRIMMED_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
            "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context", "breakeven_answers"]
 
 MIN_CONTEXTS = 3  # distinct contexts per line: two always fit exactly, a third is the first test of the line
+MIN_TRIMMED_CONTEXTS = 5  # a line fitted without its shortest contexts keeps at least these (and half of them)
 MIN_R2 = 0.98
 MAX_REL_RESIDUAL = 0.05  # |measured - fitted| / measured, at every point
 
@@ -227,31 +236,50 @@ def _rows(df, min_tokens, max_tokens):
     return ran[keep]
 
 
-def _fit_groups(df, min_tokens, max_tokens, thresholds):
-    """(key columns, the line's rows, its fit or None, why it was refused or "") per line."""
+def _trimmed_fit(x: np.ndarray, y: np.ndarray, thresholds: dict) -> tuple[LineFit, float] | None:
+    """The first line that holds without the shortest contexts (module docstring), and where it starts."""
+    contexts = np.unique(x)
+    keep_at_least = max(MIN_TRIMMED_CONTEXTS, math.ceil(len(contexts) / 2))
+    for start in contexts[1:len(contexts) - keep_at_least + 1]:
+        kept = x >= start
+        try:
+            return fit_line(x[kept], y[kept], **thresholds), float(start)
+        except LineFitError:
+            continue
+    return None
+
+
+def _fit_groups(df, min_tokens, max_tokens, thresholds, trim):
+    """(key columns, the line's rows, its fit or None, why it was refused or "", the start of its fitted range)
+    per line."""
     rows = _rows(df, min_tokens, max_tokens)
     for key, g in rows.groupby(list(LINE_KEYS), sort=True, dropna=False):
         g = g.sort_values("tokens", kind="stable")
         head = dict(zip(LINE_KEYS, key, strict=True))
+        x, y = g["tokens"].to_numpy(float), g["time_us"].to_numpy(float)
+        start = float(x.min())
         try:
-            fit, reason = fit_line(g["tokens"], g["time_us"], **thresholds), ""
+            fit, reason = fit_line(x, y, **thresholds), ""
         except LineFitError as exc:
             fit, reason = None, str(exc)
-            if len(np.unique(g["tokens"])) >= 3:  # the refused line's numbers, to show what was refused
-                fit = _least_squares(g["tokens"].to_numpy(float), g["time_us"].to_numpy(float),
-                                     thresholds["relative"])
-        yield head, g, fit, reason
+            trimmed = _trimmed_fit(x, y, thresholds) if trim else None
+            if trimmed is not None:
+                (fit, start), reason = trimmed, ""
+            elif len(np.unique(x)) >= 3:  # the refused line's numbers, to show what was refused
+                fit = _least_squares(x, y, thresholds["relative"])
+        yield head, g, fit, reason, start
 
 
 def fit_lines(df, *, min_tokens: float | None = None, max_tokens: float | None = None,
               min_contexts: int = MIN_CONTEXTS, min_r2: float = MIN_R2, max_rel_residual: float = MAX_REL_RESIDUAL,
-              relative: bool = True):
+              relative: bool = True, trim: bool = True):
     """One least-squares latency line per (GPU, backend, variant, head layout, batch, ..., KV dtype, mode).
 
     ``df``: bench rows (columns :data:`REQUIRED`, and ``variant``, ``block_size``, ``q_dtype``, ``layout``,
     ``timing``, ``granularity``, ``window`` where present); only rows with ``status == "ok"`` count.
     ``min_tokens`` / ``max_tokens`` keep the points in that range of tokens per sequence; the thresholds and
-    ``relative`` (the weights) are :func:`fit_line`'s.
+    ``relative`` (the weights) are :func:`fit_line`'s; ``trim`` fits a line refused over all its contexts
+    without its shortest ones (module docstring).
 
     Returns a DataFrame, one row per line: the :data:`LINE_KEYS`, ``n_points``, ``n_contexts``,
     ``tokens_min``, ``tokens_max``, ``intercept_us``, ``slope_us_per_token`` (µs per token per sequence),
@@ -264,11 +292,13 @@ def fit_lines(df, *, min_tokens: float | None = None, max_tokens: float | None =
     """
     import pandas as pd
 
+    checks.flag(trim, "trim")
     thresholds = dict(min_contexts=min_contexts, min_r2=min_r2, max_rel_residual=max_rel_residual, relative=relative)
     out = []
-    for head, g, fit, reason in _fit_groups(df, min_tokens, max_tokens, thresholds):
-        row = dict(head, n_points=len(g), n_contexts=int(g["tokens"].nunique()), tokens_min=float(g["tokens"].min()),
-                   tokens_max=float(g["tokens"].max()))
+    for head, g, fit, reason, start in _fit_groups(df, min_tokens, max_tokens, thresholds, trim):
+        fitted = g[g["tokens"] >= start]
+        row = dict(head, n_points=len(fitted), n_contexts=int(fitted["tokens"].nunique()), tokens_min=start,
+                   tokens_max=float(g["tokens"].max()), left_out=int(g.loc[g["tokens"] < start, "tokens"].nunique()))
         nan = float("nan")
         row.update(intercept_us=fit.intercept if fit else nan, slope_us_per_token=fit.slope if fit else nan,
                    intercept_se=fit.intercept_se if fit else nan, slope_se=fit.slope_se if fit else nan,
@@ -280,22 +310,25 @@ def fit_lines(df, *, min_tokens: float | None = None, max_tokens: float | None =
     return pd.DataFrame(out)
 
 
-def line_points(df, *, min_tokens: float | None = None, max_tokens: float | None = None, relative: bool = True):
+def line_points(df, *, min_tokens: float | None = None, max_tokens: float | None = None, relative: bool = True,
+                trim: bool = True):
     """Every point of every line with its fit: the :data:`LINE_KEYS`, ``tokens``, ``time_us``, ``fitted_us``,
-    ``residual_us`` and ``rel_residual`` (NaN for a line with fewer than three contexts). A refused line's points are
-    here too: they show why it was refused."""
+    ``residual_us``, ``rel_residual`` (NaN for a line with fewer than three contexts) and ``in_fit`` (False for
+    the shortest contexts a trimmed line left out, measured against the line all the same). A refused line's
+    points are here too: they show why it was refused."""
     import pandas as pd
 
     # A refused line is fitted all the same (where it has three contexts): its points show why.
+    checks.flag(trim, "trim")
     loose = dict(min_contexts=MIN_CONTEXTS, min_r2=MIN_R2, max_rel_residual=MAX_REL_RESIDUAL, relative=relative)
     frames = []
-    for head, g, fit, _ in _fit_groups(df, min_tokens, max_tokens, loose):
+    for head, g, fit, _, start in _fit_groups(df, min_tokens, max_tokens, loose, trim):
         pts = g[["tokens", "time_us"]].reset_index(drop=True)
         fitted = fit.intercept + fit.slope * pts["tokens"] if fit else np.nan
-        pts = pts.assign(fitted_us=fitted, residual_us=pts["time_us"] - fitted)
+        pts = pts.assign(fitted_us=fitted, residual_us=pts["time_us"] - fitted, in_fit=pts["tokens"] >= start)
         pts["rel_residual"] = pts["residual_us"] / pts["time_us"]
         frames.append(pts.assign(**head)[[*LINE_KEYS, "tokens", "time_us", "fitted_us", "residual_us",
-                                          "rel_residual"]])
+                                          "rel_residual", "in_fit"]])
     return pd.concat(frames, ignore_index=True)
 
 
@@ -349,7 +382,7 @@ def crossings(lines, *, baseline: str = "bf16"):
 
 def _crossing(f, b, baseline: str) -> dict:
     nan = float("nan")
-    row = dict(tokens_lo=nan, tokens_hi=nan, crossing_tokens=nan, crossing_se=nan, crossing_lo=nan, crossing_hi=nan,
+    row = dict(tokens_lo=nan, tokens_hi=nan, left_out=0, crossing_tokens=nan, crossing_se=nan, crossing_lo=nan, crossing_hi=nan,
                slope_gap_z=nan, fp8_speedup_at_hi=nan, verdict="", status="no fit", reason="")
     if b is None:
         row["reason"] = f"no {baseline} line was measured beside it"
@@ -376,7 +409,8 @@ def _crossing(f, b, baseline: str) -> dict:
         row.update(crossing_tokens=cross, crossing_se=se, crossing_lo=cross - t * se, crossing_hi=cross + t * se)
     row["slope_gap_z"] = abs(d_slope) / math.sqrt(var_slope) if var_slope > 0 else math.inf
     t16, t8 = (r["intercept_us"] + r["slope_us_per_token"] * hi for r in (b, f))
-    row.update(tokens_lo=lo, tokens_hi=hi, fp8_speedup_at_hi=t16 / t8, verdict=verdict, status="ok")
+    row.update(tokens_lo=lo, tokens_hi=hi, left_out=int(max(f.get("left_out", 0), b.get("left_out", 0))),
+               fp8_speedup_at_hi=t16 / t8, verdict=verdict, status="ok")
     return row
 
 
@@ -392,6 +426,8 @@ def answer_text(row) -> str:
     if row["status"] != "ok":
         return f"{where}, batch {b}: no answer {what}: {row['reason']}"
     measured = f"{count_text(row['tokens_lo'])}-{count_text(row['tokens_hi'])} tokens per sequence"
+    if row.get("left_out", 0):
+        measured += ", where both lines hold"
     interval = ""
     if math.isfinite(row["crossing_tokens"]):
         interval = f"95 % {count_text(row['crossing_lo'])} to {count_text(row['crossing_hi'])}"
@@ -414,30 +450,36 @@ def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
     """:func:`crossings` of :func:`fit_lines` of bench rows ``df``: ``(lines, crossings)``.
     ``fit_kw`` (``min_tokens``, ``max_tokens``, thresholds) go to :func:`fit_lines`.
 
-    A pair with no answer (a line does not hold) gets ``measured``, :func:`.measured.measured_summary` of its points,
-    added to its answer, ``measured_faster_from`` (the context from which FP8 is faster at every longer one; inf:
+    A pair whose lines hold over a range that leaves out its shortest contexts gets what those contexts measured
+    added to its answer. A pair with no answer (a line does not hold) gets ``measured``,
+    :func:`.measured.measured_summary` of its points, added to its answer, ``measured_faster_from`` (the context from which FP8 is faster at every longer one; inf:
     not at the longest) and ``measured_best_speedup``; the others get "" and NaN (their answer is the fit's)."""
     lines = fit_lines(df, **fit_kw)
     cross = crossings(lines, baseline=baseline)
     rows = _rows(df, fit_kw.get("min_tokens"), fit_kw.get("max_tokens"))
-    got = []
+    got, below = [], []
     for _, r in cross.iterrows():
-        if r["status"] == "ok":
-            got.append(Measured("", math.nan, math.nan))
-            continue
         pair = np.ones(len(rows), dtype=bool)
         for k in PAIR_KEYS:
             pair &= (rows[k] == r[k]).to_numpy()
         own = pair & (rows["kv_dtype"] == r["kv_dtype"]).to_numpy() & (rows["mode"] == r["mode"]).to_numpy() & \
             (rows["granularity"] == r["granularity"]).to_numpy()
         base = pair & (rows["kv_dtype"] == baseline).to_numpy()
-        got.append(measured_summary(zip(rows["tokens"][own], rows["time_us"][own], strict=True),
-                                    zip(rows["tokens"][base], rows["time_us"][base], strict=True)))
-    measured = [g.text for g in got]
-    cross["measured"], cross["measured_faster_from"] = measured, [g.faster_from for g in got]
+        if r["status"] == "ok":  # the lines' answer; what the contexts below their range measured, if any
+            short = (rows["tokens"] < r["tokens_lo"]).to_numpy()
+            own, base = own & short, base & short
+        summary = measured_summary(zip(rows["tokens"][own], rows["time_us"][own], strict=True),
+                                   zip(rows["tokens"][base], rows["time_us"][base], strict=True))
+        if r["status"] == "ok":
+            got.append(Measured("", math.nan, math.nan))
+            below.append(f"; below {count_text(r['tokens_lo'])} tokens, off the lines, measured: {summary.text}"
+                         if summary.text else "")
+        else:
+            got.append(summary)
+            below.append(f"; measured, without a line: {summary.text}" if summary.text else "")
+    cross["measured"], cross["measured_faster_from"] = [g.text for g in got], [g.faster_from for g in got]
     cross["measured_best_speedup"] = [g.best_speedup for g in got]
-    cross["answer"] = [a + (f"; measured, without a line: {m}" if m else "") for a, m in
-                       zip(cross["answer"], measured, strict=True)]
+    cross["answer"] = [a + b for a, b in zip(cross["answer"], below, strict=True)]
     return lines, cross
 
 

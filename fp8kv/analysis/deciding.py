@@ -83,18 +83,23 @@ def heldout_advice(advice, heldout: ScaleHealth):
 
 # ------------------------------------------------------------------------------------ the answer
 def _pays(crossings, backend: str | None) -> list[str]:
-    """Per batch, where the best FP8 line (the smallest context from which it pays) starts to pay."""
+    """Per batch, where the best FP8 line starts to pay: of lines paying at every context they hold over, the
+    one FP8 gains most with at the longest; else the one paying from the smallest context."""
     rows = crossings[crossings["status"] == "ok"]
     if backend is not None:
         rows = rows[rows["backend"] == backend]
     out = []
     for batch, g in rows.groupby("batch", sort=True):
         every = g[g["verdict"] == "every"]
+        if "fp8_speedup_at_hi" in every.columns:
+            every = every.sort_values("fp8_speedup_at_hi", ascending=False, kind="stable")
         beyond = g[g["verdict"] == "beyond"].sort_values("crossing_tokens")
         if not every.empty:
             r = every.iloc[0]
-            out.append(f"at every measured context ({r['tokens_lo']:,.0f}-{r['tokens_hi']:,.0f} tokens) at batch "
-                       f"{batch} ({_what(r)})")
+            gain = r.get("fp8_speedup_at_hi", math.nan)
+            gain = f"; {gain:.2f}x at {r['tokens_hi']:,.0f}" if isinstance(gain, float) and math.isfinite(gain) else ""
+            out.append(f"at every measured context ({r['tokens_lo']:,.0f}-{r['tokens_hi']:,.0f} tokens{gain}) at "
+                       f"batch {batch} ({_what(r)})")
         elif not beyond.empty:
             r = beyond.iloc[0]
             out.append(f"beyond {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at batch {batch} "

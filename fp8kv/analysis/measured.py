@@ -64,11 +64,13 @@ def measured_summary(fp8_points, base_points) -> Measured:
     # the faster suffix starts here (len(kind): FP8 is not faster at the longest context)
     tail = len(kind) - next((i for i, c in enumerate(reversed(kind)) if c != "faster"), len(kind))
     faster_from = both[tail] if tail < len(kind) else math.inf
-    span = lambda i, j: f"{min(speedup[i:j]):.2f}-{max(speedup[i:j]):.2f}x"  # noqa: E731
+    span = lambda i, j: (f"{speedup[i]:.2f}x" if j - i == 1 else  # noqa: E731
+                         f"{min(speedup[i:j]):.2f}-{max(speedup[i:j]):.2f}x")
     if len(set(kind)) == 1:
         what = {"faster": "FP8 faster", "slower": "FP8 slower", "level": f"FP8 level (within {LEVEL:.0%})"}[kind[0]]
-        text = f"{what} at every measured context ({count_text(both[0])}-{count_text(both[-1])} tokens; " \
-               f"{span(0, len(both))})"
+        where = (f"at {count_text(both[0])} tokens" if len(both) == 1 else
+                 f"at every measured context ({count_text(both[0])}-{count_text(both[-1])} tokens")
+        text = f"{what} {where}; {span(0, len(both))})" if len(both) > 1 else f"{what} {where} ({span(0, 1)})"
         return Measured(text, faster_from, max(speedup))
     at = {k: ", ".join(count_text(t) for t, c in zip(both, kind, strict=True) if c == k) for k in ("slower", "level")}
     rest = "; ".join(f"{k} at {at[k]}" for k in ("slower", "level") if at[k])

@@ -48,11 +48,19 @@ def _panels(points):
     return data, sorted(set(data["batch"])), list(dict.fromkeys(sorted(data["_backend"])))
 
 
+def _symbols(g, name: str) -> list[str]:
+    """The series' marker at each point, open where a trimmed line left the point out of its fit."""
+    shape = mode_symbol(name)
+    kept = g["in_fit"] if "in_fit" in g.columns else [True] * len(g)
+    return [shape if bool(k) else f"{shape}-open" for k in kept]
+
+
 def breakeven_lines(points, crossings=None, *, title: str | None = None) -> go.Figure:
     """Latency against KV tokens per sequence, one panel per backend (column) x batch (row): the measured
     points (markers) and their fitted lines (``fp8kv.analysis.line_points``), a colour per KV dtype and mode
     (FP8 mode dashed). With ``crossings`` (``fp8kv.analysis.crossings``), a dotted vertical line where each
-    FP8 line crosses its 16-bit partner inside the measured range. Log-log axes (contexts span decades)."""
+    FP8 line crosses its 16-bit partner inside the measured range. Log-log axes (contexts span decades). Open
+    markers: the short contexts a trimmed line left out of its fit (its line is drawn over the rest only)."""
     require_columns(points, _POINT_COLUMNS, "points", rows=True)
     data, batches, backends = _panels(points)
     fig = _grid(batches, backends, lambda b: f"batch {b}", lambda c: c, shared_xaxes=True,
@@ -66,10 +74,11 @@ def breakeven_lines(points, crossings=None, *, title: str | None = None) -> go.F
                 style = dict(color=colours[name])
                 first = i == 0 and j == 0
                 fig.add_trace(go.Scatter(x=g["tokens"], y=g["time_us"], mode="markers", name=name, legendgroup=name,
-                                         showlegend=first, marker=dict(symbol=mode_symbol(name), size=7, **style),
+                                         showlegend=first, marker=dict(symbol=_symbols(g, name), size=7, **style),
                                          hovertemplate="%{x:,} tokens: %{y:.1f} µs measured<extra>" + name
                                                        + "</extra>"), row=i + 1, col=j + 1)
-                fig.add_trace(go.Scatter(x=g["tokens"], y=g["fitted_us"], mode="lines", name=f"{name} (fit)",
+                fit = g[g["in_fit"].astype(bool)] if "in_fit" in g.columns else g
+                fig.add_trace(go.Scatter(x=fit["tokens"], y=fit["fitted_us"], mode="lines", name=f"{name} (fit)",
                                          legendgroup=name, showlegend=False, line=dict(dash=mode_dash(name), **style),
                                          hovertemplate="%{x:,} tokens: %{y:.1f} µs on the line<extra>" + name
                                                        + "</extra>"), row=i + 1, col=j + 1)
@@ -80,7 +89,8 @@ def breakeven_lines(points, crossings=None, *, title: str | None = None) -> go.F
     measured_ticks(fig, "x", data["tokens"].unique(), "tokens")
     fig.update_xaxes(title_text="KV tokens per sequence (context)", row=len(batches))
     fig.update_yaxes(title_text="µs per decode step", col=1)
-    fig.update_layout(title=title or "Decode latency against context (µs, log-log): measured points and fitted lines",
+    fig.update_layout(title=title or ("Decode latency against context (µs, log-log): measured points and fitted "
+                                      "lines (open markers: left out of the fit)"),
                       height=max(360, 280 * len(batches)), legend_title_text="KV dtype · mode")
     return fig
 
@@ -110,7 +120,8 @@ def _axis(fig, row, col, letter) -> str:
 
 def breakeven_residuals(points, *, max_rel_residual: float = 0.05, title: str | None = None) -> go.Figure:
     """Each point's distance from its fitted line, ``(measured - fitted) / measured`` (%), against KV tokens,
-    panels as :func:`breakeven_lines`; dashed lines at ``± max_rel_residual`` (the fit's refusal threshold)."""
+    panels as :func:`breakeven_lines`; dashed lines at ``± max_rel_residual`` (the fit's refusal threshold). Open
+    markers: short contexts a trimmed line left out, measured against the line fitted without them."""
     require_columns(points, _POINT_COLUMNS, "points", rows=True)
     if not (isinstance(max_rel_residual, (int, float)) and 0 < max_rel_residual < 1):
         raise ValueError(f"max_rel_residual={max_rel_residual!r}; expected a fraction in (0, 1)")
@@ -126,7 +137,7 @@ def breakeven_residuals(points, *, max_rel_residual: float = 0.05, title: str | 
                 fig.add_trace(go.Scatter(x=g["tokens"], y=g["rel_residual"], mode="lines+markers", name=name,
                                          legendgroup=name, showlegend=i == 0 and j == 0,
                                          line=dict(color=colours[name], dash=mode_dash(name)),
-                                         marker=dict(color=colours[name], symbol=mode_symbol(name)),
+                                         marker=dict(color=colours[name], symbol=_symbols(g, name)),
                                          hovertemplate="%{x:,} tokens: %{y:.2%} off the line<extra>" + name
                                                        + "</extra>"), row=i + 1, col=j + 1)
             for sign in (1, -1):
@@ -137,7 +148,8 @@ def breakeven_residuals(points, *, max_rel_residual: float = 0.05, title: str | 
     fig.update_yaxes(tickformat=PERCENT)
     fig.update_yaxes(title_text="(measured − fitted) / measured (%)", col=1)
     fig.update_layout(title=title or f"Residuals of the latency lines (% of the measured time; refused beyond "
-                                     f"±{max_rel_residual:.0%})", height=max(320, 240 * len(batches)),
+                                     f"±{max_rel_residual:.0%}; open markers: left out of the fit)",
+                      height=max(320, 240 * len(batches)),
                       legend_title_text="KV dtype · mode")
     return fig
 
