@@ -45,7 +45,7 @@ def test_headline_speed_per_batch_best_line_first():
     text = dc.headline("NVIDIA H200", crossings=cr)
     assert text.startswith("On NVIDIA H200, FP8 KV decodes faster than a 16-bit cache beyond 3,000 tokens per "
                            "sequence at batch 1 (flashinfer, dequant mode)")
-    assert "never within 512-32,768 tokens at batch 16" in text
+    assert "at no measured context (512-32,768 tokens) at batch 16" in text
     assert "at every measured context (512-32,768 tokens) at batch 64 (triton, fp8 mode)" in text
     assert "batch 4" not in text  # a line that was refused answers nothing
     assert "beyond 6,000" in dc.headline("NVIDIA H200", crossings=cr, backend="triton")

@@ -32,6 +32,7 @@ from .accuracy import (
     printable_decodes,
     printable_text,
 )
+from .advice_kl import advice_kl, advice_kl_text, stress_sentence
 from .breakeven import (
     BREAKEVEN_GRID,
     LineFit,
@@ -113,4 +114,4 @@ __all__ = ["COMPARED_FORMATS", "format_accuracy", "kv_format_errors", "model_for
            "breakeven_answers", "SCALE_HEALTH_METHODS", "ScaleHealth", "measure_scale_health", "calibration_scales",
            "keep_bf16_advice", "advice_capacity", "model_scale_health", "LONG_CONTEXTS", "SMOKE_CONTEXTS",
            "long_context_error", "long_context_verdict", "long_context_text", "headline", "heldout_advice",
-           "heldout_scale_health"]
+           "heldout_scale_health", "advice_kl", "advice_kl_text", "stress_sentence"]

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from .. import checks
 from .scale_health import ScaleHealth, measure_scale_health
 
@@ -22,19 +20,22 @@ __all__ = ["heldout_scale_health", "heldout_advice", "headline"]
 # ------------------------------------------------------------------------------------ held-out advice
 def heldout_scale_health(model: str = "smollm2-135m", num_tokens: int = 256, calibration_tokens: int = 256,
                          num_queries: int = 16, *, offset: int | None = None, device="cpu",
-                         kv_dtype: str = "fp8_e4m3", granularity: str = "tensor", methods=None) -> ScaleHealth:
+                         kv_dtype: str = "fp8_e4m3", granularity: str = "tensor", methods=None,
+                         key_gain: float = 1.0, key_layers=()) -> ScaleHealth:
     """:func:`~fp8kv.analysis.model_scale_health` on another stretch of the evaluation text: ``num_tokens``
     tokens from token ``offset`` (default ``num_tokens + calibration_tokens``, right after the text that
     ``model_scale_health`` captures and calibrates on), with the *same* calibrated scales (from tokens
-    ``num_tokens .. num_tokens + calibration_tokens``). ImportError as ``model_scale_health``'s."""
-    from ..models import KVQuantConfig, calibrate_scales, capture_kv, load_model, text_tokens
+    ``num_tokens .. num_tokens + calibration_tokens``); ``key_gain`` / ``key_layers`` as there. ImportError as
+    ``model_scale_health``'s."""
+    from ..models import KVQuantConfig, calibrate_scales, capture_kv, text_tokens
+    from .advice_kl import load_health_model
 
     num_tokens = checks.positive_int(num_tokens, "num_tokens")
     calibration_tokens = checks.positive_int(calibration_tokens, "calibration_tokens")
     checks.integer(num_queries, "num_queries", minimum=1, maximum=num_tokens)
     offset = num_tokens + calibration_tokens if offset is None else checks.nonnegative_int(offset, "offset")
     checks.one_of(kv_dtype, "kv_dtype", ("fp8_e4m3", "fp8_e5m2"))
-    net, tok = load_model(model, dtype=torch.float32, device=device)
+    net, tok, _ = load_health_model(model, device=device, key_gain=key_gain, key_layers=key_layers)
     cap = capture_kv(net, text_tokens(tok, num_tokens, offset=offset))
     cal = calibrate_scales(net, text_tokens(tok, calibration_tokens, offset=num_tokens),
                            KVQuantConfig(kv_dtype=kv_dtype, granularity=granularity), window=calibration_tokens)
@@ -105,7 +106,8 @@ def _pays(crossings, backend: str | None) -> list[str]:
             out.append(f"beyond {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at batch {batch} "
                        f"({_what(r)})")
         else:
-            out.append(f"never within {g['tokens_lo'].min():,.0f}-{g['tokens_hi'].max():,.0f} tokens at batch {batch}")
+            out.append(f"at no measured context ({g['tokens_lo'].min():,.0f}-{g['tokens_hi'].max():,.0f} tokens) at batch "
+                       f"{batch}")
     return out
 
 

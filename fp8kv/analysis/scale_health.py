@@ -452,7 +452,8 @@ def advice_capacity(advice, model, *, kv_dtype: str = "fp8_e4m3", granularity: s
 # ------------------------------------------------------------------------------------ a real model
 def model_scale_health(model: str = "smollm2-135m", num_tokens: int = 256, calibration_tokens: int = 256,
                        num_queries: int = 16, *, device="cpu", kv_dtype: str = "fp8_e4m3",
-                       granularity: str = "tensor", methods=None, percentile: float = 99.9) -> ScaleHealth:
+                       granularity: str = "tensor", methods=None, percentile: float = 99.9, key_gain: float = 1.0,
+                       key_layers=()) -> ScaleHealth:
     """:func:`measure_scale_health` of an offline model (``fp8kv.models``) on the fixed evaluation text.
 
     One forward of ``num_tokens`` tokens captures every layer's K (after RoPE), V and Q; the last
@@ -462,14 +463,15 @@ def model_scale_health(model: str = "smollm2-135m", num_tokens: int = 256, calib
     ImportError when the ``models`` extra or the weights package is missing (the message names the pip
     command).
     """
-    from ..models import KVQuantConfig, calibrate_scales, capture_kv, load_model, text_tokens
+    from ..models import KVQuantConfig, calibrate_scales, capture_kv, text_tokens
+    from .advice_kl import load_health_model
 
     num_tokens = checks.positive_int(num_tokens, "num_tokens")
     calibration_tokens = checks.positive_int(calibration_tokens, "calibration_tokens")
     checks.integer(num_queries, "num_queries", minimum=1, maximum=num_tokens)
     checks.one_of(granularity, "granularity", HEALTH_GRANULARITIES)
     _fp8(kv_dtype)  # refused before the model loads
-    net, tok = load_model(model, dtype=torch.float32, device=device)
+    net, tok, changed = load_health_model(model, device=device, key_gain=key_gain, key_layers=key_layers)
     cap = capture_kv(net, text_tokens(tok, num_tokens))
     cal = calibrate_scales(net, text_tokens(tok, calibration_tokens, offset=num_tokens),
                            KVQuantConfig(kv_dtype=kv_dtype, granularity=granularity), window=calibration_tokens)
@@ -477,5 +479,5 @@ def model_scale_health(model: str = "smollm2-135m", num_tokens: int = 256, calib
                           q=[x[-num_queries:].float() for x in cap.q], sm_scale=cap.sm_scale, calibration=cal,
                           kv_dtype=kv_dtype, granularity=granularity, methods=methods, percentile=percentile)
     health.notes.append(f"{model}: {num_tokens} tokens captured, {num_queries} decode queries, calibrated on the "
-                        f"next {calibration_tokens} tokens of the evaluation text")
+                        f"next {calibration_tokens} tokens of the evaluation text" + (f"; {changed}" if changed else ""))
     return health

@@ -20,7 +20,7 @@ import math
 import torch
 
 from .introspect import check_token_id, layer_types, num_layers, token_ids
-from .kv_config import BASELINE, KVQuantConfig, check_layer_scales
+from .kv_config import BASELINE, KVQuantConfig, check_config_layers
 from .loading import windows
 from .quantized import KVStats, quantized_kv
 
@@ -130,8 +130,7 @@ def evaluate(model, tokens, configs, *, window: int = 256, n_windows: int | None
         dup = sorted({x for x in labels if labels.count(x) > 1})
         raise ValueError(f"config labels must be distinct (give them names); duplicated: {dup}")
     for c in configs:  # before any window runs, not at the first layer of the second config
-        check_layer_scales(model, **{f"k_scale of config {c.label!r}": c.k_scale,
-                                     f"v_scale of config {c.label!r}": c.v_scale})
+        check_config_layers(model, c)
     # Ids enter here: out-of-vocabulary ones would fail in the embedding with a bare IndexError.
     tokens = token_ids(tokens, "tokens", model)
     if bos_token_id is not None:

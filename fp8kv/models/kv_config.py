@@ -16,7 +16,7 @@ from ..quant import GRANULARITIES, SCALE_METHODS, compute_scale, quantize
 from .introspect import num_layers
 
 __all__ = ["KV_CONFIG_DTYPES", "KVQuantConfig", "BASELINE", "quantize_kv", "round_through", "layer_entry",
-           "check_layer_scales"]
+           "check_layer_scales", "check_config_layers"]
 
 
 def round_through(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -65,6 +65,16 @@ def check_layer_scales(model, **specs) -> None:
         layer_entry(spec, name, 0, n)
 
 
+def check_config_layers(model, cfg: KVQuantConfig, *, named: bool = True) -> None:
+    """A config's per-layer scales and 16-bit layers against ``model``'s layers, once where they enter; the
+    messages name the config by its label with ``named`` (where several are compared)."""
+    of = f" of config {cfg.label!r}" if named else ""
+    check_layer_scales(model, **{f"k_scale{of}": cfg.k_scale, f"v_scale{of}": cfg.v_scale})
+    n = num_layers(model)
+    if cfg.bf16_layers and cfg.bf16_layers[-1] >= n:
+        raise ValueError(f"bf16_layers={list(cfg.bf16_layers)}{of}: the model has {n} layers (0..{n - 1})")
+
+
 def _describe_scale(value) -> str:
     if value is None:
         return "amax"
@@ -102,6 +112,8 @@ class KVQuantConfig:
         baseline, whatever ``kv_dtype`` is: ``kv_dtype="fp16", quantize_k=False`` stores V in fp16 and K
         in bf16, labelled ``"fp16 V only"``). Bools.
     percentile : for ``"percentile"`` scales.
+    bf16_layers : layers whose K and V stay 16-bit (rounded to bf16, the baseline): vLLM's
+        ``--kv-cache-dtype-skip-layers``, the advice of :func:`fp8kv.analysis.keep_bf16_advice`.
     fmt : a storage format of :mod:`fp8kv.kv_formats` (``"int8_token_head"``, ``"int4_token_head"``,
         ``"kivi4_g32"``, ``"nvfp4"``, ``"mxfp4"``, ...: :data:`~fp8kv.kv_formats.KV_FORMAT_NAMES`) instead of
         ``kv_dtype``: K and V go through :func:`fp8kv.kv_formats.quantize` with the format's own scales
@@ -121,8 +133,16 @@ class KVQuantConfig:
     quantize_v: bool = True
     percentile: float = 99.9
     fmt: str | None = None
+    bf16_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
+        try:
+            layers = list(self.bf16_layers)
+        except TypeError:
+            raise TypeError(f"bf16_layers={self.bf16_layers!r}; expected layer indices (ints >= 0)") from None
+        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers):
+            raise ValueError(f"bf16_layers={self.bf16_layers!r}; expected layer indices (ints >= 0)")
+        self.bf16_layers = tuple(sorted(set(layers)))
         if self.fmt is not None:
             self.fmt = kv_format(self.fmt).name  # TypeError / ValueError naming fmt and the formats
         if not isinstance(self.kv_dtype, str):
@@ -160,7 +180,7 @@ class KVQuantConfig:
             return self.name
         if self.fmt is not None:
             return " ".join([self.fmt] + (["V only"] if not self.quantize_k else []) +
-                            (["K only"] if not self.quantize_v else []))
+                            (["K only"] if not self.quantize_v else [])) + self._bf16_label()
         # Results are keyed by label, so every field that changes what is computed shows in it: the
         # quantize flags too for a 16/32-bit cache (its other side is bf16: "fp16 V only" is not "fp16").
         if not self.is_fp8:
@@ -174,7 +194,10 @@ class KVQuantConfig:
             parts.append("V only")
         if not self.quantize_v:
             parts.append("K only")
-        return " ".join(parts)
+        return " ".join(parts) + self._bf16_label()
+
+    def _bf16_label(self) -> str:
+        return f" bf16 layers {','.join(str(x) for x in self.bf16_layers)}" if self.bf16_layers else ""
 
     def describe(self) -> dict:
         """The configuration as plain columns for result tables."""
@@ -205,7 +228,7 @@ def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
     quantize_side = cfg.quantize_k if which == "k" else cfg.quantize_v
     amax = float(x.detach().abs().amax()) if x.numel() else 0.0
     info = dict(saturated=0, underflow=0, numel=x.numel(), scale=float("nan"), amax=amax)
-    if not quantize_side:  # the baseline's bf16, for a 16/32-bit kv_dtype too (as documented)
+    if not quantize_side or layer in cfg.bf16_layers:  # the baseline's bf16, for a 16/32-bit kv_dtype too
         return round_through(x, torch.bfloat16), info
     if cfg.fmt is not None:
         return _through_format(x, cfg, which, info)

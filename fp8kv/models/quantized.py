@@ -10,7 +10,7 @@ import torch
 
 from .attention import attention_handler, model_attention
 from .introspect import layer_types, num_layers, one_sequence
-from .kv_config import BASELINE, KVQuantConfig, check_layer_scales, quantize_kv, round_through
+from .kv_config import BASELINE, KVQuantConfig, check_config_layers, quantize_kv, round_through
 
 __all__ = ["KVStats", "quantized_kv", "run_quantized"]
 
@@ -109,7 +109,7 @@ def quantized_kv(model, cfg: KVQuantConfig, *, measure_error: bool = True, stats
     """
     if not isinstance(cfg, KVQuantConfig):
         raise TypeError(f"cfg must be a KVQuantConfig, got {type(cfg).__name__}")
-    check_layer_scales(model, k_scale=cfg.k_scale, v_scale=cfg.v_scale)  # the config meets the model here
+    check_config_layers(model, cfg, named=False)  # the config meets the model here
     stats = stats if stats is not None else KVStats(num_layers(model), layer_types(model))
     with attention_handler(model, _QuantHandler(cfg, stats, measure_error)):
         yield stats

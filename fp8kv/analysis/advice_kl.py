@@ -1,0 +1,127 @@
+"""Whether the keep-16-bit advice buys accuracy where it counts, in the model's next-token distribution: KL
+against the 16-bit cache with every layer FP8, and with the advised layers 16-bit (vLLM's
+``--kv-cache-dtype-skip-layers``), per scale method, on a stretch of the text the advice was not chosen on.
+
+The advice itself (:func:`fp8kv.analysis.keep_bf16_advice`) is chosen on the attention output's error; this is
+the measurement that says whether following it changes what the model predicts."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import checks
+
+__all__ = ["METHOD_SCALES", "advice_kl", "advice_kl_text", "stress_sentence", "load_health_model"]
+
+# Each scale method of the scale health as a simulated cache's (k_scale, v_scale); "calibrated" takes the
+# per-layer scales calibrate_scales derives from the calibration text instead.
+METHOD_SCALES = {"1.0": (1.0, 1.0), "amax": ("amax", "amax"), "percentile": ("percentile", "percentile"),
+                 "vllm": ("vllm_k", "vllm_v")}
+
+
+def load_health_model(model: str, *, device="cpu", key_gain: float = 1.0, key_layers=()):
+    """``fp8kv.models.load_model(model)`` in fp32 on ``device``, with the keys of ``key_layers`` multiplied by
+    ``key_gain`` and their queries divided by it (:func:`fp8kv.models.outliers.scale_keys`: the same function,
+    larger keys) when ``key_layers`` is not empty. Returns ``(net, tokenizer, note)``, the note saying what was
+    changed ("" for nothing)."""
+    from ..models import load_model
+    from ..models.outliers import scale_keys
+
+    key_layers = [] if key_layers is None else list(key_layers)
+    key_gain = checks.real(key_gain, "key_gain", minimum=0.0, inclusive=False)
+    net, tok = load_model(model, dtype=torch.float32, device=device)
+    if not key_layers:
+        return net, tok, ""
+    layers = scale_keys(net, key_gain, key_layers)
+    return net, tok, (f"keys of layer(s) {', '.join(map(str, layers))} x{key_gain:g} and their queries "
+                      f"/{key_gain:g} (the same function, larger keys)")
+
+
+def advice_kl(model: str, advice, *, num_tokens: int = 256, calibration_tokens: int = 256, window: int = 128,
+              offset: int | None = None, device="cpu", kv_dtype: str = "fp8_e4m3", key_gain: float = 1.0,
+              key_layers=()):
+    """Per method of ``advice`` (``keep_bf16_advice``'s or ``advice_capacity``'s table): next-token KL and top-1
+    agreement against the bf16 cache (:func:`fp8kv.models.evaluate`, windows of ``window`` tokens) with every
+    layer FP8, and with the advice's ``layers_bf16`` kept 16-bit. The text: ``num_tokens`` tokens from token
+    ``offset`` (default ``num_tokens + calibration_tokens``: after what ``model_scale_health`` captures and
+    calibrates on, the held-out stretch); the ``"calibrated"`` scales from tokens ``num_tokens`` ..
+    ``num_tokens + calibration_tokens`` as there. ``key_gain`` / ``key_layers``: :func:`load_health_model`'s.
+
+    Returns ``advice`` with ``kl_all_fp8``, ``kl_after``, ``top1_all_fp8``, ``top1_after`` and ``kl_reduces``
+    (after < all-FP8, or no layer kept). ImportError as ``fp8kv.models``' without the ``models`` extra."""
+    import pandas as pd
+
+    from ..models import KVQuantConfig, bos_token_id, calibrate_scales, evaluate, text_tokens
+
+    if not isinstance(advice, pd.DataFrame) or {"method", "layers_bf16"} - set(advice.columns):
+        checks.fail("advice must be keep_bf16_advice()'s table", TypeError)
+    unknown = sorted(set(advice["method"]) - set(METHOD_SCALES) - {"calibrated"})
+    if unknown:
+        checks.fail(f"advice has method(s) {unknown}; expected among {[*METHOD_SCALES, 'calibrated']}")
+    num_tokens = checks.positive_int(num_tokens, "num_tokens")
+    calibration_tokens = checks.positive_int(calibration_tokens, "calibration_tokens")
+    window = checks.integer(window, "window", minimum=2, maximum=num_tokens)
+    offset = num_tokens + calibration_tokens if offset is None else checks.nonnegative_int(offset, "offset")
+    checks.one_of(kv_dtype, "kv_dtype", ("fp8_e4m3", "fp8_e5m2"))
+    net, tok, _ = load_health_model(model, device=device, key_gain=key_gain, key_layers=key_layers)
+    scales = dict(METHOD_SCALES)
+    if "calibrated" in set(advice["method"]):
+        scales["calibrated"] = calibrate_scales(net, text_tokens(tok, calibration_tokens, offset=num_tokens),
+                                                KVQuantConfig(kv_dtype=kv_dtype), window=calibration_tokens)
+    configs = []
+    for r in advice.itertuples(index=False):
+        k, v = scales[r.method]
+        configs.append(KVQuantConfig(name=f"{r.method} all FP8", kv_dtype=kv_dtype, k_scale=k, v_scale=v))
+        if len(r.layers_bf16):
+            configs.append(KVQuantConfig(name=f"{r.method} advised", kv_dtype=kv_dtype, k_scale=k, v_scale=v,
+                                         bf16_layers=tuple(int(x) for x in r.layers_bf16)))
+    got = evaluate(net, text_tokens(tok, num_tokens, offset=offset), configs, window=window,
+                   bos_token_id=bos_token_id(tok), measure_error=False).set_index("config")
+    out = advice.copy()
+    for col, metric in (("kl", "kl_mean"), ("top1", "top1_agree")):
+        out[f"{col}_all_fp8"] = [float(got.loc[f"{m} all FP8", metric]) for m in out["method"]]
+        out[f"{col}_after"] = [float(got.loc[f"{m} advised" if len(kept) else f"{m} all FP8", metric])
+                               for m, kept in zip(out["method"], out["layers_bf16"], strict=True)]
+    out["kl_reduces"] = [a < b or not len(kept) for a, b, kept in
+                         zip(out["kl_after"], out["kl_all_fp8"], out["layers_bf16"], strict=True)]
+    return out
+
+
+def advice_kl_text(table) -> list[str]:
+    """One line per method of :func:`advice_kl`'s table: the layers kept and the KL and top-1 agreement they
+    buy, or the KL of every layer FP8 where none is kept."""
+    import pandas as pd
+
+    need = {"method", "layers_bf16", "kl_all_fp8", "kl_after", "top1_all_fp8", "top1_after"}
+    if not isinstance(table, pd.DataFrame) or need - set(table.columns):
+        checks.fail("table must be advice_kl()'s", TypeError)
+    out = []
+    for r in table.itertuples(index=False):
+        if len(r.layers_bf16):
+            kept = ", ".join(str(int(x)) for x in sorted(r.layers_bf16))
+            out.append(f"scale {r.method}: layers {kept} kept 16-bit: next-token KL {r.kl_all_fp8:.3g} -> "
+                       f"{r.kl_after:.3g}, top-1 agreement {r.top1_all_fp8:.1%} -> {r.top1_after:.1%}")
+        else:
+            out.append(f"scale {r.method}: every layer FP8: next-token KL {r.kl_all_fp8:.3g}, top-1 agreement "
+                       f"{r.top1_all_fp8:.1%}")
+    return out
+
+
+def stress_sentence(table, key_gain: float, key_layers) -> str:
+    """The answer's sentence for :func:`advice_kl` of the model with large keys: what scale 1.0 does to it and
+    what keeping the collapsed layers 16-bit buys in next-token KL ("" without a ``"1.0"`` row)."""
+    import pandas as pd
+
+    if not isinstance(table, pd.DataFrame) or {"method", "layers_bf16", "kl_all_fp8", "kl_after"} - set(table.columns):
+        checks.fail("table must be advice_kl()'s", TypeError)
+    rows = table[table["method"] == "1.0"]
+    if rows.empty:
+        return ""
+    r = rows.iloc[0]
+    layers = ", ".join(str(int(x)) for x in sorted(key_layers))
+    where = f"With the keys of layer(s) {layers} x{key_gain:g} (the same model, keys beyond e4m3's range)"
+    if not len(r["layers_bf16"]):
+        return f"{where}, scale 1.0 still needs no 16-bit layer (next-token KL {r['kl_all_fp8']:.3g})."
+    kept = ", ".join(str(int(x)) for x in sorted(r["layers_bf16"]))
+    return (f"{where}, scale 1.0 needs layer(s) {kept} 16-bit: keeping them cuts the next-token KL from "
+            f"{r['kl_all_fp8']:.3g} to {r['kl_after']:.3g}.")
