@@ -141,7 +141,7 @@ def test_a_launch_floor_is_left_out_and_said():
     assert lines.set_index("kv_dtype").loc["bf16", "left_out"] == 0
     row = cr.iloc[0]
     assert row["status"] == "ok" and row["tokens_lo"] == 4096 and row["left_out"] == 4 and row["verdict"] == "every"
-    assert "(4,096-32,768 tokens per sequence, where both lines hold" in row["answer"]
+    assert "FP8 KV pays at every context where both lines hold (4,096-32,768 tokens per sequence" in row["answer"]
     # 16-bit 10 + 0.02 c against FP8's floor of 40 µs: slower up to 1,456 (39.1 µs), faster at 2,432 (58.6 µs)
     assert row["answer"].endswith("; below 4,096 tokens, off the lines, measured: FP8 faster from 2,432 tokens on "
                                   "(1.47x); slower at 512, 864, 1,456")
@@ -150,6 +150,23 @@ def test_a_launch_floor_is_left_out_and_said():
     assert list(fp8_pts["in_fit"]) == [c >= 4096 for c in CONTEXTS]
     assert (fp8_pts.loc[~fp8_pts["in_fit"], "rel_residual"].abs() > 0.05).all()  # why they were left out
     assert be.line_points(rows, trim=False)["in_fit"].all()
+
+
+def test_a_split_step_with_slower_short_contexts_is_fitted_past_it():
+    """A split rule's step at 4,096 (shorter contexts slower than the long line): the line holds from 4,096 with
+    the four shorter contexts left out, as a launch floor's would be."""
+    step = lambda c: 10.0 + 0.001 * c if c < 4096 else 4.0 + 0.0004 * c  # noqa: E731
+    fp8 = be.fit_lines(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": step})).set_index("kv_dtype").loc["fp8_e4m3"]
+    assert fp8["status"] == "ok" and fp8["tokens_min"] == 4096 and fp8["left_out"] == 4
+
+
+def test_short_contexts_faster_than_the_line_are_never_left_out():
+    """Short contexts far *below* the line are no floor: trimming them away would hide a real effect, so the
+    line stays refused."""
+    fast_start = lambda c: 2.0 if c < 4096 else 10.0 + 0.01 * c  # noqa: E731
+    lines, cr = be.breakeven_context(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": fast_start}))
+    fp8 = lines.set_index("kv_dtype").loc["fp8_e4m3"]
+    assert fp8["status"] == "no fit" and fp8["left_out"] == 0 and cr.iloc[0]["status"] == "no fit"
 
 
 def test_trimming_keeps_at_least_five_contexts():

@@ -57,14 +57,32 @@ def test_headline_speed_per_batch_best_line_first():
     assert "no FP8 latency line held" in dc.headline("cpu", crossings=cr[cr["status"] != "ok"])
 
 
-def test_headline_names_the_pair_fp8_gains_most_with_where_several_pay_everywhere():
-    cr = _crossings([dict(backend="flashinfer", mode="dequant", batch=16, verdict="every", crossing_tokens=-5.0,
-                          fp8_speedup_at_hi=1.31),
-                     dict(backend="triton", mode="dequant", batch=16, verdict="every", crossing_tokens=-9.0,
-                          fp8_speedup_at_hi=1.86, tokens_lo=4096.0)])
-    text = dc.headline("NVIDIA H100", crossings=cr)
-    assert text == ("On NVIDIA H100, FP8 KV decodes faster than a 16-bit cache at every measured context "
-                    "(4,096-32,768 tokens; 1.86x at 32,768) at batch 16 (triton, dequant mode).")
+def test_headline_prefers_the_pair_paying_from_the_shortest_context_then_the_larger_gain():
+    """Of pairs paying at every context they hold over: the one holding from the shortest context (a trimmed
+    line's left-out contexts may be slower), then the one FP8 gains most with; a trimmed pair says its range is
+    where its lines hold."""
+    rows = [dict(backend="flashinfer", mode="dequant", batch=16, verdict="every", crossing_tokens=-5.0,
+                 fp8_speedup_at_hi=1.31, left_out=0),
+            dict(backend="triton", mode="dequant", batch=16, verdict="every", crossing_tokens=-9.0,
+                 fp8_speedup_at_hi=1.86, tokens_lo=4096.0, left_out=4),
+            dict(backend="triton", mode="fp8", batch=64, verdict="every", crossing_tokens=-9.0,
+                 fp8_speedup_at_hi=1.2, left_out=0),
+            dict(backend="flashinfer", mode="dequant", batch=64, verdict="every", crossing_tokens=-9.0,
+                 fp8_speedup_at_hi=1.5, left_out=0),
+            dict(backend="triton", mode="dequant", batch=256, verdict="every", crossing_tokens=-9.0,
+                 fp8_speedup_at_hi=1.9, tokens_lo=1456.0, left_out=2)]
+    text = dc.headline("NVIDIA H100", crossings=_crossings(rows))
+    assert ("at every measured context (512-32,768 tokens; 1.31x at 32,768) at batch 16 (flashinfer, dequant mode)"
+            in text)
+    assert "(512-32,768 tokens; 1.50x at 32,768) at batch 64 (flashinfer, dequant mode)" in text
+    assert ("at every context where its lines hold (1,456-32,768 tokens; 1.90x at 32,768) at batch 256 (triton, "
+            "dequant mode)") in text
+
+
+def test_headline_says_where_fp8_pays_only_below_a_crossing():
+    cr = _crossings([dict(backend="triton", mode="dequant", batch=1, verdict="below", crossing_tokens=4000.0)])
+    assert "only below 4,000 tokens per sequence at batch 1 (triton, dequant mode)" in dc.headline("H100",
+                                                                                                    crossings=cr)
 
 
 def test_headline_says_what_the_points_measured_where_no_line_held():

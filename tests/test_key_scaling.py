@@ -78,12 +78,27 @@ def test_bf16_layers_stay_16_bit_and_are_named():
 
 
 @pytest.mark.parametrize("layers, exc, words", [
-    ([-1], ValueError, "bf16_layers=[-1]"), (["a"], ValueError, "bf16_layers=['a']"),
-    ([True], ValueError, "bf16_layers=[True]"), (5, TypeError, "bf16_layers=5"),
+    ([-1], ValueError, "bf16_layers=[-1]"), (["a"], TypeError, "bf16_layers=['a']"),
+    ([True], TypeError, "bf16_layers=[True]"), (5, TypeError, "bf16_layers=5"), ([1.0], TypeError, "bf16_layers=[1.0]"),
 ])
 def test_bf16_layers_refused_by_name(layers, exc, words):
     with pytest.raises(exc, match=words.replace("[", r"\[")):
         KVQuantConfig(bf16_layers=layers)
+
+
+def test_bf16_layers_take_numpy_integers():
+    import numpy as np
+
+    assert KVQuantConfig(bf16_layers=np.array([2, 1])).bf16_layers == (1, 2)
+
+
+@pytest.mark.parametrize("layers, exc, words", [(5, TypeError, "key_layers=5"), (["a"], TypeError, "key_layers='a'"),
+                                                ([-1], ValueError, "key_layers=-1")])
+def test_key_layers_are_checked_before_the_model_loads(layers, exc, words):
+    from fp8kv.analysis.advice_kl import load_health_model
+
+    with pytest.raises(exc, match=words):
+        load_health_model("no-such-model", key_layers=layers)  # refused before the name is even looked up
 
 
 def test_bf16_layer_beyond_the_model_is_refused_where_it_meets_it():

@@ -27,7 +27,12 @@ def load_health_model(model: str, *, device="cpu", key_gain: float = 1.0, key_la
     from ..models import load_model
     from ..models.outliers import scale_keys
 
-    key_layers = [] if key_layers is None else list(key_layers)
+    if key_layers is None or (not isinstance(key_layers, str) and hasattr(key_layers, "__len__")
+                              and len(key_layers) == 0):
+        key_layers = []
+    else:  # checked before the model loads; the model's layer count where scale_keys meets it
+        key_layers = [checks.integer(x, "key_layers", minimum=0)
+                      for x in checks.listed(key_layers, "key_layers", "layer indices (ints >= 0)")]
     key_gain = checks.real(key_gain, "key_gain", minimum=0.0, inclusive=False)
     net, tok = load_model(model, dtype=torch.float32, device=device)
     if not key_layers:

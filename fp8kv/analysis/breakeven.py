@@ -31,7 +31,8 @@ has no slope to compare).
 A launch floor bends the short end: below a few thousand tokens a decode's time is its launch and set-up,
 not its bytes. With ``trim`` (the default) a line refused over all its contexts is fitted again without its
 shortest contexts, one at a time, while at least :data:`MIN_TRIMMED_CONTEXTS` contexts (and half of them)
-remain; the first that holds is the line, over the range it was fitted on (``tokens_min``, ``left_out`` the
+remain, and the contexts left out lie above it (slower than the line says: a floor, never a shortcut); the
+first that holds is the line, over the range it was fitted on (``tokens_min``, ``left_out`` the
 contexts below it). Its pair's crossing is read in that range only, and what the left-out contexts measured is
 said beside it (:mod:`.measured`). Only the short end is ever left out: a line that bends anywhere else stays
 refused.
@@ -243,9 +244,12 @@ def _trimmed_fit(x: np.ndarray, y: np.ndarray, thresholds: dict) -> tuple[LineFi
     for start in contexts[1:len(contexts) - keep_at_least + 1]:
         kept = x >= start
         try:
-            return fit_line(x[kept], y[kept], **thresholds), float(start)
+            fit = fit_line(x[kept], y[kept], **thresholds)
         except LineFitError:
             continue
+        # A launch floor or a set-up cost only makes short contexts slower than the line: never below it.
+        if (y[~kept] >= fit.intercept + fit.slope * x[~kept]).all():
+            return fit, float(start)
     return None
 
 
@@ -281,8 +285,9 @@ def fit_lines(df, *, min_tokens: float | None = None, max_tokens: float | None =
     ``relative`` (the weights) are :func:`fit_line`'s; ``trim`` fits a line refused over all its contexts
     without its shortest ones (module docstring).
 
-    Returns a DataFrame, one row per line: the :data:`LINE_KEYS`, ``n_points``, ``n_contexts``,
-    ``tokens_min``, ``tokens_max``, ``intercept_us``, ``slope_us_per_token`` (µs per token per sequence),
+    Returns a DataFrame, one row per line: the :data:`LINE_KEYS`, ``n_points``, ``n_contexts`` (those fitted),
+    ``tokens_min``, ``tokens_max`` (the range fitted), ``left_out`` (the short contexts a trimmed line left out,
+    0 for a line over all of them), ``intercept_us``, ``slope_us_per_token`` (µs per token per sequence),
     ``intercept_se``, ``slope_se``, ``cov_intercept_slope``, ``dof``, ``r2``, ``max_rel_residual``,
     ``kernels`` (the kernels the rows name), ``status`` (``"ok"`` or ``"no fit"``) and ``reason``. A refused
     line keeps its numbers where it has three contexts (to show what was refused) but is never used.
@@ -348,7 +353,8 @@ def crossings(lines, *, baseline: str = "bf16"):
     head layout and batch (:data:`PAIR_KEYS`).
 
     ``lines``: :func:`fit_lines`' table. Returns one row per FP8 line: the pair keys, ``kv_dtype``, ``mode``,
-    ``granularity``, ``tokens_lo`` / ``tokens_hi`` (the contexts both lines measured), ``crossing_tokens``,
+    ``granularity``, ``tokens_lo`` / ``tokens_hi`` (the range both lines hold over), ``left_out`` (the most
+    short contexts either line left out), ``crossing_tokens``,
     ``crossing_se`` (delta method), ``crossing_lo`` / ``crossing_hi`` (95 %), ``slope_gap_z`` (the slopes'
     difference over its standard error), ``fp8_speedup_at_hi`` (16-bit time over FP8 time at
     ``tokens_hi``, on the lines), ``verdict`` (``"beyond"``: FP8 pays beyond the crossing; ``"every"``:
@@ -426,8 +432,9 @@ def answer_text(row) -> str:
     if row["status"] != "ok":
         return f"{where}, batch {b}: no answer {what}: {row['reason']}"
     measured = f"{count_text(row['tokens_lo'])}-{count_text(row['tokens_hi'])} tokens per sequence"
+    span = "measured context"
     if row.get("left_out", 0):
-        measured += ", where both lines hold"
+        span = "context where both lines hold"
     interval = ""
     if math.isfinite(row["crossing_tokens"]):
         interval = f"95 % {count_text(row['crossing_lo'])} to {count_text(row['crossing_hi'])}"
@@ -440,15 +447,16 @@ def answer_text(row) -> str:
     elif v == "below":
         text = f"FP8 KV pays only below {n} tokens per sequence at batch {b} (its line is the steeper one; {interval})"
     elif v == "every":
-        text = f"FP8 KV pays at every measured context ({measured}{outside}) at batch {b}"
+        text = f"FP8 KV pays at every {span} ({measured}{outside}) at batch {b}"
     else:
-        text = f"FP8 KV never pays within the measured range ({measured}{outside}) at batch {b}"
+        where = "measured range" if span.startswith("measured") else "range where both lines hold"
+        text = f"FP8 KV never pays within the {where} ({measured}{outside}) at batch {b}"
     return f"{where}, {text} {what}"
 
 
 def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
     """:func:`crossings` of :func:`fit_lines` of bench rows ``df``: ``(lines, crossings)``.
-    ``fit_kw`` (``min_tokens``, ``max_tokens``, thresholds) go to :func:`fit_lines`.
+    ``fit_kw`` (``min_tokens``, ``max_tokens``, thresholds, ``trim``) go to :func:`fit_lines`.
 
     A pair whose lines hold over a range that leaves out its shortest contexts gets what those contexts measured
     added to its answer. A pair with no answer (a line does not hold) gets ``measured``,

@@ -84,26 +84,33 @@ def heldout_advice(advice, heldout: ScaleHealth):
 
 # ------------------------------------------------------------------------------------ the answer
 def _pays(crossings, backend: str | None) -> list[str]:
-    """Per batch, where the best FP8 line starts to pay: of lines paying at every context they hold over, the
-    one FP8 gains most with at the longest; else the one paying from the smallest context."""
+    """Per batch, where the best FP8 line starts to pay: of the lines paying at every context they hold over,
+    the one holding from the shortest context, then the one FP8 gains most with at the longest; else the one
+    paying beyond the smallest context; else one paying only below a crossing."""
     rows = crossings[crossings["status"] == "ok"]
     if backend is not None:
         rows = rows[rows["backend"] == backend]
     out = []
     for batch, g in rows.groupby("batch", sort=True):
-        every = g[g["verdict"] == "every"]
-        if "fp8_speedup_at_hi" in every.columns:
-            every = every.sort_values("fp8_speedup_at_hi", ascending=False, kind="stable")
+        every = g[g["verdict"] == "every"].copy()
+        every["_gain"] = -every["fp8_speedup_at_hi"].fillna(0.0) if "fp8_speedup_at_hi" in every.columns else 0.0
+        every = every.sort_values(["tokens_lo", "_gain"], kind="stable")
         beyond = g[g["verdict"] == "beyond"].sort_values("crossing_tokens")
+        below = g[g["verdict"] == "below"].sort_values("crossing_tokens", ascending=False)
         if not every.empty:
             r = every.iloc[0]
             gain = r.get("fp8_speedup_at_hi", math.nan)
             gain = f"; {gain:.2f}x at {r['tokens_hi']:,.0f}" if isinstance(gain, float) and math.isfinite(gain) else ""
-            out.append(f"at every measured context ({r['tokens_lo']:,.0f}-{r['tokens_hi']:,.0f} tokens{gain}) at "
-                       f"batch {batch} ({_what(r)})")
+            span = "every context where its lines hold" if r.get("left_out", 0) else "every measured context"
+            out.append(f"at {span} ({r['tokens_lo']:,.0f}-{r['tokens_hi']:,.0f} tokens{gain}) at batch {batch} "
+                       f"({_what(r)})")
         elif not beyond.empty:
             r = beyond.iloc[0]
             out.append(f"beyond {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at batch {batch} "
+                       f"({_what(r)})")
+        elif not below.empty:
+            r = below.iloc[0]
+            out.append(f"only below {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at batch {batch} "
                        f"({_what(r)})")
         else:
             out.append(f"at no measured context ({g['tokens_lo'].min():,.0f}-{g['tokens_hi'].max():,.0f} tokens) at batch "

@@ -4,6 +4,7 @@ one layer's K or V stored and loaded through it (:func:`quantize_kv`)."""
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -140,9 +141,11 @@ class KVQuantConfig:
             layers = list(self.bf16_layers)
         except TypeError:
             raise TypeError(f"bf16_layers={self.bf16_layers!r}; expected layer indices (ints >= 0)") from None
-        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers):
+        if any(isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in layers):
+            raise TypeError(f"bf16_layers={self.bf16_layers!r}; expected layer indices (ints >= 0)")
+        if any(x < 0 for x in layers):
             raise ValueError(f"bf16_layers={self.bf16_layers!r}; expected layer indices (ints >= 0)")
-        self.bf16_layers = tuple(sorted(set(layers)))
+        self.bf16_layers = tuple(sorted({int(x) for x in layers}))
         if self.fmt is not None:
             self.fmt = kv_format(self.fmt).name  # TypeError / ValueError naming fmt and the formats
         if not isinstance(self.kv_dtype, str):
