@@ -69,6 +69,7 @@ def test_verdicts(bf16, fp8, verdict, phrase):
         return
     assert row["verdict"] == verdict
     assert phrase in row["answer"]
+    assert row["answer"].startswith("on NVIDIA H200, with triton, FP8 KV ")  # who and where, before the verdict
 
 
 # ------------------------------------------------------------------------------- uncertainty

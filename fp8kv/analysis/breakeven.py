@@ -449,8 +449,8 @@ def answer_text(row) -> str:
     elif v == "every":
         text = f"FP8 KV pays at every {span} ({measured}{outside}) at batch {b}"
     else:
-        where = "measured range" if span.startswith("measured") else "range where both lines hold"
-        text = f"FP8 KV never pays within the {where} ({measured}{outside}) at batch {b}"
+        within = "measured range" if span.startswith("measured") else "range where both lines hold"
+        text = f"FP8 KV never pays within the {within} ({measured}{outside}) at batch {b}"
     return f"{where}, {text} {what}"
 
 
