@@ -79,6 +79,27 @@ def test_headline_prefers_the_pair_paying_from_the_shortest_context_then_the_lar
             "dequant mode)") in text
 
 
+def test_headline_adds_a_pair_without_a_line_that_measured_more_than_the_lines_reach():
+    """At batch 16 FlashInfer's lines hold (1.37x at the longest) but Triton's do not, and its points measured up
+    to 1.86x: the headline says both; a pair without a line measuring less is left out."""
+    base = dict(variant="", num_q_heads=32, num_kv_heads=8, head_dim=128, kv_dtype="fp8_e4m3", gpu="H100",
+                tokens_lo=512.0, tokens_hi=32768.0)
+    fi = dict(base, backend="flashinfer", mode="dequant", batch=16, verdict="every", status="ok",
+              fp8_speedup_at_hi=1.37, crossing_tokens=-5.0, measured="", measured_faster_from=math.nan,
+              measured_best_speedup=math.nan)
+    tr = dict(base, backend="triton", mode="dequant", batch=16, verdict="", status="no fit",
+              fp8_speedup_at_hi=math.nan, crossing_tokens=math.nan,
+              measured="FP8 faster at every measured context (512-32,768 tokens; 1.28-1.86x)",
+              measured_faster_from=512.0, measured_best_speedup=1.86)
+    text = dc.headline("H100", crossings=pd.DataFrame([fi, tr]))
+    assert text == ("On H100, FP8 KV decodes faster than a 16-bit cache at every measured context (512-32,768 tokens; "
+                    "1.37x at 32,768) at batch 16 (flashinfer, dequant mode). Pairs whose latency lines did not hold, "
+                    "measured point by point: at batch 16 with triton, dequant mode, FP8 faster at every measured "
+                    "context (512-32,768 tokens; 1.28-1.86x).")
+    less = pd.DataFrame([fi, dict(tr, measured_best_speedup=1.2)])
+    assert "triton" not in dc.headline("H100", crossings=less)
+
+
 def test_headline_says_where_fp8_pays_only_below_a_crossing():
     cr = _crossings([dict(backend="triton", mode="dequant", batch=1, verdict="below", crossing_tokens=4000.0)])
     assert "only below 4,000 tokens per sequence at batch 1 (triton, dequant mode)" in dc.headline("H100",
@@ -95,7 +116,7 @@ def test_headline_says_what_the_points_measured_where_no_line_held():
     _, cr = be.breakeven_context(rows)
     text = dc.headline("NVIDIA H200", crossings=cr)
     assert "FP8 KV decodes faster than a 16-bit cache beyond 2,000 tokens per sequence" in text
-    assert ("Where no latency line held, point by point: at batch 1 with triton, dequant mode, FP8 faster from 864 "
+    assert ("Pairs whose latency lines did not hold, measured point by point: at batch 1 with triton, dequant mode, FP8 faster from 864 "
             "tokens on (1.25-1.25x); slower at 512.") in text
     only = dc.headline("cpu", crossings=cr[cr["batch"] == 1])
     assert only.startswith("On cpu, no FP8 latency line held; point by point: at batch 1 with triton, dequant mode, "

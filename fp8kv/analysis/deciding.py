@@ -119,17 +119,20 @@ def _pays(crossings, backend: str | None) -> list[str]:
 
 
 def _measured(crossings, backend: str | None) -> list[str]:
-    """Per batch where no line held, what the best pair's points measured (``crossings``' ``measured``): the
-    pair FP8 is faster from the earliest context for, then the largest speedup."""
+    """Per batch, what the best pair without a line measured (``crossings``' ``measured``): the pair FP8 is faster
+    from the earliest context for, then the largest speedup. Said where no line held at that batch, and where
+    it measured a larger speedup than any line that held there reaches (the fit did not confirm it, but a
+    reader choosing a backend must see it)."""
     if "measured" not in crossings.columns:
         return []
     rows = crossings if backend is None else crossings[crossings["backend"] == backend]
-    held = set(rows.loc[rows["status"] == "ok", "batch"])
+    ok = rows[rows["status"] == "ok"]
     out = []
     for batch, g in rows[(rows["status"] != "ok") & (rows["measured"] != "")].groupby("batch", sort=True):
-        if batch not in held:
-            r = g.assign(_from=g["measured_faster_from"].fillna(math.inf),
-                         _best=-g["measured_best_speedup"].fillna(0.0)).sort_values(["_from", "_best"]).iloc[0]
+        r = g.assign(_from=g["measured_faster_from"].fillna(math.inf),
+                     _best=-g["measured_best_speedup"].fillna(0.0)).sort_values(["_from", "_best"]).iloc[0]
+        fitted = ok.loc[ok["batch"] == batch, "fp8_speedup_at_hi"] if "fp8_speedup_at_hi" in ok.columns else None
+        if fitted is None or fitted.empty or r["measured_best_speedup"] > fitted.max():
             out.append(f"at batch {batch} with {_what(r)}, {r['measured']}")
     return out
 
@@ -166,7 +169,7 @@ def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str 
         if pays:
             sentences.append(f"On {gpu}, FP8 KV decodes faster than a 16-bit cache " + "; ".join(pays) + ".")
         if measured:
-            sentences.append(("Where no latency line held, point by point: " if pays else
+            sentences.append(("Pairs whose latency lines did not hold, measured point by point: " if pays else
                               f"On {gpu}, no FP8 latency line held; point by point: ") + "; ".join(measured) + ".")
         if not pays and not measured:
             sentences.append(f"On {gpu}, no FP8 latency line held: no speed answer.")
