@@ -95,10 +95,10 @@ def test_bf16_layers_take_numpy_integers():
 @pytest.mark.parametrize("layers, exc, words", [(5, TypeError, "key_layers=5"), (["a"], TypeError, "key_layers='a'"),
                                                 ([-1], ValueError, "key_layers=-1")])
 def test_key_layers_are_checked_before_the_model_loads(layers, exc, words):
-    from fp8kv.analysis.advice_kl import load_health_model
+    from fp8kv.models.outliers import load_model_with_keys
 
     with pytest.raises(exc, match=words):
-        load_health_model("no-such-model", key_layers=layers)  # refused before the name is even looked up
+        load_model_with_keys("no-such-model", key_layers=layers)  # refused before the name is even looked up
 
 
 def test_bf16_layer_beyond_the_model_is_refused_where_it_meets_it():

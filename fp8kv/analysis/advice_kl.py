@@ -7,39 +7,14 @@ the measurement that says whether following it changes what the model predicts."
 
 from __future__ import annotations
 
-import torch
-
 from .. import checks
 
-__all__ = ["METHOD_SCALES", "advice_kl", "advice_kl_text", "stress_sentence", "load_health_model"]
+__all__ = ["METHOD_SCALES", "advice_kl", "advice_kl_text", "stress_sentence"]
 
 # Each scale method of the scale health as a simulated cache's (k_scale, v_scale); "calibrated" takes the
 # per-layer scales calibrate_scales derives from the calibration text instead.
 METHOD_SCALES = {"1.0": (1.0, 1.0), "amax": ("amax", "amax"), "percentile": ("percentile", "percentile"),
                  "vllm": ("vllm_k", "vllm_v")}
-
-
-def load_health_model(model: str, *, device="cpu", key_gain: float = 1.0, key_layers=()):
-    """``fp8kv.models.load_model(model)`` in fp32 on ``device``, with the keys of ``key_layers`` multiplied by
-    ``key_gain`` and their queries divided by it (:func:`fp8kv.models.outliers.scale_keys`: the same function,
-    larger keys) when ``key_layers`` is not empty. Returns ``(net, tokenizer, note)``, the note saying what was
-    changed ("" for nothing)."""
-    from ..models import load_model
-    from ..models.outliers import scale_keys
-
-    if key_layers is None or (not isinstance(key_layers, str) and hasattr(key_layers, "__len__")
-                              and len(key_layers) == 0):
-        key_layers = []
-    else:  # checked before the model loads; the model's layer count where scale_keys meets it
-        key_layers = [checks.integer(x, "key_layers", minimum=0)
-                      for x in checks.listed(key_layers, "key_layers", "layer indices (ints >= 0)")]
-    key_gain = checks.real(key_gain, "key_gain", minimum=0.0, inclusive=False)
-    net, tok = load_model(model, dtype=torch.float32, device=device)
-    if not key_layers:
-        return net, tok, ""
-    layers = scale_keys(net, key_gain, key_layers)
-    return net, tok, (f"keys of layer(s) {', '.join(map(str, layers))} x{key_gain:g} and their queries "
-                      f"/{key_gain:g} (the same function, larger keys)")
 
 
 def advice_kl(model: str, advice, *, num_tokens: int = 256, calibration_tokens: int = 256, window: int = 128,
@@ -50,13 +25,15 @@ def advice_kl(model: str, advice, *, num_tokens: int = 256, calibration_tokens: 
     layer FP8, and with the advice's ``layers_bf16`` kept 16-bit. The text: ``num_tokens`` tokens from token
     ``offset`` (default ``num_tokens + calibration_tokens``: after what ``model_scale_health`` captures and
     calibrates on, the held-out stretch); the ``"calibrated"`` scales from tokens ``num_tokens`` ..
-    ``num_tokens + calibration_tokens`` as there. ``key_gain`` / ``key_layers``: :func:`load_health_model`'s.
+    ``num_tokens + calibration_tokens`` as there. ``key_gain`` / ``key_layers``:
+    :func:`fp8kv.models.outliers.load_model_with_keys`'s.
 
     Returns ``advice`` with ``kl_all_fp8``, ``kl_after``, ``top1_all_fp8``, ``top1_after`` and ``kl_reduces``
     (after < all-FP8, or no layer kept). ImportError as ``fp8kv.models``' without the ``models`` extra."""
     import pandas as pd
 
     from ..models import KVQuantConfig, bos_token_id, calibrate_scales, evaluate, text_tokens
+    from ..models.outliers import load_model_with_keys
 
     if not isinstance(advice, pd.DataFrame) or {"method", "layers_bf16"} - set(advice.columns):
         checks.fail("advice must be keep_bf16_advice()'s table", TypeError)
@@ -68,7 +45,7 @@ def advice_kl(model: str, advice, *, num_tokens: int = 256, calibration_tokens: 
     window = checks.integer(window, "window", minimum=2, maximum=num_tokens)
     offset = num_tokens + calibration_tokens if offset is None else checks.nonnegative_int(offset, "offset")
     checks.one_of(kv_dtype, "kv_dtype", ("fp8_e4m3", "fp8_e5m2"))
-    net, tok, _ = load_health_model(model, device=device, key_gain=key_gain, key_layers=key_layers)
+    net, tok, _ = load_model_with_keys(model, device=device, key_gain=key_gain, key_layers=key_layers)
     scales = dict(METHOD_SCALES)
     if "calibrated" in set(advice["method"]):
         scales["calibrated"] = calibrate_scales(net, text_tokens(tok, calibration_tokens, offset=num_tokens),

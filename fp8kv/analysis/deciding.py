@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from .. import checks
-from .scale_health import ScaleHealth, measure_scale_health
+from .scale_health import ScaleHealth, model_scale_health
 
 __all__ = ["heldout_scale_health", "heldout_advice", "headline"]
 
@@ -27,23 +27,12 @@ def heldout_scale_health(model: str = "smollm2-135m", num_tokens: int = 256, cal
     ``model_scale_health`` captures and calibrates on), with the *same* calibrated scales (from tokens
     ``num_tokens .. num_tokens + calibration_tokens``); ``key_gain`` / ``key_layers`` as there. ImportError as
     ``model_scale_health``'s."""
-    from ..models import KVQuantConfig, calibrate_scales, capture_kv, text_tokens
-    from .advice_kl import load_health_model
-
     num_tokens = checks.positive_int(num_tokens, "num_tokens")
     calibration_tokens = checks.positive_int(calibration_tokens, "calibration_tokens")
-    checks.integer(num_queries, "num_queries", minimum=1, maximum=num_tokens)
     offset = num_tokens + calibration_tokens if offset is None else checks.nonnegative_int(offset, "offset")
-    checks.one_of(kv_dtype, "kv_dtype", ("fp8_e4m3", "fp8_e5m2"))
-    net, tok, _ = load_health_model(model, device=device, key_gain=key_gain, key_layers=key_layers)
-    cap = capture_kv(net, text_tokens(tok, num_tokens, offset=offset))
-    cal = calibrate_scales(net, text_tokens(tok, calibration_tokens, offset=num_tokens),
-                           KVQuantConfig(kv_dtype=kv_dtype, granularity=granularity), window=calibration_tokens)
-    health = measure_scale_health([x.float() for x in cap.k], [x.float() for x in cap.v],
-                                  q=[x[-num_queries:].float() for x in cap.q], sm_scale=cap.sm_scale, calibration=cal,
-                                  kv_dtype=kv_dtype, granularity=granularity, methods=methods)
-    health.notes.append(f"{model}: held-out text, {num_tokens} tokens from token {offset}")
-    return health
+    return model_scale_health(model, num_tokens, calibration_tokens, num_queries, offset=offset, device=device,
+                              kv_dtype=kv_dtype, granularity=granularity, methods=methods, key_gain=key_gain,
+                              key_layers=key_layers)
 
 
 def _rms(values) -> float:

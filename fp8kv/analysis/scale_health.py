@@ -453,31 +453,36 @@ def advice_capacity(advice, model, *, kv_dtype: str = "fp8_e4m3", granularity: s
 def model_scale_health(model: str = "smollm2-135m", num_tokens: int = 256, calibration_tokens: int = 256,
                        num_queries: int = 16, *, device="cpu", kv_dtype: str = "fp8_e4m3",
                        granularity: str = "tensor", methods=None, percentile: float = 99.9, key_gain: float = 1.0,
-                       key_layers=()) -> ScaleHealth:
+                       key_layers=(), offset: int = 0) -> ScaleHealth:
     """:func:`measure_scale_health` of an offline model (``fp8kv.models``) on the fixed evaluation text.
 
     One forward of ``num_tokens`` tokens captures every layer's K (after RoPE), V and Q; the last
     ``num_queries`` query rows act as decode queries over the whole captured context, with the layer's
     softmax scale. The ``"calibrated"`` scales come from the ``calibration_tokens`` tokens that follow
-    (a disjoint text: amax per layer, ``fp8kv.models.calibrate_scales``). fp32 weights on ``device``.
-    ImportError when the ``models`` extra or the weights package is missing (the message names the pip
+    (a disjoint text: amax per layer, ``fp8kv.models.calibrate_scales``). fp32 weights on ``device``; with
+    ``key_layers``, those layers' keys ``key_gain`` times larger
+    (:func:`fp8kv.models.outliers.load_model_with_keys`). ``offset``: the captured text starts at that token
+    (the calibration text stays where it is). ImportError when the ``models`` extra or the weights package is missing (the message names the pip
     command).
     """
     from ..models import KVQuantConfig, calibrate_scales, capture_kv, text_tokens
-    from .advice_kl import load_health_model
+    from ..models.outliers import load_model_with_keys
 
     num_tokens = checks.positive_int(num_tokens, "num_tokens")
     calibration_tokens = checks.positive_int(calibration_tokens, "calibration_tokens")
     checks.integer(num_queries, "num_queries", minimum=1, maximum=num_tokens)
     checks.one_of(granularity, "granularity", HEALTH_GRANULARITIES)
+    offset = checks.nonnegative_int(offset, "offset")
     _fp8(kv_dtype)  # refused before the model loads
-    net, tok, changed = load_health_model(model, device=device, key_gain=key_gain, key_layers=key_layers)
-    cap = capture_kv(net, text_tokens(tok, num_tokens))
+    net, tok, changed = load_model_with_keys(model, device=device, key_gain=key_gain, key_layers=key_layers)
+    cap = capture_kv(net, text_tokens(tok, num_tokens, offset=offset))
     cal = calibrate_scales(net, text_tokens(tok, calibration_tokens, offset=num_tokens),
                            KVQuantConfig(kv_dtype=kv_dtype, granularity=granularity), window=calibration_tokens)
     health = measure_scale_health([x.float() for x in cap.k], [x.float() for x in cap.v],
                           q=[x[-num_queries:].float() for x in cap.q], sm_scale=cap.sm_scale, calibration=cal,
                           kv_dtype=kv_dtype, granularity=granularity, methods=methods, percentile=percentile)
-    health.notes.append(f"{model}: {num_tokens} tokens captured, {num_queries} decode queries, calibrated on the "
-                        f"next {calibration_tokens} tokens of the evaluation text" + (f"; {changed}" if changed else ""))
+    text = (f"{model}: {num_tokens} tokens captured, {num_queries} decode queries, calibrated on the next "
+            f"{calibration_tokens} tokens of the evaluation text" if offset == 0 else
+            f"{model}: held-out text, {num_tokens} tokens from token {offset}")
+    health.notes.append(text + (f"; {changed}" if changed else ""))
     return health

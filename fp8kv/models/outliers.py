@@ -12,7 +12,7 @@ import torch
 from .. import checks
 from .introspect import attention_modules
 
-__all__ = ["scale_keys"]
+__all__ = ["scale_keys", "load_model_with_keys"]
 
 
 def _layer_list(layers, n: int) -> list[int]:
@@ -42,3 +42,25 @@ def scale_keys(model, gain: float, layers) -> list[int]:
                 if proj.bias is not None:
                     proj.bias.mul_(factor)
     return chosen
+
+
+def load_model_with_keys(model: str, *, device="cpu", key_gain: float = 1.0, key_layers=()):
+    """``fp8kv.models.load_model(model)`` in fp32 on ``device``, with the keys of ``key_layers`` multiplied by
+    ``key_gain`` and their queries divided by it (:func:`scale_keys`: the same function, larger keys) when
+    ``key_layers`` is not empty. Returns ``(net, tokenizer, note)``, the note saying what was changed ("" for
+    nothing). ``key_layers`` and ``key_gain`` are checked by name before the model loads."""
+    from .loading import load_model
+
+    if key_layers is None or (not isinstance(key_layers, str) and hasattr(key_layers, "__len__")
+                              and len(key_layers) == 0):
+        key_layers = []
+    else:  # checked before the model loads; the model's layer count where scale_keys meets it
+        key_layers = [checks.integer(x, "key_layers", minimum=0)
+                      for x in checks.listed(key_layers, "key_layers", "layer indices (ints >= 0)")]
+    key_gain = checks.real(key_gain, "key_gain", minimum=0.0, inclusive=False)
+    net, tok = load_model(model, dtype=torch.float32, device=device)
+    if not key_layers:
+        return net, tok, ""
+    layers = scale_keys(net, key_gain, key_layers)
+    return net, tok, (f"keys of layer(s) {', '.join(map(str, layers))} x{key_gain:g} and their queries "
+                      f"/{key_gain:g} (the same function, larger keys)")
