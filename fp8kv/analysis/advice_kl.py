@@ -8,6 +8,8 @@ the measurement that says whether following it changes what the model predicts."
 from __future__ import annotations
 
 from .. import checks
+from ..quant import check_scale_method
+from .scale_health import HEALTH_GRANULARITIES
 
 __all__ = ["METHOD_SCALES", "advice_kl", "advice_kl_text", "stress_sentence"]
 
@@ -18,14 +20,16 @@ METHOD_SCALES = {"1.0": (1.0, 1.0), "amax": ("amax", "amax"), "percentile": ("pe
 
 
 def advice_kl(model: str, advice, *, num_tokens: int = 256, calibration_tokens: int = 256, window: int = 128,
-              offset: int | None = None, device="cpu", kv_dtype: str = "fp8_e4m3", key_gain: float = 1.0,
-              key_layers=()):
+              offset: int | None = None, device="cpu", kv_dtype: str = "fp8_e4m3", granularity: str = "tensor",
+              percentile: float = 99.9, key_gain: float = 1.0, key_layers=()):
     """Per method of ``advice`` (``keep_bf16_advice``'s or ``advice_capacity``'s table): next-token KL and top-1
     agreement against the bf16 cache (:func:`fp8kv.models.evaluate`, windows of ``window`` tokens) with every
     layer FP8, and with the advice's ``layers_bf16`` kept 16-bit. The text: ``num_tokens`` tokens from token
     ``offset`` (default ``num_tokens + calibration_tokens``: after what ``model_scale_health`` captures and
     calibrates on, the held-out stretch); the ``"calibrated"`` scales from tokens ``num_tokens`` ..
-    ``num_tokens + calibration_tokens`` as there. ``key_gain`` / ``key_layers``:
+    ``num_tokens + calibration_tokens`` as there. ``granularity`` and ``percentile``: the scales' as in the
+    scale health the advice came from (its ``ScaleHealth.granularity``; a per-head advice measured with
+    per-tensor scales would judge other scales than it chose for). ``key_gain`` / ``key_layers``:
     :func:`fp8kv.models.outliers.load_model_with_keys`'s.
 
     Returns ``advice`` with ``kl_all_fp8``, ``kl_after``, ``top1_all_fp8``, ``top1_after`` and ``kl_reduces``
@@ -45,17 +49,21 @@ def advice_kl(model: str, advice, *, num_tokens: int = 256, calibration_tokens: 
     window = checks.integer(window, "window", minimum=2, maximum=num_tokens)
     offset = num_tokens + calibration_tokens if offset is None else checks.nonnegative_int(offset, "offset")
     checks.one_of(kv_dtype, "kv_dtype", ("fp8_e4m3", "fp8_e5m2"))
+    checks.one_of(granularity, "granularity", HEALTH_GRANULARITIES)
+    percentile = check_scale_method("percentile", percentile)
     net, tok, _ = load_model_with_keys(model, device=device, key_gain=key_gain, key_layers=key_layers)
     scales = dict(METHOD_SCALES)
     if "calibrated" in set(advice["method"]):
         scales["calibrated"] = calibrate_scales(net, text_tokens(tok, calibration_tokens, offset=num_tokens),
-                                                KVQuantConfig(kv_dtype=kv_dtype), window=calibration_tokens)
+                                                KVQuantConfig(kv_dtype=kv_dtype, granularity=granularity),
+                                                window=calibration_tokens)
     configs = []
     for r in advice.itertuples(index=False):
         k, v = scales[r.method]
-        configs.append(KVQuantConfig(name=f"{r.method} all FP8", kv_dtype=kv_dtype, k_scale=k, v_scale=v))
+        same = dict(kv_dtype=kv_dtype, granularity=granularity, percentile=percentile, k_scale=k, v_scale=v)
+        configs.append(KVQuantConfig(name=f"{r.method} all FP8", **same))
         if len(r.layers_bf16):
-            configs.append(KVQuantConfig(name=f"{r.method} advised", kv_dtype=kv_dtype, k_scale=k, v_scale=v,
+            configs.append(KVQuantConfig(name=f"{r.method} advised", **same,
                                          bf16_layers=tuple(int(x) for x in r.layers_bf16)))
     got = evaluate(net, text_tokens(tok, num_tokens, offset=offset), configs, window=window,
                    bos_token_id=bos_token_id(tok), measure_error=False).set_index("config")

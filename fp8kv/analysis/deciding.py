@@ -21,7 +21,7 @@ __all__ = ["heldout_scale_health", "heldout_advice", "headline"]
 def heldout_scale_health(model: str = "smollm2-135m", num_tokens: int = 256, calibration_tokens: int = 256,
                          num_queries: int = 16, *, offset: int | None = None, device="cpu",
                          kv_dtype: str = "fp8_e4m3", granularity: str = "tensor", methods=None,
-                         key_gain: float = 1.0, key_layers=()) -> ScaleHealth:
+                         percentile: float = 99.9, key_gain: float = 1.0, key_layers=()) -> ScaleHealth:
     """:func:`~fp8kv.analysis.model_scale_health` on another stretch of the evaluation text: ``num_tokens``
     tokens from token ``offset`` (default ``num_tokens + calibration_tokens``, right after the text that
     ``model_scale_health`` captures and calibrates on), with the *same* calibrated scales (from tokens
@@ -31,8 +31,8 @@ def heldout_scale_health(model: str = "smollm2-135m", num_tokens: int = 256, cal
     calibration_tokens = checks.positive_int(calibration_tokens, "calibration_tokens")
     offset = num_tokens + calibration_tokens if offset is None else checks.nonnegative_int(offset, "offset")
     return model_scale_health(model, num_tokens, calibration_tokens, num_queries, offset=offset, device=device,
-                              kv_dtype=kv_dtype, granularity=granularity, methods=methods, key_gain=key_gain,
-                              key_layers=key_layers)
+                              kv_dtype=kv_dtype, granularity=granularity, methods=methods, percentile=percentile,
+                              key_gain=key_gain, key_layers=key_layers)
 
 
 def _rms(values) -> float:
