@@ -11,6 +11,7 @@ from .gluon import gluon
 from .gluon_probes import gluon_probes
 from .layout_probes import layout_probes
 from .layouts import layouts
+from .multi_token import multi_token
 from .render import fill, unified_diff
 from .sources import REPO, Sources
 from .step import step, window
@@ -18,7 +19,8 @@ from .step import step, window
 __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
-SECTIONS = (decode_latency, layouts, layout_probes, gluon, gluon_probes, earlier, later, window, step)
+SECTIONS = (decode_latency, layouts, layout_probes, gluon, gluon_probes, earlier, later, window, step,
+            multi_token)
 
 
 def compute(src: Sources) -> dict[str, str]:
