@@ -23,6 +23,7 @@ import pytest
 from fp8kv import notebooks as runner
 from fp8kv import ui
 from fp8kv.device import gpu_slug
+from fp8kv.notebooks.interrupted import PARTIAL_DIR, cell_times
 from fp8kv.notebooks.pages import HTML_EXPORT_FAILED
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,8 +88,14 @@ def test_signal_stops_the_run_and_keeps_the_previous_report(tmp_path, sig, write
     assert proc.returncode == 128 + sig, err
     assert took < 10, f"the runner took {took:.1f} s to stop"
     assert "Traceback" not in err and signal.Signals(sig).name in err
-    assert not [p.name for p in out.iterdir() if p.name.startswith(".")], "staging folder left behind"
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != PARTIAL_DIR], \
+        "staging folder left behind"
     assert {p.name: p.read_bytes() for p in previous.iterdir()} == snapshot
+    # the stopped notebook's executed cells are kept beside the reports, with the cell that was running
+    kept = out / PARTIAL_DIR / gpu_slug("cpu") / "00_slow.ipynb"
+    running = [c for c in cell_times(kept) if c["status"] == "stopped"]
+    assert [c["first_line"] for c in running] == ["import os, time"] and running[0]["seconds"] >= 0
+    assert "00_slow: stopped in code cell" in err and "(`import os, time`)" in err and str(kept) in err
     for _ in range(50):  # the kernel was stopped with the runner
         if not _alive(kernel_pid):
             break

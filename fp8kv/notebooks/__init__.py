@@ -31,7 +31,11 @@ and moved into place only at the end: the old ``<out>/<slug>`` is renamed aside,
 renamed to ``<out>/<slug>``, then the old one deleted. A reader never sees a half-written report, and
 a run on one GPU never touches another GPU's folder. If the runner itself is interrupted or crashes,
 the staging folder is deleted and the previous report stays as it was; SIGTERM and SIGINT stop the
-run promptly (the running kernel is killed) and exit with status 128 + the signal number.
+run promptly (the running kernel is killed) and exit with status 128 + the signal number. The
+notebooks that ran to the end are published; the one that was stopped keeps its previous page, and its
+executed cells so far go to ``<out>/.interrupted/<slug>/<name>.ipynb`` (never a page), with one line on
+stderr naming the cell it was stopped in, how long it had run and the slowest finished cells
+(:mod:`.interrupted`).
 
 With ``--only``, the other notebooks' files and manifest entries are carried over from the previous
 report, so rerunning one notebook does not drop the others.

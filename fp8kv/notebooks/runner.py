@@ -20,6 +20,7 @@ from .. import checks
 from ..interrupts import signals_ignored, stop_signals, stop_signals_handled
 from ..results import to_jsonable, utc_stamp, write_atomic
 from .index import build_index
+from .interrupted import keep_partial, summary
 from .pages import (
     HTML_EXPORT_FAILED,
     INDEX,
@@ -340,6 +341,8 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
             if isinstance(exc, RunInterrupted):
                 _stop_processes(_child_pids() - children_before)  # anything the kernel left behind
             try:
+                if isinstance(exc, (RunInterrupted, KeyboardInterrupt)) and current and staging and staging.is_dir():
+                    _keep_stopped(staging, root, slug, current)
                 # staging is gone when the signal came during the swap itself: the report is in place
                 if isinstance(exc, (RunInterrupted, KeyboardInterrupt)) and done and staging and staging.is_dir():
                     _publish_interrupted(staging, final, manifest, entries, done, current, exc, t0)
@@ -351,6 +354,16 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
         raise
     _rebuild_index(root)
     return manifest
+
+
+def _keep_stopped(staging: Path, root: Path, slug: str, name: str) -> None:
+    """Keep the stopped notebook's executed cells beside the reports and say where its time went (stderr)."""
+    try:
+        kept = keep_partial(staging, root, slug, name)
+        if kept is not None:
+            print(f"{name}: {summary(kept)}; its cells so far: {kept}", file=sys.stderr, flush=True)
+    except Exception as err:  # noqa: BLE001 - the clean-up and the previous report come first
+        print(f"warning: {name}'s executed cells not kept: {_error_text(err)}", file=sys.stderr)
 
 
 def _publish(staging: Path, final: Path, manifest: dict, entries: list[dict], t0: float, **extra) -> None:
