@@ -1,7 +1,8 @@
 """``fp8kv.attend``, the one checked entry of multi-token attention, and ``fp8kv.backends.planned_attend``.
 
-A decode is an attend of one new token per sequence: through the reference the two entries agree bit for
-bit, through the Triton kernels within the decode's tolerance. Every backend answers what the oracle
+A decode is an attend of one new token per sequence: through the reference and the Triton backend (which runs
+the decode's plan for it) the two entries agree bit for bit; the attend kernel, asked for by a launch option,
+meets the decode within its tolerance. Every backend answers what the oracle
 (``fp8kv.reference.attend``) answers: Triton under the interpreter, vLLM's kernel as the fake of
 tests/test_vllm.py defines it (and the real one where it imports), FlashInfer on a GPU. Bad input is
 refused by name before any backend runs, and each check of the path runs once per call.
@@ -60,17 +61,37 @@ def test_one_new_token_is_the_decode_bit_for_bit_on_the_reference(kv_dtype, gran
     assert torch.equal(out, dec_out) and torch.equal(lse, dec_lse)
 
 
-@pytest.mark.parametrize("kv_dtype,granularity,mode", [("fp8_e4m3", "head", "dequant"), ("fp8_e5m2", "channel", "dequant"),
-                                                       ("fp8_e4m3", "token_head", "dequant"), ("fp16", "tensor", "dequant"),
-                                                       ("fp8_e4m3", "tensor", "fp8")])
+ONE_TOKEN_CASES = [("fp8_e4m3", "head", "dequant"), ("fp8_e5m2", "channel", "dequant"),
+                   ("fp8_e4m3", "token_head", "dequant"), ("fp16", "tensor", "dequant"), ("fp8_e4m3", "tensor", "fp8")]
+
+
+@pytest.mark.parametrize("kv_dtype,granularity,mode", ONE_TOKEN_CASES)
 @pytest.mark.parametrize("kw", VARIANTS[:4], ids=lambda kw: ",".join(kw) or "plain")
-def test_one_new_token_is_the_decode_within_its_tolerance_on_triton(kv_dtype, granularity, mode, kw):
-    """Both Triton kernels meet the oracle within the decode's tolerance, so they meet each other within
-    twice it (they round q, the tiles and p alike, but tile and split the keys differently)."""
+def test_one_new_token_is_the_decode_bit_for_bit_on_triton(kv_dtype, granularity, mode, kw):
+    """One new token per sequence through the Triton backend runs the decode's plan: the same answer as
+    fp8kv.decode, bit for bit (and the decode's speed: its Gluon tile path where that runs)."""
     cache = matrix_cache([1, 17, 70], 2, 64, kv_dtype=kv_dtype, granularity=granularity)
     q = make_q(3, 8, 64)
     kw = _variants(kw, 8)
     out, lse = fp8kv.attend(q, cache, indptr([1, 1, 1]), "triton", mode, **kw)
+    dec_out, dec_lse = fp8kv.decode(q, cache, "triton", mode, **kw)
+    assert torch.equal(out, dec_out) and torch.equal(lse, dec_lse)
+    assert type(backends.planned_attend(q, cache, indptr([1, 1, 1]), "triton", mode, **kw).args[0]).__name__ == \
+        "DecodePlan"
+
+
+@pytest.mark.parametrize("kv_dtype,granularity,mode", ONE_TOKEN_CASES)
+@pytest.mark.parametrize("kw", VARIANTS[:4], ids=lambda kw: ",".join(kw) or "plain")
+def test_the_attend_kernel_at_one_new_token_is_the_decode_within_its_tolerance(kv_dtype, granularity, mode, kw):
+    """A launch option of the attend kernel runs that kernel at one new token too. Both Triton kernels meet the
+    oracle within the decode's tolerance, so they meet each other within twice it (they round q, the tiles
+    and p alike, but tile and split the keys differently)."""
+    cache = matrix_cache([1, 17, 70], 2, 64, kv_dtype=kv_dtype, granularity=granularity)
+    q = make_q(3, 8, 64)
+    kw = _variants(kw, 8)
+    assert isinstance(backends.planned_attend(q, cache, indptr([1, 1, 1]), "triton", mode, block_m=16,
+                                              **kw).args[0], AttendPlan)
+    out, lse = fp8kv.attend(q, cache, indptr([1, 1, 1]), "triton", mode, block_m=16, **kw)
     dec_out, dec_lse = fp8kv.decode(q, cache, "triton", mode, **kw)
     ref_out, ref_lse = fp8kv.decode(q, cache, "reference", **kw)
     tol = FP8_MODE_TOL if mode == "fp8" else dequant_tol(q.dtype, granularity)

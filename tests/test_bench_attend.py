@@ -107,7 +107,10 @@ def test_a_tiny_run_is_checked_against_the_oracle_and_timed():
     assert df.check_passed.all() and (df.rel_err <= df.tol).all()
     assert (df.op == "attend").all() and set(df.q_len) == {1, 4} and set(df.context) == {0, 37}
     tri = df[(df.backend == "triton") & (df.variant == "")]
-    assert (tri.kernel == "triton-attend").all() and tri.block_m.notna().all()
+    # one new token per sequence runs the decode's plan (its kernel named), several the attend kernel
+    assert set(tri[tri.q_len == 1].kernel) == {"decode-triton"} and tri[tri.q_len == 1].block_m.isna().all()
+    assert (tri[tri.q_len == 4].kernel == "triton-attend").all() and tri[tri.q_len == 4].block_m.notna().all()
+    assert (df[df.variant != ""].kernel == "triton-attend").all()  # a launch option of its own: the attend kernel
     # two splits asked for: realised in whole 16-key tiles, so a row of 1 key keeps one, 38 keys take two
     assert (df[(df.variant != "") & (df.context == 37)].num_splits == 2).all()
     assert (df[(df.variant != "") & (df.context == 0) & (df.q_len == 1)].num_splits == 1).all()

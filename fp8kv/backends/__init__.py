@@ -214,9 +214,20 @@ def _attend_reference(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **variant
     return paged_attend(q, cache, qo_lens, sm_scale, **variants)  # checked where it entered, counts read once
 
 
+# The attend kernel's own launch options: asking for one runs that kernel, one new token per sequence or not.
+_ATTEND_KERNEL_OPTIONS = ("num_splits", "block_m", "block_n", "num_warps", "num_stages")
+
+
 def _attend_plan_triton(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **launch):
     from ..ops.attend import plan_attend, run_attend
 
+    if qo_lens and all(n == 1 for n in qo_lens) and not any(launch.get(k) is not None for k in _ATTEND_KERNEL_OPTIONS):
+        # One new token per sequence is a decode: the decode's plan (its Gluon tile path where that runs), so
+        # fp8kv.attend and fp8kv.decode give the same answer, bit for bit, at the decode's speed.
+        from ..ops.decode import plan, run
+
+        rest = {k: v for k, v in launch.items() if k not in _ATTEND_KERNEL_OPTIONS}
+        return functools.partial(run, plan(q, cache, mode=mode, sm_scale=sm_scale, **rest), q, cache)
     return functools.partial(run_attend, plan_attend(q, cache, qo_indptr, mode=mode, sm_scale=sm_scale,
                                                      qo_lens=qo_lens, **launch), q, cache, qo_indptr)
 
@@ -281,7 +292,8 @@ def attend(q, cache, qo_indptr, backend: str = "auto", mode: str = "auto", *, sm
         overrides of :func:`fp8kv.ops.attend.attend_launch`); the other backends take none.
 
     Returns ``out`` ``[total_q, Hq, D]`` and ``lse`` ``[total_q, Hq]`` fp32 (natural log; None for vLLM). With
-    ``qo_len = 1`` everywhere it is :func:`decode`'s answer (bit for bit on the reference).
+    ``qo_len = 1`` everywhere it is :func:`decode`'s answer: bit for bit on the reference, and on Triton, which
+    then runs the decode's plan (the attend kernel only when one of its launch options is given).
 
     Raises ``TypeError``/``ValueError`` naming the argument for bad input, and
     :class:`~fp8kv.capability.UnsupportedError` with the capability table's reason where the combination cannot

@@ -264,9 +264,15 @@ def _measure(c: AttendCase, caches: list, dev: torch.device, base: dict, *, chec
         indptr = torch.arange(c.batch + 1, dtype=torch.int32, device=dev) * c.q_len
         calls = [planned_attend(q, cache, indptr, c.backend, c.mode, **c.options) for cache in caches]
         if c.backend == "triton":
+            from ..ops.decode.planning import DecodePlan  # here: importing fp8kv.bench must not import triton
+
             plan = calls[0].args[0]
-            values.update(kernel="triton-attend", **{k: plan.config[k] for k in ("num_splits", "block_m", "block_n",
-                                                                                  "num_warps")})
+            if isinstance(plan, DecodePlan):  # one new token per sequence: fp8kv.attend runs the decode's plan
+                values.update(kernel=f"decode-{plan.kernel}",
+                              **{k: plan.config.get(k) for k in ("num_splits", "block_n", "num_warps")})
+            else:
+                values.update(kernel="triton-attend", **{k: plan.config[k] for k in ("num_splits", "block_m",
+                                                                                      "block_n", "num_warps")})
         elif c.backend == "vllm":  # its split ("3D") launch only where every sequence has one new token
             segments = calls[0].args[0].args.get("num_par_softmax_segments") or 1
             values.update(kernel="vllm-3d" if segments > 1 else "vllm-2d", num_splits=segments)
