@@ -60,7 +60,16 @@ ATTEND_PRESETS = {
                         backends=["triton", "flashinfer", "vllm"], granularities=["tensor"]),
     "chunked-prefill": dict(batches=[1, 4], contexts=[0, 4096, 16384, 32768], q_lens=[256, 2048, 8192],
                             shapes=[(32, 8, 128)], block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"],
-                            modes=["dequant"], backends=["triton", "flashinfer", "vllm"], granularities=["tensor"]),
+                            modes=["dequant", "fp8"], backends=["triton", "flashinfer", "vllm"],
+                            granularities=["tensor"]),
+    # fp8kv's attend kernel over FP8 pages at a verify point and a chunk point, one launch option changed per
+    # variant (the first: the defaults), dequant and FP8 tensor-core modes: which launch to make the default
+    "attend-tune": dict(batches=[64], contexts=[16384], q_lens=[2, 8], shapes=[(32, 8, 128)], block_sizes=[16],
+                        kv_dtypes=["fp8_e4m3"], modes=["dequant", "fp8"], backends=["triton"],
+                        granularities=["tensor"],
+                        triton_options=[{}, {"convert": "cast"}, {"convert": "software"}, {"block_n": 32},
+                                        {"block_n": 128}, {"num_warps": 8}, {"num_stages": 3}, {"num_stages": 4},
+                                        {"block_m": 16}, {"block_m": 32}, {"block_m": 64}]),
     "attend-smoke": dict(batches=[2], contexts=[0, 40], q_lens=[1, 3], shapes=[(4, 2, 64)], block_sizes=[16],
                          kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"],
                          backends=["triton", "flashinfer", "vllm", "reference"], granularities=["tensor"]),
@@ -70,7 +79,11 @@ ATTEND_PRESET_HELP = {
                    "ones, B 16-256, Hq/Hkv/D 32/8/128, 40/8/128 and 8/1/256, bf16 vs fp8_e4m3, Triton, FlashInfer "
                    "(prefill wrapper) and vLLM's kernel; GB/s, TFLOP/s, % of the copy limit (GPU)",
     "chunked-prefill": "chunked-prefill append: chunks of 256/2048/8192 tokens after 0-32k cached ones, B 1-4, "
-                       "32/8/128, bf16 vs fp8_e4m3, Triton, FlashInfer and vLLM's kernel (GPU)",
+                       "32/8/128, bf16 vs fp8_e4m3 (dequant and FP8 tensor-core modes), Triton, FlashInfer and vLLM's "
+                       "kernel (GPU)",
+    "attend-tune": "fp8kv's attend kernel over e4m3 pages, B 64 x 16k, 2 and 8 new tokens, 32/8/128, dequant and fp8 "
+                   "modes: the default launch beside one changed option each (convert, block_n, warps, stages, "
+                   "block_m) (GPU)",
     "attend-smoke": "a tiny multi-token grid that runs anywhere; on CPU add --interpret for the Triton rows",
 }
 
