@@ -41,7 +41,8 @@ Two operations (:data:`OPS`): ``"decode"``, one query token per sequence (``fp8k
 verification, chunked-prefill append). The attend runs where the decode does, by the same facts, with
 these differences (:func:`check` with ``op="attend"``; the table :func:`attend_capability`):
 
-* fp8kv's Triton backend runs its multi-token kernel (``fp8kv.ops.attend``), in both modes.
+* fp8kv's Triton backend runs its multi-token kernel (``fp8kv.ops.attend``), in both modes; one new token per
+  sequence runs the decode's plan (the same facts).
 * FlashInfer runs ``BatchPrefillWithPagedKVCacheWrapper`` (FA2, 16-bit query; causal mask aligned
   bottom-right, ``plan(window_left=..., logits_soft_cap=...)`` as its decode), in dequant mode only: its
   FP8-query paths are not wired for the attend.
@@ -254,7 +255,7 @@ def _attend_facts(backend: str, mode: str, why: str) -> tuple[bool, str]:
     if backend == "triton":
         return True, (f"{why}; the multi-token kernel (fp8kv.ops.attend): a tile's rows are (query, head) pairs of "
                       "one KV head's group, so each K/V tile is read once for them, and no key past a tile's last "
-                      "row is read")
+                      "row is read; one new token per sequence runs the decode's plan")
     if backend == "flashinfer":
         if mode == "fp8":
             return False, ("fp8kv runs FlashInfer's BatchPrefillWithPagedKVCacheWrapper with a 16-bit query (dequant "

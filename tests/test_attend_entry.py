@@ -80,6 +80,19 @@ def test_one_new_token_is_the_decode_bit_for_bit_on_triton(kv_dtype, granularity
         "DecodePlan"
 
 
+@pytest.mark.parametrize("head_dim", [8, 12])
+def test_a_head_dim_below_16_pads_the_decodes_dot_to_16(head_dim):
+    """tl.dot takes K >= 16 on a GPU: the decode pads a small head_dim's q.k dot to 16 (masked), as the attend
+    kernel does, so the one-token attend it now serves runs where it ran before."""
+    cache = matrix_cache([1, 17, 40], 2, head_dim)
+    q = make_q(3, 4, head_dim)
+    plan = backends.planned_attend(q, cache, indptr([1, 1, 1]), "triton").args[0]
+    assert plan.launch.constexprs["D_PAD"] == 16 and plan.launch.constexprs["HEAD_DIM"] == head_dim
+    out, _ = fp8kv.attend(q, cache, indptr([1, 1, 1]), "triton")
+    ref, _ = fp8kv.decode(q, cache, "reference")
+    assert relative_error(out.float(), ref) <= dequant_tol(q.dtype, "tensor")
+
+
 @pytest.mark.parametrize("kv_dtype,granularity,mode", ONE_TOKEN_CASES)
 @pytest.mark.parametrize("kw", VARIANTS[:4], ids=lambda kw: ",".join(kw) or "plain")
 def test_the_attend_kernel_at_one_new_token_is_the_decode_within_its_tolerance(kv_dtype, granularity, mode, kw):

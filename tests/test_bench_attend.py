@@ -193,3 +193,12 @@ def test_bad_attend_options_are_refused_by_name(argv, pattern, capsys):
         main([*argv, "--dry-run", "--device", "cpu"])
     assert e.value.code == 2
     assert pattern in capsys.readouterr().err
+
+
+def test_a_convert_variant_in_fp8_mode_is_skipped_with_the_reason():
+    """fp8 mode converts no FP8 tile, so a convert variant there would time the default launch again."""
+    cases = attend_sweep([2], [40], [2], shapes=[(4, 2, 64)], kv_dtypes=["fp8_e4m3"], modes=["dequant", "fp8"],
+                         backends=["triton"], device="cpu", arch="sm90", triton_options=[{}, {"convert": "cast"}])
+    by = {(c.mode, c.options.get("convert")): c for c in cases}
+    assert by[("fp8", "cast")].status == "skipped" and "convert does not apply" in by[("fp8", "cast")].reason
+    assert {by[k].status for k in (("dequant", None), ("dequant", "cast"), ("fp8", None))} == {"ready"}

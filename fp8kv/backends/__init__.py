@@ -313,7 +313,8 @@ def planned_attend(q, cache, qo_indptr, backend: str = "auto", mode: str = "auto
     ``cache`` with no host sync left (CUDA-graph capturable for the Triton, FlashInfer and vLLM backends).
 
     The callable is a ``functools.partial``; for the Triton backend its first argument (``.args[0]``) is the
-    :class:`~fp8kv.ops.attend.AttendPlan` (``.config``: what runs). It reads ``q``, ``qo_indptr`` and the cache's
+    :class:`~fp8kv.ops.attend.AttendPlan` (``.config``: what runs), or, with one new token per sequence and none of
+    the attend kernel's launch options, the decode's :class:`~fp8kv.ops.decode.DecodePlan` (``.kernel``, ``.config``). It reads ``q``, ``qo_indptr`` and the cache's
     tensors when called: refill them in place, and plan again after the counts or the cache's tables change.
     """
     backend, mode, sm_scale, variants, qo_lens = _validate_attend(q, cache, qo_indptr, backend, mode, sm_scale,

@@ -5,6 +5,7 @@ would end the process stop it cleanly."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -360,8 +361,9 @@ def _keep_stopped(staging: Path, root: Path, slug: str, name: str) -> None:
     """Keep the stopped notebook's executed cells beside the reports and say where its time went (stderr)."""
     try:
         kept = keep_partial(staging, root, slug, name)
-        if kept is not None:
-            print(f"{name}: {summary(kept)}; its cells so far: {kept}", file=sys.stderr, flush=True)
+        if kept is not None:  # now: papermill saves a quiet cell's notebook only when it starts
+            stopped_at = datetime.datetime.now(datetime.timezone.utc)
+            print(f"{name}: {summary(kept, now=stopped_at)}; its cells so far: {kept}", file=sys.stderr, flush=True)
     except Exception as err:  # noqa: BLE001 - the clean-up and the previous report come first
         print(f"warning: {name}'s executed cells not kept: {_error_text(err)}", file=sys.stderr)
 

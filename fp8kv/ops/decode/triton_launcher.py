@@ -110,7 +110,8 @@ def triton_launch(cache: PagedKVCache, cfg: DecodeConfig, mode: str, *, tensor_c
     kernel_out_dtype = torch.float32 if interpreter_on() and out_dtype == torch.bfloat16 else out_dtype
     # Soft-capping takes tanh of score / cap, computed from e^(2 score / cap): fold that into q·k's factor.
     qk_scale = sm_scale * math.log2(math.e) * (1.0 if soft_cap is None else 2.0 / soft_cap)
-    common = dict(GROUP=group, HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), BLOCK_SIZE=cache.block_size,
+    # D_PAD: head_dim padded to a power of two, at least 16 (tl.dot's smallest K on a GPU; the padding is masked)
+    common = dict(GROUP=group, HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)), BLOCK_SIZE=cache.block_size,
                   BLOCK_N=block_n, SPLIT=num_splits > 1, SCALE_KIND=scale_kind(cache),
                   SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1), KV_FP8=cache.is_fp8,
                   CONVERT_K=CONVERT_CODES[convert_k], CONVERT_V=CONVERT_CODES[convert_v], KV_EVICTION=eviction_policy,
