@@ -69,7 +69,8 @@ ATTEND_PRESETS = {
                         granularities=["tensor"],
                         triton_options=[{}, {"convert": "cast"}, {"convert": "software"}, {"block_n": 32},
                                         {"block_n": 128}, {"num_warps": 8}, {"num_stages": 3}, {"num_stages": 4},
-                                        {"block_m": 16}, {"block_m": 32}, {"block_m": 64}]),
+                                        {"block_m": 16}, {"block_m": 32}, {"block_m": 64}, {"num_splits": 1},
+                                        {"num_splits": 2}]),
     "attend-smoke": dict(batches=[2], contexts=[0, 40], q_lens=[1, 3], shapes=[(4, 2, 64)], block_sizes=[16],
                          kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"],
                          backends=["triton", "flashinfer", "vllm", "reference"], granularities=["tensor"]),
@@ -83,7 +84,7 @@ ATTEND_PRESET_HELP = {
                        "kernel (GPU)",
     "attend-tune": "fp8kv's attend kernel over e4m3 pages, B 64 x 16k, 2 and 8 new tokens, 32/8/128, dequant and fp8 "
                    "modes: the default launch beside one changed option each (convert, block_n, warps, stages, "
-                   "block_m) (GPU)",
+                   "block_m, splits) (GPU)",
     "attend-smoke": "a tiny multi-token grid that runs anywhere; on CPU add --interpret for the Triton rows",
 }
 
