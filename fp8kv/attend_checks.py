@@ -21,7 +21,9 @@ QO_INDPTR_DTYPES = (torch.int32, torch.int64)
 # The options of the Triton attend beyond mode, sm_scale and the variants (fp8kv.attend's launch options of the
 # triton backend; the other backends take none): the output's dtype, how dequant mode converts FP8 (as the
 # decode takes it), and the launch overrides of fp8kv.ops.attend.attend_launch.
-ATTEND_OPTIONS = ("out_dtype", "convert", "num_splits", "block_m", "block_n", "num_warps", "num_stages")
+# The attend kernel's own launch (fp8kv.ops.attend.attend_launch); asking for one of them runs that kernel.
+ATTEND_KERNEL_OPTIONS = ("num_splits", "block_m", "block_n", "num_warps", "num_stages")
+ATTEND_OPTIONS = ("out_dtype", "convert", *ATTEND_KERNEL_OPTIONS)
 
 
 def cache_arg(cache) -> PagedKVCache:

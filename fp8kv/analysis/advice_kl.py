@@ -77,6 +77,10 @@ def advice_kl(model: str, advice, *, num_tokens: int = 256, calibration_tokens: 
     return out
 
 
+def _layers(layers) -> str:
+    return ", ".join(str(int(x)) for x in sorted(layers))
+
+
 def advice_kl_text(table) -> list[str]:
     """One line per method of :func:`advice_kl`'s table: the layers kept and the KL and top-1 agreement they
     buy, or the KL of every layer FP8 where none is kept."""
@@ -88,7 +92,7 @@ def advice_kl_text(table) -> list[str]:
     out = []
     for r in table.itertuples(index=False):
         if len(r.layers_bf16):
-            kept = ", ".join(str(int(x)) for x in sorted(r.layers_bf16))
+            kept = _layers(r.layers_bf16)
             out.append(f"scale {r.method}: layers {kept} kept 16-bit: next-token KL {r.kl_all_fp8:.3g} -> "
                        f"{r.kl_after:.3g}, top-1 agreement {r.top1_all_fp8:.1%} -> {r.top1_after:.1%}")
         else:
@@ -108,10 +112,10 @@ def stress_sentence(table, key_gain: float, key_layers) -> str:
     if rows.empty:
         return ""
     r = rows.iloc[0]
-    layers = ", ".join(str(int(x)) for x in sorted(key_layers))
+    layers = _layers(key_layers)
     where = f"With the keys of layer(s) {layers} x{key_gain:g} (the same model, keys beyond e4m3's range)"
     if not len(r["layers_bf16"]):
         return f"{where}, scale 1.0 still needs no 16-bit layer (next-token KL {r['kl_all_fp8']:.3g})."
-    kept = ", ".join(str(int(x)) for x in sorted(r["layers_bf16"]))
+    kept = _layers(r["layers_bf16"])
     return (f"{where}, scale 1.0 needs layer(s) {kept} 16-bit: keeping them cuts the next-token KL from "
             f"{r['kl_all_fp8']:.3g} to {r['kl_after']:.3g}.")

@@ -14,7 +14,7 @@ import functools
 import torch
 
 from .. import checks
-from ..attend_checks import ATTEND_OPTIONS, attend_query, qo_indptr_arg
+from ..attend_checks import ATTEND_KERNEL_OPTIONS, ATTEND_OPTIONS, attend_query, qo_indptr_arg
 from ..cache import check_paged_cache
 from ..capability import (
     AUTO_MODE,
@@ -214,19 +214,15 @@ def _attend_reference(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **variant
     return paged_attend(q, cache, qo_lens, sm_scale, **variants)  # checked where it entered, counts read once
 
 
-# The attend kernel's own launch options: asking for one runs that kernel, one new token per sequence or not.
-_ATTEND_KERNEL_OPTIONS = ("num_splits", "block_m", "block_n", "num_warps", "num_stages")
-
-
 def _attend_plan_triton(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **launch):
     from ..ops.attend import plan_attend, run_attend
 
-    if qo_lens and all(n == 1 for n in qo_lens) and not any(launch.get(k) is not None for k in _ATTEND_KERNEL_OPTIONS):
+    if qo_lens and all(n == 1 for n in qo_lens) and not any(launch.get(k) is not None for k in ATTEND_KERNEL_OPTIONS):
         # One new token per sequence is a decode: the decode's plan (its Gluon tile path where that runs), so
         # fp8kv.attend and fp8kv.decode give the same answer, bit for bit, at the decode's speed.
         from ..ops.decode import plan, run
 
-        rest = {k: v for k, v in launch.items() if k not in _ATTEND_KERNEL_OPTIONS}
+        rest = {k: v for k, v in launch.items() if k not in ATTEND_KERNEL_OPTIONS}
         return functools.partial(run, plan(q, cache, mode=mode, sm_scale=sm_scale, **rest), q, cache)
     return functools.partial(run_attend, plan_attend(q, cache, qo_indptr, mode=mode, sm_scale=sm_scale,
                                                      qo_lens=qo_lens, **launch), q, cache, qo_indptr)

@@ -35,15 +35,18 @@ def _table(src: Sources, rels, index) -> pd.DataFrame:
     t = rows.pivot_table(index=index, columns=["backend", "kv_dtype"], values="time_us", aggfunc="median")
     t.columns = [f"{b} {k}" for b, k in t.columns]
     fp8 = t["triton fp8_e4m3"]
-    peers = [c for c in t.columns if c.split()[0] in _PEERS]
+    peers = [c for c in _kernel_times(t).columns if not c.startswith("triton ")]
     out = t.assign(x_own=t["triton bf16"] / fp8, x_peer=t[peers].min(axis=1) / fp8,
                    x_peer_fp8=t[[c for c in peers if c.endswith("fp8_e4m3")]].min(axis=1) / fp8)
-    pct = rows[(rows["backend"] == "triton")].pivot_table(index=index, columns="kv_dtype", values="pct_copy_bw",
-                                                          aggfunc="median")
-    tf = rows[(rows["backend"] == "triton")].pivot_table(index=index, columns="kv_dtype", values="tflops",
-                                                         aggfunc="median")
-    return out.assign(pct_fp8=pct["fp8_e4m3"], pct_bf16=pct["bf16"], tflops_fp8=tf["fp8_e4m3"],
-                      tflops_bf16=tf["bf16"])
+    own = rows[rows["backend"] == "triton"].pivot_table(index=index, columns="kv_dtype",
+                                                        values=["pct_copy_bw", "tflops"], aggfunc="median")
+    return out.assign(pct_fp8=own[("pct_copy_bw", "fp8_e4m3")], pct_bf16=own[("pct_copy_bw", "bf16")],
+                      tflops_fp8=own[("tflops", "fp8_e4m3")], tflops_bf16=own[("tflops", "bf16")])
+
+
+def _kernel_times(t: pd.DataFrame) -> pd.DataFrame:
+    """The µs columns of :func:`_table` ("<backend> <kv_dtype>"), without the ratios beside them."""
+    return t[[c for c in t.columns if c.split()[0] in ("triton", *_PEERS)]]
 
 
 def _lines(t: pd.DataFrame, keys: list[str], compute_bound: bool = False) -> list[str]:
@@ -94,8 +97,7 @@ def multi_token(src: Sources) -> dict[str, str]:
     v["multi.sv_ahead"] = span(ahead["x_peer_fp8"])
     level = sv.loc[("32/8/128", 64, 16384, 8), "x_peer_fp8"]
     claim(abs(level - 1) < 0.05, "level with FlashInfer's FP8 at 32/8/128, B 64 x 16k, 8 drafts", SPEC_VERIFY[0])
-    times_only = sv[[c for c in sv.columns if c.split()[0] in ("triton", *_PEERS)]]
-    few = times_only[times_only.index.get_level_values("q_len").isin([2, 4])]
+    few = _kernel_times(sv)[sv.index.get_level_values("q_len").isin([2, 4])]
     claim((few.idxmin(axis=1) == "flashinfer fp8_e4m3").all(), "FlashInfer's FP8 is the fastest at 2 and 4 drafts",
           SPEC_VERIFY[0])
     copies = pd.concat([src.csv(rel, _COLUMNS) for rel in (*SPEC_VERIFY, CHUNKED_PREFILL)])["copy_gbps"]
@@ -114,7 +116,6 @@ def multi_token(src: Sources) -> dict[str, str]:
     v["multi.cp_tflops_bf16"] = span(long["tflops_bf16"], 0)
     v["multi.cp_tflops_fp8"] = span(long["tflops_fp8"], 0)
     claim((cp["x_own"] < 1).all(), "fp8kv's FP8 chunk is slower than its BF16 at every point", CHUNKED_PREFILL)
-    chunk_times = cp[[c for c in cp.columns if c.split()[0] in ("triton", *_PEERS)]]
-    claim((chunk_times.idxmin(axis=1) == "flashinfer bf16").all(), "FlashInfer's BF16 prefill is the fastest chunk",
+    claim((_kernel_times(cp).idxmin(axis=1) == "flashinfer bf16").all(), "FlashInfer's BF16 prefill is the fastest chunk",
           CHUNKED_PREFILL)
     return v

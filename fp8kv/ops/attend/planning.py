@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ... import checks, launch_options
-from ...attend_checks import ATTEND_OPTIONS, qo_indptr_arg
+from ...attend_checks import ATTEND_KERNEL_OPTIONS, ATTEND_OPTIONS, qo_indptr_arg
 from ...cache import PagedKVCache
 from ...capability import UnsupportedError, current_arch, interpreter_on
 from ..decode.planning import OUT_DTYPES
@@ -155,7 +155,7 @@ def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = 
         window = None  # no sequence is longer: the plain kernel
     qo_lens = qo_indptr_arg(qo_indptr, cache, total_q) if qo_lens is None else list(qo_lens)  # read once, checked
     cfg = attend_launch(qo_lens, cache.seq_lens.tolist(), cache, group, mode, window=window,
-                        **{k: options.get(k) for k in ("num_splits", "block_m", "block_n", "num_warps", "num_stages")})
+                        **{k: options.get(k) for k in ATTEND_KERNEL_OPTIONS})
     splits = cfg["num_splits"]
     if splits > 1 and total_q * hq * splits * d > MAX_PARTIAL_ELEMENTS:
         checks.fail(f"num_splits={splits}: {total_q} rows x {hq} heads x {splits} splits x {d} partials exceed "
