@@ -15,7 +15,8 @@ import torch
 from . import checks
 from .cache import PagedKVCache, check_paged_cache
 
-__all__ = ["cache_arg", "attend_query", "qo_indptr_arg", "attend_arguments", "ATTEND_OPTIONS", "QO_INDPTR_DTYPES"]
+__all__ = ["cache_arg", "attend_query", "qo_indptr_arg", "attend_arguments", "ATTEND_OPTIONS", "ATTEND_BACKEND_OPTIONS",
+           "QO_INDPTR_DTYPES"]
 
 QO_INDPTR_DTYPES = (torch.int32, torch.int64)
 # The options of the Triton attend beyond mode, sm_scale and the variants (fp8kv.attend's launch options of the
@@ -24,6 +25,10 @@ QO_INDPTR_DTYPES = (torch.int32, torch.int64)
 # The attend kernel's own launch (fp8kv.ops.attend.attend_launch); asking for one of them runs that kernel.
 ATTEND_KERNEL_OPTIONS = ("num_splits", "block_m", "block_n", "num_warps", "num_stages")
 ATTEND_OPTIONS = ("out_dtype", "convert", *ATTEND_KERNEL_OPTIONS)
+# What fp8kv.attend's triton backend takes: the attend kernel's options and the choice of kernel, ``gluon`` (None:
+# the Gluon kernel where every sequence has as many new tokens and it runs, else the attend kernel; True: the Gluon
+# kernel or UnsupportedError; False: the Triton kernels).
+ATTEND_BACKEND_OPTIONS = (*ATTEND_OPTIONS, "gluon")
 
 
 def cache_arg(cache) -> PagedKVCache:

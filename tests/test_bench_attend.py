@@ -61,7 +61,7 @@ def test_the_footprint_grows_with_the_cache_and_the_rows():
     (dict(batch=0), ValueError, "AttendCase.batch"),
     (dict(num_q_heads=6), ValueError, "not a multiple of num_kv_heads=8"),
     (dict(backend="cuda"), ValueError, "AttendCase.backend"),
-    (dict(options={"gluon": True}), ValueError, "the triton backend takes"),
+    (dict(options={"heads_per_program": 4}), ValueError, "the triton backend takes"),
     (dict(options={"num_splits": 2}, backend="flashinfer"), ValueError, "the others none"),
     (dict(options=[("num_splits", 2)]), TypeError, "AttendCase.options must be a dict"),
 ])
@@ -107,8 +107,9 @@ def test_a_tiny_run_is_checked_against_the_oracle_and_timed():
     assert df.check_passed.all() and (df.rel_err <= df.tol).all()
     assert (df.op == "attend").all() and set(df.q_len) == {1, 4} and set(df.context) == {0, 37}
     tri = df[(df.backend == "triton") & (df.variant == "")]
-    # one new token per sequence runs the decode's plan (its kernel named), several the attend kernel
-    assert set(tri[tri.q_len == 1].kernel) == {"decode-triton"} and tri[tri.q_len == 1].block_m.isna().all()
+    # one new token per sequence runs the decode's plan (its kernel named, block_m its heads per program), several the
+    # attend kernel (on a GPU the Gluon kernel's rows where they run: tests/test_attend_rows.py)
+    assert set(tri[tri.q_len == 1].kernel) == {"decode-triton"} and (tri[tri.q_len == 1].block_m == 2).all()
     assert (tri[tri.q_len == 4].kernel == "triton-attend").all() and tri[tri.q_len == 4].block_m.notna().all()
     assert (df[df.variant != ""].kernel == "triton-attend").all()  # a launch option of its own: the attend kernel
     # two splits asked for: realised in whole 16-key tiles, so a row of 1 key keeps one, 38 keys take two

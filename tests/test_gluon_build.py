@@ -25,17 +25,21 @@ LAUNCHES = [(32, 8, 128, 64),  # 64-token tiles, 4 deep, 16 rows
             (32, 32, 80, 4),  # a padded head dim, 64-token tiles
             (8, 1, 256, 64),  # two parts of 128 columns, 128-token tiles 2 deep
             (16, 16, 256, 64)]  # the same at a group of one, one split (Triton 3.6: 254 registers)
+# (Hq, Hkv, D, B, qo_len): speculative verification's (token, head) rows (fp8kv.ops.decode.plan_rows): 16 rows in one
+# program, 32 in two, a group of 5 in two programs of 10 rows, two parts of 128 columns in two programs
+ROW_LAUNCHES = [(32, 8, 128, 64, 4), (32, 8, 128, 64, 8), (40, 8, 128, 64, 4), (8, 1, 256, 64, 4)]
 
 # Run in a process without the interpreter (build() refuses it): every launch above, one JSON line each.
 _BUILD_ALL = """
 import json, sys
 from fp8kv.ops.decode.gluon_build import block_table_summary, build
 launches, sms = json.loads(sys.argv[1])
-for hq, hkv, d, b in launches:
-    k, cfg = build(hq, hkv, d, batch=b, context=16384, num_sms=sms)
+for hq, hkv, d, b, qo_len in launches:
+    k, cfg = build(hq, hkv, d, batch=b, context=16384, num_sms=sms, qo_len=qo_len)
     print(json.dumps(dict(registers=k.registers, spilled_bytes=k.spilled_bytes, shared_bytes=k.shared_bytes,
                           block_n=cfg["block_n"], num_stages=cfg["num_stages"], num_splits=cfg["num_splits"],
-                          programs_per_sm=k.programs_per_sm, **block_table_summary(k.sass),
+                          programs_per_sm=k.programs_per_sm, head_tiles=cfg["head_tiles"],
+                          **block_table_summary(k.sass),
                           hmma="HMMA.16816.F32" in k.sass, unpack="F2FP.F16.E4M3.UNPACK_B" in k.sass)), flush=True)
 """
 
@@ -47,11 +51,25 @@ def _tile(hq, hkv, d, b):
 @pytest.fixture(scope="module")
 def builds():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _BUILD_ALL, json.dumps([LAUNCHES, H200_SMS])], env=env, capture_output=True,
-                          text=True, timeout=600)
+    launches = [(*layout, 1) for layout in LAUNCHES] + ROW_LAUNCHES
+    done = subprocess.run([sys.executable, "-c", _BUILD_ALL, json.dumps([launches, H200_SMS])], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    return dict(zip(LAUNCHES, rows, strict=True))
+    built = dict(zip(launches, rows, strict=True))
+    return {**{layout: built[(*layout, 1)] for layout in LAUNCHES}, **{rows: built[rows] for rows in ROW_LAUNCHES}}
+
+
+@pytest.mark.parametrize("launch", ROW_LAUNCHES, ids=lambda t: "/".join(map(str, t[:3])) + f"-B{t[3]}-qo{t[4]}")
+def test_verification_rows_build_as_the_decode_does(builds, launch):
+    """The rows' masks and addresses cost no spill and no SM residency against the decode of the same layout, and the
+    rows are cut into the programs plan_rows plans."""
+    rows, decode = builds[launch], builds[launch[:4]] if launch[:4] in builds else None
+    assert rows["spilled_bytes"] == 0 and rows["hmma"] and rows["unpack"], rows
+    hq, hkv, d, _, qo_len = launch
+    assert rows["head_tiles"] == -(-hq // hkv * qo_len // ops.gluon_max_heads(d))
+    if decode is not None:
+        assert rows["programs_per_sm"] == decode["programs_per_sm"] and rows["shared_bytes"] == decode["shared_bytes"]
 
 
 @pytest.mark.parametrize("layout", LAUNCHES, ids=lambda t: "/".join(map(str, t[:3])) + f"-B{t[3]}")

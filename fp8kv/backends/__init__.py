@@ -14,7 +14,7 @@ import functools
 import torch
 
 from .. import checks
-from ..attend_checks import ATTEND_KERNEL_OPTIONS, ATTEND_OPTIONS, attend_query, qo_indptr_arg
+from ..attend_checks import ATTEND_BACKEND_OPTIONS, ATTEND_KERNEL_OPTIONS, attend_query, qo_indptr_arg
 from ..cache import check_paged_cache
 from ..capability import (
     AUTO_MODE,
@@ -217,13 +217,28 @@ def _attend_reference(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **variant
 def _attend_plan_triton(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **launch):
     from ..ops.attend import plan_attend, run_attend
 
-    if qo_lens and all(n == 1 for n in qo_lens) and not any(launch.get(k) is not None for k in ATTEND_KERNEL_OPTIONS):
-        # One new token per sequence is a decode: the decode's plan (its Gluon tile path where that runs), so
-        # fp8kv.attend and fp8kv.decode give the same answer, bit for bit, at the decode's speed.
-        from ..ops.decode import plan, run
+    gluon = launch.pop("gluon", None)
+    if gluon is not None and not isinstance(gluon, bool):
+        checks.fail(f"gluon={gluon!r}; expected None (the faster kernel that runs), True or False", TypeError)
+    attend_kernel = any(launch.get(k) is not None for k in ATTEND_KERNEL_OPTIONS)
+    if qo_lens and len(set(qo_lens)) == 1 and not attend_kernel:
+        from ..ops.decode import plan, plan_rows, run
 
         rest = {k: v for k, v in launch.items() if k not in ATTEND_KERNEL_OPTIONS}
-        return functools.partial(run, plan(q, cache, mode=mode, sm_scale=sm_scale, **rest), q, cache)
+        if qo_lens[0] == 1:
+            # One new token per sequence is a decode: the decode's plan (its Gluon tile path where that runs), so
+            # fp8kv.attend and fp8kv.decode give the same answer, bit for bit, at the decode's speed.
+            return functools.partial(run, plan(q, cache, mode=mode, sm_scale=sm_scale, gluon=gluon, **rest), q, cache)
+        # As many new tokens in every sequence (speculative verification): the Gluon kernel reads each K/V tile
+        # once for all of a KV head's (token, head) rows, where it runs
+        rows = plan_rows(q, cache, qo_lens[0], mode=mode, sm_scale=sm_scale, gluon=gluon, **rest)
+        if not isinstance(rows, str):
+            return functools.partial(run, rows, q, cache)
+        if gluon:
+            raise UnsupportedError(f"gluon=True: {rows}")
+    elif gluon:
+        raise UnsupportedError("gluon=True: the Gluon kernel takes as many new tokens in every sequence and no launch "
+                               f"option of the attend kernel {ATTEND_KERNEL_OPTIONS}")
     return functools.partial(run_attend, plan_attend(q, cache, qo_indptr, mode=mode, sm_scale=sm_scale,
                                                      qo_lens=qo_lens, **launch), q, cache, qo_indptr)
 
@@ -251,7 +266,7 @@ def _attend_plan_reference(q, cache, qo_indptr, qo_lens, **kwargs):
 ATTEND_BACKENDS = dict(zip(BACKEND_NAMES, (_attend_plan_reference, _attend_plan_triton, _attend_plan_flashinfer,
                                            _attend_plan_vllm), strict=True))
 # Options an attend's backend takes beyond (q, cache, qo_indptr, mode, sm_scale) and the variants.
-ATTEND_LAUNCH_OPTIONS = {backend: ATTEND_OPTIONS if backend == "triton" else () for backend in BACKEND_NAMES}
+ATTEND_LAUNCH_OPTIONS = {backend: ATTEND_BACKEND_OPTIONS if backend == "triton" else () for backend in BACKEND_NAMES}
 
 
 def _validate_attend(q, cache, qo_indptr, backend, mode, sm_scale, window, soft_cap, sinks, check, launch) -> tuple:
@@ -284,12 +299,17 @@ def attend(q, cache, qo_indptr, backend: str = "auto", mode: str = "auto", *, sm
         ``seq_lens[i] >= 1``; no LSE). What runs where: :func:`fp8kv.capability.check` with ``op="attend"``.
     mode, sm_scale, window, soft_cap, sinks, check : as :func:`decode` (``check``: q and sinks finite, the cache's
         tables and scales; ``qo_indptr`` is checked either way, its counts being read for the plan).
-    launch : the triton backend's options (:data:`ATTEND_LAUNCH_OPTIONS`: out_dtype, convert and the launch
-        overrides of :func:`fp8kv.ops.attend.attend_launch`); the other backends take none.
+    launch : the triton backend's options (:data:`ATTEND_LAUNCH_OPTIONS`: out_dtype, convert, the launch
+        overrides of :func:`fp8kv.ops.attend.attend_launch`, and ``gluon``, the kernel: None picks, True asks for
+        the Gluon kernel, False for the Triton kernels); the other backends take none.
 
-    Returns ``out`` ``[total_q, Hq, D]`` and ``lse`` ``[total_q, Hq]`` fp32 (natural log; None for vLLM). With
-    ``qo_len = 1`` everywhere it is :func:`decode`'s answer: bit for bit on the reference, and on Triton, which
-    then runs the decode's plan (the attend kernel only when one of its launch options is given).
+    Which Triton kernel runs: with ``qo_len = 1`` everywhere the decode's plan, so the answer is :func:`decode`'s
+    (bit for bit, as on the reference); with as many new tokens in every sequence (speculative verification) the
+    Gluon decode kernel, a KV head's (token, head) rows in its programs, where it runs
+    (:func:`fp8kv.ops.decode.plan_rows` says why not); else, or with a launch option of the attend kernel, the
+    attend kernel (:mod:`fp8kv.ops.attend`).
+
+    Returns ``out`` ``[total_q, Hq, D]`` and ``lse`` ``[total_q, Hq]`` fp32 (natural log; None for vLLM).
 
     Raises ``TypeError``/``ValueError`` naming the argument for bad input, and
     :class:`~fp8kv.capability.UnsupportedError` with the capability table's reason where the combination cannot
@@ -309,8 +329,8 @@ def planned_attend(q, cache, qo_indptr, backend: str = "auto", mode: str = "auto
     ``cache`` with no host sync left (CUDA-graph capturable for the Triton, FlashInfer and vLLM backends).
 
     The callable is a ``functools.partial``; for the Triton backend its first argument (``.args[0]``) is the
-    :class:`~fp8kv.ops.attend.AttendPlan` (``.config``: what runs), or, with one new token per sequence and none of
-    the attend kernel's launch options, the decode's :class:`~fp8kv.ops.decode.DecodePlan` (``.kernel``, ``.config``). It reads ``q``, ``qo_indptr`` and the cache's
+    :class:`~fp8kv.ops.attend.AttendPlan` (``.config``: what runs), or, where :func:`attend` runs the decode kernels,
+    a :class:`~fp8kv.ops.decode.DecodePlan` (``.kernel``, ``.config``, ``.qo_len``). It reads ``q``, ``qo_indptr`` and the cache's
     tensors when called: refill them in place, and plan again after the counts or the cache's tables change.
     """
     backend, mode, sm_scale, variants, qo_lens = _validate_attend(q, cache, qo_indptr, backend, mode, sm_scale,

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from .. import checks
-from ..attend_checks import ATTEND_OPTIONS
+from ..attend_checks import ATTEND_BACKEND_OPTIONS
 from ..backends import planned_attend
 from ..cache import LAYOUTS, check_block_size
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, UnsupportedError, check_query
@@ -57,7 +57,9 @@ _SHAPES = [(32, 8, 128), (40, 8, 128), (8, 1, 256)]
 ATTEND_PRESETS = {
     "spec-verify": dict(batches=[16, 64, 256], contexts=[4096, 16384, 32768], q_lens=[1, 2, 4, 8], shapes=_SHAPES,
                         block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"],
-                        backends=["triton", "flashinfer", "vllm"], granularities=["tensor"]),
+                        backends=["triton", "flashinfer", "vllm"], granularities=["tensor"],
+                        # the default (the Gluon kernel's rows where it runs) beside the Triton kernels
+                        triton_options=[{}, {"gluon": False}]),
     "chunked-prefill": dict(batches=[1, 4], contexts=[0, 4096, 16384, 32768], q_lens=[256, 2048, 8192],
                             shapes=[(32, 8, 128)], block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"],
                             modes=["dequant", "fp8"], backends=["triton", "flashinfer", "vllm"],
@@ -77,8 +79,9 @@ ATTEND_PRESETS = {
 }
 ATTEND_PRESET_HELP = {
     "spec-verify": "speculative verification: q_len 1 (the decode's point), 2, 4, 8 new tokens after 4k-32k cached "
-                   "ones, B 16-256, Hq/Hkv/D 32/8/128, 40/8/128 and 8/1/256, bf16 vs fp8_e4m3, Triton, FlashInfer "
-                   "(prefill wrapper) and vLLM's kernel; GB/s, TFLOP/s, % of the copy limit (GPU)",
+                   "ones, B 16-256, Hq/Hkv/D 32/8/128, 40/8/128 and 8/1/256, bf16 vs fp8_e4m3, Triton (the default "
+                   "kernel beside gluon=False), FlashInfer (prefill wrapper) and vLLM's kernel; GB/s, TFLOP/s, % of "
+                   "the copy limit (GPU)",
     "chunked-prefill": "chunked-prefill append: chunks of 256/2048/8192 tokens after 0-32k cached ones, B 1-4, "
                        "32/8/128, bf16 vs fp8_e4m3 (dequant and FP8 tensor-core modes), Triton, FlashInfer and vLLM's "
                        "kernel (GPU)",
@@ -93,7 +96,7 @@ ATTEND_PRESET_HELP = {
 class AttendCase:
     """One multi-token cell: ``batch`` sequences of ``context`` cached tokens and ``q_len`` new ones each (the
     new ones written into the cache before attention, as the engines do), a cache format and a backend.
-    ``options`` go to the Triton backend (:data:`fp8kv.attend_checks.ATTEND_OPTIONS`). ``status``: ``"ready"``,
+    ``options`` go to the Triton backend (:data:`fp8kv.attend_checks.ATTEND_BACKEND_OPTIONS`). ``status``: ``"ready"``,
     ``"unsupported"`` or ``"skipped"`` (set by :func:`attend_sweep`, with ``reason``)."""
 
     batch: int
@@ -128,9 +131,9 @@ class AttendCase:
             checks.one_of(getattr(self, name), f"AttendCase.{name}", allowed)
         if not isinstance(self.options, dict):
             checks.fail(f"AttendCase.options must be a dict, got {type(self.options).__name__}", TypeError)
-        unknown = sorted(set(self.options) - set(ATTEND_OPTIONS))
+        unknown = sorted(set(self.options) - set(ATTEND_BACKEND_OPTIONS))
         if unknown or (self.options and self.backend != "triton"):
-            checks.fail(f"AttendCase.options={self.options!r}: the triton backend takes {ATTEND_OPTIONS}, the others "
+            checks.fail(f"AttendCase.options={self.options!r}: the triton backend takes {ATTEND_BACKEND_OPTIONS}, the others "
                         "none")
         if not is_fp8(self.kv_dtype):
             self.granularity = "tensor"
@@ -212,7 +215,7 @@ def attend_sweep(batches: Sequence[int], contexts: Sequence[int], q_lens: Sequen
     ``"skipped"`` where :func:`attend_footprint` exceeds ``memory_budget_bytes`` (default 60 % of the free
     memory). ``contexts`` may hold 0 (a chunk of a new prompt); ``q_dtype`` defaults to bf16 on a GPU and fp16 on
     CPU (the interpreter's bf16 is wrong); ``triton_options``: one dict or a list (a variant each) of
-    :data:`~fp8kv.attend_checks.ATTEND_OPTIONS`."""
+    :data:`~fp8kv.attend_checks.ATTEND_BACKEND_OPTIONS`."""
     from ..device import resolve_device
 
     dev = resolve_device(device)
@@ -285,8 +288,9 @@ def _measure(c: AttendCase, caches: list, dev: torch.device, base: dict, *, chec
             from ..ops.decode.planning import DecodePlan  # here: importing fp8kv.bench must not import triton
 
             plan = calls[0].args[0]
-            if isinstance(plan, DecodePlan):  # one new token per sequence: fp8kv.attend runs the decode's plan
-                values.update(kernel=f"decode-{plan.kernel}",
+            if isinstance(plan, DecodePlan):  # fp8kv.attend runs a decode kernel: one new token, or (token, head) rows
+                values.update(kernel=f"decode-{plan.kernel}" if plan.qo_len == 1 else f"{plan.kernel}-multi-token",
+                              block_m=plan.config.get("heads_per_program"),
                               **{k: plan.config.get(k) for k in ("num_splits", "block_n", "num_warps")})
             else:
                 values.update(kernel="triton-attend", **{k: plan.config[k] for k in ("num_splits", "block_m",

@@ -17,16 +17,16 @@ import torch
 from ...cache import PagedKVCache
 from ...capability import UnsupportedError, check_query, check_query_strides, scales_refusal
 from .gluon_launcher import run_gluon
-from .planning import DecodePlan, plan
+from .planning import DecodePlan, plan, plan_rows
 from .triton_launcher import run_triton
 
-__all__ = ["plan", "run", "paged_decode", "DecodePlan"]
+__all__ = ["plan", "plan_rows", "run", "paged_decode", "DecodePlan"]
 
 
 def run(plan: DecodePlan, q: torch.Tensor, cache: PagedKVCache) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run a decode :func:`plan` made for ``q``'s shape and dtype over ``cache``: out ``[B, Hq, D]`` (the plan's
-    out_dtype) and lse ``[B, Hq]`` fp32 (natural log). Device work only: no check (the plan was made from
-    checked input), no host sync."""
+    """Run a decode :func:`plan` (or :func:`~.planning.plan_rows`) made for ``q``'s shape and dtype over ``cache``:
+    out ``[B, Hq, D]`` (``[B qo_len, Hq, D]``; the plan's out_dtype) and lse ``[B, Hq]`` fp32 (natural log).
+    Device work only: no check (the plan was made from checked input), no host sync."""
     if plan.kernel == "gluon":
         return run_gluon(q, cache, plan.config, plan.launch, plan.sm_scale, plan.out_dtype)
     return run_triton(q, cache, plan.launch, plan.sinks)

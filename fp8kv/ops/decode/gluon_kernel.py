@@ -36,7 +36,9 @@ read of a K page can come from L2; both compute the same scores, and part 0 writ
 
 A program takes HEADS query heads of one KV head in ROWS MMA rows (16, or 32 in a 64-wide tile, where
 the registers allow it); a larger group is cut into HEAD_TILES programs per KV head, side by side in
-the grid so that they read the same pages while they are in L2.
+the grid so that they read the same pages while they are in L2. With QO new tokens per sequence
+(speculative verification) a KV head has GROUP x QO rows, (token, head) pairs, cut the same way: a
+row is masked causally at its own token's position, and every K/V tile is read once for all of them.
 
 Scope (:mod:`.gluon_scope`): NHD or HND pages (the page, token and head strides are arguments), one tensor-wide
 K and V scale, head_dim a multiple of 16 from 48 to 256, 4 warps. :func:`fp8kv.ops.gluon_refusal` checks all of
@@ -202,17 +204,25 @@ def _copy_columns(buf, ptr, off, col0, d3, live, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _load_query(q_ptr, col0, b, stride_qb, stride_qh, first_head, heads_here, W: gl.constexpr,
-                ROWS: gl.constexpr, HP: gl.constexpr, HEAD_DIM: gl.constexpr, Q_BLK: gl.constexpr):
-    """Query columns [col0, col0 + HP) of the program's heads, fp32 [W, ROWS, HP] (Q_BLK, every warp the
-    same), the columns permuted as K's contraction index; zero beyond the heads and HEAD_DIM."""
+def _row_offsets(row0, rows, b, kvh, stride_tok, stride_head, GROUP: gl.constexpr, QO: gl.constexpr):
+    """Element offsets of the program's rows ``row0 + rows`` in a [tokens, heads, ...] tensor: row r is new token
+    r // GROUP of sequence b (token b QO + r // GROUP) and query head r % GROUP of KV head kvh's group."""
+    r = row0 + rows
+    return (b * QO + r // GROUP) * stride_tok + (kvh * GROUP + r % GROUP) * stride_head
+
+
+@gluon.jit
+def _load_query(q_ptr, col0, b, stride_qb, stride_qh, kvh, row0, rows_here, GROUP: gl.constexpr, QO: gl.constexpr,
+                W: gl.constexpr, ROWS: gl.constexpr, HP: gl.constexpr, HEAD_DIM: gl.constexpr, Q_BLK: gl.constexpr):
+    """Query columns [col0, col0 + HP) of the program's rows, fp32 [W, ROWS, HP] (Q_BLK, every warp the
+    same), the columns permuted as K's contraction index; zero beyond the rows and HEAD_DIM."""
     wq = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, Q_BLK)))
     rows_q = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, Q_BLK)))
     kq = gl.arange(0, HP, layout=gl.SliceLayout(0, gl.SliceLayout(1, Q_BLK)))
     r3 = gl.expand_dims(gl.expand_dims(rows_q, 0), 2) + gl.expand_dims(gl.expand_dims(wq * 0, 1), 2)
     d3 = gl.expand_dims(gl.expand_dims(_k_dphys(kq, HP), 0), 1) + col0
-    q_ptrs = q_ptr + b * stride_qb + (first_head + r3) * stride_qh + d3
-    return gl.load(q_ptrs, mask=(r3 < heads_here) & (d3 < HEAD_DIM), other=0.0).to(gl.float32)
+    q_ptrs = q_ptr + _row_offsets(row0, r3, b, kvh, stride_qb, stride_qh, GROUP, QO) + d3
+    return gl.load(q_ptrs, mask=(r3 < rows_here) & (d3 < HEAD_DIM), other=0.0).to(gl.float32)
 
 
 @gluon.jit
@@ -223,7 +233,8 @@ def gluon_decode_kernel(
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_btb,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     GROUP: gl.constexpr,  # query heads per KV head
-    HEADS: gl.constexpr, HEAD_TILES: gl.constexpr,  # query heads per program; head tiles per KV head
+    QO: gl.constexpr,  # new tokens per sequence (1: a decode); a KV head's rows are (token, head) pairs j GROUP + h
+    HEADS: gl.constexpr, HEAD_TILES: gl.constexpr,  # rows per program; row tiles per KV head
     ROWS: gl.constexpr,  # MMA rows (HEADS padded: 16 or 32)
     PARTS: gl.constexpr,  # programs per head tile, one per HP output columns (head_parts)
     HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr, FP8_TY: gl.constexpr,
@@ -234,14 +245,19 @@ def gluon_decode_kernel(
     """The tensor-core kernel's split-KV decode (fp8kv.kernels.paged_decode, its twin): warps own token
     slices of every tile, K/V FP8 bytes go global -> shared memory ring by cp.async, then shared memory ->
     registers straight in K_PHYS / V_PHYS (trivially the MMA B operand layout), converted to fp16 there.
-    Grid (Hkv x HEAD_TILES x PARTS, B, splits). Writes fp32 partials and log2-LSE for combine_splits_kernel."""
+    Grid (Hkv x HEAD_TILES x PARTS, B, splits). Writes fp32 partials and log2-LSE for combine_splits_kernel,
+    one row per (token, query head): ``[B QO, Hq, splits, D]``.
+
+    With QO > 1 (speculative verification: QO new tokens per sequence, the last QO of its row) a KV head's
+    GROUP x QO rows share every K/V tile, which is read once for all of them; row j GROUP + h is query head h
+    of new token j, which attends the tokens before position seq_len - QO + j + 1 (causal)."""
     BLOCK_N: gl.constexpr = W * NW
     part = gl.program_id(0) % PARTS  # a head tile's parts side by side: they read the same K pages
     tile = gl.program_id(0) // PARTS
     kvh = tile // HEAD_TILES  # KV heads first: a sequence's heads run side by side
-    head0 = tile % HEAD_TILES * HEADS  # the program's first query head in its group
+    row0 = tile % HEAD_TILES * HEADS  # the program's first row of its KV head's GROUP x QO
     v_col0 = part * HP  # the program's V and output columns
-    heads_here = gl.minimum(GROUP - head0, HEADS)
+    rows_here = gl.minimum(GROUP * QO - row0, HEADS)
     b = gl.program_id(1)
     split = gl.program_id(2)
 
@@ -269,11 +285,12 @@ def gluon_decode_kernel(
 
     # ---- query, in every warp: each head rescaled by a power of two before fp16 rounding (as RESCALE_Q in
     # the twin), its head_dim permuted as K's contraction index
-    first_head = kvh * GROUP + head0
-    qf = _load_query(q_ptr, 0, b, stride_qb, stride_qh, first_head, heads_here, W, ROWS, HP, HEAD_DIM, Q_BLK)
+    qf = _load_query(q_ptr, 0, b, stride_qb, stride_qh, kvh, row0, rows_here, GROUP, QO, W, ROWS, HP, HEAD_DIM,
+                     Q_BLK)
     amax = gl.max(gl.abs(qf), axis=2)
     if PARTS == 2:
-        qf2 = _load_query(q_ptr, HP, b, stride_qb, stride_qh, first_head, heads_here, W, ROWS, HP, HEAD_DIM, Q_BLK)
+        qf2 = _load_query(q_ptr, HP, b, stride_qb, stride_qh, kvh, row0, rows_here, GROUP, QO, W, ROWS, HP, HEAD_DIM,
+                          Q_BLK)
         amax = gl.maximum(amax, gl.max(gl.abs(qf2), axis=2))
     e = gl.where(amax > 0, gl.floor(gl.log2(gl.where(amax > 0, amax, 1.0))) - 13.0, 0.0)
     e = gl.minimum(gl.maximum(e, -126.0), 126.0).to(gl.int32)
@@ -291,6 +308,9 @@ def gluon_decode_kernel(
     acc = gl.zeros([W, ROWS, HP], gl.float32, layout=MMA)
     s_zero = gl.zeros([W, ROWS, NW], gl.float32, layout=MMA)
     s_local = _slice_tokens(W, NW, gl.SliceLayout(1, MMA))  # the score tile's tokens
+    if QO > 1:  # each row's causal end: new token j sees the tokens before seq_len - QO + j + 1
+        j = (row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))) // GROUP
+        row_end = gl.expand_dims(gl.expand_dims(gl.minimum(end, seq_len - QO + 1 + j), 0), 2)  # [1, ROWS, 1]
 
     num_tiles = gl.cdiv(end - start, BLOCK_N)
     for i in range(0, num_tiles):
@@ -310,7 +330,10 @@ def gluon_decode_kernel(
         if PARTS == 2:
             s = mma_v2(q_op2, _k_operand(k2_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, FP8_TY), s)
         s = s * row_scale
-        s = gl.where(gl.expand_dims(n0 + s_local < end, 1), s, float("-inf"))
+        if QO > 1:
+            s = gl.where(gl.expand_dims(n0 + s_local, 1) < row_end, s, float("-inf"))
+        else:
+            s = gl.where(gl.expand_dims(n0 + s_local < end, 1), s, float("-inf"))
 
         m_new = gl.maximum(m_i, gl.max(s, axis=2))
         alpha = gl.exp2(m_i - m_new)
@@ -335,8 +358,9 @@ def gluon_decode_kernel(
     o = o * gl.expand_dims(gl.convert_layout(gl.load(v_scale_ptr) / l_safe, gl.SliceLayout(1, O_L)), 1)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_L))
     dcol = gl.expand_dims(_v_dphys(gl.arange(0, HP, layout=gl.SliceLayout(0, O_L)), HP), 0) + v_col0
-    heads = first_head + rows
-    o_ptrs = part_out_ptr + b * stride_ob + split * stride_os + gl.expand_dims(heads * stride_oh, 1) + dcol
-    gl.store(o_ptrs, o, mask=gl.expand_dims(rows < heads_here, 1) & (dcol < HEAD_DIM))
+    o_rows = _row_offsets(row0, rows, b, kvh, stride_ob, stride_oh, GROUP, QO)
+    o_ptrs = part_out_ptr + split * stride_os + gl.expand_dims(o_rows, 1) + dcol
+    gl.store(o_ptrs, o, mask=gl.expand_dims(rows < rows_here, 1) & (dcol < HEAD_DIM))
     lse_rows = gl.convert_layout(lse2, gl.SliceLayout(1, O_L))
-    gl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse_rows, mask=(rows < heads_here) & (part == 0))
+    lse_ptrs = part_lse_ptr + _row_offsets(row0, rows, b, kvh, stride_lb, stride_lh, GROUP, QO) + split
+    gl.store(lse_ptrs, lse_rows, mask=(rows < rows_here) & (part == 0))

@@ -98,8 +98,10 @@ def gluon_max_heads(head_dim: int) -> int:
 def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int | None = None,
                  block_n: int | None = None, num_stages: int | None = None, heads_per_program: int | None = None,
                  device: torch.device | None = None, num_sms: int | None = None,
-                 q_dtype: torch.dtype = torch.bfloat16, programs_per_sm: int | None = None) -> DecodeConfig:
-    """The launch of the Gluon kernel for ``group`` query heads per KV head: :func:`gluon_tile` unless
+                 q_dtype: torch.dtype = torch.bfloat16, programs_per_sm: int | None = None,
+                 qo_len: int = 1) -> DecodeConfig:
+    """The launch of the Gluon kernel for ``group`` query heads per KV head and ``qo_len`` new tokens per
+    sequence (``group x qo_len`` rows per KV head, cut as a group is): :func:`gluon_tile` unless
     ``block_n`` / ``num_stages`` are given, the group in as few programs per KV head as
     :func:`gluon_max_heads` allows (or of at most ``heads_per_program`` heads; :func:`fp8kv.ops.gluon_refusal`
     checked it), splits as :func:`fp8kv.ops.launch_config` sizes them. On a GPU with less shared memory per
@@ -111,7 +113,8 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
     launch and a ``q_dtype`` query (:func:`fp8kv.ops.kernel_residency`)."""
     dev = torch.device(device) if device is not None else cache.device
     sms = splits.sm_count(dev) if num_sms is None else checks.positive_int(num_sms, "num_sms")
-    tile, depth = gluon_tile(group, cache.head_dim, batch * cache.num_kv_heads, sms)
+    rows = group * checks.positive_int(qo_len, "qo_len")
+    tile, depth = gluon_tile(rows, cache.head_dim, batch * cache.num_kv_heads, sms)
     default_tile = block_n is None
     block_n = tile if block_n is None else checks.one_of(checks.integer(block_n, "block_n"), "block_n",
                                                          GLUON_BLOCK_N)
@@ -136,61 +139,64 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
                                    f"{need} bytes of shared memory, this GPU gives a program {limit}; ask for fewer")
     def planned(programs_per_sm: int | None) -> DecodeConfig:
         cfg = splits.launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device,
-                                   group=group, heads_per_program=heads_per_program or gluon_max_heads(cache.head_dim),
+                                   group=rows, heads_per_program=heads_per_program or gluon_max_heads(cache.head_dim),
                                    head_parts=head_parts(cache.head_dim), num_sms=sms, programs_per_sm=programs_per_sm)
         return {**cfg, "num_warps": 4, "num_stages": stages}
 
     cfg = planned(programs_per_sm)
     if num_splits is None and programs_per_sm is None and dev.type == "cuda" and not interpreter_on() and \
             splits.fills_waves(batch, cache, cfg, head_parts(cache.head_dim), None, sms):
-        cfg = planned(gluon_residency(cache, cfg, group, q_dtype, dev))
+        cfg = planned(gluon_residency(cache, cfg, group, q_dtype, dev, qo_len))
     return cfg
 
 
 def gluon_residency(cache: PagedKVCache, cfg: DecodeConfig, group: int, q_dtype: torch.dtype,
-                     device: torch.device) -> int:
+                     device: torch.device, qo_len: int = 1) -> int:
     """The Gluon programs an SM of ``device`` holds for launch ``cfg`` (:func:`fp8kv.ops.kernel_residency`): the kernel
     is compiled for the launch's constexprs (what its registers and shared memory depend on), not run."""
     d, hq = cache.head_dim, group * cache.num_kv_heads
     # what launch_constants follows (and the query's type)
-    key = ("gluon", q_dtype, cache.kv_dtype, d, cache.block_size, cache.num_kv_heads == 1, group,
+    key = ("gluon", q_dtype, cache.kv_dtype, d, cache.block_size, cache.num_kv_heads == 1, group, qo_len,
            *(cfg[k] for k in ("block_n", "num_stages", "heads_per_program", "head_tiles")))
 
     def compile_kernel():
-        q = torch.empty(1, hq, d, dtype=q_dtype, device=device)  # allocated, not filled (as above)
-        part_out, part_lse = split_partials(1, hq, cfg["num_splits"], d, device)
-        grid, args, constants = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse)
+        q = torch.empty(qo_len, hq, d, dtype=q_dtype, device=device)  # allocated, not filled (as above)
+        part_out, part_lse = split_partials(qo_len, hq, cfg["num_splits"], d, device)
+        grid, args, constants = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse, qo_len)
         return kernel_module().gluon_decode_kernel.warmup(*args, grid=grid, **constants, num_warps=NUM_WARPS)
 
     return splits.kernel_residency(key, device, compile_kernel)
 
 
-def launch_constants(cfg: dict, group: int, head_dim: int, block_size: int, kv_dtype: str) -> dict:
+def launch_constants(cfg: dict, group: int, head_dim: int, block_size: int, kv_dtype: str, qo_len: int = 1) -> dict:
     """The kernel's constexprs for a launch ``cfg`` (:func:`gluon_launch`) of ``group`` query heads per
-    KV head over pages of ``block_size`` tokens in ``kv_dtype`` ("fp8_e4m3" or "fp8_e5m2")."""
+    KV head and ``qo_len`` new tokens per sequence over pages of ``block_size`` tokens in ``kv_dtype``
+    ("fp8_e4m3" or "fp8_e5m2")."""
     kernel = kernel_module()
     if kv_dtype not in kernel.FP8_TYPES:
         raise ValueError(f"kv_dtype={kv_dtype!r}: the Gluon kernel reads {sorted(kernel.FP8_TYPES)}")
     heads = cfg["heads_per_program"]
-    return dict(GROUP=group, HEADS=heads, HEAD_TILES=cfg["head_tiles"], ROWS=mma_rows(heads), PARTS=head_parts(head_dim),
+    return dict(GROUP=group, QO=qo_len, HEADS=heads, HEAD_TILES=cfg["head_tiles"], ROWS=mma_rows(heads), PARTS=head_parts(head_dim),
                 HEAD_DIM=head_dim, BLOCK_SIZE=block_size, FP8_TY=kernel.FP8_TYPES[kv_dtype],
                 STAGES=cfg["num_stages"], **kernel.make_layouts(cfg["block_n"], head_dim))
 
 
 def gluon_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_scale: float,
-                    part_out: torch.Tensor, part_lse: torch.Tensor) -> tuple[tuple, tuple, dict]:
-    """The Gluon kernel's grid, runtime arguments and constexprs for a decode of ``q`` over ``cache`` with
-    launch ``cfg`` into the split partials ``part_out`` / ``part_lse`` (:func:`.combine.split_partials`): what
-    :mod:`.gluon_build` compiles (a decode launches :func:`gluon_runtime_arguments` with the constants it planned)."""
-    grid, args = gluon_runtime_arguments(q, cache, cfg, sm_scale, part_out, part_lse)
+                    part_out: torch.Tensor, part_lse: torch.Tensor, qo_len: int = 1) -> tuple[tuple, tuple, dict]:
+    """The Gluon kernel's grid, runtime arguments and constexprs for a decode of ``q`` (``qo_len`` new tokens
+    per sequence, back to back) over ``cache`` with launch ``cfg`` into the split partials ``part_out`` /
+    ``part_lse`` (:func:`.combine.split_partials`): what :mod:`.gluon_build` compiles (a decode launches
+    :func:`gluon_runtime_arguments` with the constants it planned)."""
+    grid, args = gluon_runtime_arguments(q, cache, cfg, sm_scale, part_out, part_lse, qo_len)
     return grid, args, launch_constants(cfg, q.shape[1] // cache.num_kv_heads, q.shape[2], cache.block_size,
-                                        cache.kv_dtype)
+                                        cache.kv_dtype, qo_len)
 
 
 def gluon_runtime_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_scale: float,
-                            part_out: torch.Tensor, part_lse: torch.Tensor) -> tuple[tuple, tuple]:
+                            part_out: torch.Tensor, part_lse: torch.Tensor, qo_len: int = 1) -> tuple[tuple, tuple]:
     """The grid and runtime arguments of :func:`gluon_arguments` (those that follow the tensors)."""
-    b, hq, d = q.shape
+    total_q, hq, d = q.shape
+    b = total_q // qo_len  # sequences
     k_pages, v_pages = (t.view(torch.uint8) for t in (cache.k_pages, cache.v_pages))
     s = page_strides(cache)  # (page, token, head): NHD or HND
     # grid (Hkv x head tiles x parts, B, splits): a sequence's KV heads (and a KV head's programs) run side by side,
@@ -207,13 +213,14 @@ def gluon_runtime_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeCon
 
 def run_gluon(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, constants: dict, sm_scale: float,
               out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the Gluon kernel (and the split combine) for a decode of ``q`` over ``cache``: the launch ``cfg`` and
-    its ``constants`` (:func:`launch_constants`) as planned, ``out_dtype`` the output's."""
-    b, hq, d = q.shape
-    part_out, part_lse = split_partials(b, hq, cfg["num_splits"], d, q.device)
-    out = torch.empty(b, hq, d, dtype=out_dtype, device=q.device)
-    lse = torch.empty(b, hq, dtype=torch.float32, device=q.device)
-    grid, args = gluon_runtime_arguments(q, cache, cfg, sm_scale, part_out, part_lse)
+    """Launch the Gluon kernel (and the split combine) for a decode of ``q`` over ``cache`` (``constants["QO"]``
+    new tokens per sequence: ``q`` ``[B QO, Hq, D]``): the launch ``cfg`` and its ``constants``
+    (:func:`launch_constants`) as planned, ``out_dtype`` the output's."""
+    total_q, hq, d = q.shape
+    part_out, part_lse = split_partials(total_q, hq, cfg["num_splits"], d, q.device)
+    out = torch.empty(total_q, hq, d, dtype=out_dtype, device=q.device)
+    lse = torch.empty(total_q, hq, dtype=torch.float32, device=q.device)
+    grid, args = gluon_runtime_arguments(q, cache, cfg, sm_scale, part_out, part_lse, constants["QO"])
     kernel_module().gluon_decode_kernel[grid](*args, **constants, num_warps=NUM_WARPS)
     combine_splits(part_out, part_lse, out, lse)
     return out, lse

@@ -24,9 +24,12 @@ from .gluon_scope import MAX_HEAD_DIM, MIN_HEAD_DIM, NUM_WARPS, head_parts, max_
 from .splits import DecodeConfig
 from .triton_launcher import TritonLaunch, triton_launch, triton_residency
 
-__all__ = ["DecodePlan", "plan", "decode_launch", "launch_for", "decode_kernel", "gluon_refusal", "OUT_DTYPES",
-           "GLUON_OPTIONS", "PLAN_OPTIONS"]
+__all__ = ["DecodePlan", "plan", "plan_rows", "decode_launch", "launch_for", "decode_kernel", "gluon_refusal", "OUT_DTYPES",
+           "GLUON_OPTIONS", "PLAN_OPTIONS", "MAX_ROW_TILES"]
 
+# The most programs a KV head's (token, head) rows are cut into by plan_rows: each program reads every K/V tile
+# of its KV head (from L2 after the first), so beyond a few the rows are a chunk, the attend kernel's work.
+MAX_ROW_TILES = 4
 OUT_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # fp16, bf16, fp32: what the kernels store
 # Options the Gluon kernel takes when asked for by name; any other override means the Triton kernel.
 GLUON_OPTIONS = kernel_options("gluon")
@@ -43,7 +46,7 @@ class DecodePlan:
     ``launch`` what the launcher fixed once (a :class:`~.triton_launcher.TritonLaunch`, or the Gluon kernel's
     constexprs). The plan holds ``sinks`` (read when it runs) but no other tensor: it reads the query and the
     cache's tensors when run, so refill them in place between runs and plan again after the cache's tables
-    change shape."""
+    change shape. ``qo_len`` > 1 (:func:`plan_rows`): that many new tokens per sequence, ``q`` ``[B qo_len, Hq, D]``."""
     kernel: str
     config: DecodeConfig
     mode: str
@@ -53,6 +56,7 @@ class DecodePlan:
     out_dtype: torch.dtype
     sinks: torch.Tensor | None
     launch: TritonLaunch | dict
+    qo_len: int = 1
 
 
 def plan(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scale: float | None = None,
@@ -84,6 +88,44 @@ def plan(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scal
                                convert=options.get("convert"), eviction_policy=options.get("eviction_policy", ""),
                                compute_dtype=options.get("compute_dtype"))
     return DecodePlan(kernel, cfg, mode, sm_scale, (b, hq, d), q.dtype, out_dtype, sinks, launch)
+
+
+def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = "dequant",
+              sm_scale: float | None = None, gluon: bool | None = None, out_dtype: torch.dtype | None = None,
+              **others) -> DecodePlan | str:
+    """The Gluon kernel's plan of ``qo_len`` new tokens per sequence (speculative verification: ``q``
+    ``[B qo_len, Hq, D]``, the sequences' tokens back to back, each the last ``qo_len`` of its row), or why it
+    does not take them (a str). A KV head's ``group x qo_len`` (token, head) rows run as a group does in a
+    decode, cut into programs of at most :func:`fp8kv.ops.gluon_max_heads` rows, each masked causally, so
+    every K/V tile is read once for all the drafts. ``others``: the options and variants of
+    :func:`fp8kv.ops.paged_decode` (None = not given; any given is a refusal: this is the default launch).
+    ``gluon=None`` refuses a launch whose splits hold fewer than GLUON_MIN_SPLIT_TOKENS tokens (small
+    batches: latency-bound), True plans it anyway, False is a refusal. Trusted as :func:`plan` trusts."""
+    if gluon is False:
+        return "gluon=False: the Triton kernels"
+    total_q, hq, d = q.shape
+    group = hq // cache.num_kv_heads
+    why = gluon_refusal(cache, mode, d, group, q.device, **others)
+    given = sorted(k for k, v in others.items() if v is not None)
+    if why is None and given:
+        why = f"{given}: the attend kernel's options"
+    if why is not None:
+        return why
+    tiles = -(-group * qo_len // max_rows(d))
+    if tiles > MAX_ROW_TILES:
+        return (f"qo_len={qo_len}: {group} x {qo_len} rows per KV head would take {tiles} Gluon programs (at most "
+                f"{MAX_ROW_TILES}, of {max_rows(d)} rows each at head_dim {d})")
+    out_dtype = q.dtype if out_dtype is None else out_dtype
+    if out_dtype not in OUT_DTYPES:
+        checks.fail(f"out_dtype={out_dtype!r}; expected one of {OUT_DTYPES}", TypeError)
+    cfg = gluon_launch(total_q // qo_len, cache, group, device=q.device, q_dtype=q.dtype, qo_len=qo_len)
+    least = GLUON_MIN_SPLIT_TOKENS[head_parts(d)]
+    if gluon is None and cfg["tokens_per_split"] < least:
+        return (f"splits of {cfg['tokens_per_split']} tokens (fewer than {least}): a latency-bound launch, where the "
+                "Gluon kernel's fixed cost per program outweighs its faster loop")
+    launch = launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype, qo_len)
+    return DecodePlan("gluon", cfg, mode, checks.resolved_softmax_scale(sm_scale, d), (total_q, hq, d), q.dtype,
+                      out_dtype, None, launch, qo_len)
 
 
 def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, device, **overrides) -> str | None:

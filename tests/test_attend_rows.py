@@ -1,0 +1,197 @@
+"""Speculative verification on the Gluon decode kernel (``fp8kv.ops.decode.plan_rows``): with as many new tokens in
+every sequence, ``fp8kv.attend`` runs a KV head's (token, head) rows in the decode kernel's programs, each row masked
+causally at its own token, so that every K/V tile is read once for all the drafts.
+
+On a CPU (no Gluon there) the choice of kernel, the refusals and the launch's arguments are checked, the kernel
+replaced by a stand-in that checks its call; the kernel itself builds for sm90 here (tests/test_gluon_build.py) and
+answers what the oracle answers on a GPU (below)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+import torch
+from fixtures import DEVICE, indptr, make_q, matrix_cache
+
+import fp8kv
+from fp8kv import backends, ops
+from fp8kv.capability import UnsupportedError
+from fp8kv.quant import relative_error
+from fp8kv.reference import lse_tolerance, output_tolerance
+
+pytest.importorskip("triton")
+from fp8kv.ops.attend import AttendPlan  # noqa: E402
+from fp8kv.ops.decode import DecodePlan, plan_rows  # noqa: E402
+from fp8kv.ops.decode.planning import MAX_ROW_TILES  # noqa: E402
+
+ON_GPU = DEVICE == "cuda"
+
+
+def _plan(q, cache, qo_lens, **launch):
+    return backends.planned_attend(q, cache, indptr(qo_lens), "triton", **launch).args[0]
+
+
+# ------------------------------------------------------------------------------------ which kernel runs
+def test_ragged_counts_and_attend_kernel_options_run_the_attend_kernel():
+    cache = matrix_cache([40, 30], 2, 64)
+    assert isinstance(_plan(make_q(5, 4, 64), cache, [3, 2]), AttendPlan)  # ragged: not the rows' kernel
+    assert isinstance(_plan(make_q(6, 4, 64), cache, [3, 3], block_m=16), AttendPlan)
+    assert isinstance(_plan(make_q(6, 4, 64), cache, [3, 3], gluon=False), AttendPlan)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the refusal of a machine without a GPU")
+def test_without_a_gpu_the_rows_run_the_attend_kernel_and_gluon_true_says_why():
+    cache = matrix_cache([40, 30], 2, 64)
+    q = make_q(6, 4, 64)
+    assert isinstance(_plan(q, cache, [3, 3]), AttendPlan)
+    assert plan_rows(q, cache, 3) == "Gluon kernels run on a CUDA GPU only (not under the Triton interpreter)"
+    with pytest.raises(UnsupportedError, match="gluon=True: Gluon kernels run on a CUDA GPU only"):
+        fp8kv.attend(q, cache, indptr([3, 3]), "triton", gluon=True)
+
+
+@pytest.mark.parametrize("qo_lens,launch,pattern", [
+    ([3, 2], {}, "gluon=True: the Gluon kernel takes as many new tokens in every sequence"),
+    ([3, 3], {"block_n": 32}, r"and no launch option of the attend kernel \('num_splits'"),
+])
+def test_gluon_true_outside_the_rows_kernel_is_refused_by_name(qo_lens, launch, pattern):
+    cache = matrix_cache([40, 30], 2, 64)
+    with pytest.raises(UnsupportedError, match=pattern):
+        fp8kv.attend(make_q(sum(qo_lens), 4, 64), cache, indptr(qo_lens), "triton", gluon=True, **launch)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0.0])
+def test_a_gluon_choice_that_is_not_a_bool_is_refused_by_name(value):
+    cache = matrix_cache([40, 30], 2, 64)
+    with pytest.raises(TypeError, match=rf"gluon={value!r}; expected None \(the faster kernel that runs\), True or "
+                                        "False"):
+        fp8kv.attend(make_q(6, 4, 64), cache, indptr([3, 3]), "triton", gluon=value)
+
+
+def _on_a_gpu(monkeypatch):
+    """Planning as on a GPU where the Gluon kernel runs (its refusal of this machine taken away)."""
+    monkeypatch.setattr(ops.decode.planning, "gluon_refusal", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("hq,hkv,d,qo_len,tiles", [(32, 8, 128, 8, 2), (40, 8, 128, 4, 2), (8, 1, 256, 8, 4),
+                                                  (4, 2, 64, 16, 1), (16, 1, 128, 5, 5)])
+def test_a_kv_heads_rows_are_cut_into_programs_as_a_group_is(monkeypatch, hq, hkv, d, qo_len, tiles):
+    """group x qo_len rows per KV head, in programs of at most gluon_max_heads rows (16 at head_dim 128 and in two
+    parts of 256, 32 at 64), balanced; more than MAX_ROW_TILES programs is a chunk: refused, with the count."""
+    _on_a_gpu(monkeypatch)
+    cache = matrix_cache([300, 2000], hkv, d)
+    q = make_q(2 * qo_len, hq, d)
+    plan = plan_rows(q, cache, qo_len, gluon=True)
+    rows = hq // hkv * qo_len
+    if tiles > MAX_ROW_TILES:
+        assert plan == (f"qo_len={qo_len}: {hq // hkv} x {qo_len} rows per KV head would take {tiles} Gluon programs "
+                        f"(at most {MAX_ROW_TILES}, of {ops.gluon_max_heads(d)} rows each at head_dim {d})")
+        return
+    assert isinstance(plan, DecodePlan) and plan.kernel == "gluon" and plan.qo_len == qo_len
+    assert plan.config["head_tiles"] == tiles and plan.config["heads_per_program"] == -(-rows // tiles)
+    assert (plan.launch["QO"], plan.launch["GROUP"], plan.launch["HEADS"]) == (qo_len, hq // hkv, -(-rows // tiles))
+
+
+def test_short_splits_refuse_the_rows_kernel_unless_asked_for(monkeypatch):
+    """The decode's rule: a launch whose splits hold fewer than GLUON_MIN_SPLIT_TOKENS tokens is latency-bound."""
+    _on_a_gpu(monkeypatch)
+    cache = matrix_cache([300, 200], 2, 64)
+    q = make_q(8, 4, 64)
+    why = plan_rows(q, cache, 4)
+    assert isinstance(why, str) and why.startswith("splits of ") and "fewer than 1024" in why
+    assert isinstance(plan_rows(q, cache, 4, gluon=True), DecodePlan)
+    assert plan_rows(q, cache, 4, gluon=False) == "gluon=False: the Triton kernels"
+
+
+@pytest.mark.parametrize("options,pattern", [({"convert": "cast"}, r"the Gluon kernel takes no \['convert'\]"),
+                                             ({"window": 64}, r"the Gluon kernel takes no \['window'\]")])
+def test_options_the_gluon_kernel_does_not_take_are_a_refusal(options, pattern):
+    cache = matrix_cache([300, 200], 2, 64)
+    assert re.fullmatch(pattern, plan_rows(make_q(8, 4, 64), cache, 4, **options))  # before the machine's refusal
+
+
+gluon_kernel = pytest.importorskip("fp8kv.ops.decode.gluon_kernel")  # the stand-in replaces its kernel
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_the_rows_launch_passes_the_kernel_every_argument(monkeypatch, layout):
+    """What the rows' launch hands the kernel: the [B qo_len, Hq, D] query and partials, the grid of the sequences
+    (not the query rows), QO; then the combine merges partials of every (token, head) row."""
+    params = list(inspect.signature(gluon_kernel.gluon_decode_kernel.fn).parameters)
+    seen = {}
+
+    class StandIn:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                constants = {k: v for k, v in kwargs.items() if k != "num_warps"}
+                named = dict(zip([p for p in params if p not in constants], args, strict=True))
+                for name, (tensor, dim) in {"stride_qb": ("q_ptr", 0), "stride_qh": ("q_ptr", 1),
+                                            "stride_ob": ("part_out_ptr", 0), "stride_oh": ("part_out_ptr", 1),
+                                            "stride_os": ("part_out_ptr", 2), "stride_lb": ("part_lse_ptr", 0),
+                                            "stride_lh": ("part_lse_ptr", 1)}.items():
+                    assert named[name] == named[tensor].stride(dim), name
+                assert named["q_ptr"] is q and named["part_out_ptr"].shape[:2] == (3 * 4, 8)
+                named["part_out_ptr"].fill_(1.0)
+                named["part_lse_ptr"].zero_()
+                seen.update(grid=grid, **constants)
+            return launch
+
+    monkeypatch.setattr(gluon_kernel, "gluon_decode_kernel", StandIn())
+    _on_a_gpu(monkeypatch)
+    cache = matrix_cache([40, 300, 2000], 2, 128, layout=layout)
+    q = make_q(3 * 4, 8, 128)
+    plan = plan_rows(q, cache, 4, gluon=True)
+    out, lse = ops.decode.run(plan, q, cache)
+    cfg = plan.config
+    assert seen["grid"] == (2 * cfg["head_tiles"], 3, cfg["num_splits"])  # KV heads x row tiles, sequences, splits
+    assert (seen["QO"], seen["GROUP"], seen["HEADS"], seen["ROWS"]) == (4, 4, 16, 16)
+    assert out.shape == (12, 8, 128) and torch.equal(out, torch.ones_like(out))  # every row combined
+    assert lse.shape == (12, 8)
+
+
+# ------------------------------------------------------------------------------------------ GPU only
+# (Hq, Hkv, D, qo_len, page): the target layout and real ones, groups that fill 16 rows, a group cut into programs,
+# two parts of 128 columns, a 64-wide tile, pages larger than a tile
+GPU_CASES = [(32, 8, 128, 4, 16), (32, 8, 128, 8, 16), (32, 8, 128, 2, 128), (40, 8, 128, 3, 16), (40, 8, 128, 8, 32),
+             (8, 1, 256, 2, 16), (8, 1, 256, 4, 64), (14, 2, 64, 4, 16), (32, 32, 128, 8, 16), (16, 16, 80, 6, 16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("hq,hkv,d,qo_len,page", GPU_CASES, ids=lambda x: str(x))
+@pytest.mark.parametrize("kv_dtype,layout", [("fp8_e4m3", "NHD"), ("fp8_e5m2", "HND")])
+def test_the_rows_kernel_matches_the_oracle(hq, hkv, d, qo_len, page, kv_dtype, layout):
+    """Lengths around split and tile boundaries (a split whose first token is past some rows' causal end: those rows
+    have no key there), one sequence of only new tokens, bf16 queries; the attend kernel beside it."""
+    lens = [3075, 2050, qo_len, 1025, 4097, 513 + qo_len]
+    cache = matrix_cache(lens, hkv, d, kv_dtype=kv_dtype, block_size=page, layout=layout)
+    qo_lens = [qo_len] * len(lens)
+    q = make_q(sum(qo_lens), hq, d, torch.bfloat16, seed=qo_len)
+    plan = _plan(q, cache, qo_lens, gluon=True)
+    assert isinstance(plan, DecodePlan) and plan.qo_len == qo_len
+    ref_out, ref_lse = fp8kv.reference.attend(q, cache, indptr(qo_lens), return_lse=True)
+    tol = output_tolerance("triton", "dequant", q.dtype, "tensor")
+    for gluon in (True, False):
+        out, lse = fp8kv.attend(q, cache, indptr(qo_lens), "triton", gluon=gluon)
+        err = relative_error(out.float(), ref_out)
+        assert err <= tol, f"gluon={gluon}: {err:.3e} > {tol:.3e}"
+        assert float((lse - ref_lse).abs().max()) <= lse_tolerance("triton", "dequant", q.dtype, ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+def test_the_rows_kernel_is_the_default_where_its_splits_are_long_and_replays_in_a_graph():
+    cache = matrix_cache([16384] * 16, 8, 128)
+    q = make_q(16 * 4, 32, 128, torch.bfloat16)
+    call = backends.planned_attend(q, cache, indptr([4] * 16), "triton")
+    assert isinstance(call.args[0], DecodePlan) and call.args[0].qo_len == 4
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = call()
+    q.copy_(make_q(16 * 4, 32, 128, torch.bfloat16, seed=5))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, fp8kv.attend(q, cache, indptr([4] * 16), "triton")[0])
