@@ -105,7 +105,7 @@ def test_short_splits_refuse_the_rows_kernel_unless_asked_for(monkeypatch):
 
 
 @pytest.mark.parametrize("options,pattern", [({"convert": "cast"}, r"the Gluon kernel takes no \['convert'\]"),
-                                             ({"window": 64}, r"the Gluon kernel takes no \['window'\]")])
+                                             ({"soft_cap": 30.0}, r"the Gluon kernel takes no \['soft_cap'\]")])
 def test_options_the_gluon_kernel_does_not_take_are_a_refusal(options, pattern):
     cache = matrix_cache([300, 200], 2, 64)
     assert re.fullmatch(pattern, plan_rows(make_q(8, 4, 64), cache, 4, **options))  # before the machine's refusal
@@ -177,6 +177,23 @@ def test_the_rows_kernel_matches_the_oracle(hq, hkv, d, qo_len, page, kv_dtype, 
         err = relative_error(out.float(), ref_out)
         assert err <= tol, f"gluon={gluon}: {err:.3e} > {tol:.3e}"
         assert float((lse - ref_lse).abs().max()) <= lse_tolerance("triton", "dequant", q.dtype, ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("hq,hkv,d,qo_len", [(32, 8, 128, 4), (40, 8, 128, 8), (8, 1, 256, 3)])
+@pytest.mark.parametrize("window", [1, 2, 63, 700])
+def test_the_rows_kernel_takes_a_sliding_window(hq, hkv, d, qo_len, window):
+    """Each row's window counted back from its own token (a window of 1: each draft sees itself only)."""
+    lens = [3075, qo_len, 700 + qo_len, 64 + qo_len]
+    cache = matrix_cache(lens, hkv, d)
+    qo_lens = [qo_len] * len(lens)
+    q = make_q(sum(qo_lens), hq, d, torch.bfloat16, seed=window)
+    assert isinstance(_plan(q, cache, qo_lens, gluon=True, window=window), DecodePlan)
+    out, lse = fp8kv.attend(q, cache, indptr(qo_lens), "triton", gluon=True, window=window)
+    ref_out, ref_lse = fp8kv.reference.attend(q, cache, indptr(qo_lens), return_lse=True, window=window)
+    assert relative_error(out.float(), ref_out) <= output_tolerance("triton", "dequant", q.dtype, "tensor")
+    assert float((lse - ref_lse).abs().max()) <= lse_tolerance("triton", "dequant", q.dtype, ref_lse)
 
 
 @pytest.mark.gpu

@@ -28,17 +28,20 @@ LAUNCHES = [(32, 8, 128, 64),  # 64-token tiles, 4 deep, 16 rows
 # (Hq, Hkv, D, B, qo_len): speculative verification's (token, head) rows (fp8kv.ops.decode.plan_rows): 16 rows in one
 # program, 32 in two, a group of 5 in two programs of 10 rows, two parts of 128 columns in two programs
 ROW_LAUNCHES = [(32, 8, 128, 64, 4), (32, 8, 128, 64, 8), (40, 8, 128, 64, 4), (8, 1, 256, 64, 4)]
+# (Hq, Hkv, D, B, qo_len, window): sliding windows of 512 tokens, a decode's and the rows'
+WINDOW_LAUNCHES = [(32, 16, 128, 64, 1, 512), (32, 8, 128, 64, 4, 512), (8, 1, 256, 64, 1, 512)]
 
 # Run in a process without the interpreter (build() refuses it): every launch above, one JSON line each.
 _BUILD_ALL = """
 import json, sys
 from fp8kv.ops.decode.gluon_build import block_table_summary, build
 launches, sms = json.loads(sys.argv[1])
-for hq, hkv, d, b, qo_len in launches:
-    k, cfg = build(hq, hkv, d, batch=b, context=16384, num_sms=sms, qo_len=qo_len)
+for hq, hkv, d, b, qo_len, window in launches:
+    k, cfg = build(hq, hkv, d, batch=b, context=16384, num_sms=sms, qo_len=qo_len, window=window)
     print(json.dumps(dict(registers=k.registers, spilled_bytes=k.spilled_bytes, shared_bytes=k.shared_bytes,
                           block_n=cfg["block_n"], num_stages=cfg["num_stages"], num_splits=cfg["num_splits"],
                           programs_per_sm=k.programs_per_sm, head_tiles=cfg["head_tiles"],
+                          tokens_per_split=cfg["tokens_per_split"],
                           **block_table_summary(k.sass),
                           hmma="HMMA.16816.F32" in k.sass, unpack="F2FP.F16.E4M3.UNPACK_B" in k.sass)), flush=True)
 """
@@ -51,13 +54,25 @@ def _tile(hq, hkv, d, b):
 @pytest.fixture(scope="module")
 def builds():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    launches = [(*layout, 1) for layout in LAUNCHES] + ROW_LAUNCHES
+    launches = [(*layout, 1, None) for layout in LAUNCHES] + [(*rows, None) for rows in ROW_LAUNCHES] + WINDOW_LAUNCHES
     done = subprocess.run([sys.executable, "-c", _BUILD_ALL, json.dumps([launches, H200_SMS])], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     built = dict(zip(launches, rows, strict=True))
-    return {**{layout: built[(*layout, 1)] for layout in LAUNCHES}, **{rows: built[rows] for rows in ROW_LAUNCHES}}
+    return {**{layout: built[(*layout, 1, None)] for layout in LAUNCHES},
+            **{rows: built[(*rows, None)] for rows in ROW_LAUNCHES}, **{w: built[w] for w in WINDOW_LAUNCHES}}
+
+
+@pytest.mark.parametrize("launch", WINDOW_LAUNCHES, ids=lambda t: "/".join(map(str, t[:3])) + f"-qo{t[4]}-w{t[5]}")
+def test_windowed_launches_build_without_spills_and_split_the_window(builds, launch):
+    """A window's splits cover the window from the whole tile below it (window + qo_len - 1 + block_n - 1 tokens),
+    not the page table."""
+    kernel = builds[launch]
+    assert kernel["spilled_bytes"] == 0 and kernel["hmma"] and kernel["unpack"], kernel
+    window, qo_len = launch[5], launch[4]
+    assert kernel["tokens_per_split"] * kernel["num_splits"] >= window + qo_len - 1 + kernel["block_n"] - 1
+    assert kernel["tokens_per_split"] * (kernel["num_splits"] - 1) < window + qo_len - 1 + kernel["block_n"] - 1
 
 
 @pytest.mark.parametrize("launch", ROW_LAUNCHES, ids=lambda t: "/".join(map(str, t[:3])) + f"-B{t[3]}-qo{t[4]}")

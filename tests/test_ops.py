@@ -634,7 +634,8 @@ def test_stream_copy_copies_every_element_of_an_odd_length():
     (dict(heads_per_program=17), {}, (2, 34, 128), "heads_per_program=17: .* at most 16 query heads at head_dim 128"),
     (dict(heads_per_program=33), dict(d=64), (2, 66, 64), "heads_per_program=33: .* at most 32 query heads at head_dim 64"),
     (dict(heads_per_program=17), dict(d=256), (2, 34, 256), "heads_per_program=17: .* at most 16 query heads at head_dim 256"),
-    (dict(window=8), {}, (2, 8, 128), r"no \['window'\]"),
+    (dict(soft_cap=30.0), {}, (2, 8, 128), r"no \['soft_cap'\]"),
+    (dict(sinks=torch.zeros(8)), {}, (2, 8, 128), r"no \['sinks'\]"),
     (dict(use_tensor_cores=False), {}, (2, 8, 128), r"no \['use_tensor_cores'\]"),
     (dict(num_warps=8), {}, (2, 8, 128), "num_warps=8"),
     ({}, {}, (2, 8, 128), "CUDA GPU only"),  # the one shape, but no GPU here
@@ -936,6 +937,23 @@ def test_gluon_kernel_reads_every_page_size(block_size, launch, layout):
     ref_o, ref_l = ref_decode(q, cache)
     assert relative_error(out.float(), ref_o) <= dequant_tol(torch.bfloat16, "tensor")
     assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", torch.bfloat16, ref_l)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (14, 2, 64), (8, 1, 256)])
+@pytest.mark.parametrize("block_size,layout", [(16, "NHD"), (128, "HND")])
+@pytest.mark.parametrize("window", [1, 63, 64, 65, 700, 4999])
+def test_gluon_kernel_takes_a_sliding_window_on_the_gpu(hq, hkv, d, block_size, layout, window):
+    """A window starting anywhere in a tile (its splits tile it from the whole tile below it): against the oracle,
+    at lengths shorter than, around and far beyond it, pages smaller and larger than a tile."""
+    cache = matrix_cache([1, 64, 700, 5003, 16000], hkv, d, block_size=block_size, layout=layout)
+    q = make_q(5, hq, d, torch.bfloat16)
+    for launch in ({}, {"num_splits": 1}):
+        out, lse = paged_decode(q, cache, gluon=True, window=window, **launch)
+        ref_o, ref_l = ref_decode(q, cache, window=window)
+        assert relative_error(out.float(), ref_o) <= dequant_tol(torch.bfloat16, "tensor"), launch
+        assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", torch.bfloat16, ref_l)
 
 
 @pytest.mark.parametrize("kw, exc, words", [(dict(batch=0), ValueError, "batch=0"), (dict(batch=1.5), TypeError, "batch=1.5"),

@@ -49,15 +49,18 @@ PRESETS = {
                   backends=["triton", "flashinfer", "reference"], granularities=["tensor"],
                   flashinfer_tensor_cores=[True]),
     # Sliding-window layers (Gemma-3-like), B x window >= 64k tokens: time and bytes bounded by the
-    # window, not the context; FlashInfer with window_left beside. Two shapes: Hq/Hkv/D 32/16/128 and
+    # window, not the context; FlashInfer with window_left beside; fp8kv's default kernel beside its Gluon kernel
+    # (gluon=True: FP8 pages in dequant mode; marked unsupported elsewhere). Two shapes: Hq/Hkv/D 32/16/128 and
     # Gemma-3-270M's 4/1/256.
     "window": dict(batches=[64, 128], contexts=[16384, 32768], heads=[(32, 16)], head_dims=[128], block_sizes=[16],
                    kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"], backends=["triton", "flashinfer"],
-                   granularities=["tensor"], flashinfer_tensor_cores=[False, True], windows=[512, 1024]),
+                   granularities=["tensor"], flashinfer_tensor_cores=[False, True], windows=[512, 1024],
+                   triton_options=[{}, {"gluon": True}]),
     "window-gemma3": dict(batches=[64, 128], contexts=[16384, 32768], heads=[(4, 1)], head_dims=[256],
                           block_sizes=[16], kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant", "fp8"],
                           backends=["triton", "flashinfer"], granularities=["tensor"],
-                          flashinfer_tensor_cores=[False, True], windows=[512, 1024]),
+                          flashinfer_tensor_cores=[False, True], windows=[512, 1024],
+                          triton_options=[{}, {"gluon": True}]),
     # Head layouts of real model families, side by side with FlashInfer and vLLM's Triton kernel (where
     # vllm imports; every row checked first):
     # MHA (Llama-2-7B 32/32/128, Phi-2 32/32/80, Phi-3-mini 32/32/96), GQA with power-of-two and odd

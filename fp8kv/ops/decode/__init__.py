@@ -28,7 +28,7 @@ def run(plan: DecodePlan, q: torch.Tensor, cache: PagedKVCache) -> tuple[torch.T
     out ``[B, Hq, D]`` (``[B qo_len, Hq, D]``; the plan's out_dtype) and lse ``[B, Hq]`` fp32 (natural log).
     Device work only: no check (the plan was made from checked input), no host sync."""
     if plan.kernel == "gluon":
-        return run_gluon(q, cache, plan.config, plan.launch, plan.sm_scale, plan.out_dtype)
+        return run_gluon(q, cache, plan.config, plan.launch, plan.sm_scale, plan.out_dtype, plan.window)
     return run_triton(q, cache, plan.launch, plan.sinks)
 
 
@@ -74,8 +74,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         else the Triton kernel (:func:`fp8kv.ops.decode_launch` says which). True asks for the Gluon kernel and
         raises UnsupportedError by name outside its shapes: a CUDA GPU (sm89+), dequant mode, an FP8
         cache with one tensor-wide scale, NHD or HND pages, head_dim 48-256 in multiples of 16, any group (cut
-        into programs of at most :func:`fp8kv.ops.gluon_max_heads` query heads, or ``heads_per_program``), no
-        variant; ``block_n`` 64 or 128 and ``num_stages`` its ring depth 2-4 (default:
+        into programs of at most :func:`fp8kv.ops.gluon_max_heads` query heads, or ``heads_per_program``), a
+        sliding window but no soft cap or sinks; ``block_n`` 64 or 128 and ``num_stages`` its ring depth 2-4 (default:
         :func:`fp8kv.ops.gluon_tile`), 4 warps. False: the Triton kernel. H200, B=64 x 16k, e4m3: 32/8/128
         533.8 us against 668.6 us for the Triton kernel in the same run, 32/32/128 2077.5 against 2556.9.
     window, soft_cap, sinks : attention variants, as :func:`fp8kv.reference.decode` defines them

@@ -116,12 +116,13 @@ def _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, n
 def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64, context: int = 16384,
           num_sms: int = 132, block_n: int | None = None, num_stages: int | None = None,
           heads_per_program: int | None = None, q_dtype: torch.dtype = torch.bfloat16, kv_dtype: str = "fp8_e4m3",
-          block_size: int = 16, arch: int = 90, qo_len: int = 1) -> tuple[Build, dict]:
+          block_size: int = 16, arch: int = 90, qo_len: int = 1, window: int | None = None) -> tuple[Build, dict]:
     """Compile the Gluon decode of ``num_q_heads`` / ``num_kv_heads`` / ``head_dim`` for ``sm{arch}``: the launch
     :func:`.gluon_launcher.gluon_launch` plans for ``batch`` sequences of ``context`` tokens on ``num_sms`` SMs with
     these options (None: its defaults, the ring depths of a GPU with room for them). Returns the build and
     the launch, its splits filling the waves of the programs an SM holds of this build (as on the GPU).
-    ``qo_len``: new tokens per sequence (speculative verification: ``group x qo_len`` rows per KV head).
+    ``qo_len``: new tokens per sequence (speculative verification: ``group x qo_len`` rows per KV head); ``window``:
+    a sliding window (tokens, shorter than ``context``), or None.
 
     The arguments must be within the kernel's scope (:func:`.planning.gluon_refusal`): ``num_q_heads`` a
     multiple of ``num_kv_heads``, head_dim a multiple of 16 from 48 to 256, an FP8 ``kv_dtype``, a bf16 / fp16
@@ -132,12 +133,14 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
     cache, group, arch = _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, num_stages,
                                       heads_per_program, q_dtype, kv_dtype, block_size, arch)
     qo_len = checks.positive_int(qo_len, "qo_len")
+    window = None if window is None else checks.positive_int(window, "window")
+    window = None if window is None or window >= cache.max_blocks_per_seq * cache.block_size else window
     cfg = gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
                            heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms,
-                           qo_len=qo_len)
+                           qo_len=qo_len, window=window)
     q = torch.zeros(qo_len, num_q_heads, head_dim, dtype=q_dtype)
     part_out, part_lse = split_partials(qo_len, num_q_heads, cfg["num_splits"], head_dim, q.device)
-    _, args, constants = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse, qo_len)
+    _, args, constants = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse, qo_len, window)
     kernel = compile_kernel(kernel_module().gluon_decode_kernel, args, constants, arch=arch, num_warps=NUM_WARPS,
                             source_cls=GluonASTSource)
     programs = resident_programs(kernel.registers, kernel.shared_bytes, NUM_WARPS)
@@ -145,6 +148,6 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
     # split count is a runtime argument: the build is the same)
     cfg = gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
                            heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms,
-                           programs_per_sm=programs, qo_len=qo_len)
+                           programs_per_sm=programs, qo_len=qo_len, window=window)
     return Build(registers=kernel.registers, spilled_bytes=kernel.spilled_bytes, shared_bytes=kernel.shared_bytes,
                  sass=kernel.sass, programs_per_sm=programs), cfg

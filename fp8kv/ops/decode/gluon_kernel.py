@@ -41,7 +41,8 @@ the grid so that they read the same pages while they are in L2. With QO new toke
 row is masked causally at its own token's position, and every K/V tile is read once for all of them.
 
 Scope (:mod:`.gluon_scope`): NHD or HND pages (the page, token and head strides are arguments), one tensor-wide
-K and V scale, head_dim a multiple of 16 from 48 to 256, 4 warps. :func:`fp8kv.ops.gluon_refusal` checks all of
+K and V scale, head_dim a multiple of 16 from 48 to 256, 4 warps, a sliding window (no soft cap, no sinks).
+:func:`fp8kv.ops.gluon_refusal` checks all of
 it (this is the default kernel where it holds) and :mod:`.gluon_launcher` launches it; the interpreter cannot
 run Gluon, so the tensor-core Triton kernel is its twin on CPU. Besides the kernel, this module builds its
 layouts (:func:`make_layouts`, constexprs built on the host), the one part of its launch that needs Gluon.
@@ -230,10 +231,12 @@ def gluon_decode_kernel(
     q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, bt_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr,
     qk_scale,  # sm_scale * log2(e)
     tokens_per_split, num_blocks, row_capacity,
+    window,  # WINDOWED: the keys a query attends (>= 1), itself and those before it
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_btb,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     GROUP: gl.constexpr,  # query heads per KV head
     QO: gl.constexpr,  # new tokens per sequence (1: a decode); a KV head's rows are (token, head) pairs j GROUP + h
+    WINDOWED: gl.constexpr,  # a sliding window: the splits tile the window (from a whole tile below it) alone
     HEADS: gl.constexpr, HEAD_TILES: gl.constexpr,  # rows per program; row tiles per KV head
     ROWS: gl.constexpr,  # MMA rows (HEADS padded: 16 or 32)
     PARTS: gl.constexpr,  # programs per head tile, one per HP output columns (head_parts)
@@ -250,7 +253,12 @@ def gluon_decode_kernel(
 
     With QO > 1 (speculative verification: QO new tokens per sequence, the last QO of its row) a KV head's
     GROUP x QO rows share every K/V tile, which is read once for all of them; row j GROUP + h is query head h
-    of new token j, which attends the tokens before position seq_len - QO + j + 1 (causal)."""
+    of new token j, which attends the tokens before position seq_len - QO + j + 1 (causal).
+
+    WINDOWED: the query at position p attends the keys p - window < key <= p (fp8kv.reference.decode's window). The
+    splits tile the tokens from the first new token's window start, rounded down to a whole tile (the page
+    addressing takes tiles at multiples of BLOCK_N), so pages before the window are never read; the tokens of
+    that first tile below each row's window are masked."""
     BLOCK_N: gl.constexpr = W * NW
     part = gl.program_id(0) % PARTS  # a head tile's parts side by side: they read the same K pages
     tile = gl.program_id(0) // PARTS
@@ -262,7 +270,12 @@ def gluon_decode_kernel(
     split = gl.program_id(2)
 
     seq_len = gl.minimum(gl.load(seq_lens_ptr + b), row_capacity)
-    start = split * tokens_per_split
+    if WINDOWED:
+        lo = gl.maximum(seq_len - QO + 1 - window, 0)  # the first new token's first key
+        start = lo // BLOCK_N * BLOCK_N + split * tokens_per_split
+    else:
+        lo = 0
+        start = split * tokens_per_split
     end = gl.minimum(seq_len, start + tokens_per_split)
 
     bt_row = bt_ptr + b * stride_btb
@@ -308,9 +321,11 @@ def gluon_decode_kernel(
     acc = gl.zeros([W, ROWS, HP], gl.float32, layout=MMA)
     s_zero = gl.zeros([W, ROWS, NW], gl.float32, layout=MMA)
     s_local = _slice_tokens(W, NW, gl.SliceLayout(1, MMA))  # the score tile's tokens
-    if QO > 1:  # each row's causal end: new token j sees the tokens before seq_len - QO + j + 1
+    if QO > 1:  # each row's keys: new token j sees those before seq_len - QO + j + 1 (and in its window)
         j = (row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))) // GROUP
         row_end = gl.expand_dims(gl.expand_dims(gl.minimum(end, seq_len - QO + 1 + j), 0), 2)  # [1, ROWS, 1]
+        if WINDOWED:
+            row_lo = gl.expand_dims(gl.expand_dims(gl.maximum(seq_len - QO + 1 + j - window, 0), 0), 2)
 
     num_tiles = gl.cdiv(end - start, BLOCK_N)
     for i in range(0, num_tiles):
@@ -331,7 +346,13 @@ def gluon_decode_kernel(
             s = mma_v2(q_op2, _k_operand(k2_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, FP8_TY), s)
         s = s * row_scale
         if QO > 1:
-            s = gl.where(gl.expand_dims(n0 + s_local, 1) < row_end, s, float("-inf"))
+            t = gl.expand_dims(n0 + s_local, 1)
+            if WINDOWED:
+                s = gl.where((t < row_end) & (t >= row_lo), s, float("-inf"))
+            else:
+                s = gl.where(t < row_end, s, float("-inf"))
+        elif WINDOWED:
+            s = gl.where(gl.expand_dims((n0 + s_local < end) & (n0 + s_local >= lo), 1), s, float("-inf"))
         else:
             s = gl.where(gl.expand_dims(n0 + s_local < end, 1), s, float("-inf"))
 

@@ -99,7 +99,7 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
                  block_n: int | None = None, num_stages: int | None = None, heads_per_program: int | None = None,
                  device: torch.device | None = None, num_sms: int | None = None,
                  q_dtype: torch.dtype = torch.bfloat16, programs_per_sm: int | None = None,
-                 qo_len: int = 1) -> DecodeConfig:
+                 qo_len: int = 1, window: int | None = None) -> DecodeConfig:
     """The launch of the Gluon kernel for ``group`` query heads per KV head and ``qo_len`` new tokens per
     sequence (``group x qo_len`` rows per KV head, cut as a group is): :func:`gluon_tile` unless
     ``block_n`` / ``num_stages`` are given, the group in as few programs per KV head as
@@ -110,7 +110,8 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
     raises UnsupportedError naming it. ``num_sms``: the GPU's SMs (None: the device's), for a launch
     planned on another machine (:mod:`.gluon_build`). The splits fill whole waves of the programs an SM
     holds (:func:`fp8kv.ops.fill_waves`): ``programs_per_sm``, or on a CUDA device those of the kernel compiled for this
-    launch and a ``q_dtype`` query (:func:`fp8kv.ops.kernel_residency`)."""
+    launch and a ``q_dtype`` query (:func:`fp8kv.ops.kernel_residency`). A sliding ``window`` (one shorter than the
+    page table) is tiled from a whole tile below it: its splits cover ``window + qo_len - 1 + block_n - 1`` tokens."""
     dev = torch.device(device) if device is not None else cache.device
     sms = splits.sm_count(dev) if num_sms is None else checks.positive_int(num_sms, "num_sms")
     rows = group * checks.positive_int(qo_len, "qo_len")
@@ -137,63 +138,72 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
             fell_back = " (the default tile made smaller)" if default_tile and block_n != tile else ""
             raise UnsupportedError(f"block_n={block_n}{fell_back}, num_stages={stages}: the Gluon kernel's rings need "
                                    f"{need} bytes of shared memory, this GPU gives a program {limit}; ask for fewer")
+    # the tokens a window's splits cover from its first tile, whatever its start (None: the page table's capacity)
+    span = None if window is None else window + qo_len - 1 + block_n - 1
+    span = None if span is not None and span >= cache.max_blocks_per_seq * cache.block_size else span
+
     def planned(programs_per_sm: int | None) -> DecodeConfig:
         cfg = splits.launch_config(batch, cache, "dequant", num_splits=num_splits, block_n=block_n, device=device,
+                                   window=span,
                                    group=rows, heads_per_program=heads_per_program or gluon_max_heads(cache.head_dim),
                                    head_parts=head_parts(cache.head_dim), num_sms=sms, programs_per_sm=programs_per_sm)
         return {**cfg, "num_warps": 4, "num_stages": stages}
 
     cfg = planned(programs_per_sm)
     if num_splits is None and programs_per_sm is None and dev.type == "cuda" and not interpreter_on() and \
-            splits.fills_waves(batch, cache, cfg, head_parts(cache.head_dim), None, sms):
-        cfg = planned(gluon_residency(cache, cfg, group, q_dtype, dev, qo_len))
+            splits.fills_waves(batch, cache, cfg, head_parts(cache.head_dim), span, sms):
+        cfg = planned(gluon_residency(cache, cfg, group, q_dtype, dev, qo_len, window is not None))
     return cfg
 
 
 def gluon_residency(cache: PagedKVCache, cfg: DecodeConfig, group: int, q_dtype: torch.dtype,
-                     device: torch.device, qo_len: int = 1) -> int:
+                     device: torch.device, qo_len: int = 1, windowed: bool = False) -> int:
     """The Gluon programs an SM of ``device`` holds for launch ``cfg`` (:func:`fp8kv.ops.kernel_residency`): the kernel
     is compiled for the launch's constexprs (what its registers and shared memory depend on), not run."""
     d, hq = cache.head_dim, group * cache.num_kv_heads
     # what launch_constants follows (and the query's type)
-    key = ("gluon", q_dtype, cache.kv_dtype, d, cache.block_size, cache.num_kv_heads == 1, group, qo_len,
+    key = ("gluon", q_dtype, cache.kv_dtype, d, cache.block_size, cache.num_kv_heads == 1, group, qo_len, windowed,
            *(cfg[k] for k in ("block_n", "num_stages", "heads_per_program", "head_tiles")))
 
     def compile_kernel():
         q = torch.empty(qo_len, hq, d, dtype=q_dtype, device=device)  # allocated, not filled (as above)
         part_out, part_lse = split_partials(qo_len, hq, cfg["num_splits"], d, device)
-        grid, args, constants = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse, qo_len)
+        grid, args, constants = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse, qo_len,
+                                                1 if windowed else None)
         return kernel_module().gluon_decode_kernel.warmup(*args, grid=grid, **constants, num_warps=NUM_WARPS)
 
     return splits.kernel_residency(key, device, compile_kernel)
 
 
-def launch_constants(cfg: dict, group: int, head_dim: int, block_size: int, kv_dtype: str, qo_len: int = 1) -> dict:
+def launch_constants(cfg: dict, group: int, head_dim: int, block_size: int, kv_dtype: str, qo_len: int = 1,
+                     windowed: bool = False) -> dict:
     """The kernel's constexprs for a launch ``cfg`` (:func:`gluon_launch`) of ``group`` query heads per
     KV head and ``qo_len`` new tokens per sequence over pages of ``block_size`` tokens in ``kv_dtype``
-    ("fp8_e4m3" or "fp8_e5m2")."""
+    ("fp8_e4m3" or "fp8_e5m2"), ``windowed``: with a sliding window."""
     kernel = kernel_module()
     if kv_dtype not in kernel.FP8_TYPES:
         raise ValueError(f"kv_dtype={kv_dtype!r}: the Gluon kernel reads {sorted(kernel.FP8_TYPES)}")
     heads = cfg["heads_per_program"]
-    return dict(GROUP=group, QO=qo_len, HEADS=heads, HEAD_TILES=cfg["head_tiles"], ROWS=mma_rows(heads), PARTS=head_parts(head_dim),
+    return dict(GROUP=group, QO=qo_len, WINDOWED=windowed, HEADS=heads, HEAD_TILES=cfg["head_tiles"], ROWS=mma_rows(heads), PARTS=head_parts(head_dim),
                 HEAD_DIM=head_dim, BLOCK_SIZE=block_size, FP8_TY=kernel.FP8_TYPES[kv_dtype],
                 STAGES=cfg["num_stages"], **kernel.make_layouts(cfg["block_n"], head_dim))
 
 
 def gluon_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_scale: float,
-                    part_out: torch.Tensor, part_lse: torch.Tensor, qo_len: int = 1) -> tuple[tuple, tuple, dict]:
+                    part_out: torch.Tensor, part_lse: torch.Tensor, qo_len: int = 1,
+                    window: int | None = None) -> tuple[tuple, tuple, dict]:
     """The Gluon kernel's grid, runtime arguments and constexprs for a decode of ``q`` (``qo_len`` new tokens
     per sequence, back to back) over ``cache`` with launch ``cfg`` into the split partials ``part_out`` /
     ``part_lse`` (:func:`.combine.split_partials`): what :mod:`.gluon_build` compiles (a decode launches
-    :func:`gluon_runtime_arguments` with the constants it planned)."""
-    grid, args = gluon_runtime_arguments(q, cache, cfg, sm_scale, part_out, part_lse, qo_len)
+    :func:`gluon_runtime_arguments` with the constants it planned). ``window``: a sliding window, or None."""
+    grid, args = gluon_runtime_arguments(q, cache, cfg, sm_scale, part_out, part_lse, qo_len, window)
     return grid, args, launch_constants(cfg, q.shape[1] // cache.num_kv_heads, q.shape[2], cache.block_size,
-                                        cache.kv_dtype, qo_len)
+                                        cache.kv_dtype, qo_len, window is not None)
 
 
 def gluon_runtime_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_scale: float,
-                            part_out: torch.Tensor, part_lse: torch.Tensor, qo_len: int = 1) -> tuple[tuple, tuple]:
+                            part_out: torch.Tensor, part_lse: torch.Tensor, qo_len: int = 1,
+                            window: int | None = None) -> tuple[tuple, tuple]:
     """The grid and runtime arguments of :func:`gluon_arguments` (those that follow the tensors)."""
     total_q, hq, d = q.shape
     b = total_q // qo_len  # sequences
@@ -205,22 +215,23 @@ def gluon_runtime_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeCon
     grid = (cache.num_kv_heads * cfg["head_tiles"] * head_parts(d), b, cfg["num_splits"])
     args = (q, k_pages, v_pages, cache.k_scale, cache.v_scale, cache.block_table, cache.seq_lens, part_out, part_lse,
             sm_scale * math.log2(math.e), cfg["tokens_per_split"], cache.num_blocks,
-            cache.max_blocks_per_seq * cache.block_size, q.stride(0), q.stride(1), s[0], s[1], s[2],
+            cache.max_blocks_per_seq * cache.block_size, window or 0, q.stride(0), q.stride(1), s[0], s[1], s[2],
             cache.block_table.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1))
     return grid, args
 
 
 def run_gluon(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, constants: dict, sm_scale: float,
-              out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+              out_dtype: torch.dtype, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the Gluon kernel (and the split combine) for a decode of ``q`` over ``cache`` (``constants["QO"]``
     new tokens per sequence: ``q`` ``[B QO, Hq, D]``): the launch ``cfg`` and its ``constants``
-    (:func:`launch_constants`) as planned, ``out_dtype`` the output's."""
+    (:func:`launch_constants`) as planned, ``out_dtype`` the output's, ``window`` the sliding window the constants
+    were planned with (``constants["WINDOWED"]``), or None."""
     total_q, hq, d = q.shape
     part_out, part_lse = split_partials(total_q, hq, cfg["num_splits"], d, q.device)
     out = torch.empty(total_q, hq, d, dtype=out_dtype, device=q.device)
     lse = torch.empty(total_q, hq, dtype=torch.float32, device=q.device)
-    grid, args = gluon_runtime_arguments(q, cache, cfg, sm_scale, part_out, part_lse, constants["QO"])
+    grid, args = gluon_runtime_arguments(q, cache, cfg, sm_scale, part_out, part_lse, constants["QO"], window)
     kernel_module().gluon_decode_kernel[grid](*args, **constants, num_warps=NUM_WARPS)
     combine_splits(part_out, part_lse, out, lse)
     return out, lse

@@ -24,7 +24,8 @@ from .gluon_scope import MAX_HEAD_DIM, MIN_HEAD_DIM, NUM_WARPS, head_parts, max_
 from .splits import DecodeConfig
 from .triton_launcher import TritonLaunch, triton_launch, triton_residency
 
-__all__ = ["DecodePlan", "plan", "plan_rows", "decode_launch", "launch_for", "decode_kernel", "gluon_refusal", "OUT_DTYPES",
+__all__ = ["DecodePlan", "plan", "plan_rows", "gluon_window", "decode_launch", "launch_for", "decode_kernel",
+           "gluon_refusal", "OUT_DTYPES",
            "GLUON_OPTIONS", "PLAN_OPTIONS", "MAX_ROW_TILES"]
 
 # The most programs a KV head's (token, head) rows are cut into by plan_rows: each program reads every K/V tile
@@ -57,6 +58,7 @@ class DecodePlan:
     sinks: torch.Tensor | None
     launch: TritonLaunch | dict
     qo_len: int = 1
+    window: int | None = None  # the Gluon kernel's sliding window (the Triton kernels' is in their launch)
 
 
 def plan(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scale: float | None = None,
@@ -80,7 +82,9 @@ def plan(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scal
     sm_scale = checks.resolved_softmax_scale(sm_scale, d)
     sinks = options.get("sinks")
     if kernel == "gluon":
-        launch = launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype)
+        window = gluon_window(cache, options.get("window"))
+        launch = launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype, 1, window is not None)
+        return DecodePlan(kernel, cfg, mode, sm_scale, (b, hq, d), q.dtype, out_dtype, sinks, launch, 1, window)
     else:
         launch = triton_launch(cache, cfg, mode, tensor_cores=kernel == "triton", batch=b, num_q_heads=hq,
                                q_dtype=q.dtype, device=q.device, sm_scale=sm_scale, out_dtype=out_dtype,
@@ -106,7 +110,7 @@ def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = 
     total_q, hq, d = q.shape
     group = hq // cache.num_kv_heads
     why = gluon_refusal(cache, mode, d, group, q.device, **others)
-    given = sorted(k for k, v in others.items() if v is not None)
+    given = sorted(k for k, v in others.items() if v is not None and k != "window")
     if why is None and given:
         why = f"{given}: the attend kernel's options"
     if why is not None:
@@ -118,14 +122,21 @@ def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = 
     out_dtype = q.dtype if out_dtype is None else out_dtype
     if out_dtype not in OUT_DTYPES:
         checks.fail(f"out_dtype={out_dtype!r}; expected one of {OUT_DTYPES}", TypeError)
-    cfg = gluon_launch(total_q // qo_len, cache, group, device=q.device, q_dtype=q.dtype, qo_len=qo_len)
+    window = gluon_window(cache, others.get("window"))
+    cfg = gluon_launch(total_q // qo_len, cache, group, device=q.device, q_dtype=q.dtype, qo_len=qo_len, window=window)
     least = GLUON_MIN_SPLIT_TOKENS[head_parts(d)]
     if gluon is None and cfg["tokens_per_split"] < least:
         return (f"splits of {cfg['tokens_per_split']} tokens (fewer than {least}): a latency-bound launch, where the "
                 "Gluon kernel's fixed cost per program outweighs its faster loop")
-    launch = launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype, qo_len)
+    launch = launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype, qo_len, window is not None)
     return DecodePlan("gluon", cfg, mode, checks.resolved_softmax_scale(sm_scale, d), (total_q, hq, d), q.dtype,
-                      out_dtype, None, launch, qo_len)
+                      out_dtype, None, launch, qo_len, window)
+
+
+def gluon_window(cache: PagedKVCache, window: int | None) -> int | None:
+    """The sliding window the Gluon kernel is compiled with: None where there is none or where it is at least as long
+    as the page table (no sequence is longer: the plain kernel)."""
+    return None if window is None or window >= cache.max_blocks_per_seq * cache.block_size else window
 
 
 def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, device, **overrides) -> str | None:
@@ -138,7 +149,7 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
     device = torch.device(device)
     heads = overrides.get("heads_per_program")
     heads = None if heads is None else checks.positive_int(heads, "heads_per_program")
-    others = sorted(k for k, v in overrides.items() if v is not None and k not in GLUON_OPTIONS)
+    others = sorted(k for k, v in overrides.items() if v is not None and k not in (*GLUON_OPTIONS, "window"))
     most_heads = max_rows(head_dim) if head_dim <= MAX_HEAD_DIM else 0
     num_warps = overrides.get("num_warps")
     why = next((w for bad, w in (
@@ -233,7 +244,8 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
     # neither planned nor compiled
     if kernel == "gluon" and (gluon or group <= (heads_per_program or max_rows(head_dim))):
         cfg = gluon_launch(batch, cache, group, num_splits=num_splits, block_n=block_n, num_stages=num_stages,
-                           heads_per_program=heads_per_program, device=device, q_dtype=q_dtype)
+                           heads_per_program=heads_per_program, device=device, q_dtype=q_dtype,
+                           window=gluon_window(cache, window))
         least = GLUON_MIN_SPLIT_TOKENS[head_parts(head_dim)]
         if gluon or cfg["tokens_per_split"] >= least:
             return kernel, cfg
