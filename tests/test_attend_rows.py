@@ -111,13 +111,25 @@ def test_options_the_gluon_kernel_does_not_take_are_a_refusal(options, pattern):
     assert re.fullmatch(pattern, plan_rows(make_q(8, 4, 64), cache, 4, **options))  # before the machine's refusal
 
 
-gluon_kernel = pytest.importorskip("fp8kv.ops.decode.gluon_kernel")  # the stand-in replaces its kernel
+def test_no_new_tokens_and_one_each_take_their_own_paths(monkeypatch):
+    """Counts of 0 everywhere are the attend kernel's (it launches nothing); 1 everywhere is the decode's plan, which
+    gluon=True asks of the Gluon decode (refused here by name)."""
+    _on_a_gpu(monkeypatch)
+    cache = matrix_cache([40, 30], 2, 64)
+    assert isinstance(_plan(make_q(0, 4, 64), cache, [0, 0]), AttendPlan)
+    out, lse = fp8kv.attend(make_q(0, 4, 64), cache, indptr([0, 0]), "triton")
+    assert out.shape == (0, 4, 64) and lse.shape == (0, 4)
+    plan = _plan(make_q(2, 4, 64), cache, [1, 1], gluon=True)
+    assert isinstance(plan, DecodePlan) and plan.kernel == "gluon" and plan.qo_len == 1
+    with pytest.raises(ValueError, match="qo_len=0"):
+        plan_rows(make_q(0, 4, 64), cache, 0)
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_the_rows_launch_passes_the_kernel_every_argument(monkeypatch, layout):
     """What the rows' launch hands the kernel: the [B qo_len, Hq, D] query and partials, the grid of the sequences
     (not the query rows), QO; then the combine merges partials of every (token, head) row."""
+    gluon_kernel = pytest.importorskip("fp8kv.ops.decode.gluon_kernel")  # the stand-in replaces its kernel
     params = list(inspect.signature(gluon_kernel.gluon_decode_kernel.fn).parameters)
     seen = {}
 
@@ -162,8 +174,8 @@ GPU_CASES = [(32, 8, 128, 4, 16), (32, 8, 128, 8, 16), (32, 8, 128, 2, 128), (40
 @pytest.mark.parametrize("hq,hkv,d,qo_len,page", GPU_CASES, ids=lambda x: str(x))
 @pytest.mark.parametrize("kv_dtype,layout", [("fp8_e4m3", "NHD"), ("fp8_e5m2", "HND")])
 def test_the_rows_kernel_matches_the_oracle(hq, hkv, d, qo_len, page, kv_dtype, layout):
-    """Lengths around split and tile boundaries (a split whose first token is past some rows' causal end: those rows
-    have no key there), one sequence of only new tokens, bf16 queries; the attend kernel beside it."""
+    """Lengths around split and tile boundaries, one sequence of only new tokens, pages smaller and larger than a tile,
+    bf16 queries; the attend kernel beside it (a split that starts past some rows' causal end: below)."""
     lens = [3075, 2050, qo_len, 1025, 4097, 513 + qo_len]
     cache = matrix_cache(lens, hkv, d, kv_dtype=kv_dtype, block_size=page, layout=layout)
     qo_lens = [qo_len] * len(lens)
@@ -192,6 +204,32 @@ def test_the_rows_kernel_takes_a_sliding_window(hq, hkv, d, qo_len, window):
     assert isinstance(_plan(q, cache, qo_lens, gluon=True, window=window), DecodePlan)
     out, lse = fp8kv.attend(q, cache, indptr(qo_lens), "triton", gluon=True, window=window)
     ref_out, ref_lse = fp8kv.reference.attend(q, cache, indptr(qo_lens), return_lse=True, window=window)
+    assert relative_error(out.float(), ref_out) <= output_tolerance("triton", "dequant", q.dtype, "tensor")
+    assert float((lse - ref_lse).abs().max()) <= lse_tolerance("triton", "dequant", q.dtype, ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("hq,hkv,d,qo_len", [(32, 8, 128, 8), (40, 8, 128, 4), (8, 1, 256, 4)])
+def test_rows_with_no_key_in_a_split_are_left_out_of_the_combine(hq, hkv, d, qo_len):
+    """Four splits forced; sequences ending 1 .. qo_len - 1 tokens into a split: there the rows of the earlier new
+    tokens see no key (lse -inf, weight 0 in the combine)."""
+    from fp8kv.ops.decode.gluon_launcher import gluon_launch, launch_constants, run_gluon
+
+    longest = 4097
+    probe = matrix_cache([longest], hkv, d)
+    group = hq // hkv
+    cfg = gluon_launch(4, probe, group, qo_len=qo_len, num_splits=4)
+    tps = cfg["tokens_per_split"]
+    lens = [longest, tps + 1, 2 * tps + qo_len - 1, qo_len]  # the last split of the first three starts past some rows
+    assert all((n - 1) % tps < qo_len - 1 for n in lens[1:3]) and cfg["num_splits"] == 4
+    cache = matrix_cache(lens, hkv, d)
+    assert cache.max_blocks_per_seq == probe.max_blocks_per_seq  # the same capacity: the same splits
+    q = make_q(4 * qo_len, hq, d, torch.bfloat16, seed=3)
+    sm_scale = d ** -0.5
+    out, lse = run_gluon(q, cache, cfg, launch_constants(cfg, group, d, 16, cache.kv_dtype, qo_len), sm_scale,
+                         torch.bfloat16)
+    ref_out, ref_lse = fp8kv.reference.attend(q, cache, indptr([qo_len] * 4), return_lse=True)
     assert relative_error(out.float(), ref_out) <= output_tolerance("triton", "dequant", q.dtype, "tensor")
     assert float((lse - ref_lse).abs().max()) <= lse_tolerance("triton", "dequant", q.dtype, ref_lse)
 

@@ -24,7 +24,8 @@ LAUNCHES = [(32, 8, 128, 64),  # 64-token tiles, 4 deep, 16 rows
             (71, 1, 64, 64),  # a group cut into 3 programs of 24 heads in 32 rows
             (32, 32, 80, 4),  # a padded head dim, 64-token tiles
             (8, 1, 256, 64),  # two parts of 128 columns, 128-token tiles 2 deep
-            (16, 16, 256, 64)]  # the same at a group of one, one split (Triton 3.6: 254 registers)
+            (16, 16, 256, 64),  # the same at a group of one, one split (Triton 3.6: 254 registers)
+            (40, 8, 128, 64)]  # a group of 5 in 16 rows
 # (Hq, Hkv, D, B, qo_len): speculative verification's (token, head) rows (fp8kv.ops.decode.plan_rows): 16 rows in one
 # program, 32 in two, a group of 5 in two programs of 10 rows, two parts of 128 columns in two programs
 ROW_LAUNCHES = [(32, 8, 128, 64, 4), (32, 8, 128, 64, 8), (40, 8, 128, 64, 4), (8, 1, 256, 64, 4)]
@@ -79,12 +80,11 @@ def test_windowed_launches_build_without_spills_and_split_the_window(builds, lau
 def test_verification_rows_build_as_the_decode_does(builds, launch):
     """The rows' masks and addresses cost no spill and no SM residency against the decode of the same layout, and the
     rows are cut into the programs plan_rows plans."""
-    rows, decode = builds[launch], builds[launch[:4]] if launch[:4] in builds else None
+    rows, decode = builds[launch], builds[launch[:4]]
     assert rows["spilled_bytes"] == 0 and rows["hmma"] and rows["unpack"], rows
     hq, hkv, d, _, qo_len = launch
     assert rows["head_tiles"] == -(-hq // hkv * qo_len // ops.gluon_max_heads(d))
-    if decode is not None:
-        assert rows["programs_per_sm"] == decode["programs_per_sm"] and rows["shared_bytes"] == decode["shared_bytes"]
+    assert rows["programs_per_sm"] == decode["programs_per_sm"] and rows["shared_bytes"] == decode["shared_bytes"]
 
 
 @pytest.mark.parametrize("layout", LAUNCHES, ids=lambda t: "/".join(map(str, t[:3])) + f"-B{t[3]}")
@@ -103,7 +103,7 @@ def test_h200_gluon_launches_fill_the_waves_their_builds_allow(builds):
     those the H200 ran in results/bench/nvidia-h200/20261204T184750Z-fill-waves.json (8/1/256: 4, 32/8/128: 3)."""
     assert {layout[:3]: builds[layout]["programs_per_sm"] for layout in LAUNCHES} == {
         (32, 8, 128): 3, (32, 32, 128): 2, (12, 4, 64): 5, (71, 1, 64): 3, (32, 32, 80): 3, (8, 1, 256): 2,
-        (16, 16, 256): 2}
+        (16, 16, 256): 2, (40, 8, 128): 3}
     assert builds[(8, 1, 256, 64)]["num_splits"] == 4 and builds[(32, 8, 128, 64)]["num_splits"] == 3
 
 

@@ -221,7 +221,7 @@ def _attend_plan_triton(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **launc
     if gluon is not None and not isinstance(gluon, bool):
         checks.fail(f"gluon={gluon!r}; expected None (the faster kernel that runs), True or False", TypeError)
     attend_kernel = any(launch.get(k) is not None for k in ATTEND_KERNEL_OPTIONS)
-    if qo_lens and len(set(qo_lens)) == 1 and not attend_kernel:
+    if qo_lens and len(set(qo_lens)) == 1 and qo_lens[0] >= 1 and not attend_kernel:
         from ..ops.decode import plan, plan_rows, run
 
         rest = {k: v for k, v in launch.items() if k not in ATTEND_KERNEL_OPTIONS}

@@ -20,6 +20,7 @@ from ... import checks, launch_options
 from ...attend_checks import ATTEND_KERNEL_OPTIONS, ATTEND_OPTIONS, qo_indptr_arg
 from ...cache import PagedKVCache
 from ...capability import UnsupportedError, current_arch, interpreter_on
+from ..decode.combine import MAX_PARTIAL_ELEMENTS
 from ..decode.planning import OUT_DTYPES
 from ..decode.splits import LATENCY_WAVES, sm_count
 from ..decode.triton_launcher import CONVERT_CODES, MODE_FLAGS, converts
@@ -35,8 +36,6 @@ ATTEND_MAX_SPLITS = 64  # the combine holds splits x D partials per program
 # they are large (a chunk: each program already has work enough, and partials of many rows cost traffic).
 LATENCY_BLOCK_M = 32
 MIN_TILES_PER_SPLIT = 2  # a split of fewer key tiles would spend more on its prologue and the combine
-# The split partials ([total_q, Hq, splits, D] fp32) are addressed with 32-bit row offsets in the combine.
-MAX_PARTIAL_ELEMENTS = 2**31 - 1
 _COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 # Launch parameters by name: block_m, block_n, num_warps, num_stages, num_splits, tokens_per_split.

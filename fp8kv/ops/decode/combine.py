@@ -14,7 +14,10 @@ from . import splits
 from .triton_helpers import LN2
 
 __all__ = ["combine_splits_kernel", "split_partials", "combine_splits", "combine_as_dependent", "pdl_capable",
-           "COMBINE_PDL"]
+           "COMBINE_PDL", "MAX_PARTIAL_ELEMENTS"]
+
+# The split partials ([rows, Hq, splits, D] fp32) are addressed with 32-bit offsets in the kernels and the combine.
+MAX_PARTIAL_ELEMENTS = 2**31 - 1
 
 
 @triton.jit

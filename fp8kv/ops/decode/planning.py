@@ -19,6 +19,7 @@ from ...capability import UnsupportedError, current_arch, interpreter_on
 from ...formats import UNQUANTIZED_DTYPES
 from ...launch_options import backend_options, kernel_options
 from . import splits
+from .combine import MAX_PARTIAL_ELEMENTS
 from .gluon_launcher import GLUON_MIN_SPLIT_TOKENS, gluon_launch, kernel_module, launch_constants
 from .gluon_scope import MAX_HEAD_DIM, MIN_HEAD_DIM, NUM_WARPS, head_parts, max_rows
 from .splits import DecodeConfig
@@ -105,6 +106,7 @@ def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = 
     :func:`fp8kv.ops.paged_decode` (None = not given; any given is a refusal: this is the default launch).
     ``gluon=None`` refuses a launch whose splits hold fewer than GLUON_MIN_SPLIT_TOKENS tokens (small
     batches: latency-bound), True plans it anyway, False is a refusal. Trusted as :func:`plan` trusts."""
+    qo_len = checks.positive_int(qo_len, "qo_len")
     if gluon is False:
         return "gluon=False: the Triton kernels"
     total_q, hq, d = q.shape
@@ -112,7 +114,7 @@ def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = 
     why = gluon_refusal(cache, mode, d, group, q.device, **others)
     given = sorted(k for k, v in others.items() if v is not None and k != "window")
     if why is None and given:
-        why = f"{given}: the attend kernel's options"
+        why = f"{given}: plan_rows takes no launch option (it plans the default launch)"
     if why is not None:
         return why
     tiles = -(-group * qo_len // max_rows(d))
@@ -128,6 +130,9 @@ def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = 
     if gluon is None and cfg["tokens_per_split"] < least:
         return (f"splits of {cfg['tokens_per_split']} tokens (fewer than {least}): a latency-bound launch, where the "
                 "Gluon kernel's fixed cost per program outweighs its faster loop")
+    if total_q * hq * cfg["num_splits"] * d > MAX_PARTIAL_ELEMENTS:
+        return (f"{total_q} rows x {hq} heads x {cfg['num_splits']} splits x {d} partials exceed "
+                f"{MAX_PARTIAL_ELEMENTS} elements (the kernel's and the combine's 32-bit offsets)")
     launch = launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype, qo_len, window is not None)
     return DecodePlan("gluon", cfg, mode, checks.resolved_softmax_scale(sm_scale, d), (total_q, hq, d), q.dtype,
                       out_dtype, None, launch, qo_len, window)
