@@ -21,6 +21,7 @@ DECODE = "results/bench/nvidia-h100-80gb-hbm3/20261205T153929Z.csv"
 _COLUMNS = ["backend", "kv_dtype", "batch", "context", "q_len", "num_q_heads", "num_kv_heads", "head_dim",
             "time_us", "pct_copy_bw", "tflops", "copy_gbps"]
 _PEERS = ("flashinfer", "vllm")
+_TRITON_KERNELS = "gluon=False"  # the variant that asks fp8kv.attend for its Triton kernels
 
 
 def _table(src: Sources, rels, index) -> pd.DataFrame:
@@ -28,8 +29,11 @@ def _table(src: Sources, rels, index) -> pd.DataFrame:
     FP8 kernel's ratios: ``x_own`` (its BF16 / its FP8), ``x_peer`` (the best peer of either dtype / its FP8),
     ``x_peer_fp8`` (the best peer's FP8 / its FP8) and its % of the copy limit."""
     rows = pd.concat([ok_rows(src.csv(rel, [*_COLUMNS, "mode", "variant"]), rel) for rel in rels])
-    plain = rows["variant"].isna() | (rows["variant"].astype(str) == "")  # the default launch (no variant)
-    rows = rows[(rows["mode"] == "dequant") & plain]  # one launch, one mode a cell
+    variant = rows["variant"].fillna("").astype(str)
+    # the default launch, and fp8kv's Triton kernels over FP8 pages (gluon=False) where a run timed them beside it
+    keep = (variant == "") | ((variant == _TRITON_KERNELS) & (rows["kv_dtype"] == "fp8_e4m3"))
+    rows = rows[(rows["mode"] == "dequant") & keep]  # one launch, one mode a cell
+    rows = rows.assign(backend=rows["backend"].where(variant[keep] == "", rows["backend"] + " " + _TRITON_KERNELS))
     rows = rows.assign(shape=rows["num_q_heads"].astype(str) + "/" + rows["num_kv_heads"].astype(str) + "/"
                        + rows["head_dim"].astype(str))
     t = rows.pivot_table(index=index, columns=["backend", "kv_dtype"], values="time_us", aggfunc="median")
@@ -50,8 +54,10 @@ def _kernel_times(t: pd.DataFrame) -> pd.DataFrame:
 
 
 def _lines(t: pd.DataFrame, keys: list[str], compute_bound: bool = False) -> list[str]:
-    cols = [("triton fp8_e4m3", "fp8kv FP8"), ("triton bf16", "fp8kv BF16"), ("flashinfer fp8_e4m3", "FlashInfer FP8"),
+    cols = [("triton fp8_e4m3", "fp8kv FP8"), (f"triton {_TRITON_KERNELS} fp8_e4m3", "fp8kv FP8, Triton kernels"),
+            ("triton bf16", "fp8kv BF16"), ("flashinfer fp8_e4m3", "FlashInfer FP8"),
             ("flashinfer bf16", "FlashInfer BF16"), ("vllm fp8_e4m3", "vLLM FP8"), ("vllm bf16", "vLLM BF16")]
+    cols = [(c, name) for c, name in cols if c in t.columns]
     last = "fp8kv TFLOP/s, FP8 / BF16" if compute_bound else "FP8 % of copy"
     head = [*keys, *[name for _, name in cols], "FP8 × own BF16", "FP8 × best peer", last]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
