@@ -29,9 +29,13 @@ __all__ = ["DecodePlan", "plan", "plan_rows", "gluon_window", "decode_launch", "
            "gluon_refusal", "OUT_DTYPES",
            "GLUON_OPTIONS", "PLAN_OPTIONS", "MAX_ROW_TILES"]
 
-# The most programs a KV head's (token, head) rows are cut into by plan_rows: each program reads every K/V tile
-# of its KV head (from L2 after the first), so beyond a few the rows are a chunk, the attend kernel's work.
-MAX_ROW_TILES = 4
+# The most programs a KV head's (token, head) rows are cut into by plan_rows: each program reads and converts every
+# K/V tile of its KV head (from L2 after the first). H100, spec-verify, B 16 / 64 x 4k / 16k
+# (results/bench/nvidia-h100-80gb-hbm3/20261206T023216Z.csv, ...022925Z.csv, ...023638Z.csv): two programs beat the
+# attend kernel at every point (40/8/128 with 4 new tokens, 20 rows: 881 against 1453 us at B 64 x 16k; 32/8/128
+# with 8, 32 rows: 903 against 1428), three lost at all four (40/8/128 with 8, 40 rows: 1286 against 1212 us at
+# B 64 x 16k, 366 against 322 at 64 x 4k): beyond two the rows are the attend kernel's.
+MAX_ROW_TILES = 2
 OUT_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # fp16, bf16, fp32: what the kernels store
 # Options the Gluon kernel takes when asked for by name; any other override means the Triton kernel.
 GLUON_OPTIONS = kernel_options("gluon")
