@@ -42,7 +42,9 @@ verification, chunked-prefill append). The attend runs where the decode does, by
 these differences (:func:`check` with ``op="attend"``; the table :func:`attend_capability`):
 
 * fp8kv's Triton backend runs its multi-token kernel (``fp8kv.ops.attend``), in both modes; one new token per
-  sequence runs the decode's plan (the same facts).
+  sequence runs the decode's plan (the same facts); as many new tokens in every sequence run the Gluon decode
+  kernel's (token, head) rows where it runs (``fp8kv.ops.decode.plan_rows`` says where: FP8 pages with one
+  tensor-wide scale, dequant mode, at most two programs of rows a KV head, splits that are not latency-bound).
 * FlashInfer runs ``BatchPrefillWithPagedKVCacheWrapper`` (FA2, 16-bit query; causal mask aligned
   bottom-right, ``plan(window_left=..., logits_soft_cap=...)`` as its decode), in dequant mode only: its
   FP8-query paths are not wired for the attend.
@@ -255,7 +257,8 @@ def _attend_facts(backend: str, mode: str, why: str) -> tuple[bool, str]:
     if backend == "triton":
         return True, (f"{why}; the multi-token kernel (fp8kv.ops.attend): a tile's rows are (query, head) pairs of "
                       "one KV head's group, so each K/V tile is read once for them, and no key past a tile's last "
-                      "row is read; one new token per sequence runs the decode's plan")
+                      "row is read; one new token per sequence runs the decode's plan, as many in every sequence "
+                      "the Gluon decode kernel's rows where it runs (fp8kv.ops.decode.plan_rows)")
     if backend == "flashinfer":
         if mode == "fp8":
             return False, ("fp8kv runs FlashInfer's BatchPrefillWithPagedKVCacheWrapper with a 16-bit query (dequant "
