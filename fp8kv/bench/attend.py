@@ -248,6 +248,11 @@ def attend_sweep(batches: Sequence[int], contexts: Sequence[int], q_lens: Sequen
                 case.status, case.reason = "skipped", "fp8 mode converts no FP8 tile: convert does not apply"
                 cases.append(case)
                 continue
+            if ok and opts.get("gluon") is False and not is_fp8(kv):  # so would this one
+                case.status, case.reason = "skipped", "the Gluon kernel reads FP8 pages: over 16-bit ones gluon=False " \
+                                                      "runs the default"
+                cases.append(case)
+                continue
             if not ok:
                 case.status, case.reason = "unsupported", why
             elif attend_footprint(case) > budget:
