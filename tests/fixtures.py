@@ -159,3 +159,36 @@ _libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
 def library_takes_sigterm():
     _libc.signal(signal.SIGTERM, None)
 """
+
+
+# The Gluon decode kernel's strides of the query and the split partials: argument -> (tensor argument, dimension).
+GLUON_ROW_STRIDES = {"stride_qb": ("q_ptr", 0), "stride_qh": ("q_ptr", 1), "stride_ob": ("part_out_ptr", 0),
+                     "stride_oh": ("part_out_ptr", 1), "stride_os": ("part_out_ptr", 2),
+                     "stride_lb": ("part_lse_ptr", 0), "stride_lh": ("part_lse_ptr", 1)}
+
+
+def gluon_stand_in(on_launch):
+    """A stand-in for the Gluon decode kernel (a CPU cannot run it): ``stand_in[grid](*args, **kwargs)`` checks the
+    call against the kernel's signature (its runtime arguments in order, its constexprs by name, as a launch passes
+    them) and calls ``on_launch(grid, named, constants)`` with the runtime arguments by name. Build it before the
+    kernel is patched: it reads the real kernel's signature."""
+    import inspect
+
+    from fp8kv.ops.decode import gluon_kernel
+
+    params = list(inspect.signature(gluon_kernel.gluon_decode_kernel.fn).parameters)
+
+    class StandIn:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                constants = {k: v for k, v in kwargs.items() if k != "num_warps"}
+                runtime = [p for p in params if p not in constants]
+                assert len(args) == len(runtime) and set(constants) <= set(params)
+                named = dict(zip(runtime, args, strict=True))
+                for name, (tensor, dim) in GLUON_ROW_STRIDES.items():
+                    assert named[name] == named[tensor].stride(dim), name
+                on_launch(grid, named, constants)
+            return launch
+
+    return StandIn()
+

@@ -8,12 +8,11 @@ answers what the oracle answers on a GPU (below)."""
 
 from __future__ import annotations
 
-import inspect
 import re
 
 import pytest
 import torch
-from fixtures import DEVICE, indptr, make_q, matrix_cache
+from fixtures import DEVICE, gluon_stand_in, indptr, make_q, matrix_cache
 
 import fp8kv
 from fp8kv import backends, ops
@@ -130,26 +129,15 @@ def test_the_rows_launch_passes_the_kernel_every_argument(monkeypatch, layout):
     """What the rows' launch hands the kernel: the [B qo_len, Hq, D] query and partials, the grid of the sequences
     (not the query rows), QO; then the combine merges partials of every (token, head) row."""
     gluon_kernel = pytest.importorskip("fp8kv.ops.decode.gluon_kernel")  # the stand-in replaces its kernel
-    params = list(inspect.signature(gluon_kernel.gluon_decode_kernel.fn).parameters)
     seen = {}
 
-    class StandIn:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                constants = {k: v for k, v in kwargs.items() if k != "num_warps"}
-                named = dict(zip([p for p in params if p not in constants], args, strict=True))
-                for name, (tensor, dim) in {"stride_qb": ("q_ptr", 0), "stride_qh": ("q_ptr", 1),
-                                            "stride_ob": ("part_out_ptr", 0), "stride_oh": ("part_out_ptr", 1),
-                                            "stride_os": ("part_out_ptr", 2), "stride_lb": ("part_lse_ptr", 0),
-                                            "stride_lh": ("part_lse_ptr", 1)}.items():
-                    assert named[name] == named[tensor].stride(dim), name
-                assert named["q_ptr"] is q and named["part_out_ptr"].shape[:2] == (3 * 4, 8)
-                named["part_out_ptr"].fill_(1.0)
-                named["part_lse_ptr"].zero_()
-                seen.update(grid=grid, **constants)
-            return launch
+    def check(grid, named, constants):
+        assert named["q_ptr"] is q and named["part_out_ptr"].shape[:2] == (3 * 4, 8) and named["window"] == 0
+        named["part_out_ptr"].fill_(1.0)
+        named["part_lse_ptr"].zero_()
+        seen.update(grid=grid, **constants)
 
-    monkeypatch.setattr(gluon_kernel, "gluon_decode_kernel", StandIn())
+    monkeypatch.setattr(gluon_kernel, "gluon_decode_kernel", gluon_stand_in(check))
     _on_a_gpu(monkeypatch)
     cache = matrix_cache([40, 300, 2000], 2, 128, layout=layout)
     q = make_q(3 * 4, 8, 128)
@@ -160,6 +148,34 @@ def test_the_rows_launch_passes_the_kernel_every_argument(monkeypatch, layout):
     assert (seen["QO"], seen["GROUP"], seen["HEADS"], seen["ROWS"]) == (4, 4, 16, 16)
     assert out.shape == (12, 8, 128) and torch.equal(out, torch.ones_like(out))  # every row combined
     assert lse.shape == (12, 8)
+
+
+@pytest.mark.parametrize("qo_len,window,expect", [(1, 100, 100), (4, 100, 100), (1, 5000, None), (4, None, None)])
+def test_a_window_reaches_the_kernel_and_its_splits_cover_it(monkeypatch, qo_len, window, expect):
+    """The window is a runtime argument with WINDOWED compiled in, its splits cover window + qo_len - 1 + block_n - 1
+    tokens from its first tile; one at least as long as the page table (5000 > 2000's pages) is no window."""
+    pytest.importorskip("fp8kv.ops.decode.gluon_kernel")
+    from fp8kv.ops.decode import gluon_kernel
+
+    seen = {}
+
+    def check(grid, named, constants):
+        named["part_out_ptr"].zero_()
+        named["part_lse_ptr"].fill_(float("-inf"))
+        seen.update(window=named["window"], grid=grid, **constants)
+
+    monkeypatch.setattr(gluon_kernel, "gluon_decode_kernel", gluon_stand_in(check))
+    _on_a_gpu(monkeypatch)
+    cache = matrix_cache([300, 2000], 2, 128)
+    q = make_q(2 * qo_len, 8, 128)
+    plan = plan_rows(q, cache, qo_len, gluon=True, window=window) if qo_len > 1 else \
+        ops.plan(q, cache, gluon=True, window=window)
+    ops.decode.run(plan, q, cache)
+    assert plan.window == expect and seen["WINDOWED"] == (expect is not None) and seen["window"] == (expect or 0)
+    cfg = plan.config
+    if expect is not None:
+        span = expect + qo_len - 1 + cfg["block_n"] - 1
+        assert cfg["num_splits"] * cfg["tokens_per_split"] >= span > (cfg["num_splits"] - 1) * cfg["tokens_per_split"]
 
 
 # ------------------------------------------------------------------------------------------ GPU only

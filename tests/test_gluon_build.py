@@ -136,41 +136,28 @@ def test_the_gluon_launch_passes_every_argument_of_the_kernels_signature(monkeyp
     order, each stride the one of its tensor and dimension (the pages' token and head dimensions swapped on HND
     pages), and every constexpr by name: a stand-in kernel checks the call, then the combine runs on its
     partials."""
-    import inspect
-
     import torch
-    from fixtures import make_cache
+    from fixtures import gluon_stand_in, make_cache
 
-    params = list(inspect.signature(gluon_kernel.gluon_decode_kernel.fn).parameters)
     seen = {}
 
-    class StandIn:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                constants = {k: v for k, v in kwargs.items() if k != "num_warps"}
-                runtime = [p for p in params if p not in constants]
-                assert len(args) == len(runtime) and set(constants) <= set(params)
-                named = dict(zip(runtime, args, strict=True))
-                token, head = (1, 2) if layout == "NHD" else (2, 1)
-                strides = {"stride_qb": ("q_ptr", 0), "stride_qh": ("q_ptr", 1), "stride_kb": ("k_ptr", 0),
-                           "stride_kt": ("k_ptr", token), "stride_kh": ("k_ptr", head), "stride_btb": ("bt_ptr", 0),
-                           "stride_ob": ("part_out_ptr", 0), "stride_oh": ("part_out_ptr", 1),
-                           "stride_os": ("part_out_ptr", 2), "stride_lb": ("part_lse_ptr", 0),
-                           "stride_lh": ("part_lse_ptr", 1)}
-                for name, (tensor, dim) in strides.items():
-                    assert named[name] == named[tensor].stride(dim), name
-                assert named["k_ptr"].data_ptr() == cache.k_pages.data_ptr() and named["bt_ptr"] is cache.block_table
-                assert named["v_ptr"].data_ptr() == cache.v_pages.data_ptr() and named["seq_lens_ptr"] is cache.seq_lens
-                assert named["q_ptr"] is q and named["k_scale_ptr"] is cache.k_scale
-                assert named["qk_scale"] == pytest.approx(128 ** -0.5 * 1.4426950408889634)
-                assert (named["tokens_per_split"], named["num_blocks"], named["row_capacity"]) == (
-                    cfg["tokens_per_split"], cache.num_blocks, cache.max_blocks_per_seq * cache.block_size)
-                named["part_out_ptr"].zero_()
-                named["part_lse_ptr"].zero_()
-                seen.update(grid=grid, **constants)
-            return launch
+    def check(grid, named, constants):
+        token, head = (1, 2) if layout == "NHD" else (2, 1)
+        strides = {"stride_kb": ("k_ptr", 0), "stride_kt": ("k_ptr", token), "stride_kh": ("k_ptr", head),
+                   "stride_btb": ("bt_ptr", 0)}
+        for name, (tensor, dim) in strides.items():
+            assert named[name] == named[tensor].stride(dim), name
+        assert named["k_ptr"].data_ptr() == cache.k_pages.data_ptr() and named["bt_ptr"] is cache.block_table
+        assert named["v_ptr"].data_ptr() == cache.v_pages.data_ptr() and named["seq_lens_ptr"] is cache.seq_lens
+        assert named["q_ptr"] is q and named["k_scale_ptr"] is cache.k_scale
+        assert named["qk_scale"] == pytest.approx(128 ** -0.5 * 1.4426950408889634)
+        assert (named["tokens_per_split"], named["num_blocks"], named["row_capacity"], named["window"]) == (
+            cfg["tokens_per_split"], cache.num_blocks, cache.max_blocks_per_seq * cache.block_size, 0)
+        named["part_out_ptr"].zero_()
+        named["part_lse_ptr"].zero_()
+        seen.update(grid=grid, **constants)
 
-    monkeypatch.setattr(gluon_kernel, "gluon_decode_kernel", StandIn())
+    monkeypatch.setattr(gluon_kernel, "gluon_decode_kernel", gluon_stand_in(check))
     monkeypatch.setattr(ops.decode.planning, "gluon_refusal", lambda *a, **k: None)  # as on a GPU where it runs
     cache = make_cache([40, 300], 2, 128, layout=layout)
     q = torch.randn(2, 8, 128, dtype=torch.float16)
