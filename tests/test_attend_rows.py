@@ -112,7 +112,8 @@ def test_options_the_gluon_kernel_does_not_take_are_a_refusal(options, pattern):
 
 def test_no_new_tokens_and_one_each_take_their_own_paths(monkeypatch):
     """Counts of 0 everywhere are the attend kernel's (it launches nothing); 1 everywhere is the decode's plan, which
-    gluon=True asks of the Gluon decode (refused here by name)."""
+    gluon=True asks of the Gluon decode (planned as on a GPU where it runs); plan_rows refuses a count of 0 by
+    name."""
     _on_a_gpu(monkeypatch)
     cache = matrix_cache([40, 30], 2, 64)
     assert isinstance(_plan(make_q(0, 4, 64), cache, [0, 0]), AttendPlan)
@@ -150,10 +151,12 @@ def test_the_rows_launch_passes_the_kernel_every_argument(monkeypatch, layout):
     assert lse.shape == (12, 8)
 
 
-@pytest.mark.parametrize("qo_len,window,expect", [(1, 100, 100), (4, 100, 100), (1, 5000, None), (4, None, None)])
+@pytest.mark.parametrize("qo_len,window,expect", [(1, 100, 100), (4, 100, 100), (1, 5000, None), (4, None, None),
+                                                  (1, 1990, 1990), (4, 1990, 1990)])
 def test_a_window_reaches_the_kernel_and_its_splits_cover_it(monkeypatch, qo_len, window, expect):
     """The window is a runtime argument with WINDOWED compiled in, its splits cover window + qo_len - 1 + block_n - 1
-    tokens from its first tile; one at least as long as the page table (5000 > 2000's pages) is no window."""
+    tokens from its first tile, or the page table where that is as long (a window of 1990 in 2000 tokens' pages);
+    one at least as long as the page table (5000) is no window."""
     pytest.importorskip("fp8kv.ops.decode.gluon_kernel")
     from fp8kv.ops.decode import gluon_kernel
 
@@ -173,9 +176,20 @@ def test_a_window_reaches_the_kernel_and_its_splits_cover_it(monkeypatch, qo_len
     ops.decode.run(plan, q, cache)
     assert plan.window == expect and seen["WINDOWED"] == (expect is not None) and seen["window"] == (expect or 0)
     cfg = plan.config
-    if expect is not None:
-        span = expect + qo_len - 1 + cfg["block_n"] - 1
-        assert cfg["num_splits"] * cfg["tokens_per_split"] >= span > (cfg["num_splits"] - 1) * cfg["tokens_per_split"]
+    capacity = cache.max_blocks_per_seq * cache.block_size
+    span = capacity if expect is None else min(expect + qo_len - 1 + cfg["block_n"] - 1, capacity)
+    assert cfg["num_splits"] * cfg["tokens_per_split"] >= span > (cfg["num_splits"] - 1) * cfg["tokens_per_split"]
+
+
+def test_a_launch_run_with_another_window_than_planned_is_refused(monkeypatch):
+    _on_a_gpu(monkeypatch)
+    from fp8kv.ops.decode.gluon_launcher import run_gluon
+
+    cache = matrix_cache([300, 2000], 2, 128)
+    q = make_q(2, 8, 128)
+    plan = ops.plan(q, cache, gluon=True, window=100)
+    with pytest.raises(ValueError, match="window=None but the launch was planned with WINDOWED=True"):
+        run_gluon(q, cache, plan.config, plan.launch, plan.sm_scale, plan.out_dtype, None)
 
 
 # ------------------------------------------------------------------------------------------ GPU only

@@ -79,7 +79,7 @@ def test_windowed_launches_build_without_spills_and_split_the_window(builds, lau
 @pytest.mark.parametrize("launch", ROW_LAUNCHES, ids=lambda t: "/".join(map(str, t[:3])) + f"-B{t[3]}-qo{t[4]}")
 def test_verification_rows_build_as_the_decode_does(builds, launch):
     """The rows' masks and addresses cost no spill and no SM residency against the decode of the same layout, and the
-    rows are cut into the programs plan_rows plans."""
+    rows are cut into as few programs as gluon_max_heads allows (plan_rows's count; its limit: tests/test_attend_rows.py)."""
     rows, decode = builds[launch], builds[launch[:4]]
     assert rows["spilled_bytes"] == 0 and rows["hmma"] and rows["unpack"], rows
     hq, hkv, d, _, qo_len = launch

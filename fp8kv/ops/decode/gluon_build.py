@@ -29,7 +29,7 @@ from ..offline_build import TARGET_ARCHS, Compiled, Instruction, compile_kernel,
 from .combine import split_partials
 from .gluon_launcher import gluon_arguments, gluon_launch, kernel_module
 from .gluon_scope import MAX_HEAD_DIM, NUM_WARPS
-from .planning import gluon_refusal
+from .planning import gluon_refusal, gluon_window
 from .splits import resident_programs
 
 # The archs build() compiles for: fp8kv's targets (capability.ARCHS) that have the FP8 conversions the kernel's
@@ -134,7 +134,7 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
                                       heads_per_program, q_dtype, kv_dtype, block_size, arch)
     qo_len = checks.positive_int(qo_len, "qo_len")
     window = None if window is None else checks.positive_int(window, "window")
-    window = None if window is None or window >= cache.max_blocks_per_seq * cache.block_size else window
+    window = gluon_window(cache, window)
     cfg = gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
                            heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms,
                            qo_len=qo_len, window=window)

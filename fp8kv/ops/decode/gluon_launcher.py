@@ -227,6 +227,9 @@ def run_gluon(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, constants
     new tokens per sequence: ``q`` ``[B QO, Hq, D]``): the launch ``cfg`` and its ``constants``
     (:func:`launch_constants`) as planned, ``out_dtype`` the output's, ``window`` the sliding window the constants
     were planned with (``constants["WINDOWED"]``), or None."""
+    if constants["WINDOWED"] != (window is not None):  # a window of 0 would mask every key: silently zero
+        raise ValueError(f"window={window!r} but the launch was planned with WINDOWED={constants['WINDOWED']}; plan "
+                         "the launch with the window it runs")
     total_q, hq, d = q.shape
     part_out, part_lse = split_partials(total_q, hq, cfg["num_splits"], d, q.device)
     out = torch.empty(total_q, hq, d, dtype=out_dtype, device=q.device)
