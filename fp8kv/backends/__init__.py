@@ -216,10 +216,9 @@ def _attend_reference(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **variant
 
 def _attend_plan_triton(q, cache, qo_indptr, qo_lens, *, mode, sm_scale, **launch):
     from ..ops.attend import plan_attend, run_attend
+    from ..ops.decode.planning import gluon_choice
 
-    gluon = launch.pop("gluon", None)
-    if gluon is not None and not isinstance(gluon, bool):
-        checks.fail(f"gluon={gluon!r}; expected None (the faster kernel that runs), True or False", TypeError)
+    gluon = gluon_choice(launch.pop("gluon", None))
     attend_kernel = any(launch.get(k) is not None for k in ATTEND_KERNEL_OPTIONS)
     if qo_lens and len(set(qo_lens)) == 1 and qo_lens[0] >= 1 and not attend_kernel:
         from ..ops.decode import plan, plan_rows, run

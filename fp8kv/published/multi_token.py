@@ -29,16 +29,12 @@ def _table(src: Sources, rels, index) -> pd.DataFrame:
     """Median µs per ``index`` × (backend, kv_dtype) of the rows that ran and passed their check, with the
     FP8 kernel's ratios: ``x_own`` (its BF16 / its FP8), ``x_peer`` (the best peer of either dtype / its FP8),
     ``x_peer_fp8`` (the best peer's FP8 / its FP8) and its % of the copy limit."""
-    rels = rels if isinstance(rels, dict) else dict.fromkeys(rels)
-    rows = pd.concat([_batches(ok_rows(src.csv(rel, [*_COLUMNS, "mode", "variant", "kernel"]), rel), kept)
-                      for rel, kept in rels.items()])
+    rows = _runs(src, rels)
     variant = rows["variant"].fillna("").astype(str)
     # the default launch, and fp8kv's Triton kernels over FP8 pages (gluon=False) where a run timed them beside it
     keep = (variant == "") | ((variant == _TRITON_KERNELS) & (rows["kv_dtype"] == "fp8_e4m3"))
     rows = rows[(rows["mode"] == "dequant") & keep]  # one launch, one mode a cell
     rows = rows.assign(backend=rows["backend"].where(variant[keep] == "", rows["backend"] + " " + _TRITON_KERNELS))
-    rows = rows.assign(shape=rows["num_q_heads"].astype(str) + "/" + rows["num_kv_heads"].astype(str) + "/"
-                       + rows["head_dim"].astype(str))
     t = rows.pivot_table(index=index, columns=["backend", "kv_dtype"], values="time_us", aggfunc="median")
     t.columns = [f"{b} {k}" for b, k in t.columns]
     fp8 = t["triton fp8_e4m3"]
@@ -51,8 +47,15 @@ def _table(src: Sources, rels, index) -> pd.DataFrame:
                       tflops_fp8=own[("tflops", "fp8_e4m3")], tflops_bf16=own[("tflops", "bf16")])
 
 
-def _batches(rows: pd.DataFrame, kept) -> pd.DataFrame:
-    return rows if kept is None else rows[rows["batch"].isin(kept)]
+def _runs(src: Sources, rels) -> pd.DataFrame:
+    """The rows of the runs ``rels`` (paths, or path -> the batches taken from it) that ran and passed their check,
+    with their head layout as ``shape`` ("Hq/Hkv/D")."""
+    rels = rels if isinstance(rels, dict) else dict.fromkeys(rels)
+    rows = pd.concat([ok_rows(src.csv(rel, [*_COLUMNS, "mode", "variant", "kernel"]), rel)
+                      .pipe(lambda r, kept=kept: r if kept is None else r[r["batch"].isin(kept)])
+                      for rel, kept in rels.items()], ignore_index=True)
+    return rows.assign(shape=rows["num_q_heads"].astype(str) + "/" + rows["num_kv_heads"].astype(str) + "/"
+                       + rows["head_dim"].astype(str))
 
 
 def _kernel_times(t: pd.DataFrame) -> pd.DataFrame:
@@ -62,12 +65,9 @@ def _kernel_times(t: pd.DataFrame) -> pd.DataFrame:
 
 def _kernels(src: Sources) -> pd.DataFrame:
     """fp8kv's default FP8 rows of the spec-verify runs: which kernel each point ran."""
-    rows = pd.concat([_batches(ok_rows(src.csv(rel, [*_COLUMNS, "mode", "variant", "kernel"]), rel), kept)
-                      for rel, kept in SPEC_VERIFY.items()])
-    rows = rows[(rows["backend"] == "triton") & (rows["kv_dtype"] == "fp8_e4m3") & (rows["mode"] == "dequant")
+    rows = _runs(src, SPEC_VERIFY)
+    return rows[(rows["backend"] == "triton") & (rows["kv_dtype"] == "fp8_e4m3") & (rows["mode"] == "dequant")
                 & (rows["variant"].fillna("").astype(str) == "")]
-    return rows.assign(shape=rows["num_q_heads"].astype(str) + "/" + rows["num_kv_heads"].astype(str) + "/"
-                       + rows["head_dim"].astype(str)).reset_index(drop=True)
 
 
 def _lines(t: pd.DataFrame, keys: list[str], compute_bound: bool = False) -> list[str]:
@@ -91,10 +91,10 @@ def multi_token(src: Sources) -> dict[str, str]:
     sv = _table(src, SPEC_VERIFY, ["shape", "batch", "context", "q_len"])
     target = sv.xs("32/8/128", level="shape")
     v = {"multi.spec_table": "\n".join(_lines(target, ["B", "ctx", "q_len"]))}
-    q = sv.index.get_level_values("q_len")
-    rows = _kernels(src)
     from ..ops.decode.planning import MAX_ROW_TILES
 
+    q = sv.index.get_level_values("q_len")
+    rows = _kernels(src)
     ran = rows[(rows["q_len"] > 1) & (rows["kernel"] == "gluon-multi-token")]
     programs = -(-(ran["num_q_heads"] // ran["num_kv_heads"] * ran["q_len"]) // ran["block_m"])  # a KV head's
     gluon = ran[programs <= MAX_ROW_TILES].set_index(sv.index.names).index  # what the default now runs
@@ -111,15 +111,16 @@ def multi_token(src: Sources) -> dict[str, str]:
     one = sv.xs(1, level="q_len")["triton fp8_e4m3"]  # one new token: fp8kv's FP8 decode, in the same run
     vs_decode = sv["triton fp8_e4m3"] / one.reindex(sv.droplevel("q_len").index).to_numpy()
     claim(vs_decode.notna().all(), "fp8kv's FP8 ran one new token and the drafts at every point", ", ".join(SPEC_VERIFY))
-    v["multi.sv_rows_decode"] = span(vs_decode[vs_decode.index.isin(gluon)], 2)
+    rows_decode = vs_decode[vs_decode.index.isin(gluon)]
+    v["multi.sv_rows_decode"] = span(rows_decode, 2)
     v["multi.sv_rows_points"] = str(len(on))
     v["multi.sv_drafts_points"] = str(int((q > 1).sum()))
     # the goals, at the points the rows ran
-    met = on[(on["x_own"] >= 1.7) & (on["x_peer"] >= 1.3) & (vs_decode[vs_decode.index.isin(gluon)] <= 1.3)]
+    met = on[(on["x_own"] >= 1.7) & (on["x_peer"] >= 1.3) & (rows_decode <= 1.3)]
     v["multi.sv_goals_met"] = str(len(met))
     v["multi.sv_own_met"] = str(int((on["x_own"] >= 1.7).sum()))
     v["multi.sv_peer_met"] = str(int((on["x_peer"] >= 1.3).sum()))
-    v["multi.sv_decode_met"] = str(int((vs_decode[vs_decode.index.isin(gluon)] <= 1.3).sum()))
+    v["multi.sv_decode_met"] = str(int((rows_decode <= 1.3).sum()))
     # the drafts the rows did not take (the splits too short): the attend kernel ran them
     attend = rows[(rows["q_len"] > 1) & (rows["kernel"] == "triton-attend")].set_index(sv.index.names).index
     claim(len(attend) + len(ran) == int((q > 1).sum()), "every draft point ran the rows or the attend kernel",

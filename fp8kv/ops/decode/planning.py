@@ -26,7 +26,7 @@ from .splits import DecodeConfig
 from .triton_launcher import TritonLaunch, triton_launch, triton_residency
 
 __all__ = ["DecodePlan", "plan", "plan_rows", "gluon_window", "decode_launch", "launch_for", "decode_kernel",
-           "gluon_refusal", "OUT_DTYPES",
+           "gluon_refusal", "gluon_choice", "OUT_DTYPES",
            "GLUON_OPTIONS", "PLAN_OPTIONS", "MAX_ROW_TILES"]
 
 # The most programs a KV head's (token, head) rows are cut into by plan_rows: each program reads and converts every
@@ -189,6 +189,13 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
     return why
 
 
+def gluon_choice(gluon) -> bool | None:
+    """The ``gluon`` option checked: None (the faster kernel that runs), True or False; else a TypeError naming it."""
+    if gluon is not None and not isinstance(gluon, bool):
+        raise TypeError(f"gluon={gluon!r}; expected None (the faster kernel that runs), True or False")
+    return gluon
+
+
 def decode_kernel(cache: PagedKVCache, mode: str, head_dim: int, group: int, device, *, gluon: bool | None = None,
                   **overrides) -> str:
     """``"gluon"`` or ``"triton"``: the kernel these arguments allow (:func:`decode_launch` also weighs the
@@ -197,8 +204,7 @@ def decode_kernel(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
     ``gluon=None`` picks Gluon where :func:`gluon_refusal` finds nothing and no override is given
     (launch overrides such as ``block_n`` address the Triton kernel); True raises UnsupportedError
     where Gluon cannot run; False is the Triton kernel."""
-    if gluon is not None and not isinstance(gluon, bool):
-        raise TypeError(f"gluon={gluon!r}; expected None (the faster kernel that runs), True or False")
+    gluon_choice(gluon)
     if gluon is False or (gluon is None and any(v is not None for v in overrides.values())):
         return "triton"
     why = gluon_refusal(cache, mode, head_dim, group, device, **overrides)
