@@ -44,7 +44,7 @@ these differences (:func:`check` with ``op="attend"``; the table :func:`attend_c
 * fp8kv's Triton backend runs its multi-token kernel (``fp8kv.ops.attend``), in both modes; one new token per
   sequence runs the decode's plan (the same facts); as many new tokens in every sequence run the Gluon decode
   kernel's (token, head) rows where it runs (``fp8kv.ops.decode.plan_rows`` says where: FP8 pages with one
-  tensor-wide scale, dequant mode, at most two programs of rows a KV head, splits that are not latency-bound).
+  tensor-wide scale or one per token and head, dequant mode, at most two programs of rows a KV head, splits that are not latency-bound).
 * FlashInfer runs ``BatchPrefillWithPagedKVCacheWrapper`` (FA2, 16-bit query; causal mask aligned
   bottom-right, ``plan(window_left=..., logits_soft_cap=...)`` as its decode), in dequant mode only: its
   FP8-query paths are not wired for the attend.

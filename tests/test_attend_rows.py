@@ -223,6 +223,25 @@ def test_the_rows_kernel_matches_the_oracle(hq, hkv, d, qo_len, page, kv_dtype, 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("hq,hkv,d,qo_len,page", [GPU_CASES[i] for i in (0, 4, 5, 7)], ids=lambda x: str(x))
+@pytest.mark.parametrize("kv_dtype,layout", [("fp8_e4m3", "NHD"), ("fp8_e5m2", "HND")])
+def test_the_rows_kernel_reads_token_head_scales(hq, hkv, d, qo_len, page, kv_dtype, layout):
+    """One scale per token and KV head under the rows too, against the oracle, the attend kernel beside it."""
+    lens = [3075, qo_len, 1025, 513 + qo_len]
+    cache = matrix_cache(lens, hkv, d, kv_dtype=kv_dtype, block_size=page, layout=layout, granularity="token_head")
+    qo_lens = [qo_len] * len(lens)
+    q = make_q(sum(qo_lens), hq, d, torch.bfloat16, seed=qo_len)
+    assert isinstance(_plan(q, cache, qo_lens, gluon=True), DecodePlan)
+    ref_out, ref_lse = fp8kv.reference.attend(q, cache, indptr(qo_lens), return_lse=True)
+    for gluon in (True, False):
+        out, lse = fp8kv.attend(q, cache, indptr(qo_lens), "triton", gluon=gluon)
+        err = relative_error(out.float(), ref_out)
+        assert err <= output_tolerance("triton", "dequant", q.dtype, "token_head"), f"gluon={gluon}: {err:.3e}"
+        assert float((lse - ref_lse).abs().max()) <= lse_tolerance("triton", "dequant", q.dtype, ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("hq,hkv,d,qo_len", [(32, 8, 128, 4), (40, 8, 128, 6), (8, 1, 256, 3)])
 @pytest.mark.parametrize("window", [1, 2, 63, 700])
 def test_the_rows_kernel_takes_a_sliding_window(hq, hkv, d, qo_len, window):

@@ -118,8 +118,19 @@ def test_the_formats_presets():
     assert grid["shapes"] == [(32, 8, 128), (8, 1, 128)]
     assert grid["kv_dtypes"] == ["int8_token_head", "int4_token_head", "nvfp4", "mxfp4", "fp8_e4m3", "bf16"]
     assert preset_grid("formats", device="cpu")["kv_dtypes"][-1] == "fp16"  # the interpreter's bf16 is wrong
+    assert grid["granularities"] == ["tensor", "token_head"] and grid["triton_options"] == [{}, {"gluon": False}]
     cases = sweep(**grid, arch="sm90", memory_budget_bytes=2**40, device="cpu", q_dtype="bf16")
-    assert len(cases) == 3 * 3 * 2 * 6 and {c.status for c in cases} == {"ready"}
+    # 18 points x (6 formats, FP8 with token-head scales too) x (the default, gluon=False)
+    assert len(cases) == 3 * 3 * 2 * 7 * 2
+    ready = {(c.kv_dtype, c.granularity, c.variant) for c in cases if c.status == "ready"}
+    assert ready == {("int8_token_head", "tensor", ""), ("int4_token_head", "tensor", ""), ("nvfp4", "tensor", ""),
+                     ("mxfp4", "tensor", ""), ("fp8_e4m3", "tensor", ""), ("fp8_e4m3", "token_head", ""), ("bf16", "tensor", ""),
+                     ("int8_token_head", "tensor", "gluon=False"), ("fp8_e4m3", "tensor", "gluon=False"),
+                     ("fp8_e4m3", "token_head", "gluon=False")}
+    skipped = [c for c in cases if c.status != "ready"]  # gluon=False where the default is the Triton kernel anyway
+    assert len(skipped) == 18 * 4 and {c.status for c in skipped} == {"skipped"}
+    assert {c.kv_dtype for c in skipped} == {"int4_token_head", "nvfp4", "mxfp4", "bf16"}
+    assert all("gluon=False runs the default" in c.reason for c in skipped)
 
 
 def test_the_formats_tune_preset_varies_one_launch_option_at_a_time():

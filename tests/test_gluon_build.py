@@ -31,20 +31,31 @@ LAUNCHES = [(32, 8, 128, 64),  # 64-token tiles, 4 deep, 16 rows
 ROW_LAUNCHES = [(32, 8, 128, 64, 4), (32, 8, 128, 64, 8), (40, 8, 128, 64, 4), (8, 1, 256, 64, 4)]
 # (Hq, Hkv, D, B, qo_len, window): sliding windows of 512 tokens, a decode's and the rows'
 WINDOW_LAUNCHES = [(32, 16, 128, 64, 1, 512), (32, 8, 128, 64, 4, 512), (8, 1, 256, 64, 1, 512)]
+# (Hq, Hkv, D, B, qo_len, window, kv_dtype, granularity): one scale per token and KV head, on FP8 pages and on a
+# quantized cache's INT8 codes, and the programs an SM then holds (the decode's above: 3, 5 and 2)
+SCALE_LAUNCHES = {(32, 8, 128, 64, 1, None, "fp8_e4m3", "token_head"): 3,
+                  (32, 8, 128, 64, 1, None, "int8_token_head", "tensor"): 3,
+                  (32, 8, 128, 64, 4, None, "fp8_e4m3", "token_head"): 2,
+                  (12, 4, 64, 64, 1, None, "int8_token_head", "tensor"): 4,
+                  (8, 1, 256, 64, 1, None, "fp8_e4m3", "token_head"): 2}
 
 # Run in a process without the interpreter (build() refuses it): every launch above, one JSON line each.
-_BUILD_ALL = """
-import json, sys
+_BUILD_ALL = r"""
+import json, re, sys
 from fp8kv.ops.decode.gluon_build import block_table_summary, build
 launches, sms = json.loads(sys.argv[1])
-for hq, hkv, d, b, qo_len, window in launches:
-    k, cfg = build(hq, hkv, d, batch=b, context=16384, num_sms=sms, qo_len=qo_len, window=window)
+for hq, hkv, d, b, qo_len, window, *pages in launches:
+    kv_dtype, granularity = pages or ("fp8_e4m3", "tensor")
+    k, cfg = build(hq, hkv, d, batch=b, context=16384, num_sms=sms, qo_len=qo_len, window=window, kv_dtype=kv_dtype,
+                   granularity=granularity)
     print(json.dumps(dict(registers=k.registers, spilled_bytes=k.spilled_bytes, shared_bytes=k.shared_bytes,
                           block_n=cfg["block_n"], num_stages=cfg["num_stages"], num_splits=cfg["num_splits"],
                           programs_per_sm=k.programs_per_sm, head_tiles=cfg["head_tiles"],
                           tokens_per_split=cfg["tokens_per_split"],
                           **block_table_summary(k.sass),
-                          hmma="HMMA.16816.F32" in k.sass, unpack="F2FP.F16.E4M3.UNPACK_B" in k.sass)), flush=True)
+                          hmma="HMMA.16816.F32" in k.sass, unpack="F2FP.F16.E4M3.UNPACK_B" in k.sass,
+                          int8_bits="HADD2" in k.sass and "PRMT" in k.sass and not re.search(r"I2FP?\.F16", k.sass))),
+          flush=True)
 """
 
 
@@ -55,14 +66,28 @@ def _tile(hq, hkv, d, b):
 @pytest.fixture(scope="module")
 def builds():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    launches = [(*layout, 1, None) for layout in LAUNCHES] + [(*rows, None) for rows in ROW_LAUNCHES] + WINDOW_LAUNCHES
+    launches = [(*layout, 1, None) for layout in LAUNCHES] + [(*rows, None) for rows in ROW_LAUNCHES] + \
+        WINDOW_LAUNCHES + list(SCALE_LAUNCHES)
     done = subprocess.run([sys.executable, "-c", _BUILD_ALL, json.dumps([launches, H200_SMS])], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     built = dict(zip(launches, rows, strict=True))
     return {**{layout: built[(*layout, 1, None)] for layout in LAUNCHES},
-            **{rows: built[(*rows, None)] for rows in ROW_LAUNCHES}, **{w: built[w] for w in WINDOW_LAUNCHES}}
+            **{rows: built[(*rows, None)] for rows in ROW_LAUNCHES}, **{w: built[w] for w in WINDOW_LAUNCHES},
+            **{scaled: built[scaled] for scaled in SCALE_LAUNCHES}}
+
+
+@pytest.mark.parametrize("launch", list(SCALE_LAUNCHES), ids=lambda t: "/".join(map(str, t[:3])) + f"-qo{t[4]}-{t[6]}")
+def test_token_scales_and_int8_codes_build_without_spills(builds, launch):
+    """One scale per token and KV head (loaded with the tile, the accumulator in units of a warp's largest V scale)
+    costs no spill; the programs an SM holds are the decode's at 32/8/128 and 8/1/256 (168 and 250 registers
+    with Triton 3.9), one fewer at 12/4/64 and in the rows of 4 drafts at 32/8/128 (194 registers); INT8 codes become fp16 by byte permutes and fp16 subtractions, with no
+    integer-to-float conversion (a quarter-rate instruction)."""
+    kernel = builds[launch]
+    assert kernel["spilled_bytes"] == 0 and kernel["hmma"], kernel
+    assert kernel["programs_per_sm"] == SCALE_LAUNCHES[launch]
+    assert kernel["int8_bits"] if launch[6] == "int8_token_head" else kernel["unpack"]
 
 
 @pytest.mark.parametrize("launch", WINDOW_LAUNCHES, ids=lambda t: "/".join(map(str, t[:3])) + f"-qo{t[4]}-w{t[5]}")

@@ -6,6 +6,7 @@ corrupted scale, a swapped nibble order shown to break it), and bad input refuse
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from conftest import assert_rel_err
 from fp8kv import kv_formats as kvf
 from fp8kv.cache.quantized import QuantizedPagedKVCache
 from fp8kv.capability import UnsupportedError, interpreter_on
+from fp8kv.ops.decode import DecodePlan
+from fp8kv.ops.decode.planning import gluon_config
 from fp8kv.ops.quant_decode import (
     QUANT_CONVERTS,
     QUANT_DECODE_FORMATS,
@@ -190,6 +193,61 @@ def test_every_code_conversion_gives_the_same_output_bit_for_bit(fmt, lens, hkv,
     assert torch.equal(out_s, out_c) and torch.equal(lse_s, lse_c)
     ref, _ = quantized_reference(q, cache)
     assert_rel_err(out_s.float(), ref, kernel_tolerance(q, torch.float16, cache), f"{fmt} D {d}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("hkv,group,d", [(8, 4, 128), (4, 3, 64), (2, 8, 96), (1, 8, 256), (1, 71, 64)])
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("launch", [{}, {"num_splits": 1}, {"block_n": 128, "num_stages": 3}])
+def test_int8_pages_through_the_gluon_kernel_on_a_gpu(hkv, group, d, q_dtype, launch):
+    """INT8 per token and head read by the FP8 decode's Gluon kernel (codes turned to fp16 by their bits, the scales
+    as FP8's per-token ones), at lengths of 1 token, a partial page and tile, and 5003: against the oracle on the same
+    pages and the Triton kernel (2u); the default where the splits are long and the group fits one program."""
+    lens = [1, 17, 700, 5003]
+    k, v = draw(len(lens), max(lens), hkv, d, seed=d + group)
+    cache = QuantizedPagedKVCache.from_dense("int8_token_head", k.cuda(), v.cuda() * 3, lens, block_size=16)
+    q = q_for(cache, group, q_dtype).cuda()
+    out, lse = paged_decode_quantized(q, cache, gluon=True, **launch)
+    ref, ref_lse = quantized_reference(q, cache)
+    assert_rel_err(out.float(), ref, kernel_tolerance(q, q_dtype, cache), f"{d} {group} {launch}")
+    sb = score_bound(q, cache)
+    tol = lse_tolerance("triton", "dequant", torch.float16, ref_lse, "channel" if q_dtype != torch.float16 else "tensor",
+                        score_bound=sb)
+    assert float((lse - ref_lse).abs().max()) <= tol
+    twin, _ = paged_decode_quantized(q, cache, gluon=False)
+    assert relative_error(out.float(), twin.float()) <= 2 * unit_roundoff(q_dtype)
+    assert not isinstance(plan_decode_quantized(q, cache, num_splits=1), DecodePlan)  # an option: the Triton kernel
+    if not launch:  # the default: Gluon where the decode's rule takes it (long splits, the group in one program)
+        rule = gluon_config(len(lens), cache, group, q.device, gluon=None, q_dtype=q_dtype)
+        default = plan_decode_quantized(q, cache)
+        assert isinstance(default, DecodePlan) == (rule is not None)
+        wide = QuantizedPagedKVCache.from_dense("int8_token_head", k.cuda(), v.cuda() * 3, lens, block_size=16,
+                                                max_seq_len=64 * 1024)  # the splits tile the capacity: long ones
+        assert isinstance(plan_decode_quantized(q, wide), DecodePlan) == (group <= (32 if d <= 64 else 16))
+        assert torch.equal(paged_decode_quantized(q, wide)[0], paged_decode_quantized(q, wide, gluon=True)[0]) or \
+            group > (32 if d <= 64 else 16)
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(gluon="yes"), TypeError, "gluon='yes'"),
+    (dict(gluon=True), UnsupportedError, "gluon=True: Gluon kernels run on a CUDA GPU only"),
+    (dict(gluon=True, convert="cast"), UnsupportedError, "the Gluon kernel takes no ['convert']"),
+    (dict(gluon=True, fmt="int4_token_head"), UnsupportedError, "int4_token_head: of the quantized formats the Gluon "
+                                                                "kernel reads 'int8_token_head'"),
+    (dict(gluon=True, q_dtype=torch.float32), UnsupportedError, "q has dtype torch.float32: the Gluon kernel takes")])
+@pytest.mark.skipif(not interpreter_on(), reason="the refusals on a CPU, where the interpreter runs the Triton kernel")
+def test_the_gluon_option_of_the_quantized_decode_is_checked_by_name(kw, exc, words):
+    """On this CPU the Gluon kernel cannot run: gluon=True says why, by name, before anything is launched; None
+    (the default) and False run the Triton kernel."""
+    fmt, q_dtype = kw.pop("fmt", "int8_token_head"), kw.pop("q_dtype", torch.float16)
+    k, v = draw(2, 40, 2, 64, seed=5)
+    cache = QuantizedPagedKVCache.from_dense(fmt, k, v, [40, 9], block_size=16)
+    q = q_for(cache, 2, q_dtype)
+    with pytest.raises(exc, match=re.escape(words)):
+        plan_decode_quantized(q, cache, **kw)
+    for gluon in (None, False):
+        assert not isinstance(plan_decode_quantized(q, cache, gluon=gluon), DecodePlan)
 
 
 @pytest.mark.gpu

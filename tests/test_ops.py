@@ -862,15 +862,15 @@ def test_gluon_programs_hold_a_group_in_as_few_programs_as_its_rows_allow():
         assert mma_rows(heads) == (16 if heads <= 16 else 32)
 
 
-def _gluon_matches_oracle_and_twin(kv_dtype, q_dtype, hq, hkv, d, launch, layout="NHD"):
+def _gluon_matches_oracle_and_twin(kv_dtype, q_dtype, hq, hkv, d, launch, layout="NHD", granularity="tensor"):
     """Run the Gluon kernel at ragged lengths (1 token, a partial page, a partial tile, 16k) and check it
     against the fp32 oracle (the dequant tolerance) and the Triton kernel it twins (2u); returns the
     cache and query for further checks."""
-    cache = matrix_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype, layout=layout)
+    cache = matrix_cache([1, 17, 5003, 16379], hkv, d, kv_dtype=kv_dtype, layout=layout, granularity=granularity)
     q = make_q(4, hq, d, q_dtype)
     out, lse = paged_decode(q, cache, gluon=True, **launch)
     ref_o, ref_l = ref_decode(q, cache)
-    assert relative_error(out.float(), ref_o) <= dequant_tol(q_dtype, "tensor")
+    assert relative_error(out.float(), ref_o) <= dequant_tol(q_dtype, granularity)
     assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", q_dtype, ref_l)
     twin_o, _ = paged_decode(q, cache, gluon=False)
     assert relative_error(out.float(), twin_o.float()) <= 2 * unit_roundoff(q_dtype)
@@ -937,6 +937,44 @@ def test_gluon_kernel_reads_every_page_size(block_size, launch, layout):
     ref_o, ref_l = ref_decode(q, cache)
     assert relative_error(out.float(), ref_o) <= dequant_tol(torch.bfloat16, "tensor")
     assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", torch.bfloat16, ref_l)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kv_dtype,q_dtype", [("fp8_e4m3", torch.bfloat16), ("fp8_e5m2", torch.float16)])
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (12, 4, 64), (16, 2, 96), (71, 1, 64), (8, 1, 256)])
+@pytest.mark.parametrize("launch,layout", [({}, "NHD"), ({"block_n": 128, "num_stages": 3}, "HND"),
+                                           ({"num_stages": 2, "num_splits": 1}, "NHD"), ({"heads_per_program": 5}, "NHD")])
+def test_gluon_kernel_reads_token_head_scales_on_the_gpu(kv_dtype, q_dtype, hq, hkv, d, launch, layout):
+    """One scale per token and KV head (K's on the score columns, V's on the probabilities, the accumulator in
+    units of the largest V scale a warp has seen), against the oracle and the Triton twin; the default kernel where
+    the group fits one program."""
+    cache, q = _gluon_matches_oracle_and_twin(kv_dtype, q_dtype, hq, hkv, d, launch, layout, "token_head")
+    if not launch and hq // hkv <= fp8kv.ops.gluon_max_heads(d):
+        assert fp8kv.ops.decode_launch(4, cache, "dequant", d, hq // hkv, q.device, num_splits=1)[0] == "gluon"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("window", [None, 700])
+def test_gluon_token_head_scales_spanning_six_decades_on_the_gpu(kv_dtype, window):
+    """Token scales from 1e-4 to 1e2 of one another (V rows scaled by 10^u, u uniform in [-4, 2]; K rows too): a
+    tile whose largest V scale exceeds every earlier one rescales the accumulator, the smallest ones keep fp16's
+    precision in p * s_v / u; against the oracle, with a window too."""
+    lens, hkv, hq, d = [3, 129, 4000], 2, 8, 128
+    gen = seeded(7)
+    k = torch.randn(len(lens), max(lens), hkv, d, generator=gen)
+    v = torch.randn(len(lens), max(lens), hkv, d, generator=gen)
+    k = k * 10 ** (torch.rand(len(lens), max(lens), hkv, 1, generator=gen) * 2 - 1)
+    v = v * 10 ** (torch.rand(len(lens), max(lens), hkv, 1, generator=gen) * 6 - 4)
+    cache = PagedKVCache.from_dense(k.to(DEVICE), v.to(DEVICE), lens, kv_dtype=kv_dtype, granularity="token_head")
+    q = make_q(len(lens), hq, d, torch.bfloat16)
+    for launch in ({}, {"num_splits": 1}, {"num_splits": 5, "block_n": 64}):
+        out, lse = paged_decode(q, cache, gluon=True, window=window, **launch)
+        ref_o, ref_l = ref_decode(q, cache, window=window)
+        assert relative_error(out.float(), ref_o) <= dequant_tol(torch.bfloat16, "token_head"), launch
+        assert float((lse - ref_l).abs().max()) <= lse_tolerance("triton", "dequant", torch.bfloat16, ref_l)
 
 
 @pytest.mark.gpu

@@ -114,11 +114,12 @@ PRESETS = {
     "layouts-smoke": dict(batches=[2], contexts=[48], shapes=[(4, 4, 32), (4, 1, 64), (6, 2, 48)], block_sizes=[16],
                           kv_dtypes=["bf16", "fp8_e4m3"], modes=["dequant"], backends=["triton", "flashinfer"],
                           granularities=["tensor"], flashinfer_tensor_cores=[True]),
-    # The quantized formats through fp8kv's quantized-page kernel beside FP8 and BF16, same shapes (Llama-3-8B's
-    # GQA and an MQA-like 8:1), every row checked against its oracle first.
+    # The quantized formats through fp8kv's kernels beside FP8 (one scale per tensor, and per token and head, as
+    # INT8's) and BF16, same shapes (Llama-3-8B's GQA and an MQA-like 8:1), every row checked against its oracle
+    # first; INT8 and FP8 by the default kernel and by the Triton kernel (gluon=False).
     "formats": dict(batches=[1, 16, 64], contexts=[4096, 16384, 32768], shapes=[(32, 8, 128), (8, 1, 128)],
                     block_sizes=[16], kv_dtypes=[*QUANT_KV_DTYPES, "fp8_e4m3", "bf16"], modes=["dequant"],
-                    backends=["triton"], granularities=["tensor"]),
+                    backends=["triton"], granularities=["tensor", "token_head"], triton_options=[{}, {"gluon": False}]),
     # Launch variants of the quantized-page kernel around its defaults, one option at a time: the code conversion
     # (fp8kv.ops.quant_decode.codes) and the tile, where the formats row's time is decided.
     "formats-tune": dict(batches=[16, 64], contexts=[32768], shapes=[(32, 8, 128), (8, 1, 128)],

@@ -15,6 +15,7 @@ import torch
 from ..cache.quantized import QuantizedPagedKVCache
 from ..capability_formats import check_format
 from ..kv_formats import kv_footprint, kv_format, quantize
+from ..ops.decode import DecodePlan
 from ..ops.quant_decode import (
     QUANT_DECODE_FORMATS,
     kernel_tolerance,
@@ -109,8 +110,14 @@ def quantized_call(q: torch.Tensor, cache: QuantizedPagedKVCache, backend: str, 
     if backend == "reference":
         return functools.partial(quantized_reference, q, cache), {"kernel": "reference-quantized"}
     launch = plan_decode_quantized(q, cache, **options)
-    columns = dict(kernel=f"triton-quantized-{launch.convert}", num_splits=launch.num_splits, block_n=launch.block_n,
-                   num_warps=launch.constexprs["num_warps"], num_stages=launch.constexprs["num_stages"])
+    if isinstance(launch, DecodePlan):  # the Gluon kernel (INT8 per token and head)
+        cfg = launch.config
+        columns = dict(kernel="gluon-quantized", num_splits=cfg["num_splits"], block_n=cfg["block_n"],
+                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    else:
+        columns = dict(kernel=f"triton-quantized-{launch.convert}", num_splits=launch.num_splits,
+                       block_n=launch.block_n, num_warps=launch.constexprs["num_warps"],
+                       num_stages=launch.constexprs["num_stages"])
     return functools.partial(run_quant_decode, q, cache, launch), columns
 
 

@@ -73,7 +73,7 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
         (1024; 512 for head dims above 128);
         else the Triton kernel (:func:`fp8kv.ops.decode_launch` says which). True asks for the Gluon kernel and
         raises UnsupportedError by name outside its shapes: a CUDA GPU (sm89+), dequant mode, an FP8
-        cache with one tensor-wide scale, NHD or HND pages, head_dim 48-256 in multiples of 16, any group (cut
+        cache with one tensor-wide scale or one per token and KV head, NHD or HND pages, head_dim 48-256 in multiples of 16, any group (cut
         into programs of at most :func:`fp8kv.ops.gluon_max_heads` query heads, or ``heads_per_program``), a
         sliding window but no soft cap or sinks; ``block_n`` 64 or 128 and ``num_stages`` its ring depth 2-4 (default:
         :func:`fp8kv.ops.gluon_tile`), 4 warps. False: the Triton kernel. H200, B=64 x 16k, e4m3: 32/8/128

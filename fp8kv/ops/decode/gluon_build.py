@@ -24,12 +24,14 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from ... import checks
 from ...cache import PagedKVCache
+from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import check_query
+from ...kv_formats import kv_format
 from ..offline_build import TARGET_ARCHS, Compiled, Instruction, compile_kernel, instructions, main_loop
 from .combine import split_partials
 from .gluon_launcher import gluon_arguments, gluon_launch, kernel_module
 from .gluon_scope import MAX_HEAD_DIM, NUM_WARPS
-from .planning import gluon_refusal, gluon_window
+from .planning import GLUON_QUANTIZED_FORMAT, gluon_refusal, gluon_window
 from .splits import resident_programs
 
 # The archs build() compiles for: fp8kv's targets (capability.ARCHS) that have the FP8 conversions the kernel's
@@ -82,7 +84,7 @@ def _refusal_of_a_cpu() -> str | None:
 
 
 def _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, num_stages, heads_per_program,
-                 q_dtype, kv_dtype, block_size, arch) -> tuple[PagedKVCache, int, int]:
+                 q_dtype, kv_dtype, block_size, arch, granularity="tensor") -> tuple[PagedKVCache, int, int]:
     """build()'s arguments against the kernel's scope, each refusal naming its argument (Triton would otherwise
     compile some of them silently, e.g. a head_dim of 512 or an fp32 query, or fail deep inside: a head_dim of 40
     in an MLIR pass, sm80 in a CompilationError, no KV heads in a ZeroDivisionError). Returns the one-sequence
@@ -99,13 +101,18 @@ def _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, n
     if arch not in BUILD_ARCHS:
         checks.fail(f"arch={arch}; expected one of {BUILD_ARCHS} (fp8kv's targets with the FP8 conversions the Gluon "
                     "kernel uses, sm89+)")
-    cache = PagedKVCache.empty(1, context, hkv, d, block_size=block_size, kv_dtype=kv_dtype)
+    if kv_dtype == GLUON_QUANTIZED_FORMAT:
+        cache = QuantizedPagedKVCache.empty(kv_format(kv_dtype), 1, context, hkv, d, block_size=block_size)
+    else:
+        cache = PagedKVCache.empty(1, context, hkv, d, block_size=block_size, kv_dtype=kv_dtype,
+                                   granularity=granularity)
     why = gluon_refusal(cache, "dequant", d, hq // hkv, torch.device("cpu"), block_n=block_n,
                             num_stages=num_stages, heads_per_program=heads_per_program)
     if why != _refusal_of_a_cpu():  # the kernel's own scope (FP8, head dims, heads per program), by name
         checks.fail(f"{why} (num_q_heads={hq}, num_kv_heads={hkv}, head_dim={d}, kv_dtype={kv_dtype!r})")
     # fp8kv.decode's check of a triton decode's query, whichever kernel runs: 16-bit queries (and no fp16 one over bf16 pages)
-    ok, why = check_query("triton", q_dtype, cache.kv_dtype) if isinstance(q_dtype, torch.dtype) else \
+    pages = cache.kv_dtype if isinstance(cache, PagedKVCache) else "fp8_e4m3"  # INT8 codes take a query as FP8 pages do
+    ok, why = check_query("triton", q_dtype, pages) if isinstance(q_dtype, torch.dtype) else \
         (False, f"q_dtype is a {type(q_dtype).__name__}, not a torch dtype")
     if not ok:
         checks.fail(f"q_dtype={q_dtype!r}: the Gluon kernel takes a torch.bfloat16 or torch.float16 query; {why}",
@@ -116,13 +123,15 @@ def _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, n
 def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64, context: int = 16384,
           num_sms: int = 132, block_n: int | None = None, num_stages: int | None = None,
           heads_per_program: int | None = None, q_dtype: torch.dtype = torch.bfloat16, kv_dtype: str = "fp8_e4m3",
-          block_size: int = 16, arch: int = 90, qo_len: int = 1, window: int | None = None) -> tuple[Build, dict]:
+          block_size: int = 16, arch: int = 90, qo_len: int = 1, window: int | None = None,
+          granularity: str = "tensor") -> tuple[Build, dict]:
     """Compile the Gluon decode of ``num_q_heads`` / ``num_kv_heads`` / ``head_dim`` for ``sm{arch}``: the launch
     :func:`.gluon_launcher.gluon_launch` plans for ``batch`` sequences of ``context`` tokens on ``num_sms`` SMs with
     these options (None: its defaults, the ring depths of a GPU with room for them). Returns the build and
     the launch, its splits filling the waves of the programs an SM holds of this build (as on the GPU).
     ``qo_len``: new tokens per sequence (speculative verification: ``group x qo_len`` rows per KV head); ``window``:
-    a sliding window (tokens, shorter than ``context``), or None.
+    a sliding window (tokens, shorter than ``context``), or None; ``granularity``: the FP8 pages' scales ("tensor" or
+    "token_head"); ``kv_dtype`` "int8_token_head": a quantized cache of INT8 codes per token and head.
 
     The arguments must be within the kernel's scope (:func:`.planning.gluon_refusal`): ``num_q_heads`` a
     multiple of ``num_kv_heads``, head_dim a multiple of 16 from 48 to 256, an FP8 ``kv_dtype``, a bf16 / fp16
@@ -131,7 +140,7 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
     # the arguments first (the launch plan checks block_n, num_stages and num_sms): a bad one is named in any
     # process, whatever its Triton
     cache, group, arch = _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, num_stages,
-                                      heads_per_program, q_dtype, kv_dtype, block_size, arch)
+                                      heads_per_program, q_dtype, kv_dtype, block_size, arch, granularity)
     qo_len = checks.positive_int(qo_len, "qo_len")
     window = None if window is None else checks.positive_int(window, "window")
     window = gluon_window(cache, window)

@@ -1,5 +1,6 @@
 """FP8-KV paged decode in Triton's Gluon dialect: every warp streams its own tokens, and the FP8 tile
-reaches the tensor cores without an fp16 round trip through shared memory.
+reaches the tensor cores without an fp16 round trip through shared memory. It reads INT8 codes (a quantized
+cache's, one scale per token and head) the same way, their bytes turned to fp16 by their bits.
 
 The plain Triton kernel (:mod:`.triton_kernel`) converts each FP8 tile to fp16 in a
 blocked layout and lets the compiler move it through shared memory into the MMA operand layout, and
@@ -41,7 +42,8 @@ the grid so that they read the same pages while they are in L2. With QO new toke
 row is masked causally at its own token's position, and every K/V tile is read once for all of them.
 
 Scope (:mod:`.gluon_scope`): NHD or HND pages (the page, token and head strides are arguments), one tensor-wide
-K and V scale, head_dim a multiple of 16 from 48 to 256, 4 warps, a sliding window (no soft cap, no sinks).
+K and V scale or one per token and KV head (TOKEN_SCALES: K's multiply the score columns, V's the probabilities,
+the accumulator kept in units of the largest V scale a warp has seen), head_dim a multiple of 16 from 48 to 256, 4 warps, a sliding window (no soft cap, no sinks).
 :func:`fp8kv.ops.gluon_refusal` checks all of
 it (this is the default kernel where it holds) and :mod:`.gluon_launcher` launches it; the interpreter cannot
 run Gluon, so the tensor-core Triton kernel is its twin on CPU. Besides the kernel, this module builds its
@@ -60,7 +62,10 @@ from .gluon_scope import NUM_WARPS, head_pad
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
-FP8_TYPES = {"fp8_e4m3": gl.float8e4nv, "fp8_e5m2": gl.float8e5}  # the caches it reads, as Gluon types
+# The codes it reads, as Gluon types: FP8 pages, and INT8 codes (read as bytes, turned to fp16 by their bits)
+CODE_TYPES = {"fp8_e4m3": gl.float8e4nv, "fp8_e5m2": gl.float8e5, "int8": gl.int8}
+# INT8 codes become fp16 by their bits (the asm in _k_operand and _v_operand): 0x6400 | (c ^ 0x80) is 1024 + c + 128
+# exactly, and minus 1152 (0x6480, twice in the word 0x64806480) it is c.
 
 
 def make_layouts(block_n: int, head_dim: int):
@@ -110,36 +115,52 @@ def _v_dphys(n, HP: gl.constexpr):
 
 @gluon.jit
 def _k_operand(k_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP: gl.constexpr,
-               FP8_TY: gl.constexpr):
+               CODE_TY: gl.constexpr):
     """[W, NW, HP] uint8 codes (K_PHYS) -> Kᵀ [W, HP (permuted k), NW] fp16 in the B layout."""
-    x = k_codes.to(FP8_TY, bitcast=True)
-    x = x.reshape([W, NW, 4, HP // 16, 2, 2])  # w, n, t, kb, h, e
+    x = k_codes.reshape([W, NW, 4, HP // 16, 2, 2])  # w, n, t, kb, h, e
     x = x.permute([0, 3, 4, 2, 5, 1])  # w, kb, h, t, e, n
     x = x.reshape([W, HP, NW])  # k = 16kb + 8h + 2t + e
     x = gl.convert_layout(x, B_OP, assert_trivial=True)
-    return x.to(gl.float16)
+    if CODE_TY == gl.int8:  # four codes a register: one xor, two byte permutes, two fp16x2 subtractions
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 x, hi8, bias; xor.b32 x, $2, 0x80808080; mov.b32 hi8, 0x64646464; mov.b32 bias, 0x64806480;\n"
+            "prmt.b32 $0, x, hi8, 0x4140; prmt.b32 $1, x, hi8, 0x4342;\n"
+            "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; }",
+            "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+    return x.to(CODE_TY, bitcast=True).to(gl.float16)
 
 
 @gluon.jit
 def _v_operand(v_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP: gl.constexpr,
-               FP8_TY: gl.constexpr):
+               CODE_TY: gl.constexpr):
     """[W, NW, HP] uint8 codes (V_PHYS) -> V [W, NW, HP (permuted n)] fp16 in the B layout.
 
     A B-operand register holds one column of two adjacent tokens, while a loaded word holds four
     columns of one token: one two-source byte permute per four codes (``prmt``) pairs them, then
-    two ``cvt`` per permuted word (the compiler, left to itself, spends four integer ops per cvt)."""
+    two ``cvt`` per permuted word (the compiler, left to itself, spends four integer ops per cvt);
+    INT8 codes take one more permute per pair instead, spreading them into fp16 bit patterns."""
     x = v_codes.reshape([W, NW // 2, 2, HP]).permute([0, 1, 3, 2])  # w, token pair, column, e
     even, odd = gl.split(x)
-    if FP8_TY == gl.float8e4nv:
-        cvt: gl.constexpr = "cvt.rn.f16x2.e4m3x2"
+    if CODE_TY == gl.int8:
+        pairs = gl.inline_asm_elementwise(
+            "{ .reg .b32 lo, hi, hi8, bias; mov.b32 hi8, 0x64646464; mov.b32 bias, 0x64806480;\n"
+            "prmt.b32 lo, $4, $5, 0x5140; prmt.b32 hi, $4, $5, 0x7362;\n"
+            "xor.b32 lo, lo, 0x80808080; xor.b32 hi, hi, 0x80808080;\n"
+            "prmt.b32 $0, lo, hi8, 0x4140; prmt.b32 $1, lo, hi8, 0x4342;\n"
+            "prmt.b32 $2, hi, hi8, 0x4140; prmt.b32 $3, hi, hi8, 0x4342;\n"
+            "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; sub.f16x2 $2, $2, bias; sub.f16x2 $3, $3, bias; }",
+            "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
     else:
-        cvt: gl.constexpr = "cvt.rn.f16x2.e5m2x2"
-    pairs = gl.inline_asm_elementwise(
-        "{ .reg .b32 lo, hi; .reg .b16 c0, c1, c2, c3;\n"
-        "prmt.b32 lo, $4, $5, 0x5140; prmt.b32 hi, $4, $5, 0x7362;\n"
-        "mov.b32 {c0, c1}, lo; mov.b32 {c2, c3}, hi;\n"
-        + cvt + " $0, c0; " + cvt + " $1, c1; " + cvt + " $2, c2; " + cvt + " $3, c3; }",
-        "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
+        if CODE_TY == gl.float8e4nv:
+            cvt: gl.constexpr = "cvt.rn.f16x2.e4m3x2"
+        else:
+            cvt: gl.constexpr = "cvt.rn.f16x2.e5m2x2"
+        pairs = gl.inline_asm_elementwise(
+            "{ .reg .b32 lo, hi; .reg .b16 c0, c1, c2, c3;\n"
+            "prmt.b32 lo, $4, $5, 0x5140; prmt.b32 hi, $4, $5, 0x7362;\n"
+            "mov.b32 {c0, c1}, lo; mov.b32 {c2, c3}, hi;\n"
+            + cvt + " $0, c0; " + cvt + " $1, c1; " + cvt + " $2, c2; " + cvt + " $3, c3; }",
+            "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
     lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs],
                                        dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
     x = gl.join(lo, hi).permute([0, 1, 3, 2]).reshape([W, NW, HP])  # token = 2 pair + e
@@ -227,12 +248,25 @@ def _load_query(q_ptr, col0, b, stride_qb, stride_qh, kvh, row0, rows_here, GROU
 
 
 @gluon.jit
+def _token_scales(k_scale_ptr, v_scale_ptr, pages, n0, local, end, num_blocks, kv_head_scale_off, stride_sb,
+                  stride_st, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """The K and V scales (fp32, one per token and KV head) of tokens n0 + local, 0 beyond ``end``; ``pages`` their
+    block-table entries, clamped into [0, num_blocks) here."""
+    _, row = _page_rows(n0, local, BLOCK_N, BLOCK_SIZE)
+    pages = gl.minimum(gl.maximum(pages, 0), num_blocks - 1)
+    off = pages.to(gl.int64) * stride_sb + (row * stride_st + kv_head_scale_off).to(gl.int64)
+    live = n0 + local < end
+    return gl.load(k_scale_ptr + off, mask=live, other=0.0), gl.load(v_scale_ptr + off, mask=live, other=0.0)
+
+
+@gluon.jit
 def gluon_decode_kernel(
     q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, bt_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr,
     qk_scale,  # sm_scale * log2(e)
     tokens_per_split, num_blocks, row_capacity,
     window,  # WINDOWED: the keys a query attends (>= 1), itself and those before it
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_btb,
+    stride_sb, stride_st, stride_sh,  # TOKEN_SCALES: the scales' (page, token, head) strides, K's and V's
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     GROUP: gl.constexpr,  # query heads per KV head
     QO: gl.constexpr,  # new tokens per sequence (1: a decode); a KV head's rows are (token, head) pairs j GROUP + h
@@ -240,7 +274,9 @@ def gluon_decode_kernel(
     HEADS: gl.constexpr, HEAD_TILES: gl.constexpr,  # rows per program; row tiles per KV head
     ROWS: gl.constexpr,  # MMA rows (HEADS padded: 16 or 32)
     PARTS: gl.constexpr,  # programs per head tile, one per HP output columns (head_parts)
-    HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr, FP8_TY: gl.constexpr,
+    HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+    CODE_TY: gl.constexpr,  # the pages' codes: e4m3, e5m2 or int8 (CODE_TYPES)
+    TOKEN_SCALES: gl.constexpr,  # one K and one V scale per token and KV head (else one tensor-wide scale each)
     STAGES: gl.constexpr,  # smem ring depth (>= 2); STAGES - 1 tiles of copies in flight during compute
     W: gl.constexpr, HP: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr,
     K_PHYS: gl.constexpr, V_PHYS: gl.constexpr, Q_BLK: gl.constexpr, SMEM: gl.constexpr, CP: gl.constexpr,
@@ -311,7 +347,10 @@ def gluon_decode_kernel(
     q_op = gl.convert_layout((qf * up).to(gl.float16), A_OP)
     if PARTS == 2:
         q_op2 = gl.convert_layout((qf2 * up).to(gl.float16), A_OP)
-    row_scale_q = ((127 + e) << 23).to(gl.float32, bitcast=True) * (qk_scale * gl.load(k_scale_ptr))
+    if TOKEN_SCALES:  # K's scales multiply the score columns, V's the probabilities (below)
+        row_scale_q = ((127 + e) << 23).to(gl.float32, bitcast=True) * qk_scale
+    else:
+        row_scale_q = ((127 + e) << 23).to(gl.float32, bitcast=True) * (qk_scale * gl.load(k_scale_ptr))
     row_scale = gl.expand_dims(gl.convert_layout(row_scale_q, gl.SliceLayout(2, MMA)), 2)
 
     # A finite floor for the running max, fp32's lowest (below every finite score): a warp whose slice is
@@ -327,6 +366,15 @@ def gluon_decode_kernel(
         if WINDOWED:
             row_lo = gl.expand_dims(gl.expand_dims(gl.maximum(seq_len - QO + 1 + j - window, 0), 0), 2)
 
+    if TOKEN_SCALES:
+        # A tile's scales are loaded where it is computed: prefetching them a tile ahead (with their block-table
+        # entries two ahead) took 203 registers a thread at 32/8/128 against 168 (sm90, Triton 3.9): two
+        # programs an SM instead of three. The accumulator is kept in units of u, the largest V scale a warp has
+        # seen, so that its fp16 p * s_v / u <= 1 (e5m2 scales of ~1e-4 would put p * s_v among fp16's
+        # subnormals): a larger one rescales it, as a larger max does.
+        sc_head = kvh * stride_sh
+        u = gl.full([W, 1], 1.1754943508222875e-38, gl.float32, layout=gl.SliceLayout(2, MMA))  # fp32's least normal
+
     num_tiles = gl.cdiv(end - start, BLOCK_N)
     for i in range(0, num_tiles):
         n0 = start + i * BLOCK_N
@@ -340,11 +388,18 @@ def gluon_decode_kernel(
         pg_next = _load_block_entries(bt_row, n0 + STAGES * BLOCK_N, local, end, BLOCK_N, BLOCK_SIZE)
 
         slot = i % STAGES
-        kt = _k_operand(k_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, FP8_TY)
+        if TOKEN_SCALES:
+            sc_pages = _load_block_entries(bt_row, n0, s_local, end, BLOCK_N, BLOCK_SIZE)
+            sk, sv = _token_scales(k_scale_ptr, v_scale_ptr, sc_pages, n0, s_local, end, num_blocks, sc_head,
+                                   stride_sb, stride_st, BLOCK_N, BLOCK_SIZE)
+        kt = _k_operand(k_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, CODE_TY)
         s = mma_v2(q_op, kt, s_zero)
         if PARTS == 2:
-            s = mma_v2(q_op2, _k_operand(k2_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, FP8_TY), s)
+            s = mma_v2(q_op2, _k_operand(k2_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, CODE_TY), s)
         s = s * row_scale
+        if TOKEN_SCALES:
+            s = s * gl.expand_dims(sk, 1)
+            sv_tile = gl.expand_dims(sv, 1)  # [W, 1, NW]
         if QO > 1:
             t = gl.expand_dims(n0 + s_local, 1)
             if WINDOWED:
@@ -360,11 +415,18 @@ def gluon_decode_kernel(
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - gl.expand_dims(m_new, 2))
         l_i = l_i * alpha + gl.sum(p, axis=2)
-        acc = acc * gl.expand_dims(alpha, 2)
+        if TOKEN_SCALES:
+            u_new = gl.maximum(u, gl.max(sv_tile, axis=2))  # [W, 1]
+            inv_u = 1.0 / u_new
+            acc = acc * gl.expand_dims(alpha * (u * inv_u), 2)
+            p = p * (sv_tile * gl.expand_dims(inv_u, 2))
+            u = u_new
+        else:
+            acc = acc * gl.expand_dims(alpha, 2)
         m_i = m_new
 
         p_op = gl.convert_layout(p.to(gl.float16), A_OP)
-        vv = _v_operand(v_smem.index(slot).load(V_PHYS), W, NW, HP, B_OP, FP8_TY)
+        vv = _v_operand(v_smem.index(slot).load(V_PHYS), W, NW, HP, B_OP, CODE_TY)
         acc = mma_v2(p_op, vv, acc)
     async_copy.wait_group(0)  # no copies in flight at exit
 
@@ -372,11 +434,15 @@ def gluon_decode_kernel(
     m = gl.max(m_i, axis=0)
     w_scale = gl.exp2(m_i - gl.expand_dims(m, 0))
     l_sum = gl.sum(l_i * w_scale, axis=0)
-    o = gl.sum(acc * gl.expand_dims(w_scale, 2), axis=0)
     l_safe = gl.where(l_sum > 0, l_sum, 1.0)
     lse2 = gl.where(l_sum > 0, m + gl.log2(l_safe), float("-inf"))
     O_L: gl.constexpr = gl.SliceLayout(0, MMA)
-    o = o * gl.expand_dims(gl.convert_layout(gl.load(v_scale_ptr) / l_safe, gl.SliceLayout(1, O_L)), 1)
+    if TOKEN_SCALES:  # each warp's accumulator in its own units u
+        o = gl.sum(acc * gl.expand_dims(w_scale * u, 2), axis=0)
+        o = o * gl.expand_dims(gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, O_L)), 1)
+    else:
+        o = gl.sum(acc * gl.expand_dims(w_scale, 2), axis=0)
+        o = o * gl.expand_dims(gl.convert_layout(gl.load(v_scale_ptr) / l_safe, gl.SliceLayout(1, O_L)), 1)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_L))
     dcol = gl.expand_dims(_v_dphys(gl.arange(0, HP, layout=gl.SliceLayout(0, O_L)), HP), 0) + v_col0
     o_rows = _row_offsets(row0, rows, b, kvh, stride_ob, stride_oh, GROUP, QO)

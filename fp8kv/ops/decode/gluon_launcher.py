@@ -24,7 +24,8 @@ from .splits import DecodeConfig
 
 __all__ = ["GLUON_BLOCK_N", "GLUON_MIN_SPLIT_TOKENS", "GLUON_STAGES", "GLUON_SMEM_EXTRA", "gluon_tile",
            "gluon_smem_bytes", "smem_per_block", "gluon_max_heads", "gluon_launch", "gluon_residency",
-           "gluon_arguments", "gluon_runtime_arguments", "launch_constants", "run_gluon", "kernel_module"]
+           "gluon_arguments", "gluon_runtime_arguments", "launch_constants", "run_gluon", "kernel_module", "gluon_codes",
+           "cache_scales", "token_scale_strides"]
 
 
 @functools.cache
@@ -162,7 +163,7 @@ def gluon_residency(cache: PagedKVCache, cfg: DecodeConfig, group: int, q_dtype:
     is compiled for the launch's constexprs (what its registers and shared memory depend on), not run."""
     d, hq = cache.head_dim, group * cache.num_kv_heads
     # what launch_constants follows (and the query's type)
-    key = ("gluon", q_dtype, cache.kv_dtype, d, cache.block_size, cache.num_kv_heads == 1, group, qo_len, windowed,
+    key = ("gluon", q_dtype, *gluon_codes(cache), d, cache.block_size, cache.num_kv_heads == 1, group, qo_len, windowed,
            *(cfg[k] for k in ("block_n", "num_stages", "heads_per_program", "head_tiles")))
 
     def compile_kernel():
@@ -175,18 +176,44 @@ def gluon_residency(cache: PagedKVCache, cfg: DecodeConfig, group: int, q_dtype:
     return splits.kernel_residency(key, device, compile_kernel)
 
 
-def launch_constants(cfg: dict, group: int, head_dim: int, block_size: int, kv_dtype: str, qo_len: int = 1,
-                     windowed: bool = False) -> dict:
+def gluon_codes(cache) -> tuple[str, bool]:
+    """What the Gluon kernel reads of ``cache``: its codes (a key of the kernel's CODE_TYPES: "fp8_e4m3", "fp8_e5m2",
+    or "int8" for a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` of INT8 per token and head) and whether
+    its scales are one per token and KV head (else one per tensor). :func:`fp8kv.ops.gluon_refusal` checked the
+    cache."""
+    if isinstance(cache, PagedKVCache):
+        return cache.kv_dtype, cache.granularity == "token_head"
+    return "int8", True
+
+
+def token_scale_strides(cache) -> tuple[int, int, int]:
+    """The (page, token, head) strides of a cache's per-token-head scales (``[num_blocks, block_size, Hkv]``, or with a
+    trailing group of 1 in a quantized cache), one set for K and V; zeros for tensor-wide scales."""
+    _, token_scales = gluon_codes(cache)
+    if not token_scales:
+        return 0, 0, 0
+    return tuple(cache_scales(cache)[0].stride()[:3])
+
+
+def cache_scales(cache) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V scale arrays of ``cache``, either kind."""
+    return (cache.k_scale, cache.v_scale) if isinstance(cache, PagedKVCache) else (cache.k_scales, cache.v_scales)
+
+
+def launch_constants(cfg: dict, group: int, head_dim: int, block_size: int, codes: str, qo_len: int = 1,
+                     windowed: bool = False, token_scales: bool = False) -> dict:
     """The kernel's constexprs for a launch ``cfg`` (:func:`gluon_launch`) of ``group`` query heads per
-    KV head and ``qo_len`` new tokens per sequence over pages of ``block_size`` tokens in ``kv_dtype``
-    ("fp8_e4m3" or "fp8_e5m2"), ``windowed``: with a sliding window."""
+    KV head and ``qo_len`` new tokens per sequence over pages of ``block_size`` tokens of ``codes``
+    ("fp8_e4m3", "fp8_e5m2" or "int8": :func:`gluon_codes`), ``windowed``: with a sliding window,
+    ``token_scales``: one scale per token and KV head."""
     kernel = kernel_module()
-    if kv_dtype not in kernel.FP8_TYPES:
-        raise ValueError(f"kv_dtype={kv_dtype!r}: the Gluon kernel reads {sorted(kernel.FP8_TYPES)}")
+    if codes not in kernel.CODE_TYPES:
+        raise ValueError(f"codes={codes!r}: the Gluon kernel reads {sorted(kernel.CODE_TYPES)}")
     heads = cfg["heads_per_program"]
-    return dict(GROUP=group, QO=qo_len, WINDOWED=windowed, HEADS=heads, HEAD_TILES=cfg["head_tiles"], ROWS=mma_rows(heads), PARTS=head_parts(head_dim),
-                HEAD_DIM=head_dim, BLOCK_SIZE=block_size, FP8_TY=kernel.FP8_TYPES[kv_dtype],
-                STAGES=cfg["num_stages"], **kernel.make_layouts(cfg["block_n"], head_dim))
+    return dict(GROUP=group, QO=qo_len, WINDOWED=windowed, HEADS=heads, HEAD_TILES=cfg["head_tiles"],
+                ROWS=mma_rows(heads), PARTS=head_parts(head_dim), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+                CODE_TY=kernel.CODE_TYPES[codes], TOKEN_SCALES=token_scales, STAGES=cfg["num_stages"],
+                **kernel.make_layouts(cfg["block_n"], head_dim))
 
 
 def gluon_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_scale: float,
@@ -197,8 +224,9 @@ def gluon_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_
     ``part_lse`` (:func:`.combine.split_partials`): what :mod:`.gluon_build` compiles (a decode launches
     :func:`gluon_runtime_arguments` with the constants it planned). ``window``: a sliding window, or None."""
     grid, args = gluon_runtime_arguments(q, cache, cfg, sm_scale, part_out, part_lse, qo_len, window)
-    return grid, args, launch_constants(cfg, q.shape[1] // cache.num_kv_heads, q.shape[2], cache.block_size,
-                                        cache.kv_dtype, qo_len, window is not None)
+    codes, token_scales = gluon_codes(cache)
+    return grid, args, launch_constants(cfg, q.shape[1] // cache.num_kv_heads, q.shape[2], cache.block_size, codes,
+                                        qo_len, window is not None, token_scales)
 
 
 def gluon_runtime_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_scale: float,
@@ -213,11 +241,12 @@ def gluon_runtime_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeCon
     # so the DRAM pages of its tokens are read together (H200, 64 x 16k: 32/8/128 535.6 against 545.4 us
     # batch-first; 12/4/64 185.5 against 207.4)
     grid = (cache.num_kv_heads * cfg["head_tiles"] * head_parts(d), b, cfg["num_splits"])
-    args = (q, k_pages, v_pages, cache.k_scale, cache.v_scale, cache.block_table, cache.seq_lens, part_out, part_lse,
+    k_scale, v_scale = cache_scales(cache)
+    args = (q, k_pages, v_pages, k_scale, v_scale, cache.block_table, cache.seq_lens, part_out, part_lse,
             sm_scale * math.log2(math.e), cfg["tokens_per_split"], cache.num_blocks,
             cache.max_blocks_per_seq * cache.block_size, window or 0, q.stride(0), q.stride(1), s[0], s[1], s[2],
-            cache.block_table.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1))
+            cache.block_table.stride(0), *token_scale_strides(cache), part_out.stride(0), part_out.stride(1),
+            part_out.stride(2), part_lse.stride(0), part_lse.stride(1))
     return grid, args
 
 

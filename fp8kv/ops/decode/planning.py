@@ -15,18 +15,26 @@ import torch
 
 from ... import checks
 from ...cache import PagedKVCache
+from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, current_arch, interpreter_on
 from ...formats import UNQUANTIZED_DTYPES
 from ...launch_options import backend_options, kernel_options
 from . import splits
 from .combine import MAX_PARTIAL_ELEMENTS
-from .gluon_launcher import GLUON_MIN_SPLIT_TOKENS, gluon_launch, kernel_module, launch_constants
+from .gluon_launcher import (
+    GLUON_MIN_SPLIT_TOKENS,
+    cache_scales,
+    gluon_codes,
+    gluon_launch,
+    kernel_module,
+    launch_constants,
+)
 from .gluon_scope import MAX_HEAD_DIM, MIN_HEAD_DIM, NUM_WARPS, head_parts, max_rows
 from .splits import DecodeConfig
 from .triton_launcher import TritonLaunch, triton_launch, triton_residency
 
 __all__ = ["DecodePlan", "plan", "plan_rows", "gluon_window", "decode_launch", "launch_for", "decode_kernel",
-           "gluon_refusal", "gluon_choice", "OUT_DTYPES",
+           "gluon_refusal", "gluon_choice", "codes_refusal", "gluon_config", "OUT_DTYPES", "GLUON_GRANULARITIES", "GLUON_QUANTIZED_FORMAT",
            "GLUON_OPTIONS", "PLAN_OPTIONS", "MAX_ROW_TILES"]
 
 # The most programs a KV head's (token, head) rows are cut into by plan_rows: each program reads and converts every
@@ -37,6 +45,9 @@ __all__ = ["DecodePlan", "plan", "plan_rows", "gluon_window", "decode_launch", "
 # B 64 x 16k, 366 against 322 at 64 x 4k): beyond two the rows are the attend kernel's.
 MAX_ROW_TILES = 2
 OUT_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # fp16, bf16, fp32: what the kernels store
+# The scales of FP8 pages the Gluon kernel reads, and the one quantized format (fp8kv.kv_formats) whose codes it reads
+GLUON_GRANULARITIES = ("tensor", "token_head")
+GLUON_QUANTIZED_FORMAT = "int8_token_head"
 # Options the Gluon kernel takes when asked for by name; any other override means the Triton kernel.
 GLUON_OPTIONS = kernel_options("gluon")
 # The keyword arguments of plan() beyond mode and sm_scale: the Triton backend's options and the variants.
@@ -88,7 +99,7 @@ def plan(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scal
     sinks = options.get("sinks")
     if kernel == "gluon":
         window = gluon_window(cache, options.get("window"))
-        launch = launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype, 1, window is not None)
+        launch = launch_constants(cfg, group, d, cache.block_size, *_codes(cache, 1, window))
         return DecodePlan(kernel, cfg, mode, sm_scale, (b, hq, d), q.dtype, out_dtype, sinks, launch, 1, window)
     else:
         launch = triton_launch(cache, cfg, mode, tensor_cores=kernel == "triton", batch=b, num_q_heads=hq,
@@ -137,9 +148,15 @@ def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = 
     if total_q * hq * cfg["num_splits"] * d > MAX_PARTIAL_ELEMENTS:
         return (f"{total_q} rows x {hq} heads x {cfg['num_splits']} splits x {d} partials exceed "
                 f"{MAX_PARTIAL_ELEMENTS} elements (the kernel's and the combine's 32-bit offsets)")
-    launch = launch_constants(cfg, group, d, cache.block_size, cache.kv_dtype, qo_len, window is not None)
+    launch = launch_constants(cfg, group, d, cache.block_size, *_codes(cache, qo_len, window))
     return DecodePlan("gluon", cfg, mode, checks.resolved_softmax_scale(sm_scale, d), (total_q, hq, d), q.dtype,
                       out_dtype, None, launch, qo_len, window)
+
+
+def _codes(cache, qo_len: int, window: int | None) -> tuple[str, int, bool, bool]:
+    """launch_constants' arguments after the block size: the codes, qo_len, a window's presence, token scales."""
+    codes, token_scales = gluon_codes(cache)
+    return codes, qo_len, window is not None, token_scales
 
 
 def gluon_window(cache: PagedKVCache, window: int | None) -> int | None:
@@ -164,9 +181,7 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
     why = next((w for bad, w in (
         (bool(others), f"the Gluon kernel takes no {others}"),
         (mode != "dequant", f"mode={mode!r}: the Gluon kernel runs dequant mode"),
-        (not cache.is_fp8, f"kv_dtype={cache.kv_dtype}: the Gluon kernel reads FP8 caches"),
-        (cache.granularity != "tensor", f"granularity={cache.granularity!r}: the Gluon kernel takes one "
-                                        "tensor-wide scale"),
+        (codes_refusal(cache) is not None, codes_refusal(cache)),
         (cache.block_size & (cache.block_size - 1), f"block_size={cache.block_size}: the Gluon kernel's tiles "
                                                      "take pages that divide them or that they divide (powers of two)"),
         (head_dim % 16 or not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM,
@@ -187,6 +202,27 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
                 cache.k_pages.stride() != cache.v_pages.stride():
             why = "the cp.async copies need 16-byte aligned pages and strides shared by K and V"
     return why
+
+
+def codes_refusal(cache) -> str | None:
+    """Why the Gluon kernel cannot read ``cache``'s pages and scales (None: it can): FP8 pages with one tensor-wide
+    scale or one per token and KV head, or a quantized cache of INT8 codes per token and head; per-token scales
+    read with one set of strides for K and V."""
+    if isinstance(cache, PagedKVCache):
+        if not cache.is_fp8:
+            return f"kv_dtype={cache.kv_dtype}: the Gluon kernel reads FP8 caches (and INT8 per token and head)"
+        if cache.granularity not in GLUON_GRANULARITIES:
+            return (f"granularity={cache.granularity!r}: the Gluon kernel takes one tensor-wide scale or one per token "
+                    "and KV head")
+    elif not isinstance(cache, QuantizedPagedKVCache) or cache.fmt.name != GLUON_QUANTIZED_FORMAT:
+        name = cache.fmt.name if isinstance(cache, QuantizedPagedKVCache) else type(cache).__name__
+        return f"{name}: of the quantized formats the Gluon kernel reads {GLUON_QUANTIZED_FORMAT!r}"
+    if gluon_codes(cache)[1]:
+        k_scale, v_scale = cache_scales(cache)
+        if k_scale.stride()[:3] != v_scale.stride()[:3]:
+            return (f"k and v scales with strides {tuple(k_scale.stride())} and {tuple(v_scale.stride())}: the Gluon "
+                    "kernel reads both with one set (call .contiguous() on them)")
+    return None
 
 
 def gluon_choice(gluon) -> bool | None:
@@ -213,6 +249,21 @@ def decode_kernel(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
             raise UnsupportedError(f"gluon=True: {why}; use the Triton kernel (gluon=False)")
         return "gluon"
     return "gluon" if why is None else "triton"
+
+
+def gluon_config(batch: int, cache, group: int, device, *, gluon: bool | None, q_dtype: torch.dtype,
+                 num_splits: int | None = None, block_n: int | None = None, num_stages: int | None = None,
+                 heads_per_program: int | None = None, window: int | None = None) -> DecodeConfig | None:
+    """The Gluon kernel's launch of a decode it can run (:func:`gluon_refusal` found nothing), or None where, unless
+    ``gluon`` is True, the Triton kernel runs it: a group cut into several Gluon programs (each converts every tile;
+    neither planned nor compiled then) or splits shorter than GLUON_MIN_SPLIT_TOKENS (latency-bound)."""
+    head_dim = cache.head_dim
+    if not gluon and group > (heads_per_program or max_rows(head_dim)):
+        return None
+    cfg = gluon_launch(batch, cache, group, num_splits=num_splits, block_n=block_n, num_stages=num_stages,
+                       heads_per_program=heads_per_program, device=device, q_dtype=q_dtype,
+                       window=gluon_window(cache, window))
+    return cfg if gluon or cfg["tokens_per_split"] >= GLUON_MIN_SPLIT_TOKENS[head_parts(head_dim)] else None
 
 
 def launch_for(batch: int, cache: PagedKVCache, mode: str, group: int, device, *, q_dtype: torch.dtype,
@@ -255,14 +306,10 @@ def decode_launch(batch: int, cache: PagedKVCache, mode: str, head_dim: int, gro
     kernel = decode_kernel(cache, mode, head_dim, group, device, gluon=gluon, block_n=block_n, num_warps=num_warps,
                            num_stages=num_stages, heads_per_program=heads_per_program, window=window,
                            use_tensor_cores=None if use_tensor_cores is not False else False, **others)
-    # a group cut into several Gluon programs goes to the Triton kernel unless Gluon is asked for: then it is
-    # neither planned nor compiled
-    if kernel == "gluon" and (gluon or group <= (heads_per_program or max_rows(head_dim))):
-        cfg = gluon_launch(batch, cache, group, num_splits=num_splits, block_n=block_n, num_stages=num_stages,
-                           heads_per_program=heads_per_program, device=device, q_dtype=q_dtype,
-                           window=gluon_window(cache, window))
-        least = GLUON_MIN_SPLIT_TOKENS[head_parts(head_dim)]
-        if gluon or cfg["tokens_per_split"] >= least:
+    if kernel == "gluon":
+        cfg = gluon_config(batch, cache, group, device, gluon=gluon, q_dtype=q_dtype, num_splits=num_splits,
+                           block_n=block_n, num_stages=num_stages, heads_per_program=heads_per_program, window=window)
+        if cfg is not None:
             return kernel, cfg
     tensor_cores = use_tensor_cores is not False
 

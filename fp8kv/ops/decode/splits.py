@@ -12,6 +12,7 @@ import triton
 
 from ... import checks, launch_table
 from ...cache import PagedKVCache
+from ...cache.tables import PagedTables
 from ...capability import MODES, interpreter_on
 from ...device import gpu_slug
 from ...launch_options import MAX_BLOCK_N, WARP_COUNTS
@@ -289,9 +290,11 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     bandwidth-bound split count fills whole waves (:func:`fill_waves`); None: the count of
     :func:`choose_num_splits` alone.
     """
-    if not isinstance(cache, PagedKVCache):
+    if not isinstance(cache, PagedTables):
         checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
     batch = checks.positive_int(batch, "batch")
+    # one-byte codes (the Gluon kernel's INT8 pages of a quantized cache) tile as FP8 pages do
+    one_byte = cache.is_fp8 if isinstance(cache, PagedKVCache) else True
     checks.one_of(mode, "mode", MODES)
     checks.flag(use_tensor_cores, "use_tensor_cores")
     if window is not None:
@@ -316,7 +319,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     gpu = table_gpu(device or cache.device)
 
     def defaults(heads: int) -> DecodeConfig:
-        return default_config(mode, cache.is_fp8, cache.head_dim, use_tensor_cores=use_tensor_cores, gpu=gpu,
+        return default_config(mode, one_byte, cache.head_dim, use_tensor_cores=use_tensor_cores, gpu=gpu,
                               group_pad=padded_rows(heads))
 
     if heads_per_program is None:

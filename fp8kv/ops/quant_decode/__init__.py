@@ -15,6 +15,8 @@ from ... import checks
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, interpreter_on
 from ...launch_options import MAX_BLOCK_N, WARP_COUNTS
+from ..decode.gluon_launcher import gluon_codes, launch_constants
+from ..decode.planning import GLUON_QUANTIZED_FORMAT, DecodePlan, gluon_choice, gluon_config, gluon_refusal
 from .launcher import (
     QUANT_CONVERTS,
     QUANT_DECODE_FORMATS,
@@ -53,7 +55,7 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
                            out_dtype: torch.dtype | None = None, num_splits: int | None = None,
                            block_n: int | None = None, convert: str | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
-                           check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                           check: bool = True, gluon: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode attention of one query token per sequence over a quantized paged cache, with the Triton kernel:
     :func:`plan_decode_quantized` (every check, the launch) and :func:`run_quant_decode`.
 
@@ -73,6 +75,12 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
         interpreter "software" for "ptx" and one stage).
     check : also check the scales' values and the tables (a host sync; a sequence of length 0 refused). Off,
         the kernel still clamps block-table entries and lengths into the pool.
+    gluon : which kernel reads INT8 per token and head: None (default) the FP8 decode's Gluon kernel
+        (:mod:`fp8kv.ops.decode.gluon_kernel`, its codes turned to fp16 by their bits) where it runs and no launch
+        option is given, as :func:`fp8kv.ops.paged_decode` picks it (a bf16 / fp16 query on a CUDA GPU, sm89+, splits
+        of GLUON_MIN_SPLIT_TOKENS or more, the group in one program), else the Triton kernel; True the Gluon kernel
+        (UnsupportedError where it cannot run; it takes num_splits, block_n 64 / 128, num_stages 2-4 and
+        num_warps 4); False the Triton kernel. Other formats run the Triton kernel.
 
     Returns
     -------
@@ -80,7 +88,7 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
     """
     launch = plan_decode_quantized(q, cache, sm_scale=sm_scale, out_dtype=out_dtype, num_splits=num_splits,
                                    block_n=block_n, convert=convert, num_warps=num_warps, num_stages=num_stages,
-                                   check=check)
+                                   check=check, gluon=gluon)
     return run_quant_decode(q, cache, launch)
 
 
@@ -88,10 +96,12 @@ def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_s
                           out_dtype: torch.dtype | None = None, num_splits: int | None = None,
                           block_n: int | None = None, convert: str | None = None,
                           num_warps: int | None = None, num_stages: int | None = None,
-                          check: bool = True) -> QuantDecodeLaunch:
+                          check: bool = True, gluon: bool | None = None) -> QuantDecodeLaunch | DecodePlan:
     """The checked launch of :func:`paged_decode_quantized` (same arguments): run it any number of times on
     ``q`` and ``cache`` of the same shapes, dtypes and device with ``run_quant_decode(q, cache, launch)``, no
-    host work left."""
+    host work left. A :class:`QuantDecodeLaunch` of the Triton kernel, or the Gluon kernel's
+    :class:`~fp8kv.ops.decode.DecodePlan`."""
+    gluon = gluon_choice(gluon)
     if not isinstance(cache, QuantizedPagedKVCache):
         checks.fail(f"cache must be a fp8kv.cache.quantized.QuantizedPagedKVCache, got {type(cache).__name__}",
                     TypeError)
@@ -118,6 +128,35 @@ def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_s
     cache.validate_arrays(contents=check)
     if check:
         cache.validate_tables(nonempty=True)
+    options = dict(num_splits=num_splits, block_n=block_n, convert=convert, num_warps=num_warps, num_stages=num_stages)
+    plan = _gluon_plan(q, cache, sm_scale, out_dtype, gluon, options)
+    if plan is not None:
+        return plan
     return quant_decode_launch(cache, batch=q.shape[0], num_q_heads=q.shape[1], q_dtype=q.dtype, device=q.device,
                                sm_scale=sm_scale, out_dtype=out_dtype, num_splits=num_splits, block_n=block_n,
                                convert=convert, num_warps=num_warps, num_stages=num_stages)
+
+
+def _gluon_plan(q: torch.Tensor, cache: QuantizedPagedKVCache, sm_scale: float, out_dtype: torch.dtype,
+                gluon: bool | None, options: dict) -> DecodePlan | None:
+    """The Gluon kernel's plan of a checked decode (see :func:`paged_decode_quantized`'s ``gluon``), or None: the
+    Triton kernel's. UnsupportedError where gluon=True cannot run."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if gluon is False or (gluon is None and given) or cache.fmt.name != GLUON_QUANTIZED_FORMAT and not gluon:
+        return None
+    b, hq, d = q.shape
+    group = hq // cache.num_kv_heads
+    why = None if q.dtype in (torch.float16, torch.bfloat16) else \
+        f"q has dtype {q.dtype}: the Gluon kernel takes a float16 or bfloat16 query"
+    why = why or gluon_refusal(cache, "dequant", d, group, q.device, **given)
+    if why is not None:
+        if gluon:
+            raise UnsupportedError(f"gluon=True: {why}; use the Triton kernel (gluon=False)")
+        return None
+    cfg = gluon_config(b, cache, group, q.device, gluon=gluon, q_dtype=q.dtype, num_splits=given.get("num_splits"),
+                       block_n=given.get("block_n"), num_stages=given.get("num_stages"))
+    if cfg is None:
+        return None
+    codes, token_scales = gluon_codes(cache)
+    return DecodePlan("gluon", cfg, "dequant", sm_scale, (b, hq, d), q.dtype, out_dtype, None,
+                      launch_constants(cfg, group, d, cache.block_size, codes, 1, False, token_scales))

@@ -19,6 +19,8 @@ from ... import checks
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import interpreter_on
 from ..decode.combine import combine_splits, split_partials
+from ..decode.gluon_launcher import run_gluon
+from ..decode.planning import DecodePlan
 from ..decode.splits import choose_num_splits, latency_waves, padded_rows, sm_count, whole_tile_splits
 from ..decode.triton_launcher import CONVERT_CODES
 from .kernel import FORMAT_INT4, FORMAT_INT8, FORMAT_MXFP4, FORMAT_NVFP4, quant_decode_kernel
@@ -149,9 +151,12 @@ def quant_decode_arguments(q: torch.Tensor, cache: QuantizedPagedKVCache, launch
 
 
 def run_quant_decode(q: torch.Tensor, cache: QuantizedPagedKVCache,
-                     launch: QuantDecodeLaunch) -> tuple[torch.Tensor, torch.Tensor]:
+                     launch: QuantDecodeLaunch | DecodePlan) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the planned kernel (and the split combine) for ``q`` ``[B, Hq, D]`` over ``cache``: out ``[B, Hq, D]``
-    (the launch's out_dtype) and lse ``[B, Hq]`` fp32 (natural log)."""
+    (the launch's out_dtype) and lse ``[B, Hq]`` fp32 (natural log). A :class:`~fp8kv.ops.decode.DecodePlan` is the
+    Gluon kernel's (INT8 per token and head)."""
+    if isinstance(launch, DecodePlan):
+        return run_gluon(q, cache, launch.config, launch.launch, launch.sm_scale, launch.out_dtype)
     if launch.widen_query:
         q = q.to(torch.float32)
     b, hq, d = q.shape
