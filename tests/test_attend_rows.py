@@ -16,6 +16,7 @@ from fixtures import DEVICE, gluon_stand_in, indptr, make_q, matrix_cache
 
 import fp8kv
 from fp8kv import backends, ops
+from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError
 from fp8kv.quant import relative_error
 from fp8kv.reference import lse_tolerance, output_tolerance
@@ -93,14 +94,22 @@ def test_a_kv_heads_rows_are_cut_into_programs_as_a_group_is(monkeypatch, hq, hk
 
 
 def test_short_splits_refuse_the_rows_kernel_unless_asked_for(monkeypatch):
-    """The decode's rule: a launch whose splits hold fewer than GLUON_MIN_SPLIT_TOKENS tokens is latency-bound."""
+    """A launch whose splits hold fewer than GLUON_MIN_ROW_SPLIT_TOKENS tokens (512: half the decode's bound, since the
+    rows' alternative is the multi-token kernel) is latency-bound; at 512 and more the rows run."""
     _on_a_gpu(monkeypatch)
     cache = matrix_cache([300, 200], 2, 64)
     q = make_q(8, 4, 64)
     why = plan_rows(q, cache, 4)
-    assert isinstance(why, str) and why.startswith("splits of ") and "fewer than 1024" in why
+    assert isinstance(why, str) and why.startswith("splits of ") and "fewer than 512" in why
     assert isinstance(plan_rows(q, cache, 4, gluon=True), DecodePlan)
     assert plan_rows(q, cache, 4, gluon=False) == "gluon=False: the Triton kernels"
+    # 16 sequences of 4k with 2 drafts, 32/8/128 (6 splits of 704 tokens on 132 SMs): the rows, where the decode's bound
+    # would refuse them
+    monkeypatch.setattr(ops.decode.splits, "sm_count", lambda device: 132)  # an H100's or H200's
+    long = PagedKVCache.empty(16, 4096 + 2, 8, 128, kv_dtype="fp8_e4m3")
+    plan = plan_rows(make_q(32, 32, 128, torch.bfloat16), long, 2)
+    assert isinstance(plan, DecodePlan), plan
+    assert ops.GLUON_MIN_ROW_SPLIT_TOKENS[1] <= plan.config["tokens_per_split"] < ops.GLUON_MIN_SPLIT_TOKENS[1]
 
 
 @pytest.mark.parametrize("options,pattern", [({"convert": "cast"}, r"the Gluon kernel takes no \['convert'\]"),

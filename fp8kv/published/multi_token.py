@@ -10,7 +10,7 @@ from .decode import claim
 from .fmt import num, span, times
 from .sources import Sources, ok_rows
 
-__all__ = ["multi_token", "SPEC_VERIFY", "CHUNKED_PREFILL"]
+__all__ = ["multi_token", "short_splits", "SPEC_VERIFY", "CHUNKED_PREFILL", "SHORT_SPLITS_ROWS", "SHORT_SPLITS_DEFAULT"]
 
 # 32/8/128 and 40/8/128 at B 16 / 64 x 4k / 16k, q_len 1, 2, 4, 8, on one H100, each point's peers in one run: the
 # default (the Gluon kernel's rows where they run) beside gluon=False. The 32/8/128 run at B 16 and 64 was cut
@@ -19,6 +19,10 @@ SPEC_VERIFY = {"results/bench/nvidia-h100-80gb-hbm3/20261206T022925Z.csv": (16,)
                "results/bench/nvidia-h100-80gb-hbm3/20261206T023638Z.csv": (64,),
                "results/bench/nvidia-h100-80gb-hbm3/20261206T023216Z.csv": (16, 64)}
 CHUNKED_PREFILL = "results/bench/nvidia-h100-80gb-hbm3/20261205T231501Z.csv"
+# B 1 / 4 / 16 x 4k, 2 and 4 drafts, 32/8/128 and 40/8/128: the rows forced (gluon=True), and the default beside
+# FlashInfer, in two runs on one H100 (the rows' bound on short splits, GLUON_MIN_ROW_SPLIT_TOKENS)
+SHORT_SPLITS_ROWS = "results/bench/nvidia-h100-80gb-hbm3/20261206T052141Z.csv"
+SHORT_SPLITS_DEFAULT = "results/bench/nvidia-h100-80gb-hbm3/20261206T052200Z.csv"
 _COLUMNS = ["backend", "kv_dtype", "batch", "context", "q_len", "num_q_heads", "num_kv_heads", "head_dim",
             "time_us", "pct_copy_bw", "tflops", "copy_gbps"]
 _PEERS = ("flashinfer", "vllm")
@@ -87,7 +91,8 @@ def _lines(t: pd.DataFrame, keys: list[str], compute_bound: bool = False) -> lis
 
 
 def multi_token(src: Sources) -> dict[str, str]:
-    """The spec-verify table (32/8/128) and its ranges over both layouts, the chunked-prefill table and its."""
+    """The spec-verify table (32/8/128) and its ranges over both layouts, the chunked-prefill table and its, and the
+    rows on short splits (:func:`short_splits`)."""
     sv = _table(src, SPEC_VERIFY, ["shape", "batch", "context", "q_len"])
     target = sv.xs("32/8/128", level="shape")
     v = {"multi.spec_table": "\n".join(_lines(target, ["B", "ctx", "q_len"]))}
@@ -133,6 +138,7 @@ def multi_token(src: Sources) -> dict[str, str]:
     v["multi.sv_rows_fastest"] = str(int((fastest == "triton fp8_e4m3").sum()))
     copies = pd.concat([src.csv(rel, _COLUMNS) for rel in (*SPEC_VERIFY, CHUNKED_PREFILL)])["copy_gbps"]
     v["multi.copy_tbs"] = span(copies / 1e3, 1)
+    v.update(short_splits(src))
 
     cp = _table(src, [CHUNKED_PREFILL], ["context", "q_len"])
     v["multi.chunk_table"] = "\n".join(_lines(cp, ["cached", "chunk"], compute_bound=True))
@@ -149,4 +155,29 @@ def multi_token(src: Sources) -> dict[str, str]:
     claim((cp["x_own"] < 1).all(), "fp8kv's FP8 chunk is slower than its BF16 at every point", CHUNKED_PREFILL)
     claim((_kernel_times(cp).idxmin(axis=1) == "flashinfer bf16").all(), "FlashInfer's BF16 prefill is the fastest chunk",
           CHUNKED_PREFILL)
+    return v
+
+
+def short_splits(src: Sources) -> dict[str, str]:
+    """The rows against the attend kernel and FlashInfer's FP8 where the splits are short, per batch: the times behind
+    GLUON_MIN_ROW_SPLIT_TOKENS."""
+    runs = _runs(src, [SHORT_SPLITS_ROWS, SHORT_SPLITS_DEFAULT])
+    runs = runs.assign(variant=runs["variant"].fillna("").astype(str)).set_index(["shape", "batch", "q_len"])
+    forced = runs[runs["variant"] == "gluon=True"]
+    attend = runs[(runs["variant"] == "") & (runs["kernel"] == "triton-attend")]
+    peer = runs[runs["backend"] == "flashinfer"]
+    claim((forced["kernel"] == "gluon-multi-token").all() and len(forced) == 12,
+          "the rows ran at all 12 points when asked for", SHORT_SPLITS_ROWS)
+    v = {}
+    for b in (1, 4, 16):
+        x = (forced["time_us"] / attend["time_us"]).dropna().xs(b, level="batch")
+        v[f"multi.short_b{b}_x"] = span(x)
+        v[f"multi.short_b{b}_splits"] = str(int(forced.xs(b, level="batch")["num_splits"].max()))
+    x16 = (forced["time_us"] / peer["time_us"]).xs(16, level="batch")
+    v["multi.short_b16_x_fi"] = span(x16)
+    from ..ops.decode.gluon_launcher import GLUON_MIN_ROW_SPLIT_TOKENS
+
+    v["multi.short_bound"] = str(GLUON_MIN_ROW_SPLIT_TOKENS[1])
+    claim((forced["time_us"] / attend["time_us"]).dropna().xs(16, level="batch").max() < 1,
+          "at B 16 the rows beat the attend kernel everywhere", SHORT_SPLITS_ROWS)
     return v

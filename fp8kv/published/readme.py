@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .decode import decode_latency
 from .earlier import earlier, later
+from .formats import formats
 from .gluon import gluon
 from .gluon_probes import gluon_probes
 from .layout_probes import layout_probes
@@ -20,7 +21,7 @@ __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
 SECTIONS = (decode_latency, layouts, layout_probes, gluon, gluon_probes, earlier, later, window, step,
-            multi_token)
+            multi_token, formats)
 
 
 def compute(src: Sources) -> dict[str, str]:

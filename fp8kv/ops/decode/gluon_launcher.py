@@ -22,7 +22,7 @@ from .combine import combine_splits, split_partials
 from .gluon_scope import NUM_WARPS, head_pad, head_parts, max_rows, mma_rows
 from .splits import DecodeConfig
 
-__all__ = ["GLUON_BLOCK_N", "GLUON_MIN_SPLIT_TOKENS", "GLUON_STAGES", "GLUON_SMEM_EXTRA", "gluon_tile",
+__all__ = ["GLUON_BLOCK_N", "GLUON_MIN_SPLIT_TOKENS", "GLUON_MIN_ROW_SPLIT_TOKENS", "GLUON_STAGES", "GLUON_SMEM_EXTRA", "gluon_tile",
            "gluon_smem_bytes", "smem_per_block", "gluon_max_heads", "gluon_launch", "gluon_residency",
            "gluon_arguments", "gluon_runtime_arguments", "launch_constants", "run_gluon", "kernel_module", "gluon_codes",
            "cache_scales", "token_scale_strides"]
@@ -48,6 +48,12 @@ GLUON_BLOCK_N = (64, 128)
 # by 1.03-1.15x (16/8/256, 1 x 16k: 39.5 against 44.5 us; 8/1/256, 8 x 16k: 44.9 against 46.1), at <= 256
 # all 16 slower (8/1/256, 4 x 16k: 38.2 against 25.6 us).
 GLUON_MIN_SPLIT_TOKENS = {1: 1024, 2: 512}
+# The same bound for several new tokens per sequence (fp8kv.ops.decode.plan_rows), whose alternative is the multi-token
+# Triton kernel, slower than the decode's: H100, 4k tokens, 2 and 4 drafts at 32/8/128 and 40/8/128, the rows forced
+# (results/bench/nvidia-h100-80gb-hbm3/20261206T052141Z.csv) against the default (...052200Z.csv): with 704-token
+# splits (B 16) the rows took 0.69-0.78x the Triton kernel's time (75.2 against 109.1 us at 32/8/128, 2 drafts), with
+# 256 (B 4) 0.98-1.33x, with 128 (B 1) 1.33-2.03x. Two parts (head dims above 128): the decode's bound, not measured.
+GLUON_MIN_ROW_SPLIT_TOKENS = {1: 512, 2: 512}
 GLUON_STAGES = (2, 3, 4)  # ring depths its GPU tests and benchmarks cover
 
 

@@ -22,6 +22,7 @@ from ...launch_options import backend_options, kernel_options
 from . import splits
 from .combine import MAX_PARTIAL_ELEMENTS
 from .gluon_launcher import (
+    GLUON_MIN_ROW_SPLIT_TOKENS,
     GLUON_MIN_SPLIT_TOKENS,
     cache_scales,
     gluon_codes,
@@ -119,7 +120,7 @@ def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = 
     decode, cut into programs of at most :func:`fp8kv.ops.gluon_max_heads` rows, each masked causally, so
     every K/V tile is read once for all the drafts. ``others``: the options and variants of
     :func:`fp8kv.ops.paged_decode` (None = not given; any given is a refusal: this is the default launch).
-    ``gluon=None`` refuses a launch whose splits hold fewer than GLUON_MIN_SPLIT_TOKENS tokens (small
+    ``gluon=None`` refuses a launch whose splits hold fewer than GLUON_MIN_ROW_SPLIT_TOKENS tokens (small
     batches: latency-bound), True plans it anyway, False is a refusal. Trusted as :func:`plan` trusts."""
     qo_len = checks.positive_int(qo_len, "qo_len")
     if gluon is False:
@@ -141,7 +142,7 @@ def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = 
         checks.fail(f"out_dtype={out_dtype!r}; expected one of {OUT_DTYPES}", TypeError)
     window = gluon_window(cache, others.get("window"))
     cfg = gluon_launch(total_q // qo_len, cache, group, device=q.device, q_dtype=q.dtype, qo_len=qo_len, window=window)
-    least = GLUON_MIN_SPLIT_TOKENS[head_parts(d)]
+    least = GLUON_MIN_ROW_SPLIT_TOKENS[head_parts(d)]
     if gluon is None and cfg["tokens_per_split"] < least:
         return (f"splits of {cfg['tokens_per_split']} tokens (fewer than {least}): a latency-bound launch, where the "
                 "Gluon kernel's fixed cost per program outweighs its faster loop")
