@@ -10,7 +10,9 @@ source:
 * fp8kv's quantized-page kernel reads :data:`TRITON_FORMATS` (INT8 and INT4 per token and head, NVFP4, MXFP4) on
   sm80 and newer: codes and their scales are loaded as integers and dequantized in registers (e4m3 / e8m0 scales
   decoded from their bits, so no FP8 conversion instruction is needed), the dots in fp16. On CPU it runs under the
-  Triton interpreter. The other token-local formats (e4m3_b16, MXFP8) have a paged cache but no kernel yet.
+  Triton interpreter. On sm89 and newer INT8 per token and head runs by default in the FP8 decode's Gluon kernel
+  where its splits are long (:func:`fp8kv.ops.quant_decode.paged_decode_quantized`'s ``gluon``). The other
+  token-local formats (e4m3_b16, MXFP8) have a paged cache but no kernel yet.
 * KIVI's keys share a scale and zero point over a group of tokens and its values carry zero points: no paged cache
   holds it (:data:`fp8kv.kv_formats.PAGED_FORMATS`), so no kernel here reads it; the reference does, dense.
 * FlashInfer reads NVFP4 pages (e2m1 codes with their e4m3 block scales, ``kv_cache_sf``) in its TRT-LLM-generated
@@ -63,8 +65,12 @@ def _facts(backend: str, name: str, n: int) -> tuple[bool, str]:
         return False, f"sm{n} predates sm80; fp8kv targets sm80 and newer"
     if backend == "triton":
         if name in TRITON_FORMATS:
-            return True, ("fp8kv's quantized-page kernel: codes and scales loaded as integers, dequantized in "
-                          "registers, fp16 dots (no FP8 conversion instruction needed)")
+            why = ("fp8kv's quantized-page kernel: codes and scales loaded as integers, dequantized in registers, "
+                   "fp16 dots (no FP8 conversion instruction needed)")
+            if name == "int8_token_head" and n >= 89:  # fp8kv.ops.decode.gluon_scope.GLUON_QUANTIZED_FORMAT
+                why += ("; by default the FP8 decode's Gluon kernel where its splits are long (codes turned to fp16 by "
+                        "their bits, the scales as FP8's per-token ones; gluon=False keeps this kernel)")
+            return True, why
         if name not in PAGED_FORMATS:
             return False, _not_paged(name)
         return False, f"{name} has a paged cache but no decode kernel yet (the kernel reads {TRITON_FORMATS})"

@@ -17,6 +17,7 @@ from fixtures import DEVICE, gluon_stand_in, indptr, make_q, matrix_cache
 import fp8kv
 from fp8kv import backends, ops
 from fp8kv.cache import PagedKVCache
+from fp8kv.cache.quantized import QuantizedPagedKVCache
 from fp8kv.capability import UnsupportedError
 from fp8kv.quant import relative_error
 from fp8kv.reference import lse_tolerance, output_tolerance
@@ -188,6 +189,40 @@ def test_a_window_reaches_the_kernel_and_its_splits_cover_it(monkeypatch, qo_len
     capacity = cache.max_blocks_per_seq * cache.block_size
     span = capacity if expect is None else min(expect + qo_len - 1 + cfg["block_n"] - 1, capacity)
     assert cfg["num_splits"] * cfg["tokens_per_split"] >= span > (cfg["num_splits"] - 1) * cfg["tokens_per_split"]
+
+
+def test_a_launch_run_on_other_pages_than_planned_is_refused(monkeypatch):
+    """Constants planned for one tensor-wide scale would read a token-head cache's first scale as the tensor's, and FP8
+    constants would read INT8 codes as e4m3: run_gluon refuses both by name, before anything launches."""
+    _on_a_gpu(monkeypatch)
+    from fp8kv.ops.decode.gluon_launcher import run_gluon
+
+    tensor = matrix_cache([300, 2000], 2, 128)
+    token = matrix_cache([300, 2000], 2, 128, granularity="token_head")
+    q = make_q(2, 8, 128)
+    plan = ops.plan(q, tensor, gluon=True)
+    with pytest.raises(ValueError, match="TOKEN_SCALES=False, but this cache holds fp8_e4m3 codes with per-token"):
+        run_gluon(q, token, plan.config, plan.launch, plan.sm_scale, plan.out_dtype)
+    int8 = QuantizedPagedKVCache.from_dense("int8_token_head", torch.randn(2, 2000, 2, 128), torch.randn(2, 2000, 2, 128),
+                                            [300, 2000])
+    plan = ops.plan(q, token, gluon=True)
+    with pytest.raises(ValueError, match="but this cache holds int8 codes with per-token scales"):
+        run_gluon(q, int8, plan.config, plan.launch, plan.sm_scale, plan.out_dtype)
+
+
+def test_the_gluon_kernel_reads_token_head_scales_and_refuses_what_it_cannot_read():
+    """codes_refusal: per-token scales are read (the machine's refusal is all that is left on a CPU), per-channel ones
+    are not, and K and V scales laid out differently are refused, not read with K's strides."""
+    token = matrix_cache([40, 30], 2, 64, granularity="token_head")
+    assert ops.decode.planning.codes_refusal(token) is None
+    assert ops.gluon_refusal(token, "dequant", 64, 2, "cpu").startswith("Gluon kernels run on a CUDA GPU only")
+    channel = matrix_cache([40, 30], 2, 64, granularity="channel")
+    assert "granularity='channel'" in ops.decode.planning.codes_refusal(channel)
+    token.v_scale = token.v_scale.transpose(0, 1).contiguous().transpose(0, 1)  # the same values, other strides
+    assert "the Gluon kernel reads both with one set" in ops.decode.planning.codes_refusal(token)
+    int4 = QuantizedPagedKVCache.from_dense("int4_token_head", torch.randn(1, 40, 2, 64), torch.randn(1, 40, 2, 64), [40])
+    assert "int4_token_head: of the quantized formats the Gluon kernel reads 'int8_token_head'" == \
+        ops.decode.planning.codes_refusal(int4)
 
 
 def test_a_launch_run_with_another_window_than_planned_is_refused(monkeypatch):

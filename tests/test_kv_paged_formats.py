@@ -199,14 +199,16 @@ def test_every_code_conversion_gives_the_same_output_bit_for_bit(fmt, lens, hkv,
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("hkv,group,d", [(8, 4, 128), (4, 3, 64), (2, 8, 96), (1, 8, 256), (1, 71, 64)])
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("launch", [{}, {"num_splits": 1}, {"block_n": 128, "num_stages": 3}])
-def test_int8_pages_through_the_gluon_kernel_on_a_gpu(hkv, group, d, q_dtype, launch):
+@pytest.mark.parametrize("launch,block_size", [({}, 16), ({"num_splits": 1}, 128), ({"block_n": 128, "num_stages": 3}, 16),
+                                               ({"block_n": 64}, 128)])
+def test_int8_pages_through_the_gluon_kernel_on_a_gpu(hkv, group, d, q_dtype, launch, block_size):
     """INT8 per token and head read by the FP8 decode's Gluon kernel (codes turned to fp16 by their bits, the scales
     as FP8's per-token ones), at lengths of 1 token, a partial page and tile, and 5003: against the oracle on the same
-    pages and the Triton kernel (2u); the default where the splits are long and the group fits one program."""
+    pages and the Triton kernel (2u), pages of 16 and 128 tokens (larger than a tile); the default where the splits are
+    long and the group fits one program."""
     lens = [1, 17, 700, 5003]
     k, v = draw(len(lens), max(lens), hkv, d, seed=d + group)
-    cache = QuantizedPagedKVCache.from_dense("int8_token_head", k.cuda(), v.cuda() * 3, lens, block_size=16)
+    cache = QuantizedPagedKVCache.from_dense("int8_token_head", k.cuda(), v.cuda() * 3, lens, block_size=block_size)
     q = q_for(cache, group, q_dtype).cuda()
     out, lse = paged_decode_quantized(q, cache, gluon=True, **launch)
     ref, ref_lse = quantized_reference(q, cache)
@@ -238,16 +240,14 @@ def test_int8_pages_through_the_gluon_kernel_on_a_gpu(hkv, group, d, q_dtype, la
     (dict(gluon=True, q_dtype=torch.float32), UnsupportedError, "q has dtype torch.float32: the Gluon kernel takes")])
 @pytest.mark.skipif(not interpreter_on(), reason="the refusals on a CPU, where the interpreter runs the Triton kernel")
 def test_the_gluon_option_of_the_quantized_decode_is_checked_by_name(kw, exc, words):
-    """On this CPU the Gluon kernel cannot run: gluon=True says why, by name, before anything is launched; None
-    (the default) and False run the Triton kernel."""
+    """On this CPU the Gluon kernel cannot run: gluon=True says why, by name, before anything is launched (the
+    format's, the query's and the options' refusals before the machine's)."""
     fmt, q_dtype = kw.pop("fmt", "int8_token_head"), kw.pop("q_dtype", torch.float16)
     k, v = draw(2, 40, 2, 64, seed=5)
     cache = QuantizedPagedKVCache.from_dense(fmt, k, v, [40, 9], block_size=16)
     q = q_for(cache, 2, q_dtype)
     with pytest.raises(exc, match=re.escape(words)):
         plan_decode_quantized(q, cache, **kw)
-    for gluon in (None, False):
-        assert not isinstance(plan_decode_quantized(q, cache, gluon=gluon), DecodePlan)
 
 
 @pytest.mark.gpu

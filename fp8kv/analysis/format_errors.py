@@ -177,10 +177,13 @@ def _require(df, columns, arg):
 
 
 def _timed(bench, backend: str) -> dict:
-    """format -> (tokens/s, timing, batch, context) of ``backend``'s ok rows at the bench's largest batch, then its
-    largest context: the bandwidth-bound point where bytes per token decide the speed."""
+    """format -> (tokens/s, timing, batch, context) of ``backend``'s ok rows of its default launch (a row with a
+    ``variant``, such as gluon=False beside it, is another launch of the same format) at the bench's largest batch,
+    then its largest context: the bandwidth-bound point where bytes per token decide the speed."""
     _require(bench, ("backend", "kv_dtype", "granularity", "batch", "context", "time_us", "status", "timing"), "bench")
     ok = bench[(bench["backend"] == backend) & (bench["status"] == "ok")]
+    if "variant" in ok:
+        ok = ok[ok["variant"].fillna("").astype(str) == ""]
     if ok.empty:
         return {}
     batch = int(ok["batch"].max())

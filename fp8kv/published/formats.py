@@ -15,7 +15,7 @@ __all__ = ["formats", "FORMATS_GLUON"]
 # bf16: each format's default kernel beside gluon=False, FP8 with one scale per tensor and per token and head
 FORMATS_GLUON = "results/bench/nvidia-h100-80gb-hbm3/20261206T051303Z.csv"
 _COLUMNS = ["kv_dtype", "granularity", "variant", "kernel", "batch", "context", "num_q_heads", "num_kv_heads",
-            "time_us", "pct_copy_bw", "copy_gbps"]
+            "head_dim", "time_us", "pct_copy_bw", "copy_gbps"]
 # (kv_dtype, granularity, variant) -> column
 _CELLS = {("bf16", "tensor", ""): "BF16", ("fp8_e4m3", "tensor", ""): "FP8",
           ("fp8_e4m3", "token_head", ""): "FP8 token-head", ("fp8_e4m3", "token_head", "gluon=False"):
@@ -27,7 +27,8 @@ def _cells(src: Sources) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """µs, % of copy and the kernel that ran per (layout, batch, context) x cell of :data:`_CELLS`."""
     rows = ok_rows(src.csv(FORMATS_GLUON, _COLUMNS), FORMATS_GLUON)
     rows = rows.assign(variant=rows["variant"].fillna("").astype(str),
-                       layout=rows["num_q_heads"].astype(str) + "/" + rows["num_kv_heads"].astype(str) + "/128")
+                       layout=rows["num_q_heads"].astype(str) + "/" + rows["num_kv_heads"].astype(str) + "/"
+                       + rows["head_dim"].astype(str))
     rows = rows.assign(cell=[_CELLS.get(k) for k in zip(rows["kv_dtype"], rows["granularity"], rows["variant"],
                                                           strict=True)]).dropna(subset=["cell"])
     index = ["layout", "batch", "context"]
@@ -39,9 +40,10 @@ def _cells(src: Sources) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 
 def formats(src: Sources) -> dict[str, str]:
     us, pct, kernel = _cells(src)
-    gluon = kernel["INT8"] == "gluon-quantized"  # the points where the default ran the Gluon kernel
-    claim((gluon == (kernel["FP8 token-head"] == "gluon")).all() and list(us.index[~gluon]) == [("8/1/128", 16, 16384)],
-          "INT8 and FP8 token-head ran the Gluon kernel at the same points, all but 8/1/128 at B 16 x 16k", FORMATS_GLUON)
+    # the points where the default ran the Gluon kernel for INT8, FP8 token-head and FP8 alike
+    gluon = (kernel["INT8"] == "gluon-quantized") & (kernel["FP8 token-head"] == "gluon") & (kernel["FP8"] == "gluon")
+    claim(list(us.index[~gluon]) == [("8/1/128", 16, 16384), ("8/1/128", 16, 32768)],
+          "the defaults ran the Gluon kernel at all points but 8/1/128 at B 16 (16k: all three; 32k: FP8)", FORMATS_GLUON)
     head = ["Hq/Hkv/D", "B", "ctx", *us.columns, "INT8 ÷ FP8 token-head", "INT8 % of copy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, r in us.iterrows():

@@ -30,8 +30,8 @@ from ...kv_formats import kv_format
 from ..offline_build import TARGET_ARCHS, Compiled, Instruction, compile_kernel, instructions, main_loop
 from .combine import split_partials
 from .gluon_launcher import gluon_arguments, gluon_launch, kernel_module
-from .gluon_scope import MAX_HEAD_DIM, NUM_WARPS
-from .planning import GLUON_QUANTIZED_FORMAT, gluon_refusal, gluon_window
+from .gluon_scope import GLUON_QUANTIZED_FORMAT, MAX_HEAD_DIM, NUM_WARPS
+from .planning import gluon_refusal, gluon_window
 from .splits import resident_programs
 
 # The archs build() compiles for: fp8kv's targets (capability.ARCHS) that have the FP8 conversions the kernel's
@@ -134,7 +134,7 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
     "token_head"); ``kv_dtype`` "int8_token_head": a quantized cache of INT8 codes per token and head.
 
     The arguments must be within the kernel's scope (:func:`.planning.gluon_refusal`): ``num_q_heads`` a
-    multiple of ``num_kv_heads``, head_dim a multiple of 16 from 48 to 256, an FP8 ``kv_dtype``, a bf16 / fp16
+    multiple of ``num_kv_heads``, head_dim a multiple of 16 from 48 to 256, an FP8 ``kv_dtype`` (or "int8_token_head"), a bf16 / fp16
     ``q_dtype``, ``arch`` in :data:`BUILD_ARCHS`; else a ValueError / TypeError naming the argument, before
     anything is compiled."""
     # the arguments first (the launch plan checks block_n, num_stages and num_sms): a bad one is named in any

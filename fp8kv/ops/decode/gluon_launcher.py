@@ -52,7 +52,9 @@ GLUON_MIN_SPLIT_TOKENS = {1: 1024, 2: 512}
 # Triton kernel, slower than the decode's: H100, 4k tokens, 2 and 4 drafts at 32/8/128 and 40/8/128, the rows forced
 # (results/bench/nvidia-h100-80gb-hbm3/20261206T052141Z.csv) against the default (...052200Z.csv): with 704-token
 # splits (B 16) the rows took 0.69-0.78x the Triton kernel's time (75.2 against 109.1 us at 32/8/128, 2 drafts), with
-# 256 (B 4) 0.98-1.33x, with 128 (B 1) 1.33-2.03x. Two parts (head dims above 128): the decode's bound, not measured.
+# 256 (B 4) 0.98-1.33x, with 128 (B 1) 1.33-2.03x: the bound lies between the two lengths measured (splits of 512-703
+# tokens, other contexts, the H200 and token-head scales are not measured). Two parts (head dims above 128): the
+# decode's bound, not measured for the rows.
 GLUON_MIN_ROW_SPLIT_TOKENS = {1: 512, 2: 512}
 GLUON_STAGES = (2, 3, 4)  # ring depths its GPU tests and benchmarks cover
 
@@ -265,6 +267,11 @@ def run_gluon(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, constants
     if constants["WINDOWED"] != (window is not None):  # a window of 0 would mask every key: silently zero
         raise ValueError(f"window={window!r} but the launch was planned with WINDOWED={constants['WINDOWED']}; plan "
                          "the launch with the window it runs")
+    codes, token_scales = gluon_codes(cache)  # constants of other pages would read these codes or scales wrong
+    if constants["CODE_TY"] != kernel_module().CODE_TYPES[codes] or constants["TOKEN_SCALES"] != token_scales:
+        raise ValueError(f"the launch was planned with CODE_TY={constants['CODE_TY']}, TOKEN_SCALES="
+                         f"{constants['TOKEN_SCALES']}, but this cache holds {codes} codes with "
+                         f"{'per-token' if token_scales else 'tensor-wide'} scales; plan the launch for the cache it runs on")
     total_q, hq, d = q.shape
     part_out, part_lse = split_partials(total_q, hq, cfg["num_splits"], d, q.device)
     out = torch.empty(total_q, hq, d, dtype=out_dtype, device=q.device)

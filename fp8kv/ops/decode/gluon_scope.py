@@ -2,8 +2,8 @@
 warps, tile widths, head dims and the query heads one program holds. Read by the kernel's layouts, its
 launch (:mod:`.gluon_launcher`) and the choice of kernel (:mod:`.planning`); importing it needs no Gluon."""
 
-__all__ = ["NUM_WARPS", "HEAD_PADS", "MIN_HEAD_DIM", "MAX_HEAD_DIM", "MAX_ROWS", "head_parts", "head_pad", "max_rows",
-           "mma_rows"]
+__all__ = ["NUM_WARPS", "HEAD_PADS", "MIN_HEAD_DIM", "MAX_HEAD_DIM", "MAX_ROWS", "GLUON_GRANULARITIES",
+           "GLUON_QUANTIZED_FORMAT", "head_parts", "head_pad", "max_rows", "mma_rows"]
 
 NUM_WARPS = 4
 HEAD_PADS = (64, 128)  # register tile widths; a head_dim runs in the smallest that holds it
@@ -13,6 +13,10 @@ MAX_HEAD_DIM = 256  # two parts of 128
 # so 32 rows of 64 columns take the registers that 16 of 128 take (sm90: 168 a thread, no spills). Two
 # parts hold the query twice as wide: 16 rows.
 MAX_ROWS = {64: 32, 128: 16}
+# The scales of FP8 pages it reads, and the one quantized format (fp8kv.kv_formats) whose codes it reads: INT8 per
+# token and head, one-byte codes with FP8's per-token scales
+GLUON_GRANULARITIES = ("tensor", "token_head")
+GLUON_QUANTIZED_FORMAT = "int8_token_head"
 
 
 def head_parts(head_dim: int) -> int:

@@ -30,7 +30,15 @@ from .gluon_launcher import (
     kernel_module,
     launch_constants,
 )
-from .gluon_scope import MAX_HEAD_DIM, MIN_HEAD_DIM, NUM_WARPS, head_parts, max_rows
+from .gluon_scope import (
+    GLUON_GRANULARITIES,
+    GLUON_QUANTIZED_FORMAT,
+    MAX_HEAD_DIM,
+    MIN_HEAD_DIM,
+    NUM_WARPS,
+    head_parts,
+    max_rows,
+)
 from .splits import DecodeConfig
 from .triton_launcher import TritonLaunch, triton_launch, triton_residency
 
@@ -46,9 +54,6 @@ __all__ = ["DecodePlan", "plan", "plan_rows", "gluon_window", "decode_launch", "
 # B 64 x 16k, 366 against 322 at 64 x 4k): beyond two the rows are the attend kernel's.
 MAX_ROW_TILES = 2
 OUT_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # fp16, bf16, fp32: what the kernels store
-# The scales of FP8 pages the Gluon kernel reads, and the one quantized format (fp8kv.kv_formats) whose codes it reads
-GLUON_GRANULARITIES = ("tensor", "token_head")
-GLUON_QUANTIZED_FORMAT = "int8_token_head"
 # Options the Gluon kernel takes when asked for by name; any other override means the Triton kernel.
 GLUON_OPTIONS = kernel_options("gluon")
 # The keyword arguments of plan() beyond mode and sm_scale: the Triton backend's options and the variants.
@@ -178,11 +183,12 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
     heads = None if heads is None else checks.positive_int(heads, "heads_per_program")
     others = sorted(k for k, v in overrides.items() if v is not None and k not in (*GLUON_OPTIONS, "window"))
     most_heads = max_rows(head_dim) if head_dim <= MAX_HEAD_DIM else 0
+    codes = codes_refusal(cache)
     num_warps = overrides.get("num_warps")
     why = next((w for bad, w in (
         (bool(others), f"the Gluon kernel takes no {others}"),
         (mode != "dequant", f"mode={mode!r}: the Gluon kernel runs dequant mode"),
-        (codes_refusal(cache) is not None, codes_refusal(cache)),
+        (codes is not None, codes),
         (cache.block_size & (cache.block_size - 1), f"block_size={cache.block_size}: the Gluon kernel's tiles "
                                                      "take pages that divide them or that they divide (powers of two)"),
         (head_dim % 16 or not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM,

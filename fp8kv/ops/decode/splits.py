@@ -12,10 +12,11 @@ import triton
 
 from ... import checks, launch_table
 from ...cache import PagedKVCache
-from ...cache.tables import PagedTables
+from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import MODES, interpreter_on
 from ...device import gpu_slug
 from ...launch_options import MAX_BLOCK_N, WARP_COUNTS
+from .gluon_scope import GLUON_QUANTIZED_FORMAT
 
 
 @functools.cache
@@ -290,11 +291,13 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     bandwidth-bound split count fills whole waves (:func:`fill_waves`); None: the count of
     :func:`choose_num_splits` alone.
     """
-    if not isinstance(cache, PagedTables):
-        checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+    int8_pages = isinstance(cache, QuantizedPagedKVCache) and cache.fmt.name == GLUON_QUANTIZED_FORMAT
+    if not (isinstance(cache, PagedKVCache) or int8_pages):
+        what = f"format {cache.fmt.name!r}" if isinstance(cache, QuantizedPagedKVCache) else type(cache).__name__
+        checks.fail(f"cache must be a fp8kv.PagedKVCache (or a quantized cache of {GLUON_QUANTIZED_FORMAT!r}, which the "
+                    f"Gluon kernel reads), got {what}", TypeError)
     batch = checks.positive_int(batch, "batch")
-    # one-byte codes (the Gluon kernel's INT8 pages of a quantized cache) tile as FP8 pages do
-    one_byte = cache.is_fp8 if isinstance(cache, PagedKVCache) else True
+    one_byte = int8_pages or cache.is_fp8  # INT8 codes tile as FP8 pages do
     checks.one_of(mode, "mode", MODES)
     checks.flag(use_tensor_cores, "use_tensor_cores")
     if window is not None:

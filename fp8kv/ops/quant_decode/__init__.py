@@ -16,7 +16,8 @@ from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, interpreter_on
 from ...launch_options import MAX_BLOCK_N, WARP_COUNTS
 from ..decode.gluon_launcher import gluon_codes, launch_constants
-from ..decode.planning import GLUON_QUANTIZED_FORMAT, DecodePlan, gluon_choice, gluon_config, gluon_refusal
+from ..decode.gluon_scope import GLUON_QUANTIZED_FORMAT
+from ..decode.planning import DecodePlan, decode_kernel, gluon_choice, gluon_config
 from .launcher import (
     QUANT_CONVERTS,
     QUANT_DECODE_FORMATS,
@@ -56,8 +57,9 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
                            block_n: int | None = None, convert: str | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
                            check: bool = True, gluon: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode attention of one query token per sequence over a quantized paged cache, with the Triton kernel:
-    :func:`plan_decode_quantized` (every check, the launch) and :func:`run_quant_decode`.
+    """Decode attention of one query token per sequence over a quantized paged cache, with fp8kv's kernels (the
+    quantized-page Triton kernel; INT8 per token and head in the FP8 decode's Gluon kernel where it runs, see
+    ``gluon``): :func:`plan_decode_quantized` (every check, the launch) and :func:`run_quant_decode`.
 
     Parameters
     ----------
@@ -141,20 +143,20 @@ def _gluon_plan(q: torch.Tensor, cache: QuantizedPagedKVCache, sm_scale: float, 
                 gluon: bool | None, options: dict) -> DecodePlan | None:
     """The Gluon kernel's plan of a checked decode (see :func:`paged_decode_quantized`'s ``gluon``), or None: the
     Triton kernel's. UnsupportedError where gluon=True cannot run."""
-    given = {k: v for k, v in options.items() if v is not None}
-    if gluon is False or (gluon is None and given) or cache.fmt.name != GLUON_QUANTIZED_FORMAT and not gluon:
+    if gluon is False or cache.fmt.name != GLUON_QUANTIZED_FORMAT and not gluon:
         return None
     b, hq, d = q.shape
     group = hq // cache.num_kv_heads
-    why = None if q.dtype in (torch.float16, torch.bfloat16) else \
-        f"q has dtype {q.dtype}: the Gluon kernel takes a float16 or bfloat16 query"
-    why = why or gluon_refusal(cache, "dequant", d, group, q.device, **given)
-    if why is not None:
+    if q.dtype not in (torch.float16, torch.bfloat16):  # the Triton kernel also takes fp32 queries
         if gluon:
-            raise UnsupportedError(f"gluon=True: {why}; use the Triton kernel (gluon=False)")
+            raise UnsupportedError(f"gluon=True: q has dtype {q.dtype}: the Gluon kernel takes a float16 or bfloat16 "
+                                   "query; use the Triton kernel (gluon=False)")
         return None
-    cfg = gluon_config(b, cache, group, q.device, gluon=gluon, q_dtype=q.dtype, num_splits=given.get("num_splits"),
-                       block_n=given.get("block_n"), num_stages=given.get("num_stages"))
+    # the decode's choice: any launch option means the Triton kernel unless gluon=True (then refused by name)
+    if decode_kernel(cache, "dequant", d, group, q.device, gluon=gluon, **options) != "gluon":
+        return None
+    cfg = gluon_config(b, cache, group, q.device, gluon=gluon, q_dtype=q.dtype, num_splits=options["num_splits"],
+                       block_n=options["block_n"], num_stages=options["num_stages"])
     if cfg is None:
         return None
     codes, token_scales = gluon_codes(cache)
