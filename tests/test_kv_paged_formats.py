@@ -195,6 +195,16 @@ def test_every_code_conversion_gives_the_same_output_bit_for_bit(fmt, lens, hkv,
     assert_rel_err(out_s.float(), ref, kernel_tolerance(q, torch.float16, cache), f"{fmt} D {d}")
 
 
+def _assert_matches_the_oracle(out, lse, q, q_dtype, cache, what: str) -> None:
+    """A quantized decode's output and LSE against quantized_reference on the same pages: the kernel's tolerance, and
+    the LSE's with the scores' bound (a non-fp16 query brought to fp16 per head counts as per-channel scaling)."""
+    ref, ref_lse = quantized_reference(q, cache)
+    assert_rel_err(out.float(), ref, kernel_tolerance(q, q_dtype, cache), what)
+    tol = lse_tolerance("triton", "dequant", torch.float16, ref_lse, "channel" if q_dtype != torch.float16 else "tensor",
+                        score_bound=score_bound(q, cache))
+    assert float((lse - ref_lse).abs().max()) <= tol
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("hkv,group,d", [(8, 4, 128), (4, 3, 64), (2, 8, 96), (1, 8, 256), (1, 71, 64)])
@@ -211,12 +221,7 @@ def test_int8_pages_through_the_gluon_kernel_on_a_gpu(hkv, group, d, q_dtype, la
     cache = QuantizedPagedKVCache.from_dense("int8_token_head", k.cuda(), v.cuda() * 3, lens, block_size=block_size)
     q = q_for(cache, group, q_dtype).cuda()
     out, lse = paged_decode_quantized(q, cache, gluon=True, **launch)
-    ref, ref_lse = quantized_reference(q, cache)
-    assert_rel_err(out.float(), ref, kernel_tolerance(q, q_dtype, cache), f"{d} {group} {launch}")
-    sb = score_bound(q, cache)
-    tol = lse_tolerance("triton", "dequant", torch.float16, ref_lse, "channel" if q_dtype != torch.float16 else "tensor",
-                        score_bound=sb)
-    assert float((lse - ref_lse).abs().max()) <= tol
+    _assert_matches_the_oracle(out, lse, q, q_dtype, cache, f"{d} {group} {launch}")
     twin, _ = paged_decode_quantized(q, cache, gluon=False)
     assert relative_error(out.float(), twin.float()) <= 2 * unit_roundoff(q_dtype)
     assert not isinstance(plan_decode_quantized(q, cache, num_splits=1), DecodePlan)  # an option: the Triton kernel
@@ -263,12 +268,7 @@ def test_kernel_matches_the_oracle_on_a_gpu(fmt, lens, hkv, group, d, block_size
     cache = QuantizedPagedKVCache.from_dense(fmt, k.cuda(), v.cuda(), lens, block_size=block_size)
     q = q_for(cache, group, q_dtype).cuda()
     out, lse = paged_decode_quantized(q, cache, num_splits=num_splits, convert=convert)
-    ref, ref_lse = quantized_reference(q, cache)
-    assert_rel_err(out.float(), ref, kernel_tolerance(q, q_dtype, cache), f"{fmt} {lens} on {torch.cuda.get_device_name()}")
-    sb = score_bound(q, cache)
-    tol = lse_tolerance("triton", "dequant", torch.float16, ref_lse, "channel" if q_dtype != torch.float16 else "tensor",
-                        score_bound=sb)
-    assert float((lse - ref_lse).abs().max()) <= tol
+    _assert_matches_the_oracle(out, lse, q, q_dtype, cache, f"{fmt} {lens} on {torch.cuda.get_device_name()}")
 
 
 @pytest.mark.parametrize("fmt", KERNEL_FORMATS)
