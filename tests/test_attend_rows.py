@@ -320,7 +320,7 @@ def test_rows_with_no_key_in_a_split_are_left_out_of_the_combine(hq, hkv, d, qo_
     assert cache.max_blocks_per_seq == probe.max_blocks_per_seq  # the same capacity: the same splits
     q = make_q(4 * qo_len, hq, d, torch.bfloat16, seed=3)
     sm_scale = d ** -0.5
-    out, lse = run_gluon(q, cache, cfg, launch_constants(cfg, group, d, 16, cache.kv_dtype, qo_len), sm_scale,
+    out, lse = run_gluon(q, cache, cfg, launch_constants(cfg, group, cache, qo_len), sm_scale,
                          torch.bfloat16)
     ref_out, ref_lse = fp8kv.reference.attend(q, cache, indptr([qo_len] * 4), return_lse=True)
     assert relative_error(out.float(), ref_out) <= output_tolerance("triton", "dequant", q.dtype, "tensor")

@@ -208,16 +208,15 @@ def cache_scales(cache) -> tuple[torch.Tensor, torch.Tensor]:
     return (cache.k_scale, cache.v_scale) if isinstance(cache, PagedKVCache) else (cache.k_scales, cache.v_scales)
 
 
-def launch_constants(cfg: dict, group: int, head_dim: int, block_size: int, codes: str, qo_len: int = 1,
-                     windowed: bool = False, token_scales: bool = False) -> dict:
+def launch_constants(cfg: dict, group: int, cache, qo_len: int = 1, windowed: bool = False) -> dict:
     """The kernel's constexprs for a launch ``cfg`` (:func:`gluon_launch`) of ``group`` query heads per
-    KV head and ``qo_len`` new tokens per sequence over pages of ``block_size`` tokens of ``codes``
-    ("fp8_e4m3", "fp8_e5m2" or "int8": :func:`gluon_codes`), ``windowed``: with a sliding window,
-    ``token_scales``: one scale per token and KV head."""
+    KV head and ``qo_len`` new tokens per sequence over ``cache`` (its head_dim, page size, codes and scales:
+    :func:`gluon_codes`), ``windowed``: with a sliding window."""
     kernel = kernel_module()
+    codes, token_scales = gluon_codes(cache)
     if codes not in kernel.CODE_TYPES:
         raise ValueError(f"codes={codes!r}: the Gluon kernel reads {sorted(kernel.CODE_TYPES)}")
-    heads = cfg["heads_per_program"]
+    heads, head_dim, block_size = cfg["heads_per_program"], cache.head_dim, cache.block_size
     return dict(GROUP=group, QO=qo_len, WINDOWED=windowed, HEADS=heads, HEAD_TILES=cfg["head_tiles"],
                 ROWS=mma_rows(heads), PARTS=head_parts(head_dim), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
                 CODE_TY=kernel.CODE_TYPES[codes], TOKEN_SCALES=token_scales, STAGES=cfg["num_stages"],
@@ -232,9 +231,7 @@ def gluon_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_
     ``part_lse`` (:func:`.combine.split_partials`): what :mod:`.gluon_build` compiles (a decode launches
     :func:`gluon_runtime_arguments` with the constants it planned). ``window``: a sliding window, or None."""
     grid, args = gluon_runtime_arguments(q, cache, cfg, sm_scale, part_out, part_lse, qo_len, window)
-    codes, token_scales = gluon_codes(cache)
-    return grid, args, launch_constants(cfg, q.shape[1] // cache.num_kv_heads, q.shape[2], cache.block_size, codes,
-                                        qo_len, window is not None, token_scales)
+    return grid, args, launch_constants(cfg, q.shape[1] // cache.num_kv_heads, cache, qo_len, window is not None)
 
 
 def gluon_runtime_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_scale: float,

@@ -105,7 +105,7 @@ def plan(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scal
     sinks = options.get("sinks")
     if kernel == "gluon":
         window = gluon_window(cache, options.get("window"))
-        launch = launch_constants(cfg, group, d, cache.block_size, *_codes(cache, 1, window))
+        launch = launch_constants(cfg, group, cache, 1, window is not None)
         return DecodePlan(kernel, cfg, mode, sm_scale, (b, hq, d), q.dtype, out_dtype, sinks, launch, 1, window)
     else:
         launch = triton_launch(cache, cfg, mode, tensor_cores=kernel == "triton", batch=b, num_q_heads=hq,
@@ -154,15 +154,9 @@ def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = 
     if total_q * hq * cfg["num_splits"] * d > MAX_PARTIAL_ELEMENTS:
         return (f"{total_q} rows x {hq} heads x {cfg['num_splits']} splits x {d} partials exceed "
                 f"{MAX_PARTIAL_ELEMENTS} elements (the kernel's and the combine's 32-bit offsets)")
-    launch = launch_constants(cfg, group, d, cache.block_size, *_codes(cache, qo_len, window))
+    launch = launch_constants(cfg, group, cache, qo_len, window is not None)
     return DecodePlan("gluon", cfg, mode, checks.resolved_softmax_scale(sm_scale, d), (total_q, hq, d), q.dtype,
                       out_dtype, None, launch, qo_len, window)
-
-
-def _codes(cache, qo_len: int, window: int | None) -> tuple[str, int, bool, bool]:
-    """launch_constants' arguments after the block size: the codes, qo_len, a window's presence, token scales."""
-    codes, token_scales = gluon_codes(cache)
-    return codes, qo_len, window is not None, token_scales
 
 
 def gluon_window(cache: PagedKVCache, window: int | None) -> int | None:

@@ -15,7 +15,7 @@ from ... import checks
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, interpreter_on
 from ...launch_options import MAX_BLOCK_N, WARP_COUNTS
-from ..decode.gluon_launcher import gluon_codes, launch_constants
+from ..decode.gluon_launcher import launch_constants
 from ..decode.gluon_scope import GLUON_QUANTIZED_FORMAT
 from ..decode.planning import DecodePlan, decode_kernel, gluon_choice, gluon_config
 from .launcher import (
@@ -159,6 +159,5 @@ def _gluon_plan(q: torch.Tensor, cache: QuantizedPagedKVCache, sm_scale: float, 
                        block_n=options["block_n"], num_stages=options["num_stages"])
     if cfg is None:
         return None
-    codes, token_scales = gluon_codes(cache)
     return DecodePlan("gluon", cfg, "dequant", sm_scale, (b, hq, d), q.dtype, out_dtype, None,
-                      launch_constants(cfg, group, d, cache.block_size, codes, 1, False, token_scales))
+                      launch_constants(cfg, group, cache))
