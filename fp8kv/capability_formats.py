@@ -67,9 +67,11 @@ def _facts(backend: str, name: str, n: int) -> tuple[bool, str]:
         if name in TRITON_FORMATS:
             why = ("fp8kv's quantized-page kernel: codes and scales loaded as integers, dequantized in registers, "
                    "fp16 dots (no FP8 conversion instruction needed)")
-            if name == "int8_token_head" and n >= 89:  # fp8kv.ops.decode.gluon_scope.GLUON_QUANTIZED_FORMAT
+            if name in ("int8_token_head", "int4_token_head") and n >= 89:  # gluon_scope.GLUON_QUANTIZED_FORMATS
                 why += ("; by default the FP8 decode's Gluon kernel where its splits are long (codes turned to fp16 by "
-                        "their bits, the scales as FP8's per-token ones; gluon=False keeps this kernel)")
+                        "their bits, the scales as FP8's per-token ones" + (", at head dims that are multiples of 32"
+                                                                            if name == "int4_token_head" else "")
+                        + "; gluon=False keeps this kernel)")
             return True, why
         if name not in PAGED_FORMATS:
             return False, _not_paged(name)

@@ -221,8 +221,12 @@ def test_the_gluon_kernel_reads_token_head_scales_and_refuses_what_it_cannot_rea
     token.v_scale = token.v_scale.transpose(0, 1).contiguous().transpose(0, 1)  # the same values, other strides
     assert "the Gluon kernel reads both with one set" in ops.decode.planning.codes_refusal(token)
     int4 = QuantizedPagedKVCache.from_dense("int4_token_head", torch.randn(1, 40, 2, 64), torch.randn(1, 40, 2, 64), [40])
-    assert "int4_token_head: of the quantized formats the Gluon kernel reads 'int8_token_head'" == \
-        ops.decode.planning.codes_refusal(int4)
+    assert ops.decode.planning.codes_refusal(int4) is None
+    int4 = QuantizedPagedKVCache.from_dense("int4_token_head", torch.randn(1, 40, 2, 48), torch.randn(1, 40, 2, 48), [40])
+    assert ops.decode.planning.codes_refusal(int4).startswith("head_dim=48: the Gluon kernel reads int4_token_head")
+    nvfp4 = QuantizedPagedKVCache.from_dense("nvfp4", torch.randn(1, 40, 2, 64), torch.randn(1, 40, 2, 64), [40])
+    assert "nvfp4: of the quantized formats the Gluon kernel reads 'int8_token_head' and 'int4_token_head'" == \
+        ops.decode.planning.codes_refusal(nvfp4)
 
 
 def test_a_launch_run_with_another_window_than_planned_is_refused(monkeypatch):

@@ -125,11 +125,12 @@ def test_the_formats_presets():
     ready = {(c.kv_dtype, c.granularity, c.variant) for c in cases if c.status == "ready"}
     assert ready == {("int8_token_head", "tensor", ""), ("int4_token_head", "tensor", ""), ("nvfp4", "tensor", ""),
                      ("mxfp4", "tensor", ""), ("fp8_e4m3", "tensor", ""), ("fp8_e4m3", "token_head", ""), ("bf16", "tensor", ""),
-                     ("int8_token_head", "tensor", "gluon=False"), ("fp8_e4m3", "tensor", "gluon=False"),
+                     ("int8_token_head", "tensor", "gluon=False"), ("int4_token_head", "tensor", "gluon=False"),
+                     ("fp8_e4m3", "tensor", "gluon=False"),
                      ("fp8_e4m3", "token_head", "gluon=False")}
     skipped = [c for c in cases if c.status != "ready"]  # gluon=False where the default is the Triton kernel anyway
-    assert len(skipped) == 18 * 4 and {c.status for c in skipped} == {"skipped"}
-    assert {c.kv_dtype for c in skipped} == {"int4_token_head", "nvfp4", "mxfp4", "bf16"}
+    assert len(skipped) == 18 * 3 and {c.status for c in skipped} == {"skipped"}
+    assert {c.kv_dtype for c in skipped} == {"nvfp4", "mxfp4", "bf16"}
     assert all("gluon=False runs the default" in c.reason for c in skipped)
 
 

@@ -32,12 +32,15 @@ ROW_LAUNCHES = [(32, 8, 128, 64, 4), (32, 8, 128, 64, 8), (40, 8, 128, 64, 4), (
 # (Hq, Hkv, D, B, qo_len, window): sliding windows of 512 tokens, a decode's and the rows'
 WINDOW_LAUNCHES = [(32, 16, 128, 64, 1, 512), (32, 8, 128, 64, 4, 512), (8, 1, 256, 64, 1, 512)]
 # (Hq, Hkv, D, B, qo_len, window, kv_dtype, granularity): one scale per token and KV head, on FP8 pages and on a
-# quantized cache's INT8 codes, and the programs an SM then holds (the decode's above: 3, 5 and 2)
+# quantized cache's INT8 and INT4 codes, and the programs an SM then holds (the decode's above: 3, 5 and 2)
 SCALE_LAUNCHES = {(32, 8, 128, 64, 1, None, "fp8_e4m3", "token_head"): 3,
                   (32, 8, 128, 64, 1, None, "int8_token_head", "tensor"): 3,
+                  (32, 8, 128, 64, 1, None, "int4_token_head", "tensor"): 3,
                   (32, 8, 128, 64, 4, None, "fp8_e4m3", "token_head"): 2,
                   (12, 4, 64, 64, 1, None, "int8_token_head", "tensor"): 4,
-                  (8, 1, 256, 64, 1, None, "fp8_e4m3", "token_head"): 2}
+                  (12, 4, 64, 64, 1, None, "int4_token_head", "tensor"): 4,
+                  (8, 1, 256, 64, 1, None, "fp8_e4m3", "token_head"): 2,
+                  (8, 1, 256, 64, 1, None, "int4_token_head", "tensor"): 2}
 
 # Run in a process without the interpreter (build() refuses it): every launch above, one JSON line each.
 _BUILD_ALL = r"""
@@ -54,7 +57,9 @@ for hq, hkv, d, b, qo_len, window, *pages in launches:
                           tokens_per_split=cfg["tokens_per_split"],
                           **block_table_summary(k.sass),
                           hmma="HMMA.16816.F32" in k.sass, unpack="F2FP.F16.E4M3.UNPACK_B" in k.sass,
-                          int8_bits="HADD2" in k.sass and "PRMT" in k.sass and not re.search(r"I2FP?\.F16", k.sass))),
+                          int8_bits="HADD2" in k.sass and "PRMT" in k.sass and not re.search(r"I2FP?\.F16", k.sass),
+                          int4_bits="HFMA2" in k.sass and "LOP3" in k.sass and "PRMT" in k.sass
+                          and not re.search(r"I2FP?\.F16", k.sass))),
           flush=True)
 """
 
@@ -79,15 +84,23 @@ def builds():
 
 
 @pytest.mark.parametrize("launch", list(SCALE_LAUNCHES), ids=lambda t: "/".join(map(str, t[:3])) + f"-qo{t[4]}-{t[6]}")
-def test_token_scales_and_int8_codes_build_without_spills(builds, launch):
+def test_token_scales_and_int8_and_int4_codes_build_without_spills(builds, launch):
     """One scale per token and KV head (loaded with the tile, the accumulator in units of a warp's largest V scale)
     costs no spill; the programs an SM holds are the decode's at 32/8/128 and 8/1/256 (168 and 250 registers
-    with Triton 3.9), one fewer at 12/4/64 and in the rows of 4 drafts at 32/8/128 (194 registers); INT8 codes become fp16 by byte permutes and fp16 subtractions, with no
-    integer-to-float conversion (a quarter-rate instruction)."""
+    with Triton 3.9), one fewer at 12/4/64 and in the rows of 4 drafts at 32/8/128 (194 registers); INT8 codes become
+    fp16 by byte permutes and fp16 subtractions, INT4 codes by a permute, a mask (LOP3) and an fp16 multiply-add or
+    subtraction per nibble pair, with no integer-to-float conversion (a quarter-rate instruction); INT4's rings take
+    half the shared memory of INT8's."""
     kernel = builds[launch]
     assert kernel["spilled_bytes"] == 0 and kernel["hmma"], kernel
     assert kernel["programs_per_sm"] == SCALE_LAUNCHES[launch]
-    assert kernel["int8_bits"] if launch[6] == "int8_token_head" else kernel["unpack"]
+    bits = {"int8_token_head": "int8_bits", "int4_token_head": "int4_bits"}.get(launch[6], "unpack")
+    assert kernel[bits], kernel
+    if launch[6] == "int4_token_head":
+        int8 = builds.get((*launch[:6], "int8_token_head", "tensor"))
+        rings = ops.gluon_smem_bytes(kernel["block_n"], kernel["num_stages"], launch[2], packed=True) - ops.GLUON_SMEM_EXTRA
+        assert rings < kernel["shared_bytes"] <= rings + ops.GLUON_SMEM_EXTRA
+        assert int8 is None or kernel["shared_bytes"] < int8["shared_bytes"]
 
 
 @pytest.mark.parametrize("launch", WINDOW_LAUNCHES, ids=lambda t: "/".join(map(str, t[:3])) + f"-qo{t[4]}-w{t[5]}")

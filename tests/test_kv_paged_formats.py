@@ -211,14 +211,15 @@ def _assert_matches_the_oracle(out, lse, q, q_dtype, cache, what: str) -> None:
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("launch,block_size", [({}, 16), ({"num_splits": 1}, 128), ({"block_n": 128, "num_stages": 3}, 16),
                                                ({"block_n": 64}, 128)])
-def test_int8_pages_through_the_gluon_kernel_on_a_gpu(hkv, group, d, q_dtype, launch, block_size):
-    """INT8 per token and head read by the FP8 decode's Gluon kernel (codes turned to fp16 by their bits, the scales
-    as FP8's per-token ones), at lengths of 1 token, a partial page and tile, and 5003: against the oracle on the same
-    pages and the Triton kernel (2u), pages of 16 and 128 tokens (larger than a tile); the default where the splits are
-    long and the group fits one program."""
+@pytest.mark.parametrize("fmt", ["int8_token_head", "int4_token_head"])
+def test_int8_and_int4_pages_through_the_gluon_kernel_on_a_gpu(hkv, group, d, q_dtype, launch, block_size, fmt):
+    """INT8 and INT4 per token and head read by the FP8 decode's Gluon kernel (codes turned to fp16 by their bits, INT4's
+    two a byte; the scales as FP8's per-token ones), at lengths of 1 token, a partial page and tile, and 5003: against
+    the oracle on the same pages and the Triton kernel (2u), pages of 16 and 128 tokens (larger than a tile); the
+    default where the splits are long and the group fits one program."""
     lens = [1, 17, 700, 5003]
     k, v = draw(len(lens), max(lens), hkv, d, seed=d + group)
-    cache = QuantizedPagedKVCache.from_dense("int8_token_head", k.cuda(), v.cuda() * 3, lens, block_size=block_size)
+    cache = QuantizedPagedKVCache.from_dense(fmt, k.cuda(), v.cuda() * 3, lens, block_size=block_size)
     q = q_for(cache, group, q_dtype).cuda()
     out, lse = paged_decode_quantized(q, cache, gluon=True, **launch)
     _assert_matches_the_oracle(out, lse, q, q_dtype, cache, f"{d} {group} {launch}")
@@ -229,7 +230,7 @@ def test_int8_pages_through_the_gluon_kernel_on_a_gpu(hkv, group, d, q_dtype, la
         rule = gluon_config(len(lens), cache, group, q.device, gluon=None, q_dtype=q_dtype)
         default = plan_decode_quantized(q, cache)
         assert isinstance(default, DecodePlan) == (rule is not None)
-        wide = QuantizedPagedKVCache.from_dense("int8_token_head", k.cuda(), v.cuda() * 3, lens, block_size=16,
+        wide = QuantizedPagedKVCache.from_dense(fmt, k.cuda(), v.cuda() * 3, lens, block_size=16,
                                                 max_seq_len=64 * 1024)  # the splits tile the capacity: long ones
         assert isinstance(plan_decode_quantized(q, wide), DecodePlan) == (group <= (32 if d <= 64 else 16))
         assert torch.equal(paged_decode_quantized(q, wide)[0], paged_decode_quantized(q, wide, gluon=True)[0]) or \
@@ -240,15 +241,19 @@ def test_int8_pages_through_the_gluon_kernel_on_a_gpu(hkv, group, d, q_dtype, la
     (dict(gluon="yes"), TypeError, "gluon='yes'"),
     (dict(gluon=True), UnsupportedError, "gluon=True: Gluon kernels run on a CUDA GPU only"),
     (dict(gluon=True, convert="cast"), UnsupportedError, "the Gluon kernel takes no ['convert']"),
-    (dict(gluon=True, fmt="int4_token_head"), UnsupportedError, "int4_token_head: of the quantized formats the Gluon "
-                                                                "kernel reads 'int8_token_head'"),
+    (dict(gluon=True, fmt="nvfp4"), UnsupportedError, "nvfp4: of the quantized formats the Gluon kernel reads "
+                                                      "'int8_token_head' and 'int4_token_head'"),
+    (dict(gluon=True, fmt="int4_token_head", d=96), UnsupportedError, "gluon=True: Gluon kernels run on a CUDA GPU"),
+    (dict(gluon=True, fmt="int4_token_head", d=80), UnsupportedError, "head_dim=80: the Gluon kernel reads "
+                                                                      "int4_token_head (two codes a byte) at head dims "
+                                                                      "that are multiples of 32"),
     (dict(gluon=True, q_dtype=torch.float32), UnsupportedError, "q has dtype torch.float32: the Gluon kernel takes")])
 @pytest.mark.skipif(not interpreter_on(), reason="the refusals on a CPU, where the interpreter runs the Triton kernel")
 def test_the_gluon_option_of_the_quantized_decode_is_checked_by_name(kw, exc, words):
     """On this CPU the Gluon kernel cannot run: gluon=True says why, by name, before anything is launched (the
     format's, the query's and the options' refusals before the machine's)."""
-    fmt, q_dtype = kw.pop("fmt", "int8_token_head"), kw.pop("q_dtype", torch.float16)
-    k, v = draw(2, 40, 2, 64, seed=5)
+    fmt, q_dtype, d = kw.pop("fmt", "int8_token_head"), kw.pop("q_dtype", torch.float16), kw.pop("d", 64)
+    k, v = draw(2, 40, 2, d, seed=5)
     cache = QuantizedPagedKVCache.from_dense(fmt, k, v, [40, 9], block_size=16)
     q = q_for(cache, 2, q_dtype)
     with pytest.raises(exc, match=re.escape(words)):

@@ -29,6 +29,7 @@ from fixtures import DEVICE, dequant_tol, make_q, matrix_cache, seeded
 
 import fp8kv
 from fp8kv.cache import PagedKVCache
+from fp8kv.cache.quantized import QuantizedPagedKVCache
 from fp8kv.capability import UnsupportedError
 from fp8kv.quant import relative_error
 from fp8kv.reference import FP8_MODE_TOL, lse_tolerance, unit_roundoff
@@ -753,6 +754,11 @@ def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):
     monkeypatch.setattr(ops.decode.gluon_launcher, "smem_per_block", lambda device: 101376)  # 128 / 2 needs 104 KiB: 64-token tiles
     assert (ops.gluon_launch(2, wide, 8)["block_n"], ops.gluon_launch(2, wide, 8)["num_stages"]) == (64, 3)
     assert ops.gluon_launch(2, wide, 8, num_stages=2)["block_n"] == 64
+    # INT4 codes, two a byte: half the rings, so 128 / 2 fits at 256 columns where one-byte codes do not
+    assert ops.gluon_smem_bytes(64, 3, 256, packed=True) == 3 * 3 * 64 * 64 + ops.GLUON_SMEM_EXTRA
+    int4 = QuantizedPagedKVCache.from_dense("int4_token_head", torch.randn(2, 300, 2, 256), torch.randn(2, 300, 2, 256),
+                                            [5, 300])
+    assert (ops.gluon_launch(2, int4, 8)["block_n"], ops.gluon_launch(2, int4, 8)["num_stages"]) == (128, 2)
     with pytest.raises(UnsupportedError, match="block_n=128, num_stages=2"):
         ops.gluon_launch(2, wide, 8, block_n=128)
     with pytest.raises(UnsupportedError, match=r"block_n=64 \(the default tile made smaller\), num_stages=4"):

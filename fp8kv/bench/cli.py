@@ -116,7 +116,7 @@ PRESETS = {
                           granularities=["tensor"], flashinfer_tensor_cores=[True]),
     # The quantized formats through fp8kv's kernels beside FP8 (one scale per tensor, and per token and head, as
     # INT8's) and BF16, same shapes (Llama-3-8B's GQA and an MQA-like 8:1), every row checked against its oracle
-    # first; INT8 and FP8 by the default kernel and by the Triton kernel (gluon=False).
+    # first; INT8, INT4 and FP8 by the default kernel and by the Triton kernel (gluon=False).
     "formats": dict(batches=[1, 16, 64], contexts=[4096, 16384, 32768], shapes=[(32, 8, 128), (8, 1, 128)],
                     block_sizes=[16], kv_dtypes=[*QUANT_KV_DTYPES, "fp8_e4m3", "bf16"], modes=["dequant"],
                     backends=["triton"], granularities=["tensor", "token_head"], triton_options=[{}, {"gluon": False}]),
@@ -164,7 +164,7 @@ PRESET_HELP = {
              "D 64-128), B 1-64 x context 4k-16k (GPU)",
     "layouts-smoke": "three tiny head layouts (MHA, MQA, an odd group) that run anywhere; on CPU add --interpret",
     "formats": "the quantized KV formats (INT8 / INT4 per token and head, NVFP4, MXFP4) through fp8kv's "
-               "quantized-page kernel beside fp8_e4m3 and bf16: B 1/16/64 x context 4k/16k/32k, Hq:Hkv:D 32:8:128 "
+               "kernels (INT8 and INT4 by the Gluon kernel and by the Triton kernel, gluon=False) beside fp8_e4m3 and bf16: B 1/16/64 x context 4k/16k/32k, Hq:Hkv:D 32:8:128 "
                "and 8:1:128, every row checked against its oracle (GPU)",
     "formats-tune": "launch variants of the quantized-page kernel around each format's default "
                     "(fp8kv.ops.quant_decode.launcher.QUANT_LAUNCH_DEFAULTS), one option at a time: code "

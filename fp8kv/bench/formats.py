@@ -110,7 +110,7 @@ def quantized_call(q: torch.Tensor, cache: QuantizedPagedKVCache, backend: str, 
     if backend == "reference":
         return functools.partial(quantized_reference, q, cache), {"kernel": "reference-quantized"}
     launch = plan_decode_quantized(q, cache, **options)
-    if isinstance(launch, DecodePlan):  # the Gluon kernel (INT8 per token and head)
+    if isinstance(launch, DecodePlan):  # the Gluon kernel (INT8 and INT4 per token and head)
         cfg = launch.config
         columns = dict(kernel="gluon-quantized", num_splits=cfg["num_splits"], block_n=cfg["block_n"],
                        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

@@ -30,7 +30,7 @@ from ...kv_formats import kv_format
 from ..offline_build import TARGET_ARCHS, Compiled, Instruction, compile_kernel, instructions, main_loop
 from .combine import split_partials
 from .gluon_launcher import gluon_arguments, gluon_launch, kernel_module
-from .gluon_scope import GLUON_QUANTIZED_FORMAT, MAX_HEAD_DIM, NUM_WARPS
+from .gluon_scope import GLUON_QUANTIZED_FORMATS, MAX_HEAD_DIM, NUM_WARPS
 from .planning import gluon_refusal, gluon_window
 from .splits import resident_programs
 
@@ -101,7 +101,7 @@ def _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, n
     if arch not in BUILD_ARCHS:
         checks.fail(f"arch={arch}; expected one of {BUILD_ARCHS} (fp8kv's targets with the FP8 conversions the Gluon "
                     "kernel uses, sm89+)")
-    if kv_dtype == GLUON_QUANTIZED_FORMAT:
+    if kv_dtype in GLUON_QUANTIZED_FORMATS:
         cache = QuantizedPagedKVCache.empty(kv_format(kv_dtype), 1, context, hkv, d, block_size=block_size)
     else:
         cache = PagedKVCache.empty(1, context, hkv, d, block_size=block_size, kv_dtype=kv_dtype,
@@ -111,7 +111,7 @@ def _check_build(num_q_heads, num_kv_heads, head_dim, batch, context, block_n, n
     if why != _refusal_of_a_cpu():  # the kernel's own scope (FP8, head dims, heads per program), by name
         checks.fail(f"{why} (num_q_heads={hq}, num_kv_heads={hkv}, head_dim={d}, kv_dtype={kv_dtype!r})")
     # fp8kv.decode's check of a triton decode's query, whichever kernel runs: 16-bit queries (and no fp16 one over bf16 pages)
-    pages = cache.kv_dtype if isinstance(cache, PagedKVCache) else "fp8_e4m3"  # INT8 codes take a query as FP8 pages do
+    pages = cache.kv_dtype if isinstance(cache, PagedKVCache) else "fp8_e4m3"  # INT8 / INT4 codes take a query as FP8 pages do
     ok, why = check_query("triton", q_dtype, pages) if isinstance(q_dtype, torch.dtype) else \
         (False, f"q_dtype is a {type(q_dtype).__name__}, not a torch dtype")
     if not ok:
@@ -131,10 +131,10 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
     the launch, its splits filling the waves of the programs an SM holds of this build (as on the GPU).
     ``qo_len``: new tokens per sequence (speculative verification: ``group x qo_len`` rows per KV head); ``window``:
     a sliding window (tokens, shorter than ``context``), or None; ``granularity``: the FP8 pages' scales ("tensor" or
-    "token_head"); ``kv_dtype`` "int8_token_head": a quantized cache of INT8 codes per token and head.
+    "token_head"); ``kv_dtype`` "int8_token_head" / "int4_token_head": a quantized cache of INT8 / INT4 codes per token and head.
 
     The arguments must be within the kernel's scope (:func:`.planning.gluon_refusal`): ``num_q_heads`` a
-    multiple of ``num_kv_heads``, head_dim a multiple of 16 from 48 to 256, an FP8 ``kv_dtype`` (or "int8_token_head"), a bf16 / fp16
+    multiple of ``num_kv_heads``, head_dim a multiple of 16 from 48 to 256, an FP8 ``kv_dtype`` (or a quantized format of GLUON_QUANTIZED_FORMATS), a bf16 / fp16
     ``q_dtype``, ``arch`` in :data:`BUILD_ARCHS`; else a ValueError / TypeError naming the argument, before
     anything is compiled."""
     # the arguments first (the launch plan checks block_n, num_stages and num_sms): a bad one is named in any

@@ -1,6 +1,7 @@
 """FP8-KV paged decode in Triton's Gluon dialect: every warp streams its own tokens, and the FP8 tile
 reaches the tensor cores without an fp16 round trip through shared memory. It reads INT8 codes (a quantized
-cache's, one scale per token and head) the same way, their bytes turned to fp16 by their bits.
+cache's, one scale per token and head) the same way, their bytes turned to fp16 by their bits, and INT4 codes, two a
+byte, by theirs.
 
 The plain Triton kernel (:mod:`.triton_kernel`) converts each FP8 tile to fp16 in a
 blocked layout and lets the compiler move it through shared memory into the MMA operand layout, and
@@ -25,6 +26,9 @@ padded head_dim (64 or 128) and lane = 4g + t:
   ``k = 16 kb + 8 h + 2 t + e``, where the m16n8k16 B fragment wants it.
 * V slice: the thread reads the HP/8 contiguous bytes ``d = (HP/8) g + j`` of tokens
   ``2t + e + 8h + 16kb``, which are output columns ``n = 8 j + g``.
+* INT4 codes (two a byte, column 2i in byte i's low nibble): the same columns in half the bytes. K's thread
+  reads HP/8 bytes, byte c = 2 kb + h holding both e of its contraction pair; V's reads HP/16, byte m holding
+  columns j = 2m and 2m + 1.
 
 A head_dim below HP (a multiple of 16: 48, 80, 96, 112) copies only its own 16-byte chunks; the rest of
 the tile is zero-filled, so the padding costs registers and MMAs but no memory traffic.
@@ -43,9 +47,10 @@ row is masked causally at its own token's position, and every K/V tile is read o
 
 Scope (:mod:`.gluon_scope`): NHD or HND pages (the page, token and head strides are arguments), one tensor-wide
 K and V scale or one per token and KV head (TOKEN_SCALES: K's multiply the score columns, V's the probabilities,
-the accumulator kept in units of the largest V scale a warp has seen), head_dim a multiple of 16 from 48 to 256, 4 warps, a sliding window (no soft cap, no sinks).
-:func:`fp8kv.ops.gluon_refusal` checks all of
-it (this is the default kernel where it holds) and :mod:`.gluon_launcher` launches it; the interpreter cannot
+the accumulator kept in units of the largest V scale a warp has seen), head_dim a multiple of 16 from 48 to 256 (of 32
+for INT4 codes: a tile row is then HB = HP / 2 bytes, and the K and V fragments take a byte's two nibbles where they
+took two bytes: both sit in the same thread), 4 warps, a sliding window (no soft cap, no sinks).
+:func:`fp8kv.ops.gluon_refusal` checks all of it (this is the default kernel where it holds) and :mod:`.gluon_launcher` launches it; the interpreter cannot
 run Gluon, so the tensor-core Triton kernel is its twin on CPU. Besides the kernel, this module builds its
 layouts (:func:`make_layouts`, constexprs built on the host), the one part of its launch that needs Gluon.
 """
@@ -62,43 +67,47 @@ from .gluon_scope import NUM_WARPS, head_pad
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
-# The codes it reads, as Gluon types: FP8 pages, and INT8 codes (read as bytes, turned to fp16 by their bits)
-CODE_TYPES = {"fp8_e4m3": gl.float8e4nv, "fp8_e5m2": gl.float8e5, "int8": gl.int8}
+# The codes it reads, as Gluon types: FP8 pages, INT8 codes (read as bytes, turned to fp16 by their bits) and INT4
+# codes, two two's complement nibbles a byte (fp8kv.kv_formats.packing), named by the bytes that hold them
+CODE_TYPES = {"fp8_e4m3": gl.float8e4nv, "fp8_e5m2": gl.float8e5, "int8": gl.int8, "int4": gl.uint8}
 # INT8 codes become fp16 by their bits (the asm in _k_operand and _v_operand): 0x6400 | (c ^ 0x80) is 1024 + c + 128
-# exactly, and minus 1152 (0x6480, twice in the word 0x64806480) it is c.
+# exactly, and minus 1152 (0x6480, twice in the word 0x64806480) it is c. INT4 codes likewise: n = c ^ 8 is c + 8; a
+# nibble in the low bits gives 0x6400 | n = 1024 + n, minus 1032 (0x6408) it is c; one in bits 4-7 gives 1024 + 16 n,
+# times 1/16 (0x2C00) minus 72 (0xD480 is -72) it is c. One lop3 ((a & b) | c: 0xEA) masks each nibble into place.
 
 
-def make_layouts(block_n: int, head_dim: int):
+def make_layouts(block_n: int, head_dim: int, packed: bool = False):
     """The kernel's layouts for tiles of ``block_n`` (64 or 128) tokens of ``head_dim``, built on the
-    host and passed as constexprs."""
+    host and passed as constexprs; ``packed``: codes two a byte (HB, a tile row's bytes, is then HP / 2)."""
     hp = head_pad(head_dim)
+    hb = hp // 2 if packed else hp
     nw = block_n // NUM_WARPS  # tokens per warp slice: 16 or 32
     w = NUM_WARPS
     mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[w, 1, 1], instr_shape=[1, 16, 8])
     a_op = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_op = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    # K slice [W, NW, HP] bytes: tokens g + 8r, HP/4 contiguous bytes at (HP/4) t.
-    k_phys = gl.BlockedLayout(size_per_thread=[1, 1, hp // 4], threads_per_warp=[1, 8, 4], warps_per_cta=[w, 1, 1],
+    # K slice [W, NW, HB] bytes: tokens g + 8r, HB/4 contiguous bytes at (HB/4) t (the codes of HP/4 columns).
+    k_phys = gl.BlockedLayout(size_per_thread=[1, 1, hb // 4], threads_per_warp=[1, 8, 4], warps_per_cta=[w, 1, 1],
                               order=[2, 1, 0])
-    # V slice [W, NW, HP] bytes: HP/8 contiguous bytes (HP/8) g + j of tokens 2t + e + 8h + 16kb.
+    # V slice [W, NW, HB] bytes: HB/8 contiguous bytes (HB/8) g + j of tokens 2t + e + 8h + 16kb.
     v_phys = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1 << i] for i in range(int(math.log2(hp // 8)))] + [[0, 1, 0], [0, 8, 0]]
+        reg_bases=[[0, 0, 1 << i] for i in range(int(math.log2(hb // 8)))] + [[0, 1, 0], [0, 8, 0]]
         + [[0, 16 << i, 0] for i in range(int(math.log2(nw // 16)))],
-        lane_bases=[[0, 2, 0], [0, 4, 0]] + [[0, 0, (hp // 8) << i] for i in range(3)],
+        lane_bases=[[0, 2, 0], [0, 4, 0]] + [[0, 0, (hb // 8) << i] for i in range(3)],
         warp_bases=[[1, 0, 0], [2, 0, 0]],
         block_bases=[],
-        shape=[w, nw, hp],
+        shape=[w, nw, hb],
     )
     q_blk = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[1, 256 // hp, hp // 8],
                              warps_per_cta=[w, 1, 1], order=[2, 1, 0])
-    # Shared ring [STAGES, W, NW, HP] bytes; 16-byte chunk c of a row stored at chunk c ^ (row % (HP/16)):
+    # Shared ring [STAGES, W, NW, HB] bytes; 16-byte chunk c of a row stored at chunk c ^ (row % (HB/16)):
     # conflict-free for the cp.async writes and the K and V reads.
-    smem = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=hp // 16, order=[2, 1, 0])
-    # cp.async layout over [W, NW, HP] bytes: 16 B per thread, each warp copies its own slice.
-    cp = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[1, 512 // hp, hp // 16],
+    smem = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=hb // 16, order=[2, 1, 0])
+    # cp.async layout over [W, NW, HB] bytes: 16 B per thread, each warp copies its own slice.
+    cp = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[1, 512 // hb, hb // 16],
                           warps_per_cta=[w, 1, 1], order=[2, 1, 0])
-    return dict(W=w, HP=hp, NW=nw, MMA=mma, A_OP=a_op, B_OP=b_op, K_PHYS=k_phys, V_PHYS=v_phys, Q_BLK=q_blk, SMEM=smem,
-                CP=cp)
+    return dict(W=w, HP=hp, HB=hb, NW=nw, MMA=mma, A_OP=a_op, B_OP=b_op, K_PHYS=k_phys, V_PHYS=v_phys, Q_BLK=q_blk,
+                SMEM=smem, CP=cp)
 
 
 @gluon.jit
@@ -116,31 +125,67 @@ def _v_dphys(n, HP: gl.constexpr):
 @gluon.jit
 def _k_operand(k_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP: gl.constexpr,
                CODE_TY: gl.constexpr):
-    """[W, NW, HP] uint8 codes (K_PHYS) -> Kᵀ [W, HP (permuted k), NW] fp16 in the B layout."""
-    x = k_codes.reshape([W, NW, 4, HP // 16, 2, 2])  # w, n, t, kb, h, e
-    x = x.permute([0, 3, 4, 2, 5, 1])  # w, kb, h, t, e, n
-    x = x.reshape([W, HP, NW])  # k = 16kb + 8h + 2t + e
-    x = gl.convert_layout(x, B_OP, assert_trivial=True)
-    if CODE_TY == gl.int8:  # four codes a register: one xor, two byte permutes, two fp16x2 subtractions
-        return gl.inline_asm_elementwise(
-            "{ .reg .b32 x, hi8, bias; xor.b32 x, $2, 0x80808080; mov.b32 hi8, 0x64646464; mov.b32 bias, 0x64806480;\n"
-            "prmt.b32 $0, x, hi8, 0x4140; prmt.b32 $1, x, hi8, 0x4342;\n"
-            "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; }",
-            "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
-    return x.to(CODE_TY, bitcast=True).to(gl.float16)
+    """[W, NW, HB] uint8 codes (K_PHYS) -> Kᵀ [W, HP (permuted k), NW] fp16 in the B layout."""
+    if CODE_TY == gl.uint8:  # INT4: a byte holds the pair e = 0, 1 a B-operand register wants, in its two nibbles
+        x = k_codes.reshape([W, NW, 4, HP // 16, 2])  # w, n, t, kb, h
+        pairs = gl.inline_asm_elementwise(
+            "{ .reg .b32 x, t, z, m, ex, mul, add; mov.b32 z, 0; mov.b32 m, 0x00F0000F; mov.b32 ex, 0x64006400;\n"
+            "mov.b32 mul, 0x2C003C00; mov.b32 add, 0xD480E408; xor.b32 x, $4, 0x88888888;\n"
+            "prmt.b32 t, x, z, 0x4040; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $0, t, mul, add;\n"
+            "prmt.b32 t, x, z, 0x4141; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $1, t, mul, add;\n"
+            "prmt.b32 t, x, z, 0x4242; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $2, t, mul, add;\n"
+            "prmt.b32 t, x, z, 0x4343; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $3, t, mul, add; }",
+            "=r,=r,=r,=r,r", [x], dtype=gl.int32, is_pure=True, pack=4)
+        lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs],
+                                           dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
+        x = gl.join(lo, hi)  # w, n, t, kb, h, e
+        x = x.permute([0, 3, 4, 2, 5, 1])  # w, kb, h, t, e, n
+        x = x.reshape([W, HP, NW])  # k = 16kb + 8h + 2t + e
+        k = gl.convert_layout(x, B_OP, assert_trivial=True)
+    else:
+        x = k_codes.reshape([W, NW, 4, HP // 16, 2, 2])  # w, n, t, kb, h, e
+        x = x.permute([0, 3, 4, 2, 5, 1])  # w, kb, h, t, e, n
+        x = x.reshape([W, HP, NW])  # k = 16kb + 8h + 2t + e
+        x = gl.convert_layout(x, B_OP, assert_trivial=True)
+        if CODE_TY == gl.int8:  # four codes a register: one xor, two byte permutes, two fp16x2 subtractions
+            k = gl.inline_asm_elementwise(
+                "{ .reg .b32 x, hi8, bias; xor.b32 x, $2, 0x80808080; mov.b32 hi8, 0x64646464; mov.b32 bias, 0x64806480;\n"
+                "prmt.b32 $0, x, hi8, 0x4140; prmt.b32 $1, x, hi8, 0x4342;\n"
+                "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; }",
+                "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+        else:
+            k = x.to(CODE_TY, bitcast=True).to(gl.float16)
+    return k
 
 
 @gluon.jit
 def _v_operand(v_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP: gl.constexpr,
                CODE_TY: gl.constexpr):
-    """[W, NW, HP] uint8 codes (V_PHYS) -> V [W, NW, HP (permuted n)] fp16 in the B layout.
+    """[W, NW, HB] uint8 codes (V_PHYS) -> V [W, NW, HP (permuted n)] fp16 in the B layout.
 
     A B-operand register holds one column of two adjacent tokens, while a loaded word holds four
     columns of one token: one two-source byte permute per four codes (``prmt``) pairs them, then
     two ``cvt`` per permuted word (the compiler, left to itself, spends four integer ops per cvt);
-    INT8 codes take one more permute per pair instead, spreading them into fp16 bit patterns."""
-    x = v_codes.reshape([W, NW // 2, 2, HP]).permute([0, 1, 3, 2])  # w, token pair, column, e
+    INT8 codes take one more permute per pair instead, spreading them into fp16 bit patterns. INT4 codes
+    (two columns a byte) take one permute per byte pair, then a mask for each of its two columns."""
+    HB: gl.constexpr = v_codes.shape[2]
+    x = v_codes.reshape([W, NW // 2, 2, HB]).permute([0, 1, 3, 2])  # w, token pair, byte, e
     even, odd = gl.split(x)
+    if CODE_TY == gl.uint8:
+        x = _v_nibble_pairs(even, odd, W, NW, HP)
+    else:
+        x = _v_byte_pairs(even, odd, CODE_TY)
+    x = x.permute([0, 1, 3, 2]).reshape([W, NW, HP])  # token = 2 pair + e
+    x = x.reshape([W, NW, 8, HP // 8])  # w, tok, g, j
+    x = x.permute([0, 1, 3, 2])  # w, tok, j, g
+    x = x.reshape([W, NW, HP])  # n = 8j + g
+    return gl.convert_layout(x, B_OP, assert_trivial=True)
+
+
+@gluon.jit
+def _v_byte_pairs(even, odd, CODE_TY: gl.constexpr):
+    """One-byte V codes (FP8, INT8) of the even and odd token of each pair, [W, NW / 2, HP] each -> fp16
+    [W, NW / 2, HP, 2], the last dim the pair's token."""
     if CODE_TY == gl.int8:
         pairs = gl.inline_asm_elementwise(
             "{ .reg .b32 lo, hi, hi8, bias; mov.b32 hi8, 0x64646464; mov.b32 bias, 0x64806480;\n"
@@ -163,11 +208,35 @@ def _v_operand(v_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_O
             "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
     lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs],
                                        dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
-    x = gl.join(lo, hi).permute([0, 1, 3, 2]).reshape([W, NW, HP])  # token = 2 pair + e
-    x = x.reshape([W, NW, 8, HP // 8])  # w, tok, g, j
-    x = x.permute([0, 1, 3, 2])  # w, tok, j, g
-    x = x.reshape([W, NW, HP])  # n = 8j + g
-    return gl.convert_layout(x, B_OP, assert_trivial=True)
+    return gl.join(lo, hi)
+
+
+@gluon.jit
+def _v_nibble_pairs(even, odd, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr):
+    """INT4 V codes of the even and odd token of each pair, [W, NW / 2, HP / 2] bytes each (byte m: columns 2m in the
+    low nibble, 2m + 1 in the high one) -> fp16 [W, NW / 2, HP, 2], the last dim the pair's token."""
+    low = gl.inline_asm_elementwise(
+        "{ .reg .b32 e, o, t, m, ex, bias; mov.b32 m, 0x000F000F; mov.b32 ex, 0x64006400; mov.b32 bias, 0x64086408;\n"
+        "xor.b32 e, $4, 0x88888888; xor.b32 o, $5, 0x88888888;\n"
+        "prmt.b32 t, e, o, 0x4400; lop3.b32 t, t, m, ex, 0xEA; sub.f16x2 $0, t, bias;\n"
+        "prmt.b32 t, e, o, 0x5511; lop3.b32 t, t, m, ex, 0xEA; sub.f16x2 $1, t, bias;\n"
+        "prmt.b32 t, e, o, 0x6622; lop3.b32 t, t, m, ex, 0xEA; sub.f16x2 $2, t, bias;\n"
+        "prmt.b32 t, e, o, 0x7733; lop3.b32 t, t, m, ex, 0xEA; sub.f16x2 $3, t, bias; }",
+        "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
+    high = gl.inline_asm_elementwise(
+        "{ .reg .b32 e, o, t, m, ex, mul, add; mov.b32 m, 0x00F000F0; mov.b32 ex, 0x64006400;\n"
+        "mov.b32 mul, 0x2C002C00; mov.b32 add, 0xD480D480; xor.b32 e, $4, 0x88888888; xor.b32 o, $5, 0x88888888;\n"
+        "prmt.b32 t, e, o, 0x4400; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $0, t, mul, add;\n"
+        "prmt.b32 t, e, o, 0x5511; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $1, t, mul, add;\n"
+        "prmt.b32 t, e, o, 0x6622; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $2, t, mul, add;\n"
+        "prmt.b32 t, e, o, 0x7733; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $3, t, mul, add; }",
+        "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
+    low_e0, low_e1 = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [low],
+                                               dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
+    high_e0, high_e1 = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [high],
+                                                 dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
+    x = gl.join(gl.join(low_e0, high_e0), gl.join(low_e1, high_e1))  # w, pair, byte m, column 2m + f, e
+    return x.reshape([W, NW // 2, HP, 2])  # w, pair, column, e
 
 
 @gluon.jit
@@ -198,31 +267,31 @@ def _load_block_entries(bt_row, n0, local, end, BLOCK_N: gl.constexpr, BLOCK_SIZ
 
 
 @gluon.jit
-def _issue_tile(k_ptr, v_ptr, k_buf, k2_buf, v_buf, pages, num_blocks, n0, local, end, kv_head_off, v_col0, stride_kb,
-                stride_kt, HP: gl.constexpr, HEAD_DIM: gl.constexpr, PARTS: gl.constexpr, BLOCK_N: gl.constexpr,
+def _issue_tile(k_ptr, v_ptr, k_buf, k2_buf, v_buf, pages, num_blocks, n0, local, end, kv_head_off, v_byte0, stride_kb,
+                stride_kt, HB: gl.constexpr, ROW_BYTES: gl.constexpr, PARTS: gl.constexpr, BLOCK_N: gl.constexpr,
                 BLOCK_SIZE: gl.constexpr, CP: gl.constexpr):
-    """cp.async (16 B per thread and row chunk) of the raw FP8 bytes of tile n0's K rows (columns
-    [0, HP) into k_buf, [HP, 2 HP) into k2_buf when PARTS == 2) and V rows (columns [v_col0, v_col0 + HP))
-    into v_buf ([W, NW, HP] u8 smem). Rows >= end and columns >= HEAD_DIM are zero-filled (src-size 0).
+    """cp.async (16 B per thread and row chunk) of the raw code bytes of tile n0's K rows (bytes
+    [0, HB) into k_buf, [HB, 2 HB) into k2_buf when PARTS == 2) and V rows (bytes [v_byte0, v_byte0 + HB))
+    into v_buf ([W, NW, HB] u8 smem). Rows >= end and bytes >= ROW_BYTES (a head's) are zero-filled (src-size 0).
     ``pages`` (block-table entries) are clamped into [0, num_blocks) here."""
     _, row = _page_rows(n0, local, BLOCK_N, BLOCK_SIZE)
     pages = gl.minimum(gl.maximum(pages, 0), num_blocks - 1)
-    d = gl.arange(0, HP, layout=gl.SliceLayout(0, gl.SliceLayout(1, CP)))
+    d = gl.arange(0, HB, layout=gl.SliceLayout(0, gl.SliceLayout(1, CP)))
     off = pages.to(gl.int64) * stride_kb + (row * stride_kt + kv_head_off).to(gl.int64)
     d3 = gl.expand_dims(gl.expand_dims(d, 0), 1)
     live = gl.expand_dims(n0 + local < end, 2)
-    _copy_columns(k_buf, k_ptr, off, 0, d3, live, HEAD_DIM)
+    _copy_columns(k_buf, k_ptr, off, 0, d3, live, ROW_BYTES)
     if PARTS == 2:
-        _copy_columns(k2_buf, k_ptr, off, HP, d3, live, HEAD_DIM)
-    _copy_columns(v_buf, v_ptr, off, v_col0, d3, live, HEAD_DIM)
+        _copy_columns(k2_buf, k_ptr, off, HB, d3, live, ROW_BYTES)
+    _copy_columns(v_buf, v_ptr, off, v_byte0, d3, live, ROW_BYTES)
 
 
 @gluon.jit
-def _copy_columns(buf, ptr, off, col0, d3, live, HEAD_DIM: gl.constexpr):
-    """cp.async of columns col0 + d3 of the rows at byte offsets ``off`` (multiples of 16, as col0 is) into
-    buf; rows not ``live`` and columns >= HEAD_DIM are zero-filled."""
+def _copy_columns(buf, ptr, off, col0, d3, live, ROW_BYTES: gl.constexpr):
+    """cp.async of bytes col0 + d3 of the rows at byte offsets ``off`` (multiples of 16, as col0 is) into
+    buf; rows not ``live`` and bytes >= ROW_BYTES are zero-filled."""
     offs = gl.expand_dims(gl.multiple_of(off + col0, [16, 16]), 2) + d3
-    _async_load(buf, ptr + offs, mask=live & (d3 < HEAD_DIM - col0))
+    _async_load(buf, ptr + offs, mask=live & (d3 < ROW_BYTES - col0))
 
 
 @gluon.jit
@@ -275,10 +344,10 @@ def gluon_decode_kernel(
     ROWS: gl.constexpr,  # MMA rows (HEADS padded: 16 or 32)
     PARTS: gl.constexpr,  # programs per head tile, one per HP output columns (head_parts)
     HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    CODE_TY: gl.constexpr,  # the pages' codes: e4m3, e5m2 or int8 (CODE_TYPES)
+    CODE_TY: gl.constexpr,  # the pages' codes: e4m3, e5m2, int8 or int4 (uint8: two a byte; CODE_TYPES)
     TOKEN_SCALES: gl.constexpr,  # one K and one V scale per token and KV head (else one tensor-wide scale each)
     STAGES: gl.constexpr,  # smem ring depth (>= 2); STAGES - 1 tiles of copies in flight during compute
-    W: gl.constexpr, HP: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr,
+    W: gl.constexpr, HP: gl.constexpr, HB: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr,
     K_PHYS: gl.constexpr, V_PHYS: gl.constexpr, Q_BLK: gl.constexpr, SMEM: gl.constexpr, CP: gl.constexpr,
 ):
     """The tensor-core kernel's split-KV decode (fp8kv.kernels.paged_decode, its twin): warps own token
@@ -296,11 +365,13 @@ def gluon_decode_kernel(
     addressing takes tiles at multiples of BLOCK_N), so pages before the window are never read; the tokens of
     that first tile below each row's window are masked."""
     BLOCK_N: gl.constexpr = W * NW
+    ROW_BYTES: gl.constexpr = HEAD_DIM * HB // HP  # a head's bytes of codes (HB = HP / 2 for INT4)
     part = gl.program_id(0) % PARTS  # a head tile's parts side by side: they read the same K pages
     tile = gl.program_id(0) // PARTS
     kvh = tile // HEAD_TILES  # KV heads first: a sequence's heads run side by side
     row0 = tile % HEAD_TILES * HEADS  # the program's first row of its KV head's GROUP x QO
     v_col0 = part * HP  # the program's V and output columns
+    v_byte0 = part * HB  # and their codes' first byte
     rows_here = gl.minimum(GROUP * QO - row0, HEADS)
     b = gl.program_id(1)
     split = gl.program_id(2)
@@ -316,10 +387,10 @@ def gluon_decode_kernel(
 
     bt_row = bt_ptr + b * stride_btb
     kv_head_off = kvh * stride_kh
-    k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, W, NW, HP], SMEM)
-    v_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, W, NW, HP], SMEM)
+    k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, W, NW, HB], SMEM)
+    v_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, W, NW, HB], SMEM)
     if PARTS == 2:
-        k2_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, W, NW, HP], SMEM)
+        k2_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, W, NW, HB], SMEM)
     else:
         k2_smem = k_smem  # not copied into
     local = _slice_tokens(W, NW, gl.SliceLayout(2, CP))  # the copy layout's tokens of a tile
@@ -328,7 +399,7 @@ def gluon_decode_kernel(
         n0 = start + st * BLOCK_N
         pg = _load_block_entries(bt_row, n0, local, end, BLOCK_N, BLOCK_SIZE)
         _issue_tile(k_ptr, v_ptr, k_smem.index(st), k2_smem.index(st), v_smem.index(st), pg, num_blocks, n0, local,
-                    end, kv_head_off, v_col0, stride_kb, stride_kt, HP, HEAD_DIM, PARTS, BLOCK_N, BLOCK_SIZE, CP)
+                    end, kv_head_off, v_byte0, stride_kb, stride_kt, HB, ROW_BYTES, PARTS, BLOCK_N, BLOCK_SIZE, CP)
         async_copy.commit_group()
     pg_next = _load_block_entries(bt_row, start + (STAGES - 1) * BLOCK_N, local, end, BLOCK_N, BLOCK_SIZE)
 
@@ -382,7 +453,7 @@ def gluon_decode_kernel(
         _thread_barrier()  # ... everyone's; and everyone is done reading slot (i - 1) % STAGES
         nslot = (i + STAGES - 1) % STAGES
         _issue_tile(k_ptr, v_ptr, k_smem.index(nslot), k2_smem.index(nslot), v_smem.index(nslot), pg_next, num_blocks,
-                    n0 + (STAGES - 1) * BLOCK_N, local, end, kv_head_off, v_col0, stride_kb, stride_kt, HP, HEAD_DIM,
+                    n0 + (STAGES - 1) * BLOCK_N, local, end, kv_head_off, v_byte0, stride_kb, stride_kt, HB, ROW_BYTES,
                     PARTS, BLOCK_N, BLOCK_SIZE, CP)
         async_copy.commit_group()
         pg_next = _load_block_entries(bt_row, n0 + STAGES * BLOCK_N, local, end, BLOCK_N, BLOCK_SIZE)

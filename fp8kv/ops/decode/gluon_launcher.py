@@ -19,7 +19,15 @@ from ...capability import UnsupportedError, interpreter_on
 from ..pages import page_strides
 from . import splits
 from .combine import combine_splits, split_partials
-from .gluon_scope import NUM_WARPS, head_pad, head_parts, max_rows, mma_rows
+from .gluon_scope import (
+    GLUON_QUANTIZED_FORMATS,
+    NUM_WARPS,
+    PACKED_CODES,
+    head_pad,
+    head_parts,
+    max_rows,
+    mma_rows,
+)
 from .splits import DecodeConfig
 
 __all__ = ["GLUON_BLOCK_N", "GLUON_MIN_SPLIT_TOKENS", "GLUON_MIN_ROW_SPLIT_TOKENS", "GLUON_STAGES", "GLUON_SMEM_EXTRA", "gluon_tile",
@@ -85,10 +93,11 @@ def gluon_tile(group: int, head_dim: int, streams: int, num_sms: int) -> tuple[i
 GLUON_SMEM_EXTRA = 8192
 
 
-def gluon_smem_bytes(block_n: int, num_stages: int, head_dim: int) -> int:
+def gluon_smem_bytes(block_n: int, num_stages: int, head_dim: int, packed: bool = False) -> int:
     """Shared memory one Gluon program needs: the K and V rings of ``num_stages`` tiles (K in each part's
-    width, V in its own part's), and the rest."""
-    return (head_parts(head_dim) + 1) * num_stages * block_n * head_pad(head_dim) + GLUON_SMEM_EXTRA
+    width, V in its own part's; half the bytes for ``packed`` codes, two a byte), and the rest."""
+    row_bytes = head_pad(head_dim) // (2 if packed else 1)
+    return (head_parts(head_dim) + 1) * num_stages * block_n * row_bytes + GLUON_SMEM_EXTRA
 
 
 def smem_per_block(device: torch.device) -> int | None:
@@ -131,18 +140,19 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
     stages = depth if num_stages is None else checks.one_of(checks.integer(num_stages, "num_stages"), "num_stages",
                                                            GLUON_STAGES)
     limit = smem_per_block(dev)
+    packed = gluon_codes(cache)[0] in PACKED_CODES
     if limit is not None:
         def fitting(block_n: int, stages: int) -> int:  # the default depth made shallower until its rings fit
             while num_stages is None and stages > min(GLUON_STAGES) and \
-                    gluon_smem_bytes(block_n, stages, cache.head_dim) > limit:
+                    gluon_smem_bytes(block_n, stages, cache.head_dim, packed) > limit:
                 stages -= 1
             return stages
 
         stages = fitting(block_n, stages)
-        if default_tile and block_n > min(GLUON_BLOCK_N) and gluon_smem_bytes(block_n, stages, cache.head_dim) > limit:
+        if default_tile and block_n > min(GLUON_BLOCK_N) and gluon_smem_bytes(block_n, stages, cache.head_dim, packed) > limit:
             block_n = min(GLUON_BLOCK_N)  # smaller tiles
             stages = fitting(block_n, max(GLUON_STAGES) if num_stages is None else stages)
-        need = gluon_smem_bytes(block_n, stages, cache.head_dim)
+        need = gluon_smem_bytes(block_n, stages, cache.head_dim, packed)
         if need > limit:
             fell_back = " (the default tile made smaller)" if default_tile and block_n != tile else ""
             raise UnsupportedError(f"block_n={block_n}{fell_back}, num_stages={stages}: the Gluon kernel's rings need "
@@ -186,12 +196,12 @@ def gluon_residency(cache: PagedKVCache, cfg: DecodeConfig, group: int, q_dtype:
 
 def gluon_codes(cache) -> tuple[str, bool]:
     """What the Gluon kernel reads of ``cache``: its codes (a key of the kernel's CODE_TYPES: "fp8_e4m3", "fp8_e5m2",
-    or "int8" for a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` of INT8 per token and head) and whether
-    its scales are one per token and KV head (else one per tensor). :func:`fp8kv.ops.gluon_refusal` checked the
-    cache."""
+    or "int8" / "int4" for a :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` of INT8 / INT4 per token and head)
+    and whether its scales are one per token and KV head (else one per tensor). :func:`fp8kv.ops.gluon_refusal`
+    checked the cache."""
     if isinstance(cache, PagedKVCache):
         return cache.kv_dtype, cache.granularity == "token_head"
-    return "int8", True
+    return GLUON_QUANTIZED_FORMATS[cache.fmt.name], True
 
 
 def token_scale_strides(cache) -> tuple[int, int, int]:
@@ -220,7 +230,7 @@ def launch_constants(cfg: dict, group: int, cache, qo_len: int = 1, windowed: bo
     return dict(GROUP=group, QO=qo_len, WINDOWED=windowed, HEADS=heads, HEAD_TILES=cfg["head_tiles"],
                 ROWS=mma_rows(heads), PARTS=head_parts(head_dim), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
                 CODE_TY=kernel.CODE_TYPES[codes], TOKEN_SCALES=token_scales, STAGES=cfg["num_stages"],
-                **kernel.make_layouts(cfg["block_n"], head_dim))
+                **kernel.make_layouts(cfg["block_n"], head_dim, codes in PACKED_CODES))
 
 
 def gluon_arguments(q: torch.Tensor, cache: PagedKVCache, cfg: DecodeConfig, sm_scale: float,

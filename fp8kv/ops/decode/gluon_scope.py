@@ -3,7 +3,7 @@ warps, tile widths, head dims and the query heads one program holds. Read by the
 launch (:mod:`.gluon_launcher`) and the choice of kernel (:mod:`.planning`); importing it needs no Gluon."""
 
 __all__ = ["NUM_WARPS", "HEAD_PADS", "MIN_HEAD_DIM", "MAX_HEAD_DIM", "MAX_ROWS", "GLUON_GRANULARITIES",
-           "GLUON_QUANTIZED_FORMAT", "head_parts", "head_pad", "max_rows", "mma_rows"]
+           "GLUON_QUANTIZED_FORMATS", "PACKED_CODES", "PACKED_HEAD_DIM", "head_parts", "head_pad", "max_rows", "mma_rows"]
 
 NUM_WARPS = 4
 HEAD_PADS = (64, 128)  # register tile widths; a head_dim runs in the smallest that holds it
@@ -13,10 +13,14 @@ MAX_HEAD_DIM = 256  # two parts of 128
 # so 32 rows of 64 columns take the registers that 16 of 128 take (sm90: 168 a thread, no spills). Two
 # parts hold the query twice as wide: 16 rows.
 MAX_ROWS = {64: 32, 128: 16}
-# The scales of FP8 pages it reads, and the one quantized format (fp8kv.kv_formats) whose codes it reads: INT8 per
-# token and head, one-byte codes with FP8's per-token scales
+# The scales of FP8 pages it reads, and the quantized formats (fp8kv.kv_formats) whose codes it reads, with the codes
+# each holds: INT8 and INT4 per token and head, one scale per token and head as FP8's per-token ones
 GLUON_GRANULARITIES = ("tensor", "token_head")
-GLUON_QUANTIZED_FORMAT = "int8_token_head"
+GLUON_QUANTIZED_FORMATS = {"int8_token_head": "int8", "int4_token_head": "int4"}
+# Codes two a byte (fp8kv.kv_formats.packing), and the head dims it reads of them: a multiple of 32, so that a head's
+# row of codes is whole 16-byte chunks (the cp.async copies' unit)
+PACKED_CODES = ("int4",)
+PACKED_HEAD_DIM = 32
 
 
 def head_parts(head_dim: int) -> int:

@@ -32,10 +32,12 @@ from .gluon_launcher import (
 )
 from .gluon_scope import (
     GLUON_GRANULARITIES,
-    GLUON_QUANTIZED_FORMAT,
+    GLUON_QUANTIZED_FORMATS,
     MAX_HEAD_DIM,
     MIN_HEAD_DIM,
     NUM_WARPS,
+    PACKED_CODES,
+    PACKED_HEAD_DIM,
     head_parts,
     max_rows,
 )
@@ -43,7 +45,7 @@ from .splits import DecodeConfig
 from .triton_launcher import TritonLaunch, triton_launch, triton_residency
 
 __all__ = ["DecodePlan", "plan", "plan_rows", "gluon_window", "decode_launch", "launch_for", "decode_kernel",
-           "gluon_refusal", "gluon_choice", "codes_refusal", "gluon_config", "OUT_DTYPES", "GLUON_GRANULARITIES", "GLUON_QUANTIZED_FORMAT",
+           "gluon_refusal", "gluon_choice", "codes_refusal", "gluon_config", "OUT_DTYPES", "GLUON_GRANULARITIES", "GLUON_QUANTIZED_FORMATS",
            "GLUON_OPTIONS", "PLAN_OPTIONS", "MAX_ROW_TILES"]
 
 # The most programs a KV head's (token, head) rows are cut into by plan_rows: each program reads and converts every
@@ -207,17 +209,20 @@ def gluon_refusal(cache: PagedKVCache, mode: str, head_dim: int, group: int, dev
 
 def codes_refusal(cache) -> str | None:
     """Why the Gluon kernel cannot read ``cache``'s pages and scales (None: it can): FP8 pages with one tensor-wide
-    scale or one per token and KV head, or a quantized cache of INT8 codes per token and head; per-token scales
-    read with one set of strides for K and V."""
+    scale or one per token and KV head, or a quantized cache of INT8 or INT4 codes per token and head (INT4 at head dims
+    that are multiples of 32); per-token scales read with one set of strides for K and V."""
     if isinstance(cache, PagedKVCache):
         if not cache.is_fp8:
-            return f"kv_dtype={cache.kv_dtype}: the Gluon kernel reads FP8 caches (and INT8 per token and head)"
+            return f"kv_dtype={cache.kv_dtype}: the Gluon kernel reads FP8 caches (and INT8 / INT4 per token and head)"
         if cache.granularity not in GLUON_GRANULARITIES:
             return (f"granularity={cache.granularity!r}: the Gluon kernel takes one tensor-wide scale or one per token "
                     "and KV head")
-    elif not isinstance(cache, QuantizedPagedKVCache) or cache.fmt.name != GLUON_QUANTIZED_FORMAT:
+    elif not isinstance(cache, QuantizedPagedKVCache) or cache.fmt.name not in GLUON_QUANTIZED_FORMATS:
         name = cache.fmt.name if isinstance(cache, QuantizedPagedKVCache) else type(cache).__name__
-        return f"{name}: of the quantized formats the Gluon kernel reads {GLUON_QUANTIZED_FORMAT!r}"
+        return f"{name}: of the quantized formats the Gluon kernel reads {' and '.join(map(repr, GLUON_QUANTIZED_FORMATS))}"
+    elif gluon_codes(cache)[0] in PACKED_CODES and cache.head_dim % PACKED_HEAD_DIM:
+        return (f"head_dim={cache.head_dim}: the Gluon kernel reads {cache.fmt.name} (two codes a byte) at head dims that "
+                f"are multiples of {PACKED_HEAD_DIM} (whole 16-byte rows)")
     if gluon_codes(cache)[1]:
         k_scale, v_scale = cache_scales(cache)
         if k_scale.stride()[:3] != v_scale.stride()[:3]:

@@ -16,7 +16,7 @@ from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import MODES, interpreter_on
 from ...device import gpu_slug
 from ...launch_options import MAX_BLOCK_N, WARP_COUNTS
-from .gluon_scope import GLUON_QUANTIZED_FORMAT
+from .gluon_scope import GLUON_QUANTIZED_FORMATS
 
 
 @functools.cache
@@ -291,13 +291,13 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     bandwidth-bound split count fills whole waves (:func:`fill_waves`); None: the count of
     :func:`choose_num_splits` alone.
     """
-    int8_pages = isinstance(cache, QuantizedPagedKVCache) and cache.fmt.name == GLUON_QUANTIZED_FORMAT
-    if not (isinstance(cache, PagedKVCache) or int8_pages):
+    quantized = isinstance(cache, QuantizedPagedKVCache) and cache.fmt.name in GLUON_QUANTIZED_FORMATS
+    if not (isinstance(cache, PagedKVCache) or quantized):
         what = f"format {cache.fmt.name!r}" if isinstance(cache, QuantizedPagedKVCache) else type(cache).__name__
-        checks.fail(f"cache must be a fp8kv.PagedKVCache (or a quantized cache of {GLUON_QUANTIZED_FORMAT!r}, which the "
-                    f"Gluon kernel reads), got {what}", TypeError)
+        checks.fail(f"cache must be a fp8kv.PagedKVCache (or a quantized cache of {' or '.join(GLUON_QUANTIZED_FORMATS)}, "
+                    f"which the Gluon kernel reads), got {what}", TypeError)
     batch = checks.positive_int(batch, "batch")
-    one_byte = int8_pages or cache.is_fp8  # INT8 codes tile as FP8 pages do
+    one_byte = quantized or cache.is_fp8  # INT8 and INT4 codes tile as FP8 pages do
     checks.one_of(mode, "mode", MODES)
     checks.flag(use_tensor_cores, "use_tensor_cores")
     if window is not None:

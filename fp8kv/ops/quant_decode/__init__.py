@@ -16,7 +16,7 @@ from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, interpreter_on
 from ...launch_options import MAX_BLOCK_N, WARP_COUNTS
 from ..decode.gluon_launcher import launch_constants
-from ..decode.gluon_scope import GLUON_QUANTIZED_FORMAT
+from ..decode.gluon_scope import GLUON_QUANTIZED_FORMATS
 from ..decode.planning import DecodePlan, decode_kernel, gluon_choice, gluon_config
 from .launcher import (
     QUANT_CONVERTS,
@@ -58,7 +58,7 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
                            num_warps: int | None = None, num_stages: int | None = None,
                            check: bool = True, gluon: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode attention of one query token per sequence over a quantized paged cache, with fp8kv's kernels (the
-    quantized-page Triton kernel; INT8 per token and head in the FP8 decode's Gluon kernel where it runs, see
+    quantized-page Triton kernel; INT8 and INT4 per token and head in the FP8 decode's Gluon kernel where it runs, see
     ``gluon``): :func:`plan_decode_quantized` (every check, the launch) and :func:`run_quant_decode`.
 
     Parameters
@@ -77,12 +77,13 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
         interpreter "software" for "ptx" and one stage).
     check : also check the scales' values and the tables (a host sync; a sequence of length 0 refused). Off,
         the kernel still clamps block-table entries and lengths into the pool.
-    gluon : which kernel reads INT8 per token and head: None (default) the FP8 decode's Gluon kernel
+    gluon : which kernel reads INT8 and INT4 per token and head: None (default) the FP8 decode's Gluon kernel
         (:mod:`fp8kv.ops.decode.gluon_kernel`, its codes turned to fp16 by their bits) where it runs and no launch
         option is given, as :func:`fp8kv.ops.paged_decode` picks it (a bf16 / fp16 query on a CUDA GPU, sm89+, splits
         of GLUON_MIN_SPLIT_TOKENS or more, the group in one program), else the Triton kernel; True the Gluon kernel
         (UnsupportedError where it cannot run; it takes num_splits, block_n 64 / 128, num_stages 2-4 and
-        num_warps 4); False the Triton kernel. Other formats run the Triton kernel.
+        num_warps 4; INT4 at head dims that are multiples of 32); False the Triton kernel. Other formats run the
+        Triton kernel.
 
     Returns
     -------
@@ -143,7 +144,7 @@ def _gluon_plan(q: torch.Tensor, cache: QuantizedPagedKVCache, sm_scale: float, 
                 gluon: bool | None, options: dict) -> DecodePlan | None:
     """The Gluon kernel's plan of a checked decode (see :func:`paged_decode_quantized`'s ``gluon``), or None: the
     Triton kernel's. UnsupportedError where gluon=True cannot run."""
-    if gluon is False or cache.fmt.name != GLUON_QUANTIZED_FORMAT and not gluon:
+    if gluon is False or cache.fmt.name not in GLUON_QUANTIZED_FORMATS and not gluon:
         return None
     b, hq, d = q.shape
     group = hq // cache.num_kv_heads
