@@ -73,7 +73,8 @@ CODE_TYPES = {"fp8_e4m3": gl.float8e4nv, "fp8_e5m2": gl.float8e5, "int8": gl.int
 # INT8 codes become fp16 by their bits (the asm in _k_operand and _v_operand): 0x6400 | (c ^ 0x80) is 1024 + c + 128
 # exactly, and minus 1152 (0x6480, twice in the word 0x64806480) it is c. INT4 codes likewise: n = c ^ 8 is c + 8; a
 # nibble in the low bits gives 0x6400 | n = 1024 + n, minus 1032 (0x6408) it is c; one in bits 4-7 gives 1024 + 16 n,
-# times 1/16 (0x2C00) minus 72 (0xD480 is -72) it is c. One lop3 ((a & b) | c: 0xEA) masks each nibble into place.
+# times 1/16 (0x2C00) minus 72 (0xD480 is -72) it is c. One lop3 ((a & b) ^ c: 0x6A) masks a nibble of two bytes two
+# apart, flips its sign bit and sets the exponent (c = 0x6408 or 0x6480 in each half).
 
 
 def make_layouts(block_n: int, head_dim: int, packed: bool = False):
@@ -111,9 +112,15 @@ def make_layouts(block_n: int, head_dim: int, packed: bool = False):
 
 
 @gluon.jit
-def _k_dphys(k, HP: gl.constexpr):
-    """Physical byte (head_dim index) of contraction index k in the K tile (and the query)."""
-    return (HP // 4) * ((k >> 1) & 3) + 4 * (k >> 4) + 2 * ((k >> 3) & 1) + (k & 1)
+def _k_dphys(k, HP: gl.constexpr, PACKED: gl.constexpr):
+    """Physical head_dim index of contraction index k in the K tile (and the query). One-byte codes: byte
+    (HP/4) t + 4 kb + 2 h + e. INT4 codes (PACKED): nibble (HP/4) t + 8 (kb >> 1) + 4 e + 2 (kb & 1) + h, so that
+    the pair e = 0, 1 a B-operand register holds is the same nibble of bytes two apart in a word (see _k_operand)."""
+    if PACKED:
+        d = (HP // 4) * ((k >> 1) & 3) + 8 * (k >> 5) + 4 * (k & 1) + 2 * ((k >> 4) & 1) + ((k >> 3) & 1)
+    else:
+        d = (HP // 4) * ((k >> 1) & 3) + 4 * (k >> 4) + 2 * ((k >> 3) & 1) + (k & 1)
+    return d
 
 
 @gluon.jit
@@ -126,19 +133,21 @@ def _v_dphys(n, HP: gl.constexpr):
 def _k_operand(k_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP: gl.constexpr,
                CODE_TY: gl.constexpr):
     """[W, NW, HB] uint8 codes (K_PHYS) -> Kᵀ [W, HP (permuted k), NW] fp16 in the B layout."""
-    if CODE_TY == gl.uint8:  # INT4: a byte holds the pair e = 0, 1 a B-operand register wants, in its two nibbles
-        x = k_codes.reshape([W, NW, 4, HP // 16, 2])  # w, n, t, kb, h
+    if CODE_TY == gl.uint8:
+        # INT4: register s of a word's four holds nibble s % 2 of its bytes s // 2 (e = 0) and s // 2 + 2 (e = 1), as
+        # _k_dphys places them; the word's registers are kb = 2 i + s // 2, h = s % 2 (i the word), a mask each
+        x = k_codes.reshape([W, NW, 4, HP // 32, 4])  # w, n, t, i, s (the asm's element s is register s)
         pairs = gl.inline_asm_elementwise(
-            "{ .reg .b32 x, t, z, m, ex, mul, add; mov.b32 z, 0; mov.b32 m, 0x00F0000F; mov.b32 ex, 0x64006400;\n"
-            "mov.b32 mul, 0x2C003C00; mov.b32 add, 0xD480E408; xor.b32 x, $4, 0x88888888;\n"
-            "prmt.b32 t, x, z, 0x4040; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $0, t, mul, add;\n"
-            "prmt.b32 t, x, z, 0x4141; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $1, t, mul, add;\n"
-            "prmt.b32 t, x, z, 0x4242; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $2, t, mul, add;\n"
-            "prmt.b32 t, x, z, 0x4343; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $3, t, mul, add; }",
+            "{ .reg .b32 w, lo, hi, clo, chi, bias, mul, add; mov.b32 lo, 0x000F000F; mov.b32 hi, 0x00F000F0;\n"
+            "mov.b32 clo, 0x64086408; mov.b32 chi, 0x64806480; mov.b32 bias, 0x64086408; mov.b32 mul, 0x2C002C00;\n"
+            "mov.b32 add, 0xD480D480; shr.b32 w, $4, 8;\n"
+            "lop3.b32 $0, $4, lo, clo, 0x6A; lop3.b32 $1, $4, hi, chi, 0x6A;\n"
+            "lop3.b32 $2, w, lo, clo, 0x6A; lop3.b32 $3, w, hi, chi, 0x6A;\n"
+            "sub.f16x2 $0, $0, bias; fma.rn.f16x2 $1, $1, mul, add; sub.f16x2 $2, $2, bias; fma.rn.f16x2 $3, $3, mul, add; }",
             "=r,=r,=r,=r,r", [x], dtype=gl.int32, is_pure=True, pack=4)
         lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs],
                                            dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
-        x = gl.join(lo, hi)  # w, n, t, kb, h, e
+        x = gl.join(lo, hi).reshape([W, NW, 4, HP // 16, 2, 2])  # w, n, t, kb = 2 i + s // 2, h = s % 2, e
         x = x.permute([0, 3, 4, 2, 5, 1])  # w, kb, h, t, e, n
         x = x.reshape([W, HP, NW])  # k = 16kb + 8h + 2t + e
         k = gl.convert_layout(x, B_OP, assert_trivial=True)
@@ -215,21 +224,20 @@ def _v_byte_pairs(even, odd, CODE_TY: gl.constexpr):
 def _v_nibble_pairs(even, odd, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr):
     """INT4 V codes of the even and odd token of each pair, [W, NW / 2, HP / 2] bytes each (byte m: columns 2m in the
     low nibble, 2m + 1 in the high one) -> fp16 [W, NW / 2, HP, 2], the last dim the pair's token."""
+    # bytes i of both tokens to bytes 0 and 2 of a word (t01: bytes 0 and 1 at 0-1 and 2-3, shifted right 8 for 1)
     low = gl.inline_asm_elementwise(
-        "{ .reg .b32 e, o, t, m, ex, bias; mov.b32 m, 0x000F000F; mov.b32 ex, 0x64006400; mov.b32 bias, 0x64086408;\n"
-        "xor.b32 e, $4, 0x88888888; xor.b32 o, $5, 0x88888888;\n"
-        "prmt.b32 t, e, o, 0x4400; lop3.b32 t, t, m, ex, 0xEA; sub.f16x2 $0, t, bias;\n"
-        "prmt.b32 t, e, o, 0x5511; lop3.b32 t, t, m, ex, 0xEA; sub.f16x2 $1, t, bias;\n"
-        "prmt.b32 t, e, o, 0x6622; lop3.b32 t, t, m, ex, 0xEA; sub.f16x2 $2, t, bias;\n"
-        "prmt.b32 t, e, o, 0x7733; lop3.b32 t, t, m, ex, 0xEA; sub.f16x2 $3, t, bias; }",
+        "{ .reg .b32 t0, t1, t2, t3, m, c, bias; mov.b32 m, 0x000F000F; mov.b32 c, 0x64086408; mov.b32 bias, 0x64086408;\n"
+        "prmt.b32 t0, $4, $5, 0x5410; prmt.b32 t2, $4, $5, 0x7632; shr.b32 t1, t0, 8; shr.b32 t3, t2, 8;\n"
+        "lop3.b32 $0, t0, m, c, 0x6A; lop3.b32 $1, t1, m, c, 0x6A; lop3.b32 $2, t2, m, c, 0x6A; lop3.b32 $3, t3, m, c, 0x6A;\n"
+        "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; sub.f16x2 $2, $2, bias; sub.f16x2 $3, $3, bias; }",
         "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
     high = gl.inline_asm_elementwise(
-        "{ .reg .b32 e, o, t, m, ex, mul, add; mov.b32 m, 0x00F000F0; mov.b32 ex, 0x64006400;\n"
-        "mov.b32 mul, 0x2C002C00; mov.b32 add, 0xD480D480; xor.b32 e, $4, 0x88888888; xor.b32 o, $5, 0x88888888;\n"
-        "prmt.b32 t, e, o, 0x4400; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $0, t, mul, add;\n"
-        "prmt.b32 t, e, o, 0x5511; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $1, t, mul, add;\n"
-        "prmt.b32 t, e, o, 0x6622; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $2, t, mul, add;\n"
-        "prmt.b32 t, e, o, 0x7733; lop3.b32 t, t, m, ex, 0xEA; fma.rn.f16x2 $3, t, mul, add; }",
+        "{ .reg .b32 t0, t1, t2, t3, m, c, mul, add; mov.b32 m, 0x00F000F0; mov.b32 c, 0x64806480;\n"
+        "mov.b32 mul, 0x2C002C00; mov.b32 add, 0xD480D480;\n"
+        "prmt.b32 t0, $4, $5, 0x5410; prmt.b32 t2, $4, $5, 0x7632; shr.b32 t1, t0, 8; shr.b32 t3, t2, 8;\n"
+        "lop3.b32 $0, t0, m, c, 0x6A; lop3.b32 $1, t1, m, c, 0x6A; lop3.b32 $2, t2, m, c, 0x6A; lop3.b32 $3, t3, m, c, 0x6A;\n"
+        "fma.rn.f16x2 $0, $0, mul, add; fma.rn.f16x2 $1, $1, mul, add; fma.rn.f16x2 $2, $2, mul, add;\n"
+        "fma.rn.f16x2 $3, $3, mul, add; }",
         "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
     low_e0, low_e1 = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [low],
                                                dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
@@ -304,14 +312,15 @@ def _row_offsets(row0, rows, b, kvh, stride_tok, stride_head, GROUP: gl.constexp
 
 @gluon.jit
 def _load_query(q_ptr, col0, b, stride_qb, stride_qh, kvh, row0, rows_here, GROUP: gl.constexpr, QO: gl.constexpr,
-                W: gl.constexpr, ROWS: gl.constexpr, HP: gl.constexpr, HEAD_DIM: gl.constexpr, Q_BLK: gl.constexpr):
+                W: gl.constexpr, ROWS: gl.constexpr, HP: gl.constexpr, HB: gl.constexpr, HEAD_DIM: gl.constexpr,
+                Q_BLK: gl.constexpr):
     """Query columns [col0, col0 + HP) of the program's rows, fp32 [W, ROWS, HP] (Q_BLK, every warp the
     same), the columns permuted as K's contraction index; zero beyond the rows and HEAD_DIM."""
     wq = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, Q_BLK)))
     rows_q = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, Q_BLK)))
     kq = gl.arange(0, HP, layout=gl.SliceLayout(0, gl.SliceLayout(1, Q_BLK)))
     r3 = gl.expand_dims(gl.expand_dims(rows_q, 0), 2) + gl.expand_dims(gl.expand_dims(wq * 0, 1), 2)
-    d3 = gl.expand_dims(gl.expand_dims(_k_dphys(kq, HP), 0), 1) + col0
+    d3 = gl.expand_dims(gl.expand_dims(_k_dphys(kq, HP, HB < HP), 0), 1) + col0
     q_ptrs = q_ptr + _row_offsets(row0, r3, b, kvh, stride_qb, stride_qh, GROUP, QO) + d3
     return gl.load(q_ptrs, mask=(r3 < rows_here) & (d3 < HEAD_DIM), other=0.0).to(gl.float32)
 
@@ -405,11 +414,11 @@ def gluon_decode_kernel(
 
     # ---- query, in every warp: each head rescaled by a power of two before fp16 rounding (as RESCALE_Q in
     # the twin), its head_dim permuted as K's contraction index
-    qf = _load_query(q_ptr, 0, b, stride_qb, stride_qh, kvh, row0, rows_here, GROUP, QO, W, ROWS, HP, HEAD_DIM,
+    qf = _load_query(q_ptr, 0, b, stride_qb, stride_qh, kvh, row0, rows_here, GROUP, QO, W, ROWS, HP, HB, HEAD_DIM,
                      Q_BLK)
     amax = gl.max(gl.abs(qf), axis=2)
     if PARTS == 2:
-        qf2 = _load_query(q_ptr, HP, b, stride_qb, stride_qh, kvh, row0, rows_here, GROUP, QO, W, ROWS, HP, HEAD_DIM,
+        qf2 = _load_query(q_ptr, HP, b, stride_qb, stride_qh, kvh, row0, rows_here, GROUP, QO, W, ROWS, HP, HB, HEAD_DIM,
                           Q_BLK)
         amax = gl.maximum(amax, gl.max(gl.abs(qf2), axis=2))
     e = gl.where(amax > 0, gl.floor(gl.log2(gl.where(amax > 0, amax, 1.0))) - 13.0, 0.0)
