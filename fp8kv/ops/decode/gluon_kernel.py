@@ -107,8 +107,19 @@ def make_layouts(block_n: int, head_dim: int, packed: bool = False):
     # cp.async layout over [W, NW, HB] bytes: 16 B per thread, each warp copies its own slice.
     cp = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[1, 512 // hb, hb // 16],
                           warps_per_cta=[w, 1, 1], order=[2, 1, 0])
+    # Per-token scales (TOKEN_SCALES) [W, NW, 2] fp32, K's then V's: one cp.async of 4 bytes per thread and scale, each
+    # warp its own slice; their ring unswizzled.
+    sc_cp = gl.BlockedLayout(size_per_thread=[1, 1, 64 // nw], threads_per_warp=[1, nw, 32 // nw],
+                             warps_per_cta=[w, 1, 1], order=[2, 1, 0])
+    sc_smem = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+    # ... read back as the score tile's columns (MMA sliced over its rows: lane 4g + t holds columns 8c + 2t + e of
+    # every row), K's and V's scale of a token in one thread's registers
+    sc_read = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 1, 0]] + [[0, 8 << i, 0] for i in range(int(math.log2(nw // 8)))],
+        lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]],
+        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[w, nw, 2])
     return dict(W=w, HP=hp, HB=hb, NW=nw, MMA=mma, A_OP=a_op, B_OP=b_op, K_PHYS=k_phys, V_PHYS=v_phys, Q_BLK=q_blk,
-                SMEM=smem, CP=cp)
+                SMEM=smem, CP=cp, SC_CP=sc_cp, SC_SMEM=sc_smem, SC_READ=sc_read)
 
 
 @gluon.jit
@@ -326,15 +337,17 @@ def _load_query(q_ptr, col0, b, stride_qb, stride_qh, kvh, row0, rows_here, GROU
 
 
 @gluon.jit
-def _token_scales(k_scale_ptr, v_scale_ptr, pages, n0, local, end, num_blocks, kv_head_scale_off, stride_sb,
-                  stride_st, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr):
-    """The K and V scales (fp32, one per token and KV head) of tokens n0 + local, 0 beyond ``end``; ``pages`` their
-    block-table entries, clamped into [0, num_blocks) here."""
+def _issue_scales(buf, k_scale_ptr, v_scale_ptr, pages, n0, local, end, num_blocks, kv_head_scale_off, stride_sb,
+                  stride_st, BLOCK_N: gl.constexpr, BLOCK_SIZE: gl.constexpr, SC_CP: gl.constexpr):
+    """cp.async of the K and V scales (fp32, one per token and KV head) of tile n0's tokens ``local`` into buf
+    ([W, NW, 2] smem, K's at 0); tokens >= end are zero-filled. ``pages``: their block-table entries, clamped into
+    [0, num_blocks) here."""
     _, row = _page_rows(n0, local, BLOCK_N, BLOCK_SIZE)
     pages = gl.minimum(gl.maximum(pages, 0), num_blocks - 1)
-    off = pages.to(gl.int64) * stride_sb + (row * stride_st + kv_head_scale_off).to(gl.int64)
-    live = n0 + local < end
-    return gl.load(k_scale_ptr + off, mask=live, other=0.0), gl.load(v_scale_ptr + off, mask=live, other=0.0)
+    off = gl.expand_dims(pages.to(gl.int64) * stride_sb + (row * stride_st + kv_head_scale_off).to(gl.int64), 2)
+    kv = gl.expand_dims(gl.expand_dims(gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, SC_CP))), 0), 1)
+    live = gl.expand_dims(n0 + local < end, 2)
+    _async_load(buf, gl.where(kv == 0, k_scale_ptr + off, v_scale_ptr + off), mask=live & (kv < 2))
 
 
 @gluon.jit
@@ -358,6 +371,7 @@ def gluon_decode_kernel(
     STAGES: gl.constexpr,  # smem ring depth (>= 2); STAGES - 1 tiles of copies in flight during compute
     W: gl.constexpr, HP: gl.constexpr, HB: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, B_OP: gl.constexpr,
     K_PHYS: gl.constexpr, V_PHYS: gl.constexpr, Q_BLK: gl.constexpr, SMEM: gl.constexpr, CP: gl.constexpr,
+    SC_CP: gl.constexpr, SC_SMEM: gl.constexpr, SC_READ: gl.constexpr,
 ):
     """The tensor-core kernel's split-KV decode (fp8kv.kernels.paged_decode, its twin): warps own token
     slices of every tile, K/V FP8 bytes go global -> shared memory ring by cp.async, then shared memory ->
@@ -403,14 +417,27 @@ def gluon_decode_kernel(
     else:
         k2_smem = k_smem  # not copied into
     local = _slice_tokens(W, NW, gl.SliceLayout(2, CP))  # the copy layout's tokens of a tile
+    if TOKEN_SCALES:
+        # A tile's scales travel with its codes, in a ring of their own: loaded from global memory in the tile that
+        # used them, their latency was the loop's (H100, INT4 at 32/8/128: 65 % of the copy bandwidth), and
+        # prefetched into registers a tile ahead they took 203 registers a thread against 168 (2 programs an SM).
+        sc_smem = gl.allocate_shared_memory(gl.float32, [STAGES, W, NW, 2], SC_SMEM)
+        sc_local = _slice_tokens(W, NW, gl.SliceLayout(2, SC_CP))
+        sc_head = kvh * stride_sh
     # prologue: tiles 0 .. STAGES-2 in flight before the query is even loaded
     for st in gl.static_range(STAGES - 1):
         n0 = start + st * BLOCK_N
         pg = _load_block_entries(bt_row, n0, local, end, BLOCK_N, BLOCK_SIZE)
         _issue_tile(k_ptr, v_ptr, k_smem.index(st), k2_smem.index(st), v_smem.index(st), pg, num_blocks, n0, local,
                     end, kv_head_off, v_byte0, stride_kb, stride_kt, HB, ROW_BYTES, PARTS, BLOCK_N, BLOCK_SIZE, CP)
+        if TOKEN_SCALES:
+            sc_pg = _load_block_entries(bt_row, n0, sc_local, end, BLOCK_N, BLOCK_SIZE)
+            _issue_scales(sc_smem.index(st), k_scale_ptr, v_scale_ptr, sc_pg, n0, sc_local, end, num_blocks, sc_head,
+                          stride_sb, stride_st, BLOCK_N, BLOCK_SIZE, SC_CP)
         async_copy.commit_group()
     pg_next = _load_block_entries(bt_row, start + (STAGES - 1) * BLOCK_N, local, end, BLOCK_N, BLOCK_SIZE)
+    if TOKEN_SCALES:
+        sc_pg_next = _load_block_entries(bt_row, start + (STAGES - 1) * BLOCK_N, sc_local, end, BLOCK_N, BLOCK_SIZE)
 
     # ---- query, in every warp: each head rescaled by a power of two before fp16 rounding (as RESCALE_Q in
     # the twin), its head_dim permuted as K's contraction index
@@ -447,12 +474,9 @@ def gluon_decode_kernel(
             row_lo = gl.expand_dims(gl.expand_dims(gl.maximum(seq_len - QO + 1 + j - window, 0), 0), 2)
 
     if TOKEN_SCALES:
-        # A tile's scales are loaded where it is computed: prefetching them a tile ahead (with their block-table
-        # entries two ahead) took 203 registers a thread at 32/8/128 against 168 (sm90, Triton 3.9): two
-        # programs an SM instead of three. The accumulator is kept in units of u, the largest V scale a warp has
-        # seen, so that its fp16 p * s_v / u <= 1 (e5m2 scales of ~1e-4 would put p * s_v among fp16's
-        # subnormals): a larger one rescales it, as a larger max does.
-        sc_head = kvh * stride_sh
+        # The accumulator is kept in units of u, the largest V scale a warp has seen, so that its fp16 p * s_v / u <= 1
+        # (e5m2 scales of ~1e-4 would put p * s_v among fp16's subnormals): a larger one rescales it, as a larger max
+        # does.
         u = gl.full([W, 1], 1.1754943508222875e-38, gl.float32, layout=gl.SliceLayout(2, MMA))  # fp32's least normal
 
     num_tiles = gl.cdiv(end - start, BLOCK_N)
@@ -464,14 +488,18 @@ def gluon_decode_kernel(
         _issue_tile(k_ptr, v_ptr, k_smem.index(nslot), k2_smem.index(nslot), v_smem.index(nslot), pg_next, num_blocks,
                     n0 + (STAGES - 1) * BLOCK_N, local, end, kv_head_off, v_byte0, stride_kb, stride_kt, HB, ROW_BYTES,
                     PARTS, BLOCK_N, BLOCK_SIZE, CP)
+        if TOKEN_SCALES:
+            _issue_scales(sc_smem.index(nslot), k_scale_ptr, v_scale_ptr, sc_pg_next, n0 + (STAGES - 1) * BLOCK_N,
+                          sc_local, end, num_blocks, sc_head, stride_sb, stride_st, BLOCK_N, BLOCK_SIZE, SC_CP)
+            sc_pg_next = _load_block_entries(bt_row, n0 + STAGES * BLOCK_N, sc_local, end, BLOCK_N, BLOCK_SIZE)
         async_copy.commit_group()
         pg_next = _load_block_entries(bt_row, n0 + STAGES * BLOCK_N, local, end, BLOCK_N, BLOCK_SIZE)
 
         slot = i % STAGES
         if TOKEN_SCALES:
-            sc_pages = _load_block_entries(bt_row, n0, s_local, end, BLOCK_N, BLOCK_SIZE)
-            sk, sv = _token_scales(k_scale_ptr, v_scale_ptr, sc_pages, n0, s_local, end, num_blocks, sc_head,
-                                   stride_sb, stride_st, BLOCK_N, BLOCK_SIZE)
+            sk, sv = gl.split(sc_smem.index(slot).load(SC_READ))
+            sk = gl.convert_layout(sk, gl.SliceLayout(1, MMA), assert_trivial=True)
+            sv = gl.convert_layout(sv, gl.SliceLayout(1, MMA), assert_trivial=True)
         kt = _k_operand(k_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, CODE_TY)
         s = mma_v2(q_op, kt, s_zero)
         if PARTS == 2:
