@@ -756,6 +756,8 @@ def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):
     assert ops.gluon_launch(2, wide, 8, num_stages=2)["block_n"] == 64
     # INT4 codes, two a byte: half the rings, so 128 / 2 fits at 256 columns where one-byte codes do not
     assert ops.gluon_smem_bytes(64, 3, 256, packed=True) == 3 * 3 * 64 * 64 + ops.GLUON_SMEM_EXTRA
+    # per-token scales: a ring of a K and a V scale (fp32) per token beside the codes'
+    assert ops.gluon_smem_bytes(64, 4, 128, token_scales=True) == (2 * 128 + 8) * 4 * 64 + ops.GLUON_SMEM_EXTRA
     int4 = QuantizedPagedKVCache.from_dense("int4_token_head", torch.randn(2, 300, 2, 256), torch.randn(2, 300, 2, 256),
                                             [5, 300])
     assert (ops.gluon_launch(2, int4, 8)["block_n"], ops.gluon_launch(2, int4, 8)["num_stages"]) == (128, 2)

@@ -93,11 +93,14 @@ def gluon_tile(group: int, head_dim: int, streams: int, num_sms: int) -> tuple[i
 GLUON_SMEM_EXTRA = 8192
 
 
-def gluon_smem_bytes(block_n: int, num_stages: int, head_dim: int, packed: bool = False) -> int:
+def gluon_smem_bytes(block_n: int, num_stages: int, head_dim: int, packed: bool = False,
+                     token_scales: bool = False) -> int:
     """Shared memory one Gluon program needs: the K and V rings of ``num_stages`` tiles (K in each part's
-    width, V in its own part's; half the bytes for ``packed`` codes, two a byte), and the rest."""
+    width, V in its own part's; half the bytes for ``packed`` codes, two a byte), with ``token_scales`` the ring of
+    their fp32 K and V scales, and the rest."""
     row_bytes = head_pad(head_dim) // (2 if packed else 1)
-    return (head_parts(head_dim) + 1) * num_stages * block_n * row_bytes + GLUON_SMEM_EXTRA
+    scale_bytes = 8 if token_scales else 0  # a token's K and V scale
+    return ((head_parts(head_dim) + 1) * row_bytes + scale_bytes) * num_stages * block_n + GLUON_SMEM_EXTRA
 
 
 def smem_per_block(device: torch.device) -> int | None:
@@ -140,19 +143,20 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
     stages = depth if num_stages is None else checks.one_of(checks.integer(num_stages, "num_stages"), "num_stages",
                                                            GLUON_STAGES)
     limit = smem_per_block(dev)
-    packed = gluon_codes(cache)[0] in PACKED_CODES
+    codes, token_scales = gluon_codes(cache)
+    rings = dict(packed=codes in PACKED_CODES, token_scales=token_scales)
     if limit is not None:
         def fitting(block_n: int, stages: int) -> int:  # the default depth made shallower until its rings fit
             while num_stages is None and stages > min(GLUON_STAGES) and \
-                    gluon_smem_bytes(block_n, stages, cache.head_dim, packed) > limit:
+                    gluon_smem_bytes(block_n, stages, cache.head_dim, **rings) > limit:
                 stages -= 1
             return stages
 
         stages = fitting(block_n, stages)
-        if default_tile and block_n > min(GLUON_BLOCK_N) and gluon_smem_bytes(block_n, stages, cache.head_dim, packed) > limit:
+        if default_tile and block_n > min(GLUON_BLOCK_N) and gluon_smem_bytes(block_n, stages, cache.head_dim, **rings) > limit:
             block_n = min(GLUON_BLOCK_N)  # smaller tiles
             stages = fitting(block_n, max(GLUON_STAGES) if num_stages is None else stages)
-        need = gluon_smem_bytes(block_n, stages, cache.head_dim, packed)
+        need = gluon_smem_bytes(block_n, stages, cache.head_dim, **rings)
         if need > limit:
             fell_back = " (the default tile made smaller)" if default_tile and block_n != tile else ""
             raise UnsupportedError(f"block_n={block_n}{fell_back}, num_stages={stages}: the Gluon kernel's rings need "
