@@ -1,5 +1,5 @@
-"""The README's formats paragraph: INT8 per token and head, and FP8 with the same per-token scales, through the Gluon
-decode kernel beside fp8kv's Triton kernels (``--preset formats``, INT8 / FP8 / BF16 rows, on an H100)."""
+"""The README's formats paragraph: INT8 and INT4 per token and head, and FP8 with the same per-token scales, through
+the Gluon decode kernel beside fp8kv's Triton kernels (``--preset formats``, INT8 / INT4 / FP8 rows, on an H100)."""
 
 from __future__ import annotations
 
@@ -11,28 +11,36 @@ from .sources import Sources, ok_rows
 
 __all__ = ["formats", "FORMATS_GLUON"]
 
-# python -m fp8kv.bench --preset formats --batches 16 64 --contexts 16384 32768 --kv-dtypes int8_token_head fp8_e4m3
-# bf16: each format's default kernel beside gluon=False, FP8 with one scale per tensor and per token and head
-FORMATS_GLUON = "results/bench/nvidia-h100-80gb-hbm3/20261206T051303Z.csv"
+# python -m fp8kv.bench --preset formats --batches 16 64 --contexts 16384 32768 --kv-dtypes int8_token_head
+# int4_token_head fp8_e4m3: each format's default kernel beside gluon=False, FP8 with one scale per tensor and per token
+# and head
+FORMATS_GLUON = "results/bench/nvidia-h100-80gb-hbm3/20261206T074628Z.csv"
+# The same command before the scales were copied with their tile (INT8 / FP8 read them in the tile that used them), and
+# INT4's first Gluon build (--kv-dtypes int4_token_head)
+FORMATS_BEFORE = "results/bench/nvidia-h100-80gb-hbm3/20261206T051303Z.csv"
+INT4_FIRST = "results/bench/nvidia-h100-80gb-hbm3/20261206T074324Z.csv"
 _COLUMNS = ["kv_dtype", "granularity", "variant", "kernel", "batch", "context", "num_q_heads", "num_kv_heads",
-            "head_dim", "time_us", "pct_copy_bw", "copy_gbps"]
+            "head_dim", "time_us", "pct_copy_bw", "copy_gbps", "kv_bytes"]
+_BEFORE_AFTER = ("32/8/128", 64, 32768)  # the point the paragraph follows across the three files
 # (kv_dtype, granularity, variant) -> column
-_CELLS = {("bf16", "tensor", ""): "BF16", ("fp8_e4m3", "tensor", ""): "FP8",
-          ("fp8_e4m3", "token_head", ""): "FP8 token-head", ("fp8_e4m3", "token_head", "gluon=False"):
-          "FP8 token-head, Triton", ("int8_token_head", "tensor", ""): "INT8",
-          ("int8_token_head", "tensor", "gluon=False"): "INT8, Triton"}
+_CELLS = {("fp8_e4m3", "tensor", ""): "FP8", ("fp8_e4m3", "token_head", ""): "FP8 token-head",
+          ("fp8_e4m3", "token_head", "gluon=False"): "FP8 token-head, Triton", ("int8_token_head", "tensor", ""): "INT8",
+          ("int8_token_head", "tensor", "gluon=False"): "INT8, Triton", ("int4_token_head", "tensor", ""): "INT4",
+          ("int4_token_head", "tensor", "gluon=False"): "INT4, Triton"}
+_GLUON = {"FP8": "gluon", "FP8 token-head": "gluon", "INT8": "gluon-quantized", "INT4": "gluon-quantized"}
 
 
-def _cells(src: Sources) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """µs, % of copy and the kernel that ran per (layout, batch, context) x cell of :data:`_CELLS`."""
-    rows = ok_rows(src.csv(FORMATS_GLUON, _COLUMNS), FORMATS_GLUON)
+def _cells(src: Sources, rel: str = FORMATS_GLUON) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """µs, % of copy and the kernel that ran per (layout, batch, context) x cell of :data:`_CELLS`, in file ``rel``."""
+    rows = ok_rows(src.csv(rel, _COLUMNS), rel)
     rows = rows.assign(variant=rows["variant"].fillna("").astype(str),
                        layout=rows["num_q_heads"].astype(str) + "/" + rows["num_kv_heads"].astype(str) + "/"
                        + rows["head_dim"].astype(str))
     rows = rows.assign(cell=[_CELLS.get(k) for k in zip(rows["kv_dtype"], rows["granularity"], rows["variant"],
                                                           strict=True)]).dropna(subset=["cell"])
     index = ["layout", "batch", "context"]
-    us = rows.pivot_table(index=index, columns="cell", values="time_us", aggfunc="median")[list(_CELLS.values())]
+    us = rows.pivot_table(index=index, columns="cell", values="time_us", aggfunc="median")
+    us = us[[cell for cell in _CELLS.values() if cell in us.columns]]  # an earlier file times fewer
     pct = rows.pivot_table(index=index, columns="cell", values="pct_copy_bw", aggfunc="median")
     kernel = rows.pivot_table(index=index, columns="cell", values="kernel", aggfunc="first")
     return us, pct, kernel
@@ -40,22 +48,35 @@ def _cells(src: Sources) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 
 def formats(src: Sources) -> dict[str, str]:
     us, pct, kernel = _cells(src)
-    # the points where the default ran the Gluon kernel for INT8, FP8 token-head and FP8 alike
-    gluon = (kernel["INT8"] == "gluon-quantized") & (kernel["FP8 token-head"] == "gluon") & (kernel["FP8"] == "gluon")
+    # the points where the default ran the Gluon kernel for every format
+    gluon = pd.concat([kernel[cell] == name for cell, name in _GLUON.items()], axis=1).all(axis=1)
     claim(list(us.index[~gluon]) == [("8/1/128", 16, 16384), ("8/1/128", 16, 32768)],
-          "the defaults ran the Gluon kernel at all points but 8/1/128 at B 16 (16k: all three; 32k: FP8)", FORMATS_GLUON)
-    head = ["Hq/Hkv/D", "B", "ctx", *us.columns, "INT8 ÷ FP8 token-head", "INT8 % of copy"]
+          "the defaults ran the Gluon kernel at all points but 8/1/128 at B 16", FORMATS_GLUON)
+    head = ["Hq/Hkv/D", "B", "ctx", *us.columns, "FP8 ÷ INT4", "INT4 % of copy", "INT8 ÷ FP8 token-head"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, r in us.iterrows():
-        lines.append("| " + " | ".join([*map(str, key), *[num(x) for x in r],
-                                         times(r["INT8"] / r["FP8 token-head"]), num(pct.loc[key, "INT8"], 0)]) + " |")
+        lines.append("| " + " | ".join([*map(str, key), *[num(x) for x in r], times(r["FP8"] / r["INT4"]),
+                                         num(pct.loc[key, "INT4"], 0), times(r["INT8"] / r["FP8 token-head"])]) + " |")
     on = us[gluon]
+    rows = src.csv(FORMATS_GLUON, _COLUMNS)
+    per_token_head = rows["kv_bytes"] / (rows["batch"] * rows["context"] * rows["num_kv_heads"])
+    before, first = _cells(src, FORMATS_BEFORE)[0], _cells(src, INT4_FIRST)[0]
     return {"formats.table": "\n".join(lines),
+            "formats.int4_bytes": span(per_token_head[rows["kv_dtype"] == "int4_token_head"], 0),
+            "formats.fp8_bytes": span(per_token_head[(rows["kv_dtype"] == "fp8_e4m3") & (rows["granularity"] == "tensor")], 0),
+            "formats.tok_before": num(before.loc[_BEFORE_AFTER, "FP8 token-head"], 0),
+            "formats.tok_after": num(us.loc[_BEFORE_AFTER, "FP8 token-head"], 0),
+            "formats.int8_before": num(before.loc[_BEFORE_AFTER, "INT8"], 0),
+            "formats.int8_after": num(us.loc[_BEFORE_AFTER, "INT8"], 0),
+            "formats.int4_first": num(first.loc[_BEFORE_AFTER, "INT4"], 0),
+            "formats.int4_after": num(us.loc[_BEFORE_AFTER, "INT4"], 0),
             "formats.points": str(int(gluon.sum())), "formats.all_points": str(len(us)),
             "formats.copy_tbs": span(src.csv(FORMATS_GLUON, _COLUMNS)["copy_gbps"] / 1e3, 1),
+            "formats.int4_x_fp8": span(on["FP8"] / on["INT4"]),
+            "formats.int4_x_triton": span(on["INT4, Triton"] / on["INT4"]),
             "formats.int8_x_triton": span(on["INT8, Triton"] / on["INT8"]),
             "formats.tok_x_triton": span(on["FP8 token-head, Triton"] / on["FP8 token-head"]),
             "formats.int8_vs_tok": span(on["INT8"] / on["FP8 token-head"]),
             "formats.int8_vs_fp8": span(on["INT8"] / on["FP8"]),
-            "formats.int8_pct": span(pct[gluon]["INT8"], 0), "formats.tok_pct": span(pct[gluon]["FP8 token-head"], 0),
-            "formats.fp8_pct": span(pct[gluon]["FP8"], 0)}
+            "formats.int4_pct": span(pct[gluon]["INT4"], 0), "formats.int8_pct": span(pct[gluon]["INT8"], 0),
+            "formats.tok_pct": span(pct[gluon]["FP8 token-head"], 0), "formats.fp8_pct": span(pct[gluon]["FP8"], 0)}
