@@ -169,3 +169,14 @@ def test_main_under_the_interpreter(tmp_path, capsys):
     assert rc == 0 and "triton nvfp4 dequant" in out and "say nothing about any GPU" in out
     df = pd.read_csv(next((tmp_path / "cpu").glob("*.csv")))
     assert df.check_passed.all() and set(df.kv_dtype) == {"nvfp4", "int8_token_head", "fp16"}
+
+
+def test_gluon_false_is_timed_only_where_the_gluon_kernel_reads_the_format():
+    """INT4 through the Gluon kernel needs head dims that are multiples of 32: at D 80 its default is the Triton kernel,
+    so a gluon=False row would time the same kernel twice and is skipped; at D 96 both are timed."""
+    cases = sweep(batches=[2], contexts=[64], shapes=[(4, 2, 80), (4, 2, 96)], block_sizes=[16],
+                  kv_dtypes=["int4_token_head"], modes=["dequant"], backends=["triton"], granularities=["tensor"],
+                  triton_options=[{}, {"gluon": False}], arch="sm90", device="cpu", q_dtype="bf16")
+    status = {(c.head_dim, c.variant): c.status for c in cases}
+    assert status == {(80, ""): "ready", (80, "gluon=False"): "skipped", (96, ""): "ready", (96, "gluon=False"): "ready"}
+    assert "multiples of 32" in next(c.reason for c in cases if c.status == "skipped")
