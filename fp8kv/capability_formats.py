@@ -10,8 +10,8 @@ source:
 * fp8kv's quantized-page kernel reads :data:`TRITON_FORMATS` (INT8 and INT4 per token and head, NVFP4, MXFP4) on
   sm80 and newer: codes and their scales are loaded as integers and dequantized in registers (e4m3 / e8m0 scales
   decoded from their bits, so no FP8 conversion instruction is needed), the dots in fp16. On CPU it runs under the
-  Triton interpreter. On sm89 and newer INT8 per token and head runs by default in the FP8 decode's Gluon kernel
-  where its splits are long (:func:`fp8kv.ops.quant_decode.paged_decode_quantized`'s ``gluon``). The other
+  Triton interpreter. On sm89 and newer INT8 and INT4 per token and head (INT4 at head dims that are multiples of
+  32) run by default in the FP8 decode's Gluon kernel where its splits are long (:func:`fp8kv.ops.quant_decode.paged_decode_quantized`'s ``gluon``). The other
   token-local formats (e4m3_b16, MXFP8) have a paged cache but no kernel yet.
 * KIVI's keys share a scale and zero point over a group of tokens and its values carry zero points: no paged cache
   holds it (:data:`fp8kv.kv_formats.PAGED_FORMATS`), so no kernel here reads it; the reference does, dense.

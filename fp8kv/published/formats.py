@@ -16,9 +16,9 @@ __all__ = ["formats", "FORMATS_GLUON"]
 # and head
 FORMATS_GLUON = "results/bench/nvidia-h100-80gb-hbm3/20261206T074628Z.csv"
 # The same command before the scales were copied with their tile (INT8 / FP8 read them in the tile that used them), and
-# INT4's first Gluon build (--kv-dtypes int4_token_head)
+# INT4 through the Gluon kernel just before that change (--kv-dtypes int4_token_head)
 FORMATS_BEFORE = "results/bench/nvidia-h100-80gb-hbm3/20261206T051303Z.csv"
-INT4_FIRST = "results/bench/nvidia-h100-80gb-hbm3/20261206T074324Z.csv"
+INT4_BEFORE = "results/bench/nvidia-h100-80gb-hbm3/20261206T074324Z.csv"
 _COLUMNS = ["kv_dtype", "granularity", "variant", "kernel", "batch", "context", "num_q_heads", "num_kv_heads",
             "head_dim", "time_us", "pct_copy_bw", "copy_gbps", "kv_bytes"]
 _BEFORE_AFTER = ("32/8/128", 64, 32768)  # the point the paragraph follows across the three files
@@ -60,7 +60,7 @@ def formats(src: Sources) -> dict[str, str]:
     on = us[gluon]
     rows = src.csv(FORMATS_GLUON, _COLUMNS)
     per_token_head = rows["kv_bytes"] / (rows["batch"] * rows["context"] * rows["num_kv_heads"])
-    before, first = _cells(src, FORMATS_BEFORE)[0], _cells(src, INT4_FIRST)[0]
+    before, int4_before = _cells(src, FORMATS_BEFORE)[0], _cells(src, INT4_BEFORE)[0]
     return {"formats.table": "\n".join(lines),
             "formats.int4_bytes": span(per_token_head[rows["kv_dtype"] == "int4_token_head"], 0),
             "formats.fp8_bytes": span(per_token_head[(rows["kv_dtype"] == "fp8_e4m3") & (rows["granularity"] == "tensor")], 0),
@@ -68,7 +68,11 @@ def formats(src: Sources) -> dict[str, str]:
             "formats.tok_after": num(us.loc[_BEFORE_AFTER, "FP8 token-head"], 0),
             "formats.int8_before": num(before.loc[_BEFORE_AFTER, "INT8"], 0),
             "formats.int8_after": num(us.loc[_BEFORE_AFTER, "INT8"], 0),
-            "formats.int4_first": num(first.loc[_BEFORE_AFTER, "INT4"], 0),
+            "formats.int4_before": num(int4_before.loc[_BEFORE_AFTER, "INT4"], 0),
+            # FP8 with one tensor scale, which the change did not touch, between the two runs: their drift
+            "formats.fp8_drift": span([us.loc[_BEFORE_AFTER, "FP8"] / before.loc[_BEFORE_AFTER, "FP8"]]),
+            "formats.fp8_before": num(before.loc[_BEFORE_AFTER, "FP8"], 0),
+            "formats.fp8_after": num(us.loc[_BEFORE_AFTER, "FP8"], 0),
             "formats.int4_after": num(us.loc[_BEFORE_AFTER, "INT4"], 0),
             "formats.points": str(int(gluon.sum())), "formats.all_points": str(len(us)),
             "formats.copy_tbs": span(src.csv(FORMATS_GLUON, _COLUMNS)["copy_gbps"] / 1e3, 1),

@@ -16,19 +16,8 @@ warps. Here:
   there straight into a layout that *is* the MMA B-operand layout up to a permutation inside each
   thread, then converted to fp16 in registers (``cvt.rn.f16x2.e4m3x2``).
 
-How the loads stay wide although the operand layout scatters every thread's elements: the
-contraction index of Q·Kᵀ and the output column of P·V (both head_dim) may be permuted freely, as
-long as the query (loaded once) and the output store (once) use the same permutation. With HP the
-padded head_dim (64 or 128) and lane = 4g + t:
-
-* K slice, physical [NW tokens, HP bytes]: the thread reads the HP/4 contiguous bytes
-  ``d = (HP/4) t + c`` of tokens ``g + 8r``; byte c = 4 kb + 2 h + e is contraction index
-  ``k = 16 kb + 8 h + 2 t + e``, where the m16n8k16 B fragment wants it.
-* V slice: the thread reads the HP/8 contiguous bytes ``d = (HP/8) g + j`` of tokens
-  ``2t + e + 8h + 16kb``, which are output columns ``n = 8 j + g``.
-* INT4 codes (two a byte, column 2i in byte i's low nibble): the same columns in half the bytes. K's thread
-  reads HP/8 bytes, byte c = 2 kb + h holding both e of its contraction pair; V's reads HP/16, byte m holding
-  columns j = 2m and 2m + 1.
+How a tile's codes reach the tensor cores (the permutation of head_dim that keeps the loads wide, and the conversions
+of FP8, INT8 and INT4 codes): :mod:`.gluon_operands`.
 
 A head_dim below HP (a multiple of 16: 48, 80, 96, 112) copies only its own 16-byte chunks; the rest of
 the tile is zero-filled, so the padding costs registers and MMAs but no memory traffic.
@@ -48,8 +37,7 @@ row is masked causally at its own token's position, and every K/V tile is read o
 Scope (:mod:`.gluon_scope`): NHD or HND pages (the page, token and head strides are arguments), one tensor-wide
 K and V scale or one per token and KV head (TOKEN_SCALES: K's multiply the score columns, V's the probabilities,
 the accumulator kept in units of the largest V scale a warp has seen), head_dim a multiple of 16 from 48 to 256 (of 32
-for INT4 codes: a tile row is then HB = HP / 2 bytes, and the K and V fragments take a byte's two nibbles where they
-took two bytes: both sit in the same thread), 4 warps, a sliding window (no soft cap, no sinks).
+for INT4 codes: a tile row is then HB = HP / 2 bytes), 4 warps, a sliding window (no soft cap, no sinks).
 :func:`fp8kv.ops.gluon_refusal` checks all of it (this is the default kernel where it holds) and :mod:`.gluon_launcher` launches it; the interpreter cannot
 run Gluon, so the tensor-core Triton kernel is its twin on CPU. Besides the kernel, this module builds its
 layouts (:func:`make_layouts`, constexprs built on the host), the one part of its launch that needs Gluon.
@@ -61,20 +49,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from .gluon_operands import CODE_TYPES, k_dphys, k_operand, v_dphys, v_operand
 from .gluon_scope import NUM_WARPS, head_pad
+
+__all__ = ["gluon_decode_kernel", "make_layouts", "CODE_TYPES"]  # CODE_TYPES: the launch reads it here
 
 # Two builtins were renamed after Triton 3.6 (the old names then raise): the kernel calls whichever this Triton has.
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-
-# The codes it reads, as Gluon types: FP8 pages, INT8 codes (read as bytes, turned to fp16 by their bits) and INT4
-# codes, two two's complement nibbles a byte (fp8kv.kv_formats.packing), named by the bytes that hold them
-CODE_TYPES = {"fp8_e4m3": gl.float8e4nv, "fp8_e5m2": gl.float8e5, "int8": gl.int8, "int4": gl.uint8}
-# INT8 codes become fp16 by their bits (the asm in _k_operand and _v_operand): 0x6400 | (c ^ 0x80) is 1024 + c + 128
-# exactly, and minus 1152 (0x6480, twice in the word 0x64806480) it is c. INT4 codes likewise: n = c ^ 8 is c + 8; a
-# nibble in the low bits gives 0x6400 | n = 1024 + n, minus 1032 (0x6408) it is c; one in bits 4-7 gives 1024 + 16 n,
-# times 1/16 (0x2C00) minus 72 (0xD480 is -72) it is c. One lop3 ((a & b) ^ c: 0x6A) masks a nibble of two bytes two
-# apart, flips its sign bit and sets the exponent (c = 0x6408 or 0x6480 in each half).
 
 
 def make_layouts(block_n: int, head_dim: int, packed: bool = False):
@@ -107,9 +89,9 @@ def make_layouts(block_n: int, head_dim: int, packed: bool = False):
     # cp.async layout over [W, NW, HB] bytes: 16 B per thread, each warp copies its own slice.
     cp = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[1, 512 // hb, hb // 16],
                           warps_per_cta=[w, 1, 1], order=[2, 1, 0])
-    # Per-token scales (TOKEN_SCALES) [W, NW, 2] fp32, K's then V's: one cp.async of 4 bytes per thread and scale, each
-    # warp its own slice; their ring unswizzled.
-    sc_cp = gl.BlockedLayout(size_per_thread=[1, 1, 64 // nw], threads_per_warp=[1, nw, 32 // nw],
+    # Per-token scales (TOKEN_SCALES) [W, NW, 2] fp32, K's then V's: a cp.async of 4 bytes per scale, each thread one
+    # (two at NW = 32), each warp its own slice; their ring unswizzled.
+    sc_cp = gl.BlockedLayout(size_per_thread=[1, 1, nw // 16], threads_per_warp=[1, nw, 32 // nw],
                              warps_per_cta=[w, 1, 1], order=[2, 1, 0])
     sc_smem = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
     # ... read back as the score tile's columns (MMA sliced over its rows: lane 4g + t holds columns 8c + 2t + e of
@@ -120,142 +102,6 @@ def make_layouts(block_n: int, head_dim: int, packed: bool = False):
         warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[w, nw, 2])
     return dict(W=w, HP=hp, HB=hb, NW=nw, MMA=mma, A_OP=a_op, B_OP=b_op, K_PHYS=k_phys, V_PHYS=v_phys, Q_BLK=q_blk,
                 SMEM=smem, CP=cp, SC_CP=sc_cp, SC_SMEM=sc_smem, SC_READ=sc_read)
-
-
-@gluon.jit
-def _k_dphys(k, HP: gl.constexpr, PACKED: gl.constexpr):
-    """Physical head_dim index of contraction index k in the K tile (and the query). One-byte codes: byte
-    (HP/4) t + 4 kb + 2 h + e. INT4 codes (PACKED): nibble (HP/4) t + 8 (kb >> 1) + 4 e + 2 (kb & 1) + h, so that
-    the pair e = 0, 1 a B-operand register holds is the same nibble of bytes two apart in a word (see _k_operand)."""
-    if PACKED:
-        d = (HP // 4) * ((k >> 1) & 3) + 8 * (k >> 5) + 4 * (k & 1) + 2 * ((k >> 4) & 1) + ((k >> 3) & 1)
-    else:
-        d = (HP // 4) * ((k >> 1) & 3) + 4 * (k >> 4) + 2 * ((k >> 3) & 1) + (k & 1)
-    return d
-
-
-@gluon.jit
-def _v_dphys(n, HP: gl.constexpr):
-    """Physical head_dim index of output column n = 8j + g (stored at (HP/8) g + j)."""
-    return (HP // 8) * (n & 7) + (n >> 3)
-
-
-@gluon.jit
-def _k_operand(k_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP: gl.constexpr,
-               CODE_TY: gl.constexpr):
-    """[W, NW, HB] uint8 codes (K_PHYS) -> Kᵀ [W, HP (permuted k), NW] fp16 in the B layout."""
-    if CODE_TY == gl.uint8:
-        # INT4: register s of a word's four holds nibble s % 2 of its bytes s // 2 (e = 0) and s // 2 + 2 (e = 1), as
-        # _k_dphys places them; the word's registers are kb = 2 i + s // 2, h = s % 2 (i the word), a mask each
-        x = k_codes.reshape([W, NW, 4, HP // 32, 4])  # w, n, t, i, s (the asm's element s is register s)
-        pairs = gl.inline_asm_elementwise(
-            "{ .reg .b32 w, lo, hi, clo, chi, bias, mul, add; mov.b32 lo, 0x000F000F; mov.b32 hi, 0x00F000F0;\n"
-            "mov.b32 clo, 0x64086408; mov.b32 chi, 0x64806480; mov.b32 bias, 0x64086408; mov.b32 mul, 0x2C002C00;\n"
-            "mov.b32 add, 0xD480D480; shr.b32 w, $4, 8;\n"
-            "lop3.b32 $0, $4, lo, clo, 0x6A; lop3.b32 $1, $4, hi, chi, 0x6A;\n"
-            "lop3.b32 $2, w, lo, clo, 0x6A; lop3.b32 $3, w, hi, chi, 0x6A;\n"
-            "sub.f16x2 $0, $0, bias; fma.rn.f16x2 $1, $1, mul, add; sub.f16x2 $2, $2, bias; fma.rn.f16x2 $3, $3, mul, add; }",
-            "=r,=r,=r,=r,r", [x], dtype=gl.int32, is_pure=True, pack=4)
-        lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs],
-                                           dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
-        x = gl.join(lo, hi).reshape([W, NW, 4, HP // 16, 2, 2])  # w, n, t, kb = 2 i + s // 2, h = s % 2, e
-        x = x.permute([0, 3, 4, 2, 5, 1])  # w, kb, h, t, e, n
-        x = x.reshape([W, HP, NW])  # k = 16kb + 8h + 2t + e
-        k = gl.convert_layout(x, B_OP, assert_trivial=True)
-    else:
-        x = k_codes.reshape([W, NW, 4, HP // 16, 2, 2])  # w, n, t, kb, h, e
-        x = x.permute([0, 3, 4, 2, 5, 1])  # w, kb, h, t, e, n
-        x = x.reshape([W, HP, NW])  # k = 16kb + 8h + 2t + e
-        x = gl.convert_layout(x, B_OP, assert_trivial=True)
-        if CODE_TY == gl.int8:  # four codes a register: one xor, two byte permutes, two fp16x2 subtractions
-            k = gl.inline_asm_elementwise(
-                "{ .reg .b32 x, hi8, bias; xor.b32 x, $2, 0x80808080; mov.b32 hi8, 0x64646464; mov.b32 bias, 0x64806480;\n"
-                "prmt.b32 $0, x, hi8, 0x4140; prmt.b32 $1, x, hi8, 0x4342;\n"
-                "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; }",
-                "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
-        else:
-            k = x.to(CODE_TY, bitcast=True).to(gl.float16)
-    return k
-
-
-@gluon.jit
-def _v_operand(v_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP: gl.constexpr,
-               CODE_TY: gl.constexpr):
-    """[W, NW, HB] uint8 codes (V_PHYS) -> V [W, NW, HP (permuted n)] fp16 in the B layout.
-
-    A B-operand register holds one column of two adjacent tokens, while a loaded word holds four
-    columns of one token: one two-source byte permute per four codes (``prmt``) pairs them, then
-    two ``cvt`` per permuted word (the compiler, left to itself, spends four integer ops per cvt);
-    INT8 codes take one more permute per pair instead, spreading them into fp16 bit patterns. INT4 codes
-    (two columns a byte) take one permute per byte pair, then a mask for each of its two columns."""
-    HB: gl.constexpr = v_codes.shape[2]
-    x = v_codes.reshape([W, NW // 2, 2, HB]).permute([0, 1, 3, 2])  # w, token pair, byte, e
-    even, odd = gl.split(x)
-    if CODE_TY == gl.uint8:
-        x = _v_nibble_pairs(even, odd, W, NW, HP)
-    else:
-        x = _v_byte_pairs(even, odd, CODE_TY)
-    x = x.permute([0, 1, 3, 2]).reshape([W, NW, HP])  # token = 2 pair + e
-    x = x.reshape([W, NW, 8, HP // 8])  # w, tok, g, j
-    x = x.permute([0, 1, 3, 2])  # w, tok, j, g
-    x = x.reshape([W, NW, HP])  # n = 8j + g
-    return gl.convert_layout(x, B_OP, assert_trivial=True)
-
-
-@gluon.jit
-def _v_byte_pairs(even, odd, CODE_TY: gl.constexpr):
-    """One-byte V codes (FP8, INT8) of the even and odd token of each pair, [W, NW / 2, HP] each -> fp16
-    [W, NW / 2, HP, 2], the last dim the pair's token."""
-    if CODE_TY == gl.int8:
-        pairs = gl.inline_asm_elementwise(
-            "{ .reg .b32 lo, hi, hi8, bias; mov.b32 hi8, 0x64646464; mov.b32 bias, 0x64806480;\n"
-            "prmt.b32 lo, $4, $5, 0x5140; prmt.b32 hi, $4, $5, 0x7362;\n"
-            "xor.b32 lo, lo, 0x80808080; xor.b32 hi, hi, 0x80808080;\n"
-            "prmt.b32 $0, lo, hi8, 0x4140; prmt.b32 $1, lo, hi8, 0x4342;\n"
-            "prmt.b32 $2, hi, hi8, 0x4140; prmt.b32 $3, hi, hi8, 0x4342;\n"
-            "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; sub.f16x2 $2, $2, bias; sub.f16x2 $3, $3, bias; }",
-            "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
-    else:
-        if CODE_TY == gl.float8e4nv:
-            cvt: gl.constexpr = "cvt.rn.f16x2.e4m3x2"
-        else:
-            cvt: gl.constexpr = "cvt.rn.f16x2.e5m2x2"
-        pairs = gl.inline_asm_elementwise(
-            "{ .reg .b32 lo, hi; .reg .b16 c0, c1, c2, c3;\n"
-            "prmt.b32 lo, $4, $5, 0x5140; prmt.b32 hi, $4, $5, 0x7362;\n"
-            "mov.b32 {c0, c1}, lo; mov.b32 {c2, c3}, hi;\n"
-            + cvt + " $0, c0; " + cvt + " $1, c1; " + cvt + " $2, c2; " + cvt + " $3, c3; }",
-            "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
-    lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs],
-                                       dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
-    return gl.join(lo, hi)
-
-
-@gluon.jit
-def _v_nibble_pairs(even, odd, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr):
-    """INT4 V codes of the even and odd token of each pair, [W, NW / 2, HP / 2] bytes each (byte m: columns 2m in the
-    low nibble, 2m + 1 in the high one) -> fp16 [W, NW / 2, HP, 2], the last dim the pair's token."""
-    # bytes i of both tokens to bytes 0 and 2 of a word (t01: bytes 0 and 1 at 0-1 and 2-3, shifted right 8 for 1)
-    low = gl.inline_asm_elementwise(
-        "{ .reg .b32 t0, t1, t2, t3, m, c, bias; mov.b32 m, 0x000F000F; mov.b32 c, 0x64086408; mov.b32 bias, 0x64086408;\n"
-        "prmt.b32 t0, $4, $5, 0x5410; prmt.b32 t2, $4, $5, 0x7632; shr.b32 t1, t0, 8; shr.b32 t3, t2, 8;\n"
-        "lop3.b32 $0, t0, m, c, 0x6A; lop3.b32 $1, t1, m, c, 0x6A; lop3.b32 $2, t2, m, c, 0x6A; lop3.b32 $3, t3, m, c, 0x6A;\n"
-        "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; sub.f16x2 $2, $2, bias; sub.f16x2 $3, $3, bias; }",
-        "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
-    high = gl.inline_asm_elementwise(
-        "{ .reg .b32 t0, t1, t2, t3, m, c, mul, add; mov.b32 m, 0x00F000F0; mov.b32 c, 0x64806480;\n"
-        "mov.b32 mul, 0x2C002C00; mov.b32 add, 0xD480D480;\n"
-        "prmt.b32 t0, $4, $5, 0x5410; prmt.b32 t2, $4, $5, 0x7632; shr.b32 t1, t0, 8; shr.b32 t3, t2, 8;\n"
-        "lop3.b32 $0, t0, m, c, 0x6A; lop3.b32 $1, t1, m, c, 0x6A; lop3.b32 $2, t2, m, c, 0x6A; lop3.b32 $3, t3, m, c, 0x6A;\n"
-        "fma.rn.f16x2 $0, $0, mul, add; fma.rn.f16x2 $1, $1, mul, add; fma.rn.f16x2 $2, $2, mul, add;\n"
-        "fma.rn.f16x2 $3, $3, mul, add; }",
-        "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
-    low_e0, low_e1 = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [low],
-                                               dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
-    high_e0, high_e1 = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [high],
-                                                 dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
-    x = gl.join(gl.join(low_e0, high_e0), gl.join(low_e1, high_e1))  # w, pair, byte m, column 2m + f, e
-    return x.reshape([W, NW // 2, HP, 2])  # w, pair, column, e
 
 
 @gluon.jit
@@ -331,7 +177,7 @@ def _load_query(q_ptr, col0, b, stride_qb, stride_qh, kvh, row0, rows_here, GROU
     rows_q = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, Q_BLK)))
     kq = gl.arange(0, HP, layout=gl.SliceLayout(0, gl.SliceLayout(1, Q_BLK)))
     r3 = gl.expand_dims(gl.expand_dims(rows_q, 0), 2) + gl.expand_dims(gl.expand_dims(wq * 0, 1), 2)
-    d3 = gl.expand_dims(gl.expand_dims(_k_dphys(kq, HP, HB < HP), 0), 1) + col0
+    d3 = gl.expand_dims(gl.expand_dims(k_dphys(kq, HP, HB < HP), 0), 1) + col0
     q_ptrs = q_ptr + _row_offsets(row0, r3, b, kvh, stride_qb, stride_qh, GROUP, QO) + d3
     return gl.load(q_ptrs, mask=(r3 < rows_here) & (d3 < HEAD_DIM), other=0.0).to(gl.float32)
 
@@ -500,10 +346,10 @@ def gluon_decode_kernel(
             sk, sv = gl.split(sc_smem.index(slot).load(SC_READ))
             sk = gl.convert_layout(sk, gl.SliceLayout(1, MMA), assert_trivial=True)
             sv = gl.convert_layout(sv, gl.SliceLayout(1, MMA), assert_trivial=True)
-        kt = _k_operand(k_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, CODE_TY)
+        kt = k_operand(k_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, CODE_TY)
         s = mma_v2(q_op, kt, s_zero)
         if PARTS == 2:
-            s = mma_v2(q_op2, _k_operand(k2_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, CODE_TY), s)
+            s = mma_v2(q_op2, k_operand(k2_smem.index(slot).load(K_PHYS), W, NW, HP, B_OP, CODE_TY), s)
         s = s * row_scale
         if TOKEN_SCALES:
             s = s * gl.expand_dims(sk, 1)
@@ -534,7 +380,7 @@ def gluon_decode_kernel(
         m_i = m_new
 
         p_op = gl.convert_layout(p.to(gl.float16), A_OP)
-        vv = _v_operand(v_smem.index(slot).load(V_PHYS), W, NW, HP, B_OP, CODE_TY)
+        vv = v_operand(v_smem.index(slot).load(V_PHYS), W, NW, HP, B_OP, CODE_TY)
         acc = mma_v2(p_op, vv, acc)
     async_copy.wait_group(0)  # no copies in flight at exit
 
@@ -552,7 +398,7 @@ def gluon_decode_kernel(
         o = gl.sum(acc * gl.expand_dims(w_scale, 2), axis=0)
         o = o * gl.expand_dims(gl.convert_layout(gl.load(v_scale_ptr) / l_safe, gl.SliceLayout(1, O_L)), 1)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_L))
-    dcol = gl.expand_dims(_v_dphys(gl.arange(0, HP, layout=gl.SliceLayout(0, O_L)), HP), 0) + v_col0
+    dcol = gl.expand_dims(v_dphys(gl.arange(0, HP, layout=gl.SliceLayout(0, O_L)), HP), 0) + v_col0
     o_rows = _row_offsets(row0, rows, b, kvh, stride_ob, stride_oh, GROUP, QO)
     o_ptrs = part_out_ptr + split * stride_os + gl.expand_dims(o_rows, 1) + dcol
     gl.store(o_ptrs, o, mask=gl.expand_dims(rows < rows_here, 1) & (dcol < HEAD_DIM))

@@ -154,7 +154,7 @@ def run_quant_decode(q: torch.Tensor, cache: QuantizedPagedKVCache,
                      launch: QuantDecodeLaunch | DecodePlan) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the planned kernel (and the split combine) for ``q`` ``[B, Hq, D]`` over ``cache``: out ``[B, Hq, D]``
     (the launch's out_dtype) and lse ``[B, Hq]`` fp32 (natural log). A :class:`~fp8kv.ops.decode.DecodePlan` is the
-    Gluon kernel's (INT8 per token and head)."""
+    Gluon kernel's (INT8 and INT4 per token and head)."""
     if isinstance(launch, DecodePlan):
         return run_gluon(q, cache, launch.config, launch.launch, launch.sm_scale, launch.out_dtype)
     if launch.widen_query:
