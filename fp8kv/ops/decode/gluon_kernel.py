@@ -89,9 +89,10 @@ def make_layouts(block_n: int, head_dim: int, packed: bool = False):
     # cp.async layout over [W, NW, HB] bytes: 16 B per thread, each warp copies its own slice.
     cp = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[1, 512 // hb, hb // 16],
                           warps_per_cta=[w, 1, 1], order=[2, 1, 0])
-    # Per-token scales (TOKEN_SCALES) [W, NW, 2] fp32, K's then V's: a cp.async of 4 bytes per scale, each thread one
-    # (two at NW = 32), each warp its own slice; their ring unswizzled.
-    sc_cp = gl.BlockedLayout(size_per_thread=[1, 1, nw // 16], threads_per_warp=[1, nw, 32 // nw],
+    # Per-token scales (TOKEN_SCALES) [W, NW, 2] fp32, K's then V's: a cp.async of 4 bytes per scale, each warp its own
+    # slice; their ring unswizzled. (At NW = 16 the layout's 4 per thread cover the 2 twice: the compiler predicates
+    # the repeats off; this is the layout the GPU tests ran.)
+    sc_cp = gl.BlockedLayout(size_per_thread=[1, 1, 64 // nw], threads_per_warp=[1, nw, 32 // nw],
                              warps_per_cta=[w, 1, 1], order=[2, 1, 0])
     sc_smem = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
     # ... read back as the score tile's columns (MMA sliced over its rows: lane 4g + t holds columns 8c + 2t + e of
