@@ -20,7 +20,8 @@ padded head_dim (64 or 128) and lane = 4g + t:
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-__all__ = ["CODE_TYPES", "k_dphys", "v_dphys", "k_operand", "v_operand"]
+__all__ = ["CODE_TYPES", "k_dphys", "v_dphys", "k_operand", "v_operand", "INT8_K_ASM", "INT4_K_ASM", "INT8_V_ASM",
+           "INT4_V_LOW_ASM", "INT4_V_HIGH_ASM", "FP8_V_ASM"]
 
 # The codes it reads, as Gluon types: FP8 pages, INT8 codes (read as bytes, turned to fp16 by their bits) and INT4
 # codes, two two's complement nibbles a byte (fp8kv.kv_formats.packing), named by the bytes that hold them
@@ -30,6 +31,52 @@ CODE_TYPES = {"fp8_e4m3": gl.float8e4nv, "fp8_e5m2": gl.float8e5, "int8": gl.int
 # nibble in the low bits gives 0x6400 | n = 1024 + n, minus 1032 (0x6408) it is c; one in bits 4-7 gives 1024 + 16 n,
 # times 1/16 (0x2C00) minus 72 (0xD480 is -72) it is c. One lop3 ((a & b) ^ c: 0x6A) masks a nibble of two bytes two
 # apart, flips its sign bit and sets the exponent (c = 0x6408 or 0x6480 in each half).
+
+# The conversions, as PTX (operands $0.. the outputs, then the inputs; tests/test_gluon_operands.py runs them for every
+# code on a CPU). Each takes words of four codes (pack=4).
+# INT8 K: a word's four codes -> two fp16x2 registers, codes 0-1 and 2-3
+INT8_K_ASM = gl.constexpr(
+    "{ .reg .b32 x, hi8, bias; xor.b32 x, $2, 0x80808080; mov.b32 hi8, 0x64646464; mov.b32 bias, 0x64806480;\n"
+    "prmt.b32 $0, x, hi8, 0x4140; prmt.b32 $1, x, hi8, 0x4342;\n"
+    "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; }")
+# INT4 K: a word of eight nibbles -> four fp16x2 registers; register s holds nibble s % 2 of bytes s // 2 and s // 2 + 2
+INT4_K_ASM = gl.constexpr(
+    "{ .reg .b32 w, lo, hi, clo, chi, bias, mul, add; mov.b32 lo, 0x000F000F; mov.b32 hi, 0x00F000F0;\n"
+    "mov.b32 clo, 0x64086408; mov.b32 chi, 0x64806480; mov.b32 bias, 0x64086408; mov.b32 mul, 0x2C002C00;\n"
+    "mov.b32 add, 0xD480D480; shr.b32 w, $4, 8;\n"
+    "lop3.b32 $0, $4, lo, clo, 0x6A; lop3.b32 $1, $4, hi, chi, 0x6A;\n"
+    "lop3.b32 $2, w, lo, clo, 0x6A; lop3.b32 $3, w, hi, chi, 0x6A;\n"
+    "sub.f16x2 $0, $0, bias; fma.rn.f16x2 $1, $1, mul, add; sub.f16x2 $2, $2, bias; fma.rn.f16x2 $3, $3, mul, add; }")
+# INT8 V: the words of an even and an odd token -> four fp16x2 registers, register i = (even's code i, odd's code i)
+INT8_V_ASM = gl.constexpr(
+    "{ .reg .b32 lo, hi, hi8, bias; mov.b32 hi8, 0x64646464; mov.b32 bias, 0x64806480;\n"
+    "prmt.b32 lo, $4, $5, 0x5140; prmt.b32 hi, $4, $5, 0x7362;\n"
+    "xor.b32 lo, lo, 0x80808080; xor.b32 hi, hi, 0x80808080;\n"
+    "prmt.b32 $0, lo, hi8, 0x4140; prmt.b32 $1, lo, hi8, 0x4342;\n"
+    "prmt.b32 $2, hi, hi8, 0x4140; prmt.b32 $3, hi, hi8, 0x4342;\n"
+    "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; sub.f16x2 $2, $2, bias; sub.f16x2 $3, $3, bias; }")
+# INT4 V: the words of an even and an odd token -> register i = (even's, odd's) low nibble of byte i (column 2i) ...
+INT4_V_LOW_ASM = gl.constexpr(
+    "{ .reg .b32 t0, t1, t2, t3, m, c, bias; mov.b32 m, 0x000F000F; mov.b32 c, 0x64086408; mov.b32 bias, 0x64086408;\n"
+    "prmt.b32 t0, $4, $5, 0x5410; prmt.b32 t2, $4, $5, 0x7632; shr.b32 t1, t0, 8; shr.b32 t3, t2, 8;\n"
+    "lop3.b32 $0, t0, m, c, 0x6A; lop3.b32 $1, t1, m, c, 0x6A; lop3.b32 $2, t2, m, c, 0x6A; lop3.b32 $3, t3, m, c, 0x6A;\n"
+    "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; sub.f16x2 $2, $2, bias; sub.f16x2 $3, $3, bias; }")
+# ... and their high nibble (column 2i + 1)
+INT4_V_HIGH_ASM = gl.constexpr(
+    "{ .reg .b32 t0, t1, t2, t3, m, c, mul, add; mov.b32 m, 0x00F000F0; mov.b32 c, 0x64806480;\n"
+    "mov.b32 mul, 0x2C002C00; mov.b32 add, 0xD480D480;\n"
+    "prmt.b32 t0, $4, $5, 0x5410; prmt.b32 t2, $4, $5, 0x7632; shr.b32 t1, t0, 8; shr.b32 t3, t2, 8;\n"
+    "lop3.b32 $0, t0, m, c, 0x6A; lop3.b32 $1, t1, m, c, 0x6A; lop3.b32 $2, t2, m, c, 0x6A; lop3.b32 $3, t3, m, c, 0x6A;\n"
+    "fma.rn.f16x2 $0, $0, mul, add; fma.rn.f16x2 $1, $1, mul, add; fma.rn.f16x2 $2, $2, mul, add;\n"
+    "fma.rn.f16x2 $3, $3, mul, add; }")
+# FP8 V: the words of an even and an odd token -> register i = (even's code i, odd's code i), by cvt
+FP8_V_ASM = {name: gl.constexpr(
+    "{ .reg .b32 lo, hi; .reg .b16 c0, c1, c2, c3;\n"
+    "prmt.b32 lo, $4, $5, 0x5140; prmt.b32 hi, $4, $5, 0x7362;\n"
+    "mov.b32 {c0, c1}, lo; mov.b32 {c2, c3}, hi;\n"
+    + " ".join(f"{cvt} ${i}, c{i};" for i in range(4)) + " }")
+    for name, cvt in (("e4m3", "cvt.rn.f16x2.e4m3x2"), ("e5m2", "cvt.rn.f16x2.e5m2x2"))}
+E4M3_V_ASM, E5M2_V_ASM = FP8_V_ASM["e4m3"], FP8_V_ASM["e5m2"]
 
 
 @gluon.jit
@@ -52,20 +99,13 @@ def v_dphys(n, HP: gl.constexpr):
 
 @gluon.jit
 def k_operand(k_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP: gl.constexpr,
-               CODE_TY: gl.constexpr):
+              CODE_TY: gl.constexpr):
     """[W, NW, HB] uint8 codes (K_PHYS) -> Kᵀ [W, HP (permuted k), NW] fp16 in the B layout."""
     if CODE_TY == gl.uint8:
         # INT4: register s of a word's four holds nibble s % 2 of its bytes s // 2 (e = 0) and s // 2 + 2 (e = 1), as
         # k_dphys places them; the word's registers are kb = 2 i + s // 2, h = s % 2 (i the word), a mask each
         x = k_codes.reshape([W, NW, 4, HP // 32, 4])  # w, n, t, i, s (the asm's element s is register s)
-        pairs = gl.inline_asm_elementwise(
-            "{ .reg .b32 w, lo, hi, clo, chi, bias, mul, add; mov.b32 lo, 0x000F000F; mov.b32 hi, 0x00F000F0;\n"
-            "mov.b32 clo, 0x64086408; mov.b32 chi, 0x64806480; mov.b32 bias, 0x64086408; mov.b32 mul, 0x2C002C00;\n"
-            "mov.b32 add, 0xD480D480; shr.b32 w, $4, 8;\n"
-            "lop3.b32 $0, $4, lo, clo, 0x6A; lop3.b32 $1, $4, hi, chi, 0x6A;\n"
-            "lop3.b32 $2, w, lo, clo, 0x6A; lop3.b32 $3, w, hi, chi, 0x6A;\n"
-            "sub.f16x2 $0, $0, bias; fma.rn.f16x2 $1, $1, mul, add; sub.f16x2 $2, $2, bias; fma.rn.f16x2 $3, $3, mul, add; }",
-            "=r,=r,=r,=r,r", [x], dtype=gl.int32, is_pure=True, pack=4)
+        pairs = gl.inline_asm_elementwise(INT4_K_ASM, "=r,=r,=r,=r,r", [x], dtype=gl.int32, is_pure=True, pack=4)
         lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs],
                                            dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
         x = gl.join(lo, hi).reshape([W, NW, 4, HP // 16, 2, 2])  # w, n, t, kb = 2 i + s // 2, h = s % 2, e
@@ -78,11 +118,7 @@ def k_operand(k_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP
         x = x.reshape([W, HP, NW])  # k = 16kb + 8h + 2t + e
         x = gl.convert_layout(x, B_OP, assert_trivial=True)
         if CODE_TY == gl.int8:  # four codes a register: one xor, two byte permutes, two fp16x2 subtractions
-            k = gl.inline_asm_elementwise(
-                "{ .reg .b32 x, hi8, bias; xor.b32 x, $2, 0x80808080; mov.b32 hi8, 0x64646464; mov.b32 bias, 0x64806480;\n"
-                "prmt.b32 $0, x, hi8, 0x4140; prmt.b32 $1, x, hi8, 0x4342;\n"
-                "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; }",
-                "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+            k = gl.inline_asm_elementwise(INT8_K_ASM, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
         else:
             k = x.to(CODE_TY, bitcast=True).to(gl.float16)
     return k
@@ -90,7 +126,7 @@ def k_operand(k_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP
 
 @gluon.jit
 def v_operand(v_codes, W: gl.constexpr, NW: gl.constexpr, HP: gl.constexpr, B_OP: gl.constexpr,
-               CODE_TY: gl.constexpr):
+              CODE_TY: gl.constexpr):
     """[W, NW, HB] uint8 codes (V_PHYS) -> V [W, NW, HP (permuted n)] fp16 in the B layout.
 
     A B-operand register holds one column of two adjacent tokens, while a loaded word holds four
@@ -117,25 +153,13 @@ def _v_byte_pairs(even, odd, CODE_TY: gl.constexpr):
     """One-byte V codes (FP8, INT8) of the even and odd token of each pair, [W, NW / 2, HP] each -> fp16
     [W, NW / 2, HP, 2], the last dim the pair's token."""
     if CODE_TY == gl.int8:
-        pairs = gl.inline_asm_elementwise(
-            "{ .reg .b32 lo, hi, hi8, bias; mov.b32 hi8, 0x64646464; mov.b32 bias, 0x64806480;\n"
-            "prmt.b32 lo, $4, $5, 0x5140; prmt.b32 hi, $4, $5, 0x7362;\n"
-            "xor.b32 lo, lo, 0x80808080; xor.b32 hi, hi, 0x80808080;\n"
-            "prmt.b32 $0, lo, hi8, 0x4140; prmt.b32 $1, lo, hi8, 0x4342;\n"
-            "prmt.b32 $2, hi, hi8, 0x4140; prmt.b32 $3, hi, hi8, 0x4342;\n"
-            "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; sub.f16x2 $2, $2, bias; sub.f16x2 $3, $3, bias; }",
-            "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
+        pairs = gl.inline_asm_elementwise(INT8_V_ASM, "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
     else:
         if CODE_TY == gl.float8e4nv:
-            cvt: gl.constexpr = "cvt.rn.f16x2.e4m3x2"
+            asm: gl.constexpr = E4M3_V_ASM
         else:
-            cvt: gl.constexpr = "cvt.rn.f16x2.e5m2x2"
-        pairs = gl.inline_asm_elementwise(
-            "{ .reg .b32 lo, hi; .reg .b16 c0, c1, c2, c3;\n"
-            "prmt.b32 lo, $4, $5, 0x5140; prmt.b32 hi, $4, $5, 0x7362;\n"
-            "mov.b32 {c0, c1}, lo; mov.b32 {c2, c3}, hi;\n"
-            + cvt + " $0, c0; " + cvt + " $1, c1; " + cvt + " $2, c2; " + cvt + " $3, c3; }",
-            "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
+            asm: gl.constexpr = E5M2_V_ASM
+        pairs = gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
     lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [pairs],
                                        dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
     return gl.join(lo, hi)
@@ -146,20 +170,8 @@ def _v_nibble_pairs(even, odd, W: gl.constexpr, NW: gl.constexpr, HP: gl.constex
     """INT4 V codes of the even and odd token of each pair, [W, NW / 2, HP / 2] bytes each (byte m: columns 2m in the
     low nibble, 2m + 1 in the high one) -> fp16 [W, NW / 2, HP, 2], the last dim the pair's token."""
     # bytes i of both tokens to bytes 0 and 2 of a word (t01: bytes 0 and 1 at 0-1 and 2-3, shifted right 8 for 1)
-    low = gl.inline_asm_elementwise(
-        "{ .reg .b32 t0, t1, t2, t3, m, c, bias; mov.b32 m, 0x000F000F; mov.b32 c, 0x64086408; mov.b32 bias, 0x64086408;\n"
-        "prmt.b32 t0, $4, $5, 0x5410; prmt.b32 t2, $4, $5, 0x7632; shr.b32 t1, t0, 8; shr.b32 t3, t2, 8;\n"
-        "lop3.b32 $0, t0, m, c, 0x6A; lop3.b32 $1, t1, m, c, 0x6A; lop3.b32 $2, t2, m, c, 0x6A; lop3.b32 $3, t3, m, c, 0x6A;\n"
-        "sub.f16x2 $0, $0, bias; sub.f16x2 $1, $1, bias; sub.f16x2 $2, $2, bias; sub.f16x2 $3, $3, bias; }",
-        "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
-    high = gl.inline_asm_elementwise(
-        "{ .reg .b32 t0, t1, t2, t3, m, c, mul, add; mov.b32 m, 0x00F000F0; mov.b32 c, 0x64806480;\n"
-        "mov.b32 mul, 0x2C002C00; mov.b32 add, 0xD480D480;\n"
-        "prmt.b32 t0, $4, $5, 0x5410; prmt.b32 t2, $4, $5, 0x7632; shr.b32 t1, t0, 8; shr.b32 t3, t2, 8;\n"
-        "lop3.b32 $0, t0, m, c, 0x6A; lop3.b32 $1, t1, m, c, 0x6A; lop3.b32 $2, t2, m, c, 0x6A; lop3.b32 $3, t3, m, c, 0x6A;\n"
-        "fma.rn.f16x2 $0, $0, mul, add; fma.rn.f16x2 $1, $1, mul, add; fma.rn.f16x2 $2, $2, mul, add;\n"
-        "fma.rn.f16x2 $3, $3, mul, add; }",
-        "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
+    low = gl.inline_asm_elementwise(INT4_V_LOW_ASM, "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
+    high = gl.inline_asm_elementwise(INT4_V_HIGH_ASM, "=r,=r,=r,=r,r,r", [even, odd], dtype=gl.int32, is_pure=True, pack=4)
     low_e0, low_e1 = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [low],
                                                dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
     high_e0, high_e1 = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [high],
