@@ -208,10 +208,14 @@ def test_a_convert_variant_in_fp8_mode_is_skipped_with_the_reason():
     assert {by[k].status for k in (("dequant", None), ("dequant", "cast"), ("fp8", None))} == {"ready"}
 
 
-def test_gluon_false_over_16_bit_pages_is_skipped_with_the_reason():
-    """The Gluon kernel reads FP8 pages only, so over 16-bit pages gluon=False would time the default again."""
+def test_gluon_false_where_the_gluon_kernel_cannot_read_the_pages_is_skipped_with_the_reason():
+    """The Gluon kernel reads FP8 pages with one scale per tensor or per token and head only, so over 16-bit pages or
+    per-head scales gluon=False would time the default again."""
     cases = attend_sweep([2], [40], [2], shapes=[(4, 2, 64)], kv_dtypes=["fp16", "fp8_e4m3"], backends=["triton"],
-                         device="cpu", arch="sm90", triton_options=[{}, {"gluon": False}])
-    by = {(c.kv_dtype, c.options.get("gluon")): c for c in cases}
-    assert by[("fp16", False)].status == "skipped" and "the Gluon kernel reads FP8 pages" in by[("fp16", False)].reason
-    assert {by[k].status for k in (("fp16", None), ("fp8_e4m3", None), ("fp8_e4m3", False))} == {"ready"}
+                         device="cpu", arch="sm90", triton_options=[{}, {"gluon": False}],
+                         granularities=["tensor", "token_head", "head"])
+    by = {(c.kv_dtype, c.granularity, c.options.get("gluon")): c for c in cases}
+    for skipped in (("fp16", "tensor", False), ("fp8_e4m3", "head", False)):
+        assert by[skipped].status == "skipped" and "the Gluon kernel reads FP8 pages with" in by[skipped].reason
+    assert {by[k].status for k in (("fp16", "tensor", None), ("fp8_e4m3", "tensor", None), ("fp8_e4m3", "tensor", False),
+                                   ("fp8_e4m3", "token_head", False), ("fp8_e4m3", "head", None))} == {"ready"}
