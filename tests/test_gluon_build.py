@@ -40,7 +40,8 @@ SCALE_LAUNCHES = {(32, 8, 128, 64, 1, None, "fp8_e4m3", "token_head"): 3,
                   (12, 4, 64, 64, 1, None, "int8_token_head", "tensor"): 4,
                   (12, 4, 64, 64, 1, None, "int4_token_head", "tensor"): 4,
                   (8, 1, 256, 64, 1, None, "fp8_e4m3", "token_head"): 2,
-                  (8, 1, 256, 64, 1, None, "int4_token_head", "tensor"): 2}
+                  (8, 1, 256, 64, 1, None, "int4_token_head", "tensor"): 2,
+                  (8, 2, 160, 64, 1, None, "int4_token_head", "tensor"): 2}  # a part of 32 columns past the first 128
 
 # Run in a process without the interpreter (build() refuses it): every launch above, one JSON line each.
 _BUILD_ALL = r"""

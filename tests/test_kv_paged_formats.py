@@ -207,7 +207,7 @@ def _assert_matches_the_oracle(out, lse, q, q_dtype, cache, what: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("hkv,group,d", [(8, 4, 128), (4, 3, 64), (2, 8, 96), (1, 8, 256), (1, 71, 64)])
+@pytest.mark.parametrize("hkv,group,d", [(8, 4, 128), (4, 3, 64), (2, 8, 96), (1, 8, 256), (2, 4, 160), (1, 71, 64)])
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("launch,block_size", [({}, 16), ({"num_splits": 1}, 128), ({"block_n": 128, "num_stages": 3}, 16),
                                                ({"block_n": 64}, 128)])
