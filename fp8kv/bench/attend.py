@@ -33,7 +33,7 @@ from ..capability import check as capability_check
 from ..capacity import gib_text
 from ..formats import KV_DTYPES, is_fp8
 from ..interrupts import reclaim_stop_signals
-from ..ops.decode.gluon_scope import GLUON_GRANULARITIES
+from ..ops.decode.gluon_scope import READS_PAGES, reads_pages
 from ..quant import GRANULARITIES, kv_scale_bytes, relative_error
 from ..reference import output_tolerance
 from ..results import utc_stamp
@@ -250,10 +250,9 @@ def attend_sweep(batches: Sequence[int], contexts: Sequence[int], q_lens: Sequen
                 cases.append(case)
                 continue
             # so would this one where the Gluon kernel cannot read the pages (the decode's twin: fp8kv.bench.cases)
-            if ok and opts.get("gluon") is False and not (is_fp8(kv) and case.granularity in GLUON_GRANULARITIES):
-                case.status, case.reason = "skipped", (f"the Gluon kernel reads FP8 pages with {GLUON_GRANULARITIES} "
-                                                       f"scales: over {kv} ({case.granularity}) gluon=False runs the "
-                                                       "default")
+            if ok and opts.get("gluon") is False and not reads_pages(kv, case.granularity, d):
+                case.status, case.reason = "skipped", (f"the Gluon kernel reads {READS_PAGES}: over {kv} "
+                                                       f"({case.granularity}) gluon=False runs the default")
                 cases.append(case)
                 continue
             if not ok:

@@ -19,12 +19,7 @@ from ..capability import check as capability_check
 from ..capacity import gib_text
 from ..checks import fail as _fail
 from ..formats import KV_DTYPES, UNQUANTIZED_DTYPES, is_fp8
-from ..ops.decode.gluon_scope import (
-    GLUON_GRANULARITIES,
-    GLUON_QUANTIZED_FORMATS,
-    PACKED_CODES,
-    PACKED_HEAD_DIM,
-)
+from ..ops.decode.gluon_scope import READS_PAGES, reads_pages
 from ..quant import GRANULARITIES, kv_scale_bytes
 from ..reference import output_tolerance
 from ..synthetic import CHUNK_ELEMS
@@ -277,12 +272,8 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
                 ok, why = capability_check(backend, kv, mode, arch, case.granularity, d, layout)
                 if ok:
                     ok, why = check_query(backend, q_dtype, kv)
-            gluon_reads = (is_fp8(kv) and case.granularity in GLUON_GRANULARITIES) or (
-                kv in GLUON_QUANTIZED_FORMATS and not (GLUON_QUANTIZED_FORMATS[kv] in PACKED_CODES and d % PACKED_HEAD_DIM))
-            if ok and opts.get("gluon") is False and not gluon_reads:
-                case.status, case.reason = "skipped", (f"the Gluon kernel reads FP8 pages with {GLUON_GRANULARITIES} "
-                                                       f"scales and {tuple(GLUON_QUANTIZED_FORMATS)} (INT4 at head dims "
-                                                       f"that are multiples of {PACKED_HEAD_DIM}): over {kv} "
+            if ok and opts.get("gluon") is False and not reads_pages(kv, case.granularity, d):
+                case.status, case.reason = "skipped", (f"the Gluon kernel reads {READS_PAGES}: over {kv} "
                                                        f"({case.granularity}, D {d}) gluon=False runs the default")
                 cases.append(case)
                 continue

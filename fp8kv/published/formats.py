@@ -7,6 +7,7 @@ import pandas as pd
 
 from .decode import claim
 from .fmt import num, span, times
+from .probes import shape_col
 from .sources import Sources, ok_rows
 
 __all__ = ["formats", "FORMATS_GLUON"]
@@ -33,9 +34,7 @@ _GLUON = {"FP8": "gluon", "FP8 token-head": "gluon", "INT8": "gluon-quantized", 
 def _cells(src: Sources, rel: str = FORMATS_GLUON) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """µs, % of copy and the kernel that ran per (layout, batch, context) x cell of :data:`_CELLS`, in file ``rel``."""
     rows = ok_rows(src.csv(rel, _COLUMNS), rel)
-    rows = rows.assign(variant=rows["variant"].fillna("").astype(str),
-                       layout=rows["num_q_heads"].astype(str) + "/" + rows["num_kv_heads"].astype(str) + "/"
-                       + rows["head_dim"].astype(str))
+    rows = rows.assign(variant=rows["variant"].fillna("").astype(str), layout=shape_col(rows))
     rows = rows.assign(cell=[_CELLS.get(k) for k in zip(rows["kv_dtype"], rows["granularity"], rows["variant"],
                                                           strict=True)]).dropna(subset=["cell"])
     index = ["layout", "batch", "context"]

@@ -8,6 +8,7 @@ import pandas as pd
 
 from .decode import claim
 from .fmt import num, span, times
+from .probes import shape_col
 from .sources import Sources, ok_rows
 
 __all__ = ["multi_token", "short_splits", "SPEC_VERIFY", "CHUNKED_PREFILL", "SHORT_SPLITS_ROWS", "SHORT_SPLITS_DEFAULT"]
@@ -58,8 +59,7 @@ def _runs(src: Sources, rels) -> pd.DataFrame:
     rows = pd.concat([ok_rows(src.csv(rel, [*_COLUMNS, "mode", "variant", "kernel"]), rel)
                       .pipe(lambda r, kept=kept: r if kept is None else r[r["batch"].isin(kept)])
                       for rel, kept in rels.items()], ignore_index=True)
-    return rows.assign(shape=rows["num_q_heads"].astype(str) + "/" + rows["num_kv_heads"].astype(str) + "/"
-                       + rows["head_dim"].astype(str))
+    return rows.assign(shape=shape_col(rows))
 
 
 def _kernel_times(t: pd.DataFrame) -> pd.DataFrame:

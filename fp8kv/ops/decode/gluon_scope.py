@@ -2,8 +2,11 @@
 warps, tile widths, head dims and the query heads one program holds. Read by the kernel's layouts, its
 launch (:mod:`.gluon_launcher`) and the choice of kernel (:mod:`.planning`); importing it needs no Gluon."""
 
+from ...formats import is_fp8
+
 __all__ = ["NUM_WARPS", "HEAD_PADS", "MIN_HEAD_DIM", "MAX_HEAD_DIM", "MAX_ROWS", "GLUON_GRANULARITIES",
-           "GLUON_QUANTIZED_FORMATS", "PACKED_CODES", "PACKED_HEAD_DIM", "head_parts", "head_pad", "max_rows", "mma_rows"]
+           "GLUON_QUANTIZED_FORMATS", "PACKED_CODES", "PACKED_HEAD_DIM", "head_parts", "head_pad", "max_rows", "mma_rows",
+           "reads_pages", "READS_PAGES"]
 
 NUM_WARPS = 4
 HEAD_PADS = (64, 128)  # register tile widths; a head_dim runs in the smallest that holds it
@@ -21,6 +24,16 @@ GLUON_QUANTIZED_FORMATS = {"int8_token_head": "int8", "int4_token_head": "int4"}
 # row of codes is whole 16-byte chunks (the cp.async copies' unit)
 PACKED_CODES = ("int4",)
 PACKED_HEAD_DIM = 32
+READS_PAGES = (f"FP8 pages with {GLUON_GRANULARITIES} scales and {tuple(GLUON_QUANTIZED_FORMATS)} (INT4 at head dims "
+               f"that are multiples of {PACKED_HEAD_DIM})")  # what reads_pages says, in words
+
+
+def reads_pages(kv_dtype: str, granularity: str, head_dim: int) -> bool:
+    """Whether the kernel reads pages of ``kv_dtype`` with ``granularity`` scales at ``head_dim``, by these facts alone
+    (:func:`fp8kv.ops.decode.planning.codes_refusal` checks a cache itself, its scales' strides too)."""
+    if kv_dtype in GLUON_QUANTIZED_FORMATS:
+        return not (GLUON_QUANTIZED_FORMATS[kv_dtype] in PACKED_CODES and head_dim % PACKED_HEAD_DIM)
+    return is_fp8(kv_dtype) and granularity in GLUON_GRANULARITIES
 
 
 def head_parts(head_dim: int) -> int:

@@ -220,10 +220,11 @@ def codes_refusal(cache) -> str | None:
     elif not isinstance(cache, QuantizedPagedKVCache) or cache.fmt.name not in GLUON_QUANTIZED_FORMATS:
         name = cache.fmt.name if isinstance(cache, QuantizedPagedKVCache) else type(cache).__name__
         return f"{name}: of the quantized formats the Gluon kernel reads {' and '.join(map(repr, GLUON_QUANTIZED_FORMATS))}"
-    elif gluon_codes(cache)[0] in PACKED_CODES and cache.head_dim % PACKED_HEAD_DIM:
+    codes, token_scales = gluon_codes(cache)
+    if codes in PACKED_CODES and cache.head_dim % PACKED_HEAD_DIM:
         return (f"head_dim={cache.head_dim}: the Gluon kernel reads {cache.fmt.name} (two codes a byte) at head dims that "
                 f"are multiples of {PACKED_HEAD_DIM} (whole 16-byte rows)")
-    if gluon_codes(cache)[1]:
+    if token_scales:
         k_scale, v_scale = cache_scales(cache)
         if k_scale.stride()[:3] != v_scale.stride()[:3]:
             return (f"k and v scales with strides {tuple(k_scale.stride())} and {tuple(v_scale.stride())}: the Gluon "
