@@ -371,3 +371,24 @@ def test_saved_h200_target_run():
     slope = ok.set_index(["batch", "kv_dtype"])["slope_us_per_token"]
     for batch in (16, 64, 256):
         assert slope[(batch, "fp8_e4m3")] < slope[(batch, "bf16")]
+
+
+def test_a_line_across_a_change_of_kernel_is_refused_and_says_so():
+    """The H200's case: the decode takes the Triton kernel at short contexts and the Gluon kernel from 4,096 tokens on,
+    a step in FP8's latency no single line follows. The pair is refused (never fitted across the step), its crossing
+    row names both kernels, its answer says why, and notebook 09's headline still answers with the measured points."""
+    from fp8kv.analysis import deciding as dc
+
+    step = lambda c: 10.0 + 0.02 * c if c < 4096 else 45.0 + 0.009 * c  # noqa: E731
+    rows = bench_rows({"bf16": (10.0, 0.03), "fp8_e4m3": step}, batch=64)
+    fp8 = rows["kv_dtype"] == "fp8_e4m3"
+    rows["kernel"] = "triton"
+    rows.loc[fp8 & (rows["context"] >= 4096), "kernel"] = "gluon"
+    lines, cr = be.breakeven_context(rows)
+    (r,) = cr.to_dict("records")
+    assert r["status"] == "no fit" and r["kernels"] == "gluon,triton"
+    assert "its rows ran the gluon and triton kernels (the decode changes kernel)" in r["answer"]
+    assert list(lines.loc[lines["kv_dtype"] == "bf16", "kernels"]) == ["triton"]
+    text = dc.headline("H200", crossings=cr)
+    assert text.startswith("On H200, FP8 KV decodes faster than a 16-bit cache at every measured context")
+    assert "no line holds across the decode's change of kernel (gluon and triton)" in text

@@ -79,25 +79,53 @@ def test_headline_prefers_the_pair_paying_from_the_shortest_context_then_the_lar
             "dequant mode)") in text
 
 
-def test_headline_adds_a_pair_without_a_line_that_measured_more_than_the_lines_reach():
-    """At batch 16 FlashInfer's lines hold (1.37x at the longest) but Triton's do not, and its points measured up
-    to 1.86x: the headline says both; a pair without a line measuring less is left out."""
+def test_headline_leads_with_a_measured_pair_that_pays_earlier_or_gains_more_than_the_lines():
+    """At batch 16 FlashInfer's lines hold (1.37x at the longest) but Triton's do not (its rows ran two kernels),
+    and its points measured FP8 faster from the same context up to 1.86x: the batch's clause is Triton's, saying
+    it was measured point by point and why no line holds. A pair without a line measuring less is left out; one
+    paying from a later context goes to the second sentence only where it measured more than the lines reach."""
     base = dict(variant="", num_q_heads=32, num_kv_heads=8, head_dim=128, kv_dtype="fp8_e4m3", gpu="H100",
                 tokens_lo=512.0, tokens_hi=32768.0)
     fi = dict(base, backend="flashinfer", mode="dequant", batch=16, verdict="every", status="ok",
               fp8_speedup_at_hi=1.37, crossing_tokens=-5.0, measured="", measured_faster_from=math.nan,
-              measured_best_speedup=math.nan)
+              measured_best_speedup=math.nan, kernels="flashinfer-tc")
     tr = dict(base, backend="triton", mode="dequant", batch=16, verdict="", status="no fit",
               fp8_speedup_at_hi=math.nan, crossing_tokens=math.nan,
               measured="FP8 faster at every measured context (512-32,768 tokens; 1.28-1.86x)",
-              measured_faster_from=512.0, measured_best_speedup=1.86)
+              measured_faster_from=512.0, measured_best_speedup=1.86, kernels="gluon,triton")
     text = dc.headline("H100", crossings=pd.DataFrame([fi, tr]))
-    assert text == ("On H100, FP8 KV decodes faster than a 16-bit cache at every measured context (512-32,768 tokens; "
-                    "1.37x at 32,768) at batch 16 (flashinfer, dequant mode). Pairs whose latency lines did not hold, "
-                    "measured point by point: at batch 16 with triton, dequant mode, FP8 faster at every measured "
-                    "context (512-32,768 tokens; 1.28-1.86x).")
+    assert text == ("On H100, FP8 KV decodes faster than a 16-bit cache at every measured context (512-32,768 tokens, "
+                    "1.28-1.86x) at batch 16 (triton, dequant mode; measured point by point: no line holds across the "
+                    "decode's change of kernel (gluon and triton)).")
     less = pd.DataFrame([fi, dict(tr, measured_best_speedup=1.2)])
     assert "triton" not in dc.headline("H100", crossings=less)
+    later = dc.headline("H100", crossings=pd.DataFrame([fi, dict(tr, measured_faster_from=4096.0, kernels="triton",
+                                                                  measured="FP8 faster from 4,096 tokens on (1.1-1.86x)")]))
+    assert later == ("On H100, FP8 KV decodes faster than a 16-bit cache at every measured context (512-32,768 tokens; "
+                     "1.37x at 32,768) at batch 16 (flashinfer, dequant mode). Pairs whose latency lines did not hold, "
+                     "measured point by point: at batch 16 with triton, dequant mode, FP8 faster from 4,096 tokens on "
+                     "(1.1-1.86x).")
+
+
+def test_headline_never_says_no_context_pays_where_a_measured_pair_pays():
+    """The H200's case: at a batch where every line that held (FlashInfer's) never pays, fp8kv's pair without a
+    line that measured FP8 faster at every context is the batch's answer — not "at no measured context"; where
+    nothing pays, the clause names the pairs it speaks for."""
+    base = dict(variant="", num_q_heads=32, num_kv_heads=8, head_dim=128, kv_dtype="fp8_e4m3", gpu="H200",
+                tokens_lo=512.0, tokens_hi=32768.0, batch=16, mode="dequant")
+    never = dict(base, backend="flashinfer", variant="tc", verdict="never", status="ok", fp8_speedup_at_hi=0.99,
+                 crossing_tokens=-39000.0, measured="", measured_faster_from=math.nan, measured_best_speedup=math.nan)
+    tr = dict(base, backend="triton", verdict="", status="no fit", fp8_speedup_at_hi=math.nan,
+              crossing_tokens=math.nan, measured="FP8 faster at every measured context (512-32,768 tokens; 1.13-1.81x)",
+              measured_faster_from=512.0, measured_best_speedup=1.81, kernels="triton")
+    text = dc.headline("H200", crossings=pd.DataFrame([never, tr]))
+    assert "no measured context" not in text
+    assert text.startswith("On H200, FP8 KV decodes faster than a 16-bit cache at every measured context (512-32,768 "
+                           "tokens, 1.13-1.81x) at batch 16 (triton, dequant mode; measured point by point: its latency "
+                           "lines do not hold)")
+    alone = dc.headline("H200", crossings=pd.DataFrame([never]))
+    assert ("at no measured context (512-32,768 tokens) at batch 16 (the pairs whose lines held: flashinfer-tc, "
+            "dequant mode)") in alone
 
 
 def test_headline_says_where_fp8_pays_only_below_a_crossing():
@@ -115,12 +143,14 @@ def test_headline_says_what_the_points_measured_where_no_line_held():
                       bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, batch=64)])
     _, cr = be.breakeven_context(rows)
     text = dc.headline("NVIDIA H200", crossings=cr)
-    assert "FP8 KV decodes faster than a 16-bit cache beyond 2,000 tokens per sequence" in text
-    assert ("Pairs whose latency lines did not hold, measured point by point: at batch 1 with triton, dequant mode, FP8 faster from 864 "
-            "tokens on (1.25-1.25x); slower at 512.") in text
-    only = dc.headline("cpu", crossings=cr[cr["batch"] == 1])
+    assert text.startswith("On NVIDIA H200, FP8 KV decodes faster than a 16-bit cache from 864 tokens on "
+                           "(1.25-1.25x), slower at 512 at batch 1 (triton, dequant mode; measured point by point: its "
+                           "latency lines do not hold); beyond 2,000 tokens per sequence")
+    slower = cr[cr["batch"] == 1].assign(measured="FP8 slower at every measured context (512-32,768 tokens; 0.8-0.9x)",
+                                         measured_faster_from=math.inf, measured_best_speedup=0.9)
+    only = dc.headline("cpu", crossings=slower)
     assert only.startswith("On cpu, no FP8 latency line held; point by point: at batch 1 with triton, dequant mode, "
-                           "FP8 faster from 864")
+                           "FP8 slower at every")
 
 
 def test_headline_takes_the_best_pair_where_no_line_held():
@@ -133,7 +163,7 @@ def test_headline_takes_the_best_pair_where_no_line_held():
                                  batch=1, backend="triton")])
     _, cr = be.breakeven_context(rows)
     text = dc.headline("NVIDIA H200", crossings=cr)
-    assert "at batch 1 with triton, dequant mode, FP8 faster from 864 tokens on" in text
+    assert "from 864 tokens on (1.25-1.25x), slower at 512 at batch 1 (triton, dequant mode;" in text
     assert "slowpeer" not in text and "latepeer" not in text
 
 

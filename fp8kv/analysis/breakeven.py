@@ -353,7 +353,8 @@ def crossings(lines, *, baseline: str = "bf16"):
     head layout and batch (:data:`PAIR_KEYS`).
 
     ``lines``: :func:`fit_lines`' table. Returns one row per FP8 line: the pair keys, ``kv_dtype``, ``mode``,
-    ``granularity``, ``tokens_lo`` / ``tokens_hi`` (the range both lines hold over), ``left_out`` (the most
+    ``granularity``, ``kernels`` (those the FP8 line's rows ran: two where the decode changes kernel within
+    the range, a step no single line follows), ``tokens_lo`` / ``tokens_hi`` (the range both lines hold over), ``left_out`` (the most
     short contexts either line left out), ``crossing_tokens``,
     ``crossing_se`` (delta method), ``crossing_lo`` / ``crossing_hi`` (95 %), ``slope_gap_z`` (the slopes'
     difference over its standard error), ``fp8_speedup_at_hi`` (16-bit time over FP8 time at
@@ -375,7 +376,7 @@ def crossings(lines, *, baseline: str = "bf16"):
     for _, f in lines[lines["kv_dtype"].str.startswith("fp8")].iterrows():
         key = tuple(f[k] for k in PAIR_KEYS)
         row = {**{k: f[k] for k in PAIR_KEYS}, "kv_dtype": f["kv_dtype"], "mode": f["mode"],
-               "granularity": f.get("granularity", "")}
+               "granularity": f.get("granularity", ""), "kernels": f.get("kernels", "")}
         b = base.get(key)
         row.update(_crossing(f, b, baseline))
         row["answer"] = answer_text(row)
@@ -430,7 +431,9 @@ def answer_text(row) -> str:
             f"{row['num_kv_heads']}, D {row['head_dim']})")
     b = row["batch"]
     if row["status"] != "ok":
-        return f"{where}, batch {b}: no answer {what}: {row['reason']}"
+        names = [k for k in str(row.get("kernels", "") or "").split(",") if k]  # two: a step no line follows
+        step = f"; its rows ran the {' and '.join(names)} kernels (the decode changes kernel)" if len(names) > 1 else ""
+        return f"{where}, batch {b}: no answer {what}: {row['reason']}{step}"
     measured = f"{count_text(row['tokens_lo'])}-{count_text(row['tokens_hi'])} tokens per sequence"
     span = "measured context"
     if row.get("left_out", 0):

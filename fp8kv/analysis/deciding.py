@@ -72,58 +72,82 @@ def heldout_advice(advice, heldout: ScaleHealth):
 
 
 # ------------------------------------------------------------------------------------ the answer
-def _pays(crossings, backend: str | None) -> list[str]:
-    """Per batch, where the best FP8 line starts to pay: of the lines paying at every context they hold over,
-    the one holding from the shortest context, then the one FP8 gains most with at the longest; else the one
-    paying beyond the smallest context; else one paying only below a crossing."""
-    rows = crossings[crossings["status"] == "ok"]
-    if backend is not None:
-        rows = rows[rows["backend"] == backend]
-    out = []
-    for batch, g in rows.groupby("batch", sort=True):
-        every = g[g["verdict"] == "every"].copy()
-        every["_gain"] = -every["fp8_speedup_at_hi"].fillna(0.0) if "fp8_speedup_at_hi" in every.columns else 0.0
-        every = every.sort_values(["tokens_lo", "_gain"], kind="stable")
-        beyond = g[g["verdict"] == "beyond"].sort_values("crossing_tokens")
-        below = g[g["verdict"] == "below"].sort_values("crossing_tokens", ascending=False)
-        if not every.empty:
-            r = every.iloc[0]
-            gain = r.get("fp8_speedup_at_hi", math.nan)
-            gain = f"; {gain:.2f}x at {r['tokens_hi']:,.0f}" if isinstance(gain, float) and math.isfinite(gain) else ""
-            span = "every context where its lines hold" if r.get("left_out", 0) else "every measured context"
-            out.append(f"at {span} ({r['tokens_lo']:,.0f}-{r['tokens_hi']:,.0f} tokens{gain}) at batch {batch} "
-                       f"({_what(r)})")
-        elif not beyond.empty:
-            r = beyond.iloc[0]
-            out.append(f"beyond {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at batch {batch} "
-                       f"({_what(r)})")
-        elif not below.empty:
-            r = below.iloc[0]
-            out.append(f"only below {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at batch {batch} "
-                       f"({_what(r)})")
-        else:
-            out.append(f"at no measured context ({g['tokens_lo'].min():,.0f}-{g['tokens_hi'].max():,.0f} tokens) at batch "
-                       f"{batch}")
-    return out
+def _fitted(g):
+    """A batch's best pair whose lines held: ``(pays from, clause, the gain at the longest context)``. Of the pairs
+    paying at every context they hold over, the one holding from the shortest context, then the one FP8 gains most
+    with at the longest; else the one paying beyond the smallest context; else one paying only below a crossing;
+    else none pays (from = inf)."""
+    batch = g["batch"].iloc[0]
+    every = g[g["verdict"] == "every"].copy()
+    every["_gain"] = -every["fp8_speedup_at_hi"].fillna(0.0) if "fp8_speedup_at_hi" in every.columns else 0.0
+    every = every.sort_values(["tokens_lo", "_gain"], kind="stable")
+    beyond = g[g["verdict"] == "beyond"].sort_values("crossing_tokens")
+    below = g[g["verdict"] == "below"].sort_values("crossing_tokens", ascending=False)
+    if not every.empty:
+        r = every.iloc[0]
+        gain = r.get("fp8_speedup_at_hi", math.nan)
+        at = f"; {gain:.2f}x at {r['tokens_hi']:,.0f}" if isinstance(gain, float) and math.isfinite(gain) else ""
+        span = "every context where its lines hold" if r.get("left_out", 0) else "every measured context"
+        return (r["tokens_lo"], f"at {span} ({r['tokens_lo']:,.0f}-{r['tokens_hi']:,.0f} tokens{at}) at batch "
+                f"{batch} ({_what(r)})", gain)
+    if not beyond.empty:
+        r = beyond.iloc[0]
+        return (r["crossing_tokens"], f"beyond {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at "
+                f"batch {batch} ({_what(r)})", r.get("fp8_speedup_at_hi", math.nan))
+    if not below.empty:
+        r = below.iloc[0]
+        return (r["tokens_lo"], f"only below {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at "
+                f"batch {batch} ({_what(r)})", r.get("fp8_speedup_at_hi", math.nan))
+    held = ", ".join(sorted({_what(r) for _, r in g.iterrows()}))
+    return (math.inf, f"at no measured context ({g['tokens_lo'].min():,.0f}-{g['tokens_hi'].max():,.0f} tokens) at "
+            f"batch {batch} (the pairs whose lines held: {held})", max(g.get("fp8_speedup_at_hi", [math.nan])))
 
 
-def _measured(crossings, backend: str | None) -> list[str]:
-    """Per batch, what the best pair without a line measured (``crossings``' ``measured``): the pair FP8 is faster
-    from the earliest context for, then the largest speedup. Said where no line held at that batch, and where
-    it measured a larger speedup than any line that held there reaches (the fit did not confirm it, but a
-    reader choosing a backend must see it)."""
-    if "measured" not in crossings.columns:
-        return []
+def _measured_best(g):
+    """A batch's best pair without a line (``crossings``' ``measured``, its points compared context by context):
+    the one FP8 is faster for from the earliest context, then the largest speedup; None where none measured."""
+    if "measured" not in g.columns:
+        return None
+    g = g[(g["status"] != "ok") & (g["measured"] != "")]
+    if g.empty:
+        return None
+    return g.assign(_from=g["measured_faster_from"].fillna(math.inf),
+                    _best=-g["measured_best_speedup"].fillna(0.0)).sort_values(["_from", "_best"]).iloc[0]
+
+
+def _measured_clause(r) -> str:
+    """The measured answer of pair ``r`` as a clause of the first sentence, saying it is no fit and why."""
+    text = str(r["measured"])
+    text = text[len("FP8 faster "):] if text.startswith("FP8 faster ") else text
+    kernels = [k for k in str(r.get("kernels", "") or "").split(",") if k]
+    why = (f"no line holds across the decode's change of kernel ({' and '.join(kernels)})" if len(kernels) > 1
+           else "its latency lines do not hold")
+    return f"{text.replace('; ', ', ')} at batch {r['batch']} ({_what(r)}; measured point by point: {why})"
+
+
+def _speed(crossings, backend: str | None) -> tuple[list[str], list[str]]:
+    """Per batch, the clause of the pair FP8 pays for from the shortest context, then the largest gain — a pair
+    whose lines held (:func:`_fitted`) or one measured point by point (its lines did not hold: a split rule, a
+    launch floor or a change of kernel makes the latency steppy); the fitted pair wins a tie. Second: the
+    measured pairs not chosen that measured a larger speedup than the chosen fitted pair reaches (the fit did
+    not confirm them, but a reader choosing a backend must see them)."""
     rows = crossings if backend is None else crossings[crossings["backend"] == backend]
-    ok = rows[rows["status"] == "ok"]
-    out = []
-    for batch, g in rows[(rows["status"] != "ok") & (rows["measured"] != "")].groupby("batch", sort=True):
-        r = g.assign(_from=g["measured_faster_from"].fillna(math.inf),
-                     _best=-g["measured_best_speedup"].fillna(0.0)).sort_values(["_from", "_best"]).iloc[0]
-        fitted = ok.loc[ok["batch"] == batch, "fp8_speedup_at_hi"] if "fp8_speedup_at_hi" in ok.columns else None
-        if fitted is None or fitted.empty or r["measured_best_speedup"] > fitted.max():
-            out.append(f"at batch {batch} with {_what(r)}, {r['measured']}")
-    return out
+    first, second = [], []
+    for batch, g in rows.groupby("batch", sort=True):
+        ok = g[g["status"] == "ok"]
+        fitted, m = (_fitted(ok) if not ok.empty else None), _measured_best(g)
+        f_gain = fitted[2] if fitted is not None and math.isfinite(fitted[2]) else 0.0
+        f_key = (fitted[0], -f_gain) if fitted is not None else (math.inf, 0.0)
+        m_from = float(m["measured_faster_from"]) if m is not None else math.inf
+        m_pays = math.isfinite(m_from)
+        if m_pays and (m_from, -float(m["measured_best_speedup"])) < f_key:
+            first.append(_measured_clause(m))
+            continue
+        if fitted is not None:
+            first.append(fitted[1])
+        if m is not None and (fitted is None or m["measured_best_speedup"] > f_gain):
+            second.append(f"at batch {batch} with {_what(m)}, {m['measured']}")
+    return first, second
 
 
 def _interval(r) -> str:
@@ -154,7 +178,7 @@ def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str 
         checks.fail(f"smoke={smoke!r}; expected True or False", TypeError)
     sentences = []
     if crossings is not None:
-        pays, measured = _pays(crossings, backend), _measured(crossings, backend)
+        pays, measured = _speed(crossings, backend)
         if pays:
             sentences.append(f"On {gpu}, FP8 KV decodes faster than a 16-bit cache " + "; ".join(pays) + ".")
         if measured:

@@ -10,7 +10,7 @@ from .fmt import num, span, times
 from .probes import shape_col
 from .sources import Sources, ok_rows
 
-__all__ = ["formats", "FORMATS_GLUON"]
+__all__ = ["formats", "formats_h200", "FORMATS_GLUON", "FORMATS_H200"]
 
 # python -m fp8kv.bench --preset formats --batches 16 64 --contexts 16384 32768 --kv-dtypes int8_token_head
 # int4_token_head fp8_e4m3: each format's default kernel beside gluon=False, FP8 with one scale per tensor and per token
@@ -20,11 +20,13 @@ FORMATS_GLUON = "results/bench/nvidia-h100-80gb-hbm3/20261206T074628Z.csv"
 # INT4 through the Gluon kernel just before that change (--kv-dtypes int4_token_head)
 FORMATS_BEFORE = "results/bench/nvidia-h100-80gb-hbm3/20261206T051303Z.csv"
 INT4_BEFORE = "results/bench/nvidia-h100-80gb-hbm3/20261206T074324Z.csv"
+# The same command on the H200 with bf16 among the --kv-dtypes: INT4 and INT8 against FP8 and BF16 in one run
+FORMATS_H200 = "results/bench/nvidia-h200/20261206T100317Z.csv"
 _COLUMNS = ["kv_dtype", "granularity", "variant", "kernel", "batch", "context", "num_q_heads", "num_kv_heads",
             "head_dim", "time_us", "pct_copy_bw", "copy_gbps", "kv_bytes"]
 _BEFORE_AFTER = ("32/8/128", 64, 32768)  # the point the paragraph follows across the three files
 # (kv_dtype, granularity, variant) -> column
-_CELLS = {("fp8_e4m3", "tensor", ""): "FP8", ("fp8_e4m3", "token_head", ""): "FP8 token-head",
+_CELLS = {("bf16", "tensor", ""): "BF16", ("fp8_e4m3", "tensor", ""): "FP8", ("fp8_e4m3", "token_head", ""): "FP8 token-head",
           ("fp8_e4m3", "token_head", "gluon=False"): "FP8 token-head, Triton", ("int8_token_head", "tensor", ""): "INT8",
           ("int8_token_head", "tensor", "gluon=False"): "INT8, Triton", ("int4_token_head", "tensor", ""): "INT4",
           ("int4_token_head", "tensor", "gluon=False"): "INT4, Triton"}
@@ -83,3 +85,37 @@ def formats(src: Sources) -> dict[str, str]:
             "formats.int8_vs_fp8": span(on["INT8"] / on["FP8"]),
             "formats.int4_pct": span(pct[gluon]["INT4"], 0), "formats.int8_pct": span(pct[gluon]["INT8"], 0),
             "formats.tok_pct": span(pct[gluon]["FP8 token-head"], 0), "formats.fp8_pct": span(pct[gluon]["FP8"], 0)}
+
+
+def formats_h200(src: Sources) -> dict[str, str]:
+    """The H200 run (:data:`FORMATS_H200`): each format's µs beside BF16's in the same run, and the ratios #38's
+    goals name (INT4 against FP8 and BF16, INT8 against FP8 with the same per-token scales), at the points where
+    every default ran the Gluon kernel."""
+    us, pct, kernel = _cells(src, FORMATS_H200)
+    gluon = pd.concat([kernel[cell] == name for cell, name in _GLUON.items()], axis=1).all(axis=1)
+    claim(int(gluon.sum()) >= 4, "the defaults ran the Gluon kernel at four points or more", FORMATS_H200)
+    head = ["Hq/Hkv/D", "B", "ctx", *us.columns, "FP8 ÷ INT4", "BF16 ÷ INT4", "INT4 % of copy", "INT8 ÷ FP8 token-head"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key, r in us.iterrows():
+        lines.append("| " + " | ".join([*map(str, key), *[num(x) for x in r], times(r["FP8"] / r["INT4"]),
+                                         times(r["BF16"] / r["INT4"]), num(pct.loc[key, "INT4"], 0),
+                                         times(r["INT8"] / r["FP8 token-head"])]) + " |")
+    on, on_pct = us[gluon], pct[gluon]
+    h100 = _cells(src, FORMATS_GLUON)[0]
+    copy = {rel: src.csv(rel, _COLUMNS)["copy_gbps"].median() for rel in (FORMATS_GLUON, FORMATS_H200)}
+    return {"formats_h200.table": "\n".join(lines),
+            # one point on both GPUs (separate runs): how much of the H200's bandwidth each format turned into time
+            "formats_h200.int4_h100": num(h100.loc[_BEFORE_AFTER, "INT4"], 0),
+            "formats_h200.int4_h200": num(us.loc[_BEFORE_AFTER, "INT4"], 0),
+            "formats_h200.fp8_h100": num(h100.loc[_BEFORE_AFTER, "FP8"], 0),
+            "formats_h200.fp8_h200": num(us.loc[_BEFORE_AFTER, "FP8"], 0),
+            "formats_h200.copy_x": times(copy[FORMATS_H200] / copy[FORMATS_GLUON]),
+            "formats_h200.copy_tbs": span(src.csv(FORMATS_H200, _COLUMNS)["copy_gbps"] / 1e3, 1),
+            "formats_h200.points": str(int(gluon.sum())), "formats_h200.all_points": str(len(us)),
+            "formats_h200.int4_x_fp8": span(on["FP8"] / on["INT4"]),
+            "formats_h200.int4_x_bf16": span(on["BF16"] / on["INT4"]),
+            "formats_h200.fp8_x_bf16": span(on["BF16"] / on["FP8"]),
+            "formats_h200.int4_pct": span(on_pct["INT4"], 0), "formats_h200.fp8_pct": span(on_pct["FP8"], 0),
+            "formats_h200.bf16_pct": span(on_pct["BF16"], 0),
+            "formats_h200.int8_vs_tok": span(on["INT8"] / on["FP8 token-head"]),
+            "formats_h200.int8_vs_fp8": span(on["INT8"] / on["FP8"])}

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .breakeven import breakeven
 from .decode import decode_latency
 from .earlier import earlier, later
-from .formats import formats
+from .formats import formats, formats_h200
 from .gluon import gluon
 from .gluon_probes import gluon_probes
 from .layout_probes import layout_probes
@@ -21,7 +22,7 @@ __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
 SECTIONS = (decode_latency, layouts, layout_probes, gluon, gluon_probes, earlier, later, window, step,
-            multi_token, formats)
+            multi_token, formats, formats_h200, breakeven)
 
 
 def compute(src: Sources) -> dict[str, str]:
