@@ -94,9 +94,11 @@ def test_headline_leads_with_a_measured_pair_that_pays_earlier_or_gains_more_tha
               measured="FP8 faster at every measured context (512-32,768 tokens; 1.28-1.86x)",
               measured_faster_from=512.0, measured_best_speedup=1.86, kernels="gluon,triton")
     text = dc.headline("H100", crossings=pd.DataFrame([fi, tr]))
-    assert text == ("On H100, FP8 KV decodes faster than a 16-bit cache at every measured context (512-32,768 tokens, "
-                    "1.28-1.86x) at batch 16 (triton, dequant mode; measured point by point: no line holds across the "
-                    "decode's change of kernel (gluon and triton)).")
+    assert text == ("On H100, at batch 16 with triton, dequant mode, measured point by point (no line holds across the "
+                    "decode's change of kernel (gluon and triton)): FP8 faster at every measured context (512-32,768 "
+                    "tokens; 1.28-1.86x).")
+    both = dc.headline("H100", crossings=pd.DataFrame([fi, dict(tr, reason="the bf16 line: a point lies 8% off")]))
+    assert "(its latency lines do not hold; its FP8 rows also change kernel)" in both  # not the kernel's fault alone
     less = pd.DataFrame([fi, dict(tr, measured_best_speedup=1.2)])
     assert "triton" not in dc.headline("H100", crossings=less)
     later = dc.headline("H100", crossings=pd.DataFrame([fi, dict(tr, measured_faster_from=4096.0, kernels="triton",
@@ -120,9 +122,18 @@ def test_headline_never_says_no_context_pays_where_a_measured_pair_pays():
               measured_faster_from=512.0, measured_best_speedup=1.81, kernels="triton")
     text = dc.headline("H200", crossings=pd.DataFrame([never, tr]))
     assert "no measured context" not in text
-    assert text.startswith("On H200, FP8 KV decodes faster than a 16-bit cache at every measured context (512-32,768 "
-                           "tokens, 1.13-1.81x) at batch 16 (triton, dequant mode; measured point by point: its latency "
-                           "lines do not hold)")
+    assert text == ("On H200, at batch 16 with triton, dequant mode, measured point by point (its latency lines do not "
+                    "hold): FP8 faster at every measured context (512-32,768 tokens; 1.13-1.81x).")
+    below = dict(never, verdict="below", crossing_tokens=2000.0, fp8_speedup_at_hi=0.8)
+    late = dict(tr, measured="FP8 faster from 864 tokens on (1.1-1.9x); slower at 512", measured_faster_from=864.0,
+                measured_best_speedup=1.9)
+    text = dc.headline("H200", crossings=pd.DataFrame([below, late]))
+    # a pair paying only below a crossing never leads one that pays from some context on, as contexts grow
+    assert text.startswith("On H200, at batch 16 with triton, dequant mode, measured point by point") and "below" not in text
+    alone_below = dc.headline("H200", crossings=pd.DataFrame([below]))
+    assert alone_below.startswith("On H200, FP8 KV decodes faster than a 16-bit cache only below 2,000 tokens")
+    nan_text = dc.headline("H200", crossings=pd.DataFrame([never, dict(tr, measured=math.nan)]))
+    assert "nan" not in nan_text
     alone = dc.headline("H200", crossings=pd.DataFrame([never]))
     assert ("at no measured context (512-32,768 tokens) at batch 16 (the pairs whose lines held: flashinfer-tc, "
             "dequant mode)") in alone
@@ -143,9 +154,9 @@ def test_headline_says_what_the_points_measured_where_no_line_held():
                       bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, batch=64)])
     _, cr = be.breakeven_context(rows)
     text = dc.headline("NVIDIA H200", crossings=cr)
-    assert text.startswith("On NVIDIA H200, FP8 KV decodes faster than a 16-bit cache from 864 tokens on "
-                           "(1.25-1.25x), slower at 512 at batch 1 (triton, dequant mode; measured point by point: its "
-                           "latency lines do not hold); beyond 2,000 tokens per sequence")
+    assert text.startswith("On NVIDIA H200, FP8 KV decodes faster than a 16-bit cache beyond 2,000 tokens per sequence")
+    assert ("At batch 1 with triton, dequant mode, measured point by point (its latency lines do not hold): FP8 faster "
+            "from 864 tokens on (1.25-1.25x); slower at 512.") in text
     slower = cr[cr["batch"] == 1].assign(measured="FP8 slower at every measured context (512-32,768 tokens; 0.8-0.9x)",
                                          measured_faster_from=math.inf, measured_best_speedup=0.9)
     only = dc.headline("cpu", crossings=slower)
@@ -163,7 +174,7 @@ def test_headline_takes_the_best_pair_where_no_line_held():
                                  batch=1, backend="triton")])
     _, cr = be.breakeven_context(rows)
     text = dc.headline("NVIDIA H200", crossings=cr)
-    assert "from 864 tokens on (1.25-1.25x), slower at 512 at batch 1 (triton, dequant mode;" in text
+    assert "at batch 1 with triton, dequant mode, measured point by point" in text and "slowpeer" not in text
     assert "slowpeer" not in text and "latepeer" not in text
 
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import checks
-from .measured import Measured, count_text, measured_summary
+from .measured import Measured, count_text, kernel_names, measured_summary
 
 __all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_TRIMMED_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
            "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context", "breakeven_answers"]
@@ -431,7 +431,7 @@ def answer_text(row) -> str:
             f"{row['num_kv_heads']}, D {row['head_dim']})")
     b = row["batch"]
     if row["status"] != "ok":
-        names = [k for k in str(row.get("kernels", "") or "").split(",") if k]  # two: a step no line follows
+        names = kernel_names(row.get("kernels", ""))  # two: a step no single line follows
         step = f"; its rows ran the {' and '.join(names)} kernels (the decode changes kernel)" if len(names) > 1 else ""
         return f"{where}, batch {b}: no answer {what}: {row['reason']}{step}"
     measured = f"{count_text(row['tokens_lo'])}-{count_text(row['tokens_hi'])} tokens per sequence"

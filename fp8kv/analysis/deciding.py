@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import math
+import re
 
 from .. import checks
+from .measured import kernel_names
 from .scale_health import ScaleHealth, model_scale_health
 
 __all__ = ["heldout_scale_health", "heldout_advice", "headline"]
@@ -75,8 +77,8 @@ def heldout_advice(advice, heldout: ScaleHealth):
 def _fitted(g):
     """A batch's best pair whose lines held: ``(pays from, clause, the gain at the longest context)``. Of the pairs
     paying at every context they hold over, the one holding from the shortest context, then the one FP8 gains most
-    with at the longest; else the one paying beyond the smallest context; else one paying only below a crossing;
-    else none pays (from = inf)."""
+    with at the longest; else the one paying beyond the smallest context; else one paying only below a crossing
+    (from = inf: it does not pay where contexts grow); else none pays (from = inf)."""
     batch = g["batch"].iloc[0]
     every = g[g["verdict"] == "every"].copy()
     every["_gain"] = -every["fp8_speedup_at_hi"].fillna(0.0) if "fp8_speedup_at_hi" in every.columns else 0.0
@@ -96,7 +98,8 @@ def _fitted(g):
                 f"batch {batch} ({_what(r)})", r.get("fp8_speedup_at_hi", math.nan))
     if not below.empty:
         r = below.iloc[0]
-        return (r["tokens_lo"], f"only below {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at "
+        # pays only at short contexts: ranked after any pair paying at long ones (a measured pair included)
+        return (math.inf, f"only below {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at "
                 f"batch {batch} ({_what(r)})", r.get("fp8_speedup_at_hi", math.nan))
     held = ", ".join(sorted({_what(r) for _, r in g.iterrows()}))
     return (math.inf, f"at no measured context ({g['tokens_lo'].min():,.0f}-{g['tokens_hi'].max():,.0f} tokens) at "
@@ -108,46 +111,46 @@ def _measured_best(g):
     the one FP8 is faster for from the earliest context, then the largest speedup; None where none measured."""
     if "measured" not in g.columns:
         return None
-    g = g[(g["status"] != "ok") & (g["measured"] != "")]
+    g = g[(g["status"] != "ok") & (g["measured"].fillna("").astype(str) != "")]
     if g.empty:
         return None
     return g.assign(_from=g["measured_faster_from"].fillna(math.inf),
                     _best=-g["measured_best_speedup"].fillna(0.0)).sort_values(["_from", "_best"]).iloc[0]
 
 
-def _measured_clause(r) -> str:
-    """The measured answer of pair ``r`` as a clause of the first sentence, saying it is no fit and why."""
-    text = str(r["measured"])
-    text = text[len("FP8 faster "):] if text.startswith("FP8 faster ") else text
-    kernels = [k for k in str(r.get("kernels", "") or "").split(",") if k]
-    why = (f"no line holds across the decode's change of kernel ({' and '.join(kernels)})" if len(kernels) > 1
-           else "its latency lines do not hold")
-    return f"{text.replace('; ', ', ')} at batch {r['batch']} ({_what(r)}; measured point by point: {why})"
+def _measured_sentence(r, first: bool, gpu: str) -> str:
+    """The measured answer of pair ``r`` as a sentence of its own (its text keeps its semicolons), saying it is no
+    fit and why: the decode's change of kernel only where that is the one thing refused (the 16-bit line held)."""
+    kernels = kernel_names(r.get("kernels", ""))
+    base_held = not re.search(r"the (bf16|fp16) line:", str(r.get("reason", "")))
+    why = (f"no line holds across the decode's change of kernel ({' and '.join(kernels)})" if len(kernels) > 1 and base_held
+           else "its latency lines do not hold" + ("; its FP8 rows also change kernel" if len(kernels) > 1 else ""))
+    lead = f"On {gpu}, at" if first else "At"
+    return f"{lead} batch {r['batch']} with {_what(r)}, measured point by point ({why}): {r['measured']}."
 
 
-def _speed(crossings, backend: str | None) -> tuple[list[str], list[str]]:
-    """Per batch, the clause of the pair FP8 pays for from the shortest context, then the largest gain — a pair
-    whose lines held (:func:`_fitted`) or one measured point by point (its lines did not hold: a split rule, a
-    launch floor or a change of kernel makes the latency steppy); the fitted pair wins a tie. Second: the
+def _speed(crossings, backend: str | None) -> tuple[list[str], list, list[str]]:
+    """Per batch, the pair FP8 pays for from the shortest context, then the largest gain — a pair whose lines held
+    (:func:`_fitted`: its clause, first) or one measured point by point (its lines did not hold: a split rule, a
+    launch floor or a change of kernel makes the latency steppy; its row, second); the fitted pair wins a tie. Third: the
     measured pairs not chosen that measured a larger speedup than the chosen fitted pair reaches (the fit did
     not confirm them, but a reader choosing a backend must see them)."""
     rows = crossings if backend is None else crossings[crossings["backend"] == backend]
-    first, second = [], []
+    first, chosen, second = [], [], []
     for batch, g in rows.groupby("batch", sort=True):
         ok = g[g["status"] == "ok"]
         fitted, m = (_fitted(ok) if not ok.empty else None), _measured_best(g)
         f_gain = fitted[2] if fitted is not None and math.isfinite(fitted[2]) else 0.0
         f_key = (fitted[0], -f_gain) if fitted is not None else (math.inf, 0.0)
         m_from = float(m["measured_faster_from"]) if m is not None else math.inf
-        m_pays = math.isfinite(m_from)
-        if m_pays and (m_from, -float(m["measured_best_speedup"])) < f_key:
-            first.append(_measured_clause(m))
+        if math.isfinite(m_from) and (m_from, -float(m["measured_best_speedup"])) < f_key:
+            chosen.append(m)
             continue
         if fitted is not None:
             first.append(fitted[1])
         if m is not None and (fitted is None or m["measured_best_speedup"] > f_gain):
             second.append(f"at batch {batch} with {_what(m)}, {m['measured']}")
-    return first, second
+    return first, chosen, second
 
 
 def _interval(r) -> str:
@@ -178,9 +181,11 @@ def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str 
         checks.fail(f"smoke={smoke!r}; expected True or False", TypeError)
     sentences = []
     if crossings is not None:
-        pays, measured = _speed(crossings, backend)
+        pays, chosen, measured = _speed(crossings, backend)
         if pays:
             sentences.append(f"On {gpu}, FP8 KV decodes faster than a 16-bit cache " + "; ".join(pays) + ".")
+        sentences += [_measured_sentence(r, not pays and i == 0, gpu) for i, r in enumerate(chosen)]
+        pays = pays or chosen
         if measured:
             sentences.append(("Pairs whose latency lines did not hold, measured point by point: " if pays else
                               f"On {gpu}, no FP8 latency line held; point by point: ") + "; ".join(measured) + ".")

@@ -11,12 +11,17 @@ import numpy as np
 
 from .. import checks
 
-__all__ = ["LEVEL", "count_text", "measured_speedups", "Measured", "measured_summary", "measured_comparison"]
+__all__ = ["LEVEL", "count_text", "kernel_names", "measured_speedups", "Measured", "measured_summary", "measured_comparison"]
 
 
 def count_text(x: float) -> str:
     """A count of tokens as the answers write it: ``32,768``."""
     return f"{x:,.0f}"
+
+
+def kernel_names(kernels) -> list[str]:
+    """The kernels a latency line's rows ran, from ``fit_lines``' ``kernels`` ("gluon,triton"; "" or NaN: none)."""
+    return [k for k in (kernels if isinstance(kernels, str) else "").split(",") if k]
 
 
 LEVEL = 0.01  # measured_comparison: a speedup within 1 % of 1 is "level" (a CUDA graph's timing noise)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..analysis.breakeven import MAX_REL_RESIDUAL, REQUIRED, breakeven_context
+from ..analysis.breakeven import MAX_REL_RESIDUAL, REQUIRED, LineFitError, breakeven_context, fit_line
 from ..analysis.deciding import headline
 from .decode import claim
 from .fmt import num, times
@@ -30,6 +30,15 @@ def _line(lines, r, kv_dtype: str, mode: str) -> str:
     return f"{fit} ({held}; worst point {100 * f['max_rel_residual']:.1f} % off)"
 
 
+def _holds(contexts, times_us) -> bool:
+    """Whether one kernel's points make a line by :func:`fit_line`'s rules (three contexts or more)."""
+    try:
+        fit_line(contexts.to_numpy(float), times_us.to_numpy(float))
+    except LineFitError:
+        return False
+    return True
+
+
 def breakeven(src: Sources) -> dict[str, str]:
     rows = src.csv(BREAKEVEN_H200, REQUIRED)
     lines, cross = breakeven_context(rows)
@@ -50,14 +59,23 @@ def breakeven(src: Sources) -> dict[str, str]:
                                       answer]) + " |")
     ours = cross[(cross["backend"] == "triton") & (cross["mode"] == "dequant")]
     two = ours[ours["kernels"].str.contains(",")].sort_values("batch")
-    claim(len(two) >= 1 and (two["status"] != "ok").all(),
-          "fp8kv's dequant lines that change kernel within the range are refused", BREAKEVEN_H200)
     faster = [float(x) for x in two["measured_faster_from"]]
-    claim(all(math.isfinite(x) for x in faster), "fp8kv's FP8 is faster from some context on at those batches",
-          BREAKEVEN_H200)
-    # where the decode's rule took the Gluon kernel, per batch of those lines
+    claim(len(two) >= 1 and all(math.isfinite(x) for x in faster),
+          "fp8kv's FP8 rows change kernel at some batches and are faster from some context on there", BREAKEVEN_H200)
+    # per such batch: where the Gluon kernel took over, whether each kernel's part holds as a line on its own and
+    # whether the BF16 line held (then the change of kernel is the one reason the pair has no line)
     fp8 = rows[(rows["backend"] == "triton") & (rows["mode"] == "dequant") & (rows["kv_dtype"] == "fp8_e4m3")]
-    gluon_from = [fp8[(fp8["batch"] == b) & (fp8["kernel"] == "gluon")]["context"].min() for b in two["batch"]]
+    gluon_from, kernel_only, both = [], [], []
+    for b in two["batch"]:
+        at = fp8[fp8["batch"] == b].sort_values("context")
+        first = at.loc[at["kernel"] == "gluon", "context"].min()
+        claim((at.loc[at["context"] >= first, "kernel"] == "gluon").all(), "the Gluon kernel at every longer context",
+              BREAKEVEN_H200)
+        gluon_from.append(first)
+        parts_hold = all(_holds(p["context"], p["time_us"]) for _, p in at.groupby("kernel"))
+        base = lines[(lines["kv_dtype"] == "bf16") & (lines["backend"] == "triton") & (lines["batch"] == b)]
+        (kernel_only if parts_hold and (base["status"] == "ok").all() else both).append(
+            (b, float(base["max_rel_residual"].iloc[0])))
     peer = cross[cross["backend"] == "flashinfer"]
     claim((cross[cross["batch"] == 1]["status"] != "ok").all(), "no line holds at batch 1", BREAKEVEN_H200)
     claim((peer[peer["batch"] > 1]["status"] == "ok").all(), "FlashInfer's lines hold at batches 16 and 64",
@@ -68,7 +86,10 @@ def breakeven(src: Sources) -> dict[str, str]:
           BREAKEVEN_H200)
     claim((tc["slope_gap_z"] < 2).all(), "FlashInfer's tensor-core lines are nearly parallel", BREAKEVEN_H200)
     return {"breakeven.table": "\n".join(out), "breakeven.max_residual": f"{100 * MAX_REL_RESIDUAL:g} %", "breakeven.headline": headline(gpu, crossings=cross),
-            "breakeven.kernel_batches": " and ".join(str(b) for b in sorted(two["batch"])),
+            "breakeven.kernel_batches": " and ".join(str(b) for b in two["batch"]),
+            "breakeven.kernel_only": " and ".join(str(b) for b, _ in kernel_only) or "none",
+            "breakeven.both": "; ".join(f"at batch {b} its BF16 line is refused too ({100 * r:.1f} % off)"
+                                        for b, r in both) or "no batch has a second reason",
             "breakeven.ours_from": ("at every measured context" if set(faster) == {float(rows["context"].min())}
                                     else "from " + " and ".join(f"{x:,.0f}" for x in faster) + " tokens on"),
             "breakeven.gluon_from": " and ".join(f"{x:,.0f}" for x in gluon_from),

@@ -22,6 +22,7 @@ FORMATS_BEFORE = "results/bench/nvidia-h100-80gb-hbm3/20261206T051303Z.csv"
 INT4_BEFORE = "results/bench/nvidia-h100-80gb-hbm3/20261206T074324Z.csv"
 # The same command on the H200 with bf16 among the --kv-dtypes: INT4 and INT8 against FP8 and BF16 in one run
 FORMATS_H200 = "results/bench/nvidia-h200/20261206T100317Z.csv"
+INT4_GOAL_X_FP8 = 1.5  # a 4-bit decode's goal: this many times FP8's speed at 64k tokens or more (B x ctx)
 _COLUMNS = ["kv_dtype", "granularity", "variant", "kernel", "batch", "context", "num_q_heads", "num_kv_heads",
             "head_dim", "time_us", "pct_copy_bw", "copy_gbps", "kv_bytes"]
 _BEFORE_AFTER = ("32/8/128", 64, 32768)  # the point the paragraph follows across the three files
@@ -100,8 +101,14 @@ def formats_h200(src: Sources) -> dict[str, str]:
         lines.append("| " + " | ".join([*map(str, key), *[num(x) for x in r], times(r["FP8"] / r["INT4"]),
                                          times(r["BF16"] / r["INT4"]), num(pct.loc[key, "INT4"], 0),
                                          times(r["INT8"] / r["FP8 token-head"])]) + " |")
+    claim(list(us.index[~gluon]) == [("8/1/128", 16, 16384), ("8/1/128", 16, 32768)],
+          "the defaults ran the Gluon kernel at all points but 8/1/128 at B 16", FORMATS_H200)
     on, on_pct = us[gluon], pct[gluon]
     h100 = _cells(src, FORMATS_GLUON)[0]
+    claim((on["FP8"] / on["INT4"]).max() < INT4_GOAL_X_FP8, "INT4 falls short of its goal against FP8", FORMATS_H200)
+    claim((on["INT8"] / on["FP8 token-head"]).max() <= 1.05, "INT8 within 5 % of FP8 token-head", FORMATS_H200)
+    gain = {c: h100.loc[_BEFORE_AFTER, c] / us.loc[_BEFORE_AFTER, c] for c in ("FP8", "INT4")}
+    claim(gain["INT4"] < gain["FP8"], "INT4 gained less than FP8 from the H100 to the H200", FORMATS_H200)
     copy = {rel: src.csv(rel, _COLUMNS)["copy_gbps"].median() for rel in (FORMATS_GLUON, FORMATS_H200)}
     return {"formats_h200.table": "\n".join(lines),
             # one point on both GPUs (separate runs): how much of the H200's bandwidth each format turned into time
@@ -118,4 +125,4 @@ def formats_h200(src: Sources) -> dict[str, str]:
             "formats_h200.int4_pct": span(on_pct["INT4"], 0), "formats_h200.fp8_pct": span(on_pct["FP8"], 0),
             "formats_h200.bf16_pct": span(on_pct["BF16"], 0),
             "formats_h200.int8_vs_tok": span(on["INT8"] / on["FP8 token-head"]),
-            "formats_h200.int8_vs_fp8": span(on["INT8"] / on["FP8"])}
+            "formats_h200.int8_vs_fp8": span(on["INT8"] / on["FP8"]), "formats_h200.goal": times(INT4_GOAL_X_FP8, 1)}
