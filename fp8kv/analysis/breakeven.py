@@ -360,7 +360,7 @@ def crossings(lines, *, baseline: str = "bf16"):
     difference over its standard error), ``fp8_speedup_at_hi`` (16-bit time over FP8 time at
     ``tokens_hi``, on the lines), ``verdict`` (``"beyond"``: FP8 pays beyond the crossing; ``"every"``:
     at every measured context; ``"never"``: at none; ``"below"``: only below the crossing; ``""`` with
-    no fit), ``status`` (``"ok"`` / ``"no fit"``), ``reason`` and ``answer`` (:func:`answer_text`).
+    no fit), ``status`` (``"ok"`` / ``"no fit"``), ``reason``, ``baseline_held`` and ``answer`` (:func:`answer_text`).
     """
     import pandas as pd
 
@@ -389,8 +389,9 @@ def crossings(lines, *, baseline: str = "bf16"):
 
 def _crossing(f, b, baseline: str) -> dict:
     nan = float("nan")
-    row = dict(tokens_lo=nan, tokens_hi=nan, left_out=0, crossing_tokens=nan, crossing_se=nan, crossing_lo=nan, crossing_hi=nan,
-               slope_gap_z=nan, fp8_speedup_at_hi=nan, verdict="", status="no fit", reason="")
+    row = dict(tokens_lo=nan, tokens_hi=nan, left_out=0, crossing_tokens=nan, crossing_se=nan, crossing_lo=nan,
+               crossing_hi=nan, slope_gap_z=nan, fp8_speedup_at_hi=nan, verdict="", status="no fit", reason="",
+               baseline_held=b is not None and b["status"] == "ok")
     if b is None:
         row["reason"] = f"no {baseline} line was measured beside it"
         return row

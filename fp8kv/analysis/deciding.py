@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import math
-import re
 
 from .. import checks
 from .measured import kernel_names
@@ -122,8 +121,8 @@ def _measured_sentence(r, first: bool, gpu: str) -> str:
     """The measured answer of pair ``r`` as a sentence of its own (its text keeps its semicolons), saying it is no
     fit and why: the decode's change of kernel only where that is the one thing refused (the 16-bit line held)."""
     kernels = kernel_names(r.get("kernels", ""))
-    base_held = not re.search(r"the (bf16|fp16) line:", str(r.get("reason", "")))
-    why = (f"no line holds across the decode's change of kernel ({' and '.join(kernels)})" if len(kernels) > 1 and base_held
+    why = (f"no line holds across the decode's change of kernel ({' and '.join(kernels)})"
+           if len(kernels) > 1 and bool(r.get("baseline_held", True))
            else "its latency lines do not hold" + ("; its FP8 rows also change kernel" if len(kernels) > 1 else ""))
     lead = f"On {gpu}, at" if first else "At"
     return f"{lead} batch {r['batch']} with {_what(r)}, measured point by point ({why}): {r['measured']}."

@@ -8,7 +8,7 @@ import math
 from ..analysis.breakeven import MAX_REL_RESIDUAL, REQUIRED, LineFitError, breakeven_context, fit_line
 from ..analysis.deciding import headline
 from .decode import claim
-from .fmt import num, times
+from .fmt import num, pct, times
 from .sources import Sources
 
 __all__ = ["breakeven", "BREAKEVEN_H200"]
@@ -25,9 +25,9 @@ def _line(lines, r, kv_dtype: str, mode: str) -> str:
         sel = sel[sel[k] == r[k]]
     claim(len(sel) == 1, f"one {kv_dtype} {mode} line per backend and batch", BREAKEVEN_H200)
     f = sel.iloc[0]
-    fit = f"{num(f['intercept_us'])} + {f['slope_us_per_token'] * 1e3:.2f} / 1k"
+    fit = f"{num(f['intercept_us'])} + {num(f['slope_us_per_token'] * 1e3, 2)} / 1k"
     held = "holds" if f["status"] == "ok" else "refused"
-    return f"{fit} ({held}; worst point {100 * f['max_rel_residual']:.1f} % off)"
+    return f"{fit} ({held}; worst point {pct(f['max_rel_residual'], 1)} % off)"
 
 
 def _holds(contexts, times_us) -> bool:
@@ -88,7 +88,7 @@ def breakeven(src: Sources) -> dict[str, str]:
     return {"breakeven.table": "\n".join(out), "breakeven.max_residual": f"{100 * MAX_REL_RESIDUAL:g} %", "breakeven.headline": headline(gpu, crossings=cross),
             "breakeven.kernel_batches": " and ".join(str(b) for b in two["batch"]),
             "breakeven.kernel_only": " and ".join(str(b) for b, _ in kernel_only) or "none",
-            "breakeven.both": "; ".join(f"at batch {b} its BF16 line is refused too ({100 * r:.1f} % off)"
+            "breakeven.both": "; ".join(f"at batch {b} its BF16 line is refused too ({pct(r, 1)} % off)"
                                         for b, r in both) or "no batch has a second reason",
             "breakeven.ours_from": ("at every measured context" if set(faster) == {float(rows["context"].min())}
                                     else "from " + " and ".join(f"{x:,.0f}" for x in faster) + " tokens on"),

@@ -48,22 +48,38 @@ def _cells(src: Sources, rel: str = FORMATS_GLUON) -> tuple[pd.DataFrame, pd.Dat
     return us, pct, kernel
 
 
-def formats(src: Sources) -> dict[str, str]:
-    us, pct, kernel = _cells(src)
-    # the points where the default ran the Gluon kernel for every format
+def _gluon_points(kernel: pd.DataFrame, rel: str) -> pd.Series:
+    """The points where the default ran the Gluon kernel for every format: all but 8/1/128 at B 16 (short splits)."""
     gluon = pd.concat([kernel[cell] == name for cell, name in _GLUON.items()], axis=1).all(axis=1)
-    claim(list(us.index[~gluon]) == [("8/1/128", 16, 16384), ("8/1/128", 16, 32768)],
-          "the defaults ran the Gluon kernel at all points but 8/1/128 at B 16", FORMATS_GLUON)
-    head = ["Hq/Hkv/D", "B", "ctx", *us.columns, "FP8 ÷ INT4", "INT4 % of copy", "INT8 ÷ FP8 token-head"]
+    claim(list(kernel.index[~gluon]) == [("8/1/128", 16, 16384), ("8/1/128", 16, 32768)],
+          "the defaults ran the Gluon kernel at all points but 8/1/128 at B 16", rel)
+    return gluon
+
+
+def _table(us: pd.DataFrame, pct: pd.DataFrame, ratios: dict) -> str:
+    """A row per point: its µs per cell, then ``ratios`` (header -> the row and its % of copy -> the text)."""
+    head = ["Hq/Hkv/D", "B", "ctx", *us.columns, *ratios]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, r in us.iterrows():
-        lines.append("| " + " | ".join([*map(str, key), *[num(x) for x in r], times(r["FP8"] / r["INT4"]),
-                                         num(pct.loc[key, "INT4"], 0), times(r["INT8"] / r["FP8 token-head"])]) + " |")
+        lines.append("| " + " | ".join([*map(str, key), *[num(x) for x in r],
+                                         *[cell(r, pct.loc[key]) for cell in ratios.values()]]) + " |")
+    return "\n".join(lines)
+
+
+_FP8_X_INT4 = {"FP8 ÷ INT4": lambda r, p: times(r["FP8"] / r["INT4"])}
+_INT4_PCT = {"INT4 % of copy": lambda r, p: num(p["INT4"], 0)}
+_INT8_X_TOK = {"INT8 ÷ FP8 token-head": lambda r, p: times(r["INT8"] / r["FP8 token-head"])}
+
+
+def formats(src: Sources) -> dict[str, str]:
+    us, pct, kernel = _cells(src)
+    gluon = _gluon_points(kernel, FORMATS_GLUON)
+    table = _table(us, pct, {**_FP8_X_INT4, **_INT4_PCT, **_INT8_X_TOK})
     on = us[gluon]
     rows = src.csv(FORMATS_GLUON, _COLUMNS)
     per_token_head = rows["kv_bytes"] / (rows["batch"] * rows["context"] * rows["num_kv_heads"])
     before, int4_before = _cells(src, FORMATS_BEFORE)[0], _cells(src, INT4_BEFORE)[0]
-    return {"formats.table": "\n".join(lines),
+    return {"formats.table": table,
             "formats.int4_bytes": span(per_token_head[rows["kv_dtype"] == "int4_token_head"], 0),
             "formats.fp8_bytes": span(per_token_head[(rows["kv_dtype"] == "fp8_e4m3") & (rows["granularity"] == "tensor")], 0),
             "formats.tok_before": num(before.loc[_BEFORE_AFTER, "FP8 token-head"], 0),
@@ -93,16 +109,9 @@ def formats_h200(src: Sources) -> dict[str, str]:
     goals name (INT4 against FP8 and BF16, INT8 against FP8 with the same per-token scales), at the points where
     every default ran the Gluon kernel."""
     us, pct, kernel = _cells(src, FORMATS_H200)
-    gluon = pd.concat([kernel[cell] == name for cell, name in _GLUON.items()], axis=1).all(axis=1)
-    claim(int(gluon.sum()) >= 4, "the defaults ran the Gluon kernel at four points or more", FORMATS_H200)
-    head = ["Hq/Hkv/D", "B", "ctx", *us.columns, "FP8 ÷ INT4", "BF16 ÷ INT4", "INT4 % of copy", "INT8 ÷ FP8 token-head"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for key, r in us.iterrows():
-        lines.append("| " + " | ".join([*map(str, key), *[num(x) for x in r], times(r["FP8"] / r["INT4"]),
-                                         times(r["BF16"] / r["INT4"]), num(pct.loc[key, "INT4"], 0),
-                                         times(r["INT8"] / r["FP8 token-head"])]) + " |")
-    claim(list(us.index[~gluon]) == [("8/1/128", 16, 16384), ("8/1/128", 16, 32768)],
-          "the defaults ran the Gluon kernel at all points but 8/1/128 at B 16", FORMATS_H200)
+    gluon = _gluon_points(kernel, FORMATS_H200)
+    table = _table(us, pct, {**_FP8_X_INT4, "BF16 ÷ INT4": lambda r, p: times(r["BF16"] / r["INT4"]), **_INT4_PCT,
+                             **_INT8_X_TOK})
     on, on_pct = us[gluon], pct[gluon]
     h100 = _cells(src, FORMATS_GLUON)[0]
     claim((on["FP8"] / on["INT4"]).max() < INT4_GOAL_X_FP8, "INT4 falls short of its goal against FP8", FORMATS_H200)
@@ -110,7 +119,7 @@ def formats_h200(src: Sources) -> dict[str, str]:
     gain = {c: h100.loc[_BEFORE_AFTER, c] / us.loc[_BEFORE_AFTER, c] for c in ("FP8", "INT4")}
     claim(gain["INT4"] < gain["FP8"], "INT4 gained less than FP8 from the H100 to the H200", FORMATS_H200)
     copy = {rel: src.csv(rel, _COLUMNS)["copy_gbps"].median() for rel in (FORMATS_GLUON, FORMATS_H200)}
-    return {"formats_h200.table": "\n".join(lines),
+    return {"formats_h200.table": table,
             # one point on both GPUs (separate runs): how much of the H200's bandwidth each format turned into time
             "formats_h200.int4_h100": num(h100.loc[_BEFORE_AFTER, "INT4"], 0),
             "formats_h200.int4_h200": num(us.loc[_BEFORE_AFTER, "INT4"], 0),
