@@ -1,12 +1,14 @@
 # fp8kv: two commands on a fresh machine.
 #   make report   execute every notebook headless and render it under reports/<gpu>/ (CPU fallback: smoke sizes)
-#   make test     run the test suite (Triton kernels under the interpreter where there is no GPU)
+#   make test     run the test suite (Triton kernels under the interpreter where there is no GPU; TEST_JOBS=2 workers)
 # Both create .venv and install fp8kv into it first. Set PYTHON=... to use an existing environment
 # (e.g. the conda env from environment.yml) instead: make test PYTHON=python
 
 VENV ?= .venv
 PYTHON ?= $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# pytest-xdist workers: the tests of the notebooks' smoke report on one, the other tests shared
+TEST_JOBS ?= 2
 
 .PHONY: report announce-report test install clean-venv
 
@@ -18,7 +20,7 @@ announce-report:
 	@echo "[report] $(if $(wildcard $(STAMP)),environment $(VENV) is ready,setting up $(VENV) first (a minute or more; each step is printed))"
 
 test: $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(STAMP))
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -n $(TEST_JOBS) --dist loadgroup
 
 install: $(STAMP)
 

@@ -1,7 +1,7 @@
 """Shared test fixtures: one error-ratio assertion, a seeded generator and the paged-cache factory
 (``assert_rel_err``, ``gen``, ``make_cache``; the factory, the queries and the generators live in
 tests/fixtures.py, which module-level code imports); and ``smoke_report``, one smoke render of every
-notebook per test session, shared by the modules that read it."""
+notebook per test session, shared by the modules that read it (under pytest-xdist, on one worker)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,14 @@ def _write_notebook_fixture():
         return path
 
     return write
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that reads the smoke report runs on one pytest-xdist worker (``make test`` runs two, with
+    ``--dist loadgroup``): a session fixture runs once per worker, and this one executes every notebook."""
+    for item in items:
+        if "smoke_report" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("smoke_report"))
 
 
 @pytest.fixture(scope="session")

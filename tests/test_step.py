@@ -193,7 +193,7 @@ def test_the_plan_is_what_the_sweep_runs():
     shown before a sweep names the ceilings the sweep then reaches."""
     shape = ModelShape("toy-qwen", 2, 4, 2, 32, hidden_size=64, max_position_embeddings=4096, intermediate_size=96,
                        vocab_size=128, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)
-    kv_dtypes, mem = ["fp16", "fp8_e4m3"], 0.0016  # notebook 07's smoke model and memory
+    kv_dtypes, mem = ["fp16", "fp8_e4m3"], S.smoke_settings(False)["gpu_memory_gib"]  # notebook 07's smoke model
     plans = S.plan_sweep([shape], [64], kv_dtypes, gpu_memory_gib=mem, device="cpu")
     df = S.sweep([shape], [64], kv_dtypes, backend="reference", gpu_memory_gib=mem, weights="random", device="cpu",
                  progress=False, cpu_reps=1, batches=[1])

@@ -285,7 +285,7 @@ def checked_runs(runs) -> list[tuple]:
 
 
 # Smoke sizes (no GPU, or SMOKE forced): a two-layer toy with Qwen3's structure (GQA, q/k norm, tied
-# embeddings) in 0.0016 GiB of "GPU memory", which holds a few sequences, so each curve still runs
+# embeddings) in 0.0008 GiB of "GPU memory", which holds 10 (fp16) or 18 (FP8) sequences, so each curve still runs
 # to its ceiling; fp16, since the Triton interpreter's bf16 arithmetic is wrong.
 TOY_QWEN = ModelShape("toy-qwen", 2, 4, 2, 32, hidden_size=64, max_position_embeddings=4096, intermediate_size=96,
                       vocab_size=128, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True)
@@ -295,6 +295,6 @@ def smoke_settings(on_gpu: bool) -> dict:
     """The decode-step notebook's settings at smoke size: ``runs``, ``gpu_memory_gib``, ``weights``,
     ``kv_dtypes``, ``baseline`` and ``backend`` (the reference on a GPU, the interpreted Triton kernels
     on a CPU)."""
-    return {"runs": [(TOY_QWEN, 64)], "gpu_memory_gib": 0.0016, "weights": "random",
+    return {"runs": [(TOY_QWEN, 64)], "gpu_memory_gib": 0.0008, "weights": "random",
             "kv_dtypes": ["fp16", "fp8_e4m3"], "baseline": "fp16", "backend": "reference" if on_gpu else "triton"}
 
