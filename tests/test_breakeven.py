@@ -376,7 +376,8 @@ def test_saved_h200_target_run():
 def test_a_line_across_a_change_of_kernel_is_refused_and_says_so():
     """The H200's case: the decode takes the Triton kernel at short contexts and the Gluon kernel from 4,096 tokens on,
     a step in FP8's latency no single line follows. The pair is refused (never fitted across the step), its crossing
-    row names both kernels, its answer says why, and notebook 09's headline still answers with the measured points."""
+    row names both kernels, its answer says why, and notebook 09's headline still answers with the measured points,
+    then with each kernel's own line."""
     from fp8kv.analysis import deciding as dc
 
     step = lambda c: 10.0 + 0.02 * c if c < 4096 else 45.0 + 0.009 * c  # noqa: E731
@@ -389,7 +390,18 @@ def test_a_line_across_a_change_of_kernel_is_refused_and_says_so():
     assert r["status"] == "no fit" and r["kernels"] == "gluon,triton"
     assert "its rows ran the gluon and triton kernels (the decode changes kernel)" in r["answer"]
     assert list(lines.loc[lines["kv_dtype"] == "bf16", "kernels"]) == ["triton"]
+    # Each kernel gets its own line over the contexts it ran, crossed with the 16-bit line over the same contexts:
+    # 10 + 0.02c against 10 + 0.03c (1.41x at 2,432), 45 + 0.009c against it (crossing at 1,667, 2.92x at 32,768).
+    per_kernel = ("triton (512-2,432 tokens): FP8 pays at every context (1.41x at 2,432); gluon (4,096-32,768 tokens): "
+                  "FP8 pays at every context (2.92x at 32,768)")
+    assert r["by_kernel"] == per_kernel and r["answer"].endswith("; fitted per kernel: " + per_kernel)
     text = dc.headline("H200", crossings=cr)
     assert text == ("On H200, at batch 64 with triton, dequant mode, measured point by point (no line holds across the "
-                    "decode's change of kernel (gluon and triton)): " + r["measured"] + ".")
+                    "decode's change of kernel (gluon and triton)): " + r["measured"] + "; fitted per kernel, "
+                    + per_kernel + ".")
     assert r["measured"].startswith("FP8 faster at every measured context")
+    # A kernel whose contexts hold no line says so; a pair run by one kernel has no per-kernel clause.
+    rows.loc[fp8 & (rows["context"] == 864), "time_us"] *= 1.3
+    assert be.breakeven_context(rows)[1]["by_kernel"].iloc[0].startswith("triton (512-2,432 tokens): no line holds; ")
+    rows["kernel"] = "triton"
+    assert list(be.breakeven_context(rows)[1]["by_kernel"]) == [""]

@@ -43,20 +43,26 @@ refused.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import checks
+from .linefit import (
+    MAX_REL_RESIDUAL,
+    MIN_CONTEXTS,
+    MIN_R2,
+    LineFit,
+    LineFitError,
+    fit_line,
+    least_squares,
+    t975,
+)
 from .measured import Measured, count_text, kernel_names, measured_summary
 
 __all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_TRIMMED_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
            "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context", "breakeven_answers"]
 
-MIN_CONTEXTS = 3  # distinct contexts per line: two always fit exactly, a third is the first test of the line
 MIN_TRIMMED_CONTEXTS = 5  # a line fitted without its shortest contexts keeps at least these (and half of them)
-MIN_R2 = 0.98
-MAX_REL_RESIDUAL = 0.05  # |measured - fitted| / measured, at every point
 
 # The bench grid (fp8kv.bench.sweep's arguments): nine contexts log-spaced from 512 to 32k (multiples of
 # 16, the block size), B 1/16/64, Llama-3-8B's GQA layout, both modes and FlashInfer's two variants.
@@ -73,129 +79,6 @@ PAIR_KEYS = ("gpu", "backend", "variant", "num_q_heads", "num_kv_heads", "head_d
 LINE_KEYS = PAIR_KEYS + ("kv_dtype", "mode", "granularity")
 _INT_KEYS = ("num_q_heads", "num_kv_heads", "head_dim", "batch", "block_size")  # block_size 0: not recorded
 _EXPECTED = "bench rows (fp8kv.bench.run() or a saved run under results/bench/<gpu>/)"
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
-
-
-def _t975(dof: int) -> float:
-    """Student's t 97.5 % quantile (a table, linear in 1/dof between its entries; 1.96 beyond 60)."""
-    if dof in _T975:
-        return _T975[dof]
-    if dof > 60:
-        return 1.96 + (2.000 - 1.96) * 60 / dof
-    lo = max(d for d in _T975 if d < dof)
-    hi = min(d for d in _T975 if d > dof)
-    w = (1 / dof - 1 / hi) / (1 / lo - 1 / hi)
-    return _T975[hi] + w * (_T975[lo] - _T975[hi])
-
-
-# ------------------------------------------------------------------------------------ one line
-class LineFitError(ValueError):
-    """A latency line that does not hold (too few contexts, R² too low, a point too far off it)."""
-
-
-@dataclass(frozen=True)
-class LineFit:
-    """``time_us = intercept + slope x tokens``, fitted by least squares.
-
-    ``cov`` is the 2x2 covariance of (intercept, slope) (``sigma² (XᵀX)⁻¹``, sigma² the residual variance
-    with ``n - 2`` degrees of freedom); ``residuals`` measured minus fitted, in the points' order;
-    ``r2``; ``max_rel_residual`` the largest ``|residual| / measured``.
-    """
-
-    intercept: float
-    slope: float
-    cov: tuple[tuple[float, float], tuple[float, float]]
-    residuals: tuple[float, ...]
-    r2: float
-    max_rel_residual: float
-    n_points: int
-    n_contexts: int
-
-    @property
-    def intercept_se(self) -> float:
-        return math.sqrt(self.cov[0][0])
-
-    @property
-    def slope_se(self) -> float:
-        return math.sqrt(self.cov[1][1])
-
-    @property
-    def dof(self) -> int:
-        return self.n_points - 2
-
-
-def _least_squares(x: np.ndarray, y: np.ndarray, relative: bool = True) -> LineFit:
-    """Weighted least squares: weights ``1 / y²`` with ``relative`` (each point by its relative error), else 1."""
-    n = len(x)
-    w = 1.0 / y ** 2 if relative else np.ones_like(y)
-    w = w / w.sum()
-    xm, ym = float((w * x).sum()), float((w * y).sum())
-    sxx = float((w * (x - xm) ** 2).sum())
-    slope = float((w * (x - xm) * (y - ym)).sum() / sxx)
-    intercept = ym - slope * xm
-    res = y - (intercept + slope * x)
-    ss_res = float((w * res ** 2).sum())
-    ss_tot = float((w * (y - ym) ** 2).sum())
-    # A line through every point fits perfectly, flat or not; otherwise the usual 1 - SS_res / SS_tot (weighted).
-    r2 = 1.0 if ss_res <= 1e-24 * float((w * y ** 2).sum()) else (1 - ss_res / ss_tot if ss_tot else 0.0)
-    sigma2 = ss_res / (n - 2)  # per unit of (normalized) weight
-    var_slope = sigma2 / sxx
-    cov_ab = -xm * var_slope
-    var_int = sigma2 + xm * xm * var_slope
-    return LineFit(intercept, slope, ((var_int, cov_ab), (cov_ab, var_slope)), tuple(float(r) for r in res), r2,
-                   float((np.abs(res) / y).max()), n, len(np.unique(x)))
-
-
-def _refusal(fit: LineFit, min_r2: float, max_rel_residual: float) -> str:
-    """Why ``fit`` does not hold, or "" when it does."""
-    why = []
-    if fit.r2 < min_r2:
-        why.append(f"R² {fit.r2:.4f} < {min_r2} (the latency is not a line in the context here, or does not "
-                   "rise beyond its scatter)")
-    if fit.max_rel_residual > max_rel_residual:
-        why.append(f"a point lies {fit.max_rel_residual:.1%} off the line (> {max_rel_residual:.0%})")
-    return "; ".join(why)
-
-
-def fit_line(tokens, time_us, *, min_contexts: int = MIN_CONTEXTS, min_r2: float = MIN_R2,
-             max_rel_residual: float = MAX_REL_RESIDUAL, relative: bool = True) -> LineFit:
-    """Least-squares line of ``time_us`` (positive, µs) against ``tokens`` (tokens per sequence), each point
-    weighted by ``1 / time_us²`` with ``relative`` (module docstring), else equally.
-
-    Parameters
-    ----------
-    tokens, time_us : equal-length 1-D sequences of finite numbers; repeated contexts are fine (each
-        point counts).
-    min_contexts, min_r2, max_rel_residual : the thresholds of the module docstring.
-
-    Raises
-    ------
-    ValueError on malformed input (lengths, NaN, a non-positive time); :class:`LineFitError` (a
-    ValueError) when the line does not hold, the message saying which test failed and by how much.
-    """
-    min_contexts = checks.integer(min_contexts, "min_contexts", minimum=3)
-    min_r2 = checks.real(min_r2, "min_r2", minimum=0.0, maximum=1.0)
-    max_rel_residual = checks.real(max_rel_residual, "max_rel_residual", minimum=0.0, inclusive=False)
-    checks.flag(relative, "relative")
-    x, y = (np.asarray(a, dtype=np.float64).ravel() for a in (tokens, time_us))
-    if len(x) != len(y):
-        checks.fail(f"tokens has {len(x)} values but time_us has {len(y)}; expected one time per context")
-    for name, a in (("tokens", x), ("time_us", y)):
-        if not np.isfinite(a).all() or (a <= 0).any():
-            bad = int(np.flatnonzero(~np.isfinite(a) | (a <= 0))[0])
-            checks.fail(f"{name}[{bad}]={a[bad]!r}; expected positive finite numbers")
-    n_contexts = len(np.unique(x))
-    if n_contexts < min_contexts:
-        raise LineFitError(f"{n_contexts} distinct context(s) {sorted(set(x.tolist()))}; a line needs at least "
-                           f"{min_contexts} (two points always fit one)")
-    fit = _least_squares(x, y, relative)
-    why = _refusal(fit, min_r2, max_rel_residual)
-    if why:
-        raise LineFitError(why)
-    return fit
-
-
 # ------------------------------------------------------------------------------------ bench rows
 def _rows(df, min_tokens, max_tokens):
     """The bench rows that ran, checked, with ``tokens`` (attended per sequence) and every key column."""
@@ -270,7 +153,7 @@ def _fit_groups(df, min_tokens, max_tokens, thresholds, trim):
             if trimmed is not None:
                 (fit, start), reason = trimmed, ""
             elif len(np.unique(x)) >= 3:  # the refused line's numbers, to show what was refused
-                fit = _least_squares(x, y, thresholds["relative"])
+                fit = least_squares(x, y, thresholds["relative"])
         yield head, g, fit, reason, start
 
 
@@ -413,7 +296,7 @@ def _crossing(f, b, baseline: str) -> dict:
     if d_slope != 0:
         var = var_int / d_slope ** 2 + d_int ** 2 * var_slope / d_slope ** 4 - 2 * d_int * cov / d_slope ** 3
         se = math.sqrt(max(var, 0.0))
-        t = _t975(int(min(f["dof"], b["dof"])))
+        t = t975(int(min(f["dof"], b["dof"])))
         row.update(crossing_tokens=cross, crossing_se=se, crossing_lo=cross - t * se, crossing_hi=cross + t * se)
     row["slope_gap_z"] = abs(d_slope) / math.sqrt(var_slope) if var_slope > 0 else math.inf
     t16, t8 = (r["intercept_us"] + r["slope_us_per_token"] * hi for r in (b, f))
@@ -465,11 +348,14 @@ def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
     A pair whose lines hold over a range that leaves out its shortest contexts gets what those contexts measured
     added to its answer. A pair with no answer (a line does not hold) gets ``measured``,
     :func:`.measured.measured_summary` of its points, added to its answer, ``measured_faster_from`` (the context from which FP8 is faster at every longer one; inf:
-    not at the longest) and ``measured_best_speedup``; the others get "" and NaN (their answer is the fit's)."""
+    not at the longest) and ``measured_best_speedup``; the others get "" and NaN (their answer is the fit's).
+    Where a pair has no answer because its FP8 rows ran several kernels (the decode changes kernel with the
+    context), each kernel gets a line of its own over the contexts it ran, crossed with the 16-bit line fitted
+    over those contexts: ``by_kernel`` (a clause per kernel, also added to the answer; "" elsewhere)."""
     lines = fit_lines(df, **fit_kw)
     cross = crossings(lines, baseline=baseline)
     rows = _rows(df, fit_kw.get("min_tokens"), fit_kw.get("max_tokens"))
-    got, below = [], []
+    got, below, segments = [], [], []
     for _, r in cross.iterrows():
         pair = np.ones(len(rows), dtype=bool)
         for k in PAIR_KEYS:
@@ -477,6 +363,7 @@ def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
         own = pair & (rows["kv_dtype"] == r["kv_dtype"]).to_numpy() & (rows["mode"] == r["mode"]).to_numpy() & \
             (rows["granularity"] == r["granularity"]).to_numpy()
         base = pair & (rows["kv_dtype"] == baseline).to_numpy()
+        segments.append(_per_kernel(rows, own, base, r, baseline, fit_kw))
         if r["status"] == "ok":  # the lines' answer; what the contexts below their range measured, if any
             short = (rows["tokens"] < r["tokens_lo"]).to_numpy()
             own, base = own & short, base & short
@@ -491,8 +378,43 @@ def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
             below.append(f"; measured, without a line: {summary.text}" if summary.text else "")
     cross["measured"], cross["measured_faster_from"] = [g.text for g in got], [g.faster_from for g in got]
     cross["measured_best_speedup"] = [g.best_speedup for g in got]
-    cross["answer"] = [a + b for a, b in zip(cross["answer"], below, strict=True)]
+    cross["by_kernel"] = segments
+    cross["answer"] = [a + b + (f"; fitted per kernel: {k}" if k else "")
+                       for a, b, k in zip(cross["answer"], below, segments, strict=True)]
     return lines, cross
+
+
+def _per_kernel(rows, own, base, r, baseline: str, fit_kw: dict) -> str:
+    """Where a pair's FP8 rows ran several kernels (its line refused: a step no single line follows), each
+    kernel's own FP8 line crossed with the 16-bit line fitted over the same contexts, in a clause each
+    ("" for a pair whose FP8 rows ran one kernel, or whose line held)."""
+    kernel = rows["kernel"].fillna("").astype(str).to_numpy() if "kernel" in rows.columns else None
+    if r["status"] == "ok" or kernel is None or len(set(kernel[own])) < 2:
+        return ""
+    clauses = []
+    for k in sorted(set(kernel[own]), key=lambda k: rows["tokens"][own & (kernel == k)].min()):
+        mine = own & (kernel == k)
+        lo, hi = rows["tokens"][mine].min(), rows["tokens"][mine].max()
+        span = (rows["tokens"] >= lo).to_numpy() & (rows["tokens"] <= hi).to_numpy()
+        where = f"{k} ({count_text(lo)}-{count_text(hi)} tokens)"
+        try:
+            seg = crossings(fit_lines(rows[mine | (base & span)], **fit_kw), baseline=baseline).iloc[0]
+        except ValueError as exc:  # too few rows for a line on one side
+            clauses.append(f"{where}: no line ({exc})")
+            continue
+        clauses.append(f"{where}: {_segment_text(seg)}")
+    return "; ".join(clauses)
+
+
+def _segment_text(r) -> str:
+    """A :func:`crossings` row in a clause: the verdict and the gain at the longest context, or that no line held."""
+    if r["status"] != "ok":  # why: the pair's own answer says (this clause adds where)
+        return "no line holds"
+    gain = f"{r['fp8_speedup_at_hi']:.2f}x at {count_text(r['tokens_hi'])}"
+    n = count_text(r["crossing_tokens"]) if math.isfinite(r["crossing_tokens"]) else ""
+    return {"every": f"FP8 pays at every context ({gain})", "never": f"FP8 never pays ({gain})",
+            "beyond": f"FP8 pays beyond {n} ({gain})",
+            "below": f"FP8 pays only below {n} ({gain})"}[r["verdict"]]
 
 
 def breakeven_answers(df, **kw) -> list[str]:

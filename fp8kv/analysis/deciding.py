@@ -119,13 +119,16 @@ def _measured_best(g):
 
 def _measured_sentence(r, first: bool, gpu: str) -> str:
     """The measured answer of pair ``r`` as a sentence of its own (its text keeps its semicolons), saying it is no
-    fit and why: the decode's change of kernel only where that is the one thing refused (the 16-bit line held)."""
+    fit and why: the decode's change of kernel only where that is the one thing refused (the 16-bit line held);
+    then each kernel's own line where its FP8 rows ran several (``by_kernel``)."""
     kernels = kernel_names(r.get("kernels", ""))
     why = (f"no line holds across the decode's change of kernel ({' and '.join(kernels)})"
            if len(kernels) > 1 and bool(r.get("baseline_held", True))
            else "its latency lines do not hold" + ("; its FP8 rows also change kernel" if len(kernels) > 1 else ""))
     lead = f"On {gpu}, at" if first else "At"
-    return f"{lead} batch {r['batch']} with {_what(r)}, measured point by point ({why}): {r['measured']}."
+    per_kernel = r.get("by_kernel", "")  # each kernel's own line, where the FP8 rows ran several
+    tail = f"; fitted per kernel, {per_kernel}" if isinstance(per_kernel, str) and per_kernel else ""
+    return f"{lead} batch {r['batch']} with {_what(r)}, measured point by point ({why}): {r['measured']}{tail}."
 
 
 def _speed(crossings, backend: str | None) -> tuple[list[str], list, list[str]]:

@@ -1,0 +1,142 @@
+"""A latency line and whether it holds: ``time_us = intercept + slope x tokens`` by weighted least squares.
+
+:func:`fit_line` fits one line and refuses it (:class:`LineFitError`) when it does not hold; the thresholds,
+the weights and why they are what they are: :mod:`fp8kv.analysis.breakeven`, which fits one line per
+backend, kernel, batch and KV dtype of a bench run and crosses them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import checks
+
+__all__ = ["MIN_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LineFit", "LineFitError", "fit_line", "least_squares",
+           "t975"]
+
+MIN_CONTEXTS = 3  # distinct contexts per line: two always fit exactly, a third is the first test of the line
+MIN_R2 = 0.98
+MAX_REL_RESIDUAL = 0.05  # |measured - fitted| / measured, at every point
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000}
+
+
+def t975(dof: int) -> float:
+    """Student's t 97.5 % quantile (a table, linear in 1/dof between its entries; 1.96 beyond 60)."""
+    if dof in _T975:
+        return _T975[dof]
+    if dof > 60:
+        return 1.96 + (2.000 - 1.96) * 60 / dof
+    lo = max(d for d in _T975 if d < dof)
+    hi = min(d for d in _T975 if d > dof)
+    w = (1 / dof - 1 / hi) / (1 / lo - 1 / hi)
+    return _T975[hi] + w * (_T975[lo] - _T975[hi])
+
+
+class LineFitError(ValueError):
+    """A latency line that does not hold (too few contexts, R² too low, a point too far off it)."""
+
+
+@dataclass(frozen=True)
+class LineFit:
+    """``time_us = intercept + slope x tokens``, fitted by least squares.
+
+    ``cov`` is the 2x2 covariance of (intercept, slope) (``sigma² (XᵀX)⁻¹``, sigma² the residual variance
+    with ``n - 2`` degrees of freedom); ``residuals`` measured minus fitted, in the points' order;
+    ``r2``; ``max_rel_residual`` the largest ``|residual| / measured``.
+    """
+
+    intercept: float
+    slope: float
+    cov: tuple[tuple[float, float], tuple[float, float]]
+    residuals: tuple[float, ...]
+    r2: float
+    max_rel_residual: float
+    n_points: int
+    n_contexts: int
+
+    @property
+    def intercept_se(self) -> float:
+        return math.sqrt(self.cov[0][0])
+
+    @property
+    def slope_se(self) -> float:
+        return math.sqrt(self.cov[1][1])
+
+    @property
+    def dof(self) -> int:
+        return self.n_points - 2
+
+
+def least_squares(x: np.ndarray, y: np.ndarray, relative: bool = True) -> LineFit:
+    """Weighted least squares: weights ``1 / y²`` with ``relative`` (each point by its relative error), else 1."""
+    n = len(x)
+    w = 1.0 / y ** 2 if relative else np.ones_like(y)
+    w = w / w.sum()
+    xm, ym = float((w * x).sum()), float((w * y).sum())
+    sxx = float((w * (x - xm) ** 2).sum())
+    slope = float((w * (x - xm) * (y - ym)).sum() / sxx)
+    intercept = ym - slope * xm
+    res = y - (intercept + slope * x)
+    ss_res = float((w * res ** 2).sum())
+    ss_tot = float((w * (y - ym) ** 2).sum())
+    # A line through every point fits perfectly, flat or not; otherwise the usual 1 - SS_res / SS_tot (weighted).
+    r2 = 1.0 if ss_res <= 1e-24 * float((w * y ** 2).sum()) else (1 - ss_res / ss_tot if ss_tot else 0.0)
+    sigma2 = ss_res / (n - 2)  # per unit of (normalized) weight
+    var_slope = sigma2 / sxx
+    cov_ab = -xm * var_slope
+    var_int = sigma2 + xm * xm * var_slope
+    return LineFit(intercept, slope, ((var_int, cov_ab), (cov_ab, var_slope)), tuple(float(r) for r in res), r2,
+                   float((np.abs(res) / y).max()), n, len(np.unique(x)))
+
+
+def _refusal(fit: LineFit, min_r2: float, max_rel_residual: float) -> str:
+    """Why ``fit`` does not hold, or "" when it does."""
+    why = []
+    if fit.r2 < min_r2:
+        why.append(f"R² {fit.r2:.4f} < {min_r2} (the latency is not a line in the context here, or does not "
+                   "rise beyond its scatter)")
+    if fit.max_rel_residual > max_rel_residual:
+        why.append(f"a point lies {fit.max_rel_residual:.1%} off the line (> {max_rel_residual:.0%})")
+    return "; ".join(why)
+
+
+def fit_line(tokens, time_us, *, min_contexts: int = MIN_CONTEXTS, min_r2: float = MIN_R2,
+             max_rel_residual: float = MAX_REL_RESIDUAL, relative: bool = True) -> LineFit:
+    """Least-squares line of ``time_us`` (positive, µs) against ``tokens`` (tokens per sequence), each point
+    weighted by ``1 / time_us²`` with ``relative`` (module docstring), else equally.
+
+    Parameters
+    ----------
+    tokens, time_us : equal-length 1-D sequences of finite numbers; repeated contexts are fine (each
+        point counts).
+    min_contexts, min_r2, max_rel_residual : the thresholds of the module docstring.
+
+    Raises
+    ------
+    ValueError on malformed input (lengths, NaN, a non-positive time); :class:`LineFitError` (a
+    ValueError) when the line does not hold, the message saying which test failed and by how much.
+    """
+    min_contexts = checks.integer(min_contexts, "min_contexts", minimum=3)
+    min_r2 = checks.real(min_r2, "min_r2", minimum=0.0, maximum=1.0)
+    max_rel_residual = checks.real(max_rel_residual, "max_rel_residual", minimum=0.0, inclusive=False)
+    checks.flag(relative, "relative")
+    x, y = (np.asarray(a, dtype=np.float64).ravel() for a in (tokens, time_us))
+    if len(x) != len(y):
+        checks.fail(f"tokens has {len(x)} values but time_us has {len(y)}; expected one time per context")
+    for name, a in (("tokens", x), ("time_us", y)):
+        if not np.isfinite(a).all() or (a <= 0).any():
+            bad = int(np.flatnonzero(~np.isfinite(a) | (a <= 0))[0])
+            checks.fail(f"{name}[{bad}]={a[bad]!r}; expected positive finite numbers")
+    n_contexts = len(np.unique(x))
+    if n_contexts < min_contexts:
+        raise LineFitError(f"{n_contexts} distinct context(s) {sorted(set(x.tolist()))}; a line needs at least "
+                           f"{min_contexts} (two points always fit one)")
+    fit = least_squares(x, y, relative)
+    why = _refusal(fit, min_r2, max_rel_residual)
+    if why:
+        raise LineFitError(why)
+    return fit
