@@ -400,6 +400,17 @@ def test_a_line_across_a_change_of_kernel_is_refused_and_says_so():
                     "decode's change of kernel (gluon and triton)): " + r["measured"] + "; fitted per kernel, "
                     + per_kernel + ".")
     assert r["measured"].startswith("FP8 faster at every measured context")
+    # Notebook 09's points and figures: each kernel's points against its own line (exact here), one fitted trace
+    # per kernel; the 16-bit line, one kernel, stays whole.
+    from fp8kv.viz.deciding_figures import breakeven_lines
+
+    pts = be.line_points(rows)
+    own = pts[pts["kv_dtype"] == "fp8_e4m3"]
+    assert set(own["kernel"]) == {"triton", "gluon"} and own["rel_residual"].abs().max() < 1e-9
+    assert set(pts.loc[pts["kv_dtype"] == "bf16", "kernel"]) == {""}
+    fits = [t.name for t in breakeven_lines(pts).data if t.mode == "lines"]
+    assert fits == ["bf16 dequant (fit)", "fp8_e4m3 dequant, triton kernel (fit)",
+                    "fp8_e4m3 dequant, gluon kernel (fit)"], fits
     # A kernel whose contexts hold no line says so; a pair run by one kernel has no per-kernel clause.
     rows.loc[fp8 & (rows["context"] == 864), "time_us"] *= 1.3
     assert be.breakeven_context(rows)[1]["by_kernel"].iloc[0].startswith("triton (512-2,432 tokens): no line holds; ")

@@ -143,18 +143,23 @@ def _fit_groups(df, min_tokens, max_tokens, thresholds, trim):
     for key, g in rows.groupby(list(LINE_KEYS), sort=True, dropna=False):
         g = g.sort_values("tokens", kind="stable")
         head = dict(zip(LINE_KEYS, key, strict=True))
-        x, y = g["tokens"].to_numpy(float), g["time_us"].to_numpy(float)
-        start = float(x.min())
-        try:
-            fit, reason = fit_line(x, y, **thresholds), ""
-        except LineFitError as exc:
-            fit, reason = None, str(exc)
-            trimmed = _trimmed_fit(x, y, thresholds) if trim else None
-            if trimmed is not None:
-                (fit, start), reason = trimmed, ""
-            elif len(np.unique(x)) >= 3:  # the refused line's numbers, to show what was refused
-                fit = least_squares(x, y, thresholds["relative"])
-        yield head, g, fit, reason, start
+        yield (head, g, *_fit_one(g, thresholds, trim))
+
+
+def _fit_one(g, thresholds, trim):
+    """(the fit or None, why it was refused or "", the start of its fitted range) of one line's rows."""
+    x, y = g["tokens"].to_numpy(float), g["time_us"].to_numpy(float)
+    start = float(x.min())
+    try:
+        fit, reason = fit_line(x, y, **thresholds), ""
+    except LineFitError as exc:
+        fit, reason = None, str(exc)
+        trimmed = _trimmed_fit(x, y, thresholds) if trim else None
+        if trimmed is not None:
+            (fit, start), reason = trimmed, ""
+        elif len(np.unique(x)) >= 3:  # the refused line's numbers, to show what was refused
+            fit = least_squares(x, y, thresholds["relative"])
+    return fit, reason, start
 
 
 def fit_lines(df, *, min_tokens: float | None = None, max_tokens: float | None = None,
@@ -202,8 +207,10 @@ def line_points(df, *, min_tokens: float | None = None, max_tokens: float | None
                 trim: bool = True):
     """Every point of every line with its fit: the :data:`LINE_KEYS`, ``tokens``, ``time_us``, ``fitted_us``,
     ``residual_us``, ``rel_residual`` (NaN for a line with fewer than three contexts) and ``in_fit`` (False for
-    the shortest contexts a trimmed line left out, measured against the line all the same). A refused line's
-    points are here too: they show why it was refused."""
+    the shortest contexts a trimmed line left out, measured against the line all the same) and ``kernel`` (""
+    for a line whose rows ran one kernel; where they ran several, each kernel's points are measured against that
+    kernel's own line, as :func:`breakeven_context`'s ``by_kernel``). A refused line's points are here too: they
+    show why it was refused."""
     import pandas as pd
 
     # A refused line is fitted all the same (where it has three contexts): its points show why.
@@ -211,12 +218,17 @@ def line_points(df, *, min_tokens: float | None = None, max_tokens: float | None
     loose = dict(min_contexts=MIN_CONTEXTS, min_r2=MIN_R2, max_rel_residual=MAX_REL_RESIDUAL, relative=relative)
     frames = []
     for head, g, fit, _, start in _fit_groups(df, min_tokens, max_tokens, loose, trim):
-        pts = g[["tokens", "time_us"]].reset_index(drop=True)
-        fitted = fit.intercept + fit.slope * pts["tokens"] if fit else np.nan
-        pts = pts.assign(fitted_us=fitted, residual_us=pts["time_us"] - fitted, in_fit=pts["tokens"] >= start)
-        pts["rel_residual"] = pts["residual_us"] / pts["time_us"]
-        frames.append(pts.assign(**head)[[*LINE_KEYS, "tokens", "time_us", "fitted_us", "residual_us",
-                                          "rel_residual", "in_fit"]])
+        kernel = g["kernel"].fillna("").astype(str) if "kernel" in g.columns else pd.Series("", index=g.index)
+        parts = [("", g, fit, start)] if kernel.nunique() < 2 else \
+            [(k, part, *_fit_one(part, loose, trim)[::2]) for k, part in g.groupby(kernel, sort=False)]
+        for k, part, fit, start in parts:
+            pts = part[["tokens", "time_us"]].reset_index(drop=True)
+            fitted = fit.intercept + fit.slope * pts["tokens"] if fit else np.nan
+            pts = pts.assign(fitted_us=fitted, residual_us=pts["time_us"] - fitted, in_fit=pts["tokens"] >= start,
+                             kernel=k)
+            pts["rel_residual"] = pts["residual_us"] / pts["time_us"]
+            frames.append(pts.assign(**head)[[*LINE_KEYS, "tokens", "time_us", "fitted_us", "residual_us",
+                                              "rel_residual", "in_fit", "kernel"]])
     return pd.concat(frames, ignore_index=True)
 
 

@@ -60,7 +60,8 @@ def breakeven_lines(points, crossings=None, *, title: str | None = None) -> go.F
     points (markers) and their fitted lines (``fp8kv.analysis.line_points``), a colour per KV dtype and mode
     (FP8 mode dashed). With ``crossings`` (``fp8kv.analysis.crossings``), a dotted vertical line where each
     FP8 line crosses its 16-bit partner inside the measured range. Log-log axes (contexts span decades). Open
-    markers: the short contexts a trimmed line left out of its fit (its line is drawn over the rest only)."""
+    markers: the short contexts a trimmed line left out of its fit (its line is drawn over the rest only). Where a
+    line's points name several kernels (``kernel``), each kernel's part is drawn with its own line."""
     require_columns(points, _POINT_COLUMNS, "points", rows=True)
     data, batches, backends = _panels(points)
     fig = _grid(batches, backends, lambda b: f"batch {b}", lambda c: c, shared_xaxes=True,
@@ -78,10 +79,13 @@ def breakeven_lines(points, crossings=None, *, title: str | None = None) -> go.F
                                          hovertemplate="%{x:,} tokens: %{y:.1f} µs measured<extra>" + name
                                                        + "</extra>"), row=i + 1, col=j + 1)
                 fit = g[g["in_fit"].astype(bool)] if "in_fit" in g.columns else g
-                fig.add_trace(go.Scatter(x=fit["tokens"], y=fit["fitted_us"], mode="lines", name=f"{name} (fit)",
-                                         legendgroup=name, showlegend=False, line=dict(dash=mode_dash(name), **style),
-                                         hovertemplate="%{x:,} tokens: %{y:.1f} µs on the line<extra>" + name
-                                                       + "</extra>"), row=i + 1, col=j + 1)
+                for kernel, part in _kernel_parts(fit):  # a line per kernel where the rows ran several
+                    label = name + (f", {kernel} kernel" if kernel else "")
+                    fig.add_trace(go.Scatter(x=part["tokens"], y=part["fitted_us"], mode="lines",
+                                             name=f"{label} (fit)", legendgroup=name, showlegend=False,
+                                             line=dict(dash=mode_dash(name), **style),
+                                             hovertemplate="%{x:,} tokens: %{y:.1f} µs on the line<extra>" + label
+                                                           + "</extra>"), row=i + 1, col=j + 1)
             if crossings is not None:
                 _mark_crossings(fig, crossings, b, be, colours, i + 1, j + 1)
     fig.update_xaxes(type="log")
@@ -93,6 +97,14 @@ def breakeven_lines(points, crossings=None, *, title: str | None = None) -> go.F
                                       "lines (open markers: left out of the fit)"),
                       height=max(360, 280 * len(batches)), legend_title_text="KV dtype · mode")
     return fig
+
+
+def _kernel_parts(points):
+    """``(kernel, its points)`` in order of context: one part ("") where the points carry no kernel or one."""
+    if "kernel" not in points.columns or points["kernel"].fillna("").nunique() < 2:
+        return [("", points)]
+    kernel = points["kernel"].fillna("")
+    return [(k, points[kernel == k]) for k in kernel.loc[points["tokens"].sort_values().index].unique()]
 
 
 def _mark_crossings(fig, crossings, batch, backend, colours, row, col):
@@ -133,13 +145,14 @@ def breakeven_residuals(points, *, max_rel_residual: float = 0.05, title: str | 
         for j, be in enumerate(backends):
             panel = data[(data["batch"] == b) & (data["_backend"] == be)]
             for name, g in panel.groupby("_series", sort=True):
-                g = g.sort_values("tokens")
-                fig.add_trace(go.Scatter(x=g["tokens"], y=g["rel_residual"], mode="lines+markers", name=name,
-                                         legendgroup=name, showlegend=i == 0 and j == 0,
-                                         line=dict(color=colours[name], dash=mode_dash(name)),
-                                         marker=dict(color=colours[name], symbol=_symbols(g, name)),
-                                         hovertemplate="%{x:,} tokens: %{y:.2%} off the line<extra>" + name
-                                                       + "</extra>"), row=i + 1, col=j + 1)
+                for n, (kernel, part) in enumerate(_kernel_parts(g.sort_values("tokens"))):
+                    label = name + (f", {kernel} kernel" if kernel else "")
+                    fig.add_trace(go.Scatter(x=part["tokens"], y=part["rel_residual"], mode="lines+markers",
+                                             name=name, legendgroup=name, showlegend=i == 0 and j == 0 and n == 0,
+                                             line=dict(color=colours[name], dash=mode_dash(name)),
+                                             marker=dict(color=colours[name], symbol=_symbols(part, name)),
+                                             hovertemplate="%{x:,} tokens: %{y:.2%} off the line<extra>" + label
+                                                           + "</extra>"), row=i + 1, col=j + 1)
             for sign in (1, -1):
                 fig.add_hline(y=sign * max_rel_residual, line_dash="dash", line_color="gray", row=i + 1, col=j + 1)
     fig.update_xaxes(type="log")
