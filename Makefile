@@ -7,8 +7,9 @@
 VENV ?= .venv
 PYTHON ?= $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# pytest-xdist workers: the tests of the notebooks' smoke report on one, the other tests shared
-TEST_JOBS ?= 2
+# pytest-xdist workers: the tests of the notebooks' smoke report on one, the other tests shared; one where a
+# GPU is (two processes on one GPU would share its memory and its clocks)
+TEST_JOBS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),1,2)
 
 .PHONY: report announce-report test install clean-venv
 

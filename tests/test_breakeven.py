@@ -392,12 +392,14 @@ def test_a_line_across_a_change_of_kernel_is_refused_and_says_so():
     assert list(lines.loc[lines["kv_dtype"] == "bf16", "kernels"]) == ["triton"]
     # Each kernel gets its own line over the contexts it ran, crossed with the 16-bit line over the same contexts:
     # 10 + 0.02c against 10 + 0.03c (1.41x at 2,432), 45 + 0.009c against it (crossing at 1,667, 2.92x at 32,768).
-    per_kernel = ("triton (512-2,432 tokens): FP8 pays at every context (1.41x at 2,432); gluon (4,096-32,768 tokens): "
-                  "FP8 pays at every context (2.92x at 32,768)")
+    # The 16-bit line held: each kernel is crossed with it (no refit), over the kernel's own contexts.
+    per_kernel = ("triton kernel, 512-2,432 tokens: FP8 pays at every context (1.41x at 2,432); gluon kernel, "
+                  "4,096-32,768 tokens: FP8 pays at every context (2.92x at 32,768)")
     assert r["by_kernel"] == per_kernel and r["answer"].endswith("; fitted per kernel: " + per_kernel)
+    assert r["kernel_verdicts"] == "triton:every,gluon:every"
     text = dc.headline("H200", crossings=cr)
     assert text == ("On H200, at batch 64 with triton, dequant mode, measured point by point (no line holds across the "
-                    "decode's change of kernel (gluon and triton)): " + r["measured"] + "; fitted per kernel, "
+                    "decode's change of kernel (gluon and triton)): " + r["measured"] + "; fitted per kernel: "
                     + per_kernel + ".")
     assert r["measured"].startswith("FP8 faster at every measured context")
     # Notebook 09's points and figures: each kernel's points against its own line (exact here), one fitted trace
@@ -411,8 +413,46 @@ def test_a_line_across_a_change_of_kernel_is_refused_and_says_so():
     fits = [t.name for t in breakeven_lines(pts).data if t.mode == "lines"]
     assert fits == ["bf16 dequant (fit)", "fp8_e4m3 dequant, triton kernel (fit)",
                     "fp8_e4m3 dequant, gluon kernel (fit)"], fits
-    # A kernel whose contexts hold no line says so; a pair run by one kernel has no per-kernel clause.
-    rows.loc[fp8 & (rows["context"] == 864), "time_us"] *= 1.3
-    assert be.breakeven_context(rows)[1]["by_kernel"].iloc[0].startswith("triton (512-2,432 tokens): no line holds; ")
-    rows["kernel"] = "triton"
-    assert list(be.breakeven_context(rows)[1]["by_kernel"]) == [""]
+    # A kernel whose contexts hold no line says why.
+    bent = rows.copy()
+    bent.loc[fp8 & (bent["context"] == 864), "time_us"] *= 1.3
+    (b,) = be.breakeven_context(bent)[1].to_dict("records")
+    assert b["by_kernel"].startswith("triton kernel, 512-2,432 tokens: no line holds (the FP8 line: R² 0.92")
+    assert b["kernel_verdicts"] == "triton:no fit,gluon:every"
+    # A refused 16-bit line is refitted over each kernel's contexts, and the clause says so.
+    bent = rows.copy()
+    bent.loc[(bent["kv_dtype"] == "bf16") & (bent["context"] == 4096), "time_us"] *= 1.3
+    (b,) = be.breakeven_context(bent)[1].to_dict("records")
+    assert b["by_kernel"].startswith("triton kernel, 512-2,432 tokens (bf16 line refitted over them): FP8 pays at "
+                                     "every context (1.41x at 2,432); gluon kernel, 4,096-32,768 tokens (bf16 line "
+                                     "refitted over them): no line holds (the bf16 line: "), b["by_kernel"]
+    # No per-kernel lines where the kernels cannot split the line: one kernel, a row naming none, kernels interleaving.
+    for kernels in (["triton"] * len(rows), rows["kernel"].where(rows["context"] != 864, None),
+                    ["triton" if c in (512, 1456, 4096, 11584) else "gluon" for c in rows["context"]]):
+        (b,) = be.breakeven_context(rows.assign(kernel=kernels))[1].to_dict("records")
+        assert b["status"] == "no fit" and b["by_kernel"] == "" and b["kernel_verdicts"] == ""
+
+
+def test_kernel_spans():
+    assert be.kernel_spans(["a", "a", "b"], [1, 2, 3]) == [("a", 1.0, 2.0), ("b", 3.0, 3.0)]
+    assert be.kernel_spans(["b", "a", "a"], [9, 2, 5]) == [("a", 2.0, 5.0), ("b", 9.0, 9.0)]  # ordered by context
+    for kernels in (["a", "a"], ["a", None], ["a", float("nan")], ["a", "b", "a"]):
+        assert be.kernel_spans(kernels, [1, 2, 3][:len(kernels)]) is None
+
+
+def test_line_statistics_refuse_bad_input():
+    from fp8kv.analysis import linefit
+
+    assert linefit.t975(1) == 12.706 and linefit.t975(60) == 2.0 and 1.96 < linefit.t975(120) < 2.0
+    for bad in (0, -3, 1.5, "2", True):
+        with pytest.raises((ValueError, TypeError), match="dof"):
+            linefit.t975(bad)
+    for tokens, times, match in (([1, 2], [1, 2], "three points or more over two contexts"),
+                                 ([5, 5, 5], [1, 2, 3], "over 1 context"),
+                                 ([1, 2, 3], [1, 2], "tokens has 3 values but time_us has 2"),
+                                 ([1, 2, 3], [1, 0, 2], r"time_us\[1\]=0\.0"),
+                                 ([1, float("nan"), 3], [1, 2, 3], r"tokens\[1\]=nan")):
+        with pytest.raises(ValueError, match=match):
+            linefit.least_squares(tokens, times)
+    fit = linefit.least_squares([1, 2, 3], [2.0, 3.0, 4.0])
+    assert fit.slope == pytest.approx(1.0) and fit.intercept == pytest.approx(1.0) and fit.dof == 1

@@ -60,8 +60,10 @@ from .linefit import (
 from .measured import Measured, count_text, kernel_names, measured_summary
 
 __all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_TRIMMED_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
-           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context", "breakeven_answers"]
+           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context", "breakeven_answers",
+           "kernel_spans", "PER_KERNEL"]
 
+PER_KERNEL = "fitted per kernel: "  # what leads breakeven_context's by_kernel clauses wherever they are printed
 MIN_TRIMMED_CONTEXTS = 5  # a line fitted without its shortest contexts keeps at least these (and half of them)
 
 # The bench grid (fp8kv.bench.sweep's arguments): nine contexts log-spaced from 512 to 32k (multiples of
@@ -208,19 +210,19 @@ def line_points(df, *, min_tokens: float | None = None, max_tokens: float | None
     """Every point of every line with its fit: the :data:`LINE_KEYS`, ``tokens``, ``time_us``, ``fitted_us``,
     ``residual_us``, ``rel_residual`` (NaN for a line with fewer than three contexts) and ``in_fit`` (False for
     the shortest contexts a trimmed line left out, measured against the line all the same) and ``kernel`` (""
-    for a line whose rows ran one kernel; where they ran several, each kernel's points are measured against that
-    kernel's own line, as :func:`breakeven_context`'s ``by_kernel``). A refused line's points are here too: they
-    show why it was refused."""
+    elsewhere; where a refused line's rows ran several kernels, :func:`kernel_spans`, each kernel's points are
+    measured against that kernel's own line, as in :func:`breakeven_context`'s ``by_kernel``). A refused line's
+    points are here too: they show why it was refused."""
     import pandas as pd
 
     # A refused line is fitted all the same (where it has three contexts): its points show why.
     checks.flag(trim, "trim")
     loose = dict(min_contexts=MIN_CONTEXTS, min_r2=MIN_R2, max_rel_residual=MAX_REL_RESIDUAL, relative=relative)
     frames = []
-    for head, g, fit, _, start in _fit_groups(df, min_tokens, max_tokens, loose, trim):
-        kernel = g["kernel"].fillna("").astype(str) if "kernel" in g.columns else pd.Series("", index=g.index)
-        parts = [("", g, fit, start)] if kernel.nunique() < 2 else \
-            [(k, part, *_fit_one(part, loose, trim)[::2]) for k, part in g.groupby(kernel, sort=False)]
+    for head, g, fit, reason, start in _fit_groups(df, min_tokens, max_tokens, loose, trim):
+        spans = kernel_spans(g["kernel"], g["tokens"]) if reason and "kernel" in g.columns else None
+        parts = [("", g, fit, start)] if spans is None else [  # as breakeven_context's by_kernel: never trimmed
+            (k, part, *_fit_one(part, loose, False)[::2]) for k, part in g.groupby(g["kernel"], sort=False)]
         for k, part, fit, start in parts:
             pts = part[["tokens", "time_us"]].reset_index(drop=True)
             fitted = fit.intercept + fit.slope * pts["tokens"] if fit else np.nan
@@ -361,9 +363,10 @@ def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
     added to its answer. A pair with no answer (a line does not hold) gets ``measured``,
     :func:`.measured.measured_summary` of its points, added to its answer, ``measured_faster_from`` (the context from which FP8 is faster at every longer one; inf:
     not at the longest) and ``measured_best_speedup``; the others get "" and NaN (their answer is the fit's).
-    Where a pair has no answer because its FP8 rows ran several kernels (the decode changes kernel with the
-    context), each kernel gets a line of its own over the contexts it ran, crossed with the 16-bit line fitted
-    over those contexts: ``by_kernel`` (a clause per kernel, also added to the answer; "" elsewhere)."""
+    Where a pair has no answer and its FP8 rows ran several kernels (the decode changes kernel with the context),
+    each kernel gets a line of its own over the contexts it ran, crossed with the pair's 16-bit line where that
+    held, else with one refitted over the same contexts: ``by_kernel`` (a clause per kernel, also added to the
+    answer after :data:`PER_KERNEL`) and ``kernel_verdicts`` (``"triton:every,gluon:every"``); "" elsewhere."""
     lines = fit_lines(df, **fit_kw)
     cross = crossings(lines, baseline=baseline)
     rows = _rows(df, fit_kw.get("min_tokens"), fit_kw.get("max_tokens"))
@@ -375,7 +378,7 @@ def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
         own = pair & (rows["kv_dtype"] == r["kv_dtype"]).to_numpy() & (rows["mode"] == r["mode"]).to_numpy() & \
             (rows["granularity"] == r["granularity"]).to_numpy()
         base = pair & (rows["kv_dtype"] == baseline).to_numpy()
-        segments.append(_per_kernel(rows, own, base, r, baseline, fit_kw))
+        segments.append(_per_kernel(rows, own, base, r, lines, baseline, fit_kw))
         if r["status"] == "ok":  # the lines' answer; what the contexts below their range measured, if any
             short = (rows["tokens"] < r["tokens_lo"]).to_numpy()
             own, base = own & short, base & short
@@ -390,43 +393,70 @@ def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
             below.append(f"; measured, without a line: {summary.text}" if summary.text else "")
     cross["measured"], cross["measured_faster_from"] = [g.text for g in got], [g.faster_from for g in got]
     cross["measured_best_speedup"] = [g.best_speedup for g in got]
-    cross["by_kernel"] = segments
-    cross["answer"] = [a + b + (f"; fitted per kernel: {k}" if k else "")
-                       for a, b, k in zip(cross["answer"], below, segments, strict=True)]
+    cross["by_kernel"], cross["kernel_verdicts"] = [t for t, _ in segments], [v for _, v in segments]
+    cross["answer"] = [a + b + (f"; {PER_KERNEL}{t}" if t else "")
+                       for a, b, (t, _) in zip(cross["answer"], below, segments, strict=True)]
     return lines, cross
 
 
-def _per_kernel(rows, own, base, r, baseline: str, fit_kw: dict) -> str:
-    """Where a pair's FP8 rows ran several kernels (its line refused: a step no single line follows), each
-    kernel's own FP8 line crossed with the 16-bit line fitted over the same contexts, in a clause each
-    ("" for a pair whose FP8 rows ran one kernel, or whose line held)."""
-    kernel = rows["kernel"].fillna("").astype(str).to_numpy() if "kernel" in rows.columns else None
-    if r["status"] == "ok" or kernel is None or len(set(kernel[own])) < 2:
-        return ""
-    clauses = []
-    for k in sorted(set(kernel[own]), key=lambda k: rows["tokens"][own & (kernel == k)].min()):
+def kernel_spans(kernels, tokens) -> list[tuple[str, float, float]] | None:
+    """``(kernel, first, last context)`` per kernel of one line's rows, in order of context, where the kernels
+    split the line into ranges of context that do not overlap (two kernels or more, every row naming one);
+    None otherwise: one kernel, a row without a name, or kernels that interleave (no range is one kernel's)."""
+    names = [k if isinstance(k, str) else "" for k in kernels]
+    tokens = np.asarray(tokens, dtype=float)
+    if "" in names or len(set(names)) < 2:
+        return None
+    spans = sorted((float(tokens[[n == k for n in names]].min()), float(tokens[[n == k for n in names]].max()), k)
+                   for k in set(names))
+    if any(hi >= nxt[0] for (_, hi, _), nxt in zip(spans, spans[1:], strict=False)):
+        return None
+    return [(k, lo, hi) for lo, hi, k in spans]
+
+
+def _per_kernel(rows, own, base, r, lines, baseline: str, fit_kw: dict) -> tuple[str, str]:
+    """Where a pair's line is refused and its FP8 rows ran several kernels (:func:`kernel_spans`), each kernel's own
+    FP8 line (never trimmed: its first context is where the kernel takes over, not a launch floor) crossed with the
+    16-bit line: the pair's own where it held, read over the kernel's contexts, else one refitted over them.
+    Returns (a clause per kernel, ``kernel:verdict`` per kernel); ("", "") elsewhere."""
+    import pandas as pd
+
+    kernel = rows["kernel"].to_numpy(object) if "kernel" in rows.columns else None
+    spans = kernel_spans(kernel[own], rows["tokens"][own]) if kernel is not None and r["status"] != "ok" else None
+    if spans is None:
+        return "", ""
+    held = lines[(lines["kv_dtype"] == baseline) & (lines["status"] == "ok")]
+    for k in PAIR_KEYS:
+        held = held[held[k] == r[k]]
+    clauses, verdicts = [], []
+    for k, lo, hi in spans:
         mine = own & (kernel == k)
-        lo, hi = rows["tokens"][mine].min(), rows["tokens"][mine].max()
         span = (rows["tokens"] >= lo).to_numpy() & (rows["tokens"] <= hi).to_numpy()
-        where = f"{k} ({count_text(lo)}-{count_text(hi)} tokens)"
-        try:
-            seg = crossings(fit_lines(rows[mine | (base & span)], **fit_kw), baseline=baseline).iloc[0]
-        except ValueError as exc:  # too few rows for a line on one side
-            clauses.append(f"{where}: no line ({exc})")
-            continue
-        clauses.append(f"{where}: {_segment_text(seg)}")
-    return "; ".join(clauses)
+        seg_kw = dict(fit_kw, trim=False)
+        if len(held):
+            seg, note = fit_lines(rows[mine], **seg_kw), ""
+            seg = pd.concat([seg, held.iloc[:1]], ignore_index=True)
+        else:
+            seg, note = fit_lines(rows[mine | (base & span)], **seg_kw), f" ({baseline} line refitted over them)"
+        c = crossings(seg, baseline=baseline).iloc[0]
+        clauses.append(f"{k} kernel, {count_text(lo)}-{count_text(hi)} tokens{note}: {_segment_text(c)}")
+        verdicts.append(f"{k}:{c['verdict'] or 'no fit'}")
+    return "; ".join(clauses), ",".join(verdicts)
 
 
 def _segment_text(r) -> str:
-    """A :func:`crossings` row in a clause: the verdict and the gain at the longest context, or that no line held."""
-    if r["status"] != "ok":  # why: the pair's own answer says (this clause adds where)
-        return "no line holds"
+    """A :func:`crossings` row in a clause: the verdict, the crossing with its interval where it decides, the gain
+    at the longest context and a warning where the lines are nearly parallel; or why no line held."""
+    if r["status"] != "ok":
+        return "no line holds (" + r["reason"].replace("; ", ", ") + ")"
     gain = f"{r['fp8_speedup_at_hi']:.2f}x at {count_text(r['tokens_hi'])}"
     n = count_text(r["crossing_tokens"]) if math.isfinite(r["crossing_tokens"]) else ""
-    return {"every": f"FP8 pays at every context ({gain})", "never": f"FP8 never pays ({gain})",
-            "beyond": f"FP8 pays beyond {n} ({gain})",
-            "below": f"FP8 pays only below {n} ({gain})"}[r["verdict"]]
+    interval = (f"95 % {count_text(r['crossing_lo'])} to {count_text(r['crossing_hi'])}, "
+                if r["verdict"] in ("beyond", "below") else "")
+    parallel = ", ill-determined: the lines are nearly parallel" if r["slope_gap_z"] < 2 else ""
+    lead = {"every": "FP8 pays at every context", "never": "FP8 never pays", "beyond": f"FP8 pays beyond {n}",
+            "below": f"FP8 pays only below {n}"}[r["verdict"]]
+    return f"{lead} ({interval}{gain}{parallel})"
 
 
 def breakeven_answers(df, **kw) -> list[str]:

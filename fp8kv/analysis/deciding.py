@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from .. import checks
+from .breakeven import PER_KERNEL
 from .measured import kernel_names
 from .scale_health import ScaleHealth, model_scale_health
 
@@ -127,7 +128,7 @@ def _measured_sentence(r, first: bool, gpu: str) -> str:
            else "its latency lines do not hold" + ("; its FP8 rows also change kernel" if len(kernels) > 1 else ""))
     lead = f"On {gpu}, at" if first else "At"
     per_kernel = r.get("by_kernel", "")  # each kernel's own line, where the FP8 rows ran several
-    tail = f"; fitted per kernel, {per_kernel}" if isinstance(per_kernel, str) and per_kernel else ""
+    tail = f"; {PER_KERNEL}{per_kernel}" if isinstance(per_kernel, str) and per_kernel else ""
     return f"{lead} batch {r['batch']} with {_what(r)}, measured point by point ({why}): {r['measured']}{tail}."
 
 

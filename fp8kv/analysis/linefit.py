@@ -25,7 +25,9 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 
 def t975(dof: int) -> float:
-    """Student's t 97.5 % quantile (a table, linear in 1/dof between its entries; 1.96 beyond 60)."""
+    """Student's t 97.5 % quantile for ``dof`` (an integer >= 1) degrees of freedom (a table, linear in 1/dof between
+    its entries; 1.96 beyond 60)."""
+    dof = checks.integer(dof, "dof", minimum=1)
     if dof in _T975:
         return _T975[dof]
     if dof > 60:
@@ -71,8 +73,15 @@ class LineFit:
         return self.n_points - 2
 
 
-def least_squares(x: np.ndarray, y: np.ndarray, relative: bool = True) -> LineFit:
-    """Weighted least squares: weights ``1 / y²`` with ``relative`` (each point by its relative error), else 1."""
+def least_squares(tokens, time_us, relative: bool = True) -> LineFit:
+    """The weighted least-squares line of ``time_us`` against ``tokens``, refused or not (:func:`fit_line` refuses):
+    weights ``1 / time_us²`` with ``relative`` (each point by its relative error), else 1. Needs three points or
+    more over two contexts or more (a line with a residual degree of freedom); ValueError otherwise."""
+    checks.flag(relative, "relative")
+    x, y = _points(tokens, time_us)
+    if len(x) < 3 or len(np.unique(x)) < 2:
+        checks.fail(f"tokens={x.tolist()}: {len(x)} point(s) over {len(np.unique(x))} context(s); a line with an "
+                    "error estimate needs three points or more over two contexts or more")
     n = len(x)
     w = 1.0 / y ** 2 if relative else np.ones_like(y)
     w = w / w.sum()
@@ -104,6 +113,18 @@ def _refusal(fit: LineFit, min_r2: float, max_rel_residual: float) -> str:
     return "; ".join(why)
 
 
+def _points(tokens, time_us) -> tuple[np.ndarray, np.ndarray]:
+    """``tokens`` and ``time_us`` as float arrays of equal length, positive and finite (ValueError naming either)."""
+    x, y = (np.asarray(a, dtype=np.float64).ravel() for a in (tokens, time_us))
+    if len(x) != len(y):
+        checks.fail(f"tokens has {len(x)} values but time_us has {len(y)}; expected one time per context")
+    for name, a in (("tokens", x), ("time_us", y)):
+        if not np.isfinite(a).all() or (a <= 0).any():
+            bad = int(np.flatnonzero(~np.isfinite(a) | (a <= 0))[0])
+            checks.fail(f"{name}[{bad}]={float(a[bad])!r}; expected positive finite numbers")
+    return x, y
+
+
 def fit_line(tokens, time_us, *, min_contexts: int = MIN_CONTEXTS, min_r2: float = MIN_R2,
              max_rel_residual: float = MAX_REL_RESIDUAL, relative: bool = True) -> LineFit:
     """Least-squares line of ``time_us`` (positive, µs) against ``tokens`` (tokens per sequence), each point
@@ -124,13 +145,7 @@ def fit_line(tokens, time_us, *, min_contexts: int = MIN_CONTEXTS, min_r2: float
     min_r2 = checks.real(min_r2, "min_r2", minimum=0.0, maximum=1.0)
     max_rel_residual = checks.real(max_rel_residual, "max_rel_residual", minimum=0.0, inclusive=False)
     checks.flag(relative, "relative")
-    x, y = (np.asarray(a, dtype=np.float64).ravel() for a in (tokens, time_us))
-    if len(x) != len(y):
-        checks.fail(f"tokens has {len(x)} values but time_us has {len(y)}; expected one time per context")
-    for name, a in (("tokens", x), ("time_us", y)):
-        if not np.isfinite(a).all() or (a <= 0).any():
-            bad = int(np.flatnonzero(~np.isfinite(a) | (a <= 0))[0])
-            checks.fail(f"{name}[{bad}]={a[bad]!r}; expected positive finite numbers")
+    x, y = _points(tokens, time_us)
     n_contexts = len(np.unique(x))
     if n_contexts < min_contexts:
         raise LineFitError(f"{n_contexts} distinct context(s) {sorted(set(x.tolist()))}; a line needs at least "
