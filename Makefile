@@ -1,15 +1,12 @@
 # fp8kv: two commands on a fresh machine.
 #   make report   execute every notebook headless and render it under reports/<gpu>/ (CPU fallback: smoke sizes)
-#   make test     run the test suite (Triton kernels under the interpreter where there is no GPU; TEST_JOBS=2 workers)
+#   make test     run the test suite (Triton kernels under the interpreter where there is no GPU)
 # Both create .venv and install fp8kv into it first. Set PYTHON=... to use an existing environment
 # (e.g. the conda env from environment.yml) instead: make test PYTHON=python
 
 VENV ?= .venv
 PYTHON ?= $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# pytest-xdist workers: the tests of the notebooks' smoke report on one, the other tests shared; one where a
-# GPU is (two processes on one GPU would share its memory and its clocks)
-TEST_JOBS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),1,2)
 
 .PHONY: report announce-report test install clean-venv
 
@@ -21,7 +18,7 @@ announce-report:
 	@echo "[report] $(if $(wildcard $(STAMP)),environment $(VENV) is ready,setting up $(VENV) first (a minute or more; each step is printed))"
 
 test: $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(STAMP))
-	$(PYTHON) -m pytest -n $(TEST_JOBS) --dist loadgroup
+	$(PYTHON) -m pytest
 
 install: $(STAMP)
 
