@@ -3,7 +3,7 @@
 :mod:`.decode` is paged decode attention (:func:`plan` a decode once, :func:`run` it many times, or
 :func:`paged_decode`); :mod:`.attend` several new tokens per sequence over the cache (:func:`plan_attend` once,
 :func:`run_attend` many times, or :func:`attend`: speculative verification, chunked-prefill append); :mod:`.cache_write` the fused quantize-and-scatter of new K/V rows
-(:func:`write_cache`); :mod:`.copy` the streaming copy of the bandwidth ceiling (:func:`stream_copy`);
+(:func:`write_cache`), :mod:`.quant_write` the same for INT8 / INT4 rows per token and head (:func:`write_quantized_rows`); :mod:`.copy` the streaming copy of the bandwidth ceiling (:func:`stream_copy`);
 :mod:`.pages` a cache as the kernels take it; :mod:`.fp8_codec` the kernels' FP8 conversions. The names
 below are the package's public ones, each defined in one of those modules.
 """
@@ -53,6 +53,7 @@ from .decode.triton_helpers import CONVERT_CAST, CONVERT_PTX, CONVERT_SOFTWARE
 from .decode.triton_kernel import paged_decode_kernel
 from .decode.triton_launcher import DEFAULT_SM89_CONVERT
 from .pages import SCALE_CHANNEL, SCALE_PER_HEAD, SCALE_TOKEN_HEAD
+from .quant_write import FUSED_WRITE_FORMATS, quant_write_kernel, write_quantized_rows
 
 __all__ = ["paged_decode", "plan", "run", "attend", "attend_launch", "plan_attend", "run_attend", "AttendPlan",
            "DecodePlan", "decode_launch", "decode_kernel", "gluon_refusal",
@@ -65,4 +66,5 @@ __all__ = ["paged_decode", "plan", "run", "attend", "attend_launch", "plan_atten
            "DEFAULT_SM89_CONVERT", "OUT_DTYPES", "WARP_COUNTS", "MAX_BLOCK_N", "MAX_HEADS_STREAMING",
            "MAX_STREAMING_HEAD_DIM", "MAX_SPLITS_FOR_LATENCY", "MAX_SPLITS_TO_FILL_SMS", "LATENCY_WAVES",
            "LATENCY_WAVES_PADDED", "FILL_WAVES_FEWER", "GLUON_BLOCK_N", "GLUON_MIN_SPLIT_TOKENS", "GLUON_MIN_ROW_SPLIT_TOKENS", "GLUON_STAGES",
-           "GLUON_SMEM_EXTRA", "COMBINE_PDL", "COPY_BLOCK"]
+           "GLUON_SMEM_EXTRA", "COMBINE_PDL", "COPY_BLOCK", "write_quantized_rows", "quant_write_kernel",
+           "FUSED_WRITE_FORMATS"]

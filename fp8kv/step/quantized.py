@@ -130,7 +130,16 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 def write_rows(cache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store ``k``, ``v`` ``[N, Hkv, D]`` (float) into ``cache`` (a QuantizedPagedKVCache) at ``slot_mapping``
     ``[N]`` (int64, every slot inside the pool: unchecked), as its :meth:`write` stores them, with no host sync
-    (no checks, no saturation counts): a CUDA graph holds it."""
+    (no checks, no saturation counts): a CUDA graph holds it. INT8 and INT4 per token and head go through the
+    fused kernel (:func:`fp8kv.ops.write_quantized_rows`, the same bytes) where Triton runs."""
+    from ..ops.quant_write import (  # imports triton: only when writing
+        FUSED_WRITE_FORMATS,
+        write_quantized_rows,
+    )
+
+    if cache.fmt.name in FUSED_WRITE_FORMATS and (k.is_cuda or interpreter_on()):
+        write_quantized_rows(cache, k, v, slot_mapping)
+        return
     blk, off = slot_mapping // cache.block_size, slot_mapping % cache.block_size
     for codec, pages, scales, tensor_scale, new in (
             (cache.fmt.key, cache.k_pages, cache.k_scales, cache.k_tensor_scale, k),
