@@ -25,7 +25,7 @@ NO_KERNEL = tuple(f for f in PAGED_FORMATS if f not in QUANT_DECODE_FORMATS)  # 
 
 def _step(kv_dtype, backend, batch=2, context=48, seed=0, **kw):
     weights = S.random_weights(TOY, torch.float32, "cpu", seed=seed)
-    pool = S.KVPool(TOY, 16, kv_dtype, **kw)
+    pool = S.KVPool(TOY, 16, kv_dtype, device="cpu", **kw)  # beside the weights, on a GPU machine too
     return S.DecodeStep(TOY, weights, pool.caches(batch, context), backend=backend)
 
 

@@ -56,7 +56,7 @@ def quant_write_kernel(
     s = tl.where(low, (s.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), s)
     s = tl.where(amax > 0, s, 1.0)
     tl.store(scale_ptr + blk * stride_sb + off * stride_st + offs_h * stride_sh, s, mask=h_mask)
-    y = x / s[:, None]
+    y = tl.math.div_rn(x, s[:, None])  # IEEE division, as torch's (a fast division can miss a tie by an ulp)
     # round to nearest even, exactly: y - floor(y) is exact below 2^23 (floor(y + 0.5) is not: 0.49999997 + 0.5
     # rounds to 1 in fp32)
     r = tl.floor(y)
