@@ -1,16 +1,11 @@
 """Shared test fixtures: one error-ratio assertion, a seeded generator and the paged-cache factory
 (``assert_rel_err``, ``gen``, ``make_cache``; the factory, the queries and the generators live in
 tests/fixtures.py, which module-level code imports); and ``smoke_report``, one smoke render of every
-notebook per test session, rendered in a process of its own beside the other tests, shared by the modules
-that read it."""
+notebook per test session, shared by the modules that read it."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -65,43 +60,19 @@ def _write_notebook_fixture():
     return write
 
 
-_SMOKE_RUN: dict = {}  # the background smoke render: its process and its output folder
-
-
-def pytest_collection_finish(session):
-    """Start ``fp8kv notebooks run --smoke`` in a process of its own as soon as a collected test needs its report:
-    it executes every notebook (minutes on a CPU) while the other tests run beside it, on another core."""
-    if not any("smoke_report" in getattr(item, "fixturenames", ()) for item in session.items):
-        return
-    out = Path(tempfile.mkdtemp(prefix="fp8kv-smoke-report-"))
-    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
-    log = open(out / "run.log", "w")  # noqa: SIM115 - closed when the run is collected
-    proc = subprocess.Popen([sys.executable, "-m", "fp8kv.cli", "notebooks", "run", "--smoke", "--out", str(out),
-                             "--notebooks", str(notebooks), "--no-progress", "--timeout", "300"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    _SMOKE_RUN.update(proc=proc, out=out, log=log)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if _SMOKE_RUN:
-        if _SMOKE_RUN["proc"].poll() is None:  # a run cut short (-x, Ctrl-C): stop the render with it
-            _SMOKE_RUN["proc"].terminate()
-            _SMOKE_RUN["proc"].wait(timeout=60)
-        _SMOKE_RUN["log"].close()
-        shutil.rmtree(_SMOKE_RUN["out"], ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
-def smoke_report():
-    """``fp8kv notebooks run --smoke`` of every notebook in notebooks/, once per session, started when collection
-    ends (:func:`pytest_collection_finish`); the first test that asks waits for it.
+def smoke_report(tmp_path_factory):
+    """``fp8kv notebooks run --smoke`` of every notebook in notebooks/, once per session.
 
     Returns ``(exit status, report folder, manifest)``.
     """
+    from fp8kv import cli
     from fp8kv.device import gpu_slug
 
-    rc = _SMOKE_RUN["proc"].wait()
-    folder = _SMOKE_RUN["out"] / gpu_slug()
-    assert (folder / "manifest.json").is_file(), (_SMOKE_RUN["out"] / "run.log").read_text()[-3000:]
+    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+    out = tmp_path_factory.mktemp("reports")
+    rc = cli.main(["notebooks", "run", "--smoke", "--out", str(out), "--notebooks", str(notebooks),
+                   "--no-progress", "--timeout", "300"])
+    folder = out / gpu_slug()
     manifest = json.loads((folder / "manifest.json").read_text())
     return rc, folder, manifest

@@ -2,7 +2,8 @@
 kernel: one program per token).
 
 The engines' ``reshape_and_cache_flash``: slot s = block * block_size + offset; slots < 0 are
-padding and skipped. Quantization matches ``fp8kv.quant`` bit for bit: y = x / scale in fp32,
+padding and skipped. Quantization matches ``fp8kv.quant`` bit for bit: y = x / scale in fp32 (IEEE-rounded
+division, as torch's: a GPU's fast division can miss a tie by an ulp),
 clamp to ±max, round to nearest even (software encoder, so it also runs on sm80 where Triton cannot
 cast to e4m3). Saturated elements (|y| at or above the first fp32 magnitude that rounds past max,
 ``fp8kv.formats.saturation_bounds``) are counted with one atomic add per program.
@@ -74,14 +75,14 @@ def cache_write_kernel(
             s = tl.where(low, (s.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), s)
             s = tl.where(amax > 0, s, 1.0)
             tl.store(scale_ptr + (blk * BLOCK_SIZE + off) * num_kv_heads + offs_h, s, mask=h_mask)
-            y = x / s[:, None]
+            y = tl.math.div_rn(x, s[:, None])
         elif SCALE_KIND == SCALE_CHANNEL:
             s = tl.load(scale_ptr + offs_h[:, None] * HEAD_DIM + offs_d[None, :],
                         mask=(offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < HEAD_DIM), other=1.0)
-            y = x / s
+            y = tl.math.div_rn(x, s)
         else:
             s = tl.load(scale_ptr + offs_h * SCALE_HEAD_STRIDE, mask=offs_h < num_kv_heads, other=1.0)
-            y = x / s[:, None]
+            y = tl.math.div_rn(x, s[:, None])
         tl.store(dst, fp32_to_fp8_bits(y, MANT, BIAS, FMAX), mask=mask)
     else:  # 16-bit pages: saturate like the FP8 path (a bare cast turns fp16 overflow into inf)
         y = x

@@ -15,23 +15,25 @@ import triton
 import triton.language as tl
 
 from .. import checks
+from .cache_write import FP32_NORMAL_MIN
 
 __all__ = ["quant_write_kernel", "write_quantized_rows", "FUSED_WRITE_FORMATS"]
 
 FUSED_WRITE_FORMATS = {"int8_token_head": 127.0, "int4_token_head": 7.0}  # format -> largest code
-FP32_NORMAL_MIN: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).tiny)
 
 
 @triton.jit
 def quant_write_kernel(
-    x_ptr,  # [N, Hkv, D] new K (or V) rows, any float dtype, last dim contiguous
-    slot_ptr,  # [N] int64 slots (every one inside the pool: the caller's contract, as the torch path's)
+    x_ptr,  # [N, Hkv, D] new K (or V) rows, finite (the step's contract: NaN and inf are stored otherwise than
+    # the codec stores them), any float dtype, last dim contiguous
+    slot_ptr,  # [N] int64 slots
     codes_ptr,  # [blocks, block_size, Hkv, D] int8, or [..., D // 2] uint8 (INT4 packed)
     scale_ptr,  # [blocks, block_size, Hkv, 1] fp32
     stride_xn, stride_xh,
     stride_cb, stride_ct, stride_ch,  # code pages: block, token-in-block, head
     stride_sb, stride_st, stride_sh,  # scales: the same
     num_kv_heads,
+    num_slots,  # num_blocks x BLOCK_SIZE: a slot < 0 (padding) or past the pool is skipped, as the FP8 write skips it
     HKV_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -41,11 +43,13 @@ def quant_write_kernel(
 ):
     n = tl.program_id(0)
     slot = tl.load(slot_ptr + n)
-    blk = slot // BLOCK_SIZE
-    off = slot % BLOCK_SIZE
     offs_h = tl.arange(0, HKV_PAD)
     offs_d = tl.arange(0, D_PAD)
-    h_mask = offs_h < num_kv_heads
+    slot_v = tl.zeros([HKV_PAD], tl.int64) + slot  # as a tensor: scalar-bool masks trip the interpreter
+    h_mask = (offs_h < num_kv_heads) & (slot_v >= 0) & (slot_v < num_slots)
+    slot_safe = tl.minimum(tl.maximum(slot, 0), num_slots - 1)
+    blk = slot_safe // BLOCK_SIZE
+    off = slot_safe % BLOCK_SIZE
     mask = h_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
     x = tl.load(x_ptr + n * stride_xn + offs_h[:, None] * stride_xh + offs_d[None, :], mask=mask,
                 other=0.0).to(tl.float32)
@@ -57,8 +61,8 @@ def quant_write_kernel(
     s = tl.where(amax > 0, s, 1.0)
     tl.store(scale_ptr + blk * stride_sb + off * stride_st + offs_h * stride_sh, s, mask=h_mask)
     y = tl.math.div_rn(x, s[:, None])  # IEEE division, as torch's (a fast division can miss a tie by an ulp)
-    # round to nearest even, exactly: y - floor(y) is exact below 2^23 (floor(y + 0.5) is not: 0.49999997 + 0.5
-    # rounds to 1 in fp32)
+    # round to nearest even, exactly: for |y| <= 127, y - floor(y) is exact but in (-0.5, 0), where any rounding
+    # still leaves it below 0.5 (floor(y + 0.5) is not exact: 0.49999997 + 0.5 rounds to 1 in fp32)
     r = tl.floor(y)
     frac = y - r
     odd = (r.to(tl.int32) & 1) == 1
@@ -75,27 +79,37 @@ def quant_write_kernel(
 
 
 def write_quantized_rows(cache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store ``k``, ``v`` ``[N, Hkv, D]`` (float, last dim contiguous) into ``cache`` (a QuantizedPagedKVCache of a
-    :data:`FUSED_WRITE_FORMATS` format) at ``slot_mapping`` ``[N]`` (int64, every slot inside the pool), as
-    :func:`fp8kv.step.quantized.write_rows` stores them (the same bytes), in one kernel per K and V. The shapes,
-    dtypes and the format are checked (no host sync); the contents are not (the step's contract)."""
+    """Store ``k``, ``v`` ``[N, Hkv, D]`` (finite floats, last dim contiguous) into ``cache`` (a QuantizedPagedKVCache
+    of a :data:`FUSED_WRITE_FORMATS` format) at ``slot_mapping`` ``[N]`` (int32 or int64; a slot < 0 or past the pool
+    is skipped), as :func:`fp8kv.step.quantized.write_rows` stores them (the same bytes), in one kernel per K and V.
+    Types, shapes and devices are checked (no host sync: a CUDA graph holds it); the contents are not (the step's
+    contract; :meth:`QuantizedPagedKVCache.write` checks them)."""
+    from ..cache.quantized import QuantizedPagedKVCache
+
+    if not isinstance(cache, QuantizedPagedKVCache):
+        checks.fail(f"cache must be a QuantizedPagedKVCache, got {type(cache).__name__}", TypeError)
     name = cache.fmt.name
     if name not in FUSED_WRITE_FORMATS:
         checks.fail(f"cache format {name!r}: the fused write stores {tuple(FUSED_WRITE_FORMATS)}")
-    hkv, d = cache.num_kv_heads, cache.head_dim
+    hkv, d, dev = cache.num_kv_heads, cache.head_dim, cache.k_pages.device
     for arg, t in (("k", k), ("v", v)):
-        checks.tensor(t, arg, dtypes=(torch.float16, torch.bfloat16, torch.float32), ndim=3)
-        if tuple(t.shape[1:]) != (hkv, d) or t.stride(-1) != 1 or t.device != cache.k_pages.device:
+        checks.tensor(t, arg, dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64), ndim=3)
+        if tuple(t.shape[1:]) != (hkv, d) or t.stride(-1) != 1 or t.device != dev:
             checks.fail(f"{arg} has shape {tuple(t.shape)}, strides {t.stride()} on {t.device}; expected "
-                        f"[N, {hkv}, {d}] with its last dim contiguous on {cache.k_pages.device}")
+                        f"[N, {hkv}, {d}] with its last dim contiguous on {dev}")
     n = k.shape[0]
-    if v.shape[0] != n or slot_mapping.shape != (n,) or slot_mapping.dtype != torch.int64:
-        checks.fail(f"slot_mapping has shape {tuple(slot_mapping.shape)} ({slot_mapping.dtype}) for {n} K and "
-                    f"{v.shape[0]} V rows; expected one int64 slot per row")
+    if v.shape[0] != n:
+        checks.fail(f"v has {v.shape[0]} rows but k has {n}; expected one V row per K row")
+    checks.tensor(slot_mapping, "slot_mapping", dtypes=(torch.int32, torch.int64), ndim=1)
+    if slot_mapping.shape != (n,) or slot_mapping.device != dev:
+        checks.fail(f"slot_mapping has shape {tuple(slot_mapping.shape)} on {slot_mapping.device}; expected [{n}] "
+                    f"(one slot per row) on {dev}")
     if n == 0:
         return
+    slots = slot_mapping.to(torch.int64).contiguous()
     for x, pages, scales in ((k, cache.k_pages, cache.k_scales), (v, cache.v_pages, cache.v_scales)):
         quant_write_kernel[(n,)](
-            x, slot_mapping, pages, scales, x.stride(0), x.stride(1), *pages.stride()[:3], *scales.stride()[:3],
-            hkv, HKV_PAD=triton.next_power_of_2(hkv), HEAD_DIM=d, D_PAD=triton.next_power_of_2(d),
-            BLOCK_SIZE=cache.block_size, QMAX=FUSED_WRITE_FORMATS[name], PACKED=name == "int4_token_head")
+            x, slots, pages, scales, x.stride(0), x.stride(1), *pages.stride()[:3], *scales.stride()[:3],
+            hkv, cache.num_blocks * cache.block_size, HKV_PAD=triton.next_power_of_2(hkv), HEAD_DIM=d,
+            D_PAD=triton.next_power_of_2(d), BLOCK_SIZE=cache.block_size, QMAX=FUSED_WRITE_FORMATS[name],
+            PACKED=name == "int4_token_head")
