@@ -22,8 +22,20 @@ from .pages import SCALE_CHANNEL, SCALE_TOKEN_HEAD, format_bits, kernel_pages, p
 
 FP32_NORMAL_MIN: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).tiny)  # below it fp32 loses bits
 
-__all__ = ["write_cache", "cache_write_kernel"]
+__all__ = ["write_cache", "cache_write_kernel", "scale_from_amax"]
 
+
+
+@triton.jit
+def scale_from_amax(amax, QMAX: tl.constexpr):
+    """fp8kv.quant.scale_from_stat's rule, bit for bit: ``amax / QMAX`` with the quotient in fp64, rounded to fp32,
+    but up where it falls below fp32's normal range (a row of deep subnormals keeps a scale that codes it); 1 for
+    an all-zero row."""
+    exact = amax.to(tl.float64) / QMAX
+    s = exact.to(tl.float32)
+    low = (s.to(tl.float64) < exact) & (s < FP32_NORMAL_MIN)
+    s = tl.where(low, (s.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), s)
+    return tl.where(amax > 0, s, 1.0)
 
 
 @triton.jit
@@ -66,14 +78,7 @@ def cache_write_kernel(
     if KV_FP8:
         h_mask = (offs_h < num_kv_heads) & valid
         if SCALE_KIND == SCALE_TOKEN_HEAD:
-            amax = tl.max(tl.abs(x), axis=1)
-            # fp8kv.quant.scale_from_stat's rule, bit for bit: the quotient in fp64, rounded to fp32, but up
-            # where it falls below fp32's normal range (a row of deep subnormals keeps a scale that codes it)
-            exact = amax.to(tl.float64) / FMAX
-            s = exact.to(tl.float32)
-            low = (s.to(tl.float64) < exact) & (s < FP32_NORMAL_MIN)
-            s = tl.where(low, (s.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), s)
-            s = tl.where(amax > 0, s, 1.0)
+            s = scale_from_amax(tl.max(tl.abs(x), axis=1), FMAX)
             tl.store(scale_ptr + (blk * BLOCK_SIZE + off) * num_kv_heads + offs_h, s, mask=h_mask)
             y = tl.math.div_rn(x, s[:, None])
         elif SCALE_KIND == SCALE_CHANNEL:

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .. import checks
-from .cache_write import FP32_NORMAL_MIN
+from .cache_write import scale_from_amax
 
 __all__ = ["quant_write_kernel", "write_quantized_rows", "FUSED_WRITE_FORMATS"]
 
@@ -53,12 +53,7 @@ def quant_write_kernel(
     mask = h_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
     x = tl.load(x_ptr + n * stride_xn + offs_h[:, None] * stride_xh + offs_d[None, :], mask=mask,
                 other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    exact = amax.to(tl.float64) / QMAX
-    s = exact.to(tl.float32)
-    low = (s.to(tl.float64) < exact) & (s < FP32_NORMAL_MIN)
-    s = tl.where(low, (s.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), s)
-    s = tl.where(amax > 0, s, 1.0)
+    s = scale_from_amax(tl.max(tl.abs(x), axis=1), QMAX)
     tl.store(scale_ptr + blk * stride_sb + off * stride_st + offs_h * stride_sh, s, mask=h_mask)
     y = tl.math.div_rn(x, s[:, None])  # IEEE division, as torch's (a fast division can miss a tie by an ulp)
     # round to nearest even, exactly: for |y| <= 127, y - floor(y) is exact but in (-0.5, 0), where any rounding
