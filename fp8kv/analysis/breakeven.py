@@ -407,8 +407,8 @@ def kernel_spans(kernels, tokens) -> list[tuple[str, float, float]] | None:
     tokens = np.asarray(tokens, dtype=float)
     if "" in names or len(set(names)) < 2:
         return None
-    spans = sorted((float(tokens[[n == k for n in names]].min()), float(tokens[[n == k for n in names]].max()), k)
-                   for k in set(names))
+    per_kernel = {k: tokens[np.array([n == k for n in names])] for k in set(names)}
+    spans = sorted((float(t.min()), float(t.max()), k) for k, t in per_kernel.items())
     if any(hi >= nxt[0] for (_, hi, _), nxt in zip(spans, spans[1:], strict=False)):
         return None
     return [(k, lo, hi) for lo, hi, k in spans]
@@ -429,14 +429,14 @@ def _per_kernel(rows, own, base, r, lines, baseline: str, fit_kw: dict) -> tuple
     for k in PAIR_KEYS:
         held = held[held[k] == r[k]]
     clauses, verdicts = [], []
+    seg_kw = dict(fit_kw, trim=False)
+    tokens = rows["tokens"].to_numpy()
     for k, lo, hi in spans:
         mine = own & (kernel == k)
-        span = (rows["tokens"] >= lo).to_numpy() & (rows["tokens"] <= hi).to_numpy()
-        seg_kw = dict(fit_kw, trim=False)
         if len(held):
-            seg, note = fit_lines(rows[mine], **seg_kw), ""
-            seg = pd.concat([seg, held.iloc[:1]], ignore_index=True)
+            seg, note = pd.concat([fit_lines(rows[mine], **seg_kw), held.iloc[:1]], ignore_index=True), ""
         else:
+            span = (tokens >= lo) & (tokens <= hi)
             seg, note = fit_lines(rows[mine | (base & span)], **seg_kw), f" ({baseline} line refitted over them)"
         c = crossings(seg, baseline=baseline).iloc[0]
         clauses.append(f"{k} kernel, {count_text(lo)}-{count_text(hi)} tokens{note}: {_segment_text(c)}")
