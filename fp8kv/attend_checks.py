@@ -48,7 +48,7 @@ def attend_query(q, cache: PagedKVCache) -> torch.Tensor:
 
 
 def qo_indptr_arg(qo_indptr, cache: PagedKVCache, total_q: int) -> list[int]:
-    """``qo_indptr``: an int32/int64 tensor ``[B + 1]`` on the cache's device with ``qo_indptr[0] = 0``,
+    """``qo_indptr``: a contiguous int32/int64 tensor ``[B + 1]`` on the cache's device with ``qo_indptr[0] = 0``,
     non-decreasing, ``qo_indptr[B] = total_q`` and every ``qo_len[i] = qo_indptr[i + 1] - qo_indptr[i]``
     at most ``seq_lens[i]`` (the new tokens are the last ``qo_len[i]`` of the row). Returns the
     ``qo_len`` as Python ints (one host sync)."""
@@ -58,6 +58,9 @@ def qo_indptr_arg(qo_indptr, cache: PagedKVCache, total_q: int) -> list[int]:
     if qo_indptr.shape[0] != b + 1:
         checks.fail(f"qo_indptr has shape {tuple(qo_indptr.shape)}; expected [{b + 1}]: B + 1 offsets for the "
                     f"cache's {b} sequences")
+    if not qo_indptr.is_contiguous():  # the kernels read it as a plain array of B + 1 offsets
+        checks.fail(f"qo_indptr has strides {qo_indptr.stride()}; expected a contiguous tensor (pass "
+                    "qo_indptr.contiguous())")
     ptr = qo_indptr.cpu().to(torch.int64).tolist()
     if ptr[0] != 0:
         checks.fail(f"qo_indptr[0]={ptr[0]}; expected 0 (sequence 0's rows start at q[0])")

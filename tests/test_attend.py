@@ -179,6 +179,8 @@ def _bad_oracle_inputs():
         ("indptr-beyond-seq", put(q=make_q(8, 4, 32), qo_indptr=indptr([7, 1])), ValueError,
          r"sequence 0 qo_len=7 new tokens but seq_lens\[0\]=6"),
         ("indptr-device", put(qo_indptr=indptr([2, 3]).to("meta")), ValueError, "qo_indptr is on meta"),
+        ("indptr-strided", put(qo_indptr=torch.tensor([0, 9, 2, 9, 5], dtype=torch.int32, device=DEVICE)[::2]),
+         ValueError, r"qo_indptr has strides \(2,\); expected a contiguous tensor"),
         ("sm_scale-zero", put(sm_scale=0.0), ValueError, "sm_scale"),
         ("sm_scale-str", put(sm_scale="1"), TypeError, "sm_scale"),
         ("sm_scale-nan", put(sm_scale=float("nan")), ValueError, "sm_scale"),

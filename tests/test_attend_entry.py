@@ -260,6 +260,9 @@ BAD = [
     ("qo_indptr-start", dict(qo_indptr=indptr([2, 3]) + 1), ValueError, r"qo_indptr\[0\]=1"),
     ("qo_indptr-total", dict(qo_indptr=indptr([2, 2])), ValueError, r"qo_indptr\[2\]=4; expected .* total_q=5"),
     ("qo_indptr-long", dict(q=make_q(9, 4, 32), qo_indptr=indptr([7, 2])), ValueError, "qo_len=7 new tokens"),
+    # a strided view's values pass every other check; the kernels would read its raw memory as offsets
+    ("qo_indptr-strided", dict(qo_indptr=torch.tensor([0, 9, 2, 9, 5], dtype=torch.int32, device=DEVICE)[::2],
+                               backend="triton"), ValueError, r"qo_indptr has strides \(2,\)"),
     ("window", dict(window=0), ValueError, "window"),
     ("soft_cap", dict(soft_cap=-1.0), ValueError, "soft_cap"),
     ("sinks", dict(sinks=torch.zeros(3)), ValueError, "sinks"),
