@@ -188,6 +188,19 @@ def test_batch_points_reach_every_ceiling():
     assert S.batch_points([1], 1) == [1]
 
 
+@pytest.mark.parametrize("kw,exc,pattern", [
+    (dict(base=1), ValueError, "base=1"),  # powers of 1 never pass the ceiling: refused, not a hang
+    (dict(base=True), TypeError, "base"),
+    (dict(ceiling=0), ValueError, "ceiling=0"),
+    (dict(ceiling=2.5), TypeError, "ceiling"),
+    (dict(ceilings=[4, -1]), ValueError, r"ceilings\[1\]=-1"),
+])
+def test_batch_points_refuses_bad_arguments_by_name(kw, exc, pattern):
+    args = {"ceilings": [5], "ceiling": 20, **kw}
+    with pytest.raises(exc, match=pattern):
+        S.batch_points(args.pop("ceilings"), args.pop("ceiling"), **args)
+
+
 def test_the_plan_is_what_the_sweep_runs():
     """plan_sweep's activations default to the dtype sweep runs on the device (fp32 on CPU), so a plan
     shown before a sweep names the ceilings the sweep then reaches."""

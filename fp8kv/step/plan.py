@@ -157,6 +157,9 @@ def step_bytes(shape: ModelShape, weights: StepWeights, kv_dtype: str, batch: in
 def batch_points(ceilings: Sequence[int], ceiling: int, base: int = 4) -> list[int]:
     """Batches to measure for a KV dtype whose ceiling is ``ceiling``: powers of ``base`` below it, every
     ceiling of ``ceilings`` it reaches (so each dtype is also measured at the others' ceilings), and its own."""
+    ceiling = checks.positive_int(ceiling, "ceiling")
+    base = checks.integer(base, "base", minimum=2)  # 1 would never pass the ceiling
+    ceilings = [checks.nonnegative_int(c, f"ceilings[{i}]") for i, c in enumerate(ceilings)]
     pts = {1, ceiling}
     p = base
     while p < ceiling:
