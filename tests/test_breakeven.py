@@ -297,15 +297,28 @@ def test_not_a_dataframe(bad):
 ROW_4 = "row 4 .*expected positive numbers"
 
 
+COUNT_4 = "row 4 of rows that ran has {}; expected a positive whole number"
+
+
 @pytest.mark.parametrize("column, value, pattern", [
     ("time_us", np.nan, ROW_4), ("time_us", -3.0, ROW_4), ("time_us", 0.0, ROW_4), ("context", 0, ROW_4),
-    ("time_us", "fast", "column 'time_us' of df holds object values, not numbers")])  # as every reader names it
+    ("time_us", "fast", "column 'time_us' of df holds object values, not numbers"),  # as every reader names it
+    ("num_q_heads", "x", "column 'num_q_heads' of df holds object values, not numbers"),
+    # counts that became 0 or were truncated, windows that overflowed or read as none
+    ("head_dim", np.nan, COUNT_4.format("head_dim=nan")), ("batch", 1.5, COUNT_4.format("batch=1.5")),
+    ("window", np.inf, COUNT_4.format("window=inf")), ("window", "wide", COUNT_4.format("window='wide'")),
+    ("window", 0, COUNT_4.format("window=0"))])
 def test_bad_values_in_rows_that_ran(column, value, pattern):
     rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)})
-    rows[column] = rows[column].astype(object)
+    rows[column] = rows[column].astype(object) if column in rows.columns else None  # window: none recorded
     rows.loc[4, column] = value
     with pytest.raises(ValueError, match=pattern):
         be.fit_lines(rows)
+
+
+def test_answer_text_names_what_a_row_lacks():
+    with pytest.raises(ValueError, match=r"row lacks \['gpu', 'backend'"):
+        be.answer_text({})
 
 
 def test_no_row_ran():
@@ -440,6 +453,18 @@ def test_kernel_spans():
         assert be.kernel_spans(kernels, [1, 2, 3][:len(kernels)]) is None
 
 
+@pytest.mark.parametrize("kernels, tokens, exc, match", [
+    (["a", "a", "b"], [1, 2], ValueError, r"tokens has shape \(2,\).*expected 3 finite numbers"),
+    (["a", "b"], 5, ValueError, r"tokens has shape \(\)"),
+    (["a", "b", "b"], [1, float("nan"), 3], ValueError, "1 non-finite"),
+    (None, None, TypeError, "kernels must be a sequence"),
+    ("ab", [1, 2], TypeError, "kernels must be a sequence"),
+    (["a", "b"], ["x", "y"], TypeError, "tokens must be a sequence of numbers")])
+def test_kernel_spans_refuses_bad_input(kernels, tokens, exc, match):
+    with pytest.raises(exc, match=match):
+        be.kernel_spans(kernels, tokens)
+
+
 def test_line_statistics_refuse_bad_input():
     from fp8kv.analysis import linefit
 
@@ -456,3 +481,24 @@ def test_line_statistics_refuse_bad_input():
             linefit.least_squares(tokens, times)
     fit = linefit.least_squares([1, 2, 3], [2.0, 3.0, 4.0])
     assert fit.slope == pytest.approx(1.0) and fit.intercept == pytest.approx(1.0) and fit.dof == 1
+    for tokens, times, exc, match in ((["1", "2", "3"], [1, 2, 3], TypeError, "tokens must be a 1-D sequence of real"),
+                                      ([True, True, 2], [1, 2, 3], TypeError, "tokens must be"),
+                                      ({1: 2}, [1], TypeError, "tokens must be"),
+                                      ([1, 2, 3], [[1, 2, 3]], ValueError, r"time_us has shape \(1, 3\)"),
+                                      ([1e-300, 2e-300, 3e-300], [1, 2, 3.1], ValueError, "beyond float64's range")):
+        with pytest.raises(exc, match=match):
+            linefit.least_squares(tokens, times)
+
+
+@pytest.mark.parametrize("unit", [1e-160, 1e-6, 1.0, 1e6, 1e120])
+def test_a_line_is_the_same_in_any_unit_of_time(unit):
+    """Fitted in normalized units: times of 1e-160 gave NaN weights (1 / y² overflows), and NaN passed as a line."""
+    from fp8kv.analysis import linefit
+
+    tokens, times = [512, 1024, 2048, 4096], [10.0, 20.5, 40.0, 81.0]
+    base = linefit.fit_line(tokens, times)
+    fit = linefit.fit_line(tokens, [t * unit for t in times])
+    assert fit.slope == pytest.approx(base.slope * unit, rel=1e-9)
+    assert fit.intercept == pytest.approx(base.intercept * unit, rel=1e-9, abs=1e-9 * unit)
+    assert fit.slope_se == pytest.approx(base.slope_se * unit, rel=1e-9)
+    assert fit.r2 == pytest.approx(base.r2, rel=1e-12)

@@ -79,6 +79,8 @@ REQUIRED = ("gpu", "backend", "kv_dtype", "mode", "batch", "context", "num_q_hea
 PAIR_KEYS = ("gpu", "backend", "variant", "num_q_heads", "num_kv_heads", "head_dim", "batch", "block_size",
              "q_dtype", "layout", "window", "timing")  # an FP8 line and its 16-bit partner share these
 LINE_KEYS = PAIR_KEYS + ("kv_dtype", "mode", "granularity")
+ANSWER_KEYS = ("gpu", "backend", "kv_dtype", "mode", "num_q_heads", "num_kv_heads", "head_dim", "batch", "status", "reason",
+               "tokens_lo", "tokens_hi", "crossing_tokens", "crossing_lo", "crossing_hi", "slope_gap_z", "verdict")
 _INT_KEYS = ("num_q_heads", "num_kv_heads", "head_dim", "batch", "block_size")  # block_size 0: not recorded
 _EXPECTED = "bench rows (fp8kv.bench.run() or a saved run under results/bench/<gpu>/)"
 # ------------------------------------------------------------------------------------ bench rows
@@ -88,15 +90,25 @@ def _rows(df, min_tokens, max_tokens):
 
     from ..results import check_rows
 
-    check_rows(df, "breakeven", REQUIRED, values=["time_us"], expected=_EXPECTED)
+    check_rows(df, "breakeven", REQUIRED, values=["time_us"], numeric=_INT_KEYS, expected=_EXPECTED)
     ran = df[df["status"] == "ok"] if "status" in df.columns else df
     if ran.empty:
         checks.fail(f"breakeven: {len(df)} rows but none ran (status 'ok'); expected {_EXPECTED}")
     ran = ran.copy()
-    window = pd.to_numeric(ran["window"], errors="coerce") if "window" in ran.columns else None
+    for col in (*_INT_KEYS, "window"):  # counts: whole and positive where given (NaN: not recorded, never required)
+        if col in ran.columns:
+            given = ran[col].replace("", np.nan)  # "": no window, as the line keys below write it
+            v = pd.to_numeric(given, errors="coerce")
+            bad = ((v.isna() & (col in REQUIRED)) | (v.isna() & given.notna())
+                   | (v.notna() & ~(np.isfinite(v) & (v >= 1) & (v == np.floor(v)))))
+            if bad.any():
+                i = bad.to_numpy().nonzero()[0][0]
+                checks.fail(f"breakeven: row {ran.index[i]} of rows that ran has {col}={ran[col].iloc[i]!r}; expected "
+                            f"a positive whole number{'' if col in REQUIRED else ' (or none)'}; expected {_EXPECTED}")
+    window = pd.to_numeric(ran["window"].replace("", np.nan)) if "window" in ran.columns else None
     for col in LINE_KEYS:  # keys with a value in every row (NaN never equals itself, so never pairs)
         if col in _INT_KEYS:
-            ran[col] = pd.to_numeric(ran[col], errors="coerce").fillna(0).astype(int) if col in ran.columns else 0
+            ran[col] = pd.to_numeric(ran[col]).fillna(0).astype(int) if col in ran.columns else 0
         elif col == "window":
             ran[col] = "" if window is None else [("" if np.isnan(w) else str(int(w))) for w in window]
         else:
@@ -323,6 +335,9 @@ def answer_text(row) -> str:
     """One line for a :func:`crossings` row: "on <gpu>, with <backend>, FP8 KV pays beyond N tokens per
     sequence at batch B", "... at every measured context ...", "... never within the measured range ...",
     "... only below N ...", or "no answer ...: <reason>"."""
+    missing = [k for k in ANSWER_KEYS if k not in row]
+    if missing:
+        checks.fail(f"row lacks {missing}; expected a row of crossings() (it has {sorted(row)[:12]})")
     backend = row["backend"] + (f"-{row['variant']}" if row.get("variant") else "")
     where = f"on {row['gpu']}, with {backend}"
     what = (f"({row['kv_dtype']} {row['mode']} against the 16-bit cache; heads {row['num_q_heads']}:"
@@ -403,8 +418,16 @@ def kernel_spans(kernels, tokens) -> list[tuple[str, float, float]] | None:
     """``(kernel, first, last context)`` per kernel of one line's rows, in order of context, where the kernels
     split the line into ranges of context that do not overlap (two kernels or more, every row naming one);
     None otherwise: one kernel, a row without a name, or kernels that interleave (no range is one kernel's)."""
+    if isinstance(kernels, str) or not hasattr(kernels, "__len__"):
+        checks.fail(f"kernels must be a sequence of kernel names (one per row), got {type(kernels).__name__}", TypeError)
     names = [k if isinstance(k, str) else "" for k in kernels]
-    tokens = np.asarray(tokens, dtype=float)
+    try:
+        tokens = np.asarray(tokens, dtype=float)
+    except (TypeError, ValueError):
+        checks.fail(f"tokens must be a sequence of numbers (one per row), got {type(tokens).__name__}", TypeError)
+    if tokens.shape != (len(names),) or not np.isfinite(tokens).all():
+        checks.fail(f"tokens has shape {tokens.shape} and {int((~np.isfinite(tokens)).sum())} non-finite value(s); "
+                    f"expected {len(names)} finite numbers, one per kernel name")
     if "" in names or len(set(names)) < 2:
         return None
     per_kernel = {k: tokens[np.array([n == k for n in names])] for k in set(names)}

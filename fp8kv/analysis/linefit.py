@@ -83,29 +83,40 @@ def least_squares(tokens, time_us, relative: bool = True) -> LineFit:
         checks.fail(f"tokens={x.tolist()}: {len(x)} point(s) over {len(np.unique(x))} context(s); a line with an "
                     "error estimate needs three points or more over two contexts or more")
     n = len(x)
-    w = 1.0 / y ** 2 if relative else np.ones_like(y)
+    # Fitted in units of the largest context and time (the weights 1 / y² overflow at y ~ 1e-155 otherwise),
+    # then scaled back; R² and the relative residuals do not depend on the units.
+    sx, sy = float(x.max()), float(y.max())
+    xn, yn = x / sx, y / sy
+    w = 1.0 / yn ** 2 if relative else np.ones_like(yn)
     w = w / w.sum()
-    xm, ym = float((w * x).sum()), float((w * y).sum())
-    sxx = float((w * (x - xm) ** 2).sum())
-    slope = float((w * (x - xm) * (y - ym)).sum() / sxx)
-    intercept = ym - slope * xm
-    res = y - (intercept + slope * x)
-    ss_res = float((w * res ** 2).sum())
-    ss_tot = float((w * (y - ym) ** 2).sum())
+    xm, ym = float((w * xn).sum()), float((w * yn).sum())
+    sxx = float((w * (xn - xm) ** 2).sum())
+    slope_n = float((w * (xn - xm) * (yn - ym)).sum() / sxx)
+    intercept_n = ym - slope_n * xm
+    res_n = yn - (intercept_n + slope_n * xn)
+    ss_res = float((w * res_n ** 2).sum())
+    ss_tot = float((w * (yn - ym) ** 2).sum())
     # A line through every point fits perfectly, flat or not; otherwise the usual 1 - SS_res / SS_tot (weighted).
-    r2 = 1.0 if ss_res <= 1e-24 * float((w * y ** 2).sum()) else (1 - ss_res / ss_tot if ss_tot else 0.0)
+    r2 = 1.0 if ss_res <= 1e-24 * float((w * yn ** 2).sum()) else (1 - ss_res / ss_tot if ss_tot else 0.0)
     sigma2 = ss_res / (n - 2)  # per unit of (normalized) weight
-    var_slope = sigma2 / sxx
-    cov_ab = -xm * var_slope
-    var_int = sigma2 + xm * xm * var_slope
-    return LineFit(intercept, slope, ((var_int, cov_ab), (cov_ab, var_slope)), tuple(float(r) for r in res), r2,
-                   float((np.abs(res) / y).max()), n, len(np.unique(x)))
+    var_slope_n = sigma2 / sxx
+    k = sy / sx  # a slope's unit
+    slope, intercept = slope_n * k, intercept_n * sy
+    var_slope, var_int, cov_ab = var_slope_n * k * k, (sigma2 + xm * xm * var_slope_n) * sy * sy, -xm * var_slope_n * k * sy
+    res = res_n * sy
+    fit = LineFit(intercept, slope, ((var_int, cov_ab), (cov_ab, var_slope)), tuple(float(r) for r in res), r2,
+                  float((np.abs(res_n) / yn).max()), n, len(np.unique(x)))
+    numbers = [intercept, slope, var_int, cov_ab, var_slope, r2, fit.max_rel_residual, *fit.residuals]
+    if not all(math.isfinite(v) for v in numbers):
+        checks.fail(f"the line through tokens {x.min():.3g}..{x.max():.3g} and time_us {y.min():.3g}..{y.max():.3g} "
+                    "has coefficients beyond float64's range; expected contexts and times of a decode (rescale them)")
+    return fit
 
 
 def _refusal(fit: LineFit, min_r2: float, max_rel_residual: float) -> str:
     """Why ``fit`` does not hold, or "" when it does."""
     why = []
-    if fit.r2 < min_r2:
+    if not fit.r2 >= min_r2:
         why.append(f"R² {fit.r2:.4f} < {min_r2} (the latency is not a line in the context here, or does not "
                    "rise beyond its scatter)")
     if fit.max_rel_residual > max_rel_residual:
@@ -114,8 +125,9 @@ def _refusal(fit: LineFit, min_r2: float, max_rel_residual: float) -> str:
 
 
 def _points(tokens, time_us) -> tuple[np.ndarray, np.ndarray]:
-    """``tokens`` and ``time_us`` as float arrays of equal length, positive and finite (ValueError naming either)."""
-    x, y = (np.asarray(a, dtype=np.float64).ravel() for a in (tokens, time_us))
+    """``tokens`` and ``time_us`` as float arrays of equal length, positive and finite (TypeError or ValueError
+    naming either)."""
+    x, y = (_reals(a, name) for a, name in ((tokens, "tokens"), (time_us, "time_us")))
     if len(x) != len(y):
         checks.fail(f"tokens has {len(x)} values but time_us has {len(y)}; expected one time per context")
     for name, a in (("tokens", x), ("time_us", y)):
@@ -123,6 +135,20 @@ def _points(tokens, time_us) -> tuple[np.ndarray, np.ndarray]:
             bad = int(np.flatnonzero(~np.isfinite(a) | (a <= 0))[0])
             checks.fail(f"{name}[{bad}]={float(a[bad])!r}; expected positive finite numbers")
     return x, y
+
+
+def _reals(values, name: str) -> np.ndarray:
+    """``values`` as a 1-D float64 array: numbers only (not bools, not strings)."""
+    try:
+        a = np.asarray(values)
+    except ValueError:  # ragged nesting
+        a = np.asarray(values, dtype=object)
+    if a.dtype.kind not in "iuf" or (isinstance(values, (list, tuple)) and any(isinstance(v, bool) for v in values)):
+        checks.fail(f"{name} must be a 1-D sequence of real numbers, got {type(values).__name__} of dtype {a.dtype}",
+                    TypeError)
+    if a.ndim != 1:
+        checks.fail(f"{name} has shape {a.shape}; expected a 1-D sequence of numbers")
+    return a.astype(np.float64)
 
 
 def fit_line(tokens, time_us, *, min_contexts: int = MIN_CONTEXTS, min_r2: float = MIN_R2,
