@@ -579,6 +579,36 @@ def test_dequantize_refuses_pieces_that_do_not_fit_the_codec(name):
     assert torch.equal(kvf.dequantize(c, enc.codes, enc.scales, **pieces), enc.dequantize())
 
 
+def _bad_stored_pieces():
+    """(codec, piece, bad value) for each piece a codec stores that can hold the value: NaN anywhere, -1 where the
+    dtype holds it and the piece is a scale (zero points may be negative; e8m0 holds no sign)."""
+    cases = []
+    for name in ("int8_token_head", "kivi4_key_g32", "nvfp4", "mxfp4", "fp8_e5m2_channel"):
+        c = kvf.codec(name)
+        pieces = {"scales": c.scale_dtype, "zero_points": c.scale_dtype if c.zero_point else None,
+                  "tensor_scale": torch.float32 if c.tensor_scale else None}
+        for piece, dtype in pieces.items():
+            for bad in (float("nan"), -1.0):
+                holds = dtype is not None and torch.tensor(bad).to(dtype).float().isnan().item() is math.isnan(bad) \
+                    and (math.isnan(bad) or torch.tensor(bad).to(dtype).float().item() == bad)
+                if holds and not (piece == "zero_points" and bad < 0):
+                    cases.append((name, piece, bad))
+    return cases
+
+
+@pytest.mark.parametrize("name, piece, bad", _bad_stored_pieces())
+def test_dequantize_refuses_scales_quantize_never_writes(name, piece, bad):
+    """A NaN scale decodes to NaN and a negative one flips signs: both refused by name, as quantize refuses them."""
+    c = kvf.codec(name)
+    enc = kvf.quantize(data("normal", (32, 2, 64)), c)
+    pieces = dict(scales=enc.scales, zero_points=enc.zero_points, tensor_scale=enc.tensor_scale)
+    t = pieces[piece].float().clone()
+    t.view(-1)[t.numel() // 2] = bad
+    pieces[piece] = t.to(pieces[piece].dtype)
+    with pytest.raises(ValueError, match=f"{piece} has 1 value"):
+        kvf.dequantize(c, enc.codes, **pieces)
+
+
 def test_the_listing_names_every_format_once_with_its_codecs():
     assert len(set(kvf.KV_FORMAT_NAMES)) == len(kvf.KV_FORMAT_NAMES)
     used = {c.name for f in kvf.KV_FORMATS.values() for c in f.codecs}

@@ -254,6 +254,15 @@ def _check_stored(c: Codec, codes, scales, zero_points, tensor_scale) -> tuple:
         if tuple(t.shape) != expected:
             raise ValueError(f"{name} has shape {tuple(t.shape)}; codec {c.name!r} with codes of shape "
                              f"{tuple(codes.shape)} (data {shape}) needs {expected}")
+        # quantize writes finite scales >= 0 (and finite zero points); a NaN or a negative one would decode to NaN or
+        # flip signs, silently
+        v = t.float()
+        bad = ~torch.isfinite(v) if name == "zero_points" else ~torch.isfinite(v) | (v < 0)
+        if bool(bad.any()):
+            first = tuple(int(i) for i in bad.nonzero()[0]) if v.ndim else ()
+            raise ValueError(f"{name} has {int(bad.sum())} value(s) that are not finite"
+                             f"{'' if name == 'zero_points' else ' and >= 0'}; the first is at index {first} "
+                             f"(value {float(v[first])}); expected what quantize returned")
     return shape
 
 
