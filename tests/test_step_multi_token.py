@@ -269,6 +269,38 @@ def test_prefill_sweep_refuses_bad_input_before_building(monkeypatch, prompts, c
         S.prefill_sweep([S.TOY_QWEN], prompts, chunks, ["fp16"], **SWEEP)
 
 
+RUN_OPTIONS = [  # checked by every sweep before it builds anything (they were errors in every row before)
+    ({"backend": "bogus"}, ValueError, "backend='bogus'"), ({"mode": "fp4"}, ValueError, "mode='fp4'"),
+    ({"cpu_reps": 0}, ValueError, "cpu_reps=0"), ({"cpu_reps": 1.5}, TypeError, "cpu_reps"),
+    ({"rep": -1}, ValueError, "rep=-1"), ({"seed": 1.5}, TypeError, "seed"), ({"progress": "x"}, TypeError, "progress"),
+    ({"dtype": torch.int8}, TypeError, "dtype=torch.int8"), ({"dtype": "float32"}, TypeError, "dtype='float32'"),
+    ({"models": []}, ValueError, "models is empty"), ({"contexts": []}, ValueError, "(contexts|prompt_lens) is empty"),
+    ({"batches": []}, ValueError, "batches is empty"),
+]
+
+
+SWEEP_CASES = [(sweep, *case) for sweep in ("sweep", "verify_sweep", "prefill_sweep") for case in RUN_OPTIONS
+               if not (sweep == "prefill_sweep" and "batches" in case[0])]  # a prefill runs one sequence a prompt
+
+
+@pytest.mark.parametrize("sweep,kwargs,exc,needle", SWEEP_CASES, ids=[f"{c[0]}-{c[1]}" for c in SWEEP_CASES])
+def test_every_sweep_refuses_bad_run_options_before_building(monkeypatch, sweep, kwargs, exc, needle):
+    from fp8kv.step import measure, prefill, speculative
+
+    for module in (measure, prefill, speculative):
+        monkeypatch.setattr(module, "KVPool", _never)
+    args = SWEEP | {"models": [S.TOY_QWEN], "contexts": [64], "batches": [1]} | kwargs
+    models, contexts, batches = args.pop("models"), args.pop("contexts"), args.pop("batches")
+    if sweep == "prefill_sweep":  # prompts take the contexts' place
+        call = lambda: S.prefill_sweep(models, contexts, [16], ["fp16"], **args)  # noqa: E731
+    elif sweep == "verify_sweep":
+        call = lambda: S.verify_sweep(models, contexts, [2], 0.7, ["fp16"], batches=batches, **args)  # noqa: E731
+    else:
+        call = lambda: S.sweep(models, contexts, ["fp16"], batches=batches, copy_bandwidth=False, **args)  # noqa: E731
+    with pytest.raises(exc, match=needle):
+        call()
+
+
 def _never(*args, **kwargs):
     raise AssertionError("built before the arguments were refused")
 
@@ -307,7 +339,19 @@ def test_activations_grow_with_the_rows():
     shape = _model("Qwen3-8B")
     base = S.activation_bytes(shape, 4)
     assert S.activation_bytes(shape, 4, q_len=1) == base
-    assert S.activation_bytes(shape, 4, q_len=8) > 8 * (base - S.activation_bytes(shape, 0))
+    per_sequence = S.activation_bytes(shape, 5) - base  # one more sequence of one new token
+    assert S.activation_bytes(shape, 4, q_len=8) > 8 * 4 * per_sequence
+
+
+@pytest.mark.parametrize("kw, exc, pattern", [
+    (dict(batch=0), ValueError, "batch=0"), (dict(batch=2.5), TypeError, "batch"), (dict(q_len=-3), ValueError, "q_len=-3"),
+    (dict(num_sms=-1000), ValueError, "num_sms=-1000"), (dict(dtype=torch.int8), TypeError, "dtype=torch.int8"),
+    (dict(dtype="fp16"), TypeError, "dtype='fp16'")])
+def test_activation_bytes_refuses_bad_arguments_by_name(kw, exc, pattern):
+    """A negative SM count gave negative bytes (and a larger ceiling); an int8 dtype counted one byte an element."""
+    args = {"batch": 4, **kw}
+    with pytest.raises(exc, match=pattern):
+        S.activation_bytes(_model("Qwen3-8B"), args.pop("batch"), **args)
 
 
 # ---------------------------------------------------------------------------------------------- the sweeps

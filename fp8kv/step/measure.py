@@ -11,14 +11,14 @@ import torch
 from ..capability import UnsupportedError
 from ..capacity import ModelShape, gib_text
 from ..checks import fail as _fail
-from ..checks import flag
+from ..checks import flag, nonnegative_int, positive_int
 from ..device import free_memory_bytes
 from ..interrupts import reclaim_stop_signals
 from ..results import utc_stamp
 from ..sweeps import interruptible, machine_fields, release_memory, run_metadata, save_run
 from .layers import REAL_WEIGHTS, StepWeights, random_weights, weights_from_hf
-from .model import DecodeStep, KVPool
-from .plan import checked_runs, param_count, plan_sweep, run_dtype, step_bytes
+from .model import STEP_BACKENDS, STEP_MODES, DecodeStep, KVPool
+from .plan import checked_runs, param_count, plan_sweep, run_dtype, run_dtype_arg, step_bytes
 from .quantized import format_name
 
 COLUMNS = [
@@ -62,6 +62,20 @@ def load_weights(shape: ModelShape, weights: str, dtype, dev, seed: int) -> Step
     return random_weights(shape, dtype, dev, seed)
 
 
+def check_run_options(*, backend, mode, rep, cpu_reps, seed, progress, dtype) -> None:
+    """A sweep's run options, checked before anything is built (every point would otherwise fail alike, as a row)."""
+    if not isinstance(backend, str) or backend not in STEP_BACKENDS:
+        _fail(f"backend={backend!r}; expected one of {STEP_BACKENDS}")
+    if not isinstance(mode, str) or mode not in STEP_MODES:
+        _fail(f"mode={mode!r}; expected one of {STEP_MODES}")
+    positive_int(rep, "rep")
+    positive_int(cpu_reps, "cpu_reps")
+    nonnegative_int(seed, "seed")
+    flag(progress, "progress")
+    if dtype is not None:  # None: bf16 on a GPU, fp32 on CPU
+        run_dtype_arg(dtype)
+
+
 def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, backend: str = "auto",
           mode: str = "auto", gpu_memory_gib=None, utilization: float = 0.9, block_size: int = 16,
           weights: str = "auto", device=None, dtype=None, rep: int = 50, copy_bandwidth=None,
@@ -99,6 +113,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     from ..device import describe_device, resolve_device
 
     flag(keep_partial, "keep_partial")
+    check_run_options(backend=backend, mode=mode, rep=rep, cpu_reps=cpu_reps, seed=seed, progress=progress, dtype=dtype)
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
     plans = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,

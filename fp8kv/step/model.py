@@ -22,6 +22,7 @@ from .layers import StepWeights, gated_mlp, require_step_shape, rms_norm
 from .quantized import check_format_shape, check_format_step, is_format, step_kv_dtype, write_rows
 
 STEP_BACKENDS = ("auto", "triton", "reference")
+STEP_MODES = ("auto", "dequant", "fp8")  # FP8 pages: dequantize in the loop, or FP8 arithmetic; auto: the kernel's pick
 STEP_LOGITS = ("all", "last")  # LM head on every new token's row, or on each sequence's last one (prefill)
 
 # -------------------------------------------------------------------------------------------- KV pool
@@ -178,8 +179,8 @@ class DecodeStep:
         if backend not in STEP_BACKENDS:
             _fail(f"backend={backend!r}; expected one of {STEP_BACKENDS} (FlashInfer plans on the host at every "
                   "call, which the step's CUDA graph cannot hold)")
-        if mode not in ("auto", "dequant", "fp8"):
-            _fail(f"mode={mode!r}; expected 'auto', 'dequant' or 'fp8'")
+        if mode not in STEP_MODES:
+            _fail(f"mode={mode!r}; expected one of {STEP_MODES}")
         self.quantized = quantized
         if quantized:
             backend, mode = self._format_backend(first.kv_dtype, backend, mode, weights.device)

@@ -15,10 +15,19 @@ from ..checks import fail as _fail
 from .layers import StepWeights, require_step_shape, step_shape
 from .quantized import check_format_shape, check_format_step, is_format, step_kv_dtype
 
-
 # ---------------------------------------------------------------------------------- memory and bytes
+RUN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the weights' and activations' dtypes a step runs in
+
+
+def run_dtype_arg(dtype, name: str = "dtype") -> torch.dtype:
+    """``dtype`` if it is one of :data:`RUN_DTYPES` (TypeError naming ``name`` otherwise)."""
+    if dtype not in RUN_DTYPES:
+        _fail(f"{name}={dtype!r}; expected one of {RUN_DTYPES}", TypeError)
+    return dtype
+
+
 def _elem(dtype: torch.dtype) -> int:
-    return torch.tensor([], dtype=dtype).element_size()
+    return run_dtype_arg(dtype).itemsize
 
 
 def param_count(shape: ModelShape) -> int:
@@ -41,6 +50,8 @@ def activation_bytes(shape: ModelShape, batch: int, dtype: torch.dtype = torch.b
     up to 128 rows (four waves of tiles of up to 32: the same bound) beyond one split per row and head
     (:func:`fp8kv.ops.attend.attend_launch`)."""
     s = require_step_shape(shape)
+    batch, q_len = checks.positive_int(batch, "batch"), checks.positive_int(q_len, "q_len")
+    num_sms = checks.positive_int(num_sms, "num_sms")
     per_row = (3 * s.hidden_size + (s.num_q_heads + 2 * s.num_kv_heads) * s.head_dim
                + 2 * s.num_q_heads * s.head_dim + 3 * s.intermediate_size + s.vocab_size)
     group = s.num_q_heads // s.num_kv_heads
@@ -83,6 +94,7 @@ def step_ceiling(shape: ModelShape, kv_dtype: str, context: int, *, gpu_memory_g
     draft = None if draft_model is None else step_shape(draft_model, "draft_model")
     context = positive_int(context, "context")
     q_len = positive_int(q_len, "q_len")
+    num_sms, dtype = positive_int(num_sms, "num_sms"), run_dtype_arg(dtype)
     if q_len > context:
         _fail(f"q_len={q_len} new tokens do not fit a context of {context} tokens (they are its last q_len)")
     weights_gib = None if shape.num_params is not None else param_count(shape) * _elem(dtype) / GIB
@@ -179,7 +191,7 @@ def _gpu_memory(gpu_memory_gib, dev):
 
 def run_dtype(dev: torch.device, dtype=None) -> torch.dtype:
     """The weights' and activations' dtype of a step run: ``dtype``, else bf16 on a GPU and fp32 on CPU."""
-    return dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    return (torch.bfloat16 if dev.type == "cuda" else torch.float32) if dtype is None else run_dtype_arg(dtype)
 
 
 def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, gpu_memory_gib=None,
@@ -211,6 +223,9 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     kv_dtypes = checked_kv_dtypes(kv_dtypes, shapes, q_len, backend, mode, dev)
     if batches is not None:
         batches = [positive_int(b, "batches") for b in ([batches] if isinstance(batches, int) else batches)]
+    for name, given in (("models", shapes), ("contexts", contexts), ("batches", batches)):
+        if given is not None and not given:
+            _fail(f"{name} is empty; expected at least one (a sweep of nothing measures nothing)")
     # The cache's rule (the planner's too): a page the pool cannot hold is refused here, before a point is built.
     block_size = check_block_size(block_size, "block_size")
     mem = _gpu_memory(gpu_memory_gib, dev)

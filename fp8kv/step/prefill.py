@@ -22,7 +22,14 @@ from ..interrupts import reclaim_stop_signals
 from ..results import utc_stamp
 from ..sweeps import interruptible, machine_fields, release_memory, run_metadata
 from .layers import StepWeights
-from .measure import check_host_memory, check_weights, load_weights, point_failure, why_failed
+from .measure import (
+    check_host_memory,
+    check_run_options,
+    check_weights,
+    load_weights,
+    point_failure,
+    why_failed,
+)
 from .model import DecodeStep, KVPool
 from .plan import plan_sweep, run_dtype
 from .speculative import many_values
@@ -110,6 +117,7 @@ def prefill_sweep(models, prompt_lens, chunks, kv_dtypes=("bf16", "fp8_e4m3"), *
     prompt_lens = many_values(prompt_lens, "prompt_lens", positive_int)
     chunks = many_values(chunks, "chunks", positive_int)
     flag(keep_partial, "keep_partial")
+    check_run_options(backend=backend, mode=mode, rep=rep, cpu_reps=cpu_reps, seed=seed, progress=progress, dtype=dtype)
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
     # One sequence per prompt: the plan of the largest chunk (the most activations) at each prompt length.

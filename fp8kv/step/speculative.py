@@ -36,7 +36,15 @@ from ..checks import flag, nonnegative_int, real
 from ..results import utc_stamp
 from ..sweeps import interruptible, machine_fields, release_memory, run_metadata
 from .layers import step_shape
-from .measure import check_weights, load_weights, pool_blocks, run_pools, time_step, why_failed
+from .measure import (
+    check_run_options,
+    check_weights,
+    load_weights,
+    pool_blocks,
+    run_pools,
+    time_step,
+    why_failed,
+)
 from .model import KVPool
 from .plan import plan_sweep, run_dtype
 
@@ -123,6 +131,7 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
     draft_us = 0.0 if draft_us is None else draft_us_arg(draft_us)
     draft = None if draft_model is None else step_shape(draft_model, "draft_model")
     flag(keep_partial, "keep_partial")
+    check_run_options(backend=backend, mode=mode, rep=rep, cpu_reps=cpu_reps, seed=seed, progress=progress, dtype=dtype)
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
     plans = {k: plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
