@@ -280,6 +280,32 @@ def test_capacity_grid_rows_are_the_planner():
     assert not no_fit["fits"] and no_fit["tokens"] == 0 and "do not fit" in no_fit["note"]
     with pytest.raises(ValueError, match="no GPU"):
         analysis.capacity_grid(["Llama-3.1-8B"], [])
+    nothing_fits = analysis.capacity_grid(["Llama-3.1-8B"], [], device_memory_gib=1.0)  # the weights alone exceed it
+    assert not nothing_fits["fits"].any() and nothing_fits[["tokens_per_gib", "scale_fraction"]].isna().all().all()
+
+
+@pytest.mark.parametrize("kw, exc, pattern", [
+    (dict(device_memory_gib=True), TypeError, "device_memory_gib=True"),  # was planned as 1 GiB
+    (dict(device_memory_gib="80"), TypeError, "device_memory_gib='80'"), (dict(device_memory_gib=-5.0), ValueError,
+                                                                         "device_memory_gib=-5.0"),
+    (dict(gpus=None), TypeError, "gpus=None"), (dict(gpus=5), TypeError, "gpus=5")])
+def test_capacity_grid_refuses_bad_gpus_by_name(kw, exc, pattern):
+    args = {"gpus": ["H100"], **kw}
+    with pytest.raises(exc, match=pattern):
+        analysis.capacity_grid(["Llama-3.1-8B"], args.pop("gpus"), **args)
+
+
+@pytest.mark.parametrize("bad, exc, pattern", [(0, ValueError, "request_len=0"), (-5, ValueError, "request_len=-5"),
+                                               (2.5, TypeError, "request_len"), (True, TypeError, "request_len")])
+def test_capacity_walkthrough_refuses_a_bad_request_len(bad, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        analysis.capacity_walkthrough("Qwen3-8B", "bf16", "H100", request_len=bad)
+
+
+@pytest.mark.parametrize("bad", [[1, 2], None, "grid.csv"])
+def test_tokens_ratio_refuses_what_is_not_a_capacity_table(bad):
+    with pytest.raises(TypeError, match="tokens_ratio: df is a"):
+        analysis.tokens_ratio(bad)
 
 
 def test_tokens_ratio_bounds():

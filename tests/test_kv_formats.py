@@ -628,3 +628,26 @@ def test_holding_formats_keeps_those_whose_blocks_divide_the_head_dim():
     assert holding_formats(names, num_kv_heads=2, head_dim=48) == ["nvfp4", "int8_token_head"]
     assert holding_formats(names, num_kv_heads=2, head_dim=128) == names
     assert holding_formats(["int4_token_head"], num_kv_heads=1, head_dim=63) == []  # two 4-bit codes a byte
+
+
+@pytest.mark.parametrize("call, exc, pattern", [
+    # what was an empty answer, a negative size or a crash of another kind before
+    (lambda: kvf.holding_formats(["nvfp4"], num_kv_heads=0, head_dim=64), ValueError, "num_kv_heads=0"),
+    (lambda: kvf.holding_formats(["nvfp4", "nvfp5"], num_kv_heads=2, head_dim=64), ValueError, "'nvfp5'"),
+    (lambda: kvf.summary_table(head_dim=0), ValueError, "head_dim=0"),
+    (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64).nbytes(-5), ValueError, "tokens=-5"),
+    (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64).nbytes(2.5), TypeError, "tokens"),
+    (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64).nbytes(True), TypeError, "tokens"),
+    (lambda: kvf.page_shapes("nvfp4", -3, 16, 2, 32), ValueError, "num_blocks=-3"),
+    (lambda: kvf.page_shapes("nvfp4", 2.5, 16, 2, 32), TypeError, "num_blocks"),
+    (lambda: kvf.page_shapes(5, 2, 16, 2, 32), TypeError, "codec=5"),
+    (lambda: kvf.scale_groups(kvf.codec("nvfp4"), 20), ValueError, "multiple of its block size 16"),
+    (lambda: kvf.packing.pack_nibbles(torch.zeros(3, 5, dtype=torch.int8)), ValueError, "D even"),
+    (lambda: kvf.packing.pack_nibbles(torch.tensor(3)), ValueError, "codes has shape"),
+    (lambda: kvf.packing.pack_nibbles([1, 2]), TypeError, "codes must be an integer tensor"),
+    (lambda: kvf.packing.pack_nibbles(torch.zeros(4)), TypeError, "codes must be an integer tensor"),
+    (lambda: kvf.packing.unpack_nibbles(torch.zeros(4)), TypeError, "packed must be a uint8 tensor"),
+])
+def test_format_helpers_refuse_bad_arguments_by_name(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call()

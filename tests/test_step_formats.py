@@ -195,6 +195,18 @@ def test_an_unknown_or_unpaged_name_is_refused_naming_what_is_accepted(name, cap
     assert f"argument --kv-dtypes: --kv-dtypes={name!r}" in err and "nvfp4" in err and BAD_NAMES[name] in err
 
 
+def test_the_format_helpers_refuse_an_unknown_name_or_a_bad_q_len():
+    from fp8kv.step.quantized import check_format_step, format_backends
+
+    with pytest.raises(ValueError, match="'nvfp5'"):  # was given the oracle
+        format_backends("nvfp5")
+    with pytest.raises(ValueError, match="'nvfp5'"):
+        check_format_step("nvfp5", "auto")
+    for bad in (True, 1.0):
+        with pytest.raises(TypeError, match="q_len"):
+            check_format_step("nvfp4", "auto", q_len=bad)
+
+
 @pytest.mark.parametrize("bad", [3, None, torch.float16])
 def test_a_kv_dtype_that_is_not_a_name_is_a_type_error(bad):
     with pytest.raises(TypeError, match="kv_dtypes=.*expected a name among"):

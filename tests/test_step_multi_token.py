@@ -195,6 +195,13 @@ def test_expected_accepted_is_the_geometric_series(k):
     assert S.expected_accepted(1 - 1e-9, k) == pytest.approx(k + 1, rel=1e-6)
 
 
+
+def test_expected_accepted_of_a_huge_draft_is_the_series_limit():
+    """(1 - a^(k+1)) / (1 - a) tends to 1 / (1 - a): an int too large for a float exponent (it overflowed) gives it."""
+    assert S.expected_accepted(0.5, 10**400) == 2.0
+    assert S.expected_accepted(0.999999, 10**400) == pytest.approx(1e6, rel=1e-6)
+
+
 @pytest.mark.parametrize("bad,exc", [(-0.1, ValueError), (1.0001, ValueError), (float("nan"), ValueError),
                                      (float("inf"), ValueError), ("0.5", TypeError), (True, TypeError),
                                      (None, TypeError)])

@@ -37,10 +37,16 @@ def capacity_grid(models, gpus, kv_dtypes=("bf16", "fp8_e4m3"), granularities=("
     """
     import pandas as pd
 
-    gpus = [gpus] if isinstance(gpus, str) else list(gpus)
+    if isinstance(gpus, str):
+        gpus = [gpus]
+    elif isinstance(gpus, (list, tuple)):
+        gpus = list(gpus)
+    else:
+        checks.fail(f"gpus={gpus!r}; expected a list of GPU names (e.g. ['H100', 'H200']), possibly empty", TypeError)
     frames = [capacity_table(models, gpus, kv_dtypes, granularities, **kw)] if gpus else []
-    if device_memory_gib is not None:
-        dev = capacity_table(models, [float(device_memory_gib)], kv_dtypes, granularities, **kw)
+    if device_memory_gib is not None:  # a number of GiB (a name goes in gpus): plan_capacity bounds it
+        device_memory_gib = checks.real(device_memory_gib, "device_memory_gib", minimum=0.0, inclusive=False)
+        dev = capacity_table(models, [device_memory_gib], kv_dtypes, granularities, **kw)
         frames.append(dev.assign(gpu=device_label))
     if not frames:
         raise ValueError("no GPU to plan for: pass gpus names and/or device_memory_gib")
@@ -49,6 +55,8 @@ def capacity_grid(models, gpus, kv_dtypes=("bf16", "fp8_e4m3"), granularities=("
         table["tokens_per_gib"] = table["tokens"] / (table["kv_budget_bytes"] / GIB)
         used = table["tokens"] * table["bytes_per_token"] + table["fixed_scale_bytes"]
         table["scale_fraction"] = table["scale_overhead_bytes"] / used
+    else:  # no model fits any GPU given: the columns are there, NaN, as for every row that does not fit
+        table["tokens_per_gib"] = table["scale_fraction"] = math.nan
     return _none_for_missing(table, "granularity")
 
 
@@ -67,6 +75,10 @@ def tokens_ratio(table, numerator: str = "fp8_e4m3", denominator: str = "bf16"):
     blocks make the ratio exceed the element-size ratio (2 for bf16 → FP8) by at most one block's
     worth, while scales only lower it.
     """
+    from ..results import check_rows
+
+    check_rows(table, "tokens_ratio", ("model", "gpu", "kv_dtype", "granularity", "tokens", "blocks", "element_size"),
+               expected="a capacity_grid() or fp8kv.capacity.capacity_table() table")
     gpu_col = "gpu"
     fits = table[table["fits"]] if "fits" in table.columns else table
     num = fits[fits["kv_dtype"] == kv_dtype_info(numerator)[0]]
@@ -116,6 +128,8 @@ def capacity_walkthrough(model, kv_dtype, gpu, *, utilization: float = 0.9, bloc
     """
     import pandas as pd
 
+    if request_len is not None:
+        request_len = checks.positive_int(request_len, "request_len")
     plan = plan_capacity(model, kv_dtype, gpu_memory_gib=gpu, utilization=utilization, block_size=block_size,
                          granularity=granularity, max_model_len=max_model_len)
     shape = resolve_model(model)

@@ -17,7 +17,7 @@ a token's codes and its scales in one pass::
 from __future__ import annotations
 
 from .. import checks
-from .registry import KV_FORMATS, Codec, KVFormat, kv_format
+from .registry import KV_FORMATS, Codec, KVFormat, codec, kv_format
 
 __all__ = ["PAGED_FORMATS", "paged_format", "scale_groups", "page_shapes"]
 
@@ -41,13 +41,23 @@ def paged_format(fmt: KVFormat | str) -> KVFormat:
     return f
 
 
-def scale_groups(c: Codec, head_dim: int) -> int:
-    """Scales per token and head of codec ``c`` at ``head_dim``: 1 (token_head) or ``head_dim // block``."""
+def scale_groups(c: Codec | str, head_dim: int) -> int:
+    """Scales per token and head of codec ``c`` at ``head_dim``: 1 (token_head) or ``head_dim // block`` (a head_dim
+    the codec cannot store is refused, naming what it needs)."""
+    c = codec(c)
+    head_dim = checks.positive_int(head_dim, "head_dim")
+    c.check_shape((1, head_dim), "head_dim")
     return 1 if c.scaling == "token_head" else head_dim // c.block
 
 
-def page_shapes(c: Codec, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[tuple, tuple]:
+def page_shapes(c: Codec | str, num_blocks: int, block_size: int, num_kv_heads: int,
+                head_dim: int) -> tuple[tuple, tuple]:
     """The shapes of one tensor's (K's or V's) codes and scales in a pool of ``num_blocks`` pages."""
+    c = codec(c)
+    num_blocks = checks.nonnegative_int(num_blocks, "num_blocks")
+    block_size = checks.positive_int(block_size, "block_size")
+    num_kv_heads = checks.positive_int(num_kv_heads, "num_kv_heads")
+    head_dim = checks.positive_int(head_dim, "head_dim")
     c.check_shape((block_size, num_kv_heads, head_dim), "pages (as data)")
     lead = (num_blocks, block_size, num_kv_heads)
     return c.code_shape((*lead, head_dim)), (*lead, scale_groups(c, head_dim))

@@ -179,6 +179,7 @@ class Footprint:
 
     def nbytes(self, tokens: int) -> int:
         """Exact bytes for ``tokens`` tokens (a whole number when the token groups are full)."""
+        tokens = checks.nonnegative_int(tokens, "tokens")
         total = self.per_token * tokens + self.fixed
         if total.denominator != 1:
             raise ValueError(f"tokens={tokens} does not fill whole token groups: {total} bytes is not a whole number")
@@ -216,14 +217,18 @@ def kv_footprint(fmt: KVFormat | str, *, num_kv_heads: int, head_dim: int, num_l
 
 def holding_formats(formats, *, num_kv_heads: int, head_dim: int) -> list[str]:
     """The names (canonical) among ``formats`` whose codecs can store ``num_kv_heads`` heads of ``head_dim`` (blocks
-    that divide it, an even head_dim for 4-bit codes: :func:`kv_footprint` accepts the shape), in the order given."""
+    that divide it, an even head_dim for 4-bit codes: :func:`kv_footprint` accepts the shape), in the order given.
+    An unknown name is refused (ValueError), not left out."""
+    num_kv_heads = checks.positive_int(num_kv_heads, "num_kv_heads")
+    head_dim = checks.positive_int(head_dim, "head_dim")
+    fmts = [kv_format(f) for f in checks.listed(formats, "formats", "KV format names")]
     out = []
-    for f in formats:
+    for f in fmts:
         try:
             kv_footprint(f, num_kv_heads=num_kv_heads, head_dim=head_dim)
         except ValueError:
             continue
-        out.append(kv_format(f).name)
+        out.append(f.name)
     return out
 
 
@@ -313,6 +318,8 @@ def summary_table(head_dim: int = 128, num_kv_heads: int = 1):
     ``head_dim`` (formats whose blocks do not divide it are left out), as a pandas DataFrame."""
     import pandas as pd
 
+    head_dim = checks.positive_int(head_dim, "head_dim")
+    num_kv_heads = checks.positive_int(num_kv_heads, "num_kv_heads")
     rows = []
     for f in KV_FORMATS.values():
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import checks
 from ..capability import interpreter_on
 from ..checks import fail as _fail
 from ..formats import KV_DTYPE_NAMES, kv_dtype_info
@@ -80,7 +81,8 @@ def kernel_formats() -> tuple[str, ...]:
 def format_backends(kv_dtype: str) -> tuple[str, ...]:
     """The step backends that read format ``kv_dtype`` on some machine: the Triton kernel where it has one,
     and the fp32 oracle."""
-    return ("triton", "reference") if kv_dtype in kernel_formats() else ("reference",)
+    name = kv_format(kv_dtype).name  # an unknown name is refused here, not given the oracle
+    return ("triton", "reference") if name in kernel_formats() else ("reference",)
 
 
 def check_format_shape(kv_dtype: str, num_kv_heads: int, head_dim: int, *, model: str = "the model",
@@ -103,6 +105,8 @@ def check_format_step(kv_dtype: str, backend: str, mode: str = "auto", q_len: in
     accepted): a backend that does not read the format, a ``mode`` but ``auto`` / ``dequant`` (codes become
     16-bit values in registers: no FP8 arithmetic), ``q_len`` above 1. ``on_gpu``: whether the step runs on a
     CUDA device (None: unknown; the machine is then not asked about)."""
+    kv_format(kv_dtype)  # an unknown name is refused, not read by the oracle
+    q_len = checks.positive_int(q_len, "q_len")
     if mode not in ("auto", "dequant"):
         _fail(f"mode={mode!r} with kv_dtype={kv_dtype!r}: a quantized format's codes are dequantized in registers; "
               "expected mode 'auto' or 'dequant'")

@@ -66,7 +66,8 @@ def expected_accepted(acceptance: float, draft_len: int) -> float:
     k = draft_len_arg(draft_len, "draft_len")
     if a == 1.0:
         return float(k + 1)
-    return (1.0 - a ** (k + 1)) / (1.0 - a)
+    # a^(k + 1) underflows to 0 long before k + 1 overflows a float: min() keeps the power finite, exactly
+    return (1.0 - a ** min(k + 1, 1 << 60)) / (1.0 - a)
 
 
 def acceptance_arg(value, name: str = "acceptance") -> float:
