@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LaunchOption", "OPTIONS", "KERNELS", "WARP_COUNTS", "MAX_BLOCK_N", "backend_options", "cli_options",
+__all__ = ["LaunchOption", "OPTIONS", "KERNELS", "WARP_COUNTS", "MAX_STAGES", "MAX_BLOCK_N", "backend_options", "cli_options",
            "tuned_options", "kernel_options", "option_names"]
 
 # The decode kernels of the Triton backend, by the names fp8kv.ops.decode_launch gives them.
 KERNELS = ("triton", "triton-cuda-core", "gluon")
 WARP_COUNTS = (1, 2, 4, 8, 16)  # the num_warps a Triton launch may ask for
+MAX_STAGES = 8  # software-pipeline stages a Triton launch may ask for: each holds a tile in shared memory
 MAX_BLOCK_N = 256  # tokens per tile, a power of two: a 256 x 256 tile already exceeds every GPU's registers
 
 
@@ -49,7 +50,7 @@ OPTIONS: tuple[LaunchOption, ...] = (
     LaunchOption("block_n", _ALL, "int", "tokens per tile, a power of two (Gluon: 64 or 128)", cli=True, tuned=True),
     LaunchOption("num_warps", _ALL, "int", f"warps per program, one of {WARP_COUNTS} (Gluon: 4)", cli=True,
                  tuned=True),
-    LaunchOption("num_stages", _ALL, "int", "software-pipeline stages (Gluon: its ring depth, 2-4)", cli=True,
+    LaunchOption("num_stages", _ALL, "int", f"software-pipeline stages, 1-{MAX_STAGES} (Gluon: its ring depth, 2-4)", cli=True,
                  tuned=True),
     LaunchOption("convert", _TRITON, "str", "how dequant mode converts FP8: 'software', 'cast', 'ptx' or 'K/V'"),
     LaunchOption("eviction_policy", _TRITON, "str", "cache hint of the K/V loads: '', 'evict_first' or 'evict_last'"),

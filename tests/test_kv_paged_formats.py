@@ -455,6 +455,7 @@ def test_bad_writes_and_reads_are_refused_before_anything_changes(call, exc, mat
     (lambda c, q: paged_decode_quantized(q, c, num_warps=3), ValueError, r"num_warps=3; expected one of \(1, 2, 4"),
     (lambda c, q: paged_decode_quantized(q, c, num_warps=4.0), TypeError, "num_warps=4.0"),
     (lambda c, q: paged_decode_quantized(q, c, num_stages=0), ValueError, "num_stages"),
+    (lambda c, q: paged_decode_quantized(q, c, num_stages=10**9), ValueError, "num_stages=1000000000"),
     (lambda c, q: quantized_reference(q, c, sm_scale=-1.0), ValueError, "sm_scale"),
     (lambda c, q: quantized_reference(q, "cache"), TypeError, "cache must be a fp8kv.cache.quantized"),
 ])

@@ -1013,6 +1013,7 @@ def test_gluon_kernel_takes_a_sliding_window_on_the_gpu(hq, hkv, d, block_size, 
                                             (dict(use_tensor_cores="no"), TypeError, "use_tensor_cores='no'"),
                                             (dict(window=0), ValueError, "window=0"),
                                             (dict(window=2.5), TypeError, "window=2.5"),
+                                            (dict(num_stages=10**9), ValueError, "num_stages=1000000000"),
                                             (dict(cache=None), TypeError, "cache must be a fp8kv.PagedKVCache")])
 def test_launch_config_called_directly_refuses_bad_arguments_by_name(kw, exc, words):
     """It is public (the bench and notebooks plan with it): no ZeroDivisionError, no float token counts."""

@@ -86,7 +86,7 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
     if num_stages is None:
         num_stages = 1 if interpreter_on() else 2
     else:
-        num_stages = checks.positive_int(num_stages, "num_stages")
+        num_stages = checks.integer(num_stages, "num_stages", minimum=1, maximum=launch_options.MAX_STAGES)
     longest = max(max(seq_lens, default=1), 1)
     span = longest if window is None else min(longest, window + block_m // group + 1)
     if num_splits is None:

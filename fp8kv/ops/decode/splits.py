@@ -15,7 +15,7 @@ from ...cache import PagedKVCache
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import MODES, interpreter_on
 from ...device import gpu_slug
-from ...launch_options import MAX_BLOCK_N, WARP_COUNTS
+from ...launch_options import MAX_BLOCK_N, MAX_STAGES, WARP_COUNTS
 from .gluon_scope import GLUON_QUANTIZED_FORMATS
 
 
@@ -342,7 +342,7 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     if num_warps is not None:
         num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", WARP_COUNTS)
     if num_stages is not None:
-        num_stages = checks.positive_int(num_stages, "num_stages")
+        num_stages = checks.integer(num_stages, "num_stages", minimum=1, maximum=MAX_STAGES)
     if mode == "fp8" and block_n < 32:
         raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= 32 (FP8 dot minimum K)")
     least = 16 if use_tensor_cores else 1  # tl.dot's minimum; the CUDA-core kernel takes any power of two

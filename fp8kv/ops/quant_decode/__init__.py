@@ -14,7 +14,7 @@ import torch
 from ... import checks
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, interpreter_on
-from ...launch_options import MAX_BLOCK_N, WARP_COUNTS
+from ...launch_options import MAX_BLOCK_N, MAX_STAGES, WARP_COUNTS
 from ..decode.gluon_launcher import launch_constants
 from ..decode.gluon_scope import GLUON_QUANTIZED_FORMATS
 from ..decode.planning import DecodePlan, decode_kernel, gluon_choice, gluon_config
@@ -48,7 +48,7 @@ def check_launch_options(num_splits, block_n, convert, num_warps, num_stages) ->
     if num_warps is not None:
         num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", WARP_COUNTS)
     if num_stages is not None:
-        num_stages = checks.positive_int(num_stages, "num_stages")
+        num_stages = checks.integer(num_stages, "num_stages", minimum=1, maximum=MAX_STAGES)
     return num_splits, block_n, num_warps, num_stages
 
 
@@ -72,7 +72,7 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
         [16, MAX_BLOCK_N].
     convert : how code tiles become fp16, one of :data:`QUANT_CONVERTS` (:mod:`.codes`; the same values every
         way): "software", "cast", or "ptx" (inline assembly: a CUDA GPU only).
-    num_warps : warps per program, one of WARP_COUNTS; num_stages : software-pipeline stages, a positive int.
+    num_warps : warps per program, one of WARP_COUNTS; num_stages : software-pipeline stages, 1 to MAX_STAGES.
         Each option None: the format's measured default (:data:`.launcher.QUANT_LAUNCH_DEFAULTS`; under the
         interpreter "software" for "ptx" and one stage).
     check : also check the scales' values and the tables (a host sync; a sequence of length 0 refused). Off,
