@@ -319,6 +319,9 @@ def test_bad_values_in_rows_that_ran(column, value, pattern):
 def test_answer_text_names_what_a_row_lacks():
     with pytest.raises(ValueError, match=r"row lacks \['gpu', 'backend'"):
         be.answer_text({})
+    (row,) = [r for _, r in be.breakeven_context(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}))[1].iterrows()]
+    with pytest.raises(ValueError, match=r"row lacks \['verdict'\]"):  # a Series row, as iterrows gives it
+        be.answer_text(row.drop("verdict"))
 
 
 def test_no_row_ran():
@@ -410,6 +413,9 @@ def test_a_line_across_a_change_of_kernel_is_refused_and_says_so():
                   "4,096-32,768 tokens: FP8 pays at every context (2.92x at 32,768)")
     assert r["by_kernel"] == per_kernel and r["answer"].endswith("; fitted per kernel: " + per_kernel)
     assert r["kernel_verdicts"] == "triton:every,gluon:every"
+    # rows that record no page size (block_size 0 once read) split by kernel alike
+    for unrecorded in (rows.drop(columns="block_size"), rows.assign(block_size=np.nan)):
+        assert be.breakeven_context(unrecorded)[1]["by_kernel"].tolist() == [per_kernel]
     text = dc.headline("H200", crossings=cr)
     assert text == ("On H200, at batch 64 with triton, dequant mode, measured point by point (no line holds across the "
                     "decode's change of kernel (gluon and triton)): " + r["measured"] + "; fitted per kernel: "

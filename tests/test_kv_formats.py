@@ -642,6 +642,8 @@ def test_holding_formats_keeps_those_whose_blocks_divide_the_head_dim():
     (lambda: kvf.page_shapes("nvfp4", 2.5, 16, 2, 32), TypeError, "num_blocks"),
     (lambda: kvf.page_shapes(5, 2, 16, 2, 32), TypeError, "codec=5"),
     (lambda: kvf.scale_groups(kvf.codec("nvfp4"), 20), ValueError, "multiple of its block size 16"),
+    (lambda: kvf.scale_groups("kivi4_key_g32", 64), ValueError, r"'kivi4_key_g32' \(channel_group scales\)"),
+    (lambda: kvf.page_shapes("int8_tensor", 2, 16, 2, 64), ValueError, r"'int8_tensor' \(tensor scales\)"),
     (lambda: kvf.packing.pack_nibbles(torch.zeros(3, 5, dtype=torch.int8)), ValueError, "D even"),
     (lambda: kvf.packing.pack_nibbles(torch.tensor(3)), ValueError, "codes has shape"),
     (lambda: kvf.packing.pack_nibbles([1, 2]), TypeError, "codes must be an integer tensor"),

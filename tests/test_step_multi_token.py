@@ -196,10 +196,15 @@ def test_expected_accepted_is_the_geometric_series(k):
 
 
 
-def test_expected_accepted_of_a_huge_draft_is_the_series_limit():
-    """(1 - a^(k+1)) / (1 - a) tends to 1 / (1 - a): an int too large for a float exponent (it overflowed) gives it."""
-    assert S.expected_accepted(0.5, 10**400) == 2.0
-    assert S.expected_accepted(0.999999, 10**400) == pytest.approx(1e6, rel=1e-6)
+@pytest.mark.parametrize("acceptance", [0.5, 0.999999, 1.0])
+def test_a_draft_past_the_longest_is_refused_by_name(acceptance):
+    """A float exponent or count that overflowed (OverflowError) before; the longest draft still counts exactly."""
+    from fp8kv.step.speculative import MAX_DRAFT_LEN
+
+    with pytest.raises(ValueError, match="draft_len=10000000000"):
+        S.expected_accepted(acceptance, 10**10)
+    want = MAX_DRAFT_LEN + 1 if acceptance == 1 else (1 - acceptance ** (MAX_DRAFT_LEN + 1)) / (1 - acceptance)
+    assert S.expected_accepted(acceptance, MAX_DRAFT_LEN) == pytest.approx(want)
 
 
 @pytest.mark.parametrize("bad,exc", [(-0.1, ValueError), (1.0001, ValueError), (float("nan"), ValueError),

@@ -99,8 +99,9 @@ def _rows(df, min_tokens, max_tokens):
         if col in ran.columns:
             given = ran[col].replace("", np.nan)  # "": no window, as the line keys below write it
             v = pd.to_numeric(given, errors="coerce")
+            least = 0 if col == "block_size" else 1  # block_size 0: not recorded, as the line keys below write it
             bad = ((v.isna() & (col in REQUIRED)) | (v.isna() & given.notna())
-                   | (v.notna() & ~(np.isfinite(v) & (v >= 1) & (v == np.floor(v)))))
+                   | (v.notna() & ~(np.isfinite(v) & (v >= least) & (v == np.floor(v)))))
             if bad.any():
                 i = bad.to_numpy().nonzero()[0][0]
                 checks.fail(f"breakeven: row {ran.index[i]} of rows that ran has {col}={ran[col].iloc[i]!r}; expected "
@@ -337,7 +338,7 @@ def answer_text(row) -> str:
     "... only below N ...", or "no answer ...: <reason>"."""
     missing = [k for k in ANSWER_KEYS if k not in row]
     if missing:
-        checks.fail(f"row lacks {missing}; expected a row of crossings() (it has {sorted(row)[:12]})")
+        checks.fail(f"row lacks {missing}; expected a row of crossings() (it has {sorted(map(str, row.keys()))[:12]})")
     backend = row["backend"] + (f"-{row['variant']}" if row.get("variant") else "")
     where = f"on {row['gpu']}, with {backend}"
     what = (f"({row['kv_dtype']} {row['mode']} against the 16-bit cache; heads {row['num_q_heads']}:"

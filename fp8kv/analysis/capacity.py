@@ -77,7 +77,7 @@ def tokens_ratio(table, numerator: str = "fp8_e4m3", denominator: str = "bf16"):
     """
     from ..results import check_rows
 
-    check_rows(table, "tokens_ratio", ("model", "gpu", "kv_dtype", "granularity", "tokens", "blocks", "element_size"),
+    check_rows(table, "tokens_ratio", ("model", "gpu", "kv_dtype", "granularity", "tokens"),
                expected="a capacity_grid() or fp8kv.capacity.capacity_table() table")
     gpu_col = "gpu"
     fits = table[table["fits"]] if "fits" in table.columns else table

@@ -46,6 +46,9 @@ def scale_groups(c: Codec | str, head_dim: int) -> int:
     the codec cannot store is refused, naming what it needs)."""
     c = codec(c)
     head_dim = checks.positive_int(head_dim, "head_dim")
+    if c.scaling not in ("token_head", "block"):  # scales from all the tokens or none per token: no page holds them
+        checks.fail(f"codec {c.name!r} ({c.scaling} scales) has no scales per token and head to page; expected a "
+                    "codec of a paged format (fp8kv.kv_formats.PAGED_FORMATS)")
     c.check_shape((1, head_dim), "head_dim")
     return 1 if c.scaling == "token_head" else head_dim // c.block
 

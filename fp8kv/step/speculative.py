@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from ..checks import fail as _fail
-from ..checks import flag, nonnegative_int, real
+from ..checks import flag, integer, real
 from ..results import utc_stamp
 from ..sweeps import interruptible, machine_fields, release_memory, run_metadata
 from .layers import step_shape
@@ -66,8 +66,7 @@ def expected_accepted(acceptance: float, draft_len: int) -> float:
     k = draft_len_arg(draft_len, "draft_len")
     if a == 1.0:
         return float(k + 1)
-    # a^(k + 1) underflows to 0 long before k + 1 overflows a float: min() keeps the power finite, exactly
-    return (1.0 - a ** min(k + 1, 1 << 60)) / (1.0 - a)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
 def acceptance_arg(value, name: str = "acceptance") -> float:
@@ -75,9 +74,12 @@ def acceptance_arg(value, name: str = "acceptance") -> float:
     return real(value, name, minimum=0.0, maximum=1.0)
 
 
+MAX_DRAFT_LEN = 1 << 20  # far past any draft a verification reads; its powers and counts stay finite floats
+
+
 def draft_len_arg(value, name: str = "draft_len") -> int:
-    """A draft length: an int >= 0 (0: the plain decode step)."""
-    return nonnegative_int(value, name)
+    """A draft length: an int in [0, MAX_DRAFT_LEN] (0: the plain decode step)."""
+    return integer(value, name, minimum=0, maximum=MAX_DRAFT_LEN)
 
 
 def many_values(values, name: str, check) -> list:
