@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from fixtures import DEVICE
 
 from fp8kv.cache import PagedKVCache
 from fp8kv.formats import kv_dtype_info
@@ -495,8 +496,9 @@ def test_bf16_rows_into_an_fp16_cache_store_max_not_inf():
     assert c.saturated == 4  # two values, in K and in V
     out, _ = ref_decode(torch.ones(1, 2, 16), c)
     assert torch.isfinite(out).all()
-    a, b = (PagedKVCache.empty(1, 16, 2, 16, kv_dtype="fp16") for _ in range(2))
-    rows = k[0, :5].contiguous()
+    # the Triton write runs where the pages are: a CUDA GPU, or the interpreter on CPU
+    a, b = (PagedKVCache.empty(1, 16, 2, 16, kv_dtype="fp16", device=DEVICE) for _ in range(2))
+    rows = k[0, :5].contiguous().to(DEVICE)
     slots = a.slots(0, list(range(5)))
     assert a.write(rows, -rows, slots) == int(write_cache(b, rows, -rows, slots)) == 4
     assert a.saturated == b.saturated == 4
