@@ -184,6 +184,7 @@ def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None, 
     """
     check_paged_cache(cache)
     cache.check_query(q)
+    checks.finite_tensor(q, "q")  # as fp8kv.decode and the attend oracle refuse it: a NaN query is no result
     window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=q.shape[1],
                                                        device=q.device)
     if sm_scale is not None:

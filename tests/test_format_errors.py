@@ -71,8 +71,19 @@ def test_the_error_table_orders_the_formats_as_their_bits():
 
 def test_bad_tensors_are_refused_by_name():
     k = torch.randn(8, 2, 64)
-    with pytest.raises(ValueError, match="must share head_dim"):
+    with pytest.raises(ValueError, match="q has 3 heads, not a multiple of k's 2 KV heads"):
         kv_format_errors(k, k, torch.randn(2, 3, 64))
+    nan_q = torch.randn(2, 4, 64)
+    nan_q[0, 0, 0] = float("nan")
+    # a NaN query or softmax scale gave an error of 0 (NaN norms), not a refusal
+    for kw, exc, match in ((dict(q=nan_q), ValueError, "q has 1 non-finite"), (dict(sm_scale=float("nan")), ValueError,
+                           "sm_scale=nan"), (dict(sm_scale=-1.0), ValueError, "sm_scale=-1.0"),
+                           (dict(sm_scale=True), TypeError, "sm_scale=True"),
+                           (dict(q=torch.randn(0, 4, 64)), ValueError, "at least one query")):
+        with pytest.raises(exc, match=match):
+            kv_format_errors(k, k, kw.pop("q", torch.randn(2, 4, 64)), ["int4_token_head"], **kw)
+    with pytest.raises(ValueError, match="k has shape"):  # no KV heads: a division by zero before
+        kv_format_errors(torch.randn(8, 0, 64), torch.randn(8, 0, 64), torch.randn(2, 4, 64))
     with pytest.raises(ValueError, match="formats has"):
         kv_format_errors(k, k, torch.randn(2, 4, 64), ["nvfp4", "int3"])
 

@@ -310,6 +310,11 @@ VERDICT_BAD = [
      "errors has 2 rows for decode dequant kernel at context 4096"),
     (lambda e, n: lc.long_context_verdict(e[~((e["error"] == "total") & (e["context"] == 16384))], n), ValueError,
      "errors has no decode dequant total row at context 16384"),
+    # NaN or the string "False" read as True: a needle never shown top-1 passed
+    (lambda e, n: lc.long_context_verdict(e, n.assign(needle_top1=float("nan"))), ValueError,
+     "needles['needle_top1'] row 0 is nan; expected True or False"),
+    (lambda e, n: lc.long_context_verdict(e, n.assign(needle_top1="False")), ValueError,
+     "needles['needle_top1'] row 0 is 'False'"),
     (lambda e, n: lc.long_context_text("table"), TypeError, "verdict must be long_context_verdict()'s table"),
     (lambda e, n: lc.long_context_text(lc.long_context_verdict(e, n), "bogus"), ValueError, "error='bogus'"),
     (lambda e, n: lc.long_context_text(lc.long_context_verdict(e, n), "quantization"), ValueError,

@@ -150,6 +150,15 @@ def _corrupt(cache, what):
     return bad
 
 
+def test_a_query_that_is_not_finite_is_refused_by_name():
+    """fp8kv.decode and the attend oracle refuse it; the decode oracle returned NaN for it."""
+    cache = PagedKVCache.from_dense(torch.randn(1, 8, 2, 32), torch.randn(1, 8, 2, 32), [8])
+    q = torch.randn(1, 4, 32)
+    q[0, 2, 5] = float("inf")
+    with pytest.raises(ValueError, match=r"q has 1 non-finite value\(s\) \(NaN/Inf\); the first is at index \(0, 2, 5\)"):
+        decode(q, cache)
+
+
 @pytest.mark.parametrize("what, message", [("block_table", r"block_table\[1, 1\]=99 is out of range \[0, 4\)"),
                                            ("seq_len_over", r"seq_lens\[0\]=1000 exceeds the capacity"),
                                            ("seq_len_negative", r"seq_lens\[0\]=-5 is negative")])

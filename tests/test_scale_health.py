@@ -217,6 +217,12 @@ def _bad(kind):
         kw["calibration"] = ([torch.ones(3)] * L, [1.0] * L)
     elif kind == "calibration negative":
         kw["calibration"] = ([-1.0] * L, [1.0] * L)
+    elif kind == "q overflow":  # fp64 queries past fp32: an error of 0 (NaN scores summed away) before
+        kw["q"] = [torch.full((2, 4, k[0].shape[-1]), 1e300, dtype=torch.float64)] * L
+    elif kind == "q empty":
+        kw["q"] = [torch.zeros(0, 4, k[0].shape[-1])] * L
+    elif kind == "q fp8":
+        kw["q"] = [torch.zeros(2, 4, k[0].shape[-1]).to(torch.float8_e4m3fn)] * L
     elif kind == "method":
         kw["methods"] = ["amax", "max"]
     elif kind == "kv_dtype":
@@ -232,7 +238,8 @@ BAD = {"k not a list": (TypeError, "k must be a non-empty list"), "layers differ
        "nan": (ValueError, r"k\[3\] has 1 non-finite"), "2-D": (ValueError, r"v\[1\] must be 3-D"),
        "shapes differ": (ValueError, r"k\[2\] and v\[2\] have shapes"), "int tensor": (TypeError, r"k\[0\] has dtype"),
        "fp8 tensor": (TypeError, r"k\[0\] has dtype"), "q heads": (ValueError, r"q\[0\] has shape"),
-       "q layers": (ValueError, "q has 2 layers"),
+       "q layers": (ValueError, "q has 2 layers"), "q overflow": (ValueError, r"q\[0\] has .* beyond float32's range"),
+       "q empty": (ValueError, r"q\[0\] has shape \(0, 4"), "q fp8": (ValueError, r"q\[0\] has shape .*float8"),
        "calibrated without calibration": (ValueError, "calibration is None"),
        "calibration length": (ValueError, "k_scales has 5 layers"),
        "calibration shape": (ValueError, r"k_scales\[0\] has shape \(3,\)"),

@@ -33,7 +33,7 @@ from ..reference import attention
 from .kv_stats import describe_kv
 from .selection import format_names
 
-__all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "quantization_error",
+__all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "check_qkv", "quantization_error",
            "error_vs_context", "attribution", "key_numbers", "saturation_long", "real_kv_error",
            "real_kv_error_or_reason", "synthetic_vs_real", "quantization_results"]
 
@@ -43,27 +43,33 @@ SCALE_LABELS = ("1.0", "amax", "percentile", "vllm")
 QUANTIZE = ("kv", "k", "v")  # which of K / V is quantized; the other stays exact
 
 
-def _check_qkv(k, v, q) -> torch.Tensor:
+def check_qkv(k, v, q) -> torch.Tensor:
+    """``k``, ``v`` ``[L, Hkv, D]`` and ``q`` ``[Nq, Hq, D]`` (or ``[Hq, D]``, returned as ``[1, Hq, D]``) of one
+    context: float tensors on one device, at least one of each size, Hq a multiple of Hkv, finite and within fp32's
+    range (the errors are computed in fp32: a NaN or an overflow would read as an error of 0 or NaN, not a refusal)."""
     for name, t in (("k", k), ("v", v), ("q", q)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a float tensor, got {t.dtype}")
+        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise TypeError(f"{name} has dtype {t.dtype}; expected float16, bfloat16, float32 or float64")
     if k.ndim != 3 or v.shape != k.shape:
         raise ValueError(f"k and v must be [tokens, Hkv, D] with equal shapes; got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")
-    if k.shape[0] < 1:
-        raise ValueError("k has no tokens; attention needs at least one")
+    if min(k.shape) < 1:
+        raise ValueError(f"k has shape {tuple(k.shape)}; expected at least one token, KV head and channel")
     if q.ndim == 2:
         q = q.unsqueeze(0)
-    if q.ndim != 3:
-        raise ValueError(f"q must be [num_queries, Hq, D] (or [Hq, D]); got shape {tuple(q.shape)}")
+    if q.ndim != 3 or min(q.shape) < 1:
+        raise ValueError(f"q must be [num_queries, Hq, D] (or [Hq, D]) with at least one query; got shape "
+                         f"{tuple(q.shape)}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q has head_dim {q.shape[-1]} but k has {k.shape[-1]}")
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"q has {q.shape[1]} heads, not a multiple of k's {k.shape[1]} KV heads")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    for name, t in (("k", k), ("v", v), ("q", q)):
+        checks.fp32_range_tensor(checks.finite_tensor(t, name), name)
     return q
 
 
@@ -97,7 +103,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | 
     a KV head are presented to it as ``Nq × G`` query heads of that KV head's group (its GQA
     mapping, head ``h`` reads KV head ``h // group``, is exactly that).
     """
-    q = _check_qkv(k, v, q)
+    q = check_qkv(k, v, q)
     nq, hq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
@@ -139,7 +145,7 @@ def quantization_error(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, *, for
     """
     import pandas as pd
 
-    q = _check_qkv(k, v, q)
+    q = check_qkv(k, v, q)
     formats = format_names(formats)
     granularities = tuple(checks.many_of(granularities, "granularities", GRANULARITIES))
     scale_methods = tuple(checks.many_of(scale_methods, "scale_methods", SCALE_LABELS))
@@ -201,7 +207,7 @@ def error_vs_context(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, lengths:
     """
     import pandas as pd
 
-    q = _check_qkv(k, v, q)
+    q = check_qkv(k, v, q)
     try:
         lens = [] if isinstance(lengths, (str, bytes)) else list(lengths)
     except TypeError:

@@ -19,6 +19,7 @@ from ..kv_formats import KV_FORMAT_NAMES, holding_formats, kv_footprint, kv_form
 from ..models.kv_config import KVQuantConfig, quantize_kv
 from ..reference import attention
 from ..synthetic import kv_like_llm, queries_like_llm
+from .errors import check_qkv
 
 __all__ = ["COMPARED_FORMATS", "through_format", "kv_format_errors", "synthetic_format_errors",
            "model_format_errors", "format_accuracy", "models_format_accuracy", "fitting_formats", "bench_format_name", "format_table"]
@@ -51,13 +52,10 @@ def kv_format_errors(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, formats=
     attention of each query in ``q`` over all of ``k``, ``v``, fp32, quantized against exact), with
     ``bytes_per_token`` (K and V, one layer, :func:`~fp8kv.kv_formats.kv_footprint`). ``k``, ``v`` ``[T, Hkv, D]``,
     ``q`` ``[Nq, Hq, D]`` float. A format that cannot hold ``D`` gets NaN errors and the reason in ``note``."""
-    for name, t in (("k", k), ("v", v), ("q", q)):
-        checks.tensor(t, name, ndim=3, shape_hint="[tokens, heads, head_dim]")
-    if v.shape != k.shape or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
-        checks.fail(f"k {tuple(k.shape)}, v {tuple(v.shape)} and q {tuple(q.shape)} must share head_dim, k and v "
-                    "their shape, and q's heads be a multiple of k's")
+    checks.tensor(q, "q", ndim=3, shape_hint="[queries, heads, head_dim]")
+    q = check_qkv(k, v, q)
     hkv, d = k.shape[1], k.shape[2]
-    sm_scale = checks.resolved_softmax_scale(sm_scale, d)
+    sm_scale = checks.resolved_softmax_scale(None if sm_scale is None else checks.positive_float(sm_scale, "sm_scale"), d)
     k, v, q = k.float(), v.float(), q.float()
     ref = torch.stack([attention(qi, k, v, sm_scale)[0] for qi in q])
     rows = []

@@ -366,6 +366,13 @@ def long_context_verdict(errors, needles, *, reference_context: int = 4096, max_
     _table(errors, "errors", _ERROR_COLUMNS + (checks.one_of(statistic, "statistic",
                                                               ("rel_err_median", "rel_err_max")),))
     _table(needles, "needles", _NEEDLE_COLUMNS)
+    not_bool = ~needles["needle_top1"].map(lambda v: isinstance(v, (bool, np.bool_)))
+    if not_bool.any():  # NaN or the string "False" would read as True: a needle never shown top-1 would pass
+        i = int(np.flatnonzero(not_bool.to_numpy())[0])
+        seen = needles["needle_top1"].iloc[i]
+        seen = seen.item() if isinstance(seen, np.generic) else seen
+        checks.fail(f"needles['needle_top1'] row {needles.index[i]} is {checks.show_value(seen)}; expected True or "
+                    "False (long_context_error's needles table)")
     reference_context = checks.integer(reference_context, "reference_context", minimum=1)
     max_growth = checks.real(max_growth, "max_growth", minimum=1.0, inclusive=False)
     contexts = sorted(int(c) for c in errors["context"].unique())
