@@ -70,6 +70,9 @@ def kv_scale_bytes(granularity: str | None, *, num_layers: int, num_kv_heads: in
     per layer and K/V). ``granularity=None`` is a 16-bit cache: no scales, ``(0, 0)``. Scales are
     fp32 (:data:`SCALE_BYTES` each), shaped as :func:`scale_shape` says.
     """
+    num_layers = checks.positive_int(num_layers, "num_layers")
+    num_kv_heads = checks.positive_int(num_kv_heads, "num_kv_heads")
+    head_dim = checks.positive_int(head_dim, "head_dim")
     if granularity is None:
         return 0, 0
     _check_granularity(granularity)
@@ -181,6 +184,7 @@ def scale_from_stat(stat: torch.Tensor, divisor: float) -> torch.Tensor:
     within ``divisor``: every value fp32 holds gets a code. Normal quotients are rounded to nearest
     (their 2^-24 relative error rounds back to the format's max).
     """
+    divisor = checks.positive_float(divisor, "divisor")  # a format's largest value: 0 gave inf scales, -1 negative
     exact = stat.to(torch.float64) / divisor
     scale = exact.to(torch.float32)
     low = (scale.to(torch.float64) < exact) & (scale < _FP32_NORMAL_MIN)  # no host sync: where() either way
@@ -342,7 +346,13 @@ def explicit_scale(scale, shape: tuple, granularity: str, device: torch.device,
 
 
 def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||a - ref|| / ||ref||`` in fp64 (Frobenius norms); 0 when both are zero."""
+    """``||a - ref|| / ||ref||`` in fp64 (Frobenius norms); 0 when both are zero. ``a`` and ``ref`` are tensors of one
+    shape (one that broadcasts against the other would compare other elements than the caller meant)."""
+    for name, t in (("a", a), ("ref", ref)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if a.shape != ref.shape:
+        raise ValueError(f"a has shape {tuple(a.shape)} but ref has {tuple(ref.shape)}; expected one shape")
     a64, r64 = a.detach().to(torch.float64), ref.detach().to(torch.float64)
     den = r64.norm()
     num = (a64 - r64).norm()

@@ -494,6 +494,35 @@ def test_quantization_error_within_unit_roundoff(fmt, gran, gen, assert_rel_err)
     assert relative_error(torch.ones(4), torch.zeros(4)) == 2.0
 
 
+@pytest.mark.parametrize("a, ref, exc, match", [
+    (torch.ones(2, 1), torch.ones(1, 3), ValueError, r"a has shape \(2, 1\) but ref has \(1, 3\)"),  # broadcast: 0.0
+    (torch.ones(3), torch.ones(1), ValueError, "expected one shape"),
+    ([1.0], torch.ones(1), TypeError, "a must be a torch.Tensor")])
+def test_relative_error_compares_tensors_of_one_shape(a, ref, exc, match):
+    with pytest.raises(exc, match=match):
+        relative_error(a, ref)
+
+
+@pytest.mark.parametrize("kw, exc, match", [(dict(num_layers=-1), ValueError, "num_layers=-1"),
+                                            (dict(num_kv_heads=2.5), TypeError, "num_kv_heads"),
+                                            (dict(head_dim=True), TypeError, "head_dim"),
+                                            (dict(granularity=None, num_layers=0), ValueError, "num_layers=0")])
+def test_kv_scale_bytes_refuses_bad_sizes(kw, exc, match):
+    """Negative sizes gave negative bytes; the sizes are checked for a 16-bit cache too."""
+    args = dict(granularity="head", num_layers=2, num_kv_heads=8, head_dim=128) | kw
+    with pytest.raises(exc, match=match):
+        kv_scale_bytes(args.pop("granularity"), **args)
+
+
+@pytest.mark.parametrize("divisor, exc", [(0.0, ValueError), (-1.0, ValueError), (float("nan"), ValueError),
+                                          ("448", TypeError)])
+def test_scale_from_stat_refuses_a_divisor_that_is_not_positive(divisor, exc):
+    from fp8kv.quant import scale_from_stat
+
+    with pytest.raises(exc, match="divisor"):
+        scale_from_stat(torch.ones(3), divisor)
+
+
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 def test_kv_scale_bytes_counts_the_scales_quantize_stores(granularity):
     tokens, heads, head_dim, layers = 5, 3, 16, 7
