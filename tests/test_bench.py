@@ -113,6 +113,23 @@ def test_case_rejects_bad_fields_naming_them(kwargs, arg):
         Case(**{**base, **kwargs})
 
 
+@pytest.mark.parametrize("seed, exc", [(1.5, TypeError), ("x", TypeError), (True, TypeError), (-1, ValueError),
+                                       (2**70, ValueError)])  # 2**70 surfaced only as an error row of run()
+def test_case_refuses_a_seed_torch_cannot_take(seed, exc):
+    with pytest.raises(exc, match="Case.seed"):
+        Case(1, 8, seed=seed)
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(kv_dtypes=["bogus"], modes=["fp8"]), ValueError, "kv_dtypes has 'bogus'"),  # made no case at all before
+    (dict(modes=["fast"]), ValueError, "modes has 'fast'"), (dict(backends=["cuda"]), ValueError, "backends has 'cuda'"),
+    (dict(granularities=["block"]), ValueError, "granularities has 'block'"),
+    (dict(heads=[]), ValueError, "heads=\\[\\]"), (dict(heads=8), TypeError, "heads=8")])
+def test_sweep_refuses_names_and_heads_it_cannot_take(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        bench.sweep([1], [16], device="cpu", **kwargs)
+
+
 # ----------------------------------------------------------------------------------------- bytes
 def test_bytes_moved_matches_hand_arithmetic():
     c = Case(3, 100, 8, 2, 64, kv_dtype="fp8_e4m3", granularity="token_head", q_dtype="fp16")

@@ -60,6 +60,7 @@ class Case:
     window: int | None = None
 
     def __post_init__(self):
+        checks.integer(self.seed, "Case.seed", minimum=0, maximum=2**63 - 1)  # torch.manual_seed's range
         if self.window is not None:
             checks.positive_int(self.window, "Case.window")
         for name in ("batch", "context", "num_q_heads", "num_kv_heads", "head_dim", "block_size"):
@@ -236,7 +237,16 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
     seed = checks.integer(seed, "seed")
     tri_opts = [dict(o) for o in _as_list(triton_options or {}, "triton_options")]
     fi_opts = [{"use_tensor_cores": bool(t)} for t in _as_list(list(flashinfer_tensor_cores), "flashinfer_tensor_cores")]
-    heads = [tuple(h) for h in heads]
+    # names checked here, before the grid: a name no case takes (an unknown dtype with fp8 mode) made no case at all
+    for name, given, allowed in (("kv_dtypes", kv_dtypes, (*KV_DTYPE_NAMES, *QUANT_KV_DTYPES)), ("modes", modes, MODES),
+                                 ("backends", backends, BACKEND_NAMES), ("granularities", granularities, GRANULARITIES)):
+        for x in _as_list(given, name):
+            if not isinstance(x, str) or x not in allowed:
+                _fail(f"{name} has {x!r}; expected names among {allowed}")
+    if not isinstance(heads, (list, tuple)) or not heads:
+        _fail(f"heads={heads!r}; expected a non-empty list of (num_q_heads, num_kv_heads) pairs such as [(32, 8)]",
+              TypeError if not isinstance(heads, (list, tuple)) else ValueError)
+    heads = [tuple(h) if isinstance(h, (list, tuple)) else (h,) for h in heads]
     for h in heads:
         if len(h) != 2:
             _fail(f"heads entry {h!r}; expected (num_q_heads, num_kv_heads) pairs such as (32, 8)")
