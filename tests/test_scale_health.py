@@ -186,6 +186,15 @@ def test_capacity_refuses_another_model(planted):
         sh.advice_capacity(planted.layers, SHAPE)
 
 
+
+@pytest.mark.parametrize("n16", [-5, 7, 2.7, True])
+def test_capacity_refuses_counts_no_cache_has(planted, n16):
+    """-5 layers kept 16-bit gave a negative loss and more than FP8's gain kept."""
+    advice = sh.keep_bf16_advice(planted).assign(n_layers_bf16=n16)
+    with pytest.raises(ValueError, match=f"n_layers_bf16={n16!r}, n_layers=6; expected whole numbers"):
+        sh.advice_capacity(advice, SHAPE)
+
+
 # ------------------------------------------------------------------------------- bad input
 def _bad(kind):
     k, v, q = synthetic()
