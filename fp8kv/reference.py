@@ -17,7 +17,9 @@ import torch
 from . import checks
 from .attend_checks import attend_arguments
 from .cache import PagedKVCache, check_paged_cache
+from .capability import BACKEND_NAMES, MODES
 from .formats import FORMATS, UNQUANTIZED_DTYPES
+from .quant import GRANULARITIES
 
 __all__ = ["decode", "attend", "attention", "paged_attention", "paged_attend", "UNIT_ROUNDOFF", "FP8_MODE_TOL", "REFERENCE_TOL",
            "unit_roundoff", "output_tolerance", "score_bound", "folded_query", "lse_tolerance"]
@@ -60,7 +62,15 @@ def output_tolerance(backend: str, mode: str, q_dtype, granularity: str = "tenso
       the benchmark); on caches whose scores reach tens its error grows past 4u and its check fails:
       a vLLM row is then marked failed and is never taken as a peer, never passed.
     * fp8 mode: :data:`FP8_MODE_TOL` (q and p rounded to e4m3).
+
+    ``backend``, ``mode`` and ``granularity`` are names of :data:`fp8kv.capability.BACKEND_NAMES`, ``MODES`` and
+    :data:`fp8kv.quant.GRANULARITIES` (an unknown one got the default bound, silently); ``score_bound`` a finite
+    number >= 0.
     """
+    checks.one_of(backend, "backend", BACKEND_NAMES)
+    checks.one_of(mode, "mode", MODES)
+    checks.one_of(granularity, "granularity", GRANULARITIES)
+    score_bound = checks.real(score_bound, "score_bound", minimum=0.0)
     if backend == "reference":
         return REFERENCE_TOL
     if mode == "fp8":

@@ -150,6 +150,20 @@ def _corrupt(cache, what):
     return bad
 
 
+@pytest.mark.parametrize("kw, exc, match", [(dict(backend="bogus"), ValueError, "backend='bogus'"),
+                                            (dict(mode="fast"), ValueError, "mode='fast'"),
+                                            (dict(granularity="block"), ValueError, "granularity='block'"),
+                                            (dict(score_bound=float("inf")), ValueError, "score_bound=inf"),
+                                            (dict(score_bound=-1.0), ValueError, "score_bound=-1.0")])
+def test_output_tolerance_refuses_names_it_has_no_bound_for(kw, exc, match):
+    """An unknown backend, mode or granularity got the default bound; an infinite score bound an infinite one."""
+    from fp8kv.reference import output_tolerance
+
+    args = dict(backend="triton", mode="dequant", granularity="tensor") | kw
+    with pytest.raises(exc, match=match):
+        output_tolerance(args.pop("backend"), args.pop("mode"), torch.bfloat16, **args)
+
+
 def test_a_query_that_is_not_finite_is_refused_by_name():
     """fp8kv.decode and the attend oracle refuse it; the decode oracle returned NaN for it."""
     cache = PagedKVCache.from_dense(torch.randn(1, 8, 2, 32), torch.randn(1, 8, 2, 32), [8])
