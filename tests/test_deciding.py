@@ -198,6 +198,11 @@ def test_headline_of_a_smoke_run_says_so_first():
     (dict(gpu=""), TypeError, "gpu=''"),
     (dict(gpu=None), TypeError, "gpu=None"),
     (dict(smoke=1), TypeError, "smoke=1"),
+    # an unknown backend read as "no FP8 latency line held"; a frame that is no crossings table crashed deep inside
+    (dict(crossings=_crossings([dict(backend="triton", mode="dequant", batch=1, verdict="every")]), backend="Triton"),
+     ValueError, "backend='Triton' has no row in crossings; expected None or one of ['triton']"),
+    (dict(crossings=pd.DataFrame()), ValueError, "headline: df lacks columns ['backend', 'batch', 'status']"),
+    (dict(crossings=[1, 2]), TypeError, "headline: df is a list"),
     (dict(verdict=_verdict().assign(error="kernel")), ValueError, "verdict has no 'total' rows"),
 ])
 def test_headline_refuses_bad_input_by_name(kw, exc, words):

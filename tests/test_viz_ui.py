@@ -440,3 +440,11 @@ def test_figures_refuse_frames_they_cannot_draw_by_name():
         with pytest.raises(ValueError, match=re.escape(words)):
             call()
     viz.backend_check_matrix(m.iloc[:1])  # one row per cell: drawn
+
+
+@pytest.mark.parametrize("bad", [None, [1, 2], {"x": [1]}])
+@pytest.mark.parametrize("figure", ["line", "grouped_bars", "bench_lines"])
+def test_figures_name_a_frame_that_is_not_a_dataframe(figure, bad):
+    """An AttributeError deep in the column check before."""
+    with pytest.raises(TypeError, match="df must be a pandas DataFrame, got"):
+        getattr(viz, figure)(bad, "x", "y")

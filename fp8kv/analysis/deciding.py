@@ -184,6 +184,12 @@ def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str 
         checks.fail(f"smoke={smoke!r}; expected True or False", TypeError)
     sentences = []
     if crossings is not None:
+        from ..results import check_rows
+
+        check_rows(crossings, "headline", ("backend", "batch", "status"), expected="fp8kv.analysis.crossings()' table")
+        if backend is not None and backend not in set(crossings["backend"]):  # an unknown one read as "no answer"
+            checks.fail(f"backend={backend!r} has no row in crossings; expected None or one of "
+                        f"{sorted(set(crossings['backend']))}")
         pays, chosen, measured = _speed(crossings, backend)
         if pays:
             sentences.append(f"On {gpu}, FP8 KV decodes faster than a 16-bit cache " + "; ".join(pays) + ".")

@@ -396,6 +396,10 @@ def setup_plotly(renderer: str = DEFAULT_RENDERER, template: str = "plotly_white
 def require_columns(df, columns, arg="df", *, rows: bool = False):
     """``df`` has ``columns`` (None entries skipped); with ``rows``, at least one row and no NaN in them
     (a figure that draws one cell or panel per value has nothing to draw, or a NaN cell, otherwise)."""
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{arg} must be a pandas DataFrame, got {type(df).__name__}")
     if source_of(df) != "df":  # rows read from a file (fp8kv.results.load_table): name it
         arg = f"{arg} (from {source_of(df)})"
     missing = [c for c in columns if c is not None and c not in df.columns]
