@@ -249,6 +249,7 @@ RUN_BAD = [
     (dict(block_size=0), ValueError, "block_size=0"),
     (dict(block_size=1.5), TypeError, "block_size=1.5"),
     (dict(margin=0), ValueError, "margin=0.0"),
+    (dict(margin=1e30), ValueError, "margin=1e+30; expected a finite number >= 0.0 and <= 30.0"),  # the needle's key set the scales
     (dict(margin=-1.0), ValueError, "margin=-1.0"),
     (dict(margin=float("nan")), ValueError, "margin=nan"),
     (dict(margin="1"), TypeError, "margin='1'"),
