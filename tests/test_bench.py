@@ -1053,3 +1053,17 @@ def test_run_refuses_a_keep_partial_that_is_not_a_bool(value):
     case = Case(2, 16, 2, 1, 16, kv_dtype="fp16", backend="reference", q_dtype="fp16")
     with pytest.raises(TypeError, match=rf"keep_partial={value!r} \({type(value).__name__}\); expected True or False"):
         run([case], copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu", keep_partial=value)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: bench.time_call(lambda: None, "cpu", graph=False, rep=1, warmup=0, cpu_reps=0), ValueError, "cpu_reps=0"),
+    (lambda: bench.probe_us(lambda: None, 0, "cpu"), ValueError, "calls=0"),  # a ZeroDivisionError before
+    (lambda: bench.probe_us(lambda: None, -1, "cpu"), ValueError, "calls=-1")])  # negative microseconds before
+def test_timing_helpers_refuse_counts_that_are_not_positive(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_time_call_takes_a_device_name():
+    seconds, how = bench.time_call(lambda: None, "cpu", graph=False, rep=1, warmup=0, cpu_reps=2)
+    assert how == "cpu-wallclock" and seconds >= 0

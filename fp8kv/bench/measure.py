@@ -65,6 +65,8 @@ def time_call(fn: Callable, device: torch.device, *, graph: bool, rep: int, warm
     sync with the host) or ``do_bench`` (CUDA events); ``rep``/``warmup`` in milliseconds. CPU: the
     median of ``cpu_reps`` wall-clock calls. The method is ``"cuda-graph"``, ``"cuda-events"`` or
     ``"cpu-wallclock"``."""
+    device = torch.device(device)  # a name ("cpu", "cuda:0") as well
+    checks.positive_int(cpu_reps, "cpu_reps")
     if device.type == "cuda":
         from triton.testing import do_bench, do_bench_cudagraph
 
@@ -84,6 +86,7 @@ def probe_us(fn: Callable, calls: int, device, *, rep: int = 60) -> float:
     """Microseconds per decode of a probe's ``fn`` that makes ``calls`` decodes (over rotated caches): the
     middle of three medians of :func:`time_call` (CUDA graphs on a GPU, ``rep`` ms each), after one call."""
     device = torch.device(device)
+    calls = checks.positive_int(calls, "calls")  # decodes per fn(): 0 divided by zero, -1 gave negative times
     fn()
     return sorted(time_call(fn, device, graph=True, rep=rep, warmup=0, cpu_reps=1)[0] * 1e6 / calls
                   for _ in range(3))[1]
