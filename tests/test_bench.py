@@ -1067,3 +1067,11 @@ def test_timing_helpers_refuse_counts_that_are_not_positive(call, exc, match):
 def test_time_call_takes_a_device_name():
     seconds, how = bench.time_call(lambda: None, "cpu", graph=False, rep=1, warmup=0, cpu_reps=2)
     assert how == "cpu-wallclock" and seconds >= 0
+
+
+def test_sweep_and_run_take_only_bools_for_their_flags():
+    """bool("no") is True: a flag given as a string was read as its truthiness."""
+    with pytest.raises(TypeError, match=r"flashinfer_tensor_cores\[0\]='no'"):
+        bench.sweep([1], [16], backends=["flashinfer"], flashinfer_tensor_cores=["no"], device="cpu")
+    with pytest.raises(TypeError, match="check='no'"):
+        bench.run([], check="no")

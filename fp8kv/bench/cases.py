@@ -236,7 +236,8 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
     budget = memory_budget(dev) if memory_budget_bytes is None else int(memory_budget_bytes)
     seed = checks.integer(seed, "seed")
     tri_opts = [dict(o) for o in _as_list(triton_options or {}, "triton_options")]
-    fi_opts = [{"use_tensor_cores": bool(t)} for t in _as_list(list(flashinfer_tensor_cores), "flashinfer_tensor_cores")]
+    fi_opts = [{"use_tensor_cores": checks.flag(t, f"flashinfer_tensor_cores[{i}]")}  # bool("no") is True
+               for i, t in enumerate(_as_list(flashinfer_tensor_cores, "flashinfer_tensor_cores"))]
     # names checked here, before the grid: a name no case takes (an unknown dtype with fp8 mode) made no case at all
     for name, given, allowed in (("kv_dtypes", kv_dtypes, (*KV_DTYPE_NAMES, *QUANT_KV_DTYPES)), ("modes", modes, MODES),
                                  ("backends", backends, BACKEND_NAMES), ("granularities", granularities, GRANULARITIES)):

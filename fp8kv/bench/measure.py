@@ -158,6 +158,7 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
     for name, v in (("rep", rep), ("warmup", warmup), ("check_seqs", check_seqs), ("cpu_reps", cpu_reps)):
         checks.positive_int(v, name)
     checks.flag(keep_partial, "keep_partial")
+    checks.flag(check, "check")  # "no" would read as True
     stamp = utc_stamp()
     info = describe_device(dev)
     runnable = [c for c in cases if c.status == "ready"]
