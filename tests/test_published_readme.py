@@ -192,6 +192,13 @@ def test_ok_rows_drop_errored_and_failed_rows(status, passed):
     assert list(ok_rows(df)["time_us"]) == [1.0]
 
 
+
+def test_ok_rows_keep_a_pass_written_as_a_float():
+    """A 0 / 1 column read back as floats: 1.0 passed (it was dropped), 0.0 did not."""
+    df = pd.DataFrame({"status": ["ok", "ok"], "check_passed": [1.0, 0.0], "time_us": [1.0, 0.5]})
+    assert list(ok_rows(df)["time_us"]) == [1.0]
+
+
 def test_an_errored_peer_row_is_left_out_of_the_best_peer(tmp_path):
     from fp8kv.bench.report import layout_table
     rows = pd.read_csv(REPO / "results/bench/nvidia-h200/20261204T150103Z.csv")

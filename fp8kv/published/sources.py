@@ -96,5 +96,5 @@ def ok_rows(df: pd.DataFrame, rel: str = "") -> pd.DataFrame:
     for col in ("status", "check_passed"):
         if col not in df.columns:
             raise ValueError(f"{rel or 'table'}: lacks column {col!r}; expected a benchmark table")
-    passed = df["check_passed"].astype(str).str.lower().isin(["true", "1", "nan", "none", ""])
+    passed = df["check_passed"].astype(str).str.lower().isin(["true", "1", "1.0", "nan", "none", ""])  # 1.0: a 0/1 float column
     return df[(df["status"] == "ok") & passed]
