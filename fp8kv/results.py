@@ -209,6 +209,12 @@ def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None, tag: st
     ``columns``. An existing file is never overwritten (``-2``, ``-3``, ... is appended), and
     nothing outside the slug's folder is touched. Returns the CSV's path.
     """
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        fail(f"df is a {type(df).__name__}; expected a pandas DataFrame of tidy rows", TypeError)
+    if meta is not None and not isinstance(meta, dict):
+        fail(f"meta is a {type(meta).__name__}; expected None or a dict", TypeError)
     if tag and not _SLUG.match(tag):
         fail(f"tag={tag!r}; expected a folder-safe name such as 'pdl'")
     for col in ("gpu_slug", "timestamp"):
@@ -302,6 +308,8 @@ def read_table(csv: str | os.PathLike, meta: dict | None = None):
     import pandas as pd
 
     csv = Path(csv)
+    if meta is not None and not isinstance(meta, dict):
+        fail(f"meta is a {type(meta).__name__}; expected None (read the .json beside the csv) or its dict", TypeError)
     meta = _read_meta(csv) if meta is None else meta
     try:
         df = pd.read_csv(csv)
@@ -402,6 +410,9 @@ def check_rows(df, reader: str, columns, *, values=(), numeric=(), expected: str
             fail(f"{reader}: column {col!r} of {source_of(df)} holds {df[col].dtype} values, not numbers; "
                  f"expected {expected}")
     ran = df[df["status"] == "ok"] if "status" in df.columns else df
+    absent = sorted(set(values) - set(df.columns))
+    if absent:
+        fail(f"{reader}: {source_of(df)} lacks columns {absent} (the values it reads); expected {expected}")
     for col in values:
         if len(ran) and ran[col].isna().all():
             fail(f"{reader}: column {col!r} of {source_of(df)} holds no value in its {len(ran)} rows that ran "

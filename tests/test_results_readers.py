@@ -221,3 +221,15 @@ def test_an_fp8_only_step_run_is_said_by_name(tmp_path, step_rows):
         warnings.simplefilter("error", PartialResultWarning)
         for name in ("summary", "tokens_per_s_figure", "attention_share_figure"):  # FP8's curve alone is an answer
             assert _read("step", name, tmp_path) is not None
+
+
+def test_results_helpers_refuse_what_they_cannot_read_by_name(tmp_path):
+    """A KeyError, AttributeErrors deep inside before."""
+    from fp8kv import results
+
+    with pytest.raises(ValueError, match=r"r: df lacks columns \['zz'\] \(the values it reads\)"):
+        results.check_rows(pd.DataFrame({"a": [1]}), "r", ["a"], values=["zz"], expected="rows")
+    with pytest.raises(TypeError, match="meta is a list"):
+        results.read_table(tmp_path / "x.csv", meta=[])
+    with pytest.raises(TypeError, match="df is a list"):
+        results.save_table([], tmp_path)
