@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import torch
 
+from . import checks
+
 __all__ = ["rope_inv_freq", "rope_cos_sin", "apply_rope", "rope_at_positions"]
 
 
 def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
     """fp32 ``[head_dim // 2]`` inverse frequencies ``theta ** (-2i / head_dim)`` (the Hugging Face formula)."""
+    head_dim = checks.positive_int(head_dim, "head_dim")
+    theta = checks.positive_float(theta, "theta")  # 0 or below: no frequencies (NaN or inf angles)
     exps = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     return (1.0 / (theta ** exps)).to(device)
 
@@ -38,9 +42,11 @@ def rope_at_positions(x: torch.Tensor, positions: torch.Tensor, theta: float = 1
     """
     if x.ndim != 3 or x.shape[-1] % 2:
         raise ValueError(f"x must be [T, H, D] with even D; got shape {tuple(x.shape)}")
+    theta = checks.positive_float(theta, "theta")  # 0 or below gave NaN rows
     positions = torch.as_tensor(positions, dtype=torch.float64, device=x.device).reshape(-1)
     if positions.numel() != x.shape[0]:
         raise ValueError(f"positions has {positions.numel()} entries but x has {x.shape[0]} tokens")
+    checks.finite_tensor(positions, "positions")
     d = x.shape[-1]
     half = d // 2
     inv_freq = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / d)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from fixtures import seeded
 
+from fp8kv import rope
 from fp8kv.synthetic import (
     apply_rope,
     kurtosis,
@@ -271,3 +272,16 @@ def test_query_positions_are_finite_numbers(position, exc, match):
         queries_like_llm(2, 4, 8, position=position)
     q = queries_like_llm(2, 4, 8, position=torch.tensor([3, 4]))  # a tensor of positions is a sequence
     torch.testing.assert_close(q, queries_like_llm(2, 4, 8, position=[3, 4]))
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: rope.rope_at_positions(torch.ones(2, 1, 4), torch.arange(2), theta=0.0), ValueError, "theta=0.0"),
+    (lambda: rope.rope_at_positions(torch.ones(2, 1, 4), torch.arange(2), theta=float("nan")), ValueError, "theta=nan"),
+    (lambda: rope.rope_at_positions(torch.ones(2, 1, 4), torch.tensor([0.0, float("nan")])), ValueError,
+     "positions has 1 non-finite"),
+    (lambda: rope.rope_inv_freq(-8, 10000.0), ValueError, "head_dim=-8"),
+    (lambda: rope.rope_inv_freq(8, -1.0), ValueError, "theta=-1.0")])
+def test_rope_refuses_what_would_give_nan_angles(call, exc, match):
+    """A theta of 0 or below, or a NaN position, gave NaN rows; a negative head_dim a torch RuntimeError."""
+    with pytest.raises(exc, match=match):
+        call()
