@@ -21,9 +21,10 @@ __all__ = ["flag", "integer", "positive_int", "nonnegative_int", "real", "positi
            "tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
            "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "resolved_softmax_scale",
            "show_value", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
-           "MAX_SINK", "MAX_WINDOW", "MIN_SCORE_FACTOR", "MAX_SCORE_FACTOR"]
+           "MAX_SINK", "MAX_WINDOW", "MIN_SCORE_FACTOR", "MAX_SCORE_FACTOR", "FLOAT_DTYPES"]
 
 FP32_MAX = torch.finfo(torch.float32).max
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # the float inputs numbers are read from
 # The kernels fold sm_scale x log2(e), and with a soft cap x 2 / cap, into one fp32 factor that
 # multiplies q·k (the CUDA-core kernel multiplies q's elements by it first). It must be a normal fp32
 # number (below 2^-126 it loses bits, then flushes to 0: every score 0) and leave room above it for

@@ -50,7 +50,7 @@ def check_qkv(k, v, q) -> torch.Tensor:
     for name, t in (("k", k), ("v", v), ("q", q)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        if t.dtype not in checks.FLOAT_DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; expected float16, bfloat16, float32 or float64")
     if k.ndim != 3 or v.shape != k.shape:
         raise ValueError(f"k and v must be [tokens, Hkv, D] with equal shapes; got {tuple(k.shape)} and "

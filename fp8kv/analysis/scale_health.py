@@ -87,9 +87,6 @@ def _check_kv(k, v) -> tuple[list, list]:
     return k, v
 
 
-_QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
 def _check_queries(q, sm_scale, k) -> tuple[list | None, list]:
     n = len(k)
     if sm_scale is None or isinstance(sm_scale, (int, float)):
@@ -107,8 +104,8 @@ def _check_queries(q, sm_scale, k) -> tuple[list | None, list]:
     for i, qq in enumerate(q):
         checks.tensor(qq, f"q[{i}]", ndim=3, shape_hint="[Nq, Hq, D]")
         hkv, d = k[i].shape[1:]
-        if qq.shape[-1] != d or qq.shape[1] % hkv or min(qq.shape) < 1 or qq.dtype not in _QUERY_DTYPES:
-            checks.fail(f"q[{i}] has shape {tuple(qq.shape)} ({qq.dtype}); expected [Nq, Hq, {d}] of {_QUERY_DTYPES} "
+        if qq.shape[-1] != d or qq.shape[1] % hkv or min(qq.shape) < 1 or qq.dtype not in checks.FLOAT_DTYPES:
+            checks.fail(f"q[{i}] has shape {tuple(qq.shape)} ({qq.dtype}); expected [Nq, Hq, {d}] of {checks.FLOAT_DTYPES} "
                         f"with Nq >= 1 and Hq a multiple of k[{i}]'s {hkv} KV heads")
         checks.fp32_range_tensor(checks.finite_tensor(qq, f"q[{i}]"), f"q[{i}]")  # the errors are computed in fp32
     return q, sm_scale

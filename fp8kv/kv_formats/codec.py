@@ -42,7 +42,7 @@ from .scaling import (
 __all__ = ["Encoded", "quantize", "encode_rows", "dequantize", "decode_codes", "NONFINITE_MODES", "INPUT_DTYPES"]
 
 NONFINITE_MODES = ("raise", "saturate")
-INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INPUT_DTYPES = checks.FLOAT_DTYPES
 _OUTPUT_DTYPES = INPUT_DTYPES
 
 

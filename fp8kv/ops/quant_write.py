@@ -88,7 +88,7 @@ def write_quantized_rows(cache, k: torch.Tensor, v: torch.Tensor, slot_mapping: 
         checks.fail(f"cache format {name!r}: the fused write stores {tuple(FUSED_WRITE_FORMATS)}")
     hkv, d, dev = cache.num_kv_heads, cache.head_dim, cache.k_pages.device
     for arg, t in (("k", k), ("v", v)):
-        checks.tensor(t, arg, dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64), ndim=3)
+        checks.tensor(t, arg, dtypes=checks.FLOAT_DTYPES, ndim=3)
         if tuple(t.shape[1:]) != (hkv, d) or t.stride(-1) != 1 or t.device != dev:
             checks.fail(f"{arg} has shape {tuple(t.shape)}, strides {t.stride()} on {t.device}; expected "
                         f"[N, {hkv}, {d}] with its last dim contiguous on {dev}")
