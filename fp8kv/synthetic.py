@@ -55,7 +55,6 @@ from .rope import rope_at_positions as apply_rope  # its name here: synthetic K/
 __all__ = ["kv_like_llm", "queries_like_llm", "outlier_channel_indices", "apply_rope", "kurtosis",
            "random_paged_cache", "CHUNK_ELEMS", "ragged_kv"]
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # The seeds each generator takes: NumPy's SeedSequence any int >= 0; torch.Generator.manual_seed an int in
 # [-2**63, 2**64 - 1] (a negative one taken modulo 2**64).
 _NUMPY_SEEDS = (0, None)
@@ -90,8 +89,9 @@ def _finite_as(x: torch.Tensor, dtype: torch.dtype, what: str, params: str) -> t
 
 
 def _check_common(head_dim: int, dtype, rope: bool) -> None:
-    if dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"dtype={dtype!r} must be one of {_FLOAT_DTYPES}")
+    checks.flag(rope, "rope")
+    if dtype not in checks.FLOAT_DTYPES:
+        raise TypeError(f"dtype={dtype!r} must be one of {checks.FLOAT_DTYPES}")
     if rope and head_dim % 2:
         raise ValueError(f"head_dim={head_dim} must be even with rope=True (RoPE rotates channel pairs)")
 
@@ -104,6 +104,7 @@ def outlier_channel_indices(head_dim: int, outlier_channels: int, rope: bool = T
     Without RoPE they are spread evenly over the head (``linspace``).
     """
     head_dim = checks.positive_int(head_dim, "head_dim")
+    rope = checks.flag(rope, "rope")
     if isinstance(outlier_channels, bool) or not isinstance(outlier_channels, (int, np.integer)) \
             or outlier_channels < 0:
         raise ValueError(f"outlier_channels={outlier_channels!r} must be a non-negative int")

@@ -22,6 +22,14 @@ def assert_rel_err(a: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "
     assert err <= tol, f"{what}: relative error {err:.3e} > tolerance {tol:.1e}"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test``: ``-n auto --dist loadgroup``) every test that reads the session's smoke
+    render runs in one worker, so that the notebooks are rendered once, not once per worker."""
+    for item in items:
+        if "smoke_report" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("smoke_report"))
+
+
 @pytest.fixture
 def gen() -> torch.Generator:
     """A CPU generator seeded the same in every test, so failures reproduce."""

@@ -691,3 +691,11 @@ def test_seed_outside_torchs_generator_range_is_refused_by_name():
         PagedKVCache.empty(1, 16, 1, 16, seed=2**70)
     PagedKVCache.empty(1, 16, 1, 16, seed=2**64 - 1)  # the ends of torch.Generator.manual_seed's range
     PagedKVCache.empty(1, 16, 1, 16, seed=-(2**63))
+
+
+def test_check_query_takes_one_per_sequence_as_true_or_false():
+    cache = PagedKVCache.empty(2, 16, 1, 8, device=DEVICE)
+    q = torch.zeros(2, 2, 8, device=DEVICE)
+    cache.check_query(q, one_per_sequence=False)
+    with pytest.raises(TypeError, match=r"one_per_sequence=0 \(int\); expected True or False"):
+        cache.check_query(q, one_per_sequence=0)

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from fixtures import run_tokens, seeded
+from fixtures import DEVICE, run_tokens, seeded
 
 from fp8kv import reference
 from fp8kv import step as S
@@ -25,8 +25,8 @@ TOY = ModelShape("toy", 2, 4, 2, 32, hidden_size=64, max_position_embeddings=409
 
 
 def _toy_step(kv_dtype, backend, batch=2, context=48, seed=0):
-    weights = S.random_weights(TOY, torch.float32, "cpu", seed=seed)
-    pool = S.KVPool(TOY, 16, kv_dtype)
+    weights = S.random_weights(TOY, torch.float32, DEVICE, seed=seed)
+    pool = S.KVPool(TOY, 16, kv_dtype, device=DEVICE)
     return S.DecodeStep(TOY, weights, pool.caches(batch, context), backend=backend)
 
 
@@ -109,8 +109,8 @@ def test_triton_step_matches_reference_step(kv_dtype):
 
 
 def test_step_refuses_bad_input():
-    pool = S.KVPool(TOY, 16, "fp16")
-    w = S.random_weights(TOY, torch.float32, "cpu")
+    pool = S.KVPool(TOY, 16, "fp16", device=DEVICE)
+    w = S.random_weights(TOY, torch.float32, DEVICE)
     with pytest.raises(ValueError, match="backend='flashinfer'"):
         S.DecodeStep(TOY, w, pool.caches(1, 32), backend="flashinfer")
     with pytest.raises(ValueError, match="2 layers; got 1 caches"):

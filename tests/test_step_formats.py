@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import run_tokens, seeded
+from fixtures import DEVICE, run_tokens, seeded
 
 from fp8kv import step as S
 from fp8kv.cache.quantized import QuantizedPagedKVCache
@@ -24,8 +24,8 @@ NO_KERNEL = tuple(f for f in PAGED_FORMATS if f not in QUANT_DECODE_FORMATS)  # 
 
 
 def _step(kv_dtype, backend, batch=2, context=48, seed=0, **kw):
-    weights = S.random_weights(TOY, torch.float32, "cpu", seed=seed)
-    pool = S.KVPool(TOY, 16, kv_dtype, device="cpu", **kw)  # beside the weights, on a GPU machine too
+    weights = S.random_weights(TOY, torch.float32, DEVICE, seed=seed)
+    pool = S.KVPool(TOY, 16, kv_dtype, device=DEVICE, **kw)
     return S.DecodeStep(TOY, weights, pool.caches(batch, context), backend=backend)
 
 
@@ -149,7 +149,7 @@ def test_sweep_rows_carry_the_format_its_bytes_and_its_ceiling():
     kv_dtypes = ["fp16", "fp8_e4m3", "int8_token_head", "nvfp4", "mxfp4"]
     mem = settings["gpu_memory_gib"]
     plans = S.plan_sweep([TOY], [64], kv_dtypes, gpu_memory_gib=mem, device="cpu", backend="triton")
-    df = S.sweep([TOY], [64], kv_dtypes, backend="triton", gpu_memory_gib=mem, weights="random", device="cpu",
+    df = S.sweep([TOY], [64], kv_dtypes, backend="triton", gpu_memory_gib=mem, weights="random", device=DEVICE,
                  progress=False, cpu_reps=1, batches=[1], copy_bandwidth=False)
     assert (df["status"] == "ok").all(), df["reason"].tolist()
     assert df["logits_finite"].all() and list(df["kv_dtype"]) == kv_dtypes
@@ -238,8 +238,8 @@ def test_a_backend_outside_the_step_is_refused_for_a_format(fmt, backend):
 
 @pytest.mark.parametrize("fmt", PAGED_FORMATS)
 def test_fp8_mode_and_several_new_tokens_are_refused_for_a_format(fmt, capsys):
-    w = S.random_weights(TOY, torch.float32, "cpu")
-    caches = S.KVPool(TOY, 16, fmt).caches(2, 48)
+    w = S.random_weights(TOY, torch.float32, DEVICE)
+    caches = S.KVPool(TOY, 16, fmt, device=DEVICE).caches(2, 48)
     with pytest.raises(ValueError, match=f"mode='fp8' with kv_dtype={fmt!r}.*expected mode 'auto' or 'dequant'"):
         S.DecodeStep(TOY, w, caches, backend="reference", mode="fp8")
     for q_len in (2, 5):

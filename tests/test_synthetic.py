@@ -285,3 +285,10 @@ def test_rope_refuses_what_would_give_nan_angles(call, exc, match):
     """A theta of 0 or below, or a NaN position, gave NaN rows; a negative head_dim a torch RuntimeError."""
     with pytest.raises(exc, match=match):
         call()
+
+
+@pytest.mark.parametrize("rope", [1, "no", None])
+def test_rope_is_true_or_false_not_a_truthy_stand_in(rope):
+    for call in (lambda: kv_like_llm(4, 2, 8, rope=rope), lambda: outlier_channel_indices(8, 2, rope=rope)):
+        with pytest.raises(TypeError, match=rf"rope={rope!r} \({type(rope).__name__}\); expected True or False"):
+            call()

@@ -152,6 +152,7 @@ def check_query(cache, q, *, one_per_sequence: bool = True) -> None:
     ``one_per_sequence=False``, ``[total_q, Hq, D]`` (an attend: the new tokens of every sequence, back to
     back); float16 / bfloat16 / float32, the cache's head dim, a multiple of its KV heads (GQA: query head h
     reads KV head ``h // (Hq // Hkv)``), on the cache's device."""
+    one_per_sequence = checks.flag(one_per_sequence, "one_per_sequence")
     hint = ("[B, Hq, D] (one query token per sequence)" if one_per_sequence
             else "[total_q, Hq, D] (the new tokens of every sequence, back to back)")
     checks.tensor(q, "q", ndim=3, dtypes=QUERY_DTYPES, shape_hint=hint)
