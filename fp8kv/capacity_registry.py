@@ -7,6 +7,7 @@ planner takes). Every name is also importable from :mod:`fp8kv.capacity`."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, fields
 
@@ -43,14 +44,25 @@ class ModelShape:
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3, Gemma 3)
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"ModelShape name={self.name!r} ({type(self.name).__name__}); expected a non-empty str")
         for f in ("num_layers", "num_q_heads", "num_kv_heads", "head_dim"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"ModelShape {self.name!r}: {f}={v!r} must be a positive int")
-        for f in ("hidden_size", "max_position_embeddings", "num_params"):
+        for f in ("hidden_size", "max_position_embeddings", "num_params", "intermediate_size", "vocab_size"):
             v = getattr(self, f)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
                 raise ValueError(f"ModelShape {self.name!r}: {f}={v!r} must be a positive int or None")
+        for f in ("rope_theta", "rms_norm_eps"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v <= 0):
+                raise ValueError(f"ModelShape {self.name!r}: {f}={v!r} must be a finite number > 0 or None")
+        for f in ("tie_word_embeddings", "qk_norm"):
+            v = getattr(self, f)
+            if not isinstance(v, bool):
+                raise TypeError(f"ModelShape {self.name!r}: {f}={v!r} ({type(v).__name__}); expected True or False")
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(f"ModelShape {self.name!r}: num_q_heads={self.num_q_heads} is not a multiple "
                              f"of num_kv_heads={self.num_kv_heads} (grouped-query attention needs it)")

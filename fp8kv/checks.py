@@ -19,7 +19,7 @@ import torch
 
 __all__ = ["flag", "integer", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed",
            "tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
-           "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "resolved_softmax_scale",
+           "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "softmax_scale_or_default", "resolved_softmax_scale",
            "show_value", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
            "MAX_SINK", "MAX_WINDOW", "MIN_SCORE_FACTOR", "MAX_SCORE_FACTOR", "FLOAT_DTYPES"]
 
@@ -336,6 +336,12 @@ def softmax_scale(sm_scale, soft_cap: float | None = None, name: str = "sm_scale
         fail(f"{name}={value:g}; expected {name} in [{lo:.3g}, {hi:.3g}]: the kernels fold sm_scale x log2(e){cap} "
              "into fp32 factors, which must lie in [2^-126, 2^64] (fold a larger or smaller factor into q instead)")
     return value
+
+
+def softmax_scale_or_default(sm_scale, head_dim: int, name: str = "sm_scale") -> float:
+    """A positive ``sm_scale`` (checked here), or for None the default ``1 / sqrt(head_dim)``: the analyses' rule,
+    which take any positive scale (the kernels' entries bound it: :func:`softmax_scale`)."""
+    return resolved_softmax_scale(None if sm_scale is None else positive_float(sm_scale, name), head_dim)
 
 
 def resolved_softmax_scale(sm_scale: float | None, head_dim: int) -> float:

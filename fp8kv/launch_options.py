@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LaunchOption", "OPTIONS", "KERNELS", "WARP_COUNTS", "MAX_STAGES", "MAX_BLOCK_N", "backend_options", "cli_options",
+__all__ = ["LaunchOption", "OPTIONS", "KERNELS", "WARP_COUNTS", "MAX_STAGES", "MAX_BLOCK_N", "check_range",
+           "backend_options", "cli_options",
            "tuned_options", "kernel_options", "option_names"]
 
 # The decode kernels of the Triton backend, by the names fp8kv.ops.decode_launch gives them.
@@ -63,6 +64,20 @@ OPTIONS: tuple[LaunchOption, ...] = (
     LaunchOption("gluon", _ALL, "bool", "the kernel: None picks, True the Gluon kernel, False the Triton kernel "
                  "(on the CLI 1 or 0)", cli=True),
 )
+
+
+def check_range(name: str, value: int) -> int:
+    """``value`` of the int option ``name`` if every kernel could take it (num_warps in :data:`WARP_COUNTS`,
+    num_stages 1 to :data:`MAX_STAGES`, block_n a power of two up to :data:`MAX_BLOCK_N`; a kernel may ask more:
+    the tensor-core ones a block_n of 16 or more); ValueError naming it otherwise. Where options enter as text
+    (``fp8kv bench --triton-opt``), so that a dry run does not call ready what every run would refuse."""
+    if name == "num_warps" and value not in WARP_COUNTS:
+        raise ValueError(f"num_warps={value}; expected one of {WARP_COUNTS}")
+    if name == "num_stages" and not 1 <= value <= MAX_STAGES:
+        raise ValueError(f"num_stages={value}; expected 1 to {MAX_STAGES}")
+    if name == "block_n" and (value < 1 or value > MAX_BLOCK_N or value & (value - 1)):
+        raise ValueError(f"block_n={value}; expected a power of two up to {MAX_BLOCK_N}")
+    return value
 
 
 def option_names() -> tuple[str, ...]:

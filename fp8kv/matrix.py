@@ -221,6 +221,8 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPE_NAMES, mo
 
 def summarize(df: pd.DataFrame) -> dict:
     """Counts of a :func:`backend_matrix` table: rows, ran, passed, failed, error, unsupported."""
+    if not isinstance(df, pd.DataFrame):
+        checks.fail(f"df must be a pandas DataFrame (backend_matrix's rows), got {type(df).__name__}", TypeError)
     missing = sorted({"status", "passed"} - set(df.columns))
     if missing:
         checks.fail(f"df lacks columns {missing}; expected the rows of fp8kv.matrix.backend_matrix()")

@@ -283,6 +283,9 @@ def kurtosis(x: torch.Tensor, dim=None) -> torch.Tensor | float:
 
     ``dim=None``: of all elements, returned as a float; otherwise along ``dim``, as a tensor.
     """
+    checks.tensor(x, "x", dtypes=checks.FLOAT_DTYPES)
+    if dim is not None:
+        dim = checks.integer(dim, "dim", minimum=-max(x.ndim, 1), maximum=max(x.ndim, 1) - 1)
     xf = x.detach().to(torch.float64)
     if dim is None:
         c = xf.reshape(-1) - xf.mean()

@@ -6,13 +6,23 @@ notebook per test session, shared by the modules that read it."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-import pytest
-import torch
-from fixtures import make_cache, seeded
+# Under pytest-xdist each worker gets its share of the cores for torch's threads and the notebook kernels it starts
+# (their default, every core each, oversubscribes them: CI on 2 cores ran slower in 2 workers than in one).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
 
-from fp8kv.quant import relative_error
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from fixtures import make_cache, seeded  # noqa: E402
+
+from fp8kv.quant import relative_error  # noqa: E402
+
+if _WORKERS > 1:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def assert_rel_err(a: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "") -> None:

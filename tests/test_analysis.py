@@ -457,3 +457,12 @@ def test_measured_cache_bytes_refuses_a_budget_beyond_the_free_memory(monkeypatc
         analysis.measured_cache_bytes("SmolLM2-135M", "fp8_e4m3", kv_memory_gib=1)
     monkeypatch.setattr(cap, "free_memory_bytes", lambda device: None)  # unknown: measured as before
     assert analysis.measured_cache_bytes("SmolLM2-135M", "fp8_e4m3", kv_memory_gib=0.001)["equal"]
+
+
+def test_through_format_takes_tokens_heads_head_dim():
+    from fp8kv.analysis.format_errors import through_format
+
+    with pytest.raises(ValueError, match=r"x must be 3-D \[tokens, heads, head_dim\]; got shape \(5, 32\)"):
+        through_format(torch.randn(5, 32), "nvfp4", "k")
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        through_format([[1.0]], "nvfp4", "k")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -925,6 +926,16 @@ def test_a_rows_kernel_is_the_kernel_its_plan_runs(monkeypatch):
     assert (row["kernel"], row["num_splits"], row["block_n"], row["num_stages"]) == ("gluon", 4, 128, 3)
     given = [{k: v for k, v in kw.items() if v is not None} for kw in seen]  # None: not given, either way
     assert given[0] == given[1] and "out_dtype" not in seen[0] and seen[0]["eviction_policy"] is None
+
+
+@pytest.mark.parametrize("opt, match", [("block_n=48", "block_n=48; expected a power of two up to 256"),
+                                        ("num_warps=3", r"num_warps=3; expected one of \(1, 2, 4, 8, 16\)"),
+                                        ("num_stages=99", "num_stages=99; expected 1 to 8")])
+def test_a_triton_opt_no_kernel_takes_is_a_usage_error_before_a_dry_run(opt, match, capsys):
+    """A dry run called such rows ready, and every real run then failed each case."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--preset", "formats-smoke", "--interpret", "--dry-run", "--triton-opt", opt])
+    assert exc.value.code == 2 and re.search(match, capsys.readouterr().err)
 
 
 def test_one_triton_opt_key_twice_is_a_usage_error(capsys):

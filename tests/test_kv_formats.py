@@ -653,3 +653,24 @@ def test_holding_formats_keeps_those_whose_blocks_divide_the_head_dim():
 def test_format_helpers_refuse_bad_arguments_by_name(call, exc, pattern):
     with pytest.raises(exc, match=pattern):
         call()
+
+
+@pytest.mark.parametrize("name", [c for c in kvf.CODEC_NAMES if kvf.codec(c).tensor_scale])
+def test_dequantize_refuses_a_tensor_scale_of_zero_and_meta_codes(name):
+    """A tensor scale of 0 decoded everything to 0 (quantize writes >= 2^-143); codes on 'meta' crashed in torch."""
+    c = kvf.codec(name)
+    enc = kvf.quantize(data("normal", (8, 2, 64)), c)
+    with pytest.raises(ValueError, match=r"tensor_scale has 1 value\(s\) that are not finite and >= 8.96831e-44"):
+        kvf.dequantize(c, enc.codes, enc.scales, zero_points=enc.zero_points, tensor_scale=torch.tensor(0.0))
+    meta = {k: (None if t is None else t.to("meta")) for k, t in
+            dict(scales=enc.scales, zero_points=enc.zero_points, tensor_scale=enc.tensor_scale).items()}
+    with pytest.raises(ValueError, match="codes are on meta; the codecs take tensors on 'cpu' or a CUDA device"):
+        kvf.dequantize(c, enc.codes.to("meta"), **meta)
+
+
+def test_encode_rows_takes_a_codec_name_and_refuses_a_shape_it_cannot_store():
+    x = data("normal", (4, 2, 64))
+    by_name, by_codec = kvf.encode_rows(x, "int8_token_head"), kvf.encode_rows(x, kvf.codec("int8_token_head"))
+    assert all(torch.equal(a, b) for a, b in zip(by_name, by_codec, strict=True))
+    with pytest.raises(ValueError, match="x has head_dim 30 .* multiple of its block size 32"):
+        kvf.encode_rows(data("normal", (4, 2, 30)), "mxfp4")

@@ -21,6 +21,7 @@ from fp8kv.ops.decode.planning import gluon_config
 from fp8kv.ops.quant_decode import (
     QUANT_CONVERTS,
     QUANT_DECODE_FORMATS,
+    kernel_tolerance,
     paged_decode_quantized,
     plan_decode_quantized,
     quantized_reference,
@@ -131,24 +132,7 @@ def test_bytes_per_token_are_kv_footprint(fmt, hkv, d):
 
 
 # ------------------------------------------------------------------------------------ the kernel vs the oracle
-def kernel_tolerance(q, out_dtype, cache, sm_scale=None) -> float:
-    """Allowed ``||out - ref|| / ||ref||`` of the kernel against the oracle on the same pages.
-
-    Both read the same codes and scales, and the kernel's dot operands are exact in fp16 (INT8 codes -127..127,
-    INT4 -7..7, NVFP4 code x e4m3 block scale: 6 significant bits within [2^-7, 2688], MXFP4 code x its block's
-    power of two relative to the token's largest: exact within 2^22 of it, on this data always); per-token and
-    tensor scales are applied in fp32, where the oracle multiplies them in too. What is left is fp16's rounding (u =
-    2^-11): each probability, times its V scale ratio, rounded once (u); the output rounded to out_dtype (its u;
-    fp32's is negligible); and a query of another dtype rounded to fp16 (after an exact power-of-two rescale),
-    which moves each score by up to u x score_bound (sm_scale x sum |q_d k_d|). fp32 accumulation order adds
-    ~1e-7. The probabilities' rounding errors are independent and average out across tokens, as in
-    fp8kv.reference.output_tolerance's dequant mode (2u for an fp16 query and output).
-    """
-    u16 = unit_roundoff("fp16")
-    tol = u16 + unit_roundoff(out_dtype)
-    if q.dtype != torch.float16:
-        tol += u16 * max(1.0, score_bound(q, cache, sm_scale))
-    return tol
+# kernel_tolerance: the package's (fp8kv.ops.quant_decode.oracle), its bound derived there
 
 
 def q_for(cache, group, dtype, seed=1, scale=1.0):
@@ -458,6 +442,11 @@ def test_bad_writes_and_reads_are_refused_before_anything_changes(call, exc, mat
     (lambda c, q: paged_decode_quantized(q, c, num_stages=10**9), ValueError, "num_stages=1000000000"),
     (lambda c, q: quantized_reference(q, c, sm_scale=-1.0), ValueError, "sm_scale"),
     (lambda c, q: quantized_reference(q, "cache"), TypeError, "cache must be a fp8kv.cache.quantized"),
+    (lambda c, q: kernel_tolerance(q, torch.float16, c, sm_scale=float("nan")), ValueError, "sm_scale=nan"),
+    (lambda c, q: kernel_tolerance(q, torch.float16, c, sm_scale=-1.0), ValueError, "sm_scale=-1"),
+    (lambda c, q: kernel_tolerance(q, torch.float16, c, sm_scale="x"), TypeError, "sm_scale='x'"),
+    (lambda c, q: kernel_tolerance(q[..., :16], torch.float16, c), ValueError, "q has head_dim 16"),
+    (lambda c, q: kernel_tolerance(q, torch.float16, "c"), TypeError, "cache must be a fp8kv.cache.quantized"),
 ])
 def test_bad_decode_arguments_are_refused_by_name(call, exc, match):
     cache = _cache()
@@ -625,3 +614,34 @@ def test_a_size_one_dimension_of_any_stride_is_read_as_it_is(fmt):
         setattr(cache, name, odd)
     got = run_quant_decode(q, cache, launch)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("other, match", [
+    (lambda c, q: (q.repeat(2, 1, 1)[:3], c), r"q's shape is \(3, 4, 32\), but the plan was made for \(2, 4, 32\)"),
+    (lambda c, q: (q.float(), c), "q's dtype is torch.float32, but the plan was made for torch.float16"),
+    (lambda c, q: (q, _cache("int8_token_head")), "the cache's format is int8_token_head, but the plan was made for "
+     "int4_token_head"),
+])
+def test_a_plan_run_on_other_inputs_is_refused_not_read_wrong(other, match):
+    """A launch planned for one query and cache, run on another: the rows past the plan's were left unwritten (NaN),
+    and an INT8 plan read INT4 codes (error 14.8); now the first difference is named."""
+    cache = _cache()
+    q = torch.randn(2, 4, 32).half()
+    launch = plan_decode_quantized(q, cache)
+    with pytest.raises(ValueError, match=match):
+        run_quant_decode(*other(cache, q), launch)
+    with pytest.raises(TypeError, match="launch must be a plan_decode_quantized launch"):
+        run_quant_decode(q, cache, "launch")
+
+
+def test_a_tensor_scale_below_the_codecs_floor_is_refused_where_the_cache_is_made():
+    """Accepted before, then every write failed naming quantize's ``tensor_scale``."""
+    with pytest.raises(ValueError, match=r"k_tensor_scale=1\.4\d*e-45 is below .* expected k_tensor_scale >= 2\^-143"):
+        QuantizedPagedKVCache.empty("nvfp4", 1, 4, 1, 16, k_tensor_scale=1e-45, v_tensor_scale=1.0)
+
+
+@pytest.mark.parametrize("bad, exc", [("40", TypeError), (-5, ValueError), (True, TypeError)])
+def test_from_dense_max_seq_len_is_a_positive_int(bad, exc):
+    k, v = draw(1, 3, 1, 16, seed=0)
+    with pytest.raises(exc, match=f"max_seq_len={bad!r}" if exc is TypeError else "max_seq_len=-5"):
+        QuantizedPagedKVCache.from_dense("int8_token_head", k, v, [3], max_seq_len=bad)

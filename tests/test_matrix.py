@@ -229,3 +229,5 @@ def test_bad_arguments_are_named(kwargs, match):
 def test_summarize_rejects_foreign_frames():
     with pytest.raises(ValueError, match="lacks columns"):
         summarize(pd.DataFrame({"x": [1]}))
+    with pytest.raises(TypeError, match="df must be a pandas DataFrame .*, got list"):
+        summarize([1])

@@ -1023,3 +1023,18 @@ def test_launch_config_called_directly_refuses_bad_arguments_by_name(kw, exc, wo
     args.update(kw)
     with pytest.raises(exc, match=re.escape(words)):
         launch_config(args.pop("batch"), args.pop("cache"), num_sms=132, **args)
+
+
+def test_a_plan_run_on_other_inputs_is_refused_by_name():
+    """fp8kv.ops.run checks (metadata only, no host sync) that q and the cache are what the plan was made for."""
+    from fp8kv import ops
+
+    cache = matrix_cache([5, 9], 2, 64, kv_dtype="fp8_e4m3", granularity="tensor")
+    q = make_q(2, 8, 64, torch.float16)
+    plan = ops.plan(q, cache)
+    ops.run(plan, q.clone(), cache.clone())  # the same shapes: fine
+    with pytest.raises(ValueError, match=r"q's shape is \(1, 8, 64\), but the plan was made for \(2, 8, 64\)"):
+        ops.run(plan, q[:1], cache)
+    other = matrix_cache([5, 9], 2, 64, kv_dtype="fp8_e5m2", granularity="tensor")
+    with pytest.raises(ValueError, match=r"the cache's format is \('fp8_e5m2', 'tensor', 'NHD'\)"):
+        ops.run(plan, q, other)

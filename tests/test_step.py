@@ -571,3 +571,74 @@ def test_a_point_that_raises_becomes_its_rows_status_and_reason(error, status, w
 
     got = point_failure(error)
     assert got["status"] == status and words in got["reason"]
+
+
+# ------------------------------------------------------------------------------------ arguments by name
+def test_positions_and_token_ids_are_whole_numbers_in_range():
+    """A position of 3.9 read as 3, True as 1, and a token id of -1 as the last token's: each is refused by name."""
+    st = _toy_step("fp16", "reference", batch=1)
+    for bad, exc, match in ((3.9, TypeError, r"positions=3.9 \(float\)"), (True, TypeError, r"positions=True"),
+                            ("3", TypeError, r"positions='3'"), ([1.5], TypeError, r"positions\[0\]=1.5"),
+                            (torch.tensor([2.0]), TypeError, "positions is a torch.float32 tensor")):
+        with pytest.raises(exc, match=match):
+            st.set_positions(bad)
+    for bad in (-1, TOY.vocab_size):
+        with pytest.raises(ValueError, match=rf"prompt_ids holds id {bad}; expected ids in \[0, {TOY.vocab_size}\)"):
+            S.greedy_decode(st, [1, bad], 1)
+    with pytest.raises(TypeError, match=r"prompt_ids\[0\]=1.7 \(float\)"):
+        S.greedy_decode(st, [1.7], 1)
+    st.input_ids.fill_(-1)  # written past the checks: an error, not the embedding of token V - 1
+    st.set_positions(0)
+    with pytest.raises(IndexError):
+        st.forward()
+
+
+def test_weights_of_another_shape_are_refused_by_name():
+    other = ModelShape("toy-wide", 2, 4, 2, 32, hidden_size=96, max_position_embeddings=4096, intermediate_size=96,
+                       vocab_size=128, tie_word_embeddings=True, rope_theta=10_000.0, rms_norm_eps=1e-6, qk_norm=True)
+    caches = S.KVPool(other, 16, "fp16", device=DEVICE).caches(1, 32)
+    with pytest.raises(ValueError, match=r"weights.embed is \(128, 64\); toy-wide needs \(128, 96\)"):
+        S.DecodeStep(other, S.random_weights(TOY, torch.float32, DEVICE), caches)
+    plain = ModelShape("toy-plain", 2, 4, 2, 32, hidden_size=64, max_position_embeddings=4096, intermediate_size=96,
+                       vocab_size=128, tie_word_embeddings=True, rope_theta=10_000.0, rms_norm_eps=1e-6)
+    with pytest.raises(ValueError, match=r"weights.layers\[0\].q_norm is \(32,\); toy-plain needs None"):
+        S.DecodeStep(plain, S.random_weights(TOY, torch.float32, DEVICE), caches)
+
+
+@pytest.mark.parametrize("field, value, exc", [
+    ("qk_norm", "no", TypeError), ("tie_word_embeddings", 1, TypeError), ("intermediate_size", -4, ValueError),
+    ("intermediate_size", 64.0, ValueError), ("vocab_size", 0, ValueError), ("rms_norm_eps", float("nan"), ValueError),
+    ("rms_norm_eps", -1.0, ValueError), ("rope_theta", float("inf"), ValueError), ("name", 5, TypeError)])
+def test_model_shape_fields_are_checked_where_the_shape_is_made(field, value, exc):
+    kw = dict(name="toy", num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=32, hidden_size=64,
+              intermediate_size=96, vocab_size=128, rope_theta=10_000.0, rms_norm_eps=1e-6)
+    kw[field] = value
+    with pytest.raises(exc, match=rf"{field}={value!r}"):
+        ModelShape(**kw)
+
+
+def test_pool_and_weights_arguments_are_refused_by_name():
+    with pytest.raises(TypeError, match=r"shape='Qwen3-0.6B' \(str\); expected a fp8kv.capacity.ModelShape"):
+        S.KVPool("Qwen3-0.6B", 8, "bf16")
+    pool = S.KVPool(TOY, 8, "fp16", device=DEVICE)
+    with pytest.raises(ValueError, match="max_context=0"):
+        pool.max_batch(0)
+    with pytest.raises(TypeError, match=r"seed=1.5 \(float\)"):
+        pool.caches(1, 16, seed=1.5)
+    with pytest.raises(TypeError, match=r"seed=1.5 \(float\)"):
+        S.random_weights(TOY, torch.float32, DEVICE, seed=1.5)
+    with pytest.raises(TypeError, match=r"dtype=torch.int32; expected one of"):
+        S.random_weights(TOY, torch.int32, DEVICE)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(contexts="64"), r"contexts='64' \(str\); expected an int or a list of ints"),
+    (dict(contexts=64.0), r"contexts=64.0 \(float\); expected an int or a list of ints"),
+    (dict(models=123), r"models=123; expected a list of model names or ModelShapes"),
+    (dict(batches="1"), r"batches='1' \(str\)")])
+def test_sweep_lists_are_lists_not_strings_or_floats(kw, match):
+    args = dict(models=[TOY], contexts=[64]) | kw
+    with pytest.raises(TypeError, match=match):
+        S.plan_sweep(args.pop("models"), args.pop("contexts"), ["fp16"], gpu_memory_gib=0.0016, device="cpu", **args)
+    with pytest.raises(TypeError, match=r"ceilings=None \(NoneType\)"):
+        S.batch_points(None, 10)

@@ -322,9 +322,14 @@ def test_chunked_prefill_refuses_prompts_that_do_not_fit():
     with pytest.raises(ValueError, match="prompt=40 tokens do not fit the caches' 32"):
         S.ChunkedPrefill(TOY, w, S.KVPool(TOY, 16, "fp16").caches(1, 32), 40, 16, backend="reference")
     pre = S.ChunkedPrefill(TOY, w, S.KVPool(TOY, 16, "fp16").caches(1, 32), 20, 16, backend="reference")
-    for bad in (torch.zeros(19, dtype=torch.int64), torch.zeros(2, 20, dtype=torch.int64), torch.zeros(20)):
+    for bad in (torch.zeros(19, dtype=torch.int64), torch.zeros(2, 20, dtype=torch.int64)):
         with pytest.raises(ValueError, match=r"prompt_ids has shape .* expected ints of shape \[1, 20\]"):
             pre.run(bad)
+    with pytest.raises(TypeError, match=r"prompt_ids is a torch.float32 tensor; expected ints"):
+        pre.run(torch.zeros(20))
+    for bad_id in (-1, TOY.vocab_size):  # -1 indexed the last token's embedding
+        with pytest.raises(ValueError, match=rf"prompt_ids holds id {bad_id}; expected ids in \[0, {TOY.vocab_size}\)"):
+            pre.run([bad_id] * 20)
 
 
 # ---------------------------------------------------------------------------------------------- the ceiling

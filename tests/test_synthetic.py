@@ -292,3 +292,10 @@ def test_rope_is_true_or_false_not_a_truthy_stand_in(rope):
     for call in (lambda: kv_like_llm(4, 2, 8, rope=rope), lambda: outlier_channel_indices(8, 2, rope=rope)):
         with pytest.raises(TypeError, match=rf"rope={rope!r} \({type(rope).__name__}\); expected True or False"):
             call()
+
+
+def test_kurtosis_refuses_a_dim_the_tensor_lacks_and_non_tensors():
+    with pytest.raises(ValueError, match="dim=5; expected an int <= 1"):
+        kurtosis(torch.randn(4, 4), dim=5)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        kurtosis([1.0, 2.0, 3.0])

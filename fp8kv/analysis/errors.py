@@ -88,11 +88,6 @@ def scale_argument(method: str, which: str):
 # --------------------------------------------------------------------------- attention
 
 
-def _checked_sm_scale(sm_scale: float | None) -> float | None:
-    """None (the default, 1/sqrt(D)), or a positive float."""
-    return None if sm_scale is None else checks.positive_float(sm_scale, "sm_scale")
-
-
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None) -> torch.Tensor:
     """fp32 attention of several decode queries against one context, by the oracle.
 
@@ -107,7 +102,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | 
     nq, hq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
-    sm_scale = checks.resolved_softmax_scale(_checked_sm_scale(sm_scale), d)
+    sm_scale = checks.softmax_scale_or_default(sm_scale, d)
     qq = q.reshape(nq, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv * nq * g, d)
     out, _ = attention(qq, k, v, sm_scale)
     return out.reshape(hkv, nq, g, d).permute(1, 0, 2, 3).reshape(nq, hq, d)
@@ -150,7 +145,7 @@ def quantization_error(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, *, for
     granularities = tuple(checks.many_of(granularities, "granularities", GRANULARITIES))
     scale_methods = tuple(checks.many_of(scale_methods, "scale_methods", SCALE_LABELS))
     modes = tuple(checks.many_of(quantize, "quantize", QUANTIZE))
-    sm_scale = checks.resolved_softmax_scale(_checked_sm_scale(sm_scale), k.shape[-1])
+    sm_scale = checks.softmax_scale_or_default(sm_scale, k.shape[-1])
     kf, vf = k.to(torch.float32), v.to(torch.float32)
     ref = attend(q, kf, vf, sm_scale)
     shape = dict(tokens=k.shape[0], num_kv_heads=k.shape[1], num_q_heads=q.shape[1], head_dim=k.shape[2],

@@ -37,6 +37,7 @@ def through_format(x: torch.Tensor, fmt: str, which: str) -> torch.Tensor:
     """``x`` ``[T, H, D]`` (one sequence's K or V) stored in ``fmt`` and loaded back, fp32: the model hook's path
     (:func:`fp8kv.models.kv_config.quantize_kv`)."""
     checks.one_of(which, "which", ("k", "v"))
+    checks.tensor(x, "x", ndim=3, dtypes=checks.FLOAT_DTYPES, shape_hint="[tokens, heads, head_dim]")
     y, _ = quantize_kv(x.float().permute(1, 0, 2)[None], KVQuantConfig(fmt=fmt), which, 0)
     return y[0].permute(1, 0, 2).float()
 
@@ -55,7 +56,7 @@ def kv_format_errors(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, formats=
     checks.tensor(q, "q", ndim=3, shape_hint="[queries, heads, head_dim]")
     q = check_qkv(k, v, q)
     hkv, d = k.shape[1], k.shape[2]
-    sm_scale = checks.resolved_softmax_scale(None if sm_scale is None else checks.positive_float(sm_scale, "sm_scale"), d)
+    sm_scale = checks.softmax_scale_or_default(sm_scale, d)
     k, v, q = k.float(), v.float(), q.float()
     ref = torch.stack([attention(qi, k, v, sm_scale)[0] for qi in q])
     rows = []

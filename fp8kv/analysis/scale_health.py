@@ -94,8 +94,7 @@ def _check_queries(q, sm_scale, k) -> tuple[list | None, list]:
     sm_scale = list(sm_scale)
     if len(sm_scale) != n:
         checks.fail(f"sm_scale has {len(sm_scale)} entries for {n} layers; expected one per layer (or one number)")
-    sm_scale = [checks.resolved_softmax_scale(None if s is None else checks.positive_float(s, f"sm_scale[{i}]"),
-                                              k[i].shape[-1]) for i, s in enumerate(sm_scale)]
+    sm_scale = [checks.softmax_scale_or_default(s, k[i].shape[-1], f"sm_scale[{i}]") for i, s in enumerate(sm_scale)]
     if q is None:
         return None, sm_scale
     q = _layers(q, "q")

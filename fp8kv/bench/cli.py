@@ -17,7 +17,7 @@ from ..analysis.breakeven import BREAKEVEN_GRID
 from ..cache import LAYOUTS
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on, use_interpreter
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
-from ..launch_options import OPTIONS, cli_options
+from ..launch_options import OPTIONS, check_range, cli_options
 from ..quant import GRANULARITIES
 from ..results import save_or_fallback
 from .attend import (
@@ -205,7 +205,10 @@ def _kv_opt(s: str) -> tuple[str, int]:
     if not m or int(m.group(2)) < 1:
         raise argparse.ArgumentTypeError(f"{s!r}: expected KEY=INT with KEY in {', '.join(TRITON_OPTIONS)} "
                                          "and INT >= 1")
-    return m.group(1), int(m.group(2))
+    try:
+        return m.group(1), check_range(m.group(1), int(m.group(2)))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{s!r}: {e}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,7 @@ import torch
 from .. import checks
 from ..checks import fail as _fail
 from ..kv_formats import Encoded, Footprint, kv_footprint, quantize
+from ..kv_formats.codec import check_tensor_scale
 from ..kv_formats.pages import page_shapes, paged_format
 from . import validation
 from .construction import shuffled_block_table
@@ -83,10 +84,7 @@ class QuantizedPagedKVCache(PagedTables):
             _fail(f"{name} is None, but format {self.fmt.name!r} multiplies its block scales by a per-tensor fp32 "
                   f"scale, fixed for the cache: pass a positive number (e.g. amax / (448 x 6) of calibration "
                   f"data, or what fp8kv.kv_formats.quantize(x, {codec.name!r}).tensor_scale gives)")
-        s = checks.positive_fp32(value, name, device=self.device, expected="a positive number")
-        if s.numel() != 1:
-            _fail(f"{name} has shape {tuple(s.shape)}; expected one number (shape [] or [1])")
-        return s.reshape(()).clone()
+        return check_tensor_scale(value, codec, self.device, name).clone()
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -219,6 +217,8 @@ class QuantizedPagedKVCache(PagedTables):
             k_tensor_scale = quantize(k_all, f.key).tensor_scale
         if f.value.tensor_scale and v_tensor_scale is None:
             v_tensor_scale = quantize(v_all, f.value).tensor_scale
+        if max_seq_len is not None:
+            max_seq_len = checks.positive_int(max_seq_len, "max_seq_len")
         cap = max(max(lens, default=0), max_seq_len or 0, 1)
         cache = cls.empty(f, len(lens), cap, k.shape[2], k.shape[3], block_size=block_size, num_blocks=num_blocks,
                           k_tensor_scale=k_tensor_scale, v_tensor_scale=v_tensor_scale, device=k.device, seed=seed)

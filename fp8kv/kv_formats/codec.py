@@ -39,7 +39,8 @@ from .scaling import (
     two_level_scale,
 )
 
-__all__ = ["Encoded", "quantize", "encode_rows", "dequantize", "decode_codes", "NONFINITE_MODES", "INPUT_DTYPES"]
+__all__ = ["Encoded", "quantize", "encode_rows", "dequantize", "decode_codes", "check_tensor_scale", "NONFINITE_MODES",
+           "INPUT_DTYPES"]
 
 NONFINITE_MODES = ("raise", "saturate")
 INPUT_DTYPES = checks.FLOAT_DTYPES
@@ -106,20 +107,22 @@ def _check_x(x, c: Codec, nonfinite) -> None:
     checks.fp32_range_tensor(x, "x")
 
 
-def _check_tensor_scale(tensor_scale, c: Codec, device) -> torch.Tensor | None:
+def check_tensor_scale(tensor_scale, c: Codec, device, name: str = "tensor_scale") -> torch.Tensor | None:
+    """A codec's fixed per-tensor scale (``name``: the argument it came in as) as an fp32 scalar on ``device``: None,
+    or a positive number, at least 2^-143 for a two-level codec; ValueError naming it otherwise."""
     if tensor_scale is None:
         return None
     if not (c.tensor_scale or c.scaling == "tensor"):
-        raise ValueError(f"tensor_scale={tensor_scale!r} is given, but codec {c.name!r} has no per-tensor scale "
+        raise ValueError(f"{name}={tensor_scale!r} is given, but codec {c.name!r} has no per-tensor scale "
                          "(its scales come from the data); pass None")
-    s = checks.positive_fp32(tensor_scale, "tensor_scale", device=device, expected="None or a positive number "
+    s = checks.positive_fp32(tensor_scale, name, device=device, expected="None or a positive number "
                              "(a float or a one-element tensor)")
     if s.numel() != 1:
-        raise ValueError(f"tensor_scale has shape {tuple(s.shape)}; expected one number (shape [] or [1])")
+        raise ValueError(f"{name} has shape {tuple(s.shape)}; expected one number (shape [] or [1])")
     s = s.reshape(())
     if c.tensor_scale and float(s) < TENSOR_SCALE_MIN:
-        raise ValueError(f"tensor_scale={float(s)!r} is below {TENSOR_SCALE_MIN!r} (2^-143): times the smallest "
-                         "block scale (2^-6) it would be no fp32 number; expected tensor_scale >= 2^-143")
+        raise ValueError(f"{name}={float(s)!r} is below {TENSOR_SCALE_MIN!r} (2^-143): times the smallest "
+                         f"block scale (2^-6) it would be no fp32 number; expected {name} >= 2^-143")
     return s
 
 
@@ -142,7 +145,7 @@ def quantize(x: torch.Tensor, codec_name: Codec | str, *, tensor_scale=None, non
     """
     c = codec(codec_name)
     _check_x(x, c, nonfinite)
-    given = _check_tensor_scale(tensor_scale, c, x.device)
+    given = check_tensor_scale(tensor_scale, c, x.device)
     if c.rule == "fp8":
         q = fp8_quantize(x, c.element.name, c.scaling, "amax" if given is None else given, nonfinite=nonfinite)
         return Encoded(c, q.data, q.scale, saturated=q.saturated, underflow=q.underflow, nonfinite=q.nonfinite)
@@ -191,13 +194,16 @@ def _scaled(vg: torch.Tensor, fg: torch.Tensor, dim: int, c: Codec, given) -> tu
     return vg / factor, scales
 
 
-def encode_rows(x: torch.Tensor, c: Codec, tensor_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_rows(x: torch.Tensor, c: Codec | str, tensor_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """What :func:`quantize` stores for finite rows ``x`` ``[..., H, D]`` of a token-local codec (amax, two-level
     or power-of-two scales; ``tensor_scale``: the two-level codecs' fixed fp32 second level), with no checks
     and no counts: no host sync, so a CUDA graph holds it. Returns ``(codes, scales [..., H, groups])``."""
+    c = codec(c)  # a name or a Codec; its shape rule checked (metadata only: no host sync)
     if c.rule not in ("amax", "two_level", "pow2"):
         raise ValueError(f"codec {c.name!r} (rule {c.rule!r}) is not token-local; encode_rows takes amax, "
                          "two_level or pow2 codecs")
+    checks.tensor(x, "x", dtypes=INPUT_DTYPES)
+    c.check_shape(tuple(x.shape), "x")
     vg, dim = group_view(x.detach().to(torch.float32), c)
     y, scales = _scaled(vg, vg, dim, c, tensor_scale)
     codes, _ = _encode(y.reshape(x.shape), c, count=False)
@@ -235,6 +241,8 @@ def decode_codes(codes: torch.Tensor, c: Codec) -> torch.Tensor:
 def _check_stored(c: Codec, codes, scales, zero_points, tensor_scale) -> tuple:
     """Check stored pieces against the codec; return the data shape ``[..., H, D]``."""
     checks.tensor(codes, "codes", dtypes=(c.code_dtype,))
+    if codes.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"codes are on {codes.device}; the codecs take tensors on 'cpu' or a CUDA device")
     shape = tuple(codes.shape)
     if c.packed and shape:
         shape = (*shape[:-1], shape[-1] * 2)
@@ -254,14 +262,16 @@ def _check_stored(c: Codec, codes, scales, zero_points, tensor_scale) -> tuple:
         if tuple(t.shape) != expected:
             raise ValueError(f"{name} has shape {tuple(t.shape)}; codec {c.name!r} with codes of shape "
                              f"{tuple(codes.shape)} (data {shape}) needs {expected}")
-        # quantize writes finite scales >= 0 (and finite zero points); a NaN or a negative one would decode to NaN or
-        # flip signs, silently
+        # quantize writes finite scales >= 0 (an all-zero block's may be 0), a tensor scale >= 2^-143, and finite zero
+        # points; a NaN or a negative one would decode to NaN or flip signs, a tensor scale of 0 zero everything,
+        # silently
         v = t.float()
-        bad = ~torch.isfinite(v) if name == "zero_points" else ~torch.isfinite(v) | (v < 0)
+        least = {"zero_points": None, "tensor_scale": TENSOR_SCALE_MIN}.get(name, 0.0)
+        bad = ~torch.isfinite(v) if least is None else ~torch.isfinite(v) | (v < least)
         if bool(bad.any()):
             first = tuple(int(i) for i in bad.nonzero()[0]) if v.ndim else ()
             raise ValueError(f"{name} has {int(bad.sum())} value(s) that are not finite"
-                             f"{'' if name == 'zero_points' else ' and >= 0'}; the first is at index {first} "
+                             f"{'' if least is None else f' and >= {least:g}'}; the first is at index {first} "
                              f"(value {float(v[first])}); expected what quantize returned")
     return shape
 

@@ -8,11 +8,15 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import checks
 from ..capacity import ModelShape, get_model
 from ..checks import fail as _fail
 
 # Registry models whose real weights fp8kv loads offline (fp8kv.models) -> their fp8kv.models name.
 REAL_WEIGHTS = {"SmolLM2-135M": "smollm2-135m"}
+
+STEP_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the weights' (and activations') dtypes a step runs
+
 
 def require_step_shape(shape: ModelShape) -> ModelShape:
     """The ModelShape fields a decode step needs, present (a registry entry has them all)."""
@@ -107,6 +111,32 @@ class StepWeights:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
+def check_step_weights(shape: ModelShape, weights: StepWeights) -> None:
+    """``weights`` hold ``shape``'s tensors: every layer's and the embedding's shapes, q/k norms where
+    ``shape.qk_norm``, one float dtype and one device; the first mismatch is named (a step of another model's
+    weights would run, and count bytes, for a model it is not)."""
+    h, d, inter, vocab = shape.hidden_size, shape.head_dim, shape.intermediate_size, shape.vocab_size
+    hq, hkv = shape.num_q_heads, shape.num_kv_heads
+    want = {"embed": (vocab, h), "final_norm": (h,), "lm_head": (vocab, h)}
+    got = {"embed": weights.embed, "final_norm": weights.final_norm, "lm_head": weights.lm_head}
+    norm = (d,) if shape.qk_norm else None
+    for i, lw in enumerate(weights.layers):
+        for name, dims in (("input_norm", (h,)), ("qkv", ((hq + 2 * hkv) * d, h)), ("q_norm", norm), ("k_norm", norm),
+                           ("o", (h, hq * d)), ("post_norm", (h,)), ("gate_up", (2 * inter, h)), ("down", (h, inter))):
+            want[f"layers[{i}].{name}"], got[f"layers[{i}].{name}"] = dims, getattr(lw, name)
+    for name, dims in want.items():
+        t = got[name]
+        shown = None if t is None else (tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__)
+        if (dims is None) != (t is None) or (t is not None and shown != dims):
+            _fail(f"weights.{name} is {shown}; {shape.name} needs {dims} (H={h}, I={inter}, V={vocab}, "
+                  f"Hq={hq}, Hkv={hkv}, D={d}{', q/k norms' if shape.qk_norm else ', no q/k norms'})")
+        if t is not None and (t.dtype != weights.dtype or t.device != weights.device):
+            _fail(f"weights.{name} is {t.dtype} on {t.device}; every weight must be {weights.dtype} on "
+                  f"{weights.device}, as weights.embed")
+    if weights.dtype not in STEP_DTYPES:
+        _fail(f"weights are {weights.dtype}; expected one of {STEP_DTYPES}", TypeError)
+
+
 def random_weights(shape: ModelShape, dtype: torch.dtype = torch.bfloat16, device=None, seed: int = 0) -> StepWeights:
     """Random weights of ``shape`` (N(0, 1/fan_in) projections, N(0, 1) embeddings, unit norms).
 
@@ -116,6 +146,9 @@ def random_weights(shape: ModelShape, dtype: torch.dtype = torch.bfloat16, devic
     from ..device import resolve_device
 
     shape = require_step_shape(shape)
+    if dtype not in STEP_DTYPES:
+        _fail(f"dtype={dtype!r}; expected one of {STEP_DTYPES}", TypeError)
+    seed = checks.integer(seed, "seed", minimum=-2**63, maximum=2**64 - 1)  # torch.Generator's range
     dev = resolve_device(device)
     g = torch.Generator(device=dev).manual_seed(seed)
     h, d, inter = shape.hidden_size, shape.head_dim, shape.intermediate_size

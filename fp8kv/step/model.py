@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import checks
 from ..cache import PagedKVCache, shuffled_block_table
 from ..cache.quantized import QuantizedPagedKVCache
 from ..capability import UnsupportedError, check, check_query, choose_backend, choose_mode
@@ -18,12 +19,44 @@ from ..checks import resolved_softmax_scale
 from ..formats import kv_dtype_info
 from ..kv_formats import kv_format, page_shapes
 from ..rope import apply_rope, rope_cos_sin, rope_inv_freq
-from .layers import StepWeights, gated_mlp, require_step_shape, rms_norm
+from .layers import StepWeights, check_step_weights, gated_mlp, require_step_shape, rms_norm
 from .quantized import check_format_shape, check_format_step, is_format, step_kv_dtype, write_rows
 
 STEP_BACKENDS = ("auto", "triton", "reference")
 STEP_MODES = ("auto", "dequant", "fp8")  # FP8 pages: dequantize in the loop, or FP8 arithmetic; auto: the kernel's pick
 STEP_LOGITS = ("all", "last")  # LM head on every new token's row, or on each sequence's last one (prefill)
+
+def int_values(value, name: str) -> torch.Tensor:
+    """``value`` (an int, a list of ints or an integer tensor) as an int64 tensor; floats, bools and strings are a
+    TypeError naming ``name`` (a position of 3.9 would be read as 3)."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+            _fail(f"{name} is a {value.dtype} tensor; expected ints (an integer tensor, an int or a list of ints)",
+                  TypeError)
+        return value.to(torch.int64)
+    if isinstance(value, (list, tuple)):
+        flat = list(value)
+        while flat and all(isinstance(x, (list, tuple)) for x in flat):
+            flat = [y for x in flat for y in x]
+        for i, x in enumerate(flat):
+            checks.integer(x, f"{name}[{i}]")
+        try:
+            return torch.as_tensor(value, dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError) as e:
+            _fail(f"{name} is not a rectangular list of ints ({e})", TypeError)
+    return torch.tensor(checks.integer(value, name), dtype=torch.int64)
+
+
+def token_ids(value, name: str, vocab_size: int) -> torch.Tensor:
+    """Token ids (as :func:`int_values`) in ``[0, vocab_size)``: an id outside would index another token's
+    embedding (a negative one counts from the end) or none."""
+    ids = int_values(value, name)
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab_size:
+            _fail(f"{name} holds id {lo if lo < 0 else hi}; expected ids in [0, {vocab_size}) (the model's vocab_size)")
+    return ids
+
 
 # -------------------------------------------------------------------------------------------- KV pool
 class KVPool:
@@ -43,6 +76,9 @@ class KVPool:
         from ..checks import positive_int
         from ..device import resolve_device
 
+        if not isinstance(shape, ModelShape):
+            _fail(f"shape={shape!r} ({type(shape).__name__}); expected a fp8kv.capacity.ModelShape "
+                  "(fp8kv.capacity.get_model(name) for a registry model)", TypeError)
         self.shape = shape
         self.num_blocks = positive_int(num_blocks, "num_blocks")
         self.kv_dtype = step_kv_dtype(kv_dtype)
@@ -84,7 +120,7 @@ class KVPool:
         return sum(t.numel() * t.element_size() for arrays in self.pages for t in arrays) + fixed
 
     def blocks_per_seq(self, max_context: int) -> int:
-        return math.ceil(max_context / self.block_size)
+        return math.ceil(checks.positive_int(max_context, "max_context") / self.block_size)
 
     def max_batch(self, max_context: int) -> int:
         """Sequences of ``max_context`` tokens the pool holds."""
@@ -101,6 +137,7 @@ class KVPool:
         if batch * bpseq > self.num_blocks:
             _fail(f"batch={batch} sequences of {max_context} tokens need {batch * bpseq} blocks; the pool holds "
                   f"{self.num_blocks} (at most {self.max_batch(max_context)} such sequences)")
+        seed = checks.integer(seed, "seed", minimum=-2**63, maximum=2**64 - 1)  # torch.Generator's range
         table = shuffled_block_table(self.num_blocks, batch, bpseq, seed, self.device)
         seq_lens = torch.zeros(batch, dtype=torch.int32, device=self.device)
         if self.format is not None:
@@ -158,6 +195,7 @@ class DecodeStep:
         if len(caches) != shape.num_layers or len(weights.layers) != shape.num_layers:
             _fail(f"{shape.name} has {shape.num_layers} layers; got {len(caches)} caches and "
                   f"{len(weights.layers)} layers of weights")
+        check_step_weights(shape, weights)
         first = caches[0]
         quantized = isinstance(first, QuantizedPagedKVCache)
         kind = QuantizedPagedKVCache if quantized else PagedKVCache
@@ -261,7 +299,7 @@ class DecodeStep:
         ``seq_lens = positions + q_len`` and the slots they are written to. With several new tokens the
         attention is planned here for these lengths. Host-side, between steps."""
         cap = self.caches[0].max_blocks_per_seq * self.caches[0].block_size
-        pos = torch.as_tensor(positions, dtype=torch.int64).cpu()
+        pos = int_values(positions, "positions").cpu()
         if pos.ndim == 0:
             pos = pos.expand(self.batch)
         if pos.shape != (self.batch,):
@@ -336,7 +374,7 @@ class DecodeStep:
         b, hq, hkv, d, eps = self.batch * self.q_len, s.num_q_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps
         lin = torch.nn.functional.linear
         cos, sin = rope_cos_sin(self.positions, self.inv_freq, w.dtype)
-        x = w.embed[self.input_ids]
+        x = torch.nn.functional.embedding(self.input_ids, w.embed)  # an id outside [0, V) fails, not wraps
         for layer, (lw, cache) in enumerate(zip(w.layers, self.caches, strict=True)):
             qkv = lin(rms_norm(x, lw.input_norm, eps), lw.qkv)
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
@@ -371,7 +409,7 @@ def greedy_decode(step: DecodeStep, prompt_ids, n_new: int) -> list[int]:
     if step.batch != 1 or step.q_len != 1:
         _fail(f"greedy_decode runs one sequence a token at a time; the step has batch {step.batch}, "
               f"q_len {step.q_len}")
-    prompt = torch.as_tensor(prompt_ids).reshape(-1).tolist()
+    prompt = token_ids(prompt_ids, "prompt_ids", step.shape.vocab_size).reshape(-1).tolist()
     if not prompt:
         _fail("prompt_ids is empty; give at least one token")
     tokens: list[int] = []

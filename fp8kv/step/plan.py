@@ -12,11 +12,11 @@ from .. import checks
 from ..cache import check_block_size
 from ..capacity import GIB, MAX_MEMORY_GIB, CapacityError, ModelShape, get_model, gib_text, plan_capacity
 from ..checks import fail as _fail
+from .layers import STEP_DTYPES as RUN_DTYPES
 from .layers import StepWeights, require_step_shape, step_shape
 from .quantized import check_format_shape, check_format_step, is_format, step_kv_dtype
 
 # ---------------------------------------------------------------------------------- memory and bytes
-RUN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the weights' and activations' dtypes a step runs in
 
 
 def run_dtype_arg(dtype, name: str = "dtype") -> torch.dtype:
@@ -166,12 +166,23 @@ def step_bytes(shape: ModelShape, weights: StepWeights, kv_dtype: str, batch: in
     return {"weights": w, "kv": kv, "total": w + kv}
 
 
+def int_list(values, name: str) -> list:
+    """An int as a list of one, or ``values`` as a list (its items checked by the caller); a str, a float or None is a
+    TypeError naming ``name`` (a context of "64" was read as 6 and 4)."""
+    if isinstance(values, int) and not isinstance(values, bool):
+        return [values]
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, range)) and not hasattr(values, "tolist"):
+        _fail(f"{name}={checks.show_value(values)} ({type(values).__name__}); expected an int or a list of ints",
+              TypeError)
+    return list(values.tolist() if hasattr(values, "tolist") else values)
+
+
 def batch_points(ceilings: Sequence[int], ceiling: int, base: int = 4) -> list[int]:
     """Batches to measure for a KV dtype whose ceiling is ``ceiling``: powers of ``base`` below it, every
     ceiling of ``ceilings`` it reaches (so each dtype is also measured at the others' ceilings), and its own."""
     ceiling = checks.positive_int(ceiling, "ceiling")
     base = checks.integer(base, "base", minimum=2)  # 1 would never pass the ceiling
-    ceilings = [checks.nonnegative_int(c, f"ceilings[{i}]") for i, c in enumerate(ceilings)]
+    ceilings = [checks.nonnegative_int(c, f"ceilings[{i}]") for i, c in enumerate(int_list(ceilings, "ceilings"))]
     pts = {1, ceiling}
     p = base
     while p < ceiling:
@@ -217,12 +228,12 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
 
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)  # what sweep() runs on this device, so the plan is the one timed
-    shapes = [m if isinstance(m, ModelShape) else get_model(m) for m in ([models] if isinstance(models, (str, ModelShape))
-                                                                           else list(models))]
-    contexts = [positive_int(c, "contexts") for c in ([contexts] if isinstance(contexts, int) else contexts)]
+    models = [models] if isinstance(models, ModelShape) else checks.listed(models, "models", "model names or ModelShapes")
+    shapes = [m if isinstance(m, ModelShape) else get_model(m) for m in models]
+    contexts = [positive_int(c, "contexts") for c in int_list(contexts, "contexts")]
     kv_dtypes = checked_kv_dtypes(kv_dtypes, shapes, q_len, backend, mode, dev)
     if batches is not None:
-        batches = [positive_int(b, "batches") for b in ([batches] if isinstance(batches, int) else batches)]
+        batches = [positive_int(b, "batches") for b in int_list(batches, "batches")]
     for name, given in (("models", shapes), ("contexts", contexts), ("batches", batches)):
         if given is not None and not given:
             _fail(f"{name} is empty; expected at least one (a sweep of nothing measures nothing)")

@@ -30,7 +30,7 @@ from .measure import (
     point_failure,
     why_failed,
 )
-from .model import DecodeStep, KVPool
+from .model import DecodeStep, KVPool, token_ids
 from .plan import plan_sweep, run_dtype
 from .speculative import many_values
 
@@ -89,10 +89,10 @@ class ChunkedPrefill:
 
     def prompt_ids(self, prompt_ids) -> torch.Tensor:
         """``prompt_ids`` checked: int ``[B, prompt]`` (a ``[prompt]`` row for batch 1) on the steps' device."""
-        ids = torch.as_tensor(prompt_ids)
+        ids = token_ids(prompt_ids, "prompt_ids", next(iter(self.steps.values())).shape.vocab_size)
         if ids.ndim == 1:
             ids = ids[None]
-        if ids.is_floating_point() or ids.dtype == torch.bool or ids.shape != (self.batch, self.prompt):
+        if ids.shape != (self.batch, self.prompt):
             _fail(f"prompt_ids has shape {tuple(ids.shape)} and dtype {ids.dtype}; expected ints of shape "
                   f"[{self.batch}, {self.prompt}]")
         return ids.to(next(iter(self.steps.values())).input_ids.device, torch.int64)

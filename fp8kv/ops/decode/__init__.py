@@ -17,7 +17,7 @@ import torch
 from ...cache import PagedKVCache
 from ...capability import UnsupportedError, check_query, check_query_strides, scales_refusal
 from .gluon_launcher import run_gluon
-from .planning import DecodePlan, plan, plan_rows
+from .planning import DecodePlan, check_plan_inputs, plan, plan_rows
 from .triton_launcher import run_triton
 
 __all__ = ["plan", "plan_rows", "run", "paged_decode", "DecodePlan"]
@@ -26,7 +26,9 @@ __all__ = ["plan", "plan_rows", "run", "paged_decode", "DecodePlan"]
 def run(plan: DecodePlan, q: torch.Tensor, cache: PagedKVCache) -> tuple[torch.Tensor, torch.Tensor]:
     """Run a decode :func:`plan` (or :func:`~.planning.plan_rows`) made for ``q``'s shape and dtype over ``cache``:
     out ``[B, Hq, D]`` (``[B qo_len, Hq, D]``; the plan's out_dtype) and lse ``[B, Hq]`` fp32 (natural log).
-    Device work only: no check (the plan was made from checked input), no host sync."""
+    Device work only: no host sync; q and cache must be what the plan was made for (shapes, dtypes, device, the
+    cache's format: :func:`~.planning.check_plan_inputs`, metadata only), their values are not checked again."""
+    check_plan_inputs(plan.inputs, q, cache)
     if plan.kernel == "gluon":
         return run_gluon(q, cache, plan.config, plan.launch, plan.sm_scale, plan.out_dtype, plan.window)
     return run_triton(q, cache, plan.launch, plan.sinks)

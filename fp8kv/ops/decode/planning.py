@@ -44,7 +44,7 @@ from .gluon_scope import (
 from .splits import DecodeConfig
 from .triton_launcher import TritonLaunch, triton_launch, triton_residency
 
-__all__ = ["DecodePlan", "plan", "plan_rows", "gluon_window", "decode_launch", "launch_for", "decode_kernel",
+__all__ = ["DecodePlan", "plan", "plan_rows", "plan_inputs", "check_plan_inputs", "gluon_window", "decode_launch", "launch_for", "decode_kernel",
            "gluon_refusal", "gluon_choice", "codes_refusal", "gluon_config", "OUT_DTYPES", "GLUON_GRANULARITIES", "GLUON_QUANTIZED_FORMATS",
            "GLUON_OPTIONS", "PLAN_OPTIONS", "MAX_ROW_TILES"]
 
@@ -83,6 +83,31 @@ class DecodePlan:
     launch: TritonLaunch | dict
     qo_len: int = 1
     window: int | None = None  # the Gluon kernel's sliding window (the Triton kernels' is in their launch)
+    inputs: tuple = ()  # plan_inputs(q, cache) of what it was planned for: run refuses anything else
+
+
+def plan_inputs(q: torch.Tensor, cache) -> tuple:
+    """What a plan fixes of its query and cache (shapes, dtypes, device, the cache's format and tables' shapes): a
+    plan run on others would read them with the wrong strides, rows or codes, and return a wrong answer, not an
+    error. Metadata only: no host sync."""
+    fmt = cache.fmt.name if isinstance(cache, QuantizedPagedKVCache) else (cache.kv_dtype, cache.granularity,
+                                                                           cache.layout)
+    return (tuple(q.shape), q.dtype, q.device, type(cache).__name__, fmt, cache.num_kv_heads, cache.head_dim,
+            cache.block_size, tuple(cache.block_table.shape), cache.k_pages.device)
+
+
+def check_plan_inputs(inputs: tuple, q: torch.Tensor, cache) -> None:
+    """ValueError unless ``q`` and ``cache`` are what the plan was made for (its :func:`plan_inputs`)."""
+    if not isinstance(q, torch.Tensor):
+        checks.fail(f"q must be a torch.Tensor, got {type(q).__name__}", TypeError)
+    if not isinstance(cache, (PagedKVCache, QuantizedPagedKVCache)):
+        checks.fail(f"cache must be a PagedKVCache or QuantizedPagedKVCache, got {type(cache).__name__}", TypeError)
+    now = plan_inputs(q, cache)
+    if inputs and now != inputs:
+        names = ("q's shape", "q's dtype", "q's device", "the cache's type", "the cache's format", "the cache's KV heads",
+                 "the cache's head_dim", "the cache's block_size", "the block table's shape", "the cache's device")
+        i = next(i for i, (a, b) in enumerate(zip(now, inputs, strict=True)) if a != b)
+        checks.fail(f"{names[i]} is {now[i]}, but the plan was made for {inputs[i]}: plan again for these inputs")
 
 
 def plan(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scale: float | None = None,
@@ -108,14 +133,16 @@ def plan(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant", sm_scal
     if kernel == "gluon":
         window = gluon_window(cache, options.get("window"))
         launch = launch_constants(cfg, group, cache, 1, window is not None)
-        return DecodePlan(kernel, cfg, mode, sm_scale, (b, hq, d), q.dtype, out_dtype, sinks, launch, 1, window)
+        return DecodePlan(kernel, cfg, mode, sm_scale, (b, hq, d), q.dtype, out_dtype, sinks, launch, 1, window,
+                          plan_inputs(q, cache))
     else:
         launch = triton_launch(cache, cfg, mode, tensor_cores=kernel == "triton", batch=b, num_q_heads=hq,
                                q_dtype=q.dtype, device=q.device, sm_scale=sm_scale, out_dtype=out_dtype,
                                window=options.get("window"), soft_cap=options.get("soft_cap"), sinks=sinks is not None,
                                convert=options.get("convert"), eviction_policy=options.get("eviction_policy", ""),
                                compute_dtype=options.get("compute_dtype"))
-    return DecodePlan(kernel, cfg, mode, sm_scale, (b, hq, d), q.dtype, out_dtype, sinks, launch)
+    return DecodePlan(kernel, cfg, mode, sm_scale, (b, hq, d), q.dtype, out_dtype, sinks, launch,
+                      inputs=plan_inputs(q, cache))
 
 
 def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = "dequant",
@@ -158,7 +185,7 @@ def plan_rows(q: torch.Tensor, cache: PagedKVCache, qo_len: int, *, mode: str = 
                 f"{MAX_PARTIAL_ELEMENTS} elements (the kernel's and the combine's 32-bit offsets)")
     launch = launch_constants(cfg, group, cache, qo_len, window is not None)
     return DecodePlan("gluon", cfg, mode, checks.resolved_softmax_scale(sm_scale, d), (total_q, hq, d), q.dtype,
-                      out_dtype, None, launch, qo_len, window)
+                      out_dtype, None, launch, qo_len, window, plan_inputs(q, cache))
 
 
 def gluon_window(cache: PagedKVCache, window: int | None) -> int | None:

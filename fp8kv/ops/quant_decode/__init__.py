@@ -17,7 +17,7 @@ from ...capability import UnsupportedError, interpreter_on
 from ...launch_options import MAX_BLOCK_N, MAX_STAGES, WARP_COUNTS
 from ..decode.gluon_launcher import launch_constants
 from ..decode.gluon_scope import GLUON_QUANTIZED_FORMATS
-from ..decode.planning import DecodePlan, decode_kernel, gluon_choice, gluon_config
+from ..decode.planning import DecodePlan, decode_kernel, gluon_choice, gluon_config, plan_inputs
 from .launcher import (
     QUANT_CONVERTS,
     QUANT_DECODE_FORMATS,
@@ -135,9 +135,10 @@ def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_s
     plan = _gluon_plan(q, cache, sm_scale, out_dtype, gluon, options)
     if plan is not None:
         return plan
-    return quant_decode_launch(cache, batch=q.shape[0], num_q_heads=q.shape[1], q_dtype=q.dtype, device=q.device,
-                               sm_scale=sm_scale, out_dtype=out_dtype, num_splits=num_splits, block_n=block_n,
-                               convert=convert, num_warps=num_warps, num_stages=num_stages)
+    launch = quant_decode_launch(cache, batch=q.shape[0], num_q_heads=q.shape[1], q_dtype=q.dtype, device=q.device,
+                                 sm_scale=sm_scale, out_dtype=out_dtype, num_splits=num_splits, block_n=block_n,
+                                 convert=convert, num_warps=num_warps, num_stages=num_stages)
+    return launch._replace(inputs=plan_inputs(q, cache))
 
 
 def _gluon_plan(q: torch.Tensor, cache: QuantizedPagedKVCache, sm_scale: float, out_dtype: torch.dtype,
@@ -161,4 +162,4 @@ def _gluon_plan(q: torch.Tensor, cache: QuantizedPagedKVCache, sm_scale: float, 
     if cfg is None:
         return None
     return DecodePlan("gluon", cfg, "dequant", sm_scale, (b, hq, d), q.dtype, out_dtype, None,
-                      launch_constants(cfg, group, cache))
+                      launch_constants(cfg, group, cache), inputs=plan_inputs(q, cache))

@@ -20,7 +20,7 @@ from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import interpreter_on
 from ..decode.combine import combine_splits, split_partials
 from ..decode.gluon_launcher import run_gluon
-from ..decode.planning import DecodePlan
+from ..decode.planning import DecodePlan, check_plan_inputs
 from ..decode.splits import choose_num_splits, latency_waves, padded_rows, sm_count, whole_tile_splits
 from ..decode.triton_launcher import CONVERT_CODES
 from .kernel import FORMAT_INT4, FORMAT_INT8, FORMAT_MXFP4, FORMAT_NVFP4, quant_decode_kernel
@@ -73,6 +73,7 @@ class QuantDecodeLaunch(NamedTuple):
     out_dtype: torch.dtype  # what the caller gets
     kernel_out_dtype: torch.dtype  # what the kernel stores
     convert: str  # how code tiles become fp16 (QUANT_CONVERTS)
+    inputs: tuple = ()  # fp8kv.ops.decode.planning.plan_inputs of what it was planned for: run refuses anything else
 
     @property
     def block_n(self) -> int:
@@ -154,7 +155,11 @@ def run_quant_decode(q: torch.Tensor, cache: QuantizedPagedKVCache,
                      launch: QuantDecodeLaunch | DecodePlan) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the planned kernel (and the split combine) for ``q`` ``[B, Hq, D]`` over ``cache``: out ``[B, Hq, D]``
     (the launch's out_dtype) and lse ``[B, Hq]`` fp32 (natural log). A :class:`~fp8kv.ops.decode.DecodePlan` is the
-    Gluon kernel's (INT8 and INT4 per token and head)."""
+    Gluon kernel's (INT8 and INT4 per token and head). ``q`` and ``cache`` must be what it was planned for
+    (:func:`~fp8kv.ops.decode.planning.check_plan_inputs`: metadata only, no host sync)."""
+    if not isinstance(launch, (QuantDecodeLaunch, DecodePlan)):
+        checks.fail(f"launch must be a plan_decode_quantized launch, got {type(launch).__name__}", TypeError)
+    check_plan_inputs(launch.inputs, q, cache)
     if isinstance(launch, DecodePlan):
         return run_gluon(q, cache, launch.config, launch.launch, launch.sm_scale, launch.out_dtype)
     if launch.widen_query:

@@ -13,6 +13,17 @@ from ...reference import attention, score_bound, unit_roundoff
 __all__ = ["quantized_reference", "kernel_tolerance"]
 
 
+def _checked(q, cache, sm_scale) -> float:
+    """The cache's type and the query against it checked; ``sm_scale`` checked (positive, finite) or the default."""
+    if not isinstance(cache, QuantizedPagedKVCache):
+        checks.fail(f"cache must be a fp8kv.cache.quantized.QuantizedPagedKVCache, got {type(cache).__name__}",
+                    TypeError)
+    cache.check_query(q)
+    if sm_scale is not None:
+        sm_scale = checks.softmax_scale(sm_scale)
+    return checks.resolved_softmax_scale(sm_scale, q.shape[-1])
+
+
 def quantized_reference(q: torch.Tensor, cache: QuantizedPagedKVCache, sm_scale: float | None = None):
     """fp32 decode attention of ``q`` ``[B, Hq, D]`` (fp16 / bf16 / fp32) over ``cache``, every ``seq_lens[i] >= 1``.
 
@@ -20,15 +31,9 @@ def quantized_reference(q: torch.Tensor, cache: QuantizedPagedKVCache, sm_scale:
     ``1 / sqrt(D)``). Returns out ``[B, Hq, D]`` and the natural-log lse ``[B, Hq]``, both fp32, as
     :func:`fp8kv.reference.decode` defines them.
     """
-    if not isinstance(cache, QuantizedPagedKVCache):
-        checks.fail(f"cache must be a fp8kv.cache.quantized.QuantizedPagedKVCache, got {type(cache).__name__}",
-                    TypeError)
-    cache.check_query(q)
+    sm_scale = _checked(q, cache, sm_scale)
     cache.validate_arrays()
     cache.validate_tables(nonempty=True)
-    if sm_scale is not None:
-        sm_scale = checks.softmax_scale(sm_scale)
-    sm_scale = checks.resolved_softmax_scale(sm_scale, q.shape[-1])
     outs, lses = [], []
     for i in range(q.shape[0]):
         k, v = cache.gather(i)
@@ -51,6 +56,7 @@ def kernel_tolerance(q: torch.Tensor, out_dtype: torch.dtype, cache: QuantizedPa
     :func:`fp8kv.reference.score_bound`. The probabilities' rounding errors average out across tokens, as in
     :func:`fp8kv.reference.output_tolerance`'s dequant mode.
     """
+    sm_scale = _checked(q, cache, sm_scale)
     u16 = unit_roundoff("fp16")
     tol = u16 + unit_roundoff(out_dtype)
     if q.dtype != torch.float16:
