@@ -435,10 +435,12 @@ def test_write_errors(gen):
         c.write(torch.zeros(3, 2, 25), good, [0, 1, 2])
     with pytest.raises(ValueError, match=r"v_new must be \[N, 2, 24\] .* got \(3, 48\)"):
         c.write(good, torch.zeros(3, 48), [0, 1, 2])
-    with pytest.raises(TypeError, match=r"k_new must be a float tensor, got torch.int32"):
+    with pytest.raises(TypeError, match=r"k_new has dtype torch.int32; expected one of"):
         c.write(torch.zeros(3, 2, 24, dtype=torch.int32), good, [0, 1, 2])
     with pytest.raises(TypeError, match=r"k_new must be a torch.Tensor, got list"):
         c.write([[0.0]], good, [0, 1, 2])
+    with pytest.raises(TypeError, match=r"k_new has dtype torch.float8_e4m3fn; expected one of"):  # torch's isfinite
+        c.write(good.to(torch.float8_e4m3fn), good, [0, 1, 2])  # raised NotImplementedError
     bad = good.clone()
     bad[1, 0, 3] = float("nan")
     bad[2, 1, 0] = float("inf")

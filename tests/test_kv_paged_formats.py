@@ -493,7 +493,8 @@ def _padded(fill_padding=None):
     (lambda: (*_padded(float("nan")), [5, 5]), ValueError, r"k\[1, :5\] has 32 non-finite value"),
     (lambda: (*_padded(float("inf")), [5, 5]), ValueError, r"k\[1, :5\] has 32 non-finite value"),
     (lambda: (_padded()[0], _padded()[1][:, :4], [1, 1]), ValueError, "must match"),
-    (lambda: (_padded()[0].int(), _padded()[1], [1, 1]), TypeError, "k must be a float tensor"),
+    (lambda: (_padded()[0].int(), _padded()[1], [1, 1]), TypeError, "k has dtype int32; expected one of"),
+    (lambda: (_padded()[0].to(torch.float8_e4m3fn), _padded()[1], [1, 1]), TypeError, "k has dtype float8_e4m3fn"),
     (lambda: (_padded()[0][0], _padded()[1], [1, 1]), ValueError, "k must be 4-D"),
 ])
 def test_from_dense_refuses_bad_sequences_by_name(args, exc, match):
@@ -645,3 +646,10 @@ def test_from_dense_max_seq_len_is_a_positive_int(bad, exc):
     k, v = draw(1, 3, 1, 16, seed=0)
     with pytest.raises(exc, match=f"max_seq_len={bad!r}" if exc is TypeError else "max_seq_len=-5"):
         QuantizedPagedKVCache.from_dense("int8_token_head", k, v, [3], max_seq_len=bad)
+
+
+def test_a_write_after_a_scale_array_was_replaced_names_it():
+    cache = _cache("int8_token_head")
+    cache.k_scales = cache.k_scales.double()
+    with pytest.raises(TypeError, match="k_scales has dtype float64"):
+        cache.append(torch.randn(2, 2, 32), torch.randn(2, 2, 32))

@@ -192,9 +192,9 @@ class QuantizedPagedKVCache(PagedTables):
         """
         f = paged_format(fmt)
         for name, t in (("k", k), ("v", v)):
-            checks.tensor(t, name, ndim=4, shape_hint="[B, max_len, Hkv, D]")
-            if not t.is_floating_point():
-                _fail(f"{name} must be a float tensor, got {t.dtype}", TypeError)
+            checks.tensor(t, name, ndim=4, dtypes=checks.FLOAT_DTYPES, shape_hint="[B, max_len, Hkv, D]")
+            if t.device.type not in ("cpu", "cuda"):
+                _fail(f"{name} is on {t.device}; expected a CPU or CUDA tensor")
         if v.shape != k.shape or v.device != k.device:
             _fail(f"k {tuple(k.shape)} on {k.device} and v {tuple(v.shape)} on {v.device} must match")
         if isinstance(seq_lens, torch.Tensor):
@@ -232,6 +232,7 @@ class QuantizedPagedKVCache(PagedTables):
         ``[N]`` (int; < 0 skipped). Refused, before anything is written: bad rows, slots past the pool, and
         writes into a page that two block-table entries holding tokens reference (unless ``shared_checked``:
         the caller refused those already). Returns the saturated elements (added to ``self.saturated``)."""
+        self.validate_arrays(contents=False)  # arrays replaced since construction (metadata only)
         slot_mapping = validation.check_write(self, k_new, v_new, slot_mapping, shared_checked=shared_checked)
         keep = slot_mapping >= 0
         slot_mapping, k_new, v_new = slot_mapping[keep], k_new[keep], v_new[keep]

@@ -208,8 +208,8 @@ def check_rows(cache, name, t, finite: bool = True) -> None:
         _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
     if t.ndim != 3 or tuple(t.shape[1:]) != exp:
         _fail(f"{name} must be [N, {exp[0]}, {exp[1]}] (tokens, Hkv, D); got {tuple(t.shape)}")
-    if not t.is_floating_point():
-        _fail(f"{name} must be a float tensor, got {t.dtype}", TypeError)
+    if t.dtype not in checks.FLOAT_DTYPES:  # FP8 rows too: the cache quantizes what it is given
+        _fail(f"{name} has dtype {t.dtype}; expected one of {checks.FLOAT_DTYPES}", TypeError)
     if t.device != cache.device:
         _fail(f"{name} is on {t.device} but the cache is on {cache.device}")
     if finite and not torch.isfinite(t).all():
