@@ -6,7 +6,7 @@
 
 VENV ?= .venv
 PYTHON ?= $(VENV)/bin/python
-# Test processes (pytest-xdist): one per core by default; TEST_WORKERS=0 runs in this process alone.
+# Test processes (pytest-xdist, where installed): one per core by default; TEST_WORKERS=0 runs in this process alone.
 TEST_WORKERS ?= auto
 STAMP := $(VENV)/.installed
 
@@ -20,7 +20,7 @@ announce-report:
 	@echo "[report] $(if $(wildcard $(STAMP)),environment $(VENV) is ready,setting up $(VENV) first (a minute or more; each step is printed))"
 
 test: $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(STAMP))
-	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(PYTHON) -m pytest $$($(PYTHON) -c "import xdist" 2>/dev/null && echo "-n $(TEST_WORKERS) --dist loadgroup")
 
 install: $(STAMP)
 

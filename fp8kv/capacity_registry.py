@@ -298,7 +298,7 @@ def resolve_model(model) -> ModelShape:
         return model
     if isinstance(model, dict):
         if "num_hidden_layers" in model or "text_config" in model:
-            return _shape_from_hf(model, str(model.get("_name_or_path", "custom")))
+            return _shape_from_hf(model, str(model.get("_name_or_path") or "custom"))  # "" for a config built in code
         known = {f.name for f in fields(ModelShape)}
         extra = set(model) - known
         if extra:

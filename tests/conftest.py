@@ -13,7 +13,8 @@ from pathlib import Path
 # (their default, every core each, oversubscribes them: CI on 2 cores ran slower in 2 workers than in one).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _CORES // _WORKERS)))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -34,10 +35,13 @@ def assert_rel_err(a: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "
 
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``make test``: ``-n auto --dist loadgroup``) every test that reads the session's smoke
-    render runs in one worker, so that the notebooks are rendered once, not once per worker."""
+    render runs in one worker, so that the notebooks are rendered once, not once per worker; and the GPU's tests run
+    in one worker, one at a time, as the GPU is one."""
     for item in items:
         if "smoke_report" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("smoke_report"))
+        elif item.get_closest_marker("gpu") is not None:  # one GPU: its tests one at a time (timings, memory)
+            item.add_marker(pytest.mark.xdist_group("gpu"))
 
 
 @pytest.fixture

@@ -372,3 +372,9 @@ def test_tiny_memory_message_keeps_its_digits():
     msg = str(exc.value)
     assert "gpu_memory_gib=1e-09 x utilization=0.9 = 9e-10 GiB" in msg and "0.2506 GiB" in msg
     assert "0.00" not in msg
+
+
+def test_a_config_built_in_code_plans_under_a_default_name():
+    """transformers' ``to_dict()`` of a config not loaded from a path has ``_name_or_path: ""``: planned as "custom"."""
+    p = plan_capacity(LLAMA8B_CONFIG | {"_name_or_path": ""}, "bf16", kv_memory_gib=80)
+    assert p["bytes_per_token"] == LLAMA8B_BF16_BPT and p["model"] == "custom"

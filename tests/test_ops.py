@@ -1035,6 +1035,10 @@ def test_a_plan_run_on_other_inputs_is_refused_by_name():
     ops.run(plan, q.clone(), cache.clone())  # the same shapes: fine
     with pytest.raises(ValueError, match=r"q's shape is \(1, 8, 64\), but the plan was made for \(2, 8, 64\)"):
         ops.run(plan, q[:1], cache)
+    wide = torch.zeros(2, 8, 128, dtype=q.dtype, device=q.device)
+    wide[..., ::2] = q  # the same values, head_dim strided: read as if contiguous they were other numbers
+    with pytest.raises(ValueError, match="q's head_dim contiguous is False, but the plan was made for True"):
+        ops.run(plan, wide[..., ::2], cache)
     other = matrix_cache([5, 9], 2, 64, kv_dtype="fp8_e5m2", granularity="tensor")
     with pytest.raises(ValueError, match=r"the cache's format is \('fp8_e5m2', 'tensor', 'NHD'\)"):
         ops.run(plan, q, other)

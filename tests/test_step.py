@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import math
 
+import numpy as np
 import pytest
 import torch
 from fixtures import DEVICE, run_tokens, seeded
@@ -593,10 +594,14 @@ def test_positions_and_token_ids_are_whole_numbers_in_range():
             S.greedy_decode(st, [1, bad], 1)
     with pytest.raises(TypeError, match=r"prompt_ids\[0\]=1.7 \(float\)"):
         S.greedy_decode(st, [1.7], 1)
-    st.input_ids.fill_(-1)  # written past the checks: an error, not the embedding of token V - 1
-    st.set_positions(0)
+    cpu = S.DecodeStep(TOY, S.random_weights(TOY, torch.float32, "cpu"), S.KVPool(TOY, 16, "fp16", device="cpu")
+                       .caches(1, 32), backend="reference")  # on a GPU the same is a device-side assert
+    cpu.input_ids.fill_(-1)  # written past the checks: an error, not the embedding of token V - 1
+    cpu.set_positions(0)
     with pytest.raises(IndexError):
-        st.forward()
+        cpu.forward()
+    # what a tokenizer hands over: numpy ints and ranges are ids as lists are
+    assert S.greedy_decode(st, np.array([1, 2]), 1) == S.greedy_decode(st, range(1, 3), 1)
 
 
 def test_weights_of_another_shape_are_refused_by_name():
@@ -648,3 +653,11 @@ def test_sweep_lists_are_lists_not_strings_or_floats(kw, match):
         S.plan_sweep(args.pop("models"), args.pop("contexts"), ["fp16"], gpu_memory_gib=0.0016, device="cpu", **args)
     with pytest.raises(TypeError, match=r"ceilings=None \(NoneType\)"):
         S.batch_points(None, 10)
+
+
+def test_sweep_lists_take_numpy_and_tensor_ints():
+    import numpy as np
+
+    a = S.plan_sweep([TOY], np.int64(64), ["fp16"], gpu_memory_gib=0.0016, device="cpu")
+    b = S.plan_sweep([TOY], torch.tensor(64), ["fp16"], gpu_memory_gib=0.0016, device="cpu")
+    assert [p["context"] for p in a] == [p["context"] for p in b] == [64]

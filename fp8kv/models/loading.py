@@ -187,6 +187,8 @@ def _convert(spec: ModelSpec, folder: Path, key: dict) -> None:
         model.save_pretrained(out)
         tok.save_pretrained(out)
         (out / _MARKER).write_text(json.dumps(key, indent=1))
+        if _cache_is_valid(folder, key):  # another process finished first (and may be reading it): keep its copy
+            return
         shutil.rmtree(folder, ignore_errors=True)
         try:
             os.replace(out, folder)  # atomic: a reader sees no folder or the complete new one

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from .. import checks
@@ -29,6 +30,13 @@ STEP_LOGITS = ("all", "last")  # LM head on every new token's row, or on each se
 def int_values(value, name: str) -> torch.Tensor:
     """``value`` (an int, a list of ints or an integer tensor) as an int64 tensor; floats, bools and strings are a
     TypeError naming ``name`` (a position of 3.9 would be read as 3)."""
+    if isinstance(value, range):
+        value = list(value)
+    elif isinstance(value, np.ndarray):
+        if value.dtype.kind not in "iu":
+            _fail(f"{name} is a numpy {value.dtype} array; expected ints (an integer array, an int or a list of ints)",
+                  TypeError)
+        value = torch.from_numpy(value.astype(np.int64))
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
             _fail(f"{name} is a {value.dtype} tensor; expected ints (an integer tensor, an int or a list of ints)",

@@ -4,6 +4,7 @@ the bytes one step reads and writes, and the batches a sweep measures (:func:`pl
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -169,8 +170,10 @@ def step_bytes(shape: ModelShape, weights: StepWeights, kv_dtype: str, batch: in
 def int_list(values, name: str) -> list:
     """An int as a list of one, or ``values`` as a list (its items checked by the caller); a str, a float or None is a
     TypeError naming ``name`` (a context of "64" was read as 6 and 4)."""
-    if isinstance(values, int) and not isinstance(values, bool):
-        return [values]
+    if isinstance(values, numbers.Integral) and not isinstance(values, bool):
+        return [int(values)]
+    if isinstance(values, torch.Tensor) and values.ndim == 0:
+        return [values]  # its dtype checked with the items
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, range)) and not hasattr(values, "tolist"):
         _fail(f"{name}={checks.show_value(values)} ({type(values).__name__}); expected an int or a list of ints",
               TypeError)

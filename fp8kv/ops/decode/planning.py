@@ -92,8 +92,8 @@ def plan_inputs(q: torch.Tensor, cache) -> tuple:
     error. Metadata only: no host sync."""
     fmt = cache.fmt.name if isinstance(cache, QuantizedPagedKVCache) else (cache.kv_dtype, cache.granularity,
                                                                            cache.layout)
-    return (tuple(q.shape), q.dtype, q.device, type(cache).__name__, fmt, cache.num_kv_heads, cache.head_dim,
-            cache.block_size, tuple(cache.block_table.shape), cache.k_pages.device)
+    return (tuple(q.shape), q.dtype, q.device, q.stride(-1) == 1, type(cache).__name__, fmt, cache.num_kv_heads,
+            cache.head_dim, cache.block_size, tuple(cache.block_table.shape), cache.k_pages.device)
 
 
 def check_plan_inputs(inputs: tuple, q: torch.Tensor, cache) -> None:
@@ -104,7 +104,7 @@ def check_plan_inputs(inputs: tuple, q: torch.Tensor, cache) -> None:
         checks.fail(f"cache must be a PagedKVCache or QuantizedPagedKVCache, got {type(cache).__name__}", TypeError)
     now = plan_inputs(q, cache)
     if inputs and now != inputs:
-        names = ("q's shape", "q's dtype", "q's device", "the cache's type", "the cache's format", "the cache's KV heads",
+        names = ("q's shape", "q's dtype", "q's device", "q's head_dim contiguous", "the cache's type", "the cache's format", "the cache's KV heads",
                  "the cache's head_dim", "the cache's block_size", "the block table's shape", "the cache's device")
         i = next(i for i, (a, b) in enumerate(zip(now, inputs, strict=True)) if a != b)
         checks.fail(f"{names[i]} is {now[i]}, but the plan was made for {inputs[i]}: plan again for these inputs")
