@@ -267,6 +267,8 @@ def output_folder(path, name: str) -> str:
     if not isinstance(path, (str, os.PathLike)):
         fail(f"{name}={show_value(path)} ({type(path).__name__}); expected a folder path", TypeError)
     path = os.fspath(path)
+    if not path:  # "" would write into the working directory
+        fail(f"{name}='' is no folder path; expected a folder (e.g. results)")
     if os.path.exists(path) and not os.path.isdir(path):
         fail(f"{name}={path!r} is an existing file; expected a folder")
     parent = os.path.abspath(path)

@@ -231,18 +231,34 @@ def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None, tag: st
     stamp += f"-{tag}" if tag else ""
     folder = Path(out_dir) / slugs[0]
     folder.mkdir(parents=True, exist_ok=True)
-    for n in itertools.count(1):
-        stem = stamp if n == 1 else f"{stamp}-{n}"
-        csv = folder / f"{stem}.csv"
-        try:
-            with open(csv, "x", newline="") as fh:  # "x": fails instead of overwriting
-                df.to_csv(fh, index=False)
-            break
-        except FileExistsError:
-            continue
+    text = df.to_csv(index=False)  # in memory first: a failure here leaves no file
+    # The CSV is written whole under a temporary name, then linked to its own (a link fails, never overwrites,
+    # where the name is taken): a reader never sees a half-written table, even after a crash mid-write.
+    fd, tmp = tempfile.mkstemp(prefix=f".{stamp}.", suffix=".csv.tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        for n in itertools.count(1):
+            stem = stamp if n == 1 else f"{stamp}-{n}"
+            csv = folder / f"{stem}.csv"
+            try:
+                os.link(tmp, csv)
+                break
+            except FileExistsError:
+                continue
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     metadata = {**(meta or {}), "rows": len(df), "csv": csv.name, "columns": list(df.columns)}
-    with open(csv.with_suffix(".json"), "x") as fh:
-        json.dump(metadata, fh, indent=2, default=str)
+    made = []  # no table without its metadata (the readers check a table against it): on failure neither stays
+    try:
+        with open(csv.with_suffix(".json"), "x") as fh:  # "x": another run's metadata is never replaced
+            made.append(csv.with_suffix(".json"))
+            fh.write(json.dumps(metadata, indent=2, default=str))
+    except BaseException:
+        for path in (csv, *made):
+            path.unlink(missing_ok=True)
+        raise
     return csv
 
 

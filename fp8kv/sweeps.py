@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from .interrupts import signals_ignored
 from .results import save_table
 
 __all__ = ["CPU_TIMING_NOTE", "machine_fields", "run_metadata", "release_memory", "save_run", "timing_notes"]
@@ -53,7 +54,10 @@ def interruptible(work, *, keep_partial: bool, dev: torch.device) -> bool:
             raise
     else:
         return False
-    release_memory(dev)  # here, not in the except: its traceback holds the run's frames (pools, weights)
+    # here, not in the except: its traceback holds the run's frames (pools, weights); a second stop signal while the
+    # memory is handed back would lose the rows measured, so it is ignored until then (the CLIs save under the same)
+    with signals_ignored():
+        release_memory(dev)
     return True
 
 

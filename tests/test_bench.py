@@ -1086,3 +1086,11 @@ def test_sweep_and_run_take_only_bools_for_their_flags():
         bench.sweep([1], [16], backends=["flashinfer"], flashinfer_tensor_cores=["no"], device="cpu")
     with pytest.raises(TypeError, match="check='no'"):
         bench.run([], check="no")
+
+
+def test_a_grid_with_no_case_says_why(capsys):
+    """It said "none of the 0 cases can run here:" and nothing after the colon."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--batches", "2", "--contexts", "16", "--backends", "reference", "--kv-dtypes", "bf16",
+                    "--modes", "fp8", "--dry-run", "--device", "cpu"])
+    assert exc.value.code == 2 and "the grid holds no case" in capsys.readouterr().err

@@ -17,6 +17,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from test_fuzz import Refused, attempt, fuzz
@@ -436,3 +437,26 @@ def test_report_index(tmp_path_factory, damage):
         except Refused:
             continue
         assert out is not None
+
+
+@pytest.mark.parametrize("fails", ["csv", "json"])
+def test_a_save_that_fails_leaves_no_table_behind(tmp_path, monkeypatch, fails):
+    """A disk that fills while the table or its metadata is written: neither file stays (a cut-short CSV without
+    metadata was read back as the newest run, its last row NaN), and the run saved before is still the newest."""
+    import pandas as pd
+
+    first = results.save_table(bench_rows(0), tmp_path, meta={"preset": "smoke"})
+    later = bench_rows(0).assign(timestamp="2099-01-01T00:00:00Z")
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    if fails == "csv":
+        monkeypatch.setattr(pd.DataFrame, "to_csv", full)
+    else:
+        monkeypatch.setattr(results.json, "dumps", full)
+    with pytest.raises(OSError, match="No space left"):
+        results.save_table(later, tmp_path)
+    monkeypatch.undo()
+    assert sorted(p.name for p in first.parent.iterdir()) == sorted([first.name, first.with_suffix(".json").name])
+    assert results.load_table(tmp_path, first.parent.name).attrs["path"] == str(first)

@@ -170,3 +170,26 @@ def test_reclaiming_sets_again_only_the_handlers_python_installed(monkeypatch):
         thread.join()
         monkeypatch.setattr(interrupts.signal, "signal", real)
         assert set_again == []
+
+
+def test_a_second_interrupt_while_a_sweep_hands_back_memory_loses_no_rows(monkeypatch):
+    """The first Ctrl-C stops the work and its rows stand; a second one while the memory is handed back (before the
+    rows are saved) is ignored: it ended the whole run before, rows and all."""
+    import torch
+
+    from fp8kv import sweeps
+
+    rows = []
+
+    def work():
+        rows.append(1)
+        raise KeyboardInterrupt
+
+    def release(dev):  # the second Ctrl-C arrives here
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+
+    monkeypatch.setattr(sweeps, "release_memory", release)
+    with stop_signals_as_keyboard_interrupt():
+        assert sweeps.interruptible(work, keep_partial=True, dev=torch.device("cpu")) is True
+    assert rows == [1]

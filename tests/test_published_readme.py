@@ -423,3 +423,24 @@ def test_rule_ratios_average_repeated_timings_and_name_a_missing_rule():
         rule_ratios(rows.drop(index=4), ["shape"], "rule", "after", "before", "x.json")
     with pytest.raises(ValueError, match=r"x\.json: lacks columns \['min_waves'\]"):
         rule_ratios(rows, ["shape"], "min_waves", 4, 2, "x.json")
+
+
+@pytest.mark.parametrize("value", [-533.8, 0.0, float("nan"), "fast"])
+def test_a_measured_value_that_cannot_be_is_refused_not_published(value):
+    """A sign-flipped time in a cited file was published as -533.8 us (and moved a speed-up from 1.09x to 1.83x)."""
+    df = pd.DataFrame({"status": ["ok", "ok"], "check_passed": [True, True], "time_us": [10.0, value]})
+    with pytest.raises(ValueError, match=r"t.csv: column 'time_us' holds .* expected a finite number > 0"):
+        ok_rows(df, "t.csv")
+    assert len(ok_rows(df.assign(status=["ok", "error"]), "t.csv")) == 1  # a row that did not run is not read
+
+
+def test_a_cited_file_of_another_shape_is_an_error_not_a_stale_readme(tmp_path, monkeypatch, capsys):
+    """A KeyError from a section reading a file of another version exited 1, as an out-of-date README does."""
+    import fp8kv.published.cli as cli
+
+    def broken(*args, **kwargs):
+        raise KeyError("batch")
+
+    monkeypatch.setattr(cli, "check", broken)
+    assert main(["readme", "--check"]) == 2
+    assert "a cited results file lacks what the README reads from it (KeyError: 'batch')" in capsys.readouterr().err

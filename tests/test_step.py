@@ -661,3 +661,19 @@ def test_sweep_lists_take_numpy_and_tensor_ints():
     a = S.plan_sweep([TOY], np.int64(64), ["fp16"], gpu_memory_gib=0.0016, device="cpu")
     b = S.plan_sweep([TOY], torch.tensor(64), ["fp16"], gpu_memory_gib=0.0016, device="cpu")
     assert [p["context"] for p in a] == [p["context"] for p in b] == [64]
+
+
+@pytest.mark.parametrize("make, match", [(lambda p: p.write_text("x") and str(p), "is an existing file"),
+                                         (lambda p: "", "--out='' is no folder path")])
+def test_cli_refuses_an_output_folder_it_cannot_write_before_running(capsys, tmp_path, toy_cli, make, match):
+    """The sweep used to run in full, then save elsewhere and exit 1."""
+    out = make(tmp_path / "afile")
+    code, err = _cli(capsys, *TOY_CLI, "--device", "cpu", "--backend", "reference", "--kv-dtypes", "fp16",
+                     "--batches", "1", "--out", out)
+    assert code == 2 and match in err
+
+
+def test_a_model_context_or_batch_named_twice_is_one_point():
+    once = S.plan_sweep([TOY], [64], ["fp16"], batches=[1], gpu_memory_gib=0.0016, device="cpu")
+    twice = S.plan_sweep([TOY, TOY], [64, 64], ["fp16"], batches=[1, 1], gpu_memory_gib=0.0016, device="cpu")
+    assert [(p["context"], p["batches"]) for p in twice] == [(p["context"], p["batches"]) for p in once] == [(64, [1])]

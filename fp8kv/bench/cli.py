@@ -447,6 +447,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     _name_the_interpret_flag(cases)
     ready = sum(c.status == "ready" for c in cases)
+    if not cases:  # every combination dropped before a case was made (such as bf16 with only --modes fp8)
+        parser.error("the grid holds no case: every combination of --kv-dtypes, --modes and --backends was dropped "
+                     "(an unquantized KV dtype has no fp8 mode); widen them")
     if args.dry_run:
         for c in cases:
             print(f"{c.status:<11} {c.label:<40} B={c.batch:<4} ctx={c.context:<6} "

@@ -47,3 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     except (MissingSourceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (KeyError, TypeError) as e:  # a cited file of another version or shape: not "the README is out of date" (1)
+        print(f"error: a cited results file lacks what the README reads from it ({type(e).__name__}: {e}); "
+              "regenerate it with the script that wrote it", file=sys.stderr)
+        return 2

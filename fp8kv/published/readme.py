@@ -41,7 +41,8 @@ def generate(readme: str | Path = REPO / "README.md", root: str | Path = REPO) -
     """``(committed, generated)``: README.md's text as it is and as the results files make it."""
     path = Path(readme)
     if not path.is_file():
-        raise ValueError(f"readme={str(readme)!r} does not exist; expected the README.md to regenerate")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise ValueError(f"readme={str(readme)!r} {what}; expected the README.md file to regenerate")
     text = path.read_text(encoding="utf-8")
     return text, fill(text, compute(Sources(root)))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..results import read_table
@@ -17,6 +18,10 @@ from ..results import read_table
 __all__ = ["Sources", "MissingSourceError", "REPO", "ok_rows"]
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+# What a row that ran measured: each a finite number > 0 wherever a published number reads it.
+MEASURED_COLUMNS = ("time_us", "step_us", "tokens_per_s", "gb_per_s", "attention_us")
 
 
 class MissingSourceError(FileNotFoundError):
@@ -97,4 +102,12 @@ def ok_rows(df: pd.DataFrame, rel: str = "") -> pd.DataFrame:
         if col not in df.columns:
             raise ValueError(f"{rel or 'table'}: lacks column {col!r}; expected a benchmark table")
     passed = df["check_passed"].astype(str).str.lower().isin(["true", "1", "1.0", "nan", "none", ""])  # 1.0: a 0/1 float column
-    return df[(df["status"] == "ok") & passed]
+    ok = df[(df["status"] == "ok") & passed]
+    for col in MEASURED_COLUMNS:  # a time of -533.8 us was published as measured
+        if col in ok.columns:
+            values = pd.to_numeric(ok[col], errors="coerce")
+            bad = ~(values > 0) | ~np.isfinite(values)
+            if bad.any():
+                raise ValueError(f"{rel or 'table'}: column {col!r} holds {ok[col][bad].iloc[0]!r} in a row that ran and "
+                                 "passed; expected a finite number > 0 (a damaged or foreign results file)")
+    return ok

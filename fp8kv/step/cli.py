@@ -181,6 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.device = "cpu"
     if not 0 < args.utilization <= 1:
         refuse(f"--utilization {args.utilization}: expected a number in (0, 1]")
+    if args.out is not None and not args.no_save:  # before the sweep, not after it (its rows then went elsewhere)
+        try:
+            checks.output_folder(args.out, "--out")
+        except (TypeError, ValueError) as e:
+            refuse(str(e))
     kind = _kind(args, refuse)
     if kind != "decode":
         return _main_multi(kind, args, argv, refuse)

@@ -232,11 +232,12 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)  # what sweep() runs on this device, so the plan is the one timed
     models = [models] if isinstance(models, ModelShape) else checks.listed(models, "models", "model names or ModelShapes")
-    shapes = [m if isinstance(m, ModelShape) else get_model(m) for m in models]
-    contexts = [positive_int(c, "contexts") for c in int_list(contexts, "contexts")]
+    # each point once: a model or context named twice was measured twice, both rows feeding the best of each dtype
+    shapes = list(dict.fromkeys(m if isinstance(m, ModelShape) else get_model(m) for m in models))
+    contexts = list(dict.fromkeys(positive_int(c, "contexts") for c in int_list(contexts, "contexts")))
     kv_dtypes = checked_kv_dtypes(kv_dtypes, shapes, q_len, backend, mode, dev)
     if batches is not None:
-        batches = [positive_int(b, "batches") for b in int_list(batches, "batches")]
+        batches = list(dict.fromkeys(positive_int(b, "batches") for b in int_list(batches, "batches")))
     for name, given in (("models", shapes), ("contexts", contexts), ("batches", batches)):
         if given is not None and not given:
             _fail(f"{name} is empty; expected at least one (a sweep of nothing measures nothing)")
