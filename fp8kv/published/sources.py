@@ -69,6 +69,7 @@ class Sources:
         missing = [c for c in columns if c not in df.columns]
         if missing:
             raise ValueError(f"{rel}: lacks columns {missing}; it has {list(df.columns)}")
+        check_measured(df[df["status"] == "ok"] if "status" in df.columns else df, rel)  # every reader, ok_rows or not
         return df.copy()
 
     def json(self, rel: str) -> dict:
@@ -88,6 +89,7 @@ class Sources:
         missing = [c for c in columns if c not in df.columns]
         if missing:
             raise ValueError(f"{rel}: its '{key}' records lack {missing}; they have {list(df.columns)}")
+        check_measured(df[df["status"] == "ok"] if "status" in df.columns else df, f"{rel} ({key})")
         return df
 
     def text(self, rel: str) -> str:
@@ -103,11 +105,17 @@ def ok_rows(df: pd.DataFrame, rel: str = "") -> pd.DataFrame:
             raise ValueError(f"{rel or 'table'}: lacks column {col!r}; expected a benchmark table")
     passed = df["check_passed"].astype(str).str.lower().isin(["true", "1", "1.0", "nan", "none", ""])  # 1.0: a 0/1 float column
     ok = df[(df["status"] == "ok") & passed]
-    for col in MEASURED_COLUMNS:  # a time of -533.8 us was published as measured
-        if col in ok.columns:
-            values = pd.to_numeric(ok[col], errors="coerce")
+    check_measured(ok, rel)
+    return ok
+
+
+def check_measured(rows: pd.DataFrame, rel: str = "") -> None:
+    """ValueError naming the file and column where a row holds a measured value (:data:`MEASURED_COLUMNS`) that is
+    not a finite number > 0: a time of -533.8 us was published as measured."""
+    for col in MEASURED_COLUMNS:
+        if col in rows.columns:
+            values = pd.to_numeric(rows[col], errors="coerce")
             bad = ~(values > 0) | ~np.isfinite(values)
             if bad.any():
-                raise ValueError(f"{rel or 'table'}: column {col!r} holds {ok[col][bad].iloc[0]!r} in a row that ran and "
-                                 "passed; expected a finite number > 0 (a damaged or foreign results file)")
-    return ok
+                raise ValueError(f"{rel or 'table'}: column {col!r} holds {rows[col][bad].iloc[0]!r} in a row that "
+                                 "ran; expected a finite number > 0 (a damaged or foreign results file)")
