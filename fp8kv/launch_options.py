@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import checks
+
 __all__ = ["LaunchOption", "OPTIONS", "KERNELS", "WARP_COUNTS", "MAX_STAGES", "MAX_BLOCK_N", "check_range",
            "backend_options", "cli_options",
            "tuned_options", "kernel_options", "option_names"]
@@ -49,7 +51,8 @@ OPTIONS: tuple[LaunchOption, ...] = (
     LaunchOption("num_splits", _ALL, "int", "split-KV programs per sequence and KV head (default: by waves of SMs)",
                  cli=True),
     LaunchOption("block_n", _ALL, "int", "tokens per tile, a power of two (Gluon: 64 or 128)", cli=True, tuned=True),
-    LaunchOption("num_warps", _ALL, "int", f"warps per program, one of {WARP_COUNTS} (Gluon: 4)", cli=True,
+    LaunchOption("num_warps", _ALL, "int",
+                 f"warps per program, one of {WARP_COUNTS} (Gluon: 4)", cli=True,
                  tuned=True),
     LaunchOption("num_stages", _ALL, "int", f"software-pipeline stages, 1-{MAX_STAGES} (Gluon: its ring depth, 2-4)", cli=True,
                  tuned=True),
@@ -66,18 +69,40 @@ OPTIONS: tuple[LaunchOption, ...] = (
 )
 
 
+def check_warps(value) -> int | None:
+    """A num_warps option (None: the default) as an int of :data:`WARP_COUNTS`; TypeError / ValueError naming it."""
+    return None if value is None else checks.one_of(checks.integer(value, "num_warps"), "num_warps", WARP_COUNTS)
+
+
+def check_stages(value) -> int | None:
+    """A num_stages option (None: the default) as an int from 1 to :data:`MAX_STAGES`."""
+    if value is None:
+        return None
+    value = checks.integer(value, "num_stages")
+    if not 1 <= value <= MAX_STAGES:
+        checks.fail(f"num_stages={value}; expected 1 to {MAX_STAGES}")
+    return value
+
+
+def check_block_n(value, least: int = 1) -> int | None:
+    """A block_n option (None: the default) as a power of two from ``least`` (a kernel's smallest tile: 16 for
+    tl.dot) to :data:`MAX_BLOCK_N`."""
+    if value is None:
+        return None
+    value = checks.integer(value, "block_n")
+    if value < least or value > MAX_BLOCK_N or value & (value - 1):
+        bound = f"up to {MAX_BLOCK_N}" if least == 1 else f"in [{least}, {MAX_BLOCK_N}]"
+        checks.fail(f"block_n={value}; expected a power of two {bound}")
+    return value
+
+
 def check_range(name: str, value: int) -> int:
     """``value`` of the int option ``name`` if every kernel could take it (num_warps in :data:`WARP_COUNTS`,
     num_stages 1 to :data:`MAX_STAGES`, block_n a power of two up to :data:`MAX_BLOCK_N`; a kernel may ask more:
     the tensor-core ones a block_n of 16 or more); ValueError naming it otherwise. Where options enter as text
     (``fp8kv bench --triton-opt``), so that a dry run does not call ready what every run would refuse."""
-    if name == "num_warps" and value not in WARP_COUNTS:
-        raise ValueError(f"num_warps={value}; expected one of {WARP_COUNTS}")
-    if name == "num_stages" and not 1 <= value <= MAX_STAGES:
-        raise ValueError(f"num_stages={value}; expected 1 to {MAX_STAGES}")
-    if name == "block_n" and (value < 1 or value > MAX_BLOCK_N or value & (value - 1)):
-        raise ValueError(f"block_n={value}; expected a power of two up to {MAX_BLOCK_N}")
-    return value
+    check = {"num_warps": check_warps, "num_stages": check_stages, "block_n": check_block_n}.get(name)
+    return value if check is None else check(value)
 
 
 def option_names() -> tuple[str, ...]:

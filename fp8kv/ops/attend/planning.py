@@ -71,22 +71,16 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
         block_m = min(max(16, triton.next_power_of_2(rows)), 128 if d_pad <= 128 else 64)
     else:
         block_m = checks.one_of(checks.integer(block_m, "block_m"), "block_m", BLOCK_M_CHOICES)
+    block_n = launch_options.check_block_n(block_n, least=16)
     if block_n is None:
         block_n = 64 if d_pad <= 128 else 32
-    else:
-        block_n = checks.integer(block_n, "block_n")
-        if block_n < 16 or block_n > launch_options.MAX_BLOCK_N or block_n & (block_n - 1):
-            checks.fail(f"block_n={block_n}; expected a power of two in [16, {launch_options.MAX_BLOCK_N}]")
     if mode == "fp8" and block_n < 32:
         checks.fail(f"block_n={block_n}: fp8 mode needs block_n >= 32 (the FP8 dot's minimum K)")
+    num_warps, num_stages = launch_options.check_warps(num_warps), launch_options.check_stages(num_stages)
     if num_warps is None:
         num_warps = 8 if block_m * d_pad >= 128 * 128 else 4
-    else:
-        num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", launch_options.WARP_COUNTS)
     if num_stages is None:
         num_stages = 1 if interpreter_on() else 2
-    else:
-        num_stages = checks.integer(num_stages, "num_stages", minimum=1, maximum=launch_options.MAX_STAGES)
     longest = max(max(seq_lens, default=1), 1)
     span = longest if window is None else min(longest, window + block_m // group + 1)
     if num_splits is None:

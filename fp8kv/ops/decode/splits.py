@@ -15,7 +15,7 @@ from ...cache import PagedKVCache
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import MODES, interpreter_on
 from ...device import gpu_slug
-from ...launch_options import MAX_BLOCK_N, MAX_STAGES, WARP_COUNTS
+from ...launch_options import check_block_n, check_stages, check_warps
 from .gluon_scope import GLUON_QUANTIZED_FORMATS
 
 
@@ -339,15 +339,11 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
     block_n = cfg["block_n"] if block_n is None else block_n
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")
-    if num_warps is not None:
-        num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", WARP_COUNTS)
-    if num_stages is not None:
-        num_stages = checks.integer(num_stages, "num_stages", minimum=1, maximum=MAX_STAGES)
+    num_warps, num_stages = check_warps(num_warps), check_stages(num_stages)
+    # tl.dot's minimum; the CUDA-core kernel takes any power of two
+    block_n = check_block_n(block_n, least=16 if use_tensor_cores else 1)
     if mode == "fp8" and block_n < 32:
         raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= 32 (FP8 dot minimum K)")
-    least = 16 if use_tensor_cores else 1  # tl.dot's minimum; the CUDA-core kernel takes any power of two
-    if block_n < least or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
-        raise ValueError(f"block_n={block_n} must be a power of two in [{least}, {MAX_BLOCK_N}]")
     if num_splits is None:
         programs = cache.num_kv_heads * (head_tiles * head_parts if use_tensor_cores else group)  # per sequence, split
         slots = None if programs_per_sm is None else sms * programs_per_sm

@@ -14,7 +14,7 @@ import torch
 from ... import checks
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, interpreter_on
-from ...launch_options import MAX_BLOCK_N, MAX_STAGES, WARP_COUNTS
+from ...launch_options import check_block_n, check_stages, check_warps
 from ..decode.gluon_launcher import launch_constants
 from ..decode.gluon_scope import GLUON_QUANTIZED_FORMATS
 from ..decode.planning import DecodePlan, decode_kernel, gluon_choice, gluon_config, plan_inputs
@@ -39,17 +39,10 @@ def check_launch_options(num_splits, block_n, convert, num_warps, num_stages) ->
     block_n, num_warps, num_stages)`` as ints or None."""
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")
-    if block_n is not None:
-        block_n = checks.positive_int(block_n, "block_n")
-        if block_n < 16 or block_n > MAX_BLOCK_N or block_n & (block_n - 1):
-            checks.fail(f"block_n={block_n} must be a power of two in [16, {MAX_BLOCK_N}]")
+    block_n = check_block_n(block_n, least=16)
     if convert is not None:
         checks.one_of(convert, "convert", QUANT_CONVERTS)
-    if num_warps is not None:
-        num_warps = checks.one_of(checks.integer(num_warps, "num_warps"), "num_warps", WARP_COUNTS)
-    if num_stages is not None:
-        num_stages = checks.integer(num_stages, "num_stages", minimum=1, maximum=MAX_STAGES)
-    return num_splits, block_n, num_warps, num_stages
+    return num_splits, block_n, check_warps(num_warps), check_stages(num_stages)
 
 
 def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_scale: float | None = None,
