@@ -17,6 +17,7 @@ from fixtures import DEVICE, count_calls, make_q
 
 import fp8kv
 from fp8kv.cache import PagedKVCache
+from fp8kv.cache.quantized import QuantizedPagedKVCache
 from fp8kv.ops import paged_decode, write_cache
 from fp8kv.quant import relative_error
 from fp8kv.reference import decode as ref_decode
@@ -222,6 +223,8 @@ def test_cache_construction_refuses_nonsense():
         PagedKVCache.from_dense(k, torch.randn(2, 8, 1, 32), [3, 2])
     with pytest.raises(ValueError, match=r"seq_lens is empty"):
         PagedKVCache.from_dense(k[:0], k[:0], [])
+    with pytest.raises(ValueError, match=r"seq_lens is empty"):  # a quantized cache the same (not torch.cat's error)
+        QuantizedPagedKVCache.from_dense("int8_token_head", k[:0], k[:0], [])
     with pytest.raises(ValueError, match="num_kv_heads=0"):
         PagedKVCache.from_dense(torch.randn(2, 8, 0, 32), torch.randn(2, 8, 0, 32), [3, 2])
     with pytest.raises(ValueError, match="batch_size=0"):

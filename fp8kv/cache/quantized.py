@@ -203,6 +203,8 @@ class QuantizedPagedKVCache(PagedTables):
         if not isinstance(seq_lens, (list, tuple)):
             _fail(f"seq_lens={checks.show_value(seq_lens)}; expected a list or 1-D int tensor of lengths", TypeError)
         lens = [checks.integer(n, f"seq_lens[{i}]", minimum=0) for i, n in enumerate(seq_lens)]
+        if not lens:
+            _fail("seq_lens is empty: need at least one sequence")
         if len(lens) != k.shape[0]:
             _fail(f"seq_lens has {len(lens)} entries but k holds {k.shape[0]} sequences")
         for i, n in enumerate(lens):
