@@ -212,6 +212,14 @@ def test_a_draft_past_the_longest_is_refused_by_name(acceptance):
     assert S.expected_accepted(acceptance, MAX_DRAFT_LEN) == pytest.approx(want)
 
 
+def test_a_draft_longer_than_a_context_is_refused_by_its_argument():
+    """The sweep names draft_lens (the argument given), not the q_len = k + 1 its planner sees."""
+    from fp8kv.step.speculative import verify_sweep
+
+    with pytest.raises(ValueError, match=r"draft_lens\[1\]=999999: its 1000000 new tokens .* context of 64"):
+        verify_sweep(["Qwen3-0.6B"], [64], [2, 999999], gpu_memory_gib=80)
+
+
 @pytest.mark.parametrize("bad,exc", [(-0.1, ValueError), (1.0001, ValueError), (float("nan"), ValueError),
                                      (float("inf"), ValueError), ("0.5", TypeError), (True, TypeError),
                                      (None, TypeError)])

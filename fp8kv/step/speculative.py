@@ -137,10 +137,17 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
     check_run_options(backend=backend, mode=mode, rep=rep, cpu_reps=cpu_reps, seed=seed, progress=progress, dtype=dtype)
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
-    plans = {k: plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
-                           utilization=utilization, block_size=block_size, device=dev, dtype=dtype, q_len=k + 1,
-                           draft_model=draft)
-             for k in draft_lens}
+    plans = {}
+    for i, k in enumerate(draft_lens):
+        try:
+            plans[k] = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
+                                  utilization=utilization, block_size=block_size, device=dev, dtype=dtype, q_len=k + 1,
+                                  draft_model=draft)
+        except ValueError as e:  # named by the argument given: the q_len it became is k + 1
+            if "q_len=" not in str(e):
+                raise
+            _fail(f"draft_lens[{i}]={k}: its {k + 1} new tokens (k drafts and the bonus token) do not fit every "
+                  f"context asked for ({e})")
     shapes = list(dict.fromkeys(p["shape"] for p in plans[draft_lens[0]]))
     check_weights(shapes, weights)
     if draft is not None:
