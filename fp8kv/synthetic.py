@@ -58,7 +58,7 @@ __all__ = ["kv_like_llm", "queries_like_llm", "outlier_channel_indices", "apply_
 # The seeds each generator takes: NumPy's SeedSequence any int >= 0; torch.Generator.manual_seed an int in
 # [-2**63, 2**64 - 1] (a negative one taken modulo 2**64).
 _NUMPY_SEEDS = (0, None)
-_TORCH_SEEDS = (-2**63, 2**64 - 1)
+_TORCH_SEEDS = checks.GENERATOR_SEEDS
 
 
 def _seed(value, seeds: tuple[int, int | None], generator: str) -> int:

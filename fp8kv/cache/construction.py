@@ -36,7 +36,7 @@ def empty(cls, batch_size, max_seq_len, num_kv_heads, head_dim, *, block_size, k
     head_dim = checks.positive_int(head_dim, "head_dim")
     block_size = check_block_size(block_size)
     checks.one_of(layout, "layout", LAYOUTS)
-    seed = checks.integer(seed, "seed", minimum=-(2**63), maximum=2**64 - 1)  # torch.Generator.manual_seed's range
+    seed = checks.generator_seed(seed)
     device = checks.device(device)
     if device.type not in ("cpu", "cuda"):  # checks.device also lets 'meta' through: it holds no data
         _fail(f"device={str(device)!r}; a PagedKVCache holds its data on 'cpu' or a CUDA device")

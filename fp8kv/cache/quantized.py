@@ -160,7 +160,7 @@ class QuantizedPagedKVCache(PagedTables):
         num_kv_heads = checks.positive_int(num_kv_heads, "num_kv_heads")
         head_dim = checks.positive_int(head_dim, "head_dim")
         block_size = validation.check_block_size(block_size)
-        seed = checks.integer(seed, "seed", minimum=-(2**63), maximum=2**64 - 1)
+        seed = checks.generator_seed(seed)
         device = checks.device(device)
         validation.check_data_device(device, "device")
         bpseq = max(1, math.ceil(max_seq_len / block_size))

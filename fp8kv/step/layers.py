@@ -148,7 +148,7 @@ def random_weights(shape: ModelShape, dtype: torch.dtype = torch.bfloat16, devic
     shape = require_step_shape(shape)
     if dtype not in STEP_DTYPES:
         _fail(f"dtype={dtype!r}; expected one of {STEP_DTYPES}", TypeError)
-    seed = checks.integer(seed, "seed", minimum=-2**63, maximum=2**64 - 1)  # torch.Generator's range
+    seed = checks.generator_seed(seed)
     dev = resolve_device(device)
     g = torch.Generator(device=dev).manual_seed(seed)
     h, d, inter = shape.hidden_size, shape.head_dim, shape.intermediate_size

@@ -145,7 +145,7 @@ class KVPool:
         if batch * bpseq > self.num_blocks:
             _fail(f"batch={batch} sequences of {max_context} tokens need {batch * bpseq} blocks; the pool holds "
                   f"{self.num_blocks} (at most {self.max_batch(max_context)} such sequences)")
-        seed = checks.integer(seed, "seed", minimum=-2**63, maximum=2**64 - 1)  # torch.Generator's range
+        seed = checks.generator_seed(seed)
         table = shuffled_block_table(self.num_blocks, batch, bpseq, seed, self.device)
         seq_lens = torch.zeros(batch, dtype=torch.int32, device=self.device)
         if self.format is not None:
