@@ -125,6 +125,8 @@ def test_fill_replaces_blocks_and_inline_values_and_nothing_else():
     (TEXT, {"x": "1"}, "block 't' is computed by no"),
     (TEXT, {"t": "|a|"}, "value 'x' is computed by no"),
     (TEXT, {"x": "1", "t": "|a|", "y": "3"}, "does not place: y"),
+    (TEXT, {"x": "1", "t": "|a|", **{f"y{i:02}": "3" for i in range(20)}}, "does not place: y00, .*, y11 and 8 more;"),
+    ("# another file\n", {"x": "1", "t": "|a|"}, r"places none of the 2 computed values .* is it fp8kv's README\?"),
     (TEXT, {"x": "1\n2", "t": "|a|"}, "spans lines"),
     ("<!-- generated: t -->\n| a |\n", {"t": "|a|"}, "never closed"),
     ("| a |\n<!-- /generated -->\n", {}, "closes no block"),

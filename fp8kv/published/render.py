@@ -95,7 +95,11 @@ def fill(text: str, values: dict[str, str], *, strict: bool = True) -> str:
     if strict:
         unused = sorted(set(values) - used)
         if unused:
-            raise ValueError(f"computed values the README does not place: {', '.join(unused)}; place each "
+            if not used:  # a file with no markers at all: not the README (listing every value would bury that)
+                raise ValueError(f"the file places none of the {len(unused)} computed values (no <!--v name--> marker "
+                                 "or generated block): is it fp8kv's README?")
+            shown = ", ".join(unused[:12]) + (f" and {len(unused) - 12} more" if len(unused) > 12 else "")
+            raise ValueError(f"computed values the README does not place: {shown}; place each "
                              f"(<!--v name-->…<!--/v--> or a generated block) or drop it from fp8kv.published")
     return text
 
