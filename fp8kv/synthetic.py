@@ -281,7 +281,8 @@ def _positions(position, n: int) -> np.ndarray:
 def kurtosis(x: torch.Tensor, dim=None) -> torch.Tensor | float:
     """Sample kurtosis ``E[(x - mean)^4] / Var(x)^2`` (3 for a Gaussian), in fp64.
 
-    ``dim=None``: of all elements, returned as a float; otherwise along ``dim``, as a tensor.
+    ``dim=None``: of all elements, returned as a float; otherwise along ``dim``, as a tensor. NaN where the values
+    are all equal (zero variance: the ratio is 0 / 0, undefined, and no number would be right).
     """
     checks.tensor(x, "x", dtypes=checks.FLOAT_DTYPES)
     if dim is not None:

@@ -149,6 +149,8 @@ def test_kurtosis():
     assert kurtosis(x, dim=1).tolist() == pytest.approx([21 / 9, 1.0])
     g = torch.randn(200_000, generator=seeded(0))
     assert abs(kurtosis(g) - 3.0) < 0.1
+    assert math.isnan(kurtosis(torch.full((8,), 2.0)))  # undefined for equal values: NaN, not a number
+    assert torch.isnan(kurtosis(torch.tensor([[1.0, 1.0], [1.0, -1.0]]), dim=1)).tolist() == [True, False]
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
