@@ -24,7 +24,7 @@ import json
 import warnings
 from pathlib import Path
 
-from .launch_options import MAX_BLOCK_N, WARP_COUNTS, tuned_options
+from .launch_options import check_range, tuned_options
 
 TABLE_DIR = Path(__file__).resolve().parent / "data"
 LAUNCH_KEYS = tuned_options()  # what an entry sets: block_n, num_warps, num_stages
@@ -48,10 +48,12 @@ def _entry_problem(e) -> str | None:
     bad = [k for k in LAUNCH_KEYS if isinstance(e.get(k), bool) or not isinstance(e.get(k), int) or e[k] <= 0]
     if bad:
         return f"needs positive ints {LAUNCH_KEYS}; {', '.join(f'{k}={e.get(k)!r}' for k in bad)}"
-    if e["num_warps"] not in WARP_COUNTS:
-        return f"has num_warps={e['num_warps']}; expected one of {WARP_COUNTS}"
-    if e["block_n"] > MAX_BLOCK_N or e["block_n"] & (e["block_n"] - 1):
-        return f"has block_n={e['block_n']}; expected a power of two up to {MAX_BLOCK_N}"
+    try:  # the ranges every kernel's launch checks (launch_options), named per entry here
+        for key, value in e.items():
+            if key in LAUNCH_KEYS:
+                check_range(key, value)
+    except ValueError as exc:
+        return f"has {exc}"
     return None
 
 

@@ -55,8 +55,8 @@ from .rope import rope_at_positions as apply_rope  # its name here: synthetic K/
 __all__ = ["kv_like_llm", "queries_like_llm", "outlier_channel_indices", "apply_rope", "kurtosis",
            "random_paged_cache", "CHUNK_ELEMS", "ragged_kv"]
 
-# The seeds each generator takes: NumPy's SeedSequence any int >= 0; torch.Generator.manual_seed an int in
-# [-2**63, 2**64 - 1] (a negative one taken modulo 2**64).
+# The seeds each generator takes: NumPy's SeedSequence any int >= 0; torch.Generator.manual_seed an int of
+# checks.GENERATOR_SEEDS (a negative one taken modulo 2**64).
 _NUMPY_SEEDS = (0, None)
 _TORCH_SEEDS = checks.GENERATOR_SEEDS
 
@@ -302,8 +302,8 @@ def ragged_kv(seq_lens, num_kv_heads: int, head_dim: int, *, seed: int = 0,
     standard normal (K drawn first, then V, from one torch generator seeded with ``seed``) and, with
     ``head_spread``, K's heads scaled log-evenly over ``[10^-0.5, 10^0.5]`` and channel 1 six times
     larger (an outlier channel, as real keys have), so the scale granularities differ. The backend
-    matrix and the kernel tests check decode on this data. ``seed``: an int in [-2**63, 2**64 - 1]
-    (what ``torch.Generator.manual_seed`` takes)."""
+    matrix and the kernel tests check decode on this data. ``seed``: an int in
+    :data:`fp8kv.checks.GENERATOR_SEEDS` (what ``torch.Generator.manual_seed`` takes)."""
     if isinstance(seq_lens, (str, bytes)) or not hasattr(seq_lens, "__iter__"):
         checks.fail(f"seq_lens={checks.show_value(seq_lens)} ({type(seq_lens).__name__}); expected a list of ints, "
                     "one length per sequence", TypeError)
@@ -343,7 +343,7 @@ def random_paged_cache(batch: int, context: int, num_kv_heads: int, head_dim: in
     ``chunk_elems`` elements.
 
     ``device``: None / "auto" (the GPU if there is one), "cpu", "cuda", ... (:func:`fp8kv.device.resolve_device`).
-    ``seed``: an int in [-2**63, 2**64 - 1] (what ``torch.Generator.manual_seed`` takes); each chunk's generator
+    ``seed``: an int in :data:`fp8kv.checks.GENERATOR_SEEDS` (what ``torch.Generator.manual_seed`` takes); each chunk's generator
     is seeded from it (modulo 2**64, as torch takes a negative seed), and the shuffled block table with it.
     Returns a :class:`~fp8kv.cache.PagedKVCache` (through its validating constructor) with
     ``seq_lens = [context] * batch``; K, V pages ``[blocks, block_size, Hkv, D]`` (NHD) or

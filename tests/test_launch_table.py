@@ -66,6 +66,7 @@ GOOD = dict(block_n=64, num_warps=4, num_stages=2)
     (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "num_warps": 3}}}), r"num_warps=3; expected one of \(1, 2"),
     (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "block_n": 100}}}), "block_n=100; expected a power of two"),
     (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "block_n": 512}}}), "block_n=512; expected a power of two"),
+    (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "num_stages": 99}}}), "num_stages=99; expected 1 to 8"),
 ])
 def test_a_corrupt_or_foreign_table_is_refused_naming_the_file(table_dir, text, match):
     path = table_dir / "launch_gpu-a.json"
@@ -362,7 +363,7 @@ def test_every_list_of_launch_options_is_the_option_tables():
     assert set(ops.default_config("dequant", True, 128)) == set(launch_table.LAUNCH_KEYS)  # what an entry replaces
     assert planning.PLAN_OPTIONS == (*LAUNCH_OPTIONS["triton"], "window", "soft_cap", "sinks")
     assert planning.GLUON_OPTIONS == tuple(o.name for o in table if "gluon" in o.kernels)
-    assert launch_table.WARP_COUNTS is launch_options.WARP_COUNTS and ops.MAX_BLOCK_N is launch_options.MAX_BLOCK_N
+    assert launch_table.check_range is launch_options.check_range and ops.MAX_BLOCK_N is launch_options.MAX_BLOCK_N
 
 
 @pytest.mark.parametrize("name", [o.name for o in OPTIONS])

@@ -216,8 +216,11 @@ def test_a_draft_longer_than_a_context_is_refused_by_its_argument():
     """The sweep names draft_lens (the argument given), not the q_len = k + 1 its planner sees."""
     from fp8kv.step.speculative import verify_sweep
 
-    with pytest.raises(ValueError, match=r"draft_lens\[1\]=999999: its 1000000 new tokens .* context of 64"):
-        verify_sweep(["Qwen3-0.6B"], [64], [2, 999999], gpu_memory_gib=80)
+    with pytest.raises(ValueError, match=r"draft_lens\[1\]=999999: its 1000000 new tokens .* one of 64 tokens"):
+        verify_sweep(["Qwen3-0.6B"], [64, 4096], [2, 999999], gpu_memory_gib=80)
+    # a draft that fits is refused for what it is refused for: here a quantized format's pages (one new token only)
+    with pytest.raises(ValueError, match=r"q_len=3 with kv_dtype='int8_token_head'"):
+        verify_sweep(["Qwen3-0.6B"], [64], [0, 2], kv_dtypes=["bf16", "int8_token_head"], gpu_memory_gib=80)
 
 
 @pytest.mark.parametrize("bad,exc", [(-0.1, ValueError), (1.0001, ValueError), (float("nan"), ValueError),

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from ..checks import fail as _fail
-from ..checks import flag, integer, real
+from ..checks import flag, integer, positive_int, real
 from ..results import utc_stamp
 from ..sweeps import interruptible, machine_fields, release_memory, run_metadata
 from .layers import step_shape
@@ -46,7 +46,7 @@ from .measure import (
     why_failed,
 )
 from .model import KVPool
-from .plan import plan_sweep, run_dtype
+from .plan import int_list, plan_sweep, run_dtype
 
 VERIFY_COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "fp8kv_source",
@@ -137,17 +137,15 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
     check_run_options(backend=backend, mode=mode, rep=rep, cpu_reps=cpu_reps, seed=seed, progress=progress, dtype=dtype)
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
-    plans = {}
-    for i, k in enumerate(draft_lens):
-        try:
-            plans[k] = plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
-                                  utilization=utilization, block_size=block_size, device=dev, dtype=dtype, q_len=k + 1,
-                                  draft_model=draft)
-        except ValueError as e:  # named by the argument given: the q_len it became is k + 1
-            if "q_len=" not in str(e):
-                raise
-            _fail(f"draft_lens[{i}]={k}: its {k + 1} new tokens (k drafts and the bonus token) do not fit every "
-                  f"context asked for ({e})")
+    shortest = min(positive_int(c, "contexts") for c in int_list(contexts, "contexts"))
+    for i, k in enumerate(draft_lens):  # named as given: the planner sees q_len = k + 1
+        if k + 1 > shortest:
+            _fail(f"draft_lens[{i}]={k}: its {k + 1} new tokens (k drafts and the bonus token) are the last of a "
+                  f"sequence's context, and contexts holds one of {shortest} tokens")
+    plans = {k: plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
+                           utilization=utilization, block_size=block_size, device=dev, dtype=dtype, q_len=k + 1,
+                           draft_model=draft)
+             for k in draft_lens}
     shapes = list(dict.fromkeys(p["shape"] for p in plans[draft_lens[0]]))
     check_weights(shapes, weights)
     if draft is not None:
@@ -279,7 +277,6 @@ def draft_cost_us(draft_model, batch: int, context: int, draft_len: int, kv_dtyp
     of its decode steps, one measured (:class:`~fp8kv.step.DecodeStep` over a pool just large enough, its KV in
     ``kv_dtype``). Pass the result as :func:`verify_sweep`'s ``draft_us``. Raises what the step raises (an
     unsupported combination, out of memory) rather than return a number that was not measured."""
-    from ..checks import positive_int
     from ..device import resolve_device
 
     shape = step_shape(draft_model, "draft_model")
