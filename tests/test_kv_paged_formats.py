@@ -62,6 +62,12 @@ def assert_stored_as_quantize(cache, k, v, lens):
 
 
 # ------------------------------------------------------------------------------------------- the write path
+# Tests that launch the kernel on CPU caches run it under the Triton interpreter (CI); on a GPU the gpu-marked tests
+# launch it on CUDA caches
+needs_kernel = pytest.mark.skipif(not interpreter_on(), reason="launches the kernel on CPU caches: under the Triton "
+                                                               "interpreter (on a GPU the gpu-marked tests launch it)")
+
+
 @pytest.mark.parametrize("fmt", kvf.PAGED_FORMATS)
 @pytest.mark.parametrize("block_size", [8, 16])
 def test_from_dense_stores_what_quantize_gives_bit_for_bit(fmt, block_size):
@@ -146,6 +152,7 @@ CASES = [  # (lens, Hkv, group, D, block_size, num_splits): B 1-3, lengths 1..10
 ]
 
 
+@needs_kernel
 @pytest.mark.parametrize("fmt", KERNEL_FORMATS)
 @pytest.mark.parametrize("lens,hkv,group,d,block_size,num_splits", CASES)
 @pytest.mark.parametrize("q_dtype", [torch.float16, torch.float32])
@@ -163,6 +170,7 @@ def test_kernel_matches_the_oracle_on_the_same_pages(fmt, lens, hkv, group, d, b
     assert float((lse - ref_lse).abs().max()) <= tol
 
 
+@needs_kernel
 @pytest.mark.parametrize("fmt", KERNEL_FORMATS)
 @pytest.mark.parametrize("lens,hkv,group,d,block_size,num_splits", [CASES[2], ([30, 7], 2, 3, 96, 8, 2)])
 def test_every_code_conversion_gives_the_same_output_bit_for_bit(fmt, lens, hkv, group, d, block_size, num_splits):
@@ -262,6 +270,7 @@ def test_kernel_matches_the_oracle_on_a_gpu(fmt, lens, hkv, group, d, block_size
     _assert_matches_the_oracle(out, lse, q, q_dtype, cache, f"{fmt} {lens} on {torch.cuda.get_device_name()}")
 
 
+@needs_kernel
 @pytest.mark.parametrize("fmt", KERNEL_FORMATS)
 def test_kernel_with_large_scores_bf16_query_and_fp32_output(fmt):
     """K of scale 8 (scores of tens: a peaked softmax), a bf16 query, an fp32 output, sm_scale given."""
@@ -275,6 +284,7 @@ def test_kernel_with_large_scores_bf16_query_and_fp32_output(fmt):
     assert_rel_err(out, ref, kernel_tolerance(q, torch.float32, cache, 0.2), fmt)
 
 
+@needs_kernel
 def test_mxfp4_blocks_far_below_their_tokens_largest_weigh_nothing():
     """MXFP4 tiles hold code x 2^(block exponent - the token's largest): a block 2^30 below it is 0 in fp16, and
     its share of a score or an output (2^-30 of the token's) is far below the tolerance."""
@@ -304,6 +314,7 @@ def _swap_k_nibbles(cache, page):
     cache.k_pages = p
 
 
+@needs_kernel
 @pytest.mark.parametrize("fmt", KERNEL_FORMATS)
 @pytest.mark.parametrize("fault", [_corrupt_v_scales, _swap_k_nibbles])
 def test_the_tolerance_catches_a_corrupted_page(fmt, fault):
@@ -563,10 +574,6 @@ def _spread(s, dim):
     index[dim] = slice(None, None, 2)
     wide[tuple(index)] = s
     return wide[tuple(index)]
-
-
-needs_kernel = pytest.mark.skipif(not interpreter_on(), reason="launches the kernel: under the Triton interpreter "
-                                                               "(or on a GPU, where the GPU tests do)")
 
 
 @needs_kernel
