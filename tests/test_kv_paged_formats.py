@@ -418,6 +418,9 @@ def test_arrays_replaced_with_bad_ones_are_named(corrupt, exc, match):
     (lambda c: c.write(torch.zeros(1, 2, 32), torch.zeros(1, 2, 32), [10**6]), ValueError,
      "slot_mapping has slot 1000000 >= num_blocks x block_size"),
     (lambda c: c.write(torch.zeros(1, 2, 32), torch.zeros(1, 2, 32), torch.tensor([1.0])), TypeError, "slot_mapping"),
+    # two rows into one slot: which a GPU keeps is undefined (and its codes and scales could come from different rows)
+    (lambda c: c.write(torch.zeros(3, 2, 32), torch.zeros(3, 2, 32), [3, -1, 3]), ValueError,
+     r"slot_mapping writes slot 3 2 times \(rows \[0, 2\]\)"),
     (lambda c: c.slots(2, [0]), ValueError, "seq=2"),
     (lambda c: c.encoded(-1), ValueError, "i=-1"),
 ])
@@ -436,6 +439,10 @@ def test_bad_writes_and_reads_are_refused_before_anything_changes(call, exc, mat
     (lambda c, q: paged_decode_quantized(q[:, :3], c), ValueError, "q has 3 heads, not a multiple"),
     (lambda c, q: paged_decode_quantized(q[..., :16], c), ValueError, "q has head_dim 16"),
     (lambda c, q: paged_decode_quantized(q[:1], c), ValueError, "q has batch 1"),
+    (lambda c, q: paged_decode_quantized(q.index_fill(2, torch.tensor([5]), float("nan")), c), ValueError,
+     r"q has \d+ non-finite value\(s\)"),  # as fp8kv.decode: a NaN query is no result
+    (lambda c, q: quantized_reference(q.index_fill(2, torch.tensor([5]), float("inf")), c), ValueError,
+     r"q has \d+ non-finite value\(s\)"),
     (lambda c, q: paged_decode_quantized(q.transpose(1, 2).contiguous().transpose(1, 2), c), ValueError,
      "last dim .* must be contiguous"),
     (lambda c, q: paged_decode_quantized(q, c, sm_scale=0.0), ValueError, "sm_scale"),

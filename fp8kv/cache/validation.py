@@ -242,6 +242,13 @@ def check_write(cache, k_new, v_new, slot_mapping, *, contents: bool = True,
         total = cache.num_blocks * cache.block_size
         if slots.numel() and int(slots.max()) >= total:
             _fail(f"slot_mapping has slot {int(slots.max())} >= num_blocks x block_size = {total}")
+        live = slots[slots >= 0]
+        values, counts = torch.unique(live, return_counts=True)
+        if live.numel() and int(counts.max()) > 1:  # which row a GPU keeps is undefined, and codes and scales could differ
+            first = int(values[counts > 1][0])
+            rows = (slots == first).nonzero().flatten().tolist()
+            _fail(f"slot_mapping writes slot {first} {len(rows)} times (rows {rows}); expected each slot at most once "
+                  "in a write")
         if not shared_checked:
             refuse_shared_writes(cache, slots[slots >= 0] // cache.block_size)
     return slots

@@ -123,6 +123,7 @@ def plan_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_s
                                f"use one of {tuple(c for c in QUANT_CONVERTS if c != 'ptx')}")
     cache.validate_arrays(contents=check)
     if check:
+        checks.finite_tensor(q, "q")  # as fp8kv.decode refuses it: a NaN query is no result
         cache.validate_tables(nonempty=True)
     options = dict(num_splits=num_splits, block_n=block_n, convert=convert, num_warps=num_warps, num_stages=num_stages)
     plan = _gluon_plan(q, cache, sm_scale, out_dtype, gluon, options)

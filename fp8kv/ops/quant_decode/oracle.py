@@ -19,6 +19,7 @@ def _checked(q, cache, sm_scale) -> float:
         checks.fail(f"cache must be a fp8kv.cache.quantized.QuantizedPagedKVCache, got {type(cache).__name__}",
                     TypeError)
     cache.check_query(q)
+    checks.finite_tensor(q, "q")  # as fp8kv.reference.decode refuses it
     if sm_scale is not None:
         sm_scale = checks.softmax_scale(sm_scale)
     return checks.resolved_softmax_scale(sm_scale, q.shape[-1])
