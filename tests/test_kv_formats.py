@@ -394,6 +394,25 @@ def test_no_tokens_and_all_zeros_store_and_decode(name):
     assert bool((zeros.dequantize() == 0).all()) and (zeros.saturated, zeros.underflow) == (0, 0)
 
 
+@pytest.mark.parametrize("name", kvf.CODEC_NAMES)
+def test_decoding_past_fp16s_range_is_refused_not_inf(name):
+    """Values of 1e6 decode to fp32 and bf16; to fp16 a ValueError naming the dtype where the decoded values pass its
+    largest (they were inf; KIVI's fp16 scales saturate them when they are stored); values within fp16's range decode
+    to it."""
+    c = kvf.codec(name)
+    t = c.block if c.scaling == "channel_group" else 4
+    big = kvf.quantize(torch.full((t, 2, 128), 1e6), c)
+    peak = float(big.dequantize().abs().max())
+    assert peak > 6e4 and bool(torch.isfinite(big.dequantize(torch.bfloat16)).all())
+    if peak > torch.finfo(torch.float16).max:
+        with pytest.raises(ValueError, match=r"dtype=torch.float16: the decoded values reach .* past torch.float16's"):
+            big.dequantize(torch.float16)
+    else:
+        assert bool(torch.isfinite(big.dequantize(torch.float16)).all())
+    small = kvf.quantize(torch.full((t, 2, 128), 3.0), c).dequantize(torch.float16)
+    assert small.dtype == torch.float16 and bool(torch.isfinite(small).all())
+
+
 # ----------------------------------------------------------------------- pages stand alone
 @pytest.mark.parametrize("name", OWN)
 def test_a_page_quantizes_and_decodes_alone(name):
