@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -66,7 +67,7 @@ from .formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, is_fp8
 from .quant import GRANULARITIES
 
 __all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "VARIANTS", "UnsupportedError",
-           "check", "check_query", "capability", "current_arch",
+           "check", "check_query", "capability", "current_arch", "arch_number",
            "choose_backend", "choose_mode", "flashinfer_installed", "vllm_installed", "check_variant", "check_variants",
            "variants", "VLLM_HEAD_DIMS", "VLLM_NOT_INSTALLED", "scales_refusal", "check_query_strides",
            "interpreter_on", "use_interpreter", "INTERPRETER_ENV", "OPS", "attend_capability"]
@@ -148,15 +149,18 @@ def check_query(backend: str, q_dtype, kv_dtype: str) -> tuple[bool, str]:
     return True, ""
 
 
-def _arch_num(arch: str) -> int:
-    if not (isinstance(arch, str) and arch.startswith("sm") and arch[2:].isdigit()):
-        raise ValueError(f"arch={arch!r}; expected an 'smNN' string such as {ARCHS}")
+def arch_number(arch: str) -> int:
+    """The compute capability of ``arch``, "sm" and two or three ASCII digits ("sm90": 90); ValueError naming it
+    otherwise ("sm9", a typo of sm90, is no arch: it would read as one that predates sm80)."""
+    if not (isinstance(arch, str) and re.fullmatch(r"sm[1-9][0-9]{1,2}", arch, flags=re.ASCII)):
+        raise ValueError(f"arch={arch!r}; expected 'sm' and a compute capability of two or three digits, such as "
+                         f"{ARCHS}")
     return int(arch[2:])
 
 
 def _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim, layout="NHD") -> tuple[bool, str]:
     """Support on ``arch`` by hardware and library facts alone (ignores what is installed here)."""
-    n = _arch_num(arch)
+    n = arch_number(arch)
     fp8_kv = is_fp8(kv_dtype)
     if mode == "fp8" and not fp8_kv:
         return False, "fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode"
@@ -213,7 +217,7 @@ def _vllm_facts(kv_dtype, mode, arch, granularity, head_dim, layout) -> tuple[bo
     if granularity != "tensor":
         return False, (f"fp8kv passes vLLM's kernel per-tensor scales only (KVQuantMode.FP8_PER_TENSOR reads "
                        f"one k and one v scale); {granularity} scales are refused")
-    if kv_dtype == "fp8_e4m3" and _arch_num(arch) < 89:
+    if kv_dtype == "fp8_e4m3" and arch_number(arch) < 89:
         return False, (f"vLLM's kernel loads the float8_e4m3fn pages as they are, and Triton has e4m3 "
                        f"(fp8e4nv) only on sm89+; {arch} runs fp8_e5m2 through it")
     return True, ("vLLM's Triton unified-attention kernel: FP8 pages x per-tensor scale rounded to the query's "

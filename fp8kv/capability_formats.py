@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import checks
-from .capability import ARCHS, BACKEND_NAMES, current_arch, interpreter_on
+from .capability import BACKEND_NAMES, arch_number, current_arch, interpreter_on
 from .kv_formats import KV_FORMATS, PAGED_FORMATS, kv_format
 
 __all__ = ["FORMAT_NAMES", "TRITON_FORMATS", "FLASHINFER_FORMATS", "VLLM_FORMATS", "check_format",
@@ -47,9 +47,10 @@ _MODE = "dequant"  # codes are dequantized to 16 bits in registers: no low-preci
 
 
 def _arch_number(arch: str) -> int:
-    if not (isinstance(arch, str) and arch.startswith("sm") and arch[2:].isdigit()):
-        checks.fail(f"arch={arch!r}; expected an 'smNN' string such as {ARCHS}, or None for this machine")
-    return int(arch[2:])
+    try:
+        return arch_number(arch)
+    except ValueError as e:
+        checks.fail(f"{e}, or None for this machine")
 
 
 def _not_paged(name: str) -> str:

@@ -1,5 +1,7 @@
 """The capability matrix: the facts per arch, this machine's view, and the automatic choices."""
 
+import re
+
 import pytest
 import torch
 
@@ -82,6 +84,18 @@ def test_bad_arguments_are_named():
         check("triton", "fp4")
     with pytest.raises(ValueError, match="arch='hopper'"):
         check("triton", "bf16", arch="hopper")
+
+
+@pytest.mark.parametrize("arch", ["sm9", "sm0", "sm9999", "sm00090", "sm²", "sm\u0669\u0660", "SM90", "sm 90"])
+def test_an_arch_that_is_not_sm_and_two_or_three_digits_is_refused(arch):
+    """"sm9" (a typo of sm90) read as an arch before sm80, the reference as supported on it; other digits (Arabic-Indic
+    ones made sm90) and leading zeros passed. Both capability tables take one reading (capability.arch_number)."""
+    from fp8kv.capability_formats import check_format
+
+    with pytest.raises(ValueError, match=f"arch={re.escape(repr(arch))}; expected 'sm' and a compute capability"):
+        check("reference", "bf16", arch=arch)
+    with pytest.raises(ValueError, match=f"arch={re.escape(repr(arch))}; expected 'sm' and a compute capability"):
+        check_format("triton", "nvfp4", arch)
 
 
 @pytest.mark.parametrize("arch", ["sm90", None])  # the arch's facts and this machine's view check alike
