@@ -356,6 +356,11 @@ def test_fractional_bytes_per_token_and_kv_totals():
     assert kvf.footprint("kivi4_key_g128", 1, 80).nbytes(256) == 85 * 128
     with pytest.raises(ValueError, match="tokens=3"):
         kvf.footprint("kivi4_key_g128", 1, 80).nbytes(3)
+    # a part of a group whose bytes happen to be whole is still part of a group (K's group of 32 with V per token)
+    kivi = kvf.kv_footprint("kivi4_g32", num_kv_heads=2, head_dim=32)
+    assert kivi.token_group == 32 and kivi.nbytes(64) == 2 * kivi.nbytes(32)
+    with pytest.raises(ValueError, match=r"tokens=5 does not fill whole token groups \(a scale spans 32 tokens\)"):
+        kivi.nbytes(5)
     # a cache: 2 layers, 8 KV heads, head_dim 128, NVFP4 K and V: (72 x 8) x 2 x 2 per token, 4 x 2 x 2 fixed
     fp = kvf.kv_footprint("nvfp4", num_kv_heads=8, head_dim=128, num_layers=2)
     assert (fp.per_token, fp.fixed) == (72 * 8 * 4, 16)

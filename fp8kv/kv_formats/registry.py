@@ -45,6 +45,7 @@ saturate with scales from the data: its top code 6 takes values up to the tie 7.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -171,6 +172,7 @@ class Footprint:
     per_token: Fraction
     fixed: int
     codes: Fraction = Fraction(0)
+    token_group: int = 1  # tokens a scale spans (a KIVI key's group): counts are whole groups
 
     @property
     def per_token_scales(self) -> Fraction:
@@ -178,18 +180,20 @@ class Footprint:
         return self.per_token - self.codes
 
     def nbytes(self, tokens: int) -> int:
-        """Exact bytes for ``tokens`` tokens (a whole number when the token groups are full)."""
+        """Exact bytes for ``tokens`` tokens, whole groups of :attr:`token_group` (a ValueError naming them otherwise)."""
         tokens = checks.nonnegative_int(tokens, "tokens")
         total = self.per_token * tokens + self.fixed
-        if total.denominator != 1:
-            raise ValueError(f"tokens={tokens} does not fill whole token groups: {total} bytes is not a whole number")
+        if tokens % self.token_group or total.denominator != 1:
+            raise ValueError(f"tokens={tokens} does not fill whole token groups (a scale spans {self.token_group} "
+                             f"tokens): {total} bytes counts part of a group")
         return int(total)
 
     def __add__(self, other: Footprint) -> Footprint:
-        return Footprint(self.per_token + other.per_token, self.fixed + other.fixed, self.codes + other.codes)
+        return Footprint(self.per_token + other.per_token, self.fixed + other.fixed, self.codes + other.codes,
+                         math.lcm(self.token_group, other.token_group))
 
     def __mul__(self, n: int) -> Footprint:
-        return Footprint(self.per_token * n, self.fixed * n, self.codes * n)
+        return Footprint(self.per_token * n, self.fixed * n, self.codes * n, self.token_group)
 
 
 def footprint(c: Codec | str, num_heads: int, head_dim: int) -> Footprint:
@@ -205,7 +209,8 @@ def footprint(c: Codec | str, num_heads: int, head_dim: int) -> Footprint:
                         "channel_group": Fraction(h * d, c.block or 1)}.get(c.scaling, 0)
     fixed_scales = {"tensor": 1, "head": h, "channel": h * d}.get(c.scaling, 0)
     fixed = fixed_scales * per_scale + (SCALE_BYTES if c.tensor_scale else 0)
-    return Footprint(codes + per_token_scales * per_scale, fixed, codes)
+    return Footprint(codes + per_token_scales * per_scale, fixed, codes,
+                     c.block if c.scaling == "channel_group" else 1)
 
 
 def kv_footprint(fmt: KVFormat | str, *, num_kv_heads: int, head_dim: int, num_layers: int = 1) -> Footprint:
