@@ -134,7 +134,7 @@ def check_query(backend: str, q_dtype, kv_dtype: str) -> tuple[bool, str]:
     checks.one_of(backend, "backend", BACKEND_NAMES)
     checks.one_of(kv_dtype, "kv_dtype", KV_DTYPE_NAMES)
     q = next((n for n, dt in UNQUANTIZED_DTYPES.items() if dt == q_dtype), q_dtype)
-    if q not in UNQUANTIZED_DTYPES:
+    if not isinstance(q, str) or q not in UNQUANTIZED_DTYPES:  # a list is no dtype (and is unhashable)
         return False, f"q is {q_dtype!r}; expected one of {tuple(UNQUANTIZED_DTYPES)}"
     if q == "fp32" and backend != "reference":
         return False, f"q is fp32: {backend} takes bf16/fp16 queries; fp32 queries run on the reference only"
@@ -443,6 +443,8 @@ def check_variant(backend: str, variant: str, mode: str = "dequant", *, op: str 
 
 def check_variants(backend: str, mode: str, used, *, op: str = "decode") -> None:
     """Raise UnsupportedError naming the first variant in ``used`` (names) that ``backend`` cannot run in ``op``."""
+    if isinstance(used, str):  # one name: not its letters
+        used = (used,)
     for name in used:
         ok, why = check_variant(backend, name, mode, op=op)
         if not ok:

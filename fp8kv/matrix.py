@@ -136,11 +136,16 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPE_NAMES, mo
     hq, hkv = (checks.positive_int(heads[0], "heads[0]"), checks.positive_int(heads[1], "heads[1]"))
     if hq % hkv:
         checks.fail(f"heads={tuple(heads)!r}: num_q_heads must be a multiple of num_kv_heads")
-    if q_dtype is not None and q_dtype not in _Q_DTYPES:
+    if q_dtype is not None and (not isinstance(q_dtype, str) or q_dtype not in _Q_DTYPES):
         checks.fail(f"q_dtype={q_dtype!r}; expected None or one of {tuple(_Q_DTYPES)}")
+    if batch is not None:
+        batch = checks.positive_int(batch, "batch")
     if seq_lens is None:
-        seq_lens = ragged_seq_lens(4 if batch is None else checks.positive_int(batch, "batch"), block_size, max_len)
+        seq_lens = ragged_seq_lens(4 if batch is None else batch, block_size, max_len)
     else:
+        if isinstance(seq_lens, (str, bytes)) or not hasattr(seq_lens, "__iter__"):
+            checks.fail(f"seq_lens={seq_lens!r} ({type(seq_lens).__name__}); expected a list of lengths, one per "
+                        "sequence", TypeError)
         seq_lens = [checks.positive_int(n, f"seq_lens[{i}]")
                     for i, n in enumerate(seq_lens)]
         if not seq_lens:

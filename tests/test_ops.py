@@ -1042,3 +1042,25 @@ def test_a_plan_run_on_other_inputs_is_refused_by_name():
     other = matrix_cache([5, 9], 2, 64, kv_dtype="fp8_e5m2", granularity="tensor")
     with pytest.raises(ValueError, match=r"the cache's format is \('fp8_e5m2', 'tensor', 'NHD'\)"):
         ops.run(plan, q, other)
+
+
+@pytest.mark.parametrize("q_shape,kw,exc,match", [
+    ((2, 4, 32), {}, ValueError, "q has head_dim 32 but the cache has head_dim 64"),  # a process crash before
+    ((300, 4, 64), {}, ValueError, "q has batch 300 but the cache holds 2 sequences"),  # read seq_lens past its end
+    ((2, 3, 64), {}, ValueError, "q has 3 heads, not a multiple of the cache's 2 KV heads"),
+    ((2, 4, 64), dict(sm_scale=float("nan")), ValueError, "sm_scale=nan"),
+    ((2, 4, 64), dict(sm_scale=0), ValueError, "sm_scale=0"),
+    ((2, 4, 64), dict(sm_scale=True), TypeError, "sm_scale=True"),
+    ((2, 4, 64), dict(soft_cap=0.0), ValueError, "soft_cap=0.0"),  # a ZeroDivisionError in the launcher before
+    ((2, 4, 64), dict(sinks=torch.zeros(2)), ValueError, r"sinks has shape \(2,\); expected \[4\]"),  # read past [2]
+    ((2, 4, 64), dict(sinks=[0.0] * 4), TypeError, "sinks must be a torch.Tensor"),
+    ((2, 4, 64), dict(mode="x"), ValueError, "mode='x'"),
+])
+def test_the_op_entry_checks_shapes_and_scalars_without_a_sync(q_shape, kw, exc, match):
+    """fp8kv.ops.paged_decode, the decode without fp8kv.decode's checks of the contents, still checks what costs no
+    host sync: a mismatched query crashed the process or returned plausible numbers read past the cache's tables."""
+    cache = matrix_cache([20, 7], 2, 64)
+    with pytest.raises(exc, match=match):
+        paged_decode(make_q(*q_shape, torch.float16), cache, **kw)
+    with pytest.raises(TypeError, match="cache must be a fp8kv.PagedKVCache, got NoneType"):
+        paged_decode(make_q(2, 4, 64, torch.float16), None)

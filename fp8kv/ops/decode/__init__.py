@@ -14,8 +14,9 @@ kernels), :mod:`.gluon_launcher` / :mod:`.gluon_kernel` / :mod:`.gluon_scope` (t
 
 import torch
 
+from ... import checks
 from ...cache import PagedKVCache
-from ...capability import UnsupportedError, check_query, check_query_strides, scales_refusal
+from ...capability import MODES, UnsupportedError, check_query, check_query_strides, scales_refusal
 from .gluon_launcher import run_gluon
 from .planning import DecodePlan, check_plan_inputs, plan, plan_rows
 from .triton_launcher import run_triton
@@ -39,9 +40,11 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     """Triton paged decode attention.
 
     :func:`plan` and :func:`run` in one call, ``fp8kv.decode(..., backend="triton")`` without its checks of the
-    cache, ``mode``, ``sm_scale`` and the variants: call that. Checked here: the query against the kernels
-    (its dtype, :func:`fp8kv.capability.check_query`; head_dim contiguous; no fp8 mode over token_head
-    scales) and, by :func:`plan`, the launch options.
+    cache's contents and the query's values (host syncs): call that. Checked here, from shapes, types and scalars
+    alone (no host sync): the cache's type, the query against it (:meth:`~fp8kv.cache.PagedKVCache.check_query`:
+    a mismatched query read out of bounds) and against the kernels (its dtype; head_dim contiguous; no fp8 mode
+    over token_head scales), ``mode``, ``sm_scale``, the variants' types and shapes
+    (:func:`fp8kv.checks.attention_variant` without its values) and, by :func:`plan`, the launch options.
 
     Parameters
     ----------
@@ -90,6 +93,17 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     gives out = 0 and lse = -inf (with sinks: lse = the sink logit); the reference and FlashInfer
     refuse such a sequence instead.
     """
+    if not isinstance(cache, PagedKVCache):
+        checks.fail(f"cache must be a fp8kv.PagedKVCache, got {type(cache).__name__}", TypeError)
+    cache.check_query(q)  # a query of another shape than the cache's would be read past its end
+    checks.one_of(mode, "mode", MODES)
+    if sm_scale is not None:
+        sm_scale = checks.softmax_scale(sm_scale, options.get("soft_cap"))
+    window, soft_cap, sinks = checks.attention_variant(options.get("window"), options.get("soft_cap"),
+                                                       options.get("sinks"), num_q_heads=q.shape[1], device=q.device,
+                                                       contents=False)
+    options = {**options, **{k: v for k, v in dict(window=window, soft_cap=soft_cap, sinks=sinks).items()
+                             if k in options}}
     ok, why = check_query("triton", q.dtype, cache.kv_dtype)  # 16-bit, and fp16 only over FP8 or fp16 pages
     if not ok:
         raise TypeError(why)
