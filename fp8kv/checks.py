@@ -56,7 +56,10 @@ def fail(msg: str, exc: type[Exception] = ValueError):
 
 def show_value(value) -> str:
     """``repr(value)`` cut to 80 characters: a value as an error message shows it."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more digits than Python converts to text (sys.get_int_max_str_digits)
+        text = f"<an int of {value.bit_length()} bits>" if isinstance(value, int) else f"<a {type(value).__name__}>"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -70,9 +73,9 @@ def integer(value, name: str, *, minimum: int | None = None, maximum: int | None
             fail(f"{name}={show_value(value)} ({type(value).__name__}); expected an int", TypeError)
     value = int(value)
     if minimum is not None and value < minimum:
-        fail(f"{name}={value}; expected an int >= {minimum}")
+        fail(f"{name}={show_value(value)}; expected an int >= {minimum}")
     if maximum is not None and value > maximum:
-        fail(f"{name}={value}; expected an int <= {maximum}")
+        fail(f"{name}={show_value(value)}; expected an int <= {maximum}")
     return value
 
 
@@ -98,7 +101,10 @@ def real(value, name: str, *, minimum: float | None = None, maximum: float | Non
     """A finite real number (int or float, not a bool or a string) within the bounds."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         fail(f"{name}={show_value(value)} ({type(value).__name__}); expected a finite number", TypeError)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int past float's range (10**400)
+        fail(f"{name}={show_value(value)}; expected a finite number (this int is past float64's range)")
     if not math.isfinite(value):
         fail(f"{name}={value}; expected a finite number")
     lo_ok = minimum is None or (value >= minimum if inclusive else value > minimum)

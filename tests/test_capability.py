@@ -280,3 +280,13 @@ def test_flashinfers_attend_variants_are_its_prefill_wrappers():
     for backend in ("reference", "triton", "vllm"):  # the decode's facts
         for v in ("window", "soft_cap", "sinks"):
             assert check_variant(backend, v, op="attend") == check_variant(backend, v)
+
+
+def test_one_variant_name_and_a_list_for_a_dtype_are_read_as_such():
+    """check_variants("sinks") walked the string's letters (naming variant 's'); a list as q's dtype raised
+    'unhashable type'."""
+    from fp8kv.capability import check_query, check_variants
+
+    with pytest.raises(UnsupportedError, match="cannot apply sinks"):
+        check_variants("flashinfer", "dequant", "sinks")
+    assert check_query("triton", ["bf16"], "bf16") == (False, "q is ['bf16']; expected one of ('bf16', 'fp16', 'fp32')")

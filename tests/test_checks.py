@@ -164,3 +164,14 @@ def test_argument_parser_errors_are_one_line(capsys):
         p.parse_args(["--n", "x"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("fp8kv x: error: ")
+
+
+def test_ints_past_floats_range_or_too_long_to_print_are_refused_by_name():
+    """10**400 as a float argument raised float()'s OverflowError; an int of more digits than Python prints raised
+    repr's ValueError from inside the message."""
+    with pytest.raises(ValueError, match=r"sm_scale=1000.*past float64's range"):
+        checks.real(10**400, "sm_scale")
+    with pytest.raises(ValueError, match=r"sm_scale=<an int of 16610 bits>; expected a finite number"):
+        checks.real(10**5000, "sm_scale")
+    with pytest.raises(ValueError, match=r"n=<an int of 16610 bits>; expected an int <= 5"):
+        checks.integer(10**5000, "n", maximum=5)

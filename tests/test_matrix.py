@@ -220,9 +220,18 @@ def test_explicit_seq_lens_reach_the_cache():
     (dict(seq_lens=[4, 0]), r"seq_lens\[1\]"),
     (dict(head_dim=0), "head_dim"),
     (dict(q_dtype="fp8"), "q_dtype"),
+    (dict(q_dtype=["bf16"]), r"q_dtype=\['bf16'\]"),  # 'unhashable type' before
 ])
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
+        backend_matrix(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(seq_lens=5), "seq_lens=5 \\(int\\)"),
+                                           (dict(seq_lens="12"), "seq_lens='12' \\(str\\)"),
+                                           (dict(seq_lens=[5], batch=True), "batch=True \\(bool\\)")])
+def test_arguments_of_the_wrong_type_are_named(kwargs, match):
+    with pytest.raises(TypeError, match=match):
         backend_matrix(**kwargs)
 
 

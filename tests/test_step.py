@@ -220,6 +220,19 @@ def test_the_plan_is_what_the_sweep_runs():
     assert bf16[0]["plan"]["ceiling"] > plans[0]["plan"]["ceiling"]  # fp32 activations take more room
 
 
+@pytest.mark.parametrize("kw,match", [(dict(backend="bogus"), "backend='bogus'"), (dict(mode="bogus"), "mode='bogus'")])
+def test_plan_sweep_refuses_a_backend_or_mode_no_sweep_runs(kw, match):
+    """The plan (and --dry-run) called ready what every run refuses."""
+    with pytest.raises(ValueError, match=match):
+        S.plan_sweep(["Qwen3-8B"], [64], gpu_memory_gib="H200", device="cpu", **kw)
+
+
+def test_a_seed_past_int64_is_refused_before_anything_is_built():
+    """It became an error row per point (the weights' generator refused it while loading)."""
+    with pytest.raises(ValueError, match=r"seed=1180591620717411303424; expected an int <= 9223372036854775807"):
+        S.verify_sweep(["Qwen3-0.6B"], [16], [1], seed=2**70, gpu_memory_gib=80)
+
+
 def test_plan_sweep_refuses_a_batch_over_the_ceiling():
     ceiling = S.step_ceiling(MODELS["Qwen3-8B"], "bf16", 16384, gpu_memory_gib="H200")["ceiling"]
     with pytest.raises(ValueError, match=f"exceed the ceiling of {ceiling} sequences for Qwen3-8B with bf16"):

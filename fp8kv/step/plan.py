@@ -15,6 +15,7 @@ from ..capacity import GIB, MAX_MEMORY_GIB, CapacityError, ModelShape, get_model
 from ..checks import fail as _fail
 from .layers import STEP_DTYPES as RUN_DTYPES
 from .layers import StepWeights, require_step_shape, step_shape
+from .model import STEP_BACKENDS, STEP_MODES
 from .quantized import check_format_shape, check_format_step, is_format, step_kv_dtype
 
 # ---------------------------------------------------------------------------------- memory and bytes
@@ -229,6 +230,9 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     from ..device import resolve_device
     from ..ops.decode.splits import sm_count  # here, not above: it imports triton (--interpret comes first)
 
+    if backend is not None:  # a name no sweep runs would be planned as if it ran
+        checks.one_of(backend, "backend", STEP_BACKENDS)
+    checks.one_of(mode, "mode", STEP_MODES)
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)  # what sweep() runs on this device, so the plan is the one timed
     models = [models] if isinstance(models, ModelShape) else checks.listed(models, "models", "model names or ModelShapes")
