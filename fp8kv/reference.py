@@ -267,8 +267,16 @@ def attend(q: torch.Tensor, cache: PagedKVCache, qo_indptr: torch.Tensor, *, sm_
 def paged_attend(q: torch.Tensor, cache: PagedKVCache, qo_lens: list[int], sm_scale: float | None = None, *,
                  window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None):
     """The computation of :func:`attend` on inputs already validated (by it, or ``fp8kv.attend``), with the
-    new-token counts ``qo_lens`` already read: ``(out, lse)``, both float32."""
+    new-token counts ``qo_lens`` already read: ``(out, lse)``, both float32. The counts are checked against ``q``
+    and the cache's rows here too (a count that left rows of ``q`` unread returned them unwritten)."""
     sm_scale = checks.resolved_softmax_scale(sm_scale, q.shape[-1])
+    lens = cache.seq_lens.tolist()  # the oracle reads the cache on the host anyway
+    if len(qo_lens) != len(lens) or sum(qo_lens) != q.shape[0]:
+        checks.fail(f"qo_lens={checks.show_value(list(qo_lens))} for q of {q.shape[0]} rows over {len(lens)} "
+                    "sequences; expected one count per sequence, summing to q's rows")
+    for i, (n, length) in enumerate(zip(qo_lens, lens, strict=True)):
+        if not 0 <= n <= length:
+            checks.fail(f"qo_lens[{i}]={n}; expected 0 to the sequence's {length} tokens (its new tokens are its last)")
     hq, d = q.shape[1:]
     out = torch.empty(q.shape[0], hq, d, dtype=torch.float32, device=q.device)
     lse = torch.empty(q.shape[0], hq, dtype=torch.float32, device=q.device)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import DEVICE, dequant_tol, indptr, make_q, matrix_cache, random_sinks
+from fixtures import DEVICE, dequant_tol, indptr, make_q, matrix_cache, random_sinks, seeded
 
+from fp8kv.cache import PagedKVCache
 from fp8kv.capability import UnsupportedError
 from fp8kv.quant import relative_error
 from fp8kv.reference import FP8_MODE_TOL, lse_tolerance
@@ -551,3 +552,18 @@ def test_large_shapes_on_gpu(kv_dtype, granularity, mode):
         q = make_q(sum(qo_lens), 32, 128, torch.bfloat16, seed=len(qo_lens))
         check_kernel(q, cache, qo_lens, mode)
         check_kernel(q, cache, qo_lens, mode, window=1024, soft_cap=30.0, sinks=random_sinks(32))
+
+
+def test_the_attend_oracle_checks_its_counts_against_q_and_the_rows():
+    """fp8kv.reference.paged_attend (public) returned rows of q it never read as uninitialized memory, and a count
+    longer than its row as plausible numbers."""
+    from fp8kv.reference import paged_attend
+
+    k = torch.randn(2, 5, 2, 64, generator=seeded(0))
+    cache = PagedKVCache.from_dense(k, k, [5, 5])
+    with pytest.raises(ValueError, match=r"qo_lens=\[1, 1\] for q of 4 rows over 2 sequences"):
+        paged_attend(torch.randn(4, 4, 64), cache, [1, 1])
+    with pytest.raises(ValueError, match=r"qo_lens\[0\]=9; expected 0 to the sequence's 5 tokens"):
+        paged_attend(torch.randn(10, 4, 64), cache, [9, 1])
+    out, lse = paged_attend(torch.randn(2, 4, 64), cache, [1, 1])
+    assert out.shape == (2, 4, 64) and bool(torch.isfinite(lse).all())
