@@ -225,6 +225,9 @@ def test_cache_construction_refuses_nonsense():
         PagedKVCache.from_dense(k[:0], k[:0], [])
     with pytest.raises(ValueError, match=r"seq_lens is empty"):  # a quantized cache the same (not torch.cat's error)
         QuantizedPagedKVCache.from_dense("int8_token_head", k[:0], k[:0], [])
+    # more than the memory free: named, as PagedKVCache.empty names it (the allocator's RuntimeError before)
+    with pytest.raises(ValueError, match=r"num_blocks=1000000000000 .* more than the .* GiB free on cpu"):
+        QuantizedPagedKVCache.empty("int8_token_head", 1, 16, 2, 64, num_blocks=10**12)
     with pytest.raises(ValueError, match="num_kv_heads=0"):
         PagedKVCache.from_dense(torch.randn(2, 8, 0, 32), torch.randn(2, 8, 0, 32), [3, 2])
     with pytest.raises(ValueError, match="batch_size=0"):
