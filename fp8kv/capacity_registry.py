@@ -250,6 +250,8 @@ def _shape_from_hf(cfg: dict, name: str, source: str = "") -> ModelShape:
                              f"a multiple of num_attention_heads={hq}")
         d = hidden // hq
     max_pos = _config_int(cfg, "max_position_embeddings", where, required=False)
+    for key in ("intermediate_size", "vocab_size"):  # a bad one is named, not read as absent (no num_params)
+        _config_int(cfg, key, where, required=False)
     tied = cfg.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise TypeError(f"{where}: tie_word_embeddings={tied!r} ({type(tied).__name__}); expected true or false")
@@ -305,14 +307,16 @@ def resolve_model(model) -> ModelShape:
             raise ValueError(f"model dict has unknown keys {sorted(extra)}; expected ModelShape fields "
                              f"{sorted(known)} or a Hugging Face config dict")
         return ModelShape(**{"name": "custom", **model})
-    if isinstance(model, os.PathLike):
-        return load_hf_config(model)
-    if isinstance(model, str):
+    if isinstance(model, str) and (model.lower() in {k.lower() for k in MODEL_SHAPES} or not os.path.exists(model)):
         # a registry name wins over a same-named folder in the working directory
-        if model.lower() in {k.lower() for k in MODEL_SHAPES} or not os.path.exists(model):
-            if model.endswith(".json"):
-                raise ValueError(f"model={model!r}: no such config file")
-            return get_model(model)
-        return load_hf_config(model)
+        if model.endswith(".json"):
+            raise ValueError(f"model={model!r}: no such config file")
+        return get_model(model)
+    if isinstance(model, (str, os.PathLike)):
+        try:
+            return load_hf_config(model)
+        except FileNotFoundError as exc:  # a folder without config.json: the argument named, as any bad model is
+            raise ValueError(f"model={os.fspath(model)!r}: no {exc.filename} (expected a Hugging Face config.json or "
+                             "a folder holding one, or a registry name)") from None
     raise TypeError(f"model must be a registry name, ModelShape, dict or config.json path, "
                     f"got {type(model).__name__}")

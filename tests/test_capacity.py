@@ -378,3 +378,19 @@ def test_a_config_built_in_code_plans_under_a_default_name():
     """transformers' ``to_dict()`` of a config not loaded from a path has ``_name_or_path: ""``: planned as "custom"."""
     p = plan_capacity(LLAMA8B_CONFIG | {"_name_or_path": ""}, "bf16", kv_memory_gib=80)
     assert p["bytes_per_token"] == LLAMA8B_BF16_BPT and p["model"] == "custom"
+
+
+def test_a_folder_without_a_config_and_a_bad_size_are_named(tmp_path):
+    """plan_capacity(model=<a folder without config.json>) raised FileNotFoundError; a vocab_size of -5 was read as
+    absent, and the plan then said the model had no num_params."""
+    from pathlib import Path
+
+    from fp8kv.capacity_registry import resolve_model
+
+    for given in (str(tmp_path), Path(tmp_path)):
+        with pytest.raises(ValueError, match=r"model=.*: no .*config\.json \(expected a Hugging Face config\.json"):
+            resolve_model(given)
+    cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "vocab_size": -5,
+           "intermediate_size": 10}
+    with pytest.raises(ValueError, match="vocab_size=-5; expected an int >= 1"):
+        resolve_model(cfg)
