@@ -272,7 +272,7 @@ SWEEP = dict(gpu_memory_gib=0.0016, backend="reference", weights="random", devic
     ({"acceptance": []}, ValueError, "acceptance is empty"), ({"acceptance": "0.7"}, TypeError, "acceptance="),
     ({"draft_us": -1.0}, ValueError, "draft_us=-1.0"), ({"draft_us": float("nan")}, ValueError, "draft_us=nan"),
     ({"draft_us": "5"}, TypeError, "draft_us="),
-    ({"contexts": [4], "draft_lens": [4]}, ValueError, "q_len=5 new tokens do not fit a context of 4"),
+    ({"contexts": [4], "draft_lens": [4]}, ValueError, r"draft_lens\[0\]=4: its 5 new tokens .* one of 4 tokens"),
 ])
 def test_verify_sweep_refuses_bad_input_before_building(monkeypatch, kwargs, exc, needle):
     from fp8kv.step import speculative

@@ -378,6 +378,8 @@ class DecodeStep:
     def forward(self) -> torch.Tensor:
         """The step: logits ``[B × q_len, vocab]`` (``logits="last"``: ``[B, vocab]``) of the tokens in
         ``input_ids`` at ``positions``."""
+        if self.q_len > 1 and self._attend_calls is None:  # before any write: its slots are not set yet
+            _fail(f"a step of q_len={self.q_len} attends as planned by set_positions; call it before forward")
         s, w = self.shape, self.weights
         b, hq, hkv, d, eps = self.batch * self.q_len, s.num_q_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps
         lin = torch.nn.functional.linear

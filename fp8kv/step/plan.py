@@ -230,16 +230,16 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     from ..device import resolve_device
     from ..ops.decode.splits import sm_count  # here, not above: it imports triton (--interpret comes first)
 
-    if backend is not None:  # a name no sweep runs would be planned as if it ran
-        checks.one_of(backend, "backend", STEP_BACKENDS)
-    checks.one_of(mode, "mode", STEP_MODES)
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)  # what sweep() runs on this device, so the plan is the one timed
     models = [models] if isinstance(models, ModelShape) else checks.listed(models, "models", "model names or ModelShapes")
     # each point once: a model or context named twice was measured twice, both rows feeding the best of each dtype
     shapes = list(dict.fromkeys(m if isinstance(m, ModelShape) else get_model(m) for m in models))
     contexts = list(dict.fromkeys(positive_int(c, "contexts") for c in int_list(contexts, "contexts")))
-    kv_dtypes = checked_kv_dtypes(kv_dtypes, shapes, q_len, backend, mode, dev)
+    kv_dtypes = checked_kv_dtypes(kv_dtypes, shapes, q_len, backend, mode, dev)  # a format's own refusal first
+    if backend is not None:  # a name no sweep runs would be planned as if it ran
+        checks.one_of(backend, "backend", STEP_BACKENDS)
+    checks.one_of(mode, "mode", STEP_MODES)
     if batches is not None:
         batches = list(dict.fromkeys(positive_int(b, "batches") for b in int_list(batches, "batches")))
     for name, given in (("models", shapes), ("contexts", contexts), ("batches", batches)):

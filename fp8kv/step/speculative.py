@@ -137,9 +137,10 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
     check_run_options(backend=backend, mode=mode, rep=rep, cpu_reps=cpu_reps, seed=seed, progress=progress, dtype=dtype)
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
-    shortest = min(positive_int(c, "contexts") for c in int_list(contexts, "contexts"))
+    lengths = [positive_int(c, "contexts") for c in int_list(contexts, "contexts")]  # none: plan_sweep says so
+    shortest = min(lengths, default=None)
     for i, k in enumerate(draft_lens):  # named as given: the planner sees q_len = k + 1
-        if k + 1 > shortest:
+        if shortest is not None and k + 1 > shortest:
             _fail(f"draft_lens[{i}]={k}: its {k + 1} new tokens (k drafts and the bonus token) are the last of a "
                   f"sequence's context, and contexts holds one of {shortest} tokens")
     plans = {k: plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
