@@ -293,6 +293,14 @@ def test_cli_refuses_a_batch_over_the_ceiling(capsys):
     assert err.count("\n") == 1 and "[100000] exceed the ceiling" in err
 
 
+@pytest.mark.parametrize("extra", [[], ["--draft-lens", "2"]])
+def test_cli_dry_run_refuses_real_weights_the_run_refuses(capsys, extra):
+    """The dry run listed 8 points for real Qwen3 weights; the run refuses them (only SmolLM2's are loaded)."""
+    code, err = _cli(capsys, "--model", "Qwen3-0.6B", "--weights", "real", "--contexts", "64", "--gpu-memory", "80",
+                     "--dry-run", *extra)
+    assert code == 2 and err.count("\n") == 1 and "weights='real': fp8kv loads real weights only for" in err
+
+
 def test_cli_refuses_cpu_without_memory_and_bad_numbers(capsys):
     code, err = _cli(capsys, "--model", "Qwen3-0.6B", "--contexts", "4096", "--device", "cpu", "--dry-run")
     assert code == 2 and "gpu_memory_gib is required on CPU" in err

@@ -16,7 +16,7 @@ from ..capacity import MAX_MEMORY_GIB, CapacityError, gib_text
 from ..device import resolve_device
 from ..interrupts import signals_ignored, stop_signals_as_keyboard_interrupt
 from ..results import save_or_fallback
-from .measure import check_host_memory, save, sweep
+from .measure import check_host_memory, check_weights, save, sweep
 from .model import STEP_BACKENDS
 from .multi_report import prefill_summary, verify_summary
 from .plan import plan_sweep
@@ -193,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plans = plan_sweep(args.model, args.contexts, args.kv_dtypes, batches=args.batches,
                            gpu_memory_gib=args.gpu_memory, utilization=args.utilization,
                            block_size=args.block_size, device=args.device, backend=args.backend, mode=args.mode)
+        check_weights(list(dict.fromkeys(p["shape"] for p in plans)), args.weights)  # the dry run refuses as the run
         if not args.dry_run:
             check_host_memory(plans, resolve_device(args.device))
     except CapacityError as e:  # not one sequence (or not the weights) fits: name what to change, and the sizes
@@ -280,7 +281,9 @@ def _main_multi(kind: str, args, argv, refuse) -> int:
                   progress=not args.quiet)
     try:
         if args.dry_run:
-            for p in _plans(kind, args):
+            plans = _plans(kind, args)
+            check_weights(list(dict.fromkeys(p["shape"] for p in plans)), args.weights)  # refused as the run refuses
+            for p in plans:
                 print(f"{p['shape'].name:<16} {p['kv_dtype']:<9} context={p['context']:<6} q_len={p['plan']['q_len']:<5} "
                       f"ceiling={p['plan']['ceiling']:<5} batches={p['batches']}")
             return 0
