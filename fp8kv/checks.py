@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["flag", "integer", "generator_seed", "GENERATOR_SEEDS", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed",
+__all__ = ["flag", "integer", "generator_seed", "GENERATOR_SEEDS", "run_seed", "RUN_SEEDS", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed",
            "tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
            "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "softmax_scale_or_default", "resolved_softmax_scale",
            "show_value", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
@@ -86,6 +86,15 @@ GENERATOR_SEEDS = (-2**63, 2**64 - 1)
 def generator_seed(value, name: str = "seed") -> int:
     """A seed for ``torch.Generator.manual_seed``: an int in :data:`GENERATOR_SEEDS`."""
     return integer(value, name, minimum=GENERATOR_SEEDS[0], maximum=GENERATOR_SEEDS[1])
+
+
+# A run's seed (bench cases, notebooks, step sweeps): a non-negative int64, as its results record it
+RUN_SEEDS = (0, 2**63 - 1)
+
+
+def run_seed(value, name: str = "seed") -> int:
+    """A run's seed: an int in :data:`RUN_SEEDS`."""
+    return integer(value, name, minimum=RUN_SEEDS[0], maximum=RUN_SEEDS[1])
 
 
 def positive_int(value, name: str) -> int:

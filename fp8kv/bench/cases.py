@@ -60,7 +60,7 @@ class Case:
     window: int | None = None
 
     def __post_init__(self):
-        checks.integer(self.seed, "Case.seed", minimum=0, maximum=2**63 - 1)  # the benches take non-negative int64 seeds
+        checks.run_seed(self.seed, "Case.seed")
         if self.window is not None:
             checks.positive_int(self.window, "Case.window")
         for name in ("batch", "context", "num_q_heads", "num_kv_heads", "head_dim", "block_size"):

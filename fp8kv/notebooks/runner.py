@@ -283,7 +283,7 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     if timeout is None:
         timeout = DEFAULT_TIMEOUT_S[mode]
     checks.positive_int(timeout, "timeout")  # seconds per cell
-    checks.integer(seed, "seed", minimum=0, maximum=2**63 - 1)  # torch.manual_seed and the benches take int64
+    checks.run_seed(seed)
     check_out_folder(out)
     books = discover_notebooks(notebook_dir, only)
     if not books:

@@ -11,7 +11,7 @@ import torch
 from ..capability import UnsupportedError
 from ..capacity import ModelShape, gib_text
 from ..checks import fail as _fail
-from ..checks import flag, integer, positive_int
+from ..checks import flag, positive_int, run_seed
 from ..device import free_memory_bytes
 from ..interrupts import reclaim_stop_signals
 from ..results import utc_stamp
@@ -70,7 +70,7 @@ def check_run_options(*, backend, mode, rep, cpu_reps, seed, progress, dtype) ->
         _fail(f"mode={mode!r}; expected one of {STEP_MODES}")
     positive_int(rep, "rep")
     positive_int(cpu_reps, "cpu_reps")
-    integer(seed, "seed", minimum=0, maximum=2**63 - 1)  # int64, as the runs record it; the weights' generator takes it
+    run_seed(seed)
     flag(progress, "progress")
     if dtype is not None:  # None: bf16 on a GPU, fp32 on CPU
         run_dtype_arg(dtype)
