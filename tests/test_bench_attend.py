@@ -89,6 +89,8 @@ def test_the_sweep_marks_what_cannot_run_and_what_does_not_fit():
         attend_sweep([2], [40], [3], shapes=[(4, 2)], device="cpu")
     with pytest.raises(ValueError, match="q_lens is empty"):
         attend_sweep([2], [40], [], device="cpu")
+    with pytest.raises(ValueError, match="kv_dtypes='nvfp4'; expected one of"):  # not AttendCase.kv_dtype
+        attend_sweep([2], [40], [3], kv_dtypes=["fp16", "nvfp4"], device="cpu")
 
 
 # ------------------------------------------------------------------------------- a run, interpreted
@@ -191,6 +193,10 @@ def test_a_preset_runs_interpreted_and_saves_its_rows(preset, counts, tmp_path, 
     (["--preset", "spec-verify", "--heads", "4:2"], "both --heads and --head-dims"),
     (["--q-lens", "2"], "give --preset, or --batches and --contexts"),
     (["--preset", "spec-verify", "--triton-opt", "heads_per_program=16"], "heads_per_program"),  # a decode option
+    # by the flag, not by the case (AttendCase.kv_dtype) the grid would have made
+    (["--q-lens", "2", "--batches", "2", "--contexts", "8", "--kv-dtypes", "fp16", "int4_token_head"],
+     "--kv-dtypes int4_token_head: the multi-token attention (--q-lens, --chunks) reads bf16, fp16, fp8_e4m3, "
+     "fp8_e5m2 pages"),
 ])
 def test_bad_attend_options_are_refused_by_name(argv, pattern, capsys):
     with pytest.raises(SystemExit) as e:

@@ -227,7 +227,7 @@ def test_triton_is_refused_for_a_format_without_a_kernel(fmt, capsys):
         S.main(["--model", "Qwen3-8B", "--contexts", "4096", "--gpu-memory", "H200", "--dry-run",
                 "--kv-dtypes", fmt, "--backend", "triton"])
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and f"backend='triton' cannot read kv_dtype={fmt!r}" in err
+    assert exc.value.code == 2 and f"--backend='triton' cannot read --kv-dtypes={fmt!r}" in err
 
 
 @pytest.mark.parametrize("fmt", KERNEL_FORMATS)
@@ -253,7 +253,7 @@ def test_fp8_mode_and_several_new_tokens_are_refused_for_a_format(fmt, capsys):
     with pytest.raises(SystemExit) as exc:
         S.main(["--model", "Qwen3-8B", "--contexts", "4096", "--gpu-memory", "H200", "--dry-run",
                 "--kv-dtypes", fmt, "--draft-lens", "2"])
-    assert exc.value.code == 2 and f"q_len=3 with kv_dtype={fmt!r}" in capsys.readouterr().err
+    assert exc.value.code == 2 and f"--draft-lens=2 with --kv-dtypes={fmt!r}" in capsys.readouterr().err
 
 
 # head_dim 48: NVFP4 and e4m3_b16's blocks of 16 divide it, MXFP4 and MXFP8's of 32 do not; head_dim 24 fits

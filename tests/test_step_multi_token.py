@@ -218,9 +218,19 @@ def test_a_draft_longer_than_a_context_is_refused_by_its_argument():
 
     with pytest.raises(ValueError, match=r"draft_lens\[1\]=999999: its 1000000 new tokens .* one of 64 tokens"):
         verify_sweep(["Qwen3-0.6B"], [64, 4096], [2, 999999], gpu_memory_gib=80)
-    # a draft that fits is refused for what it is refused for: here a quantized format's pages (one new token only)
-    with pytest.raises(ValueError, match=r"q_len=3 with kv_dtype='int8_token_head'"):
+    # a draft that fits is refused for what it is refused for, by the draft length that asked for the new tokens:
+    # here a quantized format's pages (one new token only)
+    with pytest.raises(ValueError, match=r"draft_lens\[1\]=2 with kv_dtypes='int8_token_head': .*expected draft_lens "
+                                         r"of 0"):
         verify_sweep(["Qwen3-0.6B"], [64], [0, 2], kv_dtypes=["bf16", "int8_token_head"], gpu_memory_gib=80)
+
+
+def test_a_prefill_names_the_chunk_a_quantized_format_cannot_read():
+    """The chunk of several new tokens, not the q_len its planner sees; a chunk of one token reads the format."""
+    from fp8kv.step.prefill import prefill_sweep
+
+    with pytest.raises(ValueError, match=r"chunks\[1\]=16 with kv_dtypes='nvfp4': .*expected chunks of 1"):
+        prefill_sweep(["Qwen3-0.6B"], [64], [1, 16], kv_dtypes=["nvfp4"], gpu_memory_gib=80, device="cpu")
 
 
 @pytest.mark.parametrize("bad,exc", [(-0.1, ValueError), (1.0001, ValueError), (float("nan"), ValueError),
@@ -501,7 +511,15 @@ def toy_cli(monkeypatch):
     (["--draft-model", "Qwen3-0.6B"], "--draft-model Qwen3-0.6B: applies to the verification run"),
     (["--draft-lens", "2", "--draft-model", "NoSuchModel"], "NoSuchModel"),
     (["--draft-lens", "2", "--prompt-lens", "32", "--chunks", "16"], "ask for two runs"),
-    (["--draft-lens", "80"], "q_len=81 new tokens do not fit a context of 64"),
+    # the planner's refusals, named by the flags given (it sees q_len = k + 1 new tokens)
+    (["--draft-lens", "80"], "--draft-lens=80: its 81 new tokens (k drafts and the bonus token) are the last of a "
+                             "sequence's context, and --contexts holds one of 64 tokens"),
+    (["--draft-lens", "1048577"], "argument --draft-lens: '1048577': --draft-lens=1048577; expected an int <= 1048576"),
+    (["--draft-lens", "0", "2", "--kv-dtypes", "fp16", "int4_token_head"],
+     "--draft-lens=2 with --kv-dtypes='int4_token_head': quantized pages are read by a decode of one new token"),
+    (["--prompt-lens", "32", "--chunks", "1", "16", "--kv-dtypes", "mxfp4"],
+     "--chunks=16 with --kv-dtypes='mxfp4': quantized pages are read by a decode of one new token"),
+    (["--kv-dtypes", "int8_token_head", "--mode", "fp8"], "--mode='fp8' with --kv-dtypes='int8_token_head'"),
 ])
 def test_cli_refuses_bad_multi_token_arguments(capsys, toy_cli, extra, needle):
     argv = ["--model", "toy-qwen", "--gpu-memory", "0.0016", "--device", "cpu", "--dry-run"]

@@ -223,6 +223,8 @@ def attend_sweep(batches: Sequence[int], contexts: Sequence[int], q_lens: Sequen
     q_dtype = q_dtype or ("bf16" if dev.type == "cuda" else "fp16")
     budget = memory_budget(dev) if memory_budget_bytes is None else int(memory_budget_bytes)
     tri_opts = [dict(o) for o in _as_list(triton_options or {}, "triton_options")]
+    for kv in _as_list(kv_dtypes, "kv_dtypes"):  # before a case names itself (AttendCase.kv_dtype)
+        checks.one_of(kv, "kv_dtypes", KV_DTYPE_NAMES)
     layouts = [tuple(x) for x in _as_list(list(shapes), "shapes")]
     for x in layouts:
         if len(x) != 3:

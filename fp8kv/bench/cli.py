@@ -327,6 +327,10 @@ def _attend_grid_from_args(args, device: torch.device) -> dict:
             grid[name] = getattr(args, name)
     if args.q_lens is not None or args.chunks is not None:
         grid["q_lens"] = args.q_lens if args.q_lens is not None else args.chunks
+    formats = [kv for kv in grid["kv_dtypes"] if kv not in KV_DTYPE_NAMES]  # the attend's (AttendCase's) dtypes
+    if formats:
+        checks.fail(f"--kv-dtypes {' '.join(formats)}: the multi-token attention (--q-lens, --chunks) reads "
+                    f"{', '.join(KV_DTYPE_NAMES)} pages; time quantized formats without --q-lens / --chunks")
     if (args.heads is None) != (args.head_dims is None):
         checks.fail("the attend grid sweeps whole head layouts; give both --heads and --head-dims to replace them, "
                     "or neither")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from .. import checks
 from ..cache import check_block_size
 from ..capability import interpreter_on, use_interpreter
-from ..capacity import MAX_MEMORY_GIB, CapacityError, gib_text
+from ..capacity import MAX_MEMORY_GIB, CapacityError, get_model, gib_text
 from ..device import resolve_device
 from ..interrupts import signals_ignored, stop_signals_as_keyboard_interrupt
 from ..results import save_or_fallback
@@ -21,9 +21,16 @@ from .model import STEP_BACKENDS
 from .multi_report import prefill_summary, verify_summary
 from .plan import plan_sweep
 from .prefill import prefill_sweep
-from .quantized import STEP_KV_DTYPES, step_kv_dtype
+from .quantized import (
+    STEP_KV_DTYPES,
+    check_format_shape,
+    check_format_step,
+    check_one_token,
+    is_format,
+    step_kv_dtype,
+)
 from .report import summary
-from .speculative import verify_sweep
+from .speculative import check_drafts_fit, draft_len_arg, verify_sweep
 
 # Where each kind of run saves its rows by default (their columns differ: one folder each).
 OUT_DIRS = {"decode": "results/step", "verify": "results/step-verify", "prefill": "results/step-prefill"}
@@ -73,6 +80,14 @@ def _number_arg(s: str, lo: float, hi: float | None, what: str) -> float:
     return v
 
 
+def _draft_len_arg(s: str) -> int:
+    """A draft length by the sweep's rule (fp8kv.step.speculative.draft_len_arg: an int in [0, MAX_DRAFT_LEN])."""
+    try:
+        return draft_len_arg(_nonnegative_int_arg(s), "--draft-lens")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{s!r}: {e}") from None
+
+
 def _acceptance_arg(s: str) -> float:
     return _number_arg(s, 0.0, 1.0, "a per-token acceptance rate in [0, 1]")
 
@@ -109,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--contexts", type=_positive_int_arg, nargs="+", metavar="TOKENS",
                    help="tokens per sequence (the new tokens included), e.g. 4096 16384; required but with "
                         "--prompt-lens")
-    p.add_argument("--draft-lens", type=_nonnegative_int_arg, nargs="+", metavar="K",
+    p.add_argument("--draft-lens", type=_draft_len_arg, nargs="+", metavar="K",
                    help="speculative decoding: draft tokens verified per step, e.g. 0 2 4 8 (0: the decode step)")
     p.add_argument("--acceptance", type=_acceptance_arg, nargs="+", metavar="A",
                    help="with --draft-lens: per-token acceptance rate(s) in [0, 1] (i.i.d.; default 0.7)")
@@ -187,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (TypeError, ValueError) as e:
             refuse(str(e))
     kind = _kind(args, refuse)
+    try:
+        _check_steps(kind, args)
+    except ValueError as e:
+        refuse(str(e))
     if kind != "decode":
         return _main_multi(kind, args, argv, refuse)
     try:
@@ -272,6 +291,25 @@ def _kind(args, refuse) -> str:
     if args.contexts is None:
         refuse("--contexts is required (tokens per sequence, e.g. 4096), but with --prompt-lens")
     return "verify" if verify else "decode"
+
+
+def _check_steps(kind: str, args) -> None:
+    """The planner's refusals of the steps asked for, by the library's own checks but naming the flags (the planner
+    names its arguments: q_len = k + 1 for --draft-lens k): the formats among --kv-dtypes against each model's
+    head_dim, --backend, --mode and the new tokens per step, and the draft lengths against --contexts."""
+    flags = {"kv_dtype": "--kv-dtypes", "backend": "--backend", "mode": "--mode"}
+    shapes = [get_model(m) for m in args.model]
+    for kv in filter(is_format, args.kv_dtypes):
+        for shape in shapes:
+            check_format_shape(kv, shape.num_kv_heads, shape.head_dim, model=shape.name, name="--kv-dtypes")
+        check_format_step(kv, args.backend, args.mode, names=flags)
+    if kind == "verify":
+        drafts = [(f"--draft-lens={k}", k) for k in args.draft_lens]
+        check_drafts_fit(drafts, args.contexts, "--contexts")
+        check_one_token(args.kv_dtypes, [(g, k + 1) for g, k in drafts], "--draft-lens=0", "--kv-dtypes")
+    elif kind == "prefill":
+        check_one_token(args.kv_dtypes, [(f"--chunks={c}", min(c, n)) for c in args.chunks for n in args.prompt_lens],
+                        "--chunks=1", "--kv-dtypes")
 
 
 def _main_multi(kind: str, args, argv, refuse) -> int:

@@ -272,12 +272,18 @@ def plan_sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None
     return plans
 
 
+def kv_dtype_names(kv_dtypes) -> list[str]:
+    """``kv_dtypes`` (a name or a non-empty list of them) as canonical names, in order, once each
+    (:func:`~fp8kv.step.quantized.step_kv_dtype`; ValueError / TypeError naming ``kv_dtypes``)."""
+    kv_dtypes = checks.listed(kv_dtypes, "kv_dtypes", "KV dtype or format names")
+    return list(dict.fromkeys(step_kv_dtype(kv, "kv_dtypes") for kv in kv_dtypes))
+
+
 def checked_kv_dtypes(kv_dtypes, shapes, q_len: int = 1, backend: str | None = None, mode: str = "auto",
                       device=None) -> list[str]:
     """``kv_dtypes`` as canonical names (in order, once each), every quantized format checked against each of
     ``shapes`` (its head_dim), ``q_len`` and, where given, ``backend`` / ``mode`` (see :func:`plan_sweep`)."""
-    kv_dtypes = checks.listed(kv_dtypes, "kv_dtypes", "KV dtype or format names")
-    names = list(dict.fromkeys(step_kv_dtype(kv, "kv_dtypes") for kv in kv_dtypes))
+    names = kv_dtype_names(kv_dtypes)
     on_gpu = None if device is None else torch.device(device).type == "cuda"
     for kv in filter(is_format, names):
         for shape in shapes:

@@ -31,7 +31,8 @@ from .measure import (
     why_failed,
 )
 from .model import DecodeStep, KVPool, token_ids
-from .plan import plan_sweep, run_dtype
+from .plan import kv_dtype_names, plan_sweep, run_dtype
+from .quantized import check_one_token
 from .speculative import many_values
 
 PREFILL_COLUMNS = [
@@ -120,6 +121,9 @@ def prefill_sweep(models, prompt_lens, chunks, kv_dtypes=("bf16", "fp8_e4m3"), *
     check_run_options(backend=backend, mode=mode, rep=rep, cpu_reps=cpu_reps, seed=seed, progress=progress, dtype=dtype)
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
+    # a format refused by the chunk that asked for several new tokens (the planner sees only their count)
+    check_one_token(kv_dtype_names(kv_dtypes), [(f"chunks[{i}]={c}", min(c, n)) for i, c in enumerate(chunks)
+                                                for n in prompt_lens], "chunks of 1")
     # One sequence per prompt: the plan of the largest chunk (the most activations) at each prompt length.
     plans = {(n, c): plan_sweep(models, [n], kv_dtypes, batches=[1], gpu_memory_gib=gpu_memory_gib,
                                 utilization=utilization, block_size=block_size, device=dev, dtype=dtype,

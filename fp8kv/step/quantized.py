@@ -29,7 +29,7 @@ from ..formats import KV_DTYPE_NAMES, kv_dtype_info
 from ..kv_formats import PAGED_FORMATS, encode_rows, holding_formats, kv_format, page_shapes
 
 __all__ = ["STEP_FORMATS", "STEP_KV_DTYPES", "step_kv_dtype", "is_format", "format_backends", "check_format_shape",
-           "check_format_step", "format_name", "kernel_formats", "write_rows"]
+           "check_format_step", "check_one_token", "format_name", "kernel_formats", "write_rows"]
 
 STEP_FORMATS: tuple[str, ...] = PAGED_FORMATS
 STEP_KV_DTYPES: tuple[str, ...] = (*KV_DTYPE_NAMES, *STEP_FORMATS)
@@ -98,22 +98,23 @@ def check_format_shape(kv_dtype: str, num_kv_heads: int, head_dim: int, *, model
 
 
 def check_format_step(kv_dtype: str, backend: str, mode: str = "auto", q_len: int = 1, *,
-                      on_gpu: bool | None = None) -> str:
+                      on_gpu: bool | None = None, names: dict | None = None) -> str:
     """The backend that reads format ``kv_dtype`` in a step of ``q_len`` new tokens, ``backend`` resolved
     (``"auto"``: the Triton kernel where the format has one and this machine runs it, a CUDA GPU or the Triton
     interpreter, else the fp32 oracle). Refused (ValueError naming the argument, its value and what is
     accepted): a backend that does not read the format, a ``mode`` but ``auto`` / ``dequant`` (codes become
     16-bit values in registers: no FP8 arithmetic), ``q_len`` above 1. ``on_gpu``: whether the step runs on a
-    CUDA device (None: unknown; the machine is then not asked about)."""
+    CUDA device (None: unknown; the machine is then not asked about). ``names``: what the messages call
+    ``kv_dtype``, ``backend`` and ``mode`` where the caller's user gave them under other names (the CLI's
+    ``--kv-dtypes``, ``--backend``, ``--mode``)."""
+    names = {"kv_dtype": "kv_dtype", "backend": "backend", "mode": "mode", **(names or {})}
+    kv = f"{names['kv_dtype']}={kv_dtype!r}"
     kv_format(kv_dtype)  # an unknown name is refused, not read by the oracle
     q_len = checks.positive_int(q_len, "q_len")
     if mode not in ("auto", "dequant"):
-        _fail(f"mode={mode!r} with kv_dtype={kv_dtype!r}: a quantized format's codes are dequantized in registers; "
-              "expected mode 'auto' or 'dequant'")
-    if q_len != 1:
-        _fail(f"q_len={q_len} with kv_dtype={kv_dtype!r}: quantized pages are read by a decode of one new token per "
-              "sequence (the multi-token attention reads 16-bit and FP8 pages); expected q_len=1, or kv_dtypes among "
-              f"{KV_DTYPE_NAMES}")
+        _fail(f"{names['mode']}={mode!r} with {kv}: a quantized format's codes are dequantized in registers; "
+              f"expected {names['mode']} 'auto' or 'dequant'")
+    check_one_token([kv_dtype], [(f"q_len={q_len}", q_len)], "q_len=1", "kv_dtype")
     readers = format_backends(kv_dtype)
     if backend == "auto":
         runs_here = on_gpu or interpreter_on()
@@ -121,9 +122,22 @@ def check_format_step(kv_dtype: str, backend: str, mode: str = "auto", q_len: in
     if backend not in readers:
         kernel = (f"fp8kv's quantized-page decode kernel reads {kernel_formats()}, not {kv_dtype!r}"
                   if backend == "triton" else f"backend {backend!r} reads no quantized pages")
-        _fail(f"backend={backend!r} cannot read kv_dtype={kv_dtype!r} ({kernel}); expected backend among "
+        _fail(f"{names['backend']}={backend!r} cannot read {kv} ({kernel}); expected {names['backend']} among "
               f"{('auto', *readers)}")
     return backend
+
+
+def check_one_token(kv_dtypes, steps, one_token: str, name: str = "kv_dtypes") -> None:
+    """Refuse a quantized format among ``kv_dtypes`` (canonical names) in a step of several new tokens per
+    sequence: the multi-token attention reads 16-bit and FP8 pages only. ``steps``: ``(given, q_len)`` pairs,
+    ``given`` the argument that asked for ``q_len`` new tokens as the caller's user gave it (``"q_len=3"``,
+    ``"draft_lens[1]=2"``, ``"--chunks=512"``); ``one_token`` the value of it that asks for one; ``name``: what
+    the user calls ``kv_dtypes``. ValueError naming the first such pair."""
+    for given, q_len in steps:
+        for kv in filter(is_format, kv_dtypes if q_len > 1 else ()):
+            _fail(f"{given} with {name}={kv!r}: quantized pages are read by a decode of one new token per sequence "
+                  f"(the multi-token attention reads 16-bit and FP8 pages); expected {one_token}, or {name} among "
+                  f"{KV_DTYPE_NAMES}")
 
 
 # --------------------------------------------------------------------------------- the step's write

@@ -46,7 +46,8 @@ from .measure import (
     why_failed,
 )
 from .model import KVPool
-from .plan import int_list, plan_sweep, run_dtype
+from .plan import int_list, kv_dtype_names, plan_sweep, run_dtype
+from .quantized import check_one_token
 
 VERIFY_COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "fp8kv_source",
@@ -80,6 +81,18 @@ MAX_DRAFT_LEN = 1 << 20  # far past any draft a verification reads; its powers a
 def draft_len_arg(value, name: str = "draft_len") -> int:
     """A draft length: an int in [0, MAX_DRAFT_LEN] (0: the plain decode step)."""
     return integer(value, name, minimum=0, maximum=MAX_DRAFT_LEN)
+
+
+def check_drafts_fit(drafts, contexts, name: str = "contexts") -> None:
+    """Refuse a draft length whose ``k + 1`` new tokens (k drafts and the bonus token) do not fit the shortest of
+    ``contexts`` (they are the last tokens of each sequence's context). ``drafts``: ``(given, k)`` pairs, ``given``
+    the draft length as the caller's user gave it (``"draft_lens[1]=8"``, ``"--draft-lens=8"``); ``name``: what
+    the user calls ``contexts``. No contexts: nothing to refuse here (the planner names them)."""
+    shortest = min(contexts, default=None)
+    for given, k in drafts:
+        if shortest is not None and k + 1 > shortest:
+            _fail(f"{given}: its {k + 1} new tokens (k drafts and the bonus token) are the last of a sequence's "
+                  f"context, and {name} holds one of {shortest} tokens")
 
 
 def many_values(values, name: str, check) -> list:
@@ -138,11 +151,9 @@ def verify_sweep(models, contexts, draft_lens=(0, 2, 4, 8), acceptance=0.7, kv_d
     dev = resolve_device(device)
     dtype = run_dtype(dev, dtype)
     lengths = [positive_int(c, "contexts") for c in int_list(contexts, "contexts")]  # none: plan_sweep says so
-    shortest = min(lengths, default=None)
-    for i, k in enumerate(draft_lens):  # named as given: the planner sees q_len = k + 1
-        if shortest is not None and k + 1 > shortest:
-            _fail(f"draft_lens[{i}]={k}: its {k + 1} new tokens (k drafts and the bonus token) are the last of a "
-                  f"sequence's context, and contexts holds one of {shortest} tokens")
+    given = [(f"draft_lens[{i}]={k}", k) for i, k in enumerate(draft_lens)]  # named as given: the planner sees k + 1
+    check_drafts_fit(given, lengths)
+    check_one_token(kv_dtype_names(kv_dtypes), [(g, k + 1) for g, k in given], "draft_lens of 0 (the decode)")
     plans = {k: plan_sweep(models, contexts, kv_dtypes, batches=batches, gpu_memory_gib=gpu_memory_gib,
                            utilization=utilization, block_size=block_size, device=dev, dtype=dtype, q_len=k + 1,
                            draft_model=draft)
