@@ -66,7 +66,7 @@ from .device import current_arch  # the arch of a device ("sm90"), None on CPU
 from .formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, is_fp8
 from .quant import GRANULARITIES
 
-__all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "VARIANTS", "UnsupportedError",
+__all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "FP8_MODE_NEEDS_FP8", "VARIANTS", "UnsupportedError",
            "check", "check_query", "capability", "current_arch", "arch_number",
            "choose_backend", "choose_mode", "flashinfer_installed", "vllm_installed", "check_variant", "check_variants",
            "variants", "VLLM_HEAD_DIMS", "VLLM_NOT_INSTALLED", "scales_refusal", "check_query_strides",
@@ -75,6 +75,7 @@ __all__ = ["ARCHS", "AUTO_MODE", "BACKEND_NAMES", "KV_DTYPE_NAMES", "MODES", "VA
 ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
 BACKEND_NAMES = ("reference", "triton", "flashinfer", "vllm")  # fp8kv.backends.BACKENDS maps each to its runner
 MODES = ("dequant", "fp8")
+FP8_MODE_NEEDS_FP8 = "fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode"  # why a 16-bit one has none
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 # The head dims at which vLLM's kernel (it pads head_dim to a power of two) was checked against the
 # oracle on an H200 (Triton 3.6, vLLM commit 86a153bd, both launch paths): an earlier build of it crashed
@@ -163,7 +164,7 @@ def _arch_facts(backend, kv_dtype, mode, arch, granularity, head_dim, layout="NH
     n = arch_number(arch)
     fp8_kv = is_fp8(kv_dtype)
     if mode == "fp8" and not fp8_kv:
-        return False, "fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode"
+        return False, FP8_MODE_NEEDS_FP8
     if backend == "reference":
         if mode == "fp8":
             return False, "the reference is the fp32 oracle: it has no FP8-arithmetic mode"
@@ -289,7 +290,7 @@ def _support(backend, kv_dtype, mode, arch, granularity, head_dim, layout) -> tu
         if not interpreter_on():
             return False, "no GPU: Triton kernels run on CPU only under TRITON_INTERPRET=1"
         if mode == "fp8" and not is_fp8(kv_dtype):
-            return False, "fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode"
+            return False, FP8_MODE_NEEDS_FP8
         return True, "CPU: Triton interpreter (TRITON_INTERPRET=1), for correctness only"
     ok, why = _arch_facts(backend, kv_dtype, mode, here, granularity, head_dim, layout)
     if ok and backend == "flashinfer" and not flashinfer_installed():
@@ -321,7 +322,7 @@ def check_query_strides(backend: str, q) -> None:
 def _vllm_on_cpu(kv_dtype, mode, granularity, head_dim, layout) -> tuple[bool, str]:
     """vLLM's kernel on a machine without a GPU: its own limits, then the interpreter and the install."""
     if mode == "fp8" and not is_fp8(kv_dtype):
-        return False, "fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode"
+        return False, FP8_MODE_NEEDS_FP8
     ok, why = _vllm_facts(kv_dtype, mode, "sm90", granularity, head_dim, layout)  # the interpreter has e4m3
     if not ok:
         return ok, why

@@ -31,11 +31,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import checks
-from .capability import BACKEND_NAMES, arch_number, current_arch, interpreter_on
+from .capability import BACKEND_NAMES, FP8_MODE_NEEDS_FP8, MODES, arch_number, current_arch, interpreter_on
+from .formats import is_fp8
 from .kv_formats import KV_FORMATS, PAGED_FORMATS, kv_format
 
-__all__ = ["FORMAT_NAMES", "TRITON_FORMATS", "FLASHINFER_FORMATS", "VLLM_FORMATS", "check_format",
-           "format_capability"]
+__all__ = ["FORMAT_NAMES", "TRITON_FORMATS", "FLASHINFER_FORMATS", "VLLM_FORMATS", "FORMAT_MODE", "check_format",
+           "format_capability", "mode_refusal"]
 
 # The formats beside FP8 (the fp8_* formats are the FP8 cache's, in fp8kv.capability's own rows).
 FORMAT_NAMES: tuple[str, ...] = tuple(name for name, f in KV_FORMATS.items() if f.key.rule != "fp8")
@@ -43,7 +44,7 @@ FORMAT_NAMES: tuple[str, ...] = tuple(name for name, f in KV_FORMATS.items() if 
 TRITON_FORMATS = ("int8_token_head", "int4_token_head", "nvfp4", "mxfp4")
 FLASHINFER_FORMATS = {"nvfp4": 100}  # format -> the one arch number FlashInfer reads it on
 VLLM_FORMATS = ("int8_token_head",)
-_MODE = "dequant"  # codes are dequantized to 16 bits in registers: no low-precision arithmetic mode
+FORMAT_MODE = "dequant"  # codes are dequantized to 16 bits in registers: no low-precision arithmetic mode
 
 
 def _arch_number(arch: str) -> int:
@@ -120,6 +121,17 @@ def check_format(backend: str, fmt: str, arch: str | None = None) -> tuple[bool,
     return True, "CPU: fp8kv's quantized-page kernel under the Triton interpreter (TRITON_INTERPRET=1), correctness only"
 
 
+def mode_refusal(kv_dtype: str, mode: str) -> str | None:
+    """Why a cache of ``kv_dtype`` (an element type of :data:`fp8kv.formats.KV_DTYPE_NAMES` or a format of
+    :data:`FORMAT_NAMES`) has no ``mode`` (one of :data:`fp8kv.capability.MODES`), or None where it has: fp8 mode
+    reads FP8 pages only, and a quantized format runs in :data:`FORMAT_MODE` only."""
+    checks.one_of(mode, "mode", MODES)
+    if kv_dtype in FORMAT_NAMES:
+        return None if mode == FORMAT_MODE else (f"{kv_dtype} is a quantized format: its codes are dequantized to "
+                                                 f"16 bits in registers, so it runs in {FORMAT_MODE} mode only")
+    return FP8_MODE_NEEDS_FP8 if mode == "fp8" and not is_fp8(kv_dtype) else None
+
+
 def format_capability(arch: str | Sequence[str] | None = None, formats: Sequence[str] | None = None):
     """Table of backend x KV format for ``arch`` (this machine when None; a list of archs: their tables one after
     another), in :func:`fp8kv.capability.capability`'s columns: arch, backend, kv_dtype (the format), mode
@@ -133,6 +145,6 @@ def format_capability(arch: str | Sequence[str] | None = None, formats: Sequence
         return pd.concat([format_capability(a, formats) for a in arch], ignore_index=True)
     names = FORMAT_NAMES if formats is None else checks.many_of(formats, "formats", FORMAT_NAMES)
     label = arch or current_arch() or "cpu"
-    rows = [dict(arch=label, backend=b, kv_dtype=f, mode=_MODE, supported=ok, granularities="", reason=why)
+    rows = [dict(arch=label, backend=b, kv_dtype=f, mode=FORMAT_MODE, supported=ok, granularities="", reason=why)
             for b in BACKEND_NAMES for f in names for ok, why in [check_format(b, f, arch)]]
     return pd.DataFrame(rows)

@@ -1094,3 +1094,28 @@ def test_a_grid_with_no_case_says_why(capsys):
         bench.main(["--batches", "2", "--contexts", "16", "--backends", "reference", "--kv-dtypes", "bf16",
                     "--modes", "fp8", "--dry-run", "--device", "cpu"])
     assert exc.value.code == 2 and "the grid holds no case" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kv_dtypes,why", [
+    (["int4_token_head"], "(int4_token_head is a quantized format: its codes are dequantized to 16 bits in registers, "
+                          "so it runs in dequant mode only)"),  # it said: an unquantized KV dtype has no fp8 mode
+    (["bf16", "nvfp4"], "(fp8 mode needs an FP8 KV cache; a 16-bit cache runs in dequant mode; nvfp4 is a quantized "
+                        "format"),
+])
+def test_a_grid_with_no_case_gives_each_dtypes_reason(kv_dtypes, why, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--batches", "2", "--contexts", "16", "--backends", "reference", "--kv-dtypes", *kv_dtypes,
+                    "--modes", "fp8", "--dry-run", "--device", "cpu"])
+    assert exc.value.code == 2 and why in capsys.readouterr().err
+
+
+def test_mode_refusal_is_the_capability_tables_fact():
+    """What the bench drops and what the tables say come from one place."""
+    from fp8kv.capability import check
+    from fp8kv.capability_formats import FORMAT_MODE, format_capability, mode_refusal
+
+    assert mode_refusal("fp8_e4m3", "fp8") is None and mode_refusal("int8_token_head", FORMAT_MODE) is None
+    assert mode_refusal("bf16", "fp8") == check("triton", "bf16", "fp8", "sm90")[1]
+    assert set(format_capability("sm90")["mode"]) == {FORMAT_MODE}
+    with pytest.raises(ValueError, match="mode='int8'"):
+        mode_refusal("bf16", "int8")

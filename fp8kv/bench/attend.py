@@ -30,6 +30,7 @@ from ..backends import planned_attend
 from ..cache import LAYOUTS, check_block_size
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, UnsupportedError, check_query
 from ..capability import check as capability_check
+from ..capability_formats import mode_refusal
 from ..capacity import gib_text
 from ..formats import KV_DTYPES, is_fp8
 from ..interrupts import reclaim_stop_signals
@@ -235,7 +236,7 @@ def attend_sweep(batches: Sequence[int], contexts: Sequence[int], q_lens: Sequen
                              layouts, sizes, _as_list(kv_dtypes, "kv_dtypes"), _as_list(backends, "backends"),
                              _as_list(modes, "modes"), _as_list(granularities, "granularities"))
     for b, ctx, n, (hq, hkv, d), bs, kv, backend, mode, gran in grid:
-        if mode == "fp8" and not is_fp8(kv):
+        if mode_refusal(kv, mode):
             continue  # not a combination: fp8 mode is about FP8 KV
         for opts in tri_opts if backend == "triton" else [{}]:
             case = AttendCase(b, ctx, n, hq, hkv, d, bs, kv, mode, backend, gran, q_dtype, layout, dict(opts),

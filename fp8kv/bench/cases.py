@@ -16,6 +16,7 @@ from .. import checks
 from ..cache import LAYOUTS, check_block_size
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, check_query
 from ..capability import check as capability_check
+from ..capability_formats import mode_refusal
 from ..capacity import gib_text
 from ..checks import fail as _fail
 from ..formats import KV_DTYPES, UNQUANTIZED_DTYPES, is_fp8
@@ -76,9 +77,8 @@ class Case:
         if not isinstance(self.options, dict):
             _fail(f"Case.options must be a dict of backend keyword arguments, got {type(self.options).__name__}",
                   TypeError)
-        if is_quantized(self.kv_dtype) and self.mode != "dequant":
-            _fail(f"Case.mode={self.mode!r} with kv_dtype={self.kv_dtype!r}; a quantized format's codes are "
-                  "dequantized in registers: expected 'dequant'")
+        if mode_refusal(self.kv_dtype, self.mode):
+            _fail(f"Case.mode={self.mode!r} with kv_dtype={self.kv_dtype!r}: {mode_refusal(self.kv_dtype, self.mode)}")
         if not is_fp8(self.kv_dtype):
             self.granularity = "tensor"  # 16-bit caches carry no scales; a quantized format names its own
         if not self.label:
@@ -265,7 +265,7 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
                              _as_list(modes, "modes"), _as_list(granularities, "granularities"))
     grid = itertools.product(grid, _as_list(list(windows), "windows"))
     for (b, ctx, (hq, hkv, d), bs, kv, backend, mode, gran), window in grid:
-        if mode == "fp8" and not is_fp8(kv):
+        if mode_refusal(kv, mode):
             continue  # not a combination: fp8 mode is about FP8 KV (a quantized format's runs in dequant mode)
         opts_list = {"triton": tri_opts, "flashinfer": fi_opts}.get(backend, [{}])
         for opts in opts_list:

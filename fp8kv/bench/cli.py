@@ -16,6 +16,7 @@ from .. import checks
 from ..analysis.breakeven import BREAKEVEN_GRID
 from ..cache import LAYOUTS
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on, use_interpreter
+from ..capability_formats import mode_refusal
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..launch_options import OPTIONS, check_range, cli_options
 from ..quant import GRANULARITIES
@@ -452,8 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _name_the_interpret_flag(cases)
     ready = sum(c.status == "ready" for c in cases)
     if not cases:  # every combination dropped before a case was made (such as bf16 with only --modes fp8)
-        parser.error("the grid holds no case: every combination of --kv-dtypes, --modes and --backends was dropped "
-                     "(an unquantized KV dtype has no fp8 mode); widen them")
+        why = dict.fromkeys(r for kv in grid["kv_dtypes"] for m in grid["modes"] if (r := mode_refusal(kv, m)))
+        parser.error(f"the grid holds no case: no KV dtype of --kv-dtypes runs in a mode of --modes ({'; '.join(why)}); "
+                     "widen them")
     if args.dry_run:
         for c in cases:
             print(f"{c.status:<11} {c.label:<40} B={c.batch:<4} ctx={c.context:<6} "

@@ -24,6 +24,7 @@ import torch
 
 from .. import checks
 from ..capability import interpreter_on
+from ..capability_formats import FORMAT_MODE
 from ..checks import fail as _fail
 from ..formats import KV_DTYPE_NAMES, kv_dtype_info
 from ..kv_formats import PAGED_FORMATS, encode_rows, holding_formats, kv_format, page_shapes
@@ -111,9 +112,9 @@ def check_format_step(kv_dtype: str, backend: str, mode: str = "auto", q_len: in
     kv = f"{names['kv_dtype']}={kv_dtype!r}"
     kv_format(kv_dtype)  # an unknown name is refused, not read by the oracle
     q_len = checks.positive_int(q_len, "q_len")
-    if mode not in ("auto", "dequant"):
+    if mode not in ("auto", FORMAT_MODE):
         _fail(f"{names['mode']}={mode!r} with {kv}: a quantized format's codes are dequantized in registers; "
-              f"expected {names['mode']} 'auto' or 'dequant'")
+              f"expected {names['mode']} 'auto' or {FORMAT_MODE!r}")
     check_one_token([kv_dtype], [(f"q_len={q_len}", q_len)], "q_len=1", "kv_dtype")
     readers = format_backends(kv_dtype)
     if backend == "auto":
