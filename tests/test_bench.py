@@ -1109,6 +1109,19 @@ def test_a_grid_with_no_case_gives_each_dtypes_reason(kv_dtypes, why, capsys):
     assert exc.value.code == 2 and why in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--kv-dtypes", "int8_token_head", "fp8_e4m3"], ["--preset", "formats-smoke"]])
+def test_granularities_beside_a_quantized_format_are_refused(argv, capsys):
+    """A format's rows dropped the granularities given (its scales have their own layout), silently."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--batches", "2", "--contexts", "16", "--backends", "reference", *argv, "--granularities", "head",
+                    "--dry-run", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--granularities head: the scale layout of FP8 pages; the quantized formats " in err
+    assert "int8_token_head" in err and "drop --granularities" in err
+    assert bench.main(["--batches", "2", "--contexts", "16", "--backends", "reference", "--kv-dtypes", "fp8_e4m3",
+                       "bf16", "--granularities", "head", "--dry-run", "--device", "cpu"]) == 0
+
+
 def test_mode_refusal_is_the_capability_tables_fact():
     """What the bench drops and what the tables say come from one place."""
     from fp8kv.capability import check

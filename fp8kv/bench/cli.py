@@ -365,6 +365,11 @@ def _grid_tail(args, grid: dict) -> dict:
     (each key once), the query dtype, the page layout and the memory budget."""
     if grid["batches"] is None or grid["contexts"] is None:
         checks.fail("give --preset, or --batches and --contexts")
+    formats = [kv for kv in grid["kv_dtypes"] if kv in QUANT_KV_DTYPES] if args.granularities else []
+    if formats:  # their cases would drop it (Case.granularity): a format's scales have a layout of their own
+        checks.fail(f"--granularities {' '.join(args.granularities)}: the scale layout of FP8 pages; the quantized "
+                    f"formats {' '.join(formats)} in the grid's KV dtypes store scales of their own layout, which "
+                    "it does not change: drop --granularities, or give --kv-dtypes without them")
     if args.triton_opt:
         seen = {}
         for key, value in args.triton_opt:  # dict() would keep the last of two values silently
