@@ -476,6 +476,30 @@ def test_a_plan_refuses_options_it_does_not_take_by_name(name, options, exc, pat
         plan(make_q(5, 4, 32), cache, indptr([2, 3]), **options)
 
 
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp16"])
+def test_convert_is_refused_over_16_bit_pages(kv_dtype):
+    """convert says how FP8 codes become 16-bit values: over 16-bit pages nothing is converted, and a convert given
+    there was ignored. Refused by every entry (the attend kernel, fp8kv.attend's decode paths, fp8kv.decode); the
+    default (None) runs, as convert does over FP8 pages."""
+    import fp8kv
+
+    dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.float16
+    cache, fp8 = matrix_cache([6, 9], 2, 32, kv_dtype=kv_dtype), matrix_cache([6, 9], 2, 32)
+    q, one = make_q(5, 4, 32, dtype), make_q(2, 4, 32, dtype)
+    calls = [lambda c, **kw: attend(q, c, indptr([2, 3]), **kw),
+             lambda c, **kw: plan(q, c, indptr([2, 3]), **kw),
+             lambda c, **kw: fp8kv.attend(q, c, indptr([2, 3]), backend="triton", **kw),
+             lambda c, **kw: fp8kv.attend(make_q(4, 4, 32, dtype), c, indptr([2, 2]), backend="triton", **kw),
+             lambda c, **kw: fp8kv.attend(one, c, indptr([1, 1]), backend="triton", **kw),
+             lambda c, **kw: fp8kv.decode(one, c, backend="triton", **kw)]
+    for call in calls:
+        with pytest.raises(ValueError, match=f"convert='software' .*this cache holds {kv_dtype} pages, which are "
+                                             "read as they are: pass convert=None"):
+            call(cache, convert="software")
+        call(cache, convert=None)
+        call(fp8, convert="software")
+
+
 def test_a_plan_refuses_split_partials_past_32_bit_offsets():
     """The split combine addresses [total_q, Hq, splits, D] partials with 32-bit offsets: a plan whose
     partials would pass 2^31 elements asks for fewer splits, by name (planned from the shape alone)."""

@@ -91,6 +91,19 @@ def test_sweep_collapses_granularity_of_16bit_caches_and_applies_triton_options(
     assert {c.variant for c in cases} == {"", "num_splits=2"}
 
 
+def test_a_convert_variant_over_16_bit_pages_is_skipped_with_the_reason():
+    """The decode refuses convert over 16-bit pages (nothing to convert): the variant is skipped, not an error row;
+    over FP8 pages and a quantized format's (its kernel's own conversion) it runs."""
+    cases = sweep([1], [16], heads=[(2, 1)], head_dims=[32], kv_dtypes=["fp16", "fp8_e4m3", "int8_token_head"],
+                  modes=["dequant"], backends=["triton"], triton_options=[{}, {"convert": "cast"}],
+                  memory_budget_bytes=BIG, device="cpu", arch="sm90")
+    by = {(c.kv_dtype, c.variant): c for c in cases}
+    assert (by["fp16", "convert=cast"].status, by["fp16", "convert=cast"].reason) == (
+        "skipped", "fp16 pages convert no FP8 tile: convert does not apply")
+    assert {by[k].status for k in by if k != ("fp16", "convert=cast")} <= {"ready", "unsupported"}
+    assert by["fp8_e4m3", "convert=cast"].reason == by["fp8_e4m3", ""].reason
+
+
 def test_sweep_skips_cases_over_the_memory_budget():
     small, large = Case(1, 64, 4, 2, 16, kv_dtype="fp16"), Case(8, 4096, 4, 2, 16, kv_dtype="fp16")
     budget = (bench.footprint_bytes(small) + bench.footprint_bytes(large)) // 2

@@ -212,6 +212,12 @@ def test_a_convert_variant_in_fp8_mode_is_skipped_with_the_reason():
     by = {(c.mode, c.options.get("convert")): c for c in cases}
     assert by[("fp8", "cast")].status == "skipped" and "convert does not apply" in by[("fp8", "cast")].reason
     assert {by[k].status for k in (("dequant", None), ("dequant", "cast"), ("fp8", None))} == {"ready"}
+    # so would one over 16-bit pages, which the attend refuses (nothing to convert)
+    fp16 = attend_sweep([2], [40], [2], shapes=[(4, 2, 64)], kv_dtypes=["fp16"], backends=["triton"], device="cpu",
+                        arch="sm90", triton_options=[{}, {"convert": "cast"}])
+    assert [(c.status, c.reason) for c in fp16][1] == ("skipped", "fp16 pages convert no FP8 tile: convert does not "
+                                                                  "apply")
+    assert fp16[0].status == "ready"
 
 
 def test_gluon_false_where_the_gluon_kernel_cannot_read_the_pages_is_skipped_with_the_reason():

@@ -248,8 +248,10 @@ def attend_sweep(batches: Sequence[int], contexts: Sequence[int], q_lens: Sequen
             ok, why = capability_check(backend, kv, mode, arch, case.granularity, d, layout, op="attend")
             if ok:
                 ok, why = check_query(backend, q_dtype, kv)
-            if ok and mode == "fp8" and "convert" in opts:  # a variant that would repeat the default launch
-                case.status, case.reason = "skipped", "fp8 mode converts no FP8 tile: convert does not apply"
+            if ok and "convert" in opts and (mode == "fp8" or not is_fp8(kv)):  # it would repeat the default launch,
+                # or be refused (16-bit pages: fp8kv.ops.decode.converts)
+                case.status, case.reason = "skipped", (f"{'fp8 mode' if mode == 'fp8' else kv + ' pages'} convert no "
+                                                       "FP8 tile: convert does not apply")
                 cases.append(case)
                 continue
             # so would this one where the Gluon kernel cannot read the pages (the decode's twin: fp8kv.bench.cases)

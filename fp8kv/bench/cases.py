@@ -283,6 +283,10 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
                 ok, why = capability_check(backend, kv, mode, arch, case.granularity, d, layout)
                 if ok:
                     ok, why = check_query(backend, q_dtype, kv)
+            if ok and "convert" in opts and kv in UNQUANTIZED_DTYPES:  # refused there (fp8kv.ops.decode.converts)
+                case.status, case.reason = "skipped", f"{kv} pages convert no FP8 tile: convert does not apply"
+                cases.append(case)
+                continue
             if ok and opts.get("gluon") is False and not reads_pages(kv, case.granularity, d):
                 case.status, case.reason = "skipped", (f"the Gluon kernel reads {READS_PAGES}: over {kv} "
                                                        f"({case.granularity}, D {d}) gluon=False runs the default")

@@ -57,7 +57,8 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, *, mode: str = "dequant",
     convert : how dequant mode turns FP8 codes into 16-bit values: ``"software"`` (integer ops, any
         GPU; the default before sm89, where Triton has no e4m3), ``"cast"`` (Triton's conversion; the
         default under the interpreter) or ``"ptx"`` (inline ``cvt.rn.f16x2.e4m3x2``, sm89+); one
-        name for both tiles, or ``"K/V"`` (such as ``"cast/ptx"``) for one per tile.
+        name for both tiles, or ``"K/V"`` (such as ``"cast/ptx"``) for one per tile. FP8 pages only: over
+        16-bit pages (nothing to convert) a convert given is a ValueError.
     eviction_policy : cache eviction hint of the K/V tile loads (``"evict_first"``: streamed once).
     out_dtype : output dtype (default q's).
     compute_dtype : 16-bit type of the dequant-mode dots. Default: float16 for FP8 caches (every
