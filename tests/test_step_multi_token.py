@@ -16,6 +16,7 @@ from fp8kv.capacity import ModelShape
 from fp8kv.quant import relative_error
 from fp8kv.reference import unit_roundoff
 from fp8kv.rope import apply_rope, rope_cos_sin
+from fp8kv.step.measure import MAX_REP_MS
 
 # Two layers, GQA group 2, q/k norm, tied embeddings: every branch of the step at interpreter speed.
 TOY = ModelShape("toy", 2, 4, 2, 32, hidden_size=64, max_position_embeddings=4096, intermediate_size=96,
@@ -310,7 +311,8 @@ def test_prefill_sweep_refuses_bad_input_before_building(monkeypatch, prompts, c
 RUN_OPTIONS = [  # checked by every sweep before it builds anything (they were errors in every row before)
     ({"backend": "bogus"}, ValueError, "backend='bogus'"), ({"mode": "fp4"}, ValueError, "mode='fp4'"),
     ({"cpu_reps": 0}, ValueError, "cpu_reps=0"), ({"cpu_reps": 1.5}, TypeError, "cpu_reps"),
-    ({"rep": -1}, ValueError, "rep=-1"), ({"seed": 1.5}, TypeError, "seed"), ({"progress": "x"}, TypeError, "progress"),
+    ({"rep": -1}, ValueError, "rep=-1"), ({"rep": 10**30}, ValueError, r"rep=10{30}; expected an int <= 10000"),
+    ({"seed": 1.5}, TypeError, "seed"), ({"progress": "x"}, TypeError, "progress"),
     ({"dtype": torch.int8}, TypeError, "dtype=torch.int8"), ({"dtype": "float32"}, TypeError, "dtype='float32'"),
     ({"models": []}, ValueError, "models is empty"), ({"contexts": []}, ValueError, "(contexts|prompt_lens) is empty"),
     ({"batches": []}, ValueError, "batches is empty"),
@@ -505,6 +507,8 @@ def toy_cli(monkeypatch):
     (["--prompt-lens", "0", "--chunks", "16"], "argument --prompt-lens: '0'"),
     (["--prompt-lens", "32", "--chunks", "0"], "argument --chunks: '0'"),
     (["--prompt-lens", "32"], "--prompt-lens and --chunks go together"),
+    (["--rep", "10001"], "argument --rep: '10001': --rep=10001; expected an int <= 10000"),  # MAX_REP_MS
+    (["--rep", "9" * 40], "expected an int <= 10000"),  # ran for ever
     (["--chunks", "32"], "--prompt-lens and --chunks go together"),
     (["--acceptance", "0.5"], "--acceptance 0.5: applies to the verification run"),
     (["--draft-us", "5"], "--draft-us 5.0: applies to the verification run"),
@@ -568,6 +572,8 @@ def test_draft_cost_is_draft_len_decode_steps_of_the_draft_model():
             S.draft_cost_us(S.TOY_QWEN, 2, 32, bad, "fp16", **kw)
     with pytest.raises(ValueError, match="batch=0"):
         S.draft_cost_us(S.TOY_QWEN, 0, 32, 3, "fp16", **kw)
+    with pytest.raises(ValueError, match=f"rep={MAX_REP_MS + 1}; expected an int <= {MAX_REP_MS}"):
+        S.draft_cost_us(S.TOY_QWEN, 2, 32, 3, "fp16", rep=MAX_REP_MS + 1, **kw)
 
 
 @pytest.mark.parametrize("which", ["decode", "verify"])

@@ -41,6 +41,7 @@ from .measure import (
     check_weights,
     load_weights,
     pool_blocks,
+    rep_arg,
     run_pools,
     time_step,
     why_failed,
@@ -293,7 +294,7 @@ def draft_cost_us(draft_model, batch: int, context: int, draft_len: int, kv_dtyp
 
     shape = step_shape(draft_model, "draft_model")
     batch, context = positive_int(batch, "batch"), positive_int(context, "context")
-    draft_len = draft_len_arg(draft_len)
+    draft_len, rep = draft_len_arg(draft_len), rep_arg(rep)
     if draft_len == 0:
         return 0.0
     dev = resolve_device(device)
