@@ -692,6 +692,36 @@ def test_dequantize_refuses_a_tensor_scale_of_zero_and_meta_codes(name):
         kvf.dequantize(c, enc.codes.to("meta"), **meta)
 
 
+@pytest.mark.parametrize("codec_name,scale,exc,pattern", [
+    # deep inside before: a NaN / zero / negative scale encoded quietly, the others failed in torch's arithmetic
+    ("nvfp4", torch.tensor(-1.0), ValueError, "tensor_scale must be positive and finite; got -1.0"),
+    ("nvfp4", 0.0, ValueError, "tensor_scale must be positive and finite; got 0.0"),
+    ("e4m3_b16", torch.tensor(float("nan")), ValueError, "tensor_scale must be positive and finite; got nan"),
+    ("nvfp4", torch.tensor(1e-45), ValueError, r"tensor_scale=.* is below .* \(2\^-143\)"),
+    ("nvfp4", torch.tensor([1.0, 2.0]), ValueError, r"tensor_scale has shape \(2,\); expected one number"),
+    ("nvfp4", "a", TypeError, "tensor_scale='a' \\(str\\); expected None or a positive number"),
+    ("nvfp4", None, ValueError, "tensor_scale is None, but codec 'nvfp4' scales its blocks by a fixed fp32"),
+    ("int8_token_head", torch.tensor(1e-3), ValueError, "codec 'int8_token_head' has no per-tensor scale"),
+    ("mxfp4", 0.5, ValueError, "codec 'mxfp4' has no per-tensor scale"),  # it was ignored
+    ("int8_tensor", None, ValueError, "codec 'int8_tensor' .* is not token-local"),  # torch's reshape error before
+])
+def test_encode_rows_refuses_a_bad_tensor_scale_by_name(codec_name, scale, exc, pattern):
+    x = data("normal", (4, 2, 32))
+    with pytest.raises(exc, match=pattern):
+        kvf.encode_rows(x, codec_name, scale)
+
+
+@pytest.mark.parametrize("codec_name", ["nvfp4", "e4m3_b16"])
+def test_encode_rows_takes_a_tensor_scale_as_a_number_or_a_tensor(codec_name):
+    """A float, a float64 tensor and an fp32 [1] tensor encode as the fp32 scalar quantize stores."""
+    x = data("normal", (4, 2, 32))
+    want = kvf.quantize(x, codec_name, tensor_scale=0.01)
+    for scale in (0.01, torch.tensor(0.01, dtype=torch.float64), torch.tensor([0.01])):
+        codes, scales = kvf.encode_rows(x, codec_name, scale)
+        assert torch.equal(codes.view(torch.uint8), want.codes.view(torch.uint8))
+        assert torch.equal(scales.view(torch.uint8), want.scales.view(torch.uint8).reshape(scales.shape))
+
+
 def test_encode_rows_takes_a_codec_name_and_refuses_a_shape_it_cannot_store():
     x = data("normal", (4, 2, 64))
     by_name, by_codec = kvf.encode_rows(x, "int8_token_head"), kvf.encode_rows(x, kvf.codec("int8_token_head"))

@@ -197,17 +197,39 @@ def _scaled(vg: torch.Tensor, fg: torch.Tensor, dim: int, c: Codec, given) -> tu
 def encode_rows(x: torch.Tensor, c: Codec | str, tensor_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """What :func:`quantize` stores for finite rows ``x`` ``[..., H, D]`` of a token-local codec (amax, two-level
     or power-of-two scales; ``tensor_scale``: the two-level codecs' fixed fp32 second level), with no checks
-    and no counts: no host sync, so a CUDA graph holds it. Returns ``(codes, scales [..., H, groups])``."""
+    and no counts: no host sync, so a CUDA graph holds it. Returns ``(codes, scales [..., H, groups])``.
+
+    ``tensor_scale`` is required by the two-level codecs and refused by the others. A number or a CPU tensor is
+    checked as :func:`check_tensor_scale` checks it (positive, finite, >= 2^-143); a CUDA tensor's value cannot
+    be read without a host sync, so of it only what its metadata says is checked (fp32, one element, x's device):
+    its value is trusted, as a cache's is (checked where the cache was made)."""
     c = codec(c)  # a name or a Codec; its shape rule checked (metadata only: no host sync)
-    if c.rule not in ("amax", "two_level", "pow2"):
-        raise ValueError(f"codec {c.name!r} (rule {c.rule!r}) is not token-local; encode_rows takes amax, "
-                         "two_level or pow2 codecs")
+    if c.rule not in ("amax", "two_level", "pow2") or c.scaling == "tensor":
+        raise ValueError(f"codec {c.name!r} (rule {c.rule!r}, {c.scaling} scales) is not token-local; encode_rows "
+                         "takes amax, two_level or pow2 codecs with scales per token")
     checks.tensor(x, "x", dtypes=INPUT_DTYPES)
     c.check_shape(tuple(x.shape), "x")
+    tensor_scale = _rows_tensor_scale(tensor_scale, c, x.device)
     vg, dim = group_view(x.detach().to(torch.float32), c)
     y, scales = _scaled(vg, vg, dim, c, tensor_scale)
     codes, _ = _encode(y.reshape(x.shape), c, count=False)
     return codes, scales.reshape(*x.shape[:-1], -1)
+
+
+def _rows_tensor_scale(tensor_scale, c: Codec, device) -> torch.Tensor | None:
+    """:func:`encode_rows`' ``tensor_scale``, checked as its docstring says."""
+    if not c.tensor_scale or tensor_scale is None:
+        if c.tensor_scale:
+            raise ValueError(f"tensor_scale is None, but codec {c.name!r} scales its blocks by a fixed fp32 tensor "
+                             "scale; pass the cache's (or quantize(x, codec).tensor_scale)")
+        return check_tensor_scale(tensor_scale, c, device)  # None; a scale given is refused by name
+    if isinstance(tensor_scale, torch.Tensor) and tensor_scale.is_cuda:  # its value: a host sync, none here
+        checks.tensor(tensor_scale, "tensor_scale", dtypes=(torch.float32,), device=device)
+        if tensor_scale.numel() != 1:
+            raise ValueError(f"tensor_scale has shape {tuple(tensor_scale.shape)}; expected one number (shape [] "
+                             "or [1])")
+        return tensor_scale.reshape(())
+    return check_tensor_scale(tensor_scale, c, device)
 
 
 def _encode(y: torch.Tensor, c: Codec, *, count: bool = True) -> tuple[torch.Tensor, int | None]:
