@@ -240,6 +240,14 @@ def _bad(kind):
         kw["granularity"] = "token_head"
     elif kind == "sm_scale":
         kw["sm_scale"] = [0.25] * (L + 1)
+    elif kind == "no head dim":  # the default 1/sqrt(D) divided by zero
+        k[1] = v[1] = k[1][..., :0]
+    elif kind == "no kv heads":  # torch.cat of no heads failed
+        k[1] = v[1] = k[1][:, :0]
+    elif kind == "sm_scale tensor":  # iterated over: "iteration over a 0-d tensor"
+        kw["sm_scale"] = torch.tensor(0.25)
+    elif kind == "sm_scale bool":
+        kw["sm_scale"] = True
     return k, v, kw
 
 
@@ -254,7 +262,11 @@ BAD = {"k not a list": (TypeError, "k must be a non-empty list"), "layers differ
        "calibration shape": (ValueError, r"k_scales\[0\] has shape \(3,\)"),
        "calibration negative": (ValueError, r"k_scales\[0\]"), "method": (ValueError, "methods has \\['max'\\]"),
        "kv_dtype": (ValueError, "kv_dtype='bf16'"), "granularity": (ValueError, "granularity='token_head'"),
-       "sm_scale": (ValueError, "sm_scale has 7 entries")}
+       "sm_scale": (ValueError, "sm_scale has 7 entries"),
+       "no head dim": (ValueError, r"k\[1\] has shape \(\d+, \d+, 0\); expected .*D >= 1"),
+       "no kv heads": (ValueError, r"k\[1\] has shape \(\d+, 0, \d+\); expected .*Hkv >= 1"),
+       "sm_scale tensor": (TypeError, r"sm_scale=tensor\(0.2500\) \(Tensor\); expected a positive number"),
+       "sm_scale bool": (TypeError, r"sm_scale=True \(bool\)")}
 
 
 @pytest.mark.parametrize("kind", list(BAD))
@@ -263,6 +275,16 @@ def test_bad_input_is_named(kind):
     k, v, kw = _bad(kind)
     with pytest.raises(exc, match=match):
         sh.measure_scale_health(k, v, **kw)
+
+
+def test_numpy_sm_scale_is_one_number():
+    """A numpy scalar is one number for every layer, as a float is (it was iterated over: "not iterable")."""
+    import numpy as np
+
+    k, v, q = synthetic(outlier=False, tiny=False)
+    as_float = sh.measure_scale_health(k, v, q=q, sm_scale=0.25, methods=["amax"]).layers
+    as_numpy = sh.measure_scale_health(k, v, q=q, sm_scale=np.float32(0.25), methods=["amax"]).layers
+    pd.testing.assert_frame_equal(as_float, as_numpy)
 
 
 @pytest.mark.parametrize("tolerance, exc", [(0, ValueError), (-0.1, ValueError), (float("nan"), ValueError),

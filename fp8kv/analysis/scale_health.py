@@ -80,6 +80,8 @@ def _check_kv(k, v) -> tuple[list, list]:
                             "tensor", TypeError)
             if x.shape[0] < 1:
                 checks.fail(f"{name} has no tokens (shape {tuple(x.shape)}); give at least one")
+            if min(x.shape[1:]) < 1:  # no head or no channel: nothing to scale, and no default 1/sqrt(D)
+                checks.fail(f"{name} has shape {tuple(x.shape)}; expected [tokens, Hkv, D] with Hkv >= 1 and D >= 1")
             checks.finite_tensor(x, name)
             checks.fp32_range_tensor(x, name)
         if vv.shape != kk.shape:
@@ -89,8 +91,11 @@ def _check_kv(k, v) -> tuple[list, list]:
 
 def _check_queries(q, sm_scale, k) -> tuple[list | None, list]:
     n = len(k)
-    if sm_scale is None or isinstance(sm_scale, (int, float)):
+    if sm_scale is None or (isinstance(sm_scale, numbers.Real) and not isinstance(sm_scale, bool)):  # numpy's too
         sm_scale = [sm_scale] * n
+    elif not isinstance(sm_scale, (list, tuple)):  # a tensor or a string is not a list of per-layer numbers
+        checks.fail(f"sm_scale={checks.show_value(sm_scale)} ({type(sm_scale).__name__}); expected a positive number "
+                    "or a list of one per layer", TypeError)
     sm_scale = list(sm_scale)
     if len(sm_scale) != n:
         checks.fail(f"sm_scale has {len(sm_scale)} entries for {n} layers; expected one per layer (or one number)")
