@@ -316,6 +316,40 @@ def test_bad_values_in_rows_that_ran(column, value, pattern):
         be.fit_lines(rows)
 
 
+@pytest.mark.parametrize("column, value, pattern", [
+    # a blank key read "on , with triton"; a misspelt dtype passed for FP8 by its prefix
+    ("gpu", np.nan, "row 4 of rows that ran has gpu=nan; expected a name"),
+    ("backend", "", "row 4 of rows that ran has backend=''; expected a name"),
+    ("kv_dtype", "fp8_bogus", "row 4 of rows that ran has kv_dtype='fp8_bogus'; expected a KV dtype or format among")])
+def test_blank_or_unknown_names_in_rows_that_ran(column, value, pattern):
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)})
+    rows[column] = rows[column].astype(object)
+    rows.loc[4, column] = value
+    with pytest.raises(ValueError, match=pattern):
+        be.breakeven_answers(rows)
+
+
+def test_only_fp8_dtypes_make_fp8_lines():
+    """A format whose name starts "fp8" (a KV format, not an FP8 KV dtype) is no FP8 line to cross with 16-bit."""
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01), "fp8_e4m3_tensor": (30.0, 0.01)})
+    assert list(be.crossings(be.fit_lines(rows))["kv_dtype"]) == ["fp8_e4m3"]
+    lines = be.fit_lines(rows).replace({"kv_dtype": {"fp8_e4m3_tensor": "fp8_bogus"}})
+    with pytest.raises(ValueError, match=r"crossings: lines has kv_dtype \['fp8_bogus'\]"):
+        be.crossings(lines)
+
+
+def test_answer_text_refuses_a_row_it_cannot_say():
+    (row,) = [r for _, r in be.breakeven_context(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}))[1].iterrows()]
+    assert row["verdict"] in be.VERDICTS
+    with pytest.raises(ValueError, match=r"row\['verdict'\]='xx'; expected one of \('beyond'"):  # said "never pays"
+        be.answer_text(dict(row, verdict="xx"))
+    beyond = dict(row, verdict="beyond", crossing_tokens=math.nan)  # said "pays beyond  tokens ... ()"
+    with pytest.raises(ValueError, match="row has verdict 'beyond' but crossing_tokens=nan; expected a finite"):
+        be.answer_text(beyond)
+    with pytest.raises(TypeError, match=r"row=None \(NoneType\); expected a row of crossings\(\)"):
+        be.answer_text(None)
+
+
 def test_answer_text_names_what_a_row_lacks():
     with pytest.raises(ValueError, match=r"row lacks \['gpu', 'backend'"):
         be.answer_text({})

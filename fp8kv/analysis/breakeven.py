@@ -47,6 +47,8 @@ import math
 import numpy as np
 
 from .. import checks
+from ..formats import KV_DTYPE_NAMES, is_fp8
+from ..kv_formats import KV_FORMAT_NAMES
 from .linefit import (
     MAX_REL_RESIDUAL,
     MIN_CONTEXTS,
@@ -57,12 +59,14 @@ from .linefit import (
     least_squares,
     t975,
 )
-from .measured import Measured, count_text, kernel_names, measured_summary
+from .measured import Measured, count_text, kernel_names, kernel_spans, measured_summary
 
 __all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_TRIMMED_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
-           "fit_line", "fit_lines", "line_points", "crossings", "answer_text", "breakeven_context", "breakeven_answers",
+           "fit_line", "fit_lines", "line_points", "crossings", "VERDICTS", "answer_text", "breakeven_context", "breakeven_answers",
            "kernel_spans", "PER_KERNEL"]
 
+# A pair's verdict where both lines held (crossings' docstring); "" where they did not
+VERDICTS = ("beyond", "every", "never", "below")
 PER_KERNEL = "fitted per kernel: "  # what leads breakeven_context's by_kernel clauses wherever they are printed
 MIN_TRIMMED_CONTEXTS = 5  # a line fitted without its shortest contexts keeps at least these (and half of them)
 
@@ -82,6 +86,7 @@ LINE_KEYS = PAIR_KEYS + ("kv_dtype", "mode", "granularity")
 ANSWER_KEYS = ("gpu", "backend", "kv_dtype", "mode", "num_q_heads", "num_kv_heads", "head_dim", "batch", "status", "reason",
                "tokens_lo", "tokens_hi", "crossing_tokens", "crossing_lo", "crossing_hi", "slope_gap_z", "verdict")
 _INT_KEYS = ("num_q_heads", "num_kv_heads", "head_dim", "batch", "block_size")  # block_size 0: not recorded
+_KV_NAMES = (*KV_DTYPE_NAMES, *KV_FORMAT_NAMES)  # what a row's kv_dtype may name (fp8kv.formats, fp8kv.kv_formats)
 _EXPECTED = "bench rows (fp8kv.bench.run() or a saved run under results/bench/<gpu>/)"
 # ------------------------------------------------------------------------------------ bench rows
 def _rows(df, min_tokens, max_tokens):
@@ -106,6 +111,14 @@ def _rows(df, min_tokens, max_tokens):
                 i = bad.to_numpy().nonzero()[0][0]
                 checks.fail(f"breakeven: row {ran.index[i]} of rows that ran has {col}={ran[col].iloc[i]!r}; expected "
                             f"a positive whole number{'' if col in REQUIRED else ' (or none)'}; expected {_EXPECTED}")
+    for col in ("gpu", "backend", "kv_dtype", "mode"):  # named in every answer ("on , with triton"), never blank
+        bad = ran[col].isna() | (ran[col].astype(str).str.strip() == "")
+        if col == "kv_dtype":  # a misspelt one would pair with nothing, or pass for FP8 by its prefix
+            bad |= ~ran[col].isin(_KV_NAMES)
+        if bad.any():
+            i = bad.to_numpy().nonzero()[0][0]
+            checks.fail(f"breakeven: row {ran.index[i]} of rows that ran has {col}={ran[col].iloc[i]!r}; expected "
+                        + (f"a KV dtype or format among {_KV_NAMES}" if col == "kv_dtype" else "a name") + f" ({_EXPECTED})")
     window = pd.to_numeric(ran["window"].replace("", np.nan)) if "window" in ran.columns else None
     for col in LINE_KEYS:  # keys with a value in every row (NaN never equals itself, so never pairs)
         if col in _INT_KEYS:
@@ -281,9 +294,12 @@ def crossings(lines, *, baseline: str = "bf16"):
                     + (f"it lacks {sorted(need - set(lines.columns))}" if isinstance(lines, pd.DataFrame)
                        else f"got a {type(lines).__name__}"), TypeError if not isinstance(lines, pd.DataFrame)
                    else ValueError)
+    unknown = sorted(set(map(str, lines["kv_dtype"])) - set(_KV_NAMES))  # an FP8 line is known by name, not prefix
+    if unknown:
+        checks.fail(f"crossings: lines has kv_dtype {unknown}; expected KV dtypes or formats among {_KV_NAMES}")
     base = {tuple(r[k] for k in PAIR_KEYS): r for _, r in lines[lines["kv_dtype"] == baseline].iterrows()}
     out = []
-    for _, f in lines[lines["kv_dtype"].str.startswith("fp8")].iterrows():
+    for _, f in lines[lines["kv_dtype"].map(is_fp8)].iterrows():
         key = tuple(f[k] for k in PAIR_KEYS)
         row = {**{k: f[k] for k in PAIR_KEYS}, "kv_dtype": f["kv_dtype"], "mode": f["mode"],
                "granularity": f.get("granularity", ""), "kernels": f.get("kernels", "")}
@@ -336,9 +352,18 @@ def answer_text(row) -> str:
     """One line for a :func:`crossings` row: "on <gpu>, with <backend>, FP8 KV pays beyond N tokens per
     sequence at batch B", "... at every measured context ...", "... never within the measured range ...",
     "... only below N ...", or "no answer ...: <reason>"."""
+    if not (hasattr(row, "keys") and hasattr(row, "get")):  # a dict or a pandas Series
+        checks.fail(f"row={checks.show_value(row)} ({type(row).__name__}); expected a row of crossings() (a dict "
+                    "or a pandas Series)", TypeError)
     missing = [k for k in ANSWER_KEYS if k not in row]
     if missing:
         checks.fail(f"row lacks {missing}; expected a row of crossings() (it has {sorted(map(str, row.keys()))[:12]})")
+    if row["status"] == "ok":  # an answer stands on its verdict and the numbers it names
+        checks.one_of(row["verdict"], "row['verdict']", VERDICTS)
+        for k in ("tokens_lo", "tokens_hi", *(("crossing_tokens",) if row["verdict"] in ("beyond", "below") else ())):
+            if not _finite(row[k]):
+                checks.fail(f"row has verdict {row['verdict']!r} but {k}={checks.show_value(row[k])}; expected a "
+                            "finite number of tokens")
     backend = row["backend"] + (f"-{row['variant']}" if row.get("variant") else "")
     where = f"on {row['gpu']}, with {backend}"
     what = (f"({row['kv_dtype']} {row['mode']} against the 16-bit cache; heads {row['num_q_heads']}:"
@@ -369,6 +394,13 @@ def answer_text(row) -> str:
         within = "measured range" if span.startswith("measured") else "range where both lines hold"
         text = f"FP8 KV never pays within the {within} ({measured}{outside}) at batch {b}"
     return f"{where}, {text} {what}"
+
+
+def _finite(x) -> bool:
+    try:
+        return math.isfinite(x)
+    except TypeError:  # not a number
+        return False
 
 
 def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
@@ -413,29 +445,6 @@ def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):
     cross["answer"] = [a + b + (f"; {PER_KERNEL}{t}" if t else "")
                        for a, b, (t, _) in zip(cross["answer"], below, segments, strict=True)]
     return lines, cross
-
-
-def kernel_spans(kernels, tokens) -> list[tuple[str, float, float]] | None:
-    """``(kernel, first, last context)`` per kernel of one line's rows, in order of context, where the kernels
-    split the line into ranges of context that do not overlap (two kernels or more, every row naming one);
-    None otherwise: one kernel, a row without a name, or kernels that interleave (no range is one kernel's)."""
-    if isinstance(kernels, str) or not hasattr(kernels, "__len__"):
-        checks.fail(f"kernels must be a sequence of kernel names (one per row), got {type(kernels).__name__}", TypeError)
-    names = [k if isinstance(k, str) else "" for k in kernels]
-    try:
-        tokens = np.asarray(tokens, dtype=float)
-    except (TypeError, ValueError):
-        checks.fail(f"tokens must be a sequence of numbers (one per row), got {type(tokens).__name__}", TypeError)
-    if tokens.shape != (len(names),) or not np.isfinite(tokens).all():
-        checks.fail(f"tokens has shape {tokens.shape} and {int((~np.isfinite(tokens)).sum())} non-finite value(s); "
-                    f"expected {len(names)} finite numbers, one per kernel name")
-    if "" in names or len(set(names)) < 2:
-        return None
-    per_kernel = {k: tokens[np.array([n == k for n in names])] for k in set(names)}
-    spans = sorted((float(t.min()), float(t.max()), k) for k, t in per_kernel.items())
-    if any(hi >= nxt[0] for (_, hi, _), nxt in zip(spans, spans[1:], strict=False)):
-        return None
-    return [(k, lo, hi) for lo, hi, k in spans]
 
 
 def _per_kernel(rows, own, base, r, lines, baseline: str, fit_kw: dict) -> tuple[str, str]:

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import checks
 
-__all__ = ["LEVEL", "count_text", "kernel_names", "measured_speedups", "Measured", "measured_summary", "measured_comparison"]
+__all__ = ["LEVEL", "count_text", "kernel_names", "kernel_spans", "measured_speedups", "Measured", "measured_summary", "measured_comparison"]
 
 
 def count_text(x: float) -> str:
@@ -22,6 +22,29 @@ def count_text(x: float) -> str:
 def kernel_names(kernels) -> list[str]:
     """The kernels a latency line's rows ran, from ``fit_lines``' ``kernels`` ("gluon,triton"; "" or NaN: none)."""
     return [k for k in (kernels if isinstance(kernels, str) else "").split(",") if k]
+
+
+def kernel_spans(kernels, tokens) -> list[tuple[str, float, float]] | None:
+    """``(kernel, first, last context)`` per kernel of one line's rows, in order of context, where the kernels
+    split the line into ranges of context that do not overlap (two kernels or more, every row naming one);
+    None otherwise: one kernel, a row without a name, or kernels that interleave (no range is one kernel's)."""
+    if isinstance(kernels, str) or not hasattr(kernels, "__len__"):
+        checks.fail(f"kernels must be a sequence of kernel names (one per row), got {type(kernels).__name__}", TypeError)
+    names = [k if isinstance(k, str) else "" for k in kernels]
+    try:
+        tokens = np.asarray(tokens, dtype=float)
+    except (TypeError, ValueError):
+        checks.fail(f"tokens must be a sequence of numbers (one per row), got {type(tokens).__name__}", TypeError)
+    if tokens.shape != (len(names),) or not np.isfinite(tokens).all():
+        checks.fail(f"tokens has shape {tokens.shape} and {int((~np.isfinite(tokens)).sum())} non-finite value(s); "
+                    f"expected {len(names)} finite numbers, one per kernel name")
+    if "" in names or len(set(names)) < 2:
+        return None
+    per_kernel = {k: tokens[np.array([n == k for n in names])] for k in set(names)}
+    spans = sorted((float(t.min()), float(t.max()), k) for k, t in per_kernel.items())
+    if any(hi >= nxt[0] for (_, hi, _), nxt in zip(spans, spans[1:], strict=False)):
+        return None
+    return [(k, lo, hi) for lo, hi, k in spans]
 
 
 LEVEL = 0.01  # measured_comparison: a speedup within 1 % of 1 is "level" (a CUDA graph's timing noise)
