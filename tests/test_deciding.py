@@ -23,6 +23,9 @@ def _crossings(rows):
     return pd.DataFrame([dict(base, **r) for r in rows])
 
 
+EVERY = dict(backend="triton", mode="dequant", batch=1, verdict="every", crossing_tokens=math.nan)
+
+
 def _verdict(growth=(1.0, 1.2), needle=True):
     return pd.DataFrame([dict(entry="decode", mode=m, error="total", reference_context=4096, longest_context=131072,
                               err_reference=0.02, err_longest=0.02 * g, growth=g, flat=g <= 1.5, needle_ok=needle,
@@ -189,6 +192,13 @@ def test_headline_accuracy_and_advice_in_one_sentence():
     assert none == "The model needs no 16-bit layer with vllm scales (RMS error 12.0%)."
 
 
+def test_headline_reads_no_crossing_where_its_verdict_needs_none():
+    """NaN crossing_tokens is crossings()' "no crossing" (parallel lines, or a pair with no fit): no refusal there."""
+    cr = _crossings([EVERY, dict(EVERY, batch=16, verdict="never"), dict(EVERY, batch=64, verdict="", status="no fit")])
+    text = dc.headline("H200", crossings=cr)
+    assert "at every measured context (512-32,768 tokens) at batch 1" in text and "nan" not in text
+
+
 def test_headline_of_a_smoke_run_says_so_first():
     text = dc.headline("cpu", verdict=_verdict(), smoke=True)
     assert text.startswith("**Smoke run") and "not a result" in text
@@ -199,11 +209,38 @@ def test_headline_of_a_smoke_run_says_so_first():
     (dict(gpu=None), TypeError, "gpu=None"),
     (dict(smoke=1), TypeError, "smoke=1"),
     # an unknown backend read as "no FP8 latency line held"; a frame that is no crossings table crashed deep inside
-    (dict(crossings=_crossings([dict(backend="triton", mode="dequant", batch=1, verdict="every")]), backend="Triton"),
+    (dict(crossings=_crossings([EVERY]), backend="Triton"),
      ValueError, "backend='Triton' has no row in crossings; expected None or one of ['triton']"),
-    (dict(crossings=pd.DataFrame()), ValueError, "headline: df lacks columns ['backend', 'batch', 'status']"),
-    (dict(crossings=[1, 2]), TypeError, "headline: df is a list"),
+    (dict(crossings=pd.DataFrame()), ValueError, "crossings lacks columns ['backend', 'batch', 'status', 'mode', "
+     "'verdict', 'tokens_lo', 'tokens_hi', 'crossing_tokens']"),
+    (dict(crossings=[1, 2]), TypeError, "crossings is a list"),
     (dict(verdict=_verdict().assign(error="kernel")), ValueError, "verdict has no 'total' rows"),
+    # each table's columns where it enters (KeyErrors before)
+    (dict(crossings=_crossings([EVERY]).drop(columns=["verdict"])), ValueError, "crossings lacks columns ['verdict']"),
+    (dict(crossings=_crossings([dict(EVERY, measured="")])), ValueError,
+     "crossings lacks columns ['measured_faster_from', 'measured_best_speedup']"),
+    (dict(verdict=pd.DataFrame()), ValueError, "verdict lacks columns ['entry', 'mode', 'error', "),
+    (dict(verdict=_verdict().drop(columns=["growth"])), ValueError, "verdict lacks columns ['growth']"),
+    (dict(advice=pd.DataFrame({"a": [1]})), ValueError, "advice lacks columns ['method', 'n_layers_bf16', "),
+    (dict(advice=[1]), TypeError, "advice is a list"),
+    # values the sentences would misread: a NaN batch read "no FP8 latency line held", NaN tokens "beyond nan
+    # tokens", an unknown verdict "at no measured context", a negative count "keep -3 of 2 layers"
+    (dict(crossings=_crossings([dict(EVERY, batch=math.nan)])), ValueError,
+     "crossings['batch'][0]=nan; expected a positive whole number"),
+    (dict(crossings=_crossings([dict(EVERY, batch=1.5)])), ValueError, "crossings['batch'][0]=1.5"),
+    (dict(crossings=_crossings([dict(EVERY, verdict="beyond")])), ValueError,
+     "crossings['crossing_tokens'][0]=nan with verdict 'beyond'; expected a finite number of tokens"),
+    (dict(crossings=_crossings([dict(EVERY, tokens_hi=math.inf)])), ValueError, "crossings['tokens_hi'][0]=inf"),
+    (dict(crossings=_crossings([dict(EVERY, verdict="xx")])), ValueError,
+     "crossings['verdict'][0]='xx'; expected one of ('beyond', 'every', 'never', 'below')"),
+    (dict(advice=_advice(-3)), ValueError, "advice row 0 has n_layers_bf16=-3, n_layers=30; expected whole numbers"),
+    (dict(advice=_advice(31)), ValueError, "advice row 0 has n_layers_bf16=31"),
+    (dict(advice=_advice().assign(tokens_lost=math.nan)), ValueError, "advice['tokens_lost'][0]=nan"),
+    # a backend without crossings was ignored, and no table at all answered ""
+    (dict(backend="vllm"), ValueError, "backend='vllm' but crossings is None: there is no speed answer to restrict"),
+    (dict(backend=["triton"], crossings=_crossings([EVERY])), TypeError, "backend=['triton'] (list)"),
+    (dict(), ValueError, "headline has nothing to answer from"),
+    (dict(advice=_advice().iloc[:0]), ValueError, "headline has nothing to answer from"),
 ])
 def test_headline_refuses_bad_input_by_name(kw, exc, words):
     args = dict(gpu="NVIDIA H200")

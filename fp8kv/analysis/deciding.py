@@ -10,9 +10,10 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 from .. import checks
-from .breakeven import PER_KERNEL
+from .breakeven import PER_KERNEL, VERDICTS
 from .measured import kernel_names
 from .scale_health import ScaleHealth, model_scale_health
 
@@ -168,6 +169,62 @@ def _what(r) -> str:
     return f"{r['backend']}{variant}, {r['mode']} mode"
 
 
+# The columns each table's sentences read; crossings' measured ones only where breakeven_context added them
+_CROSSINGS = ("backend", "batch", "status", "mode", "verdict", "tokens_lo", "tokens_hi", "crossing_tokens")
+_MEASURED = ("measured", "measured_faster_from", "measured_best_speedup")
+_VERDICT = ("entry", "mode", "error", "reference_context", "longest_context", "growth", "flat", "needle_ok")
+_ADVICE = ("method", "n_layers_bf16", "n_layers", "error_all_fp8")
+
+
+def _table(frame, name: str, columns, expected: str) -> None:
+    import pandas as pd
+
+    if not isinstance(frame, pd.DataFrame):
+        checks.fail(f"{name} is a {type(frame).__name__}; expected {expected}", TypeError)
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        checks.fail(f"{name} lacks columns {missing}; expected {expected}")
+
+
+def _check_crossings(crossings) -> None:
+    """Refuse rows the sentences would misread: a batch that is no positive whole number (grouping by batch drops
+    NaN: its lines vanished from the answer) and, where the lines held, a verdict outside
+    :data:`~.breakeven.VERDICTS` or a non-finite number of tokens it is said in."""
+    from ..results import check_rows
+
+    expected = "fp8kv.analysis.crossings()' table"
+    _table(crossings, "crossings", _CROSSINGS + (_MEASURED if "measured" in crossings else ()), expected)
+    check_rows(crossings, "headline", _CROSSINGS, expected=expected)  # a status of no value, a batch of text
+    for i, r in crossings.iterrows():
+        b = _number(r["batch"])
+        if not (b >= 1 and b % 1 == 0):  # NaN fails both
+            checks.fail(f"crossings['batch'][{i}]={checks.show_value(r['batch'])}; expected a positive whole number")
+        if r["status"] != "ok":
+            continue
+        checks.one_of(r["verdict"], f"crossings['verdict'][{i}]", VERDICTS)
+        for col in ("tokens_lo", "tokens_hi", *(("crossing_tokens",) if r["verdict"] in ("beyond", "below") else ())):
+            if not math.isfinite(_number(r[col])):
+                checks.fail(f"crossings[{col!r}][{i}]={checks.show_value(r[col])} with verdict {r['verdict']!r}; "
+                            "expected a finite number of tokens")
+
+
+def _number(x) -> float:
+    """``x`` as a float; NaN for what is no number (check_rows named a column of text already)."""
+    return float(x) if isinstance(x, numbers.Real) and not isinstance(x, bool) else math.nan
+
+
+def _check_advice(advice) -> None:
+    _table(advice, "advice", _ADVICE, "advice_capacity()'s or keep_bf16_advice()'s table")
+    for i, n16, n in zip(advice.index, advice["n_layers_bf16"], advice["n_layers"], strict=True):
+        # whole counts with 0 <= n16 <= n, as advice_capacity takes them: "keep -3 of 2 layers" before
+        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in (n16, n)) or not 0 <= n16 <= n:
+            checks.fail(f"advice row {i} has n_layers_bf16={n16!r}, n_layers={n!r}; expected whole numbers with "
+                        "0 <= n_layers_bf16 <= n_layers (keep_bf16_advice()'s table)")
+    for col in ("error_all_fp8", *(("tokens_lost",) if "tokens_lost" in advice else ())):
+        for i, x in advice[col].items():
+            checks.real(x, f"advice[{col!r}][{i}]")
+
+
 def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str | None = None,
              smoke: bool = False, backend: str | None = None) -> str:
     """The answer in one or two sentences (Markdown) for ``gpu``.
@@ -175,18 +232,37 @@ def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str 
     ``crossings``: ``fp8kv.analysis.crossings``' table (speed); ``verdict``: ``long_context_verdict``'s
     (accuracy at length; its ``"total"`` rows); ``advice``: ``advice_capacity``'s or ``keep_bf16_advice``'s
     table for ``model``, read for its ``"amax"`` row (else the first). Each may be None (its part is left
-    out). ``backend`` restricts the speed answer to one backend. ``smoke``: says first that the numbers are a
-    smoke run's, not a result.
+    out), not all three (nor an advice of no row alone: there would be nothing to say). ``backend``
+    restricts the speed answer to one backend (with ``crossings`` only). ``smoke``: says first that the
+    numbers are a smoke run's, not a result.
+
+    Each table is checked where it enters: ValueError / TypeError naming it and the columns it lacks, or the
+    row and column of a value its sentence would misread (a batch that is no positive whole number, a verdict
+    outside :data:`~.breakeven.VERDICTS`, a non-finite context a verdict is said in, advice counts outside
+    ``0 <= n_layers_bf16 <= n_layers``). NaN ``crossing_tokens`` is crossings()' "no crossing" where the
+    verdict is ``"every"`` or ``"never"``, and is read so.
     """
     if not isinstance(gpu, str) or not gpu:
         checks.fail(f"gpu={checks.show_value(gpu)}; expected the GPU's name", TypeError)
     if not isinstance(smoke, bool):
         checks.fail(f"smoke={smoke!r}; expected True or False", TypeError)
+    if backend is not None and not isinstance(backend, str):
+        checks.fail(f"backend={checks.show_value(backend)} ({type(backend).__name__}); expected None or a backend's "
+                    "name", TypeError)
+    if crossings is not None:
+        _check_crossings(crossings)
+    elif backend is not None:  # it restricts the speed answer, which needs crossings
+        checks.fail(f"backend={backend!r} but crossings is None: there is no speed answer to restrict; pass crossings "
+                    "(fp8kv.analysis.crossings()' table) or backend=None")
+    if verdict is not None:
+        _table(verdict, "verdict", _VERDICT, "long_context_verdict()'s table")
+    if advice is not None:
+        _check_advice(advice)
+    if crossings is None and verdict is None and (advice is None or advice.empty):
+        checks.fail("crossings and verdict are None and advice has no row: headline has nothing to answer from; "
+                    "pass at least one of them")
     sentences = []
     if crossings is not None:
-        from ..results import check_rows
-
-        check_rows(crossings, "headline", ("backend", "batch", "status"), expected="fp8kv.analysis.crossings()' table")
         if backend is not None and backend not in set(crossings["backend"]):  # an unknown one read as "no answer"
             checks.fail(f"backend={backend!r} has no row in crossings; expected None or one of "
                         f"{sorted(set(crossings['backend']))}")
