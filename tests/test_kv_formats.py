@@ -467,6 +467,21 @@ def test_nonfinite_raises_by_default_and_saturates_when_asked(name):
     assert float(out[2, 0, 7]) == float(out[group_of(c, (2, 0, 7))].min())
 
 
+@pytest.mark.parametrize("value", [5.0, -5.0])
+def test_a_nan_in_a_kivi_group_decodes_near_zero_and_is_not_saturated(value):
+    """The asymmetric grid spans its group's min..max: a NaN (encoded as 0) outside that range decoded to the
+    group's edge, 5.0, and was counted as saturated. It joins the range as 0 now."""
+    x = value * torch.linspace(0.8, 1.0, 32)[:, None, None].expand(32, 1, 32).clone()  # |x| in [4, 5]
+    x[3, 0, 2] = math.nan
+    enc = kvf.quantize(x, "kivi4_key_g32", nonfinite="saturate")
+    out = enc.dequantize()
+    step = abs(value) / 15  # the group's range is 0..|5|, over uint4's 15 steps
+    assert abs(float(out[3, 0, 2])) <= step / 2 and (value < 0 or float(out[3, 0, 2]) == 0.0)
+    assert (enc.saturated, enc.nonfinite) == (0, 1)
+    others = torch.isfinite(x)
+    assert float((out[others] - x[others]).abs().max()) <= step / 2 * 1.01  # fp16 scale and zero
+
+
 def group_of(c: kvf.Codec, i: tuple) -> tuple:
     """Index of the scale group holding element ``i`` of a [T, H, D] tensor."""
     t, h, d = i

@@ -141,7 +141,10 @@ def quantize(x: torch.Tensor, codec_name: Codec | str, *, tensor_scale=None, non
         second level of ``nvfp4`` / ``e4m3_b16`` (>= 2^-143). Refused for the other codecs.
     nonfinite : ``"raise"`` (NaN/Inf is a ValueError naming the count and the first index) or
         ``"saturate"`` (scales from the finite values; ±Inf to the extreme codes, counted as saturated
-        too; NaN encoded as 0; counted in ``nonfinite``), as :func:`fp8kv.quant.quantize`.
+        too; NaN encoded as 0; counted in ``nonfinite``), as :func:`fp8kv.quant.quantize`. The KIVI codecs'
+        asymmetric grid spans only its group's min..max, so there a NaN counts as a 0 of its group: the range
+        takes 0 in and the NaN decodes within half a step of 0 (exactly 0 where the group's finite values are
+        >= 0); it is not counted as saturated.
     """
     c = codec(codec_name)
     _check_x(x, c, nonfinite)
@@ -159,8 +162,11 @@ def quantize(x: torch.Tensor, codec_name: Codec | str, *, tensor_scale=None, non
     fg, _ = group_view(finite, c)
     zero_points = stored_tensor_scale = None
     if c.rule == "min_max":
-        lo = group_view(torch.where(bad, torch.inf, xf), c)[0] if n_nonfinite else fg
-        hi = group_view(torch.where(bad, -torch.inf, xf), c)[0] if n_nonfinite else fg
+        # NaN joins its group's range as the 0 it is encoded as: the asymmetric grid spans only min..max, so
+        # a 0 left outside decoded to the nearest edge (and counted as saturated). ±Inf stay out of the range.
+        inf = torch.isinf(xf)
+        lo = group_view(torch.where(inf, torch.inf, values), c)[0] if n_nonfinite else fg
+        hi = group_view(torch.where(inf, -torch.inf, values), c)[0] if n_nonfinite else fg
         scales, zero_points = min_max_scale(lo, hi, dim, c)
         y = (vg - zero_points.to(torch.float32)) / scales.to(torch.float32)
     else:
