@@ -591,6 +591,17 @@ def test_float64_beyond_float32_is_refused_in_both_modes():
 
 
 @pytest.mark.parametrize("name", ["int4_token_head", "kivi4_key_g32", "nvfp4", "e4m3_b32", "fp8_e5m2_channel"])
+def test_decode_codes_takes_a_codec_name_and_checks_the_codes(name):
+    """Its codec argument was read as a Codec: a name failed with "'str' object has no attribute 'element'"."""
+    enc = kvf.quantize(data("normal", (32, 2, 64)), name)
+    assert torch.equal(kvf.decode_codes(enc.codes, name), kvf.decode_codes(enc.codes, kvf.codec(name)))
+    with pytest.raises(ValueError, match="codec='bogus' is not a known codec"):
+        kvf.decode_codes(enc.codes, "bogus")
+    with pytest.raises(TypeError, match="codes has dtype float32"):
+        kvf.decode_codes(enc.codes.float(), name)
+
+
+@pytest.mark.parametrize("name", ["int4_token_head", "kivi4_key_g32", "nvfp4", "e4m3_b32", "fp8_e5m2_channel"])
 def test_dequantize_refuses_pieces_that_do_not_fit_the_codec(name):
     c = kvf.codec(name)
     enc = kvf.quantize(data("normal", (32, 2, 64)), c)

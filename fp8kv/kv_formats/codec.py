@@ -253,8 +253,16 @@ def _encode(y: torch.Tensor, c: Codec, *, count: bool = True) -> tuple[torch.Ten
     return pack_nibbles(codes), saturated
 
 
-def decode_codes(codes: torch.Tensor, c: Codec) -> torch.Tensor:
-    """Stored codes to the fp32 values they stand for before scaling, ``[..., H, D]`` (codes unchecked)."""
+def decode_codes(codes: torch.Tensor, c: Codec | str) -> torch.Tensor:
+    """Stored codes to the fp32 values they stand for before scaling, ``[..., H, D]``. ``c``: a :class:`Codec` or
+    its name; ``codes`` a tensor of its ``code_dtype`` (their values are not checked)."""
+    c = codec(c)
+    checks.tensor(codes, "codes", dtypes=(c.code_dtype,))
+    return _code_values(codes, c)
+
+
+def _code_values(codes: torch.Tensor, c: Codec) -> torch.Tensor:
+    """:func:`decode_codes` on arguments already checked."""
     name = c.element.name
     if not c.packed:
         return codes.to(torch.float32)
@@ -318,7 +326,7 @@ def dequantize(codec_name: Codec | str, codes: torch.Tensor, scales: torch.Tenso
     if dtype not in _OUTPUT_DTYPES:
         raise TypeError(f"dtype={dtype!r}; expected one of {_OUTPUT_DTYPES}")
     shape = _check_stored(c, codes, scales, zero_points, tensor_scale)
-    vals = decode_codes(codes, c)
+    vals = _code_values(codes, c)
     if c.rule == "fp8":
         return _narrowed(vals * broadcast_scale(scales, len(shape), c.scaling), dtype)
     vg, dim = group_view(vals, c)
