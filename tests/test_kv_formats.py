@@ -684,6 +684,12 @@ def test_holding_formats_keeps_those_whose_blocks_divide_the_head_dim():
     # what was an empty answer, a negative size or a crash of another kind before
     (lambda: kvf.holding_formats(["nvfp4"], num_kv_heads=0, head_dim=64), ValueError, "num_kv_heads=0"),
     (lambda: kvf.holding_formats(["nvfp4", "nvfp5"], num_kv_heads=2, head_dim=64), ValueError, "'nvfp5'"),
+    (lambda: kvf.holding_formats(["nvfp4", "NVFP4"], num_kv_heads=2, head_dim=64), ValueError,
+     r"formats=\['nvfp4', 'NVFP4'\] names \['nvfp4'\] more than once"),
+    (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64) * -1, ValueError, r"Footprint \* n=-1"),
+    (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64) * 0, ValueError, r"Footprint \* n=0"),
+    (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64) * 0.5, TypeError, r"Footprint \* n=0.5"),
+    (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64) + 1, TypeError, r"Footprint \+ 1 \(int\)"),
     (lambda: kvf.summary_table(head_dim=0), ValueError, "head_dim=0"),
     (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64).nbytes(-5), ValueError, "tokens=-5"),
     (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64).nbytes(2.5), TypeError, "tokens"),
