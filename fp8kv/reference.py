@@ -65,12 +65,9 @@ def output_tolerance(backend: str, mode: str, q_dtype, granularity: str = "tenso
 
     ``backend``, ``mode`` and ``granularity`` are names of :data:`fp8kv.capability.BACKEND_NAMES`, ``MODES`` and
     :data:`fp8kv.quant.GRANULARITIES` (an unknown one got the default bound, silently); ``score_bound`` a finite
-    number >= 0.
+    number >= 0; ``q_dtype`` one :func:`unit_roundoff` takes.
     """
-    checks.one_of(backend, "backend", BACKEND_NAMES)
-    checks.one_of(mode, "mode", MODES)
-    checks.one_of(granularity, "granularity", GRANULARITIES)
-    score_bound = checks.real(score_bound, "score_bound", minimum=0.0)
+    score_bound = _tolerance_arguments(backend, mode, q_dtype, granularity, score_bound)
     if backend == "reference":
         return REFERENCE_TOL
     if mode == "fp8":
@@ -80,6 +77,16 @@ def output_tolerance(backend: str, mode: str, q_dtype, granularity: str = "tenso
     if folded_query(backend, granularity):
         return (2 + max(1.0, score_bound)) * unit_roundoff(q_dtype)
     return 2 * unit_roundoff(q_dtype)
+
+
+def _tolerance_arguments(backend, mode, q_dtype, granularity, score_bound) -> float:
+    """The arguments :func:`output_tolerance` and :func:`lse_tolerance` share, checked by name: ``score_bound``
+    as a float. Every one is checked, also where the bound at hand does not read it."""
+    checks.one_of(backend, "backend", BACKEND_NAMES)
+    checks.one_of(mode, "mode", MODES)
+    checks.one_of(granularity, "granularity", GRANULARITIES)
+    unit_roundoff(q_dtype)
+    return checks.real(score_bound, "score_bound", minimum=0.0)
 
 
 def folded_query(backend: str, granularity: str) -> bool:
@@ -114,7 +121,15 @@ def lse_tolerance(backend: str, mode: str, q_dtype, ref_lse: torch.Tensor, granu
     the scores, hence the factor ``max(1, max |ref_lse|)``; where the backend folds K's scales into the
     query (:func:`folded_query`), the scores move by up to u x ``score_bound`` (:func:`score_bound`),
     which may exceed |lse| (a soft cap or a window bounds the lse, not the scores before them).
+
+    The names and ``score_bound`` are checked as :func:`output_tolerance` checks them; ``ref_lse`` is a float
+    tensor with at least one value, all finite (an infinite one made the bound infinite: every comparison passed).
     """
+    score_bound = _tolerance_arguments(backend, mode, q_dtype, granularity, score_bound)
+    checks.tensor(ref_lse, "ref_lse", dtypes=checks.FLOAT_DTYPES)
+    if ref_lse.numel() == 0:
+        checks.fail(f"ref_lse has shape {tuple(ref_lse.shape)}: no values; expected the reference's lse, at least one")
+    checks.finite_tensor(ref_lse, "ref_lse")
     scale = max(1.0, float(ref_lse.abs().max()))
     if mode != "fp8" and folded_query(backend, granularity):
         scale = max(scale, score_bound)
@@ -125,20 +140,49 @@ def lse_tolerance(backend: str, mode: str, q_dtype, ref_lse: torch.Tensor, granu
     return 4 * unit_roundoff(q_dtype) * scale
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, *, window: int | None = None,
-              soft_cap: float | None = None, sinks: torch.Tensor | None = None):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None, *,
+              window: int | None = None, soft_cap: float | None = None, sinks: torch.Tensor | None = None):
     """One query token against one sequence, GQA by head groups, in fp32.
 
     q: ``[Hq, D]``; k, v: ``[L, Hkv, D]`` with Hq a multiple of Hkv (query head h reads KV head
-    ``h // (Hq // Hkv)``). The query is the token at position ``L - 1`` (the last one cached).
+    ``h // (Hq // Hkv)``), float tensors on one device, finite and within fp32's range, ``L >= 1``: the
+    query is the token at position ``L - 1`` (the last one cached), so an empty sequence has no output.
 
-    Variants (see :func:`decode` for the conventions): ``window`` W keeps positions ``>= L - W``;
-    ``soft_cap`` c replaces each scaled score s by ``c * tanh(s / c)``; ``sinks`` ``[Hq]`` adds
-    ``exp(sinks[h])`` to head h's softmax denominator.
+    ``sm_scale`` and the variants are checked as :func:`decode` checks them (see it for the conventions):
+    ``sm_scale`` positive and finite (``fp8kv.checks.softmax_scale``), None for ``1 / sqrt(D)``; ``window``
+    W >= 1 keeps positions ``>= L - W``; ``soft_cap`` c replaces each scaled score s by ``c * tanh(s / c)``;
+    ``sinks`` ``[Hq]`` adds ``exp(sinks[h])`` to head h's softmax denominator.
 
     Returns out ``[Hq, D]`` and the natural-log LSE ``[Hq]`` of the softmax denominator (the sink
     term included), both fp32.
     """
+    checks.tensor(q, "q", ndim=2, dtypes=checks.FLOAT_DTYPES, shape_hint="[Hq, D]")
+    for name, t in (("k", k), ("v", v)):
+        checks.tensor(t, name, ndim=3, dtypes=checks.FLOAT_DTYPES, device=q.device, shape_hint="[L, Hkv, D]")
+    if v.shape != k.shape:
+        checks.fail(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}; expected equal shapes [L, Hkv, D]")
+    if min(q.shape) < 1 or min(k.shape[1:]) < 1:
+        checks.fail(f"q has shape {tuple(q.shape)} and k {tuple(k.shape)}; expected at least one head and channel")
+    if k.shape[0] < 1:
+        checks.fail(f"k and v have shape {tuple(k.shape)}: 0 tokens; expected at least one (the query is the last "
+                    "cached token: a query attending nothing has no output)")
+    if q.shape[1] != k.shape[2]:
+        checks.fail(f"q has head_dim {q.shape[1]} but k and v have head_dim {k.shape[2]}; expected equal")
+    if q.shape[0] % k.shape[1]:
+        checks.fail(f"q has {q.shape[0]} heads, not a multiple of k's {k.shape[1]} KV heads")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        checks.fp32_range_tensor(checks.finite_tensor(t, name), name)
+    window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=q.shape[0],
+                                                       device=q.device)
+    if sm_scale is not None:
+        sm_scale = checks.softmax_scale(sm_scale, soft_cap)
+    return _attention(q, k, v, checks.resolved_softmax_scale(sm_scale, q.shape[1]), window=window,
+                      soft_cap=soft_cap, sinks=sinks)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, *, window: int | None,
+               soft_cap: float | None, sinks: torch.Tensor | None):
+    """:func:`attention` on inputs already checked (by it, or once per call by :func:`decode` / :func:`attend`)."""
     hq, hkv = q.shape[0], k.shape[1]
     length = k.shape[0]
     group = hq // hkv
@@ -221,7 +265,7 @@ def paged_attention(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None
     outs, lses = [], []
     for i in range(q.shape[0]):
         k, v = cache.gather(i)
-        o, lse = attention(q[i], k, v, sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
+        o, lse = _attention(q[i], k, v, sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
         outs.append(o)
         lses.append(lse)
     return torch.stack(outs), torch.stack(lses)
@@ -271,6 +315,7 @@ def paged_attend(q: torch.Tensor, cache: PagedKVCache, qo_lens: list[int], sm_sc
     and the cache's rows here too (a count that left rows of ``q`` unread returned them unwritten)."""
     sm_scale = checks.resolved_softmax_scale(sm_scale, q.shape[-1])
     lens = cache.seq_lens.tolist()  # the oracle reads the cache on the host anyway
+    qo_lens = [checks.integer(n, f"qo_lens[{i}]") for i, n in enumerate(checks.listed(qo_lens, "qo_lens", "ints"))]
     if len(qo_lens) != len(lens) or sum(qo_lens) != q.shape[0]:
         checks.fail(f"qo_lens={checks.show_value(list(qo_lens))} for q of {q.shape[0]} rows over {len(lens)} "
                     "sequences; expected one count per sequence, summing to q's rows")
@@ -289,7 +334,7 @@ def paged_attend(q: torch.Tensor, cache: PagedKVCache, qo_lens: list[int], sm_sc
         for j in range(n):
             p = first + j
             # the keys up to p are what a decode of the cache truncated after p reads
-            out[row], lse[row] = attention(q[row], k[:p + 1], v[:p + 1], sm_scale, window=window,
-                                           soft_cap=soft_cap, sinks=sinks)
+            out[row], lse[row] = _attention(q[row], k[:p + 1], v[:p + 1], sm_scale, window=window,
+                                            soft_cap=soft_cap, sinks=sinks)
             row += 1
     return out, lse

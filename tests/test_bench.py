@@ -953,7 +953,7 @@ def test_a_triton_opt_no_kernel_takes_is_a_usage_error_before_a_dry_run(opt, mat
 
 def test_one_triton_opt_key_twice_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
-        bench.main(["--batches", "1", "--contexts", "32", "--backends", "reference", "--no-save", "--device", "cpu",
+        bench.main(["--batches", "1", "--contexts", "32", "--backends", "triton", "--no-save", "--device", "cpu",
                     "--triton-opt", "num_splits=2", "--triton-opt", "num_splits=3"])
     assert exc.value.code == 2 and "--triton-opt num_splits is given twice" in capsys.readouterr().err
 
@@ -1145,3 +1145,30 @@ def test_mode_refusal_is_the_capability_tables_fact():
     assert set(format_capability("sm90")["mode"]) == {FORMAT_MODE}
     with pytest.raises(ValueError, match="mode='int8'"):
         mode_refusal("bf16", "int8")
+
+
+def test_a_page_layout_quantized_pages_do_not_have_is_refused(capsys):
+    """QuantizedPagedKVCache stores NHD pages only: the rows of --page-layout HND said HND over NHD pages."""
+    with pytest.raises(ValueError, match=r"layout='HND' \(--page-layout HND\): the quantized formats nvfp4 of kv_dtypes"):
+        sweep([1], [16], heads=[(2, 1)], head_dims=[32], kv_dtypes=["fp16", "nvfp4"], backends=["reference"],
+              modes=["dequant"], layout="HND", device="cpu", memory_budget_bytes=BIG)
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--batches", "1", "--contexts", "16", "--heads", "2:1", "--head-dims", "32", "--kv-dtypes", "nvfp4",
+                    "--backends", "reference", "--page-layout", "HND", "--dry-run", "--device", "cpu"])
+    assert exc.value.code == 2 and "--page-layout HND" in capsys.readouterr().err
+    cases = sweep([1], [16], heads=[(2, 1)], head_dims=[32], kv_dtypes=["nvfp4"], backends=["reference"],
+                  modes=["dequant"], layout="NHD", device="cpu", memory_budget_bytes=BIG)
+    assert [c.layout for c in cases] == ["NHD"]
+
+
+@pytest.mark.parametrize("flags, words", [(["--triton-opt", "num_splits=2", "--backends", "reference"],
+                                           "--triton-opt applies to the triton backend only, and the grid's backends "
+                                           "(reference) have none"),
+                                          (["--tensor-cores", "off", "--backends", "triton"],
+                                           "--tensor-cores applies to the flashinfer backend only, and the grid's "
+                                           "backends (triton) have none")])
+def test_backend_flags_with_no_backend_to_take_them_are_refused(flags, words, capsys):
+    """They were accepted and applied to nothing."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--batches", "1", "--contexts", "16", "--kv-dtypes", "fp16", *flags, "--dry-run", "--device", "cpu"])
+    assert exc.value.code == 2 and words in capsys.readouterr().err

@@ -467,6 +467,21 @@ def test_nonfinite_raises_by_default_and_saturates_when_asked(name):
     assert float(out[2, 0, 7]) == float(out[group_of(c, (2, 0, 7))].min())
 
 
+@pytest.mark.parametrize("value", [5.0, -5.0])
+def test_a_nan_in_a_kivi_group_decodes_near_zero_and_is_not_saturated(value):
+    """The asymmetric grid spans its group's min..max: a NaN (encoded as 0) outside that range decoded to the
+    group's edge, 5.0, and was counted as saturated. It joins the range as 0 now."""
+    x = value * torch.linspace(0.8, 1.0, 32)[:, None, None].expand(32, 1, 32).clone()  # |x| in [4, 5]
+    x[3, 0, 2] = math.nan
+    enc = kvf.quantize(x, "kivi4_key_g32", nonfinite="saturate")
+    out = enc.dequantize()
+    step = abs(value) / 15  # the group's range is 0..|5|, over uint4's 15 steps
+    assert abs(float(out[3, 0, 2])) <= step / 2 and (value < 0 or float(out[3, 0, 2]) == 0.0)
+    assert (enc.saturated, enc.nonfinite) == (0, 1)
+    others = torch.isfinite(x)
+    assert float((out[others] - x[others]).abs().max()) <= step / 2 * 1.01  # fp16 scale and zero
+
+
 def group_of(c: kvf.Codec, i: tuple) -> tuple:
     """Index of the scale group holding element ``i`` of a [T, H, D] tensor."""
     t, h, d = i
@@ -576,6 +591,17 @@ def test_float64_beyond_float32_is_refused_in_both_modes():
 
 
 @pytest.mark.parametrize("name", ["int4_token_head", "kivi4_key_g32", "nvfp4", "e4m3_b32", "fp8_e5m2_channel"])
+def test_decode_codes_takes_a_codec_name_and_checks_the_codes(name):
+    """Its codec argument was read as a Codec: a name failed with "'str' object has no attribute 'element'"."""
+    enc = kvf.quantize(data("normal", (32, 2, 64)), name)
+    assert torch.equal(kvf.decode_codes(enc.codes, name), kvf.decode_codes(enc.codes, kvf.codec(name)))
+    with pytest.raises(ValueError, match="codec='bogus' is not a known codec"):
+        kvf.decode_codes(enc.codes, "bogus")
+    with pytest.raises(TypeError, match="codes has dtype float32"):
+        kvf.decode_codes(enc.codes.float(), name)
+
+
+@pytest.mark.parametrize("name", ["int4_token_head", "kivi4_key_g32", "nvfp4", "e4m3_b32", "fp8_e5m2_channel"])
 def test_dequantize_refuses_pieces_that_do_not_fit_the_codec(name):
     c = kvf.codec(name)
     enc = kvf.quantize(data("normal", (32, 2, 64)), c)
@@ -658,6 +684,12 @@ def test_holding_formats_keeps_those_whose_blocks_divide_the_head_dim():
     # what was an empty answer, a negative size or a crash of another kind before
     (lambda: kvf.holding_formats(["nvfp4"], num_kv_heads=0, head_dim=64), ValueError, "num_kv_heads=0"),
     (lambda: kvf.holding_formats(["nvfp4", "nvfp5"], num_kv_heads=2, head_dim=64), ValueError, "'nvfp5'"),
+    (lambda: kvf.holding_formats(["nvfp4", "NVFP4"], num_kv_heads=2, head_dim=64), ValueError,
+     r"formats=\['nvfp4', 'NVFP4'\] names \['nvfp4'\] more than once"),
+    (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64) * -1, ValueError, r"Footprint \* n=-1"),
+    (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64) * 0, ValueError, r"Footprint \* n=0"),
+    (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64) * 0.5, TypeError, r"Footprint \* n=0.5"),
+    (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64) + 1, TypeError, r"Footprint \+ 1 \(int\)"),
     (lambda: kvf.summary_table(head_dim=0), ValueError, "head_dim=0"),
     (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64).nbytes(-5), ValueError, "tokens=-5"),
     (lambda: kvf.kv_footprint("nvfp4", num_kv_heads=2, head_dim=64).nbytes(2.5), TypeError, "tokens"),

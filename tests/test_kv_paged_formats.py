@@ -14,6 +14,7 @@ from fixtures import seeded
 
 from conftest import assert_rel_err
 from fp8kv import kv_formats as kvf
+from fp8kv.cache import PagedKVCache
 from fp8kv.cache.quantized import QuantizedPagedKVCache
 from fp8kv.capability import UnsupportedError, interpreter_on
 from fp8kv.ops.decode import DecodePlan
@@ -660,6 +661,17 @@ def test_from_dense_max_seq_len_is_a_positive_int(bad, exc):
     k, v = draw(1, 3, 1, 16, seed=0)
     with pytest.raises(exc, match=f"max_seq_len={bad!r}" if exc is TypeError else "max_seq_len=-5"):
         QuantizedPagedKVCache.from_dense("int8_token_head", k, v, [3], max_seq_len=bad)
+
+
+def test_from_dense_refuses_a_max_seq_len_below_the_longest_sequence():
+    """Both caches raised it to the longest seq_len, silently."""
+    k = torch.randn(2, 5, 2, 32)
+    for build in (lambda n: QuantizedPagedKVCache.from_dense("nvfp4", k, k, [3, 5], max_seq_len=n),
+                  lambda n: PagedKVCache.from_dense(k, k, [3, 5], max_seq_len=n)):
+        with pytest.raises(ValueError, match=r"max_seq_len=2 is below seq_lens\[1\]=5; expected max_seq_len >= the "
+                                             r"longest seq_len \(5\)"):
+            build(2)
+        assert build(5).seq_lens.tolist() == [3, 5] and build(None).seq_lens.tolist() == [3, 5]
 
 
 def test_a_write_after_a_scale_array_was_replaced_names_it():

@@ -1052,6 +1052,19 @@ def test_a_notebook_whose_results_would_be_the_manifest_is_refused_by_name(tmp_p
     assert runner.run_notebooks(books, out, smoke=True, device="cpu", only=["00_first"], progress=False)["ok"]
 
 
+@pytest.mark.parametrize("argv, words", [(["list"], "no notebooks found in"), (["run"], "no notebooks found in"),
+                                         (["run", "--seed", "-1"], "--seed=-1; expected an int >= 0")])
+def test_list_and_run_refuse_alike_before_the_banner(tmp_path, capsys, argv, words, books):
+    """list printed nothing and exited 0 over an empty folder, where run refused; run refused --seed -1 only
+    after its banner."""
+    folder = str(books) if "--seed" in argv else str(tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exc:
+        runner.main([*argv, "--notebooks", folder, *(["--out", str(tmp_path / "out")] if argv[0] == "run" else [])])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and captured.out == "" and captured.err.count("\n") == 1 and words in captured.err
+
+
 def test_notebooks_differing_only_in_case_are_refused_by_name(tmp_path, write_notebook):
     books = tmp_path / "books"
     _write_books(books, ("01_Step", "01_step"), write_notebook)

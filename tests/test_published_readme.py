@@ -446,3 +446,15 @@ def test_a_cited_file_of_another_shape_is_an_error_not_a_stale_readme(tmp_path, 
     monkeypatch.setattr(cli, "check", broken)
     assert main(["readme", "--check"]) == 2
     assert "a cited results file lacks what the README reads from it (KeyError: 'batch')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [(["values", "--check"], "--check applies to readme only"),
+                                         (["values", "--readme", "X"], "--readme applies to readme only"),
+                                         (["values", "--check", "--readme", "X"], "--check and --readme apply to readme"),
+                                         (["bogus"], "invalid choice: 'bogus'")])
+def test_a_flag_the_subcommand_does_not_use_is_refused_in_one_line(argv, words, capsys):
+    """values took --check and --readme and ignored them (exit 0); a bad subcommand printed the usage too."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and words in err

@@ -227,3 +227,62 @@ def test_soft_cap_up_to_its_bound_is_no_cap_and_beyond_it_refused(gen, make_cach
     for cap in (1.01e30, 1e38, 1e300):
         with pytest.raises(ValueError, match=r"soft_cap=.*\[1e-06, 1e\+30\]"):
             decode(q, cache, soft_cap=cap)
+
+
+_Q, _K = torch.randn(4, 8), torch.randn(5, 2, 8)
+
+
+@pytest.mark.parametrize("args, kw, exc, match", [
+    ((_Q, _K, _K, 0.3), dict(window=0), ValueError, r"window=0; expected an int >= 1"),
+    ((_Q, _K, _K, float("nan")), {}, ValueError, r"sm_scale=nan; expected a finite number"),
+    ((_Q, _K, _K, -1.0), {}, ValueError, r"sm_scale=-1.0"),
+    ((_Q[:3], _K, _K, 0.3), {}, ValueError, r"q has 3 heads, not a multiple of k's 2 KV heads"),
+    ((_Q, _K[..., :4], _K[..., :4], 0.3), {}, ValueError, r"q has head_dim 8 but k and v have head_dim 4"),
+    ((_Q, _K, _K[..., :4], 0.3), {}, ValueError, r"k has shape \(5, 2, 8\) but v has \(5, 2, 4\)"),
+    ((_Q, _K[:0], _K[:0], 0.3), {}, ValueError, r"0 tokens; expected at least one"),
+    ((_Q, _K.to(torch.int32), _K, 0.3), {}, TypeError, r"k has dtype int32"),
+    ((_Q.clone().fill_(float("nan")), _K, _K, 0.3), {}, ValueError, r"q has 32 non-finite"),
+    ((_Q, _K, _K, 0.3), dict(sinks=torch.zeros(3)), ValueError, r"sinks has shape \(3,\); expected \[4\]"),
+])
+def test_attention_checks_its_arguments_by_name(args, kw, exc, match):
+    """It checked nothing: window 0 and a NaN scale gave NaN outputs, head or dim mismatches einsum errors, an
+    empty sequence zeros with lse -inf."""
+    with pytest.raises(exc, match=match):
+        attention(*args, **kw)
+
+
+def test_attention_takes_none_for_the_default_scale(gen):
+    q, k = torch.randn(4, 16, generator=gen), torch.randn(7, 2, 16, generator=gen)
+    for a, b in zip(attention(q, k, k), attention(q, k, k, 0.25), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kw, exc, match", [(dict(backend="cuda"), ValueError, "backend='cuda'"),
+                                            (dict(mode="zzz"), ValueError, "mode='zzz'"),
+                                            (dict(granularity="blah"), ValueError, "granularity='blah'"),
+                                            (dict(score_bound=float("nan")), ValueError, "score_bound=nan"),
+                                            (dict(score_bound=-5), ValueError, "score_bound=-5"),
+                                            (dict(q_dtype="fp64"), ValueError, "dtype='fp64'"),
+                                            (dict(ref_lse=[1.0]), TypeError, "ref_lse must be a torch.Tensor"),
+                                            (dict(ref_lse=torch.tensor([])), ValueError, r"ref_lse has shape \(0,\)"),
+                                            (dict(ref_lse=torch.tensor([1.0, float("inf")])), ValueError,
+                                             r"ref_lse has 1 non-finite")])
+def test_lse_tolerance_refuses_what_output_tolerance_refuses(kw, exc, match):
+    """They all returned the default bound (an infinite ref_lse an infinite one, which passes any comparison)."""
+    from fp8kv.reference import lse_tolerance
+
+    args = dict(backend="triton", mode="dequant", q_dtype=torch.bfloat16, ref_lse=torch.tensor([2.0])) | kw
+    with pytest.raises(exc, match=match):
+        lse_tolerance(args.pop("backend"), args.pop("mode"), args.pop("q_dtype"), args.pop("ref_lse"), **args)
+
+
+def test_paged_attend_names_a_count_that_is_not_an_int():
+    """A float count failed in range() with "'float' object cannot be interpreted as an integer"."""
+    from fp8kv.reference import paged_attend
+
+    k = torch.randn(2, 8, 2, 16)
+    cache = PagedKVCache.from_dense(k, k, [3, 2])
+    with pytest.raises(TypeError, match=r"qo_lens\[0\]=3.0 \(float\); expected an int"):
+        paged_attend(torch.randn(5, 4, 16), cache, [3.0, 2.0])
+    out, _ = paged_attend(torch.randn(5, 4, 16), cache, [3, 2])
+    assert out.shape == (5, 4, 16)

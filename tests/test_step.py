@@ -227,6 +227,21 @@ def test_plan_sweep_refuses_a_backend_or_mode_no_sweep_runs(kw, match):
         S.plan_sweep(["Qwen3-8B"], [64], gpu_memory_gib="H200", device="cpu", **kw)
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--mode", "fp8", "--backend", "reference"], "--mode='fp8' with --kv-dtypes='bf16' and --backend='reference': fp8 mode "
+                                                  "needs an FP8 KV cache"),
+    (["--mode", "fp8", "--kv-dtypes", "bf16"], "--mode='fp8' with --kv-dtypes='bf16' and --backend='auto'"),
+    (["--mode", "fp8", "--kv-dtypes", "fp8_e4m3", "--backend", "reference"], "the reference is the fp32 oracle")])
+def test_dry_run_refuses_a_mode_the_run_refuses_at_every_point(argv, words, capsys):
+    """The dry run listed points that the run then refused one by one ("none of the 1 points ran")."""
+    code, err = _cli(capsys, "--model", "SmolLM2-135M", "--contexts", "1024", "--gpu-memory", "80", "--dry-run", *argv)
+    assert code == 2 and err.count("\n") == 1 and words in err
+    with pytest.raises(ValueError, match="mode='fp8' with kv_dtypes='bf16' and backend='reference'"):
+        S.plan_sweep(["SmolLM2-135M"], [64], ["bf16"], gpu_memory_gib=80, device="cpu", backend="reference", mode="fp8")
+    assert S.main(["--model", "SmolLM2-135M", "--contexts", "1024", "--gpu-memory", "80", "--dry-run", "--mode", "fp8",
+                   "--kv-dtypes", "fp8_e4m3", "--backend", "triton"]) == 0  # FP8 arithmetic on sm89 and newer
+
+
 def test_a_seed_past_int64_is_refused_before_anything_is_built():
     """It became an error row per point (the weights' generator refused it while loading)."""
     with pytest.raises(ValueError, match=r"seed=1180591620717411303424; expected an int <= 9223372036854775807"):

@@ -244,6 +244,11 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
         for x in _as_list(given, name):
             if not isinstance(x, str) or x not in allowed:
                 _fail(f"{name} has {x!r}; expected names among {allowed}")
+    checks.one_of(layout, "layout", LAYOUTS)
+    formats = [kv for kv in _as_list(kv_dtypes, "kv_dtypes") if is_quantized(kv)]
+    if layout != "NHD" and formats:  # their rows would say HND over NHD pages (QuantizedPagedKVCache's only layout)
+        _fail(f"layout={layout!r} (--page-layout {layout}): the quantized formats {' '.join(formats)} of kv_dtypes "
+              "(--kv-dtypes) are stored in NHD pages only; drop the layout, or give the formats without it")
     if not isinstance(heads, (list, tuple)) or not heads:
         _fail(f"heads={heads!r}; expected a non-empty list of (num_q_heads, num_kv_heads) pairs such as [(32, 8)]",
               TypeError if not isinstance(heads, (list, tuple)) else ValueError)

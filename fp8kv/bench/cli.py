@@ -370,6 +370,10 @@ def _grid_tail(args, grid: dict) -> dict:
         checks.fail(f"--granularities {' '.join(args.granularities)}: the scale layout of FP8 pages; the quantized "
                     f"formats {' '.join(formats)} in the grid's KV dtypes store scales of their own layout, which "
                     "it does not change: drop --granularities, or give --kv-dtypes without them")
+    for flag, given, backend in (("--triton-opt", args.triton_opt, "triton"), ("--tensor-cores", args.tensor_cores, "flashinfer")):
+        if given and backend not in grid["backends"]:  # it would apply to no case
+            checks.fail(f"{flag} applies to the {backend} backend only, and the grid's backends ({' '.join(grid['backends'])}) "
+                        f"have none: add it to --backends, or drop {flag}")
     if args.triton_opt:
         seen = {}
         for key, value in args.triton_opt:  # dict() would keep the last of two values silently

@@ -16,7 +16,7 @@ from .scales import refuse_unused_scale, static_scale
 from .validation import LAYOUTS, check_block_size, check_data_device, is_unit_scale, show_scale
 from .writing import append_tokens
 
-__all__ = ["shuffled_block_table", "empty", "clone", "select", "from_dense", "refuse_past_free_memory"]
+__all__ = ["shuffled_block_table", "empty", "clone", "select", "from_dense", "refuse_past_free_memory", "reserved_tokens"]
 
 
 def shuffled_block_table(num_blocks: int, batch: int, blocks_per_seq: int, seed: int, device) -> torch.Tensor:
@@ -164,8 +164,7 @@ def from_dense(cls, k, v, seq_lens, *, block_size, kv_dtype, granularity, scale,
     hkv, d = ks[0].shape[1:]
     device = ks[0].device
     check_data_device(device, "k")
-    cap = max(max(lens), max_seq_len or 0, 1)
-    cache = cls.empty(len(lens), cap, hkv, d, block_size=block_size, kv_dtype=kv_dtype,
+    cache = cls.empty(len(lens), reserved_tokens(max_seq_len, lens), hkv, d, block_size=block_size, kv_dtype=kv_dtype,
                       granularity=granularity, layout=layout, num_blocks=num_blocks, device=device,
                       seed=seed)
     k_all = torch.cat([ki[:n] for ki, n in zip(ks, lens, strict=True)])
@@ -183,3 +182,14 @@ def from_dense(cls, k, v, seq_lens, *, block_size, kv_dtype, granularity, scale,
             refuse_unused_scale(cache, value, name)
     append_tokens(cache, k_all, v_all, torch.tensor(lens, dtype=torch.int32))
     return cache
+
+
+def reserved_tokens(max_seq_len: int | None, lens: list[int]) -> int:
+    """Tokens per sequence a ``from_dense`` cache reserves pages for: ``max_seq_len`` (an int >= 1 already checked),
+    None for the longest of ``lens``, at least 1. One below the longest of ``lens`` is refused (ValueError naming
+    both): it was raised to it, silently."""
+    longest = max(lens, default=0)
+    if max_seq_len is not None and max_seq_len < longest:
+        _fail(f"max_seq_len={max_seq_len} is below seq_lens[{lens.index(longest)}]={longest}; expected max_seq_len >= "
+              f"the longest seq_len ({longest}), or None to reserve just that")
+    return max(longest, max_seq_len or 0, 1)

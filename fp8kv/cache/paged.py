@@ -132,7 +132,8 @@ class PagedKVCache(PagedTables):
             valid tokens only. Scales this cache would not use are refused, not ignored: token_head
             computes its own per token (only None or "amax" is accepted), a 16-bit cache has none
             (only None or 1.0).
-        max_seq_len : reserve pages for this many tokens per sequence (room for appends).
+        max_seq_len : reserve pages for this many tokens per sequence (room for appends), at least the longest
+            of ``seq_lens`` (None: that many).
         """
         return construction.from_dense(cls, k, v, seq_lens, block_size=block_size, kv_dtype=kv_dtype,
                                        granularity=granularity, scale=scale, seed=seed, k_scale=k_scale,

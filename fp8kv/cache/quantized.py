@@ -35,7 +35,7 @@ from ..kv_formats import Encoded, Footprint, kv_footprint, quantize
 from ..kv_formats.codec import check_tensor_scale
 from ..kv_formats.pages import page_shapes, paged_format
 from . import validation
-from .construction import refuse_past_free_memory, shuffled_block_table
+from .construction import refuse_past_free_memory, reserved_tokens, shuffled_block_table
 from .reading import token_slots
 from .tables import PagedTables
 from .writing import append_tokens as _append_tokens
@@ -191,7 +191,7 @@ class QuantizedPagedKVCache(PagedTables):
         ``seq_lens[i]`` tokens of sequence i are stored; ``seq_lens``: a list or 1-D int tensor ``[B]``.
         Tensor scales (NVFP4, e4m3_b16) default to what :func:`fp8kv.kv_formats.quantize` takes from the
         valid tokens of all sequences (so the stored codes are those of quantizing them together); given,
-        they are used as they are. ``max_seq_len``: reserve pages for appends.
+        they are used as they are. ``max_seq_len``: reserve pages for appends (at least the longest of ``seq_lens``).
         """
         f = paged_format(fmt)
         for name, t in (("k", k), ("v", v)):
@@ -224,8 +224,7 @@ class QuantizedPagedKVCache(PagedTables):
             v_tensor_scale = quantize(v_all, f.value).tensor_scale
         if max_seq_len is not None:
             max_seq_len = checks.positive_int(max_seq_len, "max_seq_len")
-        cap = max(max(lens, default=0), max_seq_len or 0, 1)
-        cache = cls.empty(f, len(lens), cap, k.shape[2], k.shape[3], block_size=block_size, num_blocks=num_blocks,
+        cache = cls.empty(f, len(lens), reserved_tokens(max_seq_len, lens), k.shape[2], k.shape[3], block_size=block_size, num_blocks=num_blocks,
                           k_tensor_scale=k_tensor_scale, v_tensor_scale=v_tensor_scale, device=k.device, seed=seed)
         cache.append_tokens(k_all, v_all, lens)
         return cache

@@ -141,7 +141,10 @@ def quantize(x: torch.Tensor, codec_name: Codec | str, *, tensor_scale=None, non
         second level of ``nvfp4`` / ``e4m3_b16`` (>= 2^-143). Refused for the other codecs.
     nonfinite : ``"raise"`` (NaN/Inf is a ValueError naming the count and the first index) or
         ``"saturate"`` (scales from the finite values; ±Inf to the extreme codes, counted as saturated
-        too; NaN encoded as 0; counted in ``nonfinite``), as :func:`fp8kv.quant.quantize`.
+        too; NaN encoded as 0; counted in ``nonfinite``), as :func:`fp8kv.quant.quantize`. The KIVI codecs'
+        asymmetric grid spans only its group's min..max, so there a NaN counts as a 0 of its group: the range
+        takes 0 in and the NaN decodes within half a step of 0 (exactly 0 where the group's finite values are
+        >= 0); it is not counted as saturated.
     """
     c = codec(codec_name)
     _check_x(x, c, nonfinite)
@@ -159,8 +162,11 @@ def quantize(x: torch.Tensor, codec_name: Codec | str, *, tensor_scale=None, non
     fg, _ = group_view(finite, c)
     zero_points = stored_tensor_scale = None
     if c.rule == "min_max":
-        lo = group_view(torch.where(bad, torch.inf, xf), c)[0] if n_nonfinite else fg
-        hi = group_view(torch.where(bad, -torch.inf, xf), c)[0] if n_nonfinite else fg
+        # NaN joins its group's range as the 0 it is encoded as: the asymmetric grid spans only min..max, so
+        # a 0 left outside decoded to the nearest edge (and counted as saturated). ±Inf stay out of the range.
+        inf = torch.isinf(xf)
+        lo = group_view(torch.where(inf, torch.inf, values), c)[0] if n_nonfinite else fg
+        hi = group_view(torch.where(inf, -torch.inf, values), c)[0] if n_nonfinite else fg
         scales, zero_points = min_max_scale(lo, hi, dim, c)
         y = (vg - zero_points.to(torch.float32)) / scales.to(torch.float32)
     else:
@@ -247,8 +253,16 @@ def _encode(y: torch.Tensor, c: Codec, *, count: bool = True) -> tuple[torch.Ten
     return pack_nibbles(codes), saturated
 
 
-def decode_codes(codes: torch.Tensor, c: Codec) -> torch.Tensor:
-    """Stored codes to the fp32 values they stand for before scaling, ``[..., H, D]`` (codes unchecked)."""
+def decode_codes(codes: torch.Tensor, c: Codec | str) -> torch.Tensor:
+    """Stored codes to the fp32 values they stand for before scaling, ``[..., H, D]``. ``c``: a :class:`Codec` or
+    its name; ``codes`` a tensor of its ``code_dtype`` (their values are not checked)."""
+    c = codec(c)
+    checks.tensor(codes, "codes", dtypes=(c.code_dtype,))
+    return _code_values(codes, c)
+
+
+def _code_values(codes: torch.Tensor, c: Codec) -> torch.Tensor:
+    """:func:`decode_codes` on arguments already checked."""
     name = c.element.name
     if not c.packed:
         return codes.to(torch.float32)
@@ -312,7 +326,7 @@ def dequantize(codec_name: Codec | str, codes: torch.Tensor, scales: torch.Tenso
     if dtype not in _OUTPUT_DTYPES:
         raise TypeError(f"dtype={dtype!r}; expected one of {_OUTPUT_DTYPES}")
     shape = _check_stored(c, codes, scales, zero_points, tensor_scale)
-    vals = decode_codes(codes, c)
+    vals = _code_values(codes, c)
     if c.rule == "fp8":
         return _narrowed(vals * broadcast_scale(scales, len(shape), c.scaling), dtype)
     vg, dim = group_view(vals, c)

@@ -189,10 +189,14 @@ class Footprint:
         return int(total)
 
     def __add__(self, other: Footprint) -> Footprint:
+        if not isinstance(other, Footprint):
+            raise TypeError(f"Footprint + {checks.show_value(other)} ({type(other).__name__}); expected a Footprint")
         return Footprint(self.per_token + other.per_token, self.fixed + other.fixed, self.codes + other.codes,
                          math.lcm(self.token_group, other.token_group))
 
     def __mul__(self, n: int) -> Footprint:
+        """The bytes of ``n`` such tensors (layers): ``n`` an int >= 1 (bytes are whole and not negative)."""
+        n = checks.positive_int(n, "Footprint * n")
         return Footprint(self.per_token * n, self.fixed * n, self.codes * n, self.token_group)
 
 
@@ -223,10 +227,16 @@ def kv_footprint(fmt: KVFormat | str, *, num_kv_heads: int, head_dim: int, num_l
 def holding_formats(formats, *, num_kv_heads: int, head_dim: int) -> list[str]:
     """The names (canonical) among ``formats`` whose codecs can store ``num_kv_heads`` heads of ``head_dim`` (blocks
     that divide it, an even head_dim for 4-bit codes: :func:`kv_footprint` accepts the shape), in the order given.
-    An unknown name is refused (ValueError), not left out."""
+    An unknown name is refused (ValueError), not left out; so is a format named twice (an alias or another case
+    of a name counts as that name)."""
     num_kv_heads = checks.positive_int(num_kv_heads, "num_kv_heads")
     head_dim = checks.positive_int(head_dim, "head_dim")
-    fmts = [kv_format(f) for f in checks.listed(formats, "formats", "KV format names")]
+    given = checks.listed(formats, "formats", "KV format names")
+    fmts = [kv_format(f) for f in given]
+    names = [f.name for f in fmts]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"formats={checks.show_value(given)} names {twice} more than once; expected each format once")
     out = []
     for f in fmts:
         try:

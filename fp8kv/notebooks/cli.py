@@ -132,11 +132,14 @@ def run_action(args: argparse.Namespace) -> int:
 
 
 def check_run_args(args: argparse.Namespace) -> None:
-    """What ``notebooks run`` would otherwise find only after starting: the notebooks named by
+    """What ``notebooks run`` would otherwise find only after starting: the seed, the notebooks named by
     --only and the --param overrides (the device, the timeout and the reports folder are checked as they are
     parsed).
     Raises ValueError naming the flag."""
+    from ..checks import run_seed
     from .runner import check_parameters
+
+    run_seed(args.seed, "--seed")
 
     names = [n for n, _ in args.params]
     twice = sorted({n for n in names if names.count(n) > 1})

@@ -129,12 +129,14 @@ def discover_notebooks(notebook_dir: str | os.PathLike | None = None,
         (``"01_fp8_formats.ipynb"``) or number prefix (``"01"``). An unknown name is a ValueError.
 
     A notebook whose files would be the runner's own or another's (:func:`check_notebook_names`) is a
-    ValueError naming it.
+    ValueError naming it; so is a folder without notebooks.
     """
     folder = Path(notebook_dir) if notebook_dir is not None else default_notebook_dir()
     if not folder.is_dir():
         raise ValueError(f"notebook_dir={str(folder)!r} is not a folder; pass the folder holding the .ipynb files")
     books = sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("."))
+    if not books:  # for list as for run: an empty folder is no list of notebooks
+        raise ValueError(f"no notebooks found in {folder}; expected the folder holding the .ipynb files")
     if only is None:
         check_notebook_names(books)
         return books

@@ -28,7 +28,6 @@ from .pages import (
     MANIFEST,
     PACKAGE_PARENT,
     PLOTLYJS_SRC,
-    default_notebook_dir,
     discover_notebooks,
     externalize_plotlyjs,
     notebook_hash,
@@ -286,8 +285,6 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     checks.run_seed(seed)
     check_out_folder(out)
     books = discover_notebooks(notebook_dir, only)
-    if not books:
-        raise ValueError(f"no notebooks found in {notebook_dir or default_notebook_dir()}")
     for module in ("papermill", "nbconvert", "nbformat"):
         try:
             __import__(module)

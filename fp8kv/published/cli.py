@@ -8,10 +8,10 @@ prints every generated name and its text.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from .. import checks
 from ..results import write_atomic
 from .readme import check, compute, generate
 from .sources import REPO, MissingSourceError, Sources
@@ -20,12 +20,19 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fp8kv.published", description=__doc__.split("\n\n")[1])
+    parser = checks.ArgumentParser(prog="python -m fp8kv.published", description=__doc__.split("\n\n")[1])
     parser.add_argument("what", choices=["readme", "values"])
-    parser.add_argument("--check", action="store_true", help="exit 1 with a diff when README.md is not current")
-    parser.add_argument("--readme", default=str(REPO / "README.md"), help="the README to regenerate")
+    parser.add_argument("--check", action="store_true", help="readme: exit 1 with a diff when README.md is not current")
+    parser.add_argument("--readme", help="readme: the README to regenerate (default: the repository's README.md)")
     parser.add_argument("--root", default=str(REPO), help="the repository whose results files it cites")
     args = parser.parse_args(argv)
+    if args.what == "values":  # it reads the results files only: a readme flag would be ignored
+        unused = [flag for flag, given in (("--check", args.check), ("--readme", args.readme is not None)) if given]
+        if unused:
+            parser.error(f"{' and '.join(unused)} {'applies' if len(unused) == 1 else 'apply'} to readme only; values "
+                         "prints the generated values of --root")
+    if args.readme is None:
+        args.readme = str(REPO / "README.md")
     try:
         if args.what == "values":
             for name, text in compute(Sources(args.root)).items():

@@ -19,7 +19,7 @@ from ..results import save_or_fallback
 from .measure import MAX_REP_MS, check_host_memory, check_weights, rep_arg, save, sweep
 from .model import STEP_BACKENDS
 from .multi_report import prefill_summary, verify_summary
-from .plan import plan_sweep
+from .plan import check_element_step, plan_sweep
 from .prefill import prefill_sweep
 from .quantized import (
     STEP_KV_DTYPES,
@@ -312,6 +312,9 @@ def _check_steps(kind: str, args) -> None:
         for shape in shapes:
             check_format_shape(kv, shape.num_kv_heads, shape.head_dim, model=shape.name, name="--kv-dtypes")
         check_format_step(kv, args.backend, args.mode, names=flags)
+    for kv in (kv for kv in args.kv_dtypes if not is_format(kv)):
+        for shape in shapes:
+            check_element_step(kv, args.backend, args.mode, head_dim=shape.head_dim, names=flags)
     if kind == "verify":
         drafts = [(f"--draft-lens={k}", k) for k in args.draft_lens]
         check_drafts_fit(drafts, args.contexts, "--contexts")

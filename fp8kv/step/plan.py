@@ -11,6 +11,7 @@ import torch
 
 from .. import checks
 from ..cache import check_block_size
+from ..capability import ARCHS, AUTO_MODE, check
 from ..capacity import GIB, MAX_MEMORY_GIB, CapacityError, ModelShape, get_model, gib_text, plan_capacity
 from ..checks import fail as _fail
 from .layers import STEP_DTYPES as RUN_DTYPES
@@ -292,7 +293,28 @@ def checked_kv_dtypes(kv_dtypes, shapes, q_len: int = 1, backend: str | None = N
             check_format_step(kv, backend, mode, q_len, on_gpu=on_gpu)
         else:
             check_format_step(kv, "auto", "auto", q_len)
+    for kv in (n for n in names if not is_format(n)):
+        for shape in shapes:
+            check_element_step(kv, backend or "auto", mode, q_len, shape.head_dim)
     return names
+
+
+def check_element_step(kv_dtype: str, backend: str, mode: str, q_len: int = 1, head_dim: int | None = None, *,
+                       names: dict | None = None) -> None:
+    """Refuse (ValueError) 16-bit or FP8 pages of ``kv_dtype`` that ``backend`` (``"auto"``: any step backend) runs in
+    ``mode`` (``"auto"``: :data:`~fp8kv.capability.AUTO_MODE`) on no arch, by :func:`fp8kv.capability.check`'s facts
+    (fp8 mode needs FP8 pages; the reference has no fp8 mode): every point of such a run is refused as it is built.
+    What depends on the machine that runs it (a GPU, what is installed) is left to the run. ``names``: what the
+    message calls ``kv_dtypes``, ``backend`` and ``mode`` (the CLI's flags), as :func:`check_format_step`'s."""
+    names = {"kv_dtype": "kv_dtypes", "backend": "backend", "mode": "mode", **(names or {})}
+    mode = AUTO_MODE if mode == "auto" else mode
+    backends = [b for b in STEP_BACKENDS if b != "auto"] if backend == "auto" else [backend]
+    op = "decode" if q_len == 1 else "attend"
+    answers = [check(b, kv_dtype, mode, arch, "tensor", head_dim, op=op) for b in backends for arch in ARCHS]
+    if not any(ok for ok, _ in answers):
+        why = "; ".join(dict.fromkeys(w for _, w in answers))
+        _fail(f"{names['mode']}={mode!r} with {names['kv_dtype']}={kv_dtype!r} and {names['backend']}={backend!r}: {why}; "
+              f"expected {names['mode']} 'auto' or 'dequant', or an FP8 KV dtype and a backend with an fp8 mode")
 
 
 def plan_table(runs, kv_dtypes=("bf16", "fp8_e4m3"), *, gpu_memory_gib=None, utilization: float = 0.9,
