@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["flag", "integer", "generator_seed", "GENERATOR_SEEDS", "run_seed", "RUN_SEEDS", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed",
+__all__ = ["flag", "integer", "generator_seed", "GENERATOR_SEEDS", "run_seed", "RUN_SEEDS", "rep_ms", "MAX_REP_MS", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed",
            "tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
            "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "softmax_scale_or_default", "resolved_softmax_scale",
            "show_value", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
@@ -95,6 +95,17 @@ RUN_SEEDS = (0, 2**63 - 1)
 def run_seed(value, name: str = "seed") -> int:
     """A run's seed: an int in :data:`RUN_SEEDS`."""
     return integer(value, name, minimum=RUN_SEEDS[0], maximum=RUN_SEEDS[1])
+
+
+# The most milliseconds of CUDA-graph replays one timing takes (``rep``: a bench case, a step point): 10 s, 100 times
+# the bench's default. do_bench_cudagraph captures rep / (one call's ms) calls in one graph, which no larger rep makes
+# more precise, and a sweep of 100 points at the bound already runs for over a quarter of an hour.
+MAX_REP_MS = 10_000
+
+
+def rep_ms(value, name: str = "rep") -> int:
+    """Milliseconds of repetitions per timing: an int in [1, :data:`MAX_REP_MS`]."""
+    return integer(value, name, minimum=1, maximum=MAX_REP_MS)
 
 
 def positive_int(value, name: str) -> int:

@@ -1172,3 +1172,25 @@ def test_backend_flags_with_no_backend_to_take_them_are_refused(flags, words, ca
     with pytest.raises(SystemExit) as exc:
         bench.main(["--batches", "1", "--contexts", "16", "--kv-dtypes", "fp16", *flags, "--dry-run", "--device", "cpu"])
     assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_a_timing_longer_than_max_rep_ms_is_refused_by_name(capsys):
+    """rep and warmup are milliseconds per timing, at most fp8kv.checks.MAX_REP_MS (a huge --rep ran for ever)."""
+    from fp8kv.bench.attend import AttendCase, attend_run
+    from fp8kv.bench.tune import tune
+    from fp8kv.checks import MAX_REP_MS
+
+    too_many = MAX_REP_MS + 1
+    case = Case(2, 16, 2, 1, 16, kv_dtype="fp16", backend="reference", q_dtype="fp16")
+    for name in ("rep", "warmup"):
+        with pytest.raises(ValueError, match=rf"{name}={too_many}; expected an int <= {MAX_REP_MS}"):
+            run([case], copy_bandwidth=False, progress=False, cpu_reps=1, device="cpu", **{name: too_many})
+        with pytest.raises(ValueError, match=rf"{name}={too_many}; expected an int <= {MAX_REP_MS}"):
+            attend_run([AttendCase(1, 16, 2, num_q_heads=2, num_kv_heads=1, head_dim=16, kv_dtype="fp16", backend="reference")],
+                       copy_bandwidth=False, progress=False, device="cpu", **{name: too_many})
+    with pytest.raises(ValueError, match=rf"rep={too_many}; expected an int <= {MAX_REP_MS}"):
+        tune([(4, 2, 64)], device="cpu", rep=too_many)
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*GRID, "--batches", "1", "--contexts", "16", "--rep", str(too_many)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"--rep={too_many}; expected an int <= {MAX_REP_MS}" in err, err

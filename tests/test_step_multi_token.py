@@ -13,10 +13,10 @@ from fixtures import DEVICE, LIBRARY_TAKES_SIGTERM, seeded
 from fp8kv import decode
 from fp8kv import step as S
 from fp8kv.capacity import ModelShape
+from fp8kv.checks import MAX_REP_MS
 from fp8kv.quant import relative_error
 from fp8kv.reference import unit_roundoff
 from fp8kv.rope import apply_rope, rope_cos_sin
-from fp8kv.step.measure import MAX_REP_MS
 
 # Two layers, GQA group 2, q/k norm, tied embeddings: every branch of the step at interpreter speed.
 TOY = ModelShape("toy", 2, 4, 2, 32, hidden_size=64, max_position_embeddings=4096, intermediate_size=96,

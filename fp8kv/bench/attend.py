@@ -357,8 +357,10 @@ def attend_run(cases: Sequence[AttendCase], *, check: bool = True, rep: int = 10
     for i, c in enumerate(cases):
         if not isinstance(c, AttendCase):
             checks.fail(f"cases[{i}] is a {type(c).__name__}; expected fp8kv.bench.attend.AttendCase", TypeError)
-    for name, v in (("rep", rep), ("warmup", warmup), ("check_seqs", check_seqs), ("cpu_reps", cpu_reps)):
-        checks.positive_int(v, name)
+    checks.rep_ms(rep, "rep")
+    checks.rep_ms(warmup, "warmup")
+    checks.positive_int(check_seqs, "check_seqs")
+    checks.positive_int(cpu_reps, "cpu_reps")
     checks.flag(keep_partial, "keep_partial")
     info = describe_device(dev)
     ready = [i for i, c in enumerate(cases) if c.status == "ready"]

@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-save", action="store_true", help="print only")
     p.add_argument("--no-check", action="store_true", help="skip the comparison with the reference")
     p.add_argument("--no-rotate", action="store_true", help="time with the cache possibly L2-resident")
-    p.add_argument("--rep", type=int, default=100, help="ms of repetitions per case (CUDA; default 100)")
+    p.add_argument("--rep", type=int, default=100, help=f"ms per case, 1-{checks.MAX_REP_MS} (CUDA; default 100)")
     p.add_argument("--memory-budget-gb", type=float, metavar="GIB",
                    help="skip cases needing more device memory, GiB (default 60%% of the free memory)")
     p.add_argument("--interpret", action="store_true",
@@ -277,7 +277,7 @@ def _check_args(args) -> torch.device:
                 checks.integer(value, "--contexts", minimum=0)
             else:
                 checks.positive_int(value, "--" + flag.replace("_", "-"))
-    checks.positive_int(args.rep, "--rep")
+    checks.rep_ms(args.rep, "--rep")
     if args.memory_budget_gb is not None:
         checks.positive_float(args.memory_budget_gb, "--memory-budget-gb")
     if args.interpret and args.device not in (None, "cpu"):

@@ -133,7 +133,8 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
     ----------
     check : compare each backend's output with the fp32 reference first (``rel_err``,
         ``check_passed`` against :func:`tolerance`); rows are timed either way.
-    rep, warmup : milliseconds of repetition / warm-up for the CUDA timers.
+    rep, warmup : milliseconds of repetition / warm-up for the CUDA timers, each at most
+        :data:`fp8kv.checks.MAX_REP_MS`.
     copy_bandwidth : None (measure once now), False (skip), GB/s, or a
         :func:`fp8kv.bench.ceiling.measure_copy_bandwidth` dict. Recorded in every row (``copy_gbps``).
     rotate : on CUDA, cycle through clones of caches smaller than 4 × L2 so reads come from HBM.
@@ -155,8 +156,10 @@ def run(cases: Sequence[Case], *, check: bool = True, rep: int = 100, warmup: in
     for i, c in enumerate(cases):
         if not isinstance(c, Case):
             _fail(f"cases[{i}] is a {type(c).__name__}; expected fp8kv.bench.Case (see sweep())", TypeError)
-    for name, v in (("rep", rep), ("warmup", warmup), ("check_seqs", check_seqs), ("cpu_reps", cpu_reps)):
-        checks.positive_int(v, name)
+    checks.rep_ms(rep, "rep")
+    checks.rep_ms(warmup, "warmup")
+    checks.positive_int(check_seqs, "check_seqs")
+    checks.positive_int(cpu_reps, "cpu_reps")
     checks.flag(keep_partial, "keep_partial")
     checks.flag(check, "check")  # "no" would read as True
     stamp = utc_stamp()

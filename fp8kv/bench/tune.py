@@ -116,6 +116,7 @@ def tune(shapes: Sequence[tuple[int, int, int]] = SHAPES, kv_dtypes: Sequence[st
     from ..ops.decode.splits import sm_count
 
     checks.one_of(mode, "mode", ("dequant", "fp8"))
+    checks.rep_ms(rep, "rep")  # before any shape is measured
     checks.flag(keep_partial, "keep_partial")
     checks.positive_float(margin, "margin")
     check_kv_dtypes(kv_dtypes)
@@ -187,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cache types to tune (default fp8_e4m3)")
     p.add_argument("--table-dir", default=None, help="where the table is written (default: the package's data)")
     p.add_argument("--out", default="results/bench", help="results folder for the rows (a sub-folder per GPU)")
-    p.add_argument("--rep", type=int, default=50, help="ms of repetitions per case (default 50)")
+    p.add_argument("--rep", type=int, default=50,
+                   help=f"ms of repetitions per case, 1-{checks.MAX_REP_MS} (default 50)")
     p.add_argument("--interpret", action="store_true",
                    help="CPU: run under Triton's interpreter at tiny sizes (a check of the command, not a tuning)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -203,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        checks.positive_int(args.rep, "--rep")
+        checks.rep_ms(args.rep, "--rep")
         for d in args.head_dims or ():
             checks.one_of(d, "--head-dims", tuple(sorted({s[2] for s in SHAPES})))
         check_kv_dtypes(args.kv_dtypes, "--kv-dtypes")

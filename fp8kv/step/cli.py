@@ -16,7 +16,7 @@ from ..capacity import MAX_MEMORY_GIB, CapacityError, get_model, gib_text
 from ..device import resolve_device
 from ..interrupts import signals_ignored, stop_signals_as_keyboard_interrupt
 from ..results import save_or_fallback
-from .measure import MAX_REP_MS, check_host_memory, check_weights, rep_arg, save, sweep
+from .measure import check_host_memory, check_weights, save, sweep
 from .model import STEP_BACKENDS
 from .multi_report import prefill_summary, verify_summary
 from .plan import check_element_step, plan_sweep
@@ -96,10 +96,10 @@ def _draft_us_arg(s: str) -> float:
     return _number_arg(s, 0.0, None, "the draft's microseconds per step, a finite number >= 0")
 
 
-def _rep_arg(s: str) -> int:
-    """Milliseconds per timing by the sweep's rule (fp8kv.step.measure.rep_arg: an int in [1, MAX_REP_MS])."""
+def _rep_ms(s: str) -> int:
+    """Milliseconds per timing by the sweep's rule (fp8kv.checks.rep_ms: an int in [1, MAX_REP_MS])."""
     try:
-        return rep_arg(_positive_int_arg(s), "--rep")
+        return checks.rep_ms(_positive_int_arg(s), "--rep")
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{s!r}: {e}") from None
 
@@ -166,8 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per KV block, a positive int (default 16)")
     p.add_argument("--weights", choices=("auto", "real", "random"), default="auto",
                    help="auto: real weights where fp8kv loads them offline (SmolLM2-135M), random otherwise")
-    p.add_argument("--rep", type=_rep_arg, default=50,
-                   help=f"ms of CUDA-graph replays per timing, 1-{MAX_REP_MS} (default 50)")
+    p.add_argument("--rep", type=_rep_ms, default=50,
+                   help=f"ms of CUDA-graph replays per timing, 1-{checks.MAX_REP_MS} (default 50)")
     p.add_argument("--out", help="results folder (a sub-folder per GPU; default results/step, results/step-verify "
                                  "with --draft-lens, results/step-prefill with --prompt-lens)")
     p.add_argument("--no-save", action="store_true", help="print only")

@@ -11,7 +11,7 @@ import torch
 from ..capability import UnsupportedError
 from ..capacity import ModelShape, gib_text
 from ..checks import fail as _fail
-from ..checks import flag, integer, positive_int, run_seed
+from ..checks import flag, positive_int, rep_ms, run_seed
 from ..device import free_memory_bytes
 from ..interrupts import reclaim_stop_signals
 from ..results import utc_stamp
@@ -62,24 +62,13 @@ def load_weights(shape: ModelShape, weights: str, dtype, dev, seed: int) -> Step
     return random_weights(shape, dtype, dev, seed)
 
 
-# The most milliseconds of CUDA-graph replays one timing takes (``rep``): 10 s, 200 times the default 50. Each point
-# is timed twice (the step and its attention alone), so a sweep of 100 points at the bound runs over half an hour;
-# and do_bench_cudagraph captures rep / (one call's ms) calls in one graph, which no larger rep makes more precise.
-MAX_REP_MS = 10_000
-
-
-def rep_arg(value, name: str = "rep") -> int:
-    """Milliseconds of CUDA-graph replays per timing: an int in [1, :data:`MAX_REP_MS`]."""
-    return integer(value, name, minimum=1, maximum=MAX_REP_MS)
-
-
 def check_run_options(*, backend, mode, rep, cpu_reps, seed, progress, dtype) -> None:
     """A sweep's run options, checked before anything is built (every point would otherwise fail alike, as a row)."""
     if not isinstance(backend, str) or backend not in STEP_BACKENDS:
         _fail(f"backend={backend!r}; expected one of {STEP_BACKENDS}")
     if not isinstance(mode, str) or mode not in STEP_MODES:
         _fail(f"mode={mode!r}; expected one of {STEP_MODES}")
-    rep_arg(rep)
+    rep_ms(rep)
     positive_int(cpu_reps, "cpu_reps")
     run_seed(seed)
     flag(progress, "progress")
@@ -108,7 +97,7 @@ def sweep(models, contexts, kv_dtypes=("bf16", "fp8_e4m3"), *, batches=None, bac
     weights : ``"auto"`` (real where fp8kv loads them, else random), ``"real"`` or ``"random"``.
     dtype : weights and activations; default bf16 on a GPU, fp32 on CPU.
     rep : CUDA: milliseconds of graph replays per timing (``triton.testing.do_bench_cudagraph``), at most
-        :data:`MAX_REP_MS`.
+        :data:`fp8kv.checks.MAX_REP_MS`.
     copy_bandwidth : None (measure now), False (skip), GB/s, or a ``measure_copy_bandwidth`` dict.
     keep_partial : on KeyboardInterrupt (Ctrl-C, or a stop signal the CLI turns into one), return the points
         measured so far (``df.attrs["step"]["interrupted"]`` True) instead of stopping: what the CLI does.

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from ..checks import fail as _fail
-from ..checks import flag, integer, positive_int, real
+from ..checks import flag, integer, positive_int, real, rep_ms
 from ..results import utc_stamp
 from ..sweeps import interruptible, machine_fields, release_memory, run_metadata
 from .layers import step_shape
@@ -41,7 +41,6 @@ from .measure import (
     check_weights,
     load_weights,
     pool_blocks,
-    rep_arg,
     run_pools,
     time_step,
     why_failed,
@@ -294,7 +293,7 @@ def draft_cost_us(draft_model, batch: int, context: int, draft_len: int, kv_dtyp
 
     shape = step_shape(draft_model, "draft_model")
     batch, context = positive_int(batch, "batch"), positive_int(context, "context")
-    draft_len, rep = draft_len_arg(draft_len), rep_arg(rep)
+    draft_len, rep = draft_len_arg(draft_len), rep_ms(rep)
     if draft_len == 0:
         return 0.0
     dev = resolve_device(device)
