@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import checks
+from .formats import UNQUANTIZED_DTYPES, is_fp8
 
 __all__ = ["LaunchOption", "OPTIONS", "KERNELS", "WARP_COUNTS", "MAX_STAGES", "MAX_BLOCK_N", "check_range",
-           "backend_options", "cli_options",
+           "backend_options", "cli_options", "convert_refusal",
            "tuned_options", "kernel_options", "option_names"]
 
 # The decode kernels of the Triton backend, by the names fp8kv.ops.decode_launch gives them.
@@ -128,3 +129,14 @@ def tuned_options() -> tuple[str, ...]:
 def kernel_options(kernel: str) -> tuple[str, ...]:
     """The options ``kernel`` (one of :data:`KERNELS`) takes."""
     return tuple(o.name for o in OPTIONS if kernel in o.kernels)
+
+
+def convert_refusal(kv_dtype: str, mode: str) -> str | None:
+    """Why ``convert`` (how dequant mode turns FP8 codes into 16-bit values) does not apply to a decode of
+    ``kv_dtype`` pages in ``mode``, or None where it does: the kernels refuse it there, and the benches skip it. A
+    quantized format's kernel (:mod:`fp8kv.ops.quant_decode`) converts its codes itself: None."""
+    if kv_dtype in UNQUANTIZED_DTYPES:
+        return f"{kv_dtype} pages are read as they are"
+    if mode == "fp8" and is_fp8(kv_dtype):
+        return "mode='fp8' multiplies the FP8 tiles as they are"
+    return None

@@ -493,11 +493,29 @@ def test_convert_is_refused_over_16_bit_pages(kv_dtype):
              lambda c, **kw: fp8kv.attend(one, c, indptr([1, 1]), backend="triton", **kw),
              lambda c, **kw: fp8kv.decode(one, c, backend="triton", **kw)]
     for call in calls:
-        with pytest.raises(ValueError, match=f"convert='software' .*this cache holds {kv_dtype} pages, which are "
-                                             "read as they are: pass convert=None"):
+        with pytest.raises(ValueError, match=f"convert='software' .*; {kv_dtype} pages are read as they are: pass "
+                                             "convert=None"):
             call(cache, convert="software")
         call(cache, convert=None)
         call(fp8, convert="software")
+
+
+def test_convert_is_refused_in_fp8_mode():
+    """fp8 mode's dots take the FP8 tiles as they are: a convert given there was ignored. Refused by the decode and
+    the attend alike; dequant mode takes it."""
+    import fp8kv
+
+    fp8 = matrix_cache([6, 9], 2, 32)
+    q, one = make_q(5, 4, 32, torch.float16), make_q(2, 4, 32, torch.float16)
+    calls = [lambda **kw: attend(q, fp8, indptr([2, 3]), **kw),
+             lambda **kw: fp8kv.attend(q, fp8, indptr([2, 3]), backend="triton", **kw),
+             lambda **kw: fp8kv.decode(one, fp8, backend="triton", **kw)]
+    for call in calls:
+        with pytest.raises(ValueError, match="convert='software' .*; mode='fp8' multiplies the FP8 tiles as they "
+                                             "are: pass convert=None"):
+            call(mode="fp8", convert="software")
+        call(mode="fp8")
+        call(mode="dequant", convert="software")
 
 
 def test_a_plan_refuses_split_partials_past_32_bit_offsets():

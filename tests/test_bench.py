@@ -99,7 +99,7 @@ def test_a_convert_variant_over_16_bit_pages_is_skipped_with_the_reason():
                   memory_budget_bytes=BIG, device="cpu", arch="sm90")
     by = {(c.kv_dtype, c.variant): c for c in cases}
     assert (by["fp16", "convert=cast"].status, by["fp16", "convert=cast"].reason) == (
-        "skipped", "fp16 pages convert no FP8 tile: convert does not apply")
+        "skipped", "convert does not apply: fp16 pages are read as they are")
     assert {by[k].status for k in by if k != ("fp16", "convert=cast")} <= {"ready", "unsupported"}
     assert by["fp8_e4m3", "convert=cast"].reason == by["fp8_e4m3", ""].reason
 

@@ -34,6 +34,7 @@ from ..capability_formats import mode_refusal
 from ..capacity import gib_text
 from ..formats import KV_DTYPES, is_fp8
 from ..interrupts import reclaim_stop_signals
+from ..launch_options import convert_refusal
 from ..ops.decode.gluon_scope import READS_PAGES, reads_pages
 from ..quant import GRANULARITIES, kv_scale_bytes, relative_error
 from ..reference import output_tolerance
@@ -248,10 +249,8 @@ def attend_sweep(batches: Sequence[int], contexts: Sequence[int], q_lens: Sequen
             ok, why = capability_check(backend, kv, mode, arch, case.granularity, d, layout, op="attend")
             if ok:
                 ok, why = check_query(backend, q_dtype, kv)
-            if ok and "convert" in opts and (mode == "fp8" or not is_fp8(kv)):  # it would repeat the default launch,
-                # or be refused (16-bit pages: fp8kv.ops.decode.converts)
-                case.status, case.reason = "skipped", (f"{'fp8 mode' if mode == 'fp8' else kv + ' pages'} convert no "
-                                                       "FP8 tile: convert does not apply")
+            if ok and "convert" in opts and convert_refusal(kv, mode):  # refused there, so no row
+                case.status, case.reason = "skipped", f"convert does not apply: {convert_refusal(kv, mode)}"
                 cases.append(case)
                 continue
             # so would this one where the Gluon kernel cannot read the pages (the decode's twin: fp8kv.bench.cases)

@@ -20,6 +20,7 @@ from ..capability_formats import mode_refusal
 from ..capacity import gib_text
 from ..checks import fail as _fail
 from ..formats import KV_DTYPES, UNQUANTIZED_DTYPES, is_fp8
+from ..launch_options import convert_refusal
 from ..ops.decode.gluon_scope import READS_PAGES, reads_pages
 from ..quant import GRANULARITIES, kv_scale_bytes
 from ..reference import output_tolerance
@@ -288,8 +289,8 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
                 ok, why = capability_check(backend, kv, mode, arch, case.granularity, d, layout)
                 if ok:
                     ok, why = check_query(backend, q_dtype, kv)
-            if ok and "convert" in opts and kv in UNQUANTIZED_DTYPES:  # refused there (fp8kv.ops.decode.converts)
-                case.status, case.reason = "skipped", f"{kv} pages convert no FP8 tile: convert does not apply"
+            if ok and "convert" in opts and convert_refusal(kv, mode):  # refused there, so no row
+                case.status, case.reason = "skipped", f"convert does not apply: {convert_refusal(kv, mode)}"
                 cases.append(case)
                 continue
             if ok and opts.get("gluon") is False and not reads_pages(kv, case.granularity, d):

@@ -155,7 +155,7 @@ def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = 
                     f"{MAX_PARTIAL_ELEMENTS} elements (the combine's 32-bit offsets); ask for fewer splits")
     fp8_qk, fp8_pv = MODE_FLAGS[mode]
     arch = current_arch(device) if device.type == "cuda" else None
-    convert_k, convert_v = converts(options.get("convert"), arch, cache.kv_dtype)
+    convert_k, convert_v = converts(options.get("convert"), arch, cache.kv_dtype, mode)
     compute = torch.float16 if cache.is_fp8 else q.dtype
     rescale_q = compute == torch.float16 and not fp8_qk and (q.dtype != torch.float16 or
                                                              cache.granularity == "channel")

@@ -20,7 +20,7 @@ import triton.language as tl
 from ...cache import PagedKVCache
 from ...capability import UnsupportedError, current_arch, interpreter_on
 from ...checks import resolved_softmax_scale
-from ...formats import is_fp8
+from ...launch_options import convert_refusal
 from ..pages import format_bits, kernel_pages, page_strides, scale_kind
 from . import splits
 from .combine import combine_as_dependent, combine_splits, split_partials
@@ -43,12 +43,14 @@ _COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float3
 EVICTION_POLICIES = ("", "evict_first", "evict_last")
 
 
-def converts(convert: str | None, arch: str | None, kv_dtype: str) -> tuple[str, str]:
+def converts(convert: str | None, arch: str | None, kv_dtype: str, mode: str) -> tuple[str, str]:
     """The K and V tile conversions of dequant mode over pages of ``kv_dtype``, from ``convert`` ("name" or "K/V")
-    and the arch. 16-bit pages are read as they are: a ``convert`` given for them is refused, not ignored."""
-    if convert is not None and not is_fp8(kv_dtype):
-        raise ValueError(f"convert={convert!r} chooses how dequant mode turns FP8 codes into 16-bit values; this "
-                         f"cache holds {kv_dtype} pages, which are read as they are: pass convert=None (the default)")
+    and the arch. 16-bit pages are read as they are, and fp8 mode's dots take the FP8 tiles as they are: a
+    ``convert`` given for either is refused, not ignored."""
+    why = None if convert is None else convert_refusal(kv_dtype, mode)
+    if why:
+        raise ValueError(f"convert={convert!r} chooses how dequant mode turns FP8 codes into 16-bit values; {why}: "
+                         "pass convert=None (the default)")
     sm = int(arch[2:]) if arch else None
     if convert is None:
         convert = "cast" if sm is None else ("software" if sm < 89 else DEFAULT_SM89_CONVERT)
@@ -99,7 +101,7 @@ def triton_launch(cache: PagedKVCache, cfg: DecodeConfig, mode: str, *, tensor_c
     if window is not None and window >= cache.max_blocks_per_seq * cache.block_size:
         window = None  # no sequence can be longer: the plain kernel, compiled as without a window
     block_n, num_splits = cfg["block_n"], cfg["num_splits"]
-    convert_k, convert_v = converts(convert, arch, cache.kv_dtype)
+    convert_k, convert_v = converts(convert, arch, cache.kv_dtype, mode)
     fp8_qk, fp8_pv = MODE_FLAGS[mode]
     if eviction_policy not in EVICTION_POLICIES:
         raise ValueError(f"eviction_policy={eviction_policy!r}; expected '', 'evict_first' or 'evict_last'")
