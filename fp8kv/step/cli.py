@@ -50,6 +50,15 @@ def _gpu_memory_arg(s: str):
     return v
 
 
+def _model_arg(s: str) -> str:
+    """A model the registry names (or a config.json path), by fp8kv.capacity.get_model's rule; kept as given."""
+    try:
+        get_model(s)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"{s!r}: {e}") from None
+    return s
+
+
 def _positive_int_arg(s: str) -> int:
     try:
         v = int(s)
@@ -127,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "verification step and accepted tokens/s (results/step-verify); with "
                                 "--prompt-lens and --chunks: chunked prefill's time to first token "
                                 "(results/step-prefill).")
-    p.add_argument("--model", nargs="+", required=True, metavar="NAME",
+    p.add_argument("--model", type=_model_arg, nargs="+", required=True, metavar="NAME",
                    help="registry model name(s) (fp8kv.capacity.MODELS), e.g. Qwen3-0.6B Llama-3.1-8B")
     p.add_argument("--contexts", type=_positive_int_arg, nargs="+", metavar="TOKENS",
                    help="tokens per sequence (the new tokens included), e.g. 4096 16384; required but with "
