@@ -285,6 +285,11 @@ def test_numpy_sm_scale_is_one_number():
     as_float = sh.measure_scale_health(k, v, q=q, sm_scale=0.25, methods=["amax"]).layers
     as_numpy = sh.measure_scale_health(k, v, q=q, sm_scale=np.float32(0.25), methods=["amax"]).layers
     pd.testing.assert_frame_equal(as_float, as_numpy)
+    # and a 1-D array is one per layer, as a list is
+    per_layer = [0.25 + 0.01 * i for i in range(len(k))]
+    as_list = sh.measure_scale_health(k, v, q=q, sm_scale=per_layer, methods=["amax"]).layers
+    as_array = sh.measure_scale_health(k, v, q=q, sm_scale=np.array(per_layer), methods=["amax"]).layers
+    pd.testing.assert_frame_equal(as_list, as_array)
 
 
 @pytest.mark.parametrize("tolerance, exc", [(0, ValueError), (-0.1, ValueError), (float("nan"), ValueError),

@@ -242,6 +242,17 @@ def test_dry_run_refuses_a_mode_the_run_refuses_at_every_point(argv, words, caps
                    "--kv-dtypes", "fp8_e4m3", "--backend", "triton"]) == 0  # FP8 arithmetic on sm89 and newer
 
 
+def test_a_refusal_that_no_mode_lifts_gives_no_advice_about_the_mode():
+    """A head_dim no kernel builds is refused by its reason, the mode named as given (it said mode='dequant' for
+    'auto', then advised another mode)."""
+    from dataclasses import replace
+
+    wide = replace(MODELS["Qwen3-0.6B"], head_dim=512)
+    with pytest.raises(ValueError, match=r"mode='auto' with kv_dtypes='bf16' and backend='triton': head_dim 512 > 256 "
+                                         r"is not built$"):
+        S.plan_sweep([wide], [1024], ["bf16"], gpu_memory_gib="H200", device="cpu", backend="triton", mode="auto")
+
+
 def test_a_seed_past_int64_is_refused_before_anything_is_built():
     """It became an error row per point (the weights' generator refused it while loading)."""
     with pytest.raises(ValueError, match=r"seed=1180591620717411303424; expected an int <= 9223372036854775807"):
@@ -298,7 +309,7 @@ def _cli(capsys, *argv):
 def test_cli_refuses_an_unknown_model(capsys):
     code, err = _cli(capsys, "--model", "Qwen9-1T", "--contexts", "4096", "--gpu-memory", "H200", "--dry-run")
     assert code == 2
-    assert err.count("\n") == 1 and "argument --model: 'Qwen9-1T': model='Qwen9-1T' is not a known model" in err
+    assert err.count("\n") == 1 and "argument --model: 'Qwen9-1T': not a model of fp8kv's registry; expected one of [" in err
 
 
 def test_cli_refuses_a_batch_over_the_ceiling(capsys):

@@ -38,6 +38,7 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .. import checks
@@ -93,6 +94,8 @@ def _check_queries(q, sm_scale, k) -> tuple[list | None, list]:
     n = len(k)
     if sm_scale is None or (isinstance(sm_scale, numbers.Real) and not isinstance(sm_scale, bool)):  # numpy's too
         sm_scale = [sm_scale] * n
+    elif isinstance(sm_scale, np.ndarray) and sm_scale.ndim == 1:  # one per layer, as a list is
+        sm_scale = sm_scale.tolist()
     elif not isinstance(sm_scale, (list, tuple)):  # a tensor or a string is not a list of per-layer numbers
         checks.fail(f"sm_scale={checks.show_value(sm_scale)} ({type(sm_scale).__name__}); expected a positive number "
                     "or a list of one per layer", TypeError)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from .. import checks
 from ..cache import check_block_size
 from ..capability import interpreter_on, use_interpreter
-from ..capacity import MAX_MEMORY_GIB, CapacityError, get_model, gib_text
+from ..capacity import MAX_MEMORY_GIB, MODEL_SHAPES, CapacityError, get_model, gib_text
 from ..device import resolve_device
 from ..interrupts import signals_ignored, stop_signals_as_keyboard_interrupt
 from ..results import save_or_fallback
@@ -51,11 +51,12 @@ def _gpu_memory_arg(s: str):
 
 
 def _model_arg(s: str) -> str:
-    """A model the registry names (or a config.json path), by fp8kv.capacity.get_model's rule; kept as given."""
+    """A model of the registry (fp8kv.capacity.get_model's names: case and an ``org/`` prefix ignored), kept as given."""
     try:
         get_model(s)
-    except (ValueError, TypeError) as e:
-        raise argparse.ArgumentTypeError(f"{s!r}: {e}") from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: not a model of fp8kv's registry; expected one of "
+                                         f"{sorted(MODEL_SHAPES)}") from None
     return s
 
 
@@ -165,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"fp8_e4m3); one of {' '.join(STEP_KV_DTYPES)}")
     p.add_argument("--backend", choices=STEP_BACKENDS, default="auto",
                    help="attention backend of fp8kv.decode (auto: Triton on a GPU, else the reference)")
-    p.add_argument("--mode", choices=("auto", "dequant", "fp8"), default="auto", help="attention mode (default auto)")
+    p.add_argument("--mode", choices=("auto", "dequant", "fp8"), default="auto", help="attention mode (default %(default)s)")
     p.add_argument("--gpu-memory", type=_gpu_memory_arg, metavar="GIB|GPU",
                    help="GPU memory to plan against, in GiB or a GPU name (default: this GPU's total; required "
                         "on CPU)")
@@ -176,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", choices=("auto", "real", "random"), default="auto",
                    help="auto: real weights where fp8kv loads them offline (SmolLM2-135M), random otherwise")
     p.add_argument("--rep", type=_rep_ms, default=50,
-                   help=f"ms of CUDA-graph replays per timing, 1-{checks.MAX_REP_MS} (default 50)")
+                   help=f"ms of CUDA-graph replays per timing, 1-{checks.MAX_REP_MS} (default %(default)s)")
     p.add_argument("--out", help="results folder (a sub-folder per GPU; default results/step, results/step-verify "
                                  "with --draft-lens, results/step-prefill with --prompt-lens)")
     p.add_argument("--no-save", action="store_true", help="print only")

@@ -307,14 +307,21 @@ def check_element_step(kv_dtype: str, backend: str, mode: str, q_len: int = 1, h
     What depends on the machine that runs it (a GPU, what is installed) is left to the run. ``names``: what the
     message calls ``kv_dtypes``, ``backend`` and ``mode`` (the CLI's flags), as :func:`check_format_step`'s."""
     names = {"kv_dtype": "kv_dtypes", "backend": "backend", "mode": "mode", **(names or {})}
-    mode = AUTO_MODE if mode == "auto" else mode
     backends = [b for b in STEP_BACKENDS if b != "auto"] if backend == "auto" else [backend]
     op = "decode" if q_len == 1 else "attend"
-    answers = [check(b, kv_dtype, mode, arch, "tensor", head_dim, op=op) for b in backends for arch in ARCHS]
-    if not any(ok for ok, _ in answers):
-        why = "; ".join(dict.fromkeys(w for _, w in answers))
-        _fail(f"{names['mode']}={mode!r} with {names['kv_dtype']}={kv_dtype!r} and {names['backend']}={backend!r}: {why}; "
-              f"expected {names['mode']} 'auto' or 'dequant', or an FP8 KV dtype and a backend with an fp8 mode")
+
+    def runs_somewhere(m: str) -> bool:
+        return any(check(b, kv_dtype, m, arch, "tensor", head_dim, op=op)[0] for b in backends for arch in ARCHS)
+
+    used = AUTO_MODE if mode == "auto" else mode
+    if not runs_somewhere(used):
+        why = "; ".join(dict.fromkeys(check(b, kv_dtype, used, arch, "tensor", head_dim, op=op)[1]
+                                      for b in backends for arch in ARCHS))
+        # advice about the mode only where another mode runs: a head_dim no kernel builds is not the mode's fault
+        advice = (f"; expected {names['mode']} 'auto' or '{AUTO_MODE}', or an FP8 KV dtype and a backend with an "
+                  "fp8 mode") if used != AUTO_MODE and runs_somewhere(AUTO_MODE) else ""
+        _fail(f"{names['mode']}={mode!r} with {names['kv_dtype']}={kv_dtype!r} and {names['backend']}={backend!r}: "
+              f"{why}{advice}")
 
 
 def plan_table(runs, kv_dtypes=("bf16", "fp8_e4m3"), *, gpu_memory_gib=None, utilization: float = 0.9,
