@@ -344,7 +344,7 @@ def test_answer_text_refuses_a_row_it_cannot_say():
     with pytest.raises(ValueError, match=r"row\['verdict'\]='xx'; expected one of \('beyond'"):  # said "never pays"
         be.answer_text(dict(row, verdict="xx"))
     beyond = dict(row, verdict="beyond", crossing_tokens=math.nan)  # said "pays beyond  tokens ... ()"
-    with pytest.raises(ValueError, match="row has verdict 'beyond' but crossing_tokens=nan; expected a finite"):
+    with pytest.raises(ValueError, match="row\\['crossing_tokens'\\]=nan with verdict 'beyond'; expected a finite"):
         be.answer_text(beyond)
     with pytest.raises(TypeError, match=r"row=None \(NoneType\); expected a row of crossings\(\)"):
         be.answer_text(None)

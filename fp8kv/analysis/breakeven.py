@@ -43,6 +43,7 @@ refused.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -62,7 +63,7 @@ from .linefit import (
 from .measured import Measured, count_text, kernel_names, kernel_spans, measured_summary
 
 __all__ = ["BREAKEVEN_GRID", "MIN_CONTEXTS", "MIN_TRIMMED_CONTEXTS", "MIN_R2", "MAX_REL_RESIDUAL", "LINE_KEYS", "LineFit", "LineFitError",
-           "fit_line", "fit_lines", "line_points", "crossings", "VERDICTS", "answer_text", "breakeven_context", "breakeven_answers",
+           "fit_line", "fit_lines", "line_points", "crossings", "VERDICTS", "check_answered", "answer_text", "breakeven_context", "breakeven_answers",
            "kernel_spans", "PER_KERNEL"]
 
 # A pair's verdict where both lines held (crossings' docstring); "" where they did not
@@ -358,12 +359,8 @@ def answer_text(row) -> str:
     missing = [k for k in ANSWER_KEYS if k not in row]
     if missing:
         checks.fail(f"row lacks {missing}; expected a row of crossings() (it has {sorted(map(str, row.keys()))[:12]})")
-    if row["status"] == "ok":  # an answer stands on its verdict and the numbers it names
-        checks.one_of(row["verdict"], "row['verdict']", VERDICTS)
-        for k in ("tokens_lo", "tokens_hi", *(("crossing_tokens",) if row["verdict"] in ("beyond", "below") else ())):
-            if not _finite(row[k]):
-                checks.fail(f"row has verdict {row['verdict']!r} but {k}={checks.show_value(row[k])}; expected a "
-                            "finite number of tokens")
+    if row["status"] == "ok":
+        check_answered(row, lambda col: f"row[{col!r}]")
     backend = row["backend"] + (f"-{row['variant']}" if row.get("variant") else "")
     where = f"on {row['gpu']}, with {backend}"
     what = (f"({row['kv_dtype']} {row['mode']} against the 16-bit cache; heads {row['num_q_heads']}:"
@@ -396,11 +393,14 @@ def answer_text(row) -> str:
     return f"{where}, {text} {what}"
 
 
-def _finite(x) -> bool:
-    try:
-        return math.isfinite(x)
-    except TypeError:  # not a number
-        return False
+def check_answered(row, label) -> None:
+    """An answered (``status`` "ok") row of :func:`crossings`: its verdict one of :data:`VERDICTS` and the token counts
+    its sentence names finite, else a ValueError naming ``label(column)`` (an answer read "pays beyond  tokens")."""
+    checks.one_of(row["verdict"], label("verdict"), VERDICTS)
+    for col in ("tokens_lo", "tokens_hi", *(("crossing_tokens",) if row["verdict"] in ("beyond", "below") else ())):
+        if not (isinstance(row[col], numbers.Real) and math.isfinite(row[col])):
+            checks.fail(f"{label(col)}={checks.show_value(row[col])} with verdict {row['verdict']!r}; expected a "
+                        "finite number of tokens")
 
 
 def breakeven_context(df, *, baseline: str = "bf16", **fit_kw):

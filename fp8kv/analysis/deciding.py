@@ -13,7 +13,8 @@ import math
 import numbers
 
 from .. import checks
-from .breakeven import PER_KERNEL, VERDICTS
+from .breakeven import PER_KERNEL, check_answered
+from .errors import check_layer_counts
 from .measured import kernel_names
 from .scale_health import ScaleHealth, model_scale_health
 
@@ -201,11 +202,7 @@ def _check_crossings(crossings) -> None:
             checks.fail(f"crossings['batch'][{i}]={checks.show_value(r['batch'])}; expected a positive whole number")
         if r["status"] != "ok":
             continue
-        checks.one_of(r["verdict"], f"crossings['verdict'][{i}]", VERDICTS)
-        for col in ("tokens_lo", "tokens_hi", *(("crossing_tokens",) if r["verdict"] in ("beyond", "below") else ())):
-            if not math.isfinite(_number(r[col])):
-                checks.fail(f"crossings[{col!r}][{i}]={checks.show_value(r[col])} with verdict {r['verdict']!r}; "
-                            "expected a finite number of tokens")
+        check_answered(r, lambda col, i=i: f"crossings[{col!r}][{i}]")
 
 
 def _number(x) -> float:
@@ -215,11 +212,7 @@ def _number(x) -> float:
 
 def _check_advice(advice) -> None:
     _table(advice, "advice", _ADVICE, "advice_capacity()'s or keep_bf16_advice()'s table")
-    for i, n16, n in zip(advice.index, advice["n_layers_bf16"], advice["n_layers"], strict=True):
-        # whole counts with 0 <= n16 <= n, as advice_capacity takes them: "keep -3 of 2 layers" before
-        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in (n16, n)) or not 0 <= n16 <= n:
-            checks.fail(f"advice row {i} has n_layers_bf16={n16!r}, n_layers={n!r}; expected whole numbers with "
-                        "0 <= n_layers_bf16 <= n_layers (keep_bf16_advice()'s table)")
+    check_layer_counts(advice)  # "keep -3 of 2 layers" before
     for col in ("error_all_fp8", *(("tokens_lost",) if "tokens_lost" in advice else ())):
         for i, x in advice[col].items():
             checks.real(x, f"advice[{col!r}][{i}]")

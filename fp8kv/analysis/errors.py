@@ -22,6 +22,7 @@ through ``fp8kv.models``; :func:`real_kv_error_or_reason` says why not where it 
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -33,7 +34,7 @@ from ..reference import attention
 from .kv_stats import describe_kv
 from .selection import format_names
 
-__all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "check_qkv", "quantization_error",
+__all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "check_qkv", "check_layer_counts", "quantization_error",
            "error_vs_context", "attribution", "key_numbers", "saturation_long", "real_kv_error",
            "real_kv_error_or_reason", "synthetic_vs_real", "quantization_results"]
 
@@ -71,6 +72,15 @@ def check_qkv(k, v, q) -> torch.Tensor:
     for name, t in (("k", k), ("v", v), ("q", q)):
         checks.fp32_range_tensor(checks.finite_tensor(t, name), name)
     return q
+
+
+def check_layer_counts(advice) -> None:
+    """A :func:`~.scale_health.keep_bf16_advice` table's counts: whole, 0 <= n_layers_bf16 <= n_layers, else ValueError naming the row."""
+    for i, n16, n in zip(advice.index, advice["n_layers_bf16"], advice["n_layers"], strict=True):
+        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in (n16, n)) or not 0 <= n16 <= n:
+            checks.fail(f"advice row {i} has n_layers_bf16={n16!r}, n_layers={n!r}; expected whole numbers with "
+                        "0 <= n_layers_bf16 <= n_layers (keep_bf16_advice()'s table)")
+
 
 
 def scale_argument(method: str, which: str):

@@ -44,7 +44,7 @@ import torch
 from .. import checks
 from ..formats import kv_dtype_info
 from ..quant import compute_scale, quantize, relative_error, scale_shape
-from .errors import attend, scale_argument
+from .errors import attend, check_layer_counts, scale_argument
 
 __all__ = ["SCALE_HEALTH_METHODS", "HEALTH_GRANULARITIES", "DEFAULT_TOLERANCE", "SATURATION_LIMIT", "UNDERFLOW_LIMIT",
            "COLLAPSE_REL_ERR", "ScaleHealth", "measure_scale_health", "calibration_scales", "keep_bf16_advice",
@@ -429,11 +429,7 @@ def advice_capacity(advice, model, *, kv_dtype: str = "fp8_e4m3", granularity: s
 
     if not isinstance(advice, pd.DataFrame) or {"n_layers_bf16", "n_layers"} - set(advice.columns):
         checks.fail("advice must be keep_bf16_advice()'s table", TypeError)
-    for i, (n16, n) in enumerate(zip(advice["n_layers_bf16"], advice["n_layers"], strict=True)):
-        # whole counts with 0 <= n16 <= n: a negative or fractional one gave capacities no cache has
-        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in (n16, n)) or not 0 <= n16 <= n:
-            checks.fail(f"advice row {advice.index[i]} has n_layers_bf16={n16!r}, n_layers={n!r}; expected whole "
-                        "numbers with 0 <= n_layers_bf16 <= n_layers (keep_bf16_advice()'s table)")
+    check_layer_counts(advice)  # a negative or fractional count gave capacities no cache has
     memory = dict(kv_memory_gib=kv_memory_gib) if kv_memory_gib is not None else dict(gpu_memory_gib=gpu_memory_gib)
     fp8 = plan_capacity(model, kv_dtype, granularity=granularity, **memory, **plan_kw)
     b16 = plan_capacity(model, "bf16", **memory, **plan_kw)
