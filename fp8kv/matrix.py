@@ -49,6 +49,7 @@ from . import checks
 from .cache import PagedKVCache
 from .capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, check_query
 from .capability import check as capability_check
+from .capability_formats import mode_refusal
 from .formats import UNQUANTIZED_DTYPES, is_fp8
 from .quant import GRANULARITIES, relative_error
 from .reference import lse_tolerance, output_tolerance
@@ -176,7 +177,7 @@ def backend_matrix(*, device=None, kv_dtypes: Sequence[str] = KV_DTYPE_NAMES, mo
         for kv in kv_dtypes:
             grans = granularities if is_fp8(kv) else ["tensor"]  # 16-bit caches carry no scales
             for mode in modes:
-                if mode == "fp8" and not is_fp8(kv):
+                if mode_refusal(kv, mode):
                     continue  # not a combination: fp8 mode quantizes q and p against FP8 KV
                 for gran in grans:
                     qd = q_dtype or _default_q_dtype(kv, dev)
