@@ -139,6 +139,20 @@ def _check_name(name: str) -> None:
                          "(the notebook's file name without .ipynb, e.g. '01_fp8_formats')")
 
 
+def _check_same_device(path: Path, info: dict) -> None:
+    """Refuse to replace ``path`` where it holds another GPU's results: report folders are per GPU slug
+    (the runner's folder name), so the slug is the fact compared."""
+    try:
+        prior = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet, or not a results document: nothing of another GPU to keep
+        return
+    theirs = prior.get("device") if isinstance(prior, dict) else None
+    theirs = theirs.get("slug") if isinstance(theirs, dict) else None
+    if theirs is not None and theirs != info["slug"]:
+        raise ValueError(f"{path} holds the results of device {theirs!r}; this run is on {info['slug']!r}, and a "
+                         "run never overwrites another GPU's results: save under that GPU's own folder")
+
+
 def save_results(out_dir: str | os.PathLike, name: str, results: dict, device=None) -> Path:
     """Write a notebook's numbers to ``out_dir/<name>.json`` and return the path.
 
@@ -150,6 +164,7 @@ def save_results(out_dir: str | os.PathLike, name: str, results: dict, device=No
     device : the notebook's ``DEVICE``; its :func:`fp8kv.device.describe_device` is stored beside.
 
     The file holds ``{"notebook": name, "saved_at": ISO time, "device": {...}, "results": {...}}``.
+    An existing file of another device (its ``device["slug"]``) is a ValueError naming both, never replaced.
     """
     from .device import describe_device
 
@@ -162,7 +177,9 @@ def save_results(out_dir: str | os.PathLike, name: str, results: dict, device=No
         raise ValueError(f"out_dir={str(out_dir)!r}: {blocking} is a file, not a folder; pass the folder the "
                          "results go to")
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"notebook": name, "saved_at": utc_stamp(), "device": describe_device(device), "results": to_jsonable(results)}
+    info = describe_device(device)
+    _check_same_device(out / f"{name}.json", info)
+    doc = {"notebook": name, "saved_at": utc_stamp(), "device": info, "results": to_jsonable(results)}
     # never a truncated JSON, nor one writer's file renamed away by another (a temporary per write)
     return write_atomic(out / f"{name}.json", json.dumps(doc, indent=1, allow_nan=False) + "\n")
 

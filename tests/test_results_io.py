@@ -137,3 +137,17 @@ def test_save_or_fallback_keeps_the_rows_when_the_folder_cannot_be_written(tmp_p
     err = capsys.readouterr().err
     assert "could not write under --out /unwritable" in err and calls[1] in err
     assert save_or_fallback(save, "ROWS", str(tmp_path), {}) == (f"{tmp_path}/rows.csv", True)
+
+
+def test_save_results_never_overwrites_another_gpus_results(tmp_path):
+    path = save_results(tmp_path, "nb", {"x": 1}, device="cpu")
+    doc = json.loads(path.read_text())
+    doc["device"]["slug"] = "nvidia-h200"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"nb\.json.*'nvidia-h200'.*'cpu'"):
+        save_results(tmp_path, "nb", {"x": 2}, device="cpu")
+    assert json.loads(path.read_text())["device"]["slug"] == "nvidia-h200"
+    doc["device"]["slug"] = "cpu"
+    path.write_text(json.dumps(doc))
+    save_results(tmp_path, "nb", {"x": 3}, device="cpu")  # the same device's results are replaced
+    assert load_results(tmp_path, "nb")["results"] == {"x": 3}
