@@ -45,7 +45,7 @@ def utc_stamp() -> str:
 def to_jsonable(obj: Any) -> Any:
     """Convert results to plain JSON types.
 
-    dict keys become strings; tuples/sets become lists; numpy / torch scalars become numbers and
+    dict keys become strings (two keys that become the same string are a ValueError naming both); tuples/sets become lists; numpy / torch scalars become numbers and
     arrays/tensors nested lists; a pandas DataFrame becomes a list of row dicts and a Series a
     dict; dataclasses become dicts; ``torch.dtype``, paths and other objects become ``str``.
     Non-finite floats become the strings ``"inf"``, ``"-inf"``, ``"nan"`` (JSON has no such numbers).
@@ -59,7 +59,15 @@ def to_jsonable(obj: Any) -> Any:
             return obj
         return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
     if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
+        out = {}
+        for k, v in obj.items():
+            key = str(k)
+            if key in out:  # e.g. 1 and "1": one result would silently replace the other
+                other = next(o for o in obj if o is not k and str(o) == key)
+                fail(f"keys {other!r} and {k!r} both become the JSON key {key!r}; use keys that stay distinct "
+                     "as strings")
+            out[key] = to_jsonable(v)
+        return out
     if isinstance(obj, (list, tuple, set, frozenset)):
         return [to_jsonable(v) for v in obj]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

@@ -151,3 +151,9 @@ def test_save_results_never_overwrites_another_gpus_results(tmp_path):
     path.write_text(json.dumps(doc))
     save_results(tmp_path, "nb", {"x": 3}, device="cpu")  # the same device's results are replaced
     assert load_results(tmp_path, "nb")["results"] == {"x": 3}
+
+
+def test_to_jsonable_refuses_keys_that_collide_as_strings():
+    with pytest.raises(ValueError, match=r"keys 1 and '1' both become the JSON key '1'"):
+        results.to_jsonable({1: "a", "1": "b"})
+    assert results.to_jsonable({1: "a", 2: {"x": 1}}) == {"1": "a", "2": {"x": 1}}
