@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from . import checks
 from .checks import fail
 
 __all__ = ["to_jsonable", "save_results", "load_results", "collect_results", "save_table", "write_atomic", "load_table",
@@ -184,7 +185,11 @@ def save_results(out_dir: str | os.PathLike, name: str, results: dict, device=No
     if blocking is not None and not blocking.is_dir():
         raise ValueError(f"out_dir={str(out_dir)!r}: {blocking} is a file, not a folder; pass the folder the "
                          "results go to")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. under /proc: name the argument, not a bare FileNotFoundError
+        fail(f"out_dir={str(out_dir)!r}: the folder cannot be made ({exc.strerror or exc}); pass a folder the "
+             "results can be written to")
     info = describe_device(device)
     _check_same_device(out / f"{name}.json", info)
     doc = {"notebook": name, "saved_at": utc_stamp(), "device": info, "results": to_jsonable(results)}
@@ -240,6 +245,9 @@ def save_table(df, out_dir: str | os.PathLike, meta: dict | None = None, tag: st
         fail(f"df is a {type(df).__name__}; expected a pandas DataFrame of tidy rows", TypeError)
     if meta is not None and not isinstance(meta, dict):
         fail(f"meta is a {type(meta).__name__}; expected None or a dict", TypeError)
+    if not isinstance(tag, str):
+        fail(f"tag={tag!r} ({type(tag).__name__}); expected a str, a folder-safe name such as 'pdl'", TypeError)
+    checks.output_folder(out_dir, "out_dir")  # a file there (or above) is named, not a NotADirectoryError
     if tag and not _SLUG.match(tag):
         fail(f"tag={tag!r}; expected a folder-safe name such as 'pdl'")
     for col in ("gpu_slug", "timestamp"):

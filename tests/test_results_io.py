@@ -157,3 +157,16 @@ def test_to_jsonable_refuses_keys_that_collide_as_strings():
     with pytest.raises(ValueError, match=r"keys 1 and '1' both become the JSON key '1'"):
         results.to_jsonable({1: "a", "1": "b"})
     assert results.to_jsonable({1: "a", 2: {"x": 1}}) == {"1": "a", "2": {"x": 1}}
+
+
+def test_save_table_and_save_results_name_a_bad_tag_or_folder(tmp_path):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"gpu_slug": ["cpu"], "timestamp": ["2026-01-01T00:00:00Z"], "x": [1]})
+    with pytest.raises(TypeError, match=r"tag=5 \(int\); expected a str"):
+        results.save_table(df, tmp_path, tag=5)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match=r"out_dir=.*afile.* is an existing file; expected a folder"):
+        results.save_table(df, afile)
+    with pytest.raises(ValueError, match=r"out_dir='/proc/fp8kv-x': the folder cannot be made"):
+        save_results("/proc/fp8kv-x", "nb", {"x": 1})
