@@ -1098,3 +1098,14 @@ def test_a_rerun_of_a_notebook_named_like_the_library_keeps_the_library(tmp_path
     nb_runner._run_one(books / "plotly-2.35.2.min.ipynb", staging, {"SMOKE": True, "OUT_DIR": str(staging)}, 60,
                        False, "python3")
     assert (staging / "plotly-2.35.2.min.js").read_text() == "the library"
+
+
+def test_only_repeated_keeps_every_name():
+    import argparse
+
+    from fp8kv.notebooks.cli import add_run_arguments
+
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    assert parser.parse_args(["--only", "01", "--only", "02", "03"]).only == ["01", "02", "03"]
+    assert parser.parse_args([]).only is None

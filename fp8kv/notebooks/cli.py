@@ -77,8 +77,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--smoke", dest="smoke", action="store_true", default=None,
                       help="small sizes (default unless DEVICE is a CUDA device)")
     mode.add_argument("--full", dest="smoke", action="store_false", help="full sizes (default on a CUDA device)")
-    parser.add_argument("--only", nargs="+", metavar="NAME",
-                        help="run only these notebooks (stem, file name or number prefix such as 01)")
+    # "extend": a repeated --only adds its names (store kept only the last)
+    parser.add_argument("--only", nargs="+", action="extend", metavar="NAME",
+                        help="run only these notebooks (stem, file name or number prefix such as 01); repeatable")
     parser.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",
                         help="per-cell timeout, a positive whole number of seconds (default: "
                         + ", ".join(f"{v} in {k} mode" for k, v in DEFAULT_TIMEOUT_S.items()) + ")")
