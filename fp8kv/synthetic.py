@@ -48,6 +48,7 @@ import torch
 
 from . import checks
 from .cache import LAYOUTS, PagedKVCache, shuffled_block_table
+from .device import free_memory_bytes
 from .formats import kv_dtype_info
 from .quant import GRANULARITIES, cast_saturating, reduce_dims, scale_from_stat
 from .rope import rope_at_positions as apply_rope  # its name here: synthetic K/Q turned to their positions
@@ -170,6 +171,8 @@ def kv_like_llm(num_tokens: int, num_kv_heads: int, head_dim: int, *, seed: int 
     v_mean = checks.real(v_mean, "v_mean", minimum=0.0)
     rope_theta = checks.real(rope_theta, "rope_theta", minimum=1.0, inclusive=False)
     channels = outlier_channel_indices(d, outlier_channels, rope).numpy()
+    # on the host at the peak: fp32 K, V drawn in fp64 and its fp32 copy (16 bytes an element)
+    _refuse_past_memory(16 * t * h * d, torch.device("cpu"), f"num_tokens={t} x num_kv_heads={h} x head_dim={d}")
 
     rng = np.random.default_rng(seed)
     # Draw order is fixed (it defines what a seed means): K noise, outlier signs, outlier noise,
@@ -216,7 +219,7 @@ def queries_like_llm(num_queries: int, num_q_heads: int, head_dim: int, *, seed:
     ----------
     num_queries : query vectors (each one a decode step's query, attending to the whole context).
     position : None (no rotation), an int (every query at that position, e.g. the context length
-        for the next decode step) or a sequence of ``num_queries`` positions, finite and >= 0.
+        for the next decode step) or a sequence of ``num_queries`` ints, in ``[0, MAX_POSITION]``.
         Rotating implies RoPE-placed outlier channels (rotary pairs), as for keys with ``rope=True``.
     seed : NumPy seed, an int >= 0 (default 1, so default queries differ from default keys' noise).
     device, dtype : as for :func:`kv_like_llm` (a value not finite in ``dtype`` is a ValueError).
@@ -253,26 +256,38 @@ def queries_like_llm(num_queries: int, num_q_heads: int, head_dim: int, *, seed:
     return q_t.to(device)
 
 
+MAX_POSITION = 2**31 - 1  # the largest token position: seq_lens are int32
+
+
+def _refuse_past_memory(nbytes: int, device, what: str) -> None:
+    """A ValueError naming ``what`` (the arguments) and the bytes it needs where they pass the memory free on
+    ``device``: said before allocating, not by the allocator's RuntimeError or MemoryError."""
+    free = free_memory_bytes(device)
+    if free is not None and nbytes > free:
+        checks.fail(f"{what} needs {nbytes:,} bytes ({nbytes / 2**30:.4g} GiB), more than the {free / 2**30:.4g} GiB "
+                    f"free on {device}; ask for fewer tokens")
+
+
 def _positions(position, n: int) -> np.ndarray:
-    """``position`` (an int, or ``n`` of them) as ``n`` float64 positions, each finite and >= 0. NaN or inf
-    would rotate every channel into NaN; a string or bool is not a position (NumPy would convert "5")."""
-    what = f"expected an int or a sequence of {n} ints (token positions >= 0)"
+    """``position`` (an int, or ``n`` of them) as ``n`` float64 positions, each an int in ``[0, MAX_POSITION]``.
+    A float (2.5, NaN) is no token's position; a string or bool is not one either (NumPy would convert "5")."""
+    what = f"expected an int or a sequence of {n} ints (token positions in [0, {MAX_POSITION}])"
     if isinstance(position, (str, bytes, bool)):
         checks.fail(f"position={checks.show_value(position)} ({type(position).__name__}); {what}", TypeError)
     try:
         pos = np.asarray(position)
     except (TypeError, ValueError, RuntimeError):  # ragged lists, unconvertible objects
         pos = None
-    if pos is None or pos.dtype.kind not in "iuf":  # bools ("b"), strings, objects
-        checks.fail(f"position={checks.show_value(position)} is not a number or a list of numbers; {what}", TypeError)
+    if pos is None or pos.dtype.kind not in "iu":  # floats (2.5 is no token), bools ("b"), strings, objects
+        checks.fail(f"position={checks.show_value(position)} is not an int or a list of ints; {what}", TypeError)
     pos = pos.astype(np.float64)
     if pos.ndim == 0:
         pos = np.full(n, float(pos))
     if pos.shape != (n,):
         raise ValueError(f"position must be an int or {n} positions; got shape {pos.shape}")
-    if not np.isfinite(pos).all():
-        i = int(np.flatnonzero(~np.isfinite(pos))[0])
-        checks.fail(f"position[{i}]={pos[i]}; expected finite positions >= 0")
+    if (pos > MAX_POSITION).any():
+        i = int(np.flatnonzero(pos > MAX_POSITION)[0])
+        checks.fail(f"position[{i}]={int(pos[i])} is past {MAX_POSITION} (int32 positions, as seq_lens); {what}")
     if (pos < 0).any():
         raise ValueError(f"position must be >= 0; got min {pos.min()}")
     return pos
@@ -312,6 +327,9 @@ def ragged_kv(seq_lens, num_kv_heads: int, head_dim: int, *, seed: int = 0,
         checks.fail(f"seq_lens={lens}; expected at least one sequence holding a token")
     h = checks.positive_int(num_kv_heads, "num_kv_heads")
     d = checks.positive_int(head_dim, "head_dim")
+    head_spread = checks.flag(head_spread, "head_spread")
+    _refuse_past_memory(2 * len(lens) * max(lens) * h * d * 4, torch.device("cpu"),  # K and V, fp32
+                        f"seq_lens (max {max(lens)}, {len(lens)} sequences) x num_kv_heads={h} x head_dim={d}")
     g = torch.Generator().manual_seed(_seed(seed, _TORCH_SEEDS, "torch.Generator.manual_seed"))
     k = torch.randn(len(lens), max(lens), h, d, generator=g)
     v = torch.randn(len(lens), max(lens), h, d, generator=g)
@@ -359,10 +377,17 @@ def random_paged_cache(batch: int, context: int, num_kv_heads: int, head_dim: in
     for n, v in (("batch", batch), ("context", context), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                  ("block_size", block_size), ("chunk_elems", chunk_elems)):
         checks.positive_int(v, n)
-    if fmt is None:
-        granularity = "tensor"
+    if fmt is None and granularity != "tensor":  # 16-bit pages carry no scales
+        checks.fail(f"granularity={granularity!r} with kv_dtype={kv_dtype!r}: a 16-bit cache has no scales; pass "
+                    "granularity='tensor' or an FP8 kv_dtype")
     bpseq = math.ceil(context / block_size)
     num_blocks = batch * bpseq
+    elem = torch.empty((), dtype=dtype).element_size()
+    # K and V pages, a scale as large as the pages' tokens x heads, the block table and one fp32 chunk
+    nbytes = num_blocks * block_size * num_kv_heads * (2 * head_dim * elem + 8) + 12 * num_blocks \
+        + 4 * min(chunk_elems, num_blocks * block_size * num_kv_heads * head_dim)
+    _refuse_past_memory(nbytes, dev, f"batch={batch} x context={context} tokens x num_kv_heads={num_kv_heads} x "
+                                     f"head_dim={head_dim} of {name}")
     block_table = shuffled_block_table(num_blocks, batch, bpseq, seed, dev)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
     token_shape = (block_size, num_kv_heads, head_dim)

@@ -261,15 +261,15 @@ def test_queries_beyond_the_dtype_are_refused():
 
 
 @pytest.mark.parametrize("position, exc, match", [
-    (float("nan"), ValueError, r"position\[0\]=nan; expected finite"),
-    (float("inf"), ValueError, r"position\[0\]=inf"),
-    ([1.0, float("-inf")], ValueError, r"position\[1\]=-inf"),
+    (float("nan"), TypeError, r"position=nan is not an int"),
+    (float("inf"), TypeError, r"position=inf is not an int"),
+    ([1.0, float("-inf")], TypeError, r"position=\[1.0, -inf\] is not an int"),
     ("5", TypeError, r"position='5' \(str\)"),
     (True, TypeError, r"position=True \(bool\)"),
-    ([True, False], TypeError, "not a number or a list of numbers"),
-    ([[1], [2, 3]], TypeError, "not a number or a list of numbers"),
+    ([True, False], TypeError, "not an int or a list of ints"),
+    ([[1], [2, 3]], TypeError, "not an int or a list of ints"),
 ])
-def test_query_positions_are_finite_numbers(position, exc, match):
+def test_query_positions_are_ints(position, exc, match):
     with pytest.raises(exc, match=match):
         queries_like_llm(2, 4, 8, position=position)
     q = queries_like_llm(2, 4, 8, position=torch.tensor([3, 4]))  # a tensor of positions is a sequence
@@ -301,3 +301,24 @@ def test_kurtosis_refuses_a_dim_the_tensor_lacks_and_non_tensors():
         kurtosis(torch.randn(4, 4), dim=5)
     with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
         kurtosis([1.0, 2.0, 3.0])
+
+
+def test_sizes_past_the_free_memory_are_refused_by_name_before_allocating():
+    with pytest.raises(ValueError, match=r"batch=1000000 x context=1000000 tokens.*needs [\d,]+ bytes"):
+        random_paged_cache(10**6, 10**6, 8, 128, device="cpu")
+    with pytest.raises(ValueError, match=r"seq_lens \(max 1000000000, 1 sequences\).*needs [\d,]+ bytes"):
+        ragged_kv([10**9], 64, 128)
+    with pytest.raises(ValueError, match=r"num_tokens=1000000000000 x num_kv_heads=2 x head_dim=8 needs"):
+        kv_like_llm(10**12, 2, 8)
+
+
+def test_synthetic_refuses_scales_of_16_bit_pages_truthy_flags_and_non_int_positions():
+    with pytest.raises(ValueError, match=r"granularity='head' with kv_dtype='bf16'"):
+        random_paged_cache(1, 4, 1, 8, kv_dtype="bf16", granularity="head", device="cpu")
+    with pytest.raises(TypeError, match=r"head_spread='no' \(str\); expected True or False"):
+        ragged_kv([3], 1, 8, head_spread="no")
+    for bad in (2.5, 1e30, [0.5, 1]):
+        with pytest.raises(TypeError, match="position=.* is not an int or a list of ints"):
+            queries_like_llm(2, 1, 8, position=bad)
+    with pytest.raises(ValueError, match=r"position\[1\]=2147483648 is past 2147483647"):
+        queries_like_llm(2, 1, 8, position=[0, 2**31])
