@@ -59,7 +59,7 @@ from fp8kv.kv_formats import KV_FORMAT_NAMES, KVFormat, kv_footprint, kv_format
 from fp8kv.quant import GRANULARITIES, kv_scale_bytes
 
 __all__ = ["ModelShape", "MODEL_SHAPES", "MODELS", "GPU", "GPUS", "CapacityError", "get_model", "get_gpu", "resolve_model",
-           "load_hf_config", "plan_capacity", "capacity_table", "model_table", "gpu_table", "MAX_MEMORY_GIB",
+           "load_hf_config", "plan_capacity", "capacity_table", "model_table", "gpu_table", "MAX_MEMORY_GIB", "MAX_MODEL_LEN",
            "gib_text"]
 
 GIB = 2**30
@@ -68,6 +68,9 @@ WEIGHT_BYTES = 2  # bf16/fp16 weights: vLLM's dtype="auto" serves fp32 checkpoin
 # HBM, so a larger number is a typo or a unit slip. It also keeps the byte arithmetic exact: 1e6 GiB
 # in bytes (1.07e15) is below 2**53, where float64 still counts every byte.
 MAX_MEMORY_GIB = 1e6
+# The longest sequence a plan takes (int32 positions, as the caches' seq_lens): past it max_concurrency would
+# round toward 0.0 rather than say the length is none a cache holds.
+MAX_MODEL_LEN = 2**31 - 1
 
 
 def gib_text(nbytes: float) -> str:
@@ -154,7 +157,8 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
     block_size : int
         Tokens per KV block: a positive int (:func:`fp8kv.cache.check_block_size`, the cache's rule).
     max_model_len : int, optional
-        Sequence length for ``max_concurrency``; default the model's max_position_embeddings.
+        Sequence length for ``max_concurrency``, an int in ``[1, MAX_MODEL_LEN]`` (2**31 - 1); default the
+        model's max_position_embeddings.
     granularity : str
         FP8 scale granularity: ``"tensor"``, ``"head"``, ``"token_head"`` or ``"channel"``.
         Ignored (reported as None) for 16-bit caches, which have no scales.
@@ -192,7 +196,7 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         checks.fail(f"utilization={utilization}; expected a fraction in (0, 1]")
     block_size = check_block_size(block_size)  # the cache's rule: a plan for pages no cache would build is no plan
     if max_model_len is not None:
-        max_model_len = checks.positive_int(max_model_len, "max_model_len")
+        max_model_len = checks.integer(max_model_len, "max_model_len", minimum=1, maximum=MAX_MODEL_LEN)
 
     layers, hkv, d = shape.num_layers, shape.num_kv_heads, shape.head_dim
     if storage is not None:  # a kv_formats format: its codes and scales as kv_footprint counts them
@@ -252,6 +256,9 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         max_model_len = shape.max_position_embeddings
         if max_model_len is None:
             raise ValueError(f"model {shape.name!r} has no max_position_embeddings; pass max_model_len")
+        if max_model_len > MAX_MODEL_LEN:
+            checks.fail(f"model {shape.name!r} has max_position_embeddings={max_model_len}, past MAX_MODEL_LEN="
+                        f"{MAX_MODEL_LEN}; pass a max_model_len within it")
 
     return dict(
         model=shape.name, kv_dtype=kv_name, granularity=granularity, block_size=block_size,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 from fp8kv import checks
 
@@ -281,6 +281,8 @@ def load_hf_config(path: str | os.PathLike) -> ModelShape:
     try:
         with open(path, encoding="utf-8") as f:
             cfg = json.load(f)
+    except IsADirectoryError:  # e.g. a folder whose config.json is itself a folder
+        raise ValueError(f"{path} is a folder, not a file; expected a Hugging Face config.json") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; "
                          "expected a Hugging Face config.json") from None
@@ -306,6 +308,12 @@ def resolve_model(model) -> ModelShape:
         if extra:
             raise ValueError(f"model dict has unknown keys {sorted(extra)}; expected ModelShape fields "
                              f"{sorted(known)} or a Hugging Face config dict")
+        required = [f.name for f in fields(ModelShape) if f.default is MISSING and f.default_factory is MISSING
+                    and f.name != "name"]
+        missing = [k for k in required if k not in model]
+        if missing:  # else a bare "__init__() missing ... arguments"
+            raise ValueError(f"model dict lacks ModelShape fields {missing}; it needs {required} (or pass a "
+                             "Hugging Face config dict)")
         return ModelShape(**{"name": "custom", **model})
     if isinstance(model, str) and (model.lower() in {k.lower() for k in MODEL_SHAPES} or not os.path.exists(model)):
         # a registry name wins over a same-named folder in the working directory

@@ -394,3 +394,17 @@ def test_a_folder_without_a_config_and_a_bad_size_are_named(tmp_path):
            "intermediate_size": 10}
     with pytest.raises(ValueError, match="vocab_size=-5; expected an int >= 1"):
         resolve_model(cfg)
+
+
+def test_plan_capacity_names_a_folder_config_an_unbounded_length_and_missing_fields(tmp_path):
+    (tmp_path / "config.json").mkdir()
+    with pytest.raises(ValueError, match=r"config\.json is a folder, not a file"):
+        plan_capacity(str(tmp_path), "bf16", kv_memory_gib=1)
+    with pytest.raises(ValueError, match=r"max_model_len=1000+\.\.\.; expected an int <= 2147483647"):
+        plan_capacity("Llama-3.1-8B", "bf16", kv_memory_gib=80, max_model_len=10**400)
+    with pytest.raises(ValueError, match=r"model dict lacks ModelShape fields \['num_q_heads', 'num_kv_heads', "
+                                         r"'head_dim'\]"):
+        plan_capacity(dict(num_layers=2), "bf16", kv_memory_gib=1)
+    shape = ModelShape("toy", num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=64, max_position_embeddings=2**40)
+    with pytest.raises(ValueError, match=r"max_position_embeddings=1099511627776, past MAX_MODEL_LEN"):
+        plan_capacity(shape, "bf16", kv_memory_gib=1)
