@@ -458,3 +458,16 @@ def test_a_flag_the_subcommand_does_not_use_is_refused_in_one_line(argv, words, 
         main(argv)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and words in err
+
+
+def test_a_cited_json_of_another_shape_and_an_empty_root_are_named(tmp_path, capsys):
+    root = _copy_results(tmp_path)
+    rel = "reports/nvidia-h200/04_decode_latency.json"
+    doc = json.loads((root / rel).read_text())
+    del doc["results"]["layouts"]
+    (root / rel).write_text(json.dumps(doc))
+    assert main(["values", "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert f"{rel} (the last file layouts read) lacks what the README reads from it (KeyError: 'layouts')" in err
+    assert main(["values", "--root", ""]) == 2
+    assert "root='' is no folder path" in capsys.readouterr().err

@@ -26,10 +26,16 @@ SECTIONS = (decode_latency, layouts, layout_probes, gluon, gluon_probes, earlier
 
 
 def compute(src: Sources) -> dict[str, str]:
-    """Every generated name's text; a name computed by two sections is an error."""
+    """Every generated name's text; a name computed by two sections is an error, and so is a cited file of
+    another shape (a section's KeyError or TypeError), named."""
     values: dict[str, str] = {}
     for section in SECTIONS:
-        part = section(src)
+        try:
+            part = section(src)
+        except (KeyError, TypeError) as e:  # a cited file of another version or shape: name the file
+            raise ValueError(f"{src.last_read or 'a cited results file'} (the last file {section.__name__} read) "
+                             f"lacks what the README reads from it ({type(e).__name__}: {e}); regenerate it with "
+                             "the script that wrote it") from None
         twice = sorted(set(part) & set(values))
         if twice:
             raise ValueError(f"{section.__name__} computes {twice}, which another section computes too")

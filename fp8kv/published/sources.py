@@ -32,10 +32,13 @@ class Sources:
     """The results files under ``root`` (the repository by default), read once each."""
 
     def __init__(self, root: str | Path = REPO):
+        if isinstance(root, str) and not root.strip():  # Path("") is the working directory
+            raise ValueError(f"root={root!r} is no folder path; expected the repository's root")
         self.root = Path(root)
         if not self.root.is_dir():
             raise ValueError(f"root={str(root)!r} is not a directory; expected the repository's root")
         self.cited: list[str] = []
+        self.last_read: str | None = None  # the file a reader's KeyError most likely came from, for its message
         self._cache: dict[tuple[str, str], object] = {}
 
     def path(self, rel: str) -> Path:
@@ -48,6 +51,7 @@ class Sources:
                                      "restore the file or change the README's table functions in fp8kv.published")
         if rel not in self.cited:
             self.cited.append(rel)
+        self.last_read = rel
         return full
 
     def _read(self, kind, rel, reader):
