@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import checks
 from ..formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, FP8Format, kv_dtype_info
 from ..kv_formats import kv_format
 from ..kv_formats import quantize as format_quantize
@@ -17,7 +18,7 @@ from ..quant import GRANULARITIES, SCALE_METHODS, compute_scale, quantize
 from .introspect import num_layers
 
 __all__ = ["KV_CONFIG_DTYPES", "KVQuantConfig", "BASELINE", "quantize_kv", "round_through", "layer_entry",
-           "check_layer_scales", "check_config_layers"]
+           "check_layer_scales", "check_config_layers", "KV_SIDES"]
 
 
 def round_through(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -49,6 +50,7 @@ def layer_entry(spec, name: str, layer: int, n_layers: int | None = None):
     ``layer`` or, given the model's ``n_layers`` (at an entry point), when its length differs (a
     list calibrated on another model would otherwise fail mid-run, or silently use its first entries).
     """
+    layer = checks.integer(layer, "layer", minimum=0)  # -1 would take the last entry
     if not _is_per_layer(spec):
         return spec
     if layer >= len(spec) or (n_layers is not None and len(spec) != n_layers):
@@ -87,6 +89,8 @@ def _describe_scale(value) -> str:
         return "tensor"
     return "per-layer"
 
+
+KV_SIDES = ("k", "v")  # which side of the cache quantize_kv stores
 
 # What a simulated cache may store: the package's KV dtypes, and fp32 (an exact cache).
 KV_CONFIG_DTYPES = (*KV_DTYPE_NAMES, "fp32")
@@ -213,7 +217,8 @@ class KVQuantConfig:
                     scale_factor=self.scale_factor, quantize_k=self.quantize_k, quantize_v=self.quantize_v)
 
     def layer_scale(self, which: str, layer: int):
-        """The scale spec of K (``which="k"``) or V at ``layer``: a method name or a fixed value."""
+        """The scale spec of K (``which="k"``) or V (``"v"``) at ``layer``: a method name or a fixed value."""
+        checks.one_of(which, "which", KV_SIDES)
         spec = self.k_scale if which == "k" else self.v_scale
         spec = "amax" if spec is None else spec
         return layer_entry(spec, f"{which}_scale", layer)
@@ -226,8 +231,14 @@ def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
     """Store-and-load one layer's K or V through the configured cache.
 
     x : ``[B, H, T, D]`` (transformers' layout). Returns ``(x_dequantized like x, info)`` where
-    info holds saturated / underflow / numel / scale (mean) / amax of this call.
+    info holds saturated / underflow / numel / scale (mean) / amax of this call. ``which`` is ``"k"`` or
+    ``"v"`` (lower case), ``layer`` an int >= 0 (below the length of a per-layer scale list).
     """
+    checks.tensor(x, "x", ndim=4, dtypes=checks.FLOAT_DTYPES, shape_hint="[batch, heads, tokens, head_dim]")
+    checks.one_of(which, "which", KV_SIDES)  # "K" would otherwise be read as V
+    layer = checks.integer(layer, "layer", minimum=0)
+    if not isinstance(cfg, KVQuantConfig):
+        checks.fail(f"cfg={checks.show_value(cfg)} ({type(cfg).__name__}); expected a KVQuantConfig", TypeError)
     quantize_side = cfg.quantize_k if which == "k" else cfg.quantize_v
     amax = float(x.detach().abs().amax()) if x.numel() else 0.0
     info = dict(saturated=0, underflow=0, numel=x.numel(), scale=float("nan"), amax=amax)
