@@ -62,3 +62,43 @@ def test_k_and_v_use_their_own_scales():
     cfg = KVQuantConfig(k_scale=0.001, v_scale=1.0)
     assert quantize_kv(x, cfg, "k", 0)[1]["scale"] == pytest.approx(0.001)
     assert quantize_kv(x, cfg, "v", 0)[1]["scale"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("percentile, exc, words", [
+    (200, ValueError, r"percentile=200 must be in \(0, 100\]"),
+    (0, ValueError, r"percentile=0 must be in \(0, 100\]"),
+    ("x", TypeError, r"percentile='x' \(str\); expected a finite number"),
+    (True, TypeError, r"percentile=True \(bool\)"),
+    (float("nan"), ValueError, r"percentile=nan; expected a finite number"),
+])
+def test_config_refuses_a_bad_percentile_at_construction(percentile, exc, words):
+    with pytest.raises(exc, match=words):  # failed only at the first quantize, never with amax scales
+        KVQuantConfig(percentile=percentile)
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(scale_factor=True), TypeError, r"scale_factor=True \(bool\)"),
+    (dict(scale_factor=0.0), ValueError, r"scale_factor=0.0; expected a finite number > 0"),
+    (dict(scale_factor=1 / 64, kv_dtype="bf16"), ValueError,
+     r"scale_factor=0.015625 has no effect with kv_dtype='bf16'"),
+    (dict(scale_factor=1 / 64, fmt="int8_token_head"), ValueError,
+     r"scale_factor=0.015625 has no effect with fmt='int8_token_head'"),
+])
+def test_config_refuses_a_scale_factor_that_is_not_one_or_does_nothing(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        KVQuantConfig(**kwargs)
+    assert KVQuantConfig(scale_factor=1 / 64).label.endswith("x0.015625")
+    assert KVQuantConfig(kv_dtype="bf16", scale_factor=1).scale_factor == 1.0
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(k_scale=[-1.0, "foo"]), ValueError, r"k_scale\[0\] must be positive and finite; got -1.0"),
+    (dict(k_scale=[1.0, "foo"]), ValueError, r"k_scale\[1\]='foo'; expected one of \('amax'"),
+    (dict(v_scale=[1.0, None]), TypeError, r"v_scale\[1\]=None \(NoneType\); expected one of"),
+    (dict(v_scale=(1.0, torch.tensor([1.0, 0.0]))), ValueError, r"v_scale\[1\] must be positive and finite"),
+])
+def test_config_checks_each_per_layer_scale_by_index(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        KVQuantConfig(**kwargs)
+    cfg = KVQuantConfig(k_scale=[1.0, "amax", torch.tensor(2.0)])
+    assert cfg.layer_scale("k", 1) == "amax"

@@ -14,7 +14,7 @@ from .. import checks
 from ..formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, FP8Format, kv_dtype_info
 from ..kv_formats import kv_format
 from ..kv_formats import quantize as format_quantize
-from ..quant import GRANULARITIES, SCALE_METHODS, compute_scale, quantize
+from ..quant import GRANULARITIES, SCALE_METHODS, check_percentile, compute_scale, quantize
 from .introspect import num_layers
 
 __all__ = ["KV_CONFIG_DTYPES", "KVQuantConfig", "BASELINE", "quantize_kv", "round_through", "layer_entry",
@@ -33,7 +33,15 @@ def _check_scale(value, name):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name}={value!r} must be positive and finite")
         return
-    if isinstance(value, torch.Tensor) or (isinstance(value, Sequence) and not isinstance(value, str)):
+    if isinstance(value, torch.Tensor):
+        return
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        for i, entry in enumerate(value):  # each layer's, named by its index (it failed later, unnamed)
+            if isinstance(entry, str):
+                checks.one_of(entry, f"{name}[{i}]", SCALE_METHODS)
+            else:
+                checks.positive_fp32(entry, f"{name}[{i}]", expected=f"one of {SCALE_METHODS}, a positive float "
+                                     "or a tensor of positive scales")
         return
     raise ValueError(f"{name}={value!r} is not a scale; expected None, one of {SCALE_METHODS}, a positive "
                      "float, a tensor, or a per-layer list of those")
@@ -168,9 +176,13 @@ class KVQuantConfig:
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag}={getattr(self, flag)!r} ({type(getattr(self, flag)).__name__}); "
                                 "expected True or False")
-        if not (isinstance(self.scale_factor, (int, float)) and math.isfinite(self.scale_factor)
-                and self.scale_factor > 0):
-            raise ValueError(f"scale_factor={self.scale_factor!r} must be a positive finite number")
+        self.scale_factor = checks.positive_float(self.scale_factor, "scale_factor")
+        if self.scale_factor != 1.0 and (self.fmt is not None or not self.is_fp8):  # it would do nothing
+            uses = f"fmt={self.fmt!r} (the format's own scales)" if self.fmt is not None else \
+                f"kv_dtype={self.kv_dtype!r} (no scales)"
+            raise ValueError(f"scale_factor={self.scale_factor:g} has no effect with {uses}; it multiplies the "
+                             "scales of an FP8 kv_dtype without fmt: leave it at 1.0")
+        self.percentile = check_percentile(self.percentile)
 
     @property
     def is_fp8(self) -> bool:
