@@ -37,7 +37,7 @@ from . import checks
 from .formats import FP8Format, format
 
 __all__ = ["Quantized", "quantize", "compute_scale", "scale_from_stat", "reduce_dims", "cast_saturating",
-           "relative_error",
+           "relative_error", "check_percentile",
            "GRANULARITIES", "SCALE_METHODS", "SCALE_BYTES", "scale_shape", "kv_scale_bytes"]
 
 GRANULARITIES = ("tensor", "head", "token_head", "channel")
@@ -138,6 +138,11 @@ def check_scale_method(method, percentile, name: str = "scale") -> float:
     if method not in SCALE_METHODS:
         raise ValueError(f"{name}={method!r} is not a known scale method; expected one of {SCALE_METHODS}, "
                          "a float or a tensor")
+    return check_percentile(percentile)
+
+
+def check_percentile(percentile) -> float:
+    """A percentile for ``"percentile"`` scales: a finite real number in (0, 100], as a float."""
     value = checks.real(percentile, "percentile")
     if not 0.0 < value <= 100.0:
         checks.fail(f"percentile={percentile!r} must be in (0, 100]")

@@ -97,7 +97,14 @@ def calibrate_scales(model, calibration_ids, cfg: KVQuantConfig | None = None, *
     (k_scales, v_scales) : lists of ``num_layers`` fp32 tensors shaped per granularity ([] for
     tensor, [Hkv] head, [Hkv, D] channel); pass them as ``KVQuantConfig(k_scale=k_scales, ...)``.
     """
-    cfg = cfg or KVQuantConfig()
+    if cfg is None:
+        cfg = KVQuantConfig()
+    elif not isinstance(cfg, KVQuantConfig):
+        checks.fail(f"cfg={checks.show_value(cfg)} ({type(cfg).__name__}); expected a KVQuantConfig or None",
+                    TypeError)
+    if cfg.fmt is not None:  # the format's scales are its own, found as each token is written
+        raise ValueError(f"cfg.fmt={cfg.fmt!r}: calibration derives FP8 scales, and a kv_formats format finds its "
+                         "own; pass a config without fmt (an FP8 kv_dtype such as 'fp8_e4m3')")
     if not cfg.is_fp8:
         raise ValueError(f"cfg.kv_dtype={cfg.kv_dtype!r}: calibration derives FP8 scales; use an FP8 kv_dtype "
                          f"such as 'fp8_e4m3'")
@@ -105,6 +112,9 @@ def calibrate_scales(model, calibration_ids, cfg: KVQuantConfig | None = None, *
         raise ValueError("granularity='token_head' computes scales per token at write time; nothing to calibrate")
     # Ids checked once here (the model's vocabulary included), not again per window.
     ids = token_ids(calibration_ids, "calibration_ids", model)
+    if ids.numel() < 2:  # windows() would name its window, cut to the ids' length
+        raise ValueError(f"calibration_ids has {ids.numel()} token(s); expected at least 2 (one window of 2 or more)")
+    window = checks.integer(window, "window", minimum=2)
     if bos_token_id is not None:
         bos_token_id = check_token_id(bos_token_id, "bos_token_id", model)
     chunk = windows(ids, min(window, ids.numel()), None, bos_token_id)

@@ -10,14 +10,15 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import checks
 from ..formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, FP8Format, kv_dtype_info
 from ..kv_formats import kv_format
 from ..kv_formats import quantize as format_quantize
-from ..quant import GRANULARITIES, SCALE_METHODS, compute_scale, quantize
+from ..quant import GRANULARITIES, SCALE_METHODS, check_percentile, compute_scale, quantize
 from .introspect import num_layers
 
 __all__ = ["KV_CONFIG_DTYPES", "KVQuantConfig", "BASELINE", "quantize_kv", "round_through", "layer_entry",
-           "check_layer_scales", "check_config_layers"]
+           "check_layer_scales", "check_config_layers", "KV_SIDES"]
 
 
 def round_through(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -32,7 +33,15 @@ def _check_scale(value, name):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name}={value!r} must be positive and finite")
         return
-    if isinstance(value, torch.Tensor) or (isinstance(value, Sequence) and not isinstance(value, str)):
+    if isinstance(value, torch.Tensor):
+        return
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        for i, entry in enumerate(value):  # each layer's, named by its index (it failed later, unnamed)
+            if isinstance(entry, str):
+                checks.one_of(entry, f"{name}[{i}]", SCALE_METHODS)
+            else:
+                checks.positive_fp32(entry, f"{name}[{i}]", expected=f"one of {SCALE_METHODS}, a positive float "
+                                     "or a tensor of positive scales")
         return
     raise ValueError(f"{name}={value!r} is not a scale; expected None, one of {SCALE_METHODS}, a positive "
                      "float, a tensor, or a per-layer list of those")
@@ -49,6 +58,7 @@ def layer_entry(spec, name: str, layer: int, n_layers: int | None = None):
     ``layer`` or, given the model's ``n_layers`` (at an entry point), when its length differs (a
     list calibrated on another model would otherwise fail mid-run, or silently use its first entries).
     """
+    layer = checks.integer(layer, "layer", minimum=0)  # -1 would take the last entry
     if not _is_per_layer(spec):
         return spec
     if layer >= len(spec) or (n_layers is not None and len(spec) != n_layers):
@@ -87,6 +97,8 @@ def _describe_scale(value) -> str:
         return "tensor"
     return "per-layer"
 
+
+KV_SIDES = ("k", "v")  # which side of the cache quantize_kv stores
 
 # What a simulated cache may store: the package's KV dtypes, and fp32 (an exact cache).
 KV_CONFIG_DTYPES = (*KV_DTYPE_NAMES, "fp32")
@@ -164,9 +176,13 @@ class KVQuantConfig:
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag}={getattr(self, flag)!r} ({type(getattr(self, flag)).__name__}); "
                                 "expected True or False")
-        if not (isinstance(self.scale_factor, (int, float)) and math.isfinite(self.scale_factor)
-                and self.scale_factor > 0):
-            raise ValueError(f"scale_factor={self.scale_factor!r} must be a positive finite number")
+        self.scale_factor = checks.positive_float(self.scale_factor, "scale_factor")
+        if self.scale_factor != 1.0 and (self.fmt is not None or not self.is_fp8):  # it would do nothing
+            uses = f"fmt={self.fmt!r} (the format's own scales)" if self.fmt is not None else \
+                f"kv_dtype={self.kv_dtype!r} (no scales)"
+            raise ValueError(f"scale_factor={self.scale_factor:g} has no effect with {uses}; it multiplies the "
+                             "scales of an FP8 kv_dtype without fmt: leave it at 1.0")
+        self.percentile = check_percentile(self.percentile)
 
     @property
     def is_fp8(self) -> bool:
@@ -213,7 +229,8 @@ class KVQuantConfig:
                     scale_factor=self.scale_factor, quantize_k=self.quantize_k, quantize_v=self.quantize_v)
 
     def layer_scale(self, which: str, layer: int):
-        """The scale spec of K (``which="k"``) or V at ``layer``: a method name or a fixed value."""
+        """The scale spec of K (``which="k"``) or V (``"v"``) at ``layer``: a method name or a fixed value."""
+        checks.one_of(which, "which", KV_SIDES)
         spec = self.k_scale if which == "k" else self.v_scale
         spec = "amax" if spec is None else spec
         return layer_entry(spec, f"{which}_scale", layer)
@@ -226,8 +243,14 @@ def quantize_kv(x: torch.Tensor, cfg: KVQuantConfig, which: str, layer: int):
     """Store-and-load one layer's K or V through the configured cache.
 
     x : ``[B, H, T, D]`` (transformers' layout). Returns ``(x_dequantized like x, info)`` where
-    info holds saturated / underflow / numel / scale (mean) / amax of this call.
+    info holds saturated / underflow / numel / scale (mean) / amax of this call. ``which`` is ``"k"`` or
+    ``"v"`` (lower case), ``layer`` an int >= 0 (below the length of a per-layer scale list).
     """
+    checks.tensor(x, "x", ndim=4, dtypes=checks.FLOAT_DTYPES, shape_hint="[batch, heads, tokens, head_dim]")
+    checks.one_of(which, "which", KV_SIDES)  # "K" would otherwise be read as V
+    layer = checks.integer(layer, "layer", minimum=0)
+    if not isinstance(cfg, KVQuantConfig):
+        checks.fail(f"cfg={checks.show_value(cfg)} ({type(cfg).__name__}); expected a KVQuantConfig", TypeError)
     quantize_side = cfg.quantize_k if which == "k" else cfg.quantize_v
     amax = float(x.detach().abs().amax()) if x.numel() else 0.0
     info = dict(saturated=0, underflow=0, numel=x.numel(), scale=float("nan"), amax=amax)

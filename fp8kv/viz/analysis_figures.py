@@ -17,6 +17,7 @@ from .style import (
     power_of_ten,
     readable_axes,
     require_columns,
+    require_values,
     style_by_label,
 )
 
@@ -43,6 +44,10 @@ def quant_error_heatmap(df, value: str = "out_rel_err", *, row: str = "granulari
 
     require_columns(df, [row, col, facet], rows=True)
     require_columns(df, [value])
+    require_values(df, value, positive=log_color)
+    if log_color and (df[value] < 0).any():  # log10 of it is NaN: a blank cell
+        raise ValueError(f"df has a negative {value} ({float(df[value].min()):g}); log_color=True colours by "
+                         "log10 of the value: pass log_color=False for signed values")
     panels = list(dict.fromkeys(df[facet])) if facet else [None]
     rows = list(dict.fromkeys(df[row]))
     cols = list(dict.fromkeys(df[col]))
@@ -95,6 +100,7 @@ def grouped_bars(df, x: str, y: str, color: str | None = None, *, facet_col: str
     import plotly.express as px
 
     require_columns(df, [x, y, color, facet_col, facet_row, text, *(hover or [])])
+    require_values(df, y, positive=log_y)
     data = df.copy()
     if color is not None:
         data[color] = data[color].astype(str)  # categories, not a continuous colour bar
@@ -119,7 +125,12 @@ def per_layer(layers, model: str, metric: str) -> go.Figure:
     the attention error on a log axis.
     """
     require_columns(layers, ["model", "config", "layer", "layer_type", metric], "layers")
+    models = list(dict.fromkeys(layers["model"]))
+    if model not in models:
+        raise ValueError(f"model={model!r} is not in layers; it has {models}")
     magnitude = metric in ("k_amax", "v_amax")
     rows = layers[(layers["model"] == model) & ((layers["config"] == "bf16") == magnitude)]
+    require_values(rows, metric, f"layers of model {model!r} ({'the bf16 run' if magnitude else 'the FP8 configs'})",
+                   positive=metric == "attn_rel_err")
     return line(rows, x="layer", y=metric, color="config", log_y=metric == "attn_rel_err",
                 title=f"{model}: {axis_title(metric)} per layer", hover=["layer_type"])

@@ -20,6 +20,7 @@ from .style import (
     percent_axis,
     readable_axes,
     require_columns,
+    require_values,
     style_by_label,
     tokens_label,
     written_log_ticks,
@@ -46,6 +47,7 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
     import plotly.express as px
 
     require_columns(df, [x, y, color, facet, *(hover or [])])
+    require_values(df, y, positive=log_y)
     data = df.sort_values([c for c in (facet, color, x) if c is not None])
     names = axis_titles([x, y, color, facet, *(hover or [])], labels)
     fig = px.line(data, x=x, y=y, color=color, facet_col=facet, log_x=log_x, log_y=log_y, markers=True,

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .style import FORMAT_COLORS, add_line, color_map, readable_axes, require_columns, series_color
+from .style import (
+    FORMAT_COLORS,
+    add_line,
+    color_map,
+    readable_axes,
+    require_columns,
+    require_values,
+    series_color,
+)
 
 
 def _formats(formats):
@@ -71,6 +79,8 @@ def relative_error_vs_magnitude(df, *, x: str = "magnitude", y: str = "rel_error
     from ..formats import format as get_format
 
     require_columns(df, [x, y, fmt_col])
+    require_values(df, x, positive=True)  # log-log axes: zeros are left out, and nothing else is drawn
+    require_values(df, y, positive=True)
     fig = go.Figure()
     # Log axes first: shapes and annotations below are placed in log10 units (what plotly reads there).
     fig.update_xaxes(type="log", exponentformat="power", title="|input|")

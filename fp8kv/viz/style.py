@@ -414,18 +414,19 @@ def require_columns(df, columns, arg="df", *, rows: bool = False):
                                  "each row needs a value there")
 
 
+def require_values(df, column: str, arg: str = "df", *, positive: bool = False) -> None:
+    """``df[column]`` holds a finite value (a positive one with ``positive``: a log axis); a blank figure is refused."""
+    vals = df[column].to_numpy(dtype=float, na_value=math.nan)
+    if not any(math.isfinite(v) and (v > 0 or not positive) for v in vals):
+        why = f"{len(df)} rows, none {'positive and ' if positive else ''}finite there" if len(df) else "no rows"
+        raise ValueError(f"{arg} has no {column} to draw ({why})")
+
+
 def line(df, x: str, y: str, color: str | None = None, *, log_x: bool = False, log_y: bool = False,
          markers: bool = True, title: str | None = None, labels: dict | None = None,
          hover: list[str] | None = None) -> go.Figure:
-    """Generic line plot of a tidy DataFrame: one line per value of ``color``.
-
-    Parameters
-    ----------
-    df : pandas.DataFrame with columns ``x``, ``y`` (and ``color``, ``hover`` if given).
-    log_x, log_y : log axes.
-    labels : axis/legend titles by column name.
-    hover : extra columns shown on hover.
-    title : default "<y's title> vs <x's title>".
+    """Generic line plot of a tidy DataFrame (columns ``x``, ``y``, ``color``, ``hover``): a line per ``color`` value;
+    ``labels`` titles axes and legend by column; ``title`` defaults to "<y's title> vs <x's title>".
 
     A fraction (:data:`FRACTION_COLUMNS`) ticks in percent, small numbers as powers of ten
     (:func:`readable_axes`).
@@ -433,6 +434,7 @@ def line(df, x: str, y: str, color: str | None = None, *, log_x: bool = False, l
     import plotly.express as px
 
     require_columns(df, [x, y, color, *(hover or [])])
+    require_values(df, y, positive=log_y)
     names = axis_titles([x, y, color, *(hover or [])], labels)
     fig = px.line(df, x=x, y=y, color=color, log_x=log_x, log_y=log_y, markers=markers,
                   title=title or f"{names[y]} vs {names[x]}", labels=names, hover_data=hover)
