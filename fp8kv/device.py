@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 __all__ = [
+    "refuse_past_free_memory",
     "resolve_device",
     "describe_device",
     "gpu_slug",
@@ -127,6 +128,16 @@ def free_memory_bytes(device: str | int | torch.device | None = None) -> int | N
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def refuse_past_free_memory(nbytes: int, device, what: str) -> None:
+    """A ValueError naming ``what`` (the request, by its arguments) and the bytes it needs where they pass the
+    memory free on ``device`` (:func:`free_memory_bytes`): said before allocating, not by the allocator's
+    RuntimeError or MemoryError. Nothing is refused where the free memory cannot be read."""
+    free = free_memory_bytes(device)
+    if free is not None and nbytes > free:
+        raise ValueError(f"{what} needs {nbytes:,} bytes ({nbytes / 2**30:.4g} GiB), more than the "
+                         f"{free / 2**30:.4g} GiB free on {device}; ask for fewer tokens")
 
 
 def _arch_string(props) -> str:

@@ -48,7 +48,7 @@ import torch
 
 from . import checks
 from .cache import LAYOUTS, PagedKVCache, shuffled_block_table
-from .device import free_memory_bytes
+from .device import refuse_past_free_memory
 from .formats import kv_dtype_info
 from .quant import GRANULARITIES, cast_saturating, reduce_dims, scale_from_stat
 from .rope import rope_at_positions as apply_rope  # its name here: synthetic K/Q turned to their positions
@@ -172,7 +172,7 @@ def kv_like_llm(num_tokens: int, num_kv_heads: int, head_dim: int, *, seed: int 
     rope_theta = checks.real(rope_theta, "rope_theta", minimum=1.0, inclusive=False)
     channels = outlier_channel_indices(d, outlier_channels, rope).numpy()
     # on the host at the peak: fp32 K, V drawn in fp64 and its fp32 copy (16 bytes an element)
-    _refuse_past_memory(16 * t * h * d, torch.device("cpu"), f"num_tokens={t} x num_kv_heads={h} x head_dim={d}")
+    refuse_past_free_memory(16 * t * h * d, torch.device("cpu"), f"num_tokens={t} x num_kv_heads={h} x head_dim={d}")
 
     rng = np.random.default_rng(seed)
     # Draw order is fixed (it defines what a seed means): K noise, outlier signs, outlier noise,
@@ -259,15 +259,6 @@ def queries_like_llm(num_queries: int, num_q_heads: int, head_dim: int, *, seed:
 MAX_POSITION = 2**31 - 1  # the largest token position: seq_lens are int32
 
 
-def _refuse_past_memory(nbytes: int, device, what: str) -> None:
-    """A ValueError naming ``what`` (the arguments) and the bytes it needs where they pass the memory free on
-    ``device``: said before allocating, not by the allocator's RuntimeError or MemoryError."""
-    free = free_memory_bytes(device)
-    if free is not None and nbytes > free:
-        checks.fail(f"{what} needs {nbytes:,} bytes ({nbytes / 2**30:.4g} GiB), more than the {free / 2**30:.4g} GiB "
-                    f"free on {device}; ask for fewer tokens")
-
-
 def _positions(position, n: int) -> np.ndarray:
     """``position`` (an int, or ``n`` of them) as ``n`` float64 positions, each an int in ``[0, MAX_POSITION]``.
     A float (2.5, NaN) is no token's position; a string or bool is not one either (NumPy would convert "5")."""
@@ -328,8 +319,8 @@ def ragged_kv(seq_lens, num_kv_heads: int, head_dim: int, *, seed: int = 0,
     h = checks.positive_int(num_kv_heads, "num_kv_heads")
     d = checks.positive_int(head_dim, "head_dim")
     head_spread = checks.flag(head_spread, "head_spread")
-    _refuse_past_memory(2 * len(lens) * max(lens) * h * d * 4, torch.device("cpu"),  # K and V, fp32
-                        f"seq_lens (max {max(lens)}, {len(lens)} sequences) x num_kv_heads={h} x head_dim={d}")
+    refuse_past_free_memory(2 * len(lens) * max(lens) * h * d * 4, torch.device("cpu"),  # K and V, fp32
+                            f"seq_lens (max {max(lens)}, {len(lens)} sequences) x num_kv_heads={h} x head_dim={d}")
     g = torch.Generator().manual_seed(_seed(seed, _TORCH_SEEDS, "torch.Generator.manual_seed"))
     k = torch.randn(len(lens), max(lens), h, d, generator=g)
     v = torch.randn(len(lens), max(lens), h, d, generator=g)
@@ -386,8 +377,8 @@ def random_paged_cache(batch: int, context: int, num_kv_heads: int, head_dim: in
     # K and V pages, a scale as large as the pages' tokens x heads, the block table and one fp32 chunk
     nbytes = num_blocks * block_size * num_kv_heads * (2 * head_dim * elem + 8) + 12 * num_blocks \
         + 4 * min(chunk_elems, num_blocks * block_size * num_kv_heads * head_dim)
-    _refuse_past_memory(nbytes, dev, f"batch={batch} x context={context} tokens x num_kv_heads={num_kv_heads} x "
-                                     f"head_dim={head_dim} of {name}")
+    refuse_past_free_memory(nbytes, dev, f"batch={batch} x context={context} tokens x num_kv_heads={num_kv_heads} x "
+                                         f"head_dim={head_dim} of {name}")
     block_table = shuffled_block_table(num_blocks, batch, bpseq, seed, dev)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
     token_shape = (block_size, num_kv_heads, head_dim)

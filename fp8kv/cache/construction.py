@@ -10,13 +10,13 @@ import torch
 
 from .. import checks
 from ..checks import fail as _fail
-from ..device import free_memory_bytes
+from ..device import refuse_past_free_memory
 from ..formats import kv_dtype_info
 from .scales import refuse_unused_scale, static_scale
 from .validation import LAYOUTS, check_block_size, check_data_device, is_unit_scale, show_scale
 from .writing import append_tokens
 
-__all__ = ["shuffled_block_table", "empty", "clone", "select", "from_dense", "refuse_past_free_memory", "reserved_tokens"]
+__all__ = ["shuffled_block_table", "empty", "clone", "select", "from_dense", "reserved_tokens", "pool_request"]
 
 
 def shuffled_block_table(num_blocks: int, batch: int, blocks_per_seq: int, seed: int, device) -> torch.Tensor:
@@ -54,7 +54,7 @@ def empty(cls, batch_size, max_seq_len, num_kv_heads, head_dim, *, block_size, k
              else (num_blocks, num_kv_heads, block_size, head_dim))
     # pages, their shuffled order (int64) and the table (int32): named here, not an allocator's RuntimeError
     nbytes = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size() + 12 * num_blocks
-    refuse_past_free_memory(nbytes, device, num_blocks, batch_size, max_seq_len, block_size)
+    refuse_past_free_memory(nbytes, device, pool_request(num_blocks, batch_size, max_seq_len, block_size))
     block_table = shuffled_block_table(num_blocks, batch_size, bpseq, seed, device)
     k_pages = torch.zeros(shape, dtype=dtype, device=device)
     v_pages = torch.zeros(shape, dtype=dtype, device=device)
@@ -63,15 +63,10 @@ def empty(cls, batch_size, max_seq_len, num_kv_heads, head_dim, *, block_size, k
     return cls(k_pages, v_pages, block_table, seq_lens, name, granularity, k_scale, v_scale, layout)
 
 
-def refuse_past_free_memory(nbytes: int, device, num_blocks: int, batch_size: int, max_seq_len: int,
-                            block_size: int) -> None:
-    """A ValueError naming the request where a cache's ``nbytes`` (pages, scales and tables) pass the memory free on
-    ``device``: named here, not by the allocator's RuntimeError."""
-    free = free_memory_bytes(device)
-    if free is not None and nbytes > free:
-        _fail(f"num_blocks={num_blocks} (batch_size={batch_size} x max_seq_len={max_seq_len} tokens in pages of "
-              f"{block_size}) needs {nbytes / 2**30:.4g} GiB of K and V pages and tables, more than the "
-              f"{free / 2**30:.4g} GiB free on {device}; ask for fewer tokens")
+def pool_request(num_blocks: int, batch_size: int, max_seq_len: int, block_size: int) -> str:
+    """A cache's page pool by the arguments that size it, as a memory refusal names it."""
+    return (f"num_blocks={num_blocks} (batch_size={batch_size} x max_seq_len={max_seq_len} tokens in pages of "
+            f"{block_size}: K and V pages and tables)")
 
 
 def clone(cache):

@@ -31,11 +31,12 @@ import torch
 
 from .. import checks
 from ..checks import fail as _fail
+from ..device import refuse_past_free_memory
 from ..kv_formats import Encoded, Footprint, kv_footprint, quantize
 from ..kv_formats.codec import check_tensor_scale
 from ..kv_formats.pages import page_shapes, paged_format
 from . import validation
-from .construction import refuse_past_free_memory, reserved_tokens, shuffled_block_table
+from .construction import pool_request, reserved_tokens, shuffled_block_table
 from .reading import token_slots
 from .tables import PagedTables
 from .writing import append_tokens as _append_tokens
@@ -171,7 +172,7 @@ class QuantizedPagedKVCache(PagedTables):
         codes_shape, scales_shape = page_shapes(f.key, num_blocks, block_size, num_kv_heads, head_dim)
         nbytes = sum(math.prod(codes_shape) * torch.empty((), dtype=c.code_dtype).element_size()
                      + math.prod(scales_shape) * 4 for c in f.codecs) + 12 * num_blocks  # scales built in fp32
-        refuse_past_free_memory(nbytes, device, num_blocks, batch_size, max_seq_len, block_size)
+        refuse_past_free_memory(nbytes, device, pool_request(num_blocks, batch_size, max_seq_len, block_size))
         arrays = []
         for c in f.codecs:
             arrays.append(torch.zeros(codes_shape, dtype=c.code_dtype, device=device))
