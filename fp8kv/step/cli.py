@@ -19,16 +19,9 @@ from ..results import save_or_fallback
 from .measure import check_host_memory, check_weights, save, sweep
 from .model import STEP_BACKENDS
 from .multi_report import prefill_summary, verify_summary
-from .plan import check_element_step, plan_sweep
+from .plan import checked_kv_dtypes, plan_sweep
 from .prefill import prefill_sweep
-from .quantized import (
-    STEP_KV_DTYPES,
-    check_format_shape,
-    check_format_step,
-    check_one_token,
-    is_format,
-    step_kv_dtype,
-)
+from .quantized import STEP_KV_DTYPES, check_one_token, step_kv_dtype
 from .report import summary
 from .speculative import check_drafts_fit, draft_len_arg, verify_sweep
 
@@ -317,14 +310,7 @@ def _check_steps(kind: str, args) -> None:
     names its arguments: q_len = k + 1 for --draft-lens k): the formats among --kv-dtypes against each model's
     head_dim, --backend, --mode and the new tokens per step, and the draft lengths against --contexts."""
     flags = {"kv_dtype": "--kv-dtypes", "backend": "--backend", "mode": "--mode"}
-    shapes = [get_model(m) for m in args.model]
-    for kv in filter(is_format, args.kv_dtypes):
-        for shape in shapes:
-            check_format_shape(kv, shape.num_kv_heads, shape.head_dim, model=shape.name, name="--kv-dtypes")
-        check_format_step(kv, args.backend, args.mode, names=flags)
-    for kv in (kv for kv in args.kv_dtypes if not is_format(kv)):
-        for shape in shapes:
-            check_element_step(kv, args.backend, args.mode, head_dim=shape.head_dim, names=flags)
+    checked_kv_dtypes(args.kv_dtypes, [get_model(m) for m in args.model], 1, args.backend, args.mode, names=flags)
     if kind == "verify":
         drafts = [(f"--draft-lens={k}", k) for k in args.draft_lens]
         check_drafts_fit(drafts, args.contexts, "--contexts")

@@ -281,22 +281,25 @@ def kv_dtype_names(kv_dtypes) -> list[str]:
 
 
 def checked_kv_dtypes(kv_dtypes, shapes, q_len: int = 1, backend: str | None = None, mode: str = "auto",
-                      device=None) -> list[str]:
+                      device=None, *, names: dict | None = None) -> list[str]:
     """``kv_dtypes`` as canonical names (in order, once each), every quantized format checked against each of
-    ``shapes`` (its head_dim), ``q_len`` and, where given, ``backend`` / ``mode`` (see :func:`plan_sweep`)."""
-    names = kv_dtype_names(kv_dtypes)
+    ``shapes`` (its head_dim), ``q_len`` and, where given, ``backend`` / ``mode``, and every 16-bit or FP8 dtype
+    against the backend and mode (see :func:`plan_sweep`). ``names``: what the messages call ``kv_dtypes``,
+    ``backend`` and ``mode`` (the CLI's flags), as :func:`check_element_step`'s."""
+    kv_names = kv_dtype_names(kv_dtypes)
     on_gpu = None if device is None else torch.device(device).type == "cuda"
-    for kv in filter(is_format, names):
+    for kv in filter(is_format, kv_names):
         for shape in shapes:
-            check_format_shape(kv, shape.num_kv_heads, shape.head_dim, model=shape.name, name="kv_dtypes")
+            check_format_shape(kv, shape.num_kv_heads, shape.head_dim, model=shape.name,
+                               name=(names or {}).get("kv_dtype", "kv_dtypes"))
         if backend is not None:
-            check_format_step(kv, backend, mode, q_len, on_gpu=on_gpu)
+            check_format_step(kv, backend, mode, q_len, on_gpu=on_gpu, names=names)
         else:
             check_format_step(kv, "auto", "auto", q_len)
-    for kv in (n for n in names if not is_format(n)):
+    for kv in (n for n in kv_names if not is_format(n)):
         for shape in shapes:
-            check_element_step(kv, backend or "auto", mode, q_len, shape.head_dim)
-    return names
+            check_element_step(kv, backend or "auto", mode, q_len, shape.head_dim, names=names)
+    return kv_names
 
 
 def check_element_step(kv_dtype: str, backend: str, mode: str, q_len: int = 1, head_dim: int | None = None, *,
@@ -310,16 +313,16 @@ def check_element_step(kv_dtype: str, backend: str, mode: str, q_len: int = 1, h
     backends = [b for b in STEP_BACKENDS if b != "auto"] if backend == "auto" else [backend]
     op = "decode" if q_len == 1 else "attend"
 
-    def runs_somewhere(m: str) -> bool:
-        return any(check(b, kv_dtype, m, arch, "tensor", head_dim, op=op)[0] for b in backends for arch in ARCHS)
+    def answers(m: str) -> list[tuple[bool, str]]:
+        return [check(b, kv_dtype, m, arch, "tensor", head_dim, op=op) for b in backends for arch in ARCHS]
 
     used = AUTO_MODE if mode == "auto" else mode
-    if not runs_somewhere(used):
-        why = "; ".join(dict.fromkeys(check(b, kv_dtype, used, arch, "tensor", head_dim, op=op)[1]
-                                      for b in backends for arch in ARCHS))
+    refused = answers(used)
+    if not any(ok for ok, _ in refused):
+        why = "; ".join(dict.fromkeys(w for _, w in refused))
         # advice about the mode only where another mode runs: a head_dim no kernel builds is not the mode's fault
         advice = (f"; expected {names['mode']} 'auto' or '{AUTO_MODE}', or an FP8 KV dtype and a backend with an "
-                  "fp8 mode") if used != AUTO_MODE and runs_somewhere(AUTO_MODE) else ""
+                  "fp8 mode") if used != AUTO_MODE and any(ok for ok, _ in answers(AUTO_MODE)) else ""
         _fail(f"{names['mode']}={mode!r} with {names['kv_dtype']}={kv_dtype!r} and {names['backend']}={backend!r}: "
               f"{why}{advice}")
 
