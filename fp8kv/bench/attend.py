@@ -249,8 +249,8 @@ def attend_sweep(batches: Sequence[int], contexts: Sequence[int], q_lens: Sequen
             ok, why = capability_check(backend, kv, mode, arch, case.granularity, d, layout, op="attend")
             if ok:
                 ok, why = check_query(backend, q_dtype, kv)
-            if ok and "convert" in opts and convert_refusal(kv, mode):  # refused there, so no row
-                case.status, case.reason = "skipped", f"convert does not apply: {convert_refusal(kv, mode)}"
+            if ok and "convert" in opts and (why_not := convert_refusal(kv, mode)):  # refused there, so no row
+                case.status, case.reason = "skipped", f"convert does not apply: {why_not}"
                 cases.append(case)
                 continue
             # so would this one where the Gluon kernel cannot read the pages (the decode's twin: fp8kv.bench.cases)

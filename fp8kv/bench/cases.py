@@ -78,8 +78,8 @@ class Case:
         if not isinstance(self.options, dict):
             _fail(f"Case.options must be a dict of backend keyword arguments, got {type(self.options).__name__}",
                   TypeError)
-        if mode_refusal(self.kv_dtype, self.mode):
-            _fail(f"Case.mode={self.mode!r} with kv_dtype={self.kv_dtype!r}: {mode_refusal(self.kv_dtype, self.mode)}")
+        if why_not := mode_refusal(self.kv_dtype, self.mode):
+            _fail(f"Case.mode={self.mode!r} with kv_dtype={self.kv_dtype!r}: {why_not}")
         if not is_fp8(self.kv_dtype):
             self.granularity = "tensor"  # 16-bit caches carry no scales; a quantized format names its own
         if not self.label:
@@ -289,8 +289,8 @@ def sweep(batches: Sequence[int], contexts: Sequence[int], heads: Sequence[tuple
                 ok, why = capability_check(backend, kv, mode, arch, case.granularity, d, layout)
                 if ok:
                     ok, why = check_query(backend, q_dtype, kv)
-            if ok and "convert" in opts and convert_refusal(kv, mode):  # refused there, so no row
-                case.status, case.reason = "skipped", f"convert does not apply: {convert_refusal(kv, mode)}"
+            if ok and "convert" in opts and (why_not := convert_refusal(kv, mode)):  # refused there, so no row
+                case.status, case.reason = "skipped", f"convert does not apply: {why_not}"
                 cases.append(case)
                 continue
             if ok and opts.get("gluon") is False and not reads_pages(kv, case.granularity, d):
