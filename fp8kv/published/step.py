@@ -51,6 +51,8 @@ def step(src: Sources) -> dict[str, str]:
     v["step.fp8_over_bf16_rate"] = ", ".join(times(r.loc["fp8_e4m3"] / r.loc["bf16"]) for r in rates.values())
     v["step.fp8_tbs"] = ", ".join(num(r.loc["fp8_e4m3"], 2) for r in rates.values())
     v["step.b4_pct"] = span([100 * x for x in b4], 0)
+    v["step.best_ratios"] = ", ".join(f"{times(r['best_ratio'])}× ({r['model']} at {r['context']:,} tokens)"
+                                      for r in res["reading"].values())
     bf16 = {m: r.loc["bf16"] for m, r in rates.items()}
     claim(min(bf16, key=bf16.get) == "Qwen3-8B", "BF16 attention read slowest in Qwen3-8B's step", STEP)
     v["step.bf16_tbs_8b"] = num(bf16["Qwen3-8B"], 2)
