@@ -302,6 +302,15 @@ def test_capacity_walkthrough_refuses_a_bad_request_len(bad, exc, pattern):
         analysis.capacity_walkthrough("Qwen3-8B", "bf16", "H100", request_len=bad)
 
 
+def test_capacity_walkthrough_names_a_model_without_num_params():
+    shape = {"num_layers": 2, "num_q_heads": 2, "num_kv_heads": 1, "head_dim": 64, "max_position_embeddings": 64}
+    with pytest.raises(ValueError, match=r"model 'custom' has no num_params; the walkthrough counts the weights as "
+                                         r"num_params x 2 bytes"):  # was the planner's "pass weights_gib"
+        analysis.capacity_walkthrough(shape, "bf16", "H100")
+    walk = analysis.capacity_walkthrough({**shape, "num_params": 1000}, "bf16", "H100")
+    assert dict(zip(walk["step"], walk["value"], strict=True))["weights"] == 2000
+
+
 @pytest.mark.parametrize("bad", [[1, 2], None, "grid.csv"])
 def test_tokens_ratio_refuses_what_is_not_a_capacity_table(bad):
     with pytest.raises(TypeError, match="tokens_ratio: df is a"):

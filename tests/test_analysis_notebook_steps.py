@@ -136,8 +136,20 @@ def test_model_accuracy_calibrates_then_evaluates_each_model(fake_models):
     assert run.scales == {"a": ("k-net-a", "v-net-a"), "b": ("k-net-b", "v-net-b")}
     assert run.summary["model"].tolist() == ["net-a", "net-b"] and len(run.layers) == 4
     assert list(run.overview().columns) == list(analysis.SUMMARY_COLUMNS)
-    with pytest.raises(ValueError, match=r"window=0; expected an int >= 1"):
+    with pytest.raises(ValueError, match=r"window=0; expected an int >= 2"):
         analysis.model_accuracy(["a"], window=0)
+
+
+def test_model_accuracy_refuses_before_any_model_loads(fake_models):
+    with pytest.raises(ValueError, match=r"models has \['c'\]; expected values among \('a', 'b'\)"):
+        analysis.model_accuracy(["a", "c"])  # "a" was loaded, calibrated and evaluated first
+    with pytest.raises(ValueError, match="models is empty"):  # was pandas' "No objects to concatenate"
+        analysis.model_accuracy([])
+    with pytest.raises(ValueError, match=r"window=1; expected an int >= 2"):  # refused by evaluate, after calibration
+        analysis.model_accuracy(["a"], window=1)
+    assert fake_models == []
+    run = analysis.model_accuracy(["b", "b"], window=8, n_windows=1, calib_tokens=8)
+    assert run.summary["model"].tolist() == ["net-b"]  # one row per model, not one per mention
 
 
 def test_model_descriptions_and_printable_decodes(fake_models):

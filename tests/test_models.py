@@ -230,6 +230,25 @@ def test_token_ids_outside_the_vocabulary_are_refused_by_name(tiny):
     assert list(ok.config) == ["bf16"] and ok.n_tokens[0] == 40
 
 
+def test_inputs_past_the_models_positions_are_refused_by_name(tiny):
+    toks = torch.randint(0, TINY_VOCAB, (300,))  # tiny takes 128 positions
+    past = r"spans 129 positions, past the model's 128 \(max_position_embeddings\)"
+    with pytest.raises(ValueError, match=rf"window=128 with its BOS {past}"):  # ran, RoPE extrapolated
+        evaluate(tiny, toks, [], window=128, bos_token_id=1)
+    with pytest.raises(ValueError, match=rf"window=129 {past}"):
+        calibrate_scales(tiny, toks, window=129)
+    with pytest.raises(ValueError, match=rf"input_ids of 129 tokens {past}"):
+        capture_kv(tiny, toks[:129])
+    with pytest.raises(ValueError, match=rf"input_ids of 129 tokens {past}"):
+        run_quantized(tiny, toks[:129])
+    with pytest.raises(ValueError, match=rf"prompt_ids of 120 tokens and n_new=10 .* {past}"):
+        greedy_decode_paged(tiny, toks[:120], 10)
+    with pytest.raises(ValueError, match=rf"prompt_ids of 120 tokens and n_new=10 .* {past}"):
+        long_prompt_decode(tiny, toks[:120], 10)
+    assert len(greedy_decode_paged(tiny, toks[:120], 9).tokens) == 9  # the last position is the 128th
+    assert evaluate(tiny, toks, [], window=127, bos_token_id=1).n_windows[0] == 2
+
+
 def test_long_prompt_decode_refuses_no_kv_dtypes(tiny):
     with pytest.raises(ValueError, match=r"kv_dtypes=\[\] is empty"):  # was an empty table
         long_prompt_decode(tiny, torch.tensor([1, 2, 3]), 2, kv_dtypes=[])

@@ -51,10 +51,20 @@ def model_accuracy(models, *, device="cpu", window: int = 512, n_windows: int = 
     """
     import pandas as pd
 
-    from ..models import bos_token_id, calibrate_scales, evaluate, load_model, standard_configs, text_tokens
+    from ..models import (
+        WEIGHTS,
+        bos_token_id,
+        calibrate_scales,
+        evaluate,
+        load_model,
+        standard_configs,
+        text_tokens,
+    )
 
-    models = [models] if isinstance(models, str) else list(models)
-    window, n_windows = checks.positive_int(window, "window"), checks.positive_int(n_windows, "n_windows")
+    # every name before the first model loads: a typo in the last one lost the minutes spent on the others
+    models = list(dict.fromkeys(checks.many_of(models, "models", tuple(WEIGHTS))))
+    window = checks.integer(window, "window", minimum=2)  # a window scores its tokens after the first
+    n_windows = checks.positive_int(n_windows, "n_windows")
     calib_tokens = checks.positive_int(calib_tokens, "calib_tokens")
     calib_offset = checks.nonnegative_int(calib_offset, "calib_offset")
     loaded, scales, summaries, layer_tables = {}, {}, [], []

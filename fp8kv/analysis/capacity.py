@@ -130,9 +130,13 @@ def capacity_walkthrough(model, kv_dtype, gpu, *, utilization: float = 0.9, bloc
 
     if request_len is not None:
         request_len = checks.positive_int(request_len, "request_len")
-    plan = plan_capacity(model, kv_dtype, gpu_memory_gib=gpu, utilization=utilization, block_size=block_size,
-                         granularity=granularity, max_model_len=max_model_len)
     shape = resolve_model(model)
+    if shape.num_params is None:  # the planner's refusal would advise weights_gib, which the walkthrough has not
+        checks.fail(f"model {shape.name!r} has no num_params; the walkthrough counts the weights as num_params x "
+                    f"{WEIGHT_BYTES} bytes: expected a registry name, a ModelShape or dict with num_params, or a "
+                    "Hugging Face config with vocab_size and intermediate_size")
+    plan = plan_capacity(shape, kv_dtype, gpu_memory_gib=gpu, utilization=utilization, block_size=block_size,
+                         granularity=granularity, max_model_len=max_model_len)
     _, tdtype, fmt = kv_dtype_info(kv_dtype)
     elem = torch.empty(0, dtype=tdtype).element_size()
     layers, hkv, d = shape.num_layers, shape.num_kv_heads, shape.head_dim

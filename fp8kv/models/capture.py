@@ -10,7 +10,15 @@ import torch
 from .. import checks
 from ..quant import compute_scale
 from .attention import attention_handler, model_attention
-from .introspect import attention_modules, check_token_id, layer_types, num_layers, one_sequence, token_ids
+from .introspect import (
+    attention_modules,
+    check_positions,
+    check_token_id,
+    layer_types,
+    num_layers,
+    one_sequence,
+    token_ids,
+)
 from .kv_config import KVQuantConfig
 from .loading import windows
 
@@ -118,6 +126,7 @@ def calibrate_scales(model, calibration_ids, cfg: KVQuantConfig | None = None, *
     if bos_token_id is not None:
         bos_token_id = check_token_id(bos_token_id, "bos_token_id", model)
     chunk = windows(ids, min(window, ids.numel()), None, bos_token_id)
+    check_positions(model, len(chunk[0]), f"window={window}" + (" with its BOS" if bos_token_id is not None else ""))
     ks, vs = [[] for _ in range(num_layers(model))], [[] for _ in range(num_layers(model))]
     for w in chunk:
         cap = _capture(model, w[None].to(model.device))

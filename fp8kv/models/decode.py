@@ -26,7 +26,7 @@ import torch
 from ..cache import PagedKVCache
 from ..formats import kv_dtype_info
 from .attention import attention_handler, attention_variants, model_attention
-from .introspect import num_layers, one_sequence
+from .introspect import check_positions, num_layers, one_sequence
 from .kv_config import check_layer_scales, layer_entry
 
 __all__ = ["greedy_decode_paged", "DecodeResult", "resolve_decode_fn", "decode_backends", "long_prompt_decode"]
@@ -175,6 +175,13 @@ def _run(model, prompt, n_new, kv_dtype, granularity, k_scale, v_scale, block_si
     return tokens, (torch.stack(logits) if keep_logits else None), caches, [handler.variants[i] for i in range(n)]
 
 
+def _check_decode_positions(model, prompt, n_new: int) -> None:
+    """The prompt and the ``n_new - 1`` generated tokens fed back (the last is only chosen) within the model's
+    positions."""
+    t = prompt.shape[1]
+    check_positions(model, t + n_new - 1, f"prompt_ids of {t} tokens and n_new={n_new} (fed back but the last)")
+
+
 def greedy_decode_paged(model, prompt_ids, n_new: int, kv_dtype: str = "fp8_e4m3", *, backend: str = "reference",
                         mode: str = "auto", decode_fn=None, granularity: str = "tensor", k_scale=None, v_scale=None,
                         block_size: int = 16, baseline: str = "bf16", return_logits: bool = False) -> DecodeResult:
@@ -203,6 +210,7 @@ def greedy_decode_paged(model, prompt_ids, n_new: int, kv_dtype: str = "fp8_e4m3
     kv_name = kv_dtype_info(kv_dtype)[0]
     base_name = kv_dtype_info(baseline)[0]
     prompt = one_sequence(prompt_ids, model, "prompt_ids")
+    _check_decode_positions(model, prompt, n_new)
     # A per-layer list shorter than the layers would fail at its first missing layer, mid-prefill.
     check_layer_scales(model, k_scale=k_scale, v_scale=v_scale)
     fn = decode_fn if decode_fn is not None else resolve_decode_fn(backend, mode)
@@ -268,6 +276,7 @@ def long_prompt_decode(model, prompt_ids, n_new: int = 32, kv_dtypes=("bf16", "f
     if not names:  # an empty table would read as "nothing to report", not as a mistake
         raise ValueError(f"kv_dtypes={kv_dtypes!r} is empty; give at least one, e.g. ('bf16', 'fp8_e4m3')")
     prompt = one_sequence(prompt_ids, model, "prompt_ids")
+    _check_decode_positions(model, prompt, n_new)
     check_layer_scales(model, k_scale=k_scale, v_scale=v_scale)
     t = prompt.shape[1]
     fn = decode_fn if decode_fn is not None else resolve_decode_fn(backend, mode)

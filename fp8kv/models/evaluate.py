@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from .introspect import check_token_id, layer_types, num_layers, token_ids
+from .introspect import check_positions, check_token_id, layer_types, num_layers, token_ids
 from .kv_config import BASELINE, KVQuantConfig, check_config_layers
 from .loading import windows
 from .quantized import KVStats, quantized_kv
@@ -136,6 +136,7 @@ def evaluate(model, tokens, configs, *, window: int = 256, n_windows: int | None
     if bos_token_id is not None:
         bos_token_id = check_token_id(bos_token_id, "bos_token_id", model)
     wins = windows(tokens, window, n_windows, bos_token_id)
+    check_positions(model, len(wins[0]), f"window={window}" + (" with its BOS" if bos_token_id is not None else ""))
 
     n_l, types = num_layers(model), layer_types(model)
     stats = {c.label: KVStats(n_l, types) for c in configs}

@@ -9,7 +9,7 @@ from .. import checks
 from ..capacity_registry import resolve_model
 
 __all__ = ["num_layers", "layer_types", "attention_modules", "vocab_size", "kv_head_layout", "check_token_ids",
-           "token_ids", "check_token_id", "one_sequence"]
+           "token_ids", "check_token_id", "one_sequence", "max_positions", "check_positions"]
 
 
 def _text_config(model):
@@ -53,6 +53,21 @@ def vocab_size(model) -> int | None:
     return None if n is None else int(n)
 
 
+def max_positions(model) -> int | None:
+    """The most positions ``model`` takes (its config's ``max_position_embeddings``); None where it says none."""
+    n = getattr(_text_config(model), "max_position_embeddings", None)
+    return None if n is None else int(n)
+
+
+def check_positions(model, positions: int, what: str) -> None:
+    """Refuse a forward over more than :func:`max_positions` positions, ``what`` naming the input: past them RoPE
+    extrapolates without a word and every number describes positions the model was never trained on."""
+    n = max_positions(model)
+    if n is not None and positions > n:
+        raise ValueError(f"{what} spans {positions} positions, past the model's {n} (max_position_embeddings); "
+                         f"expected at most {n}")
+
+
 def check_token_ids(ids: torch.Tensor, name: str, model) -> torch.Tensor:
     """Refuse an integer id tensor with an id outside ``model``'s vocabulary ``[0, V)`` by name,
     naming the first bad id and V (a host sync). The embedding would otherwise fail with a bare
@@ -88,8 +103,8 @@ def check_token_id(value, name: str, model) -> int:
 
 
 def one_sequence(input_ids, model, name: str = "input_ids") -> torch.Tensor:
-    """Token ids of one sequence (``[T]`` or ``[1, T]``, int32/int64, within the model's vocabulary)
-    as int64 ``[1, T]`` on the model's device; errors name the argument ``name``."""
+    """Token ids of one sequence (``[T]`` or ``[1, T]``, int32/int64, within the model's vocabulary and
+    :func:`max_positions`) as int64 ``[1, T]`` on the model's device; errors name the argument ``name``."""
     ids = torch.as_tensor(input_ids)
     if ids.dtype not in (torch.int64, torch.int32) or ids.ndim not in (1, 2):
         raise ValueError(f"{name} must be int64 [T] or [1, T]; got {ids.dtype} of shape {tuple(ids.shape)}")
@@ -98,4 +113,5 @@ def one_sequence(input_ids, model, name: str = "input_ids") -> torch.Tensor:
     if ids.numel() == 0:
         raise ValueError(f"{name} is empty")
     check_token_ids(ids, name, model)
+    check_positions(model, ids.shape[-1], f"{name} of {ids.shape[-1]} tokens")
     return ids.reshape(1, -1).to(torch.int64).to(model.device)
