@@ -237,6 +237,7 @@ def decode(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None, 
         ``out * exp(lse) = Σ_j exp(s_j) v_j`` holds with or without sinks.
     """
     check_paged_cache(cache)
+    cache.validate_arrays(contents=True)  # scales edited in place: a NaN or negative one decoded silently
     cache.check_query(q)
     checks.finite_tensor(q, "q")  # as fp8kv.decode and the attend oracle refuse it: a NaN query is no result
     window, soft_cap, sinks = checks.attention_variant(window, soft_cap, sinks, num_q_heads=q.shape[1],

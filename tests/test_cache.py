@@ -9,6 +9,7 @@ import pytest
 import torch
 from fixtures import DEVICE
 
+import fp8kv
 from fp8kv.cache import PagedKVCache
 from fp8kv.formats import kv_dtype_info
 from fp8kv.ops import write_cache
@@ -394,6 +395,24 @@ def test_page_errors():
         PagedKVCache(kp, vp, bt, sl, granularity="block")
     with pytest.raises(ValueError, match=r"kv_dtype='int8' is not supported"):
         PagedKVCache(kp, vp, bt, sl, kv_dtype="int8")
+
+
+def test_k_and_v_pages_sharing_memory_are_refused():
+    """``k = v = torch.zeros(...)``: every write of V would land on K's pages, and K read back as V."""
+    kp, vp, bt, sl = _parts()
+    with pytest.raises(ValueError, match=r"k_pages and v_pages share memory .* v_pages=k_pages.clone\(\)"):
+        PagedKVCache(kp, kp, bt, sl)
+    both = torch.zeros(2 * kp.numel(), dtype=kp.dtype)
+    with pytest.raises(ValueError, match="k_pages and v_pages share memory"):  # overlapping views of one buffer
+        PagedKVCache(both[:kp.numel()].view(kp.shape), both[8:8 + kp.numel()].view(kp.shape), bt, sl)
+    halves = both.view(2, *kp.shape)  # disjoint halves of one buffer are two arrays
+    PagedKVCache(halves[0], halves[1], bt, sl)
+    c = PagedKVCache(kp, vp, bt, sl)
+    c.v_pages = c.k_pages  # replaced after construction: named where the cache is next read or written
+    with pytest.raises(ValueError, match="k_pages and v_pages share memory"):
+        c.write(torch.ones(1, 2, 24), torch.zeros(1, 2, 24), [0])
+    with pytest.raises(ValueError, match="k_pages and v_pages share memory"):
+        fp8kv.decode(torch.zeros(1, 4, 24), c, backend="reference")
 
 
 def test_device_mismatch_errors():

@@ -395,6 +395,9 @@ def _replace(name, make):
     (_replace("k_pages", lambda p: p.to(torch.int8)), TypeError, "k_pages has dtype torch.int8"),
     (_replace("k_pages", lambda p: p[..., :8].contiguous()), ValueError, "k_pages .* must have the same shape"),
     (_replace("block_table", lambda t: t.long()), TypeError, "block_table must be int32"),
+    # one array for K and V: a write of V would overwrite K's codes (or scales)
+    (lambda c: setattr(c, "v_pages", c.k_pages), ValueError, "k_pages and v_pages share memory"),
+    (lambda c: setattr(c, "v_scales", c.k_scales), ValueError, "k_scales and v_scales share memory"),
 ])
 def test_arrays_replaced_with_bad_ones_are_named(corrupt, exc, match):
     cache = _cache()

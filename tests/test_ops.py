@@ -509,6 +509,10 @@ def test_write_cache_errors():
         write_cache(cache, k, k, torch.zeros(3, device=DEVICE))
     with pytest.raises(ValueError, match="agree on N"):
         write_cache(cache, k, k, torch.zeros(2, dtype=torch.int64, device=DEVICE))
+    slot = torch.arange(3, device=DEVICE)
+    for flag in (None, "no"):  # None skipped the saturation count silently; "no" counted
+        with pytest.raises(TypeError, match=rf"count_saturated={flag!r} .*expected True or False"):
+            write_cache(cache, k, k, slot, count_saturated=flag)
 
 
 # ------------------------------------------------------------------------------------------ GPU only

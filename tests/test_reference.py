@@ -173,6 +173,20 @@ def test_a_query_that_is_not_finite_is_refused_by_name():
         decode(q, cache)
 
 
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.k_scale.fill_(float("nan")), r"k_scale=nan; scales must be positive and finite"),
+    (lambda c: c.v_scale.fill_(-0.5), r"v_scale=-0.5; scales must be positive and finite"),
+    (lambda c: setattr(c, "k_scale", torch.ones(2)), r"k_scale has shape \(2,\); .* holds scales of shape \(\)"),
+])
+def test_scales_edited_after_construction_are_refused_by_name(edit, message):
+    """As fp8kv.decode and the attend oracle refuse them: the decode oracle answered NaN for a NaN scale, a
+    sign-flipped output for a negative one, and a raw broadcasting RuntimeError for a mis-shaped one."""
+    cache = PagedKVCache.from_dense(torch.randn(1, 8, 2, 32), torch.randn(1, 8, 2, 32), [8])
+    edit(cache)
+    with pytest.raises(ValueError, match=message):
+        decode(torch.randn(1, 4, 32), cache)
+
+
 @pytest.mark.parametrize("what, message", [("block_table", r"block_table\[1, 1\]=99 is out of range \[0, 4\)"),
                                            ("seq_len_over", r"seq_lens\[0\]=1000 exceeds the capacity"),
                                            ("seq_len_negative", r"seq_lens\[0\]=-5 is negative")])

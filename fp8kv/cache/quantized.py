@@ -129,6 +129,7 @@ class QuantizedPagedKVCache(PagedTables):
                 if bool(bad.any()):
                     idx = tuple(int(i) for i in bad.nonzero()[0])
                     _fail(f"{name}{list(idx)}={float(s[idx].to(torch.float32))}; scales must be positive and finite")
+        validation.check_disjoint("k_scales", self.k_scales, "v_scales", self.v_scales)
         for name, codec in (("k_tensor_scale", self.fmt.key), ("v_tensor_scale", self.fmt.value)):
             t = getattr(self, name)
             if codec.tensor_scale:

@@ -11,8 +11,8 @@ from ..checks import fail as _fail
 from ..formats import UNQUANTIZED_DTYPES
 
 __all__ = ["LAYOUTS", "QUERY_DTYPES", "check_block_size", "check_data_device", "show_scale", "is_unit_scale",
-           "check_pages", "check_arrays", "check_tables", "checked_tables", "check_query", "live_entries",
-           "refuse_shared_writes", "check_rows", "check_write"]
+           "check_disjoint", "check_pages", "check_arrays", "check_tables", "checked_tables", "check_query",
+           "live_entries", "refuse_shared_writes", "check_rows", "check_write"]
 
 LAYOUTS = ("NHD", "HND")
 QUERY_DTYPES = tuple(UNQUANTIZED_DTYPES.values())  # bf16, fp16, fp32 (fp32: the reference only)
@@ -47,6 +47,15 @@ def is_unit_scale(value, name) -> bool:
     return bool((checks.positive_fp32(value, name, expected="None or 1.0") == 1).all())
 
 
+def check_disjoint(a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor) -> None:
+    """Two contiguous arrays on one device that writes fill separately (K's and V's) hold memory of their own:
+    one tensor passed twice (``k = v = torch.zeros(...)``), or overlapping views, has V's writes overwrite K's."""
+    a_end, b_end = a.data_ptr() + a.numel() * a.element_size(), b.data_ptr() + b.numel() * b.element_size()
+    if a.numel() and b.numel() and a.data_ptr() < b_end and b.data_ptr() < a_end:
+        _fail(f"{a_name} and {b_name} share memory (the same tensor, or overlapping views of one); expected "
+              f"separate tensors, e.g. {b_name}={a_name}.clone()")
+
+
 def check_pages(cache) -> None:
     """The pages' and tables' types, dtypes, ranks, shapes, devices and contiguity (no host sync)."""
     k, v = cache.k_pages, cache.v_pages
@@ -66,6 +75,7 @@ def check_pages(cache) -> None:
     if v.device != k.device:
         _fail(f"v_pages is on {v.device} but k_pages is on {k.device}")
     check_data_device(k.device, "k_pages")
+    check_disjoint("k_pages", k, "v_pages", v)
     check_block_size(cache.block_size)
     for name, n in (("num_blocks", cache.num_blocks), ("num_kv_heads", cache.num_kv_heads),
                     ("head_dim", cache.head_dim)):

@@ -116,6 +116,7 @@ def write_cache(cache: PagedKVCache, k_new: torch.Tensor, v_new: torch.Tensor, s
     only shapes, dtypes and devices are checked; the kernel still skips slots outside the pool.
     """
     checks.flag(check, "check")
+    checks.flag(count_saturated, "count_saturated")  # None skipped the count, silently
     slots = cache.check_write(k_new, v_new, slot_mapping, contents=check)
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         if t.stride(-1) != 1:
