@@ -218,7 +218,7 @@ def check_rows(cache, name, t, finite: bool = True) -> None:
         _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
     if t.ndim != 3 or tuple(t.shape[1:]) != exp:
         _fail(f"{name} must be [N, {exp[0]}, {exp[1]}] (tokens, Hkv, D); got {tuple(t.shape)}")
-    if t.dtype not in checks.FLOAT_DTYPES:  # FP8 rows too: the cache quantizes what it is given
+    if t.dtype not in checks.FLOAT_DTYPES:  # FP8 rows refused too: the cache quantizes float rows itself
         _fail(f"{name} has dtype {t.dtype}; expected one of {checks.FLOAT_DTYPES}", TypeError)
     if t.device != cache.device:
         _fail(f"{name} is on {t.device} but the cache is on {cache.device}")
