@@ -148,6 +148,12 @@ def _check_name(name: str) -> None:
                          "(the notebook's file name without .ipynb, e.g. '01_fp8_formats')")
 
 
+def _device_slug(doc) -> str | None:
+    """The GPU slug a results document records (``doc["device"]["slug"]``), None where it records none."""
+    device = doc.get("device") if isinstance(doc, dict) else None
+    return device.get("slug") if isinstance(device, dict) else None
+
+
 def _check_same_device(path: Path, info: dict) -> None:
     """Refuse to replace ``path`` where it holds another GPU's results: report folders are per GPU slug
     (the runner's folder name), so the slug is the fact compared."""
@@ -155,8 +161,7 @@ def _check_same_device(path: Path, info: dict) -> None:
         prior = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # none yet, or not a results document: nothing of another GPU to keep
         return
-    theirs = prior.get("device") if isinstance(prior, dict) else None
-    theirs = theirs.get("slug") if isinstance(theirs, dict) else None
+    theirs = _device_slug(prior)
     if theirs is not None and theirs != info["slug"]:
         raise ValueError(f"{path} holds the results of device {theirs!r}; this run is on {info['slug']!r}, and a "
                          "run never overwrites another GPU's results: save under that GPU's own folder")
@@ -217,7 +222,9 @@ def load_results(out_dir: str | os.PathLike, name: str) -> dict:
 def collect_results(name: str, reports_dir: str | os.PathLike = "reports") -> dict[str, dict]:
     """One notebook's results from every GPU's report folder: ``{gpu_slug: document}``.
 
-    For notebooks that compare machines; folders without that notebook's JSON are skipped.
+    For notebooks that compare machines; folders without that notebook's JSON are skipped. A document whose
+    device slug is not its folder's name (a file copied from another GPU's folder) is a ValueError naming it:
+    it would be shown as the folder's GPU.
     """
     _check_name(name)
     found = {}
@@ -225,7 +232,12 @@ def collect_results(name: str, reports_dir: str | os.PathLike = "reports") -> di
     if root.is_dir():
         for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
             if (folder / f"{name}.json").is_file():
-                found[folder.name] = load_results(folder, name)
+                doc = load_results(folder, name)
+                theirs = _device_slug(doc)
+                if theirs is not None and theirs != folder.name:
+                    fail(f"{folder / f'{name}.json'} holds the results of device {theirs!r} but sits in the folder "
+                         f"{folder.name!r}; each GPU's results belong in its own folder ({root / str(theirs)})")
+                found[folder.name] = doc
     return found
 
 

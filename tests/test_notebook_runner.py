@@ -904,11 +904,18 @@ def test_save_and_load_results_round_trip(tmp_path):
 
 def test_collect_results_across_gpus(tmp_path):
     for slug in ("cpu", "nvidia-h200"):
-        runner.save_results(tmp_path / slug, "00_x", {"slug": slug}, device="cpu")
+        path = runner.save_results(tmp_path / slug, "00_x", {"slug": slug}, device="cpu")
+        doc = json.loads(path.read_text())
+        doc["device"]["slug"] = slug  # as that GPU's own run records it
+        path.write_text(json.dumps(doc))
     (tmp_path / "nvidia-a100").mkdir()  # a GPU without that notebook
     found = runner.collect_results("00_x", tmp_path)
     assert sorted(found) == ["cpu", "nvidia-h200"]
     assert found["nvidia-h200"]["results"]["slug"] == "nvidia-h200"
+    # a file copied into another GPU's folder is named, not shown as that GPU's
+    (tmp_path / "nvidia-a100" / "00_x.json").write_text((tmp_path / "cpu" / "00_x.json").read_text())
+    with pytest.raises(ValueError, match=r"nvidia-a100.*00_x\.json.*'cpu'"):
+        runner.collect_results("00_x", tmp_path)
 
 
 def test_cli_bench_forwards_arguments(monkeypatch):
