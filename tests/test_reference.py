@@ -185,6 +185,8 @@ def test_scales_edited_after_construction_are_refused_by_name(edit, message):
     edit(cache)
     with pytest.raises(ValueError, match=message):
         decode(torch.randn(1, 4, 32), cache)
+    with pytest.raises(ValueError, match=message):  # the cache's own read, a public entry too
+        cache.gather(0)
 
 
 @pytest.mark.parametrize("what, message", [("block_table", r"block_table\[1, 1\]=99 is out of range \[0, 4\)"),

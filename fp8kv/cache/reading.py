@@ -8,7 +8,7 @@ import torch
 from .. import checks
 from ..checks import fail as _fail
 from ..quant import broadcast_scale
-from .validation import checked_tables
+from .validation import check_arrays, checked_tables
 
 __all__ = ["nhd_view", "token_slots", "gather"]
 
@@ -26,9 +26,11 @@ def token_slots(cache, seq: int, positions: torch.Tensor) -> torch.Tensor:
 
 
 def gather(cache, i) -> tuple[torch.Tensor, torch.Tensor]:
-    """:meth:`PagedKVCache.gather`: fp32 K, V ``[seq_lens[i], Hkv, D]`` of sequence ``i``, its length and
-    block-table entries checked as they are now."""
+    """:meth:`PagedKVCache.gather`: fp32 K, V ``[seq_lens[i], Hkv, D]`` of sequence ``i``, its length,
+    block-table entries and scales checked as they are now (a scale replaced since construction: named, not a
+    broadcasting error or NaN rows)."""
     i = checks.integer(i, "i")
+    check_arrays(cache)
     if not 0 <= i < cache.batch_size:
         _fail(f"sequence index {i} is out of range [0, {cache.batch_size})")
     n = int(checked_tables(cache, row=i)[0])
