@@ -160,8 +160,10 @@ def attend_speedup_figure(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3", *
 
     sp = attend_speedup(rows, baseline, fp8)
     fig = make_subplots(rows=1, cols=2, subplot_titles=["against new tokens per sequence (q_len)", "against context"])
-    left = {key: f"{key[0]}, B = {key[1]}, {key[2]} cached tokens" for key, _ in sp.groupby(["backend", "batch", "context"])}
-    right = {key: f"{key[0]}, B = {key[1]}, {key[2]} new tokens" for key, _ in sp.groupby(["backend", "batch", "q_len"])}
+    left = {key: f"{key[0]}, B = {key[1]}, {key[2]} cached tokens"
+            for key, _ in sp.groupby(["backend", "batch", "context"])}
+    right = {key: f"{key[0]}, B = {key[1]}, {key[2]} new token{'s' * (key[2] != 1)}"
+             for key, _ in sp.groupby(["backend", "batch", "q_len"])}
     colours = color_map([*left.values(), *right.values()])
     for key, s in sp.groupby(["backend", "batch", "context"], sort=True):
         s = s.sort_values("q_len")
