@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 __all__ = ["flag", "integer", "generator_seed", "GENERATOR_SEEDS", "run_seed", "RUN_SEEDS", "rep_ms", "MAX_REP_MS", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed",
-           "tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
+           "tensor", "float_dtype", "readable_tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
            "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "softmax_scale_or_default", "resolved_softmax_scale",
            "show_value", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
            "MAX_SINK", "MAX_WINDOW", "MIN_SCORE_FACTOR", "MAX_SCORE_FACTOR", "FLOAT_DTYPES"]
@@ -197,6 +197,22 @@ def tensor(value, name: str, *, ndim: int | None = None, dtypes: Iterable[torch.
             fail(f"{name} has dtype {str(value.dtype).replace('torch.', '')}; expected one of: {names}", TypeError)
     if device is not None and value.device != torch.device(device):
         fail(f"{name} is on {value.device} but must be on {device}; move it with .to()")
+    return value
+
+
+def readable_tensor(value: torch.Tensor, name: str) -> torch.Tensor:
+    """``value`` (a tensor) if it is on 'cpu' or a CUDA device: one with values to read ('meta' holds none)."""
+    if value.device.type not in ("cpu", "cuda"):
+        fail(f"{name} is on {value.device}; expected a tensor on 'cpu' or a CUDA device (one holding values)")
+    return value
+
+
+def float_dtype(value, name: str = "dtype", choices: Iterable[torch.dtype] = FLOAT_DTYPES) -> torch.dtype:
+    """A torch dtype among ``choices`` (a bool, a string or a number is refused, not read as one)."""
+    choices = tuple(choices)
+    if not isinstance(value, torch.dtype) or value not in choices:
+        names = ", ".join(str(d).replace("torch.", "") for d in choices)
+        fail(f"{name}={show_value(value)}; expected a torch dtype among: {names}", TypeError)
     return value
 
 

@@ -209,7 +209,7 @@ KV_DTYPE_NAMES: tuple[str, ...] = tuple(KV_DTYPES)  # for choices and error mess
 
 def is_fp8(kv_dtype: str) -> bool:
     """Whether the KV dtype named ``kv_dtype`` stores FP8 codes (False for 16-bit and unknown names)."""
-    return kv_dtype in KV_DTYPES and KV_DTYPES[kv_dtype][1] is not None
+    return isinstance(kv_dtype, str) and kv_dtype in KV_DTYPES and KV_DTYPES[kv_dtype][1] is not None
 
 
 def kv_dtype_info(kv_dtype: str | torch.dtype) -> tuple[str, torch.dtype, FP8Format | None]:

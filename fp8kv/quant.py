@@ -52,6 +52,9 @@ _FP32_NORMAL_MIN = torch.finfo(torch.float32).tiny  # 2^-126
 def scale_shape(shape: torch.Size | tuple, granularity: str) -> tuple:
     """Shape of the scale tensor for data of ``shape`` ([..., H, D]) at ``granularity``."""
     _check_granularity(granularity)
+    if not isinstance(shape, (tuple, list, torch.Size)):
+        checks.fail(f"shape={checks.show_value(shape)} ({type(shape).__name__}); expected a tuple of ints "
+                    "[..., heads, head_dim]", TypeError)
     if len(shape) < 2:
         raise ValueError(f"x must have at least 2 dims [..., heads, head_dim]; got shape {tuple(shape)}")
     return {
@@ -88,7 +91,9 @@ def _check_granularity(granularity):
 
 
 def reduce_dims(ndim: int, granularity: str) -> tuple[int, ...]:
-    """Dims that are reduced over to compute one scale (the dims that share it)."""
+    """Dims that are reduced over to compute one scale (the dims that share it), for data of ``ndim`` >= 2 dims."""
+    ndim = checks.integer(ndim, "ndim", minimum=2)  # [..., heads, head_dim]
+    _check_granularity(granularity)
     return {
         "tensor": tuple(range(ndim)),
         "head": tuple(range(ndim - 2)) + (ndim - 1,),
@@ -189,6 +194,7 @@ def scale_from_stat(stat: torch.Tensor, divisor: float) -> torch.Tensor:
     within ``divisor``: every value fp32 holds gets a code. Normal quotients are rounded to nearest
     (their 2^-24 relative error rounds back to the format's max).
     """
+    checks.tensor(stat, "stat", dtypes=checks.FLOAT_DTYPES)
     divisor = checks.positive_float(divisor, "divisor")  # a format's largest value: 0 gave inf scales, -1 negative
     exact = stat.to(torch.float64) / divisor
     scale = exact.to(torch.float32)
@@ -206,6 +212,9 @@ def cast_saturating(y: torch.Tensor, fmt: FP8Format, *, count: bool = True) -> t
     up, so it is counted). Without ``count`` it is None: the count is a host sync, which a CUDA graph
     cannot hold.
     """
+    checks.readable_tensor(checks.tensor(y, "y", dtypes=checks.FLOAT_DTYPES), "y")
+    fmt = format(fmt)  # an FP8Format, or its name or torch dtype
+    count = checks.flag(count, "count")
     y = y.to(torch.float32)  # the threshold is an fp32 boundary, as in the Triton cache write
     saturated = int((y.abs() >= fmt.first_overflow).sum()) if count else None
     return y.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype), saturated
@@ -237,6 +246,8 @@ class Quantized:
         return broadcast_scale(self.scale, self.data.ndim, self.granularity)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``data * scale`` as ``dtype``, a float dtype of :data:`fp8kv.checks.FLOAT_DTYPES`."""
+        dtype = checks.float_dtype(dtype)
         return (self.data.to(torch.float32) * self.scale_broadcast()).to(dtype)
 
     @property
@@ -356,8 +367,11 @@ def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
     for name, t in (("a", a), ("ref", ref)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        checks.readable_tensor(t, name)
     if a.shape != ref.shape:
         raise ValueError(f"a has shape {tuple(a.shape)} but ref has {tuple(ref.shape)}; expected one shape")
+    if a.device != ref.device:
+        raise ValueError(f"a is on {a.device} but ref is on {ref.device}; expected one device")
     a64, r64 = a.detach().to(torch.float64), ref.detach().to(torch.float64)
     den = r64.norm()
     num = (a64 - r64).norm()

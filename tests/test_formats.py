@@ -214,3 +214,9 @@ def test_saturation_bounds_of_storage_dtypes_and_refusals():
     for bad in (torch.int8, "bf16", None):
         with pytest.raises(TypeError, match=r"dtype=.*; expected a torch float dtype among: float8_e4m3fn"):
             formats.saturation_bounds(bad)
+
+
+@pytest.mark.parametrize("value", [["fp8_e4m3"], {"fp8_e4m3": 1}, None, 8])
+def test_is_fp8_answers_false_for_what_is_no_name(value):
+    assert formats.is_fp8(value) is False  # a list or dict raised 'unhashable type' before
+    assert formats.is_fp8("fp8_e5m2") and not formats.is_fp8("bf16")

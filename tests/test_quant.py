@@ -10,7 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fp8kv.formats import FORMATS
-from fp8kv.quant import GRANULARITIES, compute_scale, kv_scale_bytes, quantize, relative_error, scale_shape
+from fp8kv.quant import (
+    GRANULARITIES,
+    cast_saturating,
+    compute_scale,
+    kv_scale_bytes,
+    quantize,
+    reduce_dims,
+    relative_error,
+    scale_from_stat,
+    scale_shape,
+)
 
 GRANS = ("tensor", "head", "token_head", "channel")
 U8 = torch.uint8
@@ -534,3 +544,34 @@ def test_kv_scale_bytes_counts_the_scales_quantize_stores(granularity):
     assert kv_scale_bytes(None, num_layers=layers, num_kv_heads=heads, head_dim=head_dim) == (0, 0)
     with pytest.raises(ValueError, match="granularity='block'"):
         kv_scale_bytes("block", num_layers=layers, num_kv_heads=heads, head_dim=head_dim)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda x, q: q.dequantize(True), TypeError, r"dtype=True; expected a torch dtype among: float16"),  # bool out
+    (lambda x, q: q.dequantize(""), TypeError, r"dtype=''; expected a torch dtype"),  # torch's RuntimeError before
+    (lambda x, q: q.dequantize(torch.int32), TypeError, r"dtype=torch.int32; expected"),
+    (lambda x, q: reduce_dims(3, "block"), ValueError, r"granularity='block' is not supported"),  # KeyError before
+    (lambda x, q: reduce_dims(1.5, "head"), TypeError, r"ndim=1.5 \(float\); expected an int"),
+    (lambda x, q: reduce_dims(1, "head"), ValueError, r"ndim=1; expected an int >= 2"),
+    (lambda x, q: scale_shape(5, "head"), TypeError, r"shape=5 \(int\); expected a tuple of ints"),
+    (lambda x, q: scale_shape("bogus", "head"), TypeError, r"shape='bogus' \(str\)"),  # ('u',) before
+    (lambda x, q: scale_from_stat(None, 448.0), TypeError, "stat must be a torch.Tensor"),  # AttributeError before
+    (lambda x, q: scale_from_stat(torch.ones(2, dtype=torch.complex64), 448.0), TypeError, "stat has dtype"),
+    (lambda x, q: cast_saturating(x.tolist(), FORMATS["e4m3"]), TypeError, "y must be a torch.Tensor"),
+    (lambda x, q: cast_saturating(x.to(torch.complex64), "e4m3"), TypeError, "y has dtype complex64"),
+    (lambda x, q: cast_saturating(x.to("meta"), "e4m3"), ValueError, "y is on meta"),  # torch's RuntimeError before
+    (lambda x, q: cast_saturating(x, "e3m4"), ValueError, r"fmt='e3m4' is not a known FP8 format"),
+    (lambda x, q: cast_saturating(x, "e4m3", count="no"), TypeError, r"count='no' \(str\); expected True or False"),
+    (lambda x, q: relative_error(x, x.to("meta")), ValueError, "ref is on meta"),
+])
+def test_quant_helpers_refuse_bad_arguments_by_name(call, exc, match):
+    x = torch.randn(4, 2, 8)
+    with pytest.raises(exc, match=match):
+        call(x, quantize(x))
+
+
+def test_cast_saturating_takes_a_format_by_name():
+    y = torch.tensor([1.0, 500.0, -3.0])
+    data, saturated = cast_saturating(y, "e4m3")
+    assert saturated == 1 and data.to(torch.float32).tolist() == [1.0, 448.0, -3.0]
+    assert quantize(y.reshape(1, 1, 3), scale=1.0).dequantize(torch.float16).dtype == torch.float16
