@@ -760,3 +760,43 @@ def test_encode_rows_takes_a_codec_name_and_refuses_a_shape_it_cannot_store():
     assert all(torch.equal(a, b) for a, b in zip(by_name, by_codec, strict=True))
     with pytest.raises(ValueError, match="x has head_dim 30 .* multiple of its block size 32"):
         kvf.encode_rows(data("normal", (4, 2, 30)), "mxfp4")
+
+
+@pytest.mark.parametrize("name", kvf.CODEC_NAMES)
+def test_data_of_two_dims_stores_and_decodes_or_is_refused_by_name(name):
+    """[H, D] data: every codec but KIVI's keys (which group tokens) stores it; an IndexError of the scale shape before."""
+    c = kvf.codec(name)
+    x = data("normal", (3, 128))
+    if c.scaling == "channel_group":
+        with pytest.raises(ValueError, match=r"x must have at least 3 dims \[..., tokens, heads, head_dim\]"):
+            kvf.quantize(x, c)
+        return
+    enc = kvf.quantize(x, c)
+    want = kvf.quantize(x[None], c).dequantize()[0]
+    assert torch.equal(enc.dequantize(), want)
+    got = kvf.dequantize(c, enc.codes, enc.scales, zero_points=enc.zero_points, tensor_scale=enc.tensor_scale)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("codec_name", ["int8_token_head", "int4_token_head", "nvfp4", "mxfp4"])
+def test_encode_rows_takes_no_rows_and_refuses_meta_rows(codec_name):
+    """No rows gave torch's reshape RuntimeError (-1 is ambiguous for 0 elements); rows on meta crashed or passed."""
+    c = kvf.codec(codec_name)
+    ts = 0.01 if c.tensor_scale else None
+    codes, scales = kvf.encode_rows(torch.zeros(0, 2, 64), c, ts)
+    assert codes.shape == c.code_shape((0, 2, 64)) and scales.shape == (0, 2, kvf.scale_groups(c, 64))
+    with pytest.raises(ValueError, match="x is on meta; expected a tensor on 'cpu' or a CUDA device"):
+        kvf.encode_rows(torch.zeros(3, 2, 64, device="meta"), c, ts)
+
+
+@pytest.mark.parametrize("value, exc", [(0, ValueError), (1.5, TypeError), (None, TypeError)])
+def test_kv_footprint_names_num_kv_heads_as_given(value, exc):
+    with pytest.raises(exc, match=rf"num_kv_heads={value}"):  # 'num_heads', footprint's name, before
+        kvf.kv_footprint("nvfp4", num_kv_heads=value, head_dim=64)
+
+
+def test_dequantize_dtype_is_a_float_dtype():
+    enc = kvf.quantize(data("normal", (4, 2, 32)), "int8_token_head")
+    for bad in (True, "float16", None):
+        with pytest.raises(TypeError, match=rf"dtype={bad!r}; expected a torch dtype among: float16"):
+            enc.dequantize(bad)

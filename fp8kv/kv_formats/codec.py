@@ -213,13 +213,14 @@ def encode_rows(x: torch.Tensor, c: Codec | str, tensor_scale: torch.Tensor | No
     if c.rule not in ("amax", "two_level", "pow2") or c.scaling == "tensor":
         raise ValueError(f"codec {c.name!r} (rule {c.rule!r}, {c.scaling} scales) is not token-local; encode_rows "
                          "takes amax, two_level or pow2 codecs with scales per token")
-    checks.tensor(x, "x", dtypes=INPUT_DTYPES)
+    checks.readable_tensor(checks.tensor(x, "x", dtypes=INPUT_DTYPES), "x")
     c.check_shape(tuple(x.shape), "x")
     tensor_scale = _rows_tensor_scale(tensor_scale, c, x.device)
     vg, dim = group_view(x.detach().to(torch.float32), c)
     y, scales = _scaled(vg, vg, dim, c, tensor_scale)
     codes, _ = _encode(y.reshape(x.shape), c, count=False)
-    return codes, scales.reshape(*x.shape[:-1], -1)
+    groups = 1 if c.scaling == "token_head" else x.shape[-1] // c.block  # not -1: ambiguous for no rows
+    return codes, scales.reshape(*x.shape[:-1], groups)
 
 
 def _rows_tensor_scale(tensor_scale, c: Codec, device) -> torch.Tensor | None:
@@ -323,8 +324,7 @@ def dequantize(codec_name: Codec | str, codes: torch.Tensor, scales: torch.Tenso
     wrong dtype, is a ValueError / TypeError naming it and what the codec needs.
     """
     c = codec(codec_name)
-    if dtype not in _OUTPUT_DTYPES:
-        raise TypeError(f"dtype={dtype!r}; expected one of {_OUTPUT_DTYPES}")
+    checks.float_dtype(dtype, "dtype", _OUTPUT_DTYPES)
     shape = _check_stored(c, codes, scales, zero_points, tensor_scale)
     vals = _code_values(codes, c)
     if c.rule == "fp8":

@@ -138,12 +138,13 @@ class Codec:
     def scale_shape(self, shape: tuple) -> tuple:
         """Shape of the scales (and zero points) for data of ``shape`` ``[..., H, D]``."""
         shape = tuple(shape)
+        if self.scaling == "channel_group":  # only this rule reads dim -3 (2-D data is [H, D] for the others)
+            return (*shape[:-3], shape[-3] // self.block, *shape[-2:])
         return {
             "tensor": (),
             "head": shape[-2:-1],
             "token_head": shape[:-1],
             "channel": shape[-2:],
-            "channel_group": (*shape[:-3], shape[-3] // (self.block or 1), *shape[-2:]),
             "block": (*shape[:-1], shape[-1] // (self.block or 1)),
         }[self.scaling]
 
@@ -220,6 +221,7 @@ def footprint(c: Codec | str, num_heads: int, head_dim: int) -> Footprint:
 def kv_footprint(fmt: KVFormat | str, *, num_kv_heads: int, head_dim: int, num_layers: int = 1) -> Footprint:
     """Bytes of a KV cache (K and V of ``num_layers`` layers) in format ``fmt``."""
     f = kv_format(fmt)
+    num_kv_heads = checks.positive_int(num_kv_heads, "num_kv_heads")  # named as given here, not as footprint's
     num_layers = checks.positive_int(num_layers, "num_layers")
     return (footprint(f.key, num_kv_heads, head_dim) + footprint(f.value, num_kv_heads, head_dim)) * num_layers
 
