@@ -240,6 +240,44 @@ def test_cache_construction_refuses_nonsense():
                      torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
 
 
+@pytest.mark.parametrize("bad, exc, match", [
+    (None, TypeError, r"k=None \(NoneType\); expected a \[B, max_len, Hkv, D\] tensor or a list"),  # not iterable
+    (3.0, TypeError, r"k=3.0 \(float\); expected a \[B, max_len, Hkv, D\] tensor"),
+    ("kv", TypeError, r"k='kv' \(str\); expected"),
+    (torch.zeros(2, 8, 2, 32, dtype=torch.float8_e4m3fn), TypeError,  # torch's isfinite NotImplementedError before
+     "k\\[0\\] has dtype float8_e4m3fn; expected one of: float16, bfloat16, float32, float64"),
+    (torch.zeros(2, 8, 2, 32, dtype=torch.complex64), TypeError, "k\\[0\\] has dtype complex64"),
+])
+def test_from_dense_refuses_k_that_is_no_float_sequences(bad, exc, match):
+    v = torch.randn(2, 8, 2, 32)
+    with pytest.raises(exc, match=match):
+        PagedKVCache.from_dense(bad, v, [3, 2])
+
+
+def test_lengths_on_meta_are_refused_by_name(make_cache):
+    """seq_lens and counts on 'meta' hold no lengths (torch's NotImplementedError before)."""
+    k = torch.randn(2, 8, 2, 32)
+    with pytest.raises(ValueError, match="seq_lens is on meta; expected a tensor on 'cpu' or a CUDA device"):
+        PagedKVCache.from_dense(k, k, torch.tensor([3, 2], device="meta"))
+    c = make_cache()
+    x = torch.randn(2, c.num_kv_heads, c.head_dim, device=c.device)
+    with pytest.raises(ValueError, match="counts is on meta"):
+        c.append_tokens(x, x, torch.ones(c.batch_size, dtype=torch.int64, device="meta"))
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda c, x, s: c.check_write(x, x, s, shared_checked="no"), "shared_checked"),  # truthy: skipped the check
+    (lambda c, x, s: c.check_write(x, x, s, contents=None), "contents"),  # falsy: skipped the contents
+    (lambda c, x, s: c.validate_arrays(contents=1), "contents"),
+    (lambda c, x, s: c.validate_tables(nonempty="yes"), "nonempty"),
+])
+def test_cache_check_switches_are_true_or_false(call, name, make_cache):
+    c = make_cache()
+    x = torch.randn(1, c.num_kv_heads, c.head_dim, device=c.device)
+    with pytest.raises(TypeError, match=rf"{name}=.* expected True or False"):
+        call(c, x, c.slots(0, [5]))
+
+
 def test_gather_and_slots_take_integer_indices(make_cache):
     c = make_cache()
     with pytest.raises(TypeError, match=r"i=1.0 \(float\)"):

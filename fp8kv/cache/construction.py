@@ -103,13 +103,15 @@ def _sequences(k, v) -> tuple[list, list]:
     if isinstance(k, torch.Tensor) and k.ndim != 4 or isinstance(v, torch.Tensor) and v.ndim != 4:
         _fail(f"k and v given as tensors must be 4-D [B, max_len, Hkv, D]; got shapes "
               f"{tuple(getattr(k, 'shape', ()))} and {tuple(getattr(v, 'shape', ()))}")
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, (torch.Tensor, list, tuple)):  # None, a number, a string: no sequences
+            _fail(f"{name}={checks.show_value(x)} ({type(x).__name__}); expected a [B, max_len, Hkv, D] tensor or a "
+                  "list of [len, Hkv, D] tensors", TypeError)
     ks = list(k) if not isinstance(k, torch.Tensor) else [k[i] for i in range(k.shape[0])]
     vs = list(v) if not isinstance(v, torch.Tensor) else [v[i] for i in range(v.shape[0])]
     for name, seqs in (("k", ks), ("v", vs)):
-        for i, t in enumerate(seqs):
-            checks.tensor(t, f"{name}[{i}]", shape_hint="[len, Hkv, D]")
-            if not t.is_floating_point():
-                _fail(f"{name}[{i}] must be a float tensor, got {t.dtype}", TypeError)
+        for i, t in enumerate(seqs):  # FP8 input is refused: its values are codes of an unknown scale
+            checks.tensor(t, f"{name}[{i}]", dtypes=checks.FLOAT_DTYPES, shape_hint="[len, Hkv, D]")
             first = (ks or vs)[0]  # checked above: a tensor
             if t.device != first.device:
                 _fail(f"{name}[{i}] is on {t.device} but {'k' if ks else 'v'}[0] is on {first.device}; "
@@ -128,7 +130,7 @@ def _lengths(seq_lens) -> list[int]:
         if seq_lens.ndim != 1:  # a 0-d tensor is a length, not a batch of them
             _fail(f"seq_lens has shape {tuple(seq_lens.shape)}; expected a 1-D tensor [B] (or a list) of "
                   "lengths, one per sequence (a batch of one is [n])")
-        seq_lens = seq_lens.tolist()
+        seq_lens = checks.readable_tensor(seq_lens, "seq_lens").tolist()
     return [checks.integer(x, f"seq_lens[{i}]") for i, x in enumerate(seq_lens)]
 
 

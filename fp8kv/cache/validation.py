@@ -103,6 +103,7 @@ def check_pages(cache) -> None:
 def check_arrays(cache, contents: bool = True) -> None:
     """:meth:`PagedKVCache.validate_arrays`: the pages and tables (:func:`check_pages`), and each scale's dtype,
     shape and device; with ``contents`` also its values, positive and finite (a host sync)."""
+    contents = checks.flag(contents, "contents")
     check_pages(cache)
     shape = cache.scale_shape() if cache.is_fp8 else ()
     for name in ("k_scale", "v_scale"):
@@ -122,6 +123,7 @@ def check_arrays(cache, contents: bool = True) -> None:
 def check_tables(cache, *, nonempty: bool = False) -> None:
     """:meth:`PagedKVCache.validate_tables`: :func:`checked_tables`, and with ``nonempty`` a token in every
     sequence."""
+    nonempty = checks.flag(nonempty, "nonempty")
     lens = checked_tables(cache)
     if nonempty and (lens < 1).any():
         i = int((lens < 1).nonzero()[0])
@@ -233,6 +235,8 @@ def check_write(cache, k_new, v_new, slot_mapping, *, contents: bool = True,
                 shared_checked: bool = False) -> torch.Tensor:
     """:meth:`PagedKVCache.check_write`: the rows, the slots (int64 on the cache's device, returned) and, with
     ``contents``, the slots' range and the pages they write (unless ``shared_checked``)."""
+    contents = checks.flag(contents, "contents")  # a truthy stand-in such as "no" would skip checks
+    shared_checked = checks.flag(shared_checked, "shared_checked")
     check_rows(cache, "k_new", k_new, contents)
     check_rows(cache, "v_new", v_new, contents)
     if isinstance(slot_mapping, (list, tuple)):

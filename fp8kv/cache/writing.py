@@ -74,7 +74,7 @@ def checked_counts(cache, counts) -> torch.Tensor:
     """``counts``: one non-negative integer per sequence (a list, tuple or 1-D int tensor), as host int64 ``[B]``."""
     if isinstance(counts, torch.Tensor):
         checks.int_tensor(counts, "counts", ndim=1, shape_hint="[B] (tokens per sequence)")
-        counts = counts.tolist()
+        counts = checks.readable_tensor(counts, "counts").tolist()
     if isinstance(counts, (str, bytes)) or not hasattr(counts, "__len__"):
         _fail(f"counts={checks.show_value(counts)}; expected one token count per sequence", TypeError)
     counts = torch.tensor([checks.integer(c, f"counts[{i}]", minimum=0) for i, c in enumerate(counts)],
