@@ -17,6 +17,7 @@ import torch
 from . import checks
 from .attend_checks import attend_arguments
 from .cache import PagedKVCache, check_paged_cache
+from .cache.tables import PagedTables
 from .capability import BACKEND_NAMES, MODES
 from .formats import FORMATS, UNQUANTIZED_DTYPES
 from .quant import GRANULARITIES
@@ -36,12 +37,14 @@ FP8_MODE_TOL = 0.08
 REFERENCE_TOL = 1e-5  # the reference against itself: same arithmetic, fp32 summation order only
 
 
-def unit_roundoff(dtype) -> float:
-    """u of ``dtype``: ``"bf16"``, ``"fp16"``, ``"fp32"``, ``"e4m3"`` or a torch 16/32-bit float dtype."""
-    name = _DTYPE_NAMES.get(dtype, dtype)
-    if name not in UNIT_ROUNDOFF:
-        checks.fail(f"dtype={dtype!r}; expected one of {tuple(UNIT_ROUNDOFF)} or one of {tuple(_DTYPE_NAMES)}")
-    return UNIT_ROUNDOFF[name]
+def unit_roundoff(dtype, name: str = "dtype") -> float:
+    """u of ``dtype`` (the argument ``name``): ``"bf16"``, ``"fp16"``, ``"fp32"``, ``"e4m3"`` or a torch 16/32-bit
+    float dtype."""
+    key = dtype if isinstance(dtype, (str, torch.dtype)) else None  # a list is unhashable: refused below
+    key = _DTYPE_NAMES.get(key, key)
+    if key not in UNIT_ROUNDOFF:
+        checks.fail(f"{name}={checks.show_value(dtype)}; expected one of {tuple(UNIT_ROUNDOFF)} or one of {tuple(_DTYPE_NAMES)}")
+    return UNIT_ROUNDOFF[key]
 
 
 def output_tolerance(backend: str, mode: str, q_dtype, granularity: str = "tensor", *,
@@ -85,7 +88,7 @@ def _tolerance_arguments(backend, mode, q_dtype, granularity, score_bound) -> fl
     checks.one_of(backend, "backend", BACKEND_NAMES)
     checks.one_of(mode, "mode", MODES)
     checks.one_of(granularity, "granularity", GRANULARITIES)
-    unit_roundoff(q_dtype)
+    unit_roundoff(q_dtype, "q_dtype")
     return checks.real(score_bound, "score_bound", minimum=0.0)
 
 
@@ -97,8 +100,13 @@ def folded_query(backend: str, granularity: str) -> bool:
 def score_bound(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = None) -> float:
     """``max sm_scale x sum_d |q_d| |k_d|`` over sequences, query heads and cached keys (dequantized):
     the most a relative rounding of q's elements by u moves a score is u times it. The tolerances take
-    it (``score_bound``) where a backend rounds a query with K's scales folded in. fp32 arithmetic."""
-    sm_scale = float(checks.resolved_softmax_scale(sm_scale, q.shape[-1]))
+    it (``score_bound``) where a backend rounds a query with K's scales folded in. fp32 arithmetic.
+    ``q``: a decode's query ``[B, Hq, D]`` for ``cache`` (a PagedKVCache or QuantizedPagedKVCache);
+    ``sm_scale``: None (``1 / sqrt(D)``) or a positive number."""
+    if not isinstance(cache, PagedTables):  # a PagedKVCache or a QuantizedPagedKVCache
+        checks.fail(f"cache must be a paged KV cache (fp8kv.PagedKVCache), got {type(cache).__name__}", TypeError)
+    cache.check_query(q)
+    sm_scale = checks.softmax_scale_or_default(sm_scale, cache.head_dim)
     group = q.shape[1] // cache.num_kv_heads
     best = 0.0
     for i in range(q.shape[0]):
@@ -126,7 +134,7 @@ def lse_tolerance(backend: str, mode: str, q_dtype, ref_lse: torch.Tensor, granu
     tensor with at least one value, all finite (an infinite one made the bound infinite: every comparison passed).
     """
     score_bound = _tolerance_arguments(backend, mode, q_dtype, granularity, score_bound)
-    checks.tensor(ref_lse, "ref_lse", dtypes=checks.FLOAT_DTYPES)
+    checks.readable_tensor(checks.tensor(ref_lse, "ref_lse", dtypes=checks.FLOAT_DTYPES), "ref_lse")
     if ref_lse.numel() == 0:
         checks.fail(f"ref_lse has shape {tuple(ref_lse.shape)}: no values; expected the reference's lse, at least one")
     checks.finite_tensor(ref_lse, "ref_lse")

@@ -28,19 +28,26 @@ def rope_cos_sin(positions, inv_freq: torch.Tensor, dtype: torch.dtype):
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         checks.fail(f"dtype={dtype!r}; expected a floating torch.dtype (cos and sin are fractions)", TypeError)
     inv_freq = checks.tensor(inv_freq, "inv_freq", ndim=1, shape_hint="[D/2] (rope_inv_freq)")
+    positions = _positions(positions, inv_freq.device)
+    freqs = positions.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _positions(positions, device) -> torch.Tensor:
+    """``positions``: a 1-D tensor or list of finite integer or real positions (checked), as a tensor."""
     if not isinstance(positions, torch.Tensor):
         try:
-            positions = torch.as_tensor(positions, device=inv_freq.device)
+            positions = torch.as_tensor(positions, device=device)
         except (TypeError, ValueError, RuntimeError):
             checks.fail(f"positions={checks.show_value(positions)}; expected a 1-D tensor or list of positions",
                         TypeError)
     checks.tensor(positions, "positions", ndim=1, shape_hint="[B]")
     if positions.dtype == torch.bool or positions.is_complex():
         checks.fail(f"positions has dtype {positions.dtype}; expected integer or real positions", TypeError)
-    checks.finite_tensor(positions, "positions")
-    freqs = positions.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    checks.readable_tensor(positions, "positions")
+    checks.finite_tensor(positions.to(torch.float64) if positions.is_floating_point() else positions, "positions")
+    return positions
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -65,13 +72,14 @@ def rope_at_positions(x: torch.Tensor, positions: torch.Tensor, theta: float = 1
     Returns a new fp32 tensor. Channel ``i < D/2`` pairs with ``i + D/2``; the pair's angle is
     ``position * theta^(-2i/D)``.
     """
-    if x.ndim != 3 or x.shape[-1] % 2:
+    checks.tensor(x, "x", ndim=3, dtypes=checks.FLOAT_DTYPES, shape_hint="[T, H, D]")
+    if x.shape[-1] % 2:
         raise ValueError(f"x must be [T, H, D] with even D; got shape {tuple(x.shape)}")
+    checks.readable_tensor(x, "x")
     theta = checks.positive_float(theta, "theta")  # 0 or below gave NaN rows
-    positions = torch.as_tensor(positions, dtype=torch.float64, device=x.device).reshape(-1)
+    positions = _positions(positions, x.device).to(device=x.device, dtype=torch.float64)
     if positions.numel() != x.shape[0]:
         raise ValueError(f"positions has {positions.numel()} entries but x has {x.shape[0]} tokens")
-    checks.finite_tensor(positions, "positions")
     d = x.shape[-1]
     half = d // 2
     inv_freq = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / d)

@@ -242,6 +242,8 @@ def queries_like_llm(num_queries: int, num_q_heads: int, head_dim: int, *, seed:
     channels = outlier_channel_indices(d, outlier_channels, rope).numpy()
     if rope:
         pos = _positions(position, n)
+    # on the host at the peak: fp32 queries and their fp32 copy (8 bytes an element)
+    refuse_past_free_memory(8 * n * hq * d, torch.device("cpu"), f"num_queries={n} x num_q_heads={hq} x head_dim={d}")
 
     rng = np.random.default_rng(seed)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow becomes inf, refused by name below
@@ -290,7 +292,7 @@ def kurtosis(x: torch.Tensor, dim=None) -> torch.Tensor | float:
     ``dim=None``: of all elements, returned as a float; otherwise along ``dim``, as a tensor. NaN where the values
     are all equal (zero variance: the ratio is 0 / 0, undefined, and no number would be right).
     """
-    checks.tensor(x, "x", dtypes=checks.FLOAT_DTYPES)
+    checks.readable_tensor(checks.tensor(x, "x", dtypes=checks.FLOAT_DTYPES), "x")
     if dim is not None:
         dim = checks.integer(dim, "dim", minimum=-max(x.ndim, 1), maximum=max(x.ndim, 1) - 1)
     xf = x.detach().to(torch.float64)

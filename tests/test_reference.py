@@ -278,8 +278,11 @@ def test_attention_takes_none_for_the_default_scale(gen):
                                             (dict(granularity="blah"), ValueError, "granularity='blah'"),
                                             (dict(score_bound=float("nan")), ValueError, "score_bound=nan"),
                                             (dict(score_bound=-5), ValueError, "score_bound=-5"),
-                                            (dict(q_dtype="fp64"), ValueError, "dtype='fp64'"),
+                                            (dict(q_dtype="fp64"), ValueError, "q_dtype='fp64'"),
+                                            (dict(q_dtype=[1.0]), ValueError, r"q_dtype=\[1.0\]; expected"),
                                             (dict(ref_lse=[1.0]), TypeError, "ref_lse must be a torch.Tensor"),
+                                            (dict(ref_lse=torch.zeros(2, device="meta")), ValueError,
+                                             "ref_lse is on meta"),
                                             (dict(ref_lse=torch.tensor([])), ValueError, r"ref_lse has shape \(0,\)"),
                                             (dict(ref_lse=torch.tensor([1.0, float("inf")])), ValueError,
                                              r"ref_lse has 1 non-finite")])
@@ -302,3 +305,20 @@ def test_paged_attend_names_a_count_that_is_not_an_int():
         paged_attend(torch.randn(5, 4, 16), cache, [3.0, 2.0])
     out, _ = paged_attend(torch.randn(5, 4, 16), cache, [3, 2])
     assert out.shape == (5, 4, 16)
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(sm_scale=-1.0), ValueError, r"sm_scale=-1.0; expected a finite number > 0"),  # a bound of 0 before
+    (dict(sm_scale=float("nan")), ValueError, "sm_scale=nan"),
+    (dict(sm_scale="0.5"), TypeError, r"sm_scale='0.5' \(str\)"),  # float()'s own ValueError before
+    (dict(cache=None), TypeError, "cache must be a paged KV cache .* got NoneType"),  # AttributeError before
+    (dict(q=[1.0]), TypeError, "q must be a torch.Tensor"),
+    (dict(q=torch.zeros(1, 2, 4, 16)), ValueError, "q must be 3-D"),  # einsum's RuntimeError before
+])
+def test_score_bound_refuses_bad_arguments_by_name(kw, exc, match):
+    from fp8kv.reference import score_bound
+
+    k = torch.randn(2, 5, 1, 16)
+    args = dict(q=torch.randn(2, 2, 16, dtype=torch.float16), cache=PagedKVCache.from_dense(k, k, [5, 3])) | kw
+    with pytest.raises(exc, match=match):
+        score_bound(args["q"], args["cache"], args.get("sm_scale"))

@@ -282,11 +282,31 @@ def test_query_positions_are_ints(position, exc, match):
     (lambda: rope.rope_at_positions(torch.ones(2, 1, 4), torch.tensor([0.0, float("nan")])), ValueError,
      "positions has 1 non-finite"),
     (lambda: rope.rope_inv_freq(-8, 10000.0), ValueError, "head_dim=-8"),
-    (lambda: rope.rope_inv_freq(8, -1.0), ValueError, "theta=-1.0")])
+    (lambda: rope.rope_inv_freq(8, -1.0), ValueError, "theta=-1.0"),
+    # AttributeError / torch's TypeError and NotImplementedError before; a complex x lost its imaginary part
+    (lambda: rope.rope_at_positions([[[1.0, 2.0]]], [0]), TypeError, "x must be a torch.Tensor"),
+    (lambda: rope.rope_at_positions(torch.ones(2, 1, 4, dtype=torch.complex64), [0, 1]), TypeError,
+     "x has dtype complex64"),
+    (lambda: rope.rope_at_positions(torch.ones(2, 1, 4, device="meta"), [0, 1]), ValueError, "x is on meta"),
+    (lambda: rope.rope_at_positions(torch.ones(2, 1, 4), None), TypeError, "positions=None; expected a 1-D"),
+    (lambda: rope.rope_at_positions(torch.ones(2, 1, 4), "ab"), TypeError, "positions='ab'; expected a 1-D"),
+    (lambda: rope.rope_at_positions(torch.ones(2, 1, 4), torch.ones(2, dtype=torch.complex64)), TypeError,
+     "positions has dtype torch.complex64"),
+    (lambda: rope.rope_at_positions(torch.ones(2, 1, 4), torch.arange(2, device="meta")), ValueError,
+     "positions is on meta"),
+])
 def test_rope_refuses_what_would_give_nan_angles(call, exc, match):
     """A theta of 0 or below, or a NaN position, gave NaN rows; a negative head_dim a torch RuntimeError."""
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_queries_past_memory_and_meta_data_are_refused_by_name():
+    # NumPy's 'Maximum allowed dimension exceeded' (or an allocation failure) before
+    with pytest.raises(ValueError, match=r"num_queries=1099511627776 x num_q_heads=8 x head_dim=128 needs .* bytes"):
+        queries_like_llm(2**40, 8, 128)
+    with pytest.raises(ValueError, match="x is on meta"):  # torch's RuntimeError before
+        kurtosis(torch.ones(4, device="meta"))
 
 
 @pytest.mark.parametrize("rope", [1, "no", None])
