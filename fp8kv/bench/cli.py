@@ -15,9 +15,9 @@ import torch
 from .. import checks
 from ..analysis.breakeven import BREAKEVEN_GRID
 from ..cache import LAYOUTS
-from ..capacity import MAX_MEMORY_GIB
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on, use_interpreter
 from ..capability_formats import mode_refusal
+from ..capacity import MAX_MEMORY_GIB
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..launch_options import OPTIONS, check_range, cli_options
 from ..quant import GRANULARITIES
