@@ -354,10 +354,15 @@ def _publish_interrupted(staging: Path, final: Path, manifest: dict, entries: li
 
 
 def check_out_folder(out) -> None:
-    """``out`` must be a folder or a path that can become one (not a file, nor below a file)."""
+    """``out`` must be a folder or a path that can become one (not a file, nor below a file), and no report
+    folder nor inside one."""
     if not isinstance(out, (str, os.PathLike)) or not str(out):
         raise ValueError(f"out={out!r} must be a folder path (the reports root)")
     path = Path(out)
+    for p in (path, *path.resolve().parents):  # a root inside a report would write into another GPU's folder
+        if (p / MANIFEST).is_file():
+            raise ValueError(f"out={str(out)!r}: {str(p)!r} is a report folder (it holds {MANIFEST}); pass the "
+                             "reports root that holds the <gpu-slug>/ report folders")
     for p in (path, *path.parents):
         if p.exists():
             if not p.is_dir():
