@@ -11,8 +11,8 @@ Per GPU model, not per arch: tiles that suit an H200's bandwidth need not suit a
 and tuning one GPU never rewrites another's table.
 
 A table is checked as it is read: JSON holding ``{"gpu": <the slug it is looked up for>, "entries": {key:
-{block_n, num_warps, num_stages, ...}}}`` with positive int launch values, else a ValueError naming the
-file and what is wrong. It is re-read when the file changes (its inode, mtime or size), not once per process.
+{block_n, num_warps, num_stages, ...}}}`` with keys as :func:`entry_key` writes them and positive int launch values
+that the tensor-core kernel takes, else a ValueError naming the file and what is wrong. It is re-read when the file changes (its inode, mtime or size), not once per process.
 The options an entry sets, and the warp counts and tile sizes a launch may take (``WARP_COUNTS``,
 ``MAX_BLOCK_N``), come from the option table, :mod:`fp8kv.launch_options`.
 """
@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import warnings
 from pathlib import Path
 
-from .launch_options import check_range, tuned_options
+from .launch_options import check_block_n, check_range, tuned_options
 
 TABLE_DIR = Path(__file__).resolve().parent / "data"
 LAUNCH_KEYS = tuned_options()  # what an entry sets: block_n, num_warps, num_stages
@@ -40,8 +41,16 @@ def entry_key(kv_fp8: bool, mode: str, head_dim: int, group_pad: int) -> str:
     return f"{'fp8' if kv_fp8 else '16bit'}/{mode}/d{head_dim}/m{group_pad}"
 
 
-def _entry_problem(e) -> str | None:
-    """What is wrong with one entry, or None."""
+# What entry_key writes: the kv kind, the mode, the head dim and GROUP_PAD (a power of two, 16 or more)
+_KEY = re.compile(r"(fp8|16bit)/(dequant|fp8)/d([1-9][0-9]*)/m(16|32|64|128|256|512|1024)")
+
+
+def _entry_problem(e, key: str) -> str | None:
+    """What is wrong with one entry (at ``key``), or None."""
+    shape = _KEY.fullmatch(key) if isinstance(key, str) else None
+    if shape is None:  # a key no lookup asks for: the launch it holds would silently never be used
+        return f"is no shape key; expected one such as {entry_key(True, 'dequant', 128, 16)!r} (fp8 or 16bit, " \
+               "dequant or fp8, d<head dim>, m<padded query rows: a power of two from 16>)"
     if not isinstance(e, dict):
         return f"is {e!r} ({type(e).__name__}); expected an object with {LAUNCH_KEYS}"
     # bool is an int subclass: true/false in the JSON is no launch value
@@ -49,9 +58,11 @@ def _entry_problem(e) -> str | None:
     if bad:
         return f"needs positive ints {LAUNCH_KEYS}; {', '.join(f'{k}={e.get(k)!r}' for k in bad)}"
     try:  # the ranges every kernel's launch checks (launch_options), named per entry here
-        for key, value in e.items():
-            if key in LAUNCH_KEYS:
-                check_range(key, value)
+        for name, value in e.items():
+            if name in LAUNCH_KEYS:
+                check_range(name, value)
+        # the tensor-core kernel's tiles: tl.dot's 16 rows, and fp8 mode's FP8 dot a K of 32
+        check_block_n(e["block_n"], least=32 if shape.group(2) == "fp8" else 16)
     except ValueError as exc:
         return f"has {exc}"
     return None
@@ -81,7 +92,7 @@ def _load(path: Path, gpu: str, stamp: tuple[int, int, int]) -> dict:
     """The checked entries of ``path``; ``stamp`` (inode, mtime, size) keys the cache to the file's version."""
     entries = _entries(path, gpu)
     for key, e in entries.items():  # a hand-edited file fails here, by name, not inside a launch
-        problem = _entry_problem(e)
+        problem = _entry_problem(e, key)
         if problem:
             raise ValueError(f"{path}: entry {key!r} {problem}")
     return entries
@@ -115,7 +126,7 @@ def write(gpu: str, entries: dict[str, dict], meta: dict, table_dir: str | Path 
     so an interrupted write leaves the previous table.
     """
     for key, e in entries.items():
-        problem = _entry_problem(e)
+        problem = _entry_problem(e, key)
         if problem:
             raise ValueError(f"entries[{key!r}] {problem}")
     path = table_path(gpu, table_dir)
@@ -125,7 +136,7 @@ def write(gpu: str, entries: dict[str, dict], meta: dict, table_dir: str | Path 
             old = _entries(path, gpu)
         except ValueError as exc:
             warnings.warn(f"{exc}; replacing it with the new entries", stacklevel=2)
-        dropped = {k: p for k, e in old.items() if k not in entries and (p := _entry_problem(e))}
+        dropped = {k: p for k, e in old.items() if k not in entries and (p := _entry_problem(e, k))}
         for key, problem in dropped.items():
             warnings.warn(f"{path}: dropping invalid entry {key!r}: it {problem}", stacklevel=2)
         old = {k: e for k, e in old.items() if k not in dropped}

@@ -67,6 +67,14 @@ GOOD = dict(block_n=64, num_warps=4, num_stages=2)
     (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "block_n": 100}}}), "block_n=100; expected a power of two"),
     (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "block_n": 512}}}), "block_n=512; expected a power of two"),
     (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "num_stages": 99}}}), "num_stages=99; expected 1 to 8"),
+    # tiles the tensor-core kernel refuses, and keys no lookup asks for: refused as the table is read
+    (json.dumps({"gpu": "gpu-a", "entries": {KEY: {**GOOD, "block_n": 8}}}),
+     rf"entry '{KEY}' has block_n=8; expected a power of two in \[16, 256\]"),
+    (json.dumps({"gpu": "gpu-a", "entries": {"fp8/fp8/d128/m16": {**GOOD, "block_n": 16}}}),
+     r"entry 'fp8/fp8/d128/m16' has block_n=16; expected a power of two in \[32, 256\]"),
+    (json.dumps({"gpu": "gpu-a", "entries": {"FP8/dequant/d128/m16": GOOD, KEY: GOOD}}),
+     r"entry 'FP8/dequant/d128/m16' is no shape key; expected one such as 'fp8/dequant/d128/m16'"),
+    (json.dumps({"gpu": "gpu-a", "entries": {"fp8/dequant/d128/m24": GOOD}}), "'fp8/dequant/d128/m24' is no shape key"),
 ])
 def test_a_corrupt_or_foreign_table_is_refused_naming_the_file(table_dir, text, match):
     path = table_dir / "launch_gpu-a.json"

@@ -30,6 +30,7 @@ from fp8kv import notebooks as runner
 from fp8kv.capability import ARCHS, capability
 from fp8kv.formats import format
 from fp8kv.notebooks import runner as nb_runner  # the runner module itself, for its internals
+from fp8kv.notebooks.parameters import check_parameters
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO / "notebooks"
@@ -595,6 +596,12 @@ def test_parameters_override_a_notebooks_own_and_are_recorded(tmp_path, capsys, 
     (["--param", "GRID=(16, 4)"], r"parameter GRID=\(16, 4\); expected None, a bool, .* write \[16, 4\] for"),
     (["--param", "GRID=[(16, 4)]"], r"parameter GRID=\[\(16, 4\)\]; expected"),
     (["--param", "GRID={1, 2}"], r"parameter GRID=\{1, 2\}; expected"),
+    (["--param", "GRID=1e999"], r"parameter GRID=inf; expected None, a bool, finite number"),  # not "inf" recorded
+    (["--param", "GRID='1, 16'"], r"parameter GRID='1, 16' \(str\); a_grid declares GRID = \[1, 4, 16\], so "
+                                  r"expected list"),
+    (["--param", "GRID=None"], r"parameter GRID=None \(NoneType\); a_grid declares GRID = \[1, 4, 16\]"),
+    (["--param", "GRID=" + "9" * 5000], r"^fp8kv notebooks run: error: argument --param: --param GRID='9+\.\.\. is "
+                                        r"not a Python literal .{0,200}$"),  # one short line, not the value twice
     (["--smoke", "--param", "GRID=[1]"], r"given to a smoke run; .* go with a full-size run \(--full\)"),
     (["--device", "cpu", "--param", "GRID=[1]"], r"given to a smoke run"),  # smoke by default on a CPU
 ])
@@ -619,6 +626,22 @@ def test_parameters_through_the_api_are_checked_as_through_the_cli(tmp_path, wri
     with pytest.raises(ValueError, match="given to a smoke run"):
         runner.run_notebooks(books, tmp_path / "reports", device="cpu", parameters={"GRID": [1]})
     assert not (tmp_path / "reports").exists()
+
+
+def test_an_override_takes_a_kind_its_default_takes(tmp_path, write_notebook):
+    """A parameter's override is checked against its declared default before anything runs: a list of names for
+    a string ("all"), an int for a float, a list for a tuple; not a float or a bool for an int."""
+    books = tmp_path / "books"
+    books.mkdir()
+    write_notebook(books, "a_kinds", "pass", params='MODELS = "all"\nN = 4\nRATE = 0.5\nHEADS = (32, 8)\nANY = None')
+    ok = {"MODELS": ["m"], "N": 2, "RATE": 1, "HEADS": [4, 2], "ANY": "x"}
+    assert check_parameters([books / "a_kinds.ipynb"], ok) == ok
+    for bad, match in (({"N": 4.0}, r"N=4.0 \(float\); a_kinds declares N = 4, so expected int"),
+                       ({"N": True}, r"N=True \(bool\); .* expected int"),
+                       ({"RATE": "0.5"}, r"RATE='0.5' \(str\); .* expected int or float"),
+                       ({"HEADS": 32}, r"HEADS=32 \(int\); a_kinds declares HEADS = \(32, 8\), so expected list")):
+        with pytest.raises(TypeError, match=match):
+            check_parameters([books / "a_kinds.ipynb"], bad)
 
 
 def test_cell_timeout_fails_the_notebook(tmp_path, write_notebook):

@@ -404,6 +404,26 @@ def test_a_report_folder_that_is_a_file_is_refused_before_the_run(tmp_path, writ
     assert sorted(p.name for p in out.iterdir()) == [gpu_slug("cpu")]  # no staging folder, nothing else
 
 
+def test_a_reports_root_inside_another_gpus_report_is_refused(tmp_path, write_notebook, capsys):
+    """--out reports/<gpu> put this machine's report, the index and a staging folder inside that GPU's report."""
+    from fp8kv.notebooks import cli as nb_cli
+
+    books, other = tmp_path / "books", tmp_path / "reports" / "nvidia-h200"
+    books.mkdir()
+    write_notebook(books, "00_x", "pass")
+    other.mkdir(parents=True)
+    (other / "manifest.json").write_text(json.dumps({"notebooks": []}))
+    for out in (other, other / "sub"):
+        with pytest.raises(ValueError, match=f"{other}' is a report folder"):
+            runner.run_notebooks(books, out, device="cpu", progress=False)
+        for argv in (["run", "--notebooks", str(books), "--device", "cpu"], ["index"]):
+            with pytest.raises(SystemExit) as exc:
+                nb_cli.main([*argv, "--out", str(out)])
+            err = capsys.readouterr().err
+            assert exc.value.code == 2 and err.count("\n") == 1 and "is a report folder" in err, err
+    assert sorted(p.name for p in other.iterdir()) == ["manifest.json"]
+
+
 def test_a_run_whose_index_page_is_a_folder_publishes_and_names_it(tmp_path, write_notebook, monkeypatch, capsys):
     from fp8kv.notebooks import runner as nb_runner
 

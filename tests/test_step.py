@@ -336,6 +336,21 @@ def test_cli_refuses_cpu_without_memory_and_bad_numbers(capsys):
     assert code == 2 and "(0, 1]" in err
 
 
+@pytest.mark.parametrize("argv, needle", [
+    # named by the flag, not by the planner's max_model_len / gpu_memory_gib
+    (["--contexts", "99999999999999"], "argument --contexts: '99999999999999': expected a positive int of tokens, "
+                                       "at most 2147483647"),
+    (["--prompt-lens", "99999999999", "--chunks", "4"], "argument --prompt-lens: '99999999999': expected a positive "
+                                                        "int of tokens, at most 2147483647"),
+    (["--contexts", "64", "--gpu-memory", "H999"], "argument --gpu-memory: 'H999' is not a known GPU; expected a "
+                                                   "number of GiB or one of ['A100-40GB'"),
+])
+def test_cli_names_the_flag_of_an_out_of_range_length_or_gpu(capsys, argv, needle):
+    code, err = _cli(capsys, "--model", "Qwen3-0.6B", "--dry-run", *(argv if "--gpu-memory" in argv else
+                                                                    [*argv, "--gpu-memory", "80"]))
+    assert code == 2 and err.count("\n") == 1 and needle in err, err
+
+
 def test_cli_dry_run_lists_ceilings(capsys):
     assert S.main(["--model", "Qwen3-0.6B", "--contexts", "4096", "--gpu-memory", "H200", "--dry-run"]) == 0
     out = capsys.readouterr().out

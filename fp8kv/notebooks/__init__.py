@@ -75,7 +75,8 @@ from .pages import (
     render_report,
     strip_embedded_plotlyjs,
 )
-from .runner import DEFAULT_TIMEOUT_S, KERNEL_NAME, PARAMETER_NAMES, RunInterrupted, run_notebooks
+from .parameters import PARAMETER_NAMES
+from .runner import DEFAULT_TIMEOUT_S, KERNEL_NAME, RunInterrupted, run_notebooks
 from .setup import MachineSetup, machine_defaults, setup_notebook
 
 __all__ = [

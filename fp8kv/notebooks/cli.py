@@ -38,16 +38,21 @@ def _device_here(text: str) -> str:
 def _parameter(text: str) -> tuple[str, object]:
     """``NAME=VALUE`` -> (NAME, the Python literal VALUE)."""
     import ast
+    import textwrap
+
+    from ..checks import show_value
 
     name, eq, value = text.partition("=")
     name = name.strip()
     if not eq or not name.isidentifier():
-        raise argparse.ArgumentTypeError(f"--param {text!r}: expected NAME=VALUE, e.g. VERIFY_BATCHES=[1,16,64]")
+        raise argparse.ArgumentTypeError(f"--param {show_value(text)}: expected NAME=VALUE, e.g. "
+                                         "VERIFY_BATCHES=[1,16,64]")
     try:
         return name, ast.literal_eval(value.strip())
-    except (ValueError, SyntaxError) as exc:
-        raise argparse.ArgumentTypeError(f"--param {text!r}: {value.strip()!r} is not a Python literal "
-                                         f"(numbers, strings in quotes, lists, None, True/False): {exc}") from None
+    except (ValueError, SyntaxError, RecursionError) as exc:  # the value is cut: it may be huge
+        raise argparse.ArgumentTypeError(f"--param {name}={show_value(value.strip())} is not a Python literal "
+                                         f"(numbers, strings in quotes, lists, None, True/False): "
+                                         f"{textwrap.shorten(str(exc), 100)}") from None
 
 
 def _out_folder(text: str) -> str:
@@ -138,7 +143,7 @@ def check_run_args(args: argparse.Namespace) -> None:
     parsed).
     Raises ValueError naming the flag."""
     from ..checks import run_seed
-    from .runner import check_parameters
+    from .parameters import check_parameters
 
     run_seed(args.seed, "--seed")
 

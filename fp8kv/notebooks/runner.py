@@ -38,57 +38,8 @@ from .pages import (
     runner_file,
     strip_embedded_plotlyjs,
 )
+from .parameters import PARAMETER_NAMES, check_parameters
 from .setup import machine_defaults
-
-# Parameters every notebook declares in its cell tagged "parameters" (and the runner injects).
-PARAMETER_NAMES = ("SMOKE", "DEVICE", "OUT_DIR", "SEED", "SHOW_WIDGETS")
-
-
-def _papermill_value(value) -> bool:
-    """Whether papermill writes ``value`` into a notebook as itself: None, bools, numbers, strings, and lists and
-    dicts of them (a tuple or a set would arrive as the string of it)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return True
-    if isinstance(value, list):
-        return all(map(_papermill_value, value))
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _papermill_value(v) for k, v in value.items())
-    return False
-
-
-def check_parameters(books: Sequence[Path], parameters, *, smoke: bool = False) -> dict:
-    """``parameters`` (name -> value) checked against every notebook of ``books``: each name declared in its
-    cell tagged "parameters" and not one the runner sets itself (:data:`PARAMETER_NAMES`), each value one
-    papermill passes as itself (lists, not tuples), and a full-size run (``smoke`` False): a smoke run sets its
-    own small sizes over the parameters, so an override would be recorded but not used. A page run with
-    overrides shows them in its injected-parameters cell and its manifest entry."""
-    import papermill as pm
-
-    if parameters is None or parameters == {}:
-        return {}
-    if not isinstance(parameters, dict) or not all(isinstance(k, str) for k in parameters):
-        checks.fail(f"parameters={checks.show_value(parameters)}; expected a dict of parameter names to values",
-                    TypeError)
-    if smoke:
-        checks.fail(f"parameters {sorted(parameters)} given to a smoke run; a smoke run sets each notebook's own "
-                    "small sizes over its parameters, so overrides go with a full-size run (--full)")
-    own = sorted(set(parameters) & set(PARAMETER_NAMES))
-    if own:
-        checks.fail(f"parameters {own} are set by the runner itself (use its options: --smoke/--full, --device, "
-                    f"--seed, --out); overrides may name a notebook's own parameters only")
-    for name, value in parameters.items():
-        if not _papermill_value(value):
-            checks.fail(f"parameter {name}={value!r}; expected None, a bool, number or string, or a list or dict of "
-                        "them (papermill passes a tuple or a set as its string: write [16, 4] for (16, 4))",
-                        TypeError)
-    for book in books:
-        declared = pm.inspect_notebook(str(book))
-        unknown = sorted(set(parameters) - set(declared))
-        if unknown:
-            checks.fail(f"parameters {unknown} are not declared by {book.stem}; its parameters are "
-                        f"{sorted(set(declared) - set(PARAMETER_NAMES))}")
-    return dict(parameters)
-
 
 # Per-cell execution timeout, seconds, by mode.
 DEFAULT_TIMEOUT_S = {"smoke": 600, "full": 1800}
@@ -403,10 +354,15 @@ def _publish_interrupted(staging: Path, final: Path, manifest: dict, entries: li
 
 
 def check_out_folder(out) -> None:
-    """``out`` must be a folder or a path that can become one (not a file, nor below a file)."""
+    """``out`` must be a folder or a path that can become one (not a file, nor below a file), and no report
+    folder nor inside one."""
     if not isinstance(out, (str, os.PathLike)) or not str(out):
         raise ValueError(f"out={out!r} must be a folder path (the reports root)")
     path = Path(out)
+    for p in (path, *path.resolve().parents):  # a root inside a report would write into another GPU's folder
+        if (p / MANIFEST).is_file():
+            raise ValueError(f"out={str(out)!r}: {str(p)!r} is a report folder (it holds {MANIFEST}); pass the "
+                             "reports root that holds the <gpu-slug>/ report folders")
     for p in (path, *path.parents):
         if p.exists():
             if not p.is_dir():

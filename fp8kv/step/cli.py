@@ -12,7 +12,16 @@ from collections.abc import Sequence
 from .. import checks
 from ..cache import check_block_size
 from ..capability import interpreter_on, use_interpreter
-from ..capacity import MAX_MEMORY_GIB, MODEL_SHAPES, CapacityError, get_model, gib_text
+from ..capacity import (
+    GPUS,
+    MAX_MEMORY_GIB,
+    MAX_MODEL_LEN,
+    MODEL_SHAPES,
+    CapacityError,
+    get_gpu,
+    get_model,
+    gib_text,
+)
 from ..device import resolve_device
 from ..interrupts import signals_ignored, stop_signals_as_keyboard_interrupt
 from ..results import save_or_fallback
@@ -34,7 +43,12 @@ def _gpu_memory_arg(s: str):
     try:
         v = float(s)
     except ValueError:
-        return s  # a GPU name; plan_capacity checks it
+        try:
+            get_gpu(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a known GPU; expected a number of GiB or one of "
+                                             f"{sorted(GPUS)}") from None
+        return s
     if not math.isfinite(v) or v <= 0:
         raise argparse.ArgumentTypeError(f"{s!r}: expected a positive number of GiB or a GPU name such as H200")
     if v > MAX_MEMORY_GIB:
@@ -60,6 +74,14 @@ def _positive_int_arg(s: str) -> int:
         raise argparse.ArgumentTypeError(f"{s!r}: expected a positive int") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"{s!r}: expected a positive int")
+    return v
+
+
+def _tokens_arg(s: str) -> int:
+    """A sequence length: a positive int up to the planner's :data:`~fp8kv.capacity.MAX_MODEL_LEN`."""
+    v = _positive_int_arg(s)
+    if v > MAX_MODEL_LEN:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected a positive int of tokens, at most {MAX_MODEL_LEN}")
     return v
 
 
@@ -132,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(results/step-prefill).")
     p.add_argument("--model", type=_model_arg, nargs="+", required=True, metavar="NAME",
                    help="registry model name(s) (fp8kv.capacity.MODELS), e.g. Qwen3-0.6B Llama-3.1-8B")
-    p.add_argument("--contexts", type=_positive_int_arg, nargs="+", metavar="TOKENS",
+    p.add_argument("--contexts", type=_tokens_arg, nargs="+", metavar="TOKENS",
                    help="tokens per sequence (the new tokens included), e.g. 4096 16384; required but with "
                         "--prompt-lens")
     p.add_argument("--draft-lens", type=_draft_len_arg, nargs="+", metavar="K",
@@ -146,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --draft-lens: a separate draft model (registry name, e.g. Qwen3-0.6B) on the same GPU: "
                         "its weights and KV come off the ceiling and, unless --draft-us is given, k of its decode "
                         "steps are timed as the draft's cost")
-    p.add_argument("--prompt-lens", type=_positive_int_arg, nargs="+", metavar="N",
+    p.add_argument("--prompt-lens", type=_tokens_arg, nargs="+", metavar="N",
                    help="chunked prefill: prompt lengths in tokens (with --chunks), e.g. 4096 16384")
     p.add_argument("--chunks", type=_positive_int_arg, nargs="+", metavar="C",
                    help="with --prompt-lens: chunk sizes in tokens, e.g. 512 2048 (one at least the prompt: the "
