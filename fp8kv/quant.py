@@ -37,7 +37,7 @@ from . import checks
 from .formats import FP8Format, format
 
 __all__ = ["Quantized", "quantize", "compute_scale", "scale_from_stat", "reduce_dims", "cast_saturating",
-           "relative_error", "check_percentile",
+           "relative_error", "check_percentile", "narrowed",
            "GRANULARITIES", "SCALE_METHODS", "SCALE_BYTES", "scale_shape", "kv_scale_bytes"]
 
 GRANULARITIES = ("tensor", "head", "token_head", "channel")
@@ -220,6 +220,16 @@ def cast_saturating(y: torch.Tensor, fmt: FP8Format, *, count: bool = True) -> t
     return y.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype), saturated
 
 
+def narrowed(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` (fp32) as ``dtype``; a value past ``dtype``'s range is a ValueError naming it, not an inf."""
+    if values.numel() and torch.finfo(dtype).max < torch.finfo(values.dtype).max:
+        peak = float(values.abs().max())
+        if peak > torch.finfo(dtype).max:
+            raise ValueError(f"dtype={dtype}: the decoded values reach {peak:.4g}, past {dtype}'s largest "
+                             f"{torch.finfo(dtype).max:.6g} (they would be inf); decode to torch.float32 or torch.bfloat16")
+    return values.to(dtype)
+
+
 @dataclass
 class Quantized:
     """FP8 data plus its scale. ``dequantize()`` gives back ``data * scale``.
@@ -248,7 +258,7 @@ class Quantized:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``data * scale`` as ``dtype``, a float dtype of :data:`fp8kv.checks.FLOAT_DTYPES`."""
         dtype = checks.float_dtype(dtype)
-        return (self.data.to(torch.float32) * self.scale_broadcast()).to(dtype)
+        return narrowed(self.data.to(torch.float32) * self.scale_broadcast(), dtype)
 
     @property
     def scale_nbytes(self) -> int:

@@ -575,3 +575,11 @@ def test_cast_saturating_takes_a_format_by_name():
     data, saturated = cast_saturating(y, "e4m3")
     assert saturated == 1 and data.to(torch.float32).tolist() == [1.0, 448.0, -3.0]
     assert quantize(y.reshape(1, 1, 3), scale=1.0).dequantize(torch.float16).dtype == torch.float16
+
+
+def test_dequantize_past_the_dtypes_range_is_refused_by_name():
+    """e4m3 codes times a large scale exceed fp16's 65504: the narrower dtype is named, not filled with inf."""
+    q = quantize(torch.tensor([[1.0, -2.0e5]]), "e4m3", granularity="tensor", scale="amax")
+    assert torch.equal(q.dequantize(torch.bfloat16), q.dequantize().to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"dtype=torch.float16: the decoded values reach .* past torch.float16's"):
+        q.dequantize(torch.float16)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import checks
-from ..quant import broadcast_scale
+from ..quant import broadcast_scale, narrowed
 from ..quant import quantize as fp8_quantize
 from .elements import decode_e2m1, e8m0_to_float, encode_e2m1, encode_e4m3, encode_int
 from .packing import pack_nibbles, signed_nibbles, unpack_nibbles
@@ -328,7 +328,7 @@ def dequantize(codec_name: Codec | str, codes: torch.Tensor, scales: torch.Tenso
     shape = _check_stored(c, codes, scales, zero_points, tensor_scale)
     vals = _code_values(codes, c)
     if c.rule == "fp8":
-        return _narrowed(vals * broadcast_scale(scales, len(shape), c.scaling), dtype)
+        return narrowed(vals * broadcast_scale(scales, len(shape), c.scaling), dtype)
     vg, dim = group_view(vals, c)
     s = scales.reshape(1, 1) if c.scaling == "tensor" else scales.unsqueeze(dim)
     if c.rule == "amax":
@@ -339,14 +339,4 @@ def dequantize(codec_name: Codec | str, codes: torch.Tensor, scales: torch.Tenso
         out = vg * effective_two_level(s, tensor_scale)
     else:  # pow2
         out = vg * e8m0_to_float(s)
-    return _narrowed(out.reshape(shape), dtype)
-
-
-def _narrowed(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``values`` (fp32) as ``dtype``; a value past ``dtype``'s range is a ValueError naming it, not an inf."""
-    if values.numel() and torch.finfo(dtype).max < torch.finfo(values.dtype).max:
-        peak = float(values.abs().max())
-        if peak > torch.finfo(dtype).max:
-            raise ValueError(f"dtype={dtype}: the decoded values reach {peak:.4g}, past {dtype}'s largest "
-                             f"{torch.finfo(dtype).max:.6g} (they would be inf); decode to torch.float32 or torch.bfloat16")
-    return values.to(dtype)
+    return narrowed(out.reshape(shape), dtype)
