@@ -599,7 +599,6 @@ def test_parameters_override_a_notebooks_own_and_are_recorded(tmp_path, capsys, 
     (["--param", "GRID=1e999"], r"parameter GRID=inf; expected None, a bool, finite number"),  # not "inf" recorded
     (["--param", "GRID='1, 16'"], r"parameter GRID='1, 16' \(str\); a_grid declares GRID = \[1, 4, 16\], so "
                                   r"expected list"),
-    (["--param", "GRID=None"], r"parameter GRID=None \(NoneType\); a_grid declares GRID = \[1, 4, 16\]"),
     (["--param", "GRID=" + "9" * 5000], r"^fp8kv notebooks run: error: argument --param: --param GRID='9+\.\.\. is "
                                         r"not a Python literal .{0,200}$"),  # one short line, not the value twice
     (["--smoke", "--param", "GRID=[1]"], r"given to a smoke run; .* go with a full-size run \(--full\)"),
@@ -636,12 +635,27 @@ def test_an_override_takes_a_kind_its_default_takes(tmp_path, write_notebook):
     write_notebook(books, "a_kinds", "pass", params='MODELS = "all"\nN = 4\nRATE = 0.5\nHEADS = (32, 8)\nANY = None')
     ok = {"MODELS": ["m"], "N": 2, "RATE": 1, "HEADS": [4, 2], "ANY": "x"}
     assert check_parameters([books / "a_kinds.ipynb"], ok) == ok
+    assert check_parameters([books / "a_kinds.ipynb"], {"N": None}) == {"N": None}  # "None: skip / detect"
     for bad, match in (({"N": 4.0}, r"N=4.0 \(float\); a_kinds declares N = 4, so expected int"),
                        ({"N": True}, r"N=True \(bool\); .* expected int"),
                        ({"RATE": "0.5"}, r"RATE='0.5' \(str\); .* expected int or float"),
                        ({"HEADS": 32}, r"HEADS=32 \(int\); a_kinds declares HEADS = \(32, 8\), so expected list")):
         with pytest.raises(TypeError, match=match):
             check_parameters([books / "a_kinds.ipynb"], bad)
+
+
+def test_the_notebooks_take_the_none_overrides_their_parameters_document():
+    """Each real notebook's parameter whose comment offers None (skip real activations, time the draft, ...) takes
+    it as an override."""
+    import papermill as pm
+
+    offered = 0
+    for book in NOTEBOOKS:
+        for name, p in pm.inspect_notebook(str(book)).items():
+            if "None" in (p.get("help") or "") and name not in runner.PARAMETER_NAMES:
+                assert check_parameters([book], {name: None}) == {name: None}
+                offered += 1
+    assert offered >= 5  # 02's REAL_MODEL and 08's DRAFT_US among them
 
 
 def test_cell_timeout_fails_the_notebook(tmp_path, write_notebook):

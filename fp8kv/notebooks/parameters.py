@@ -66,7 +66,8 @@ def check_parameters(books: Sequence[Path], parameters, *, smoke: bool = False) 
 
 
 # What an override of a parameter may be, by its default's type: a string default ("all") may be a list of names,
-# a tuple one ((32, 8)) a list; None takes anything.
+# a tuple one ((32, 8)) a list; None takes anything, and None is taken for any (the notebooks' "None: skip" or
+# "None: detect" settings, e.g. 02's REAL_MODEL=None, 08's DRAFT_US=None with a DRAFT_MODEL).
 _KINDS = {bool: (bool,), int: (int,), float: (int, float), str: (str, list), tuple: (list,), list: (list,),
           dict: (dict,)}
 
@@ -81,7 +82,7 @@ def _check_kind(notebook: str, name: str, value, default_source: str) -> None:
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return  # an expression: its type is not known before it runs
     kinds = _KINDS.get(type(default))
-    if kinds is None or (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)):
+    if kinds is None or value is None or (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)):
         return
     checks.fail(f"parameter {name}={checks.show_value(value)} ({type(value).__name__}); {notebook} declares "
                 f"{name} = {checks.show_value(default)}, so expected {' or '.join(k.__name__ for k in kinds)}",
