@@ -108,9 +108,10 @@ def score_bound(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None = N
     cache.check_query(q)
     sm_scale = checks.softmax_scale_or_default(sm_scale, cache.head_dim)
     group = q.shape[1] // cache.num_kv_heads
+    cache.validate_arrays(contents=True)  # once, not per sequence
     best = 0.0
     for i in range(q.shape[0]):
-        k, _ = cache.gather(i)  # [L, Hkv, D] fp32
+        k, _ = cache.gather(i, check_scales=False)  # [L, Hkv, D] fp32
         if k.shape[0] == 0:
             continue
         qa = q[i].float().abs().reshape(cache.num_kv_heads, group, -1)
@@ -273,7 +274,7 @@ def paged_attention(q: torch.Tensor, cache: PagedKVCache, sm_scale: float | None
                          "per sequence (empty sequences have no attention output)")
     outs, lses = [], []
     for i in range(q.shape[0]):
-        k, v = cache.gather(i)
+        k, v = cache.gather(i, check_scales=False)  # the arrays: checked by the entry
         o, lse = _attention(q[i], k, v, sm_scale, window=window, soft_cap=soft_cap, sinks=sinks)
         outs.append(o)
         lses.append(lse)
@@ -338,7 +339,7 @@ def paged_attend(q: torch.Tensor, cache: PagedKVCache, qo_lens: list[int], sm_sc
     for i, n in enumerate(qo_lens):
         if n == 0:
             continue
-        k, v = cache.gather(i)
+        k, v = cache.gather(i, check_scales=False)  # the arrays: checked by the entry
         first = k.shape[0] - n  # position of the sequence's first new token
         for j in range(n):
             p = first + j

@@ -720,3 +720,16 @@ def test_check_query_takes_one_per_sequence_as_true_or_false():
     cache.check_query(q, one_per_sequence=False)
     with pytest.raises(TypeError, match=r"one_per_sequence=0 \(int\); expected True or False"):
         cache.check_query(q, one_per_sequence=0)
+
+
+def test_gather_checks_the_scales_unless_a_loop_checked_them_once():
+    """gather(i) refuses a scale replaced since construction; check_scales=False (the oracles' loops, after one
+    validate_arrays) skips that pass, and is a flag, not any truthy value."""
+    cache = PagedKVCache.from_dense(torch.randn(1, 8, 2, 32), torch.randn(1, 8, 2, 32), [8])
+    good = cache.gather(0)
+    cache.k_scale = torch.full_like(cache.k_scale, float("nan"))
+    with pytest.raises(ValueError, match="k_scale"):
+        cache.gather(0)
+    assert cache.gather(0, check_scales=False)[1].equal(good[1])  # V is untouched; K's NaN scale is the caller's
+    with pytest.raises(TypeError, match="check_scales='no'"):
+        cache.gather(0, check_scales="no")

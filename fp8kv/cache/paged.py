@@ -178,12 +178,13 @@ class PagedKVCache(PagedTables):
         return writing.write(self, k_new, v_new, slot_mapping)
 
     # ------------------------------------------------------------------- reads
-    def gather(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(self, i: int, *, check_scales: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V of sequence ``i``: fp32 ``[seq_lens[i], Hkv, D]``.
 
-        ``seq_lens[i]`` and the block-table entries holding its tokens are checked as they are now
-        (they may have been edited since construction): a ValueError names a bad one."""
-        return reading.gather(self, i)
+        ``seq_lens[i]``, the block-table entries holding its tokens and (with ``check_scales``) the scales are
+        checked as they are now (they may have been edited since construction): a ValueError names a bad one.
+        ``check_scales=False`` is for a loop over sequences after one :meth:`validate_arrays`."""
+        return reading.gather(self, i, check_scales=check_scales)
 
     # ------------------------------------------------------------------- sizes
     @property

@@ -288,8 +288,11 @@ class QuantizedPagedKVCache(PagedTables):
                                tensor_scale=tensor_scale))
         return out[0], out[1]
 
-    def gather(self, i) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sequence ``i``'s K and V dequantized by :func:`fp8kv.kv_formats.dequantize`: fp32 ``[seq_lens[i], Hkv, D]``."""
+    def gather(self, i, *, check_scales: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sequence ``i``'s K and V dequantized by :func:`fp8kv.kv_formats.dequantize`: fp32 ``[seq_lens[i], Hkv, D]``;
+        the scales checked first unless ``check_scales=False`` (a loop after one :meth:`validate_arrays`)."""
+        if checks.flag(check_scales, "check_scales"):
+            self.validate_arrays(contents=True)
         k, v = self.encoded(i)
         return k.dequantize(), v.dequantize()
 

@@ -25,12 +25,14 @@ def token_slots(cache, seq: int, positions: torch.Tensor) -> torch.Tensor:
     return blocks * cache.block_size + positions % cache.block_size
 
 
-def gather(cache, i) -> tuple[torch.Tensor, torch.Tensor]:
+def gather(cache, i, *, check_scales: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """:meth:`PagedKVCache.gather`: fp32 K, V ``[seq_lens[i], Hkv, D]`` of sequence ``i``, its length,
-    block-table entries and scales checked as they are now (a scale replaced since construction: named, not a
-    broadcasting error or NaN rows)."""
+    block-table entries and (with ``check_scales``) scales checked as they are now (a scale replaced since
+    construction: named, not a broadcasting error or NaN rows). ``check_scales=False``: for a loop over the
+    sequences whose caller checked the arrays once (a host sync and a pass over the scales each)."""
     i = checks.integer(i, "i")
-    check_arrays(cache)
+    if checks.flag(check_scales, "check_scales"):
+        check_arrays(cache)
     if not 0 <= i < cache.batch_size:
         _fail(f"sequence index {i} is out of range [0, {cache.batch_size})")
     n = int(checked_tables(cache, row=i)[0])
