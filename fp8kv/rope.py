@@ -28,21 +28,24 @@ def rope_cos_sin(positions, inv_freq: torch.Tensor, dtype: torch.dtype):
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         checks.fail(f"dtype={dtype!r}; expected a floating torch.dtype (cos and sin are fractions)", TypeError)
     inv_freq = checks.tensor(inv_freq, "inv_freq", ndim=1, shape_hint="[D/2] (rope_inv_freq)")
-    positions = _positions(positions, inv_freq.device)
+    positions = _positions(positions, inv_freq.device, "B")
     freqs = positions.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _positions(positions, device) -> torch.Tensor:
-    """``positions``: a 1-D tensor or list of finite integer or real positions (checked), as a tensor."""
+def _positions(positions, device, axis: str) -> torch.Tensor:
+    """``positions``: a 1-D tensor or list of finite integer or real positions (checked), as a tensor; a list of
+    floats in fp64 (the default fp32 would round positions past 2**24). ``axis`` names the positions' one dim."""
     if not isinstance(positions, torch.Tensor):
         try:
-            positions = torch.as_tensor(positions, device=device)
+            given = torch.as_tensor(positions, device=device)
+            positions = (torch.as_tensor(positions, dtype=torch.float64, device=device)
+                         if given.is_floating_point() else given)
         except (TypeError, ValueError, RuntimeError):
             checks.fail(f"positions={checks.show_value(positions)}; expected a 1-D tensor or list of positions",
                         TypeError)
-    checks.tensor(positions, "positions", ndim=1, shape_hint="[B]")
+    checks.tensor(positions, "positions", ndim=1, shape_hint=f"[{axis}]")
     if positions.dtype == torch.bool or positions.is_complex():
         checks.fail(f"positions has dtype {positions.dtype}; expected integer or real positions", TypeError)
     checks.readable_tensor(positions, "positions")
@@ -77,7 +80,7 @@ def rope_at_positions(x: torch.Tensor, positions: torch.Tensor, theta: float = 1
         raise ValueError(f"x must be [T, H, D] with even D; got shape {tuple(x.shape)}")
     checks.readable_tensor(x, "x")
     theta = checks.positive_float(theta, "theta")  # 0 or below gave NaN rows
-    positions = _positions(positions, x.device).to(device=x.device, dtype=torch.float64)
+    positions = _positions(positions, x.device, "T").to(device=x.device, dtype=torch.float64)
     if positions.numel() != x.shape[0]:
         raise ValueError(f"positions has {positions.numel()} entries but x has {x.shape[0]} tokens")
     d = x.shape[-1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8kv.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from fp8kv.rope import apply_rope, rope_at_positions, rope_cos_sin, rope_inv_freq
 
 
 def test_rope_inv_freq_refuses_an_odd_head_dim():
@@ -39,3 +39,13 @@ def test_apply_rope_checks_shapes_by_name():
     with pytest.raises(ValueError, match=r"cos has shape \(3, 8\); expected \[B, D\] = \(3, 16\)"):
         apply_rope(torch.randn(3, 4, 16), cos, sin)
     assert apply_rope(torch.randn(3, 4, 8), cos, sin).shape == (3, 4, 8)
+
+
+def test_a_list_of_float_positions_keeps_fp64():
+    """Positions past 2**24 given as Python floats: as exact as an fp64 tensor (torch's default fp32 rounded them)."""
+    x = torch.randn(1, 1, 8)
+    exact = rope_at_positions(x, torch.tensor([16777217.0], dtype=torch.float64))
+    assert torch.equal(rope_at_positions(x, [16777217.0]), exact)
+    cos, _ = rope_cos_sin([16777217.0], rope_inv_freq(8, 10000.0), torch.float32)
+    assert torch.equal(cos, rope_cos_sin(torch.tensor([16777217], dtype=torch.int64), rope_inv_freq(8, 10000.0),
+                                         torch.float32)[0])
