@@ -21,7 +21,7 @@ from . import checks
 from .formats import UNQUANTIZED_DTYPES, is_fp8
 
 __all__ = ["LaunchOption", "OPTIONS", "KERNELS", "WARP_COUNTS", "MAX_STAGES", "MAX_BLOCK_N", "check_range",
-           "backend_options", "cli_options", "convert_refusal",
+           "DOT_MIN_ROWS", "FP8_DOT_MIN_K", "least_block_n", "backend_options", "cli_options", "convert_refusal",
            "tuned_options", "kernel_options", "option_names"]
 
 # The decode kernels of the Triton backend, by the names fp8kv.ops.decode_launch gives them.
@@ -83,6 +83,16 @@ def check_stages(value) -> int | None:
     if not 1 <= value <= MAX_STAGES:
         checks.fail(f"num_stages={value}; expected 1 to {MAX_STAGES}")
     return value
+
+
+DOT_MIN_ROWS = 16  # tl.dot's smallest tile side: a tensor-core kernel's smallest block_n
+FP8_DOT_MIN_K = 32  # an FP8 dot's smallest K: fp8 mode's P·V contracts over block_n tokens
+
+
+def least_block_n(mode: str, tensor_cores: bool = True) -> int:
+    """The smallest block_n a decode or attend kernel takes in ``mode``: the FP8 dot's K in fp8 mode, tl.dot's 16
+    on tensor cores, 1 on CUDA cores."""
+    return FP8_DOT_MIN_K if mode == "fp8" else DOT_MIN_ROWS if tensor_cores else 1
 
 
 def check_block_n(value, least: int = 1) -> int | None:

@@ -25,7 +25,7 @@ import re
 import warnings
 from pathlib import Path
 
-from .launch_options import check_block_n, check_range, tuned_options
+from .launch_options import check_block_n, check_range, least_block_n, tuned_options
 
 TABLE_DIR = Path(__file__).resolve().parent / "data"
 LAUNCH_KEYS = tuned_options()  # what an entry sets: block_n, num_warps, num_stages
@@ -62,7 +62,7 @@ def _entry_problem(e, key: str) -> str | None:
             if name in LAUNCH_KEYS:
                 check_range(name, value)
         # the tensor-core kernel's tiles: tl.dot's 16 rows, and fp8 mode's FP8 dot a K of 32
-        check_block_n(e["block_n"], least=32 if shape.group(2) == "fp8" else 16)
+        check_block_n(e["block_n"], least=least_block_n(shape.group(2)))
     except ValueError as exc:
         return f"has {exc}"
     return None

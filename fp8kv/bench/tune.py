@@ -59,11 +59,11 @@ def group_pad(hq: int, hkv: int, head_dim: int = 128, point: tuple[int, int] = P
 def candidates(kv_fp8: bool, mode: str, head_dim: int, group_pad: int = 16) -> list[dict]:
     """The launches tried for one shape (``group_pad`` rows a program): the rule's tile halved, kept and
     doubled (16-256 tokens; 32+ in fp8 mode), times 4 / 8 warps and 2 / 3 stages; and the rule's launch itself."""
-    from ..launch_options import MAX_BLOCK_N
+    from ..launch_options import MAX_BLOCK_N, least_block_n
     from ..ops import default_config
 
     rule = default_config(mode, kv_fp8, head_dim, group_pad=group_pad)
-    least = 32 if mode == "fp8" else 16
+    least = least_block_n(mode)
     tiles = sorted({n for n in (rule["block_n"] // 2, rule["block_n"], rule["block_n"] * 2) if least <= n <= MAX_BLOCK_N})
     tried = [dict(block_n=n, num_warps=w, num_stages=s) for n in tiles for w in (4, 8) for s in (2, 3)]
     return tried if rule in tried else [rule, *tried]  # the rule's own launch is always timed

@@ -71,11 +71,12 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
         block_m = min(max(16, triton.next_power_of_2(rows)), 128 if d_pad <= 128 else 64)
     else:
         block_m = checks.one_of(checks.integer(block_m, "block_m"), "block_m", BLOCK_M_CHOICES)
-    block_n = launch_options.check_block_n(block_n, least=16)
+    block_n = launch_options.check_block_n(block_n, least=launch_options.DOT_MIN_ROWS)
     if block_n is None:
         block_n = 64 if d_pad <= 128 else 32
-    if mode == "fp8" and block_n < 32:
-        checks.fail(f"block_n={block_n}: fp8 mode needs block_n >= 32 (the FP8 dot's minimum K)")
+    if block_n < launch_options.least_block_n(mode):
+        checks.fail(f"block_n={block_n}: fp8 mode needs block_n >= {launch_options.FP8_DOT_MIN_K} (the FP8 dot's "
+                    "minimum K)")
     num_warps, num_stages = launch_options.check_warps(num_warps), launch_options.check_stages(num_stages)
     if num_warps is None:
         num_warps = 8 if block_m * d_pad >= 128 * 128 else 4

@@ -15,7 +15,7 @@ from ...cache import PagedKVCache
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import MODES, interpreter_on
 from ...device import gpu_slug
-from ...launch_options import check_block_n, check_stages, check_warps
+from ...launch_options import FP8_DOT_MIN_K, check_block_n, check_stages, check_warps, least_block_n
 from .gluon_scope import GLUON_QUANTIZED_FORMATS
 
 
@@ -341,9 +341,9 @@ def launch_config(batch: int, cache: PagedKVCache, mode: str = "dequant", *, num
         num_splits = checks.positive_int(num_splits, "num_splits")
     num_warps, num_stages = check_warps(num_warps), check_stages(num_stages)
     # tl.dot's minimum; the CUDA-core kernel takes any power of two
-    block_n = check_block_n(block_n, least=16 if use_tensor_cores else 1)
-    if mode == "fp8" and block_n < 32:
-        raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= 32 (FP8 dot minimum K)")
+    block_n = check_block_n(block_n, least=least_block_n("dequant", use_tensor_cores))
+    if block_n < least_block_n(mode, use_tensor_cores):
+        raise ValueError(f"block_n={block_n}: fp8 mode needs block_n >= {FP8_DOT_MIN_K} (FP8 dot minimum K)")
     if num_splits is None:
         programs = cache.num_kv_heads * (head_tiles * head_parts if use_tensor_cores else group)  # per sequence, split
         slots = None if programs_per_sm is None else sms * programs_per_sm

@@ -14,7 +14,7 @@ import torch
 from ... import checks
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import UnsupportedError, interpreter_on
-from ...launch_options import check_block_n, check_stages, check_warps
+from ...launch_options import DOT_MIN_ROWS, check_block_n, check_stages, check_warps
 from ..decode.gluon_launcher import launch_constants
 from ..decode.gluon_scope import GLUON_QUANTIZED_FORMATS
 from ..decode.planning import DecodePlan, decode_kernel, gluon_choice, gluon_config, plan_inputs
@@ -39,7 +39,7 @@ def check_launch_options(num_splits, block_n, convert, num_warps, num_stages) ->
     block_n, num_warps, num_stages)`` as ints or None."""
     if num_splits is not None:
         num_splits = checks.positive_int(num_splits, "num_splits")
-    block_n = check_block_n(block_n, least=16)
+    block_n = check_block_n(block_n, least=DOT_MIN_ROWS)
     if convert is not None:
         checks.one_of(convert, "convert", QUANT_CONVERTS)
     return num_splits, block_n, check_warps(num_warps), check_stages(num_stages)
