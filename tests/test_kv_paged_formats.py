@@ -406,6 +406,15 @@ def test_arrays_replaced_with_bad_ones_are_named(corrupt, exc, match):
         cache.validate_arrays()
 
 
+def test_the_contents_switch_and_gathers_scale_check_are_flags():
+    """As a PagedKVCache's: contents="no" is no False (it was truthy), and gather checks the scales unless told."""
+    cache = _cache()
+    with pytest.raises(TypeError, match=r"contents='no'.* expected True or False"):
+        cache.validate_arrays(contents="no")
+    with pytest.raises(TypeError, match=r"check_scales=1 .* expected True or False"):
+        cache.gather(0, check_scales=1)
+
+
 @pytest.mark.parametrize("call,exc,match", [
     (lambda c: c.append_tokens(torch.full((1, 2, 32), float("inf")), torch.zeros(1, 2, 32), [1, 0]), ValueError,
      "k_new has non-finite values"),

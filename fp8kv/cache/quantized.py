@@ -109,6 +109,7 @@ class QuantizedPagedKVCache(PagedTables):
         """Check what may have been replaced since construction: the pages and tables
         (:func:`fp8kv.cache.validation.check_pages`), each scale array's dtype, shape and device, and the
         tensor scales; with ``contents`` also that every scale is positive and finite (a host sync)."""
+        contents = checks.flag(contents, "contents")  # "no" is truthy: it would check what was to be skipped
         validation.check_pages(self)
         codes_shape, scales_shape = self.page_shapes()
         if tuple(self.k_pages.shape) != codes_shape:  # the pages' head_dim must suit the codec
