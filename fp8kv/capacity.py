@@ -60,7 +60,7 @@ from fp8kv.quant import GRANULARITIES, kv_scale_bytes
 
 __all__ = ["ModelShape", "MODEL_SHAPES", "MODELS", "GPU", "GPUS", "CapacityError", "get_model", "get_gpu", "resolve_model",
            "load_hf_config", "plan_capacity", "capacity_table", "model_table", "gpu_table", "MAX_MEMORY_GIB", "MAX_MODEL_LEN",
-           "gib_text"]
+           "checked_memory_gib", "gib_text"]
 
 GIB = 2**30
 WEIGHT_BYTES = 2  # bf16/fp16 weights: vLLM's dtype="auto" serves fp32 checkpoints in 16-bit too
@@ -79,7 +79,7 @@ def gib_text(nbytes: float) -> str:
     return f"{nbytes / GIB:.4g} GiB"
 
 
-def _memory_gib(value, name: str, *, allow_zero: bool = False) -> float:
+def checked_memory_gib(value, name: str, *, allow_zero: bool = False) -> float:
     """``value`` GiB checked: a finite number > 0 (>= 0 with ``allow_zero``) and at most :data:`MAX_MEMORY_GIB`."""
     value = checks.real(value, name, minimum=0.0, inclusive=allow_zero)
     if value > MAX_MEMORY_GIB:
@@ -220,16 +220,16 @@ def plan_capacity(model, kv_dtype, kv_memory_gib=None, gpu_memory_gib=None, util
         if weights_gib is not None:
             raise ValueError(f"weights_gib={weights_gib!r} only applies with gpu_memory_gib; "
                              "kv_memory_gib is already the KV budget")
-        kv_memory_gib = _memory_gib(kv_memory_gib, "kv_memory_gib")
+        kv_memory_gib = checked_memory_gib(kv_memory_gib, "kv_memory_gib")
         budget = math.floor(kv_memory_gib * GIB)
     else:
         if isinstance(gpu_memory_gib, (str, GPU)):
             gpu = get_gpu(gpu_memory_gib)
             gpu_name, gpu_memory_gib = gpu.name, gpu.total_gib
-        gpu_memory_gib = _memory_gib(gpu_memory_gib, "gpu_memory_gib")
+        gpu_memory_gib = checked_memory_gib(gpu_memory_gib, "gpu_memory_gib")
         gpu_bytes = gpu_memory_gib * GIB
         if weights_gib is not None:
-            weights_gib = _memory_gib(weights_gib, "weights_gib", allow_zero=True)
+            weights_gib = checked_memory_gib(weights_gib, "weights_gib", allow_zero=True)
             weights_bytes = math.ceil(weights_gib * GIB)
         elif shape.num_params is not None:
             weights_bytes = shape.num_params * WEIGHT_BYTES

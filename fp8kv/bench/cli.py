@@ -17,7 +17,7 @@ from ..analysis.breakeven import BREAKEVEN_GRID
 from ..cache import LAYOUTS
 from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, interpreter_on, use_interpreter
 from ..capability_formats import mode_refusal
-from ..capacity import MAX_MEMORY_GIB
+from ..capacity import checked_memory_gib
 from ..interrupts import signals_ignored, sigterm_as_keyboard_interrupt
 from ..launch_options import OPTIONS, check_range, cli_options
 from ..quant import GRANULARITIES
@@ -280,7 +280,7 @@ def _check_args(args) -> torch.device:
                 checks.positive_int(value, "--" + flag.replace("_", "-"))
     checks.rep_ms(args.rep, "--rep")
     if args.memory_budget_gb is not None:
-        checks.real(args.memory_budget_gb, "--memory-budget-gb", minimum=0.0, maximum=MAX_MEMORY_GIB, inclusive=False)
+        checked_memory_gib(args.memory_budget_gb, "--memory-budget-gb")
     if args.interpret and args.device not in (None, "cpu"):
         checks.fail(f"--interpret runs on CPU tensors; drop --device {args.device}")
     try:
