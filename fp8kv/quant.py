@@ -131,8 +131,7 @@ def _check_input(x) -> None:
         raise TypeError(f"x must be a float16/bfloat16/float32/float64 tensor, got {x.dtype}")
     if x.ndim < 2:
         raise ValueError(f"x must have at least 2 dims [..., heads, head_dim]; got shape {tuple(x.shape)}")
-    if x.device.type not in ("cpu", "cuda"):  # a meta tensor has no values to scale
-        raise ValueError(f"x is on {x.device}; the quantizer takes tensors on 'cpu' or a CUDA device")
+    checks.readable_tensor(x, "x")  # a meta tensor has no values to scale
 
 
 def check_scale_method(method, percentile, name: str = "scale") -> float:
