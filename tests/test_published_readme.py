@@ -266,11 +266,23 @@ NOT_MEASURED = {
 }
 
 
-def typed_measurements(readme: str) -> list[str]:
-    """``"line N: text"`` for each measurement-like number of the Results section outside generated
-    markers and not in :data:`NOT_MEASURED`."""
+def scanned_sections(readme: str) -> list[tuple[int, str]]:
+    """``(first line number, text)`` of the sections that quote measurements: "At a glance" and Results."""
     head, results = readme.split("## Results", 1)
-    first_line = head.count("\n") + 1
+    sections = [(head.count("\n") + 1, results)]
+    if "## At a glance" in head:
+        at = head.index("## At a glance")
+        sections.insert(0, (head[:at].count("\n") + 1, head[at:head.find("\n## ", at + 1)]))
+    return sections
+
+
+def typed_measurements(readme: str) -> list[str]:
+    """``"line N: text"`` for each measurement-like number of the "At a glance" and Results sections outside
+    generated markers and not in :data:`NOT_MEASURED`."""
+    return [hit for first, text in scanned_sections(readme) for hit in _typed_in(text, first)]
+
+
+def _typed_in(results: str, first_line: int) -> list[str]:
     found = []
     lines = results.split("\n")
     in_block = False
@@ -320,6 +332,14 @@ def test_a_non_measurement_or_a_generated_value_is_not_found(text):
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     edited = readme.replace("### Rendered reports\n", f"### Rendered reports\n\nIt {text} here.\n", 1)
     assert typed_measurements(edited) == []
+
+
+def test_a_typed_measurement_at_a_glance_is_found():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    edited = readme.replace("## At a glance\n", "## At a glance\n\nIt decodes in 12.5 µs here.\n", 1)
+    assert edited != readme
+    found = typed_measurements(edited)
+    assert found and all("here." in f for f in found), found
 
 
 def test_a_typed_measurement_inside_a_generated_block_is_the_block_s():
