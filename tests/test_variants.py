@@ -262,7 +262,7 @@ def test_window_never_reads_tokens_before_it(kv_dtype, granularity, mode):
     clean = _cache(granularity, kv_dtype, lens)
     dirty = _cache(granularity, kv_dtype, lens)
     _poison_outside_window(dirty, window)
-    assert not torch.isfinite(dirty.gather(3)[0]).all()  # the poison is really there
+    assert not torch.isfinite(dirty.gather(3, check_scales=False)[0]).all()  # the poison is really there
     q = make_q(len(lens), 8, 64, torch.float16)
     for splits in (1, 2):
         o1, l1 = paged_decode(q, clean, mode=mode, window=window, num_splits=splits, block_n=32)
