@@ -176,21 +176,22 @@ _ALIASES = {
 }
 
 
-def format(name: str | FP8Format | torch.dtype) -> FP8Format:  # noqa: A001 - public name by design
-    """Look up an FP8 format by name (``"e4m3"``, ``"e5m2"``, ``"fp8_e4m3"``, ...) or torch dtype."""
+def format(name: str | FP8Format | torch.dtype, *, arg: str = "name") -> FP8Format:  # noqa: A001 - public name
+    """Look up an FP8 format by name (``"e4m3"``, ``"e5m2"``, ``"fp8_e4m3"``, ...) or torch dtype; ``arg`` is the
+    name an error gives the argument (a caller's own parameter, e.g. ``"fmt"``)."""
     if isinstance(name, FP8Format):
         return name
     if isinstance(name, torch.dtype):
         for f in FORMATS.values():
             if f.torch_dtype == name:
                 return f
-        raise ValueError(f"dtype {name} is not an FP8 format; expected one of "
+        raise ValueError(f"{arg}: dtype {name} is not an FP8 format; expected one of "
                          f"{[str(f.torch_dtype) for f in FORMATS.values()]}")
     if not isinstance(name, str):
-        raise TypeError(f"fmt must be a format name or torch dtype, got {type(name).__name__}")
+        raise TypeError(f"{arg} must be a format name or torch dtype, got {type(name).__name__}")
     key = _ALIASES.get(name.lower(), name.lower())
     if key not in FORMATS:
-        raise ValueError(f"fmt={name!r} is not a known FP8 format; expected one of {sorted(FORMATS)}")
+        raise ValueError(f"{arg}={name!r} is not a known FP8 format; expected one of {sorted(FORMATS)}")
     return FORMATS[key]
 
 
@@ -278,7 +279,7 @@ def summary_table(names=None):
     elif not hasattr(names, "__iter__"):
         raise TypeError(f"names={names!r} ({type(names).__name__}); expected None, a format (name, FP8Format or "
                         "torch dtype) or a list of them")
-    return pd.DataFrame([format(name).summary() for name in names])
+    return pd.DataFrame([format(name, arg=f"names[{i}]").summary() for i, name in enumerate(names)])
 
 
 def code_table(name: str | FP8Format | torch.dtype):

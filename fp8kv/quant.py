@@ -171,7 +171,7 @@ def compute_scale(x: torch.Tensor, fmt="e4m3", granularity="tensor", method="ama
     _check_input(x)
     checks.finite_tensor(x, "x")
     checks.fp32_range_tensor(x, "x")
-    return compute_scale_unchecked(x, format(fmt), granularity, method, percentile)
+    return compute_scale_unchecked(x, format(fmt, arg="fmt"), granularity, method, percentile)
 
 
 def compute_scale_unchecked(x: torch.Tensor, f: FP8Format, granularity, method, percentile) -> torch.Tensor:
@@ -212,7 +212,7 @@ def cast_saturating(y: torch.Tensor, fmt: FP8Format, *, count: bool = True) -> t
     cannot hold.
     """
     checks.readable_tensor(checks.tensor(y, "y", dtypes=checks.FLOAT_DTYPES), "y")
-    fmt = format(fmt)  # an FP8Format, or its name or torch dtype
+    fmt = format(fmt, arg="fmt")  # an FP8Format, or its name or torch dtype
     count = checks.flag(count, "count")
     y = y.to(torch.float32)  # the threshold is an fp32 boundary, as in the Triton cache write
     saturated = int((y.abs() >= fmt.first_overflow).sum()) if count else None
@@ -320,7 +320,7 @@ def quantize(x: torch.Tensor, fmt="e4m3", granularity: str = "tensor", scale=Non
         modes (the arithmetic is fp32, where it would be inf; a value that large is a bug upstream).
     """
     _check_input(x)
-    f = format(fmt)
+    f = format(fmt, arg="fmt")
     shape = scale_shape(x.shape, granularity)
     if not isinstance(nonfinite, str) or nonfinite not in ("raise", "saturate"):
         raise ValueError(f"nonfinite={nonfinite!r}; expected 'raise' or 'saturate'")

@@ -149,12 +149,12 @@ def test_lookup_aliases(alias, name):
 
 
 def test_lookup_errors():
-    with pytest.raises(ValueError, match=r"fmt='int8' is not a known FP8 format; expected one of"):
+    with pytest.raises(ValueError, match=r"name='int8' is not a known FP8 format; expected one of"):
         formats.format("int8")
     with pytest.raises(ValueError, match=r"dtype torch.float16 is not an FP8 format"):
         formats.format(torch.float16)
-    with pytest.raises(TypeError, match=r"fmt must be a format name or torch dtype, got int"):
-        formats.format(3)
+    with pytest.raises(TypeError, match=r"name must be a format name or torch dtype, got int"):
+        formats.format(3)  # fp8kv.format's own argument, not a caller's "fmt"
 
 
 @pytest.mark.parametrize(
@@ -190,7 +190,7 @@ def test_summary_table_takes_what_format_takes(given):
 def test_summary_table_refuses_what_is_not_a_format():
     with pytest.raises(TypeError, match=r"names=5 \(int\); expected None, a format"):
         formats.summary_table(5)
-    with pytest.raises(ValueError, match="fmt='xx' is not a known FP8 format"):
+    with pytest.raises(ValueError, match=r"names\[1\]='xx' is not a known FP8 format"):
         formats.summary_table(["e4m3", "xx"])
 
 

@@ -24,7 +24,7 @@ def _formats(formats):
         return list(FORMATS.values())
     if isinstance(formats, str):
         formats = [formats]
-    return [get_format(f) for f in formats]
+    return [get_format(f, arg=f"formats[{i}]") for i, f in enumerate(formats)]
 
 
 def fp8_code_values(formats=None, *, log_y: bool = True) -> go.Figure:
