@@ -285,6 +285,15 @@ def _items(value, name: str, single: tuple) -> list:
     return value
 
 
+def _each(items, name: str, resolve) -> None:
+    """``resolve`` every entry of ``items``; its error is re-raised with ``name[i]`` in front."""
+    for i, item in enumerate(items):
+        try:
+            resolve(item)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{name}[{i}]: {e}") from None
+
+
 def capacity_table(models, gpus, kv_dtypes, granularities=("tensor",), **kw):
     """Plan every model x GPU x kv_dtype x granularity; one tidy row per plan.
 
@@ -308,6 +317,10 @@ def capacity_table(models, gpus, kv_dtypes, granularities=("tensor",), **kw):
     for key, instead in (("granularity", "granularities"), ("gpu_memory_gib", "gpus")):
         if key in kw and (key == "granularity" or gpus is not None):
             checks.fail(f"{key}={kw[key]!r} is set per row by capacity_table; pass {instead}= instead")
+    # each entry resolved once here, so that an error names the list and index it came from
+    _each(models, "models", resolve_model)
+    _each(kv_dtypes, "kv_dtypes", _kv_dtype)
+    _each([g for g in gpus or () if isinstance(g, str)], "gpus", get_gpu)
     rows = []
     for model in models:
         for gpu in (gpus if gpus is not None else [None]):

@@ -408,3 +408,14 @@ def test_plan_capacity_names_a_folder_config_an_unbounded_length_and_missing_fie
     shape = ModelShape("toy", num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=64, max_position_embeddings=2**40)
     with pytest.raises(ValueError, match=r"max_position_embeddings=1099511627776, past MAX_MODEL_LEN"):
         plan_capacity(shape, "bf16", kv_memory_gib=1)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(models=["Qwen3-8B", "nope"], gpus=["H200"], kv_dtypes=["bf16"]), r"models\[1\]: model='nope'"),
+    (dict(models=["Qwen3-8B"], gpus=["H200", "H999"], kv_dtypes=["bf16"]), r"gpus\[1\]: .*'H999' is not a known GPU"),
+    (dict(models=["Qwen3-8B"], gpus=["H200"], kv_dtypes=["bf16", "fp9"]), r"kv_dtypes\[1\]: kv_dtype='fp9'"),
+])
+def test_capacity_table_names_the_list_entry_it_refuses(kw, match):
+    """The error names capacity_table's own argument and the entry's index, not plan_capacity's parameter alone."""
+    with pytest.raises(ValueError, match=match):
+        capacity_table(**kw)
