@@ -276,6 +276,20 @@ def test_index_leaves_out_and_names_a_folder_whose_manifest_is_unreadable(tmp_pa
     assert str(tmp_path) not in page  # named relative to the page, no absolute path
 
 
+def test_index_leaves_out_a_folder_whose_manifest_is_another_gpus(tmp_path):
+    """A report folder copied or renamed: its manifest's gpu_slug is not the folder's name, so its pages would be
+    shown as the folder name's GPU. Left out and named, as an unreadable one."""
+    from fp8kv.notebooks.index import report_folders
+
+    for slug in ("cpu", "nvidia-h200"):
+        folder = _good_report(tmp_path, slug)
+        _edit_json(folder / "manifest.json", lambda doc: doc.update(gpu_slug="cpu"))
+    skipped: list[str] = []
+    assert [f.name for f in report_folders(tmp_path, skipped)] == ["cpu"]
+    assert skipped == ["nvidia-h200/ left out: its manifest.json is the report of 'cpu', not of 'nvidia-h200' (a "
+                       "copied or renamed folder; each GPU's report is reports/<its slug>/)"]
+
+
 def test_index_reads_missing_or_foreign_result_fields_as_missing(tmp_path):
     folder = _good_report(tmp_path)
 

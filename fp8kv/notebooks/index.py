@@ -23,14 +23,20 @@ def _candidate_folders(root: Path) -> list[Path]:
 def report_folders(root: Path, skipped: list[str] | None = None) -> list[Path]:
     """The ``<gpu-slug>/`` folders of a reports root, sorted by name: those whose manifest.json reads as
     the runner writes it (:func:`read_manifest`). A folder with some other JSON is not a report; one
-    whose manifest is truncated or foreign is left out too, and why is appended to ``skipped``."""
+    whose manifest is truncated or foreign, or names another GPU than the folder, is left out too, and why is
+    appended to ``skipped``."""
     found = []
     for folder in _candidate_folders(root):
         try:
-            read_manifest(folder)
+            slug = read_manifest(folder).get("gpu_slug")
         except ValueError as exc:
             if skipped is not None:
                 skipped.append(f"{folder.name}/ left out: {str(exc).replace(str(folder.parent) + os.sep, '')}")
+            continue
+        if slug is not None and slug != folder.name:  # a folder copied or renamed: its GPU is not its name's
+            if skipped is not None:
+                skipped.append(f"{folder.name}/ left out: its manifest.json is the report of {slug!r}, not of "
+                               f"{folder.name!r} (a copied or renamed folder; each GPU's report is reports/<its slug>/)")
             continue
         found.append(folder)
     return found
