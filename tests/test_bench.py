@@ -1194,3 +1194,13 @@ def test_a_timing_longer_than_max_rep_ms_is_refused_by_name(capsys):
         bench.main([*GRID, "--batches", "1", "--contexts", "16", "--rep", str(too_many)])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and f"--rep={too_many}; expected an int <= {MAX_REP_MS}" in err, err
+
+
+def test_a_grid_too_large_by_its_new_tokens_names_q_lens(capsys):
+    """A multi-token grid over the budget through --q-lens: the refusal names that flag and the least case's q_len,
+    not only --batches and --contexts."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--preset", "spec-verify", "--q-lens", "100000000", "--backends", "reference", "--batches", "1",
+                    "--contexts", "64", "--dry-run"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "x q_len 100000000, needs" in err and "or --q-lens (now 100000000)" in err, err

@@ -404,19 +404,19 @@ def _name_the_interpret_flag(cases: list[Case]) -> None:
 
 
 def _memory_refusal(cases: list[Case], budget: int, footprint=footprint_bytes) -> str | None:
-    """The cases over the memory budget as one clause naming the arguments that change it, with the sizes
-    asked and those that fit (None when every case fits); ``footprint``: a case's bytes."""
+    """The cases over the budget as one clause naming the flags that change it (None: all fit); ``footprint``: bytes."""
     from ..capacity import gib_text
 
     over = [c for c in cases if c.status == "skipped" and c.reason.startswith("does not fit")]
     if not over:
         return None
     least = min(over, key=footprint)
-    batches = " ".join(map(str, dict.fromkeys(c.batch for c in cases)))
-    contexts = " ".join(map(str, dict.fromkeys(c.context for c in cases)))
+    sized = [("--batches", "batch"), ("--contexts", "context")] + [("--q-lens", "q_len")] * hasattr(least, "q_len") \
+        + [("--block-sizes", "block_size")] * (least.block_size > least.context)  # pages longer than the sequence
+    now = {f: " ".join(map(str, dict.fromkeys(getattr(c, a) for c in cases))) for f, a in sized}
     return (f"does not fit the memory budget of {gib_text(budget)} ({len(over)} of {len(cases)} cases; the least of "
-            f"them, batch {least.batch} x context {least.context}, needs ~{gib_text(footprint(least))}): pass "
-            f"smaller --batches (now {batches}) or --contexts (now {contexts}), or a larger --memory-budget-gb")
+            f"them, {' x '.join(f'{a} {getattr(least, a)}' for _, a in sized)}, needs ~{gib_text(footprint(least))}): pass smaller "
+            + " or ".join(f"{flag} (now {v})" for flag, v in now.items()) + ", or a larger --memory-budget-gb")
 
 
 def restart_interpreted(module: str) -> None:
