@@ -15,7 +15,8 @@ import torch
 from . import checks
 from .cache import PagedKVCache, check_paged_cache
 
-__all__ = ["cache_arg", "attend_query", "qo_indptr_arg", "attend_arguments", "ATTEND_OPTIONS", "ATTEND_BACKEND_OPTIONS",
+__all__ = ["cache_arg", "attend_query", "qo_indptr_arg", "planned_qo_indptr", "counts_version",
+           "check_counts_unchanged", "attend_arguments", "ATTEND_OPTIONS", "ATTEND_BACKEND_OPTIONS",
            "QO_INDPTR_DTYPES"]
 
 QO_INDPTR_DTYPES = (torch.int32, torch.int64)
@@ -47,11 +48,9 @@ def attend_query(q, cache: PagedKVCache) -> torch.Tensor:
     return q
 
 
-def qo_indptr_arg(qo_indptr, cache: PagedKVCache, total_q: int) -> list[int]:
-    """``qo_indptr``: a contiguous int32/int64 tensor ``[B + 1]`` on the cache's device with ``qo_indptr[0] = 0``,
-    non-decreasing, ``qo_indptr[B] = total_q`` and every ``qo_len[i] = qo_indptr[i + 1] - qo_indptr[i]``
-    at most ``seq_lens[i]`` (the new tokens are the last ``qo_len[i]`` of the row). Returns the
-    ``qo_len`` as Python ints (one host sync)."""
+def planned_qo_indptr(qo_indptr, cache: PagedKVCache) -> torch.Tensor:
+    """``qo_indptr``'s metadata (what a planned run checks; no host sync): a contiguous int32/int64 tensor
+    ``[B + 1]`` on the cache's device."""
     b = cache.batch_size
     checks.tensor(qo_indptr, "qo_indptr", ndim=1, dtypes=QO_INDPTR_DTYPES, device=cache.device,
                   shape_hint=f"[{b + 1}] (B + 1 row offsets into q)")
@@ -61,6 +60,32 @@ def qo_indptr_arg(qo_indptr, cache: PagedKVCache, total_q: int) -> list[int]:
     if not qo_indptr.is_contiguous():  # the kernels read it as a plain array of B + 1 offsets
         checks.fail(f"qo_indptr has strides {qo_indptr.stride()}; expected a contiguous tensor (pass "
                     "qo_indptr.contiguous())")
+    return qo_indptr
+
+
+def counts_version(qo_indptr: torch.Tensor) -> int | None:
+    """``qo_indptr``'s in-place-write counter (metadata; None for an inference-mode tensor, which has none)."""
+    try:
+        return qo_indptr._version
+    except RuntimeError:
+        return None
+
+
+def check_counts_unchanged(qo_indptr: torch.Tensor, version: int | None, qo_lens) -> None:
+    """ValueError if ``qo_indptr`` was written in place since a plan read its counts ``qo_lens`` (its version
+    counter moved: metadata, no host sync)."""
+    if version is not None and counts_version(qo_indptr) != version:
+        checks.fail(f"qo_indptr was written in place after planning (the plan read its counts once, "
+                    f"qo_lens={list(qo_lens)}, and runs with them): plan again for the new counts")
+
+
+def qo_indptr_arg(qo_indptr, cache: PagedKVCache, total_q: int) -> list[int]:
+    """``qo_indptr``: a contiguous int32/int64 tensor ``[B + 1]`` on the cache's device with ``qo_indptr[0] = 0``,
+    non-decreasing, ``qo_indptr[B] = total_q`` and every ``qo_len[i] = qo_indptr[i + 1] - qo_indptr[i]``
+    at most ``seq_lens[i]`` (the new tokens are the last ``qo_len[i]`` of the row). Returns the
+    ``qo_len`` as Python ints (one host sync)."""
+    b = cache.batch_size
+    planned_qo_indptr(qo_indptr, cache)
     ptr = qo_indptr.cpu().to(torch.int64).tolist()
     if ptr[0] != 0:
         checks.fail(f"qo_indptr[0]={ptr[0]}; expected 0 (sequence 0's rows start at q[0])")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 
 import pytest
 import torch
@@ -225,6 +226,50 @@ def test_planned_attend_reads_refilled_inputs(backend):
     out, lse = call()
     expected = fp8kv.attend(q, cache, indptr(qo_lens), backend, window=7)
     assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])
+
+
+@pytest.mark.parametrize("options", [{}, {"num_splits": 2, "block_n": 16}, {"window": 40, "block_n": 16}])
+def test_planned_attend_covers_sequences_grown_past_the_planned_longest(options):
+    """The attend kernel's splits are sized for the longest sequence at plan time; the last split takes every key
+    past them, so a plan run after the cache grew (within its rows' capacity) attends every key."""
+    cache = matrix_cache([5, 9], 2, 32, max_seq_len=160)
+    q, ip = make_q(5, 4, 32), indptr([2, 3])
+    call = backends.planned_attend(q, cache, ip, "triton", **options)
+    assert isinstance(call.args[0], AttendPlan)
+    grown = make_q(2 * 100, 2, 32, torch.float32, seed=4)
+    cache.append_tokens(grown, grown * 0.5, [100, 100])  # 105 and 109 tokens: past the planned splits
+    out, _ = call()
+    assert relative_error(out, reference.attend(q, cache, ip, window=options.get("window"))) < \
+        dequant_tol(q.dtype, "tensor")
+
+
+@pytest.mark.parametrize("backend,qo_lens", [("triton", [2, 3]), ("triton", [1, 1]), ("reference", [2, 3])])
+def test_planned_attend_refuses_counts_written_after_planning(backend, qo_lens):
+    """A plan read the counts once (the grid, the decode's plan of one token each, the oracle's rows): a run after
+    qo_indptr was written in place is refused by its version counter (metadata), not run on the old counts."""
+    cache = matrix_cache([5, 9], 2, 32)
+    ip = indptr(qo_lens)
+    call = backends.planned_attend(make_q(sum(qo_lens), 4, 32), cache, ip, backend)
+    call()
+    ip.copy_(indptr([0, sum(qo_lens)]))
+    with pytest.raises(ValueError, match=r"qo_indptr was written in place after planning .*qo_lens="
+                                         + re.escape(str(qo_lens)) + ".*plan again"):
+        call()
+
+
+def test_run_attend_refuses_inputs_it_was_not_planned_for():
+    """run_attend checks q, the cache and qo_indptr against the plan by their metadata: a query of another row
+    count was read past its end (and the output sized for the plan's)."""
+    from fp8kv.ops.attend import run_attend
+
+    cache, q, ip = matrix_cache([5, 9], 2, 32), make_q(5, 4, 32), indptr([2, 3])
+    plan = backends.planned_attend(q, cache, ip, "triton").args[0]
+    with pytest.raises(ValueError, match=r"q's shape is \(3, 4, 32\), but the plan was made for \(5, 4, 32\)"):
+        run_attend(plan, make_q(3, 4, 32), cache, indptr([1, 2]))
+    with pytest.raises(ValueError, match=r"the block table's shape is \(3, 1\), but the plan was made for \(2, 1\)"):
+        run_attend(plan, q, matrix_cache([5, 9, 4], 2, 32), indptr([2, 3, 0]))
+    with pytest.raises(ValueError, match=r"qo_indptr has shape \(4,\); expected \[3\]"):
+        run_attend(plan, q, cache, indptr([2, 3, 0]))
 
 
 def test_launch_options_reach_the_plan_and_other_backends_take_none():

@@ -296,6 +296,23 @@ def _decoder_with_stand_in(monkeypatch, need: int, use_cuda_graph: bool = False,
     return dec
 
 
+def test_a_planned_run_refuses_a_cache_changed_since_its_plan(monkeypatch):
+    """FlashInfer's plan holds the page table, the lengths and the folded scales: run_trusted (the planned callable)
+    refuses by name a cache whose arrays were written or replaced since (metadata, no host sync)."""
+    dec = _decoder_with_stand_in(monkeypatch, need=0)
+    cache = PagedKVCache.from_dense(torch.randn(2, 20, 2, 32), torch.randn(2, 20, 2, 32), [5, 9], max_seq_len=32)
+    dec._cache_ref, dec._fold, dec.mode, dec._stamp = (lambda: cache), fis.ScaleFold(1.0, 1.0), "dequant", cache.stamp()
+    monkeypatch.setattr(dec._wrapper, "run", lambda *a, **k: (torch.zeros(2, 4, 32), torch.zeros(2, 4)), raising=False)
+    dec.run_trusted(torch.zeros(2, 4, 32))
+    cache.append(torch.randn(2, 2, 32), torch.randn(2, 2, 32))
+    with pytest.raises(ValueError, match=r"cache.seq_lens was written in place after planning.*FlashInfer's plan"):
+        dec.run_trusted(torch.zeros(2, 4, 32))
+    dec._stamp = cache.stamp()
+    cache.k_scale.mul_(2.0)  # a per-tensor scale FlashInfer took as a float at plan time
+    with pytest.raises(ValueError, match=r"cache.k_scale was written in place after planning"):
+        dec.run_trusted(torch.zeros(2, 4, 32))
+
+
 def test_the_workspace_doubles_until_the_plan_fits(monkeypatch):
     dec = _decoder_with_stand_in(monkeypatch, need=5000)
     dec._plan_dequant(None)

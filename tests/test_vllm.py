@@ -445,6 +445,25 @@ def test_planned_reads_refilled_inputs(fake_vllm, assert_rel_err):
     assert len({id(c["cu_seqlens_q"]) for c in fake_vllm.calls}) == 1  # arguments built once, at plan time
 
 
+def test_planned_refuses_tables_and_scales_changed_after_planning(fake_vllm):
+    """The plan holds a copy of the block table and read the scales' range: a run after either was written in
+    place (their version counters: metadata, no host sync) is refused by name, not run on the copy; lengths,
+    read by the kernel, may change."""
+    cache = _cache(lens=(20, 37, 70))
+    q = _query(cache)
+    call = backends.planned(q, cache, "vllm")
+    cache.seq_lens.sub_(1)
+    call()
+    cache.block_table[[0, 1]] = cache.block_table[[1, 0]].clone()  # rows swapped in place
+    with pytest.raises(ValueError, match=r"cache.block_table was written in place after planning.*vLLM's plan.*plan "
+                                         "again"):
+        call()
+    call = backends.planned(q, cache, "vllm")
+    cache.k_scale = cache.k_scale.clone()
+    with pytest.raises(ValueError, match=r"cache.k_scale was replaced after planning"):
+        call()
+
+
 def test_vllm_decode_checks_what_it_is_given(fake_vllm):
     cache = _cache(kv_dtype="fp16")
     dec = vb.VllmDecode(cache, num_q_heads=6)

@@ -14,7 +14,14 @@ import functools
 import torch
 
 from .. import checks
-from ..attend_checks import ATTEND_BACKEND_OPTIONS, ATTEND_KERNEL_OPTIONS, attend_query, qo_indptr_arg
+from ..attend_checks import (
+    ATTEND_BACKEND_OPTIONS,
+    ATTEND_KERNEL_OPTIONS,
+    attend_query,
+    check_counts_unchanged,
+    counts_version,
+    qo_indptr_arg,
+)
 from ..cache import check_paged_cache
 from ..capability import (
     AUTO_MODE,
@@ -185,7 +192,10 @@ def planned(q, cache, backend: str = "auto", mode: str = "auto", *, sm_scale: fl
 
     Arguments as :func:`decode`. The callable returns ``(out, lse)`` as :func:`decode` would; it
     reads ``q`` and the cache's tensors when called, so refill them in place between calls, and
-    plan again after the cache's tables change (``append``, ``write`` of new tokens).
+    plan again after the cache's tables change (``append``, ``write`` of new tokens): the Triton plan stays valid
+    (it reads lengths, tables and scales on the device, its splits tile each row's capacity), FlashInfer's and
+    vLLM's hold copies and raise ValueError naming the array (its version counter moved: metadata, no host sync).
+    A query or cache of other shapes, dtypes, device or format is refused by the Triton plan the same way.
     """
     backend, mode, sm_scale, variants = _validate(q, cache, backend, mode, sm_scale, window, soft_cap, sinks,
                                                   True, launch)
@@ -329,9 +339,20 @@ def planned_attend(q, cache, qo_indptr, backend: str = "auto", mode: str = "auto
 
     The callable is a ``functools.partial``; for the Triton backend its first argument (``.args[0]``) is the
     :class:`~fp8kv.ops.attend.AttendPlan` (``.config``: what runs), or, where :func:`attend` runs the decode kernels,
-    a :class:`~fp8kv.ops.decode.DecodePlan` (``.kernel``, ``.config``, ``.qo_len``). It reads ``q``, ``qo_indptr`` and the cache's
-    tensors when called: refill them in place, and plan again after the counts or the cache's tables change.
+    a :class:`~fp8kv.ops.decode.DecodePlan` (``.kernel``, ``.config``, ``.qo_len``). It reads ``q`` and the cache's
+    tensors when called: refill them in place. The counts are the plan's: a call after ``qo_indptr`` was written in
+    place (its version counter, metadata: no host sync) raises ValueError, plan again. After the cache's tables
+    change, plan again (the Triton plans read them on the device and stay valid within the rows' capacity;
+    FlashInfer's and vLLM's hold copies and refuse to run).
     """
     backend, mode, sm_scale, variants, qo_lens = _validate_attend(q, cache, qo_indptr, backend, mode, sm_scale,
                                                                   window, soft_cap, sinks, True, launch)
-    return ATTEND_BACKENDS[backend](q, cache, qo_indptr, qo_lens, mode=mode, sm_scale=sm_scale, **variants, **launch)
+    call = ATTEND_BACKENDS[backend](q, cache, qo_indptr, qo_lens, mode=mode, sm_scale=sm_scale, **variants, **launch)
+    return functools.partial(_counted, *call.args, run=call.func,
+                             counts=(qo_indptr, counts_version(qo_indptr), qo_lens), **call.keywords)
+
+
+def _counted(*args, run, counts, **kwargs):
+    """A planned attend's ``run(*args, **kwargs)``, refused once ``qo_indptr`` was written after planning."""
+    check_counts_unchanged(*counts)
+    return run(*args, **kwargs)

@@ -151,6 +151,7 @@ class FlashInferAttend:
             window_left=window_left(window), logits_soft_cap=soft_cap, q_data_type=q_dtype,
             kv_data_type=cache.dtype, o_data_type=q_dtype)
         self._cache_ref = weakref.ref(cache)
+        self._stamp = cache.stamp()  # the page table, lengths and scales the plan holds
 
     def run_trusted(self, q: torch.Tensor):
         """Attention of ``q`` ``[sum(qo_lens), Hq, D]`` (the planned dtype, last dim contiguous): ``out`` (q's
@@ -158,6 +159,7 @@ class FlashInferAttend:
         cache, fold = self._cache_ref(), self._fold
         if cache is None or fold is None:
             raise RuntimeError("FlashInferAttend.run_trusted before plan(), or the planned cache has been freed")
+        cache.check_stamp(self._stamp, "FlashInfer's plan (page table, lengths, folded scales)")  # metadata only
         out, lse = self._wrapper.run(apply_q_fold(q, fold), (cache.k_pages, cache.v_pages), k_scale=fold.k_scale,
                                      v_scale=fold.v_scale, return_lse=True)
         if fold.out_mult is not None:

@@ -214,6 +214,7 @@ class FlashInferDecode:
         self._num_qo_heads, self._q_dtype, self._sm_scale = num_qo_heads, q_dtype, sm_scale
         self._fold = fold
         self._key = key
+        self._stamp = cache.stamp()  # the page table, lengths and scales FlashInfer's plan holds
         return True
 
     # --------------------------------------------------------------------------------------- run
@@ -244,6 +245,8 @@ class FlashInferDecode:
         cache, fold = self.cache, self._fold
         if cache is None:
             raise RuntimeError("the planned cache has been freed; plan() a live cache")
+        # metadata only (identity, shape, version counter): no host sync
+        cache.check_stamp(self._stamp, "FlashInfer's plan (page table, lengths, folded scales)")
         if self.mode == "fp8":
             return self._run_fp8(q, cache, fold)
         q_in = apply_q_fold(q, fold)

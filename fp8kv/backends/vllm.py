@@ -51,6 +51,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import weakref
 
 import torch
 
@@ -269,6 +270,9 @@ class VllmDecode:
         self._largest = float(torch.maximum(cache.k_scale.max(), cache.v_scale.max())) * fmt.max if fmt else 0.0
         self._kernel = unified_attention
         self._launch = {**args, "kv_quant_mode": quant_modes[args["kv_quant_mode"]]}
+        # the table is copied, the fp16 range read from the scales: a run after they change is refused
+        self._cache_ref = weakref.ref(cache)
+        self._stamp = cache.stamp(("block_table", "k_scale", "v_scale"), ("seq_lens", "k_pages", "v_pages"))
         self.kv_dtype = cache.kv_dtype
         self.shape = shape
         self.device = cache.device
@@ -288,7 +292,11 @@ class VllmDecode:
 
     def run_trusted(self, q: torch.Tensor):
         """:meth:`run` without its checks of ``q``, for a query :func:`fp8kv.decode` already validated
-        (but the fp16 range, which only this plan knows: no host sync)."""
+        (but the fp16 range, which only this plan knows, and the cache's arrays against the plan's copies by their
+        identity, shape and version counter: metadata, no host sync)."""
+        cache = self._cache_ref()
+        if cache is not None:
+            cache.check_stamp(self._stamp, "vLLM's plan (a copy of the block table, the scales' range)")
         if q.dtype == torch.bfloat16 and q.device.type == "cpu" and self._kernel.__module__ == _KERNEL_MODULE:
             raise UnsupportedError("q is bf16 on the CPU: there vLLM's Triton kernel runs under the Triton "
                                    "interpreter, whose bf16 arithmetic is wrong; pass an fp16 query")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import fail
 from . import validation, writing
 
 __all__ = ["PagedTables"]
@@ -49,3 +50,28 @@ class PagedTables:
         Returns int64 slots ``[N]`` on the cache's device. One host sync.
         """
         return writing.slots(self, seq, positions)
+
+    def stamp(self, written=("block_table", "seq_lens", "k_scale", "v_scale"), replaced=()) -> tuple:
+        """What a plan that copied these arrays depends on: each one's identity and shape, and for ``written`` its
+        in-place version counter too (metadata, no host sync; None for inference-mode tensors, which have none)."""
+        return tuple((n, id(getattr(self, n)), tuple(getattr(self, n).shape),
+                      _version(getattr(self, n)) if n in written else None) for n in (*written, *replaced))
+
+    def check_stamp(self, stamp: tuple, plan: str) -> None:
+        """ValueError naming the first array of ``stamp`` (:meth:`stamp`) replaced or written in place since;
+        ``plan`` says what holds the arrays as they were."""
+        for name, ident, shape, version in stamp:
+            t = getattr(self, name)
+            if id(t) != ident or tuple(t.shape) != shape:
+                fail(f"cache.{name} was replaced after planning; {plan} holds it as it was: plan again")
+            if version is not None and _version(t) != version:
+                fail(f"cache.{name} was written in place after planning (append, write, an edit); {plan} holds it "
+                     "as it was: plan again")
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference-mode tensor
+        return None
+

@@ -192,7 +192,8 @@ def paged_attend_kernel(
     else:
         kv_lo = 0
     start = kv_lo + split * tokens_per_split
-    end = tl.minimum(kv_hi, start + tokens_per_split)
+    # the last split takes every key left: sequences grown past the planned longest stay covered
+    end = tl.where(split == tl.num_programs(2) - 1, kv_hi, tl.minimum(kv_hi, start + tokens_per_split))
 
     q_ptrs = q_ptr + qrow[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     qd_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)

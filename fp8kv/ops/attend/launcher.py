@@ -13,11 +13,12 @@ from __future__ import annotations
 import torch
 
 from ... import checks
-from ...attend_checks import attend_arguments
+from ...attend_checks import attend_arguments, planned_qo_indptr
 from ...cache import PagedKVCache
 from ...capability import MODES, UnsupportedError, check_query, check_query_strides
 from ...capability import check as supported
 from ..decode.combine import combine_splits, split_partials
+from ..decode.planning import check_plan_inputs
 from ..pages import kernel_pages, page_strides
 from .kernel import paged_attend_kernel
 from .planning import AttendPlan, plan_attend
@@ -29,7 +30,10 @@ def run_attend(plan: AttendPlan, q: torch.Tensor, cache: PagedKVCache,
                qo_indptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Run an attend :func:`~.planning.plan_attend` made for ``q``'s shape and dtype and ``qo_indptr``'s counts
     over ``cache``: out ``[total_q, Hq, D]`` (the plan's out_dtype) and lse ``[total_q, Hq]`` fp32 (natural
-    log). Device work only: no check (the plan was made from checked input), no host sync."""
+    log). Device work only, no host sync: ``q``, ``cache`` and ``qo_indptr`` are checked against the plan by their
+    metadata alone (:func:`~fp8kv.ops.decode.planning.check_plan_inputs`), their values not again."""
+    check_plan_inputs(plan.inputs, q, cache)
+    planned_qo_indptr(qo_indptr, cache)
     total_q, hq, d = plan.shape
     out = torch.empty(total_q, hq, d, dtype=plan.kernel_out_dtype, device=q.device)
     lse = torch.empty(total_q, hq, dtype=torch.float32, device=q.device)

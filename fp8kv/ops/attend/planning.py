@@ -21,7 +21,7 @@ from ...attend_checks import ATTEND_KERNEL_OPTIONS, ATTEND_OPTIONS, qo_indptr_ar
 from ...cache import PagedKVCache
 from ...capability import UnsupportedError, current_arch, interpreter_on
 from ..decode.combine import MAX_PARTIAL_ELEMENTS
-from ..decode.planning import OUT_DTYPES
+from ..decode.planning import OUT_DTYPES, plan_inputs
 from ..decode.splits import LATENCY_WAVES, sm_count
 from ..decode.triton_launcher import CONVERT_CODES, MODE_FLAGS, converts
 from ..pages import format_bits, scale_kind
@@ -63,7 +63,8 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
       rows, as in spec-verify at small batch; one wave for larger tiles); then as many as fill them, each at
       least :data:`MIN_TILES_PER_SPLIT` key tiles of the longest span a program reads (the longest sequence,
       or the window plus the tile's queries), at most :data:`ATTEND_MAX_SPLITS`. The count is realised in
-      whole key tiles per split (``tokens_per_split``), so none is empty.
+      whole key tiles per split (``tokens_per_split``), so none is empty; the last split also takes any keys past
+      them (sequences grown since planning).
     """
     d_pad = max(16, triton.next_power_of_2(cache.head_dim))
     if block_m is None:
@@ -106,7 +107,9 @@ class AttendPlan:
     ``config`` is the launch (:func:`attend_launch`), ``qo_lens`` the new-token counts it was sized for,
     ``grid`` / ``constexprs`` / ``scalars`` what the kernel is launched with. The plan holds ``sinks`` (read
     when it runs) but no other tensor: it reads the query, ``qo_indptr`` and the cache's tensors when run, so
-    refill them in place between runs and plan again after the counts or the cache's tables change."""
+    refill them in place between runs. The cache's lengths and tables may change within its row capacity (read on
+    the device; the last split takes the keys past the planned longest); ``q``, the cache's shapes and format and
+    ``qo_indptr``'s shape are checked when it runs (metadata only); the counts' sum must stay ``total_q``."""
     config: AttendConfig
     mode: str
     sm_scale: float
@@ -120,6 +123,7 @@ class AttendPlan:
     constexprs: dict
     scalars: dict  # the kernel's runtime scalars but strides
     fp8_values: tuple[bool, bool]  # K / V pages read as FP8 values (else as uint8 codes)
+    inputs: tuple = ()  # plan_inputs(q, cache) of what it was planned for: run refuses anything else
 
 
 def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = "dequant",
@@ -178,6 +182,8 @@ def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = 
                    tokens_per_split=cfg["tokens_per_split"], row_capacity=cache.max_blocks_per_seq * cache.block_size,
                    total_q=total_q, batch=b, search_steps=max(0, math.ceil(math.log2(b))), window=window or 0,
                    soft_cap_log2=0.0 if soft_cap is None else soft_cap * math.log2(math.e))
+    inputs = plan_inputs(q, cache)
+    inputs = (*inputs[:2], device, *inputs[3:])  # a meta query plans for the cache's device
     return AttendPlan(cfg, mode, sm_scale, (total_q, hq, d), q.dtype, out_dtype, kernel_out_dtype, tuple(qo_lens),
                       sinks, (total_q * group // block_m + b, cache.num_kv_heads, splits), constexprs, scalars,
-                      (fp8_qk or convert_k == "cast", fp8_pv or convert_v == "cast"))
+                      (fp8_qk or convert_k == "cast", fp8_pv or convert_v == "cast"), inputs)
