@@ -475,3 +475,34 @@ def test_through_format_takes_tokens_heads_head_dim():
         through_format(torch.randn(5, 32), "nvfp4", "k")
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         through_format([[1.0]], "nvfp4", "k")
+
+
+def _small_table():
+    return analysis.quantization_error(_K, _K, _K[:1], formats="e4m3", granularities="tensor", scale_methods="amax")
+
+
+@pytest.mark.parametrize("call, exc, words", [  # an AttributeError, a KeyError or an empty table before
+    (lambda t: analysis.attribution(t.to_dict("records")), TypeError, "table is a list; expected a pandas DataFrame"),
+    (lambda t: analysis.saturation_long(None), TypeError, "table is a NoneType; expected a pandas DataFrame"),
+    (lambda t: analysis.key_numbers(t.drop(columns="k_rel_err")), ValueError, "table lacks columns ['k_rel_err']"),
+    (lambda t: analysis.key_numbers(t.drop(columns="format")), ValueError, "table lacks columns ['format']"),
+    (lambda t: analysis.attribution(t.assign(out_rel_err=t["out_rel_err"].astype(str))), TypeError,
+     "table column 'out_rel_err' holds"),
+    (lambda t: analysis.attribution(t.assign(out_rel_err=float("nan"))), ValueError,
+     "table has no out_rel_err value (3 rows, all NaN)"),
+    (lambda t: analysis.synthetic_vs_real(t, [1, 2]), TypeError, "real is a list; expected a pandas DataFrame"),
+    (lambda t: analysis.walkthrough_text(None, "Qwen3-8B", "H100"), TypeError, "walks=None (NoneType); expected"),
+    (lambda t: analysis.tokens_ratio(analysis.capacity_grid(["Llama-3.1-8B"], ["H100"]).drop(columns="blocks")),
+     ValueError, "tokens_ratio: df lacks columns ['blocks']"),
+    (lambda t: analysis.ratio_per_model(pd.DataFrame(dict(model=["m"], granularity=["tensor"])), "H100"), ValueError,
+     "ratio_per_model: df lacks columns ['gpu']"),
+])
+def test_table_readers_refuse_what_is_no_such_table_by_name(call, exc, words):
+    with pytest.raises(exc, match=re.escape(words)):
+        call(_small_table())
+
+
+def test_attribution_of_a_mode_with_no_value_is_nan_not_a_key_error():
+    t = _small_table()
+    att = analysis.attribution(t.assign(out_rel_err=t["out_rel_err"].where(t["quantize"] != "k")))
+    assert len(att) == 1 and att["out_rel_err_k"].isna().all() and att["out_rel_err_v"].notna().all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -542,3 +543,11 @@ def test_a_line_is_the_same_in_any_unit_of_time(unit):
     assert fit.intercept == pytest.approx(base.intercept * unit, rel=1e-9, abs=1e-9 * unit)
     assert fit.slope_se == pytest.approx(base.slope_se * unit, rel=1e-9)
     assert fit.r2 == pytest.approx(base.r2, rel=1e-12)
+
+
+@pytest.mark.parametrize("drop", ["tokens_max", "dof", "slope_se"])
+def test_crossings_name_a_missing_fit_column(drop):
+    """A KeyError from inside the crossing's arithmetic before."""
+    lines = be.fit_lines(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)})).drop(columns=drop)
+    with pytest.raises(ValueError, match=re.escape(f"crossings: lines must be fit_lines()' table; it lacks ['{drop}']")):
+        be.crossings(lines)

@@ -276,6 +276,11 @@ def test_format_layer_errors_k_and_v_panels_a_line_per_format():
     (lambda: viz.format_layer_errors(pd.DataFrame(dict(format=["a"], layer=[0], k_rel_err=[NAN], v_rel_err=[NAN]))),
      r"nothing to draw"),
     (lambda: viz.format_layer_errors(pd.DataFrame(dict(format=["a"]))), r"errors lacks column\(s\)"),
+    # a timed table without how it was timed: an AttributeError / KeyError before
+    (lambda: viz.pareto_figure(_table().drop(columns=["timing"])),
+     r"table \(timed: it has tokens_per_s\) lacks column\(s\) \['timing'\]"),
+    (lambda: viz.format_answer(_table().drop(columns=["timed_batch"]), model="m", gpu="g", tolerance=0.06, smoke=False),
+     r"lacks column\(s\) \['timed_batch'\]"),
 ])
 def test_figures_refuse_what_they_cannot_draw_by_name(call, match):
     with pytest.raises(ValueError, match=match):

@@ -71,3 +71,39 @@ def test_quant_error_heatmap_refuses_no_finite_value_and_negatives_on_a_log_scal
         viz.quant_error_heatmap(_heat([0.1, -0.5]))  # was a blank (NaN) cell
     signed = viz.quant_error_heatmap(_heat([0.1, -0.5]), log_color=False).data[0]
     assert list(signed.z[0]) == [0.1, -0.5]
+
+
+def _bench(**cols):
+    df = pd.DataFrame(dict(label=["a", "a"], batch=[1, 1], context=[1024, 4096], time_us=[1.0, 2.0],
+                           bytes=[1e6, 4e6], gbps=[10.0, 20.0]))
+    return df.assign(**cols)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: viz.tokens_label(float("inf")), "a token count (context, window) is inf"),  # an OverflowError before
+    (lambda: viz.bench_lines(_bench(context=[1024, float("inf")]), "context", "time_us", log_x=True),
+     "a token count (context, window) is inf"),
+    (lambda: viz.bench_lines(_bench(batch=[NAN, NAN]), "context", "time_us", facet="batch"),
+     "df has NaN in column 'batch' (row 0)"),  # a figure without a trace before
+    (lambda: viz.grouped_bars(_bench(batch=[1, NAN]), "context", "time_us", facet_col="batch"),
+     "df has NaN in column 'batch' (row 1)"),  # a panel titled "B = nan" before
+    (lambda: viz.bandwidth_roofline(_bench().iloc[0:0], 100.0), "df has no bytes to draw (no rows)"),
+    (lambda: viz.bandwidth_roofline(_bench(gbps=[-1.0, NAN]), 100.0),
+     "df has no gbps to draw (2 rows, none positive and finite there)"),
+    (lambda: viz.cast_comparison(pd.DataFrame(dict(input=[], output=[], method=[], format=[]))), "df has no rows"),
+    (lambda: viz.cast_comparison(pd.DataFrame(dict(input=[1.0], output=[1.0], method=[NAN], format=["e4m3"]))),
+     "df has NaN in column 'method' (row 0)"),
+])
+def test_figures_refuse_a_blank_figure_or_a_nan_label(call, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        call()
+
+
+def test_error_vs_tolerance_refuses_a_matrix_where_nothing_ran():
+    rows = pd.DataFrame(dict(backend=["triton", "reference"], mode="dequant", kv_dtype="fp8_e4m3", granularity="tensor",
+                             status=["unsupported", "passed"], rel_err=[NAN, 0.0], tol=[NAN, 1e-3]))
+    with pytest.raises(ValueError, match=re.escape("df (rows that ran, the reference's left out) has no share to draw "
+                                                   "(no rows)")):
+        viz.error_vs_tolerance(rows)  # an empty figure before
+    with pytest.raises(ValueError, match="none positive and finite"):
+        viz.error_vs_tolerance(rows.assign(status="failed", rel_err=[0.1, 0.0], tol=[-1.0, 1e-3]))

@@ -289,7 +289,8 @@ def crossings(lines, *, baseline: str = "bf16"):
     import pandas as pd
 
     checks.one_of(baseline, "baseline", ("bf16", "fp16"))
-    need = {*PAIR_KEYS, "kv_dtype", "mode", "status", "intercept_us", "slope_us_per_token", "tokens_min"}
+    need = {*PAIR_KEYS, "kv_dtype", "mode", "status", "intercept_us", "slope_us_per_token", "tokens_min", "tokens_max",
+            "intercept_se", "slope_se", "cov_intercept_slope", "dof"}
     if not isinstance(lines, pd.DataFrame) or need - set(lines.columns):
         checks.fail("crossings: lines must be fit_lines()' table; "
                     + (f"it lacks {sorted(need - set(lines.columns))}" if isinstance(lines, pd.DataFrame)

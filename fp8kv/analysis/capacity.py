@@ -77,7 +77,7 @@ def tokens_ratio(table, numerator: str = "fp8_e4m3", denominator: str = "bf16"):
     """
     from ..results import check_rows
 
-    check_rows(table, "tokens_ratio", ("model", "gpu", "kv_dtype", "granularity", "tokens"),
+    check_rows(table, "tokens_ratio", ("model", "gpu", "kv_dtype", "granularity", "tokens", "blocks", "element_size"),
                expected="a capacity_grid() or fp8kv.capacity.capacity_table() table")
     gpu_col = "gpu"
     fits = table[table["fits"]] if "fits" in table.columns else table
@@ -100,6 +100,9 @@ def tokens_ratio(table, numerator: str = "fp8_e4m3", denominator: str = "bf16"):
 def ratio_per_model(ratios, gpu: str, granularity: str = "tensor"):
     """One :func:`tokens_ratio` row per model: on ``gpu`` when the model fits there, else on the
     first GPU of the table where it fits (the ``gpu`` column says which). A DataFrame."""
+    from ..results import check_rows
+
+    check_rows(ratios, "ratio_per_model", ("model", "gpu", "granularity"), expected="a tokens_ratio() table")
     checks.one_of(granularity, "granularity", GRANULARITIES)
     part = ratios[ratios["granularity"] == granularity]
     if part.empty:
@@ -190,6 +193,9 @@ def capacity_walkthroughs(model, kv_dtypes, gpu, **kw) -> dict:
 def walkthrough_text(walks: dict, model, gpu) -> str:
     """:func:`capacity_walkthroughs` as aligned text: one block per KV dtype, one line per step (its
     formula and value, and whether it equals the planner's number)."""
+    if not isinstance(walks, dict):
+        checks.fail(f"walks={checks.show_value(walks)} ({type(walks).__name__}); expected capacity_walkthroughs()' "
+                    "dict of {kv_dtype: steps}", TypeError)
     lines = []
     for kv, steps in walks.items():
         lines.append(f"{model} on {gpu}, KV {kv}:")

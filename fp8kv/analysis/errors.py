@@ -234,6 +234,21 @@ def error_vs_context(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, lengths:
 _KEYS = ["format", "granularity", "scale_method"]
 
 
+def _check_table(table, columns, numeric=(), name: str = "table") -> None:
+    """``table`` is a DataFrame with ``columns`` (those of ``numeric`` holding numbers): a quantization_error() result."""
+    import pandas as pd
+
+    if not isinstance(table, pd.DataFrame):
+        checks.fail(f"{name} is a {type(table).__name__}; expected a pandas DataFrame, a quantization_error() result",
+                    TypeError)
+    missing = set(columns) - set(table.columns)
+    if missing:
+        checks.fail(f"{name} lacks columns {sorted(missing)}; pass a quantization_error() result")
+    for c in numeric:
+        if not pd.api.types.is_numeric_dtype(table[c]) or pd.api.types.is_bool_dtype(table[c]):
+            checks.fail(f"{name} column {c!r} holds {table[c].dtype} values; expected numbers", TypeError)
+
+
 def attribution(table):
     """K-vs-V attribution of the attention-output error, per format × granularity × scale method.
 
@@ -244,15 +259,16 @@ def attribution(table):
     due to K, since independent errors add in squares) and ``additivity`` =
     sqrt(k² + v²) / kv (close to 1 when the two errors are independent).
     """
-    missing = {"quantize", "out_rel_err", *_KEYS} - set(table.columns)
-    if missing:
-        raise ValueError(f"table lacks columns {sorted(missing)}; pass a quantization_error() result")
+    _check_table(table, ["quantize", "out_rel_err", *_KEYS], numeric=["out_rel_err"])
     modes = set(table["quantize"])
     if not {"k", "v", "kv"} <= modes:
         raise ValueError(f"table has quantize modes {sorted(modes)}; attribution needs 'k', 'v' and 'kv' rows")
+    if not table["out_rel_err"].notna().any():  # else an empty table
+        checks.fail(f"table has no out_rel_err value ({len(table)} rows, all NaN); nothing to attribute")
     extra = [c for c in ("source", "context_len") if c in table.columns]
     keys = extra + _KEYS
-    wide = table.pivot_table(index=keys, columns="quantize", values="out_rel_err", sort=False).reset_index()
+    wide = table.pivot_table(index=keys, columns="quantize", values="out_rel_err", sort=False)
+    wide = wide.reindex(columns=["k", "v", "kv"]).reset_index()  # a mode with no value: NaN, not a missing column
     wide = wide.rename(columns={m: f"out_rel_err_{m}" for m in ("k", "v", "kv")})
     wide.columns.name = None
     k2, v2 = wide["out_rel_err_k"] ** 2, wide["out_rel_err_v"] ** 2
@@ -268,6 +284,8 @@ def key_numbers(table) -> dict:
     E.g. ``e4m3_tensor_amax_k_rel_err``. Scale method ``"1.0"`` is spelled ``unit``. Needs one row
     per combination (filter a multi-source table first).
     """
+    _check_table(table, ["quantize", *_KEYS, "k_rel_err", "v_rel_err", "out_rel_err"],
+                 numeric=["k_rel_err", "v_rel_err", "out_rel_err"])
     kv = table[table["quantize"] == "kv"]
     if kv.duplicated(_KEYS).any():
         raise ValueError("table has several 'kv' rows per format/granularity/scale_method; filter it to one "
@@ -289,9 +307,7 @@ def saturation_long(table):
     """
     cols = {"k_saturated_frac": ("K", "saturated"), "k_underflow_frac": ("K", "underflow"),
             "v_saturated_frac": ("V", "saturated"), "v_underflow_frac": ("V", "underflow")}
-    missing = {"quantize", *cols, *_KEYS} - set(table.columns)
-    if missing:
-        raise ValueError(f"table lacks columns {sorted(missing)}; pass a quantization_error() result")
+    _check_table(table, ["quantize", *cols, *_KEYS])
     keys = [c for c in ("source",) if c in table.columns] + _KEYS
     long = table[table["quantize"] == "kv"].melt(id_vars=keys, value_vars=list(cols), var_name="column",
                                                  value_name="fraction")
@@ -388,6 +404,8 @@ def synthetic_vs_real(table, real, *, quantize: str = "kv", scale_method: str = 
         return None
     checks.one_of(quantize, "quantize", QUANTIZE)
     checks.one_of(scale_method, "scale_method", SCALE_LABELS)
+    for frame, name in ((table, "table"), (real, "real")):
+        _check_table(frame, ["quantize", "scale_method"], name=name)
     both = pd.concat([table.assign(source="synthetic"), real], ignore_index=True)
     return both[(both["quantize"] == quantize) & (both["scale_method"] == scale_method)]
 

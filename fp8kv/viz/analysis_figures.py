@@ -101,6 +101,7 @@ def grouped_bars(df, x: str, y: str, color: str | None = None, *, facet_col: str
 
     require_columns(df, [x, y, color, facet_col, facet_row, text, *(hover or [])])
     require_values(df, y, positive=log_y)
+    require_columns(df, [facet_col, facet_row], rows=True)  # a NaN panel: titled "nan"
     data = df.copy()
     if color is not None:
         data[color] = data[color].astype(str)  # categories, not a continuous colour bar

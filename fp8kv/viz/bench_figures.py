@@ -48,6 +48,7 @@ def bench_lines(df, x: str, y: str, *, color: str = "label", facet: str | None =
 
     require_columns(df, [x, y, color, facet, *(hover or [])])
     require_values(df, y, positive=log_y)
+    require_columns(df, [color, facet], rows=True)  # a NaN label or panel: a "nan" line or a blank figure
     data = df.sort_values([c for c in (facet, color, x) if c is not None])
     names = axis_titles([x, y, color, facet, *(hover or [])], labels)
     fig = px.line(data, x=x, y=y, color=color, facet_col=facet, log_x=log_x, log_y=log_y, markers=True,
@@ -198,6 +199,8 @@ def bandwidth_roofline(df, copy_gbps: float, *, x: str = "bytes", y: str = "gbps
     if not isinstance(copy_gbps, (int, float)) or not math.isfinite(copy_gbps) or copy_gbps <= 0:
         raise ValueError(f"copy_gbps must be a positive finite number (GB/s), got {copy_gbps!r}")
     require_columns(df, [x, y, color, *(hover or [])])
+    require_values(df, x, positive=True)  # log-log: nothing else is drawn
+    require_values(df, y, positive=True)
     extra = [c for c in ("batch", "context", "time_us", "pct_copy_bw") if c in df.columns and c not in (x, y)]
     fig = px.scatter(df, x=x, y=y, color=color, log_x=True, log_y=True, hover_data=extra + list(hover or []),
                      title=title or "Achieved bandwidth vs bytes moved per decode call",
@@ -302,6 +305,7 @@ def error_vs_tolerance(df, *, title: str | None = None) -> go.Figure:
     ran = ran.assign(share=ran["rel_err"] / ran["tol"], setup=ran["backend"] + " · " + ran["mode"],
                      combination=ran["backend"] + " · " + ran["mode"] + " · " + ran["kv_dtype"] + " · "
                      + ran["granularity"])
+    require_values(ran, "share", "df (rows that ran, the reference's left out)", positive=True)  # rel_err / tol
     fig = px.bar(ran, x="combination", y="share", color="setup", hover_data=["rel_err", "tol", "status"],
                  title=title or "Output error as a share of its tolerance (≤ 1 passes)",
                  labels={**axis_titles(["share", "rel_err", "tol", "status"], None), "combination": "",

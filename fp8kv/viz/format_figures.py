@@ -134,6 +134,7 @@ def cast_comparison(df, *, x: str = "input", y: str = "output", method_col: str 
     from plotly.subplots import make_subplots
 
     require_columns(df, [x, y, method_col, fmt_col])
+    require_columns(df, [method_col, fmt_col], rows=True)  # no rows: a blank figure; NaN: a "nan" panel
     formats = list(dict.fromkeys(df[fmt_col]))
     methods = list(dict.fromkeys(df[method_col]))
     colours = color_map(methods)

@@ -85,7 +85,11 @@ def _resolve_metric(table, error):
 
 
 def _timed(table) -> bool:
-    return "tokens_per_s" in table.columns and bool(table["tokens_per_s"].notna().any())
+    """Whether any format has its decode tokens/s; then the columns saying how it was timed are required."""
+    timed = "tokens_per_s" in table.columns and bool(table["tokens_per_s"].notna().any())
+    if timed:
+        require_columns(table, ["timing", "timed_batch", "timed_context"], "table (timed: it has tokens_per_s)")
+    return timed
 
 
 def _sizes(values, largest) -> list[float]:
@@ -259,7 +263,7 @@ def format_answer(table, *, model: str, gpu: str, tolerance: float, smoke: bool,
     parts = [_error_text(metric, pick), f"{pick['bytes_per_token']:,.6g} bytes per token (all layers, K + V, scales "
              f"included)", f"{int(pick['tokens']):,} tokens fit in {memory}"]
     speed = pick.get("tokens_per_s", math.nan)
-    if speed == speed:
+    if _timed(table) and speed == speed:
         at = f"batch {int(pick['timed_batch'])}, context {int(pick['timed_context']):,}"
         parts.append(f"{speed:,.0f} decode tokens/s at {at} from a CPU smoke timing in Triton's interpreter, "
                      "meaningless for any GPU" if pick["timing"] == "cpu-wallclock" else

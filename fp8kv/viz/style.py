@@ -140,8 +140,8 @@ TOKEN_COLUMNS = ("context", "context_len", "tokens", "window")  # columns that c
 
 def tokens_label(n: int) -> str:
     """A token count as people write it: ``16k`` for 16384, ``1000`` for 1000."""
-    if n != n:  # NaN: a row without its context
-        raise ValueError("a token count (context, window) is NaN; each row needs a number there")
+    if n != n or n in (math.inf, -math.inf):  # NaN: a row without its context; inf: no count of tokens
+        raise ValueError(f"a token count (context, window) is {n}; each row needs a finite number there")
     n = int(n)
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
