@@ -68,14 +68,18 @@ def _choices(name: str, values, allowed) -> list[str]:
     return list(dict.fromkeys(checks.many_of(values, name, allowed)))
 
 
+MAX_RAGGED_BATCH = 2**20  # sequences of one ragged test batch: far past any GPU's cache, a list the host builds fast
+
+
 def ragged_seq_lens(batch: int = 4, block_size: int = 16, max_len: int = 203) -> list[int]:
     """Ragged sequence lengths that exercise the edge paths of a paged decode.
 
     The first sequence holds one token, the last ``max_len``; the ones between are spaced
     geometrically and moved off multiples of ``block_size``, so partial last pages occur.
-    ``batch=1`` gives ``[max_len]``. Returns a list of ``batch`` ints in ``[1, max_len]``.
+    ``batch=1`` gives ``[max_len]``. Returns a list of ``batch`` ints in ``[1, max_len]``; ``batch`` at most
+    :data:`MAX_RAGGED_BATCH` (a list, built on the host: a huge one would run for ever).
     """
-    checks.positive_int(batch, "batch")
+    checks.integer(batch, "batch", minimum=1, maximum=MAX_RAGGED_BATCH)
     checks.positive_int(block_size, "block_size")
     checks.positive_int(max_len, "max_len")
     if batch == 1:

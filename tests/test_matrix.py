@@ -200,6 +200,8 @@ def test_ragged_seq_lens_cover_the_edge_cases():
         assert lens == sorted(lens) and all(1 <= n <= top for n in lens)
         assert any(n % bs for n in lens[1:]), lens  # a partial last page
     assert ragged_seq_lens(1, 16, 40) == [40]
+    with pytest.raises(ValueError, match=r"batch=1000000000000000000000000000000; expected an int <= 1048576"):
+        ragged_seq_lens(10**30)  # refused, where the loop over it ran for ever
 
 
 def test_explicit_seq_lens_reach_the_cache():
