@@ -447,12 +447,13 @@ NUMERIC_COLUMNS = frozenset({"time_us", "gbps", "pct_copy_bw", "kv_bytes", "copy
                              "context", "num_splits", "step_us", "tokens_per_s", "q_len", "tflops"})
 
 
-def check_rows(df, reader: str, columns, *, values=(), numeric=(), expected: str) -> None:
+def check_rows(df, reader: str, columns, *, values=(), numeric=(), whole=(), expected: str) -> None:
     """Refuse rows ``reader`` cannot read, with a ValueError naming the reader, where the rows came from
     (:func:`source_of`) and what is wrong: ``df`` not a DataFrame, ``columns`` missing, a ``status`` column
     with no value, or one of ``values`` with no value (all NaN) in the rows that ran (``status == "ok"``;
     every row where there is no status column). ``expected``: what the reader takes, e.g. "the rows of
-    fp8kv.bench.run()"; ``numeric``: columns that must hold numbers (a column of strings is named)."""
+    fp8kv.bench.run()"; ``numeric``: columns that must hold numbers (a column of strings is named); ``whole``:
+    columns (where present) that must hold finite whole numbers in the rows that ran (NaN only in the others)."""
     import pandas as pd
 
     if not isinstance(df, pd.DataFrame):
@@ -463,7 +464,7 @@ def check_rows(df, reader: str, columns, *, values=(), numeric=(), expected: str
     if "status" in df.columns and len(df) and df["status"].isna().all():
         fail(f"{reader}: column 'status' of {source_of(df)} holds no value in its {len(df)} rows (all NaN); "
              f"expected {expected}")
-    for col in sorted(set(numeric) | (NUMERIC_COLUMNS & (set(columns) | set(values)))):
+    for col in sorted(set(numeric) | set(whole) | (NUMERIC_COLUMNS & (set(columns) | set(values)))):
         if col not in df.columns:
             continue
         given = df[col].dropna()  # object columns of numbers and None (rows that did not run) are numbers
@@ -478,6 +479,14 @@ def check_rows(df, reader: str, columns, *, values=(), numeric=(), expected: str
         if len(ran) and ran[col].isna().all():
             fail(f"{reader}: column {col!r} of {source_of(df)} holds no value in its {len(ran)} rows that ran "
                  f"(all NaN); expected {expected}")
+    for col in (c for c in whole if c in df.columns):  # what int() would refuse (inf, NaN) or round (2.5)
+        bad = ~ran[col].map(lambda v: isinstance(v, numbers.Integral) or math.isfinite(v) and v == math.floor(v))
+        if bad.any():
+            i, v = ran.index[bad.to_numpy().nonzero()[0][0]], ran[col][bad].iloc[0]
+            v = v.item() if hasattr(v, "item") else v  # inf, not np.float64(inf)
+            fail(f"{reader}: column {col!r} of {source_of(df)} holds {checks.show_value(v)} in row {i}"
+                 f"{' (a row that ran)' if 'status' in df.columns else ''}; expected a finite whole number there; "
+                 f"expected {expected}")
 
 
 def warn_partial(reader: str, df, what: str) -> str:

@@ -545,9 +545,23 @@ def test_a_line_is_the_same_in_any_unit_of_time(unit):
     assert fit.r2 == pytest.approx(base.r2, rel=1e-12)
 
 
+@pytest.mark.parametrize("col, value", [("dof", math.inf), ("dof", 2.5), ("dof", math.nan), ("left_out", math.inf),
+                                        ("left_out", 0.5)])
+def test_crossings_name_a_count_that_is_no_whole_number(col, value):
+    """int() of it raised OverflowError (inf) or "cannot convert float NaN" before, or rounded a fraction."""
+    lines = be.fit_lines(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}))
+    assert (lines["status"] == "ok").all()
+    lines[col] = lines[col].astype(float)
+    lines.loc[lines.index[-1], col] = value
+    with pytest.raises(ValueError, match=re.escape(f"crossings: column {col!r} of df holds {value!r} in row "
+                                                   f"{lines.index[-1]} (a row that ran); expected a finite whole "
+                                                   "number there; expected fit_lines()' table")):
+        be.crossings(lines)
+
+
 @pytest.mark.parametrize("drop", ["tokens_max", "dof", "slope_se"])
 def test_crossings_name_a_missing_fit_column(drop):
     """A KeyError from inside the crossing's arithmetic before."""
     lines = be.fit_lines(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)})).drop(columns=drop)
-    with pytest.raises(ValueError, match=re.escape(f"crossings: lines must be fit_lines()' table; it lacks ['{drop}']")):
+    with pytest.raises(ValueError, match=re.escape(f"crossings: df lacks columns ['{drop}']; expected fit_lines()' table")):
         be.crossings(lines)

@@ -235,7 +235,15 @@ def test_headline_of_a_smoke_run_says_so_first():
      "crossings['verdict'][0]='xx'; expected one of ('beyond', 'every', 'never', 'below')"),
     (dict(advice=_advice(-3)), ValueError, "advice row 0 has n_layers_bf16=-3, n_layers=30; expected whole numbers"),
     (dict(advice=_advice(31)), ValueError, "advice row 0 has n_layers_bf16=31"),
-    (dict(advice=_advice().assign(tokens_lost=math.nan)), ValueError, "advice['tokens_lost'][0]=nan"),
+    (dict(advice=_advice().assign(tokens_lost=math.nan)), ValueError,
+     "headline: column 'tokens_lost' of df holds nan in row 0; expected a finite whole number there"),
+    # int() of these raised OverflowError (inf) or rounded (a fraction)
+    (dict(advice=_advice().assign(tokens_lost=math.inf)), ValueError, "column 'tokens_lost' of df holds inf in row 0"),
+    (dict(advice=_advice().assign(tokens_lost=0.5)), ValueError, "column 'tokens_lost' of df holds 0.5 in row 0"),
+    (dict(verdict=_verdict().assign(reference_context=math.inf)), ValueError,
+     "headline: column 'reference_context' of df holds inf in row 0; expected a finite whole number there"),
+    (dict(verdict=_verdict().assign(longest_context=131072.5)), ValueError,
+     "column 'longest_context' of df holds 131072.5 in row 0"),
     # a backend without crossings was ignored, and no table at all answered ""
     (dict(backend="vllm"), ValueError, "backend='vllm' but crossings is None: there is no speed answer to restrict"),
     (dict(backend=["triton"], crossings=_crossings([EVERY])), TypeError, "backend=['triton'] (list)"),

@@ -129,10 +129,14 @@ def test_scale_health_map_cells_per_layer_and_head_in_percent(health, metric):
     assert "%" in h.hovertemplate
 
 
+def _advice(**overrides):
+    return pd.DataFrame(dict(dict(method=["amax", "vllm"], error_all_fp8=[0.12, 0.3], error_after=[0.09, 0.1],
+                                  tolerance=[0.1, 0.1], n_layers_bf16=[1, 4], n_layers=[30, 30],
+                                  tokens_lost=[1000, 4000]), **overrides))
+
+
 def test_advice_bars_before_after_and_held_out_with_the_tolerance():
-    advice = pd.DataFrame(dict(method=["amax", "vllm"], error_all_fp8=[0.12, 0.3], error_after=[0.09, 0.1],
-                               tolerance=[0.1, 0.1], n_layers_bf16=[1, 4], n_layers=[30, 30],
-                               tokens_lost=[1000, 4000]))
+    advice = _advice()
     fig = viz.advice_bars(advice)
     assert [t.name for t in fig.data] == ["all layers FP8", "advised layers 16-bit"]
     assert list(fig.data[1].y) == [0.09, 0.1] and "4 of 30 layers 16-bit, 4,000 tokens" in fig.data[0].customdata[1]
@@ -199,6 +203,16 @@ CASES = [
                                                     saturated_frac=[0.0]))), "heads (K and V rows) has no rows"),
     (lambda: viz.scale_health_map(pd.DataFrame(dict(layer=[0]))), "heads lacks column(s)"),
     (lambda: viz.advice_bars(pd.DataFrame(dict(method=["amax"]))), "advice lacks column(s)"),
+    # int() of these: OverflowError (inf) before, or a fraction rounded (head 0.5 drawn as head 0)
+    (lambda: viz.scale_health_map(pd.DataFrame(dict(layer=[0, np.inf], head=[0, 0], side=["k", "v"],
+                                                    method=["amax"] * 2, saturated_frac=[0.0] * 2))),
+     "scale_health_map: column 'layer' of df holds inf in row 1; expected a finite whole number there"),
+    (lambda: viz.scale_health_map(pd.DataFrame(dict(layer=[0, 0], head=[0, 0.5], side=["k", "k"],
+                                                    method=["amax"] * 2, saturated_frac=[0.0] * 2))),
+     "scale_health_map: column 'head' of df holds 0.5 in row 1"),
+    (lambda: viz.advice_bars(_advice(n_layers=[30, np.inf])),
+     "advice_bars: column 'n_layers' of df holds inf in row 1; expected a finite whole number there"),
+    (lambda: viz.advice_bars(_advice(tokens_lost=[1000, 2.5])), "advice_bars: column 'tokens_lost' of df holds 2.5"),
     (lambda: viz.long_context_errors(_errors().drop(columns="rel_err_max")), "errors lacks column(s) ['rel_err_max']"),
     (lambda: viz.long_context_errors(_errors().iloc[0:0]), "errors has no rows"),
     (lambda: viz.long_context_errors(_errors(), statistic="mean"), "statistic='mean'"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pandas as pd
 import pytest
@@ -178,6 +179,16 @@ def test_format_table_names_a_frame_without_its_columns(arg, frame, match):
         format_table(kw.pop("capacity"), **kw)
 
 
+@pytest.mark.parametrize("col, value", [("batch", math.inf), ("context", 4096.5), ("batch", math.nan)])
+def test_format_table_names_a_bench_count_that_is_no_whole_number(col, value):
+    """int() of the bench's batch or context raised OverflowError (inf) or "cannot convert float NaN" before."""
+    bench = _bench().astype({col: float})
+    bench.loc[3, col] = value
+    with pytest.raises(ValueError, match=re.escape(f"format_table: column {col!r} of df holds {value!r} in row 3 (a "
+                                                   "row that ran); expected a finite whole number there")):
+        format_table(capacity_table("SmolLM2-135M", ["H100"], ["int8_token_head"]), bench=bench)
+
+
 def test_format_table_refuses_a_capacity_without_formats():
     with pytest.raises(ValueError, match=r"capacity has no row of a KV format \(its kv_dtype: \['bf16'\]\)"):
         format_table(capacity_table("SmolLM2-135M", ["H100"], ["bf16"]))
@@ -281,6 +292,25 @@ def test_format_layer_errors_k_and_v_panels_a_line_per_format():
      r"table \(timed: it has tokens_per_s\) lacks column\(s\) \['timing'\]"),
     (lambda: viz.format_answer(_table().drop(columns=["timed_batch"]), model="m", gpu="g", tolerance=0.06, smoke=False),
      r"lacks column\(s\) \['timed_batch'\]"),
+    # int() of these: OverflowError (inf) or "cannot convert float NaN" before, or a fraction rounded
+    (lambda: viz.pareto_figure(_table(tokens=[1, 2, 3, math.inf, 5])),
+     r"pareto_figure: column 'tokens' of df holds inf in row 3; expected a finite whole number there"),
+    (lambda: viz.pareto_figure(_table(timed_batch=[64, 64.5, 64, 64, 64])),
+     r"pareto_figure: column 'timed_batch' of df holds 64\.5 in row 1"),
+    (lambda: viz.format_answer(_table(timed_context=[16384, math.nan, 1, 1, 1]), model="m", gpu="g",
+                               tolerance=0.06, smoke=False),
+     r"format_answer: column 'timed_context' of df holds nan in row 1"),
+    (lambda: viz.format_answer(_table(tokens=[1, math.inf, 3, 4, 5]), model="m", gpu="g", tolerance=0.06,
+                               smoke=False), r"format_answer: column 'tokens' of df holds inf in row 1"),
+    (lambda: viz.format_layer_errors(pd.DataFrame(dict(format=["a", "a"], layer=[0, math.inf], k_rel_err=[0.1, 0.1],
+                                                       v_rel_err=[0.1, 0.1]))),
+     r"format_layer_errors: column 'layer' of df holds inf in row 1; expected a finite whole number there"),
+    (lambda: viz.format_layer_errors(pd.DataFrame(dict(format=["a", "a"], layer=[0, 1.5], k_rel_err=[0.1, 0.1],
+                                                       v_rel_err=[0.1, 0.1]))),
+     r"format_layer_errors: column 'layer' of df holds 1\.5 in row 1"),
+    # a format not timed (kivi4_g32, row 4) needs no timed_batch
+    (lambda: viz.format_answer(_table(timed_batch=[64, 64, 64, 64, math.nan], tokens=[1, 2, 3, 4, 5.5]),
+                               model="m", gpu="g", tolerance=0.06, smoke=False), r"'tokens' of df holds 5\.5 in row 4"),
 ])
 def test_figures_refuse_what_they_cannot_draw_by_name(call, match):
     with pytest.raises(ValueError, match=match):

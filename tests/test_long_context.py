@@ -316,6 +316,14 @@ VERDICT_BAD = [
      "needles['needle_top1'] row 0 is nan; expected True or False"),
     (lambda e, n: lc.long_context_verdict(e, n.assign(needle_top1="False")), ValueError,
      "needles['needle_top1'] row 0 is 'False'"),
+    # int() of a context: OverflowError (inf), "cannot convert float NaN" or a fraction rounded before
+    (lambda e, n: lc.long_context_verdict(e.assign(context=e["context"].where(e.index > 0, math.inf)), n), ValueError,
+     "long_context_verdict: column 'context' of df holds inf in row 0; expected a finite whole number there"),
+    (lambda e, n: lc.long_context_verdict(e, n.assign(context=n["context"].where(n.index != 1, 8192.5))), ValueError,
+     "column 'context' of df holds 8192.5 in row 1; expected a finite whole number there; expected "
+     "long_context_error()'s needles table"),
+    (lambda e, n: lc.long_context_verdict(e, n.assign(context=n["context"].where(n.index > 0, math.nan))), ValueError,
+     "column 'context' of df holds nan in row 0"),
     (lambda e, n: lc.long_context_text("table"), TypeError, "verdict must be long_context_verdict()'s table"),
     (lambda e, n: lc.long_context_text(lc.long_context_verdict(e, n), "bogus"), ValueError, "error='bogus'"),
     (lambda e, n: lc.long_context_text(lc.long_context_verdict(e, n), "quantization"), ValueError,

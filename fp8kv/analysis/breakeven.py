@@ -288,14 +288,12 @@ def crossings(lines, *, baseline: str = "bf16"):
     """
     import pandas as pd
 
+    from ..results import check_rows
+
     checks.one_of(baseline, "baseline", ("bf16", "fp16"))
     need = {*PAIR_KEYS, "kv_dtype", "mode", "status", "intercept_us", "slope_us_per_token", "tokens_min", "tokens_max",
             "intercept_se", "slope_se", "cov_intercept_slope", "dof"}
-    if not isinstance(lines, pd.DataFrame) or need - set(lines.columns):
-        checks.fail("crossings: lines must be fit_lines()' table; "
-                    + (f"it lacks {sorted(need - set(lines.columns))}" if isinstance(lines, pd.DataFrame)
-                       else f"got a {type(lines).__name__}"), TypeError if not isinstance(lines, pd.DataFrame)
-                   else ValueError)
+    check_rows(lines, "crossings", need, whole=("dof", "left_out"), expected="fit_lines()' table")
     unknown = sorted(set(map(str, lines["kv_dtype"])) - set(_KV_NAMES))  # an FP8 line is known by name, not prefix
     if unknown:
         checks.fail(f"crossings: lines has kv_dtype {unknown}; expected KV dtypes or formats among {_KV_NAMES}")

@@ -211,11 +211,14 @@ def _number(x) -> float:
 
 
 def _check_advice(advice) -> None:
-    _table(advice, "advice", _ADVICE, "advice_capacity()'s or keep_bf16_advice()'s table")
+    from ..results import check_rows
+
+    expected = "advice_capacity()'s or keep_bf16_advice()'s table"
+    _table(advice, "advice", _ADVICE, expected)
     check_layer_counts(advice)  # "keep -3 of 2 layers" before
-    for col in ("error_all_fp8", *(("tokens_lost",) if "tokens_lost" in advice else ())):
-        for i, x in advice[col].items():
-            checks.real(x, f"advice[{col!r}][{i}]")
+    check_rows(advice, "headline", (), whole=("tokens_lost",), expected=expected)
+    for i, x in advice["error_all_fp8"].items():
+        checks.real(x, f"advice['error_all_fp8'][{i}]")
 
 
 def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str | None = None,
@@ -248,7 +251,11 @@ def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str 
         checks.fail(f"backend={backend!r} but crossings is None: there is no speed answer to restrict; pass crossings "
                     "(fp8kv.analysis.crossings()' table) or backend=None")
     if verdict is not None:
+        from ..results import check_rows
+
         _table(verdict, "verdict", _VERDICT, "long_context_verdict()'s table")
+        check_rows(verdict, "headline", (), whole=("reference_context", "longest_context"),
+                   expected="long_context_verdict()'s table")
     if advice is not None:
         _check_advice(advice)
     if crossings is None and verdict is None and (advice is None or advice.empty):

@@ -179,7 +179,10 @@ def _timed(bench, backend: str) -> dict:
     """format -> (tokens/s, timing, batch, context) of ``backend``'s ok rows of its default launch (a row with a
     ``variant``, such as gluon=False beside it, is another launch of the same format) at the bench's largest batch,
     then its largest context: the bandwidth-bound point where bytes per token decide the speed."""
+    from ..results import check_rows
+
     _require(bench, ("backend", "kv_dtype", "granularity", "batch", "context", "time_us", "status", "timing"), "bench")
+    check_rows(bench, "format_table", (), whole=("batch", "context"), expected="bench rows (fp8kv.bench.run())")
     ok = bench[(bench["backend"] == backend) & (bench["status"] == "ok")]
     if "variant" in ok:
         ok = ok[ok["variant"].fillna("").astype(str) == ""]
@@ -214,12 +217,15 @@ def format_table(capacity, *, errors=None, accuracy=None, bench=None, backend: s
     """
     import pandas as pd
 
+    from ..results import check_rows
+
     _require(capacity, ("kv_dtype", "bytes_per_token", "kv_data_bytes_per_token", "scale_bytes_per_token", "tokens",
                         "fits", "gpu", "gpu_memory_gib"), "capacity")
     cap = capacity[capacity["kv_dtype"].isin(KV_FORMAT_NAMES)]
     if cap.empty:
         checks.fail(f"capacity has no row of a KV format (its kv_dtype: {sorted(set(capacity['kv_dtype']))}); "
                     f"expected names among {KV_FORMAT_NAMES}")
+    check_rows(cap, "format_table", (), whole=("tokens",), expected="fp8kv.capacity.capacity_table()'s rows")
     err = {}
     if errors is not None:
         _require(errors, ("format", "out_rel_err", "k_rel_err", "v_rel_err"), "errors")

@@ -11,6 +11,7 @@ import math
 
 import plotly.graph_objects as go
 
+from ..results import check_rows
 from .style import add_line, axis_title, color_map, measured_ticks, mode_dash, mode_symbol, require_columns
 
 __all__ = ["PERCENT", "breakeven_lines", "breakeven_residuals", "scale_health_map", "advice_bars",
@@ -180,6 +181,7 @@ def scale_health_map(heads, metric: str = "saturated_frac", *, title: str | None
     require_columns(heads, ["layer", "head", "side", "method", metric], "heads")
     kv = heads[heads["side"].isin(["k", "v"])]
     require_columns(kv, ["layer", "head", "side", "method", metric], "heads (K and V rows)", rows=True)
+    check_rows(kv, "scale_health_map", (), whole=("layer", "head"), expected="ScaleHealth.heads' K and V rows")
     methods = list(dict.fromkeys(kv["method"]))
     layers = sorted(set(int(x) for x in kv["layer"]))
     cols = [(s, int(h)) for s in ("k", "v") for h in sorted(set(kv["head"]))]
@@ -212,6 +214,8 @@ def advice_bars(advice, *, title: str | None = None) -> go.Figure:
     bar's hover names the layers kept and, with ``tokens_lost``, what they cost in tokens."""
     require_columns(advice, ["method", "error_all_fp8", "error_after", "tolerance", "n_layers_bf16", "n_layers"],
                     "advice", rows=True)
+    check_rows(advice, "advice_bars", (), whole=("n_layers_bf16", "n_layers", "tokens_lost"),
+               expected="keep_bf16_advice()'s or advice_capacity()'s table")
     bars = [("error_all_fp8", "all layers FP8"), ("error_after", "advised layers 16-bit")]
     if {"heldout_all_fp8", "heldout_after"} <= set(advice.columns):
         bars += [("heldout_all_fp8", "all FP8, held-out text"), ("heldout_after", "advised, held-out text")]

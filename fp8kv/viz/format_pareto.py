@@ -15,6 +15,7 @@ import numbers
 import plotly.graph_objects as go
 
 from .. import checks
+from ..results import check_rows
 from .style import add_line, axis_title, color_map, require_columns
 
 __all__ = ["ERROR_METRICS", "pareto_front", "error_metric", "pareto_figure", "format_bytes", "format_layer_errors",
@@ -27,6 +28,7 @@ _METRIC_TEXT = {"kl_mean": "mean KL to bf16 K/V (nats/token)",
 _MIN_ON_LOG = 1e-12  # a zero error (a lossless format) still sits on the log axis
 _MAX_MARKER = 44  # px: the largest marker's diameter; the smallest is _MIN_MARKER
 _MIN_MARKER = 9
+_TABLE = "format_table()'s table (one row per format)"
 
 
 def _frame(rows, arg: str):
@@ -84,12 +86,20 @@ def _resolve_metric(table, error):
     return error
 
 
-def _timed(table) -> bool:
-    """Whether any format has its decode tokens/s; then the columns saying how it was timed are required."""
+def _timed(table, reader: str) -> bool:
+    """Whether any format has its decode tokens/s; then the columns saying how it was timed are required, whole
+    numbers where timed."""
     timed = "tokens_per_s" in table.columns and bool(table["tokens_per_s"].notna().any())
     if timed:
         require_columns(table, ["timing", "timed_batch", "timed_context"], "table (timed: it has tokens_per_s)")
+        check_rows(table[table["tokens_per_s"].notna()], reader, (), whole=("timed_batch", "timed_context"),
+                   expected=_TABLE)
     return timed
+
+
+def _formats(table, reader: str) -> None:
+    require_columns(table, ["format", "bytes_per_token", "tokens"], "table", rows=True)
+    check_rows(table, reader, (), whole=("tokens",), expected=_TABLE)
 
 
 def _sizes(values, largest) -> list[float]:
@@ -105,14 +115,14 @@ def pareto_figure(table, *, error: str | None = None, tolerance: float | None = 
     table has timings (an open marker: a format not timed), else to the tokens that fit. ``error``: the column
     of :data:`ERROR_METRICS` drawn (default :func:`error_metric`); ``tolerance``: the error the answer allows,
     dashed (:func:`format_answer`). Log error axis in powers of ten."""
-    require_columns(table, ["format", "bytes_per_token", "tokens"], "table", rows=True)
+    _formats(table, "pareto_figure")
     metric = _resolve_metric(table, error)
     data = table.dropna(subset=[metric, "bytes_per_token"])
     if data.empty:
         checks.fail(f"table has no format with both bytes_per_token and {metric!r}: nothing to draw")
     front = pareto_front(data, "bytes_per_token", metric)
     on_front = set(front["format"])
-    timed = _timed(data)
+    timed = _timed(data, "pareto_figure")
     size_by = "tokens_per_s" if timed else "tokens"
     largest = float(data[size_by].max())
     colours = color_map(data["format"])
@@ -188,6 +198,7 @@ def format_layer_errors(errors, *, model: str | None = None, title: str | None =
     data = errors.dropna(subset=["k_rel_err", "v_rel_err"])
     if data.empty:
         checks.fail("errors has no row with both k_rel_err and v_rel_err: nothing to draw")
+    check_rows(data, "format_layer_errors", (), whole=("layer",), expected="model_format_errors()' rows")
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.05,
                         subplot_titles=["K: ‖K̂ − K‖ / ‖K‖", "V: ‖V̂ − V‖ / ‖V‖"])
     colours = color_map(data["format"])
@@ -216,9 +227,9 @@ def _error_text(metric: str, row) -> str:
     return f"attention-output relative error {row.out_rel_err:.3g} (mean over layers)"
 
 
-def _pick(table, tolerance, error):
+def _pick(table, tolerance, error, reader):
     tolerance = checks.positive_float(tolerance, "tolerance")
-    require_columns(table, ["format", "bytes_per_token", "tokens"], "table", rows=True)
+    _formats(table, reader)
     metric = _resolve_metric(table, error)
     fits = table[(table["tokens"] > 0)].dropna(subset=[metric, "bytes_per_token"])
     if fits.empty:
@@ -232,7 +243,7 @@ def _pick(table, tolerance, error):
 def format_pick(table, *, tolerance: float, error: str | None = None) -> str:
     """The format :func:`format_answer` picks: of the Pareto front (error against bytes per token, formats that
     fit), the one with the fewest bytes per token whose error is within ``tolerance``, else the most accurate."""
-    return str(_pick(table, tolerance, error)[0]["format"])
+    return str(_pick(table, tolerance, error, "format_pick")[0]["format"])
 
 
 def format_answer(table, *, model: str, gpu: str, tolerance: float, smoke: bool, error: str | None = None,
@@ -252,7 +263,7 @@ def format_answer(table, *, model: str, gpu: str, tolerance: float, smoke: bool,
     checks.flag(smoke, "smoke")
     if baseline_tokens is not None:
         baseline_tokens = checks.positive_int(baseline_tokens, "baseline_tokens")
-    pick, front, within, metric = _pick(table, tolerance, error)
+    pick, front, within, metric = _pick(table, tolerance, error, "format_answer")
     unit = "nats/token" if metric == "kl_mean" else "(relative)"
     planned = pick.get("gpu")  # a GPU of the planner's registry: this machine's memory was not measured
     ratio = f"{pick['tokens'] / baseline_tokens:.2f}× {baseline}'s {int(baseline_tokens):,}" if baseline_tokens else ""
@@ -263,7 +274,7 @@ def format_answer(table, *, model: str, gpu: str, tolerance: float, smoke: bool,
     parts = [_error_text(metric, pick), f"{pick['bytes_per_token']:,.6g} bytes per token (all layers, K + V, scales "
              f"included)", f"{int(pick['tokens']):,} tokens fit in {memory}"]
     speed = pick.get("tokens_per_s", math.nan)
-    if _timed(table) and speed == speed:
+    if _timed(table, "format_answer") and speed == speed:
         at = f"batch {int(pick['timed_batch'])}, context {int(pick['timed_context']):,}"
         parts.append(f"{speed:,.0f} decode tokens/s at {at} from a CPU smoke timing in Triton's interpreter, "
                      "meaningless for any GPU" if pick["timing"] == "cpu-wallclock" else
