@@ -198,9 +198,8 @@ class QuantizedPagedKVCache(PagedTables):
         """
         f = paged_format(fmt)
         for name, t in (("k", k), ("v", v)):
-            checks.tensor(t, name, ndim=4, dtypes=checks.FLOAT_DTYPES, shape_hint="[B, max_len, Hkv, D]")
-            if t.device.type not in ("cpu", "cuda"):
-                _fail(f"{name} is on {t.device}; expected a CPU or CUDA tensor")
+            checks.readable_tensor(checks.tensor(t, name, ndim=4, dtypes=checks.FLOAT_DTYPES,
+                                                 shape_hint="[B, max_len, Hkv, D]"), name)
         if v.shape != k.shape or v.device != k.device:
             _fail(f"k {tuple(k.shape)} on {k.device} and v {tuple(v.shape)} on {v.device} must match")
         if isinstance(seq_lens, torch.Tensor):

@@ -74,4 +74,3 @@ def _version(t: torch.Tensor) -> int | None:
         return t._version
     except RuntimeError:  # an inference-mode tensor
         return None
-

@@ -91,8 +91,7 @@ def _check_x(x, c: Codec, nonfinite) -> None:
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"x has dtype {x.dtype}; expected float16, bfloat16, float32 or float64")
-    if x.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"x is on {x.device}; the codecs take tensors on 'cpu' or a CUDA device")
+    checks.readable_tensor(x, "x")
     c.check_shape(x.shape, "x")
     if not isinstance(nonfinite, str) or nonfinite not in NONFINITE_MODES:
         raise ValueError(f"nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}")
