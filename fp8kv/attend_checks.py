@@ -15,7 +15,7 @@ import torch
 from . import checks
 from .cache import PagedKVCache, check_paged_cache
 
-__all__ = ["cache_arg", "attend_query", "qo_indptr_arg", "planned_qo_indptr", "counts_version",
+__all__ = ["cache_arg", "attend_query", "qo_indptr_arg", "planned_qo_indptr",
            "check_counts_unchanged", "attend_arguments", "ATTEND_OPTIONS", "ATTEND_BACKEND_OPTIONS",
            "QO_INDPTR_DTYPES"]
 
@@ -63,18 +63,10 @@ def planned_qo_indptr(qo_indptr, cache: PagedKVCache) -> torch.Tensor:
     return qo_indptr
 
 
-def counts_version(qo_indptr: torch.Tensor) -> int | None:
-    """``qo_indptr``'s in-place-write counter (metadata; None for an inference-mode tensor, which has none)."""
-    try:
-        return qo_indptr._version
-    except RuntimeError:
-        return None
-
-
 def check_counts_unchanged(qo_indptr: torch.Tensor, version: int | None, qo_lens) -> None:
     """ValueError if ``qo_indptr`` was written in place since a plan read its counts ``qo_lens`` (its version
     counter moved: metadata, no host sync)."""
-    if version is not None and counts_version(qo_indptr) != version:
+    if version is not None and checks.version_counter(qo_indptr) != version:
         checks.fail(f"qo_indptr was written in place after planning (the plan read its counts once, "
                     f"qo_lens={list(qo_lens)}, and runs with them): plan again for the new counts")
 

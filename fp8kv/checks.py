@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 __all__ = ["flag", "integer", "generator_seed", "GENERATOR_SEEDS", "run_seed", "RUN_SEEDS", "rep_ms", "MAX_REP_MS", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed",
-           "tensor", "float_dtype", "readable_tensor", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
+           "tensor", "float_dtype", "readable_tensor", "version_counter", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
            "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "softmax_scale_or_default", "resolved_softmax_scale",
            "show_value", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
            "MAX_SINK", "MAX_WINDOW", "MIN_SCORE_FACTOR", "MAX_SCORE_FACTOR", "FLOAT_DTYPES"]
@@ -214,6 +214,15 @@ def float_dtype(value, name: str = "dtype", choices: Iterable[torch.dtype] = FLO
         names = ", ".join(str(d).replace("torch.", "") for d in choices)
         fail(f"{name}={show_value(value)}; expected a torch dtype among: {names}", TypeError)
     return value
+
+
+def version_counter(value: torch.Tensor) -> int | None:
+    """``value``'s in-place-write counter (metadata, no host sync): what a plan holding a copy compares to see
+    the tensor written since; None for an inference-mode tensor, which keeps none."""
+    try:
+        return value._version
+    except RuntimeError:
+        return None
 
 
 def finite_tensor(value: torch.Tensor, name: str) -> torch.Tensor:

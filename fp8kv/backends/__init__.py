@@ -19,7 +19,6 @@ from ..attend_checks import (
     ATTEND_KERNEL_OPTIONS,
     attend_query,
     check_counts_unchanged,
-    counts_version,
     qo_indptr_arg,
 )
 from ..cache import check_paged_cache
@@ -349,7 +348,7 @@ def planned_attend(q, cache, qo_indptr, backend: str = "auto", mode: str = "auto
                                                                   window, soft_cap, sinks, True, launch)
     call = ATTEND_BACKENDS[backend](q, cache, qo_indptr, qo_lens, mode=mode, sm_scale=sm_scale, **variants, **launch)
     return functools.partial(_counted, *call.args, run=call.func,
-                             counts=(qo_indptr, counts_version(qo_indptr), qo_lens), **call.keywords)
+                             counts=(qo_indptr, checks.version_counter(qo_indptr), qo_lens), **call.keywords)
 
 
 def _counted(*args, run, counts, **kwargs):

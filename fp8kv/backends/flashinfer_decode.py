@@ -39,19 +39,11 @@ FP8_Q_MAX = FORMATS["e4m3"].max  # the FP8 query of the sm100 path is e4m3
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _version(t: torch.Tensor):
-    """The tensor's in-place-edit counter (None for inference-mode tensors, which have none)."""
-    try:
-        return t._version
-    except RuntimeError:
-        return None
-
-
 def _plan_key(cache: PagedKVCache, num_qo_heads, q_dtype, sm_scale, window=None, soft_cap=None):
     """What a plan depends on: tables and scales by identity, shape and in-place version."""
     parts = [id(cache), id(cache.k_pages), num_qo_heads, q_dtype, sm_scale, window, soft_cap]
     for t in (cache.block_table, cache.seq_lens, cache.k_scale, cache.v_scale):
-        parts += [id(t), tuple(t.shape), _version(t)]
+        parts += [id(t), tuple(t.shape), checks.version_counter(t)]
     return tuple(parts)
 
 

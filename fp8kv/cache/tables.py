@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import fail
+from ..checks import fail, version_counter
 from . import validation, writing
 
 __all__ = ["PagedTables"]
@@ -55,7 +55,7 @@ class PagedTables:
         """What a plan that copied these arrays depends on: each one's identity and shape, and for ``written`` its
         in-place version counter too (metadata, no host sync; None for inference-mode tensors, which have none)."""
         return tuple((n, id(getattr(self, n)), tuple(getattr(self, n).shape),
-                      _version(getattr(self, n)) if n in written else None) for n in (*written, *replaced))
+                      version_counter(getattr(self, n)) if n in written else None) for n in (*written, *replaced))
 
     def check_stamp(self, stamp: tuple, plan: str) -> None:
         """ValueError naming the first array of ``stamp`` (:meth:`stamp`) replaced or written in place since;
@@ -64,13 +64,6 @@ class PagedTables:
             t = getattr(self, name)
             if id(t) != ident or tuple(t.shape) != shape:
                 fail(f"cache.{name} was replaced after planning; {plan} holds it as it was: plan again")
-            if version is not None and _version(t) != version:
+            if version is not None and version_counter(t) != version:
                 fail(f"cache.{name} was written in place after planning (append, write, an edit); {plan} holds it "
                      "as it was: plan again")
-
-
-def _version(t: torch.Tensor) -> int | None:
-    try:
-        return t._version
-    except RuntimeError:  # an inference-mode tensor
-        return None

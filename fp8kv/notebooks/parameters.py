@@ -32,9 +32,9 @@ def check_parameters(books: Sequence[Path], parameters, *, smoke: bool = False) 
     """``parameters`` (name -> value) checked against every notebook of ``books``: each name declared in its
     cell tagged "parameters" and not one the runner sets itself (:data:`PARAMETER_NAMES`), each value one
     papermill passes as itself (lists, not tuples; finite numbers) and of a kind its default takes (:data:`_KINDS`),
-    and a full-size run (``smoke`` False): a smoke run sets its
-    own small sizes over the parameters, so an override would be recorded but not used. A page run with
-    overrides shows them in its injected-parameters cell and its manifest entry."""
+    and a full-size run (``smoke`` False): a smoke run sets its own small sizes over the parameters, so an override
+    would be recorded but not used. A page run with overrides shows them in its injected-parameters cell and its
+    manifest entry."""
     import papermill as pm
 
     if parameters is None or parameters == {}:
@@ -82,7 +82,9 @@ def _check_kind(notebook: str, name: str, value, default_source: str) -> None:
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return  # an expression: its type is not known before it runs
     kinds = _KINDS.get(type(default))
-    if kinds is None or value is None or (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)):
+    if kinds is None or value is None:
+        return
+    if isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds):  # a bool is an int too
         return
     checks.fail(f"parameter {name}={checks.show_value(value)} ({type(value).__name__}); {notebook} declares "
                 f"{name} = {checks.show_value(default)}, so expected {' or '.join(k.__name__ for k in kinds)}",
