@@ -82,7 +82,6 @@ def check_layer_counts(advice) -> None:
                         "0 <= n_layers_bf16 <= n_layers (keep_bf16_advice()'s table)")
 
 
-
 def scale_argument(method: str, which: str):
     """The ``scale=`` argument of :func:`fp8kv.quant.quantize` for a table's scale method and K or V."""
     checks.one_of(method, "scale_method", SCALE_LABELS)
