@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["flag", "integer", "generator_seed", "GENERATOR_SEEDS", "run_seed", "RUN_SEEDS", "rep_ms", "MAX_REP_MS", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed",
+__all__ = ["flag", "integer", "generator_seed", "GENERATOR_SEEDS", "run_seed", "RUN_SEEDS", "rep_ms", "MAX_REP_MS", "positive_int", "nonnegative_int", "real", "positive_float", "one_of", "many_of", "listed", "dataframe",
            "tensor", "float_dtype", "readable_tensor", "version_counter", "finite_tensor", "fp32_range_tensor", "positive_fp32", "int_tensor", "device", "fail",
            "ArgumentParser", "output_folder", "attention_variant", "softmax_scale", "softmax_scale_or_default", "resolved_softmax_scale",
            "show_value", "MIN_SOFT_CAP", "MAX_SOFT_CAP",
@@ -171,6 +171,19 @@ def listed(values, name: str, what: str) -> list:
     if not values:
         fail(f"{name} is empty; expected a list of {what} with at least one")
     return values
+
+
+def dataframe(value, name: str, columns: Iterable = (), *, expected: str):
+    """``value`` if it is a pandas DataFrame holding ``columns``: else a TypeError (another kind of thing) or a
+    ValueError naming the columns it lacks (in the order given), each ending "expected ``expected``"."""
+    import pandas as pd
+
+    if not isinstance(value, pd.DataFrame):
+        fail(f"{name} is a {type(value).__name__}; expected {expected}", TypeError)
+    missing = [c for c in columns if c not in value.columns]
+    if missing:
+        fail(f"{name} lacks columns {missing}; expected {expected}")
+    return value
 
 
 def many_of(values, name: str, choices: Sequence) -> list:

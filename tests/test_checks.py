@@ -66,6 +66,17 @@ def test_one_of_and_many_of():
         checks.many_of(3, "ks", ("a",))
 
 
+def test_dataframe_names_the_table_and_the_columns_it_lacks_in_the_order_given():
+    import pandas as pd
+
+    frame = pd.DataFrame(dict(a=[1]))
+    assert checks.dataframe(frame, "t", ["a"], expected="x()'s table") is frame
+    with pytest.raises(TypeError, match=r"^t is a list; expected x\(\)'s table$"):
+        checks.dataframe([1], "t", ["a"], expected="x()'s table")
+    with pytest.raises(ValueError, match=r"^t lacks columns \['c', 'b'\]; expected x\(\)'s table$"):
+        checks.dataframe(frame, "t", ["c", "a", "b"], expected="x()'s table")
+
+
 def test_tensor_checks_name_rank_dtype_device_and_contents():
     t = torch.zeros(2, 3)
     assert checks.tensor(t, "t", ndim=2, dtypes=(torch.float32,), device="cpu") is t

@@ -177,16 +177,6 @@ _VERDICT = ("entry", "mode", "error", "reference_context", "longest_context", "g
 _ADVICE = ("method", "n_layers_bf16", "n_layers", "error_all_fp8")
 
 
-def _table(frame, name: str, columns, expected: str) -> None:
-    import pandas as pd
-
-    if not isinstance(frame, pd.DataFrame):
-        checks.fail(f"{name} is a {type(frame).__name__}; expected {expected}", TypeError)
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        checks.fail(f"{name} lacks columns {missing}; expected {expected}")
-
-
 def _check_crossings(crossings) -> None:
     """Refuse rows the sentences would misread: a batch that is no positive whole number (grouping by batch drops
     NaN: its lines vanished from the answer) and, where the lines held, a verdict outside
@@ -194,7 +184,8 @@ def _check_crossings(crossings) -> None:
     from ..results import check_rows
 
     expected = "fp8kv.analysis.crossings()' table"
-    _table(crossings, "crossings", _CROSSINGS + (_MEASURED if "measured" in crossings else ()), expected)
+    checks.dataframe(crossings, "crossings", _CROSSINGS + (_MEASURED if "measured" in crossings else ()),
+                     expected=expected)
     check_rows(crossings, "headline", _CROSSINGS, expected=expected)  # a status of no value, a batch of text
     for i, r in crossings.iterrows():
         b = _number(r["batch"])
@@ -214,7 +205,7 @@ def _check_advice(advice) -> None:
     from ..results import check_rows
 
     expected = "advice_capacity()'s or keep_bf16_advice()'s table"
-    _table(advice, "advice", _ADVICE, expected)
+    checks.dataframe(advice, "advice", _ADVICE, expected=expected)
     check_layer_counts(advice)  # "keep -3 of 2 layers" before
     check_rows(advice, "headline", (), whole=("tokens_lost",), expected=expected)
     for i, x in advice["error_all_fp8"].items():
@@ -253,7 +244,7 @@ def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str 
     if verdict is not None:
         from ..results import check_rows
 
-        _table(verdict, "verdict", _VERDICT, "long_context_verdict()'s table")
+        checks.dataframe(verdict, "verdict", _VERDICT, expected="long_context_verdict()'s table")
         check_rows(verdict, "headline", (), whole=("reference_context", "longest_context"),
                    expected="long_context_verdict()'s table")
     if advice is not None:

@@ -237,12 +237,7 @@ def _check_table(table, columns, numeric=(), name: str = "table") -> None:
     """``table`` is a DataFrame with ``columns`` (those of ``numeric`` holding numbers): a quantization_error() result."""
     import pandas as pd
 
-    if not isinstance(table, pd.DataFrame):
-        checks.fail(f"{name} is a {type(table).__name__}; expected a pandas DataFrame, a quantization_error() result",
-                    TypeError)
-    missing = set(columns) - set(table.columns)
-    if missing:
-        checks.fail(f"{name} lacks columns {sorted(missing)}; pass a quantization_error() result")
+    checks.dataframe(table, name, columns, expected="a pandas DataFrame, a quantization_error() result")
     for c in numeric:
         if not pd.api.types.is_numeric_dtype(table[c]) or pd.api.types.is_bool_dtype(table[c]):
             checks.fail(f"{name} column {c!r} holds {table[c].dtype} values; expected numbers", TypeError)

@@ -340,18 +340,13 @@ _NEEDLE_COLUMNS = ("context", "entry", "mode", "needle_top1")
 
 
 def _table(df, name: str, columns) -> None:
-    import pandas as pd
-
     from ..results import check_rows
 
-    if not isinstance(df, pd.DataFrame):
-        checks.fail(f"{name} is a {type(df).__name__}; expected long_context_error()'s {name} table", TypeError)
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        checks.fail(f"{name} lacks columns {missing}; expected long_context_error()'s {name} table")
+    expected = f"long_context_error()'s {name} table"
+    checks.dataframe(df, name, columns, expected=expected)
     if df.empty:
-        checks.fail(f"{name} has no rows; expected long_context_error()'s {name} table")
-    check_rows(df, "long_context_verdict", (), whole=("context",), expected=f"long_context_error()'s {name} table")
+        checks.fail(f"{name} has no rows; expected {expected}")
+    check_rows(df, "long_context_verdict", (), whole=("context",), expected=expected)
 
 
 def long_context_verdict(errors, needles, *, reference_context: int = 4096, max_growth: float = MAX_GROWTH,
