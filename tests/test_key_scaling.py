@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import pandas as pd
 import pytest
 import torch
@@ -149,6 +152,36 @@ def test_advice_kl_refuses_what_is_not_an_advice(advice, exc, words):
 def test_advice_kl_words_refuse_another_table(words):
     with pytest.raises(TypeError, match="table must be advice_kl"):
         words(pd.DataFrame([dict(method="1.0")]))
+
+
+@pytest.mark.parametrize("layers, exc, words", [
+    ([1.5], TypeError, "advice row 0 has layers_bf16=[1.5]; expected layer indices (ints >= 0)"),  # read as layer 1
+    ([True], TypeError, "advice row 0 has layers_bf16=[True]"),
+    ([-2], ValueError, "advice row 0 has layers_bf16=[-2]"),
+    ("1", TypeError, "advice row 0 has layers_bf16='1' (str); expected a list of layer indices"),
+])
+def test_advice_kl_refuses_layers_it_would_misread_before_the_model_loads(layers, exc, words):
+    advice = pd.DataFrame([dict(method="amax", layers_bf16=layers)])
+    with pytest.raises(exc, match=re.escape(words)):
+        advice_kl("no-such-model", advice)
+
+
+_KL_TABLE = dict(method="1.0", layers_bf16=[1], kl_all_fp8=0.5, kl_after=0.1, top1_all_fp8=0.8, top1_after=0.9)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: advice_kl_text(pd.DataFrame([dict(_KL_TABLE, layers_bf16=[2.5])])), TypeError,
+     "table row 0 has layers_bf16=[2.5]"),  # "layers 2 kept 16-bit" before
+    (lambda: stress_sentence(pd.DataFrame([dict(_KL_TABLE, layers_bf16=[2.5])]), 8.0, [1]), TypeError,
+     "table row 0 has layers_bf16=[2.5]"),
+    (lambda: stress_sentence(pd.DataFrame([_KL_TABLE]), 8.0, [1.5]), TypeError, "key_layers=1.5 (float)"),
+    (lambda: stress_sentence(pd.DataFrame([_KL_TABLE]), 8.0, ["a"]), TypeError, "key_layers='a' (str)"),
+    (lambda: stress_sentence(pd.DataFrame([_KL_TABLE]), "8", [1]), TypeError, "key_gain='8' (str)"),
+    (lambda: stress_sentence(pd.DataFrame([_KL_TABLE]), math.nan, [1]), ValueError, "key_gain=nan"),
+])
+def test_advice_kl_words_refuse_layers_and_gains_they_would_misread(call, exc, words):
+    with pytest.raises(exc, match=re.escape(words)):
+        call()
 
 
 def test_stress_sentence_where_scale_one_keeps_everything_fp8():

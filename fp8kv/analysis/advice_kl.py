@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .. import checks
 from ..quant import check_scale_method
+from .errors import check_bf16_layers
 from .scale_health import HEALTH_GRANULARITIES
 
 __all__ = ["METHOD_SCALES", "advice_kl", "advice_kl_text", "stress_sentence"]
@@ -44,6 +45,7 @@ def advice_kl(model: str, advice, *, num_tokens: int = 256, calibration_tokens: 
     unknown = sorted(set(advice["method"]) - set(METHOD_SCALES) - {"calibrated"})
     if unknown:
         checks.fail(f"advice has method(s) {unknown}; expected among {[*METHOD_SCALES, 'calibrated']}")
+    check_bf16_layers(advice)  # int() read 1.5 as layer 1, a string as its characters
     num_tokens = checks.positive_int(num_tokens, "num_tokens")
     calibration_tokens = checks.positive_int(calibration_tokens, "calibration_tokens")
     window = checks.integer(window, "window", minimum=2, maximum=num_tokens)
@@ -89,6 +91,7 @@ def advice_kl_text(table) -> list[str]:
     need = {"method", "layers_bf16", "kl_all_fp8", "kl_after", "top1_all_fp8", "top1_after"}
     if not isinstance(table, pd.DataFrame) or need - set(table.columns):
         checks.fail("table must be advice_kl()'s", TypeError)
+    check_bf16_layers(table, "table")
     out = []
     for r in table.itertuples(index=False):
         if len(r.layers_bf16):
@@ -108,6 +111,10 @@ def stress_sentence(table, key_gain: float, key_layers) -> str:
 
     if not isinstance(table, pd.DataFrame) or {"method", "layers_bf16", "kl_all_fp8", "kl_after"} - set(table.columns):
         checks.fail("table must be advice_kl()'s", TypeError)
+    check_bf16_layers(table, "table")
+    key_gain = checks.positive_float(key_gain, "key_gain")
+    key_layers = [checks.nonnegative_int(x, "key_layers") for x in checks.listed(key_layers, "key_layers",
+                                                                               "layer indices (ints >= 0)")]
     rows = table[table["method"] == "1.0"]
     if rows.empty:
         return ""

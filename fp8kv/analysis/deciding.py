@@ -14,7 +14,7 @@ import numbers
 
 from .. import checks
 from .breakeven import PER_KERNEL, check_answered
-from .errors import check_layer_counts
+from .errors import check_bf16_layers, check_layer_counts
 from .measured import kernel_names
 from .scale_health import ScaleHealth, model_scale_health
 
@@ -56,6 +56,9 @@ def heldout_advice(advice, heldout: ScaleHealth):
     if not isinstance(heldout, ScaleHealth):
         checks.fail(f"heldout is a {type(heldout).__name__}; expected heldout_scale_health()'s ScaleHealth",
                     TypeError)
+    check_bf16_layers(advice)  # int() read 1.5 as layer 1; a layer past the model's was kept unseen
+    for i, t in advice["tolerance"].items():
+        checks.positive_float(t, f"advice['tolerance'][{i}]")  # a NaN tolerance held nowhere, silently
     out = advice.copy()
     before, after = [], []
     for r in advice.itertuples(index=False):

@@ -34,7 +34,7 @@ from ..reference import attention
 from .kv_stats import describe_kv
 from .selection import format_names
 
-__all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "check_qkv", "check_layer_counts", "quantization_error",
+__all__ = ["SCALE_LABELS", "QUANTIZE", "scale_argument", "attend", "check_qkv", "check_layer_counts", "check_bf16_layers", "quantization_error",
            "error_vs_context", "attribution", "key_numbers", "saturation_long", "real_kv_error",
            "real_kv_error_or_reason", "synthetic_vs_real", "quantization_results"]
 
@@ -80,6 +80,29 @@ def check_layer_counts(advice) -> None:
         if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in (n16, n)) or not 0 <= n16 <= n:
             checks.fail(f"advice row {i} has n_layers_bf16={n16!r}, n_layers={n!r}; expected whole numbers with "
                         "0 <= n_layers_bf16 <= n_layers (keep_bf16_advice()'s table)")
+
+
+def check_bf16_layers(advice, name: str = "advice") -> None:
+    """A :func:`~.scale_health.keep_bf16_advice` table's ``layers_bf16``: per row a list (or 1-D array) of layer
+    indices, ints >= 0 and below ``n_layers`` (a whole number >= 1) where the table has that column; else a
+    TypeError / ValueError naming ``name``, the row and the value (int() read 1.5 as layer 1 and True as layer 1)."""
+    import numpy as np
+
+    counts = advice["n_layers"] if "n_layers" in advice.columns else [None] * len(advice)
+    for i, layers, n in zip(advice.index, advice["layers_bf16"], counts, strict=True):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1):
+            checks.fail(f"{name} row {i} has n_layers={checks.show_value(n)}; expected a whole number >= 1")
+        if isinstance(layers, np.ndarray) and layers.ndim == 1:
+            layers = layers.tolist()
+        if not isinstance(layers, (list, tuple)):
+            checks.fail(f"{name} row {i} has layers_bf16={checks.show_value(layers)} ({type(layers).__name__}); "
+                        "expected a list of layer indices (ints >= 0)", TypeError)
+        said = (f"{name} row {i} has layers_bf16={checks.show_value(layers)}; expected layer indices (ints >= 0"
+                f"{'' if n is None else f' and < n_layers={n}'})")
+        if any(isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in layers):
+            checks.fail(said, TypeError)
+        if any(x < 0 or (n is not None and x >= n) for x in layers):
+            checks.fail(said)
 
 
 def scale_argument(method: str, which: str):
