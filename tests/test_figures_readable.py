@@ -362,6 +362,33 @@ def test_speedup_heatmap_says_when_a_cell_is_a_median():
     assert "median of up to 2 rows" in viz.speedup_heatmap(twice).layout.title.text
 
 
+@pytest.mark.parametrize("column, value, exc, words", [
+    # int() wrote 2.5 as "B = 2" and 1.5 as "window 1", refused a NaN batch or an inf window without naming it
+    ("batch", 2.5, ValueError, "speedup_heatmap: column 'batch' of df holds 2.5 in row 0; expected a finite whole number"),
+    ("batch", math.nan, ValueError, "speedup_heatmap: column 'batch' of df holds nan in row 0"),
+    ("batch", "1", ValueError, "speedup_heatmap: column 'batch' of df holds object values, not numbers"),
+    ("context", 4096.5, ValueError, "speedup_heatmap: column 'context' of df holds 4096.5 in row 0"),
+    ("window", 1.5, ValueError, "speedup_heatmap: column 'window' of df holds 1.5 in row 0"),
+    ("window", math.inf, ValueError, "speedup_heatmap: column 'window' of df holds inf in row 0"),
+])
+def test_speedup_heatmap_refuses_shapes_its_labels_would_misread(column, value, exc, words):
+    sp = _speedups().assign(window=math.nan)  # a window in row 0 only: the rows differ there, so it is written
+    sp[column] = sp[column].astype(object)
+    sp.loc[0, column] = value
+    with pytest.raises(exc, match=re.escape(words)):
+        viz.speedup_heatmap(sp)
+
+
+def test_speedup_heatmap_writes_whole_windows_and_no_window():
+    sp = _speedups().assign(window=[128.0] + [math.nan] * 5)
+    assert "triton fp8_e4m3 dequant · window 128" in viz.speedup_heatmap(sp).data[0].y
+
+
+def test_layout_speedups_refuses_a_context_its_label_would_round():
+    with pytest.raises(ValueError, match=re.escape("layout_speedups: column 'context' of df holds 16384.5 in row 0")):
+        viz.layout_speedups(_layouts().assign(context=[16384.5, 16384, 16384]))  # "16k" before
+
+
 def test_quant_error_heatmap_says_when_a_cell_is_a_mean():
     rows = _quant_rows()
     assert "mean of up to 3 rows" in viz.quant_error_heatmap(rows).layout.title.text  # k, v and kv rows

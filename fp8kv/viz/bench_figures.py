@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from .. import checks
 from ..formats import is_fp8
+from ..results import check_rows
 from .style import (
     FRACTION_COLUMNS,
     add_line,
@@ -147,6 +148,12 @@ def speedup_heatmap(sp, value: str = "speedup_vs_bf16", *, row: str = "label", b
     baseline : the name of the baseline in the title.
     """
     require_columns(sp, [row, value, "batch", "context", "time_us"], "sp")
+    # whole batches, contexts and windows (NaN: none), as the row and column labels write them: int() read 2.5 as
+    # "B = 2" and refused a NaN batch or an inf window without naming it
+    expected = "rows of fp8kv.bench.speedup_table()"
+    check_rows(sp, "speedup_heatmap", (), whole=("batch", "context"), expected=expected)
+    if "window" in sp.columns:
+        check_rows(sp[sp["window"].notna()], "speedup_heatmap", (), whole=("window",), expected=expected)
     if not sp[value].notna().any():  # an FP8-only run's speed-ups over BF16, or no FP8 row: a blank map says nothing
         why = sp.attrs.get("partial") or (f"{len(sp)} rows, all NaN there" if len(sp) else "no rows")
         raise ValueError(f"sp has no {value} to draw ({why})")
@@ -332,6 +339,8 @@ def layout_speedups(table, *, title: str | None = None) -> go.Figure:
 
     require_columns(table, ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context", "fp8_x_bf16",
                              "fp8_x_peer", "fp8_us", "bf16_us", "peer_us", "pct_of_limit"], "table")
+    check_rows(table, "layout_speedups", (), whole=("batch", "context"),  # tokens_label read 2.5 as "2"
+               expected="rows of fp8kv.bench.layout_table()")
     if not (table["fp8_x_bf16"].notna().any() or table["fp8_x_peer"].notna().any()):  # blank bars say nothing
         why = table.attrs.get("partial") or (f"{len(table)} rows, all NaN there" if len(table) else "no rows")
         raise ValueError(f"table has no fp8_x_bf16 or fp8_x_peer to draw ({why})")
