@@ -252,6 +252,10 @@ def test_real_kv_error_wiring(monkeypatch):
     assert _layer_ids([1, 3], 5) == [1, 3] and _layer_ids(1, 5) == [0]
     with pytest.raises(ValueError, match="indices must be in"):
         _layer_ids([5], 5)
+    for bad, words in (([1.5], "layers=1.5 (float); expected an int"), ("12", "layers='12' (str); expected an int"),
+                       ([True], "layers=True (bool)")):  # int() read these as layers 1; 1 and 2; 1
+        with pytest.raises(TypeError, match=re.escape(words)):
+            _layer_ids(bad, 5)
 
     def missing(*a, **kw):
         raise ImportError("weights package 'x' is not installed: pip install x")

@@ -335,12 +335,13 @@ def saturation_long(table):
 def _layer_ids(layers, n: int) -> list[int]:
     if layers is None:
         layers = 3
-    if isinstance(layers, int) and not isinstance(layers, bool):
+    if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
         if layers < 1:
             raise ValueError(f"layers={layers} must be >= 1 (a count) or a list of layer indices")
-        count = min(layers, n)
+        count = min(int(layers), n)
         return sorted({round(i * (n - 1) / max(1, count - 1)) for i in range(count)})
-    ids = [int(i) for i in layers]
+    # int() read 1.5 as layer 1 and the string "12" as layers 1 and 2
+    ids = [checks.integer(i, "layers") for i in checks.listed(layers, "layers", "layer indices (or a count)")]
     bad = [i for i in ids if not 0 <= i < n]
     if not ids or bad:
         raise ValueError(f"layers={layers!r}: indices must be in [0, {n}) and not empty")
