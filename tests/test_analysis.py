@@ -263,6 +263,13 @@ def test_real_kv_error_wiring(monkeypatch):
     fake.load_model = missing
     with pytest.raises(ImportError, match="pip install x"):
         analysis.real_kv_error("tiny", 24, 2, 4)
+    # refused by name before the model loads (a raw TypeError from comparing with a string num_tokens before)
+    for args, exc, words in (((24, 2, 4.0), TypeError, "num_queries=4.0 (float); expected an int"),
+                             ((24, 2, 25), ValueError, "num_queries=25; expected an int <= 24"),
+                             (("24", 2, 4), TypeError, "num_tokens='24' (str); expected an int"),
+                             ((0, 2, 4), ValueError, "num_tokens=0; expected an int >= 1")):
+        with pytest.raises(exc, match=re.escape(words)):
+            analysis.real_kv_error("tiny", *args)
 
 
 # --------------------------------------------------------------------------- capacity

@@ -376,10 +376,11 @@ def real_kv_error(model: str = "smollm2-135m", num_tokens: int = 512, layers=3, 
     """
     import pandas as pd
 
+    # before the import and the model load; num_tokens unchecked made num_queries' bound a raw TypeError
+    num_tokens = checks.positive_int(num_tokens, "num_tokens")
+    num_queries = checks.integer(num_queries, "num_queries", minimum=1, maximum=num_tokens)
     from ..models import capture_kv, load_model, text_tokens
 
-    if isinstance(num_queries, bool) or not isinstance(num_queries, int) or not 1 <= num_queries <= num_tokens:
-        raise ValueError(f"num_queries={num_queries!r} must be an int in [1, num_tokens={num_tokens}]")
     net, tok = load_model(model, dtype=torch.float32, device=device)
     cap = capture_kv(net, text_tokens(tok, num_tokens))
     tables, stats = [], []
