@@ -313,6 +313,9 @@ def test_heldout_advice_refuses_what_does_not_match():
     (dict(layers_bf16=[-1]), ValueError, "advice row 0 has layers_bf16=[-1]"),
     (dict(layers_bf16="[1]"), TypeError, "advice row 0 has layers_bf16='[1]' (str); expected a list of layer indices"),
     (dict(n_layers=3.0), ValueError, "advice row 0 has n_layers=3.0; expected a whole number >= 1"),
+    # the layers kept and the count the headline says disagreed
+    (dict(n_layers_bf16=2), ValueError, "advice row 0 has layers_bf16=[1] but n_layers_bf16=2; expected that many "
+     "distinct layers"),
     # a NaN tolerance made heldout_holds False without a word
     (dict(tolerance=math.nan), ValueError, "advice['tolerance'][0]=nan; expected a finite number"),
     (dict(tolerance="0.1"), TypeError, "advice['tolerance'][0]='0.1'"),

@@ -84,12 +84,16 @@ def check_layer_counts(advice) -> None:
 
 def check_bf16_layers(advice, name: str = "advice") -> None:
     """A :func:`~.scale_health.keep_bf16_advice` table's ``layers_bf16``: per row a list (or 1-D array) of layer
-    indices, ints >= 0 and below ``n_layers`` (a whole number >= 1) where the table has that column; else a
-    TypeError / ValueError naming ``name``, the row and the value (int() read 1.5 as layer 1 and True as layer 1)."""
+    indices, ints >= 0 and below ``n_layers`` (a whole number >= 1) where the table has that column, as many distinct
+    ones as ``n_layers_bf16`` says where it has that; else a TypeError / ValueError naming ``name``, the row and the
+    value (int() read 1.5 as layer 1 and True as layer 1)."""
     import numpy as np
 
-    counts = advice["n_layers"] if "n_layers" in advice.columns else [None] * len(advice)
-    for i, layers, n in zip(advice.index, advice["layers_bf16"], counts, strict=True):
+    def column(c):
+        return advice[c] if c in advice.columns else [None] * len(advice)
+
+    for i, layers, n, n16 in zip(advice.index, advice["layers_bf16"], column("n_layers"), column("n_layers_bf16"),
+                                 strict=True):
         if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1):
             checks.fail(f"{name} row {i} has n_layers={checks.show_value(n)}; expected a whole number >= 1")
         if isinstance(layers, np.ndarray) and layers.ndim == 1:
@@ -103,6 +107,9 @@ def check_bf16_layers(advice, name: str = "advice") -> None:
             checks.fail(said, TypeError)
         if any(x < 0 or (n is not None and x >= n) for x in layers):
             checks.fail(said)
+        if n16 is not None and n16 != len(set(layers)):  # the headline's count and the layers kept disagreed
+            checks.fail(f"{name} row {i} has layers_bf16={checks.show_value(layers)} but n_layers_bf16="
+                        f"{checks.show_value(n16)}; expected that many distinct layers")
 
 
 def scale_argument(method: str, which: str):
