@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 
 from fp8kv.kv_formats import kv_footprint
-from fp8kv.ops.offline_build import INSTRUCTION_KINDS
+from fp8kv.ops.offline_build import INSTRUCTION_KINDS, issue_budget
 from fp8kv.ops.quant_decode import QUANT_CONVERTS, QUANT_DECODE_FORMATS
 from fp8kv.ops.quant_decode.build import build_quant_decode, loop_mix
 
@@ -48,7 +48,7 @@ def main() -> None:
           + " ".join(f"{k[:7]:>7}" for k in KINDS) + f" {'total':>6} {'issue/token':>11} {'budget':>6}")
     for fmt in a.formats:
         fp = kv_footprint(fmt, num_kv_heads=1, head_dim=d)
-        budget = 4 * (fp.codes + fp.per_token_scales) / bytes_a_clock
+        budget = issue_budget(float(fp.codes + fp.per_token_scales), a.copy_tbps * 1e3, a.sms, a.clock_ghz)
         for conv in a.converts:
             kernel, launch = build_quant_decode(fmt, hq, hkv, d, convert=conv, block_n=a.block_n,
                                                 num_warps=a.num_warps, num_stages=a.num_stages, arch=a.arch)

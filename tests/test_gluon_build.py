@@ -46,7 +46,7 @@ SCALE_LAUNCHES = {(32, 8, 128, 64, 1, None, "fp8_e4m3", "token_head"): 3,
 # Run in a process without the interpreter (build() refuses it): every launch above, one JSON line each.
 _BUILD_ALL = r"""
 import json, re, sys
-from fp8kv.ops.decode.gluon_build import block_table_summary, build
+from fp8kv.ops.decode.gluon_build import block_table_summary, build, gluon_loop_mix
 launches, sms = json.loads(sys.argv[1])
 for hq, hkv, d, b, qo_len, window, *pages in launches:
     kv_dtype, granularity = pages or ("fp8_e4m3", "tensor")
@@ -55,7 +55,8 @@ for hq, hkv, d, b, qo_len, window, *pages in launches:
     print(json.dumps(dict(registers=k.registers, spilled_bytes=k.spilled_bytes, shared_bytes=k.shared_bytes,
                           block_n=cfg["block_n"], num_stages=cfg["num_stages"], num_splits=cfg["num_splits"],
                           programs_per_sm=k.programs_per_sm, head_tiles=cfg["head_tiles"],
-                          tokens_per_split=cfg["tokens_per_split"],
+                          tokens_per_split=cfg["tokens_per_split"], programs_per_head=k.programs_per_head,
+                          bytes_per_token=k.bytes_per_token, **{n: x for n, x in gluon_loop_mix(k, cfg).items() if n != "block_n"},
                           **block_table_summary(k.sass),
                           hmma="HMMA.16816.F32" in k.sass, unpack="F2FP.F16.E4M3.UNPACK_B" in k.sass,
                           int8_bits="HADD2" in k.sass and "PRMT" in k.sass and not re.search(r"I2FP?\.F16", k.sass),
@@ -245,3 +246,61 @@ def test_build_archs_are_fp8kvs_targets_from_sm89():
     from fp8kv.ops.decode.gluon_build import BUILD_ARCHS
 
     assert BUILD_ARCHS == (89, 90, 100, 120) and all(f"sm{a}" in ARCHS for a in BUILD_ARCHS)
+
+
+def test_issue_counts_read_each_kv_heads_programs_and_bytes(builds):
+    """gluon_loop_mix's issue per token counts every warp of every program that reads a KV head's token (a group cut into
+    programs, a head_dim cut into parts), and Build's bytes a token are what those programs read of memory: K and V
+    codes and their per-token scales (4 bytes each), half the codes for INT4."""
+    for launch, kernel in builds.items():
+        assert kernel["issue_per_token"] == kernel["total"] * 4 * kernel["programs_per_head"] / kernel["block_n"]
+        hq, hkv, d = launch[:3]
+        parts = 2 if d > 128 else 1
+        assert kernel["programs_per_head"] == kernel["head_tiles"] * parts, launch
+        kv_dtype, granularity = (launch[6], launch[7]) if len(launch) > 6 else ("fp8_e4m3", "tensor")
+        codes = {"int4_token_head": d, "int8_token_head": 2 * d}.get(kv_dtype, 2 * d)
+        scales = 0 if (kv_dtype, granularity) == ("fp8_e4m3", "tensor") else 8
+        assert kernel["bytes_per_token"] == codes + scales, launch
+    assert builds[(71, 1, 64, 64)]["programs_per_head"] == 3 and builds[(8, 1, 256, 64)]["programs_per_head"] == 2
+    # INT4 spends more instructions a byte than FP8 with the same scales: the unpacking of two codes a byte
+    int4 = builds[(32, 8, 128, 64, 1, None, "int4_token_head", "tensor")]
+    fp8 = builds[(32, 8, 128, 64, 1, None, "fp8_e4m3", "token_head")]
+    assert int4["issue_per_token"] / int4["bytes_per_token"] > 1.5 * fp8["issue_per_token"] / fp8["bytes_per_token"]
+
+
+def test_issue_budget_script_writes_its_table(tmp_path):
+    """scripts/issue_budget.py (one launch of its list) writes a table whose budget is issue_budget's at the copy
+    rate of the bench file it names, and metadata naming that file, the clock and the SMs."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    bench = tmp_path / "bench.csv"
+    bench.write_text("copy_gbps\n4000\n4200\n4100\n")
+    code = (
+        "import runpy, sys; sys.argv = ['issue_budget', '--copy-from', sys.argv[1], '--out', sys.argv[2]]\n"
+        "g = runpy.run_path('scripts/issue_budget.py', run_name='not_main')\n"
+        "g['LAUNCHES'][:] = [l for l in g['LAUNCHES'] if l[6] == 'int4_token_head' and l[8] is None]\n"
+        "g['main']()\n")
+    done = subprocess.run([sys.executable, "-c", code, str(bench), str(tmp_path / "out")], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    import pandas as pd
+
+    from fp8kv.ops.offline_build import issue_budget
+    (csv,) = (tmp_path / "out" / "sm90").glob("*.csv")
+    meta = json.loads(csv.with_suffix(".json").read_text())
+    assert (meta["copy_gbps"], meta["num_sms"], meta["clock_ghz"], meta["copy_from"]) == (4100.0, 132, 1.98, str(bench))
+    (row,) = pd.read_csv(csv).to_dict("records")
+    assert row["kv_dtype"] == "int4_token_head" and row["bytes_per_token"] == 136 and row["spilled_bytes"] == 0
+    assert row["budget"] == pytest.approx(issue_budget(136, 4100.0, 132, 1.98))
+    assert row["budget_share"] == pytest.approx(row["issue_per_token"] / row["budget"])
+
+
+def test_issue_budget_is_four_instructions_a_clock_at_the_copy_rate():
+    from fp8kv.ops.offline_build import issue_budget
+    # 256 bytes a token at 4 TB/s over 100 SMs at 2 GHz: an SM reads 20 bytes a clock, a token takes 12.8 clocks
+    assert issue_budget(256, 4000.0, 100, 2.0) == pytest.approx(4 * 12.8)
+    for bad, name in (((0, 4000.0, 100, 2.0), "bytes_per_token"), ((256, -1.0, 100, 2.0), "copy_gbps"),
+                      ((256, 4000.0, 0, 2.0), "num_sms"), ((256, 4000.0, 100, float("nan")), "clock_ghz")):
+        with pytest.raises(ValueError, match=name):
+            issue_budget(*bad)
+    with pytest.raises(TypeError, match="num_sms"):
+        issue_budget(256, 4000.0, 1.5, 2.0)

@@ -26,14 +26,19 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.interpreter import InterpretedFunction
 
+from .. import checks
 from ..capability import ARCHS
 
 __all__ = ["Compiled", "Instruction", "compile_kernel", "instructions", "main_loop", "instruction_mix",
-           "interpreter_replaced_triton", "signature_of", "INSTRUCTION_KINDS", "TARGET_ARCHS"]
+           "interpreter_replaced_triton", "signature_of", "issue_budget", "loop_issue", "INSTRUCTION_KINDS", "TARGET_ARCHS",
+           "ISSUE_PER_CLOCK"]
 
 # The sm versions a build may target: fp8kv's (capability.ARCHS). An arch Triton does not know can abort the
 # process in LLVM, so no other is tried.
 TARGET_ARCHS = tuple(int(a[2:]) for a in ARCHS)
+
+# Warp instructions an SM issues a clock at most: one per scheduler, four schedulers an SM (sm80-sm90).
+ISSUE_PER_CLOCK = 4
 
 # Pointer element types by tensor dtype, as Triton names them in a kernel signature.
 POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.uint8: "*u8",
@@ -167,3 +172,25 @@ def instruction_mix(code: list[Instruction]) -> dict[str, int]:
     moves, branches, barriers, ...), and ``total``."""
     counts = collections.Counter(_KIND_OF.get(ins.opcode.split(".")[0], "other") for ins in code)
     return {**{kind: counts[kind] for kind, _ in INSTRUCTION_KINDS}, "other": counts["other"], "total": len(code)}
+
+
+def issue_budget(bytes_per_token: float, copy_gbps: float, num_sms: int, clock_ghz: float) -> float:
+    """The warp instructions per token an SM can issue (:data:`ISSUE_PER_CLOCK` a clock) while it reads
+    ``bytes_per_token`` a token at ``copy_gbps`` spread over ``num_sms`` SMs at ``clock_ghz``: a kernel that issues
+    more per token cannot stream at the copy rate whatever its schedule, and one close to it only with every
+    scheduler issuing every clock."""
+    bytes_per_token, copy_gbps, clock_ghz = (checks.real(v, name, minimum=0.0, inclusive=False) for v, name in
+                                             ((bytes_per_token, "bytes_per_token"), (copy_gbps, "copy_gbps"),
+                                              (clock_ghz, "clock_ghz")))
+    num_sms = checks.positive_int(num_sms, "num_sms")
+    bytes_a_clock = copy_gbps / (num_sms * clock_ghz)  # what one SM reads a clock at the copy rate
+    return ISSUE_PER_CLOCK * bytes_per_token / bytes_a_clock
+
+
+def loop_issue(sass: str, *, block_n: int, num_warps: int, programs_per_head: int = 1) -> dict:
+    """The tile loop of ``sass`` by kind (:func:`instruction_mix`, one warp's), ``block_n``, ``num_warps`` and
+    ``issue_per_token``: the warp instructions issued per token of K and V by the ``num_warps`` warps of each of the
+    ``programs_per_head`` programs that read it, to set beside :func:`issue_budget`."""
+    mix = instruction_mix(main_loop(instructions(sass)))
+    return {**mix, "block_n": block_n, "num_warps": num_warps,
+            "issue_per_token": mix["total"] * num_warps * programs_per_head / block_n}

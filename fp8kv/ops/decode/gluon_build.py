@@ -27,10 +27,18 @@ from ...cache import PagedKVCache
 from ...cache.quantized import QuantizedPagedKVCache
 from ...capability import check_query
 from ...kv_formats import kv_format
-from ..offline_build import TARGET_ARCHS, Compiled, Instruction, compile_kernel, instructions, main_loop
+from ..offline_build import (
+    TARGET_ARCHS,
+    Compiled,
+    Instruction,
+    compile_kernel,
+    instructions,
+    loop_issue,
+    main_loop,
+)
 from .combine import split_partials
 from .gluon_launcher import gluon_arguments, gluon_launch, kernel_module
-from .gluon_scope import GLUON_QUANTIZED_FORMATS, MAX_HEAD_DIM, NUM_WARPS
+from .gluon_scope import GLUON_QUANTIZED_FORMATS, MAX_HEAD_DIM, NUM_WARPS, head_parts
 from .planning import gluon_refusal, gluon_window
 from .splits import resident_programs
 
@@ -42,9 +50,19 @@ BUILD_ARCHS = tuple(n for n in TARGET_ARCHS if n >= 89)
 
 @dataclass(frozen=True)
 class Build(Compiled):
-    """One compiled Gluon kernel (:class:`~fp8kv.ops.offline_build.Compiled`) and how many of its programs an
-    SM holds."""
+    """One compiled Gluon kernel (:class:`~fp8kv.ops.offline_build.Compiled`), how many of its programs an SM
+    holds, and what one KV head's programs read of a token."""
     programs_per_sm: int  # resident on one H100 / H200 SM (.splits.resident_programs)
+    programs_per_head: int  # programs that read each token of a KV head: head tiles x parts
+    bytes_per_token: float  # a KV head's bytes of a token in memory: K and V codes, their per-token scales
+
+
+def gluon_loop_mix(kernel: Build, cfg: dict) -> dict:
+    """:func:`~fp8kv.ops.offline_build.loop_issue` of a build and its launch ``cfg``: ``issue_per_token`` counts the
+    warps of every program that reads a KV head's token, to set beside
+    :func:`~fp8kv.ops.offline_build.issue_budget` of ``kernel.bytes_per_token``."""
+    return loop_issue(kernel.sass, block_n=cfg["block_n"], num_warps=NUM_WARPS,
+                      programs_per_head=kernel.programs_per_head)
 
 
 def block_table_waits(sass: str) -> list[tuple[Instruction, Instruction | None, bool]]:
@@ -159,4 +177,5 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
                            heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms,
                            programs_per_sm=programs, qo_len=qo_len, window=window)
     return Build(registers=kernel.registers, spilled_bytes=kernel.spilled_bytes, shared_bytes=kernel.shared_bytes,
-                 sass=kernel.sass, programs_per_sm=programs), cfg
+                 sass=kernel.sass, programs_per_sm=programs, programs_per_head=cfg["head_tiles"] * head_parts(head_dim),
+                 bytes_per_token=float(cache.bytes_per_token()) / num_kv_heads), cfg

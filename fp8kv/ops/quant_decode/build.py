@@ -11,7 +11,7 @@ import torch
 from ... import checks
 from ...cache.quantized import QuantizedPagedKVCache
 from ..decode.combine import split_partials
-from ..offline_build import TARGET_ARCHS, Compiled, compile_kernel, instruction_mix, instructions, main_loop
+from ..offline_build import TARGET_ARCHS, Compiled, compile_kernel, loop_issue
 from . import check_launch_options
 from .kernel import quant_decode_kernel
 from .launcher import QUANT_DECODE_FORMATS, QuantDecodeLaunch, quant_decode_arguments, quant_decode_launch
@@ -55,10 +55,7 @@ def build_quant_decode(fmt: str, num_q_heads: int, num_kv_heads: int, head_dim: 
 
 
 def loop_mix(kernel: Compiled, launch: QuantDecodeLaunch) -> dict:
-    """The tile loop's instructions by kind (:func:`fp8kv.ops.offline_build.instruction_mix`, one warp's), the
+    """The tile loop's instructions by kind (:func:`fp8kv.ops.offline_build.loop_issue`, one warp's), the
     tile's tokens (``block_n``), ``num_warps``, and ``issue_per_token``: the warp instructions the program's
     warps issue per token of K and V (an SM issues four a clock, one per scheduler)."""
-    mix = instruction_mix(main_loop(instructions(kernel.sass)))
-    warps = launch.constexprs["num_warps"]
-    return {**mix, "block_n": launch.block_n, "num_warps": warps,
-            "issue_per_token": mix["total"] * warps / launch.block_n}
+    return loop_issue(kernel.sass, block_n=launch.block_n, num_warps=launch.constexprs["num_warps"])

@@ -1,0 +1,76 @@
+"""The README's issue-budget paragraph: the Gluon decode's tile loop built for sm90 on a CPU
+(``scripts/issue_budget.py``), its warp instructions per token against what an SM issues while it streams the H200's
+copy rate, and, at the formats' B 64 x 32k point, the share of the H200's issue slots each format's measured time
+implies."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..ops.offline_build import ISSUE_PER_CLOCK
+from .decode import claim
+from .fmt import num, pct, span
+from .formats import FORMATS_H200, INT4_GOAL_X_FP8
+from .sources import Sources, ok_rows
+
+__all__ = ["issue", "ISSUE"]
+
+# python scripts/issue_budget.py --copy-from results/bench/nvidia-h200/20261206T100317Z.csv
+ISSUE = "results/sass/sm90/20261207T064842Z.csv"
+_KEY = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
+_POINT = (32, 8, 128, 64, 32768)  # _KEY's values at the formats' point both files hold
+_NAMES = {("fp8_e4m3", "tensor"): "FP8", ("fp8_e4m3", "token_head"): "FP8 token-head",
+          ("int8_token_head", "tensor"): "INT8", ("int4_token_head", "tensor"): "INT4"}
+
+
+def _name(r) -> str:
+    return _NAMES[r["kv_dtype"], r["granularity"]] + (f", window {int(r['window'])}" if r["window"] == r["window"] else "")
+
+
+def issue(src: Sources) -> dict[str, str]:
+    rows = src.csv(ISSUE, [*_KEY, "kv_dtype", "granularity", "window", "block_n", "registers", "spilled_bytes",
+                           "programs_per_sm", "total", "issue_per_token", "budget", "budget_share"])
+    meta = src.json(ISSUE.replace(".csv", ".json"))
+    claim(meta["copy_from"] == FORMATS_H200, "the budget is the H200 formats run's copy rate", ISSUE)
+    claim((rows["spilled_bytes"] == 0).all(), "no build spilled", ISSUE)
+    head = ["Hq/Hkv/D", "pages", "B × ctx", "tile", "programs an SM", "registers", "loop instructions (a warp)",
+            "warp instructions a token", "budget a token", "share of the budget"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in rows.iterrows():
+        lines.append(f"| {r['num_q_heads']}/{r['num_kv_heads']}/{r['head_dim']} | {_name(r)} | {r['batch']} × "
+                     f"{r['context'] // 1024}k | {r['block_n']} | {r['programs_per_sm']} | {r['registers']} | "
+                     f"{r['total']} | {num(r['issue_per_token'], 1)} | {num(r['budget'], 1)} | "
+                     f"{pct(r['budget_share'])} % |")
+    at = rows[(rows[_KEY] == pd.Series(_POINT, index=_KEY)).all(axis=1)].assign(name=lambda d: [_name(r) for _, r in d.iterrows()])
+    default = at.drop_duplicates(subset="name", keep="first").set_index("name")  # each format's default tile first
+    wide = at[(at["name"] == "INT4") & (at["block_n"] == 128)]
+    claim(len(wide) == 1 and default.loc["INT4", "block_n"] == 64, "INT4 at its default 64-token tile, and at 128",
+          ISSUE)
+    # The measured side: each format's µs at the same point on the H200 -> the share of the SMs' issue slots that its
+    # instructions took in that time (four a clock an SM, at the clock the budget takes)
+    timed = ok_rows(src.csv(FORMATS_H200, [*_KEY, "kv_dtype", "granularity", "variant", "time_us"]), FORMATS_H200)
+    timed = timed[(timed[_KEY] == pd.Series(_POINT, index=_KEY)).all(axis=1) & timed["variant"].isna()]
+    tokens = _POINT[1] * _POINT[3] * _POINT[4]  # KV heads x sequences x context
+    used, us_of = {}, {}
+    for (kv_dtype, gran), name in _NAMES.items():
+        us = timed[(timed["kv_dtype"] == kv_dtype) & (timed["granularity"] == gran)]["time_us"]
+        claim(len(us) == 1, f"one timed {name} row at the point", FORMATS_H200)
+        slots = us.iloc[0] * 1e-6 * meta["num_sms"] * meta["clock_ghz"] * 1e9 * ISSUE_PER_CLOCK
+        used[name] = default.loc[name, "issue_per_token"] * tokens / slots
+        us_of[name] = us.iloc[0]
+    # INT4 at its goal's time (FP8's / INT4_GOAL_X_FP8) with the instructions it issues now: the share it would fill
+    at_goal = used["INT4"] * us_of["INT4"] / (us_of["FP8"] / INT4_GOAL_X_FP8)
+    mqa = rows[rows["num_q_heads"] == 71].iloc[0]
+    fp8 = rows[(rows["kv_dtype"] == "fp8_e4m3") & (rows["granularity"] == "tensor") & (rows["num_q_heads"] != 71)]
+    return {"issue.table": "\n".join(lines), "issue.copy_tbs": num(meta["copy_gbps"] / 1e3, 1),
+            "issue.clock": num(meta["clock_ghz"], 2), "issue.sms": str(meta["num_sms"]), "issue.triton": meta["triton"],
+            "issue.fp8": num(default.loc["FP8", "issue_per_token"], 1),
+            "issue.int4": num(default.loc["INT4", "issue_per_token"], 1),
+            "issue.int4_share": pct(default.loc["INT4", "budget_share"]),
+            "issue.int4_128_share": pct(wide["budget_share"].iloc[0]),
+            "issue.fp8_share": pct(default.loc["FP8", "budget_share"]),
+            "issue.fp8_layout_shares": span(100 * fp8["budget_share"], 0),
+            "issue.mqa_share": pct(mqa["budget_share"]), "issue.mqa_programs": str(mqa["programs_per_head"]),
+            "issue.used": ", ".join(f"{name} {pct(x)} %" for name, x in used.items()),
+            "issue.int4_used": pct(used["INT4"]), "issue.int4_at_goal": pct(at_goal),
+            "issue.goal": num(INT4_GOAL_X_FP8, 1)}
