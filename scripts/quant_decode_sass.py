@@ -8,7 +8,8 @@
 instructions a clock, so a kernel can stream its bytes only while that count stays under ``budget`` = 4 x
 (bytes per token) / (bytes an SM reads a clock = copy rate / (SMs x clock)). The defaults are an H100 SXM's
 132 SMs at its 1.98 GHz boost clock and the copy rate fp8kv's bench measured on one, 3.0 TB/s
-(results/bench/nvidia-h100-80gb-hbm3/20261205T130030Z.csv); a lower clock under load raises the budget.
+(results/bench/nvidia-h100-80gb-hbm3/20261205T130030Z.csv); a lower clock under load lowers the budget (an SM then reads more
+bytes a clock).
 Static counts of one build with this machine's Triton, not times: the GPU's Triton may schedule differently,
 and only a benchmark says what runs faster. Run it without TRITON_INTERPRET.
 """

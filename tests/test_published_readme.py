@@ -49,6 +49,20 @@ def test_the_results_section_cites_only_files_that_exist():
         assert tail in results, f"{rel} is read but the README never names it"
 
 
+def test_every_cited_file_is_in_the_repository():
+    """A cited file that git ignores exists in this checkout but not in a fresh clone, where the README's check
+    would then fail: each one must be tracked (or at least not ignored, before its first commit)."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: nothing decides what a clone holds")
+    src = Sources(REPO)
+    compute(src)
+    cited = sorted({*src.cited, *(str(Path(rel).with_suffix(".json")) for rel in src.cited if rel.endswith(".csv"))})
+    import subprocess
+
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *cited], cwd=REPO, capture_output=True, text=True)
+    assert ignored.stdout == "", f"git ignores files the README cites:\n{ignored.stdout}"
+
+
 @pytest.mark.parametrize("name", ["decode.b64_16k_fp8_us", "layouts.err_vllm", "cc.16_16_256", "earlier.ahead",
                                   "multi.sv_rows_x_own"])
 def test_a_hand_edited_number_is_found(tmp_path, values, name):
