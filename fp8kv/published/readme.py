@@ -14,7 +14,7 @@ from .gluon_probes import gluon_probes
 from .issue import issue
 from .layout_probes import layout_probes
 from .layouts import layouts
-from .multi_token import multi_token
+from .multi_token import multi_token, verify_step
 from .render import fill, unified_diff
 from .sources import REPO, Sources
 from .step import step, window
@@ -23,7 +23,7 @@ __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
 SECTIONS = (decode_latency, layouts, layout_probes, gluon, gluon_probes, earlier, later, window, step,
-            multi_token, formats, formats_h200, issue, breakeven)
+            multi_token, verify_step, formats, formats_h200, issue, breakeven)
 
 
 def compute(src: Sources) -> dict[str, str]:
