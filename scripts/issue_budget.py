@@ -29,20 +29,21 @@ from fp8kv.ops.offline_build import INSTRUCTION_KINDS, issue_budget
 from fp8kv.results import read_table, save_table, utc_stamp
 
 KINDS = (*(kind for kind, _ in INSTRUCTION_KINDS), "other", "total")
-# (Hq, Hkv, D, B, context, window, kv_dtype, granularity, block_n): the formats beside FP8, then FP8's head layouts
-LAUNCHES = [(32, 8, 128, 64, 32768, None, "fp8_e4m3", "tensor", None),
-            (32, 8, 128, 64, 32768, None, "fp8_e4m3", "token_head", None),
-            (32, 8, 128, 64, 32768, None, "int8_token_head", "tensor", None),
-            (32, 8, 128, 64, 32768, None, "int4_token_head", "tensor", None),
-            (32, 8, 128, 64, 32768, None, "int4_token_head", "tensor", 128),
-            (32, 32, 128, 64, 16384, None, "fp8_e4m3", "tensor", None),
-            (14, 2, 64, 64, 16384, None, "fp8_e4m3", "tensor", None),
-            (32, 32, 64, 64, 16384, None, "fp8_e4m3", "tensor", None),
-            (71, 1, 64, 64, 16384, None, "fp8_e4m3", "tensor", None),
-            (32, 32, 80, 64, 16384, None, "fp8_e4m3", "tensor", None),
-            (32, 32, 96, 64, 16384, None, "fp8_e4m3", "tensor", None),
-            (8, 1, 256, 64, 16384, None, "fp8_e4m3", "tensor", None),
-            (32, 16, 128, 64, 16384, 512, "fp8_e4m3", "tensor", None)]
+# Each launch: head layout (Hq, Hkv, D), B x context, and build() options (kv_dtype, granularity, window, block_n,
+# num_stages, max_registers; absent: the default). The formats beside FP8; INT4 also with 128-token tiles, and with
+# those three deep and its registers capped so that an SM holds three programs (a what-if of the build, not a launch
+# fp8kv makes); then FP8's head layouts.
+FORMATS = dict(batch=64, context=32768)
+LAYOUTS = dict(batch=64, context=16384)
+LAUNCHES = [((32, 8, 128), dict(FORMATS)),
+            ((32, 8, 128), dict(FORMATS, granularity="token_head")),
+            ((32, 8, 128), dict(FORMATS, kv_dtype="int8_token_head")),
+            ((32, 8, 128), dict(FORMATS, kv_dtype="int4_token_head")),
+            ((32, 8, 128), dict(FORMATS, kv_dtype="int4_token_head", block_n=128)),
+            ((32, 8, 128), dict(FORMATS, kv_dtype="int4_token_head", block_n=128, num_stages=3, max_registers=168)),
+            *(((hq, hkv, d), dict(LAYOUTS)) for hq, hkv, d in
+              ((32, 32, 128), (14, 2, 64), (32, 32, 64), (71, 1, 64), (32, 32, 80), (32, 32, 96), (8, 1, 256))),
+            ((32, 16, 128), dict(LAYOUTS, window=512))]
 
 
 def copy_rate(csv: Path) -> float:
@@ -62,21 +63,22 @@ def ptxas_version() -> str:
 def rows(arch: int, num_sms: int, copy_gbps: float, clock_ghz: float) -> list[dict]:
     stamp = utc_stamp()
     out = []
-    for hq, hkv, d, batch, context, window, kv_dtype, granularity, block_n in LAUNCHES:
-        kernel, cfg = build(hq, hkv, d, batch=batch, context=context, num_sms=num_sms, window=window,
-                            kv_dtype=kv_dtype, granularity=granularity, block_n=block_n, arch=arch)
+    for (hq, hkv, d), options in LAUNCHES:
+        o = {"kv_dtype": "fp8_e4m3", "granularity": "tensor", "window": None, "max_registers": None, **options}
+        kernel, cfg = build(hq, hkv, d, num_sms=num_sms, arch=arch, **o)
         mix = gluon_loop_mix(kernel, cfg)
         budget = issue_budget(kernel.bytes_per_token, copy_gbps, num_sms, clock_ghz)
         out.append(dict(timestamp=stamp, gpu_slug=f"sm{arch}", layout=f"{hq}/{hkv}/{d}", num_q_heads=hq,
-                        num_kv_heads=hkv, head_dim=d, batch=batch, context=context, window=window, kv_dtype=kv_dtype,
-                        granularity=granularity, block_n=cfg["block_n"], num_stages=cfg["num_stages"],
+                        num_kv_heads=hkv, head_dim=d, batch=o["batch"], context=o["context"], window=o["window"],
+                        kv_dtype=o["kv_dtype"], granularity=o["granularity"], block_n=cfg["block_n"],
+                        num_stages=cfg["num_stages"], max_registers=o["max_registers"],
                         num_splits=cfg["num_splits"], head_tiles=cfg["head_tiles"],
                         programs_per_head=kernel.programs_per_head, registers=kernel.registers,
                         spilled_bytes=kernel.spilled_bytes, shared_bytes=kernel.shared_bytes,
                         programs_per_sm=kernel.programs_per_sm, **{k: mix[k] for k in KINDS},
                         issue_per_token=mix["issue_per_token"], bytes_per_token=kernel.bytes_per_token,
                         budget=budget, budget_share=mix["issue_per_token"] / budget))
-        print(f"{hq}/{hkv}/{d} {kv_dtype} {granularity} window={window} tile {cfg['block_n']}: "
+        print(f"{hq}/{hkv}/{d} {o['kv_dtype']} {o['granularity']} window={o['window']} tile {cfg['block_n']}: "
               f"{mix['issue_per_token']:.1f} warp instructions a token, budget {budget:.1f} "
               f"({mix['issue_per_token'] / budget:.0%})", flush=True)
     return out
@@ -86,7 +88,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--copy-from", type=Path, required=True, help="a bench CSV whose copy_gbps is the GPU's copy rate")
     p.add_argument("--sms", type=int, default=132, help="the GPU's SMs (132: an H200, an H100 SXM)")
-    p.add_argument("--clock-ghz", type=float, default=1.98, help="the SM clock, GHz (1.98: H100 / H200 SXM boost)")
+    p.add_argument("--clock-ghz", type=float, default=1.98, help="the SM clock, GHz (1.98: H100 / H200 SXM boost; "
+                   "a lower clock under load lowers the budget)")
     p.add_argument("--arch", type=int, default=90, help="the sm version to build for (90: Hopper)")
     p.add_argument("--out", type=Path, default=Path("results/sass"), help="results folder (results/sass)")
     a = p.parse_args()

@@ -277,7 +277,7 @@ def test_issue_budget_script_writes_its_table(tmp_path):
     code = (
         "import runpy, sys; sys.argv = ['issue_budget', '--copy-from', sys.argv[1], '--out', sys.argv[2]]\n"
         "g = runpy.run_path('scripts/issue_budget.py', run_name='not_main')\n"
-        "g['LAUNCHES'][:] = [l for l in g['LAUNCHES'] if l[6] == 'int4_token_head' and l[8] is None]\n"
+        "g['LAUNCHES'][:] = [l for l in g['LAUNCHES'] if l[1].get('kv_dtype') == 'int4_token_head' and l[1].get('block_n') != 128 or l[1].get('max_registers')]\n"
         "g['main']()\n")
     done = subprocess.run([sys.executable, "-c", code, str(bench), str(tmp_path / "out")], env=env, capture_output=True,
                           text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -288,10 +288,22 @@ def test_issue_budget_script_writes_its_table(tmp_path):
     (csv,) = (tmp_path / "out" / "sm90").glob("*.csv")
     meta = json.loads(csv.with_suffix(".json").read_text())
     assert (meta["copy_gbps"], meta["num_sms"], meta["clock_ghz"], meta["copy_from"]) == (4100.0, 132, 1.98, str(bench))
-    (row,) = pd.read_csv(csv).to_dict("records")
+    row, capped = pd.read_csv(csv).to_dict("records")
     assert row["kv_dtype"] == "int4_token_head" and row["bytes_per_token"] == 136 and row["spilled_bytes"] == 0
     assert row["budget"] == pytest.approx(issue_budget(136, 4100.0, 132, 1.98))
     assert row["budget_share"] == pytest.approx(row["issue_per_token"] / row["budget"])
+    # the what-if: a register cap the build honours (ptxas spills what does not fit), and an SM then holds more
+    assert capped["max_registers"] == 168 and capped["registers"] <= 168
+    assert capped["block_n"] == 128 and capped["num_stages"] == 3 and capped["programs_per_sm"] >= 3
+
+
+def test_a_register_cap_is_checked_by_name():
+    from fp8kv.ops.decode.gluon_build import build
+
+    with pytest.raises(ValueError, match="max_registers"):
+        build(32, 8, 128, max_registers=0)
+    with pytest.raises(TypeError, match="max_registers"):
+        build(32, 8, 128, max_registers=1.5)
 
 
 def test_issue_budget_is_four_instructions_a_clock_at_the_copy_rate():

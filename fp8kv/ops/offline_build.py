@@ -77,10 +77,12 @@ def _cuobjdump(*args: str) -> str:
 
 
 def compile_kernel(kernel_fn, args: list, constants: dict, *, arch: int, num_warps: int,
-                   num_stages: int | None = None, source_cls=ASTSource) -> Compiled:
+                   num_stages: int | None = None, source_cls=ASTSource, max_registers: int | None = None) -> Compiled:
     """Compile ``kernel_fn`` (a ``@triton.jit`` or Gluon function; ``source_cls`` its AST source class) for
     ``sm{arch}`` (one of :data:`TARGET_ARCHS`) with the runtime ``args`` (in the kernel's order, constexprs left
-    out) and ``constants`` (the constexprs by name), as a launch with these arguments specialises it."""
+    out) and ``constants`` (the constexprs by name), as a launch with these arguments specialises it.
+    ``max_registers``: ptxas's cap on registers a thread (Triton's ``maxnreg``; what it does not fit spills), or
+    None for ptxas's own choice."""
     if arch not in TARGET_ARCHS:
         raise ValueError(f"arch={arch!r}; expected one of {TARGET_ARCHS}")
     if interpreter_replaced_triton():
@@ -97,6 +99,8 @@ def compile_kernel(kernel_fn, args: list, constants: dict, *, arch: int, num_war
     source = source_cls(kernel_fn, signature, constexprs={(names.index(k),): v for k, v in constants.items()},
                         attrs=attrs)
     options = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps, num_stages=num_stages)
+    if max_registers is not None:
+        options["maxnreg"] = checks.positive_int(max_registers, "max_registers")
     kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"

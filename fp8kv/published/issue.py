@@ -9,14 +9,14 @@ import pandas as pd
 
 from ..ops.offline_build import ISSUE_PER_CLOCK
 from .decode import claim
-from .fmt import num, pct, span
+from .fmt import num, pct, span, times
 from .formats import FORMATS_H200, INT4_GOAL_X_FP8
 from .sources import Sources, ok_rows
 
 __all__ = ["issue", "ISSUE"]
 
 # python scripts/issue_budget.py --copy-from results/bench/nvidia-h200/20261206T100317Z.csv
-ISSUE = "results/sass/sm90/20261207T064842Z.csv"
+ISSUE = "results/sass/sm90/20261207T071213Z.csv"
 _KEY = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
 _POINT = (32, 8, 128, 64, 32768)  # _KEY's values at the formats' point both files hold
 _NAMES = {("fp8_e4m3", "tensor"): "FP8", ("fp8_e4m3", "token_head"): "FP8 token-head",
@@ -28,19 +28,26 @@ def _name(r) -> str:
 
 
 def issue(src: Sources) -> dict[str, str]:
-    rows = src.csv(ISSUE, [*_KEY, "kv_dtype", "granularity", "window", "block_n", "registers", "spilled_bytes",
-                           "programs_per_sm", "total", "issue_per_token", "budget", "budget_share"])
+    every = src.csv(ISSUE, [*_KEY, "kv_dtype", "granularity", "window", "block_n", "max_registers", "registers",
+                            "spilled_bytes", "programs_per_sm", "total", "issue_per_token", "budget", "budget_share"])
     meta = src.json(ISSUE.replace(".csv", ".json"))
     claim(meta["copy_from"] == FORMATS_H200, "the budget is the H200 formats run's copy rate", ISSUE)
-    claim((rows["spilled_bytes"] == 0).all(), "no build spilled", ISSUE)
-    head = ["Hq/Hkv/D", "pages", "B × ctx", "tile", "programs an SM", "registers", "loop instructions (a warp)",
-            "warp instructions a token", "budget a token", "share of the budget"]
+    capped = every[every["max_registers"].notna()]  # what-ifs of the build: registers capped
+    rows = every[every["max_registers"].isna()]  # the launches fp8kv makes
+    claim((rows["spilled_bytes"] == 0).all(), "no launch fp8kv makes spilled", ISSUE)
+    head = ["Hq/Hkv/D", "pages", "B × ctx", "tile", "programs an SM", "registers (spilled bytes)",
+            "loop instructions (a warp)", "warp instructions a token", "budget a token", "share of the budget"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in rows.iterrows():
+    for _, r in every.iterrows():
+        regs = f"{r['registers']}" if r["max_registers"] != r["max_registers"] else \
+            f"{r['registers']}, capped ({r['spilled_bytes']})"
         lines.append(f"| {r['num_q_heads']}/{r['num_kv_heads']}/{r['head_dim']} | {_name(r)} | {r['batch']} × "
-                     f"{r['context'] // 1024}k | {r['block_n']} | {r['programs_per_sm']} | {r['registers']} | "
+                     f"{r['context'] // 1024}k | {r['block_n']} | {r['programs_per_sm']} | {regs} | "
                      f"{r['total']} | {num(r['issue_per_token'], 1)} | {num(r['budget'], 1)} | "
                      f"{pct(r['budget_share'])} % |")
+    claim(len(capped) == 1 and _name(capped.iloc[0]) == "INT4" and capped.iloc[0]["block_n"] == 128,
+          "one what-if: INT4's 128-token tiles with its registers capped", ISSUE)
+    cap = capped.iloc[0]
     at = rows[(rows[_KEY] == pd.Series(_POINT, index=_KEY)).all(axis=1)].assign(name=lambda d: [_name(r) for _, r in d.iterrows()])
     default = at.drop_duplicates(subset="name", keep="first").set_index("name")  # each format's default tile first
     wide = at[(at["name"] == "INT4") & (at["block_n"] == 128)]
@@ -73,4 +80,7 @@ def issue(src: Sources) -> dict[str, str]:
             "issue.mqa_share": pct(mqa["budget_share"]), "issue.mqa_programs": str(mqa["programs_per_head"]),
             "issue.used": ", ".join(f"{name} {pct(x)} %" for name, x in used.items()),
             "issue.int4_used": pct(used["INT4"]), "issue.int4_at_goal": pct(at_goal),
+            "issue.cap": str(int(cap["max_registers"])), "issue.cap_spilled": str(int(cap["spilled_bytes"])),
+            "issue.cap_programs": str(cap["programs_per_sm"]), "issue.cap_share": pct(cap["budget_share"]),
+            "issue.cap_x": times(default.loc["INT4", "issue_per_token"] / cap["issue_per_token"]),
             "issue.goal": num(INT4_GOAL_X_FP8, 1)}

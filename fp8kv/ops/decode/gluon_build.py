@@ -142,14 +142,15 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
           num_sms: int = 132, block_n: int | None = None, num_stages: int | None = None,
           heads_per_program: int | None = None, q_dtype: torch.dtype = torch.bfloat16, kv_dtype: str = "fp8_e4m3",
           block_size: int = 16, arch: int = 90, qo_len: int = 1, window: int | None = None,
-          granularity: str = "tensor") -> tuple[Build, dict]:
+          granularity: str = "tensor", max_registers: int | None = None) -> tuple[Build, dict]:
     """Compile the Gluon decode of ``num_q_heads`` / ``num_kv_heads`` / ``head_dim`` for ``sm{arch}``: the launch
     :func:`.gluon_launcher.gluon_launch` plans for ``batch`` sequences of ``context`` tokens on ``num_sms`` SMs with
     these options (None: its defaults, the ring depths of a GPU with room for them). Returns the build and
     the launch, its splits filling the waves of the programs an SM holds of this build (as on the GPU).
     ``qo_len``: new tokens per sequence (speculative verification: ``group x qo_len`` rows per KV head); ``window``:
     a sliding window (tokens, shorter than ``context``), or None; ``granularity``: the FP8 pages' scales ("tensor" or
-    "token_head"); ``kv_dtype`` "int8_token_head" / "int4_token_head": a quantized cache of INT8 / INT4 codes per token and head.
+    "token_head"); ``kv_dtype`` "int8_token_head" / "int4_token_head": a quantized cache of INT8 / INT4 codes per token and head;
+    ``max_registers``: a cap on the registers a thread (ptxas's ``maxnreg``: a what-if the launcher does not take), or None.
 
     The arguments must be within the kernel's scope (:func:`.planning.gluon_refusal`): ``num_q_heads`` a
     multiple of ``num_kv_heads``, head_dim a multiple of 16 from 48 to 256, an FP8 ``kv_dtype`` (or a quantized format of GLUON_QUANTIZED_FORMATS), a bf16 / fp16
@@ -162,6 +163,7 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
     qo_len = checks.positive_int(qo_len, "qo_len")
     window = None if window is None else checks.positive_int(window, "window")
     window = gluon_window(cache, window)
+    max_registers = None if max_registers is None else checks.positive_int(max_registers, "max_registers")
     cfg = gluon_launch(batch, cache, group, block_n=block_n, num_stages=num_stages,
                            heads_per_program=heads_per_program, device=torch.device("cpu"), num_sms=num_sms,
                            qo_len=qo_len, window=window)
@@ -169,7 +171,7 @@ def build(num_q_heads: int, num_kv_heads: int, head_dim: int, *, batch: int = 64
     part_out, part_lse = split_partials(qo_len, num_q_heads, cfg["num_splits"], head_dim, q.device)
     _, args, constants = gluon_arguments(q, cache, cfg, 1.0, part_out, part_lse, qo_len, window)
     kernel = compile_kernel(kernel_module().gluon_decode_kernel, args, constants, arch=arch, num_warps=NUM_WARPS,
-                            source_cls=GluonASTSource)
+                            source_cls=GluonASTSource, max_registers=max_registers)
     programs = resident_programs(kernel.registers, kernel.shared_bytes, NUM_WARPS)
     # the splits as the GPU plans them: filling the waves of the programs this build leaves an SM room for (the
     # split count is a runtime argument: the build is the same)
