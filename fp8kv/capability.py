@@ -38,18 +38,12 @@ The facts, each with its source:
 
 Two operations (:data:`OPS`): ``"decode"``, one query token per sequence (``fp8kv.decode``), and
 ``"attend"``, several new tokens per sequence, causal among them (``fp8kv.attend``: speculative
-verification, chunked-prefill append). The attend runs where the decode does, by the same facts, with
-these differences (:func:`check` with ``op="attend"``; the table :func:`attend_capability`):
-
-* fp8kv's Triton backend runs its multi-token kernel (``fp8kv.ops.attend``), in both modes; one new token per
-  sequence runs the decode's plan (the same facts); as many new tokens in every sequence run the Gluon decode
-  kernel's (token, head) rows where it runs (``fp8kv.ops.decode.plan_rows`` says where: FP8 pages with one
-  tensor-wide scale or one per token and head, dequant mode, at most two programs of rows a KV head, splits that are not latency-bound).
-* FlashInfer runs ``BatchPrefillWithPagedKVCacheWrapper`` (FA2, 16-bit query; causal mask aligned
-  bottom-right, ``plan(window_left=..., logits_soft_cap=...)`` as its decode), in dequant mode only: its
-  FP8-query paths are not wired for the attend.
-* vLLM's ``unified_attention`` takes ``cu_seqlens_q = qo_indptr`` and ``max_seqlen_q`` = the longest
-  count natively (its split "3D" launch only where every count is one).
+verification, chunked-prefill append). The attend runs where the decode does, by the same facts, but that
+FlashInfer runs it (``BatchPrefillWithPagedKVCacheWrapper``, FA2, 16-bit query; causal mask aligned bottom-right,
+``plan(window_left=..., logits_soft_cap=...)`` as its decode) in dequant mode only: its FP8-query paths are not
+wired for the attend (:func:`check` with ``op="attend"``; the table :func:`attend_capability`, per class of
+new-token counts with the kernel that runs for ``by_queries=True``). Which kernel runs each count on each
+backend, and why: :mod:`fp8kv.capability_attend`.
 """
 
 from __future__ import annotations
@@ -62,6 +56,7 @@ from collections.abc import Sequence
 
 from . import checks
 from .cache import LAYOUTS  # same layer as capability; cache imports nothing of it
+from .capability_attend import QUERY_CLASSES, attend_facts, query_kernel  # same layer, imports none of this
 from .device import current_arch  # the arch of a device ("sm90"), None on CPU
 from .formats import KV_DTYPE_NAMES, UNQUANTIZED_DTYPES, is_fp8
 from .quant import GRANULARITIES
@@ -230,7 +225,7 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
           op: str = "decode") -> tuple[bool, str]:
     """Whether ``backend`` runs ``kv_dtype`` in ``mode``, and why (not), for ``op`` (one of :data:`OPS`: the
     decode, or the attend of several new tokens per sequence, which runs where the decode does but as
-    :func:`_attend_facts` says).
+    :func:`fp8kv.capability_attend.attend_facts` says).
 
     With ``arch=None`` the question is about *this* machine: the current GPU, what is installed,
     and (on CPU) whether the Triton interpreter is on. With an explicit arch it is about that arch.
@@ -252,26 +247,7 @@ def check(backend: str, kv_dtype: str, mode: str = "dequant", arch: str | None =
     refusal = scales_refusal(backend, mode, granularity) if ok else None
     if refusal:
         return False, refusal
-    return _attend_facts(backend, mode, why) if ok and op == "attend" else (ok, why)
-
-
-def _attend_facts(backend: str, mode: str, why: str) -> tuple[bool, str]:
-    """The attend of a combination whose decode runs (``why``: how): how the multi-token query runs, or why not."""
-    if backend == "reference":
-        return True, "fp32 torch oracle: each query row is the decode of the cache cut after the row's position"
-    if backend == "triton":
-        return True, (f"{why}; the multi-token kernel (fp8kv.ops.attend): a tile's rows are (query, head) pairs of "
-                      "one KV head's group, so each K/V tile is read once for them, and no key past a tile's last "
-                      "row is read; one new token per sequence runs the decode's plan, as many in every sequence "
-                      "the Gluon decode kernel's rows where it runs (fp8kv.ops.decode.plan_rows)")
-    if backend == "flashinfer":
-        if mode == "fp8":
-            return False, ("fp8kv runs FlashInfer's BatchPrefillWithPagedKVCacheWrapper with a 16-bit query (dequant "
-                           "mode); its FP8-query kernels are not wired for the attend")
-        return True, ("FlashInfer's BatchPrefillWithPagedKVCacheWrapper (FA2) over the same pages, causal from the "
-                      "bottom right; per-head/channel scales folded into q and out as for its decode")
-    return True, ("vLLM's unified_attention with cu_seqlens_q = qo_indptr and max_seqlen_q = the longest count "
-                  "(its split launch only where every count is 1); returns no LSE")
+    return attend_facts(backend, mode, why) if ok and op == "attend" else (ok, why)
 
 
 def _support(backend, kv_dtype, mode, arch, granularity, head_dim, layout) -> tuple[bool, str]:
@@ -467,20 +443,27 @@ def variants():
     return pd.DataFrame(rows)
 
 
-def attend_capability(arch: str | Sequence[str] | None = None):
+def attend_capability(arch: str | Sequence[str] | None = None, *, by_queries: bool = False):
     """Table of the attend (several new tokens per sequence, :data:`OPS`): backend x kv_dtype x mode for ``arch``
     (as :func:`capability` takes it), with the scale granularities and the attention variants each runs.
 
     Returns a pandas DataFrame with columns arch, op (``"attend"``), backend, kv_dtype, mode, supported,
-    granularities and variants (those supported, comma-separated) and reason.
+    granularities and variants (those supported, comma-separated) and reason. With ``by_queries=True`` each row is
+    repeated per class of new-token counts (:data:`fp8kv.capability_attend.QUERY_CLASSES`: "1", "2+ equal",
+    "ragged or long"), with columns ``queries``, ``kernel`` (what runs that class: for fp8kv's Triton backend the
+    decode's plan, the Gluon kernel's rows or the Triton attend kernel; "" where the combination does not run) and
+    ``kernel_reason`` (:func:`fp8kv.capability_attend.query_kernel`) after mode. The Gluon kernel is counted in only
+    where it is compiled: on a GPU of ``arch``, or of this machine with ``arch=None`` and the interpreter off.
     """
     import pandas as pd
 
+    by_queries = checks.flag(by_queries, "by_queries")
     if isinstance(arch, (list, tuple)):
         if not arch:
             checks.fail("arch=[]: give one arch such as 'sm90', a list of them, or None for this machine")
-        return pd.concat([attend_capability(a) for a in arch], ignore_index=True)
+        return pd.concat([attend_capability(a, by_queries=by_queries) for a in arch], ignore_index=True)
     label = arch or current_arch() or "cpu"
+    compiled = None if label == "cpu" or (arch is None and interpreter_on()) else arch_number(label)
     rows = []
     for backend in BACKEND_NAMES:
         for kv in KV_DTYPE_NAMES:
@@ -489,7 +472,12 @@ def attend_capability(arch: str | Sequence[str] | None = None):
                 grans = [g for g in GRANULARITIES
                          if check(backend, kv, mode, arch, granularity=g, op="attend")[0]] if is_fp8(kv) else []
                 used = [v for v in VARIANTS if check_variant(backend, v, mode, op="attend")[0]]
-                rows.append(dict(arch=label, op="attend", backend=backend, kv_dtype=kv, mode=mode, supported=ok,
-                                 granularities=",".join(grans) if ok else "", variants=",".join(used) if ok else "",
-                                 reason=why))
+                head = dict(arch=label, op="attend", backend=backend, kv_dtype=kv, mode=mode)
+                tail = dict(supported=ok, granularities=",".join(grans) if ok else "",
+                            variants=",".join(used) if ok else "", reason=why)
+                for queries in QUERY_CLASSES if by_queries else ():
+                    kernel, how = query_kernel(backend, kv, mode, queries, compiled) if ok else ("", "")
+                    rows.append({**head, "queries": queries, "kernel": kernel, "kernel_reason": how, **tail})
+                if not by_queries:
+                    rows.append({**head, **tail})
     return pd.DataFrame(rows)

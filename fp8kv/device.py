@@ -30,7 +30,25 @@ __all__ = [
     "package_version",
     "source_digest",
     "free_memory_bytes",
+    "DOT_TYPES",
+    "MATH_PEAK_TFLOPS",
+    "math_peak_tflops",
 ]
+
+DOT_TYPES = ("16-bit", "fp8")  # the operand types of a tensor-core dot: bf16 / fp16, or e4m3 / e5m2
+_NAN = float("nan")
+# The dense tensor-core peak (TFLOP/s: no 2:4 sparsity, fp32 accumulate) of a GPU per dot type, keyed by a piece of
+# the name torch reports ("NVIDIA H100 80GB HBM3"); the longest key in a name wins, so an "H100 PCIe" is not read
+# as the SXM part. NVIDIA's H100 whitepaper gives the SXM5 parts' dense figures; its datasheets (H100, H200, A100)
+# give the others with sparsity, of which the dense figure is half. NaN: the GPU has no such tensor cores.
+MATH_PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100": {"16-bit": 989.4, "fp8": 1978.9},  # H100 SXM5 (torch names it "NVIDIA H100 80GB HBM3")
+    "H100 PCIe": {"16-bit": 756.5, "fp8": 1513.0},
+    "H100 NVL": {"16-bit": 835.5, "fp8": 1670.5},
+    "H200": {"16-bit": 989.4, "fp8": 1978.9},  # H200 SXM: the H100 SXM5's tensor cores and clocks (and GH200's)
+    "H200 NVL": {"16-bit": 835.5, "fp8": 1670.5},
+    "A100": {"16-bit": 312.0, "fp8": _NAN},  # sm80: no FP8 tensor cores
+}
 
 
 def resolve_device(device: str | int | torch.device | None = None) -> torch.device:
@@ -138,6 +156,23 @@ def refuse_past_free_memory(nbytes: int, device, what: str) -> None:
     if free is not None and nbytes > free:
         raise ValueError(f"{what} needs {nbytes:,} bytes ({nbytes / 2**30:.4g} GiB), more than the "
                          f"{free / 2**30:.4g} GiB free on {device}; ask for fewer tokens")
+
+
+def math_peak_tflops(gpu: str | None, dot: str) -> float:
+    """The dense tensor-core peak, TFLOP/s, of the GPU named ``gpu`` (as :func:`describe_device` names it: "NVIDIA
+    H200") for a ``dot`` of :data:`DOT_TYPES` (``"16-bit"``: bf16 / fp16 operands; ``"fp8"``: e4m3 / e5m2), from
+    :data:`MATH_PEAK_TFLOPS` (case ignored; the longest key found in the name). NaN on a CPU (``gpu`` ``"cpu"``
+    or None), on a GPU the table does not hold, and where the GPU has no tensor cores of that type.
+
+    ``gpu`` not a str (or None) is a TypeError naming it; ``dot`` not one of :data:`DOT_TYPES` a ValueError."""
+    if gpu is not None and not isinstance(gpu, str):
+        raise TypeError(f"gpu={gpu!r} ({type(gpu).__name__}); expected a GPU's name such as 'NVIDIA H100 80GB HBM3', "
+                        "'cpu' or None")
+    if not isinstance(dot, str) or dot not in DOT_TYPES:
+        raise ValueError(f"dot={dot!r}; expected one of {DOT_TYPES}")
+    name = (gpu or "").lower()
+    keys = [k for k in MATH_PEAK_TFLOPS if k.lower() in name]
+    return MATH_PEAK_TFLOPS[max(keys, key=len)][dot] if keys and name != "cpu" else _NAN
 
 
 def _arch_string(props) -> str:

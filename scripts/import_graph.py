@@ -34,8 +34,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # signal handling, the decode kernels' launch options and their measured values, RoPE: torch / stdlib only
     ("quant", "device", "kv_formats"),  # the quantizer; what machine this is; INT8 / INT4 / FP4 / block-scaled
     # KV storage formats beside FP8 (built on the quantizer)
-    ("capability", "capability_formats", "cache", "attend_checks"),  # what runs where (FP8 and 16-bit; the
-    # formats beside them); the paged cache; the multi-token query checks
+    ("capability", "capability_attend", "capability_formats", "cache", "attend_checks"),  # what runs where (FP8 and
+    # 16-bit; the attend's kernels per count of new tokens; the formats beside them); the paged cache; the
+    # multi-token query checks
     ("reference", "synthetic"),  # the fp32 oracle; synthetic K/V and caches
     ("ops", "capacity", "capacity_registry"),  # fp8kv's kernels and their launchers (plan, run); the capacity
     # planner and the models and GPUs it knows

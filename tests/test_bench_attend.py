@@ -120,8 +120,31 @@ def test_a_tiny_run_is_checked_against_the_oracle_and_timed():
     assert ((df.gbps / (df.bytes / df.time_us / 1e3) - 1).abs() < 1e-12).all()
     assert ((df.tflops / (df.flops / df.time_us / 1e6) - 1).abs() < 1e-12).all()
     assert ((df.pct_copy_bw / (100 * df.gbps / 10.0) - 1).abs() < 1e-12).all()
+    assert df.math_peak_tflops.isna().all() and df.pct_math_peak.isna().all()  # a CPU has no tensor-core peak
     text = attend_summary(df)
-    assert "TFLOP/s" in text and "q_len" in text
+    assert "TFLOP/s" in text and "q_len" in text and "%math" in text and "not known for this device" in text
+
+
+@needs_interpreter
+def test_each_row_carries_the_math_peak_of_its_modes_dot(monkeypatch):
+    """On a GPU the table knows (its name faked here), dequant rows are measured against the 16-bit dot's peak, fp8
+    rows against the FP8 dot's; the fp32 reference against neither."""
+    from fp8kv import device
+
+    real = device.describe_device
+    monkeypatch.setattr(device, "describe_device", lambda dev=None: {**real(dev), "name": "NVIDIA H100 80GB HBM3"})
+    cases = attend_sweep([2], [20], [3], shapes=[(4, 2, 64)], kv_dtypes=["fp16", "fp8_e4m3"],
+                         modes=["dequant", "fp8"], backends=["triton", "reference"], device="cpu")
+    df = attend_run(cases, progress=False, device="cpu", copy_bandwidth=False, cpu_reps=1)
+    ran = df[df.status == "ok"]  # all but the reference in fp8 mode, which it has not
+    assert len(ran) == 5 and ran.check_passed.all(), df[df.status != "ok"].reason.tolist()
+    tri, ref = ran[ran.backend == "triton"], ran[ran.backend == "reference"]
+    assert set(zip(tri["kv_dtype"], tri["mode"], strict=True)) == {("fp16", "dequant"), ("fp8_e4m3", "dequant"),
+                                                                   ("fp8_e4m3", "fp8")}
+    assert (tri.math_peak_tflops == tri["mode"].map({"dequant": 989.4, "fp8": 1978.9})).all()
+    assert ((tri.pct_math_peak / (100 * tri.tflops / tri.math_peak_tflops) - 1).abs() < 1e-12).all()
+    assert len(ref) and ref.math_peak_tflops.isna().all() and ref.pct_math_peak.isna().all()
+    assert "dequant: 989.4 TFLOP/s, fp8: 1978.9 TFLOP/s" in attend_summary(df)
 
 
 @needs_interpreter

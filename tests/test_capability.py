@@ -290,3 +290,105 @@ def test_one_variant_name_and_a_list_for_a_dtype_are_read_as_such():
     with pytest.raises(UnsupportedError, match="cannot apply sinks"):
         check_variants("flashinfer", "dequant", "sinks")
     assert check_query("triton", ["bf16"], "bf16") == (False, "q is ['bf16']; expected one of ('bf16', 'fp16', 'fp32')")
+
+
+# ------------------------------------------------------------------------- the attend per class of new-token counts
+def test_the_attend_table_by_query_count_names_the_kernel_of_each_class():
+    from fp8kv.capability import attend_capability
+    from fp8kv.capability_attend import QUERY_CLASSES
+
+    plain = attend_capability("sm90")
+    df = attend_capability("sm90", by_queries=True)
+    assert list(df.columns) == ["arch", "op", "backend", "kv_dtype", "mode", "queries", "kernel", "kernel_reason",
+                                "supported", "granularities", "variants", "reason"]
+    assert len(df) == len(QUERY_CLASSES) * len(plain) and QUERY_CLASSES == ("1", "2+ equal", "ragged or long")
+    keys = ["backend", "kv_dtype", "mode"]
+    same = df.drop(columns=["queries", "kernel", "kernel_reason"]).drop_duplicates().reset_index(drop=True)
+    assert same.equals(plain[same.columns])  # the plain table's facts, once per class
+    k = df.set_index([*keys, "queries"])["kernel"]
+    why = df.set_index([*keys, "queries"])["kernel_reason"]
+    assert k[("triton", "fp8_e4m3", "dequant", "1")] == "decode plan: Gluon or Triton decode kernel"
+    assert k[("triton", "fp8_e4m3", "dequant", "2+ equal")] == "Gluon rows or Triton attend kernel"
+    assert "fp8kv.ops.decode.plan_rows" in why[("triton", "fp8_e4m3", "dequant", "2+ equal")]
+    assert k[("triton", "fp8_e4m3", "dequant", "ragged or long")] == "Triton attend kernel"
+    # the Gluon kernel runs dequant mode over FP8 pages only: the attend kernel takes the rest
+    assert k[("triton", "fp8_e4m3", "fp8", "1")] == "decode plan: Triton decode kernel"
+    assert k[("triton", "fp8_e4m3", "fp8", "2+ equal")] == "Triton attend kernel"
+    assert "mode='fp8': the Gluon kernel runs dequant mode" in why[("triton", "fp8_e4m3", "fp8", "2+ equal")]
+    assert k[("triton", "bf16", "dequant", "2+ equal")] == "Triton attend kernel"
+    assert "reads FP8 pages" in why[("triton", "bf16", "dequant", "2+ equal")]
+    for q in QUERY_CLASSES:  # FlashInfer's prefill wrapper, dequant only, whatever the counts; vLLM's kernel
+        assert k[("flashinfer", "fp8_e4m3", "dequant", q)].startswith("FlashInfer BatchPrefillWithPagedKVCacheWrapper")
+        assert k[("flashinfer", "fp8_e4m3", "fp8", q)] == "" and why[("flashinfer", "fp8_e4m3", "fp8", q)] == ""
+        assert k[("vllm", "fp8_e4m3", "dequant", q)] == ("vLLM unified_attention (3D split or 2D)" if q == "1" else
+                                                         "vLLM unified_attention (2D)")
+        assert k[("reference", "bf16", "dequant", q)] == "reference (fp32 torch)"
+    old = attend_capability("sm80", by_queries=True).set_index([*keys, "queries"])
+    assert old.loc[("triton", "fp8_e4m3", "dequant", "2+ equal"), "kernel"] == "Triton attend kernel"
+    assert "need sm89+" in old.loc[("triton", "fp8_e4m3", "dequant", "2+ equal"), "kernel_reason"]
+    both = attend_capability(["sm80", "sm90"], by_queries=True)
+    assert len(both) == 2 * len(df) and list(both.arch.unique()) == ["sm80", "sm90"]
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_by_queries_must_be_a_bool(value):
+    from fp8kv.capability import attend_capability
+
+    with pytest.raises(TypeError, match=rf"by_queries={value!r} \({type(value).__name__}\); expected True or False"):
+        attend_capability("sm90", by_queries=value)
+
+
+def test_a_query_class_that_is_not_one_is_refused_by_name():
+    from fp8kv.capability_attend import query_kernel
+
+    with pytest.raises(ValueError, match=r"queries='2-16'; expected one of \('1', '2\+ equal', 'ragged or long'\)"):
+        query_kernel("triton", "fp8_e4m3", "dequant", "2-16", 90)
+
+
+def test_the_query_classes_words_are_the_gluon_kernels_limits():
+    """The class texts and reasons quote the Gluon kernel's limits in numbers (the capability layer cannot import
+    fp8kv.ops): they must be the constants plan / plan_rows read."""
+    from fp8kv.capability_attend import QUERY_CLASS_TEXT, query_kernel
+    from fp8kv.ops.decode.gluon_launcher import GLUON_MIN_ROW_SPLIT_TOKENS, GLUON_MIN_SPLIT_TOKENS
+    from fp8kv.ops.decode.gluon_scope import MAX_HEAD_DIM, MIN_HEAD_DIM, max_rows
+    from fp8kv.ops.decode.planning import MAX_ROW_TILES
+
+    assert MAX_ROW_TILES == 2 and "within two Gluon programs" in QUERY_CLASS_TEXT["2+ equal"]
+    assert (MAX_ROW_TILES * max_rows(64), MAX_ROW_TILES * max_rows(128), MAX_ROW_TILES * max_rows(256)) == (64, 32, 32)
+    assert "at most 64 rows at head_dim <= 64, 32 above" in QUERY_CLASS_TEXT["2+ equal"]
+    assert 4 * 8 <= MAX_ROW_TILES * max_rows(128) < 4 * 9  # "8 new tokens at a group of 4, head_dim 128"
+    rows = query_kernel("triton", "fp8_e4m3", "dequant", "2+ equal", 90)[1]
+    one = query_kernel("triton", "fp8_e4m3", "dequant", "1", 90)[1]
+    assert f"from {MIN_HEAD_DIM} to {MAX_HEAD_DIM}" in rows and f"from {MIN_HEAD_DIM} to {MAX_HEAD_DIM}" in one
+    assert set(GLUON_MIN_ROW_SPLIT_TOKENS.values()) == {512} and "at least 512 tokens" in rows
+    assert GLUON_MIN_SPLIT_TOKENS == {1: 1024, 2: 512} and "at least 1024 tokens, 512 above head_dim 128" in one
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's rows: no Gluon kernel")
+def test_this_cpus_attend_rows_name_the_plans_the_triton_backend_makes():
+    """arch=None on a CPU: the table's kernel per class is the plan fp8kv.planned_attend makes of such counts."""
+    from fixtures import make_cache
+
+    from fp8kv import backends
+    from fp8kv.capability import attend_capability, interpreter_on
+    from fp8kv.ops.attend.planning import AttendPlan
+    from fp8kv.ops.decode import DecodePlan
+
+    if not interpreter_on():
+        pytest.skip("the Triton backend runs on a CPU under TRITON_INTERPRET=1 only")
+    df = attend_capability(by_queries=True).set_index(["backend", "kv_dtype", "mode", "queries"])
+    counts = {"1": [1, 1, 1], "2+ equal": [3, 3, 3], "ragged or long": [1, 3, 2]}
+    cache = make_cache([20, 33, 40], 2, 64)
+    for mode in ("dequant", "fp8"):
+        for queries, lens in counts.items():
+            row = df.loc[("triton", "fp8_e4m3", mode, queries)]
+            qo = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+            q = torch.randn(sum(lens), 8, 64, dtype=torch.float16)
+            plan = backends.planned_attend(q, cache, qo, "triton", mode).args[0]
+            if queries == "1":
+                assert row.kernel == "decode plan: Triton decode kernel" and isinstance(plan, DecodePlan)
+                assert plan.kernel == "triton"
+            else:
+                assert row.kernel == "Triton attend kernel" and isinstance(plan, AttendPlan), (mode, queries)
+            if queries != "ragged or long" and mode == "dequant":
+                assert "CUDA GPU only" in row.kernel_reason

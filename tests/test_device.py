@@ -199,3 +199,33 @@ def test_current_arch_cpu(no_gpu):
 def test_free_memory_bytes_of_the_host(no_gpu):
     free = D.free_memory_bytes("cpu")
     assert free is None or 0 < free <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+# --------------------------------------------------------------------------- the dense tensor-core peaks
+@pytest.mark.parametrize("name,bf16,fp8", [
+    ("NVIDIA H100 80GB HBM3", 989.4, 1978.9),  # the SXM part: torch's name says neither SXM nor PCIe
+    ("NVIDIA H200", 989.4, 1978.9),
+    ("NVIDIA H100 PCIe", 756.5, 1513.0),  # the longest key wins: not the SXM part's "H100"
+    ("nvidia h200 nvl", 835.5, 1670.5),  # case ignored
+])
+def test_the_math_peak_of_a_known_gpu(name, bf16, fp8):
+    assert D.math_peak_tflops(name, "16-bit") == bf16 and D.math_peak_tflops(name, "fp8") == fp8
+
+
+def test_the_math_peak_is_nan_on_a_cpu_an_unknown_gpu_and_a_dot_the_gpu_lacks(no_gpu):
+    import math
+
+    for name in (D.describe_device("cpu")["name"], None, "NVIDIA GeForce RTX 4090", "NVIDIA H20"):
+        assert math.isnan(D.math_peak_tflops(name, "16-bit")) and math.isnan(D.math_peak_tflops(name, "fp8")), name
+    assert D.math_peak_tflops("NVIDIA A100-SXM4-80GB", "16-bit") == 312.0
+    assert math.isnan(D.math_peak_tflops("NVIDIA A100-SXM4-80GB", "fp8"))  # sm80 has no FP8 tensor cores
+
+
+@pytest.mark.parametrize("gpu,dot,exc,pattern", [
+    ("NVIDIA H200", "bf16", ValueError, r"dot='bf16'; expected one of \('16-bit', 'fp8'\)"),
+    ("NVIDIA H200", None, ValueError, "dot=None"),
+    (90, "fp8", TypeError, r"gpu=90 \(int\); expected a GPU's name"),
+])
+def test_the_math_peak_refuses_bad_arguments_by_name(gpu, dot, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        D.math_peak_tflops(gpu, dot)

@@ -299,6 +299,19 @@ def check_08_multi_token(doc):
         assert row["n_chunks"] == math.ceil(row["prompt"] / row["chunk"]) and row["ttft_us"] > 0
     assert r["attend_speedup"] and all(s["speedup"] > 0 for s in r["attend_speedup"])
     assert {s["q_len"] for s in r["attend_speedup"]} == {row["q_len"] for row in r["attend_rows"]}
+    # each mode over FP8 pages has its speed-up over the one 16-bit baseline (dequant mode), cell by cell
+    modes = r["settings"]["attend_modes"]
+    fp8_cells = {(row["mode"], row["q_len"], row["context"]) for row in r["attend_rows"]
+                 if row["kv_dtype"] == "fp8_e4m3" and row["status"] == "ok"}
+    assert {(s["mode"], s["q_len"], s["context"]) for s in r["attend_speedup"]} == fp8_cells
+    assert {m for m, _, _ in fp8_cells} == set(modes) == {"dequant", "fp8"}
+    assert all("math_peak_tflops" in row and "pct_math_peak" in row for row in r["attend_rows"])
+    errors, verdict = r["attend_context_errors"], r["attend_context_verdict"]
+    assert {(e["entry"], e["mode"], e["error"]) for e in errors} == \
+        {("attend", m, e) for m in modes for e in ("kernel", "quantization", "total")}
+    assert sorted({e["context"] for e in errors}) == r["settings"]["error_contexts"]
+    assert all(e["n_heads"] == r["settings"]["attend_shape"][0] for e in errors)
+    assert len(verdict) == 3 * len(modes) and all(n["needle_top1_exact"] for n in r["attend_context_needles"])
     base = r["baseline_kv_dtype"]
     assert all(set(x["best_accepted_tokens_per_s"]) == {base, "fp8_e4m3"} for x in r["verify_reading"].values())
     assert len(r["verify_reading"]) == len({(row["draft_len"], row["acceptance"]) for row in r["verify_rows"]})

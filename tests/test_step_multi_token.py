@@ -713,3 +713,53 @@ def test_keep_partial_must_be_a_bool(kind, value):
            "prefill": lambda **kw: S.prefill_sweep([S.TOY_QWEN], [24], [64], ["fp16"], **SWEEP, **kw)}[kind]
     with pytest.raises(TypeError, match=rf"keep_partial={value!r} \({type(value).__name__}\); expected True or False"):
         run(keep_partial=value)
+
+
+# ------------------------------------------------------------------------------- the attention kernel's speed-up
+def _attend_row(kv, mode, time_us, *, q_len=2, context=100, variant="", status="ok"):
+    return dict(backend="triton", mode=mode, variant=variant, kv_dtype=kv, batch=4, context=context, q_len=q_len,
+                num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, layout="NHD", q_dtype="bf16",
+                time_us=time_us, status=status)
+
+
+def test_one_bf16_row_is_the_baseline_of_both_fp8_modes():
+    """The baseline runs in dequant mode only: joined on a key with the mode, every fp8-mode row was dropped."""
+    import pandas as pd
+
+    rows = pd.DataFrame([_attend_row("bf16", "dequant", 100.0), _attend_row("fp8_e4m3", "dequant", 50.0),
+                         _attend_row("fp8_e4m3", "fp8", 25.0), _attend_row("fp8_e4m3", "fp8", 1.0, status="error")])
+    sp = S.attend_speedup(rows).set_index("mode")
+    assert sorted(sp.index) == ["dequant", "fp8"]
+    assert sp.loc["dequant", "speedup"] == pytest.approx(2.0) and sp.loc["fp8", "speedup"] == pytest.approx(4.0)
+    assert (sp["base_us"] == 100.0).all() and sp.loc["fp8", "fp8_us"] == 25.0
+
+
+def test_a_variant_is_compared_with_its_own_baseline_else_the_default_launch():
+    import pandas as pd
+
+    rows = pd.DataFrame([_attend_row("bf16", "dequant", 100.0), _attend_row("bf16", "dequant", 80.0, variant="block_n=32"),
+                         _attend_row("fp8_e4m3", "dequant", 40.0, variant="block_n=32"),
+                         _attend_row("fp8_e4m3", "dequant", 50.0, variant="gluon=False"),  # 16-bit pages skip it
+                         _attend_row("fp8_e4m3", "dequant", 25.0)])
+    sp = S.attend_speedup(rows).set_index("variant")["speedup"]
+    assert sp.to_dict() == pytest.approx({"block_n=32": 2.0, "gluon=False": 2.0, "": 4.0})
+    csv = rows.assign(variant=rows["variant"].replace("", float("nan")))  # a CSV reads "" back as NaN
+    assert S.attend_speedup(csv).set_index("variant")["speedup"].to_dict() == pytest.approx(sp.to_dict())
+    with pytest.raises(ValueError, match=r"2 bf16 rows of one cell \(backend=triton.*pass the rows of one run"):
+        S.attend_speedup(pd.concat([rows, rows.iloc[:1]]))
+
+
+def test_the_speedup_figure_draws_each_mode_apart():
+    import pandas as pd
+
+    rows = pd.DataFrame([_attend_row(kv, mode, t, q_len=q, context=c) for q in (1, 4) for c in (100, 200)
+                         for kv, mode, t in (("bf16", "dequant", 100.0), ("fp8_e4m3", "dequant", 60.0),
+                                             ("fp8_e4m3", "fp8", 40.0))])
+    fig = S.attend_speedup_figure(rows)
+    names = [t.name for t in fig.data]
+    assert len(names) == len(set(names)) == 2 * (2 + 2)  # (two contexts left, two q_lens right) x two modes
+    for mode, dash, y in (("dequant", "solid", 100 / 60), ("fp8", "dash", 100 / 40)):
+        mine = [t for t in fig.data if f", {mode} mode," in t.name]
+        assert len(mine) == 4 and {t.line.dash for t in mine} == {dash}
+        assert all(v == pytest.approx(y) for t in mine for v in t.y)
+    assert len({t.line.color for t in fig.data if t.xaxis == "x"}) == 4  # the left panel's lines, a colour each

@@ -11,7 +11,9 @@ line: ``python -m fp8kv.bench --preset spec-verify`` (``--q-lens`` / ``--chunks`
 Per row: ``time_us``; ``gbps``, the useful bytes (K/V of every cached token, the new ones included, scales,
 the query and the output) per second; ``tflops``, the causal-aware FLOPs ``4 x Hq x D x`` the keys the rows
 attend (``q_len x context + q_len (q_len + 1) / 2`` per sequence) per second; ``pct_copy_bw``, GB/s as a share
-of a device-to-device copy measured in the same run.
+of a device-to-device copy measured in the same run; ``math_peak_tflops``, the dense tensor-core peak of the GPU
+the run is on for the dot the mode uses (:func:`attend_math_peak`), and ``pct_math_peak``, TFLOP/s as a share of
+it (NaN on a CPU, on a GPU :data:`fp8kv.device.MATH_PEAK_TFLOPS` does not hold, and for the fp32 reference).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..capability import BACKEND_NAMES, KV_DTYPE_NAMES, MODES, UnsupportedError,
 from ..capability import check as capability_check
 from ..capability_formats import mode_refusal
 from ..capacity import gib_text
+from ..device import math_peak_tflops
 from ..formats import KV_DTYPES, is_fp8
 from ..interrupts import reclaim_stop_signals
 from ..launch_options import convert_refusal
@@ -45,14 +48,15 @@ from .cases import Q_DTYPES, memory_budget
 from .measure import resolve_copy_bandwidth, synthetic_cache, time_call
 
 __all__ = ["AttendCase", "attend_sweep", "attend_run", "attend_summary", "attend_bytes", "attend_flops",
-           "attend_footprint", "ATTEND_COLUMNS", "ATTEND_PRESETS", "ATTEND_PRESET_HELP"]
+           "attend_footprint", "attend_math_peak", "ATTEND_COLUMNS", "ATTEND_PRESETS", "ATTEND_PRESET_HELP"]
 
 ATTEND_COLUMNS = [
     "timestamp", "gpu", "gpu_slug", "arch", "device", "torch", "triton", "flashinfer", "vllm", "fp8kv_source",
     "op", "label", "backend", "variant", "mode", "kv_dtype", "granularity", "layout", "q_dtype",
     "batch", "context", "q_len", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
     "kernel", "num_splits", "block_m", "block_n", "num_warps",
-    "timing", "time_us", "bytes", "kv_bytes", "gbps", "flops", "tflops", "pct_copy_bw", "copy_gbps", "kv_copies",
+    "timing", "time_us", "bytes", "kv_bytes", "gbps", "flops", "tflops", "math_peak_tflops", "pct_math_peak",
+    "pct_copy_bw", "copy_gbps", "kv_copies",
     "rel_err", "tol", "check_passed", "status", "reason",
 ]
 # Llama-3-8B's 32/8/128 and two more real layouts: Qwen2.5-14B's 40/8/128 (group 5) and Gemma-2B's MQA 8/1/256.
@@ -185,6 +189,16 @@ def attend_flops(case: AttendCase) -> int:
     return 4 * case.num_q_heads * case.head_dim * case.batch * keys
 
 
+def attend_math_peak(case: AttendCase, gpu: str | None) -> float:
+    """The dense tensor-core peak (TFLOP/s) a case's arithmetic is measured against on the GPU named ``gpu``
+    (:func:`fp8kv.device.math_peak_tflops`): the 16-bit dot's in dequant mode (FP8 pages converted to the query's
+    type), the FP8 dot's in fp8 mode. NaN on a CPU (``gpu`` ``"cpu"``), on a GPU the table does not hold, and for
+    the reference backend (fp32 torch arithmetic, neither dot)."""
+    if case.backend == "reference":
+        return float("nan")
+    return math_peak_tflops(gpu, "fp8" if case.mode == "fp8" else "16-bit")
+
+
 def attend_footprint(case: AttendCase) -> int:
     """Device bytes a case needs at peak: pages, scales, the build's chunk, the checked sequences, the query, the
     output and the largest split partials (fp32, at most 64 splits)."""
@@ -281,6 +295,7 @@ def _row(base: dict, c: AttendCase, **values) -> dict:
                context=c.context, q_len=c.q_len, num_q_heads=c.num_q_heads, num_kv_heads=c.num_kv_heads,
                head_dim=c.head_dim, block_size=c.block_size, bytes=by["total"], kv_bytes=by["kv"],
                flops=attend_flops(c), time_us=float("nan"), gbps=float("nan"), tflops=float("nan"),
+               math_peak_tflops=attend_math_peak(c, base["gpu"]), pct_math_peak=float("nan"),
                pct_copy_bw=float("nan"), rel_err=float("nan"), reason="")
     row.update(values)
     return row
@@ -334,10 +349,11 @@ def _measure(c: AttendCase, caches: list, dev: torch.device, base: dict, *, chec
     except Exception as e:  # one broken cell must not end the sweep; the row says what happened
         return _row(base, c, status="error", reason=f"{type(e).__name__}: {e}", **values)
     gbps = attend_bytes(c)["total"] / seconds / 1e9
+    tflops = attend_flops(c) / seconds / 1e12
     copy = base["copy_gbps"]
-    return _row(base, c, status="ok", timing=timing, time_us=seconds * 1e6, gbps=gbps,
-                tflops=attend_flops(c) / seconds / 1e12, pct_copy_bw=100.0 * gbps / copy if copy == copy else copy,
-                **values)
+    return _row(base, c, status="ok", timing=timing, time_us=seconds * 1e6, gbps=gbps, tflops=tflops,
+                pct_math_peak=100.0 * tflops / attend_math_peak(c, base["gpu"]),  # NaN where the peak is
+                pct_copy_bw=100.0 * gbps / copy if copy == copy else copy, **values)
 
 
 def attend_run(cases: Sequence[AttendCase], *, check: bool = True, rep: int = 100, warmup: int = 25,
@@ -416,16 +432,21 @@ def attend_run(cases: Sequence[AttendCase], *, check: bool = True, rep: int = 10
 
 
 def attend_summary(df: pd.DataFrame) -> str:
-    """A compact text table of an attend run: q_len, µs, GB/s, TFLOP/s, % of copy, check; then what did not run."""
+    """A compact text table of an attend run: q_len, µs, GB/s, TFLOP/s, % of the dense math peak, % of copy, check;
+    then what did not run."""
     lines = []
     ok = df[df["status"] == "ok"]
     if len(ok):
         t = ok[["label", "batch", "context", "q_len", "num_q_heads", "num_kv_heads", "head_dim", "num_splits", "time_us",
-                "gbps", "tflops", "pct_copy_bw", "rel_err", "check_passed"]].copy()
-        t.columns = ["case", "B", "ctx", "q_len", "Hq", "Hkv", "D", "splits", "us", "GB/s", "TFLOP/s", "%copy",
-                     "rel_err", "check"]
+                "gbps", "tflops", "pct_math_peak", "pct_copy_bw", "rel_err", "check_passed"]].copy()
+        t.columns = ["case", "B", "ctx", "q_len", "Hq", "Hkv", "D", "splits", "us", "GB/s", "TFLOP/s", "%math",
+                     "%copy", "rel_err", "check"]
         lines.append(t.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         lines.append(f"copy bandwidth: {ok['copy_gbps'].iloc[0]:.0f} GB/s on {ok['gpu'].iloc[0]}")
+        peaks = ok.dropna(subset=["math_peak_tflops"]).drop_duplicates("mode").set_index("mode")["math_peak_tflops"]
+        lines.append("%math: TFLOP/s over the dense tensor-core peak of the mode's dot ("
+                     + (", ".join(f"{m}: {p:g} TFLOP/s" for m, p in peaks.items()) if len(peaks) else
+                        "not known for this device: fp8kv.device.MATH_PEAK_TFLOPS") + ")")
         if (ok["timing"] == "cpu-wallclock").any():
             lines.append("CPU wall-clock timings (interpreter / reference): they say nothing about any GPU.")
     for status in ("unsupported", "skipped", "error"):

@@ -4,12 +4,14 @@ the figure of the attention kernel's own FP8 / 16-bit speed-up (rows of :func:`f
 
 from __future__ import annotations
 
+from .. import checks
 from ..results import check_rows
 from ..sweeps import timing_notes
 
 VERIFY_ROWS = "the rows of fp8kv.step.verify_sweep() (a CSV fp8kv step --draft-lens saved)"
 PREFILL_ROWS = "the rows of fp8kv.step.prefill_sweep() (a CSV fp8kv step --prompt-lens saved)"
 ATTEND_ROWS = "the rows of fp8kv.bench.attend_run()"
+_ATTEND_CELL = ["backend", "batch", "context", "q_len", "num_q_heads", "num_kv_heads", "head_dim"]  # a baseline's cell
 VERIFY_READ = ["status", "model", "context", "kv_dtype", "draft_len", "acceptance", "batch", "ceiling",
                "accepted_tokens_per_s", "verify_us"]
 PREFILL_READ = ["status", "model", "kv_dtype", "prompt", "chunk", "ttft_us"]
@@ -138,21 +140,40 @@ def ttft_figure(df, *, title: str | None = None):
 
 def attend_speedup(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3"):
     """The attention kernel's FP8 speed-up (baseline time ÷ FP8 time) per cell of :func:`fp8kv.bench.attend_run`'s
-    rows that ran in both KV dtypes: columns backend, mode, batch, context, q_len, and ``speedup``."""
+    rows that ran in both KV dtypes: each FP8 row (each mode, each launch variant) over the baseline's row of its
+    cell (backend, batch, context, q_len, head layout; page size, layout and query type where the rows have them).
+
+    The 16-bit baseline runs in dequant mode only (fp8 mode is FP8 arithmetic over an FP8 cache), so one baseline
+    row is the baseline of both FP8 modes; a variant the baseline did not run (gluon=False, say, which 16-bit pages
+    skip) is compared with the baseline's default launch. Columns backend, mode, variant, batch, context, q_len,
+    num_q_heads, num_kv_heads, head_dim (and those of the cell the rows have), ``base_us``, ``fp8_us`` and
+    ``speedup``. Two baseline rows of one cell and variant (two runs' rows together) are a ValueError."""
     import pandas as pd
 
-    keys = ["backend", "mode", "batch", "context", "q_len", "num_q_heads", "num_kv_heads", "head_dim"]
-    check_rows(rows, "attend_speedup", [*keys, "kv_dtype", "time_us", "status"], expected=ATTEND_ROWS)
+    check_rows(rows, "attend_speedup", [*_ATTEND_CELL, "mode", "kv_dtype", "time_us", "status"], expected=ATTEND_ROWS)
+    cell = [*_ATTEND_CELL, *(c for c in ("block_size", "layout", "q_dtype") if c in rows.columns)]
     ok = rows[rows["status"] == "ok"]
-    a = ok[ok["kv_dtype"] == baseline].set_index(keys)["time_us"]
-    b = ok[ok["kv_dtype"] == fp8].set_index(keys)["time_us"]
-    both = pd.concat([a.rename("base_us"), b.rename("fp8_us")], axis=1, join="inner").reset_index()
-    return both.assign(speedup=both["base_us"] / both["fp8_us"])
+    variant = ok["variant"].fillna("").astype(str) if "variant" in ok.columns else pd.Series("", index=ok.index)
+    ok = ok.assign(variant=variant)  # a CSV reads the default launch's "" as NaN
+    base = ok[ok["kv_dtype"] == baseline][[*cell, "variant", "time_us"]].rename(columns={"time_us": "base_us"})
+    twice = base[base.duplicated([*cell, "variant"], keep=False)]
+    if len(twice):
+        where = ", ".join(f"{k}={v}" for k, v in twice.iloc[0][[*cell, "variant"]].items())
+        checks.fail(f"attend_speedup: the rows hold {len(twice)} {baseline} rows of one cell ({where}); expected one "
+                    "baseline row a cell and variant (pass the rows of one run)")
+    fp = ok[ok["kv_dtype"] == fp8][[*cell, "mode", "variant", "time_us"]].rename(columns={"time_us": "fp8_us"})
+    default = base[base["variant"] == ""].drop(columns="variant").rename(columns={"base_us": "default_us"})
+    both = fp.merge(base, on=[*cell, "variant"], how="left").merge(default, on=cell, how="left")
+    both["base_us"] = both["base_us"].fillna(both.pop("default_us"))
+    both = both.dropna(subset=["base_us"])
+    columns = ["backend", "mode", "variant", *cell[1:], "base_us", "fp8_us"]
+    return both[columns].assign(speedup=both["base_us"] / both["fp8_us"]).reset_index(drop=True)
 
 
 def attend_speedup_figure(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3", *, title: str | None = None):
     """FP8 ÷ 16-bit attention speed-up against q_len (left; one line per context) and against context (right; one
-    line per q_len), at each row's batch and backend; 1 is the dotted line of no gain."""
+    line per q_len), at each row's batch, backend (and launch variant) and mode, the modes apart (fp8 mode dashed);
+    1 is the dotted line of no gain."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -160,21 +181,24 @@ def attend_speedup_figure(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3", *
 
     sp = attend_speedup(rows, baseline, fp8)
     fig = make_subplots(rows=1, cols=2, subplot_titles=["against new tokens per sequence (q_len)", "against context"])
-    left = {key: f"{key[0]}, B = {key[1]}, {key[2]} cached tokens"
-            for key, _ in sp.groupby(["backend", "batch", "context"])}
-    right = {key: f"{key[0]}, B = {key[1]}, {key[2]} new token{'s' * (key[2] != 1)}"
-             for key, _ in sp.groupby(["backend", "batch", "q_len"])}
-    colours = color_map([*left.values(), *right.values()])
-    for key, s in sp.groupby(["backend", "batch", "context"], sort=True):
-        s = s.sort_values("q_len")
-        fig.add_trace(go.Scatter(x=s["q_len"], y=s["speedup"], mode="lines+markers", name=left[key],
-                                 line=dict(color=colours[left[key]]),
-                                 hovertemplate="%{x} new tokens<br>%{y:.2f}×<extra></extra>"), row=1, col=1)
-    for key, s in sp.groupby(["backend", "batch", "q_len"], sort=True):
-        s = s.sort_values("context")
-        fig.add_trace(go.Scatter(x=s["context"], y=s["speedup"], mode="lines+markers", name=right[key],
-                                 line=dict(color=colours[right[key]], dash="dash"),
-                                 hovertemplate="%{x} cached tokens<br>%{y:.2f}×<extra></extra>"), row=1, col=2)
+
+    def who(backend, variant, mode, batch) -> str:
+        return f"{backend}{'-' + variant if variant else ''}, {mode} mode, B = {batch}"
+
+    lines = {"q_len": ["backend", "variant", "mode", "batch", "context"],
+             "context": ["backend", "variant", "mode", "batch", "q_len"]}
+    names = {x: {key: f"{who(*key[:4])}, " + (f"{key[4]} cached tokens" if x == "q_len" else
+                                                f"{key[4]} new token{'s' * (key[4] != 1)}")
+                 for key, _ in sp.groupby(by)} for x, by in lines.items()}
+    colours = color_map([*names["q_len"].values(), *names["context"].values()])
+    for col, (x, by) in enumerate(lines.items(), start=1):
+        unit = "new tokens" if x == "q_len" else "cached tokens"
+        for key, s in sp.groupby(by, sort=True):
+            s = s.sort_values(x)
+            name = names[x][key]
+            fig.add_trace(go.Scatter(x=s[x], y=s["speedup"], mode="lines+markers", name=name,
+                                     line=dict(color=colours[name], dash="dash" if key[2] == "fp8" else "solid"),
+                                     hovertemplate=f"%{{x}} {unit}<br>%{{y:.2f}}×<extra></extra>"), row=1, col=col)
     for col in (1, 2):
         fig.add_hline(y=1.0, line=dict(dash="dot", color="#7f7f7f"), row=1, col=col)
     fig.update_xaxes(type="log", tickformat="~g")
