@@ -185,7 +185,7 @@ def test_needle_margins_cross_where_the_needle_was_lost():
     weights = [t for t in fig.data if t.name and t.name.startswith("fp8kv.")]
     assert len(weights) == 4 and {t.line.dash for t in weights} == {"solid", "dash"}
     assert fig.layout.xaxis.type == "log" and _is_percent(fig.layout.yaxis2)
-    assert "logits" in fig.layout.yaxis.title.text and "%" in fig.layout.yaxis2.title.text
+    assert "(logits)" in fig.layout.yaxis.title.text and "%" in fig.layout.yaxis2.title.text
 
 
 # ------------------------------------------------------------------------------------ refusals

@@ -19,7 +19,10 @@ import pytest
 
 from fp8kv import step, viz
 from fp8kv.capability import ARCHS, capability
-from fp8kv.viz import analysis_figures, bench_figures, format_figures, style
+from fp8kv.formats import KV_DTYPES
+from fp8kv.kv_formats import KV_FORMAT_NAMES
+from fp8kv.step import multi_report
+from fp8kv.viz import analysis_figures, bench_figures, deciding_figures, format_figures, format_pareto, style
 
 # --------------------------------------------------------------------------- synthetic data
 
@@ -105,6 +108,89 @@ def _casts():
     return cast_comparison(["e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"])[0]
 
 
+def _breakeven_points():
+    """Bench rows on near-exact lines (16-bit 10 µs + 0.02 µs a token, FP8 30 + 0.01), two batches, two backends,
+    read into line points by fp8kv.analysis."""
+    from fp8kv.analysis import breakeven as be
+
+    rows = [dict(gpu="NVIDIA H200", backend=backend, variant=variant, kv_dtype=kv, mode=mode, granularity="tensor",
+                 batch=b, context=c, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
+                 time_us=(a + s * c) * b ** 0.5 * (1 + 0.01 * (-1) ** i), status="ok")
+            for backend, variant in (("triton", ""), ("flashinfer", "tc")) for b in (1, 16)
+            for (kv, mode), (a, s) in {("bf16", "dequant"): (10.0, 0.02), ("fp8_e4m3", "dequant"): (30.0, 0.01),
+                                       ("fp8_e4m3", "fp8"): (40.0, 0.012)}.items()
+            for i, c in enumerate((512, 1456, 4096, 11584, 32768))]
+    rows = pd.DataFrame(rows)
+    return be.line_points(rows), be.breakeven_context(rows)[1]
+
+
+def _scale_heads():
+    return pd.DataFrame([dict(layer=layer, head=h, side=side, method=m, saturated_frac=1e-4 * (layer + h),
+                              underflow_frac=2e-3 * (h + 1))
+                         for m in ("1.0", "amax") for layer in range(3) for side in ("k", "v") for h in range(2)])
+
+
+def _advice():
+    return pd.DataFrame(dict(method=["amax", "vllm"], error_all_fp8=[0.012, 0.03], error_after=[0.009, 0.01],
+                             tolerance=[0.01, 0.01], n_layers_bf16=[1, 4], n_layers=[30, 30], tokens_lost=[1000, 4000],
+                             heldout_all_fp8=[0.013, 0.031], heldout_after=[0.01, 0.012]))
+
+
+def _long_errors():
+    return pd.DataFrame([dict(context=c, entry=entry, mode=mode, error=error, rel_err_median=e, rel_err_max=3 * e)
+                         for entry in ("decode", "attend") for mode in ("dequant", "fp8") for c in (4096, 16384, 131072)
+                         for error, e in (("kernel", 2e-4), ("quantization", 0.002), ("total", 0.0021))])
+
+
+def _needles():
+    """Margins in logits of a few hundredths (the size a real model's needle has), one point lost at 128k."""
+    return pd.DataFrame([dict(context=c, entry=e, mode=m, margin_exact=0.031, margin_fp8=-0.004 if c == 131072 else 0.027,
+                              needle_top1=c != 131072, needle_weight_exact=0.003, needle_weight_kernel=0.0029)
+                         for e in ("decode", "attend") for m in ("dequant", "fp8") for c in (4096, 16384, 131072)])
+
+
+def _format_table(timed=True):
+    rows = [("int8_token_head", 12240.0, 720.0, 6_266_304, 1e-3, 0.02, 40_000.0),
+            ("int4_token_head", 6480.0, 720.0, 11_836_368, 0.05, 0.2, 60_000.0),
+            ("nvfp4", 6480.0, 720.0, 11_836_368, 0.08, 0.25, 58_000.0),
+            ("mxfp4", 6120.0, 360.0, 12_532_624, 0.2, 0.35, 61_000.0),
+            ("kivi4_g32", 7200.0, 1440.0, 10_652_720, 0.06, 0.12, math.nan)]
+    df = pd.DataFrame([dict(format=f, bytes_per_token=b, code_bytes_per_token=b - sc, scale_bytes_per_token=sc, tokens=t,
+                            kl_mean=kl, top1_agree=0.9, out_rel_err=err, tokens_per_s=tps if timed else math.nan)
+                       for f, b, sc, t, kl, err, tps in rows])
+    df["timing"] = [None if v != v else "cuda-graph" for v in df["tokens_per_s"]]
+    df["timed_batch"], df["timed_context"] = 64, 16384
+    return df
+
+
+def _format_layers():
+    return pd.DataFrame([dict(format=f, layer=layer, k_rel_err=0.001 * (i + 1) * (layer + 1),
+                              v_rel_err=0.002 * (i + 1)) for i, f in enumerate(("int8_token_head", "nvfp4", "mxfp4"))
+                         for layer in range(4)])
+
+
+def _verify_rows():
+    return pd.DataFrame([dict(status="ok", model=m, context=16384, kv_dtype=kv, draft_len=k, acceptance=0.7, batch=b,
+                              ceiling=ceil, accepted_tokens_per_s=b * (1 + 0.6 * k) * (1.8 if kv != "bf16" else 1.0) * 50,
+                              verify_us=1000.0 + 10 * b)
+                         for m in ("Qwen3-8B", "Llama-3.1-8B") for kv, ceil in (("bf16", 49), ("fp8_e4m3", 98))
+                         for k in (0, 2, 4) for b in (1, 4, 16, 49, 98) if b <= ceil])
+
+
+def _prefill_rows():
+    return pd.DataFrame([dict(status="ok", model=m, kv_dtype=kv, prompt=n, chunk=c,
+                              ttft_us=n * (1.1 if kv == "bf16" else 1.2) * (1 + 256 / c))
+                         for m in ("Qwen3-8B",) for kv in ("bf16", "fp8_e4m3") for n in (1024, 4096, 16384)
+                         for c in (512, 2048)])
+
+
+def _attend_rows():
+    return pd.DataFrame([dict(backend="triton", mode="dequant", batch=16, context=c, q_len=q, num_q_heads=32,
+                              num_kv_heads=8, head_dim=128, kv_dtype=kv, status="ok",
+                              time_us=c * (2.0 if kv == "bf16" else 1.1) * (1 + q / 64) / 100)
+                         for kv in ("bf16", "fp8_e4m3") for c in (4096, 16384) for q in (1, 2, 4, 8)])
+
+
 # Every public figure builder of fp8kv.viz's modules and fp8kv.step's report, drawn on the data above.
 # Fraction axes: which axes must tick in percent.
 BUILDERS = {
@@ -136,16 +222,58 @@ BUILDERS = {
     "attention_share_figure": (lambda: step.attention_share_figure(_step_rows()), ()),
     "tokens_per_s_figure_formats": (lambda: step.tokens_per_s_figure(_step_rows(FORMAT_SERIES)), ()),
     "attention_share_figure_formats": (lambda: step.attention_share_figure(_step_rows(FORMAT_SERIES)), ()),
+    # notebook 09's figures (fp8kv.viz.deciding_figures)
+    "breakeven_lines": (lambda: viz.breakeven_lines(*_breakeven_points()), ()),
+    "breakeven_residuals": (lambda: viz.breakeven_residuals(_breakeven_points()[0]), ("yaxis",)),
+    "scale_health_map": (lambda: viz.scale_health_map(_scale_heads()), ()),
+    "scale_health_map_fraction": (lambda: viz.scale_health_map(_scale_heads(), "underflow_frac"), ()),
+    "advice_bars": (lambda: viz.advice_bars(_advice()), ("yaxis",)),
+    "long_context_errors": (lambda: viz.long_context_errors(_long_errors()), ("yaxis",)),
+    "needle_margins": (lambda: viz.needle_margins(_needles()), ("yaxis2",)),
+    # notebook 10's figures (fp8kv.viz.format_pareto)
+    "pareto_figure": (lambda: viz.pareto_figure(_format_table(), tolerance=0.01, model="SmolLM2-135M"), ()),
+    "pareto_figure_fraction": (lambda: viz.pareto_figure(_format_table(timed=False), error="out_rel_err"), ()),
+    "format_bytes": (lambda: viz.format_bytes(_format_table(), baseline_bytes=23040), ()),
+    "format_layer_errors": (lambda: viz.format_layer_errors(_format_layers()), ()),
+    # notebook 08's figures (fp8kv.step.multi_report)
+    "accepted_tokens_figure": (lambda: step.accepted_tokens_figure(_verify_rows()), ()),
+    "ttft_figure": (lambda: step.ttft_figure(_prefill_rows()), ()),
+    "attend_speedup_figure": (lambda: step.attend_speedup_figure(_attend_rows()), ()),
 }
+
+# Modules whose public functions are all figure builders, and modules that also hold readers, tables and answers:
+# of these, a builder is a public function that returns a Figure or is named ``*_figure``.
+FIGURE_MODULES = (analysis_figures, bench_figures, format_figures)
+MIXED_MODULES = (deciding_figures, format_pareto, multi_report)
+
+
+def _public(mod):
+    return {name: fn for name, fn in vars(mod).items()
+            if inspect.isfunction(fn) and fn.__module__ == mod.__name__ and not name.startswith("_")}
+
+
+def figure_builders() -> set[str]:
+    found = {name for mod in FIGURE_MODULES for name in _public(mod)}
+    for mod in MIXED_MODULES:
+        for name, fn in _public(mod).items():
+            returns = inspect.signature(fn).return_annotation
+            if name.endswith("_figure") or "Figure" in str(returns):
+                found.add(name)
+    return found | {"tokens_per_s_figure", "attention_share_figure", "line"}
 
 
 def test_every_figure_builder_is_checked():
     """A builder added to the figure modules without an entry here is not checked for readability: fail."""
-    public = {name for mod in (analysis_figures, bench_figures, format_figures)
-              for name, fn in vars(mod).items()
-              if inspect.isfunction(fn) and fn.__module__ == mod.__name__ and not name.startswith("_")}
-    public |= {"tokens_per_s_figure", "attention_share_figure", "line"}
+    public = figure_builders()
     assert public <= {name.removesuffix("_fraction") for name in BUILDERS}, public - set(BUILDERS)
+
+
+def test_the_builders_of_the_mixed_modules_are_found():
+    """The readers, tables and answers beside them are not figures; every figure builder there is."""
+    found = figure_builders()
+    assert {"breakeven_lines", "needle_margins", "pareto_figure", "format_bytes", "format_layer_errors",
+            "accepted_tokens_figure", "ttft_figure", "attend_speedup_figure"} <= found
+    assert not {"pareto_front", "format_answer", "format_pick", "verify_reading", "attend_speedup"} & found
 
 
 # --------------------------------------------------------------------------- the rules
@@ -179,6 +307,30 @@ def _trace_colour(trace) -> str | None:
     return None
 
 
+# A KV dtype or format written as the project names it everywhere (legends, tables): fp8_e4m3 in a title is a
+# name, not a column.
+KV_NAME = re.compile(r"(?<![\w])(?:" + "|".join(re.escape(n) for n in sorted({*KV_DTYPES, *KV_FORMAT_NAMES}, key=len,
+                                                                                reverse=True)) + r")(?![\w])")
+
+
+def _y_bottom(fig: go.Figure, xname: str) -> float:
+    """Where the panel of x axis ``xname`` starts vertically (its anchor y axis's domain), 0 at the bottom."""
+    anchor = fig.layout[xname].anchor or "y"
+    yaxis = fig.layout["yaxis" + anchor[1:]]
+    return float(yaxis.domain[0]) if yaxis is not None and yaxis.domain is not None else 0.0
+
+
+def titled_below(fig: go.Figure, name: str) -> bool:
+    """A facet grid titles its x axes on the bottom row only: an untitled x axis is read by a titled x axis of the
+    same column (the same horizontal domain) lower down. Only x axes, and only in the same column."""
+    if not name.startswith("xaxis"):
+        return False
+    domain = tuple(fig.layout[name].domain or (0, 1))
+    return any(other != name and fig.layout[other].title.text and tuple(fig.layout[other].domain or (0, 1)) == domain
+               and _y_bottom(fig, other) < _y_bottom(fig, name)
+               for other in fig.layout if other.startswith("xaxis"))
+
+
 def readability_problems(fig: go.Figure, percent_axes=()) -> list[str]:
     """What makes ``fig`` hard to read, one line each (empty: readable)."""
     problems = []
@@ -191,11 +343,11 @@ def readability_problems(fig: go.Figure, percent_axes=()) -> list[str]:
         title = axis.title.text if axis.title else None
         panels = [a for a in fig.layout if a.startswith(name[0] + "axis")]
         first = name in (f"{name[0]}axis", f"{name[0]}axis1") or len(panels) == 1
-        if first and not title:
+        if first and not title and not titled_below(fig, name):
             problems.append(f"{name} holds numbers and has no title")
         elif title and not UNIT_OR_RATIO.search(title):
             problems.append(f"{name} title {title!r} names no unit")
-        if title and "_" in title:
+        if title and "_" in KV_NAME.sub("", title):
             problems.append(f"{name} title {title!r} is a column name")
         if any(0 < abs(v) < 1 for v in values) and axis.ticktext is None:
             fmt = axis.tickformat or ""
@@ -273,6 +425,50 @@ BROKEN = {
 def test_the_rules_catch_an_unreadable_figure(name):
     percent = ("yaxis",) if name == "alike colours" else ()
     assert readability_problems(BROKEN[name](), percent)
+
+
+def _grid(titled: dict) -> go.Figure:
+    """A 2 × 2 facet grid of latency lines; ``titled``: {(row, col): x title}, the y axes titled on column 1."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=2, shared_xaxes=True)
+    for r in (1, 2):
+        for c in (1, 2):
+            fig.add_trace(go.Scatter(x=[512, 4096], y=[10.0, 20.0], name=f"p{r}{c}", line=dict(color="#1f77b4"),
+                                     legendgroup="one"), row=r, col=c)
+    for (r, c), text in titled.items():
+        fig.update_xaxes(title_text=text, row=r, col=c)
+    return fig.update_yaxes(title_text="µs per decode", col=1).update_layout(title="t")
+
+
+@pytest.mark.parametrize("titled, untitled", [
+    ({(2, 1): "context (tokens)", (2, 2): "context (tokens)"}, False),  # the bottom row: read from below
+    ({(2, 2): "context (tokens)"}, True),  # column 2's title does not title column 1
+    ({}, True),
+    ({(1, 1): "context (tokens)"}, False),
+])
+def test_a_facet_grid_may_title_its_x_axes_on_the_bottom_row_only(titled, untitled):
+    problems = readability_problems(_grid(titled))
+    assert ("xaxis holds numbers and has no title" in problems) is untitled, problems
+
+
+def test_an_untitled_y_axis_is_not_excused_by_a_titled_one_below():
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1).update_layout(title="t")
+    for r in (1, 2):
+        fig.add_trace(go.Scatter(x=[1, 2], y=[3.0, 4.0], line=dict(color="#1f77b4"), legendgroup="one", name="a"),
+                      row=r, col=1)
+    fig.update_xaxes(title_text="batch").update_yaxes(title_text="time (µs)", row=2, col=1)
+    assert "yaxis holds numbers and has no title" in readability_problems(fig)
+
+
+@pytest.mark.parametrize("title, column", [("attention speed-up, fp8_e4m3 over bf16 (×)", False),
+                                           ("int4_token_head time (µs)", False), ("time_us of fp8_e4m3", True),
+                                           ("fp8_e4m3x (µs)", True)])
+def test_a_kv_dtype_in_a_title_is_a_name_not_a_column(title, column):
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4])).update_layout(title="t", xaxis_title="batch", yaxis_title=title)
+    assert any("is a column name" in p for p in readability_problems(fig)) is column
 
 
 def test_fraction_axes_without_percent_are_caught():

@@ -849,6 +849,24 @@ def test_a_stale_results_file_never_stands_for_a_notebook_that_wrote_none(tmp_pa
     assert entry["results"] is None and not (staging / "04_decode_latency.json").exists()
 
 
+def test_each_entry_records_the_fp8kv_code_its_page_was_rendered_with(tmp_path, write_notebook, monkeypatch):
+    """The manifest entry holds the digest of the fp8kv code the kernel imports (the package the runner puts on its
+    path), read as the notebook starts: the index compares it with today's code, page by page."""
+    import papermill
+
+    from fp8kv.device import source_digest
+    from fp8kv.notebooks.pages import PACKAGE_PARENT
+
+    books, staging = tmp_path / "books", tmp_path / "staging"
+    _write_books(books, ("01_a",), write_notebook)
+    staging.mkdir()
+    monkeypatch.setattr(papermill, "execute_notebook", lambda src, dst, **kw: Path(dst).write_bytes(Path(src).read_bytes()))
+    entry = nb_runner._run_one(books / "01_a.ipynb", staging, {"SMOKE": True, "OUT_DIR": str(staging)}, 60, False,
+                               "python3")
+    assert entry["fp8kv_source"] == source_digest(PACKAGE_PARENT / "fp8kv") == source_digest()
+    assert list(entry).index("fp8kv_source") == list(entry).index("source_sha256") + 1
+
+
 def test_kernels_import_fp8kv_from_the_folder_put_on_their_path(tmp_path, monkeypatch):
     """PYTHONPATH gets the folder that holds the fp8kv package: ``import fp8kv`` works from it alone,
     and fp8kv's own modules (checks.py...) are not importable as top-level names."""

@@ -64,7 +64,7 @@ def test_every_cited_file_is_in_the_repository():
 
 
 @pytest.mark.parametrize("name", ["decode.b64_16k_fp8_us", "layouts.err_vllm", "cc.16_16_256", "earlier.ahead",
-                                  "multi.sv_rows_x_own"])
+                                  "multi.sv_rows_x_own", "step.batch_8b", "residency.d64"])
 def test_a_hand_edited_number_is_found(tmp_path, values, name):
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     marker = f"<!--v {name}-->{values[name]}<!--/v-->"
@@ -122,6 +122,22 @@ def test_check_exits_1_with_a_diff_and_readme_rewrites(tmp_path, capsys):
     assert main(["readme", "--readme", str(edited)]) == 0
     assert edited.read_text(encoding="utf-8") == readme
     assert main(["readme", "--check", "--readme", str(edited)]) == 0
+
+
+@pytest.mark.parametrize("layout, programs, message", [
+    ("32/32/80", 3, "MHA from D = 80 runs 128-token tiles, all at one residency"),
+    ("8/1/256", 3, "128-token tiles hold as many programs at MHA as at D = 256")])
+def test_a_residency_the_text_no_longer_bears_out_is_named(tmp_path, layout, programs, message):
+    """The programs an SM that the split rule's and the Gluon launch's paragraphs quote come from the sm90 builds;
+    a build whose residency parts from the sentence's grouping fails by that sentence, not silently."""
+    from fp8kv.published.issue import ISSUE, residency
+    shutil.copytree(REPO / "results/sass", tmp_path / "results/sass")
+    rows = pd.read_csv(tmp_path / ISSUE)
+    assert residency(Sources(tmp_path))["residency.d256"] == "2"
+    rows.loc[rows["layout"] == layout, "programs_per_sm"] = programs
+    rows.to_csv(tmp_path / ISSUE, index=False)
+    with pytest.raises(ValueError, match=message):
+        residency(Sources(tmp_path))
 
 
 # ------------------------------------------------------------------------------------- the markers
@@ -252,19 +268,29 @@ def test_a_csv_without_the_columns_a_table_needs_is_named(tmp_path):
         Sources(tmp_path).csv("t.csv", ["time_us"])
 
 
-# ----------------------------------------------------- no typed measurement in the Results section
-# A number with a unit of time, rate or share, a ratio (1.27×, 1.27x), a relative error (1.6e-3) or a
-# range of decimals (0.16–0.86), outside the generated markers, is a measurement typed by hand: it has
-# no file behind it and goes stale silently. A product of sizes (64 × 16k, 2 × 71) is not one.
+# ------------------------------------------------------------- no typed measurement anywhere in the README
+# A number with a unit of time, rate or share, a ratio (1.27×, 1.27x, 1.85 times, 2.06-fold), a relative error
+# (1.6e-3), a range of decimals (0.16–0.86), a metric's value (KL 0.00825, error 0.0066), a count of points
+# (12 of the 13), a crossover context (beyond 7,933 tokens), a measured batch (batch 49: the sweeps' batches are
+# powers of two, a ceiling or best batch is not) or a residency (3 an SM), outside code fences and the generated
+# markers, is a measurement typed by hand: it has no file behind it and goes stale silently. A product of sizes
+# (64 × 16k, 2 × 71) is not one.
 _NUM = r"\d+(?:[.,]\d+)*(?:e-?\d+)?"
+_POW2 = "|".join(str(2 ** i) for i in range(13))
 TYPED = re.compile(
     rf"(?<![\w.]){_NUM}(?:\s*[–-]\s*{_NUM})?"
-    r"(?:\s*(?:µs|us|ms|GB/s|TB/s|GiB|MiB|KiB|%)(?!\w)|\s*×(?!\s*[\d(])|x\b)"
+    r"(?:\s*(?:µs|us|ms|GB/s|TB/s|GiB|MiB|KiB|%|tokens/s|TFLOP/s)(?!\w)|\s*×(?!\s*[\d(])|x\b|\s+times\b|-fold\b"
+    r"|\s+(?:programs\s+|warps\s+|CTAs\s+)?an\s+SM\b)"
     r"|(?<![\w.])\d+\.\d+e-\d+"
-    r"|(?<![\w.])\d+\.\d+\s*–\s*\d+\.\d+")
-# Numbers in the Results section that are not measurements, each with why; every entry must still
-# appear in the README (a stale entry fails), and it is matched as written, context included.
+    r"|(?<![\w.])\d+\.\d+\s*–\s*\d+\.\d+"
+    r"|(?<![\w.])\d+\s+of\s+(?:the\s+|all\s+)?\d+(?![\w.])"
+    rf"|\b(?:beyond|below|above|from|after)\s+{_NUM}\s+tokens\b"
+    r"|\b(?:KL|error|perplexity|PPL|ppl|err)\s+(?:of\s+)?\d*\.\d+"
+    rf"|\bbatch(?:es)?\s+(?!(?:{_POW2})(?!\d|[.,]\d))\d+")
+# Numbers of the README that are not measurements, each with why; every entry must still appear in the README
+# outside code fences (a stale entry fails), and it is matched as written, context included.
 NOT_MEASURED = {
+    "(2.11–2.13)": "the torch releases fp8kv supports",
     "exceed 100 %": "a threshold (the copy rate counts read + write)",
     "at ≤ 600 µs": "the project's latency target",
     "≥ 1.3× FlashInfer FP8": "the project's speed-up target",
@@ -272,6 +298,7 @@ NOT_MEASURED = {
     "(128 MiB by default)": "FlashInfer's default workspace",
     "(up to 4 GiB)": "fp8kv's cap on that workspace",
     "≥ 3 % faster": "fp8kv.bench.tune's threshold",
+    "1.5 and 2 times the split count": "the split counts the wide probe tried",
     "99 KiB": "those GPUs' shared memory per block",
     "Below 90 % of BF16's rate": "a threshold the bullet names",
     "short of the 1.5×": "the ratio of bytes, FP8 against BF16 with its scales",
@@ -281,26 +308,29 @@ NOT_MEASURED = {
 
 
 def scanned_sections(readme: str) -> list[tuple[int, str]]:
-    """``(first line number, text)`` of the sections that quote measurements: "At a glance" and Results."""
-    head, results = readme.split("## Results", 1)
-    sections = [(head.count("\n") + 1, results)]
-    if "## At a glance" in head:
-        at = head.index("## At a glance")
-        sections.insert(0, (head[:at].count("\n") + 1, head[at:head.find("\n## ", at + 1)]))
-    return sections
+    """``(first line number, text)`` of every stretch of the README outside its code fences (```): the whole
+    README is scanned, the commands and code it quotes are not."""
+    sections, lines, start, fence = [], readme.split("\n"), 0, False
+    for i, line in enumerate(lines):
+        if line.strip().startswith("```"):
+            if not fence:
+                sections.append((start + 1, "\n".join(lines[start:i])))
+            fence, start = not fence, i + 1
+    if not fence:
+        sections.append((start + 1, "\n".join(lines[start:])))
+    return [(first, text) for first, text in sections if text.strip()]
 
 
 def typed_measurements(readme: str) -> list[str]:
-    """``"line N: text"`` for each measurement-like number of the "At a glance" and Results sections outside
-    generated markers and not in :data:`NOT_MEASURED`."""
+    """``"line N: text"`` for each measurement-like number of the README outside code fences, generated markers
+    and :data:`NOT_MEASURED`."""
     return [hit for first, text in scanned_sections(readme) for hit in _typed_in(text, first)]
 
 
-def _typed_in(results: str, first_line: int) -> list[str]:
+def _typed_in(text: str, first_line: int) -> list[str]:
     found = []
-    lines = results.split("\n")
     in_block = False
-    for i, line in enumerate(lines):
+    for i, line in enumerate(text.split("\n")):
         if line.strip().startswith("<!-- generated: "):
             in_block = True
             continue
@@ -316,49 +346,70 @@ def _typed_in(results: str, first_line: int) -> list[str]:
     return found
 
 
-def test_no_measurement_is_typed_in_the_results_section():
+def test_no_measurement_is_typed_in_the_readme():
     found = typed_measurements((REPO / "README.md").read_text(encoding="utf-8"))
-    assert not found, ("measurements typed by hand in README.md's Results section (generate each from the results "
-                       "file it cites, or remove it):\n" + "\n".join(found))
+    assert not found, ("measurements typed by hand in README.md (generate each from the results file it cites, or "
+                       "remove it; a number that is no measurement goes into NOT_MEASURED with why):\n" + "\n".join(found))
 
 
 def test_every_allowed_number_is_still_in_the_readme():
-    results = (REPO / "README.md").read_text(encoding="utf-8").split("## Results", 1)[1]
-    assert [p for p in NOT_MEASURED if p not in results] == []
+    outside = "\n".join(text for _, text in scanned_sections((REPO / "README.md").read_text(encoding="utf-8")))
+    assert [p for p in NOT_MEASURED if p not in outside] == []
 
 
-@pytest.mark.parametrize("typed", ["took 12.5 µs", "at 3.2 TB/s", "4110 GB/s", "at 93 % of", "1.27× faster",
-                                   "1.27x the bytes", "0.93–1.24× the time", "2.9–3.5e-3", "error 1.6e-3",
-                                   "a range 0.16–0.86", "3–24 % slower", "2.4 ms", "(0.93× / 0.95×"])
-def test_a_typed_measurement_is_found(typed):
+# A place in each part of the README: the first screen, the set-up, the package's table, the checks, the Results
+PLACES = ["## At a glance\n", "## Set-up: two commands\n", "## The package\n", "## What is validated\n",
+          "### Rendered reports\n"]
+
+
+def _placed(text: str, place: str) -> str:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    edited = readme.replace("### Rendered reports\n", f"### Rendered reports\n\nIt {typed} here.\n", 1)
-    assert edited != readme
-    found = typed_measurements(edited)
+    edited = readme.replace(place, f"{place}\nIt {text} here.\n", 1)
+    assert edited != readme, place
+    return edited
+
+
+TYPED_FORMS = ["took 12.5 µs", "at 3.2 TB/s", "4110 GB/s", "at 93 % of", "1.27× faster", "1.27x the bytes",
+               "0.93–1.24× the time", "2.9–3.5e-3", "error 1.6e-3", "a range 0.16–0.86", "3–24 % slower", "2.4 ms",
+               "(0.93× / 0.95×", "pays beyond 7,933 tokens", "ahead at 12 of the 13", "serves 14,867 tokens/s",
+               "has KL 0.00825", "error 0.0066", "buys 1.85 times", "is 2.06-fold", "runs 206–321 TFLOP/s",
+               "reads at batch 49", "runs 3 an SM", "holds 2–5 programs an SM", "pays from 1,456 tokens on",
+               "at batches 98 and 110"]
+
+
+@pytest.mark.parametrize("typed", TYPED_FORMS)
+def test_a_typed_measurement_is_found(typed):
+    found = typed_measurements(_placed(typed, "### Rendered reports\n"))
     assert found and all("here." in f for f in found), found  # found, and only on the line that was added
 
 
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("typed", ["took 12.5 µs", "pays beyond 7,933 tokens", "ahead at 12 of the 13",
+                                   "serves 14,867 tokens/s", "has KL 0.00825", "error 0.0066", "buys 1.85 times",
+                                   "is 2.06-fold", "reads at batch 49", "runs 3 an SM"])
+def test_a_typed_measurement_is_found_in_every_part_of_the_readme(typed, place):
+    found = typed_measurements(_placed(typed, place))
+    assert found and all("here." in f for f in found), found
+
+
+@pytest.mark.parametrize("place", ["## The package\n", "### Rendered reports\n"])
 @pytest.mark.parametrize("text", ["B = 64 × 16k", "on 2026-12-04", "FlashInfer 0.6.13", "32/8/128 and 71/1/64",
                                   "16k contexts", "2 × 71 FLOPs", "1–16 × 4k–16k", "pages of 8 to 256 tokens",
                                   "commit 86a153bd", "about 2 × (FP8 bytes/s ÷ BF16 bytes/s)",
-                                  "<!--v decode.cells-->12 µs<!--/v-->"])
-def test_a_non_measurement_or_a_generated_value_is_not_found(text):
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    edited = readme.replace("### Rendered reports\n", f"### Rendered reports\n\nIt {text} here.\n", 1)
-    assert typed_measurements(edited) == []
-
-
-def test_a_typed_measurement_at_a_glance_is_found():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    edited = readme.replace("## At a glance\n", "## At a glance\n\nIt decodes in 12.5 µs here.\n", 1)
-    assert edited != readme
-    found = typed_measurements(edited)
-    assert found and all("here." in f for f in found), found
+                                  "<!--v decode.cells-->12 µs<!--/v-->", "at batch 1", "at batches 16 and 64",
+                                  "batch 256", "B = 49", "512-token splits", "one of 71 heads", "1 / 17 / 5003 / 16379"])
+def test_a_non_measurement_or_a_generated_value_is_not_found(text, place):
+    assert typed_measurements(_placed(text, place)) == []
 
 
 def test_a_typed_measurement_inside_a_generated_block_is_the_block_s():
     readme = "## Results\n<!-- generated: t -->\n| 12.5 µs |\n<!-- /generated -->\nthen 3.1 µs\n"
     assert [f.split(":")[0] for f in typed_measurements(readme)] == ["line 5"]
+
+
+def test_a_code_fence_is_not_scanned_and_what_follows_it_is():
+    readme = "# t\n\n```bash\npython -m fp8kv.bench --rep 30   # took 12.5 µs\n```\n\nthen 3.1 µs\n```\n1.2×\n"
+    assert [f.split(":")[0] for f in typed_measurements(readme)] == ["line 7"]  # an unclosed fence hides its rest
 
 
 # ---------------------------------------------------------------------------- the text-file readers

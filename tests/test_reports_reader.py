@@ -277,6 +277,56 @@ def test_stale_pages_compares_each_recorded_hash_with_the_notebook_today(tmp_pat
     assert index_module.stale_pages(manifest, books) == {"a", "b", "c", "d"}
 
 
+def test_code_changed_pages_compare_each_page_s_fp8kv_digest_with_today_s():
+    """A page's own ``fp8kv_source`` decides; a page rendered before the runner recorded one takes its run's
+    (``device.fp8kv_source``); a page with neither is not known to be current, so it is flagged."""
+    manifest = {"device": {"fp8kv_source": "aaaaaaaaaaaa"},
+                "notebooks": [{"name": "now", "fp8kv_source": "cccccccccccc"},
+                              {"name": "older", "fp8kv_source": "bbbbbbbbbbbb"},
+                              {"name": "before_per_page"},  # rendered before entries had their own digest
+                              {"name": "empty", "fp8kv_source": ""}, "not an entry", {"fp8kv_source": "x"}]}
+    assert index_module.recorded_code(manifest) == {"now": "cccccccccccc", "older": "bbbbbbbbbbbb",
+                                                    "before_per_page": "aaaaaaaaaaaa", "empty": "aaaaaaaaaaaa"}
+    assert index_module.code_changed_pages(manifest, "cccccccccccc") == {"older", "before_per_page", "empty"}
+    assert index_module.code_changed_pages(manifest, "aaaaaaaaaaaa") == {"now", "older"}
+    del manifest["device"]
+    assert index_module.code_changed_pages(manifest, "cccccccccccc") == {"older", "before_per_page", "empty"}
+    assert index_module.recorded_code(manifest)["before_per_page"] is None
+    from fp8kv.device import source_digest
+
+    current = {"notebooks": [{"name": "a", "fp8kv_source": source_digest()}]}
+    assert index_module.code_changed_pages(current) == set()  # default: the code imported now
+
+
+def test_index_flags_each_page_whose_code_changed_since_it_was_rendered(tmp_path):
+    """A constructed report: one page rendered with today's code, one with other code, one from before the runner
+    recorded a digest per page (its run's digest decides). The index says which, and with what code, and stays the
+    same page whatever today's digest is (it is never printed)."""
+    _report(tmp_path, "nvidia-h200", "full", name="NVIDIA H200", kl=1e-3, time_us=10.0, meaningful=True)
+    manifest_path = tmp_path / "nvidia-h200" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["device"]["fp8kv_source"] = "run000000000"
+    digests = {"00_environment": "today0000000", "04_decode_latency": "older0000000"}
+    for e in manifest["notebooks"]:
+        if e["name"] in digests:
+            e["fp8kv_source"] = digests[e["name"]]
+    manifest_path.write_text(json.dumps(manifest))
+    row = index_module.gpu_summary(tmp_path / "nvidia-h200", code="today0000000")
+    assert row["code_changed"] == {"04_decode_latency", "06_model_accuracy"}
+    html = runner.build_index(tmp_path, code="today0000000").read_text(encoding="utf-8")
+    assert 'href="nvidia-h200/00_environment.html">00_environment</a> (stale) ·' in html  # no source hash: stale
+    for name in ("04_decode_latency", "06_model_accuracy"):
+        assert f'href="nvidia-h200/{name}.html">{name}</a> (stale) (code changed)' in html  # both flags
+    assert ("code changed since this page was rendered: 04_decode_latency (fp8kv older0000000); 06_model_accuracy "
+            "(fp8kv run000000000)") in html
+    assert "today0000000" not in html
+    assert page_problems(html) == []
+    other = runner.build_index(tmp_path, code="another00000").read_text(encoding="utf-8")
+    assert other.count("(code changed)") == 3 and "another00000" not in other
+    now = runner.build_index(tmp_path, code="run000000000").read_text(encoding="utf-8")
+    assert now.count("(code changed)") == 2 and "06_model_accuracy</a> (stale) (code changed)" not in now
+
+
 @pytest.mark.parametrize("folder", sorted({p.parent for p in COMMITTED}), ids=lambda p: p.name)
 def test_committed_manifest(folder):
     assert manifest_problems(folder) == []

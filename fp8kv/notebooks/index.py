@@ -132,7 +132,32 @@ def stale_pages(manifest: dict, notebook_dir: str | os.PathLike | None = None) -
     return stale
 
 
-def gpu_summary(folder: str | os.PathLike, notebook_dir: str | os.PathLike | None = None) -> dict:
+def recorded_code(manifest: dict) -> dict[str, str | None]:
+    """Per notebook of a report, the digest of the fp8kv code its page was rendered with: the entry's own
+    ``fp8kv_source`` (the runner records one per page), else, for a page rendered before it did, the run's
+    (the manifest's ``device.fp8kv_source``); None where neither is recorded."""
+    run = as_dict(manifest.get("device")).get("fp8kv_source")
+    out = {}
+    for e in as_dicts(manifest.get("notebooks")):
+        if isinstance(e.get("name"), str):
+            own = e.get("fp8kv_source")
+            out[e["name"]] = own if isinstance(own, str) and own else run if isinstance(run, str) and run else None
+    return out
+
+
+def code_changed_pages(manifest: dict, current: str | None = None) -> set[str]:
+    """The notebooks of a report whose page was rendered with other fp8kv code than ``current`` (default the
+    code imported now, :func:`fp8kv.device.source_digest`), or with code no digest records (:func:`recorded_code`):
+    their numbers stand for the code of that run, not for today's kernels and rules."""
+    if current is None:
+        from ..device import source_digest
+
+        current = source_digest()
+    return {name for name, digest in recorded_code(manifest).items() if digest != current}
+
+
+def gpu_summary(folder: str | os.PathLike, notebook_dir: str | os.PathLike | None = None,
+                code: str | None = None) -> dict:
     """One GPU's row of the index, from the results JSON in its report folder (missing ones give "–").
 
     Keys: ``slug``, ``name``, ``arch``, ``versions``, ``mode``, ``capability`` (supported / total
@@ -143,7 +168,9 @@ def gpu_summary(folder: str | os.PathLike, notebook_dir: str | os.PathLike | Non
     (per model, mean KL of e4m3 amax-scaled KV against bf16), ``timings_meaningful``, ``pages``,
     ``smoke`` (the notebooks whose last run was a smoke run: :func:`smoke_notebooks`; their numbers are left
     out, as no result), ``stale`` (:func:`stale_pages`: pages rendered from another version of their notebook
-    than ``notebook_dir``'s, flagged on the page) and ``speedup_grid`` (the shapes the speed-up's median is over).
+    than ``notebook_dir``'s, flagged on the page), ``code_changed`` (:func:`code_changed_pages`: pages rendered
+    with other fp8kv code than ``code``, default today's), ``rendered_with`` (:func:`recorded_code`) and
+    ``speedup_grid`` (the shapes the speed-up's median is over).
     """
     import statistics
 
@@ -161,6 +188,7 @@ def gpu_summary(folder: str | os.PathLike, notebook_dir: str | os.PathLike | Non
            "mode": as_text(manifest.get("mode")), "capability": "–", "copy_gbps": None, "speedup": {},
            "kv_capacity": {}, "kl": {}, "timings_meaningful": None, "notes": notes, "smoke": smoke,
            "speedup_grid": "", "stale": stale_pages(manifest, notebook_dir),
+           "code_changed": code_changed_pages(manifest, code), "rendered_with": recorded_code(manifest),
            "pages": [(e["name"], f"{folder.name}/{e['html']}") for e in manifest.get("notebooks", []) if e.get("html")]}
     if env:
         here = as_dicts(env.get("capability_here"))
@@ -191,6 +219,19 @@ def gpu_summary(folder: str | os.PathLike, notebook_dir: str | os.PathLike | Non
             if r.get("config") == "e4m3 tensor amax":
                 row["kl"][as_text(r.get("model"))] = r.get("kl_mean")
     return row
+
+
+def _code_changed_text(row: dict) -> str:
+    """The pages whose fp8kv code has changed, grouped by the code each was rendered with (never today's digest,
+    which every commit changes: the page stays the same until a page's flag does)."""
+    import html
+
+    by_code: dict[str, list[str]] = {}
+    for name in sorted(row["code_changed"]):
+        digest = row["rendered_with"].get(name)
+        by_code.setdefault(f"fp8kv {digest}" if digest else "no recorded fp8kv digest", []).append(name)
+    groups = "; ".join(f"{', '.join(names)} ({what})" for what, names in by_code.items())
+    return html.escape(groups + ": their numbers stand for that code, not today's; run them again to refresh them")
 
 
 def _millions(tokens) -> str:
@@ -272,14 +313,16 @@ def _plotlyjs_for_index(root: Path) -> str:
     return name
 
 
-def build_index(reports_dir: str | os.PathLike = "reports", notebook_dir: str | os.PathLike | None = None) -> Path:
+def build_index(reports_dir: str | os.PathLike = "reports", notebook_dir: str | os.PathLike | None = None,
+                code: str | None = None) -> Path:
     """Write ``<reports_dir>/index.html``: every GPU's report on one page, viewable offline.
 
     One row per ``<gpu-slug>/`` folder (:func:`gpu_summary`) with links to its pages, and figures that
     overlay the GPUs (latency vs context, share of the copy bandwidth vs batch). Built by every run
     and by ``python -m fp8kv.notebooks index``; a new GPU's folder adds a row, nothing else changes.
     A page rendered from another version of its notebook than ``notebook_dir``'s is flagged stale
-    (:func:`stale_pages`). A ``reports_dir`` that is not a folder, or a path written (index.html, the plotly.js beside it) that is
+    (:func:`stale_pages`), one rendered with other fp8kv code than ``code`` (default the code imported now)
+    "code changed" (:func:`code_changed_pages`). A ``reports_dir`` that is not a folder, or a path written (index.html, the plotly.js beside it) that is
     a folder, is a ValueError naming it.
     """
     import html as _html
@@ -290,7 +333,7 @@ def build_index(reports_dir: str | os.PathLike = "reports", notebook_dir: str | 
                          "<gpu-slug>/ report folders")
     skipped: list[str] = []
     folders = report_folders(root, skipped)
-    rows = [gpu_summary(f, notebook_dir) for f in folders]
+    rows = [gpu_summary(f, notebook_dir, code) for f in folders]
     # A folder or file that cannot be read is named on the page and on stderr, never a crash of the index
     # (nor silently dropped); the page of readable reports alone is unchanged.
     notes = skipped + [n for r in rows for n in r["notes"]]
@@ -310,11 +353,14 @@ def build_index(reports_dir: str | os.PathLike = "reports", notebook_dir: str | 
             speed += "<br><i>(CPU timings: not meaningful for any GPU)</i>"
         kl = "<br>".join(f"{esc(m)}: {fmt_value(v, '.2e')} nats/token" for m, v in r["kl"].items()) or "–"
         pages = " · ".join(f'<a href="{esc(href)}">{esc(name)}</a>' + (" (stale)" if name in r["stale"] else "")
+                           + (" (code changed)" if name in r["code_changed"] else "")
                            for name, href in r["pages"]) or "–"
         if r["stale"]:
             pages += (f"<br><i>stale: {esc(', '.join(sorted(r['stale'])))} rendered from earlier versions of their "
                       "notebooks (their numbers stand for the code of that run); run them again on this machine to "
                       "refresh them</i>")
+        if r["code_changed"]:
+            pages += f"<br><i>code changed since this page was rendered: {_code_changed_text(r)}</i>"
         smoke = sorted(r["smoke"])
         run = esc(r["mode"]) + (f"<br><i>smoke, no numbers shown: {esc(', '.join(smoke))}</i>"
                                 if smoke and not only_smoke(r) else "")

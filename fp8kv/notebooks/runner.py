@@ -103,9 +103,14 @@ def _run_one(book: Path, staging: Path, params: dict, timeout_s: int, progress: 
              kernel_name: str, published_out_dir: str | None = None) -> dict:
     import papermill as pm
 
+    from ..device import source_digest
+
     name = book.stem
     executed = staging / f"{name}.ipynb"
-    entry = {"name": name, "source": book.name, "source_sha256": notebook_hash(book), "status": "ok",
+    # the fp8kv code this page's kernel imports (PYTHONPATH: the package's root), read as it starts: a page's
+    # numbers stand for that code, which the index compares with the code of the day
+    entry = {"name": name, "source": book.name, "source_sha256": notebook_hash(book),
+             "fp8kv_source": source_digest(PACKAGE_PARENT / "fp8kv"), "status": "ok",
              "error": None, "mode": "smoke" if params["SMOKE"] else "full",
              "parameters": {k: v for k, v in params.items() if k not in PARAMETER_NAMES}, "started": utc_stamp(),
              "duration_s": None, "ipynb": None, "html": None, "results": None}
@@ -213,7 +218,8 @@ def run_notebooks(notebook_dir: str | os.PathLike | None = None, out: str | os.P
     not), ``ran`` (names executed by this run; the others were carried over), ``report_dir`` (the
     folder's name, relative to ``out``: the manifest holds no absolute path), and ``notebooks``: one
     entry per notebook with ``name``, ``source``, ``source_sha256`` (:func:`notebook_hash` of the
-    source notebook), ``status`` ("ok"/"failed"), ``error``, ``mode``, ``started``, ``duration_s``
+    source notebook), ``fp8kv_source`` (:func:`fp8kv.device.source_digest` of the fp8kv code its kernel
+    imported), ``status`` ("ok"/"failed"), ``error``, ``mode``, ``started``, ``duration_s``
     and the file names ``ipynb``, ``html``, ``results``.
 
     SIGTERM, SIGINT, SIGHUP or another signal that would end the process (:func:`fp8kv.interrupts.stop_signals`)

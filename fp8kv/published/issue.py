@@ -13,7 +13,7 @@ from .fmt import num, pct, span, times
 from .formats import FORMATS_H200, INT4_GOAL_X_FP8
 from .sources import Sources, ok_rows
 
-__all__ = ["issue", "ISSUE"]
+__all__ = ["issue", "residency", "ISSUE"]
 
 # python scripts/issue_budget.py --copy-from results/bench/nvidia-h200/20261206T100317Z.csv
 ISSUE = "results/sass/sm90/20261207T071213Z.csv"
@@ -84,3 +84,27 @@ def issue(src: Sources) -> dict[str, str]:
             "issue.cap_programs": str(cap["programs_per_sm"]), "issue.cap_share": pct(cap["budget_share"]),
             "issue.cap_x": times(default.loc["INT4", "issue_per_token"] / cap["issue_per_token"]),
             "issue.goal": num(INT4_GOAL_X_FP8, 1)}
+
+
+def residency(src: Sources) -> dict[str, str]:
+    """The programs an SM holds (``programs_per_sm``, from each build's registers and shared memory) that the
+    split rule's and the Gluon launch's paragraphs quote: FP8 with one tensor scale, no window, in the sm90 builds."""
+    rows = src.csv(ISSUE, ["num_q_heads", "num_kv_heads", "head_dim", "kv_dtype", "granularity", "window", "block_n",
+                           "programs_per_sm"])
+    fp8 = rows[(rows["kv_dtype"] == "fp8_e4m3") & (rows["granularity"] == "tensor") & rows["window"].isna()]
+
+    def at(hq: int, hkv: int, d: int, block_n: int) -> int:
+        r = fp8[(fp8["num_q_heads"] == hq) & (fp8["num_kv_heads"] == hkv) & (fp8["head_dim"] == d)]
+        claim(len(r) == 1 and int(r["block_n"].iloc[0]) == block_n, f"{hq}/{hkv}/{d} built once, in {block_n}-token "
+              "tiles", ISSUE)
+        return int(r["programs_per_sm"].iloc[0])
+
+    mha = fp8[(fp8["num_q_heads"] == fp8["num_kv_heads"]) & (fp8["head_dim"] >= 80)]
+    claim(len(mha) >= 2 and (mha["block_n"] == 128).all() and mha["programs_per_sm"].nunique() == 1,
+          "MHA from D = 80 runs 128-token tiles, all at one residency", ISSUE)
+    wide = at(8, 1, 256, 128)
+    claim(int(mha["programs_per_sm"].iloc[0]) == wide, "128-token tiles hold as many programs at MHA as at D = 256",
+          ISSUE)
+    return {"residency.span": span(fp8["programs_per_sm"], 0), "residency.d256": str(wide),
+            "residency.d128": str(at(32, 8, 128, 64)), "residency.d64": str(at(14, 2, 64, 64)),
+            "residency.mha64": str(at(32, 32, 64, 128))}

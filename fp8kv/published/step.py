@@ -24,12 +24,13 @@ def step(src: Sources) -> dict[str, str]:
     rows = ok_rows(pd.DataFrame(res["rows"]).assign(check_passed=True), STEP)
     lines = ["| model | context | ceiling BF16 / FP8 | best tokens/s BF16 (batch) | best tokens/s FP8 (batch) | FP8 ÷ BF16, best "
              "| step at BF16's ceiling, BF16 / FP8 µs | attention share there, BF16 / FP8 |", "|---|---|---|---|---|---|---|---|"]
-    b1, b4, rates = [], [], {}
+    b1, b4, rates, ceilings = [], [], {}, {}
     for r in res["reading"].values():
         m, ctx = r["model"], r["context"]
         at = rows[(rows["model"] == m) & (rows["context"] == ctx)]
         ceil = {k: int(at[at["kv_dtype"] == k]["ceiling"].iloc[0]) for k in ("bf16", "fp8_e4m3")}
         c = r["at_baseline_ceiling"]
+        ceilings[m] = ceil["bf16"]
         there = at[at["batch"] == c["batch"]].set_index("kv_dtype")
         best, bb = r["best_tokens_per_s"], r["best_batch"]
         lines.append(f"| {m} | {ctx} | {ceil['bf16']} / {ceil['fp8_e4m3']} | {_grouped(best['bf16'])} ({bb['bf16']}) | "
@@ -56,6 +57,10 @@ def step(src: Sources) -> dict[str, str]:
     bf16 = {m: r.loc["bf16"] for m, r in rates.items()}
     claim(min(bf16, key=bf16.get) == "Qwen3-8B", "BF16 attention read slowest in Qwen3-8B's step", STEP)
     v["step.bf16_tbs_8b"] = num(bf16["Qwen3-8B"], 2)
+    at_8b = next(r for r in res["reading"].values() if r["model"] == "Qwen3-8B")
+    batch_8b = at_8b["at_baseline_ceiling"]["batch"]  # the batch those rates were read at
+    claim(batch_8b == ceilings["Qwen3-8B"], "Qwen3-8B's rates are read at its BF16 ceiling", STEP)
+    v["step.batch_8b"] = str(batch_8b)
     v["step.bf16_tbs_others"] = " and ".join(num(x, 2) for m, x in bf16.items() if m != "Qwen3-8B")
     return v
 

@@ -324,7 +324,7 @@ def needle_margins(needles, *, title: str | None = None) -> go.Figure:
                                                + "</extra>"), row=1, col=2)
     fig.update_xaxes(type="log", title_text="context (tokens)")
     measured_ticks(fig, "x", needles["context"].unique(), "context")
-    fig.update_yaxes(title_text="logits", row=1, col=1)
+    fig.update_yaxes(title_text="margin (logits)", tickformat="~g", row=1, col=1)  # ~g: 0.004, never "4m"
     fig.update_yaxes(title_text="attention weight (%)", tickformat=PERCENT, rangemode="tozero", row=1, col=2)
     fig.update_layout(title=title or "Needle: still the top position after FP8? (margin in logits; below 0 it is "
                                      "not; weight in %)", legend_title_text="scores / weights")
