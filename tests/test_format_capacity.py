@@ -108,3 +108,103 @@ def test_capacity_table_one_row_per_format_and_misfits_noted():
     assert df.drop(smol_kivi.index).fits.all()
     llama = df[(df.model == "Llama-3.1-8B") & (df.gpu == "H100")].set_index("kv_dtype")
     assert llama.loc["int4_token_head", "tokens"] > llama.loc["int8_token_head", "tokens"] > llama.loc["bf16", "tokens"]
+
+
+# ------------------------------------------------------------------------ notebook 03's walkthrough and measured bytes
+ODD = dict(name="odd", num_layers=3, num_q_heads=6, num_kv_heads=3, head_dim=64, max_position_embeddings=100,
+           num_params=1000)
+
+
+@pytest.mark.parametrize("fmt", kvf.PAGED_FORMATS)
+def test_the_walkthrough_recomputes_a_paged_formats_plan(fmt):
+    from fp8kv import analysis
+
+    walk = analysis.capacity_walkthrough("Qwen3-8B", fmt, "H100", request_len=1000)
+    assert walk["match"].map(lambda m: m is not False).all() and (walk["match"] == True).sum() == 8  # noqa: E712
+    steps = dict(zip(walk["step"], walk["value"], strict=True))
+    fp = kvf.kv_footprint(fmt, num_kv_heads=8, head_dim=128, num_layers=36)
+    assert steps["bytes per token"] == fp.per_token and steps["fixed scale bytes"] == fp.fixed
+    assert fmt in dict(zip(walk["step"], walk["formula"], strict=True))["fixed scale bytes"]
+    walks = analysis.capacity_walkthroughs("Qwen3-8B", ["bf16", fmt], "H100", request_len=1000)
+    assert f"KV {fmt}:" in analysis.walkthrough_text(walks, "Qwen3-8B", "H100")
+
+
+@pytest.mark.parametrize("fmt", kvf.PAGED_FORMATS)
+def test_a_paged_formats_measured_bytes_are_a_quantized_caches(fmt):
+    from fp8kv import analysis
+    from fp8kv.cache.quantized import QuantizedPagedKVCache
+
+    m = analysis.measured_cache_bytes(ODD, fmt, kv_memory_gib=0.001, block_size=8)
+    assert m["equal"] and m["measured_bytes"] == m["formula_bytes"] <= m["budget_bytes"] and m["granularity"] is None
+    assert m["tokens"] == m["blocks"] * 8 and m["blocks"] > 0
+    # Independently: codes and scales of blocks x 8 tokens x 3 heads, K and V, and the tensor scales, per layer.
+    c = kvf.kv_format(fmt).key
+    groups = 64 // c.block if c.scaling == "block" else 1
+    tokens_heads = m["blocks"] * 8 * 3
+    layer = 2 * tokens_heads * (64 * c.bits // 8 + groups * c.scale_bytes) + (2 * 4 if c.tensor_scale else 0)
+    assert m["layer_nbytes"] == layer and m["measured_bytes"] == 3 * layer
+    scales = {"k_tensor_scale": 1.0, "v_tensor_scale": 1.0} if c.tensor_scale else {}
+    assert QuantizedPagedKVCache.empty(fmt, 1, m["tokens"], 3, 64, block_size=8, **scales).nbytes == layer
+
+
+def test_measured_vs_formula_takes_paged_formats_once_each():
+    from fp8kv import analysis
+
+    df = analysis.measured_vs_formula(["SmolLM2-135M"], ("bf16", "fp8_e4m3", "int8_token_head", "nvfp4"),
+                                      kv_memory_gib=0.005)
+    assert list(df["kv_dtype"]) == ["bf16", *["fp8_e4m3"] * len(GRANULARITIES), "int8_token_head", "nvfp4"]
+    assert df["equal"].all() and df.loc[df["kv_dtype"] == "nvfp4", "granularity"].map(lambda g: g is None).all()
+
+
+@pytest.mark.parametrize("bad, exc, match", [
+    ("kivi4_g32", ValueError, r"kv_dtype='kivi4_g32' has no paged cache .* a paged format among \['int8_token_head'"),
+    ("fp8_e4m3_tensor", ValueError, r"kv_dtype='fp8_e4m3_tensor' has no paged cache .* 'fp8_e4m3' and a granularity"),
+    ("int3", ValueError, r"kv_dtype='int3' is not known; expected an element type among \['bf16'"),
+    (3, TypeError, r"kv_dtype=3 \(int\); expected an element type"),
+])
+def test_the_capacity_steps_refuse_what_is_no_paged_kv_dtype_by_name(bad, exc, match):
+    from fp8kv import analysis
+
+    for call in (lambda: analysis.capacity_walkthrough("Qwen3-8B", bad, "H100"),
+                 lambda: analysis.measured_cache_bytes("SmolLM2-135M", bad, kv_memory_gib=0.001),
+                 lambda: analysis.measured_vs_formula(["SmolLM2-135M"], ["bf16", bad], kv_memory_gib=0.001)):
+        with pytest.raises(exc, match=match):
+            call()
+
+
+# ------------------------------------------------------------------------ the GPU notebook 03 reads its ratio on
+def _device(name, gib):
+    return {"type": "cuda", "name": name, "memory_gib": gib}
+
+
+@pytest.mark.parametrize("info, want", [
+    (_device("NVIDIA H100 80GB HBM3", 79.19), "H100"),
+    (_device("NVIDIA H200", 139.8), "H200"),
+    (_device("NVIDIA A100-SXM4-80GB", 79.15), "A100-80GB"),
+    (_device("NVIDIA A100-PCIE-40GB", 39.4), "A100-40GB"),
+    (_device("NVIDIA GeForce RTX 4090", 23.6), "RTX 4090"),
+    (_device("NVIDIA H100 NVL", 93.1), None),        # an H100 by name, not by memory
+    (_device("NVIDIA GH200 480GB", 94.5), None),     # GH200 is no H200
+    (_device("NVIDIA RTX A6000", 47.5), None),       # not in the registry
+    ({"type": "cpu", "name": "cpu", "memory_gib": None}, None),
+])
+def test_device_gpu_names_the_registry_gpu_this_is(info, want):
+    from fp8kv.analysis.capacity import device_gpu
+
+    assert device_gpu(info) == want
+
+
+def test_reference_gpu_is_this_gpu_where_known_else_the_fallback():
+    from fp8kv.analysis.capacity import reference_gpu
+
+    cpu = {"type": "cpu", "name": "cpu", "memory_gib": None}
+    assert reference_gpu("auto", cpu) == "H200"
+    assert reference_gpu("auto", _device("NVIDIA H100 80GB HBM3", 79.19)) == "H100"
+    assert reference_gpu("auto", _device("NVIDIA RTX A6000", 47.5), fallback="b200") == "B200"
+    assert reference_gpu("h100", cpu) == "H100"  # a name as the registry spells it
+    with pytest.raises(ValueError, match=r"REFERENCE_GPU='H300' is not a known GPU; expected \"auto\" or one of"):
+        reference_gpu("H300", cpu)
+    with pytest.raises(TypeError, match=r"REFERENCE_GPU=None \(NoneType\)"):
+        reference_gpu(None, cpu)
+    with pytest.raises(TypeError, match=r"info=\[\] \(list\)"):
+        reference_gpu("auto", [])

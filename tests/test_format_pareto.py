@@ -324,13 +324,15 @@ def test_answer_on_a_gpu_picks_the_smallest_front_format_within_the_tolerance():
                              baseline_tokens=3_328_976)
     assert viz.format_pick(table, tolerance=0.06) == "int4_token_head"
     assert text.startswith("For SmolLM2-135M on NVIDIA H100 80GB HBM3, pick **int4_token_head**: mean KL 0.05 "
-                           "nats/token against bf16 K/V (top-1 agreement 90.0%)")
+                           "nats/token against bf16 K/V, within the tolerance (top-1 agreement 90.0%)")
     assert "6,480 bytes per token" in text and "11,836,368 tokens fit in NVIDIA H100 80GB HBM3's memory" in text
     assert "(3.56× bf16's 3,328,976)" in text
     assert "60,000 decode tokens/s at batch 64, context 16,384." in text
     assert "within the tolerance of 0.06 nats/token" in text
-    assert "The next smaller, mxfp4 (6,120 bytes per token), has mean KL 0.2" in text
+    assert "The next smaller, mxfp4 (6,120 bytes per token), has mean KL 0.2 nats/token against bf16 K/V, above " \
+        "the tolerance" in text
     assert "Smoke" not in text and "smoke" not in text
+    assert "whole decode step" not in text  # no step columns joined: no step sentence
 
 
 def test_answer_of_a_smoke_run_says_so_first_and_calls_the_timing_cpu_smoke():
@@ -391,3 +393,117 @@ def test_answer_refuses_bad_arguments_by_name(kw, exc, match):
 def test_answer_refuses_a_table_where_nothing_fits():
     with pytest.raises(ValueError, match=r"no format that fits"):
         viz.format_answer(_table(tokens=0), model="m", gpu="g", tolerance=0.01, smoke=False)
+
+
+# ------------------------------------------------------------------------------------ errors beside the tolerance
+@pytest.mark.parametrize("value, tolerance, want", [
+    (0.010007, 0.01, "0.01001"),    # above: three digits would print it equal to the tolerance
+    (0.0099996, 0.01, "0.0099996"),  # below, the same
+    (0.01, 0.01, "0.01"),           # equal: equal
+    (0.05, 0.06, "0.05"),           # apart at three digits already
+    (0.123456, None, "0.123"),      # no tolerance: three digits
+])
+def test_error_digits_tell_a_value_from_the_tolerance(value, tolerance, want):
+    assert viz.error_digits(value, tolerance) == want
+    if tolerance is not None and value != tolerance:
+        assert float(want) != tolerance
+
+
+def test_answer_never_prints_an_error_above_the_tolerance_equal_to_it():
+    table = _table()
+    table.loc[table["format"] == "int4_token_head", "kl_mean"] = 0.010007
+    table.loc[table["format"] == "int8_token_head", "kl_mean"] = 0.0099996
+    text = viz.format_answer(table, model="m", gpu="g", tolerance=0.01, smoke=False)
+    assert "pick **int8_token_head**: mean KL 0.0099996 nats/token against bf16 K/V, within the tolerance" in text
+    assert "has mean KL 0.01001 nats/token against bf16 K/V, above the tolerance" in text
+    assert "within the tolerance of 0.01 nats/token" in text
+    fig = viz.pareto_figure(table, tolerance=0.01)
+    hover = next(t.hovertext[0] for t in fig.data if t.name == "int4_token_head")
+    assert "0.01001" in hover
+
+
+# ------------------------------------------------------------------------------------ the step's tokens/s
+def _ceilings(**overrides) -> pd.DataFrame:
+    """fp8kv.step.ceiling_table's rows of one run: bf16 (no format), FP8 per tensor, INT4 and NVFP4."""
+    rows = pd.DataFrame(dict(model="Qwen3-8B", context=16384,
+                             kv_dtype=["bf16", "fp8_e4m3", "int4_token_head", "nvfp4"],
+                             kv_format=["", "fp8_e4m3_tensor", "int4_token_head", "nvfp4"],
+                             bytes_per_token=[147456.0, 73728.0, 39168.0, 41472.0], ceiling=[30, 60, 113, 106],
+                             best_tokens_per_s=[1500.0, 2500.0, 3000.0, 2800.0], best_batch=[16, 32, 64, 64],
+                             ceiling_tokens_per_s=[1400.0, 2400.0, 2900.0, 2700.0]))
+    for k, v in overrides.items():
+        rows[k] = v
+    return rows
+
+
+def _with_fp8(table: pd.DataFrame) -> pd.DataFrame:
+    fp8 = table[table["format"] == "int8_token_head"].assign(format="fp8_e4m3_tensor", kl_mean=0.0005,
+                                                              bytes_per_token=12288.0)
+    return pd.concat([table, fp8], ignore_index=True)
+
+
+def test_join_step_ceilings_adds_each_formats_step_speed_by_its_format():
+    table = _with_fp8(_table())
+    out = viz.join_step_ceilings(table, _ceilings())
+    assert list(out.columns) == [*table.columns, *fpz.STEP_COLUMNS] and list(out["format"]) == list(table["format"])
+    got = out.set_index("format")
+    assert got.loc["int4_token_head", "step_tokens_per_s"] == 3000.0 and got.loc["int4_token_head", "step_batch"] == 64
+    assert got.loc["int4_token_head", "step_ceiling"] == 113
+    assert got.loc["fp8_e4m3_tensor", "step_tokens_per_s"] == 2500.0  # the step's fp8_e4m3 KV by its kv_format
+    assert math.isnan(got.loc["mxfp4", "step_tokens_per_s"]) and math.isnan(got.loc["int8_token_head", "step_batch"])
+    assert (out["step_baseline"] == "bf16").all() and (out["step_baseline_tokens_per_s"] == 1500.0).all()
+    assert (out["step_model"] == "Qwen3-8B").all() and (out["step_context"] == 16384).all()
+    assert "step_tokens_per_s" not in table.columns  # a new frame
+
+
+def test_join_step_ceilings_reads_what_the_step_report_writes():
+    from fp8kv.step import ceiling_table
+
+    rows = pd.DataFrame(dict(status="ok", model="Qwen3-8B", context=16384, kv_dtype=["bf16", "bf16", "nvfp4", "nvfp4"],
+                             kv_format=["", "", "nvfp4", "nvfp4"], batch=[1, 8, 1, 16], ceiling=[8, 8, 16, 16],
+                             tokens_per_s=[100.0, 600.0, 110.0, 1200.0], bytes_per_token=[1.0, 1.0, 0.3, 0.3]))
+    out = viz.join_step_ceilings(_table(), ceiling_table(rows)).set_index("format")
+    assert out.loc["nvfp4", "step_tokens_per_s"] == 1200.0 and out.loc["nvfp4", "step_batch"] == 16
+    assert out.loc["nvfp4", "step_baseline_tokens_per_s"] == 600.0
+
+
+def test_answer_quotes_the_picks_step_speed_against_bf16_and_fp8():
+    table = viz.join_step_ceilings(_with_fp8(_table()), _ceilings())
+    text = viz.format_answer(table, model="SmolLM2-135M", gpu="g", tolerance=0.06, smoke=False)
+    assert "pick **int4_token_head**" in text
+    assert text.endswith(" In a whole decode step of Qwen3-8B at context 16,384 (each KV format to its memory "
+                         "ceiling), int4_token_head KV reaches 3,000 tokens/s at batch 64 (its ceiling 113): 2.00× "
+                         "bf16 KV's 1,500 and 1.20× fp8_e4m3_tensor KV's 2,500.")
+    # FP8 picked: against the 16-bit KV only
+    fp8 = viz.format_answer(table, model="m", gpu="g", tolerance=0.0006, smoke=False)
+    assert "pick **fp8_e4m3_tensor**" in fp8 and "1.67× bf16 KV's 1,500." in fp8 and "fp8_e4m3_tensor KV's" not in fp8
+    # a pick the step did not run: no step sentence
+    mxfp4 = viz.format_answer(table, model="m", gpu="g", tolerance=0.5, smoke=False)
+    assert "pick **mxfp4**" in mxfp4 and "whole decode step" not in mxfp4
+
+
+def test_answer_reads_the_step_columns_of_a_saved_table():
+    """save_results writes NaN as "nan": the untimed step cells of a table read back are no number."""
+    table = viz.join_step_ceilings(_with_fp8(_table()), _ceilings())
+    saved = pd.DataFrame([{k: ("nan" if isinstance(v, float) and v != v else v) for k, v in r.items()}
+                          for r in table.to_dict("records")])
+    saved["tokens_per_s"] = table["tokens_per_s"]
+    assert "2.00× bf16 KV's 1,500" in viz.format_answer(saved, model="m", gpu="g", tolerance=0.06, smoke=False)
+    assert "whole decode step" not in viz.format_answer(saved, model="m", gpu="g", tolerance=0.5, smoke=False)
+
+
+def test_join_step_ceilings_without_rows_leaves_the_columns_empty():
+    out = viz.join_step_ceilings(_table(), _ceilings().iloc[:0])
+    assert out["step_tokens_per_s"].isna().all() and out["step_model"].isna().all()
+
+
+@pytest.mark.parametrize("ceilings, exc, match", [
+    (_ceilings(context=[16384, 16384, 32768, 32768]), ValueError, r"ceilings holds 2 runs \(model, context\)"),
+    (_ceilings().drop(columns="kv_format"), ValueError, r"join_step_ceilings: .* lacks columns \['kv_format'\]"),
+    (_ceilings(best_tokens_per_s="fast"), ValueError, r"column 'best_tokens_per_s' .* not numbers"),
+    (_ceilings(best_batch=1.5), ValueError, r"best_batch"),
+    ("rows", TypeError, r"ceilings='rows'"),
+])
+def test_join_step_ceilings_refuses_bad_ceilings_by_name(ceilings, exc, match):
+    with pytest.raises(exc, match=match):
+        viz.join_step_ceilings(_table(), ceilings)

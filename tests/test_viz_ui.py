@@ -448,3 +448,15 @@ def test_figures_name_a_frame_that_is_not_a_dataframe(figure, bad):
     """An AttributeError deep in the column check before."""
     with pytest.raises(TypeError, match="df must be a pandas DataFrame, got"):
         getattr(viz, figure)(bad, "x", "y")
+
+
+def test_readable_table_links_a_url_by_a_short_text_that_is_never_broken():
+    """A URL as link text broke anywhere, so a table wider than the page squeezed its column to one character."""
+    url = "https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json"
+    df = pd.DataFrame({"source": [url, "https://www.nvidia.com/en-us/data-center/h200/", "https://example.org"],
+                       "note": ["a", "b & c", "d"]})
+    html = viz.style.readable_table(df)._repr_html_()
+    assert f'<a href="{url}" title="{url}">huggingface.co/…/config.json</a>' in html
+    assert ">nvidia.com/…/h200</a>" in html and ">example.org</a>" in html
+    assert "td a{white-space:nowrap}" in html and "b &amp; c" in html
+    assert repr(viz.style.readable_table(df)) == df.to_string()  # the plain form keeps the whole URL

@@ -4,25 +4,70 @@ accounting step by step, and real caches' bytes beside the formula.
 :func:`capacity_grid` wraps :func:`fp8kv.capacity.capacity_table`; :func:`tokens_ratio` gives the
 FP8-over-16-bit token ratio; :func:`capacity_walkthrough` redoes the planner's block-granular
 accounting step by step from the model shape (:func:`walkthrough_text` prints it);
-:func:`measured_vs_formula` builds real :class:`~fp8kv.cache.PagedKVCache` objects and compares
-their ``nbytes`` with the formula.
+:func:`measured_vs_formula` builds real :class:`~fp8kv.cache.PagedKVCache` objects (a
+:class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` for a paged format of :mod:`fp8kv.kv_formats`) and
+compares their ``nbytes`` with the formula; :func:`device_gpu` / :func:`reference_gpu` name the registry GPU
+this machine is.
+
+The KV dtypes these take (:data:`KV_KINDS`): the element types of :data:`fp8kv.formats.KV_DTYPE_NAMES` (FP8 with a
+scale granularity) and the paged formats of :data:`fp8kv.kv_formats.PAGED_FORMATS` (INT8 / INT4 per token and head,
+NVFP4, MXFP4, ...: their scales named by the format, their bytes :func:`fp8kv.kv_formats.kv_footprint`'s).
 """
 
 from __future__ import annotations
 
 import math
+import re
+from fractions import Fraction
 
 import torch
 
 from .. import checks
 from ..cache import PagedKVCache
-from ..capacity import GIB, WEIGHT_BYTES, capacity_table, gib_text, plan_capacity, resolve_model
+from ..cache.quantized import QuantizedPagedKVCache
+from ..capacity import (
+    GIB,
+    GPUS,
+    WEIGHT_BYTES,
+    capacity_table,
+    get_gpu,
+    gib_text,
+    plan_capacity,
+    resolve_model,
+)
 from ..device import free_memory_bytes
-from ..formats import kv_dtype_info
+from ..formats import KV_DTYPE_NAMES, kv_dtype_info
+from ..kv_formats import PAGED_FORMATS, KVFormat, kv_format
 from ..quant import GRANULARITIES, SCALE_BYTES, kv_scale_bytes
 
-__all__ = ["capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough", "capacity_walkthroughs",
-           "walkthrough_text", "measured_cache_bytes", "measured_vs_formula"]
+__all__ = ["KV_KINDS", "capacity_grid", "tokens_ratio", "ratio_per_model", "capacity_walkthrough",
+           "capacity_walkthroughs", "walkthrough_text", "measured_cache_bytes", "measured_vs_formula", "device_gpu",
+           "reference_gpu"]
+
+KV_KINDS = (f"an element type among {list(KV_DTYPE_NAMES)} or a paged format among {list(PAGED_FORMATS)}")
+_SCALE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3", torch.float8_e8m0fnu: "e8m0"}
+_SAME_MEMORY = 0.03  # a registry GPU is the device only where their totals are this close (relative)
+
+
+def _paged_format(kv_dtype) -> KVFormat | None:
+    """None for an element type (:func:`fp8kv.formats.kv_dtype_info`'s), the format of a paged format; anything else
+    refused by name (TypeError for what is no name, ValueError for a name of neither)."""
+    try:
+        kv_dtype_info(kv_dtype)
+        return None
+    except ValueError:
+        pass
+    if not isinstance(kv_dtype, str):
+        checks.fail(f"kv_dtype={checks.show_value(kv_dtype)} ({type(kv_dtype).__name__}); expected {KV_KINDS}",
+                    TypeError)
+    try:
+        f = kv_format(kv_dtype)
+    except ValueError:
+        checks.fail(f"kv_dtype={kv_dtype!r} is not known; expected {KV_KINDS}")
+    if f.name not in PAGED_FORMATS:
+        checks.fail(f"kv_dtype={kv_dtype!r} has no paged cache (its scales span tokens or the whole tensor); expected "
+                    f"{KV_KINDS} (FP8 with its scales: 'fp8_e4m3' and a granularity)")
+    return f
 
 
 def capacity_grid(models, gpus, kv_dtypes=("bf16", "fp8_e4m3"), granularities=("tensor",), *,
@@ -138,19 +183,25 @@ def capacity_walkthrough(model, kv_dtype, gpu, *, utilization: float = 0.9, bloc
         checks.fail(f"model {shape.name!r} has no num_params; the walkthrough counts the weights as num_params x "
                     f"{WEIGHT_BYTES} bytes: expected a registry name, a ModelShape or dict with num_params, or a "
                     "Hugging Face config with vocab_size and intermediate_size")
+    paged = _paged_format(kv_dtype)
     plan = plan_capacity(shape, kv_dtype, gpu_memory_gib=gpu, utilization=utilization, block_size=block_size,
                          granularity=granularity, max_model_len=max_model_len)
-    _, tdtype, fmt = kv_dtype_info(kv_dtype)
-    elem = torch.empty(0, dtype=tdtype).element_size()
     layers, hkv, d = shape.num_layers, shape.num_kv_heads, shape.head_dim
     total = plan["gpu_memory_gib"] * GIB
     weights = shape.num_params * WEIGHT_BYTES
     budget = math.floor(total * utilization) - weights
-    gran = granularity if fmt is not None else None
-    fixed, scale_bpt = kv_scale_bytes(gran, num_layers=layers, num_kv_heads=hkv, head_dim=d)
-    data_bpt = layers * 2 * hkv * d * elem
-    bpt = data_bpt + scale_bpt
-    block_bytes = block_size * bpt
+    if paged is None:
+        _, tdtype, fmt = kv_dtype_info(kv_dtype)
+        elem = torch.empty(0, dtype=tdtype).element_size()
+        gran = granularity if fmt is not None else None
+        fixed, scale_bpt = kv_scale_bytes(gran, num_layers=layers, num_kv_heads=hkv, head_dim=d)
+        bpt = layers * 2 * hkv * d * elem + scale_bpt
+        fixed_text = f"{gran} scales, fp32, per layer and K/V" if gran else "16-bit: no scales"
+        bpt_text = (f"{layers} layers x 2 (K,V) x {hkv} heads x {d} x {elem} B"
+                    + (f" + {layers} x 2 x {hkv} x {SCALE_BYTES} B scales" if scale_bpt else ""))
+    else:
+        fixed, bpt, fixed_text, bpt_text = _format_bytes(paged, layers, hkv, d)
+    block_bytes = math.ceil(block_size * bpt)
     blocks = (budget - fixed) // block_bytes
     tokens = blocks * block_size
     mml = plan["max_model_len"]
@@ -161,10 +212,8 @@ def capacity_walkthrough(model, kv_dtype, gpu, *, utilization: float = 0.9, bloc
         ("GPU memory (driver total)", f"{plan['gpu_memory_gib']:.3f} {G} x 2^30", total, None),
         ("weights", f"{shape.num_params:,} params x {WEIGHT_BYTES} bytes (bf16)", weights, plan["weights_bytes"]),
         ("KV budget", f"floor(total x {utilization}) - weights", budget, plan["kv_budget_bytes"]),
-        ("fixed scale bytes", f"{gran} scales, fp32, per layer and K/V" if gran else "16-bit: no scales",
-         fixed, plan["fixed_scale_bytes"]),
-        ("bytes per token", f"{layers} layers x 2 (K,V) x {hkv} heads x {d} x {elem} B"
-         + (f" + {layers} x 2 x {hkv} x {SCALE_BYTES} B scales" if scale_bpt else ""), bpt, plan["bytes_per_token"]),
+        ("fixed scale bytes", fixed_text, fixed, plan["fixed_scale_bytes"]),
+        ("bytes per token", bpt_text, bpt, plan["bytes_per_token"]),
         ("block bytes", f"{block_size} tokens x bytes per token", block_bytes, plan["block_bytes"]),
         ("blocks", "floor((budget - fixed scales) / block bytes)", blocks, plan["blocks"]),
         ("tokens", f"blocks x {block_size}", tokens, plan["tokens"]),
@@ -180,6 +229,25 @@ def capacity_walkthrough(model, kv_dtype, gpu, *, utilization: float = 0.9, bloc
         rows.append(dict(step=step, formula=formula, value=_exact(value), planner=_exact(planner), match=match))
     return pd.DataFrame(rows, dtype=object)
 
+
+def _format_bytes(f: KVFormat, layers: int, hkv: int, d: int) -> tuple:
+    """``(fixed, bytes per token, their formulas)`` of paged format ``f``, from its codecs' codes and scales (what
+    ``kv_footprint`` counts, recomputed): each token holds ``d x bits / 8`` bytes of codes and one scale per
+    head (``token_head``) or per ``block`` channels; a per-tensor second level is fp32, once per layer and K/V."""
+    per_head, texts, tensor = 0, [], 0
+    for c in f.codecs:
+        groups = d // c.block if c.scaling == "block" else 1
+        per_head += Fraction(d * c.bits, 8) + groups * c.scale_bytes
+        dtype = _SCALE_NAMES.get(c.scale_dtype, str(c.scale_dtype).split(".")[-1])
+        texts.append(f"{d} x {c.bits}/8 + {groups} x {c.scale_bytes} {dtype}")
+        tensor += SCALE_BYTES if c.tensor_scale else 0
+    bpt = layers * hkv * per_head
+    each = texts[0] if texts[0] == texts[1] else None
+    bpt_text = (f"{layers} layers x 2 (K,V) x {hkv} heads x ({each}) B" if each else
+                f"{layers} layers x {hkv} heads x (K: {texts[0]} + V: {texts[1]}) B")
+    fixed_text = (f"{f.name}: fp32 tensor scales, per layer and K/V" if tensor else
+                  f"{f.name}: none (its scales go with each token)")
+    return layers * tensor, int(bpt) if bpt.denominator == 1 else float(bpt), fixed_text, bpt_text
 
 
 def capacity_walkthroughs(model, kv_dtypes, gpu, **kw) -> dict:
@@ -215,16 +283,18 @@ def _exact(x):
 
 def measured_cache_bytes(model, kv_dtype, granularity: str = "tensor", *, kv_memory_gib: float,
                          block_size: int = 16, device="cpu") -> dict:
-    """Allocate the planner's blocks for one layer as a real :class:`PagedKVCache`; compare bytes.
+    """Allocate the planner's blocks for one layer as a real :class:`PagedKVCache` (``kv_dtype`` an element type) or
+    :class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` (a paged format; :data:`KV_KINDS`); compare bytes.
 
     ``plan_capacity(model, kv_dtype, kv_memory_gib=...)`` says how many blocks fit in that budget
-    (over all layers). One layer's cache with exactly that many blocks is built
-    (``PagedKVCache.empty``), and ``nbytes × num_layers`` (pages plus scales, as allocated) is set
-    beside the formula ``bytes_per_token × tokens + fixed_scale_bytes``.
+    (over all layers; a format's bytes are ``kv_footprint``'s). One layer's cache with exactly that many blocks is
+    built (``empty``; a format's per-tensor scales 1), and ``nbytes × num_layers`` (pages plus scales, as
+    allocated) is set beside the formula ``bytes_per_token × tokens + fixed_scale_bytes``.
 
-    Returns a dict: model, kv_dtype, granularity, num_layers, blocks, tokens, layer_nbytes,
-    measured_bytes, formula_bytes, equal (bool), budget_bytes.
+    Returns a dict: model, kv_dtype, granularity (None for 16-bit and formats), num_layers, blocks, tokens,
+    layer_nbytes, measured_bytes, formula_bytes, equal (bool), budget_bytes.
     """
+    paged = _paged_format(kv_dtype)
     plan = plan_capacity(model, kv_dtype, kv_memory_gib=kv_memory_gib, block_size=block_size,
                          granularity=granularity, max_model_len=block_size)
     shape = resolve_model(model)
@@ -233,8 +303,13 @@ def measured_cache_bytes(model, kv_dtype, granularity: str = "tensor", *, kv_mem
     if free is not None and layer_bytes > free:  # refused by name rather than failed in the allocator
         checks.fail(f"kv_memory_gib={kv_memory_gib:g}: one layer of {shape.name}'s planned cache takes "
                     f"{gib_text(layer_bytes)}, more than the {gib_text(free)} free on {device}; measure a smaller budget")
-    cache = PagedKVCache.empty(1, plan["tokens"], shape.num_kv_heads, shape.head_dim, block_size=block_size,
-                               kv_dtype=kv_dtype, granularity=granularity, device=device)
+    if paged is None:
+        cache = PagedKVCache.empty(1, plan["tokens"], shape.num_kv_heads, shape.head_dim, block_size=block_size,
+                                   kv_dtype=kv_dtype, granularity=granularity, device=device)
+    else:
+        tensor = {f"{w}_tensor_scale": 1.0 for w, c in zip("kv", paged.codecs, strict=True) if c.tensor_scale}
+        cache = QuantizedPagedKVCache.empty(paged, 1, plan["tokens"], shape.num_kv_heads, shape.head_dim,
+                                            block_size=block_size, device=device, **tensor)
     if cache.num_blocks != plan["blocks"]:  # empty() reserves ceil(tokens / block_size) = blocks
         raise RuntimeError(f"cache has {cache.num_blocks} blocks, the plan {plan['blocks']}")
     measured = cache.nbytes * shape.num_layers
@@ -247,17 +322,49 @@ def measured_cache_bytes(model, kv_dtype, granularity: str = "tensor", *, kv_mem
 
 def measured_vs_formula(models, kv_dtypes=("bf16", "fp8_e4m3"), granularities=GRANULARITIES, *,
                         kv_memory_gib: float, block_size: int = 16, device="cpu"):
-    """:func:`measured_cache_bytes` for every model × kv_dtype × granularity (16-bit: once). A DataFrame."""
+    """:func:`measured_cache_bytes` for every model × kv_dtype × granularity (16-bit and paged formats, whose scales
+    the format names: once). ``kv_dtypes``: names of :data:`KV_KINDS`. A DataFrame."""
     import pandas as pd
 
     models = [models] if isinstance(models, str) else list(models)
     kv_dtypes = [kv_dtypes] if isinstance(kv_dtypes, str) else list(kv_dtypes)
     granularities = tuple(checks.many_of(granularities, "granularities", GRANULARITIES))
+    fp8 = {kd: _paged_format(kd) is None and kv_dtype_info(kd)[2] is not None for kd in kv_dtypes}  # named up front
     rows = []
     for m in models:
         for kd in kv_dtypes:
-            fp8 = kv_dtype_info(kd)[2] is not None
-            for gran in granularities if fp8 else granularities[:1]:
+            for gran in granularities if fp8[kd] else granularities[:1]:
                 rows.append(measured_cache_bytes(m, kd, gran, kv_memory_gib=kv_memory_gib, block_size=block_size,
                                                  device=device))
     return _none_for_missing(pd.DataFrame(rows), "granularity")
+
+
+def device_gpu(info: dict) -> str | None:
+    """The name in :data:`fp8kv.capacity.GPUS` of the GPU that ``info`` (:func:`fp8kv.device.describe_device`'s dict)
+    describes, or None: a CPU, or a GPU the registry does not know. A registry GPU is the device where every word of
+    its name is a word of the device's ("NVIDIA H100 80GB HBM3" is the H100, "NVIDIA A100-SXM4-80GB" the A100-80GB,
+    "NVIDIA GeForce RTX 4090" the RTX 4090) and its driver total is within 3 % of the device's memory (an H100 NVL,
+    94 GB, is no H100)."""
+    if not isinstance(info, dict):
+        checks.fail(f"info={checks.show_value(info)} ({type(info).__name__}); expected describe_device()'s dict",
+                    TypeError)
+    if info.get("type") != "cuda" or not isinstance(info.get("name"), str) or not info.get("memory_gib"):
+        return None
+    words = set(re.findall(r"[a-z0-9.]+", info["name"].lower()))
+    found = [g.name for g in GPUS.values() if set(re.findall(r"[a-z0-9.]+", g.name.lower())) <= words
+             and abs(g.total_gib - float(info["memory_gib"])) <= _SAME_MEMORY * g.total_gib]
+    return found[0] if len(found) == 1 else None
+
+
+def reference_gpu(choice: str, info: dict, fallback: str = "H200") -> str:
+    """Notebook 03's REFERENCE_GPU: ``"auto"``, the GPU this is (:func:`device_gpu` of ``info``) where the registry
+    knows it, else ``fallback``; or a GPU name of :data:`fp8kv.capacity.GPUS`, as the registry spells it."""
+    if not isinstance(choice, str):
+        checks.fail(f"REFERENCE_GPU={checks.show_value(choice)} ({type(choice).__name__}); expected \"auto\" or a GPU "
+                    f"name among {sorted(GPUS)}", TypeError)
+    if choice == "auto":
+        return device_gpu(info) or get_gpu(fallback).name
+    try:
+        return get_gpu(choice).name
+    except ValueError:
+        checks.fail(f"REFERENCE_GPU={choice!r} is not a known GPU; expected \"auto\" or one of {sorted(GPUS)}")

@@ -39,10 +39,12 @@ from .format_figures import (
     relative_error_vs_magnitude,
 )
 from .format_pareto import (
+    error_digits,
     format_answer,
     format_bytes,
     format_layer_errors,
     format_pick,
+    join_step_ceilings,
     pareto_figure,
     pareto_front,
 )
@@ -117,4 +119,6 @@ __all__ = [
     "format_layer_errors",
     "format_pick",
     "format_answer",
+    "join_step_ceilings",
+    "error_digits",
 ]

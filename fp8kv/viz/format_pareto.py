@@ -4,7 +4,9 @@ into codes and scales, the error per layer of K and V, and the answer in words.
 The figures take :func:`fp8kv.analysis.format_errors.format_table`'s table (one row per format: ``bytes_per_token``
 from ``kv_footprint`` through the capacity planner, ``tokens`` that fit, ``out_rel_err`` / ``kl_mean`` /
 ``top1_agree``, ``tokens_per_s`` and its ``timing``) or :func:`~fp8kv.analysis.format_errors.model_format_errors`'
-per-layer rows. Errors span decades, so they sit on log axes written in powers of ten.
+per-layer rows. Errors span decades, so they sit on log axes written in powers of ten. :func:`join_step_ceilings`
+adds a whole decode step's tokens/s per format (:func:`fp8kv.step.ceiling_table`) as the columns of
+:data:`STEP_COLUMNS`, which :func:`format_answer` quotes against the 16-bit KV's and FP8's.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from .. import checks
 from ..results import check_rows
 from .style import add_line, axis_title, color_map, require_columns
 
-__all__ = ["ERROR_METRICS", "pareto_front", "error_metric", "pareto_figure", "format_bytes", "format_layer_errors",
-           "format_pick", "format_answer"]
+__all__ = ["ERROR_METRICS", "STEP_COLUMNS", "STEP_FP8", "pareto_front", "error_metric", "pareto_figure",
+           "format_bytes", "format_layer_errors", "join_step_ceilings", "error_digits", "format_pick", "format_answer"]
 
 # The error a format is judged by, best first: next-token KL on a model, else the attention output's error.
 ERROR_METRICS = ("kl_mean", "out_rel_err")
@@ -29,6 +31,12 @@ _MIN_ON_LOG = 1e-12  # a zero error (a lossless format) still sits on the log ax
 _MAX_MARKER = 44  # px: the largest marker's diameter; the smallest is _MIN_MARKER
 _MIN_MARKER = 9
 _TABLE = "format_table()'s table (one row per format)"
+# What join_step_ceilings adds: the step's model and context, the format's best tokens/s in a whole decode step, the
+# batch of it and the format's ceiling (sequences that fit), and the 16-bit KV's name and best tokens/s in that step.
+STEP_COLUMNS = ("step_model", "step_context", "step_tokens_per_s", "step_batch", "step_ceiling", "step_baseline",
+                "step_baseline_tokens_per_s")
+STEP_FP8 = "fp8_e4m3_tensor"  # the FP8 format a step's FP8 KV stores (one scale per layer and tensor), quoted beside
+_CEILINGS = "fp8kv.step.ceiling_table()'s rows (with kv_format)"
 
 
 def _frame(rows, arg: str):
@@ -117,6 +125,8 @@ def pareto_figure(table, *, error: str | None = None, tolerance: float | None = 
     dashed (:func:`format_answer`). Log error axis in powers of ten."""
     _formats(table, "pareto_figure")
     metric = _resolve_metric(table, error)
+    if tolerance is not None:
+        tolerance = checks.positive_float(tolerance, "tolerance")
     data = table.dropna(subset=[metric, "bytes_per_token"])
     if data.empty:
         checks.fail(f"table has no format with both bytes_per_token and {metric!r}: nothing to draw")
@@ -134,7 +144,8 @@ def pareto_figure(table, *, error: str | None = None, tolerance: float | None = 
         measured = speed == speed
         how = (f"{speed:,.0f} decode tokens/s ({r.timing})" if measured else "not timed") if timed else ""
         hover = (f"<b>{r.format}</b><br>{r.bytes_per_token:,.6g} bytes/token<br>{axis_title(metric)}: "
-                 f"{getattr(r, metric):.3g}<br>{int(r.tokens):,} tokens fit" + (f"<br>{how}" if how else ""))
+                 f"{error_digits(getattr(r, metric), tolerance)}<br>{int(r.tokens):,} tokens fit"
+                 + (f"<br>{how}" if how else ""))
         fig.add_trace(go.Scatter(
             x=[r.bytes_per_token], y=[max(getattr(r, metric), _MIN_ON_LOG)], mode="markers+text", name=r.format,
             text=[f"<b>{r.format}</b>" if r.format in on_front else r.format], textposition="top center",
@@ -143,7 +154,6 @@ def pareto_figure(table, *, error: str | None = None, tolerance: float | None = 
             hovertext=[hover], hoverinfo="text"))
     fig.update_yaxes(type="log", exponentformat="power", dtick="D2", title_text=f"{_METRIC_TEXT[metric]}, log")
     if tolerance is not None:
-        tolerance = checks.positive_float(tolerance, "tolerance")
         add_line(fig, "y", tolerance, line_dash="dash", line_color="gray", annotation_text=f"tolerance {tolerance:g}{' nats/token' if metric == 'kl_mean' else ''}",
                  annotation_position="bottom left")
     fig.update_xaxes(tickformat=",", title_text="KV bytes per token (all layers, K + V, codes + scales)")
@@ -219,12 +229,89 @@ def format_layer_errors(errors, *, model: str | None = None, title: str | None =
     return fig
 
 
-def _error_text(metric: str, row) -> str:
+def join_step_ceilings(table, ceilings):
+    """``table`` (:func:`fp8kv.analysis.format_errors.format_table`'s) with the columns of :data:`STEP_COLUMNS` from
+    ``ceilings`` (:func:`fp8kv.step.ceiling_table` of one model and context): each format's best tokens/s in a whole
+    decode step (``step_tokens_per_s``, at ``step_batch``; its ``step_ceiling``), matched by the step's
+    ``kv_format`` (FP8 KV is ``fp8_e4m3_tensor``), and the 16-bit KV's (``kv_format`` empty: ``step_baseline``,
+    ``step_baseline_tokens_per_s``). A format the step did not run gets NaN; ``ceilings`` without rows leaves every
+    step column NaN. A new DataFrame, ``table``'s rows in their order."""
+    import pandas as pd
+
+    table = _frame(table, "table")
+    require_columns(table, ["format"], "table")
+    ceilings = _frame(ceilings, "ceilings")
+    check_rows(ceilings, "join_step_ceilings", ("model", "context", "kv_dtype", "kv_format", "best_tokens_per_s",
+                                                "best_batch", "ceiling"),
+               numeric=("best_tokens_per_s",), whole=("context", "best_batch", "ceiling"), expected=_CEILINGS)
+    runs = list(dict.fromkeys(zip(ceilings["model"], ceilings["context"], strict=True)))
+    if len(runs) > 1:
+        checks.fail(f"ceilings holds {len(runs)} runs (model, context) {runs}; expected one model at one context, the "
+                    "step the table's formats are read in")
+    out = table.copy()
+    for col in STEP_COLUMNS:
+        out[col] = math.nan if col not in ("step_model", "step_baseline") else None
+    if not runs:
+        return out
+    fmt = ceilings["kv_format"].where(ceilings["kv_format"].notna(), "").astype(str)
+    base = ceilings[fmt == ""]
+    by_format = ceilings[fmt != ""].assign(format=fmt[fmt != ""]).drop_duplicates("format").set_index("format")
+    (model, context), = runs
+    out["step_model"], out["step_context"] = str(model), int(context)
+    if len(base):
+        out["step_baseline"] = str(base["kv_dtype"].iloc[0])
+        out["step_baseline_tokens_per_s"] = float(base["best_tokens_per_s"].iloc[0])
+    for col, src in (("step_tokens_per_s", "best_tokens_per_s"), ("step_batch", "best_batch"),
+                     ("step_ceiling", "ceiling")):
+        out[col] = pd.to_numeric(out["format"].map(by_format[src]), errors="coerce")
+    return out
+
+
+def error_digits(value: float, tolerance: float | None = None) -> str:
+    """``value`` to three significant digits, or as many more as tell it apart from ``tolerance`` as printed: a KL of
+    0.010007 beside a tolerance of 0.01 reads "0.010007", never "0.01" (which would say it is within)."""
+    if tolerance is None or value != value or value == tolerance:
+        return f"{value:.3g}"
+    for digits in range(3, 18):
+        text = f"{value:.{digits}g}"
+        if text != f"{tolerance:.{digits}g}" and float(text) != tolerance:
+            return text
+    return repr(float(value))
+
+
+def _error_text(metric: str, row, tolerance: float) -> str:
+    value = getattr(row, metric)
+    side = "within" if value <= tolerance else "above"
     if metric == "kl_mean":
-        text = f"mean KL {row.kl_mean:.3g} nats/token against bf16 K/V"
+        text = f"mean KL {error_digits(value, tolerance)} nats/token against bf16 K/V, {side} the tolerance"
         top1 = getattr(row, "top1_agree", math.nan)
         return text + (f" (top-1 agreement {top1:.1%})" if top1 == top1 else "")
-    return f"attention-output relative error {row.out_rel_err:.3g} (mean over layers)"
+    return f"attention-output relative error {error_digits(value, tolerance)} (mean over layers), {side} the tolerance"
+
+
+def _number(row, column: str) -> float:
+    value = row.get(column, math.nan)
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+
+
+def _step_text(table, pick) -> str:
+    """The pick's tokens/s in a whole decode step against the 16-bit KV's and FP8's (:func:`join_step_ceilings`'
+    columns), or "" where the table has none for the pick."""
+    speed = _number(pick, "step_tokens_per_s")
+    if not all(c in table.columns for c in STEP_COLUMNS) or speed != speed:
+        return ""
+    against = []
+    base = _number(pick, "step_baseline_tokens_per_s")
+    if base == base and base > 0:
+        against.append(f"{speed / base:.2f}× {pick['step_baseline']} KV's {base:,.0f}")
+    fp8 = table[table["format"] == STEP_FP8]
+    fp8_speed = _number(fp8.iloc[0], "step_tokens_per_s") if len(fp8) else math.nan
+    if pick["format"] != STEP_FP8 and fp8_speed == fp8_speed and fp8_speed > 0:
+        against.append(f"{speed / fp8_speed:.2f}× {STEP_FP8} KV's {fp8_speed:,.0f}")
+    return (f" In a whole decode step of {pick['step_model']} at context {int(pick['step_context']):,} (each KV format "
+            f"to its memory ceiling), {pick['format']} KV reaches {speed:,.0f} tokens/s at batch "
+            f"{int(pick['step_batch'])} (its ceiling {int(pick['step_ceiling']):,})"
+            + (": " + " and ".join(against) if against else "") + ".")
 
 
 def _pick(table, tolerance, error, reader):
@@ -254,8 +341,10 @@ def format_answer(table, *, model: str, gpu: str, tolerance: float, smoke: bool,
     fewest bytes per token whose error is within ``tolerance`` (in the ``error`` column's unit, default
     :func:`error_metric`); when none is, the front's most accurate, and the answer says so. Its error, bytes per
     token, the tokens that fit (``baseline_tokens``: ``baseline``'s, for the ratio) and, where timed, its decode
-    tokens/s. ``smoke``: says first that the numbers are a smoke run's; a CPU wall-clock timing is called a CPU
-    smoke timing whatever ``smoke`` says.
+    tokens/s. Errors print with the digits that tell them apart from the tolerance (:func:`error_digits`), and say
+    whether they are within it. Where the table has :func:`join_step_ceilings`' columns, the pick's best tokens/s in a
+    whole decode step against the 16-bit KV's and :data:`STEP_FP8`'s in that step. ``smoke``: says first that the
+    numbers are a smoke run's; a CPU wall-clock timing is called a CPU smoke timing whatever ``smoke`` says.
     """
     for name, value in (("model", model), ("gpu", gpu)):
         if not isinstance(value, str) or not value:
@@ -271,7 +360,7 @@ def format_answer(table, *, model: str, gpu: str, tolerance: float, smoke: bool,
         memory = f"{gpu}'s memory" + (f" ({ratio})" if ratio else "")
     else:
         memory = f"{planned} memory (planned" + (f"; {ratio}" if ratio else "") + ")"
-    parts = [_error_text(metric, pick), f"{pick['bytes_per_token']:,.6g} bytes per token (all layers, K + V, scales "
+    parts = [_error_text(metric, pick, tolerance), f"{pick['bytes_per_token']:,.6g} bytes per token (all layers, K + V, scales "
              f"included)", f"{int(pick['tokens']):,} tokens fit in {memory}"]
     speed = pick.get("tokens_per_s", math.nan)
     if _timed(table, "format_answer") and speed == speed:
@@ -287,7 +376,8 @@ def format_answer(table, *, model: str, gpu: str, tolerance: float, smoke: bool,
     if len(within) and len(smaller):
         nxt = smaller.iloc[-1]
         text += (f" The next smaller, {nxt['format']} ({nxt['bytes_per_token']:,.6g} bytes per token), has "
-                 f"{_error_text(metric, nxt)}.")
+                 f"{_error_text(metric, nxt, tolerance)}.")
+    text += _step_text(table, pick)
     if smoke:
         text = ("**Smoke run (no GPU: Triton's interpreter at toy sizes): the numbers below exercise the code and "
                 "are not a result for any GPU.** " + text)

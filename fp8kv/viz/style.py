@@ -474,8 +474,9 @@ class ReadableTable:
 
 
 def readable_table(df, *, max_width_em: int = 40) -> ReadableTable:
-    """``df`` as a :class:`ReadableTable`: every text cell whole and wrapped (at most ``max_width_em`` wide),
-    ``http(s)://`` values as links. ``df``: a pandas DataFrame (index shown as pandas shows it)."""
+    """``df`` (a pandas DataFrame, its index as pandas shows it) as a :class:`ReadableTable`: every text cell whole and
+    wrapped (at most ``max_width_em`` wide), ``http(s)://`` values as links titled ``nvidia.com/…/h200`` (never wrapped:
+    a URL broken anywhere squeezed its column to a character), the whole URL their target and tooltip."""
     import html
 
     import pandas as pd
@@ -485,13 +486,15 @@ def readable_table(df, *, max_width_em: int = 40) -> ReadableTable:
 
     def cell(value) -> str:
         text = str(value)
-        if re.fullmatch(r"https?://\S+", text):
-            return f'<a href="{html.escape(text)}">{html.escape(text)}</a>'
-        return html.escape(text)
+        if not re.fullmatch(r"https?://\S+", text):
+            return html.escape(text)
+        parts = text.split("://", 1)[1].rstrip("/").split("/")
+        short = parts[0].removeprefix("www.") + (f"/…/{parts[-1]}" if len(parts) > 1 else "")
+        return f'<a href="{html.escape(text)}" title="{html.escape(text)}">{html.escape(short)}</a>'
 
     texts = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]  # object, str and bool columns
     with pd.option_context("display.max_colwidth", None):
         body = df.to_html(escape=False, formatters={c: cell for c in texts}, classes="fp8kv-readable", border=0)
     style = (f"<style>table.fp8kv-readable td{{white-space:normal;overflow-wrap:anywhere;max-width:{max_width_em}em;"
-             "text-align:left;vertical-align:top}</style>")
+             "text-align:left;vertical-align:top}table.fp8kv-readable td a{white-space:nowrap}</style>")
     return ReadableTable(df, style + body)
