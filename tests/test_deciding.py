@@ -279,6 +279,7 @@ def test_heldout_advice_measures_the_kept_layers_on_other_values():
     assert advice.loc["1.0", "heldout_reduces"] and advice.loc["1.0", "heldout_holds"]
     assert advice.loc["amax", "n_layers_bf16"] == 0
     assert advice.loc["amax", "heldout_after"] == advice.loc["amax", "heldout_all_fp8"]
+    assert advice.loc["amax", "heldout_reduces"] is None  # nothing kept: not applicable, not a reduction
 
 
 def test_heldout_advice_that_does_not_hold_is_reported():

@@ -318,7 +318,7 @@ def check_09_will_fp8_pay(doc):
         assert a["error_after"] <= a["tolerance"] and a["tokens_mixed"] <= a["tokens_fp8"]
         assert (a["tokens_lost"] > 0) == (a["n_layers_bf16"] > 0)
         assert a["heldout_after"] <= a["heldout_all_fp8"]
-        assert a["kl_all_fp8"] > 0 and a["kl_reduces"]
+        assert a["kl_all_fp8"] > 0 and a["kl_reduces"] is (True if a["n_layers_bf16"] else None)
     stress = r["stress"]  # SmolLM2 with large keys: scale 1.0 collapses the scaled layers, the advice keeps them
     one = next(a for a in stress["advice"] if a["method"] == "1.0")
     assert set(one["collapsed_layers"]) == set(stress["key_layers"]) <= set(one["layers_bf16"])

@@ -48,7 +48,7 @@ def heldout_advice(advice, heldout: ScaleHealth):
     """The advice (``keep_bf16_advice``'s or ``advice_capacity``'s table) measured on ``heldout``
     (:func:`heldout_scale_health`, the same model and methods): adds ``heldout_all_fp8`` (the RMS over
     layers of the held-out error, every layer FP8), ``heldout_after`` (the advised layers 16-bit, error 0),
-    ``heldout_reduces`` (after < all, or no layer kept) and ``heldout_holds`` (after <= the tolerance)."""
+    ``heldout_reduces`` (after < all; None where no layer is kept: not applicable) and ``heldout_holds`` (after <= the tolerance)."""
     import pandas as pd
 
     if not isinstance(advice, pd.DataFrame) or {"method", "layers_bf16", "tolerance", "n_layers"} - set(advice.columns):
@@ -72,7 +72,7 @@ def heldout_advice(advice, heldout: ScaleHealth):
         after.append(math.sqrt(sum(float(e) ** 2 for layer, e in zip(lay["layer"], lay["error"], strict=True)
                                    if int(layer) not in kept) / len(lay)))
     out["heldout_all_fp8"], out["heldout_after"] = before, after
-    out["heldout_reduces"] = [a < b or not len(r.layers_bf16) for a, b, r in
+    out["heldout_reduces"] = [bool(a < b) if len(r.layers_bf16) else None for a, b, r in  # None: nothing kept
                               zip(after, before, advice.itertuples(index=False), strict=True)]
     out["heldout_holds"] = [a <= t for a, t in zip(after, advice["tolerance"], strict=True)]
     return out
