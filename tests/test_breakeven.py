@@ -427,9 +427,10 @@ def test_saved_h200_target_run():
 def test_a_line_across_a_change_of_kernel_is_refused_and_says_so():
     """The H200's case: the decode takes the Triton kernel at short contexts and the Gluon kernel from 4,096 tokens on,
     a step in FP8's latency no single line follows. The pair is refused (never fitted across the step), its crossing
-    row names both kernels, its answer says why, and notebook 09's headline still answers with the measured points,
-    then with each kernel's own line."""
+    row names both kernels, its answer says why, and notebook 09's break-even text still answers with the measured
+    points, then with each kernel's own line (its first-screen headline with the measured points alone)."""
     from fp8kv.analysis import deciding as dc
+    from fp8kv.analysis.breakeven_text import speed_details
 
     step = lambda c: 10.0 + 0.02 * c if c < 4096 else 45.0 + 0.009 * c  # noqa: E731
     rows = bench_rows({"bf16": (10.0, 0.03), "fp8_e4m3": step}, batch=64)
@@ -451,10 +452,12 @@ def test_a_line_across_a_change_of_kernel_is_refused_and_says_so():
     # rows that record no page size (block_size 0 once read) split by kernel alike
     for unrecorded in (rows.drop(columns="block_size"), rows.assign(block_size=np.nan)):
         assert be.breakeven_context(unrecorded)[1]["by_kernel"].tolist() == [per_kernel]
-    text = dc.headline("H200", crossings=cr)
+    text = speed_details("H200", cr)
     assert text == ("On H200, at batch 64 with triton, dequant mode, measured point by point (no line holds across the "
                     "decode's change of kernel (gluon and triton)): " + r["measured"] + "; fitted per kernel: "
                     + per_kernel + ".")
+    assert dc.headline("H200", crossings=cr) == ("On H200, FP8 KV decodes faster than 16-bit KV: batch 64, fp8kv from "
+                                                 "512 tokens, up to 2.92x.")
     assert r["measured"].startswith("FP8 faster at every measured context")
     # Notebook 09's points and figures: each kernel's points against its own line (exact here), one fitted trace
     # per kernel; the 16-bit line, one kernel, stays whole.
@@ -565,3 +568,4 @@ def test_crossings_name_a_missing_fit_column(drop):
     lines = be.fit_lines(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)})).drop(columns=drop)
     with pytest.raises(ValueError, match=re.escape(f"crossings: df lacks columns ['{drop}']; expected fit_lines()' table")):
         be.crossings(lines)
+
