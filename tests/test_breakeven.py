@@ -569,3 +569,39 @@ def test_crossings_name_a_missing_fit_column(drop):
     with pytest.raises(ValueError, match=re.escape(f"crossings: df lacks columns ['{drop}']; expected fit_lines()' table")):
         be.crossings(lines)
 
+
+# ------------------------------------------------------------------------------------ python -m fp8kv.bench --preset breakeven
+def _bench_rows(**extra):
+    """What fp8kv.bench.run returns for a breakeven run (the columns its summary reads), on exact lines."""
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, batch=16, **extra)
+    rows = rows.assign(label=[f"triton {k} dequant" for k in rows["kv_dtype"]], reason="", num_splits=1, gbps=1.0,
+                       pct_copy_bw=1.0, rel_err=0.0, check_passed=True, copy_gbps=100.0, timing="cuda-graph",
+                       gpu_slug="nvidia-h200", layout="NHD", q_dtype="bf16", timestamp="20261206T095853Z")
+    rows.attrs["bench"] = {"interrupted": False}
+    return rows
+
+
+@pytest.mark.parametrize("preset, said", [("breakeven", True), ("smoke", False)])
+def test_the_breakeven_preset_prints_what_its_rows_answer(monkeypatch, capsys, tmp_path, preset, said):
+    """After a --preset breakeven run the CLI prints breakeven_answers of its rows (it only saved them before); other
+    presets print their summary alone."""
+    from fp8kv import bench
+
+    rows = _bench_rows()
+    monkeypatch.setattr(bench.cli, "run", lambda cases, **kw: rows)
+    assert bench.main(["--preset", preset, "--out", str(tmp_path), "--quiet", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    answer = be.breakeven_answers(rows)[0]
+    assert ("break-even (fp8kv.analysis.breakeven_answers):\n  " + answer in out) is said
+    assert "pays beyond 2,000 tokens per sequence at batch 16" in answer and "wrote " in out
+
+
+def test_rows_the_breakeven_analysis_refuses_are_still_saved_with_the_reason(monkeypatch, capsys, tmp_path):
+    from fp8kv import bench
+
+    rows = _bench_rows(window=0)  # a window of 0 tokens: breakeven_context refuses the rows
+    monkeypatch.setattr(bench.cli, "run", lambda cases, **kw: rows)
+    assert bench.main(["--preset", "breakeven", "--out", str(tmp_path), "--quiet", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "break-even: no answer from these rows: breakeven: row 0 of rows that ran has window=" in out
+    assert "wrote " in out and len(list(tmp_path.rglob("*.csv"))) == 1
