@@ -16,7 +16,8 @@ so notebooks only choose inputs, call, draw and save, and results of several GPU
 * :mod:`~fp8kv.analysis.scale_health`: per layer and KV head, what each scale method saturates or flushes
   to zero and what it costs; the layers to keep 16-bit, and their price in tokens.
 * :mod:`~fp8kv.analysis.long_context`: error against context to 128k tokens for fp8kv's decode and attend
-  (the kernel's error apart from FP8's) and a planted needle that must stay the top-attended position.
+  (the kernel's error apart from FP8's) and a planted needle that must stay the top-scored position and get
+  the oracle's weight in the kernel's output.
 * :mod:`~fp8kv.analysis.deciding` (notebook 09): the answer in two sentences from the three above it, and
   whether the keep-16-bit advice holds on text it was not chosen on; :mod:`~fp8kv.analysis.breakeven_text`: the
   break-even section's answer in full (intervals, measured pairs, each kernel's line).
