@@ -427,9 +427,10 @@ def test_saved_h200_target_run():
 def test_a_line_across_a_change_of_kernel_is_refused_and_says_so():
     """The H200's case: the decode takes the Triton kernel at short contexts and the Gluon kernel from 4,096 tokens on,
     a step in FP8's latency no single line follows. The pair is refused (never fitted across the step), its crossing
-    row names both kernels, its answer says why, and notebook 09's headline still answers with the measured points,
-    then with each kernel's own line."""
+    row names both kernels, its answer says why, and notebook 09's break-even text still answers with the measured
+    points, then with each kernel's own line (its first-screen headline with the measured points alone)."""
     from fp8kv.analysis import deciding as dc
+    from fp8kv.analysis.breakeven_text import speed_details
 
     step = lambda c: 10.0 + 0.02 * c if c < 4096 else 45.0 + 0.009 * c  # noqa: E731
     rows = bench_rows({"bf16": (10.0, 0.03), "fp8_e4m3": step}, batch=64)
@@ -451,10 +452,12 @@ def test_a_line_across_a_change_of_kernel_is_refused_and_says_so():
     # rows that record no page size (block_size 0 once read) split by kernel alike
     for unrecorded in (rows.drop(columns="block_size"), rows.assign(block_size=np.nan)):
         assert be.breakeven_context(unrecorded)[1]["by_kernel"].tolist() == [per_kernel]
-    text = dc.headline("H200", crossings=cr)
+    text = speed_details("H200", cr)
     assert text == ("On H200, at batch 64 with triton, dequant mode, measured point by point (no line holds across the "
                     "decode's change of kernel (gluon and triton)): " + r["measured"] + "; fitted per kernel: "
                     + per_kernel + ".")
+    assert dc.headline("H200", crossings=cr) == ("On H200, FP8 KV decodes faster than 16-bit KV: batch 64, fp8kv from "
+                                                 "512 tokens, up to 2.92x.")
     assert r["measured"].startswith("FP8 faster at every measured context")
     # Notebook 09's points and figures: each kernel's points against its own line (exact here), one fitted trace
     # per kernel; the 16-bit line, one kernel, stays whole.
@@ -565,3 +568,40 @@ def test_crossings_name_a_missing_fit_column(drop):
     lines = be.fit_lines(bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)})).drop(columns=drop)
     with pytest.raises(ValueError, match=re.escape(f"crossings: df lacks columns ['{drop}']; expected fit_lines()' table")):
         be.crossings(lines)
+
+
+# ------------------------------------------------------------------------------------ python -m fp8kv.bench --preset breakeven
+def _bench_rows(**extra):
+    """What fp8kv.bench.run returns for a breakeven run (the columns its summary reads), on exact lines."""
+    rows = bench_rows({"bf16": (10.0, 0.02), "fp8_e4m3": (30.0, 0.01)}, batch=16, **extra)
+    rows = rows.assign(label=[f"triton {k} dequant" for k in rows["kv_dtype"]], reason="", num_splits=1, gbps=1.0,
+                       pct_copy_bw=1.0, rel_err=0.0, check_passed=True, copy_gbps=100.0, timing="cuda-graph",
+                       gpu_slug="nvidia-h200", layout="NHD", q_dtype="bf16", timestamp="20261206T095853Z")
+    rows.attrs["bench"] = {"interrupted": False}
+    return rows
+
+
+@pytest.mark.parametrize("preset, said", [("breakeven", True), ("smoke", False)])
+def test_the_breakeven_preset_prints_what_its_rows_answer(monkeypatch, capsys, tmp_path, preset, said):
+    """After a --preset breakeven run the CLI prints breakeven_answers of its rows (it only saved them before); other
+    presets print their summary alone."""
+    from fp8kv import bench
+
+    rows = _bench_rows()
+    monkeypatch.setattr(bench.cli, "run", lambda cases, **kw: rows)
+    assert bench.main(["--preset", preset, "--out", str(tmp_path), "--quiet", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    answer = be.breakeven_answers(rows)[0]
+    assert ("break-even (fp8kv.analysis.breakeven_answers):\n  " + answer in out) is said
+    assert "pays beyond 2,000 tokens per sequence at batch 16" in answer and "wrote " in out
+
+
+def test_rows_the_breakeven_analysis_refuses_are_still_saved_with_the_reason(monkeypatch, capsys, tmp_path):
+    from fp8kv import bench
+
+    rows = _bench_rows(window=0)  # a window of 0 tokens: breakeven_context refuses the rows
+    monkeypatch.setattr(bench.cli, "run", lambda cases, **kw: rows)
+    assert bench.main(["--preset", "breakeven", "--out", str(tmp_path), "--quiet", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "break-even: no answer from these rows: breakeven: row 0 of rows that ran has window=" in out
+    assert "wrote " in out and len(list(tmp_path.rglob("*.csv"))) == 1

@@ -62,6 +62,33 @@ def test_breakeven_lines_panel_per_backend_and_batch_with_fits_and_crossings():
     assert "4k" in fig.layout.xaxis.ticktext and "32k" in fig.layout.xaxis.ticktext
 
 
+def test_breakeven_panels_keep_head_layouts_apart():
+    """Two head layouts of one backend and batch are two lines each, never one trace through both: a column of
+    panels per layout, named in its title, and each layout's crossing marked once, in its own panel."""
+    a = _rows(batches=(1,), backends=(("triton", ""),))
+    b = _rows({("bf16", "dequant"): (10.0, 0.04), ("fp8_e4m3", "dequant"): (30.0, 0.02)}, batches=(1,),
+              backends=(("triton", ""),)).assign(num_q_heads=8, num_kv_heads=1, head_dim=64)
+    rows = pd.concat([a, b], ignore_index=True)
+    points = be.line_points(rows)
+    _, cr = be.breakeven_context(rows)
+    assert len(cr[cr["mode"] == "dequant"]) == 2
+    for draw in (lambda: viz.breakeven_lines(points, cr), lambda: viz.breakeven_residuals(points)):
+        fig = draw()
+        titles = [t.text for t in fig.layout.annotations if "·" in t.text]
+        assert titles == ["triton · 8:1, D 64", "triton · 32:8, D 128"]
+        series = [t for t in fig.data if t.mode in ("markers", "lines+markers")]
+        assert len(series) == 3 + 2 and all(len(t.x) == len(CONTEXTS) for t in series)  # one layout's contexts each
+    fig = viz.breakeven_lines(points, cr)
+    # dequant crossings: (30 - 10) / (0.02 - 0.01) = 2,000 tokens at 32:8; (30 - 10) / (0.04 - 0.02) = 1,000 at 8:1
+    labels = sorted(a.text for a in fig.layout.annotations if "fp8_e4m3 dequant:" in a.text)
+    assert labels == ["fp8_e4m3 dequant: 1,000", "fp8_e4m3 dequant: 2,000"]
+    # and fp8 mode's (40 + 0.012c) at 3,750 on 32:8 alone (8:1 ran no fp8 mode)
+    assert sorted((round(s.x0), s.xref) for s in fig.layout.shapes if s.type == "line") == [
+        (1000, "x"), (2000, "x2"), (3750, "x2")]
+    with pytest.raises(ValueError, match=r"crossings lacks column\(s\) \['num_q_heads'"):
+        viz.breakeven_lines(points, cr.drop(columns="num_q_heads"))
+
+
 def test_breakeven_lines_leave_out_crossings_outside_the_range():
     # FP8 pays at every context: the lines cross at a negative context, drawn nowhere
     rows = _rows({("bf16", "dequant"): (10.0, 0.02), ("fp8_e4m3", "dequant"): (5.0, 0.01)}, batches=(1,),

@@ -129,6 +129,7 @@ def test_the_advice_cuts_the_kl_of_a_model_with_large_keys(stressed):
     assert one["kl_reduces"]
     # amax scales fit the large keys: nothing kept, and far less KL than scale 1.0 all-FP8
     assert amax["layers_bf16"] == [] and amax["kl_after"] == amax["kl_all_fp8"] < one["kl_all_fp8"] / 5
+    assert amax["kl_reduces"] is None
     lines = advice_kl_text(stressed.reset_index())
     assert lines[0].startswith("scale 1.0: layers 3") and " kept 16-bit: next-token KL " in lines[0]
     assert lines[1].startswith("scale amax: every layer FP8: next-token KL ")
@@ -184,6 +185,19 @@ def test_advice_kl_words_refuse_layers_and_gains_they_would_misread(call, exc, w
         call()
 
 
+def test_stress_sentence_says_what_the_kept_layers_cost_in_tokens():
+    """Through advice_capacity the table holds tokens_lost: the sentence gives the price beside the KL it buys."""
+    table = pd.DataFrame([dict(method="1.0", layers_bf16=[3, 11], kl_all_fp8=0.176, kl_after=0.00825,
+                               tokens_lost=123456)])
+    assert stress_sentence(table, 300.0, [3, 11]) == (
+        "With the keys of layer(s) 3, 11 x300 (the same model, keys beyond e4m3's range), scale 1.0 needs layer(s) "
+        "3, 11 16-bit (123,456 tokens fewer than all-FP8): keeping them cuts the next-token KL from 0.176 to "
+        "0.00825.")
+    for bad, exc in ((math.nan, TypeError), (-5, ValueError), (1.5, TypeError)):
+        with pytest.raises(exc, match=re.escape("table['tokens_lost']=")):
+            stress_sentence(table.assign(tokens_lost=bad), 300.0, [3, 11])
+
+
 def test_stress_sentence_where_scale_one_keeps_everything_fp8():
     table = pd.DataFrame([dict(method="1.0", layers_bf16=[], kl_all_fp8=0.0123, kl_after=0.0123)])
     assert stress_sentence(table, 8.0, [5, 2]) == ("With the keys of layer(s) 2, 5 x8 (the same model, keys beyond "
@@ -219,4 +233,5 @@ def test_advice_kl_measures_the_scales_the_advice_was_chosen_with(monkeypatch):
                     percentile=99.0)
     assert [c.name for c in seen] == ["percentile all FP8", "percentile advised", "amax all FP8"]
     assert {(c.granularity, c.percentile) for c in seen} == {("head", 99.0)}
-    assert seen[1].bf16_layers == (1,) and list(out["kl_reduces"]) == [False, True]
+    # nothing kept with amax: no advised run to compare, the reduction is not applicable (None), not True
+    assert seen[1].bf16_layers == (1,) and list(out["kl_reduces"]) == [False, None]

@@ -460,6 +460,46 @@ def test_every_page_opens_with_its_answer(path):
     assert full.split(": ", 1)[1] not in smoke
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_page_answers_in_at_most_two_sentences_of_400_characters(path):
+    """The first screen answers at a glance: what follows the machine and the measurement is at most two sentences
+    and 400 characters (notebook 09's answer ran to 1,300: its per-kernel refits belong to its break-even section)."""
+    from fp8kv.notebooks.headlines import page_headline
+
+    doc = _saved(path.stem)
+    said = page_headline(path.stem, doc["results"], doc["device"], smoke=False).split(": ", 1)[1]
+    sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z*])", said)
+    assert len(sentences) <= 2 and len(said) <= 400, (len(sentences), len(said), said)
+
+
+def test_will_fp8_pay_page_answers_from_its_saved_tables():
+    """Page 09's answer is written from the tables the notebook saved, not the long answer it saved then: per batch
+    fp8kv's and FlashInfer's verdicts, then accuracy; the machine is named once, by the page."""
+    from fp8kv.notebooks.headlines import page_headline
+
+    doc = _saved("09_will_fp8_pay")
+    r = doc["results"]
+    said = page_headline("09_will_fp8_pay", r, doc["device"], smoke=False).split(": ", 1)[1]
+    assert said.startswith("FP8 KV decodes faster than 16-bit KV: batch 1, fp8kv ") and said not in r["answer"]
+    assert "Pairs whose latency lines did not hold" in r["answer"] and "Pairs whose" not in said
+    assert "FlashInfer" in said and f"On {doc['device']['name']}" not in said
+    gone = dict(r, crossings=None, long_context_verdict=None, advice=None)  # an older results file: its saved answer
+    assert page_headline("09_will_fp8_pay", gone, doc["device"], smoke=False).endswith(r["answer"])
+
+
+def test_formats_page_answers_with_the_pick_from_its_table():
+    from fp8kv.notebooks.headlines import page_headline
+
+    doc = _saved("10_kv_formats")
+    r = doc["results"]
+    said = page_headline("10_kv_formats", r, doc["device"], smoke=False).split(": ", 1)[1]
+    assert said.startswith(f"pick **{r['pick']}** for {r['capacity_model']}, the smallest format on the Pareto front")
+    assert "× bf16's tokens." in said and "In a whole decode step" in said
+    first = re.split(r"(?<=[.!?])\s+(?=[A-Z*])", r["answer"].split("** ", 1)[-1] if r["smoke"] else r["answer"])[0]
+    no_row = dict(r, table=[])  # no row of the pick: the first sentence of the answer it saved
+    assert page_headline("10_kv_formats", no_row, doc["device"], smoke=False).split(": ", 1)[1].startswith(first[:40])
+
+
 def test_headline_cells_move_to_the_first_screen():
     import nbformat
 

@@ -120,6 +120,42 @@ def test_calibration_on_smaller_values_saturates():
     assert len(col) == L * HKV * 2  # every head of every layer, K and V
 
 
+@pytest.mark.parametrize("bad, said", [(0.0, "scale 0: not applied"), (float("nan"), "scale nan: not applied"),
+                                       (float("inf"), "scale inf: not applied")])
+def test_a_calibrated_scale_never_applied_is_a_reported_collapse(bad, said):
+    """A checkpoint whose scales were never set (llm-compressor's zero / unapplied scales) is reported, layer and
+    head named, its values counted lost, and the advice keeps that layer 16-bit: not a ValueError."""
+    k, v, q = synthetic(outlier=False, tiny=False)
+    k_scales, v_scales = sh.calibration_scales(k, v)
+    k_scales[1] = torch.tensor(bad)
+    health = sh.measure_scale_health(k, v, q=q, calibration=(k_scales, v_scales), methods=["calibrated", "amax"])
+    col = health.collapses
+    assert set(zip(col["layer"], col["head"], col["side"], col["method"], col["kind"], strict=True)) == {
+        (1, h, "k", "calibrated", "collapsed") for h in range(HKV)}
+    assert all(t.startswith(f"scale calibrated on K of layer 1 head {h} collapses: {said}")
+               for h, t in zip(col["head"], col["text"], strict=True))
+    assert any(said in line for line in health.report())
+    heads = health.heads.set_index(["layer", "side", "method", "head"])
+    assert heads.loc[(1, "k", "calibrated", 0), "rel_err"] == 1.0 and heads.loc[(1, "k", "amax", 0), "scale_bad"] == ""
+    lay = health.layers.set_index(["method", "layer"])
+    assert lay.loc[("calibrated", 1), "collapsed"] and not lay.loc[("amax", 1), "collapsed"]
+    assert math.isfinite(lay.loc[("calibrated", 1), "error"])
+    advice = sh.keep_bf16_advice(health).set_index("method")
+    assert advice.loc["calibrated", "collapsed_layers"] == [1] and 1 in advice.loc["calibrated", "layers_bf16"]
+
+
+def test_a_channel_scale_of_zero_names_the_channels():
+    k, v, q = synthetic(outlier=False, tiny=False)
+    k_scales, v_scales = sh.calibration_scales(k, v, granularity="channel")
+    v_scales[0] = v_scales[0].clone()
+    v_scales[0][1, :3] = 0.0
+    health = sh.measure_scale_health(k, v, calibration=(k_scales, v_scales), methods=["calibrated"],
+                                     granularity="channel")
+    (text,) = health.collapses["text"]
+    assert text.startswith(f"scale calibrated on V of layer 0 head 1 collapses: scale 0 in 3 of {D} channels: not "
+                           "applied")
+
+
 # ------------------------------------------------------------------------------- the advice
 @pytest.mark.parametrize("tolerance", [0.02, 0.05, 0.1, 0.3])
 def test_advice_brings_the_error_under_the_tolerance(planted, tolerance):
@@ -226,6 +262,12 @@ def _bad(kind):
         kw["calibration"] = ([torch.ones(3)] * L, [1.0] * L)
     elif kind == "calibration negative":
         kw["calibration"] = ([-1.0] * L, [1.0] * L)
+    elif kind == "calibration underflow":  # 0 in fp32: no checkpoint's scale, a value given wrongly
+        kw["calibration"] = ([1.0] * L, [1.0, 1.0, 1e-300] + [1.0] * (L - 3))
+    elif kind == "calibration type":
+        kw["calibration"] = (["x"] * L, [1.0] * L)
+    elif kind == "calibration bool":
+        kw["calibration"] = ([True] * L, [1.0] * L)
     elif kind == "q overflow":  # fp64 queries past fp32: an error of 0 (NaN scores summed away) before
         kw["q"] = [torch.full((2, 4, k[0].shape[-1]), 1e300, dtype=torch.float64)] * L
     elif kind == "q empty":
@@ -260,7 +302,11 @@ BAD = {"k not a list": (TypeError, "k must be a non-empty list"), "layers differ
        "calibrated without calibration": (ValueError, "calibration is None"),
        "calibration length": (ValueError, "k_scales has 5 layers"),
        "calibration shape": (ValueError, r"k_scales\[0\] has shape \(3,\)"),
-       "calibration negative": (ValueError, r"k_scales\[0\]"), "method": (ValueError, "methods has \\['max'\\]"),
+       "calibration negative": (ValueError, r"calibration k_scales\[0\]=-1.0; expected a scale > 0"),
+       "calibration underflow": (ValueError, r"calibration v_scales\[2\]=1e-300; expected a scale > 0 that fp32 holds"),
+       "calibration type": (TypeError, r"calibration k_scales\[0\]='x' \(str\)"),
+       "calibration bool": (TypeError, r"calibration k_scales\[0\]=True \(bool\)"),
+       "method": (ValueError, "methods has \\['max'\\]"),
        "kv_dtype": (ValueError, "kv_dtype='bf16'"), "granularity": (ValueError, "granularity='token_head'"),
        "sm_scale": (ValueError, "sm_scale has 7 entries"),
        "no head dim": (ValueError, r"k\[1\] has shape \(\d+, \d+, 0\); expected .*D >= 1"),

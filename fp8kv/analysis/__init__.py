@@ -16,9 +16,11 @@ so notebooks only choose inputs, call, draw and save, and results of several GPU
 * :mod:`~fp8kv.analysis.scale_health`: per layer and KV head, what each scale method saturates or flushes
   to zero and what it costs; the layers to keep 16-bit, and their price in tokens.
 * :mod:`~fp8kv.analysis.long_context`: error against context to 128k tokens for fp8kv's decode and attend
-  (the kernel's error apart from FP8's) and a planted needle that must stay the top-attended position.
-* :mod:`~fp8kv.analysis.deciding` (notebook 09): the answer in a sentence from the three above it, and
-  whether the keep-16-bit advice holds on text it was not chosen on.
+  (the kernel's error apart from FP8's) and a planted needle that must stay the top-scored position and get
+  the oracle's weight in the kernel's output.
+* :mod:`~fp8kv.analysis.deciding` (notebook 09): the answer in two sentences from the three above it, and
+  whether the keep-16-bit advice holds on text it was not chosen on; :mod:`~fp8kv.analysis.breakeven_text`: the
+  break-even section's answer in full (intervals, measured pairs, each kernel's line).
 * :mod:`~fp8kv.analysis.selection`: names a notebook selects from a registry, checked.
 """
 
@@ -45,6 +47,7 @@ from .breakeven import (
     fit_lines,
     line_points,
 )
+from .breakeven_text import speed_details
 from .capacity import (
     capacity_grid,
     capacity_walkthrough,
@@ -114,4 +117,4 @@ __all__ = ["COMPARED_FORMATS", "format_accuracy", "kv_format_errors", "model_for
            "breakeven_answers", "SCALE_HEALTH_METHODS", "ScaleHealth", "measure_scale_health", "calibration_scales",
            "keep_bf16_advice", "advice_capacity", "model_scale_health", "LONG_CONTEXTS", "SMOKE_CONTEXTS",
            "long_context_error", "long_context_verdict", "long_context_text", "headline", "heldout_advice",
-           "heldout_scale_health", "advice_kl", "advice_kl_text", "stress_sentence"]
+           "heldout_scale_health", "advice_kl", "advice_kl_text", "stress_sentence", "speed_details"]

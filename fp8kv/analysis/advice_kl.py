@@ -34,7 +34,7 @@ def advice_kl(model: str, advice, *, num_tokens: int = 256, calibration_tokens: 
     :func:`fp8kv.models.outliers.load_model_with_keys`'s.
 
     Returns ``advice`` with ``kl_all_fp8``, ``kl_after``, ``top1_all_fp8``, ``top1_after`` and ``kl_reduces``
-    (after < all-FP8, or no layer kept). ImportError as ``fp8kv.models``' without the ``models`` extra."""
+    (after < all-FP8; None where no layer is kept: not applicable). ImportError as ``fp8kv.models``' without the ``models`` extra."""
     import pandas as pd
 
     from ..models import KVQuantConfig, bos_token_id, calibrate_scales, evaluate, text_tokens
@@ -74,7 +74,8 @@ def advice_kl(model: str, advice, *, num_tokens: int = 256, calibration_tokens: 
         out[f"{col}_all_fp8"] = [float(got.loc[f"{m} all FP8", metric]) for m in out["method"]]
         out[f"{col}_after"] = [float(got.loc[f"{m} advised" if len(kept) else f"{m} all FP8", metric])
                                for m, kept in zip(out["method"], out["layers_bf16"], strict=True)]
-    out["kl_reduces"] = [a < b or not len(kept) for a, b, kept in
+    # None where no layer is kept: there is no advised run to compare, not a reduction
+    out["kl_reduces"] = [bool(a < b) if len(kept) else None for a, b, kept in
                          zip(out["kl_after"], out["kl_all_fp8"], out["layers_bf16"], strict=True)]
     return out
 
@@ -105,8 +106,10 @@ def advice_kl_text(table) -> list[str]:
 
 
 def stress_sentence(table, key_gain: float, key_layers) -> str:
-    """The answer's sentence for :func:`advice_kl` of the model with large keys: what scale 1.0 does to it and
-    what keeping the collapsed layers 16-bit buys in next-token KL ("" without a ``"1.0"`` row)."""
+    """The answer's sentence for :func:`advice_kl` of the model with large keys: what scale 1.0 does to it, what
+    keeping the collapsed layers 16-bit buys in next-token KL and, where the table went through
+    :func:`~fp8kv.analysis.advice_capacity` (``tokens_lost``), what it costs in tokens ("" without a ``"1.0"``
+    row)."""
     import pandas as pd
 
     if not isinstance(table, pd.DataFrame) or {"method", "layers_bf16", "kl_all_fp8", "kl_after"} - set(table.columns):
@@ -124,5 +127,9 @@ def stress_sentence(table, key_gain: float, key_layers) -> str:
     if not len(r["layers_bf16"]):
         return f"{where}, scale 1.0 still needs no 16-bit layer (next-token KL {r['kl_all_fp8']:.3g})."
     kept = _layers(r["layers_bf16"])
-    return (f"{where}, scale 1.0 needs layer(s) {kept} 16-bit: keeping them cuts the next-token KL from "
+    cost = ""
+    if "tokens_lost" in table.columns:
+        lost = checks.nonnegative_int(r["tokens_lost"], "table['tokens_lost']")  # NaN or 1.5 read as a count
+        cost = f" ({lost:,} tokens fewer than all-FP8)"
+    return (f"{where}, scale 1.0 needs layer(s) {kept} 16-bit{cost}: keeping them cuts the next-token KL from "
             f"{r['kl_all_fp8']:.3g} to {r['kl_after']:.3g}.")

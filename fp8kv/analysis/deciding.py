@@ -1,8 +1,10 @@
 """The answer to "will an FP8 KV cache pay for me?", from the three measurements that decide it (notebook 09).
 
-* :func:`headline`: one or two sentences from the break-even crossings (:mod:`fp8kv.analysis.breakeven`),
-  the long-context verdict (:mod:`fp8kv.analysis.long_context`) and the keep-16-bit advice with its price
-  (:mod:`fp8kv.analysis.scale_health`).
+* :func:`headline`: two sentences for the first screen: per batch, where fp8kv's FP8 KV pays and where
+  FlashInfer's best does (:mod:`fp8kv.analysis.breakeven`; the intervals, the reasons a line does not hold and
+  each kernel's own line are the break-even section's, :func:`fp8kv.analysis.breakeven_text.speed_details`),
+  then accuracy: the long-context verdict (:mod:`fp8kv.analysis.long_context`), the keep-16-bit advice with its
+  price and what scale 1.0 (no checkpoint scales) does to the model (:mod:`fp8kv.analysis.scale_health`).
 * :func:`heldout_scale_health` and :func:`heldout_advice`: whether the advice, chosen on one text, also
   brings the error under the tolerance on a text it has not seen (measured, not the advice's own arithmetic).
 """
@@ -10,12 +12,10 @@
 from __future__ import annotations
 
 import math
-import numbers
 
 from .. import checks
-from .breakeven import PER_KERNEL, check_answered
+from .breakeven_text import check_backend, check_crossings, number
 from .errors import check_bf16_layers, check_layer_counts
-from .measured import kernel_names
 from .scale_health import ScaleHealth, model_scale_health
 
 __all__ = ["heldout_scale_health", "heldout_advice", "headline"]
@@ -48,7 +48,7 @@ def heldout_advice(advice, heldout: ScaleHealth):
     """The advice (``keep_bf16_advice``'s or ``advice_capacity``'s table) measured on ``heldout``
     (:func:`heldout_scale_health`, the same model and methods): adds ``heldout_all_fp8`` (the RMS over
     layers of the held-out error, every layer FP8), ``heldout_after`` (the advised layers 16-bit, error 0),
-    ``heldout_reduces`` (after < all, or no layer kept) and ``heldout_holds`` (after <= the tolerance)."""
+    ``heldout_reduces`` (after < all; None where no layer is kept: not applicable) and ``heldout_holds`` (after <= the tolerance)."""
     import pandas as pd
 
     if not isinstance(advice, pd.DataFrame) or {"method", "layers_bf16", "tolerance", "n_layers"} - set(advice.columns):
@@ -72,136 +72,74 @@ def heldout_advice(advice, heldout: ScaleHealth):
         after.append(math.sqrt(sum(float(e) ** 2 for layer, e in zip(lay["layer"], lay["error"], strict=True)
                                    if int(layer) not in kept) / len(lay)))
     out["heldout_all_fp8"], out["heldout_after"] = before, after
-    out["heldout_reduces"] = [a < b or not len(r.layers_bf16) for a, b, r in
+    out["heldout_reduces"] = [bool(a < b) if len(r.layers_bf16) else None for a, b, r in  # None: nothing kept
                               zip(after, before, advice.itertuples(index=False), strict=True)]
     out["heldout_holds"] = [a <= t for a, t in zip(after, advice["tolerance"], strict=True)]
     return out
 
 
 # ------------------------------------------------------------------------------------ the answer
-def _fitted(g):
-    """A batch's best pair whose lines held: ``(pays from, clause, the gain at the longest context)``. Of the pairs
-    paying at every context they hold over, the one holding from the shortest context, then the one FP8 gains most
-    with at the longest; else the one paying beyond the smallest context; else one paying only below a crossing
-    (from = inf: it does not pay where contexts grow); else none pays (from = inf)."""
-    batch = g["batch"].iloc[0]
-    every = g[g["verdict"] == "every"].copy()
-    every["_gain"] = -every["fp8_speedup_at_hi"].fillna(0.0) if "fp8_speedup_at_hi" in every.columns else 0.0
-    every = every.sort_values(["tokens_lo", "_gain"], kind="stable")
-    beyond = g[g["verdict"] == "beyond"].sort_values("crossing_tokens")
-    below = g[g["verdict"] == "below"].sort_values("crossing_tokens", ascending=False)
-    if not every.empty:
-        r = every.iloc[0]
-        gain = r.get("fp8_speedup_at_hi", math.nan)
-        at = f"; {gain:.2f}x at {r['tokens_hi']:,.0f}" if isinstance(gain, float) and math.isfinite(gain) else ""
-        span = "every context where its lines hold" if r.get("left_out", 0) else "every measured context"
-        return (r["tokens_lo"], f"at {span} ({r['tokens_lo']:,.0f}-{r['tokens_hi']:,.0f} tokens{at}) at batch "
-                f"{batch} ({_what(r)})", gain)
-    if not beyond.empty:
-        r = beyond.iloc[0]
-        return (r["crossing_tokens"], f"beyond {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at "
-                f"batch {batch} ({_what(r)})", r.get("fp8_speedup_at_hi", math.nan))
-    if not below.empty:
-        r = below.iloc[0]
-        # pays only at short contexts: ranked after any pair paying at long ones (a measured pair included)
-        return (math.inf, f"only below {r['crossing_tokens']:,.0f} tokens per sequence{_interval(r)} at "
-                f"batch {batch} ({_what(r)})", r.get("fp8_speedup_at_hi", math.nan))
-    held = ", ".join(sorted({_what(r) for _, r in g.iterrows()}))
-    return (math.inf, f"at no measured context ({g['tokens_lo'].min():,.0f}-{g['tokens_hi'].max():,.0f} tokens) at "
-            f"batch {batch} (the pairs whose lines held: {held})", max(g.get("fp8_speedup_at_hi", [math.nan])))
-
-
-def _measured_best(g):
-    """A batch's best pair without a line (``crossings``' ``measured``, its points compared context by context):
-    the one FP8 is faster for from the earliest context, then the largest speedup; None where none measured."""
-    if "measured" not in g.columns:
-        return None
-    g = g[(g["status"] != "ok") & (g["measured"].fillna("").astype(str) != "")]
-    if g.empty:
-        return None
-    return g.assign(_from=g["measured_faster_from"].fillna(math.inf),
-                    _best=-g["measured_best_speedup"].fillna(0.0)).sort_values(["_from", "_best"]).iloc[0]
-
-
-def _measured_sentence(r, first: bool, gpu: str) -> str:
-    """The measured answer of pair ``r`` as a sentence of its own (its text keeps its semicolons), saying it is no
-    fit and why: the decode's change of kernel only where that is the one thing refused (the 16-bit line held);
-    then each kernel's own line where its FP8 rows ran several (``by_kernel``)."""
-    kernels = kernel_names(r.get("kernels", ""))
-    why = (f"no line holds across the decode's change of kernel ({' and '.join(kernels)})"
-           if len(kernels) > 1 and bool(r.get("baseline_held", True))
-           else "its latency lines do not hold" + ("; its FP8 rows also change kernel" if len(kernels) > 1 else ""))
-    lead = f"On {gpu}, at" if first else "At"
-    per_kernel = r.get("by_kernel", "")  # each kernel's own line, where the FP8 rows ran several
-    tail = f"; {PER_KERNEL}{per_kernel}" if isinstance(per_kernel, str) and per_kernel else ""
-    return f"{lead} batch {r['batch']} with {_what(r)}, measured point by point ({why}): {r['measured']}{tail}."
-
-
-def _speed(crossings, backend: str | None) -> tuple[list[str], list, list[str]]:
-    """Per batch, the pair FP8 pays for from the shortest context, then the largest gain — a pair whose lines held
-    (:func:`_fitted`: its clause, first) or one measured point by point (its lines did not hold: a split rule, a
-    launch floor or a change of kernel makes the latency steppy; its row, second); the fitted pair wins a tie. Third: the
-    measured pairs not chosen that measured a larger speedup than the chosen fitted pair reaches (the fit did
-    not confirm them, but a reader choosing a backend must see them)."""
-    rows = crossings if backend is None else crossings[crossings["backend"] == backend]
-    first, chosen, second = [], [], []
-    for batch, g in rows.groupby("batch", sort=True):
-        ok = g[g["status"] == "ok"]
-        fitted, m = (_fitted(ok) if not ok.empty else None), _measured_best(g)
-        f_gain = fitted[2] if fitted is not None and math.isfinite(fitted[2]) else 0.0
-        f_key = (fitted[0], -f_gain) if fitted is not None else (math.inf, 0.0)
-        m_from = float(m["measured_faster_from"]) if m is not None else math.inf
-        if math.isfinite(m_from) and (m_from, -float(m["measured_best_speedup"])) < f_key:
-            chosen.append(m)
-            continue
-        if fitted is not None:
-            first.append(fitted[1])
-        if m is not None and (fitted is None or m["measured_best_speedup"] > f_gain):
-            second.append(f"at batch {batch} with {_what(m)}, {m['measured']}")
-    return first, chosen, second
-
-
-def _interval(r) -> str:
-    """`` (95 %: lo-hi)``, and a warning where the lines are nearly parallel (the crossing is ill-determined)."""
-    lo, hi, z = r.get("crossing_lo", math.nan), r.get("crossing_hi", math.nan), r.get("slope_gap_z", math.inf)
-    text = f" (95 %: {max(lo, 0):,.0f}-{hi:,.0f})" if math.isfinite(lo) and math.isfinite(hi) else ""
-    return text + (" (ill-determined: the lines are nearly parallel)" if z < 2 else "")
-
-
-def _what(r) -> str:
-    variant = f"-{r['variant']}" if isinstance(r.get("variant", ""), str) and r.get("variant", "") else ""
-    return f"{r['backend']}{variant}, {r['mode']} mode"
-
-
-# The columns each table's sentences read; crossings' measured ones only where breakeven_context added them
-_CROSSINGS = ("backend", "batch", "status", "mode", "verdict", "tokens_lo", "tokens_hi", "crossing_tokens")
-_MEASURED = ("measured", "measured_faster_from", "measured_best_speedup")
+_NAMES = {"triton": "fp8kv", "flashinfer": "FlashInfer"}  # how the answer names a backend
 _VERDICT = ("entry", "mode", "error", "reference_context", "longest_context", "growth", "flat", "needle_ok")
 _ADVICE = ("method", "n_layers_bf16", "n_layers", "error_all_fp8")
+_COLLAPSES = ("layer", "method", "kind")
 
 
-def _check_crossings(crossings) -> None:
-    """Refuse rows the sentences would misread: a batch that is no positive whole number (grouping by batch drops
-    NaN: its lines vanished from the answer) and, where the lines held, a verdict outside
-    :data:`~.breakeven.VERDICTS` or a non-finite number of tokens it is said in."""
-    from ..results import check_rows
-
-    expected = "fp8kv.analysis.crossings()' table"
-    checks.dataframe(crossings, "crossings", _CROSSINGS + (_MEASURED if "measured" in crossings else ()),
-                     expected=expected)
-    check_rows(crossings, "headline", _CROSSINGS, expected=expected)  # a status of no value, a batch of text
-    for i, r in crossings.iterrows():
-        b = _number(r["batch"])
-        if not (b >= 1 and b % 1 == 0):  # NaN fails both
-            checks.fail(f"crossings['batch'][{i}]={checks.show_value(r['batch'])}; expected a positive whole number")
-        if r["status"] != "ok":
-            continue
-        check_answered(r, lambda col, i=i: f"crossings[{col!r}][{i}]")
+def _pair_key(r):
+    """How early and how much FP8 pays for crossings row ``r``: ``(from, class, -gain)`` (smaller is better; class 0
+    pays beyond ``from``, 1 only below a crossing, 2 never), None for a row with neither a line nor points."""
+    if r["status"] == "ok":
+        gain = number(r.get("fp8_speedup_at_hi", math.nan))
+        gain = -gain if math.isfinite(gain) else 0.0
+        start = {"every": r["tokens_lo"], "beyond": r["crossing_tokens"]}.get(r["verdict"], math.inf)
+        return float(start), {"every": 0, "beyond": 0, "below": 1}.get(r["verdict"], 2), gain
+    if not isinstance(r.get("measured", ""), str) or not r.get("measured", ""):
+        return None
+    start, best = number(r.get("measured_faster_from", math.nan)), number(r.get("measured_best_speedup", math.nan))
+    start = start if math.isfinite(start) else math.inf
+    return start, 0 if math.isfinite(start) else 2, -best if math.isfinite(best) else 0.0
 
 
-def _number(x) -> float:
-    """``x`` as a float; NaN for what is no number (check_rows named a column of text already)."""
-    return float(x) if isinstance(x, numbers.Real) and not isinstance(x, bool) else math.nan
+def _pair_phrase(r, unit: bool, gain: bool) -> tuple[str, bool]:
+    """Where FP8 pays for row ``r``, in a few words: "from 512 tokens, up to 1.81x" (the gain where ``gain``),
+    "beyond 8,037 tokens, ill-determined", "only below 6,827 tokens", "never"; named by backend (its variant and a
+    mode other than dequant). ``unit``: say "tokens" (the sentence has not said it yet). Returns the words and
+    whether they said it."""
+    name = _NAMES.get(r["backend"], r["backend"])
+    start, kind, best = _pair_key(r)
+    if kind == 2:
+        return f"{name} never", False
+    variant = r.get("variant", "")
+    name += f"-{variant}" if isinstance(variant, str) and variant else ""
+    name += f" ({r['mode']} mode)" if r["mode"] != "dequant" else ""
+    tokens = " tokens" if unit else ""
+    if kind == 1:
+        return f"{name} only below {r['crossing_tokens']:,.0f}{tokens}", unit
+    if r["status"] == "ok" and r["verdict"] == "beyond":
+        shaky = ", ill-determined" if number(r.get("slope_gap_z", math.inf)) < 2 else ""
+        return f"{name} beyond {start:,.0f}{tokens}{shaky}", unit
+    return f"{name} from {start:,.0f}{tokens}" + (f", up to {-best:.2f}x" if gain and best < 0 else ""), unit
+
+
+def _speed_sentence(gpu: str, crossings, backend: str | None) -> str:
+    """One clause per batch: the best pair of fp8kv (Triton), then in brackets each other backend's (FlashInfer's)."""
+    rows = crossings if backend is None else crossings[crossings["backend"] == backend]
+    order = sorted(set(rows["backend"]), key=lambda b: (b != "triton", b))
+    clauses, unit = [], True
+    for batch, g in rows.groupby("batch", sort=True):
+        said = []
+        for b in order:
+            keyed = [(k, i) for i, r in g[g["backend"] == b].iterrows() if (k := _pair_key(r)) is not None]
+            if keyed:
+                text, used = _pair_phrase(g.loc[min(keyed)[1]], unit, gain=not said)
+                said.append(text)
+                unit = unit and not used
+        if said:
+            others = f" ({'; '.join(said[1:])})" if len(said) > 1 else ""
+            clauses.append(f"batch {number(batch):.0f}, {said[0]}{others}")
+    if not clauses:
+        return f"On {gpu}, no FP8 latency line held and no point was compared: no speed answer."
+    return f"On {gpu}, FP8 KV decodes faster than 16-bit KV: " + "; ".join(clauses) + "."
 
 
 def _check_advice(advice) -> None:
@@ -215,16 +153,35 @@ def _check_advice(advice) -> None:
         checks.real(x, f"advice['error_all_fp8'][{i}]")
 
 
-def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str | None = None,
-             smoke: bool = False, backend: str | None = None) -> str:
-    """The answer in one or two sentences (Markdown) for ``gpu``.
+def _collapses(health):
+    """The collapses table of ``health`` (a ScaleHealth, or its ``collapses`` table as saved), checked."""
+    import pandas as pd
 
-    ``crossings``: ``fp8kv.analysis.crossings``' table (speed); ``verdict``: ``long_context_verdict``'s
-    (accuracy at length; its ``"total"`` rows); ``advice``: ``advice_capacity``'s or ``keep_bf16_advice``'s
-    table for ``model``, read for its ``"amax"`` row (else the first). Each may be None (its part is left
-    out), not all three (nor an advice of no row alone: there would be nothing to say). ``backend``
-    restricts the speed answer to one backend (with ``crossings`` only). ``smoke``: says first that the
-    numbers are a smoke run's, not a result.
+    if isinstance(health, ScaleHealth):
+        return health.collapses
+    if not isinstance(health, pd.DataFrame):
+        checks.fail(f"health is a {type(health).__name__}; expected measure_scale_health()'s ScaleHealth or its "
+                    "collapses table", TypeError)
+    if health.empty and not len(health.columns):  # saved as [] (no collapse): no columns to read
+        return pd.DataFrame(columns=list(_COLLAPSES))
+    checks.dataframe(health, "health", _COLLAPSES, expected="ScaleHealth.collapses")
+    return health
+
+
+def headline(gpu: str, *, crossings=None, verdict=None, advice=None, health=None, model: str | None = None,
+             smoke: bool = False, backend: str | None = None) -> str:
+    """The answer in two sentences (Markdown) for ``gpu``: speed, then accuracy.
+
+    ``crossings``: ``fp8kv.analysis.crossings``' table: per batch one clause, where fp8kv's (Triton's) FP8 KV
+    pays against a 16-bit cache and where each other backend's best pair does (FlashInfer's), from a line that
+    holds or the points measured where none does; the intervals, reasons and per-kernel lines are
+    :func:`~fp8kv.analysis.breakeven_text.speed_details`'. ``verdict``: ``long_context_verdict``'s (its
+    ``"total"`` rows); ``advice``: ``advice_capacity``'s or ``keep_bf16_advice``'s table for ``model``, read for
+    its ``"amax"`` row (else the first); ``health``: the model's ScaleHealth (or its ``collapses`` table), read for
+    what scale 1.0, the engines' default without checkpoint scales, collapses or saturates (else the advice's
+    ``"1.0"`` row's ``collapsed_layers``). Each may be None (its part is left out), not all of crossings, verdict
+    and advice (nor an advice of no row alone). ``backend`` restricts the speed answer to one backend (with
+    ``crossings`` only). ``smoke``: says first that the numbers are a smoke run's, not a result.
 
     Each table is checked where it enters: ValueError / TypeError naming it and the columns it lacks, or the
     row and column of a value its sentence would misread (a batch that is no positive whole number, a verdict
@@ -237,13 +194,10 @@ def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str 
     if not isinstance(smoke, bool):
         checks.fail(f"smoke={smoke!r}; expected True or False", TypeError)
     if backend is not None and not isinstance(backend, str):
-        checks.fail(f"backend={checks.show_value(backend)} ({type(backend).__name__}); expected None or a backend's "
-                    "name", TypeError)
+        check_backend(backend, crossings)
     if crossings is not None:
-        _check_crossings(crossings)
-    elif backend is not None:  # it restricts the speed answer, which needs crossings
-        checks.fail(f"backend={backend!r} but crossings is None: there is no speed answer to restrict; pass crossings "
-                    "(fp8kv.analysis.crossings()' table) or backend=None")
+        check_crossings(crossings, "headline")
+    check_backend(backend, crossings)
     if verdict is not None:
         from ..results import check_rows
 
@@ -252,29 +206,19 @@ def headline(gpu: str, *, crossings=None, verdict=None, advice=None, model: str 
                    expected="long_context_verdict()'s table")
     if advice is not None:
         _check_advice(advice)
+    collapses = _collapses(health) if health is not None else None
     if crossings is None and verdict is None and (advice is None or advice.empty):
         checks.fail("crossings and verdict are None and advice has no row: headline has nothing to answer from; "
                     "pass at least one of them")
-    sentences = []
-    if crossings is not None:
-        if backend is not None and backend not in set(crossings["backend"]):  # an unknown one read as "no answer"
-            checks.fail(f"backend={backend!r} has no row in crossings; expected None or one of "
-                        f"{sorted(set(crossings['backend']))}")
-        pays, chosen, measured = _speed(crossings, backend)
-        if pays:
-            sentences.append(f"On {gpu}, FP8 KV decodes faster than a 16-bit cache " + "; ".join(pays) + ".")
-        sentences += [_measured_sentence(r, not pays and i == 0, gpu) for i, r in enumerate(chosen)]
-        pays = pays or chosen
-        if measured:
-            sentences.append(("Pairs whose latency lines did not hold, measured point by point: " if pays else
-                              f"On {gpu}, no FP8 latency line held; point by point: ") + "; ".join(measured) + ".")
-        if not pays and not measured:
-            sentences.append(f"On {gpu}, no FP8 latency line held: no speed answer.")
+    sentences = [_speed_sentence(gpu, crossings, backend)] if crossings is not None else []
     accuracy = []
     if verdict is not None:
         accuracy.append(_accuracy(verdict))
     if advice is not None and len(advice):
         accuracy.append(_advice(advice, model or "the model"))
+    scale_one = _scale_one(collapses, advice)
+    if scale_one:
+        accuracy.append(scale_one)
     if accuracy:
         text = "; ".join(accuracy)
         sentences.append(text[0].upper() + text[1:] + ".")
@@ -290,19 +234,40 @@ def _accuracy(verdict) -> str:
     if total.empty:
         checks.fail("verdict has no 'total' rows; expected long_context_verdict()'s table")
     worst = total.loc[total["growth"].idxmax()]
-    span = f"{int(total['reference_context'].iloc[0]):,} to {int(total['longest_context'].iloc[0]):,} tokens"
-    where = f"x{worst['growth']:.2f} at worst, fp8kv.{worst['entry']} {worst['mode']} mode"
-    text = (f"its attention error stays flat from {span} ({where})" if bool(total["flat"].all()) else
-            f"its attention error grows from {span} ({where})")
-    return text + (" and a planted needle stays the top position" if bool(total["needle_ok"].all()) else
-                   ", and a planted needle is NOT always the top position")
+    span = f"{int(total['reference_context'].iloc[0]):,}-{int(total['longest_context'].iloc[0]):,} tokens"
+    text = (f"error flat over {span}" if bool(total["flat"].all()) else
+            f"error grows over {span} (x{worst['growth']:.2f}, fp8kv.{worst['entry']} {worst['mode']} mode)")
+    if bool(total["needle_ok"].all()):
+        # a verdict without needle_weight_ok (saved before the kernel's weight was tested) says top-1 only
+        return text + (", needle kept" if "needle_weight_ok" in total.columns else ", needle on top")
+    lost = total[~total["needle_ok"].astype(bool)]
+    return text + ", needle LOST in " + ", ".join(f"fp8kv.{r.entry} {r.mode} mode" for r in lost.itertuples())
+
+
+def _layers(layers) -> str:
+    layers = sorted(int(x) for x in layers)
+    shown = ", ".join(map(str, layers[:4])) + (f" and {len(layers) - 4} more" if len(layers) > 4 else "")
+    return ("layer " if len(layers) == 1 else "layers ") + shown
+
+
+def _scale_one(collapses, advice) -> str:
+    """What scale 1.0 (no checkpoint scales: the engines' default) collapses or saturates; "" where nothing."""
+    if collapses is not None:
+        one = collapses[collapses["method"].astype(str) == "1.0"]
+        gone = set(one.loc[one["kind"] == "collapsed", "layer"])
+        saturated = set(one.loc[one["kind"] == "saturates", "layer"]) - gone
+    else:
+        rows = advice[advice["method"].astype(str) == "1.0"] if advice is not None and "collapsed_layers" in advice \
+            else []
+        gone, saturated = (set(rows.iloc[0]["collapsed_layers"]) if len(rows) else set()), set()
+    said = [f"{verb} {_layers(layers)}" for verb, layers in (("collapses", gone), ("saturates", saturated)) if layers]
+    return "scale 1.0 (no checkpoint scales) " + " and ".join(said) if said else ""
 
 
 def _advice(advice, name: str) -> str:
     rows = advice[advice["method"] == "amax"]
     r = (rows if len(rows) else advice).iloc[0]
     if int(r["n_layers_bf16"]) == 0:
-        return f"{name} needs no 16-bit layer with {r['method']} scales (RMS error {r['error_all_fp8']:.1%})"
-    cost = f", {int(r['tokens_lost']):,} tokens fewer than all-FP8" if "tokens_lost" in r else ""
-    return (f"{name} should keep {int(r['n_layers_bf16'])} of {int(r['n_layers'])} layers 16-bit with "
-            f"{r['method']} scales{cost}")
+        return f"{name} needs no 16-bit layer ({r['method']} scales)"
+    cost = f", {int(r['tokens_lost']):,} tokens fewer" if "tokens_lost" in r else ""
+    return f"{name} keeps {int(r['n_layers_bf16'])} of {int(r['n_layers'])} layers 16-bit ({r['method']} scales{cost})"

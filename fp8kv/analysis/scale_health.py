@@ -28,23 +28,22 @@ with :mod:`fp8kv.capacity`'s per-token bytes: the tokens the 16-bit layers cost.
 A scale that would collapse a layer is reported, not raised: :attr:`ScaleHealth.collapses` names each layer,
 head, side and method whose values saturate (> :data:`SATURATION_LIMIT`), underflow
 (> :data:`UNDERFLOW_LIMIT`), or whose relative error reaches :data:`COLLAPSE_REL_ERR` or whose every non-zero
-value flushes to zero; :meth:`ScaleHealth.report` says it in sentences.
+value flushes to zero, or whose calibrated scale is 0, NaN or Inf (a checkpoint's scales never applied:
+"scale 0: not applied", its values counted lost); :meth:`ScaleHealth.report` says it in sentences.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from .. import checks
 from ..formats import kv_dtype_info
 from ..quant import compute_scale, quantize, relative_error, scale_shape
 from .errors import attend, check_layer_counts, scale_argument
+from .health_inputs import SIDES, check_calibration, check_kv, check_queries, scale_applied
 
 __all__ = ["SCALE_HEALTH_METHODS", "HEALTH_GRANULARITIES", "DEFAULT_TOLERANCE", "SATURATION_LIMIT", "UNDERFLOW_LIMIT",
            "COLLAPSE_REL_ERR", "ScaleHealth", "measure_scale_health", "calibration_scales", "keep_bf16_advice",
@@ -58,93 +57,13 @@ DEFAULT_TOLERANCE = 0.1
 SATURATION_LIMIT = 0.01  # of a head's values; percentile scales saturate 0.1 % of a layer's by design
 UNDERFLOW_LIMIT = 0.05
 COLLAPSE_REL_ERR = 0.5  # half of the values' norm lost: the layer no longer holds its keys / values
-SIDES = ("k", "v")
 
 
 # ------------------------------------------------------------------------------------ input
-def _layers(x, name: str) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor) or not isinstance(x, Sequence) or not len(x):
-        checks.fail(f"{name} must be a non-empty list of per-layer tensors [tokens, Hkv, D]; got "
-                    f"{type(x).__name__}", TypeError)
-    return list(x)
-
-
-def _check_kv(k, v) -> tuple[list, list]:
-    k, v = _layers(k, "k"), _layers(v, "v")
-    if len(k) != len(v):
-        checks.fail(f"k has {len(k)} layers but v has {len(v)}; expected one K and one V per layer")
-    for i, (kk, vv) in enumerate(zip(k, v, strict=True)):
-        for name, x in ((f"k[{i}]", kk), (f"v[{i}]", vv)):
-            checks.tensor(x, name, ndim=3, shape_hint="[tokens, Hkv, D]")
-            if not x.is_floating_point() or x.dtype.itemsize == 1:
-                checks.fail(f"{name} has dtype {str(x.dtype).replace('torch.', '')}; expected a 16/32/64-bit float "
-                            "tensor", TypeError)
-            if x.shape[0] < 1:
-                checks.fail(f"{name} has no tokens (shape {tuple(x.shape)}); give at least one")
-            if min(x.shape[1:]) < 1:  # no head or no channel: nothing to scale, and no default 1/sqrt(D)
-                checks.fail(f"{name} has shape {tuple(x.shape)}; expected [tokens, Hkv, D] with Hkv >= 1 and D >= 1")
-            checks.finite_tensor(x, name)
-            checks.fp32_range_tensor(x, name)
-        if vv.shape != kk.shape:
-            checks.fail(f"k[{i}] and v[{i}] have shapes {tuple(kk.shape)} and {tuple(vv.shape)}; expected equal")
-    return k, v
-
-
-def _check_queries(q, sm_scale, k) -> tuple[list | None, list]:
-    n = len(k)
-    if sm_scale is None or (isinstance(sm_scale, numbers.Real) and not isinstance(sm_scale, bool)):  # numpy's too
-        sm_scale = [sm_scale] * n
-    elif isinstance(sm_scale, np.ndarray) and sm_scale.ndim == 1:  # one per layer, as a list is
-        sm_scale = sm_scale.tolist()
-    elif not isinstance(sm_scale, (list, tuple)):  # a tensor or a string is not a list of per-layer numbers
-        checks.fail(f"sm_scale={checks.show_value(sm_scale)} ({type(sm_scale).__name__}); expected a positive number "
-                    "or a list of one per layer", TypeError)
-    sm_scale = list(sm_scale)
-    if len(sm_scale) != n:
-        checks.fail(f"sm_scale has {len(sm_scale)} entries for {n} layers; expected one per layer (or one number)")
-    sm_scale = [checks.softmax_scale_or_default(s, k[i].shape[-1], f"sm_scale[{i}]") for i, s in enumerate(sm_scale)]
-    if q is None:
-        return None, sm_scale
-    q = _layers(q, "q")
-    if len(q) != n:
-        checks.fail(f"q has {len(q)} layers for {n} layers of K/V; expected one [Nq, Hq, D] tensor per layer")
-    for i, qq in enumerate(q):
-        checks.tensor(qq, f"q[{i}]", ndim=3, shape_hint="[Nq, Hq, D]")
-        hkv, d = k[i].shape[1:]
-        if qq.shape[-1] != d or qq.shape[1] % hkv or min(qq.shape) < 1 or qq.dtype not in checks.FLOAT_DTYPES:
-            checks.fail(f"q[{i}] has shape {tuple(qq.shape)} ({qq.dtype}); expected [Nq, Hq, {d}] of {checks.FLOAT_DTYPES} "
-                        f"with Nq >= 1 and Hq a multiple of k[{i}]'s {hkv} KV heads")
-        checks.fp32_range_tensor(checks.finite_tensor(qq, f"q[{i}]"), f"q[{i}]")  # the errors are computed in fp32
-    return q, sm_scale
-
-
-def _check_calibration(calibration, k, granularity) -> tuple[list, list] | None:
-    if calibration is None:
-        return None
-    if not isinstance(calibration, (tuple, list)) or len(calibration) != 2:
-        checks.fail(f"calibration must be (k_scales, v_scales), two per-layer lists; got {type(calibration).__name__}",
-                    TypeError)
-    out = []
-    for side, scales in zip(SIDES, calibration, strict=True):
-        scales = _layers(scales, f"calibration {side}_scales")
-        if len(scales) != len(k):
-            checks.fail(f"calibration {side}_scales has {len(scales)} layers for {len(k)}; expected one per layer")
-        shaped = []
-        for i, s in enumerate(scales):
-            shape = scale_shape(k[i].shape, granularity)
-            s = checks.positive_fp32(s, f"calibration {side}_scales[{i}]", expected="a positive scale per layer")
-            if tuple(s.shape) != shape and s.numel() != 1:
-                checks.fail(f"calibration {side}_scales[{i}] has shape {tuple(s.shape)}; granularity "
-                            f"{granularity!r} takes {shape}")
-            shaped.append(torch.broadcast_to(s, shape).contiguous())
-        out.append(shaped)
-    return out[0], out[1]
-
-
 def calibration_scales(k, v, kv_dtype: str = "fp8_e4m3", granularity: str = "tensor") -> tuple[list, list]:
     """Static per-layer scales from a calibration run's K and V (lists of ``[tokens, Hkv, D]``): amax / fmt.max,
     as :func:`fp8kv.models.calibrate_scales` derives them from a model. Returns ``(k_scales, v_scales)``."""
-    k, v = _check_kv(k, v)
+    k, v = check_kv(k, v)
     fmt = _fp8(kv_dtype)
     checks.one_of(granularity, "granularity", HEALTH_GRANULARITIES)
     return ([compute_scale(x, fmt, granularity, "amax") for x in k], [compute_scale(x, fmt, granularity, "amax")
@@ -162,7 +81,7 @@ class ScaleHealth:
 
     ``heads``: one row per layer x KV head x side x method: ``layer``, ``head``, ``side`` (``"k"``, ``"v"``, or
     ``"out"``: the attention output of the query heads reading that KV head, with queries), ``method``,
-    ``scale_min`` / ``scale_max`` (the head's scales), ``amax``, ``amax_over_range`` (amax over scale x fmt.max:
+    ``scale_min`` / ``scale_max`` (the head's scales), ``scale_bad`` (a scale of 0, NaN or Inf as text, "" else), ``amax``, ``amax_over_range`` (amax over scale x fmt.max:
     above 1 saturates), ``saturated_frac``, ``underflow_frac``, ``nonzero_frac``, ``rel_err``, ``err_sq`` and
     ``norm_sq`` (its parts). ``layers``: one row per layer x method: ``k_rel_err``, ``v_rel_err``,
     ``kv_rel_err``, ``out_rel_err`` (NaN without queries), ``k_/v_saturated_frac``, ``k_/v_underflow_frac``,
@@ -218,21 +137,28 @@ def _scale(method, x, side, fmt, granularity, percentile, calibrated):
 
 
 def _head_rows(x, s, fmt, granularity, meta) -> tuple[list[dict], torch.Tensor]:
-    """Quantize ``x`` [T, H, D] with scale ``s`` one KV head at a time (the quantizer counts per call)."""
+    """Quantize ``x`` [T, H, D] with scale ``s`` one KV head at a time (the quantizer counts per call). A head whose
+    scale is 0, NaN or Inf (a checkpoint's scale never applied) is not quantized: its values count as lost (0)."""
     rows, deq = [], []
     for h in range(x.shape[1]):
         xh = x[:, h:h + 1]
         sh = s if granularity == "tensor" else s[h:h + 1]
-        qz = quantize(xh, fmt, granularity, scale=sh)
-        d = qz.dequantize(torch.float32)
+        amax = float(xh.abs().max())
+        applied, bad = scale_applied(sh)
+        if applied:
+            qz = quantize(xh, fmt, granularity, scale=sh)
+            d = qz.dequantize(torch.float32)
+            reach = xh.abs().to(torch.float32).amax(dim=0) / (sh.to(torch.float32) * fmt.max)  # per channel
+            counts = dict(amax_over_range=float(reach.max()), saturated_frac=qz.saturated_fraction,
+                          underflow_frac=qz.underflow_fraction)
+        else:  # what the engine's cache holds then is no function of x: nothing to count, every value lost
+            d = torch.zeros_like(xh, dtype=torch.float32)
+            counts = dict(amax_over_range=math.nan, saturated_frac=math.nan, underflow_frac=math.nan)
         deq.append(d)
         x64, d64 = xh.to(torch.float64), d.to(torch.float64)
-        amax = float(xh.abs().max())
-        reach = xh.abs().to(torch.float32).amax(dim=0) / (sh.to(torch.float32) * fmt.max)  # per channel
-        rows.append(dict(meta, head=h, scale_min=float(sh.min()), scale_max=float(sh.max()), amax=amax,
-                         amax_over_range=float(reach.max()), saturated_frac=qz.saturated_fraction,
-                         underflow_frac=qz.underflow_fraction, nonzero_frac=float((xh != 0).float().mean()),
-                         rel_err=relative_error(d, xh), err_sq=float(((d64 - x64) ** 2).sum()),
+        rows.append(dict(meta, head=h, scale_min=float(sh.min()), scale_max=float(sh.max()), scale_bad=bad, amax=amax,
+                         **counts, nonzero_frac=float((xh != 0).float().mean()),
+                         rel_err=relative_error(d, xh) if applied else 1.0, err_sq=float(((d64 - x64) ** 2).sum()),
                          norm_sq=float((x64 ** 2).sum())))
     return rows, torch.cat(deq, dim=1)
 
@@ -260,7 +186,8 @@ def measure_scale_health(k, v, *, q=None, sm_scale=None, calibration=None, kv_dt
         attention-output error, which then is the advice's measure.
     sm_scale : the softmax scale, one number or one per layer (default ``1/sqrt(D)``).
     calibration : ``(k_scales, v_scales)``, per-layer scales of a calibration run (:func:`calibration_scales`,
-        ``fp8kv.models.calibrate_scales``), shaped per granularity; needed for the ``"calibrated"`` method.
+        ``fp8kv.models.calibrate_scales``, or a checkpoint's), shaped per granularity; needed for the
+        ``"calibrated"`` method. A scale of 0, NaN or Inf is reported as a collapse, a negative one refused.
     kv_dtype : ``"fp8_e4m3"`` or ``"fp8_e5m2"``.
     granularity : ``"tensor"`` (one scale per layer and side), ``"head"`` or ``"channel"``.
     methods : among :data:`SCALE_HEALTH_METHODS`; default all of them, ``"calibrated"`` only with
@@ -272,11 +199,11 @@ def measure_scale_health(k, v, *, q=None, sm_scale=None, calibration=None, kv_dt
     """
     import pandas as pd
 
-    k, v = _check_kv(k, v)
+    k, v = check_kv(k, v)
     fmt = _fp8(kv_dtype)
     checks.one_of(granularity, "granularity", HEALTH_GRANULARITIES)
-    q, sm_scale = _check_queries(q, sm_scale, k)
-    calibration = _check_calibration(calibration, k, granularity)
+    q, sm_scale = check_queries(q, sm_scale, k)
+    calibration = check_calibration(calibration, k, granularity)
     notes = []
     if methods is None:
         methods = [m for m in SCALE_HEALTH_METHODS if m != "calibrated" or calibration is not None]
@@ -298,8 +225,8 @@ def measure_scale_health(k, v, *, q=None, sm_scale=None, calibration=None, kv_dt
             if q is not None:
                 rows += _out_rows(q[i].float(), kk, vv, deq["k"], deq["v"], sm_scale[i], dict(layer=i, method=m))
     heads = pd.DataFrame(rows)
-    cols = ["layer", "head", "side", "method", "scale_min", "scale_max", "amax", "amax_over_range", "saturated_frac",
-            "underflow_frac", "nonzero_frac", "rel_err", "err_sq", "norm_sq"]
+    cols = ["layer", "head", "side", "method", "scale_min", "scale_max", "scale_bad", "amax", "amax_over_range",
+            "saturated_frac", "underflow_frac", "nonzero_frac", "rel_err", "err_sq", "norm_sq"]
     heads = heads.reindex(columns=cols)
     metric = "out" if q is not None else "kv"
     layers = _layer_table(heads, metric)
@@ -326,8 +253,8 @@ def _layer_table(heads, metric):
         row["kv_rel_err"] = _pooled(g[g["side"].isin(SIDES)])
         go = g[g["side"] == "out"]
         row["out_rel_err"] = _pooled(go) if len(go) else float("nan")
-        row["collapsed"] = bool(((g["side"].isin(SIDES)) & ((g["rel_err"] >= COLLAPSE_REL_ERR) | _all_flushed(g)))
-                                .any())
+        row["collapsed"] = bool(((g["side"].isin(SIDES)) & ((g["rel_err"] >= COLLAPSE_REL_ERR) | _all_flushed(g) |
+                                                            _not_applied(g))).any())
         row["error"] = row["out_rel_err"] if metric == "out" else row["kv_rel_err"]
         out.append(row)
     return pd.DataFrame(out)
@@ -336,6 +263,11 @@ def _layer_table(heads, metric):
 def _all_flushed(g):
     """Heads with non-zero values every one of which underflowed."""
     return (g["nonzero_frac"] > 0) & (g["underflow_frac"] >= g["nonzero_frac"])
+
+
+def _not_applied(g):
+    """Heads whose scale was 0, NaN or Inf (``scale_bad`` names it; "" where the scale was usable)."""
+    return g["scale_bad"].fillna("").astype(str) != ""
 
 
 def _collapses(heads, kv_dtype, fmt):
@@ -347,7 +279,12 @@ def _collapses(heads, kv_dtype, fmt):
         where = f"scale {r.method} on {r.side.upper()} of layer {r.layer} head {r.head}"
         scale = f"{r.scale_min:.3g}" if r.scale_min == r.scale_max else f"{r.scale_min:.3g}-{r.scale_max:.3g}"
         flushed = r.nonzero_frac > 0 and r.underflow_frac >= r.nonzero_frac
-        if r.rel_err >= COLLAPSE_REL_ERR or flushed:
+        if r.scale_bad:
+            out.append(dict(layer=r.layer, head=r.head, side=r.side, method=r.method, kind="collapsed",
+                            text=f"{where} collapses: scale {r.scale_bad}: not applied (a checkpoint whose scales "
+                                 f"were never set; an engine's cache holds no function of x there: every value "
+                                 f"lost, |x| reaches {r.amax:.3g})"))
+        elif r.rel_err >= COLLAPSE_REL_ERR or flushed:
             why = ("every non-zero value underflows to 0" if flushed else
                    f"relative error {r.rel_err:.2f} (>= {COLLAPSE_REL_ERR})")
             out.append(dict(layer=r.layer, head=r.head, side=r.side, method=r.method, kind="collapsed",

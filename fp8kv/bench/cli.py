@@ -33,7 +33,7 @@ from .attend import (
 from .cases import Q_DTYPES, Case, footprint_bytes, memory_budget, sweep
 from .formats import QUANT_KV_DTYPES
 from .measure import run
-from .report import check_failed, save, summary
+from .report import check_failed, preset_summary, save
 
 # --------------------------------------------------------------------------------------------- CLI
 PRESETS = {
@@ -485,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                              rotate=not args.no_rotate, device=device, keep_partial=True)
         interrupted = df.attrs["bench"]["interrupted"]
         with signals_ignored():  # a signal now must not cut the save short
-            print((attend_summary if attend else summary)(df))
+            print(attend_summary(df) if attend else preset_summary(df, args.preset))
             saved_where_asked = True
             if not args.no_save:
                 path, saved_where_asked = save_or_fallback(save, df, args.out, {"argv": argv, "preset": args.preset})

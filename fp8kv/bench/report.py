@@ -1,7 +1,7 @@
 """Reading a run's rows: :func:`speedup_table` (FP8 over the best 16-bit decode and FlashInfer's FP8),
 :func:`layout_table` (one line per head layout and shape: peers, own BF16, FP8, rates, % of the limit),
-:func:`summary` (a text table), :func:`results_markdown` (the side-by-side Markdown table) and
-:func:`save` (CSV + JSON through :mod:`fp8kv.results`)."""
+:func:`summary` (a text table; :func:`preset_summary` adds what a preset's rows answer), :func:`results_markdown` (the
+side-by-side Markdown table) and :func:`save` (CSV + JSON through :mod:`fp8kv.results`)."""
 
 from __future__ import annotations
 
@@ -295,6 +295,24 @@ def summary(df: pd.DataFrame) -> str:
             for (label, reason), grp in rest.groupby(["label", "reason"], sort=False):
                 lines.append(f"  {label} x{len(grp)}: {reason}")
     return "\n".join(lines)
+
+
+def preset_summary(df: pd.DataFrame, preset: str | None) -> str:
+    """:func:`summary`, and for ``preset`` ``"breakeven"`` the break-even answers of its rows
+    (:func:`fp8kv.analysis.breakeven_answers`: per FP8 line, the context beyond which it pays); where the rows
+    answer nothing (too few contexts, a refused table), the reason, not an error: the rows are still saved."""
+    text = summary(df)
+    if preset != "breakeven":
+        return text
+    from ..analysis.breakeven import breakeven_answers
+
+    ok = df[df["status"] == "ok"]
+    try:
+        answers = breakeven_answers(ok) if len(ok) else []
+    except (ValueError, TypeError) as exc:  # the analysis refuses these rows: say why, keep the run
+        return f"{text}\nbreak-even: no answer from these rows: {' '.join(str(exc).split())}"
+    return "\n".join([text, "break-even (fp8kv.analysis.breakeven_answers):"] + [f"  {a}" for a in answers]
+                      if answers else [text, "break-even: no row ran"])
 
 
 def results_markdown(df: pd.DataFrame) -> str:

@@ -123,9 +123,35 @@ def _drop_smoke_banner(text: str) -> str:
     return re.sub(r"^\*\*Smoke run[^*]*\*\*\s*", "", text)
 
 
+def _saved_table(rows):
+    """A table ``save_results`` wrote (a list of row dicts) as a DataFrame, its non-finite floats (saved as the strings
+    "nan", "inf", "-inf") floats again; None where there is none."""
+    import pandas as pd
+
+    if not isinstance(rows, list):
+        return None
+    back = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+    return pd.DataFrame([{k: back.get(v, v) if isinstance(v, str) else v for k, v in as_dict(x).items()}
+                         for x in rows])
+
+
 def _answer_09(r: dict) -> tuple[str, str]:
-    return ("the break-even context of FP8 KV, a real model's scale health and error against context",
-            _drop_smoke_banner(as_text(r.get("answer"))) or "no answer was written.")
+    """Notebook 09's answer in two sentences, written afresh from the tables it saved
+    (:func:`fp8kv.analysis.deciding.headline`: per batch fp8kv's and FlashInfer's verdicts, then accuracy); a
+    results file without them gives the answer it saved."""
+    from ..analysis.deciding import headline
+
+    what = "the break-even context of FP8 KV, a real model's scale health and error against context"
+    crossings, verdict, advice = (_saved_table(r.get(k)) for k in ("crossings", "long_context_verdict", "advice"))
+    if crossings is None and verdict is None and advice is None:
+        return what, (_drop_smoke_banner(str(r["answer"])) if r.get("answer") else "") or "no answer was written."
+    gpu = str(crossings["gpu"].iloc[0]) if crossings is not None and "gpu" in crossings and len(crossings) else ""
+    gpu = gpu or "this GPU"
+    said = headline(gpu, crossings=crossings, verdict=verdict, advice=advice,
+                    health=_saved_table(r.get("scale_health_collapses")), model=str(r.get("model") or "") or None,
+                    backend=as_dict(r.get("settings")).get("answer_backend"))
+    lead = f"On {gpu}, "  # the page's first words name the machine already
+    return what, (said[len(lead)].upper() + said[len(lead) + 1:]) if said.startswith(lead) else said
 
 
 def _step_sentence(rows) -> str:
@@ -135,19 +161,38 @@ def _step_sentence(rows) -> str:
     if not rows or base is None:
         return ""
     best = max(rows, key=lambda x: float(x["best_tokens_per_s"]))
+    where = f"In a whole decode step ({as_text(best.get('model'))}, {fmt_value(best.get('context'), ',.0f')} tokens)"
     if best is base:
-        return (f" In a whole decode step ({as_text(base.get('model'))}, context {base.get('context')}) no format "
-                f"outran {as_text(base.get('kv_dtype'))} KV ({float(base['best_tokens_per_s']):,.0f} tokens/s).")
-    return (f" In a whole decode step ({as_text(best.get('model'))}, context {best.get('context')}), "
-            f"{as_text(best.get('kv_dtype'))} KV reaches {float(best['best_tokens_per_s']):,.0f} tokens/s at batch "
-            f"{best.get('best_batch')} (its ceiling {best.get('ceiling')}), "
-            f"{float(best['best_tokens_per_s']) / float(base['best_tokens_per_s']):.2f}x "
-            f"{as_text(base.get('kv_dtype'))} KV's best ({float(base['best_tokens_per_s']):,.0f} at batch "
-            f"{base.get('best_batch')}).")
+        return (f" {where} no format outran {as_text(base.get('kv_dtype'))} KV "
+                f"({float(base['best_tokens_per_s']):,.0f} tokens/s).")
+    return (f" {where} {as_text(best.get('kv_dtype'))} KV reaches {float(best['best_tokens_per_s']):,.0f} tokens/s at "
+            f"batch {best.get('best_batch')}, {float(best['best_tokens_per_s']) / float(base['best_tokens_per_s']):.2f}x "
+            f"{as_text(base.get('kv_dtype'))} KV's best ({float(base['best_tokens_per_s']):,.0f}).")
+
+
+def _pick_sentence(r: dict) -> str:
+    """Notebook 10's pick from its table: the format, why, its KL, bytes per token and tokens over bf16's; "" where
+    the table holds no row of the pick."""
+    pick = as_text(r.get("pick")) if r.get("pick") else ""
+    row = next((as_dict(x) for x in as_dicts(r.get("table")) if as_dict(x).get("format") == pick), None)
+    if not pick or row is None:
+        return ""
+    bf16 = next((as_dict(x) for x in as_dicts(r.get("capacity")) if as_dict(x).get("kv_dtype") == "bf16"), {})
+    ratio = (f", {float(row['tokens']) / float(bf16['tokens']):.2f}× bf16's tokens"
+             if fmt_value(row.get("tokens")) != "–" and fmt_value(bf16.get("tokens")) not in ("–", "0") else "")
+    return (f"pick **{pick}** for {as_text(r.get('capacity_model') or r.get('model'))}, the smallest format on the "
+            f"Pareto front within {fmt_value(r.get('tolerance'), 'g')} nats/token: KL "
+            f"{fmt_value(row.get('kl_mean'), '.3g')} against bf16 K/V (top-1 {_pct(row.get('top1_agree'))}), "
+            f"{fmt_value(row.get('bytes_per_token'), ',.0f')} bytes per token{ratio}.")
 
 
 def _answer_10(r: dict) -> tuple[str, str]:
-    said = _drop_smoke_banner(as_text(r.get("answer")))
+    """Notebook 10's answer in two sentences: the pick from its table, then the whole-step reading; a results file
+    without the pick's row gives the first sentence of the answer it saved."""
+    said = _pick_sentence(r)
+    if not said:
+        saved = _drop_smoke_banner(as_text(r.get("answer"))) if r.get("answer") else ""
+        said = re.split(r"(?<=[.!?])\s+(?=[A-Z*])", saved)[0] if saved else ""
     return ("every KV format's error, bytes per token and speed",
             (said + _step_sentence(r.get("step_ceilings"))) if said else "no answer was written.")
 

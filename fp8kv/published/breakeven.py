@@ -1,12 +1,13 @@
 """The README's break-even paragraph: ``--preset breakeven`` on the H200, read by :mod:`fp8kv.analysis.breakeven`
-(lines, crossings, what the points measured) and :func:`fp8kv.analysis.deciding.headline` (notebook 09's answer)."""
+(lines, crossings, what the points measured) and :func:`fp8kv.analysis.breakeven_text.speed_details` (notebook 09's
+break-even section in sentences)."""
 
 from __future__ import annotations
 
 import math
 
 from ..analysis.breakeven import MAX_REL_RESIDUAL, PER_KERNEL, REQUIRED, breakeven_context
-from ..analysis.deciding import headline
+from ..analysis.breakeven_text import speed_details
 from .decode import claim
 from .fmt import num, pct, times
 from .sources import Sources
@@ -75,7 +76,7 @@ def breakeven(src: Sources) -> dict[str, str]:
     claim((no_tc["verdict"] == "never").all(), "FlashInfer's CUDA-core FP8 never pays at batches 16 and 64",
           BREAKEVEN_H200)
     claim((tc["slope_gap_z"] < 2).all(), "FlashInfer's tensor-core lines are nearly parallel", BREAKEVEN_H200)
-    return {"breakeven.table": "\n".join(out), "breakeven.max_residual": f"{100 * MAX_REL_RESIDUAL:g} %", "breakeven.headline": headline(gpu, crossings=cross),
+    return {"breakeven.table": "\n".join(out), "breakeven.max_residual": f"{100 * MAX_REL_RESIDUAL:g} %", "breakeven.headline": speed_details(gpu, cross),
             "breakeven.kernel_batches": " and ".join(str(b) for b in two["batch"]),
             "breakeven.per_kernel": " ".join(f"At batch {r['batch']}: {r['by_kernel']}." for _, r in two.iterrows()),
             "breakeven.ours_from": ("at every measured context" if set(faster) == {float(rows["context"].min())}

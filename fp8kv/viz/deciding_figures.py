@@ -41,12 +41,34 @@ def _series(kv_dtype, mode) -> str:
 _POINT_COLUMNS = ["backend", "batch", "kv_dtype", "mode", "tokens", "time_us", "fitted_us", "rel_residual"]
 
 
+# Besides backend and batch, what keeps one line apart from another (fp8kv.analysis.breakeven's PAIR_KEYS): where
+# the points hold several values of one, each gets its own column of panels (two head layouts in one panel drew
+# one trace through both and marked each crossing twice)
+_PANEL_KEYS = ("gpu", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "q_dtype", "layout", "window", "timing")
+_HEADS = ("num_q_heads", "num_kv_heads", "head_dim")
+
+
+def _panel_name(get, varying) -> str:
+    """The panel column of a row (``get(column)`` reads it): its backend, and the keys in ``varying`` (the head
+    layout as "32:8, D 128")."""
+    name = _backend_name(get("backend"), get("variant"))
+    parts = [f"{int(get('num_q_heads'))}:{int(get('num_kv_heads'))}, D {int(get('head_dim'))}"] \
+        if set(_HEADS) & set(varying) else []
+    parts += [f"{k} {get(k)}" for k in varying if k not in _HEADS]
+    return " · ".join([name, ", ".join(parts)]) if parts else name
+
+
 def _panels(points):
+    """The points with their series and panel column, the batches (rows) and the panel columns, and the keys that
+    set panels apart besides backend and batch."""
     data = points.copy()
-    data["_backend"] = [_backend_name(b, v) for b, v in zip(data["backend"], data.get("variant", [""] * len(data)),
-                                                             strict=True)]
+    if "variant" not in data.columns:
+        data["variant"] = ""
+    varying = [k for k in _PANEL_KEYS if k in data.columns and data[k].nunique(dropna=False) > 1]
     data["_series"] = [_series(k, m) for k, m in zip(data["kv_dtype"], data["mode"], strict=True)]
-    return data, sorted(set(data["batch"])), list(dict.fromkeys(sorted(data["_backend"])))
+    data["_panel"] = [_panel_name(r.get, varying) for _, r in data.iterrows()]
+    order = data.sort_values(["backend", "variant", *varying], kind="stable")["_panel"]
+    return data, sorted(set(data["batch"])), list(dict.fromkeys(order)), varying
 
 
 def _symbols(g, name: str) -> list[str]:
@@ -57,20 +79,21 @@ def _symbols(g, name: str) -> list[str]:
 
 
 def breakeven_lines(points, crossings=None, *, title: str | None = None) -> go.Figure:
-    """Latency against KV tokens per sequence, one panel per backend (column) x batch (row): the measured
+    """Latency against KV tokens per sequence, one panel per backend (column) x batch (row), and per head layout
+    (or another of the keys a line is fitted apart by, where the points hold several; named in the title): the measured
     points (markers) and their fitted lines (``fp8kv.analysis.line_points``), a colour per KV dtype and mode
     (FP8 mode dashed). With ``crossings`` (``fp8kv.analysis.crossings``), a dotted vertical line where each
     FP8 line crosses its 16-bit partner inside the measured range. Log-log axes (contexts span decades). Open
     markers: the short contexts a trimmed line left out of its fit (its line is drawn over the rest only). Where a
     line's points name several kernels (``kernel``), each kernel's part is drawn with its own line."""
     require_columns(points, _POINT_COLUMNS, "points", rows=True)
-    data, batches, backends = _panels(points)
+    data, batches, backends, varying = _panels(points)
     fig = _grid(batches, backends, lambda b: f"batch {b}", lambda c: c, shared_xaxes=True,
                 vertical_spacing=0.08, horizontal_spacing=0.06)
     colours = color_map(data["_series"].unique())
     for i, b in enumerate(batches):
         for j, be in enumerate(backends):
-            panel = data[(data["batch"] == b) & (data["_backend"] == be)]
+            panel = data[(data["batch"] == b) & (data["_panel"] == be)]
             for name, g in panel.groupby("_series", sort=True):
                 g = g.sort_values("tokens")
                 style = dict(color=colours[name])
@@ -88,7 +111,7 @@ def breakeven_lines(points, crossings=None, *, title: str | None = None) -> go.F
                                              hovertemplate="%{x:,} tokens: %{y:.1f} µs on the line<extra>" + label
                                                            + "</extra>"), row=i + 1, col=j + 1)
             if crossings is not None:
-                _mark_crossings(fig, crossings, b, be, colours, i + 1, j + 1)
+                _mark_crossings(fig, crossings, b, be, varying, colours, i + 1, j + 1)
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     measured_ticks(fig, "x", data["tokens"].unique(), "tokens")
@@ -108,16 +131,17 @@ def _kernel_parts(points):
     return [(k, points[kernel == k]) for k in kernel.loc[points["tokens"].sort_values().index].unique()]
 
 
-def _mark_crossings(fig, crossings, batch, backend, colours, row, col):
-    require_columns(crossings, ["backend", "batch", "kv_dtype", "mode", "crossing_tokens", "tokens_lo", "tokens_hi"],
-                    "crossings")
-    for r in crossings.itertuples(index=False):
-        if r.batch != batch or _backend_name(r.backend, getattr(r, "variant", "")) != backend:
+def _mark_crossings(fig, crossings, batch, panel, varying, colours, row, col):
+    require_columns(crossings, ["backend", "batch", "kv_dtype", "mode", "crossing_tokens", "tokens_lo", "tokens_hi",
+                                *varying], "crossings")
+    for _, r in crossings.iterrows():
+        get = lambda k, r=r: r.get(k, "")  # noqa: E731  (a table without variants has none)
+        if r["batch"] != batch or _panel_name(get, varying) != panel:
             continue
-        x = r.crossing_tokens
-        if not (isinstance(x, float) and math.isfinite(x) and r.tokens_lo <= x <= r.tokens_hi):
+        x = r["crossing_tokens"]
+        if not (isinstance(x, float) and math.isfinite(x) and r["tokens_lo"] <= x <= r["tokens_hi"]):
             continue
-        name = _series(r.kv_dtype, r.mode)
+        name = _series(r["kv_dtype"], r["mode"])
         fig.add_vline(x=x, line_dash="dot", line_color=colours.get(name, "gray"), row=row, col=col)
         fig.add_annotation(x=math.log10(x), y=1, yref=f"{_axis(fig, row, col, 'y')} domain",
                            xref=_axis(fig, row, col, "x"), text=f"{name}: {x:,.0f}", showarrow=False,
@@ -138,13 +162,13 @@ def breakeven_residuals(points, *, max_rel_residual: float = 0.05, title: str | 
     require_columns(points, _POINT_COLUMNS, "points", rows=True)
     if not (isinstance(max_rel_residual, (int, float)) and 0 < max_rel_residual < 1):
         raise ValueError(f"max_rel_residual={max_rel_residual!r}; expected a fraction in (0, 1)")
-    data, batches, backends = _panels(points)
+    data, batches, backends, _ = _panels(points)
     fig = _grid(batches, backends, lambda b: f"batch {b}", lambda c: c, shared_xaxes=True, shared_yaxes=True,
                 vertical_spacing=0.08, horizontal_spacing=0.04)
     colours = color_map(data["_series"].unique())
     for i, b in enumerate(batches):
         for j, be in enumerate(backends):
-            panel = data[(data["batch"] == b) & (data["_backend"] == be)]
+            panel = data[(data["batch"] == b) & (data["_panel"] == be)]
             for name, g in panel.groupby("_series", sort=True):
                 for n, (kernel, part) in enumerate(_kernel_parts(g.sort_values("tokens"))):
                     label = name + (f", {kernel} kernel" if kernel else "")
