@@ -13,7 +13,7 @@ from .fmt import num, pct, span, times
 from .formats import FORMATS_H200, INT4_GOAL_X_FP8
 from .sources import Sources, ok_rows
 
-__all__ = ["issue", "residency", "ISSUE"]
+__all__ = ["issue", "residency", "int4_tiles", "ISSUE", "INT4_TILES"]
 
 # python scripts/issue_budget.py --copy-from results/bench/nvidia-h200/20261206T100317Z.csv
 ISSUE = "results/sass/sm90/20261207T071213Z.csv"
@@ -108,3 +108,34 @@ def residency(src: Sources) -> dict[str, str]:
     return {"residency.span": span(fp8["programs_per_sm"], 0), "residency.d256": str(wide),
             "residency.d128": str(at(32, 8, 128, 64)), "residency.d64": str(at(14, 2, 64, 64)),
             "residency.mha64": str(at(32, 32, 64, 128))}
+
+
+# python -m fp8kv.bench --preset formats --batches 64 --contexts 32768 on one H100, three runs a minute apart: FP8's
+# defaults (--kv-dtypes fp8_e4m3), INT4 through the Gluon kernel at its default tile (--kv-dtypes int4_token_head
+# --triton-opt gluon=1), and the same with --triton-opt block_n=128 --triton-opt num_stages=3
+INT4_TILES = {"fp8": "results/bench/nvidia-h100-80gb-hbm3/20261207T083932Z.csv",
+              "default": "results/bench/nvidia-h100-80gb-hbm3/20261207T083949Z.csv",
+              "wide": "results/bench/nvidia-h100-80gb-hbm3/20261207T084002Z.csv"}
+
+
+def int4_tiles(src: Sources) -> dict[str, str]:
+    """INT4's 128-token tiles three deep against its default tile and FP8, timed at 32/8/128, B 64 x 32k."""
+    cols = [*_KEY, "kv_dtype", "granularity", "variant", "kernel", "block_n", "num_stages", "time_us", "pct_copy_bw"]
+    at = {}
+    for name, rel in INT4_TILES.items():
+        rows = ok_rows(src.csv(rel, cols), rel)
+        rows = rows[(rows[_KEY] == pd.Series(_POINT, index=_KEY)).all(axis=1) & (rows["granularity"] == "tensor")]
+        rows = rows[(rows["kv_dtype"] == "fp8_e4m3") & rows["variant"].isna()] if name == "fp8" else rows
+        claim(len(rows) == 1, f"one {name} row at 32/8/128, B 64 x 32k", rel)
+        at[name] = rows.iloc[0]
+    claim(at["fp8"]["kernel"] == "gluon" and {at["default"]["kernel"], at["wide"]["kernel"]} == {"gluon-quantized"},
+          "every row ran the Gluon kernel", ", ".join(INT4_TILES.values()))
+    claim((at["default"]["block_n"], at["wide"]["block_n"], at["wide"]["num_stages"]) == (64, 128, 3),
+          "INT4 at its default 64-token tile, then at 128 three deep", INT4_TILES["wide"])
+    us = {name: float(r["time_us"]) for name, r in at.items()}
+    return {"int4_tiles.fp8_us": num(us["fp8"], 0), "int4_tiles.default_us": num(us["default"], 0),
+            "int4_tiles.wide_us": num(us["wide"], 0), "int4_tiles.gain": times(us["default"] / us["wide"]),
+            "int4_tiles.x_fp8_default": times(us["fp8"] / us["default"]),
+            "int4_tiles.x_fp8_wide": times(us["fp8"] / us["wide"]),
+            "int4_tiles.pct_default": num(at["default"]["pct_copy_bw"], 0),
+            "int4_tiles.pct_wide": num(at["wide"]["pct_copy_bw"], 0)}
