@@ -110,8 +110,13 @@ def package_version(module_name: str) -> str | None:
 def source_digest(root: str | Path | None = None) -> str:
     """The first 12 hex digits of a SHA-256 over fp8kv's own files (every ``.py`` and ``data/`` file of the
     package at ``root``, default the one imported, by relative path): which code made a saved number, on a
-    machine without the repository's history. Equal digests: the same kernels, launch rules and tables."""
+    machine without the repository's history. Equal digests: the same kernels, launch rules and tables.
+    ``published/`` is left out: it writes the README from saved results and makes no number itself, so
+    editing it must not mark every rendered page as made by other code."""
     return _package_digest() if root is None else _digest(Path(root))
+
+
+_NOT_DIGESTED = ("published",)
 
 
 @functools.lru_cache(maxsize=1)
@@ -122,6 +127,7 @@ def _package_digest() -> str:  # once per process: the imported code does not ch
 def _digest(base: Path) -> str:
     h = hashlib.sha256()
     files = sorted(p for p in base.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.relative_to(base).parts[0] not in _NOT_DIGESTED
                    and (p.suffix == ".py" or p.relative_to(base).parts[0] == "data"))
     for path in files:
         h.update(path.relative_to(base).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")

@@ -131,6 +131,9 @@ def test_source_digest_names_the_code_that_ran(tmp_path):
     kernel = b / "ops" / "decode" / "triton_kernel.py"
     kernel.write_text(kernel.read_text() + "\n")
     assert D.source_digest(b) != D.source_digest(str(a))
+    readme_writer = a / "published" / "readme.py"
+    readme_writer.write_text(readme_writer.read_text() + "\n")
+    assert D.source_digest(a) == D.source_digest(pkg)  # the README writer makes no number
     table = a / "data" / "launch_nvidia-h200.json"
     table.write_text(table.read_text() + " ")
     assert D.source_digest(a) != D.source_digest(pkg)

@@ -844,6 +844,13 @@ def test_gluon_launch_defaults_and_bad_options():
     assert ops.gluon_tile(8, 256, 64, 132) == ops.gluon_tile(1, 256, 8 * 132, 132) == (128, 2)  # two parts
     # MHA streams whole sequences in 128-token tiles once the sequences alone fill 8 waves; else 64
     assert ops.gluon_tile(1, 128, 8 * 132, 132) == (128, 3) and ops.gluon_tile(1, 128, 8 * 132 - 1, 132) == (64, 4)
+    # INT4 codes (two a byte) in 128-token tiles, 3 deep, at every batch up to head_dim 128; wider heads as FP8's.
+    # H100, the formats grid (32/8/128 and 8/1/128, B 1/16/64 x 4k/16k/32k) through the Gluon kernel at 128 / 3
+    # (results/bench/nvidia-h100-80gb-hbm3/20261207T093604Z.csv) against 64 / 4 (...093537Z.csv): faster at 16 of 18
+    # points, by up to 1.48x (32/8/128, 1 x 4k: 14.5 against 21.4 us; 64 x 32k: 939 against 1045), 0.7 and 2.5 %
+    # slower at the other two (8/1/128, B 16 and 1 x 4k, where the Triton kernel runs by default)
+    assert ops.gluon_tile(4, 128, 8, 132, packed=True) == ops.gluon_tile(6, 64, 64 * 4, 132, packed=True) == (128, 3)
+    assert ops.gluon_tile(8, 256, 64, 132, packed=True) == (128, 2)
     assert gluon_launch(2, cache, 4, block_n=128, num_stages=2)["block_n"] == 128
     with pytest.raises(ValueError, match="block_n=32"):
         gluon_launch(2, cache, 4, block_n=32)

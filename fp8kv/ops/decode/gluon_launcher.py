@@ -67,8 +67,9 @@ GLUON_MIN_ROW_SPLIT_TOKENS = {1: 512, 2: 512}
 GLUON_STAGES = (2, 3, 4)  # ring depths its GPU tests and benchmarks cover
 
 
-def gluon_tile(group: int, head_dim: int, streams: int, num_sms: int) -> tuple[int, int]:
-    """The Gluon kernel's default (block_n, ring depth) for a layout, ``streams`` = batch x KV heads.
+def gluon_tile(group: int, head_dim: int, streams: int, num_sms: int, packed: bool = False) -> tuple[int, int]:
+    """The Gluon kernel's default (block_n, ring depth) for a layout, ``streams`` = batch x KV heads; ``packed``:
+    the cache holds two 4-bit codes a byte (INT4).
 
     Measured on the H200 (B = 64 x 16k: ``results/bench/nvidia-h200/20261203T210039Z-gluon-probe.json``;
     MHA at B = 4: ``...20261203T234329Z-gluon-mha.json``): one query head per KV head streams best in
@@ -79,9 +80,17 @@ def gluon_tile(group: int, head_dim: int, streams: int, num_sms: int) -> tuple[i
     (32/8/128: 535.6 against 542.6 for 64 / 3 and 558.5 for 128 / 3; 28/4/128: 307.8, within 1 % of
     128 / 3's 304.9). Head dims above 128 (two parts) in tiles of 128, 2 deep
     (``...20261204T120140Z-gluon-wide.json``: 8/1/256 191.7 us against 207.8-212.4 for 64 / 2-4; 16/8/256
-    1175.7 against 1287.8-1334.9; 16/16/256 2312.3 against 2546.3-2602.9)."""
+    1175.7 against 1287.8-1334.9; 16/16/256 2312.3 against 2546.3-2602.9).
+
+    INT4 codes at head dims up to 128 in tiles of 128, 3 deep: a tile's half-size rows leave the ring room, and
+    a longer tile spreads each tile's fixed instructions (its scales, the online softmax's rescale) over twice the
+    tokens, where INT4 is bound by instructions issued rather than bytes (``results/sass/sm90/``; H100, 32/8/128,
+    B 64 x 32k: 930 us against 1048 for 64 / 4, ``results/bench/nvidia-h100-80gb-hbm3/20261207T084002Z.csv``
+    against ``...083949Z.csv``; 1070 two deep, ``...083902Z.csv``)."""
     if head_dim > 128:
         return 128, 2
+    if packed:
+        return 128, 3
     if group == 1 and streams >= 8 * num_sms:
         return 128, 3
     return (64, 3) if head_dim <= 64 else (64, 4)
@@ -136,15 +145,15 @@ def gluon_launch(batch: int, cache: PagedKVCache, group: int, *, num_splits: int
     dev = torch.device(device) if device is not None else cache.device
     sms = splits.sm_count(dev) if num_sms is None else checks.positive_int(num_sms, "num_sms")
     rows = group * checks.positive_int(qo_len, "qo_len")
-    tile, depth = gluon_tile(rows, cache.head_dim, batch * cache.num_kv_heads, sms)
+    codes, token_scales = gluon_codes(cache)
+    rings = dict(packed=codes in PACKED_CODES, token_scales=token_scales)
+    tile, depth = gluon_tile(rows, cache.head_dim, batch * cache.num_kv_heads, sms, packed=rings["packed"])
     default_tile = block_n is None
     block_n = tile if block_n is None else checks.one_of(checks.integer(block_n, "block_n"), "block_n",
                                                          GLUON_BLOCK_N)
     stages = depth if num_stages is None else checks.one_of(checks.integer(num_stages, "num_stages"), "num_stages",
                                                            GLUON_STAGES)
     limit = smem_per_block(dev)
-    codes, token_scales = gluon_codes(cache)
-    rings = dict(packed=codes in PACKED_CODES, token_scales=token_scales)
     if limit is not None:
         def fitting(block_n: int, stages: int) -> int:  # the default depth made shallower until its rings fit
             while num_stages is None and stages > min(GLUON_STAGES) and \
