@@ -63,6 +63,20 @@ def fp32_to_fp8_bits(y, MANT: tl.constexpr, BIAS: tl.constexpr, FMAX: tl.constex
 
 
 @triton.jit
+def fp32_to_e4m3(y, FMAX: tl.constexpr, HARDWARE: tl.constexpr):
+    """fp32 values -> e4m3 values, clamped to ±FMAX (e4m3's largest, 448) and rounded to nearest even.
+    HARDWARE: by the GPU's conversion (sm89+: ``cvt.rn.satfinite.e4m3x2.f32``, two values an instruction; PTX
+    has no unsaturated form, so it clamps as well); else by :func:`fp32_to_fp8_bits` (about fifteen integer
+    instructions a value), as Triton's interpreter needs: its cast rounds otherwise. fp8 mode rounds every
+    probability tile this way; at the chunk launch (128 rows x 64 keys, D 128, 8 warps) bit arithmetic made
+    the sm90 attend loop 1031 instructions a warp, the conversion 611 (scripts/attend_sass.py)."""
+    if HARDWARE:
+        return y.to(tl.float8e4nv)
+    else:
+        return fp32_to_fp8_bits(y, 3, 7, FMAX).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
 def fp8_bits_to_fp16_ptx(code, MANT: tl.constexpr):
     """uint8 FP8 codes -> float16 with the sm89+ PTX conversion (two codes per instruction).
 

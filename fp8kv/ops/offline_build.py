@@ -42,7 +42,7 @@ ISSUE_PER_CLOCK = 4
 
 # Pointer element types by tensor dtype, as Triton names them in a kernel signature.
 POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.uint8: "*u8",
-                 torch.int8: "*i8", torch.int32: "*i32"}
+                 torch.int8: "*i8", torch.int32: "*i32", torch.float8_e4m3fn: "*fp8e4nv", torch.float8_e5m2: "*fp8e5"}
 
 
 @dataclass(frozen=True)

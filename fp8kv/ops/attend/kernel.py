@@ -35,7 +35,7 @@ from ..decode.triton_helpers import kv_tile_to_compute as _to_compute
 from ..decode.triton_helpers import query_rows as _query_rows
 from ..decode.triton_helpers import soft_cap_scores as _capped
 from ..decode.triton_helpers import tile_addresses as _tile_addresses
-from ..fp8_codec import fp32_to_fp8_bits
+from ..fp8_codec import fp32_to_e4m3
 from ..pages import SCALE_CHANNEL, SCALE_PER_HEAD, SCALE_TOKEN_HEAD
 
 
@@ -61,7 +61,8 @@ def _attend_tile(q, row_scale, m_i, l_i, acc, k_pages_ptr, v_pages_ptr, k_scale_
                  soft_cap_log2, MASKED: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                  D_PAD: tl.constexpr, SCALE_KIND: tl.constexpr, KV_FP8: tl.constexpr, CONVERT_K: tl.constexpr,
                  CONVERT_V: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, FP8_QK: tl.constexpr,
-                 FP8_PV: tl.constexpr, COMPUTE: tl.constexpr, WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr):
+                 FP8_PV: tl.constexpr, ROUND_HW: tl.constexpr, COMPUTE: tl.constexpr, WINDOWED: tl.constexpr,
+                 SOFT_CAP: tl.constexpr):
     """One key tile ``n0 + offs_n`` folded into the online softmax state ``(m_i, l_i, acc)``. MASKED: each row
     keeps only its own keys (causal, window, inside the split) and a row may have none yet; unmasked (a whole
     tile below every row's position, no window), the decode's step."""
@@ -107,7 +108,7 @@ def _attend_tile(q, row_scale, m_i, l_i, acc, k_pages_ptr, v_pages_ptr, k_scale_
     else:
         vs_max = 1.0
     if FP8_PV:
-        p8 = fp32_to_fp8_bits(p * P_SCALE, 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
+        p8 = fp32_to_e4m3(p * P_SCALE, E4M3_MAX, ROUND_HW)
         acc += tl.dot(p8, _as_fp8(v, MANT))
     else:
         acc += tl.dot(p.to(COMPUTE), _to_compute(v, COMPUTE, KV_FP8, CONVERT_V, MANT, BIAS)) * vs_max
@@ -158,6 +159,7 @@ def paged_attend_kernel(
     BIAS: tl.constexpr,  # FP8 KV format: exponent bias
     FP8_QK: tl.constexpr,  # FP8 query, FP8 x FP8 QK dot
     FP8_PV: tl.constexpr,  # FP8 probabilities, FP8 x FP8 P.V dot
+    ROUND_HW: tl.constexpr,  # FP8_PV: probabilities rounded to e4m3 by the GPU's conversion (else bit arithmetic)
     COMPUTE: tl.constexpr,  # dot type in dequant mode (fp16 / bf16; fp32 under the interpreter)
     RESCALE_Q: tl.constexpr,  # scale each query row by a power of two before rounding it to fp16
     WINDOWED: tl.constexpr,
@@ -218,13 +220,13 @@ def paged_attend_kernel(
                                      v_scale_ptr, bt_row, n0, end, pos, offs_n, offs_d, num_blocks, stride_kb,
                                      stride_kt, kv_head_off, kvh, num_kv_heads, window, soft_cap_log2, False,
                                      BLOCK_SIZE, HEAD_DIM, D_PAD, SCALE_KIND, KV_FP8, CONVERT_K, CONVERT_V, MANT,
-                                     BIAS, FP8_QK, FP8_PV, COMPUTE, WINDOWED, SOFT_CAP)
+                                     BIAS, FP8_QK, FP8_PV, ROUND_HW, COMPUTE, WINDOWED, SOFT_CAP)
     for n0 in range(body_end, end, BLOCK_N):
         m_i, l_i, acc = _attend_tile(q, row_scale, m_i, l_i, acc, k_pages_ptr, v_pages_ptr, k_scale_ptr,
                                      v_scale_ptr, bt_row, n0, end, pos, offs_n, offs_d, num_blocks, stride_kb,
                                      stride_kt, kv_head_off, kvh, num_kv_heads, window, soft_cap_log2, True,
                                      BLOCK_SIZE, HEAD_DIM, D_PAD, SCALE_KIND, KV_FP8, CONVERT_K, CONVERT_V, MANT,
-                                     BIAS, FP8_QK, FP8_PV, COMPUTE, WINDOWED, SOFT_CAP)
+                                     BIAS, FP8_QK, FP8_PV, ROUND_HW, COMPUTE, WINDOWED, SOFT_CAP)
 
     if HAS_SINKS and not SPLIT:
         # one more logit with no value: it rescales the running state as a tile would

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from ..fp8_codec import fp32_to_fp8_bits
+from ..fp8_codec import fp32_to_e4m3
 from ..pages import SCALE_CHANNEL, SCALE_PER_HEAD, SCALE_TOKEN_HEAD
 
 # the kernel's body calls the shared helpers by these names
@@ -94,6 +94,7 @@ def paged_decode_kernel(
     BIAS: tl.constexpr,  # FP8 KV format: exponent bias
     FP8_QK: tl.constexpr,  # FP8 query, FP8 x FP8 QKᵀ
     FP8_PV: tl.constexpr,  # FP8 probabilities, FP8 x FP8 P·V
+    ROUND_HW: tl.constexpr,  # FP8_PV: probabilities rounded to e4m3 by the GPU's conversion (else bit arithmetic)
     KV_EVICTION: tl.constexpr,  # eviction policy of the K/V tile loads ("" or "evict_first")
     COMPUTE: tl.constexpr,  # dot type in dequant mode (fp16 / bf16; fp32 under the interpreter)
     RESCALE_Q: tl.constexpr,  # scale each query head by a power of two before rounding it to fp16
@@ -168,7 +169,7 @@ def paged_decode_kernel(
             vs_max = 1.0
 
         if FP8_PV:
-            p8 = fp32_to_fp8_bits(p * P_SCALE, 3, 7, E4M3_MAX).to(tl.float8e4nv, bitcast=True)
+            p8 = fp32_to_e4m3(p * P_SCALE, E4M3_MAX, ROUND_HW)
             acc += tl.dot(p8, _as_fp8(v, MANT))
         else:
             vc = _kv_tile_to_compute(v, COMPUTE, KV_FP8, CONVERT_V, MANT, BIAS)

@@ -133,7 +133,8 @@ def triton_launch(cache: PagedKVCache, cfg: DecodeConfig, mode: str, *, tensor_c
     tiles = cfg["head_tiles"]
     pdl = num_splits > 1 and combine_as_dependent(b * hkv * tiles * num_splits, device)
     constexprs = dict(common, GROUP_PAD=padded_rows(cfg["heads_per_program"]), HEAD_TILES=tiles, FP8_QK=fp8_qk,
-                      FP8_PV=fp8_pv, COMPUTE=_COMPUTE[compute_dtype], RESCALE_Q=rescale_q, PDL=pdl)
+                      FP8_PV=fp8_pv, ROUND_HW=arch is not None, COMPUTE=_COMPUTE[compute_dtype],
+                      RESCALE_Q=rescale_q, PDL=pdl)
     return TritonLaunch(True, cfg, (b, hkv * tiles, num_splits), constexprs, **scalars)
 
 
