@@ -111,6 +111,9 @@ def test_breakeven_residuals_in_percent_with_the_refusal_band():
     band = sorted({s.y0 for s in fig.layout.shapes if s.type == "line"})
     assert band == [-0.05, 0.05]
     assert sorted({s.y0 for s in viz.breakeven_residuals(points, max_rel_residual=0.1).layout.shapes}) == [-0.1, 0.1]
+    # the y title once, on the middle row of the first column (repeated on short rows the titles overlapped)
+    titled = [k for k in fig.layout if k.startswith("yaxis") and fig.layout[k].title.text]
+    assert len(titled) == 1
 
 
 def test_points_a_trimmed_line_left_out_are_open_and_its_line_starts_after_them():

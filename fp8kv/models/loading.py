@@ -28,12 +28,15 @@ tokenizer on this text and refuses such a result.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import importlib
 import importlib.util
+import io
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -220,6 +223,29 @@ def load_model(name: str = "smollm2-135m", dtype: torch.dtype = torch.float32, d
     ImportError naming the pip command when the weights package is missing; ValueError for an
     unknown name.
     """
+    with _without_docstring_notes():
+        return _load_model(name, dtype, device, attn_implementation)
+
+
+# Lines some transformers releases print while they define model classes: their docstring generator's notes about
+# transformers' own documentation (e.g. "[ERROR] Config not found for transformers. You can manually add it to
+# HARDCODED_CONFIG_FOR_MODELS ..."), nothing about this run.
+_DOCSTRING_NOTE = re.compile(r"\[ERROR\] (Config not found for |No checkpoint found for )")
+
+
+@contextlib.contextmanager
+def _without_docstring_notes():
+    """Print what the block prints, less transformers' docstring-generator notes (:data:`_DOCSTRING_NOTE`)."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            yield
+    finally:
+        sys.stdout.writelines(line for line in captured.getvalue().splitlines(keepends=True)
+                              if not _DOCSTRING_NOTE.match(line))
+
+
+def _load_model(name: str, dtype: torch.dtype, device, attn_implementation: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = _spec(name)
