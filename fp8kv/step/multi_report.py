@@ -74,7 +74,7 @@ def accepted_tokens_figure(df, *, draft_len: int | None = None, acceptance: floa
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..viz.style import color_map, readable_axes, tokens_label  # plotly only where a figure is drawn
+    from ..viz.style import color_map, readable_axes  # plotly only where a figure is drawn
 
     check_rows(df, "accepted_tokens_figure", VERIFY_READ, values=VERIFY_READ[1:], expected=VERIFY_ROWS)
     ok = df[df["status"] == "ok"]
@@ -112,7 +112,7 @@ def ttft_figure(df, *, title: str | None = None):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..viz.style import color_map, readable_axes, tokens_label  # plotly only where a figure is drawn
+    from ..viz.style import color_map, readable_axes  # plotly only where a figure is drawn
 
     check_rows(df, "ttft_figure", PREFILL_READ, values=PREFILL_READ[1:], expected=PREFILL_ROWS)
     ok = df[df["status"] == "ok"]
