@@ -733,6 +733,24 @@ def test_two_part_heads_take_the_gluon_kernel_from_shorter_splits(monkeypatch):
             assert cfg["tokens_per_split"] == 1024 // splits
 
 
+def test_int4_codes_take_the_gluon_kernel_from_512_token_splits():
+    """INT4 codes (two a byte) go to the Gluon kernel from GLUON_MIN_PACKED_SPLIT_TOKENS (512) tokens per split, below
+    the decode's 1024 (their alternative is the slower Triton quantized kernel); INT8 codes keep the decode's bound."""
+    from fp8kv import ops
+    from fp8kv.ops.decode.planning import gluon_config
+
+    cpu = torch.device("cpu")
+    k, v = torch.randn(2, 1024, 2, 128), torch.randn(2, 1024, 2, 128)
+    for fmt, splits, runs in (("int4_token_head", 2, True), ("int4_token_head", 4, False),
+                              ("int8_token_head", 2, False), ("int8_token_head", 1, True)):
+        cache = QuantizedPagedKVCache.from_dense(fmt, k, v, [5, 1024])  # 1024 tokens of capacity
+        cfg = gluon_config(2, cache, 4, cpu, gluon=None, q_dtype=torch.bfloat16, num_splits=splits)
+        assert (cfg is not None) == runs, (fmt, splits, cfg)
+        if runs:
+            assert cfg["tokens_per_split"] == 1024 // splits
+    assert ops.GLUON_MIN_PACKED_SPLIT_TOKENS == 512 < ops.GLUON_MIN_SPLIT_TOKENS[1]
+
+
 def test_gluon_rings_fit_the_gpus_shared_memory(monkeypatch):
     """On a GPU with 99 KiB per program (sm89, sm120) the default ring is made shallower until it fits;
     an explicit tile that cannot fit is refused by name, not left to fail at launch."""

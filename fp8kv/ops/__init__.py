@@ -17,6 +17,7 @@ from .decode.combine import COMBINE_PDL, combine_as_dependent, combine_splits_ke
 from .decode.cuda_core_kernel import paged_decode_cuda_core_kernel
 from .decode.gluon_launcher import (
     GLUON_BLOCK_N,
+    GLUON_MIN_PACKED_SPLIT_TOKENS,
     GLUON_MIN_ROW_SPLIT_TOKENS,
     GLUON_MIN_SPLIT_TOKENS,
     GLUON_SMEM_EXTRA,
@@ -65,6 +66,6 @@ __all__ = ["paged_decode", "plan", "run", "attend", "attend_launch", "plan_atten
            "CONVERT_PTX", "CONVERT_SOFTWARE", "SCALE_CHANNEL", "SCALE_PER_HEAD", "SCALE_TOKEN_HEAD",
            "DEFAULT_SM89_CONVERT", "OUT_DTYPES", "WARP_COUNTS", "MAX_BLOCK_N", "MAX_HEADS_STREAMING",
            "MAX_STREAMING_HEAD_DIM", "MAX_SPLITS_FOR_LATENCY", "MAX_SPLITS_TO_FILL_SMS", "LATENCY_WAVES",
-           "LATENCY_WAVES_PADDED", "FILL_WAVES_FEWER", "GLUON_BLOCK_N", "GLUON_MIN_SPLIT_TOKENS", "GLUON_MIN_ROW_SPLIT_TOKENS", "GLUON_STAGES",
+           "LATENCY_WAVES_PADDED", "FILL_WAVES_FEWER", "GLUON_BLOCK_N", "GLUON_MIN_SPLIT_TOKENS", "GLUON_MIN_ROW_SPLIT_TOKENS", "GLUON_MIN_PACKED_SPLIT_TOKENS", "GLUON_STAGES",
            "GLUON_SMEM_EXTRA", "COMBINE_PDL", "COPY_BLOCK", "write_quantized_rows", "quant_write_kernel",
            "FUSED_WRITE_FORMATS"]

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..ops.decode.gluon_launcher import GLUON_MIN_PACKED_SPLIT_TOKENS, GLUON_MIN_SPLIT_TOKENS
 from ..ops.offline_build import ISSUE_PER_CLOCK
 from .decode import claim
 from .fmt import num, pct, span, times
 from .formats import FORMATS_H200, INT4_GOAL_X_FP8
 from .sources import Sources, ok_rows
 
-__all__ = ["issue", "residency", "int4_tiles", "ISSUE", "INT4_TILES"]
+__all__ = ["issue", "residency", "int4_tiles", "int4_grid", "ISSUE", "INT4_TILES", "INT4_GRID"]
 
 # python scripts/issue_budget.py --copy-from results/bench/nvidia-h200/20261206T100317Z.csv
 ISSUE = "results/sass/sm90/20261207T071213Z.csv"
@@ -116,6 +117,46 @@ def residency(src: Sources) -> dict[str, str]:
 INT4_TILES = {"fp8": "results/bench/nvidia-h100-80gb-hbm3/20261207T083932Z.csv",
               "default": "results/bench/nvidia-h100-80gb-hbm3/20261207T083949Z.csv",
               "wide": "results/bench/nvidia-h100-80gb-hbm3/20261207T084002Z.csv"}
+
+
+# The same H100, later (python -m fp8kv.bench --preset formats ..., the formats grid: 32/8/128 and 8/1/128, B 1/16/64 x
+# 4k/16k/32k): INT4 through the Gluon kernel at 64-token tiles 4 deep (--kv-dtypes int4_token_head --triton-opt gluon=1
+# --triton-opt block_n=64 --triton-opt num_stages=4), at 128 three deep (--triton-opt gluon=1), and the preset's
+# defaults (where short splits ran the Triton quantized kernel; a run cut short after its B 64 x 16k rows)
+INT4_GRID = {"narrow": "results/bench/nvidia-h100-80gb-hbm3/20261207T093537Z.csv",
+             "wide": "results/bench/nvidia-h100-80gb-hbm3/20261207T093604Z.csv",
+             "defaults": "results/bench/nvidia-h100-80gb-hbm3/20261207T093218Z.csv"}
+_GRID_KEY = ["num_q_heads", "num_kv_heads", "head_dim", "batch", "context"]
+
+
+def int4_grid(src: Sources) -> dict[str, str]:
+    """INT4's tiles across the formats grid, and the Gluon kernel against the Triton quantized kernel where the
+    splits are short, by tokens per split."""
+    cols = [*_GRID_KEY, "kv_dtype", "kernel", "block_n", "num_stages", "num_splits", "time_us"]
+    at = {}
+    for name, rel in INT4_GRID.items():
+        rows = ok_rows(src.csv(rel, [*cols, "variant"]), rel)
+        rows = rows[rows["kv_dtype"] == "int4_token_head"]
+        rows = rows[rows["variant"].isna()] if name == "defaults" else rows
+        at[name] = rows.set_index(_GRID_KEY)
+    narrow, wide = at["narrow"], at["wide"]
+    claim(len(narrow) == len(wide) == 18 and set(narrow.index) == set(wide.index)
+          and (narrow["block_n"] == 64).all() and (wide["block_n"] == 128).all() and (wide["num_stages"] == 3).all(),
+          "the 18 points of the grid, 64-token tiles against 128 three deep", INT4_GRID["wide"])
+    x = narrow["time_us"] / wide["time_us"].reindex(narrow.index)
+    triton = at["defaults"][at["defaults"]["kernel"].str.startswith("triton")]
+    vs = wide.reindex(triton.index)
+    per_split = (vs.index.get_level_values("context") / vs["num_splits"]).astype(int)
+    ratio = vs["time_us"] / triton["time_us"]
+    bound = GLUON_MIN_PACKED_SPLIT_TOKENS
+    claim(((per_split >= bound) == (ratio < 1)).all(), "the Gluon kernel faster exactly where its splits hold "
+          "GLUON_MIN_PACKED_SPLIT_TOKENS or more", INT4_GRID["defaults"])
+    return {"int4_grid.faster": str(int((x > 1).sum())), "int4_grid.points": str(len(x)),
+            "int4_grid.best": times(x.max()), "int4_grid.worst": times(x.min()),
+            "int4_grid.long_x": span(ratio[per_split >= bound]), "int4_grid.long_n": str(int((per_split >= bound).sum())),
+            "int4_grid.short_x": span(ratio[per_split < bound]), "int4_grid.short_n": str(int((per_split < bound).sum())),
+            "int4_grid.short_tokens": span(per_split[per_split < bound], 0), "int4_grid.bound": str(bound),
+            "int4_grid.decode_bound": str(GLUON_MIN_SPLIT_TOKENS[1])}
 
 
 def int4_tiles(src: Sources) -> dict[str, str]:

@@ -12,7 +12,7 @@ from .earlier import earlier, later
 from .formats import formats, formats_h200
 from .gluon import gluon
 from .gluon_probes import gluon_probes
-from .issue import int4_tiles, issue, residency
+from .issue import int4_grid, int4_tiles, issue, residency
 from .layout_probes import layout_probes
 from .layouts import layouts
 from .multi_token import multi_token, verify_step
@@ -24,7 +24,7 @@ __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
 SECTIONS = (decode_latency, layouts, layout_probes, gluon, gluon_probes, earlier, later, window, step,
-            multi_token, chunk_modes, verify_step, formats, formats_h200, issue, residency, int4_tiles, breakeven)
+            multi_token, chunk_modes, verify_step, formats, formats_h200, issue, residency, int4_tiles, int4_grid, breakeven)
 
 
 def compute(src: Sources) -> dict[str, str]:

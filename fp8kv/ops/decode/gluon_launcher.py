@@ -30,7 +30,7 @@ from .gluon_scope import (
 )
 from .splits import DecodeConfig
 
-__all__ = ["GLUON_BLOCK_N", "GLUON_MIN_SPLIT_TOKENS", "GLUON_MIN_ROW_SPLIT_TOKENS", "GLUON_STAGES", "GLUON_SMEM_EXTRA", "gluon_tile",
+__all__ = ["GLUON_BLOCK_N", "GLUON_MIN_SPLIT_TOKENS", "GLUON_MIN_ROW_SPLIT_TOKENS", "GLUON_MIN_PACKED_SPLIT_TOKENS", "GLUON_STAGES", "GLUON_SMEM_EXTRA", "gluon_tile",
            "gluon_smem_bytes", "smem_per_block", "gluon_max_heads", "gluon_launch", "gluon_residency",
            "gluon_arguments", "gluon_runtime_arguments", "launch_constants", "run_gluon", "kernel_module", "gluon_codes",
            "cache_scales", "token_scale_strides"]
@@ -64,6 +64,12 @@ GLUON_MIN_SPLIT_TOKENS = {1: 1024, 2: 512}
 # tokens, other contexts, the H200 and token-head scales are not measured). Two parts (head dims above 128): the
 # decode's bound, not measured for the rows.
 GLUON_MIN_ROW_SPLIT_TOKENS = {1: 512, 2: 512}
+# The decode's bound for INT4 codes (two a byte; head dims up to 128), whose alternative is the Triton quantized
+# kernel: H100, INT4 per token and head at 32/8/128 and 8/1/128, B 1/16/64 x 4k/16k/32k, the Gluon kernel forced
+# (results/bench/nvidia-h100-80gb-hbm3/20261207T093604Z.csv) against the default (...093218Z.csv): at the 3 points
+# of 512-token splits the Gluon kernel took 0.79-0.85x the Triton kernel's time (32/8/128, 1 x 32k: 36.0 against
+# 45.7 us), at the 6 of 128-256 tokens 1.02-1.63x. INT8 and the H200 are not measured there.
+GLUON_MIN_PACKED_SPLIT_TOKENS = 512
 GLUON_STAGES = (2, 3, 4)  # ring depths its GPU tests and benchmarks cover
 
 

@@ -22,6 +22,7 @@ from ...launch_options import backend_options, kernel_options
 from . import splits
 from .combine import MAX_PARTIAL_ELEMENTS
 from .gluon_launcher import (
+    GLUON_MIN_PACKED_SPLIT_TOKENS,
     GLUON_MIN_ROW_SPLIT_TOKENS,
     GLUON_MIN_SPLIT_TOKENS,
     cache_scales,
@@ -290,14 +291,18 @@ def gluon_config(batch: int, cache, group: int, device, *, gluon: bool | None, q
                  heads_per_program: int | None = None, window: int | None = None) -> DecodeConfig | None:
     """The Gluon kernel's launch of a decode it can run (:func:`gluon_refusal` found nothing), or None where, unless
     ``gluon`` is True, the Triton kernel runs it: a group cut into several Gluon programs (each converts every tile;
-    neither planned nor compiled then) or splits shorter than GLUON_MIN_SPLIT_TOKENS (latency-bound)."""
+    neither planned nor compiled then) or splits shorter than GLUON_MIN_SPLIT_TOKENS (latency-bound; INT4 codes:
+    GLUON_MIN_PACKED_SPLIT_TOKENS where that is lower)."""
     head_dim = cache.head_dim
     if not gluon and group > (heads_per_program or max_rows(head_dim)):
         return None
     cfg = gluon_launch(batch, cache, group, num_splits=num_splits, block_n=block_n, num_stages=num_stages,
                        heads_per_program=heads_per_program, device=device, q_dtype=q_dtype,
                        window=gluon_window(cache, window))
-    return cfg if gluon or cfg["tokens_per_split"] >= GLUON_MIN_SPLIT_TOKENS[head_parts(head_dim)] else None
+    least = GLUON_MIN_SPLIT_TOKENS[head_parts(head_dim)]
+    if gluon_codes(cache)[0] in PACKED_CODES:
+        least = min(least, GLUON_MIN_PACKED_SPLIT_TOKENS)
+    return cfg if gluon or cfg["tokens_per_split"] >= least else None
 
 
 def launch_for(batch: int, cache: PagedKVCache, mode: str, group: int, device, *, q_dtype: torch.dtype,

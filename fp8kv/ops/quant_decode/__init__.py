@@ -73,7 +73,8 @@ def paged_decode_quantized(q: torch.Tensor, cache: QuantizedPagedKVCache, *, sm_
     gluon : which kernel reads INT8 and INT4 per token and head: None (default) the FP8 decode's Gluon kernel
         (:mod:`fp8kv.ops.decode.gluon_kernel`, its codes turned to fp16 by their bits) where it runs and no launch
         option is given, as :func:`fp8kv.ops.paged_decode` picks it (a bf16 / fp16 query on a CUDA GPU, sm89+, splits
-        of GLUON_MIN_SPLIT_TOKENS or more, the group in one program), else the Triton kernel; True the Gluon kernel
+        of GLUON_MIN_SPLIT_TOKENS or more, INT4's of GLUON_MIN_PACKED_SPLIT_TOKENS, the group in one program), else
+        the Triton kernel; True the Gluon kernel
         (UnsupportedError where it cannot run; it takes num_splits, block_n 64 / 128, num_stages 2-4 and
         num_warps 4; INT4 at head dims that are multiples of 32); False the Triton kernel. Other formats run the
         Triton kernel.
