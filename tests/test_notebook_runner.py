@@ -877,9 +877,11 @@ def test_kernels_import_fp8kv_from_the_folder_put_on_their_path(tmp_path, monkey
 
     monkeypatch.delenv("PYTHONPATH", raising=False)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
     with nb_runner._kernel_environment(interpret=False):
         path = os.environ["PYTHONPATH"]
-    assert "PYTHONPATH" not in os.environ  # restored
+        assert os.environ["TQDM_DISABLE"] == os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"  # no bars drawn
+    assert "PYTHONPATH" not in os.environ and "TQDM_DISABLE" not in os.environ  # restored
     assert Path(path) == REPO and (Path(path) / "fp8kv" / "__init__.py").is_file()
     probe = "import importlib.util as u; print(u.find_spec('fp8kv').origin, u.find_spec('checks'))"
     r = subprocess.run([sys.executable, "-S", "-c", probe], env={**os.environ, "PYTHONPATH": path},

@@ -33,6 +33,7 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 COMMITTED = sorted((REPO / "reports").glob("*/*.html"))
 MAX_EXPONENT = 30  # |log10| of any value a figure here could show (1e-30 ... 1e30)
 RAW_COLUMN = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
+WIDGET_CDN = re.compile(r"https?://[^'\"\s]*@jupyter-widgets", re.I)
 NETWORK_LOAD = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*[\"']?(?:https?:)?//", re.I)
 # A path of some machine: /home/..., /work/..., /tmp/..., C:\Users\..., after a quote, space, = or (.
 ABSOLUTE_PATH = re.compile(r"(?:^|[\s\"'=(>])(/(?:home|work|tmp|root|Users|usr|opt|var|mnt|private|scratch)/[^\s\"'<]*"
@@ -142,6 +143,8 @@ def page_problems(html: str) -> list[str]:
     problems = [f"object repr in an output: {r!r}" for r in output_reprs(html)]
     for m in NETWORK_LOAD.finditer(html):
         problems.append(f"loads from the network: {html[m.start():m.start() + 120]!r}")
+    for m in WIDGET_CDN.finditer(html):  # a script that builds a <script src=URL> itself (nbconvert's widget loader)
+        problems.append(f"fetches from the network: {html[max(0, m.start() - 60):m.end() + 40]!r}")
     if "staging" in html:
         i = html.index("staging")
         problems.append(f"mentions staging: {html[max(0, i - 60):i + 40]!r}")
@@ -244,7 +247,21 @@ def flagged_stale(page: Path) -> bool:
     return f'href="{page.parent.name}/{page.name}">{page.stem}</a> (stale)' in index
 
 
-@pytest.mark.parametrize("page", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+# Committed pages that fail a check made after they were rendered ("<gpu>/<notebook>": why), expected to fail strictly:
+# each flips to a failure of its own once the page is rendered again, and is then taken out.
+RENDERED_BEFORE_A_FIX = {"nvidia-h100-80gb-hbm3/08_multi_token": "its speed-up figure's 18 lines cycled a 12-colour "
+                         "palette; a colour a (context or q_len) pair since (fp8kv.step.attend_speedup_figure): "
+                         "rerun 08 on the H100"}
+
+
+def _committed(known: dict) -> list:
+    ids = {f"{p.parent.name}/{p.stem}": p for p in COMMITTED}
+    assert set(known) <= set(ids) or not COMMITTED, set(known) - set(ids)
+    return [pytest.param(p, id=i, marks=pytest.mark.xfail(strict=True, reason=known[i])) if i in known
+            else pytest.param(p, id=i) for i, p in ids.items()]
+
+
+@pytest.mark.parametrize("page", _committed(RENDERED_BEFORE_A_FIX))
 def test_committed_page_reads_right(page):
     """A current page reads right; a page rendered from an earlier notebook (a GPU that has not rerun it) may
     predate today's checks, and the index must say it is stale."""

@@ -186,6 +186,12 @@ def test_drop_network_loads():
     page = ('<script src="https://cdn.example/require.js"></script><script src="plotly-1.min.js"></script>'
             '<link rel="stylesheet" href="//cdn.example/x.css"><script>var a = 1;</script>')
     assert runner.drop_network_loads(page) == '<script src="plotly-1.min.js"></script><script>var a = 1;</script>'
+    # nbconvert's inline loader of the widget renderer, as its lab template writes it, and a script that names
+    # no CDN kept
+    loader = ("<script>\n(function() {\n  function addWidgetsRenderer() {\n    var widgetRendererSrc = "
+              "'https://unpkg.com/@jupyter-widgets/html-manager@*/dist/embed-amd.js';\n  }\n})();\n</script>")
+    kept = "<script>var b = '@jupyter-widgets is a name';</script>"
+    assert runner.drop_network_loads(loader + kept + page) == kept + runner.drop_network_loads(page)
 
 
 def test_index_has_a_row_per_gpu_and_loads_nothing_from_the_network(tmp_path):

@@ -762,4 +762,8 @@ def test_the_speedup_figure_draws_each_mode_apart():
         mine = [t for t in fig.data if f", {mode} mode," in t.name]
         assert len(mine) == 4 and {t.line.dash for t in mine} == {dash}
         assert all(v == pytest.approx(y) for t in mine for v in t.y)
-    assert len({t.line.color for t in fig.data if t.xaxis == "x"}) == 4  # the left panel's lines, a colour each
+    # the left panel's lines: a colour a context, both modes of it in that colour and one legend group (the dash apart)
+    left = [t for t in fig.data if t.xaxis == "x"]
+    assert len({t.line.color for t in left}) == len({t.legendgroup for t in left}) == 2
+    assert all(len({t.line.dash for t in left if t.legendgroup == g}) == 2 for g in {t.legendgroup for t in left})
+    assert len({t.line.color for t in fig.data}) == 2 + 2  # two contexts, two q_lens: no colour shared between them

@@ -155,6 +155,10 @@ def discover_notebooks(notebook_dir: str | os.PathLike | None = None,
 # <script src="http(s)://..."></script> and <link href="http(s)://..."> : what a page would fetch from the network.
 _NETWORK_SCRIPT = re.compile(r'<script\b[^>]*\bsrc\s*=\s*["\']?(?:https?:)?//[^>]*>\s*</script>', re.IGNORECASE)
 _NETWORK_LINK = re.compile(r'<link\b[^>]*\bhref\s*=\s*["\']?(?:https?:)?//[^>]*>', re.IGNORECASE)
+# An inline script of nbconvert's template that fetches the widget renderer from a CDN where a page holds widget
+# outputs (a progress bar's, say): they show nothing without a kernel, so the page goes without it.
+_WIDGET_LOADER = re.compile(r"<script\b[^>]*>(?:(?!</script>).)*?https?://[^'\"]*@jupyter-widgets(?:(?!</script>).)*?</script>",
+                            re.IGNORECASE | re.DOTALL)
 
 
 def drop_network_loads(html: str) -> str:
@@ -163,8 +167,9 @@ def drop_network_loads(html: str) -> str:
     nbconvert's lab template loads require.js and MathJax 2 from a CDN, and plotly's ``notebook``
     renderer adds MathJax 3 from a CDN before each figure. The pages need none of them: plotly.js is
     loaded from the file beside the page, and the notebooks write no LaTeX. A page must view offline.
+    The template's inline loader of the widget renderer (from a CDN, where a page holds widget outputs) goes too.
     """
-    return _NETWORK_LINK.sub("", _NETWORK_SCRIPT.sub("", html))
+    return _WIDGET_LOADER.sub("", _NETWORK_LINK.sub("", _NETWORK_SCRIPT.sub("", html)))
 
 
 def template_dirs() -> list[str]:

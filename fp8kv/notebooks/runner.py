@@ -44,6 +44,8 @@ from .setup import machine_defaults
 # Per-cell execution timeout, seconds, by mode.
 DEFAULT_TIMEOUT_S = {"smoke": 600, "full": 1800}
 KERNEL_NAME = "python3"
+# tqdm's switch (4.66+) and huggingface_hub's, which transformers' weight loading follows
+NO_PROGRESS_BARS = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 # --------------------------------------------------------------------------- the runner
 
 
@@ -55,13 +57,16 @@ def _kernel_environment(interpret: bool):
       even when it is not pip-installed;
     * without CUDA, ``TRITON_INTERPRET=1`` (unless already set), so Triton kernels run under the
       interpreter in smoke runs; it must be set before triton is imported, hence here;
-    * ``FP8KV_HEADLESS=1`` (:func:`fp8kv.ui.headless`): no widget is ever displayed.
+    * ``FP8KV_HEADLESS=1`` (:func:`fp8kv.ui.headless`): no widget is ever displayed;
+    * no progress bars (:data:`NO_PROGRESS_BARS`): loading a model's weights drew them as widgets, which a page
+      cannot show and which made it fetch the widget renderer from a CDN.
     """
     from ..capability import INTERPRETER_ENV, use_interpreter
     from ..ui import HEADLESS_ENV
 
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", INTERPRETER_ENV, HEADLESS_ENV)}
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", INTERPRETER_ENV, HEADLESS_ENV, *NO_PROGRESS_BARS)}
     os.environ[HEADLESS_ENV] = "1"  # no person watches these kernels: fp8kv.ui shows no widgets
+    os.environ.update(NO_PROGRESS_BARS)
     root = str(PACKAGE_PARENT)  # from there ``import fp8kv`` works
     os.environ["PYTHONPATH"] = os.pathsep.join([root, saved["PYTHONPATH"]]) if saved["PYTHONPATH"] else root
     if interpret and saved[INTERPRETER_ENV] is None:

@@ -190,14 +190,20 @@ def attend_speedup_figure(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3", *
     names = {x: {key: f"{who(*key[:4])}, " + (f"{key[4]} cached tokens" if x == "q_len" else
                                                 f"{key[4]} new token{'s' * (key[4] != 1)}")
                  for key, _ in sp.groupby(by)} for x, by in lines.items()}
-    colours = color_map([*names["q_len"].values(), *names["context"].values()])
+    # a colour (and legend group) per line but its mode, the mode by the dash: both modes of one context or q_len
+    # side by side in one colour, and few enough colours that none repeats
+    def group(x, key) -> str:
+        return f"{x}: " + names[x][key].replace(f", {key[2]} mode", "")
+
+    colours = color_map([group(x, key) for x in lines for key in names[x]])
     for col, (x, by) in enumerate(lines.items(), start=1):
         unit = "new tokens" if x == "q_len" else "cached tokens"
         for key, s in sp.groupby(by, sort=True):
             s = s.sort_values(x)
-            name = names[x][key]
-            fig.add_trace(go.Scatter(x=s[x], y=s["speedup"], mode="lines+markers", name=name,
-                                     line=dict(color=colours[name], dash="dash" if key[2] == "fp8" else "solid"),
+            name, colour = names[x][key], colours[group(x, key)]
+            fig.add_trace(go.Scatter(x=s[x], y=s["speedup"], mode="lines+markers", name=name, legendgroup=group(x, key),
+                                     line=dict(color=colour, dash="dash" if key[2] == "fp8" else "solid"),
+                                     marker=dict(color=colour),
                                      hovertemplate=f"%{{x}} {unit}<br>%{{y:.2f}}×<extra></extra>"), row=1, col=col)
     for col in (1, 2):
         fig.add_hline(y=1.0, line=dict(dash="dot", color="#7f7f7f"), row=1, col=col)
