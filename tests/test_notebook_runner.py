@@ -475,10 +475,10 @@ def test_notebook_report(smoke_report, path):
     # plotly.js is stripped from the .ipynb (it is in the .html) ...
     assert all(len(str(o.get("data", {}).get("text/html", ""))) < 1_000_000 for o in outputs)
 
-    # ... and loaded by the HTML from the one copy beside it, with one plot per figure: views offline.
+    # ... and loaded by the HTML from the one copy above its folder, with one plot per figure: views offline.
     html = (folder / f"{name}.html").read_text(encoding="utf-8")
     assert "* plotly.js v" not in html and len(html) < 2_000_000
-    library = re.findall(r'<script src="(plotly-[^"]+\.min\.js)"', html)
+    library = re.findall(r'<script src="(\.\./plotly-[^"]+\.min\.js)"', html)  # in the reports root
     assert len(library) == 1 and "* plotly.js v" in (folder / library[0]).read_text(encoding="utf-8")[:200]
     assert html.count("Plotly.newPlot(") == n_figures
 
@@ -1020,6 +1020,8 @@ def test_cli_requires_a_command(capsys):
 
 
 def test_externalize_plotlyjs_writes_one_library_and_carry_over_keeps_it(tmp_path):
+    import shutil
+
     from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
     previous, staging = tmp_path / "gpu", tmp_path / "staging"
@@ -1029,12 +1031,13 @@ def test_externalize_plotlyjs_writes_one_library_and_carry_over_keeps_it(tmp_pat
     for name in ("a_nb", "b_nb"):
         (previous / f"{name}.html").write_text(page.format(get_plotlyjs()), encoding="utf-8")
     library = f"plotly-{get_plotlyjs_version()}.min.js"
-    assert runner.externalize_plotlyjs(previous / "a_nb.html") == library
-    assert runner.externalize_plotlyjs(previous / "a_nb.html") == library  # idempotent
-    assert runner.externalize_plotlyjs(previous / "b_nb.html") == library
-    assert (previous / library).read_text(encoding="utf-8") == get_plotlyjs()
+    src = f"../{library}"  # one copy in the reports root, above every GPU's folder
+    assert runner.externalize_plotlyjs(previous / "a_nb.html") == src
+    assert runner.externalize_plotlyjs(previous / "a_nb.html") == src  # idempotent
+    assert runner.externalize_plotlyjs(previous / "b_nb.html") == src
+    assert (tmp_path / library).read_text(encoding="utf-8") == get_plotlyjs() and not (previous / library).exists()
     html = (previous / "a_nb.html").read_text(encoding="utf-8")
-    assert len(html) < 1000 and f'<script src="{library}"' in html and "Plotly.newPlot(1)" in html
+    assert len(html) < 1000 and f'<script src="{src}"' in html and "Plotly.newPlot(1)" in html
     no_figures = tmp_path / "plain.html"
     no_figures.write_text("<html></html>", encoding="utf-8")
     assert runner.externalize_plotlyjs(no_figures) is None and no_figures.read_text() == "<html></html>"
@@ -1042,6 +1045,13 @@ def test_externalize_plotlyjs_writes_one_library_and_carry_over_keeps_it(tmp_pat
     (previous / "manifest.json").write_text(json.dumps({"notebooks": [{"name": "a_nb"}, {"name": "b_nb"}]}))
     kept = nb_runner._carry_over(previous, staging, rerun={"b_nb"})
     assert [e["name"] for e in kept] == ["a_nb"]
+    assert sorted(p.name for p in staging.iterdir()) == ["a_nb.html"]  # its library is the root's, beside staging
+    # a page written when the library lay beside it takes its copy along
+    (previous / "a_nb.html").write_text(html.replace(src, library), encoding="utf-8")
+    (previous / library).write_text("the old copy", encoding="utf-8")
+    shutil.rmtree(staging)
+    staging.mkdir()
+    nb_runner._carry_over(previous, staging, rerun={"b_nb"})
     assert sorted(p.name for p in staging.iterdir()) == ["a_nb.html", library]
 
 

@@ -15,11 +15,11 @@ What a run does
    folder, as in JupyterLab. Each notebook writes its numbers with :func:`save_results` to
    ``OUT_DIR/<name>.json``.
 3. Renders every executed notebook to HTML (nbconvert), plotly figures included and viewable offline:
-   the pages load plotly.js from one ``plotly-<version>.min.js`` beside them instead of embedding the
-   4.6 MB library each (:func:`externalize_plotlyjs`); the executed ``.ipynb`` keeps every figure but
+   the pages load plotly.js from one ``<out>/plotly-<version>.min.js`` above every GPU's folder instead of
+   embedding the 4.6 MB library each (:func:`externalize_plotlyjs`); the executed ``.ipynb`` keeps every figure but
    not the library (:func:`strip_embedded_plotlyjs`).
-4. Publishes ``<out>/<gpu-slug>/``: ``<name>.html``, ``<name>.ipynb`` (executed), ``<name>.json``,
-   ``plotly-<version>.min.js`` and ``manifest.json`` (device, versions, mode, timestamps, and per
+4. Publishes ``<out>/<gpu-slug>/``: ``<name>.html``, ``<name>.ipynb`` (executed), ``<name>.json``
+   and ``manifest.json`` (device, versions, mode, timestamps, and per
    notebook its status, duration and source hash; relative paths only). The pages load nothing
    from the network, and their parameters show ``OUT_DIR`` as the published folder.
 5. Rebuilds ``<out>/index.html``: every GPU folder there on one page (also ``python -m fp8kv.notebooks index``).

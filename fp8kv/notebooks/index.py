@@ -302,14 +302,12 @@ def _overlay_figures(folders: list[Path]):
 
 
 def _plotlyjs_for_index(root: Path) -> str:
-    """Relative path of a plotly.js of the installed version under ``root`` (written there if none is)."""
+    """Relative path of the plotly.js of the installed version in ``root``, the pages' (written there if missing)."""
     from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
     name = f"plotly-{get_plotlyjs_version()}.min.js"
-    for folder in report_folders(root):
-        if (folder / name).is_file():
-            return f"{folder.name}/{name}"
-    write_atomic(root / name, get_plotlyjs())  # the page may be open: never a half-written library
+    if not (root / name).is_file():
+        write_atomic(root / name, get_plotlyjs())  # the page may be open: never a half-written library
     return name
 
 

@@ -1,5 +1,5 @@
 """Notebook files and their pages: discovery, the source hash a page records, HTML export with
-plotly.js kept once beside the pages, and rendering a report folder whose export failed."""
+plotly.js kept once in the reports root, and rendering a report folder whose export failed."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def drop_network_loads(html: str) -> str:
 
     nbconvert's lab template loads require.js and MathJax 2 from a CDN, and plotly's ``notebook``
     renderer adds MathJax 3 from a CDN before each figure. The pages need none of them: plotly.js is
-    loaded from the file beside the page, and the notebooks write no LaTeX. A page must view offline.
+    loaded from the file in the reports root, and the notebooks write no LaTeX. A page must view offline.
     The template's inline loader of the widget renderer (from a CDN, where a page holds widget outputs) goes too.
     """
     return _WIDGET_LOADER.sub("", _NETWORK_LINK.sub("", _NETWORK_SCRIPT.sub("", html)))
@@ -238,15 +238,18 @@ def notebook_hash(path: str | os.PathLike) -> str:
     return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
-PLOTLYJS_SRC = re.compile(r'<script src="(plotly-[0-9A-Za-z.+-]+\.min\.js)" charset="utf-8"></script>')
+# The pages' plotly.js: in the reports root, above every report folder (``../``), or, in pages written before it moved
+# there, beside the page
+PLOTLYJS_SRC = re.compile(r'<script src="((?:\.\./)?plotly-[0-9A-Za-z.+-]+\.min\.js)" charset="utf-8"></script>')
 
 
 def externalize_plotlyjs(html_path: str | os.PathLike) -> str | None:
-    """Load plotly.js from a file beside the HTML instead of embedding it; return that file's name.
+    """Load plotly.js from a file in the reports root instead of embedding it; return the page's ``src`` for it.
 
     The page's inline copy of the library (the one ``fp8kv.viz.setup_plotly`` embeds) is replaced
-    by ``<script src="plotly-<version>.min.js">`` and the library is written beside the page once,
-    so a report folder holds one 4.6 MB copy, not one per notebook, and still views offline.
+    by ``<script src="../plotly-<version>.min.js">`` and the library is written once into the folder above the
+    page's (the reports root, which holds every GPU's folder, a run's staging folder and the index), so the reports
+    hold one 4.6 MB copy, not one per notebook or per GPU, and still view offline.
     Idempotent; returns None when the page holds no plotly.js.
     """
     from plotly.offline import get_plotlyjs, get_plotlyjs_version
@@ -261,11 +264,12 @@ def externalize_plotlyjs(html_path: str | os.PathLike) -> str | None:
     if inline not in text:
         return None
     name = f"plotly-{get_plotlyjs_version()}.min.js"
-    target = path.with_name(name)
+    target = path.resolve().parent.parent / name
     if not target.is_file():  # other pages may load it already: never seen half-written
         write_atomic(target, library)
-    write_atomic(path, text.replace(inline, f'<script src="{name}" charset="utf-8"></script>', 1))
-    return name
+    src = f"../{name}"
+    write_atomic(path, text.replace(inline, f'<script src="{src}" charset="utf-8"></script>', 1))
+    return src
 
 
 _PLOTLYJS_NOTE = ("<!-- plotly.js (embedded here at execution) was removed from this .ipynb to keep it small; "
