@@ -28,6 +28,11 @@ def _name(r) -> str:
     return _NAMES[r["kv_dtype"], r["granularity"]] + (f", window {int(r['window'])}" if r["window"] == r["window"] else "")
 
 
+def _at_point(rows: pd.DataFrame) -> pd.Series:
+    """Which rows are at the README's point (_POINT: 32/8/128, B 64 x 32k)."""
+    return (rows[_KEY] == pd.Series(_POINT, index=_KEY)).all(axis=1)
+
+
 def issue(src: Sources) -> dict[str, str]:
     every = src.csv(ISSUE, [*_KEY, "kv_dtype", "granularity", "window", "block_n", "max_registers", "registers",
                             "spilled_bytes", "programs_per_sm", "total", "issue_per_token", "budget", "budget_share"])
@@ -49,7 +54,7 @@ def issue(src: Sources) -> dict[str, str]:
     claim(len(capped) == 1 and _name(capped.iloc[0]) == "INT4" and capped.iloc[0]["block_n"] == 128,
           "one what-if: INT4's 128-token tiles with its registers capped", ISSUE)
     cap = capped.iloc[0]
-    at = rows[(rows[_KEY] == pd.Series(_POINT, index=_KEY)).all(axis=1)].assign(name=lambda d: [_name(r) for _, r in d.iterrows()])
+    at = rows[_at_point(rows)].assign(name=lambda d: [_name(r) for _, r in d.iterrows()])
     default = at.drop_duplicates(subset="name", keep="first").set_index("name")  # each format's default tile first
     wide = at[(at["name"] == "INT4") & (at["block_n"] == 128)]
     claim(len(wide) == 1 and default.loc["INT4", "block_n"] == 64, "INT4 at its default 64-token tile, and at 128",
@@ -57,7 +62,7 @@ def issue(src: Sources) -> dict[str, str]:
     # The measured side: each format's µs at the same point on the H200 -> the share of the SMs' issue slots that its
     # instructions took in that time (four a clock an SM, at the clock the budget takes)
     timed = ok_rows(src.csv(FORMATS_H200, [*_KEY, "kv_dtype", "granularity", "variant", "time_us"]), FORMATS_H200)
-    timed = timed[(timed[_KEY] == pd.Series(_POINT, index=_KEY)).all(axis=1) & timed["variant"].isna()]
+    timed = timed[_at_point(timed) & timed["variant"].isna()]
     tokens = _POINT[1] * _POINT[3] * _POINT[4]  # KV heads x sequences x context
     used, us_of = {}, {}
     for (kv_dtype, gran), name in _NAMES.items():
@@ -165,7 +170,7 @@ def int4_tiles(src: Sources) -> dict[str, str]:
     at = {}
     for name, rel in INT4_TILES.items():
         rows = ok_rows(src.csv(rel, cols), rel)
-        rows = rows[(rows[_KEY] == pd.Series(_POINT, index=_KEY)).all(axis=1) & (rows["granularity"] == "tensor")]
+        rows = rows[_at_point(rows) & (rows["granularity"] == "tensor")]
         rows = rows[(rows["kv_dtype"] == "fp8_e4m3") & rows["variant"].isna()] if name == "fp8" else rows
         claim(len(rows) == 1, f"one {name} row at 32/8/128, B 64 x 32k", rel)
         at[name] = rows.iloc[0]
