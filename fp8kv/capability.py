@@ -211,8 +211,10 @@ def _vllm_facts(kv_dtype, mode, arch, granularity, head_dim, layout) -> tuple[bo
     if not is_fp8(kv_dtype):
         return True, "vLLM's Triton unified-attention kernel, 16-bit KV, 16-bit tl.dot; returns no LSE"
     if granularity != "tensor":
-        return False, (f"fp8kv passes vLLM's kernel per-tensor scales only (KVQuantMode.FP8_PER_TENSOR reads "
-                       f"one k and one v scale); {granularity} scales are refused")
+        why = ("its KVQuantMode.FP8_PER_TOKEN_HEAD reads token_head scales too, but fp8kv passes it per-tensor "
+               "scales only" if granularity == "token_head" else "fp8kv passes it per-tensor scales only")
+        return False, (f"vLLM's kernel takes one k and one v scale (KVQuantMode.FP8_PER_TENSOR) or one per token and "
+                       f"head; {why}: {granularity} scales are refused")
     if kv_dtype == "fp8_e4m3" and arch_number(arch) < 89:
         return False, (f"vLLM's kernel loads the float8_e4m3fn pages as they are, and Triton has e4m3 "
                        f"(fp8e4nv) only on sm89+; {arch} runs fp8_e5m2 through it")

@@ -444,7 +444,8 @@ def source_of(df) -> str:
 # Columns of the bench's and the step's rows that hold numbers: every reader that asks for one gets it
 # checked as such (a column of strings read back from a hand-edited CSV is named, not a pandas TypeError).
 NUMERIC_COLUMNS = frozenset({"time_us", "gbps", "pct_copy_bw", "kv_bytes", "copy_gbps", "rel_err", "tol", "batch",
-                             "context", "num_splits", "step_us", "tokens_per_s", "q_len", "tflops"})
+                             "context", "num_splits", "step_us", "tokens_per_s", "q_len", "tflops", "flops",
+                             "math_peak_tflops", "pct_math_peak"})
 
 
 def check_rows(df, reader: str, columns, *, values=(), numeric=(), whole=(), expected: str) -> None:

@@ -229,6 +229,10 @@ def test_results_helpers_refuse_what_they_cannot_read_by_name(tmp_path):
 
     with pytest.raises(ValueError, match=r"r: df lacks columns \['zz'\] \(the values it reads\)"):
         results.check_rows(pd.DataFrame({"a": [1]}), "r", ["a"], values=["zz"], expected="rows")
+    # the attend rows' math-peak columns are numbers to every reader that reads them
+    for col in ("math_peak_tflops", "pct_math_peak"):
+        with pytest.raises(ValueError, match=f"r: column '{col}' of df holds .* values, not numbers"):
+            results.check_rows(pd.DataFrame({col: ["9.9e2"]}), "r", [], values=[col], expected="rows")
     with pytest.raises(TypeError, match="meta is a list"):
         results.read_table(tmp_path / "x.csv", meta=[])
     with pytest.raises(TypeError, match="df is a list"):

@@ -223,6 +223,8 @@ def test_an_unmeasured_head_dim_is_refused_before_any_launch(fake_vllm):
 def test_per_tensor_scales_only(granularity, fake_vllm):
     ok, why = check("vllm", "fp8_e4m3", "dequant", "sm90", granularity=granularity, head_dim=64)
     assert not ok and "per-tensor scales only" in why and granularity in why
+    # what vLLM's kernel itself reads is said apart from what fp8kv passes it
+    assert ("FP8_PER_TOKEN_HEAD reads token_head scales too" in why) == (granularity == "token_head")
     table = fp8kv.capability("sm90")
     row = table[(table.backend == "vllm") & (table.kv_dtype == "fp8_e4m3") & (table["mode"] == "dequant")]
     assert row["granularities"].item() == "tensor"
