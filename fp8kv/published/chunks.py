@@ -14,7 +14,7 @@ __all__ = ["chunk_modes", "PAGE_08_H100", "ATTEND_SASS"]
 PAGE_08_H100 = "reports/nvidia-h100-80gb-hbm3/08_multi_token.json"
 # python scripts/attend_sass.py
 ATTEND_SASS = "results/sass/sm90/20261207T100833Z-attend.csv"
-CHUNK_Q_LEN = 64  # from this many new tokens a sequence the attend kernel runs its chunk launch (128-row tiles)
+CHUNK_Q_LEN = 64  # the page's chunk sizes (q_len 64 and 512): at 32/8/128 both in the attend kernel's 128-row tiles
 
 
 def chunk_modes(src: Sources) -> dict[str, str]:

@@ -177,7 +177,7 @@ def attend_speedup_figure(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3", *
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..viz.style import color_map, readable_axes, tokens_label  # plotly only where a figure is drawn
+    from ..viz.style import color_map, measured_ticks, readable_axes  # plotly only where a figure is drawn
 
     sp = attend_speedup(rows, baseline, fp8)
     fig = make_subplots(rows=1, cols=2, subplot_titles=["against new tokens per sequence (q_len)", "against context"])
@@ -193,7 +193,7 @@ def attend_speedup_figure(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3", *
     # a colour (and legend group) per line but its mode, the mode by the dash: both modes of one context or q_len
     # side by side in one colour, and few enough colours that none repeats
     def group(x, key) -> str:
-        return f"{x}: " + names[x][key].replace(f", {key[2]} mode", "")
+        return f"{x}: {key[:2] + key[3:]}"  # the line's key less its mode (key[2])
 
     colours = color_map([group(x, key) for x in lines for key in names[x]])
     for col, (x, by) in enumerate(lines.items(), start=1):
@@ -210,9 +210,7 @@ def attend_speedup_figure(rows, baseline: str = "bf16", fp8: str = "fp8_e4m3", *
     fig.update_xaxes(type="log")
     # ticks at the measured values only: a log axis's own minor labels (4000 5000 ... 9000) ran into each other
     for col, x in enumerate(lines, start=1):
-        ticks = sorted(set(sp[x]))
-        fig.update_xaxes(tickvals=ticks, ticktext=[tokens_label(t) if x == "context" else f"{t:g}" for t in ticks],
-                         row=1, col=col)
+        measured_ticks(fig, "x", sp[x], x, row=1, col=col)
     fig.update_xaxes(title="new tokens per sequence", row=1, col=1)
     fig.update_xaxes(title="cached tokens before the new ones", row=1, col=2)
     fig.update_yaxes(title=f"attention speed-up, {fp8} over {baseline} (×)")

@@ -156,12 +156,12 @@ def written_log_ticks(fig: go.Figure, axis: str, values, dtick="D2") -> go.Figur
     return fig
 
 
-def measured_ticks(fig: go.Figure, axis: str, values, column: str) -> go.Figure:
-    """Ticks of ``axis`` ("x" or "y") at the measured ``values`` of ``column`` only, not at decades; token
-    counts written as people write them ("16k", not "16.384k": :func:`tokens_label`)."""
+def measured_ticks(fig: go.Figure, axis: str, values, column: str, **where) -> go.Figure:
+    """Ticks of ``axis`` ("x"/"y"; ``where``: a subplot's row/col) at the measured ``values`` of ``column`` only,
+    not decades; token counts written as people write them ("16k", not "16.384k": :func:`tokens_label`)."""
     ticks = sorted(set(values))
     text = [tokens_label(t) for t in ticks] if column in TOKEN_COLUMNS else [f"{t:g}" for t in ticks]
-    getattr(fig, f"update_{axis}axes")(tickvals=ticks, ticktext=text)
+    getattr(fig, f"update_{axis}axes")(tickvals=ticks, ticktext=text, **where)
     return fig
 
 

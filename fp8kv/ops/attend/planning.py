@@ -174,8 +174,8 @@ def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = 
         GROUP=group, BLOCK_M=block_m, HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)),
         BLOCK_SIZE=cache.block_size, BLOCK_N=cfg["block_n"], SPLIT=splits > 1, SCALE_KIND=scale_kind(cache),
         SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1), KV_FP8=cache.is_fp8,
-        CONVERT_K=CONVERT_CODES[convert_k], CONVERT_V=CONVERT_CODES[convert_v], FP8_QK=fp8_qk, FP8_PV=fp8_pv, ROUND_HW=arch is not None,
-        COMPUTE=_COMPUTE[compute], RESCALE_Q=rescale_q, WINDOWED=window is not None, SOFT_CAP=soft_cap is not None,
+        CONVERT_K=CONVERT_CODES[convert_k], CONVERT_V=CONVERT_CODES[convert_v], FP8_QK=fp8_qk, FP8_PV=fp8_pv,
+        ROUND_HW=arch is not None, COMPUTE=_COMPUTE[compute], RESCALE_Q=rescale_q, WINDOWED=window is not None, SOFT_CAP=soft_cap is not None,
         HAS_SINKS=sinks is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **format_bits(cache))
     # Soft-capping takes tanh of score / cap, computed from e^(2 score / cap): fold that into q.k's factor.
     scalars = dict(qk_scale=sm_scale * math.log2(math.e) * (1.0 if soft_cap is None else 2.0 / soft_cap),
