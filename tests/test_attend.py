@@ -29,6 +29,7 @@ from fp8kv.reference import decode as ref_decode
 triton = pytest.importorskip("triton")
 
 from fp8kv.ops.attend import AttendPlan, attend, attend_launch, plan, run  # noqa: E402
+from fp8kv.ops.attend.planning import chunk_smem_bytes  # noqa: E402
 
 FP8_NAN_CODE = 0x7F  # NaN in both e4m3fn and e5m2
 
@@ -302,6 +303,17 @@ def test_kernel_mqa_wide_groups_and_head_dims(hkv, group, head_dim, block_m, mod
     check_kernel(q, cache, qo_lens, mode, block_m=block_m, block_n=32, num_splits=2)
 
 
+@pytest.mark.parametrize("mode", ["dequant", "fp8"])
+def test_kernel_chunk_tiles(mode):
+    """A chunk's own tiles (CHUNK_TILES: 128 rows x 128 keys, 3 stages, head dim 128): a chunk of 40 after 260
+    cached tokens (a partial last tile) beside one that is new tokens only, plain, split and windowed."""
+    lens, qo_lens = [300, 33], [40, 33]
+    cache = matrix_cache(lens, 2, 128, granularity="head", seed=3)
+    q = make_q(73, 8, 128, seed=3)
+    for kw in (dict(), dict(num_splits=2), dict(window=70)):
+        check_kernel(q, cache, qo_lens, mode, block_m=128, block_n=128, num_stages=3, **kw)
+
+
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("granularity", ["tensor", "head", "token_head", "channel"])
 def test_kernel_dequant_scale_granularities(kv_dtype, granularity):
@@ -427,6 +439,27 @@ def test_launch_sizes_tiles_by_the_rows_and_splits_few_rows():
         assert (cfg["num_splits"] - 1) * cfg["tokens_per_split"] < 4000 <= cfg["num_splits"] * cfg["tokens_per_split"]
     window = attend_launch([4, 4], [4000, 4000], cache, 4, "dequant", window=100, num_sms=132)
     assert window["num_splits"] * window["tokens_per_split"] < 4000  # the splits tile the window, not the row
+
+
+def test_chunk_tiles_are_the_largest_that_fit_shared_memory():
+    """A chunk (128-row tiles) takes 128-key tiles three deep where they fit the GPU's shared memory (an H100's or
+    H200's 227 KiB), two deep where only those fit (an A100's 163 KiB), else the 64-key default; a draft's small
+    tiles and a caller's own tile keep theirs."""
+    h100, a100, ada = 232448, 166912, 101376  # shared_memory_per_block_optin, bytes
+    for kv_dtype, expected in (("bf16", {h100: (128, 3), a100: (128, 2), ada: (64, 1)}),
+                               ("fp8_e4m3", {h100: (128, 3), a100: (128, 3), ada: (128, 2)})):
+        cache = matrix_cache([4000, 4000], 2, 128, kv_dtype=kv_dtype)
+        for smem, tiles in expected.items():
+            cfg = attend_launch([512, 512], [4000, 4000], cache, 4, "dequant", num_sms=132, smem_bytes=smem)
+            assert (cfg["block_n"], cfg["num_stages"]) == tiles  # (64, 1): the default, 1 stage in the interpreter
+            if tiles[0] == 128:
+                assert chunk_smem_bytes(*tiles, 128, 1 if kv_dtype != "bf16" else 2) <= smem
+    cache = matrix_cache([4000, 4000], 2, 128)
+    draft = attend_launch([4, 4], [4000, 4000], cache, 4, "dequant", num_sms=132, smem_bytes=h100)
+    assert draft["block_n"] == 64
+    own = attend_launch([512, 512], [4000, 4000], cache, 4, "dequant", num_sms=132, smem_bytes=h100, block_n=32)
+    assert own["block_n"] == 32 and own["num_stages"] != 3
+    assert chunk_smem_bytes(64, 2, 128, 2) == 98304  # the sm90 build's shared memory (scripts/attend_sass.py)
 
 
 # ------------------------------------------------------------------------------------ plan and run

@@ -11,7 +11,7 @@ from .fmt import num, span, times
 from .probes import shape_col
 from .sources import Sources, ok_rows
 
-__all__ = ["multi_token", "short_splits", "verify_step", "VERIFY_STEP", "VERIFY_STEP_GOAL", "SPEC_VERIFY", "CHUNKED_PREFILL", "SHORT_SPLITS_ROWS", "SHORT_SPLITS_DEFAULT"]
+__all__ = ["multi_token", "short_splits", "verify_step", "VERIFY_STEP", "VERIFY_STEP_H100", "VERIFY_STEP_GOAL", "SPEC_VERIFY", "CHUNKED_PREFILL", "SHORT_SPLITS_ROWS", "SHORT_SPLITS_DEFAULT"]
 
 # 32/8/128 and 40/8/128 at B 16 / 64 x 4k / 16k, q_len 1, 2, 4, 8, on one H100, each point's peers in one run: the
 # default (the Gluon kernel's rows where they run) beside gluon=False. The 32/8/128 run at B 16 and 64 was cut
@@ -27,6 +27,7 @@ SHORT_SPLITS_DEFAULT = "results/bench/nvidia-h100-80gb-hbm3/20261206T052200Z.csv
 # python -m fp8kv.step --model Qwen3-0.6B --contexts 4096 --draft-lens 0 4 --acceptance 0.7 on the H200: the whole
 # step (random weights of Qwen3-0.6B's shapes) with no drafts and with 4 drafts verified, each accepted with 0.7
 VERIFY_STEP = "results/step-verify/nvidia-h200/20261206T101607Z.csv"
+VERIFY_STEP_H100 = "results/step-verify/nvidia-h100-80gb-hbm3/20261207T125437Z.csv"  # the same command on an H100
 VERIFY_STEP_GOAL = 1.8  # FP8's best accepted tokens/s over BF16's, 4 drafts at 70 %, Qwen3-0.6B at 4k
 _COLUMNS = ["backend", "kv_dtype", "batch", "context", "q_len", "num_q_heads", "num_kv_heads", "head_dim",
             "time_us", "pct_copy_bw", "tflops", "copy_gbps"]
@@ -192,20 +193,15 @@ def short_splits(src: Sources) -> dict[str, str]:
 def verify_step(src: Sources) -> dict[str, str]:
     """The speculative-decode step on the H200 (:data:`VERIFY_STEP`): each KV dtype's best accepted tokens/s over
     its batches, with no drafts and with 4 drafts, as :func:`fp8kv.step.verify_reading` reads them."""
-    from ..step.multi_report import verify_reading
-
-    df = src.csv(VERIFY_STEP, ["model", "context", "draft_len", "acceptance", "kv_dtype", "batch",
-                               "accepted_tokens_per_s", "draft_us", "weights", "status"])
-    claim((df["draft_us"] == 0).all(), "the drafts cost no time in this run (no draft model)", VERIFY_STEP)
-    claim(set(df["weights"]) == {"random"}, "random weights of the model's shapes", VERIFY_STEP)
-    reading = {(r["draft_len"]): r for r in verify_reading(df).values()}
-    claim(set(reading) == {0, 4} and {r["model"] for r in reading.values()} == {"Qwen3-0.6B"}
-          and {r["context"] for r in reading.values()} == {4096} and reading[4]["acceptance"] == 0.7,
-          "Qwen3-0.6B at 4096 tokens, no drafts and 4 drafts at 0.7", VERIFY_STEP)
-    k4, k0 = reading[4], reading[0]
+    k4, k0 = _verify_readings(src, VERIFY_STEP)
+    h100 = _verify_readings(src, VERIFY_STEP_H100)
     claim(k4["ratio"] < VERIFY_STEP_GOAL, "the verify step falls short of its goal", VERIFY_STEP)
+    claim(h100[0]["ratio"] < VERIFY_STEP_GOAL, "the verify step falls short of its goal", VERIFY_STEP_H100)
     best = lambda r, kv: f"{r['best_accepted_tokens_per_s'][kv]:,.0f}"  # noqa: E731
-    return {"verify_step.fp8": best(k4, "fp8_e4m3"), "verify_step.bf16": best(k4, "bf16"),
+    return {"verify_step.h100_ratio": times(h100[0]["ratio"]), "verify_step.h100_ratio_k0": times(h100[1]["ratio"]),
+            "verify_step.h100_fp8": best(h100[0], "fp8_e4m3"), "verify_step.h100_bf16": best(h100[0], "bf16"),
+            "verify_step.h100_fp8_batch": str(h100[0]["best_batch"]["fp8_e4m3"]),
+            "verify_step.h100_bf16_batch": str(h100[0]["best_batch"]["bf16"]),"verify_step.fp8": best(k4, "fp8_e4m3"), "verify_step.bf16": best(k4, "bf16"),
             "verify_step.fp8_batch": str(k4["best_batch"]["fp8_e4m3"]),
             "verify_step.bf16_batch": str(k4["best_batch"]["bf16"]), "verify_step.ratio": times(k4["ratio"]),
             "verify_step.ratio_k0": times(k0["ratio"]), "verify_step.goal": num(VERIFY_STEP_GOAL, 1),
@@ -213,3 +209,18 @@ def verify_step(src: Sources) -> dict[str, str]:
                                          / k0["best_accepted_tokens_per_s"]["fp8_e4m3"]),
             "verify_step.gain_k4_bf16": times(k4["best_accepted_tokens_per_s"]["bf16"]
                                               / k0["best_accepted_tokens_per_s"]["bf16"])}
+
+
+def _verify_readings(src: Sources, rel: str) -> tuple[dict, dict]:
+    """The 4-draft and no-draft readings (:func:`fp8kv.step.verify_reading`) of one run of the verify command."""
+    from ..step.multi_report import verify_reading
+
+    df = src.csv(rel, ["model", "context", "draft_len", "acceptance", "kv_dtype", "batch",
+                       "accepted_tokens_per_s", "draft_us", "weights", "status"])
+    claim((df["draft_us"] == 0).all(), "the drafts cost no time in this run (no draft model)", rel)
+    claim(set(df["weights"]) == {"random"}, "random weights of the model's shapes", rel)
+    reading = {(r["draft_len"]): r for r in verify_reading(df).values()}
+    claim(set(reading) == {0, 4} and {r["model"] for r in reading.values()} == {"Qwen3-0.6B"}
+          and {r["context"] for r in reading.values()} == {4096} and reading[4]["acceptance"] == 0.7,
+          "Qwen3-0.6B at 4096 tokens, no drafts and 4 drafts at 0.7", rel)
+    return reading[4], reading[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .breakeven import breakeven
-from .chunks import chunk_modes
+from .chunks import chunk_modes, chunk_tiles
 from .decode import decode_latency
 from .earlier import earlier, later
 from .formats import formats, formats_h200
@@ -24,7 +24,7 @@ __all__ = ["SECTIONS", "compute", "generate", "check"]
 
 # One function per README section: Sources -> {name: text}.
 SECTIONS = (decode_latency, layouts, layout_probes, gluon, gluon_probes, earlier, later, window, step,
-            multi_token, chunk_modes, verify_step, formats, formats_h200, issue, residency, int4_tiles, int4_grid, breakeven)
+            multi_token, chunk_modes, chunk_tiles, verify_step, formats, formats_h200, issue, residency, int4_tiles, int4_grid, breakeven)
 
 
 def compute(src: Sources) -> dict[str, str]:

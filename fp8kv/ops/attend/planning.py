@@ -21,13 +21,14 @@ from ...attend_checks import ATTEND_KERNEL_OPTIONS, ATTEND_OPTIONS, qo_indptr_ar
 from ...cache import PagedKVCache
 from ...capability import UnsupportedError, current_arch, interpreter_on
 from ..decode.combine import MAX_PARTIAL_ELEMENTS
+from ..decode.gluon_launcher import smem_per_block
 from ..decode.planning import OUT_DTYPES, plan_inputs
 from ..decode.splits import LATENCY_WAVES, sm_count
 from ..decode.triton_launcher import CONVERT_CODES, MODE_FLAGS, converts
 from ..pages import format_bits, scale_kind
 
 __all__ = ["AttendPlan", "plan_attend", "attend_launch", "AttendConfig", "BLOCK_M_CHOICES", "ATTEND_MAX_SPLITS",
-           "LATENCY_BLOCK_M", "MIN_TILES_PER_SPLIT"]
+           "LATENCY_BLOCK_M", "MIN_TILES_PER_SPLIT", "CHUNK_TILES", "chunk_smem_bytes"]
 
 BLOCK_M_CHOICES = (16, 32, 64, 128)  # rows per program: tl.dot's minimum 16, at most 128 (registers)
 ATTEND_MAX_SPLITS = 64  # the combine holds splits x D partials per program
@@ -36,6 +37,10 @@ ATTEND_MAX_SPLITS = 64  # the combine holds splits x D partials per program
 # they are large (a chunk: each program already has work enough, and partials of many rows cost traffic).
 LATENCY_BLOCK_M = 32
 MIN_TILES_PER_SPLIT = 2  # a split of fewer key tiles would spend more on its prologue and the combine
+# A chunk's (block_n, num_stages), the first whose tiles fit the GPU's shared memory: on an H100, 128-key tiles
+# three deep took 2048-token chunks after 16k cached tokens 6736 -> 6077 us (bf16), 9970 -> 7638 (e4m3 pages,
+# dequant) against 64 two deep (results/bench/nvidia-h100-80gb-hbm3/20261207T125722Z.csv, ...125855Z.csv)
+CHUNK_TILES = ((128, 3), (128, 2))
 _COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 # Launch parameters by name: block_m, block_n, num_warps, num_stages, num_splits, tokens_per_split.
@@ -45,7 +50,7 @@ AttendConfig = dict[str, int]
 def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, group: int, mode: str, *,
                   window: int | None = None, num_splits: int | None = None, block_m: int | None = None,
                   block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                  num_sms: int | None = None) -> AttendConfig:
+                  num_sms: int | None = None, smem_bytes: int | None = None) -> AttendConfig:
     """The launch of a multi-token attention for sequences of ``qo_lens`` new tokens and ``seq_lens`` cached
     ones (both ints, already checked), ``group`` query heads per KV head: defaults, then the overrides.
 
@@ -53,7 +58,10 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
       sequence's rows (``max(qo_len) x group``) rounded up to a power of two, at most 128 (64 at head dims
       above 128): spec-verify takes one program per (sequence, KV head), a chunk tiles of 128 rows.
     * ``block_n``: keys per tile, a power of two in [16, 256] (fp8 mode: >= 32, the FP8 dot's minimum K).
-      Default 64 (32 at head dims above 128: the K and V tiles then hold as many bytes).
+      Default 64 (32 at head dims above 128: the K and V tiles then hold as many bytes); a chunk's tiles
+      (128 rows, head dims 65-128, where they were timed) take the first of :data:`CHUNK_TILES` that fits
+      ``smem_bytes`` (default: the shared memory a program may use on the GPU; :func:`chunk_smem_bytes`), with
+      its ``num_stages``.
     * ``num_warps``: one of ``launch_options.WARP_COUNTS``; default 8 for tiles of 128 x 128 or more
       (query rows x padded head dim: the fp32 accumulator would take 128 registers a thread in 4 warps), else 4.
     * ``num_stages``: software-pipeline stages of the key loop (a positive int); default 2 (1 under the
@@ -73,6 +81,12 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
     else:
         block_m = checks.one_of(checks.integer(block_m, "block_m"), "block_m", BLOCK_M_CHOICES)
     block_n = launch_options.check_block_n(block_n, least=launch_options.DOT_MIN_ROWS)
+    if block_n is None and num_stages is None and block_m == 128 and d_pad == 128:
+        if smem_bytes is None and not interpreter_on():
+            smem_bytes = smem_per_block(cache.device)
+        elem = 1 if cache.is_fp8 else 2  # the pages' bytes an element, as the tiles hold them
+        fits = [t for t in CHUNK_TILES if smem_bytes is not None and chunk_smem_bytes(*t, d_pad, elem) <= smem_bytes]
+        block_n, num_stages = fits[0] if fits else (None, None)
     if block_n is None:
         block_n = 64 if d_pad <= 128 else 32
     if block_n < launch_options.least_block_n(mode):
@@ -97,6 +111,13 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
     num_splits = max(1, math.ceil(span / tokens_per_split))
     return dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                 num_splits=num_splits, tokens_per_split=tokens_per_split)
+
+
+def chunk_smem_bytes(block_n: int, num_stages: int, d_pad: int, elem: int, block_m: int = 128) -> int:
+    """Shared memory of the attend kernel's tiles: ``num_stages`` K and V tiles of ``block_n`` keys of ``elem``
+    bytes each, and the 16-bit query tile (the sm90 builds: 98304 bytes at 64 keys, 2 stages, bf16 pages; 65536
+    over e4m3 pages, scripts/attend_sass.py)."""
+    return num_stages * block_n * d_pad * elem * 2 + block_m * d_pad * 2
 
 
 @dataclass(frozen=True, eq=False)  # a plan is itself: it holds a tensor (sinks)
