@@ -28,7 +28,8 @@ from ..decode.triton_launcher import CONVERT_CODES, MODE_FLAGS, converts
 from ..pages import format_bits, scale_kind
 
 __all__ = ["AttendPlan", "plan_attend", "attend_launch", "AttendConfig", "BLOCK_M_CHOICES", "ATTEND_MAX_SPLITS",
-           "LATENCY_BLOCK_M", "MIN_TILES_PER_SPLIT", "CHUNK_TILES", "chunk_smem_bytes"]
+           "LATENCY_BLOCK_M", "MIN_TILES_PER_SPLIT", "CHUNK_TILES", "chunk_smem_bytes",
+           "attend_constexprs"]
 
 BLOCK_M_CHOICES = (16, 32, 64, 128)  # rows per program: tl.dot's minimum 16, at most 128 (registers)
 ATTEND_MAX_SPLITS = 64  # the combine holds splits x D partials per program
@@ -113,6 +114,30 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
                 num_splits=num_splits, tokens_per_split=tokens_per_split)
 
 
+def attend_constexprs(cache: PagedKVCache, q_dtype: torch.dtype, num_q_heads: int, cfg: AttendConfig, mode: str, *,
+                      arch: str | None, window: bool = False, soft_cap: bool = False, sinks: bool = False,
+                      convert: str | None = None, interpret: bool = False) -> dict:
+    """The attend kernel's constexprs and launch (warps, stages) for a planned launch ``cfg`` over ``cache``:
+    what :func:`plan_attend` passes, with no device needed (``arch``: the GPU's, e.g. ``"sm90"``, None off CUDA;
+    ``interpret``: Triton's interpreter, whose bf16 is wrong, so the dots then run in fp32), so an offline build
+    (scripts/attend_sass.py) compiles what a GPU runs."""
+    fp8_qk, fp8_pv = MODE_FLAGS[mode]
+    convert_k, convert_v = converts(convert, arch, cache.kv_dtype, mode)
+    compute = torch.float16 if cache.is_fp8 else q_dtype
+    rescale_q = compute == torch.float16 and not fp8_qk and (q_dtype != torch.float16 or cache.granularity == "channel")
+    if interpret:
+        compute = torch.float32 if compute == torch.bfloat16 else compute
+    d = cache.head_dim
+    return dict(
+        GROUP=num_q_heads // cache.num_kv_heads, BLOCK_M=cfg["block_m"], HEAD_DIM=d,
+        D_PAD=max(16, triton.next_power_of_2(d)), BLOCK_SIZE=cache.block_size, BLOCK_N=cfg["block_n"],
+        SPLIT=cfg["num_splits"] > 1, SCALE_KIND=scale_kind(cache), SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1),
+        KV_FP8=cache.is_fp8, CONVERT_K=CONVERT_CODES[convert_k], CONVERT_V=CONVERT_CODES[convert_v], FP8_QK=fp8_qk,
+        FP8_PV=fp8_pv, ROUND_HW=arch is not None, COMPUTE=_COMPUTE[compute], RESCALE_Q=rescale_q, WINDOWED=window,
+        SOFT_CAP=soft_cap, HAS_SINKS=sinks, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **format_bits(cache))
+
+
 def chunk_smem_bytes(block_n: int, num_stages: int, d_pad: int, elem: int, block_m: int = 128) -> int:
     """Shared memory of the attend kernel's tiles: ``num_stages`` K and V tiles of ``block_n`` keys of ``elem``
     bytes each, and the 16-bit query tile (the sm90 builds: 98304 bytes at 64 keys, 2 stages, bf16 pages; 65536
@@ -179,25 +204,14 @@ def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = 
     if splits > 1 and total_q * hq * splits * d > MAX_PARTIAL_ELEMENTS:
         checks.fail(f"num_splits={splits}: {total_q} rows x {hq} heads x {splits} splits x {d} partials exceed "
                     f"{MAX_PARTIAL_ELEMENTS} elements (the combine's 32-bit offsets); ask for fewer splits")
-    fp8_qk, fp8_pv = MODE_FLAGS[mode]
     arch = current_arch(device) if device.type == "cuda" else None
-    convert_k, convert_v = converts(options.get("convert"), arch, cache.kv_dtype, mode)
-    compute = torch.float16 if cache.is_fp8 else q.dtype
-    rescale_q = compute == torch.float16 and not fp8_qk and (q.dtype != torch.float16 or
-                                                             cache.granularity == "channel")
-    if interpreter_on():  # the interpreter's bf16 is wrong: compute and store in fp32 instead
-        compute = torch.float32 if compute == torch.bfloat16 else compute
     kernel_out_dtype = torch.float32 if interpreter_on() and out_dtype == torch.bfloat16 else out_dtype
     sm_scale = checks.resolved_softmax_scale(sm_scale, d)
     b = cache.batch_size
     block_m = cfg["block_m"]
-    constexprs = dict(
-        GROUP=group, BLOCK_M=block_m, HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)),
-        BLOCK_SIZE=cache.block_size, BLOCK_N=cfg["block_n"], SPLIT=splits > 1, SCALE_KIND=scale_kind(cache),
-        SCALE_HEAD_STRIDE=int(cache.k_scale.numel() > 1), KV_FP8=cache.is_fp8,
-        CONVERT_K=CONVERT_CODES[convert_k], CONVERT_V=CONVERT_CODES[convert_v], FP8_QK=fp8_qk, FP8_PV=fp8_pv,
-        ROUND_HW=arch is not None, COMPUTE=_COMPUTE[compute], RESCALE_Q=rescale_q, WINDOWED=window is not None, SOFT_CAP=soft_cap is not None,
-        HAS_SINKS=sinks is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **format_bits(cache))
+    constexprs = attend_constexprs(cache, q.dtype, hq, cfg, mode, arch=arch, window=window is not None,
+                                   soft_cap=soft_cap is not None, sinks=sinks is not None,
+                                   convert=options.get("convert"), interpret=interpreter_on())
     # Soft-capping takes tanh of score / cap, computed from e^(2 score / cap): fold that into q.k's factor.
     scalars = dict(qk_scale=sm_scale * math.log2(math.e) * (1.0 if soft_cap is None else 2.0 / soft_cap),
                    tokens_per_split=cfg["tokens_per_split"], row_capacity=cache.max_blocks_per_seq * cache.block_size,
@@ -207,4 +221,5 @@ def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = 
     inputs = (*inputs[:2], device, *inputs[3:])  # a meta query plans for the cache's device
     return AttendPlan(cfg, mode, sm_scale, (total_q, hq, d), q.dtype, out_dtype, kernel_out_dtype, tuple(qo_lens),
                       sinks, (total_q * group // block_m + b, cache.num_kv_heads, splits), constexprs, scalars,
-                      (fp8_qk or convert_k == "cast", fp8_pv or convert_v == "cast"), inputs)
+                      tuple(constexprs[f"FP8_{dot}"] or constexprs[f"CONVERT_{kv}"] == CONVERT_CODES["cast"]
+                            for dot, kv in (("QK", "K"), ("PV", "V"))), inputs)
