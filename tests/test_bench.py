@@ -1093,6 +1093,35 @@ def test_time_call_takes_a_device_name():
     assert how == "cpu-wallclock" and seconds >= 0
 
 
+def test_time_long_call_times_a_cpu_call_by_wall_clock_and_checks_rep():
+    calls = []
+    seconds, how = bench.time_long_call(lambda: calls.append(time.sleep(0.002)), "cpu", graph=True, rep=5, cpu_reps=3)
+    assert how == "cpu-wallclock" and len(calls) == 3 and 0.002 <= seconds < 1.0
+    with pytest.raises(ValueError, match="rep=0"):
+        bench.time_long_call(lambda: None, "cpu", graph=True, rep=0, cpu_reps=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_time_long_call_agrees_with_time_call_on_a_gpu():
+    """A ~1-ms matmul chain timed replay by replay (time_long_call) and by do_bench_cudagraph (time_call): the
+    same time within 15 %, as many calls as its replays say (1 warm-up, 1 estimate, >= 3 timed; capture runs
+    nothing)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+    ran = []
+
+    def fn():
+        ran.append(1)  # counted where Python runs it: the warm-up and the capture
+        for _ in range(8):
+            torch.matmul(a, a, out=out)
+
+    long_s, how = bench.time_long_call(fn, "cuda", graph=True, rep=20, cpu_reps=1)
+    assert how == "cuda-graph-replays" and len(ran) == 2
+    ref_s, _ = bench.time_call(fn, "cuda", graph=True, rep=20, warmup=5, cpu_reps=1)
+    assert abs(long_s / ref_s - 1) < 0.15, (long_s, ref_s)
+
+
 def test_sweep_and_run_take_only_bools_for_their_flags():
     """bool("no") is True: a flag given as a string was read as its truthiness."""
     with pytest.raises(TypeError, match=r"flashinfer_tensor_cores\[0\]='no'"):

@@ -38,7 +38,15 @@ How a case is measured
 from .cases import Q_DTYPES, Case, bytes_moved, footprint_bytes, memory_budget, sweep, tolerance
 from .ceiling import measure_copy_bandwidth
 from .cli import PRESET_HELP, PRESETS, TRITON_OPTIONS, build_parser, main, preset_grid
-from .measure import COLUMNS, probe_us, resolve_copy_bandwidth, run, synthetic_cache, time_call
+from .measure import (
+           COLUMNS,
+           probe_us,
+           resolve_copy_bandwidth,
+           run,
+           synthetic_cache,
+           time_call,
+           time_long_call,
+)
 from .report import (
            LAYOUT_KEYS,
            SHAPE_KEYS,
@@ -55,7 +63,7 @@ from .report import (
 )
 
 __all__ = ["Case", "sweep", "run", "speedup_table", "save", "main", "synthetic_cache", "bytes_moved",
-           "tolerance", "footprint_bytes", "memory_budget", "summary", "results_markdown", "time_call", "probe_us",
+           "tolerance", "footprint_bytes", "memory_budget", "summary", "results_markdown", "time_call", "time_long_call", "probe_us",
            "build_parser", "PRESETS", "PRESET_HELP", "TRITON_OPTIONS", "COLUMNS", "SHAPE_KEYS", "Q_DTYPES",
            "layout_table", "layout_markdown", "LAYOUT_KEYS", "preset_grid",
            "best_per_configuration", "save_comparison", "case_counts", "all_checks_passed", "measure_copy_bandwidth",

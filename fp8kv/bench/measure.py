@@ -82,6 +82,46 @@ def time_call(fn: Callable, device: torch.device, *, graph: bool, rep: int, warm
     return statistics.median(times), "cpu-wallclock"
 
 
+MIN_GRAPH_REPLAYS, MAX_GRAPH_REPLAYS = 3, 100  # time_long_call's timed replays
+
+
+def time_long_call(fn: Callable, device: torch.device, *, graph: bool, rep: int, cpu_reps: int) -> tuple[float, str]:
+    """Median seconds per call of a long ``fn`` (a prefill chunk's forward: milliseconds to seconds) and the method.
+
+    CUDA: ``fn`` run once (compiles, allocates), captured once in a CUDA graph, replayed once to estimate, then
+    timed replay by replay (CUDA events), ``rep`` ms of them but at least :data:`MIN_GRAPH_REPLAYS`: the median.
+    :func:`time_call`'s ``do_bench_cudagraph`` runs such a call ~17 times a point (its estimate, and ten replays of
+    a graph of at least one call), which made a 32k-token prompt in 512-token chunks take minutes; a replay's
+    launch (microseconds) is noise beside a call this long. Method ``"cuda-graph-replays"``. Without ``graph``
+    (a call that syncs with the host) or on a CPU: :func:`time_call`'s CUDA events or wall clock."""
+    device = torch.device(device)
+    checks.positive_int(rep, "rep")
+    if device.type != "cuda" or not graph:
+        return time_call(fn, device, graph=False, rep=rep, warmup=25, cpu_reps=cpu_reps)
+    with torch.cuda.device(device):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # the warm-up off the default stream, as capture requires
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            fn()
+
+        def replay_ms() -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            captured.replay()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+
+        estimate = max(replay_ms(), 1e-3)
+        n = min(MAX_GRAPH_REPLAYS, max(MIN_GRAPH_REPLAYS, math.ceil(rep / estimate)))
+        times = [replay_ms() for _ in range(n)]
+    return statistics.median(times) * 1e-3, "cuda-graph-replays"
+
+
 def probe_us(fn: Callable, calls: int, device, *, rep: int = 60) -> float:
     """Microseconds per decode of a probe's ``fn`` that makes ``calls`` decodes (over rotated caches): the
     middle of three medians of :func:`time_call` (CUDA graphs on a GPU, ``rep`` ms each), after one call."""

@@ -65,7 +65,9 @@ How a step is timed
 Like the kernel benchmark, with its timing helper (``fp8kv.bench.time_call``): on a GPU the whole
 step is captured in a CUDA graph (``triton.testing.do_bench_cudagraph``) and the median replay is
 reported; the step's attention calls alone (every layer's :func:`fp8kv.decode` on the same caches,
-no other work) are timed the same way, giving ``attention_us`` and ``attention_share``. The copy
+no other work) are timed the same way, giving ``attention_us`` and ``attention_share``. A prefill
+chunk's forward (milliseconds to seconds) is captured once and timed replay by replay instead
+(``fp8kv.bench.time_long_call``), a few calls a chunk rather than ~17. The copy
 bandwidth is measured once in the same run (:func:`fp8kv.bench.measure_copy_bandwidth`).
 ``bytes_moved`` counts the weights read (the LM head once; of the embedding only the B rows looked
 up), the K/V read by attention and the new token's K/V written; activations are not counted.

@@ -105,14 +105,14 @@ def prefill_sweep(models, prompt_lens, chunks, kv_dtypes=("bf16", "fp8_e4m3"), *
                   seed: int = 0, cpu_reps: int = 3, keep_partial: bool = False):
     """Time to first token of one prompt of each length in ``prompt_lens`` for each chunk size of ``chunks``
     (ints >= 1; a chunk at least the prompt is the full prefill), per KV dtype; one tidy row per (model,
-    kv_dtype, prompt, chunk) (columns :data:`PREFILL_COLUMNS`). Each chunk's forward is timed as the step's (CUDA
-    graph on a GPU) and the times summed. A prompt whose KV and chunk activations do not fit the memory planned
+    kv_dtype, prompt, chunk) (columns :data:`PREFILL_COLUMNS`). Each chunk's forward is timed where it stands (CUDA
+    graph replays on a GPU: :func:`fp8kv.bench.time_long_call`) and the times summed. A prompt whose KV and chunk activations do not fit the memory planned
     against is refused before anything is built (:class:`~fp8kv.capacity.CapacityError`). Other arguments as
     :func:`fp8kv.step.sweep` (``keep_partial`` too)."""
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from ..bench import time_call
+    from ..bench import time_long_call
     from ..device import describe_device, resolve_device
 
     prompt_lens = many_values(prompt_lens, "prompt_lens", positive_int)
@@ -157,7 +157,7 @@ def prefill_sweep(models, prompt_lens, chunks, kv_dtypes=("bf16", "fp8_e4m3"), *
                         row.update(status="error", reason=reason)
                     else:
                         row.update(weights=w.source, **_time_prefill(shape, w, p["kv_dtype"], n, c, backend, mode,
-                                                                      block_size, dev, rep, cpu_reps, seed, time_call))
+                                                                      block_size, dev, rep, cpu_reps, seed, time_long_call))
                     rows.append(row)
                     reclaim_stop_signals()  # the chunks' compiles may have let LLVM take them
                     bar.update(1)
@@ -176,7 +176,7 @@ def prefill_sweep(models, prompt_lens, chunks, kv_dtypes=("bf16", "fp8_e4m3"), *
 
 
 def _time_prefill(shape, w, kv, prompt, chunk, backend, mode, block_size, dev, rep, cpu_reps, seed,
-                  time_call) -> dict:
+                  time_long_call) -> dict:
     """One (prompt, chunk) point: every chunk's forward run in order, each timed where it stands; the sums."""
 
     pre = pool = None
@@ -190,8 +190,8 @@ def _time_prefill(shape, w, kv, prompt, chunk, backend, mode, block_size, dev, r
         timing = None
         for step in pre.chunk_steps(ids):
             logits = step.forward()  # writes the chunk: the next chunk attends over it
-            s, timing = time_call(step.forward, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
-            a, _ = time_call(step.attention_only, dev, graph=graph, rep=rep, warmup=25, cpu_reps=cpu_reps)
+            s, timing = time_long_call(step.forward, dev, graph=graph, rep=rep, cpu_reps=cpu_reps)
+            a, _ = time_long_call(step.attention_only, dev, graph=graph, rep=rep, cpu_reps=cpu_reps)
             total, attn = total + s, attn + a
         out["logits_finite"] = bool(torch.isfinite(logits).all())
     except Exception as e:  # one broken point must not end the sweep; its row says what happened
