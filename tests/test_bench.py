@@ -681,6 +681,40 @@ def test_planned_call_validates_once_and_matches_decode():
         planned(torch.full_like(q, float("nan")), c, "reference", "dequant")
 
 
+# ---------------------------------------------------------------------------------------- page sizes
+def test_page_sizes_preset_covers_1_to_128_with_peers_and_runs_fp8kv_everywhere():
+    from fp8kv.bench import PAGE_SIZES, PRESETS
+
+    cases = sweep(**{**PRESETS["page-sizes"], "q_dtype": "bf16"}, arch="sm90", memory_budget_bytes=2**50)
+    assert {c.block_size for c in cases} == set(PAGE_SIZES) and min(PAGE_SIZES) == 1 and max(PAGE_SIZES) == 128
+    assert any(p & (p - 1) for p in PAGE_SIZES)  # a page size that is not a power of two
+    assert {c.backend for c in cases} == {"triton", "flashinfer", "vllm"}
+    ours = [c for c in cases if c.backend == "triton"]
+    assert all(c.status == "ready" for c in ours), [(c.block_size, c.reason) for c in ours if c.status != "ready"]
+
+
+def test_page_size_table_reads_each_decode_against_its_own_16_token_pages():
+    rows = []
+    for backend, tc in (("triton", None), ("flashinfer", True)):
+        for page, fp8_us in ((1, 40.0), (16, 30.0), (100, 33.0)):
+            for kv, us in (("fp8_e4m3", fp8_us), ("bf16", 60.0)):
+                for rep in (0.99, 1.01):  # repeats: the median
+                    rows.append(dict(backend=backend, variant=None, tensor_cores=tc, kv_dtype=kv, batch=64,
+                                     context=16384, block_size=page, time_us=us * rep * (2 if tc else 1),
+                                     status="ok", check_passed=True))
+    rows.append(dict(rows[0], time_us=1.0, check_passed=False))  # a row that failed its check does not count
+    t = bench.page_size_table(pd.DataFrame(rows)).set_index(["backend", "block_size"])
+    assert len(t) == 6
+    assert t.loc[("triton", 1), "fp8_us"] == pytest.approx(40.0)
+    assert t.loc[("triton", 1), "fp8_rate_of_page_16"] == pytest.approx(0.75)
+    assert t.loc[("flashinfer", 100), "fp8_rate_of_page_16"] == pytest.approx(30 / 33)
+    assert t.loc[("triton", 16), "fp8_x_bf16"] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="page_size_table"):
+        bench.page_size_table(pd.DataFrame(rows).assign(status="error"))
+    with pytest.raises(ValueError, match=r"baseline_page=32, .* pages of \[1, 16, 100\]"):
+        bench.page_size_table(pd.DataFrame(rows), baseline_page=32)
+
+
 # ---------------------------------------------------------------------------------------- layouts
 def test_layouts_preset_sweeps_model_head_layouts_not_every_pairing():
     from fp8kv.bench import PRESETS

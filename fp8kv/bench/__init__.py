@@ -37,7 +37,7 @@ How a case is measured
 
 from .cases import Q_DTYPES, Case, bytes_moved, footprint_bytes, memory_budget, sweep, tolerance
 from .ceiling import measure_copy_bandwidth
-from .cli import PRESET_HELP, PRESETS, TRITON_OPTIONS, build_parser, main, preset_grid
+from .cli import TRITON_OPTIONS, build_parser, main, preset_grid
 from .measure import (
            COLUMNS,
            probe_us,
@@ -47,6 +47,7 @@ from .measure import (
            time_call,
            time_long_call,
 )
+from .presets import PAGE_SIZES, PRESET_HELP, PRESETS
 from .report import (
            LAYOUT_KEYS,
            SHAPE_KEYS,
@@ -55,6 +56,7 @@ from .report import (
            case_counts,
            layout_markdown,
            layout_table,
+           page_size_table,
            results_markdown,
            save,
            save_comparison,
@@ -64,7 +66,7 @@ from .report import (
 
 __all__ = ["Case", "sweep", "run", "speedup_table", "save", "main", "synthetic_cache", "bytes_moved",
            "tolerance", "footprint_bytes", "memory_budget", "summary", "results_markdown", "time_call", "time_long_call", "probe_us",
-           "build_parser", "PRESETS", "PRESET_HELP", "TRITON_OPTIONS", "COLUMNS", "SHAPE_KEYS", "Q_DTYPES",
+           "build_parser", "PRESETS", "PRESET_HELP", "PAGE_SIZES", "page_size_table", "TRITON_OPTIONS", "COLUMNS", "SHAPE_KEYS", "Q_DTYPES",
            "layout_table", "layout_markdown", "LAYOUT_KEYS", "preset_grid",
            "best_per_configuration", "save_comparison", "case_counts", "all_checks_passed", "measure_copy_bandwidth",
            "resolve_copy_bandwidth"]

@@ -109,6 +109,35 @@ PEER_BACKENDS = ("flashinfer", "vllm")  # the decodes fp8kv's kernel is measured
 PEER_NAMES = {"flashinfer-": "FlashInfer ", "vllm ": "vLLM "}  # row label prefix -> as tables print it
 
 
+def page_size_table(df: pd.DataFrame, baseline_page: int = 16, fp8: str = "fp8_e4m3",
+                    base: str = "bf16") -> pd.DataFrame:
+    """One line per decode (backend, variant, FlashInfer's tensor-core choice) × batch × context × page size (the
+    ``page-sizes`` preset's question), from checked rows (medians of repeats): ``fp8_us``, ``bf16_us``,
+    ``fp8_x_bf16 = bf16_us / fp8_us`` and ``fp8_rate_of_page_<baseline_page>``, the same decode's FP8 time at
+    ``baseline_page`` over its time at this page size (1.0: as fast as at 16-token pages). NaN where a side is
+    missing."""
+    need = ["backend", "kv_dtype", "batch", "context", "block_size", "time_us", "status", "check_passed"]
+    check_rows(df, "page_size_table", need, values=need[:6], numeric=["time_us", "block_size"], expected=RUN_ROWS)
+    good = df[(df["status"] == "ok") & ~df["check_passed"].map(check_failed) & df["time_us"].notna()]
+    if not len(good):
+        _fail(f"page_size_table: {source_of(df)} has no row that ran and passed its check against the oracle; "
+              f"expected {RUN_ROWS}")
+    decode = [c for c in ("backend", "variant", "tensor_cores") if c in good.columns]
+    good = good.assign(**{c: good[c].map(lambda v: "" if v is None or v != v else str(v)) for c in decode[1:]})
+    keys = [*decode, "batch", "context", "block_size"]
+    t = good.groupby([*keys, "kv_dtype"], dropna=False)["time_us"].median().unstack("kv_dtype")
+    out = pd.DataFrame({"fp8_us": t.get(fp8), "bf16_us": t.get(base)}, index=t.index)
+    out["fp8_x_bf16"] = out["bf16_us"] / out["fp8_us"]
+    pages = sorted(set(out.index.get_level_values("block_size")))
+    if baseline_page not in pages:
+        _fail(f"page_size_table: baseline_page={baseline_page!r}, but {source_of(df)} holds pages of {pages} tokens; "
+              "expected one of those")
+    at_base = out["fp8_us"].xs(baseline_page, level="block_size").rename("at_base")
+    out = out.reset_index().merge(at_base.reset_index(), on=[*decode, "batch", "context"], how="left")
+    out[f"fp8_rate_of_page_{baseline_page}"] = out.pop("at_base") / out["fp8_us"]
+    return out.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
 def layout_table(df: pd.DataFrame) -> pd.DataFrame:
     """One line per head layout × batch × context of a run (the ``layouts`` preset's question).
 
