@@ -20,8 +20,9 @@ with its source:
   byte, at head dims that are multiples of :data:`GLUON_PACKED_HEAD_DIM`) run by default in the FP8 decode's Gluon
   kernel where its splits are long (:func:`fp8kv.ops.quant_decode.paged_decode_quantized`'s ``gluon``). The other
   token-local formats (e4m3_b16, MXFP8) have a paged cache but no kernel yet.
-* KIVI's keys share a scale and zero point over a group of tokens and its values carry zero points: no paged cache
-  holds it (:data:`fp8kv.kv_formats.PAGED_FORMATS`), so no kernel here reads it; the reference does, dense.
+* KIVI's keys share a scale and zero point over a group of tokens and its values carry zero points: it is not paged
+  token by token (:data:`fp8kv.kv_formats.PAGED_FORMATS`) but by :class:`fp8kv.cache.KIVIPagedKVCache` (whole key
+  groups a page, the unfilled one in a residual), which no kernel here reads yet; the reference does.
 * FlashInfer reads NVFP4 pages (e2m1 codes with their e4m3 block scales, ``kv_cache_sf``) in its TRT-LLM-generated
   decode (``trtllm_batch_decode_with_kv_cache``), built for sm100 (it takes an FP8 query there); its FA2 decode
   reads 16-bit and FP8 pages only.
@@ -135,6 +136,9 @@ def _reads(backend: str, name: str, n: int) -> tuple[bool, str]:
     if backend == "triton":
         if name in TRITON_FORMATS:
             return True, _triton_reads(name, n)
+        if name.startswith("kivi4_"):
+            return False, (f"{name} has a paged cache (fp8kv.cache.KIVIPagedKVCache: whole key groups a page, the "
+                           "unfilled one in a residual) but no decode kernel reads it yet; the reference does")
         if name not in PAGED_FORMATS:
             return False, _not_paged(name)
         return False, f"{name} has a paged cache but no decode kernel yet (the kernel reads {TRITON_FORMATS})"

@@ -157,7 +157,8 @@ def test_measured_vs_formula_takes_paged_formats_once_each():
 
 
 @pytest.mark.parametrize("bad, exc, match", [
-    ("kivi4_g32", ValueError, r"kv_dtype='kivi4_g32' has no paged cache .* a paged format among \['int8_token_head'"),
+    ("kivi4_g32", ValueError, r"kv_dtype='kivi4_g32' is paged by fp8kv.cache.KIVIPagedKVCache, .* token-local pages; "
+                              r"expected .* a paged format among \['int8_token_head'"),
     ("fp8_e4m3_tensor", ValueError, r"kv_dtype='fp8_e4m3_tensor' has no paged cache .* 'fp8_e4m3' and a granularity"),
     ("int3", ValueError, r"kv_dtype='int3' is not known; expected an element type among \['bf16'"),
     (3, TypeError, r"kv_dtype=3 \(int\); expected an element type"),

@@ -64,6 +64,9 @@ def _paged_format(kv_dtype) -> KVFormat | None:
         f = kv_format(kv_dtype)
     except ValueError:
         checks.fail(f"kv_dtype={kv_dtype!r} is not known; expected {KV_KINDS}")
+    if f.name.startswith("kivi4_"):
+        checks.fail(f"kv_dtype={kv_dtype!r} is paged by fp8kv.cache.KIVIPagedKVCache, whose keys wait a group in a "
+                    f"residual: the capacity steps measure token-local pages; expected {KV_KINDS}")
     if f.name not in PAGED_FORMATS:
         checks.fail(f"kv_dtype={kv_dtype!r} has no paged cache (its scales span tokens or the whole tensor); expected "
                     f"{KV_KINDS} (FP8 with its scales: 'fp8_e4m3' and a granularity)")

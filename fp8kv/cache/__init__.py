@@ -24,11 +24,13 @@ One module a job: :mod:`~fp8kv.cache.tables` (what every paged cache shares: tab
 :mod:`~fp8kv.cache.validation` (the checks of its arrays, tables, queries and writes),
 :mod:`~fp8kv.cache.scales` (its scales as given or computed), :mod:`~fp8kv.cache.construction`
 (``empty``, ``from_dense``, ``clone``, ``select``), :mod:`~fp8kv.cache.writing` (slots, writes, appends)
-and :mod:`~fp8kv.cache.reading` (``gather``).
+and :mod:`~fp8kv.cache.reading` (``gather``). Beside it, :mod:`~fp8kv.cache.quantized` (INT8 / INT4 / 4-bit float
+pages) and :mod:`~fp8kv.cache.kivi` (KIVI's 4-bit pages, each sequence's unfilled key group in a residual).
 """
 
 from .construction import shuffled_block_table
+from .kivi import KIVIPagedKVCache
 from .paged import PagedKVCache, check_paged_cache
 from .validation import LAYOUTS, QUERY_DTYPES, check_block_size
 
-__all__ = ["PagedKVCache", "LAYOUTS", "QUERY_DTYPES", "shuffled_block_table", "check_block_size", "check_paged_cache"]
+__all__ = ["PagedKVCache", "KIVIPagedKVCache", "LAYOUTS", "QUERY_DTYPES", "shuffled_block_table", "check_block_size", "check_paged_cache"]

@@ -27,7 +27,8 @@ def _token_local(c: Codec) -> bool:
 
 
 # The fp8_* formats are fp8kv.cache.PagedKVCache's own; KIVI's values carry zero points and its keys a
-# scale over tokens, so KIVI stays whole outside (a format is paged for K and V or not at all).
+# scale over tokens, so KIVI is not paged token by token: fp8kv.cache.KIVIPagedKVCache holds it, each
+# sequence's unfilled key group in a residual.
 PAGED_FORMATS: tuple[str, ...] = tuple(name for name, f in KV_FORMATS.items()
                                        if _token_local(f.key) and _token_local(f.value))
 
