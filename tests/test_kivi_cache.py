@@ -67,6 +67,21 @@ def test_keys_wait_in_the_residual_in_its_dtype():
         assert torch.equal(kk[:128], quantize(k[0, :128].to(dtype), "kivi4_key_g32").dequantize())
 
 
+def test_the_models_kivi_store_and_load_is_the_pages_read():
+    """Notebook 06's KIVI (fp8kv.models.quantize_kv: whole key groups, the rest in bf16) reads what a KIVI cache
+    with a bf16 residual holds for the same bf16 prompt."""
+    from fp8kv.models.kv_config import KVQuantConfig, quantize_kv
+
+    k, v = (t.to(torch.bfloat16) for t in _kv(torch.float32))
+    cfg = KVQuantConfig(fmt="kivi4_g32")
+    cache = KIVIPagedKVCache.from_dense(32, k, v, LENS, block_size=64, residual_dtype=torch.bfloat16)
+    for i, n in enumerate(LENS):
+        kk, vv = cache.gather(i)
+        for which, x, paged in (("k", k, kk), ("v", v, vv)):
+            model, _ = quantize_kv(x[i:i + 1, :n].transpose(1, 2), cfg, which, 0)
+            assert torch.equal(model[0].transpose(0, 1).float(), paged.to(torch.bfloat16).float()), (i, which)
+
+
 def test_an_empty_sequence_reads_as_no_tokens():
     k, v = KIVIPagedKVCache.empty(32, 2, 64, H, D).gather(1)
     assert k.shape == v.shape == (0, H, D)
