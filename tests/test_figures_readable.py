@@ -519,6 +519,19 @@ def test_any_labels_of_one_figure_get_distinct_colours(n):
     assert viz.color_map(labels[::-1]) == colours
 
 
+def test_the_compared_kv_formats_keep_their_colours_apart_in_every_figure():
+    """Notebooks 02 and 10 draw the compared formats beside bf16: each keeps its own colour in every figure (no
+    reassignment), all told apart, and INT8 / INT4 (once near-black and navy thin lines) of different hues."""
+    from fp8kv.analysis import COMPARED_FORMATS
+
+    labels = ["bf16", *COMPARED_FORMATS]
+    colours = viz.color_map(labels)
+    assert style.colours_alike(colours.values()) == []
+    assert all(colours[x] == style.KV_DTYPE_COLORS[x] for x in labels)
+    assert style.KV_DTYPE_COLORS["fp8_e4m3_tensor"] == style.KV_DTYPE_COLORS["fp8_e4m3"]  # one format, one colour
+    assert style.colour_distance(colours["int8_token_head"], colours["int4_token_head"]) > 40
+
+
 # --------------------------------------------------------------------------- specific defects
 
 

@@ -13,9 +13,8 @@ import plotly.io as pio
 
 from ..results import source_of
 
-# The plotly mimetype is what JupyterLab / VS Code render (interactive, through the bundled
-# jupyterlab-plotly extension); the "notebook" renderer adds a text/html copy that nbconvert keeps.
-# Its first use embeds the whole plotly.js once into the notebook, so the exported HTML views offline.
+# The plotly mimetype is what JupyterLab / VS Code render (the bundled jupyterlab-plotly extension); the
+# "notebook" renderer adds a text/html copy nbconvert keeps, its first use embedding plotly.js once.
 DEFAULT_RENDERER = "plotly_mimetype+notebook"
 
 
@@ -33,18 +32,19 @@ def _contrast_on_white(hex_colour: str) -> float:
 
 
 MIN_CONTRAST = 3.0  # WCAG's minimum for graphics: pale yellows and greys vanish on a white page
-# Two series of one figure must differ by at least this CIEDE2000 colour difference (ΔE00): about 2 is
-# "just noticeable" side by side, 20 is told apart at a glance in a legend and in thin lines; the
-# magenta and crimson shades a hash of Dark24 once gave 02's k/v/kv bars are 6 to 12 apart.
+# Two series of one figure must differ by at least this CIEDE2000 difference (ΔE00): ~2 is "just noticeable",
+# 20 told apart at a glance in a legend and in thin lines (02's old magenta / crimson bars were 6 to 12 apart).
 MIN_COLOUR_DISTANCE = 20.0
 # The colours of every figure: each stands out on white (MIN_CONTRAST) and every two of them are at least
 # MIN_COLOUR_DISTANCE apart, so any set of distinct entries is a readable legend (test_figures_readable).
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#b68100", "#00a08b", "#fc0080", "#6c4516",
-           "#0d2a63", "#7f7f7f", "#222a2a", "#750d86")
+           "#0d2a63", "#7f7f7f", "#004422", "#750d86")
 # FP8 formats keep their colour in every figure (members of PALETTE: far from each other and the rest).
 FORMAT_COLORS = {"e4m3": "#1f77b4", "e5m2": "#d62728", "e4m3fnuz": "#00a08b", "e5m2fnuz": "#b68100"}
-# KV dtypes likewise (16-bit caches one colour, as they are one baseline).
-KV_DTYPE_COLORS = {"bf16": "#1f77b4", "fp16": "#1f77b4", "fp8_e4m3": "#d62728", "fp8_e5m2": "#b68100"}
+# KV dtypes and formats likewise (16-bit caches one baseline colour, FP8 per tensor fp8_e4m3's, INT8 / INT4 two hues)
+KV_DTYPE_COLORS = {"bf16": "#1f77b4", "fp16": "#1f77b4", "fp8_e4m3": "#d62728", "fp8_e5m2": "#b68100", "nvfp4": "#fc0080",
+                   "fp8_e4m3_tensor": "#d62728", "fp8_e4m3_token_head": "#6c4516", "int8_token_head": "#2ca02c",
+                   "int4_token_head": "#9467bd", "kivi4_g32": "#b68100", "kivi4_g128": "#004422", "mxfp4": "#0d2a63"}
 
 
 def _lab(hex_colour: str) -> tuple[float, float, float]:
