@@ -3,8 +3,8 @@
 A page holds ``block_size`` tokens. A format whose scales belong to one token (one per token and head,
 or one per block of channels of a token's head) can be written a token at a time: the scales a write
 computes are the ones :func:`.codec.quantize` computes over the whole tensor. Those are
-:data:`PAGED_FORMATS`. KIVI's keys share a scale over a group of tokens and tensor-wide scales come
-from all the data, so neither is among them; NVFP4's second, per-tensor level is a fixed number of the
+:data:`PAGED_FORMATS`. KIVI's keys share a scale over a group of tokens (:class:`fp8kv.cache.KIVIPagedKVCache`
+pages them by whole groups) and tensor-wide scales come from all the data, so neither is among them; NVFP4's second, per-tensor level is a fixed number of the
 cache (calibrated, or taken from the data a cache is built from).
 
 Per page, the codes and the scales of each token and KV head lie next to each other, so a kernel reads

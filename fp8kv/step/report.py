@@ -116,8 +116,12 @@ def tokens_per_s_figure(df, *, title: str | None = None):
                                                    "<br>attention %{customdata[1]:.0%}<extra></extra>"), row=1, col=i)
             c = int(s["ceiling"].iloc[0])
             fig.add_trace(go.Scatter(x=[c, c], y=[lo * 0.8, hi * 1.25], mode="lines", name=f"{kv} ceiling",
-                                     legendgroup=kv, showlegend=i == 1, hovertemplate=f"{kv} ceiling: B={c}<extra></extra>",
+                                     legendgroup=kv, showlegend=False, hovertemplate=f"{kv} ceiling: B={c}<extra></extra>",
                                      line=dict(color=colors[kv], dash="dash", width=1)), row=1, col=i)
+    # one legend entry a dtype (its ceiling toggles with it), and one that says what the dashes are: a legend of
+    # twelve entries outgrew the figure and scrolled
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="dashed: its memory ceiling",
+                             line=dict(color="#7f7f7f", dash="dash", width=1), hoverinfo="skip"), row=1, col=1)
     # decades on x, 1-2-5 on y, written out ("20k", not a bare "2" beside "10k")
     fig.update_xaxes(type="log", title="batch (concurrent sequences)", dtick=1, tickformat="~g")
     fig.update_yaxes(type="log", title="tokens per second (generated)")
