@@ -16,7 +16,8 @@ from .scales import refuse_unused_scale, static_scale
 from .validation import LAYOUTS, check_block_size, check_data_device, is_unit_scale, show_scale
 from .writing import append_tokens
 
-__all__ = ["shuffled_block_table", "empty", "clone", "select", "from_dense", "reserved_tokens", "pool_request"]
+__all__ = ["shuffled_block_table", "empty", "clone", "select", "from_dense", "reserved_tokens", "pool_request",
+           "pool_blocks", "dense_rows"]
 
 
 def shuffled_block_table(num_blocks: int, batch: int, blocks_per_seq: int, seed: int, device) -> torch.Tensor:
@@ -45,11 +46,7 @@ def empty(cls, batch_size, max_seq_len, num_kv_heads, head_dim, *, block_size, k
             if not is_unit_scale(value, sname):
                 _fail(f"{sname}={show_scale(value)}: granularity='token_head' computes one scale per token "
                       f"and head as it writes, so a given scale would be ignored; pass {sname}=None (or 1.0)")
-    bpseq = max(1, math.ceil(max_seq_len / block_size))
-    need = batch_size * bpseq
-    num_blocks = need if num_blocks is None else checks.positive_int(num_blocks, "num_blocks")
-    if num_blocks < need:
-        _fail(f"num_blocks={num_blocks} is too few: {batch_size} sequences x {bpseq} blocks need {need}")
+    bpseq, num_blocks = pool_blocks(batch_size, max_seq_len, block_size, num_blocks)
     shape = ((num_blocks, block_size, num_kv_heads, head_dim) if layout == "NHD"
              else (num_blocks, num_kv_heads, block_size, head_dim))
     # pages, their shuffled order (int64) and the table (int32): named here, not an allocator's RuntimeError
@@ -61,6 +58,45 @@ def empty(cls, batch_size, max_seq_len, num_kv_heads, head_dim, *, block_size, k
     seq_lens = torch.zeros(batch_size, dtype=torch.int32, device=device)
     # The constructor checks the scales (a 16-bit cache takes None or 1.0, as token_head here).
     return cls(k_pages, v_pages, block_table, seq_lens, name, granularity, k_scale, v_scale, layout)
+
+
+def pool_blocks(batch_size: int, max_seq_len: int, block_size: int, num_blocks: int | None) -> tuple[int, int]:
+    """Blocks a sequence's row holds and the pool's size (``num_blocks``, default every row's pages; fewer is
+    refused), for sizes already checked."""
+    bpseq = max(1, math.ceil(max_seq_len / block_size))
+    need = batch_size * bpseq
+    num_blocks = need if num_blocks is None else checks.positive_int(num_blocks, "num_blocks")
+    if num_blocks < need:
+        _fail(f"num_blocks={num_blocks} is too few: {batch_size} sequences x {bpseq} blocks need {need}")
+    return bpseq, num_blocks
+
+
+def dense_rows(k, v, seq_lens) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """A quantized cache's ``from_dense`` input checked: ``k``, ``v`` ``[B, max_len, Hkv, D]`` float tensors on one
+    device, ``seq_lens`` a list or 1-D int tensor ``[B]``. Returns the lengths and each sequence's first
+    ``seq_lens[i]`` tokens concatenated (finite, within fp32's range: padding is never read)."""
+    for name, t in (("k", k), ("v", v)):
+        checks.readable_tensor(checks.tensor(t, name, ndim=4, dtypes=checks.FLOAT_DTYPES,
+                                             shape_hint="[B, max_len, Hkv, D]"), name)
+    if v.shape != k.shape or v.device != k.device:
+        _fail(f"k {tuple(k.shape)} on {k.device} and v {tuple(v.shape)} on {v.device} must match")
+    if isinstance(seq_lens, torch.Tensor):
+        checks.int_tensor(seq_lens, "seq_lens", ndim=1, shape_hint="[B]")
+        seq_lens = seq_lens.tolist()
+    if not isinstance(seq_lens, (list, tuple)):
+        _fail(f"seq_lens={checks.show_value(seq_lens)}; expected a list or 1-D int tensor of lengths", TypeError)
+    lens = [checks.integer(n, f"seq_lens[{i}]", minimum=0) for i, n in enumerate(seq_lens)]
+    if not lens:
+        _fail("seq_lens is empty: need at least one sequence")
+    if len(lens) != k.shape[0]:
+        _fail(f"seq_lens has {len(lens)} entries but k holds {k.shape[0]} sequences")
+    for i, n in enumerate(lens):
+        if n > k.shape[1]:
+            _fail(f"seq_lens[{i}]={n} is more than the {k.shape[1]} tokens k and v hold per sequence")
+        for name, x in (("k", k), ("v", v)):
+            checks.finite_tensor(x[i, :n], f"{name}[{i}, :{n}]")
+            checks.fp32_range_tensor(x[i, :n], f"{name}[{i}, :{n}]")
+    return lens, torch.cat([k[i, :n] for i, n in enumerate(lens)]), torch.cat([v[i, :n] for i, n in enumerate(lens)])
 
 
 def pool_request(num_blocks: int, batch_size: int, max_seq_len: int, block_size: int) -> str:

@@ -35,9 +35,9 @@ from ..checks import fail as _fail
 from ..device import refuse_past_free_memory
 from ..kv_formats import KIVI_GROUPS, dequantize, kv_footprint, kv_format, quantize
 from . import validation
-from .construction import pool_request, reserved_tokens, shuffled_block_table
+from .construction import dense_rows, pool_blocks, pool_request, reserved_tokens, shuffled_block_table
 from .reading import token_slots
-from .tables import PagedTables
+from .tables import NHDPagedTables
 from .writing import append_tokens as _append_tokens
 from .writing import checked_counts
 
@@ -46,14 +46,13 @@ __all__ = ["KIVIPagedKVCache", "RESIDUAL_DTYPES"]
 RESIDUAL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the unfilled key group's type
 
 
-class KIVIPagedKVCache(PagedTables):
+class KIVIPagedKVCache(NHDPagedTables):
     """Paged K/V in KIVI's 4-bit format with groups of ``group`` (see the module for shapes).
 
     Build one with :meth:`empty` or :meth:`from_dense`; add tokens with :meth:`append_tokens` / :meth:`append`;
     read a sequence back with :meth:`gather` (fp32). The constructor validates every array and the tables.
     """
 
-    layout = "NHD"  # the tables' checks (fp8kv.cache.validation) read it
     dtype = torch.uint8  # the pages' codes, as check_pages holds them
 
     def __init__(self, group, k_pages, v_pages, k_scales, k_zeros, v_scales, v_zeros, k_residual, block_table,
@@ -70,14 +69,6 @@ class KIVIPagedKVCache(PagedTables):
         self.validate_tables()
 
     # ------------------------------------------------------------------ shapes
-    @property
-    def block_size(self) -> int:
-        return self.k_pages.shape[1]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.k_pages.shape[2]
-
     @property
     def head_dim(self) -> int:
         return self.k_pages.shape[3] * 2
@@ -134,11 +125,7 @@ class KIVIPagedKVCache(PagedTables):
         seed = checks.generator_seed(seed)
         device = checks.device(device)
         validation.check_data_device(device, "device")
-        bpseq = max(1, math.ceil(max_seq_len / block_size))
-        need = batch_size * bpseq
-        num_blocks = need if num_blocks is None else checks.positive_int(num_blocks, "num_blocks")
-        if num_blocks < need:
-            _fail(f"num_blocks={num_blocks} is too few: {batch_size} sequences x {bpseq} blocks need {need}")
+        bpseq, num_blocks = pool_blocks(batch_size, max_seq_len, block_size, num_blocks)
         shapes = _shapes(num_blocks, block_size, num_kv_heads, head_dim, group, batch_size)
         size = {"k_pages": 1, "v_pages": 1, "k_residual": torch.empty((), dtype=residual_dtype).element_size()}
         nbytes = sum(math.prod(s) * size.get(name, 2) for name, s in shapes.items())
@@ -159,27 +146,13 @@ class KIVIPagedKVCache(PagedTables):
         """Scatter ragged sequences into shuffled pages, quantizing on the way in: ``k``, ``v`` ``[B, max_len, Hkv,
         D]`` float tensors of which the first ``seq_lens[i]`` tokens of sequence i are stored (finite, within fp32's
         range); ``max_seq_len``: reserve pages for appends."""
-        for name, t in (("k", k), ("v", v)):
-            checks.readable_tensor(checks.tensor(t, name, ndim=4, dtypes=checks.FLOAT_DTYPES,
-                                                 shape_hint="[B, max_len, Hkv, D]"), name)
-        if v.shape != k.shape or v.device != k.device:
-            _fail(f"k {tuple(k.shape)} on {k.device} and v {tuple(v.shape)} on {v.device} must match")
-        if isinstance(seq_lens, torch.Tensor):
-            checks.int_tensor(seq_lens, "seq_lens", ndim=1, shape_hint="[B]")
-            seq_lens = seq_lens.tolist()
-        if not isinstance(seq_lens, (list, tuple)) or not seq_lens:
-            _fail(f"seq_lens={checks.show_value(seq_lens)}; expected a non-empty list or 1-D int tensor of lengths",
-                  TypeError)
-        lens = [checks.integer(n, f"seq_lens[{i}]", minimum=0, maximum=k.shape[1]) for i, n in enumerate(seq_lens)]
-        if len(lens) != k.shape[0]:
-            _fail(f"seq_lens has {len(lens)} entries but k holds {k.shape[0]} sequences")
+        lens, k_all, v_all = dense_rows(k, v, seq_lens)
         if max_seq_len is not None:
             max_seq_len = checks.positive_int(max_seq_len, "max_seq_len")
         cache = cls.empty(group, len(lens), reserved_tokens(max_seq_len, lens), k.shape[2], k.shape[3],
                           block_size=block_size, num_blocks=num_blocks, residual_dtype=residual_dtype,
                           device=k.device, seed=seed)
-        cache.append_tokens(torch.cat([k[i, :n] for i, n in enumerate(lens)]),
-                            torch.cat([v[i, :n] for i, n in enumerate(lens)]), lens)
+        cache.append_tokens(k_all, v_all, lens)
         return cache
 
     # ------------------------------------------------------------------ writes

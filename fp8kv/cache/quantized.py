@@ -36,9 +36,9 @@ from ..kv_formats import Encoded, Footprint, kv_footprint, quantize
 from ..kv_formats.codec import check_tensor_scale
 from ..kv_formats.pages import page_shapes, paged_format
 from . import validation
-from .construction import pool_request, reserved_tokens, shuffled_block_table
+from .construction import dense_rows, pool_blocks, pool_request, reserved_tokens, shuffled_block_table
 from .reading import token_slots
-from .tables import PagedTables
+from .tables import NHDPagedTables
 from .writing import append_tokens as _append_tokens
 
 __all__ = ["QuantizedPagedKVCache"]
@@ -49,7 +49,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.element_size() == 1 else t
 
 
-class QuantizedPagedKVCache(PagedTables):
+class QuantizedPagedKVCache(NHDPagedTables):
     """Paged K/V in a token-local format of :data:`fp8kv.kv_formats.PAGED_FORMATS` (see the module for shapes).
 
     Build one with :meth:`empty` or :meth:`from_dense`; add tokens with :meth:`write` / :meth:`append_tokens`
@@ -57,8 +57,6 @@ class QuantizedPagedKVCache(PagedTables):
     (dequantized, fp32). The constructor validates every array and the tables (one host sync).
     As in a PagedKVCache, pages may be shared for reading; a write into a shared page is refused.
     """
-
-    layout = "NHD"  # the tables' checks (fp8kv.cache.validation) read it
 
     def __init__(self, fmt, k_pages, v_pages, k_scales, v_scales, block_table, seq_lens, *,
                  k_tensor_scale=None, v_tensor_scale=None):
@@ -88,14 +86,6 @@ class QuantizedPagedKVCache(PagedTables):
         return check_tensor_scale(value, codec, self.device, name).clone()
 
     # ------------------------------------------------------------------ shapes
-    @property
-    def block_size(self) -> int:
-        return self.k_pages.shape[1]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.k_pages.shape[2]
-
     @property
     def head_dim(self) -> int:
         return self.k_pages.shape[3] * (2 if self.fmt.key.packed else 1)
@@ -166,11 +156,7 @@ class QuantizedPagedKVCache(PagedTables):
         seed = checks.generator_seed(seed)
         device = checks.device(device)
         validation.check_data_device(device, "device")
-        bpseq = max(1, math.ceil(max_seq_len / block_size))
-        need = batch_size * bpseq
-        num_blocks = need if num_blocks is None else checks.positive_int(num_blocks, "num_blocks")
-        if num_blocks < need:
-            _fail(f"num_blocks={num_blocks} is too few: {batch_size} sequences x {bpseq} blocks need {need}")
+        bpseq, num_blocks = pool_blocks(batch_size, max_seq_len, block_size, num_blocks)
         codes_shape, scales_shape = page_shapes(f.key, num_blocks, block_size, num_kv_heads, head_dim)
         nbytes = sum(math.prod(codes_shape) * torch.empty((), dtype=c.code_dtype).element_size()
                      + math.prod(scales_shape) * 4 for c in f.codecs) + 12 * num_blocks  # scales built in fp32
@@ -197,29 +183,7 @@ class QuantizedPagedKVCache(PagedTables):
         they are used as they are. ``max_seq_len``: reserve pages for appends (at least the longest of ``seq_lens``).
         """
         f = paged_format(fmt)
-        for name, t in (("k", k), ("v", v)):
-            checks.readable_tensor(checks.tensor(t, name, ndim=4, dtypes=checks.FLOAT_DTYPES,
-                                                 shape_hint="[B, max_len, Hkv, D]"), name)
-        if v.shape != k.shape or v.device != k.device:
-            _fail(f"k {tuple(k.shape)} on {k.device} and v {tuple(v.shape)} on {v.device} must match")
-        if isinstance(seq_lens, torch.Tensor):
-            checks.int_tensor(seq_lens, "seq_lens", ndim=1, shape_hint="[B]")
-            seq_lens = seq_lens.tolist()
-        if not isinstance(seq_lens, (list, tuple)):
-            _fail(f"seq_lens={checks.show_value(seq_lens)}; expected a list or 1-D int tensor of lengths", TypeError)
-        lens = [checks.integer(n, f"seq_lens[{i}]", minimum=0) for i, n in enumerate(seq_lens)]
-        if not lens:
-            _fail("seq_lens is empty: need at least one sequence")
-        if len(lens) != k.shape[0]:
-            _fail(f"seq_lens has {len(lens)} entries but k holds {k.shape[0]} sequences")
-        for i, n in enumerate(lens):
-            if n > k.shape[1]:
-                _fail(f"seq_lens[{i}]={n} is more than the {k.shape[1]} tokens k and v hold per sequence")
-            for name, x in (("k", k), ("v", v)):  # the valid tokens only: padding is never read
-                checks.finite_tensor(x[i, :n], f"{name}[{i}, :{n}]")
-                checks.fp32_range_tensor(x[i, :n], f"{name}[{i}, :{n}]")
-        k_all = torch.cat([k[i, :n] for i, n in enumerate(lens)])
-        v_all = torch.cat([v[i, :n] for i, n in enumerate(lens)])
+        lens, k_all, v_all = dense_rows(k, v, seq_lens)
         if f.key.tensor_scale and k_tensor_scale is None:
             k_tensor_scale = quantize(k_all, f.key).tensor_scale
         if f.value.tensor_scale and v_tensor_scale is None:

@@ -1,7 +1,7 @@
 """What every paged cache of :mod:`fp8kv.cache` shares: its block table and lengths, and the sizes and slots read
-from them (:class:`PagedTables`, the base of :class:`~fp8kv.cache.PagedKVCache` and
-:class:`~fp8kv.cache.quantized.QuantizedPagedKVCache`). The page axes differ per cache (NHD or HND pages,
-packed codes), so ``block_size``, ``num_kv_heads`` and ``head_dim`` are each cache's own."""
+from them (:class:`PagedTables`, the base of :class:`~fp8kv.cache.PagedKVCache`; :class:`NHDPagedTables`, of
+:class:`~fp8kv.cache.quantized.QuantizedPagedKVCache` and :class:`~fp8kv.cache.KIVIPagedKVCache`). The page axes
+differ per cache (NHD or HND pages, packed codes), so ``head_dim`` is each cache's own."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from ..checks import fail, version_counter
 from . import validation, writing
 
-__all__ = ["PagedTables"]
+__all__ = ["PagedTables", "NHDPagedTables"]
 
 
 class PagedTables:
@@ -67,3 +67,18 @@ class PagedTables:
             if version is not None and version_counter(t) != version:
                 fail(f"cache.{name} was written in place after planning (append, write, an edit); {plan} holds it "
                      "as it was: plan again")
+
+
+class NHDPagedTables(PagedTables):
+    """:class:`PagedTables` of NHD pages (``[num_blocks, block_size, Hkv, ...]``, the quantized caches' only layout):
+    ``block_size`` and ``num_kv_heads`` read from ``k_pages``; ``head_dim`` is each cache's own (packed codes)."""
+
+    layout = "NHD"  # the tables' checks (fp8kv.cache.validation) read it
+
+    @property
+    def block_size(self) -> int:
+        return self.k_pages.shape[1]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k_pages.shape[2]
