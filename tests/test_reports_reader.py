@@ -249,9 +249,7 @@ def flagged_stale(page: Path) -> bool:
 
 # Committed pages that fail a check made after they were rendered ("<gpu>/<notebook>": why), expected to fail strictly:
 # each flips to a failure of its own once the page is rendered again, and is then taken out.
-RENDERED_BEFORE_A_FIX = {"nvidia-h100-80gb-hbm3/08_multi_token": "its speed-up figure's 18 lines cycled a 12-colour "
-                         "palette; a colour a (context or q_len) pair since (fp8kv.step.attend_speedup_figure): "
-                         "rerun 08 on the H100"}
+RENDERED_BEFORE_A_FIX: dict[str, str] = {}
 
 
 def _committed(known: dict) -> list:
