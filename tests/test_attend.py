@@ -442,22 +442,26 @@ def test_launch_sizes_tiles_by_the_rows_and_splits_few_rows():
 
 
 def test_chunk_tiles_are_the_largest_that_fit_shared_memory():
-    """A chunk (128-row tiles) takes 128-key tiles three deep where they fit the GPU's shared memory (an H100's or
-    H200's 227 KiB), two deep where only those fit (an A100's 163 KiB), else the 64-key default; a draft's small
-    tiles and a caller's own tile keep theirs."""
-    h100, a100, ada = 232448, 166912, 101376  # shared_memory_per_block_optin, bytes
-    for kv_dtype, expected in (("bf16", {h100: (128, 3), a100: (128, 2), ada: (64, 1)}),
-                               ("fp8_e4m3", {h100: (128, 3), a100: (128, 3), ada: (128, 2)})):
+    """On sm90 and newer a chunk (128-row tiles) takes 128-key tiles three deep where they fit the GPU's shared
+    memory (an H100's or H200's 227 KiB), two deep where only those fit (a GPU of 163 KiB), else the 64-key
+    default; sm80 keeps the default (its builds of them spill); a draft's small tiles and a caller's own keep theirs."""
+    h100, smaller, ada = 232448, 166912, 101376  # shared_memory_per_block_optin, bytes
+    for kv_dtype, expected in (("bf16", {h100: (128, 3), smaller: (128, 2), ada: (64, 1)}),
+                               ("fp8_e4m3", {h100: (128, 3), smaller: (128, 3), ada: (128, 2)})):
         cache = matrix_cache([4000, 4000], 2, 128, kv_dtype=kv_dtype)
         for smem, tiles in expected.items():
-            cfg = attend_launch([512, 512], [4000, 4000], cache, 4, "dequant", num_sms=132, smem_bytes=smem)
+            cfg = attend_launch([512, 512], [4000, 4000], cache, 4, "dequant", num_sms=132, smem_bytes=smem,
+                                arch="sm90")
             assert (cfg["block_n"], cfg["num_stages"]) == tiles  # (64, 1): the default, 1 stage in the interpreter
             if tiles[0] == 128:
                 assert chunk_smem_bytes(*tiles, 128, 1 if kv_dtype != "bf16" else 2) <= smem
+        a100 = attend_launch([512, 512], [4000, 4000], cache, 4, "dequant", num_sms=108, smem_bytes=smaller, arch="sm80")
+        assert a100["block_n"] == 64
     cache = matrix_cache([4000, 4000], 2, 128)
-    draft = attend_launch([4, 4], [4000, 4000], cache, 4, "dequant", num_sms=132, smem_bytes=h100)
+    draft = attend_launch([4, 4], [4000, 4000], cache, 4, "dequant", num_sms=132, smem_bytes=h100, arch="sm90")
     assert draft["block_n"] == 64
-    own = attend_launch([512, 512], [4000, 4000], cache, 4, "dequant", num_sms=132, smem_bytes=h100, block_n=32)
+    own = attend_launch([512, 512], [4000, 4000], cache, 4, "dequant", num_sms=132, smem_bytes=h100, block_n=32,
+                        arch="sm90")
     assert own["block_n"] == 32 and own["num_stages"] != 3
     assert chunk_smem_bytes(64, 2, 128, 2) == 98304  # the sm90 build's shared memory (scripts/attend_sass.py)
 

@@ -19,7 +19,7 @@ import triton.language as tl
 from ... import checks, launch_options
 from ...attend_checks import ATTEND_KERNEL_OPTIONS, ATTEND_OPTIONS, qo_indptr_arg
 from ...cache import PagedKVCache
-from ...capability import UnsupportedError, current_arch, interpreter_on
+from ...capability import UnsupportedError, arch_number, current_arch, interpreter_on
 from ..decode.combine import MAX_PARTIAL_ELEMENTS
 from ..decode.gluon_launcher import smem_per_block
 from ..decode.planning import OUT_DTYPES, plan_inputs
@@ -51,7 +51,7 @@ AttendConfig = dict[str, int]
 def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, group: int, mode: str, *,
                   window: int | None = None, num_splits: int | None = None, block_m: int | None = None,
                   block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                  num_sms: int | None = None, smem_bytes: int | None = None) -> AttendConfig:
+                  num_sms: int | None = None, smem_bytes: int | None = None, arch: str | None = None) -> AttendConfig:
     """The launch of a multi-token attention for sequences of ``qo_lens`` new tokens and ``seq_lens`` cached
     ones (both ints, already checked), ``group`` query heads per KV head: defaults, then the overrides.
 
@@ -59,8 +59,9 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
       sequence's rows (``max(qo_len) x group``) rounded up to a power of two, at most 128 (64 at head dims
       above 128): spec-verify takes one program per (sequence, KV head), a chunk tiles of 128 rows.
     * ``block_n``: keys per tile, a power of two in [16, 256] (fp8 mode: >= 32, the FP8 dot's minimum K).
-      Default 64 (32 at head dims above 128: the K and V tiles then hold as many bytes); a chunk's tiles
-      (128 rows, head dims 65-128, where they were timed) take the first of :data:`CHUNK_TILES` that fits
+      Default 64 (32 at head dims above 128: the K and V tiles then hold as many bytes); on sm90 and newer
+      (``arch``, default the cache's GPU's: warpgroup MMA; sm80's builds of them spill 0.6-3 KB a thread) a chunk's
+      tiles (128 rows, head dims 65-128, where they were timed) take the first of :data:`CHUNK_TILES` that fits
       ``smem_bytes`` (default: the shared memory a program may use on the GPU; :func:`chunk_smem_bytes`), with
       its ``num_stages``.
     * ``num_warps``: one of ``launch_options.WARP_COUNTS``; default 8 for tiles of 128 x 128 or more
@@ -82,7 +83,10 @@ def attend_launch(qo_lens: list[int], seq_lens: list[int], cache: PagedKVCache, 
     else:
         block_m = checks.one_of(checks.integer(block_m, "block_m"), "block_m", BLOCK_M_CHOICES)
     block_n = launch_options.check_block_n(block_n, least=launch_options.DOT_MIN_ROWS)
-    if block_n is None and num_stages is None and block_m == 128 and d_pad == 128:
+    if arch is None and cache.device.type == "cuda":
+        arch = current_arch(cache.device)
+    if block_n is None and num_stages is None and block_m == 128 and d_pad == 128 and arch is not None \
+            and arch_number(arch) >= 90:
         if smem_bytes is None and not interpreter_on():
             smem_bytes = smem_per_block(cache.device)
         elem = 1 if cache.is_fp8 else 2  # the pages' bytes an element, as the tiles hold them
