@@ -33,7 +33,7 @@ import torch
 from .. import checks
 from ..checks import fail as _fail
 from ..device import refuse_past_free_memory
-from ..kv_formats import KIVI_GROUPS, dequantize, kv_footprint, kv_format, quantize
+from ..kv_formats import KIVI_GROUPS, dequantize, kivi, kv_footprint, quantize
 from . import validation
 from .construction import dense_rows, pool_blocks, pool_request, reserved_tokens, shuffled_block_table
 from .reading import token_slots
@@ -58,7 +58,7 @@ class KIVIPagedKVCache(NHDPagedTables):
     def __init__(self, group, k_pages, v_pages, k_scales, k_zeros, v_scales, v_zeros, k_residual, block_table,
                  seq_lens):
         self.group = checks.one_of(checks.integer(group, "group"), "group", KIVI_GROUPS)
-        self.fmt = kv_format(f"kivi4_g{self.group}")
+        self.fmt = kivi(self.group)
         self.kv_dtype = self.fmt.name
         self.k_pages, self.v_pages, self.block_table, self.seq_lens = k_pages, v_pages, block_table, seq_lens
         self.k_scales, self.k_zeros, self.v_scales, self.v_zeros = k_scales, k_zeros, v_scales, v_zeros
@@ -99,7 +99,7 @@ class KIVIPagedKVCache(NHDPagedTables):
         if contents:
             for name in ("k_scales", "v_scales", "k_zeros", "v_zeros"):
                 v = getattr(self, name).to(torch.float32)
-                bad = ~torch.isfinite(v) | ((v <= 0) if "scales" in name else torch.zeros_like(v, dtype=torch.bool))
+                bad = ~torch.isfinite(v) | (v <= 0) if "scales" in name else ~torch.isfinite(v)
                 if bool(bad.any()):
                     idx = [int(i) for i in bad.nonzero()[0]]
                     _fail(f"{name}{idx}={float(v[tuple(idx)])}; "

@@ -194,17 +194,11 @@ def verify_step(src: Sources) -> dict[str, str]:
     """The speculative-decode step on the H200 (:data:`VERIFY_STEP`): each KV dtype's best accepted tokens/s over
     its batches, with no drafts and with 4 drafts, as :func:`fp8kv.step.verify_reading` reads them."""
     k4, k0 = _verify_readings(src, VERIFY_STEP)
-    h100 = _verify_readings(src, VERIFY_STEP_H100)
+    h4, h0 = _verify_readings(src, VERIFY_STEP_H100)
     claim(k4["ratio"] < VERIFY_STEP_GOAL, "the verify step falls short of its goal", VERIFY_STEP)
-    claim(h100[0]["ratio"] < VERIFY_STEP_GOAL, "the verify step falls short of its goal", VERIFY_STEP_H100)
-    best = lambda r, kv: f"{r['best_accepted_tokens_per_s'][kv]:,.0f}"  # noqa: E731
-    return {"verify_step.h100_ratio": times(h100[0]["ratio"]), "verify_step.h100_ratio_k0": times(h100[1]["ratio"]),
-            "verify_step.h100_fp8": best(h100[0], "fp8_e4m3"), "verify_step.h100_bf16": best(h100[0], "bf16"),
-            "verify_step.h100_fp8_batch": str(h100[0]["best_batch"]["fp8_e4m3"]),
-            "verify_step.h100_bf16_batch": str(h100[0]["best_batch"]["bf16"]),"verify_step.fp8": best(k4, "fp8_e4m3"), "verify_step.bf16": best(k4, "bf16"),
-            "verify_step.fp8_batch": str(k4["best_batch"]["fp8_e4m3"]),
-            "verify_step.bf16_batch": str(k4["best_batch"]["bf16"]), "verify_step.ratio": times(k4["ratio"]),
-            "verify_step.ratio_k0": times(k0["ratio"]), "verify_step.goal": num(VERIFY_STEP_GOAL, 1),
+    claim(h4["ratio"] < VERIFY_STEP_GOAL, "the verify step falls short of its goal", VERIFY_STEP_H100)
+    return {**_step_numbers("verify_step.", k4, k0), **_step_numbers("verify_step.h100_", h4, h0),
+            "verify_step.goal": num(VERIFY_STEP_GOAL, 1),
             "verify_step.gain_k4": times(k4["best_accepted_tokens_per_s"]["fp8_e4m3"]
                                          / k0["best_accepted_tokens_per_s"]["fp8_e4m3"]),
             "verify_step.gain_k4_bf16": times(k4["best_accepted_tokens_per_s"]["bf16"]
@@ -224,3 +218,12 @@ def _verify_readings(src: Sources, rel: str) -> tuple[dict, dict]:
           and {r["context"] for r in reading.values()} == {4096} and reading[4]["acceptance"] == 0.7,
           "Qwen3-0.6B at 4096 tokens, no drafts and 4 drafts at 0.7", rel)
     return reading[4], reading[0]
+
+
+def _step_numbers(prefix: str, k4: dict, k0: dict) -> dict[str, str]:
+    """One run's best accepted tokens/s with 4 drafts per KV dtype, the batches they came at, and FP8's ratio over
+    BF16 with 4 drafts and with none, named ``prefix`` + what."""
+    return {f"{prefix}fp8": f"{k4['best_accepted_tokens_per_s']['fp8_e4m3']:,.0f}",
+            f"{prefix}bf16": f"{k4['best_accepted_tokens_per_s']['bf16']:,.0f}",
+            f"{prefix}fp8_batch": str(k4["best_batch"]["fp8_e4m3"]), f"{prefix}bf16_batch": str(k4["best_batch"]["bf16"]),
+            f"{prefix}ratio": times(k4["ratio"]), f"{prefix}ratio_k0": times(k0["ratio"])}

@@ -202,13 +202,13 @@ def plan_attend(q, cache: PagedKVCache, qo_indptr: torch.Tensor, *, mode: str = 
     if window is not None and window >= cache.max_blocks_per_seq * cache.block_size:
         window = None  # no sequence is longer: the plain kernel
     qo_lens = qo_indptr_arg(qo_indptr, cache, total_q) if qo_lens is None else list(qo_lens)  # read once, checked
-    cfg = attend_launch(qo_lens, cache.seq_lens.tolist(), cache, group, mode, window=window,
+    arch = current_arch(device) if device.type == "cuda" else None
+    cfg = attend_launch(qo_lens, cache.seq_lens.tolist(), cache, group, mode, window=window, arch=arch,
                         **{k: options.get(k) for k in ATTEND_KERNEL_OPTIONS})
     splits = cfg["num_splits"]
     if splits > 1 and total_q * hq * splits * d > MAX_PARTIAL_ELEMENTS:
         checks.fail(f"num_splits={splits}: {total_q} rows x {hq} heads x {splits} splits x {d} partials exceed "
                     f"{MAX_PARTIAL_ELEMENTS} elements (the combine's 32-bit offsets); ask for fewer splits")
-    arch = current_arch(device) if device.type == "cuda" else None
     kernel_out_dtype = torch.float32 if interpreter_on() and out_dtype == torch.bfloat16 else out_dtype
     sm_scale = checks.resolved_softmax_scale(sm_scale, d)
     b = cache.batch_size
